@@ -1,0 +1,243 @@
+/**
+ * Model-engine benchmark: ORT (this repo's graphs) vs the PyTorch reference (test/torch/), side by
+ * side in one run, same intra-op thread count for both (RLSTREAM_BENCH_THREADS, default: the
+ * machine's parallelism, at most 8).
+ *
+ *  - train step (forward, PPO loss, backward, global-norm clip, AdamW): ms per step and the ratio
+ *    ORT ÷ torch, at d128 / 4 heads / 2 layers / vocab 64 / T48 / B64 (goal ≤ 0.7) and
+ *    d256 / 4 heads / 4 layers / vocab 64 / T48 / B128 (goal ≤ 0.9). FFN width 4·d.
+ *  - decode: tokens/s generating 32 tokens after 16-token prompts (T48 in all), temperature 1, no
+ *    early stop, ORT in-graph loop vs torch KV cache, and the ratio ORT ÷ torch at B64 and B128
+ *    (goal ≥ 1.3), on the d128 model.
+ *  - achieved train-step FLOP/s (analytic count: 6 FLOPs per matmul weight per token plus
+ *    attention's 12·T·d per token and layer) ÷ the best single-GEMM FLOP/s ORT reaches on this
+ *    machine with the same threads (goal ≥ 0.6).
+ *  - peak RSS of each configuration: every measurement runs in its own child process.
+ *  - process CPU ms per step / per generate call next to the wall times: on a shared machine the
+ *    CPU time is the steadier number (with 1 thread it is the wall time minus waiting).
+ *
+ * Run: `node --import tsx bench/model.ts` (prints a table). Torch rows are left out, with a
+ * message, when PyTorch is not installed.
+ */
+import { execFile } from 'node:child_process';
+import { availableParallelism } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { GraphBuilder } from '../lib/onnx/builder.ts';
+import { createSession, tensor } from '../lib/onnx/runtime.ts';
+import { initWeights, modelConfig, type ModelConfig, type ModelConfigInput } from '../lib/model/index.ts';
+import { toHfConfig } from '../lib/model/config.ts';
+import { Sampler } from '../lib/model/sample.ts';
+import { Trainer, type TrainBatch } from '../lib/model/train.ts';
+import { Rng } from '../lib/util/rng.ts';
+import { runTorch, tempDir, torchPython, writeJson } from '../test/int/model/torch-ref.ts';
+
+export interface Row {
+  name: string;
+  value: number;
+  unit: string;
+  goal?: number;
+  /** 'lower': the goal is an upper bound (value ≤ goal); default 'higher' (value ≥ goal). */
+  better?: 'higher' | 'lower';
+}
+
+interface Shape { name: string; d: number; layers: number; heads: number; vocab: number; T: number; B: number; trainGoal: number }
+
+const SHAPES: Shape[] = [
+  { name: 'd128_l2_b64_t48', d: 128, layers: 2, heads: 4, vocab: 64, T: 48, B: 64, trainGoal: 0.7 },
+  { name: 'd256_l4_b128_t48', d: 256, layers: 4, heads: 4, vocab: 64, T: 48, B: 128, trainGoal: 0.9 },
+];
+const DECODE = { prompt: 16, newTokens: 32, batches: [64, 128], goal: 1.3 };
+
+function threads(): number {
+  const env = Number(process.env.RLSTREAM_BENCH_THREADS);
+  return Number.isInteger(env) && env > 0 ? env : Math.min(8, availableParallelism());
+}
+
+function configFor(s: Pick<Shape, 'd' | 'layers' | 'heads' | 'vocab'>): ModelConfig {
+  const input: ModelConfigInput = {
+    hiddenSize: s.d, intermediateSize: 4 * s.d, numHiddenLayers: s.layers, numAttentionHeads: s.heads, numKeyValueHeads: s.heads,
+    vocabSize: s.vocab, maxPositionEmbeddings: 128, bosTokenId: 1, eosTokenId: 2, padTokenId: 0,
+  };
+  return modelConfig(input);
+}
+
+/** Analytic FLOPs of one training step (forward + backward ≈ 3 × forward). */
+export function trainStepFlops(c: ModelConfig, B: number, T: number): number {
+  const D = c.hiddenSize, F = c.intermediateSize, hd = c.headDim;
+  const qd = c.numAttentionHeads * hd, kvd = c.numKeyValueHeads * hd;
+  const perLayer = D * (qd + 2 * kvd) + qd * D + 3 * D * F;
+  const matmulParams = c.numHiddenLayers * perLayer + D * c.vocabSize;
+  const tokens = B * T;
+  const attention = c.numHiddenLayers * 2 * 2 * T * qd; // QKᵀ and PV per token (full T×T, as computed)
+  return 3 * tokens * (2 * matmulParams + attention);
+}
+
+// ───────────────────────────── child measurements (ORT) ─────────────────────────────
+
+type ChildSpec =
+  | { kind: 'train'; shape: Shape; threads: number; warmup: number; iters: number }
+  | { kind: 'decode'; shape: Shape; B: number; threads: number; warmup: number; iters: number }
+  | { kind: 'gemm'; threads: number };
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const peakRssMb = () => process.resourceUsage().maxRSS / 1024;
+/** CPU ms of the whole process (all ORT threads) since `c0`. */
+const cpuMs = (c0: NodeJS.CpuUsage) => { const d = process.cpuUsage(c0); return (d.user + d.system) / 1000; };
+
+async function childTrain(s: Shape, nThreads: number, warmup: number, iters: number): Promise<object> {
+  const c = configFor(s);
+  const trainer = new Trainer({ model: c, loss: { type: 'policy' }, threads: nThreads, seed: 0, optim: { weightDecay: 0.01, maxGradNorm: 1 } });
+  const rng = Rng.fromSeed('bench:train');
+  const n = s.B * s.T;
+  const tokens = Int32Array.from({ length: n }, () => rng.int(c.vocabSize));
+  const resp = Float32Array.from({ length: n }, (_, i) => ((i % s.T) > s.T / 4 ? 1 : 0));
+  const adv = Float32Array.from({ length: n }, () => rng.next() * 2 - 1);
+  const old = Float32Array.from({ length: n }, () => -Math.log(c.vocabSize) + 0.1 * (rng.next() - 0.5));
+  const batch: TrainBatch = { batchSize: s.B, seqLen: s.T, tokens, responseMask: resp, advantages: adv, oldLogprobs: old };
+  const times: number[] = [], cpu: number[] = [];
+  for (let i = 0; i < warmup + iters; i++) {
+    const t0 = performance.now(), c0 = process.cpuUsage();
+    await trainer.step(batch, 1e-4);
+    if (i >= warmup) { times.push(performance.now() - t0); cpu.push(cpuMs(c0)); }
+  }
+  return { ms: median(times), cpu_ms: median(cpu), times_ms: times, peak_rss_mb: peakRssMb() };
+}
+
+async function childDecode(s: Shape, B: number, nThreads: number, warmup: number, iters: number): Promise<object> {
+  const c = configFor(s);
+  const w = initWeights(c, 0);
+  const sampler = new Sampler(c, { threads: nThreads, maxBatchSize: B });
+  const rng = Rng.fromSeed('bench:decode');
+  const reqs = Array.from({ length: B }, (_, i) => ({ id: `r${i}`, prompt: Array.from({ length: DECODE.prompt }, () => rng.int(c.vocabSize)) }));
+  const times: number[] = [], cpu: number[] = [];
+  for (let i = 0; i < warmup + iters; i++) {
+    const t0 = performance.now(), c0 = process.cpuUsage();
+    const gens = await sampler.generate(w, reqs, { maxNewTokens: DECODE.newTokens, temperature: 1, eosTokenIds: [], seed: i });
+    if (i >= warmup) { times.push(performance.now() - t0); cpu.push(cpuMs(c0)); }
+    if (gens.some((g) => g.tokens.length !== DECODE.newTokens)) throw new Error('decode bench: a row stopped early');
+  }
+  const ms = median(times);
+  return { ms, cpu_ms: median(cpu), tokens_per_s: (B * DECODE.newTokens) / (ms / 1000), times_ms: times, peak_rss_mb: peakRssMb() };
+}
+
+/** Best FLOP/s of one MatMul (weight as initializer, like a model) over a few sizes. */
+async function childGemm(nThreads: number): Promise<object> {
+  const sizes: [number, number, number][] = [[3072, 128, 512], [3072, 512, 128], [6144, 256, 1024], [1024, 1024, 1024], [2048, 2048, 2048]];
+  let best = 0;
+  const all: Record<string, number> = {};
+  for (const [M, K, N] of sizes) {
+    const b = new GraphBuilder({ name: 'gemm' });
+    const x = b.input('x', 'float32', [M, K]);
+    const rng = Rng.fromSeed(`gemm:${M}:${K}:${N}`);
+    const w = b.initializer('w', Float32Array.from({ length: K * N }, () => rng.next() - 0.5), [K, N]);
+    b.output(b.matmul(x, w), 'y');
+    const sess = await createSession(b.toBytes(), { threads: nThreads });
+    const feeds = { x: tensor('float32', Float32Array.from({ length: M * K }, () => rng.next() - 0.5), [M, K]) };
+    const flops = 2 * M * K * N;
+    const reps = Math.max(3, Math.min(50, Math.round(2e10 / flops)));
+    for (let i = 0; i < 2; i++) await sess.run(feeds);
+    const times: number[] = [];
+    for (let i = 0; i < reps; i++) { const t0 = performance.now(); await sess.run(feeds); times.push(performance.now() - t0); }
+    const rate = flops / (Math.min(...times) / 1000);
+    all[`${M}x${K}x${N}`] = rate;
+    best = Math.max(best, rate);
+    await sess.release();
+  }
+  return { best_flops: best, by_size: all, peak_rss_mb: peakRssMb() };
+}
+
+async function child(spec: ChildSpec): Promise<object> {
+  switch (spec.kind) {
+    case 'train': return childTrain(spec.shape, spec.threads, spec.warmup, spec.iters);
+    case 'decode': return childDecode(spec.shape, spec.B, spec.threads, spec.warmup, spec.iters);
+    case 'gemm': return childGemm(spec.threads);
+  }
+}
+
+function runChild(spec: ChildSpec): Promise<any> {
+  const self = fileURLToPath(import.meta.url);
+  return new Promise((res, rej) => {
+    execFile(process.execPath, ['--import', 'tsx', self, '--child', JSON.stringify(spec)], { encoding: 'utf8', timeout: 1_800_000, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
+      if (err) { rej(new Error(`bench child ${spec.kind} failed: ${err.message}\n${stderr}`)); return; }
+      const lines = stdout.trim().split('\n');
+      res(JSON.parse(lines[lines.length - 1]));
+    });
+  });
+}
+
+// ───────────────────────────── the benchmark ─────────────────────────────
+
+const round = (v: number, digits = 3) => Number(v.toPrecision(digits));
+
+export async function run(): Promise<Row[]> {
+  const nThreads = threads();
+  const torch = torchPython();
+  if (!torch.python) console.error(`bench/model: torch rows skipped: ${torch.reason}`);
+  const tmp = tempDir('rlstream-bench-model-');
+  const rows: Row[] = [];
+  try {
+    const gemm = await runChild({ kind: 'gemm', threads: nThreads });
+    rows.push({ name: 'model/gemm/best_gflops', value: round(gemm.best_flops / 1e9), unit: 'GFLOP/s' });
+
+    for (const s of SHAPES) {
+      const c = configFor(s);
+      const cfgPath = join(tmp.dir, `${s.name}.json`);
+      writeJson(cfgPath, toHfConfig(c));
+      const ort = await runChild({ kind: 'train', shape: s, threads: nThreads, warmup: 2, iters: 5 });
+      rows.push({ name: `model/train/${s.name}/ort_ms`, value: round(ort.ms), unit: 'ms' });
+      rows.push({ name: `model/train/${s.name}/ort_cpu_ms`, value: round(ort.cpu_ms), unit: 'ms' });
+      rows.push({ name: `model/train/${s.name}/ort_peak_rss`, value: Math.round(ort.peak_rss_mb), unit: 'MB' });
+      const flops = trainStepFlops(c, s.B, s.T);
+      rows.push({ name: `model/train/${s.name}/flops_vs_best_gemm`, value: round(flops / (ort.ms / 1000) / gemm.best_flops), unit: 'ratio', goal: 0.6, better: 'higher' });
+      if (torch.python) {
+        const t = await runTorch('bench_train.py', ['--config', cfgPath, '--batch', String(s.B), '--seq', String(s.T), '--threads', String(nThreads), '--warmup', '2', '--iters', '5'], { timeoutMs: 1_800_000 });
+        rows.push({ name: `model/train/${s.name}/torch_ms`, value: round(t.ms), unit: 'ms' });
+        rows.push({ name: `model/train/${s.name}/torch_cpu_ms`, value: round(t.cpu_ms), unit: 'ms' });
+        rows.push({ name: `model/train/${s.name}/torch_peak_rss`, value: Math.round(t.peak_rss_mb), unit: 'MB' });
+        rows.push({ name: `model/train/${s.name}/ort_over_torch`, value: round(ort.ms / t.ms), unit: 'ratio', goal: s.trainGoal, better: 'lower' });
+      }
+    }
+
+    const ds = SHAPES[0];
+    const dcfg = join(tmp.dir, `${ds.name}.json`);
+    for (const B of DECODE.batches) {
+      const tag = `d${ds.d}_l${ds.layers}_b${B}_p${DECODE.prompt}_n${DECODE.newTokens}`;
+      const ort = await runChild({ kind: 'decode', shape: ds, B, threads: nThreads, warmup: 1, iters: 3 });
+      rows.push({ name: `model/decode/${tag}/ort_tok_s`, value: Math.round(ort.tokens_per_s), unit: 'tok/s' });
+      rows.push({ name: `model/decode/${tag}/ort_cpu_ms`, value: round(ort.cpu_ms), unit: 'ms' });
+      rows.push({ name: `model/decode/${tag}/ort_peak_rss`, value: Math.round(ort.peak_rss_mb), unit: 'MB' });
+      if (torch.python) {
+        const t = await runTorch('bench_decode.py', ['--config', dcfg, '--batch', String(B), '--prompt-len', String(DECODE.prompt), '--new', String(DECODE.newTokens), '--threads', String(nThreads), '--warmup', '1', '--iters', '3'], { timeoutMs: 1_800_000 });
+        rows.push({ name: `model/decode/${tag}/torch_tok_s`, value: Math.round(t.tokens_per_s), unit: 'tok/s' });
+        rows.push({ name: `model/decode/${tag}/torch_cpu_ms`, value: round(t.cpu_ms), unit: 'ms' });
+        rows.push({ name: `model/decode/${tag}/torch_peak_rss`, value: Math.round(t.peak_rss_mb), unit: 'MB' });
+        rows.push({ name: `model/decode/${tag}/ort_over_torch`, value: round(ort.tokens_per_s / t.tokens_per_s), unit: 'ratio', goal: DECODE.goal, better: 'higher' });
+      }
+    }
+    rows.push({ name: 'model/threads', value: nThreads, unit: 'threads' });
+  } finally {
+    tmp.cleanup();
+  }
+  return rows;
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
+  const i = process.argv.indexOf('--child');
+  if (i >= 0) {
+    process.stdout.write(JSON.stringify(await child(JSON.parse(process.argv[i + 1]) as ChildSpec)) + '\n');
+  } else {
+    const rows = await run();
+    const w = Math.max(...rows.map((r) => r.name.length));
+    console.log(`${'benchmark'.padEnd(w)}  ${'value'.padStart(9)}  ${'unit'.padEnd(7)}  goal`);
+    for (const r of rows) {
+      let goal = '';
+      if (r.goal !== undefined) {
+        const lower = r.better === 'lower';
+        const met = lower ? r.value <= r.goal : r.value >= r.goal;
+        goal = `${lower ? '≤' : '≥'} ${r.goal} ${met ? '(met)' : '(NOT met)'}`;
+      }
+      console.log(`${r.name.padEnd(w)}  ${String(r.value).padStart(9)}  ${r.unit.padEnd(7)}  ${goal}`);
+    }
+  }
+}

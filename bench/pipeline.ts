@@ -1,0 +1,202 @@
+/**
+ * Pipeline benchmark: `examples/number-game.yaml` trained as a user runs it (`rlstream train`, a
+ * child process; the embedded default: five stages in one process over PGlite), then read back
+ * from the run's event log.
+ *
+ *  - wall time from starting the command to the first validation round with val/accuracy ≥ 0.95
+ *    (goal ≤ 600 s on 2 cores), and the policy version it happened at;
+ *  - embedded pipeline overhead: (step wall − compute) ÷ step wall over steps 2…N, where the step
+ *    wall is the time between successive policy versions (their records' created_ms) and compute
+ *    is what the stages record as their work (timing/rollout/generate_s, timing/reward/compute_s,
+ *    timing/advantage/compute_s, timing/update/compute_s; goal ≤ 5 %). Loading weights, writing
+ *    policy versions, the bus, the store and waiting all count as overhead. Step 1 is left out:
+ *    it also pays for building the ONNX sessions;
+ *  - the per-step means of each part, so a regression shows where it is.
+ *
+ * The analysis (`readTimeline`, `timeToAccuracy`, `stepOverhead`) reads only the policy and
+ * metrics topics through the bus port, so a multi-process Kafka run (`rlstream serve` per stage)
+ * is measured by the same code: open its pipeline with the run's config and pass it in.
+ *
+ * Run: `node --import tsx bench/pipeline.ts` (prints a table), or through bench/run.ts.
+ * Environment: RLSTREAM_BENCH_PIPELINE_CONFIG (default examples/number-game.yaml) and
+ * RLSTREAM_BENCH_PIPELINE_OVERRIDES (space-separated a.b=c) to measure another config.
+ */
+import { spawn } from 'node:child_process';
+import { readFileSync, rmSync } from 'node:fs';
+import { loadavg } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { loadConfig, type Config } from '../lib/config/index.ts';
+import { openPipeline, type Pipeline } from '../lib/pipeline/runtime.ts';
+import { formatTable } from '../lib/cli/progress.ts';
+import type { MetricsRecord, PolicyVersion } from '../lib/contracts/index.ts';
+
+export interface Row {
+  name: string;
+  value: number;
+  unit: string;
+  goal?: number;
+  /** 'lower': the goal is an upper bound (value ≤ goal); default 'higher'. */
+  better?: 'higher' | 'lower';
+}
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+const TARGET_ACCURACY = 0.95;
+
+/** The stage phases that are the RL work of a step; everything else in a step is overhead. */
+export const COMPUTE_PHASES = ['rollout/generate', 'reward/compute', 'advantage/compute', 'update/compute'] as const;
+
+export interface RunTimeline {
+  /** Policy version → its record's created_ms (written right after the update that made it). */
+  policyMs: Map<number, number>;
+  /** Validation rounds: the version evaluated, val/accuracy, and when the round was recorded. */
+  val: Array<{ version: number; accuracy: number; timeMs: number }>;
+  /** Train step → "<stage>/<phase>" → seconds (max over replicas of a stage: they work side by side). */
+  timing: Map<number, Record<string, number>>;
+}
+
+async function readAll(p: Pipeline, topic: 'policy' | 'metrics'): Promise<Array<{ value: unknown }>> {
+  const out: Array<{ value: unknown }> = [];
+  const ends = await p.bus.endOffsets(p.topic(topic));
+  for (let part = 0; part < ends.length; part++) {
+    for (let off = 0; off < ends[part];) {
+      const msgs = await p.bus.read(p.topic(topic), part, off, 1000);
+      if (!msgs.length) break;
+      for (const m of msgs) out.push({ value: await p.codecs[topic].decode(m.value, m.headers) });
+      off = msgs[msgs.length - 1].offset + 1;
+    }
+  }
+  return out;
+}
+
+/** Reads a finished (or running) run's policy versions, validation rounds and stage timings from its log. */
+export async function readTimeline(p: Pipeline): Promise<RunTimeline> {
+  const policyMs = new Map<number, number>();
+  for (const { value } of await readAll(p, 'policy')) {
+    const v = value as PolicyVersion;
+    if (!policyMs.has(v.policy_version)) policyMs.set(v.policy_version, Number(v.created_ms));
+  }
+  // a stage re-publishes a step's metrics record (same id) with cumulative values: keep the last
+  const last = new Map<string, MetricsRecord>();
+  for (const { value } of await readAll(p, 'metrics')) {
+    const r = value as MetricsRecord;
+    last.set(`${r.kind}|${r.stage}|${r.replica}|${r.step}`, r);
+  }
+  const val: RunTimeline['val'] = [];
+  const timing = new Map<number, Record<string, number>>();
+  for (const r of last.values()) {
+    const acc = r.values['val/accuracy'];
+    if (r.kind === 'val' && acc !== undefined) val.push({ version: r.step, accuracy: acc, timeMs: Number(r.time_ms) });
+    if (r.kind !== 'train') continue;
+    const t = timing.get(r.step) ?? {};
+    for (const [phase, ms] of Object.entries(r.timing_ms)) {
+      const k = `${r.stage}/${phase}`;
+      t[k] = Math.max(t[k] ?? 0, ms / 1000);
+    }
+    timing.set(r.step, t);
+  }
+  val.sort((a, b) => a.version - b.version);
+  return { policyMs, val, timing };
+}
+
+/** Seconds from `startMs` to the first validation round at or above `target` (null: never). */
+export function timeToAccuracy(t: RunTimeline, startMs: number, target: number): { seconds: number; version: number } | null {
+  const hit = t.val.find((v) => v.accuracy >= target);
+  return hit ? { seconds: (hit.timeMs - startMs) / 1000, version: hit.version } : null;
+}
+
+export interface StepOverhead {
+  steps: number;
+  /** Mean seconds per step between successive policy versions. */
+  stepWallS: number;
+  /** Mean seconds per step of each phase recorded by the stages ("<stage>/<phase>"). */
+  phasesS: Record<string, number>;
+  /** Mean compute seconds per step (COMPUTE_PHASES). */
+  computeS: number;
+  /** (step wall − compute) ÷ step wall. */
+  fraction: number;
+}
+
+/** Pipeline overhead over steps fromStep…last (fromStep ≥ 1; step s goes from version s−1 to s). */
+export function stepOverhead(t: RunTimeline, fromStep = 2): StepOverhead {
+  const versions = [...t.policyMs.keys()].sort((a, b) => a - b);
+  const last = versions[versions.length - 1] ?? 0;
+  let wall = 0, steps = 0;
+  const phases: Record<string, number> = {};
+  for (let s = Math.max(1, fromStep); s <= last; s++) {
+    const a = t.policyMs.get(s - 1), b = t.policyMs.get(s);
+    if (a === undefined || b === undefined) continue;
+    wall += (b - a) / 1000;
+    steps++;
+    for (const [k, v] of Object.entries(t.timing.get(s) ?? {})) phases[k] = (phases[k] ?? 0) + v;
+  }
+  const mean = (x: number) => (steps ? x / steps : NaN);
+  const phasesS = Object.fromEntries(Object.entries(phases).sort().map(([k, v]) => [k, mean(v)]));
+  const computeS = COMPUTE_PHASES.reduce((a, k) => a + (phasesS[k] ?? 0), 0);
+  const stepWallS = mean(wall);
+  return { steps, stepWallS, phasesS, computeS, fraction: (stepWallS - computeS) / stepWallS };
+}
+
+export interface MeasuredRun { cfg: Config; startMs: number; endMs: number; cpuS: number; exitCode: number; output: string; timeline: RunTimeline }
+
+/** User + system CPU seconds of a live process, all threads (/proc/<pid>/stat; NaN when unreadable). */
+function procCpuSeconds(pid: number | undefined): number {
+  if (pid === undefined) return NaN;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    // fields[11], fields[12]: utime, stime in clock ticks (USER_HZ, 100 on Linux)
+    return (Number(fields[11]) + Number(fields[12])) / 100;
+  } catch { return NaN; }
+}
+
+/** Runs `rlstream train <config> <overrides…>` in a child process and reads its timeline back. */
+export async function trainAndMeasure(configFile: string, overrides: string[]): Promise<MeasuredRun> {
+  const cfg = loadConfig({ file: configFile, overrides });
+  if (cfg.trainer.run_dir) rmSync(cfg.trainer.run_dir, { recursive: true, force: true });
+  const startMs = Date.now();
+  const child = spawn(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), 'train', configFile, ...overrides], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  child.stdout.on('data', (d: Buffer) => { output = (output + d.toString()).slice(-20000); });
+  child.stderr.on('data', (d: Buffer) => { output = (output + d.toString()).slice(-20000); });
+  // the child's CPU time (all threads), sampled from /proc while it runs (Linux; NaN elsewhere)
+  let cpuS = NaN;
+  const sampleCpu = () => { const c = procCpuSeconds(child.pid); if (Number.isFinite(c)) cpuS = c; };
+  const sampler = setInterval(sampleCpu, 200);
+  child.on('exit', sampleCpu);
+  const exitCode = await new Promise<number>((r) => child.on('close', (c) => r(c ?? 1)));
+  clearInterval(sampler);
+  const endMs = Date.now();
+  const p = await openPipeline(cfg);
+  try {
+    return { cfg, startMs, endMs, cpuS, exitCode, output, timeline: await readTimeline(p) };
+  } finally { await p.close(); }
+}
+
+export async function run(): Promise<Row[]> {
+  const configFile = process.env.RLSTREAM_BENCH_PIPELINE_CONFIG ?? join(ROOT, 'examples/number-game.yaml');
+  const extra = (process.env.RLSTREAM_BENCH_PIPELINE_OVERRIDES ?? '').split(/\s+/).filter(Boolean);
+  const runDir = join(ROOT, 'bench/out/pipeline-number-game');
+  const m = await trainAndMeasure(configFile, [`trainer.run_dir=${runDir}`, ...extra]);
+  if (m.exitCode !== 0) throw new Error(`rlstream train exited with ${m.exitCode}:\n${m.output.slice(-3000)}`);
+  const hit = timeToAccuracy(m.timeline, m.startMs, TARGET_ACCURACY);
+  const o = stepOverhead(m.timeline);
+  const rows: Row[] = [
+    // never reaching the target reports the whole run's time (and fails the goal)
+    { name: `number game: wall time to val accuracy ≥ ${TARGET_ACCURACY}${hit ? '' : ' (NOT REACHED: whole run)'}`, value: hit ? hit.seconds : Infinity, unit: 's', goal: 600, better: 'lower' },
+    { name: 'number game: policy version first at val accuracy ≥ 0.95', value: hit ? hit.version : NaN, unit: 'version' },
+    { name: 'number game: best val accuracy', value: Math.max(...m.timeline.val.map((v) => v.accuracy)), unit: 'fraction' },
+    { name: 'number game: whole run (process start to exit)', value: (m.endMs - m.startMs) / 1000, unit: 's' },
+    { name: 'number game: whole run CPU time (user + system, all threads)', value: m.cpuS, unit: 's' },
+    { name: `embedded pipeline overhead: (step wall − compute) ÷ step wall, steps 2–${o.steps + 1}`, value: 100 * o.fraction, unit: '%', goal: 5, better: 'lower' },
+    { name: 'embedded step wall time (mean)', value: o.stepWallS * 1000, unit: 'ms' },
+  ];
+  for (const [k, v] of Object.entries(o.phasesS)) rows.push({ name: `  per step: timing/${k}_s${(COMPUTE_PHASES as readonly string[]).includes(k) ? ' (compute)' : ' (overhead)'}`, value: v * 1000, unit: 'ms' });
+  return rows;
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
+  const rows = await run();
+  console.log(`load average ${loadavg().map((x) => x.toFixed(1)).join(' ')}`);
+  console.log(formatTable([['measure', 'value', 'unit', 'goal'], ...rows.map((r) => [r.name, r.value, r.unit, r.goal === undefined ? '' : `${r.better === 'lower' ? '≤' : '≥'} ${r.goal}`])]));
+}

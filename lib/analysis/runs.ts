@@ -1,0 +1,105 @@
+/**
+ * Listing runs (`rlstream runs`): every subdirectory of a runs directory that holds an embedded
+ * store (`<dir>/pgdata`), or every row of `runs` in a PostgreSQL. Each row comes from the v_runs
+ * view. A run directory held by a live process (its lock file names a running PID) is listed with
+ * status "in use (PID n)" instead of failing the whole listing.
+ */
+import { existsSync, readdirSync, statSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { openDatabase, type Database } from '../db/database.ts';
+import { RlError, errorMessage } from '../errors.ts';
+import { runReadOnlyQuery } from './query.ts';
+
+export interface RunSummary {
+  /** Run directory (embedded) or null (PostgreSQL). */
+  dir: string | null;
+  runId: string | null;
+  project: string | null;
+  experiment: string | null;
+  status: string;
+  parentRunId: string | null;
+  steps: number | null;
+  lastStep: number | null;
+  finalRewardMean: number | null;
+  bestValAccuracy: number | null;
+  bestValStep: number | null;
+  checkpoints: number | null;
+  lastCheckpointStep: number | null;
+  trajectories: number | null;
+  deadLetters: number | null;
+  createdAt: string | null;
+  updatedAt: string | null;
+  /** Why the run could not be read (locked, corrupt), when status says so. */
+  note?: string;
+}
+
+const RUN_COLUMNS = `run_id, project, experiment, status, parent_run_id, steps, last_step, final_reward_mean,
+  best_val_accuracy, best_val_step, checkpoints, last_checkpoint_step, trajectories, dead_letters,
+  to_char(created_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as created_at,
+  to_char(updated_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as updated_at`;
+
+function toSummary(dir: string | null, cols: string[], row: unknown[]): RunSummary {
+  const r = Object.fromEntries(cols.map((c, i) => [c, row[i]])) as Record<string, any>;
+  const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
+  return {
+    dir, runId: r.run_id, project: r.project, experiment: r.experiment, status: r.status, parentRunId: r.parent_run_id,
+    steps: num(r.steps), lastStep: num(r.last_step), finalRewardMean: num(r.final_reward_mean),
+    bestValAccuracy: num(r.best_val_accuracy), bestValStep: num(r.best_val_step), checkpoints: num(r.checkpoints),
+    lastCheckpointStep: num(r.last_checkpoint_step), trajectories: num(r.trajectories), deadLetters: num(r.dead_letters),
+    createdAt: r.created_at, updatedAt: r.updated_at,
+  };
+}
+
+/** Runs of an open database, newest first (optionally only `runId`). */
+export async function listRunsInDatabase(database: Database, dir: string | null = null, runId?: string): Promise<RunSummary[]> {
+  const res = await runReadOnlyQuery(database,
+    `select ${RUN_COLUMNS} from v_runs ${runId !== undefined ? 'where run_id = $1' : ''} order by created_at desc, run_id`,
+    { params: runId !== undefined ? [runId] : [] });
+  return res.rows.map((row) => toSummary(dir, res.columns.map((c) => c.name), row));
+}
+
+function emptySummary(dir: string, status: string, note: string): RunSummary {
+  return {
+    dir, runId: null, project: null, experiment: null, status, parentRunId: null, steps: null, lastStep: null,
+    finalRewardMean: null, bestValAccuracy: null, bestValStep: null, checkpoints: null, lastCheckpointStep: null,
+    trajectories: null, deadLetters: null, createdAt: null, updatedAt: null, note,
+  };
+}
+
+/** Run directories under `runsDir` (subdirectories with a pgdata/), sorted by name. */
+export function findRunDirs(runsDir: string): string[] {
+  const abs = resolve(runsDir);
+  if (!existsSync(abs) || !statSync(abs).isDirectory()) {
+    throw new RlError(`no runs directory at ${abs}; pass --runs-dir DIR (the parent of the run directories) or --db postgres://…`, { code: 'ERR_NO_RUN' });
+  }
+  return readdirSync(abs).sort()
+    .map((name) => join(abs, name))
+    .filter((d) => statSync(d).isDirectory() && (existsSync(join(d, 'db', 'pgdata', 'PG_VERSION')) || existsSync(join(d, 'pgdata', 'PG_VERSION'))));
+}
+
+/**
+ * Opens each run directory in turn (one PGlite at a time) and summarises its runs. A directory
+ * that cannot be opened is listed with its reason instead of failing the listing.
+ */
+export async function listRunsInDir(runsDir: string): Promise<RunSummary[]> {
+  const out: RunSummary[] = [];
+  for (const dir of findRunDirs(runsDir)) {
+    let database: Database | undefined;
+    try {
+      database = await openDatabase({ kind: 'pglite', dir: existsSync(join(dir, 'db', 'pgdata', 'PG_VERSION')) ? join(dir, 'db') : dir });
+      const runs = await listRunsInDatabase(database, dir);
+      out.push(...(runs.length ? runs : [emptySummary(dir, 'empty', 'the store has no run row yet')]));
+    } catch (e) {
+      const err = e as RlError;
+      if (err?.code === 'ERR_LOCKED') {
+        const pid = (err.details as { pid?: number } | undefined)?.pid;
+        out.push(emptySummary(dir, pid ? `in use (PID ${pid})` : 'in use', errorMessage(e)));
+      } else {
+        out.push(emptySummary(dir, 'unreadable', errorMessage(e)));
+      }
+    } finally {
+      await database?.close();
+    }
+  }
+  return out;
+}

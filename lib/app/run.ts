@@ -1,0 +1,155 @@
+/**
+ * Running the pipeline: the embedded default (all five stages in this process over one PGlite)
+ * and one stage per process (`serve`). A watcher follows the run's control and metrics topics to
+ * drive the progress bar and to stop when the controller announces run_done (or run_failed).
+ */
+import type { Logger } from 'pino';
+import { openPipeline, type Pipeline } from '../pipeline/runtime.ts';
+import { redactSecrets, type Config } from '../config/index.ts';
+import { startStage, STAGES, type StartedStage } from '../../services/index.ts';
+import type { ControlEvent, MetricsRecord } from '../contracts/index.ts';
+import { ProgressBar, formatTable } from '../cli/progress.ts';
+import { RlError, errorMessage, isRetriable } from '../errors.ts';
+import { isConnectionError } from '../db/errors.ts';
+
+export interface RunOutcome { status: 'completed' | 'failed' | 'stopped'; message?: string; runId: string; runDir: string; finalVersion?: number }
+
+interface Watch { outcome: Promise<RunOutcome>; stop(): Promise<void> }
+
+/**
+ * Follows the run's control and metrics topics from their beginning (both have one partition) by
+ * reading them without a consumer group, so a restarted or repeated command sees the whole run —
+ * including a run_done that was published before it started.
+ */
+function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number): Watch {
+  let resolveOutcome!: (o: RunOutcome) => void;
+  let settled = false;
+  const outcome = new Promise<RunOutcome>((r) => { resolveOutcome = (o) => { settled = true; r(o); }; });
+  let reward: number | undefined, valAcc: number | undefined, step = 0;
+  let stopped = false;
+  const pos = { control: 0, metrics: 0 };
+  const loop = (async () => {
+    while (!stopped && !settled) {
+      let got = 0;
+      for (const m of await p.bus.read(p.topic('control'), 0, pos.control, 200)) {
+        pos.control = m.offset + 1; got++;
+        const c = (await p.codecs.control.decode(m.value, m.headers)) as ControlEvent;
+        if (c.type === 'run_done') resolveOutcome({ status: 'completed', runId: p.runId, runDir: p.runDir, finalVersion: c.run_done.final_version });
+        if (c.type === 'run_failed') resolveOutcome({ status: 'failed', message: `${c.run_failed.stage}: ${c.run_failed.message}`, runId: p.runId, runDir: p.runDir });
+      }
+      for (const m of await p.bus.read(p.topic('metrics'), 0, pos.metrics, 500)) {
+        pos.metrics = m.offset + 1; got++;
+        const r = (await p.codecs.metrics.decode(m.value, m.headers)) as MetricsRecord;
+        if (r.stage === 'update' && r.kind === 'train') step = Math.max(step, r.step);
+        if (r.values['reward/mean'] !== undefined && r.kind === 'train') reward = r.values['reward/mean'];
+        if (r.values['val/accuracy'] !== undefined) valAcc = r.values['val/accuracy'];
+      }
+      if (got) bar?.update({ step, totalSteps: totalSteps(), reward, valAccuracy: valAcc });
+      else await new Promise((r) => setTimeout(r, 100));
+    }
+  })();
+  loop.catch((e) => resolveOutcome({ status: 'failed', message: `run watcher: ${(e as Error).message}`, runId: p.runId, runDir: p.runDir }));
+  return { outcome, stop: async () => { stopped = true; await loop.catch(() => undefined); } };
+}
+
+export async function summaryTable(p: Pipeline): Promise<string> {
+  const ms = await p.store.getMetrics(p.runId, ['reward/mean', 'val/accuracy', 'val/reward_score', 'actor/pg_loss', 'actor/ppo_kl', 'actor/entropy', 'response_length/mean']);
+  const by = (name: string) => ms.filter((m) => m.name === name).sort((a, b) => a.step - b.step);
+  const rows: Array<Array<string | number>> = [['metric', 'first', 'last', 'best', 'steps']];
+  for (const name of ['reward/mean', 'val/accuracy', 'val/reward_score', 'actor/pg_loss', 'actor/ppo_kl', 'actor/entropy', 'response_length/mean']) {
+    const s = by(name);
+    if (!s.length) continue;
+    const best = name.startsWith('actor/') || name.startsWith('response') ? NaN : Math.max(...s.map((x) => x.value));
+    rows.push([name, s[0].value, s[s.length - 1].value, Number.isNaN(best) ? '-' : best, s.length]);
+  }
+  const ck = await p.store.latestCheckpoint(p.runId);
+  const n = await p.store.countTrajectories(p.runId);
+  const lines = [formatTable(rows), '', `run ${p.runId}: ${n} trajectories in ${p.db.where}`];
+  if (ck) lines.push(`final checkpoint: ${ck.path} (step ${ck.step}, sha256 ${ck.sha256})`);
+  return lines.join('\n');
+}
+
+/** Trains in one process (all stages); resolves when the run is done or failed. */
+export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean; signal?: AbortSignal } = {}): Promise<RunOutcome & { summary: string }> {
+  const p = await openPipeline(cfg, { log });
+  const stages: StartedStage[] = [];
+  try {
+    await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
+    const bar = opts.progress ? new ProgressBar() : null;
+    let total = 0;
+    const watch = watchRun(p, bar, () => total);
+    // update first: it publishes policy version 0 the controller waits for
+    for (const name of ['update', ...STAGES.filter((s) => s !== 'update')]) stages.push(await startStage(p, name));
+    const { planFromConfig, totalSteps } = await import('../pipeline/plan.ts');
+    const { loadRunData } = await import('../pipeline/data.ts');
+    const { tokenizerFor } = await import('../pipeline/policy.ts');
+    const data = await loadRunData(cfg, tokenizerFor(cfg));
+    total = totalSteps(planFromConfig(cfg, p.runId, data.train.length, data.val.length));
+    const failures = stages.map((s) => s.run.done.then(() => null, (e: unknown) => ({ status: 'failed' as const, message: `${s.name}: ${(e as Error).message}`, runId: p.runId, runDir: p.runDir })));
+    const aborted = new Promise<RunOutcome>((r) => {
+      const stop = () => r({ status: 'stopped', message: 'interrupted', runId: p.runId, runDir: p.runDir });
+      if (opts.signal?.aborted) stop(); else opts.signal?.addEventListener('abort', stop, { once: true });
+    });
+    const outcome = await Promise.race([watch.outcome, aborted, ...failures.map((f) => f.then((x) => x ?? new Promise<RunOutcome>(() => undefined)))]);
+    bar?.finish();
+    await watch.stop();
+    // stop every stage at once: on PGlite a stage in the middle of a batch holds the only connection
+    await Promise.all(stages.map((s) => s.run.consumer.stop().catch(() => undefined)));
+    await Promise.all(stages.map((s) => s.run.done.catch(() => undefined)));
+    for (const s of stages) await s.close().catch(() => undefined);
+    if (outcome.status !== 'stopped') await p.store.setRunStatus(p.runId, outcome.status, outcome.status === 'failed' ? { error: outcome.message ?? '' } : undefined).catch(() => undefined);
+    const summary = await summaryTable(p);
+    return { ...outcome, summary };
+  } finally {
+    await p.close();
+  }
+}
+
+/**
+ * Runs one stage in this process until the run ends (distributed mode). A stage that cannot
+ * start because the database or broker is unreachable (a PostgreSQL restart) backs off and tries
+ * again, for about five minutes, instead of exiting.
+ */
+export async function serveStage(cfg: Config, stage: string, log: Logger, opts: { replica?: number; signal?: AbortSignal } = {}): Promise<RunOutcome> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await serveStageOnce(cfg, stage, log, opts);
+    } catch (e) {
+      if (e instanceof StartError && (isRetriable(e.cause) || isConnectionError(e.cause)) && attempt < 40 && !opts.signal?.aborted) {
+        const ms = Math.min(10_000, 250 * 2 ** attempt);
+        log.warn({ stage, attempt, retry_in_ms: ms, err: e.cause }, `${stage} cannot start yet (${errorMessage(e.cause)}); retrying`);
+        await new Promise((r) => setTimeout(r, ms));
+        continue;
+      }
+      throw e instanceof StartError ? e.cause : e;
+    }
+  }
+}
+
+/** A failure before the stage consumed anything (opening the bus and store, starting the stage). */
+class StartError extends Error {
+  constructor(override readonly cause: unknown) { super(errorMessage(cause)); }
+}
+
+async function serveStageOnce(cfg: Config, stage: string, log: Logger, opts: { replica?: number; signal?: AbortSignal }): Promise<RunOutcome> {
+  let p: Pipeline;
+  try { p = await openPipeline(cfg, { log, clientId: `rlstream-${stage}-${opts.replica ?? 0}` }); } catch (e) { throw new StartError(e); }
+  try {
+    let s: StartedStage;
+    try {
+      if (stage === 'controller') await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
+      s = await startStage(p, stage, { replica: opts.replica });
+    } catch (e) { throw new StartError(e); }
+    const watch = watchRun(p, null, () => 0);
+    const aborted = new Promise<RunOutcome>((r) => opts.signal?.addEventListener('abort', () => r({ status: 'stopped', message: 'interrupted', runId: p.runId, runDir: p.runDir }), { once: true }));
+    const failed = s.run.done.then(() => new Promise<RunOutcome>(() => undefined), (e: unknown) => { throw new RlError(`${stage}: ${(e as Error).message}`, { cause: e }); });
+    const outcome = await Promise.race([watch.outcome, aborted, failed]);
+    await watch.stop();
+    await s.run.consumer.stop().catch(() => undefined);
+    await s.run.done.catch(() => undefined);
+    await s.close();
+    return outcome;
+  } finally {
+    await p.close();
+  }
+}

@@ -1,0 +1,27 @@
+import type { Command } from '../command.ts';
+import { parseArgs, UsageError } from '../command.ts';
+import { loadConfig, formatResolvedConfig } from '../../config/index.ts';
+
+/** `rlstream config <config.yaml> [a.b=c …]`: validate a config and print it resolved (secrets redacted). */
+export const configCommand: Command = {
+  name: 'config',
+  summary: 'Validate a run config and print it resolved (defaults → file → overrides), secrets redacted',
+  usage: 'rlstream config [config.yaml] [a.b.c=value …]',
+  help: [
+    'Loads the config exactly as `train` would and prints the resolved YAML, or every problem found',
+    '(unknown keys with the closest valid key, wrong types, inconsistent batch sizes, …).',
+    '',
+    'arguments:',
+    '  config.yaml     run config (optional: defaults alone when omitted)',
+    '  a.b.c=value     override, value parsed as a YAML scalar (e.g. rollout.n=8, actor.optim.betas=[0.9,0.95])',
+  ].join('\n'),
+  async run(argv) {
+    const { positionals } = parseArgs(argv);
+    const file = positionals[0] && !positionals[0].includes('=') ? positionals[0] : undefined;
+    const overrides = positionals.slice(file ? 1 : 0);
+    for (const o of overrides) if (!o.includes('=')) throw new UsageError(`expected an override a.b.c=value, got "${o}"`);
+    const cfg = loadConfig({ file, overrides, onWarning: (m) => console.error(`warning: ${m}`) });
+    process.stdout.write(formatResolvedConfig(cfg));
+    return 0;
+  },
+};

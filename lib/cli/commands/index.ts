@@ -1,0 +1,11 @@
+import type { Command } from '../command.ts';
+import { configCommand } from './config.ts';
+import { trainCommand, serveCommand } from './train.ts';
+import { sqlCommand } from './sql.ts';
+import { runsCommand } from './runs.ts';
+import { reportCommand } from './report.ts';
+import { rewardServerCommand } from './reward-server.ts';
+import { replayCommand } from './replay.ts';
+
+/** Every `rlstream` command, in the order `--help` lists them. */
+export const commands: Command[] = [trainCommand, serveCommand, configCommand, sqlCommand, runsCommand, reportCommand, rewardServerCommand, replayCommand];

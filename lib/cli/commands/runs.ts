@@ -1,0 +1,78 @@
+import type { Command } from '../command.ts';
+import { parseArgs, UsageError } from '../command.ts';
+import { openDatabase } from '../../db/database.ts';
+import type { QueryResult } from '../../analysis/format.ts';
+import { isDatabaseUrl } from '../../analysis/target.ts';
+import { listRunsInDatabase, listRunsInDir, type RunSummary } from '../../analysis/runs.ts';
+import { outputFormat, printResult, processIo, type CommandIo } from './sql.ts';
+import { basename } from 'node:path';
+
+const COLUMNS: Array<[string, (r: RunSummary) => unknown]> = [
+  ['run_id', (r) => r.runId],
+  ['status', (r) => r.status],
+  ['steps', (r) => r.steps],
+  ['last_step', (r) => r.lastStep],
+  ['final_reward', (r) => r.finalRewardMean],
+  ['best_val_acc', (r) => r.bestValAccuracy],
+  ['best_val_step', (r) => r.bestValStep],
+  ['checkpoints', (r) => r.checkpoints],
+  ['trajectories', (r) => r.trajectories],
+  ['dead_letters', (r) => r.deadLetters],
+  ['parent', (r) => r.parentRunId],
+  ['updated_utc', (r) => r.updatedAt],
+];
+
+/** Run summaries as a result table (a `dir` column first when listing run directories). */
+export function runsResult(runs: readonly RunSummary[], withDir: boolean): QueryResult {
+  const cols: Array<[string, (r: RunSummary) => unknown]> = withDir ? [['dir', (r) => (r.dir ? basename(r.dir) : null)], ...COLUMNS] : COLUMNS;
+  return {
+    columns: cols.map(([name]) => ({ name, typeId: 0 })),
+    rows: runs.map((r) => cols.map(([, get]) => get(r) ?? null)),
+    command: 'SELECT',
+  };
+}
+
+/** `rlstream runs`: the runs found in a runs directory or a PostgreSQL, with status, steps, best validation score. */
+export const runsCommand: Command = {
+  name: 'runs',
+  summary: 'List runs (status, steps, final reward, best validation accuracy, checkpoints) from a runs directory or a PostgreSQL',
+  usage: 'rlstream runs [--runs-dir DIR | --db postgres://…] [--csv | --json]',
+  help: [
+    'Without options, every subdirectory of ./runs that holds an embedded store (pgdata/) is opened in',
+    'turn and summarised; a directory held by a live training process is listed as "in use (PID n)".',
+    'With --db, every row of the runs table of that PostgreSQL is listed.',
+    '',
+    'options:',
+    '  --runs-dir DIR    parent directory of the run directories (default: runs)',
+    '  --db URL          a PostgreSQL URL (postgres://user@host:5432/db) instead of run directories',
+    '  --csv | --json    machine-readable output',
+    '',
+    'columns: steps = distinct steps with training metrics; final_reward = reward/mean at the last step;',
+    '  best_val_acc = highest val/accuracy (at best_val_step). Same data: rlstream sql <run> "select * from v_runs".',
+  ].join('\n'),
+  run: (argv) => runRuns(argv, processIo),
+};
+
+/** `rlstream runs` with its output sent to `io`. */
+export async function runRuns(argv: string[], io: CommandIo): Promise<number> {
+  const { positionals, flags, booleans } = parseArgs(argv, { flags: ['runs-dir', 'db'], booleans: ['csv', 'json'] });
+  const format = outputFormat(booleans);
+  if (positionals.length) throw new UsageError(`unexpected argument "${positionals[0]}" (use --runs-dir DIR or --db URL)`);
+  if (flags['runs-dir'] !== undefined && flags.db !== undefined) throw new UsageError('choose one of --runs-dir and --db');
+  let runs: RunSummary[];
+  if (flags.db !== undefined) {
+    if (!isDatabaseUrl(flags.db)) throw new UsageError(`--db needs a postgres:// URL, got "${flags.db}"`);
+    const database = await openDatabase({ kind: 'postgres', url: flags.db, poolSize: 2 }, { migrate: false });
+    try { runs = await listRunsInDatabase(database); } finally { await database.close(); }
+  } else {
+    runs = await listRunsInDir(flags['runs-dir'] ?? 'runs');
+  }
+  const withDir = flags.db === undefined;
+  if (runs.length === 0 && format === 'table') {
+    io.out(withDir ? `no run directories (with pgdata/) under ${flags['runs-dir'] ?? 'runs'}\n` : 'no runs in that database\n');
+    return 0;
+  }
+  printResult(io, runsResult(runs, withDir), format, { footer: false });
+  for (const r of runs) if (r.note && format === 'table') io.err(`${r.dir ? basename(r.dir) : r.runId}: ${r.note}\n`);
+  return 0;
+}

@@ -1,0 +1,318 @@
+/**
+ * After the schema: derived defaults (`null` → a value computed from other keys) and the checks
+ * that involve several keys. Every error says which key to change and to what.
+ */
+import { createHash } from 'node:crypto';
+import { GROUP_ADV_ESTIMATORS, type Config } from './schema.ts';
+import { closest } from './suggest.ts';
+import { rewardFns } from '../reward-fns/index.ts';
+import { tasks } from '../tasks/index.ts';
+import { redactString } from './redact.ts';
+
+// ---------------------------------------------------------------------------------------------
+// Derived values
+
+/**
+ * The run id: `pipeline.run_id` when set, else `<project_name>-<experiment_name>-<hash8>` where
+ * hash8 is the first 8 hex digits of SHA-256 over both names — deterministic, never random, and
+ * distinct for distinct name pairs even when the dashes would make them read alike.
+ */
+export function resolveRunId(cfg: Pick<Config, 'trainer' | 'pipeline'>): string {
+  if (cfg.pipeline.run_id) return cfg.pipeline.run_id;
+  const { project_name: p, experiment_name: e } = cfg.trainer;
+  const h = createHash('sha256').update(JSON.stringify([p, e])).digest('hex').slice(0, 8);
+  return `${p}-${e}-${h}`;
+}
+
+/** The run directory: `trainer.run_dir` or `runs/<experiment_name>`. */
+export function resolveRunDir(cfg: Pick<Config, 'trainer'>): string {
+  return cfg.trainer.run_dir ?? `runs/${cfg.trainer.experiment_name}`;
+}
+
+export type CriticModel = Omit<Config['actor']['model'], 'path'> & { path: string | null };
+
+/** The critic's model: actor.model with the critic's non-null overrides applied. */
+export function resolveCriticModel(cfg: Pick<Config, 'actor' | 'critic'>): CriticModel {
+  const a = cfg.actor.model, o = cfg.critic.model;
+  return {
+    ...a,
+    path: o.path,
+    d_model: o.d_model ?? a.d_model,
+    n_layers: o.n_layers ?? a.n_layers,
+    n_heads: o.n_heads ?? a.n_heads,
+    n_kv_heads: o.n_kv_heads ?? a.n_kv_heads,
+    ffn: o.ffn ?? a.ffn,
+    max_seq_len: o.max_seq_len ?? a.max_seq_len,
+    init_seed: o.init_seed ?? a.init_seed + 1,
+    // A value model has a scalar head, not an LM head to tie to the embedding.
+    tie_embeddings: false,
+  };
+}
+
+/** Whether rewards come from a function (type function, or remote servers switched off). */
+export function usesRewardFunction(cfg: Pick<Config, 'reward'>): boolean {
+  return cfg.reward.type === 'function' || (cfg.reward.type === 'remote' && cfg.reward.remote.enabled === false);
+}
+
+/**
+ * Fills the keys whose default is derived from other keys (each described as "null → …" in the
+ * schema). Keys set explicitly are kept. Returns a new object.
+ */
+export function resolveDerived(input: Config): Config {
+  const cfg = structuredClone(input);
+  cfg.algorithm.kl_loss_type ??= cfg.algorithm.kl_penalty;
+  cfg.algorithm.overlong.max_length ??= cfg.data.max_response_length;
+  cfg.critic.enable ??= cfg.algorithm.adv_estimator === 'gae';
+  cfg.critic.ppo_epochs ??= cfg.actor.ppo_epochs;
+  cfg.rollout.val_override.top_k ??= cfg.rollout.top_k;
+  cfg.reward.remote.enabled ??= cfg.reward.type === 'remote';
+  const task = cfg.data.task;
+  if (usesRewardFunction(cfg) && cfg.reward.reward_fn === null && cfg.reward.reward_fn_path === null && task !== null && rewardFns.has(task)) {
+    cfg.reward.reward_fn = task;
+  }
+  if (cfg.actor.model.tokenizer === 'alphabet' && cfg.actor.model.alphabet === null && task !== null && tasks.has(task)) {
+    cfg.actor.model.alphabet = tasks.get(task).alphabet;
+  }
+  cfg.trainer.run_dir = resolveRunDir(cfg);
+  cfg.pipeline.run_id = resolveRunId(cfg);
+  return cfg;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-field checks
+
+/** All divisors of n. */
+function divisors(n: number): number[] {
+  const out: number[] = [];
+  for (let d = 1; d * d <= n; d++) {
+    if (n % d === 0) {
+      out.push(d);
+      if (d !== n / d) out.push(n / d);
+    }
+  }
+  return out.sort((a, b) => a - b);
+}
+
+/** Up to k divisors of n closest to `near` (by ratio), ascending. */
+export function divisorsNear(n: number, near: number, k = 4): number[] {
+  return nearest(divisors(n), near, k);
+}
+
+/** Up to k of `values` closest to `near` (by ratio), ascending. */
+function nearest(values: number[], near: number, k = 4): number[] {
+  const target = Math.max(near, 1);
+  return values
+    .map((d) => ({ d, dist: Math.abs(Math.log(d / target)) }))
+    .sort((a, b) => a.dist - b.dist || a.d - b.d)
+    .slice(0, k)
+    .map((x) => x.d)
+    .sort((a, b) => a - b);
+}
+
+/** "8, 10, 20 or 40" */
+export function orList(items: ReadonlyArray<string | number>): string {
+  const s = items.map(String);
+  return s.length <= 1 ? (s[0] ?? '') : `${s.slice(0, -1).join(', ')} or ${s[s.length - 1]}`;
+}
+
+export interface CheckResult { errors: string[]; warnings: string[] }
+
+/** Checks that involve several keys, on a config whose derived values are filled. */
+export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResult {
+  const errors: string[] = [];
+  const warnings: string[] = [];
+  const { data, algorithm: alg, rollout, actor, critic, reward, trainer, pipeline } = cfg;
+
+  // --- data sources
+  const taskNames = tasks.names();
+  if (data.task !== null && !tasks.has(data.task)) {
+    const hint = closest(data.task, taskNames);
+    errors.push(`data.task = "${data.task}" is not a built-in task (valid: ${taskNames.join(', ')})${hint ? ` — did you mean "${hint}"?` : ''}`);
+  }
+  if (data.task !== null && (data.train_files.length > 0 || data.val_files.length > 0)) {
+    const which = [data.train_files.length > 0 ? 'data.train_files' : '', data.val_files.length > 0 ? 'data.val_files' : ''].filter(Boolean).join(' and ');
+    errors.push(`data.task = "${data.task}" generates its own rows, but ${which} ${which.includes(' and ') ? 'are' : 'is'} also set; remove ${which} or unset data.task`);
+  }
+  if (!trainer.val_only && data.task === null && data.train_files.length === 0) {
+    errors.push(`no training data: set data.train_files (JSONL or parquet files) or data.task (a built-in generator: ${taskNames.join(', ')})`);
+  }
+  const needVal: string[] = [];
+  if (trainer.val_only) needVal.push('trainer.val_only = true');
+  if (trainer.val_before_train) needVal.push('trainer.val_before_train = true');
+  if (trainer.val_freq > 0) needVal.push(`trainer.val_freq = ${trainer.val_freq}`);
+  const hasVal = data.val_files.length > 0 || (data.task !== null && data.task_size.val > 0);
+  if (needVal.length > 0 && !hasVal) {
+    const fix = data.task !== null
+      ? 'set data.task_size.val to 1 or more'
+      : 'set data.val_files';
+    const off = [trainer.val_before_train ? 'trainer.val_before_train=false' : '', trainer.val_freq > 0 ? 'trainer.val_freq=-1' : '', trainer.val_only ? 'trainer.val_only=false' : ''].filter(Boolean).join(' and ');
+    errors.push(`${needVal.join(' and ')} ${needVal.length > 1 ? 'need' : 'needs'} validation data, but there is none; ${fix}, or turn validation off with ${off}`);
+  }
+
+  // --- lengths
+  const total = data.max_prompt_length + data.max_response_length;
+  if (total > actor.model.max_seq_len) {
+    errors.push(`data.max_prompt_length + data.max_response_length = ${data.max_prompt_length} + ${data.max_response_length} = ${total} exceeds actor.model.max_seq_len = ${actor.model.max_seq_len}; set actor.model.max_seq_len to at least ${total} or shorten the prompt/response lengths`);
+  }
+
+  // --- batch sizes
+  const samples = data.rollout_batch_size * rollout.n;
+  const samplesText = `data.rollout_batch_size × rollout.n = ${data.rollout_batch_size} × ${rollout.n} = ${samples} samples per step`;
+  const gbs = actor.global_batch_size;
+  if (gbs > samples) {
+    errors.push(`actor.global_batch_size = ${gbs} is larger than the ${samplesText}; set actor.global_batch_size to a divisor of ${samples} such as ${orList(divisorsNear(samples, gbs))}`);
+  } else if (samples % gbs !== 0) {
+    errors.push(`${samplesText} is not a multiple of actor.global_batch_size = ${gbs}; set actor.global_batch_size to a divisor of ${samples} such as ${orList(divisorsNear(samples, gbs))}`);
+  }
+  for (const key of ['micro_batch_size_per_device_for_update', 'micro_batch_size_per_device_for_experience'] as const) {
+    const mb = actor[key];
+    if (gbs % mb !== 0) {
+      errors.push(`actor.${key} = ${mb} does not divide actor.global_batch_size = ${gbs}; set actor.${key} to a divisor of ${gbs} such as ${orList(divisorsNear(gbs, mb))}`);
+    }
+  }
+
+  // --- algorithm
+  if (actor.clip_ratio_dual <= 1) {
+    errors.push(`actor.clip_ratio_dual = ${actor.clip_ratio_dual} must be greater than 1 (the dual-clip bound caps the loss of negative advantages at c·|A|); set actor.clip_ratio_dual to e.g. 3.0`);
+  }
+  if (alg.adv_estimator === 'gae' && critic.enable === false) {
+    errors.push('algorithm.adv_estimator = gae needs a value function, but critic.enable = false; set critic.enable=true (or leave it unset), or pick a critic-free estimator such as grpo');
+  }
+  if (alg.adv_estimator !== 'gae' && critic.enable === true) {
+    warnings.push(`critic.enable = true but algorithm.adv_estimator = ${alg.adv_estimator} does not use values; the critic is trained but unused (set critic.enable=false or use gae)`);
+  }
+  if (GROUP_ADV_ESTIMATORS.has(alg.adv_estimator) && rollout.n < 2) {
+    errors.push(`algorithm.adv_estimator = ${alg.adv_estimator} compares the rollout.n responses to each prompt, but rollout.n = ${rollout.n} (every advantage would be 0); set rollout.n to 2 or more (e.g. 5), or use an estimator without a group baseline (gae, reinforce_plus_plus, remax)`);
+  }
+  if (alg.online_filtering && alg.filter_semantics === 'easyr1' && alg.filter_low >= alg.filter_high) {
+    errors.push(`algorithm.filter_low = ${alg.filter_low} must be below algorithm.filter_high = ${alg.filter_high} (groups with filter_low < mean < filter_high are kept); lower filter_low or raise filter_high`);
+  }
+  if (alg.overlong.enable) {
+    const max = alg.overlong.max_length!;
+    if (max > data.max_response_length) {
+      errors.push(`algorithm.overlong.max_length = ${max} exceeds data.max_response_length = ${data.max_response_length}; set algorithm.overlong.max_length ≤ ${data.max_response_length} (or leave it unset)`);
+    }
+    if (alg.overlong.buffer_length < 1 || alg.overlong.buffer_length >= max) {
+      errors.push(`algorithm.overlong.buffer_length = ${alg.overlong.buffer_length} must be between 1 and algorithm.overlong.max_length − 1 = ${max - 1} when algorithm.overlong.enable = true; set it to e.g. ${Math.max(1, Math.floor(max / 4))}`);
+    }
+  }
+  if (alg.use_kl_in_reward && alg.use_kl_loss) {
+    warnings.push('algorithm.use_kl_in_reward and algorithm.use_kl_loss are both true: the KL to the reference is penalised twice (verl warns about the same); usually set one of them to false');
+  }
+  if (alg.kl_type === 'adaptive' && !alg.use_kl_in_reward) {
+    warnings.push('algorithm.kl_type = adaptive only adapts the in-reward KL coefficient, but algorithm.use_kl_in_reward = false; set algorithm.use_kl_in_reward=true or kl_type=fixed');
+  }
+
+  // --- model architecture
+  const archChecks: Array<[string, { d_model: number; n_heads: number; n_kv_heads: number }]> = [['actor.model', actor.model]];
+  if (critic.enable) archChecks.push(['critic.model', resolveCriticModel(cfg)]);
+  for (const [where, m] of archChecks) {
+    // Rotary embeddings rotate pairs of channels, so the head size d_model / n_heads must be even.
+    const goodHeads = divisors(m.d_model).filter((h) => (m.d_model / h) % 2 === 0);
+    const headHint = goodHeads.length > 0 ? `set ${where}.n_heads to ${orList(nearest(goodHeads, m.n_heads))}` : `set ${where}.d_model to an even number`;
+    if (m.d_model % m.n_heads !== 0) {
+      errors.push(`${where}.d_model = ${m.d_model} is not a multiple of ${where}.n_heads = ${m.n_heads}; ${headHint} (head size d_model / n_heads must be a whole, even number)`);
+    } else if ((m.d_model / m.n_heads) % 2 !== 0) {
+      errors.push(`${where}: the head size d_model / n_heads = ${m.d_model} / ${m.n_heads} = ${m.d_model / m.n_heads} must be even for rotary embeddings; ${headHint}`);
+    }
+    if (m.n_heads % m.n_kv_heads !== 0) {
+      errors.push(`${where}.n_kv_heads = ${m.n_kv_heads} does not divide ${where}.n_heads = ${m.n_heads}; set ${where}.n_kv_heads to a divisor of ${m.n_heads} such as ${orList(divisorsNear(m.n_heads, m.n_kv_heads))}`);
+    }
+  }
+  if (critic.enable) {
+    const cm = resolveCriticModel(cfg);
+    if (total > cm.max_seq_len) {
+      errors.push(`data.max_prompt_length + data.max_response_length = ${total} exceeds critic.model.max_seq_len = ${cm.max_seq_len}; set critic.model.max_seq_len to at least ${total} (or leave it unset to use actor.model.max_seq_len)`);
+    }
+  }
+  if (actor.model.tokenizer === 'alphabet') {
+    const a = actor.model.alphabet;
+    if (a === null) {
+      errors.push('actor.model.tokenizer = alphabet needs the characters: set actor.model.alphabet (e.g. "0123456789 :") or data.task (its alphabet is used), or use tokenizer=byte');
+    } else {
+      const dup = [...new Set([...a].filter((ch, i, all) => all.indexOf(ch) !== i))];
+      if (dup.length > 0) errors.push(`actor.model.alphabet repeats ${dup.map((c) => JSON.stringify(c)).join(', ')}; list each character once`);
+    }
+  }
+
+  // --- reward
+  const fnNames = rewardFns.names();
+  if (usesRewardFunction(cfg)) {
+    const why = reward.type === 'function' ? 'reward.type = function' : 'reward.remote.enabled = false (DISABLE_RL_REWARD_MODEL=true switches the servers off; rewards then come from a function)';
+    if (reward.reward_fn !== null && reward.reward_fn_path !== null) {
+      errors.push('reward.reward_fn and reward.reward_fn_path are both set; keep one (reward_fn names a built-in, reward_fn_path your module)');
+    } else if (reward.reward_fn === null && reward.reward_fn_path === null && !(data.task !== null && !tasks.has(data.task))) {
+      // (an unknown data.task is reported above; fixing it also supplies the reward function)
+      errors.push(`${why} needs a reward function: set reward.reward_fn (built-in: ${fnNames.join(', ')}) or reward.reward_fn_path (your JS/TS module)`);
+    } else if (reward.reward_fn !== null && !rewardFns.has(reward.reward_fn)) {
+      const hint = closest(reward.reward_fn, fnNames);
+      errors.push(`unknown reward.reward_fn "${reward.reward_fn}" (valid: ${fnNames.join(', ')}, or set reward.reward_fn_path to your module)${hint ? ` — did you mean "${hint}"?` : ''}`);
+    }
+  }
+  const remote = reward.remote;
+  if (reward.type === 'remote' && remote.enabled) {
+    const hasUrls = remote.urls !== null && remote.urls.length > 0;
+    if (hasUrls && remote.host !== null) {
+      errors.push('reward.remote.urls and reward.remote.host are both set; use either the URL list or host + start_port + count');
+    } else if (!hasUrls && remote.host === null) {
+      errors.push('reward.type = remote needs server endpoints: set reward.remote.urls=[http://host:port, …] or reward.remote.host (with start_port and count), or switch the servers off with DISABLE_RL_REWARD_MODEL=true');
+    }
+    for (const u of hasUrls ? remote.urls! : []) {
+      let ok = false;
+      try { ok = ['http:', 'https:'].includes(new URL(u).protocol); } catch { ok = false; }
+      if (!ok) errors.push(`reward.remote.urls: "${redactString(u)}" is not an http:// or https:// URL`);
+    }
+    if (remote.host !== null && remote.start_port + remote.count - 1 > 65535) {
+      errors.push(`reward.remote.start_port + count − 1 = ${remote.start_port + remote.count - 1} exceeds port 65535; lower reward.remote.start_port or reward.remote.count`);
+    }
+    if (remote.backoff_initial_ms > remote.backoff_max_ms) {
+      errors.push(`reward.remote.backoff_initial_ms = ${remote.backoff_initial_ms} exceeds reward.remote.backoff_max_ms = ${remote.backoff_max_ms}; raise backoff_max_ms or lower backoff_initial_ms`);
+    }
+    if (Object.keys(remote.response_mapping.weights).length === 0) {
+      errors.push('reward.remote.response_mapping.weights is empty; map at least one response field to a weight, e.g. {vlm_score: 0.5, ocr_confidence: 0.5}');
+    }
+    const [lo, hi] = remote.response_mapping.range;
+    if (!(lo < hi)) errors.push(`reward.remote.response_mapping.range = [${lo}, ${hi}] must have low < high; e.g. [0, 1]`);
+    if (remote.request_template !== null && Object.keys(remote.request_template).length === 0) {
+      errors.push('reward.remote.request_template is empty; map body fields to trajectory fields, or set it to null to use request_preset');
+    }
+    if (remote.auth_token_env !== null && !env[remote.auth_token_env]) {
+      warnings.push(`reward.remote.auth_token_env = ${remote.auth_token_env}, but that environment variable is not set in this environment; the reward stage reads the server token from it`);
+    }
+  }
+  if (reward.type === 'model' && reward.model.path === null) {
+    errors.push('reward.type = model needs reward.model.path (the ONNX scorer file)');
+  }
+
+  // --- pipeline
+  if (pipeline.bus === 'kafka') {
+    if (pipeline.brokers.length === 0) {
+      errors.push('pipeline.bus = kafka needs pipeline.brokers; set pipeline.brokers=[host:9092] (a list of host:port), or use pipeline.bus=embedded');
+    }
+    for (const b of pipeline.brokers) {
+      if (!/^[^\s/:]+:\d{1,5}$/.test(b) && !/^\[[0-9a-fA-F:]+\]:\d{1,5}$/.test(b)) errors.push(`pipeline.brokers: "${redactString(b)}" is not host:port`);
+    }
+    if (rollout.replicas > pipeline.partitions) {
+      warnings.push(`rollout.replicas = ${rollout.replicas} exceeds pipeline.partitions = ${pipeline.partitions}: only ${pipeline.partitions} replica(s) receive prompts; set pipeline.partitions ≥ ${rollout.replicas}`);
+    }
+    const k = pipeline.kafka;
+    if (k.idempotent && k.acks !== 'all' && k.acks !== -1) {
+      errors.push(`pipeline.kafka.idempotent = true requires pipeline.kafka.acks = all, got ${k.acks}; set pipeline.kafka.acks=all or pipeline.kafka.idempotent=false`);
+    }
+    if (k.heartbeat_interval_ms >= k.session_timeout_ms) {
+      errors.push(`pipeline.kafka.heartbeat_interval_ms = ${k.heartbeat_interval_ms} must be below pipeline.kafka.session_timeout_ms = ${k.session_timeout_ms}; set heartbeat_interval_ms to at most ${Math.max(1, Math.floor(k.session_timeout_ms / 3))} (a third of the session timeout)`);
+    }
+  }
+  if (pipeline.store === 'postgres') {
+    if (pipeline.database_url === null) {
+      errors.push('pipeline.store = postgres needs pipeline.database_url; set it to postgres://user:password@host:5432/db, or use pipeline.store=embedded');
+    } else if (!/^postgres(ql)?:\/\//.test(pipeline.database_url)) {
+      errors.push(`pipeline.database_url = "${redactString(pipeline.database_url)}" is not a postgres:// or postgresql:// URL`);
+    }
+  }
+  if (pipeline.schema_wire_format === 'confluent' && pipeline.schema_registry_url === null) {
+    errors.push('pipeline.schema_wire_format = confluent needs pipeline.schema_registry_url (e.g. http://localhost:8081), or use schema_wire_format=plain');
+  }
+
+  return { errors, warnings };
+}

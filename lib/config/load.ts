@@ -1,0 +1,277 @@
+/**
+ * Loading the run configuration: schema defaults → YAML file → `a.b.c=value` overrides (values
+ * parsed as YAML scalars or flow collections), then the DISABLE_RL_REWARD_MODEL switch, derived
+ * defaults and the cross-field checks. Every problem found is reported at once, one per line,
+ * each naming its full key path and where the value came from (file:line:col or the override).
+ */
+import { parse as parseYaml } from 'yaml';
+import type { z } from 'zod';
+import { ConfigError } from '../errors.ts';
+import { configSchema, type Config } from './schema.ts';
+import { Sources, readYamlFile, type Path, type Source } from './sources.ts';
+import { objectShape, schemaAt, schemaEntries, describeType, enumValues, kindOf } from './introspect.ts';
+import { closest, RENAMED_KEYS } from './suggest.ts';
+import { resolveDerived, checkConfig } from './checks.ts';
+import { isSecretKey, redactString, REDACTED } from './redact.ts';
+
+export interface LoadConfigOptions {
+  /** YAML file with any subset of the sections. */
+  file?: string;
+  /** `a.b.c=value` overrides applied after the file, in order. */
+  overrides?: string[];
+  /** Environment read for DISABLE_RL_REWARD_MODEL and reward.remote.auth_token_env; default process.env. */
+  env?: NodeJS.ProcessEnv;
+  /** Receives each warning (a setting that is legal but probably not meant); default: process.emitWarning. */
+  onWarning?: (message: string) => void;
+}
+
+/** Name of the environment switch that turns the reward servers off (sets reward.remote.enabled = false). */
+export const DISABLE_REWARD_MODEL_ENV = 'DISABLE_RL_REWARD_MODEL';
+
+type Obj = Record<string, unknown>;
+const isPlainObject = (v: unknown): v is Obj => v !== null && typeof v === 'object' && !Array.isArray(v);
+const dotted = (path: Path) => path.map(String).join('.');
+
+/** A ConfigError listing every problem, one per line. */
+export function configProblems(problems: string[]): ConfigError {
+  const msg = problems.length === 1
+    ? `invalid configuration: ${problems[0]}`
+    : `invalid configuration (${problems.length} problems):\n  ${problems.join('\n  ')}`;
+  return new ConfigError(msg, { problems });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messages
+
+/** Shows a given value in a message: short, typed, secrets redacted. */
+function show(value: unknown, path: Path): string {
+  if (path.some((seg) => typeof seg === 'string' && isSecretKey(seg))) return REDACTED;
+  let text: string;
+  let kind: string;
+  if (value === undefined) return 'nothing';
+  if (value === null) return 'null';
+  if (typeof value === 'string') { text = JSON.stringify(redactString(value)); kind = 'a string'; }
+  else if (Array.isArray(value)) { text = JSON.stringify(value); kind = 'a list'; }
+  else if (typeof value === 'object') { text = JSON.stringify(value); kind = 'a mapping'; }
+  else { text = String(value); kind = typeof value === 'number' ? 'a number' : typeof value === 'boolean' ? 'a boolean' : typeof value; }
+  if (typeof value !== 'string' && typeof value === 'object') text = redactString(text);
+  if (text.length > 80) text = `${text.slice(0, 77)}...`;
+  return `${text} (${kind})`;
+}
+
+function valueAt(root: unknown, path: Path): unknown {
+  let cur = root;
+  for (const seg of path) {
+    if (cur === null || typeof cur !== 'object') return undefined;
+    cur = (cur as Obj)[String(seg)];
+  }
+  return cur;
+}
+
+const ALL_PATHS = schemaEntries(configSchema).map((e) => e.path);
+
+/**
+ * `unknown key "a.b.c" — did you mean "a.b.d"?`. Tries, in order: the verl/EasyR1 rename table,
+ * a sibling within typo distance (carrying `rest` over when it stays valid), a key of the same
+ * name elsewhere (e.g. `actor.lr` → `actor.optim.lr`), else lists the valid keys there.
+ */
+export function unknownKeyMessage(path: Path, rest: Path = []): string {
+  const full = dotted([...path, ...rest]);
+  const at = dotted(path);
+  const renamed = RENAMED_KEYS[at] ?? RENAMED_KEYS[full];
+  if (renamed) return `unknown key "${full}" — rlstream calls it ${renamed}`;
+  const parent = path.slice(0, -1);
+  const leaf = String(path[path.length - 1]);
+  const siblings = Object.keys(objectShape(schemaAt(configSchema, parent) ?? configSchema) ?? {});
+  const near = closest(leaf, siblings);
+  if (near) {
+    const fixed = [...parent, near];
+    const withRest = rest.length > 0 && schemaAt(configSchema, [...fixed, ...rest]) ? [...fixed, ...rest] : fixed;
+    return `unknown key "${full}" — did you mean "${dotted(withRest)}"?`;
+  }
+  const sameName = ALL_PATHS.filter((p) => p[p.length - 1] === leaf);
+  const inSection = sameName.filter((p) => parent.length > 0 && p[0] === parent[0]);
+  const pick = (inSection.length > 0 ? inSection : sameName).slice(0, 3);
+  if (pick.length > 0) return `unknown key "${full}" — did you mean ${pick.map((p) => `"${dotted(p)}"`).join(' or ')}?`;
+  return parent.length === 0
+    ? `unknown section "${full}" — valid sections: ${siblings.join(', ')}`
+    : `unknown key "${full}" — valid keys under "${dotted(parent)}": ${siblings.join(', ')}`;
+}
+
+function expected(path: Path): string {
+  const s = schemaAt(configSchema, path);
+  if (!s) return 'a valid value';
+  if (kindOf(s) === 'object') return `a mapping (section with keys ${Object.keys(objectShape(s)!).join(', ')})`;
+  return describeType(s);
+}
+
+interface Problem { text: string; order: Source['order'] }
+const NO_SOURCE: Source['order'] = [2, 0, 0];
+
+/** One zod issue → problems, each prefixed with where its value came from. */
+function formatIssue(issue: z.core.$ZodIssue, raw: unknown, sources: Sources): Problem[] {
+  const path = issue.path as Array<string | number>;
+  return issueLines(issue, path, raw).map(([text, p]) => {
+    const src = sources.lookup(p);
+    return { text: src ? `${src.where}: ${text}` : text, order: src?.order ?? NO_SOURCE };
+  });
+}
+
+function issueLines(issue: z.core.$ZodIssue, path: Array<string | number>, raw: unknown): Array<[string, Path]> {
+  const given = valueAt(raw, path);
+  const p = dotted(path) || '(top level)';
+  switch (issue.code) {
+    case 'unrecognized_keys':
+      return issue.keys.map((k): [string, Path] => [unknownKeyMessage([...path, k]), [...path, k]]);
+    case 'invalid_value':
+    case 'invalid_union': {
+      const s = schemaAt(configSchema, path);
+      const values = s ? enumValues(s) : null;
+      if (values) {
+        const names = values.map(String);
+        const hint = typeof given === 'string' ? closest(given, names) : null;
+        return [[`${p}: ${show(given, path)} is not one of: ${names.join(', ')}${hint ? ` — did you mean "${hint}"?` : ''}`, path]];
+      }
+      return [[`${p}: expected ${expected(path)}, got ${show(given, path)}`, path]];
+    }
+    case 'invalid_type':
+      return [[`${p}: expected ${expected(path)}, got ${show(given, path)}`, path]];
+    case 'too_small':
+    case 'too_big': {
+      if (issue.origin === 'number' || issue.origin === 'int' || issue.origin === 'bigint') {
+        return [[`${p}: must be ${expected(path)}, got ${show(given, path)}`, path]];
+      }
+      if (issue.origin === 'string' && issue.code === 'too_small') return [[`${p}: must not be empty`, path]];
+      return [[`${p}: expected ${expected(path)}, got ${show(given, path)}`, path]];
+    }
+    case 'custom':
+    case 'invalid_format':
+      return [[`${p}: ${show(given, path)} — ${issue.message}`, path]];
+    default:
+      return [[`${p}: ${issue.message} (got ${show(given, path)})`, path]];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Overrides
+
+export interface ParsedOverride { path: string[]; value: unknown; text: string }
+
+const SEGMENT = /^[A-Za-z0-9_-]+$/;
+
+/** `a.b.c=value` → path and YAML-parsed value (`=` alone → null). Throws nothing: returns an error string. */
+export function parseOverride(text: string): ParsedOverride | string {
+  const eq = text.indexOf('=');
+  const keyText = eq > 0 ? text.slice(0, eq).trim() : '';
+  const safeText = eq > 0 && isSecretKey(keyText.split('.').pop() ?? '') ? `${keyText}=${REDACTED}` : redactString(text);
+  if (eq <= 0) return `override "${safeText}": expected key.path=value (e.g. actor.optim.lr=1e-5)`;
+  const path = keyText.split('.');
+  if (!path.every((s) => SEGMENT.test(s))) {
+    return `override "${safeText}": "${keyText}" is not a key path (dot-separated names such as actor.optim.lr)`;
+  }
+  const valueText = text.slice(eq + 1);
+  let value: unknown;
+  try {
+    value = parseYaml(valueText);
+  } catch (err) {
+    return `override "${safeText}": the value is not valid YAML (${(err as Error).message.split('\n')[0]}); quote strings with special characters`;
+  }
+  return { path, value: value === undefined ? null : value, text: safeText };
+}
+
+/** Merges `value` into `target[key]` where the schema has a section; replaces elsewhere. Records provenance. */
+function assign(target: Obj, key: string, value: unknown, path: string[], sources: Sources, where: Source): void {
+  const s = schemaAt(configSchema, path);
+  if (s && kindOf(s) === 'object' && isPlainObject(value)) {
+    if (!isPlainObject(target[key])) { target[key] = {}; sources.clear(path); }
+    for (const [k, v] of Object.entries(value)) assign(target[key] as Obj, k, v, [...path, k], sources, where);
+    if (Object.keys(value).length === 0) sources.set(path, where);
+    return;
+  }
+  target[key] = value;
+  sources.clear(path);
+  sources.set(path, where);
+}
+
+/** Applies the index-th override to the raw object; problems are appended. */
+function applyOverride(raw: Obj, text: string, index: number, sources: Sources, problems: Problem[]): void {
+  const order: Source['order'] = [1, index, 0];
+  const o = parseOverride(text);
+  if (typeof o === 'string') { problems.push({ text: o, order }); return; }
+  const where: Source = { where: `override "${o.text}"`, order };
+  for (let i = 0; i < o.path.length; i++) {
+    const parent = schemaAt(configSchema, o.path.slice(0, i))!;
+    const kind = kindOf(parent);
+    if (kind === 'object') {
+      if (!objectShape(parent)![o.path[i]]) {
+        problems.push({ text: `${where.where}: ${unknownKeyMessage(o.path.slice(0, i + 1), o.path.slice(i + 1))}`, order });
+        return;
+      }
+    } else if (kind !== 'record') {
+      problems.push({ text: `${where.where}: "${o.path.slice(0, i).join('.')}" is ${describeType(parent)}, not a section, so it has no key "${o.path[i]}"`, order });
+      return;
+    }
+    if (kind === 'record' && i < o.path.length - 1) {
+      // inside a record value (e.g. reward.reward_fn_kwargs.a.b): free-form from here on
+      break;
+    }
+  }
+  let cur = raw;
+  for (let i = 0; i < o.path.length - 1; i++) {
+    const seg = o.path[i];
+    if (!isPlainObject(cur[seg])) { cur[seg] = {}; sources.clear(o.path.slice(0, i + 1)); }
+    cur = cur[seg] as Obj;
+  }
+  assign(cur, o.path[o.path.length - 1], o.value, o.path, sources, where);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Environment
+
+/** Parses DISABLE_RL_REWARD_MODEL: true/1/yes/on → true; false/0/no/off/unset/empty → false. */
+export function readDisableRewardModel(env: NodeJS.ProcessEnv): boolean | string {
+  const v = env[DISABLE_REWARD_MODEL_ENV];
+  if (v === undefined) return false;
+  const t = v.trim().toLowerCase();
+  if (['true', '1', 'yes', 'on'].includes(t)) return true;
+  if (['false', '0', 'no', 'off', ''].includes(t)) return false;
+  return `${DISABLE_REWARD_MODEL_ENV}=${JSON.stringify(v)} is not a boolean; set it to true or false (or unset it)`;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * Builds the run configuration: defaults → `file` → `overrides`, then the environment switch,
+ * derived defaults and cross-field checks. Throws one ConfigError listing every problem (its
+ * `details.problems` holds them one per entry).
+ */
+export function loadConfig(opts: LoadConfigOptions = {}): Config {
+  const env = opts.env ?? process.env;
+  const sources = new Sources();
+  const problems: Problem[] = [];
+  const raw: Obj = opts.file !== undefined ? (readYamlFile(opts.file, sources) as Obj) : {};
+  (opts.overrides ?? []).forEach((text, i) => applyOverride(raw, text, i, sources, problems));
+  const disable = readDisableRewardModel(env);
+  if (typeof disable === 'string') problems.push({ text: disable, order: NO_SOURCE });
+  const parsed = configSchema.safeParse(raw);
+  if (!parsed.success) {
+    for (const issue of parsed.error.issues) problems.push(...formatIssue(issue, raw, sources));
+  }
+  if (problems.length > 0 || !parsed.success) {
+    const cmp = (a: Problem, b: Problem) => a.order[0] - b.order[0] || a.order[1] - b.order[1] || a.order[2] - b.order[2];
+    throw configProblems([...problems].sort(cmp).map((p) => p.text));
+  }
+  const cfg = parsed.data;
+  if (disable === true) cfg.reward.remote.enabled = false;
+  const resolved = resolveDerived(cfg);
+  const { errors, warnings } = checkConfig(resolved, env);
+  if (errors.length > 0) throw configProblems(errors);
+  const warn = opts.onWarning ?? ((m: string) => process.emitWarning(m, 'ConfigWarning'));
+  for (const w of warnings) warn(w);
+  return resolved;
+}
+
+/** The defaults with derived values filled (no file, no overrides, no checks). */
+export function defaultConfig(): Config {
+  return resolveDerived(configSchema.parse({}));
+}

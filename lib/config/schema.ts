@@ -1,0 +1,333 @@
+/**
+ * The run configuration: one strict zod schema for the whole run. Section and key names follow
+ * EasyR1/verl where the concept is the same (data, algorithm, rollout, actor, critic, reward,
+ * trainer) plus `pipeline` for the event-sourced transport and store.
+ *
+ * Conventions:
+ *  - every key is snake_case, described, and has a default, so `{}` parses to a full config;
+ *  - `null` means "unset" for optional keys; keys whose default is derived from other keys are
+ *    `null` in the schema and filled by the loader (`resolveDerived` in checks.ts) — their
+ *    description says "null → …";
+ *  - sections are strict objects (`z.strictObject`) so typos are rejected with their path;
+ *  - single-field bounds live here; checks that involve several fields live in checks.ts.
+ */
+import { z } from 'zod';
+
+// ---------------------------------------------------------------------------------------------
+// Known names (validated here so an unknown one lists the valid ones)
+
+/** Advantage estimators (verl's `AdvantageEstimator` names). */
+export const ADV_ESTIMATORS = [
+  'gae', 'grpo', 'grpo_vectorized', 'grpo_passk', 'rloo', 'rloo_vectorized', 'reinforce_plus_plus',
+  'reinforce_plus_plus_baseline', 'remax', 'opo', 'gpg', 'optimal_token_baseline', 'tir_optimal_token_baseline',
+] as const;
+
+/** Estimators whose baseline is the group of rollout.n responses to one prompt: they need n ≥ 2. */
+export const GROUP_ADV_ESTIMATORS: ReadonlySet<string> = new Set([
+  'grpo', 'grpo_vectorized', 'grpo_passk', 'rloo', 'rloo_vectorized', 'reinforce_plus_plus_baseline',
+  'opo', 'gpg', 'optimal_token_baseline', 'tir_optimal_token_baseline',
+]);
+
+export const KL_PENALTIES = ['kl', 'abs', 'mse', 'low_var_kl', 'full'] as const;
+export const POLICY_LOSSES = ['vanilla', 'gspo', 'sapo', 'gpg', 'cispo', 'reinforce', 'geo_mean', 'clip_cov', 'kl_cov', 'nft'] as const;
+export const LOSS_AGG_MODES = ['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'] as const;
+/** Trajectory fields a remote reward request body may be built from. */
+export const TRAJECTORY_FIELDS = ['prompt_text', 'response_text', 'ground_truth', 'image_base64_png', 'id', 'step'] as const;
+
+// ---------------------------------------------------------------------------------------------
+// Small builders
+
+/** A section: a strict object whose missing keys take their defaults (`prefault` parses `{}`). */
+function section<T extends z.ZodRawShape>(shape: T, description: string) {
+  const obj = z.strictObject(shape);
+  // Every key has a default, so {} is a valid input; TS cannot see that for a generic shape.
+  return obj.prefault({} as z.input<typeof obj>).describe(description);
+}
+
+const posInt = () => z.int().gte(1);
+const nonNegInt = () => z.int().gte(0);
+/** -1 disables; otherwise ≥ 1. */
+const offOrPosInt = () => z.int().refine((v) => v === -1 || v >= 1, { message: 'must be -1 (off) or an integer ≥ 1' }).meta({ typeLabel: '-1 or integer ≥ 1' });
+const probability = () => z.number().gte(0).lte(1);
+/** A list of strings; a single string is accepted as a one-element list (verl accepts both). */
+const stringList = () => z.preprocess((v) => (typeof v === 'string' ? [v] : v), z.array(z.string().min(1)));
+/** Names used in paths and ids. */
+const NAME_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+const safeName = () => z.string().regex(NAME_RE, { message: "may contain only letters, digits, '.', '_' and '-' and must start with a letter or digit" });
+
+// ---------------------------------------------------------------------------------------------
+// data
+
+const dataSchema = section({
+  train_files: stringList().default([]).describe('Training data files (JSONL or verl/EasyR1 parquet); a single path or a list. Empty when data.task generates the rows.'),
+  val_files: stringList().default([]).describe('Validation data files (same formats as train_files). Needed when validation runs (trainer.val_before_train, val_freq > 0 or val_only).'),
+  format: z.enum(['auto', 'jsonl', 'parquet']).default('auto').describe('File format; auto picks by extension (.jsonl/.json → jsonl, .parquet → parquet).'),
+  prompt_key: z.string().min(1).default('prompt').describe('Field holding the prompt: a string, or chat messages [{role, content}] (verl parquet). Dotted paths reach nested fields.'),
+  answer_key: z.string().min(1).default('answer').describe('Field holding the ground truth passed to the reward (verl parquet: reward_model.ground_truth).'),
+  image_key: z.string().min(1).default('images').describe('Field holding images (base64, data URLs or bytes) for multimodal prompts; absent field = no images.'),
+  video_key: z.string().min(1).default('videos').describe('Field holding videos for multimodal prompts; absent field = no videos.'),
+  max_prompt_length: posInt().default(512).describe('Maximum prompt length in tokens.'),
+  max_response_length: posInt().default(512).describe('Maximum response length in tokens (generation stops there).'),
+  rollout_batch_size: posInt().default(512).describe('Prompts per training step; each is sampled rollout.n times (verl: data.train_batch_size).'),
+  val_batch_size: offOrPosInt().default(-1).describe('Prompts per validation batch; -1 = the whole validation set in one batch.'),
+  shuffle: z.boolean().default(true).describe('Shuffle the training rows each epoch (a permutation seeded by data.seed and the epoch).'),
+  seed: z.int().default(1).describe('Seed for shuffling and for the built-in task generators.'),
+  filter_overlong_prompts: z.boolean().default(true).describe('Drop rows whose prompt is longer than max_prompt_length tokens (reported, never silent); false = a bad row (see on_bad_row).'),
+  on_bad_row: z.enum(['stop', 'skip']).default('stop').describe('A row that fails validation: stop the load with its file:line, or skip it and report it.'),
+  max_rows: posInt().nullable().default(null).describe('Load at most this many rows per split (after validation); null = all.'),
+  task: z.string().min(1).nullable().default(null).describe('Built-in data generator instead of files (e.g. number_game, arithmetic); its rows are seeded by data.seed.'),
+  task_size: section({
+    train: posInt().default(1024).describe('Training rows generated by data.task.'),
+    val: nonNegInt().default(128).describe('Validation rows generated by data.task (0 = none).'),
+  }, 'Row counts for data.task.'),
+}, 'Datasets: files or a built-in task, keys, lengths and batch sizes.');
+
+// ---------------------------------------------------------------------------------------------
+// algorithm
+
+const algorithmSchema = section({
+  adv_estimator: z.enum(ADV_ESTIMATORS).default('grpo').describe('Advantage estimator. gae needs the critic; group estimators (grpo, rloo, …) need rollout.n ≥ 2.'),
+  norm_adv_by_std_in_grpo: z.boolean().default(true).describe('GRPO: divide group-centred rewards by the group std (false = Dr. GRPO).'),
+  gamma: probability().default(1.0).describe('Discount factor γ (gae, reinforce_plus_plus).'),
+  lam: probability().default(1.0).describe('GAE λ (bias–variance trade-off of the advantage).'),
+  use_kl_in_reward: z.boolean().default(false).describe('Subtract kl_coef · KL(π‖π_ref) from the token rewards (verl use_kl_in_reward).'),
+  kl_penalty: z.enum(KL_PENALTIES).default('low_var_kl').describe('KL estimator for the in-reward penalty: kl (k1), abs, mse (k2), low_var_kl (k3), full.'),
+  kl_coef: z.number().gte(0).default(1e-3).describe('KL coefficient, used both for the KL loss and the in-reward penalty (EasyR1 convention); the initial value when kl_type = adaptive.'),
+  kl_type: z.enum(['fixed', 'adaptive']).default('fixed').describe('KL controller for the in-reward coefficient: fixed, or adaptive (Ziegler et al. 2019) towards kl_target.'),
+  kl_target: z.number().gt(0).default(0.1).describe('Adaptive KL controller: target KL.'),
+  kl_horizon: posInt().default(10000).describe('Adaptive KL controller: horizon in samples.'),
+  use_kl_loss: z.boolean().default(true).describe('Add kl_coef · KL(π‖π_ref) to the actor loss (GRPO style).'),
+  kl_loss_type: z.enum(KL_PENALTIES).nullable().default(null).describe('KL estimator for the KL loss; null → algorithm.kl_penalty.'),
+  online_filtering: z.boolean().default(false).describe('Drop prompt groups whose filter_key mean lies outside [filter_low, filter_high] and refill the batch (DAPO dynamic sampling).'),
+  filter_semantics: z.enum(['easyr1', 'dapo']).default('easyr1').describe('easyr1: keep groups with filter_low < mean < filter_high; dapo: keep groups whose filter_key values are not all equal (std > 0).'),
+  filter_key: z.string().min(1).default('overall').describe('Reward metric the filter reads (e.g. overall, accuracy).'),
+  filter_low: probability().default(0.01).describe('Online filtering: lower bound on the group mean.'),
+  filter_high: probability().default(0.99).describe('Online filtering: upper bound on the group mean.'),
+  max_try_make_batch: posInt().default(10).describe('Online filtering: refill attempts per step before the run stops with an error.'),
+  policy_loss: z.enum(POLICY_LOSSES).default('vanilla').describe('Policy loss: vanilla (PPO clip with dual clip), gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft.'),
+  overlong: section({
+    enable: z.boolean().default(false).describe('Soft overlong punishment (DAPO): a linear penalty for responses longer than max_length − buffer_length.'),
+    max_length: posInt().nullable().default(null).describe('Expected maximum response length; null → data.max_response_length.'),
+    buffer_length: nonNegInt().default(0).describe('Length of the penalty ramp before max_length (must be > 0 when enabled).'),
+    penalty_factor: z.number().gte(0).default(1.0).describe('Penalty at max_length (it grows linearly over the buffer).'),
+  }, 'DAPO overlong reward shaping.'),
+  entropy_penalty_coef: z.number().default(0).describe('Coefficient of an entropy penalty added to the token rewards (0 = off).'),
+  vppo: section({
+    enable: z.boolean().default(false).describe('VPPO-style token reweighting: scale advantages of perception-dependent tokens.'),
+    top_p_perception_tokens: z.number().gt(0).lte(1).default(0.2).describe('Fraction of tokens (by visual dependency) treated as perception tokens.'),
+    top_p_entropy_tokens: z.number().gt(0).lte(1).default(0.2).describe('Fraction of tokens (by entropy) whose gradient is kept.'),
+    advantage_scaling_min: probability().default(0.8).describe('Lowest advantage scale given to the least perception-dependent trajectories.'),
+    perturbation: z.enum(['gaussian_noise', 'mask']).default('gaussian_noise').describe('How the image is perturbed to measure visual dependency.'),
+  }, 'VPPO token reweighting (multimodal).'),
+  nft: section({
+    neg_weight: z.number().gte(0).default(1.0).describe('NFT policy loss: weight of the negative-sample term.'),
+  }, 'Negative-aware fine-tuning loss settings (policy_loss = nft).'),
+  ema: section({
+    enable: z.boolean().default(false).describe('Keep an exponential moving average of the policy weights (used as the reference/eval policy).'),
+    decay: z.number().gt(0).lt(1).default(0.999).describe('EMA decay per update.'),
+  }, 'Exponential moving average of the weights.'),
+}, 'Advantage estimation, KL control, online filtering and loss shaping.');
+
+// ---------------------------------------------------------------------------------------------
+// rollout
+
+const rolloutSchema = section({
+  n: posInt().default(5).describe('Responses sampled per prompt (the group size).'),
+  temperature: z.number().gt(0).default(1.0).describe('Sampling temperature for training rollouts.'),
+  top_p: z.number().gt(0).lte(1).default(1.0).describe('Nucleus sampling threshold (1 = off).'),
+  top_k: offOrPosInt().default(-1).describe('Top-k sampling (-1 = off).'),
+  val_override: section({
+    temperature: z.number().gte(0).default(0.6).describe('Validation sampling temperature (0 = greedy).'),
+    top_p: z.number().gt(0).lte(1).default(0.95).describe('Validation nucleus threshold.'),
+    n: posInt().default(1).describe('Responses per validation prompt.'),
+    top_k: offOrPosInt().nullable().default(null).describe('Validation top-k; null → rollout.top_k.'),
+  }, 'Sampling settings for validation (verl: rollout.val_kwargs).'),
+  replicas: posInt().default(1).describe('Rollout workers (processes or pods) sharing the prompts.'),
+  batch_size: posInt().nullable().default(null).describe('Sequences generated per forward batch; null = all of a step at once.'),
+}, 'Sampling of responses.');
+
+// ---------------------------------------------------------------------------------------------
+// actor
+
+const modelSchema = section({
+  path: z.string().min(1).nullable().default(null).describe('Load the weights (and architecture) from this checkpoint directory; null = initialise from the keys below.'),
+  d_model: posInt().default(64).describe('Hidden size.'),
+  n_layers: posInt().default(2).describe('Transformer layers.'),
+  n_heads: posInt().default(4).describe('Attention heads (must divide d_model; the head size d_model / n_heads must be even for rotary embeddings).'),
+  n_kv_heads: posInt().default(4).describe('Key/value heads (grouped-query attention; must divide n_heads).'),
+  ffn: posInt().default(256).describe('Feed-forward hidden size.'),
+  max_seq_len: posInt().default(1024).describe('Longest sequence (prompt + response) the model handles.'),
+  qkv_bias: z.boolean().default(false).describe('Bias terms on the query/key/value projections (Qwen2 style).'),
+  rope_theta: z.number().gt(0).default(10000).describe('Rotary position embedding base.'),
+  rms_norm_eps: z.number().gt(0).default(1e-6).describe('RMSNorm ε.'),
+  tie_embeddings: z.boolean().default(true).describe('Share the input embedding and output projection.'),
+  init_seed: z.int().default(1).describe('Seed of the random initialisation (ignored with path).'),
+  tokenizer: z.enum(['byte', 'alphabet']).default('byte').describe('byte: 256 byte tokens + specials; alphabet: one token per character of actor.model.alphabet.'),
+  alphabet: z.string().min(1).nullable().default(null).describe('Characters of the alphabet tokenizer; null → the alphabet of data.task.'),
+}, 'Policy model: a checkpoint to load or the architecture of a fresh one.');
+
+function optimSchema(lr: number, description: string) {
+  return section({
+    lr: z.number().gt(0).default(lr).describe('Peak learning rate.'),
+    weight_decay: z.number().gte(0).default(1e-2).describe('AdamW decoupled weight decay.'),
+    betas: z.tuple([z.number().gte(0).lt(1), z.number().gte(0).lt(1)]).default([0.9, 0.999]).describe('AdamW β1, β2.'),
+    eps: z.number().gt(0).default(1e-8).describe('AdamW ε.'),
+    lr_warmup_ratio: probability().default(0).describe('Linear warmup over this fraction of the total optimizer steps.'),
+    lr_warmup_steps: nonNegInt().nullable().default(null).describe('Linear warmup over this many optimizer steps; overrides lr_warmup_ratio when set.'),
+    lr_scheduler: z.enum(['constant', 'cosine']).default('constant').describe('Schedule after warmup.'),
+    min_lr_ratio: probability().default(0).describe('Cosine schedule: final lr as a fraction of lr.'),
+    max_grad_norm: z.number().gt(0).default(1.0).describe('Clip the global gradient norm to this value.'),
+  }, description);
+}
+
+const actorSchema = section({
+  model: modelSchema,
+  optim: optimSchema(1e-6, 'Actor optimizer (AdamW) and learning-rate schedule.'),
+  global_batch_size: posInt().default(128).describe('Samples per optimizer update (verl: ppo_mini_batch_size × n); must divide data.rollout_batch_size × rollout.n.'),
+  micro_batch_size_per_device_for_update: posInt().default(4).describe('Samples per forward/backward pass in the update (gradient accumulation); must divide global_batch_size.'),
+  micro_batch_size_per_device_for_experience: posInt().default(16).describe('Samples per forward pass when computing log-probs; must divide global_batch_size.'),
+  ppo_epochs: posInt().default(1).describe('Passes over each step’s samples.'),
+  clip_ratio_low: z.number().gte(0).default(0.2).describe('PPO clip: lower ratio bound 1 − clip_ratio_low.'),
+  clip_ratio_high: z.number().gte(0).default(0.3).describe('PPO clip: upper ratio bound 1 + clip_ratio_high (DAPO clip-higher).'),
+  clip_ratio_dual: z.number().default(3.0).describe('Dual-clip bound c for negative advantages (Ye et al. 2020); must be > 1.'),
+  loss_agg_mode: z.enum(LOSS_AGG_MODES).default('token-mean').describe('How token losses are aggregated into the batch loss.'),
+  entropy_coeff: z.number().default(0).describe('Entropy bonus coefficient in the actor loss (0 = off).'),
+  threads: posInt().default(2).describe('onnxruntime intra-op threads for the actor.'),
+}, 'The policy: model, optimizer and PPO update settings.');
+
+// ---------------------------------------------------------------------------------------------
+// critic
+
+const criticModelSchema = section({
+  path: z.string().min(1).nullable().default(null).describe('Load the critic from this checkpoint directory; null → a fresh model (actor.model.path is not used: the value head differs).'),
+  d_model: posInt().nullable().default(null).describe('Hidden size; null → actor.model.d_model.'),
+  n_layers: posInt().nullable().default(null).describe('Layers; null → actor.model.n_layers.'),
+  n_heads: posInt().nullable().default(null).describe('Attention heads; null → actor.model.n_heads.'),
+  n_kv_heads: posInt().nullable().default(null).describe('Key/value heads; null → actor.model.n_kv_heads.'),
+  ffn: posInt().nullable().default(null).describe('Feed-forward size; null → actor.model.ffn.'),
+  max_seq_len: posInt().nullable().default(null).describe('Longest sequence; null → actor.model.max_seq_len.'),
+  init_seed: z.int().nullable().default(null).describe('Initialisation seed; null → actor.model.init_seed + 1.'),
+}, 'Critic model: overrides of actor.model (null = same as the actor).');
+
+const criticSchema = section({
+  enable: z.boolean().nullable().default(null).describe('Train a value function; null → true exactly when algorithm.adv_estimator = gae.'),
+  model: criticModelSchema,
+  optim: optimSchema(1e-5, 'Critic optimizer (AdamW).'),
+  cliprange_value: z.number().gt(0).default(0.5).describe('Value clipping range around the old values.'),
+  ppo_epochs: posInt().nullable().default(null).describe('Passes over each step’s samples; null → actor.ppo_epochs.'),
+}, 'Value function for GAE.');
+
+// ---------------------------------------------------------------------------------------------
+// reward
+
+const remoteSchema = section({
+  enabled: z.boolean().nullable().default(null).describe('Call the reward servers; null → true when reward.type = remote. DISABLE_RL_REWARD_MODEL=true sets it to false (rewards then come from reward.reward_fn).'),
+  urls: z.array(z.string().min(1)).nullable().default(null).describe('Reward server URLs (http/https); alternatively host + start_port + count.'),
+  host: z.string().min(1).nullable().default(null).describe('Seed-style endpoints: http://host:(start_port + i) for i < count.'),
+  start_port: z.int().gte(1).lte(65535).default(8000).describe('First port of the seed-style endpoints.'),
+  count: posInt().default(1).describe('Number of seed-style endpoints.'),
+  request_preset: z.enum(['seed_image_prompt', 'text']).default('seed_image_prompt').describe("Request body: seed_image_prompt = {image, prompt} (image as base64 PNG); text = {prompt, response, ground_truth}."),
+  request_template: z.record(z.string().min(1), z.enum(TRAJECTORY_FIELDS)).nullable().default(null).describe(`Custom request body: body field → trajectory field (${TRAJECTORY_FIELDS.join(', ')}); overrides request_preset.`),
+  response_mapping: section({
+    weights: z.record(z.string().min(1), z.number().gte(0)).default(() => ({ vlm_score: 0.5, ocr_confidence: 0.5 })).describe('Reward = Σ weight · response[field]; each listed field must be a number in range.'),
+    range: z.tuple([z.number(), z.number()]).default([0, 1]).describe('Allowed [low, high] of each mapped response field; a value outside is a failed reward.'),
+  }, 'How a server response becomes a scalar reward.'),
+  auth_header: z.string().min(1).default('Authorization').describe('Header carrying the token.'),
+  auth_scheme: z.string().default('Bearer').describe('Prefix before the token in auth_header ("" = the bare token).'),
+  auth_token_env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, { message: 'must be an environment variable name' }).nullable().default(null).describe('Name of the environment variable holding the token (the token itself is never in the config); null = no auth.'),
+  timeout_ms: posInt().default(30000).describe('Per-request timeout.'),
+  max_retries: nonNegInt().default(5).describe('Retries of a failed request (exponential backoff with jitter).'),
+  backoff_initial_ms: posInt().default(200).describe('First retry delay.'),
+  backoff_max_ms: posInt().default(10000).describe('Largest retry delay.'),
+  concurrency_per_server: posInt().default(4).describe('In-flight requests per server.'),
+  batch_size: posInt().default(1).describe('Trajectories per request (1 = the server does not accept batches).'),
+  breaker: section({
+    failure_threshold: posInt().default(5).describe('Consecutive failures that open a server’s circuit.'),
+    reset_timeout_ms: posInt().default(10000).describe('Time an open circuit waits before probing.'),
+    probe_interval_ms: posInt().default(2000).describe('Interval between probes of an open circuit.'),
+  }, 'Per-server circuit breaker.'),
+  batch_budget_ms: posInt().default(600000).describe('Time budget to score one step’s batch before reward.on_failure applies to the rest.'),
+}, 'HTTP reward servers.');
+
+const rewardModelSchema = section({
+  path: z.string().min(1).nullable().default(null).describe('ONNX reward model (scorer) file; required when reward.type = model.'),
+  transform: z.enum(['none', 'sigmoid']).default('none').describe('Transform applied to the raw score.'),
+  scale: z.number().default(1.0).describe('Reward = scale · transform(score).'),
+  threshold: z.number().nullable().default(null).describe('If set, reward = 1 when scale · transform(score) ≥ threshold, else 0.'),
+}, 'ONNX reward model.');
+
+const rewardSchema = section({
+  type: z.enum(['function', 'remote', 'model']).default('function').describe('function: a built-in or user function; remote: HTTP reward servers; model: an ONNX scorer.'),
+  reward_fn: z.string().min(1).nullable().default(null).describe('Built-in reward function (e.g. number_game, exact_match, format, arithmetic); null → data.task’s reward when data.task is set.'),
+  reward_fn_path: z.string().min(1).nullable().default(null).describe('User reward module (JS/TS) whose default or `reward` export is the function; instead of reward_fn.'),
+  reward_fn_kwargs: z.record(z.string(), z.unknown()).default(() => ({})).describe('Keyword arguments passed to the reward function.'),
+  on_failure: z.enum(['retry', 'drop_group', 'stop']).default('retry').describe('A trajectory whose reward failed: retry it later, drop its prompt group, or stop the run.'),
+  max_retries_later: nonNegInt().default(3).describe('on_failure = retry: later attempts before the group is dropped.'),
+  remote: remoteSchema,
+  model: rewardModelSchema,
+}, 'Reward computation.');
+
+// ---------------------------------------------------------------------------------------------
+// trainer
+
+const trainerSchema = section({
+  total_epochs: posInt().default(1).describe('Passes over the training data.'),
+  max_steps: posInt().nullable().default(null).describe('Stop after this many steps (verl total_training_steps); null = total_epochs.'),
+  val_freq: offOrPosInt().default(-1).describe('Validate every val_freq steps (-1 = off).'),
+  val_before_train: z.boolean().default(true).describe('Validate the initial policy before the first step.'),
+  val_only: z.boolean().default(false).describe('Only validate, do not train.'),
+  val_generations_to_log: nonNegInt().default(3).describe('Validation samples (prompt, response, reward) logged per validation round.'),
+  save_freq: offOrPosInt().default(-1).describe('Save a checkpoint every save_freq steps; -1 = only the final checkpoint at the end of training (the final one is always saved).'),
+  save_limit: offOrPosInt().default(-1).describe('Keep at most this many checkpoints (oldest removed first); -1 = unlimited.'),
+  find_last_checkpoint: z.boolean().default(true).describe('Resume from the newest checkpoint in run_dir when there is one.'),
+  load_checkpoint_path: z.string().min(1).nullable().default(null).describe('Resume from this checkpoint (wins over find_last_checkpoint).'),
+  project_name: safeName().default('rlstream').describe('Project name (logs, run id).'),
+  experiment_name: safeName().default('default').describe('Experiment name (logs, run id, run_dir).'),
+  logger: z.array(z.enum(['console', 'tensorboard'])).default(['console']).describe('Metric sinks.'),
+  run_dir: z.string().min(1).nullable().default(null).describe('Directory for checkpoints, logs and the embedded store; null → runs/<experiment_name>.'),
+  seed: z.int().default(1).describe('Seed for everything not seeded elsewhere (sampling, dropout of groups, ids).'),
+}, 'Training loop, validation, checkpoints and naming.');
+
+// ---------------------------------------------------------------------------------------------
+// pipeline
+
+const pipelineSchema = section({
+  bus: z.enum(['embedded', 'kafka']).default('embedded').describe('Event transport: embedded (in-process log in the store) or kafka.'),
+  brokers: z.array(z.string().min(1)).default([]).describe('Kafka brokers host:port; required when bus = kafka.'),
+  topic_prefix: z.string().regex(/^[A-Za-z0-9._-]+$/, { message: "may contain only letters, digits, '.', '_' and '-'" }).default('rlstream').describe('Prefix of every topic name.'),
+  partitions: posInt().default(1).describe('Partitions per topic when topics are created.'),
+  store: z.enum(['embedded', 'postgres']).default('embedded').describe('Tables and event log: embedded (PGlite under run_dir) or postgres.'),
+  database_url: z.string().min(1).nullable().default(null).describe('postgres:// URL; required when store = postgres. A secret: its password is never printed.'),
+  max_staleness: nonNegInt().default(0).describe('Policy versions a rollout may lag behind (0 = strictly on-policy).'),
+  schema_wire_format: z.enum(['plain', 'confluent']).default('plain').describe('Avro framing on Kafka: plain, or confluent (magic byte + schema id; needs schema_registry_url).'),
+  schema_registry_url: z.string().min(1).nullable().default(null).describe('Confluent schema registry URL (schema_wire_format = confluent).'),
+  kafka: section({
+    idempotent: z.boolean().default(true).describe('Idempotent producer (requires acks = all).'),
+    acks: z.union([z.literal('all'), z.literal(-1), z.literal(0), z.literal(1)]).default('all').describe('Producer acknowledgements: all (= -1), 1 (leader) or 0 (none).'),
+    session_timeout_ms: posInt().default(6000).describe('Consumer group session timeout.'),
+    heartbeat_interval_ms: posInt().default(500).describe('Consumer heartbeat interval (below session_timeout_ms).'),
+    max_wait_ms: nonNegInt().default(250).describe('Longest a fetch waits for data.'),
+  }, 'Kafka client settings.'),
+  run_id: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, { message: "must be 1–128 letters, digits, '.', '_' or '-'" }).nullable().default(null).describe('Run id on every event, row and log line; null → derived from trainer.project_name and experiment_name (deterministic, never random).'),
+}, 'Event bus, store and staleness.');
+
+// ---------------------------------------------------------------------------------------------
+
+export const configSchema = z.strictObject({
+  data: dataSchema,
+  algorithm: algorithmSchema,
+  rollout: rolloutSchema,
+  actor: actorSchema,
+  critic: criticSchema,
+  reward: rewardSchema,
+  trainer: trainerSchema,
+  pipeline: pipelineSchema,
+}).describe('rlstream run configuration');
+
+export type Config = z.infer<typeof configSchema>;
+export type ConfigInput = z.input<typeof configSchema>;
+
+/** The defaults, as parsed from `{}` (derived `null`s not yet filled: see `resolveDerived`). */
+export function schemaDefaults(): Config {
+  return configSchema.parse({});
+}

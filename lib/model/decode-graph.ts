@@ -1,0 +1,257 @@
+/**
+ * The generation graph: prefill + an in-graph decode loop, so one `session.run` generates every
+ * token of a batch. The Node binding copies each output into JS memory, so a step-per-run design
+ * would copy the growing KV cache out and back in every token; here the cache never leaves ORT
+ * and the only outputs are the sampled tokens and their log-probs ([steps, B] each).
+ *
+ * Layout: prompts are LEFT-padded to a common length P (prompt_mask 0 on the padding), with
+ * per-row positions cumsum(mask) − 1, so the last column is every row's last prompt token and
+ * each decode step appends one column to every row's KV cache (an additive key bias keeps the
+ * padding columns masked). A row's tokens therefore do not depend on the other rows of its batch
+ * (up to float rounding of masked-out work).
+ *
+ * ONNX `Loop` (trip count = uniforms.shape[1], condition = "some row has not emitted EOS"):
+ *   loop-carried: logits [B, V] (of the next token), position [B, 1], key bias [B, 1, 1, S],
+ *                 done [B], per-layer K and V [B, KVH, S, hd] (S grows by one per step)
+ *   scan outputs: token [B], logprob [B] → [steps, B]
+ * The body samples from the carried logits, then runs the one-token forward of the sampled token
+ * (`decodeStep`, written for T = 1: q/k/v and gate/up projections are single Gemms against weights
+ * concatenated once per run OUTSIDE the loop, so no weight is copied per token).
+ * The graph builder has no sub-graph attribute, so the body is built with its own GraphBuilder and
+ * attached to the Loop node of the serialised outer model (`attachLoopBody`); body values that name
+ * outer values (weights, rope tables, sampling inputs) are resolved from the outer scope.
+ *
+ * Sampling (per row, all inside the graph; see `sampleTokens`):
+ *   z = logits / T (T = temperature; T ≤ 0 means greedy: argmax of the logits)
+ *   top-k then top-p truncation (HF/vLLM order) when the graph is built with `truncation`
+ *   token = inverse CDF of softmax(truncated z) at the row's uniform u ∈ (0, 1), in vocabulary order
+ *   logprob = log_softmax(z)[token]: the temperature-scaled distribution BEFORE top-k/top-p
+ *             truncation (for greedy rows: log_softmax(logits), i.e. T = 1).
+ */
+import onnxProto from 'onnx-proto';
+import { GraphBuilder, GraphError, type Var } from '../onnx/builder.ts';
+import { linear, rmsNorm, rope, swiglu } from '../onnx/nn.ts';
+import type { ModelConfig } from './config.ts';
+import { declareParams, llamaForward, lmHead, MASK_NEG, type ParamVars } from './llama.ts';
+import { paramSpecs } from './params.ts';
+
+const { onnx } = onnxProto;
+
+export interface GenerateGraphOptions {
+  /** Include the top-k / top-p path (a full sort of the vocabulary per row and step). */
+  truncation: boolean;
+}
+
+/** Names of the generation graph's non-weight inputs and outputs. */
+export const GEN_IO = {
+  promptIds: 'prompt_ids', // int64 [B, P], left-padded
+  promptMask: 'prompt_mask', // int64 [B, P], 1 = token, 0 = padding
+  uniforms: 'uniforms', // float32 [B, N]: one uniform in (0, 1) per row and step; N = max new tokens
+  temperature: 'temperature', // float32 [B]
+  topP: 'top_p', // float32 [B] (truncation graphs only), 1 = off
+  topK: 'top_k', // int64 [B] (truncation graphs only), 0 = off
+  eosIds: 'eos_ids', // int64 [E]: stop tokens (pass [-1] for none)
+  tokens: 'tokens', // int64 [steps, B]
+  logprobs: 'logprobs', // float32 [steps, B]
+} as const;
+
+const NEG_INF = -Infinity;
+
+/**
+ * Sample one token per row from logits [B, V]. u [B] uniforms in (0, 1), temperature [B];
+ * topP [B] / topK [B] when truncating. Returns token [B] int64 and its log-prob [B] under the
+ * temperature-scaled, untruncated distribution.
+ */
+export function sampleTokens(b: GraphBuilder, logits: Var, u: Var, temperature: Var, trunc: { topP: Var; topK: Var } | null): { token: Var; logprob: Var } {
+  const [B, V] = logits.shape;
+  if (typeof V !== 'number') throw new GraphError('sampleTokens: vocabulary size must be static');
+  return b.scope('sample', () => {
+    const greedy = b.lessOrEqual(temperature, 0); // [B]
+    const tEff = b.where(greedy, 1, temperature);
+    const z = b.div(logits, b.unsqueeze(tEff, [1])); // [B, V]
+    const logp = b.logSoftmax(z, -1);
+    let zt = z;
+    if (trunc) {
+      // sorted descending: TopK with k = V
+      const [sorted] = b.op('TopK', [z, b.const([V], 'int64')], { axis: 1, largest: 1, sorted: 1 }, [{ dtype: z.dtype, shape: [B, V] }, { dtype: 'int64', shape: [B, V] }]);
+      const rank = b.unsqueeze(b.range(V), [0]); // [1, V]
+      const k = b.unsqueeze(b.where(b.or(b.lessOrEqual(trunc.topK, 0), b.greater(trunc.topK, V)), b.const(V, 'int64'), trunc.topK), [1]); // [B, 1]
+      const keepK = b.less(rank, k); // [B, V] over sorted ranks
+      const ps = b.softmax(b.where(keepK, sorted, NEG_INF), -1);
+      const before = b.op('CumSum', [ps, b.const(1, 'int64')], { exclusive: 1 }, { dtype: ps.dtype, shape: ps.shape }); // mass ranked above
+      const pOff = b.unsqueeze(b.greaterOrEqual(trunc.topP, 1), [1]);
+      const keepP = b.or(b.less(before, b.unsqueeze(trunc.topP, [1])), pOff);
+      const nKeep = b.reduceSum(b.cast(b.and(keepK, keepP), 'int64'), [1], true); // [B, 1] ≥ 1
+      const thr = b.gatherElements(sorted, b.sub(nKeep, b.const(1, 'int64')), 1); // smallest kept logit
+      zt = b.where(b.less(z, thr), NEG_INF, z); // ties with the threshold are kept
+    }
+    const probs = b.softmax(zt, -1);
+    const cdf = b.op('CumSum', [probs, b.const(1, 'int64')], {}, { dtype: probs.dtype, shape: probs.shape });
+    const total = b.slice(cdf, 1, V - 1, V); // [B, 1]
+    const target = b.mul(b.unsqueeze(u, [1]), total);
+    const drawn = b.min(b.reduceSum(b.cast(b.less(cdf, target), 'int64'), [1]), b.const(V - 1, 'int64')); // [B]
+    const token = b.where(greedy, b.argMax(logits, 1), drawn);
+    const logprob = b.squeeze(b.gatherElements(logp, b.unsqueeze(token, [1]), 1), [1]);
+    return { token, logprob };
+  });
+}
+
+/** The serialised generation model (see the file comment for inputs and outputs). */
+export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): Uint8Array {
+  if (c.head !== 'lm') throw new GraphError('buildGenerateModel: needs a policy (head "lm") config');
+  const L = c.numHiddenLayers, KVH = c.numKeyValueHeads, hd = c.headDim, V = c.vocabSize;
+
+  // ── outer graph: prefill ──
+  const b = new GraphBuilder({ name: 'generate' });
+  // weights are graph inputs named by their HF names, fed per call (one session per model shape)
+  const p = declareParams(b, c, 'inputs');
+  const ids = b.input(GEN_IO.promptIds, 'int64', ['B', 'P']);
+  const mask = b.input(GEN_IO.promptMask, 'int64', ['B', 'P']);
+  const uniforms = b.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
+  // read only by the loop body, through the outer scope
+  b.input(GEN_IO.temperature, 'float32', ['B']);
+  if (opts.truncation) { b.input(GEN_IO.topP, 'float32', ['B']); b.input(GEN_IO.topK, 'int64', ['B']); }
+  b.input(GEN_IO.eosIds, 'int64', ['E']);
+
+  const cum = b.op('CumSum', [mask, b.const(1, 'int64')], {}, { dtype: 'int64', shape: ['B', 'P'] });
+  const positions = b.max(b.sub(cum, b.const(1, 'int64')), b.const(0, 'int64'));
+  const pre = llamaForward(b, c, p, { ids, positions, attentionMask: mask });
+  const lastIdx = b.sub(b.dimTensor('P'), b.const([1], 'int64')); // [1]
+  const hLast = b.reshape(b.op('Gather', [b.reshape(pre.hidden, ['B', 'P', c.hiddenSize]), lastIdx], { axis: 1 }, { dtype: 'float32', shape: ['B', 1, c.hiddenSize] }), ['B', c.hiddenSize]);
+  const logits0 = lmHead(b, c, p, hLast); // [B, V]
+  const pos0 = b.add(b.op('Gather', [positions, lastIdx], { axis: 1 }, { dtype: 'int64', shape: ['B', 1] }), b.const(1, 'int64')); // [B, 1]
+  const bias0 = b.reshape(b.where(b.cast(mask, 'bool'), b.const(0), b.const(MASK_NEG)), ['B', 1, 1, 'P']);
+  const done0 = b.less(b.reduceSum(mask, [1]), b.const(0, 'int64')); // [B] all false (shape from the batch)
+  const trip = b.op('Gather', [b.shape(uniforms), b.const(1, 'int64')], { axis: 0 }, { dtype: 'int64', shape: [] });
+  const cond0 = b.cast(b.const(1, 'int64'), 'bool');
+
+  // fused projection weights for the decode step, built once per run (outer scope of the loop)
+  const fusedNames: string[] = [];
+  for (let l = 0; l < L; l++) {
+    const pre = `model.layers.${l}`;
+    const cat = (parts: string[], name: string) => { b.output(b.concat(parts.map((n) => p.get(n)!), 0), name); fusedNames.push(name); };
+    cat([`${pre}.self_attn.q_proj.weight`, `${pre}.self_attn.k_proj.weight`, `${pre}.self_attn.v_proj.weight`], fusedName(l, 'qkv_w'));
+    if (c.attentionBias) cat([`${pre}.self_attn.q_proj.bias`, `${pre}.self_attn.k_proj.bias`, `${pre}.self_attn.v_proj.bias`], fusedName(l, 'qkv_b'));
+    cat([`${pre}.mlp.gate_proj.weight`, `${pre}.mlp.up_proj.weight`], fusedName(l, 'gate_up_w'));
+  }
+
+  const carried: Var[] = [logits0, pos0, bias0, done0, ...pre.presentKeys, ...pre.presentValues];
+  const loopOuts = b.op('Loop', [trip, cond0, ...carried], {}, [
+    ...carried.map((v) => ({ dtype: v.dtype, shape: v.shape.map(() => b.unknownDim()) })), // final state (unused)
+    { dtype: 'int64', shape: ['steps', 'B'] },
+    { dtype: 'float32', shape: ['steps', 'B'] },
+  ]);
+  b.output(loopOuts[carried.length], GEN_IO.tokens);
+  b.output(loopOuts[carried.length + 1], GEN_IO.logprobs);
+  const loopName = loopOuts[0].name.replace(/:0$/, '');
+
+  // ── loop body ──
+  const g = new GraphBuilder({ name: 'decode_step' });
+  const iter = g.input('iter', 'int64', []);
+  g.input('cond_in', 'bool', []);
+  const logits = g.input('logits_in', 'float32', ['B', V]);
+  const pos = g.input('pos_in', 'int64', ['B', 1]);
+  const bias = g.input('bias_in', 'float32', ['B', 1, 1, 'S']);
+  const done = g.input('done_in', 'bool', ['B']);
+  const keys = Array.from({ length: L }, (_, l) => g.input(`k${l}_in`, 'float32', ['B', KVH, 'S', hd]));
+  const values = Array.from({ length: L }, (_, l) => g.input(`v${l}_in`, 'float32', ['B', KVH, 'S', hd]));
+  const nState = 2 + 4 + 2 * L;
+  // outer-scope references (same names as in the outer graph)
+  const gp = declareParams(g, c, 'inputs');
+  const gU = g.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
+  const gT = g.input(GEN_IO.temperature, 'float32', ['B']);
+  const gTopP = opts.truncation ? g.input(GEN_IO.topP, 'float32', ['B']) : null;
+  const gTopK = opts.truncation ? g.input(GEN_IO.topK, 'int64', ['B']) : null;
+  const gEos = g.input(GEN_IO.eosIds, 'int64', ['E']);
+
+  const u = g.op('Gather', [gU, iter], { axis: 1 }, { dtype: 'float32', shape: ['B'] });
+  const { token, logprob } = sampleTokens(g, logits, u, gT, gTopP && gTopK ? { topP: gTopP, topK: gTopK } : null);
+  const hit = g.reduceMax(g.cast(g.equal(g.unsqueeze(token, [1]), g.unsqueeze(gEos, [0])), 'int32'), [1]); // [B]
+  const doneOut = g.or(done, g.cast(hit, 'bool'));
+  const condOut = g.equal(g.reduceMax(g.cast(g.not(doneOut), 'int32'), [0]), g.const(1, 'int32'));
+  const biasOut = g.concat([bias, g.zeros(['B', 1, 1, 1], 'float32')], 3);
+  const fused = new Map(fusedNames.map((n) => [n, g.input(n, 'float32', fusedShape(c, n))]));
+  for (const n of ['rope.cos', 'rope.sin']) fused.set(n, g.input(n, 'float32', [c.maxPositionEmbeddings, hd]));
+  const step = decodeStep(g, c, gp, fused, token, g.squeeze(pos, [1]), biasOut, keys, values);
+  const logitsOut = lmHead(g, c, gp, step.hidden);
+  const posOut = g.add(pos, g.const(1, 'int64'));
+  for (const v of [condOut, logitsOut, posOut, biasOut, doneOut, ...step.presentKeys, ...step.presentValues, token, logprob]) g.output(v);
+  const body = g.toModelProto().graph!;
+  const outerRefs = new Set<string>([...paramSpecs(c).map((s) => s.name), ...fusedNames, GEN_IO.uniforms, GEN_IO.temperature, GEN_IO.topP, GEN_IO.topK, GEN_IO.eosIds, 'rope.cos', 'rope.sin']);
+
+  const model = b.toModelProto();
+  // the fused weights were graph outputs only to keep them alive through pruning
+  model.graph!.output = model.graph!.output!.filter((o) => !fusedNames.includes(o.name!));
+  attachLoopBody(model, loopName, body, nState, outerRefs);
+  return onnx.ModelProto.encode(model).finish();
+}
+
+function fusedName(layer: number, what: 'qkv_w' | 'qkv_b' | 'gate_up_w'): string { return `decode.layers.${layer}.${what}`; }
+
+function fusedShape(c: ModelConfig, name: string): number[] {
+  const qkv = (c.numAttentionHeads + 2 * c.numKeyValueHeads) * c.headDim;
+  if (name.endsWith('qkv_w')) return [qkv, c.hiddenSize];
+  if (name.endsWith('qkv_b')) return [qkv];
+  return [2 * c.intermediateSize, c.hiddenSize];
+}
+
+/**
+ * One decoding step for B rows of one token each (the model of llama.ts, specialised to T = 1):
+ * token [B] at positions pos [B], additive key bias [B, 1, 1, S+1] (S cached + this token),
+ * caches [B, KVH, S, hd] per layer. Returns the final-norm hidden states [B, D] and the caches
+ * with this token appended. Grouped-query attention runs as [B, KVH, G, ·] so K/V are not repeated.
+ */
+export function decodeStep(g: GraphBuilder, c: ModelConfig, p: ParamVars, fused: Map<string, Var>, token: Var, pos: Var, bias: Var, keys: Var[], values: Var[]): { hidden: Var; presentKeys: Var[]; presentValues: Var[] } {
+  const H = c.numAttentionHeads, KVH = c.numKeyValueHeads, G = H / KVH, hd = c.headDim, D = c.hiddenSize, F = c.intermediateSize;
+  const qd = H * hd, kvd = KVH * hd;
+  const w = (name: string): Var => { const v = p.get(name) ?? fused.get(name); if (!v) throw new GraphError(`decodeStep: missing ${name}`); return v; };
+  const cos = g.unsqueeze(g.gather(w('rope.cos'), pos), [1]); // [B, 1, hd]
+  const sin = g.unsqueeze(g.gather(w('rope.sin'), pos), [1]);
+  let x = g.gather(w('model.embed_tokens.weight'), token); // [B, D]
+  const presentKeys: Var[] = [], presentValues: Var[] = [];
+  for (let l = 0; l < c.numHiddenLayers; l++) {
+    const pre = `model.layers.${l}`;
+    g.scope(`step.layers.${l}`, () => {
+      const h = rmsNorm(g, x, w(`${pre}.input_layernorm.weight`), c.rmsNormEps);
+      const qkv = linear(g, h, w(fusedName(l, 'qkv_w')), c.attentionBias ? w(fusedName(l, 'qkv_b')) : null); // [B, qd + 2·kvd]
+      const [q0, k0, v0] = g.split(qkv, 1, [qd, kvd, kvd]);
+      const q = g.mul(rope(g, g.reshape(q0, ['B', H, hd]), cos, sin), 1 / Math.sqrt(hd));
+      const k = rope(g, g.reshape(k0, ['B', KVH, hd]), cos, sin);
+      const K = g.concat([keys[l], g.unsqueeze(k, [2])], 2); // [B, KVH, S+1, hd]
+      const V = g.concat([values[l], g.reshape(v0, ['B', KVH, 1, hd])], 2);
+      presentKeys.push(K); presentValues.push(V);
+      const scores = g.add(g.matmul(g.reshape(q, ['B', KVH, G, hd]), g.transposeLast2(K)), bias); // [B, KVH, G, S+1]
+      const ctx = g.matmul(g.softmax(scores, -1), V); // [B, KVH, G, hd]
+      x = g.add(x, linear(g, g.reshape(ctx, ['B', qd]), w(`${pre}.self_attn.o_proj.weight`)));
+      const h2 = rmsNorm(g, x, w(`${pre}.post_attention_layernorm.weight`), c.rmsNormEps);
+      const [gate, up] = g.split(linear(g, h2, w(fusedName(l, 'gate_up_w'))), 1, [F, F]);
+      x = g.add(x, linear(g, swiglu(g, gate, up), w(`${pre}.mlp.down_proj.weight`)));
+    });
+  }
+  const hidden = rmsNorm(g, x, w('model.norm.weight'), c.rmsNormEps);
+  if (hidden.shape[1] !== D) throw new GraphError('internal: decodeStep hidden width');
+  return { hidden, presentKeys, presentValues };
+}
+
+/**
+ * Attach `body` as the `body` attribute of the Loop node `loopName` in `model`. The body's first
+ * `nInputs` graph inputs are the Loop's (iteration, condition, carried...); its other inputs and
+ * any initializer named in `outerRefs` are dropped so those names resolve to the outer graph's
+ * values. Every other body value is renamed under `loop/` so no name shadows an outer one.
+ */
+export function attachLoopBody(model: onnxProto.onnx.ModelProto, loopName: string, body: onnxProto.onnx.IGraphProto, nInputs: number, outerRefs: Set<string>): void {
+  const node = model.graph!.node!.find((n) => n.name === loopName);
+  if (!node || node.opType !== 'Loop') throw new GraphError(`attachLoopBody: no Loop node named ${loopName}`);
+  const bodyInputs = body.input!.slice(0, nInputs);
+  for (const i of body.input!.slice(nInputs)) if (!outerRefs.has(i.name!)) throw new GraphError(`attachLoopBody: body input ${i.name} is neither loop state nor an outer value`);
+  const rn = (s: string): string => (s === '' || outerRefs.has(s) ? s : `loop/${s}`);
+  const renameVi = (v: onnxProto.onnx.IValueInfoProto) => ({ ...v, name: rn(v.name!) });
+  const g: onnxProto.onnx.IGraphProto = {
+    name: body.name,
+    input: bodyInputs.map(renameVi),
+    output: body.output!.map(renameVi),
+    initializer: (body.initializer ?? []).filter((t) => !outerRefs.has(t.name!)).map((t) => ({ ...t, name: rn(t.name!) })),
+    node: body.node!.map((n) => ({ ...n, name: `loop/${n.name}`, input: n.input!.map(rn), output: n.output!.map(rn) })),
+  };
+  node.attribute = [...(node.attribute ?? []), { name: 'body', type: onnx.AttributeProto.AttributeType.GRAPH, g }];
+}

@@ -1,0 +1,196 @@
+/**
+ * Llama-family decoder built with the graph builder (Touvron et al. 2023; Qwen2 adds q/k/v
+ * biases): token embedding → L × [RMSNorm → causal GQA attention with RoPE → residual → RMSNorm →
+ * SwiGLU MLP → residual] → RMSNorm → LM head (tied or separate) or scalar value head.
+ *
+ * Layout: activations are 2-D [N = B·T, D] so every projection is one Gemm against a torch-layout
+ * [out, in] weight (transB). Attention runs per head in [B, H, T, S] (or [B, KVH, G, T, S] for
+ * grouped-query attention, so K/V are never repeated). The KV cache layout is [B, KVH, S, hd].
+ * The attention mask enters as an additive bias (0 / −1e9).
+ */
+import { GraphBuilder, GraphError, Var, dimEq, fmtShape, type Dim } from '../onnx/builder.ts';
+import { embedding, linear, rmsNorm, rope, swiglu } from '../onnx/nn.ts';
+import type { ModelConfig } from './config.ts';
+import { paramSpecs, type Weights } from './params.ts';
+
+export type ParamVars = Map<string, Var>;
+
+/** Additive bias for masked attention positions. */
+export const MASK_NEG = -1e9;
+
+/**
+ * Declare the model's parameters in `b`: as graph inputs named by their HF names (`'inputs'`,
+ * for training and for sessions that take weights per call), or as initializers holding `weights`.
+ */
+export function declareParams(b: GraphBuilder, c: ModelConfig, source: 'inputs' | Weights): ParamVars {
+  const p: ParamVars = new Map();
+  for (const s of paramSpecs(c)) {
+    if (source === 'inputs') p.set(s.name, b.input(s.name, b.float, s.shape));
+    else {
+      const w = source.get(s.name);
+      if (!w) throw new GraphError(`declareParams: weights lack ${s.name}`);
+      p.set(s.name, b.initializer(s.name, b.float === 'float64' ? Float64Array.from(w) : w, s.shape, b.float));
+    }
+  }
+  return p;
+}
+
+function param(p: ParamVars, name: string): Var {
+  const v = p.get(name);
+  if (!v) throw new GraphError(`llama: missing parameter ${name}`);
+  return v;
+}
+
+/** cos/sin tables [maxPositionEmbeddings, headDim] (HF layout: frequencies repeated over both halves). */
+export function ropeTables(b: GraphBuilder, c: ModelConfig): { cos: Var; sin: Var } {
+  const hd = c.headDim, half = hd / 2, P = c.maxPositionEmbeddings;
+  const cos = new Float64Array(P * hd), sin = new Float64Array(P * hd);
+  for (let pos = 0; pos < P; pos++) {
+    for (let i = 0; i < half; i++) {
+      const invFreq = 1 / Math.pow(c.ropeTheta, (2 * i) / hd);
+      // HF computes inv_freq and the angle in float32
+      const ang = Math.fround(pos * Math.fround(invFreq));
+      const cv = Math.cos(ang), sv = Math.sin(ang);
+      cos[pos * hd + i] = cos[pos * hd + half + i] = cv;
+      sin[pos * hd + i] = sin[pos * hd + half + i] = sv;
+    }
+  }
+  const cast = (a: Float64Array) => (b.float === 'float64' ? a : Float32Array.from(a));
+  return { cos: b.initializer('rope.cos', cast(cos), [P, hd], b.float), sin: b.initializer('rope.sin', cast(sin), [P, hd], b.float) };
+}
+
+/**
+ * Causal + key-padding additive bias from a key mask [B, S] (1 = real token, any numeric dtype):
+ * [B, 1, T, S]. Query i (of the last T positions) may attend key j iff j ≤ S − T + i and (mask[j] or
+ * j is the query's own position).
+ * With `keyMask` null: the plain causal bias [T, T].
+ */
+export function causalBias(b: GraphBuilder, keyMask: Var | null, T: Dim): Var {
+  if (keyMask && keyMask.rank !== 2) throw new GraphError(`causalBias: key mask ${keyMask.name} must be [B, S], got ${fmtShape(keyMask.shape)}`);
+  return b.scope('mask', () => {
+    const S = keyMask ? keyMask.shape[1] : T;
+    const kidx = b.unsqueeze(b.range(S), [0]); // [1, S]
+    let qidx = b.range(T); // [T]
+    if (!dimEq(S, T)) qidx = b.op('Add', [qidx, b.op('Sub', [b.dimTensor(S), b.dimTensor(T)], {}, { dtype: 'int64', shape: [1] })], {}, { dtype: 'int64', shape: [T] });
+    const causal = b.lessOrEqual(kidx, b.unsqueeze(qidx, [1])); // [T, S]
+    if (!keyMask) return b.where(causal, b.const(0), b.const(MASK_NEG)); // [T, S]
+    const km = keyMask.dtype === 'bool' ? keyMask : b.op('Cast', [keyMask], { to: 9 }, { dtype: 'bool', shape: keyMask.shape });
+    // a padding query (all of its keys masked) attends to itself only, so its output does not
+    // depend on how much padding the batch has
+    const diag = b.equal(kidx, b.unsqueeze(qidx, [1])); // [T, S]
+    const allowed = b.and(b.or(b.unsqueeze(km, [1]), diag), causal); // [B, T, S]
+    return b.unsqueeze(b.where(allowed, b.const(0), b.const(MASK_NEG)), [1]); // [B, 1, T, S]
+  });
+}
+
+export interface LlamaForwardOptions {
+  /** Token ids [B, T] int64. */
+  ids: Var;
+  /** Position ids [B, T] int64 (default 0..T−1; pass cumsum(mask) − 1 for left-padded rows). */
+  positions?: Var;
+  /** Key mask [B, S] (S = T, or P + T with a cache); builds the causal + padding bias. */
+  attentionMask?: Var;
+  /** Additive bias [B, 1, T, S] (or [T, S]); overrides attentionMask. With neither, plain causal attention. */
+  bias?: Var;
+  /** Per-layer KV cache [B, KVH, P, hd]. */
+  past?: { keys: Var[]; values: Var[] };
+}
+
+export interface LlamaForwardResult {
+  /** Final-norm hidden states [B·T, D]. */
+  hidden: Var;
+  /** Per-layer keys/values including the past: [B, KVH, S, hd]. */
+  presentKeys: Var[];
+  presentValues: Var[];
+}
+
+/** The decoder trunk. */
+export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: LlamaForwardOptions): LlamaForwardResult {
+  const { ids } = o;
+  if (ids.rank !== 2 || (ids.dtype !== 'int64' && ids.dtype !== 'int32')) throw new GraphError(`llama: ids must be int64 [B, T], got ${ids}`);
+  const [B, T] = ids.shape;
+  const N = `${B}*${T}`;
+  const H = c.numAttentionHeads, KVH = c.numKeyValueHeads, G = H / KVH, hd = c.headDim, D = c.hiddenSize;
+  if (o.past && (o.past.keys.length !== c.numHiddenLayers || o.past.values.length !== c.numHiddenLayers))
+    throw new GraphError(`llama: past must have ${c.numHiddenLayers} keys and values`);
+
+  const { cos, sin } = b.scope('rope', () => ropeTables(b, c));
+  const [cosT, sinT] = b.scope('rope', () => {
+    if (o.positions) {
+      if (!dimEq(o.positions.shape[0], B) || !dimEq(o.positions.shape[1], T)) throw new GraphError(`llama: positions ${fmtShape(o.positions.shape)} must match ids ${fmtShape(ids.shape)}`);
+      return [b.unsqueeze(b.gather(cos, o.positions), [2]), b.unsqueeze(b.gather(sin, o.positions), [2])]; // [B, T, 1, hd]
+    }
+    return [b.unsqueeze(b.slice(cos, 0, 0, T), [1]), b.unsqueeze(b.slice(sin, 0, 0, T), [1])]; // [T, 1, hd]
+  });
+
+  let bias: Var | null = o.bias ?? null;
+  if (!bias) {
+    if (o.attentionMask) bias = causalBias(b, o.attentionMask, T);
+    else if (o.past) throw new GraphError('llama: with a KV cache pass attentionMask [B, P+T] or bias');
+    else bias = causalBias(b, null, T);
+  }
+  const bias5 = G > 1 && bias.rank === 4 ? b.unsqueeze(bias, [1]) : bias;
+
+  let x = b.scope('embed', () => embedding(b, param(p, 'model.embed_tokens.weight'), b.reshape(ids.dtype === 'int64' ? ids : b.cast(ids, 'int64'), [N])));
+  const presentKeys: Var[] = [], presentValues: Var[] = [];
+  const scale = 1 / Math.sqrt(hd);
+
+  for (let l = 0; l < c.numHiddenLayers; l++) {
+    const pre = `model.layers.${l}`;
+    b.scope(`layers.${l}`, () => {
+      const attnOut = b.scope('attn', () => {
+        const h = rmsNorm(b, x, param(p, `${pre}.input_layernorm.weight`), c.rmsNormEps);
+        // q, k, v in one Gemm against the row-concatenated weights (fewer, larger GEMMs; the
+        // weight gradient is one Gemm too, split back by the Concat's backward rule)
+        const qd = H * hd, kvd = KVH * hd;
+        const wqkv = b.concat([param(p, `${pre}.self_attn.q_proj.weight`), param(p, `${pre}.self_attn.k_proj.weight`), param(p, `${pre}.self_attn.v_proj.weight`)], 0);
+        const bqkv = c.attentionBias ? b.concat([param(p, `${pre}.self_attn.q_proj.bias`), param(p, `${pre}.self_attn.k_proj.bias`), param(p, `${pre}.self_attn.v_proj.bias`)], 0) : null;
+        const [q0, k0, v0] = b.split(linear(b, h, wqkv, bqkv), 1, [qd, kvd, kvd]);
+        let q = b.reshape(q0, [B, T, H, hd]);
+        let k = b.reshape(k0, [B, T, KVH, hd]);
+        const v = b.reshape(v0, [B, T, KVH, hd]);
+        q = b.mul(rope(b, q, cosT, sinT), scale);
+        k = rope(b, k, cosT, sinT);
+        let k4 = b.transpose(k, [0, 2, 1, 3]); // [B, KVH, T, hd]
+        let v4 = b.transpose(v, [0, 2, 1, 3]);
+        if (o.past) { k4 = b.concat([o.past.keys[l], k4], 2); v4 = b.concat([o.past.values[l], v4], 2); }
+        presentKeys.push(k4); presentValues.push(v4);
+        let ctx: Var;
+        if (G === 1) {
+          const q4 = b.transpose(q, [0, 2, 1, 3]); // [B, H, T, hd]
+          const probs = b.softmax(b.add(b.matmul(q4, b.transposeLast2(k4)), bias!), -1); // [B, H, T, S]
+          ctx = b.transpose(b.matmul(probs, v4), [0, 2, 1, 3]); // [B, T, H, hd]
+        } else {
+          const q5 = b.transpose(b.reshape(q, [B, T, KVH, G, hd]), [0, 2, 3, 1, 4]); // [B, KVH, G, T, hd]
+          const probs = b.softmax(b.add(b.matmul(q5, b.unsqueeze(b.transposeLast2(k4), [2])), bias5), -1); // [B, KVH, G, T, S]
+          ctx = b.transpose(b.matmul(probs, b.unsqueeze(v4, [2])), [0, 3, 1, 2, 4]); // [B, T, KVH, G, hd]
+        }
+        return linear(b, b.reshape(ctx, [N, H * hd]), param(p, `${pre}.self_attn.o_proj.weight`));
+      });
+      x = b.add(x, attnOut);
+      const mlpOut = b.scope('mlp', () => {
+        const h = rmsNorm(b, x, param(p, `${pre}.post_attention_layernorm.weight`), c.rmsNormEps);
+        const F = c.intermediateSize;
+        const [gate, up] = b.split(linear(b, h, b.concat([param(p, `${pre}.mlp.gate_proj.weight`), param(p, `${pre}.mlp.up_proj.weight`)], 0)), 1, [F, F]);
+        return linear(b, swiglu(b, gate, up), param(p, `${pre}.mlp.down_proj.weight`));
+      });
+      x = b.add(x, mlpOut);
+    });
+  }
+  const hidden = b.scope('final_norm', () => rmsNorm(b, x, param(p, 'model.norm.weight'), c.rmsNormEps));
+  if (!dimEq(hidden.shape[1], D)) throw new GraphError('internal: hidden width');
+  return { hidden, presentKeys, presentValues };
+}
+
+/** Logits [N, V] = hidden · Wᵀ with W = lm_head.weight (or the tied embedding). */
+export function lmHead(b: GraphBuilder, c: ModelConfig, p: ParamVars, hidden: Var): Var {
+  if (c.head !== 'lm') throw new GraphError('lmHead: this is a value model (head "value")');
+  const w = c.tieWordEmbeddings ? param(p, 'model.embed_tokens.weight') : param(p, 'lm_head.weight');
+  return b.scope('lm_head', () => linear(b, hidden, w));
+}
+
+/** Values [N] = hidden · score.weightᵀ (HF token-classification head, one label). */
+export function valueHead(b: GraphBuilder, c: ModelConfig, p: ParamVars, hidden: Var): Var {
+  if (c.head !== 'value') throw new GraphError('valueHead: this is a policy model (head "lm")');
+  return b.scope('value_head', () => b.squeeze(linear(b, hidden, param(p, 'score.weight')), [1]));
+}

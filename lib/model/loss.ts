@@ -1,0 +1,291 @@
+/**
+ * Training losses as graph functions of per-token tensors (verl core_algos semantics; see
+ * ../shared/golden/README.md). Every loss is aggregated as Σ_t w_t · ℓ_t where the aggregation
+ * weights w = ∂agg_loss/∂ℓ are computed outside the graph from the response mask, the mode and
+ * the global-batch normalisers (lib/rl/agg.ts `weights`), so summing the losses of micro-batches
+ * gives exactly the mini-batch loss (verl's global-batch semantics).
+ *
+ * Metrics leave the graph as additive sums (over micro-batches) and are finalised in JS:
+ * fractions and ppo_kl become masked means Σ f·M / (ΣM + 1e-8) over the whole mini-batch.
+ *
+ * Registries (config strings): `policy_loss.loss_mode` (vanilla, gpg, reinforce, nft),
+ * `kl_loss_type` (kl/k1, abs, mse/k2, low_var_kl/k3).
+ */
+import { z } from 'zod';
+import { ConfigError } from '../errors.ts';
+import { Registry } from '../util/registry.ts';
+import type { GraphBuilder, Var } from '../onnx/builder.ts';
+
+export const MASKED_EPS = 1e-8;
+
+const aggMode = z.enum(['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm']);
+
+export const policyLossSchema = z.object({
+  type: z.literal('policy'),
+  lossMode: z.string().default('vanilla').describe('policy loss registry name (vanilla, gpg, reinforce)'),
+  clipRatio: z.number().positive().default(0.2).describe('PPO clip ε (fallback for low/high)'),
+  clipRatioLow: z.number().nonnegative().nullable().default(null).describe('ε_low; null = clipRatio'),
+  clipRatioHigh: z.number().nonnegative().nullable().default(null).describe('ε_high; null = clipRatio'),
+  clipRatioC: z.number().default(3.0).describe('dual-clip constant c (> 1)'),
+  lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
+  entropyCoeff: z.number().default(0).describe('entropy bonus coefficient'),
+  useKlLoss: z.boolean().default(false).describe('add a KL(π‖π_ref) loss term'),
+  klLossCoef: z.number().nonnegative().default(0.001).describe('KL loss coefficient'),
+  klLossType: z.string().default('low_var_kl').describe('kl_loss_type registry name'),
+  temperature: z.number().positive().default(1).describe('logits are divided by this before log-probs (as in verl)'),
+  nft: z.object({
+    negWeight: z.number().min(0).default(1).describe('1 = NFT, 0 = RFT (positives only); for the DAPO-like variant use lossMode vanilla'),
+    clampNegative: z.number().positive().default(1).describe('ε of the straight-through clamp max((1 − r̂R)/(1 − r̂), ε) on negatives'),
+    clampPositive: z.number().min(0).default(0).describe('straight-through lower clamp of R on positives'),
+    maxLogRatio: z.number().default(10).describe('upper clamp of the per-token log-ratio'),
+    rHatMin: z.number().gt(0).lt(1).default(0.02).describe('lower clamp of the group accuracy r̂'),
+    rHatMax: z.number().gt(0).lt(1).default(0.98).describe('upper clamp of r̂'),
+    normalize: z.boolean().default(true).describe('weight every token by (1 − r̂)'),
+    lossAggMode: z.enum(['sum', 'token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm']).default('sum').describe('"sum" = Σ tokens ÷ lossScaleFactor (the NFT objective), or a verl loss_agg_mode'),
+    lossScaleFactor: z.number().positive().default(1).describe('divisor of the "sum" aggregation'),
+  }).strict().prefault({}).describe('NFT options (lossMode "nft")'),
+}).strict();
+
+export const valueLossSchema = z.object({
+  type: z.literal('value'),
+  cliprangeValue: z.number().nonnegative().default(0.5).describe('value clip range'),
+  lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
+}).strict();
+
+export const sftLossSchema = z.object({
+  type: z.literal('sft'),
+  lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
+  temperature: z.number().positive().default(1).describe('logits are divided by this before log-probs'),
+}).strict();
+
+export const lossConfigSchema = z.discriminatedUnion('type', [policyLossSchema, valueLossSchema, sftLossSchema]);
+export type LossConfigInput = z.input<typeof lossConfigSchema>;
+export type LossConfig = z.output<typeof lossConfigSchema>;
+export type PolicyLossConfig = z.output<typeof policyLossSchema>;
+export type ValueLossConfig = z.output<typeof valueLossSchema>;
+
+export function lossConfig(input: LossConfigInput): LossConfig {
+  const r = lossConfigSchema.safeParse(input);
+  if (!r.success) throw new ConfigError(`loss config: ${r.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`);
+  const c = r.data;
+  if (c.type === 'policy') {
+    policyLosses.get(c.lossMode);
+    if (c.useKlLoss) klLossTypes.get(c.klLossType);
+    if (c.lossMode === 'vanilla' && !(c.clipRatioC > 1)) throw new ConfigError(`loss config: clipRatioC must be > 1 for dual clip, got ${c.clipRatioC}`);
+  }
+  return c;
+}
+
+/** Per-token graph inputs, all [N] (N = B·T, flattened) in the builder's float dtype. */
+export interface TokenTensors {
+  /** log π(token) under the current policy (differentiable). */
+  logprob?: Var;
+  /** entropy of π at the position (differentiable). */
+  entropy?: Var | null;
+  /** value prediction (differentiable; critic). */
+  vpred?: Var;
+  /** response mask M (0/1). */
+  mask: Var;
+  /** aggregation weights w = ∂agg_loss/∂ℓ (0 where M = 0). */
+  aggWeights: Var;
+  advantages?: Var;
+  oldLogprobs?: Var;
+  refLogprobs?: Var;
+  /** per-token importance / filtering weights multiplied into the policy-gradient loss. */
+  lossWeights?: Var;
+  values?: Var;
+  returns?: Var;
+  /** NFT: the row's clamped group accuracy r̂, and 1 for a positive (correct) row, 0 otherwise. */
+  nftRHat?: Var;
+  nftPositive?: Var;
+}
+
+export interface LossGraph {
+  /** The scalar to differentiate (this micro-batch's share of the mini-batch loss). */
+  loss: Var;
+  /** Additive scalar sums, finalised by `finalizeMetrics`. */
+  sums: Record<string, Var>;
+}
+
+function need(t: TokenTensors, k: keyof TokenTensors, what: string): Var {
+  const v = t[k];
+  if (!v) throw new ConfigError(`${what} needs batch field "${k}"`);
+  return v as Var;
+}
+
+/** Σ w·where(M≠0, ℓ, 0): masked positions never contribute, even when ℓ is not finite there. */
+export function aggregate(b: GraphBuilder, perToken: Var, t: TokenTensors): Var {
+  const m = b.greater(t.mask, 0);
+  return b.reduceSum(b.mul(b.where(m, perToken, 0), t.aggWeights), [0]);
+}
+
+function maskedSum(b: GraphBuilder, x: Var, mask: Var): Var {
+  return b.reduceSum(b.mul(b.where(b.greater(mask, 0), x, 0), mask), [0]);
+}
+
+function boolSum(b: GraphBuilder, cond: Var, mask: Var): Var {
+  return maskedSum(b, b.cast(cond, mask.dtype), mask);
+}
+
+// ─────────────────────────── policy losses (per token) ───────────────────────────
+
+export interface PolicyLossFn {
+  (b: GraphBuilder, t: TokenTensors, c: PolicyLossConfig): { perToken: Var; sums: Record<string, Var> };
+}
+
+/**
+ * Vanilla PPO (Schulman et al. 2017) with asymmetric clip and dual clip (Ye et al. 2020):
+ * ℓ = clamp(lp − old, ±20), r = eˣ; L1 = −A r, L2 = −A clamp(r, 1−ε_lo, 1+ε_hi); Lc = max(L1, L2);
+ * L3 = −A c; loss = min(L3, Lc) where A < 0, else Lc; × loss weights.
+ */
+const vanilla: PolicyLossFn = (b, t, c) => {
+  const lp = need(t, 'logprob', 'vanilla PPO'), old = need(t, 'oldLogprobs', 'vanilla PPO'), A = need(t, 'advantages', 'vanilla PPO');
+  const lo = c.clipRatioLow ?? c.clipRatio, hi = c.clipRatioHigh ?? c.clipRatio;
+  const logRatio = b.clip(b.sub(lp, old), -20, 20);
+  const ratio = b.exp(logRatio);
+  const negA = b.neg(A);
+  const l1 = b.mul(negA, ratio);
+  const l2 = b.mul(negA, b.clip(ratio, 1 - lo, 1 + hi));
+  const lc = b.max(l1, l2);
+  const l3 = b.mul(negA, c.clipRatioC);
+  const lc2 = b.min(l3, lc);
+  const aNeg = b.less(A, 0);
+  let perToken = b.where(aNeg, lc2, lc);
+  if (t.lossWeights) perToken = b.mul(perToken, t.lossWeights);
+  return {
+    perToken,
+    sums: {
+      pg_clipfrac: boolSum(b, b.greater(l2, l1), t.mask),
+      pg_clipfrac_lower: boolSum(b, b.and(b.greater(lc, l3), aNeg), t.mask),
+      ppo_kl: maskedSum(b, b.neg(logRatio), t.mask),
+    },
+  };
+};
+
+/** GPG (Chu et al. 2025): −lp·A (× loss weights). */
+const gpg: PolicyLossFn = (b, t) => {
+  let perToken = b.neg(b.mul(need(t, 'logprob', 'gpg'), need(t, 'advantages', 'gpg')));
+  if (t.lossWeights) perToken = b.mul(perToken, t.lossWeights);
+  return { perToken, sums: {} };
+};
+
+/** REINFORCE: −A·lp (× loss weights); ppo_kl = masked_mean(old − lp). */
+const reinforce: PolicyLossFn = (b, t) => {
+  const lp = need(t, 'logprob', 'reinforce');
+  let perToken = b.neg(b.mul(need(t, 'advantages', 'reinforce'), lp));
+  if (t.lossWeights) perToken = b.mul(perToken, t.lossWeights);
+  const sums: Record<string, Var> = {};
+  if (t.oldLogprobs) sums.ppo_kl = maskedSum(b, b.sub(t.oldLogprobs, lp), t.mask);
+  return { perToken, sums };
+};
+
+/**
+ * NFT, negative-aware fine-tuning (Chen et al. 2025; NVlabs/NFT, ratio_type "token"), matched to
+ * lib/rl/nft.ts: R = exp(min(lp − old, max_log_ratio)); positives −log max(R, c₊); negatives
+ * neg_weight · −log max((1 − r̂R)/(1 − r̂), ε); both clamps straight-through (the forward value
+ * is clamped, the gradient is the unclamped one); every token × (1 − r̂) when normalize, × loss
+ * weights.
+ */
+const nft: PolicyLossFn = (b, t, c) => {
+  const o = c.nft;
+  const lp = need(t, 'logprob', 'nft'), old = need(t, 'oldLogprobs', 'nft'), rhat = need(t, 'nftRHat', 'nft'), pos = need(t, 'nftPositive', 'nft');
+  const logRatio = b.sub(lp, old);
+  const R = b.exp(b.min(logRatio, o.maxLogRatio));
+  const straightThrough = (x: Var, lo: number) => b.add(x, b.stopGradient(b.sub(b.max(x, lo), x)));
+  const lossPos = b.neg(b.log(o.clampPositive > 0 ? straightThrough(R, o.clampPositive) : R));
+  const proxy = b.div(b.sub(1, b.mul(rhat, R)), b.sub(1, rhat));
+  const lossNeg = b.mul(b.neg(b.log(straightThrough(proxy, o.clampNegative))), o.negWeight);
+  let perToken = b.where(b.greater(pos, 0), lossPos, lossNeg);
+  if (o.normalize) perToken = b.mul(perToken, b.sub(1, rhat));
+  if (t.lossWeights) perToken = b.mul(perToken, t.lossWeights);
+  const negMask = b.mul(t.mask, b.sub(1, pos));
+  return {
+    perToken,
+    sums: {
+      ppo_kl: maskedSum(b, b.neg(logRatio), t.mask),
+      nft_neg_tokens: b.reduceSum(negMask, [0]),
+      nft_neg_clamped: b.reduceSum(b.mul(negMask, b.cast(b.less(proxy, o.clampNegative), negMask.dtype)), [0]),
+    },
+  };
+};
+
+export const policyLosses = new Registry<PolicyLossFn>('policy_loss.loss_mode', { vanilla, gpg, reinforce, nft });
+
+/** Which per-token batch fields a policy loss reads (besides log-probs and masks). */
+export function policyLossNeeds(c: PolicyLossConfig): { advantages: boolean; oldLogprobs: boolean; nft: boolean } {
+  return { advantages: c.lossMode !== 'nft', oldLogprobs: true, nft: c.lossMode === 'nft' };
+}
+
+// ─────────────────────────── KL loss estimators ───────────────────────────
+
+export type KlFn = (b: GraphBuilder, lp: Var, ref: Var) => Var;
+/** k1 = lp − ref; abs = |lp − ref|; k2 = ½(lp − ref)²; k3 = clamp(eˣ − x − 1, ±10), x = clamp(ref − lp, ±20) (Schulman 2020). */
+const k1: KlFn = (b, lp, ref) => b.sub(lp, ref);
+const absKl: KlFn = (b, lp, ref) => b.abs(b.sub(lp, ref));
+const k2: KlFn = (b, lp, ref) => { const d = b.sub(lp, ref); return b.mul(b.mul(d, d), 0.5); };
+const k3: KlFn = (b, lp, ref) => {
+  const x = b.clip(b.sub(ref, lp), -20, 20);
+  return b.clip(b.sub(b.sub(b.exp(x), x), 1), -10, 10);
+};
+export const klLossTypes = new Registry<KlFn>('kl_loss_type', { kl: k1, k1, abs: absKl, mse: k2, k2, low_var_kl: k3, k3 });
+
+// ─────────────────────────── full losses ───────────────────────────
+
+/** Actor loss: pg_loss − entropy_coeff·entropy + kl_coef·kl_loss (verl dp_actor). */
+export function policyLossGraph(b: GraphBuilder, t: TokenTensors, c: PolicyLossConfig): LossGraph {
+  return b.scope('loss', () => {
+    const { perToken, sums } = policyLosses.get(c.lossMode)(b, t, c);
+    const pgLoss = aggregate(b, perToken, t);
+    let loss = pgLoss;
+    const out: Record<string, Var> = { pg_loss: pgLoss, ...sums };
+    if (t.entropy) {
+      const ent = aggregate(b, t.entropy, t);
+      out.entropy = ent;
+      if (c.entropyCoeff !== 0) loss = b.sub(loss, b.mul(ent, c.entropyCoeff));
+    }
+    if (c.useKlLoss) {
+      const kl = aggregate(b, klLossTypes.get(c.klLossType)(b, need(t, 'logprob', 'KL loss'), need(t, 'refLogprobs', 'KL loss')), t);
+      out.kl_loss = kl;
+      loss = b.add(loss, b.mul(kl, c.klLossCoef));
+    }
+    out.loss = loss;
+    return { loss, sums: out };
+  });
+}
+
+/** Critic loss: ½·agg(max((v − R)², (clip(v, V ± c) − R)²)) (verl compute_value_loss). */
+export function valueLossGraph(b: GraphBuilder, t: TokenTensors, c: ValueLossConfig): LossGraph {
+  return b.scope('loss', () => {
+    const v = need(t, 'vpred', 'value loss'), R = need(t, 'returns', 'value loss'), V = need(t, 'values', 'value loss');
+    const clipped = b.max(b.min(v, b.add(V, c.cliprangeValue)), b.sub(V, c.cliprangeValue));
+    const d1 = b.sub(v, R), d2 = b.sub(clipped, R);
+    const l1 = b.mul(d1, d1), l2 = b.mul(d2, d2);
+    const vf = b.mul(aggregate(b, b.max(l1, l2), t), 0.5);
+    return { loss: vf, sums: { vf_loss: vf, vf_clipfrac: boolSum(b, b.greater(l2, l1), t.mask), vpred_mean: maskedSum(b, v, t.mask), loss: vf } };
+  });
+}
+
+/** Supervised cross-entropy −agg(lp) with token accuracy (argmax = target) as a metric. */
+export function sftLossGraph(b: GraphBuilder, t: TokenTensors, correct: Var | null): LossGraph {
+  return b.scope('loss', () => {
+    const loss = aggregate(b, b.neg(need(t, 'logprob', 'sft loss')), t);
+    const sums: Record<string, Var> = { sft_loss: loss, loss };
+    if (correct) sums.token_acc = boolSum(b, correct, t.mask);
+    return { loss, sums };
+  });
+}
+
+/** Metrics that are masked means (Σ f·M over the mini-batch, divided by ΣM + 1e-8 in JS). */
+const MASKED_MEAN_METRICS = new Set(['pg_clipfrac', 'pg_clipfrac_lower', 'ppo_kl', 'vf_clipfrac', 'vpred_mean', 'token_acc']);
+
+/** Turn additive sums (over micro-batches) into metrics. */
+export function finalizeMetrics(sums: Record<string, number>, maskSum: number): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [k, v] of Object.entries(sums)) out[k] = MASKED_MEAN_METRICS.has(k) ? v / (maskSum + MASKED_EPS) : v;
+  if ('nft_neg_tokens' in sums) {
+    out.neg_clamp_frac = sums.nft_neg_clamped / (sums.nft_neg_tokens + MASKED_EPS);
+    delete out.nft_neg_tokens;
+    delete out.nft_neg_clamped;
+  }
+  return out;
+}

@@ -1,0 +1,142 @@
+/**
+ * The training graph: forward → loss → explicit backward → (global-norm clipping → AdamW) in one
+ * ONNX graph. Modes:
+ *  - `eval`: forward and loss only; outputs `metrics` and per-position `log_probs` (or `values`).
+ *  - `grad`: also outputs `grad.<param>` (one micro-batch's share of the mini-batch gradient).
+ *  - `step`: outputs `new.<param>`, `new.<param>.exp_avg`, `new.<param>.exp_avg_sq`, `grad_norm`.
+ *  - `step_acc`: as `step`, with `acc.<param>` inputs added to the gradient (the sum of the earlier
+ *    micro-batches' gradients), so k micro-batches cost k runs and the update stays in-graph.
+ *
+ * Inputs (all [B, T] row-major, position t predicts token t + 1; see train.ts for the shift):
+ * `input_ids`, `position_ids` (int64), `attention_mask`, `targets` (int64), `loss_mask`,
+ * `agg_weights`, and per loss: `advantages`, `old_log_probs`, `ref_log_probs`, `loss_weights`,
+ * `nft_rhat`, `nft_positive` (policy), `values`, `returns` (value). Parameters by HF name. Optimizer scalars (computed in
+ * float64 outside, like torch's AdamW): `adam_step_size` = lr / (1 − β₁ᵗ), `adam_bc2_sqrt` =
+ * √(1 − β₂ᵗ), `adam_decay` = 1 − lr·weight_decay.
+ *
+ * AdamW (Loshchilov & Hutter 2019, torch.optim.AdamW): g ← g·min(1, max_norm / (‖g‖ + 1e-6));
+ * m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²; p ← p·(1 − lr·λ) − lr/(1−β₁ᵗ) · m / (√v / √(1−β₂ᵗ) + ε).
+ */
+import { GraphBuilder, type FloatDType, type Var } from '../onnx/builder.ts';
+import { tokenLogprobEntropy } from '../onnx/nn.ts';
+import type { ModelConfig } from './config.ts';
+import { declareParams, llamaForward, lmHead, valueHead } from './llama.ts';
+import { policyLossGraph, policyLossNeeds, sftLossGraph, valueLossGraph, type LossConfig, type LossGraph, type TokenTensors } from './loss.ts';
+import { paramSpecs } from './params.ts';
+
+export interface OptimConfig {
+  betas: [number, number];
+  eps: number;
+  weightDecay: number;
+  /** Global-norm clip; null = no clipping (the norm is still reported). */
+  maxGradNorm: number | null;
+}
+
+export type TrainGraphMode = 'eval' | 'grad' | 'step' | 'step_acc';
+
+export interface TrainGraphSpec {
+  model: ModelConfig;
+  loss: LossConfig;
+  optim: OptimConfig;
+  mode: TrainGraphMode;
+  float?: FloatDType;
+  /** Whether the batch carries per-token `loss_weights` (policy losses). */
+  lossWeights?: boolean;
+}
+
+export interface TrainGraph {
+  builder: GraphBuilder;
+  /** Names of the entries of the `metrics` output vector (additive sums). */
+  metricNames: string[];
+  /** Per-token batch inputs the graph expects (besides ids/positions/attention mask). */
+  batchInputs: string[];
+}
+
+export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
+  const { model, loss, optim, mode } = spec;
+  const b = new GraphBuilder({ name: `train_${mode}`, float: spec.float ?? 'float32' });
+  const F = b.float;
+  const BT = ['B', 'T'];
+  const ids = b.input('input_ids', 'int64', BT);
+  const positions = b.input('position_ids', 'int64', BT);
+  const attn = b.input('attention_mask', F, BT);
+  const batchInputs: string[] = [];
+  const tok = (name: string, dtype: 'int64' | FloatDType = F): Var => { batchInputs.push(name); return b.input(name, dtype, BT); };
+  const flat = (v: Var) => b.reshape(v, ['B*T']);
+  const targets = tok('targets', 'int64');
+  const t: TokenTensors = { mask: flat(tok('loss_mask')), aggWeights: flat(tok('agg_weights')) };
+  if (loss.type === 'policy') {
+    const needs = policyLossNeeds(loss);
+    if (needs.advantages) t.advantages = flat(tok('advantages'));
+    t.oldLogprobs = flat(tok('old_log_probs'));
+    if (needs.nft) { t.nftRHat = flat(tok('nft_rhat')); t.nftPositive = flat(tok('nft_positive')); }
+    if (loss.useKlLoss) t.refLogprobs = flat(tok('ref_log_probs'));
+    if (spec.lossWeights) t.lossWeights = flat(tok('loss_weights'));
+  } else if (loss.type === 'value') {
+    t.values = flat(tok('values'));
+    t.returns = flat(tok('returns'));
+  }
+
+  const p = declareParams(b, model, 'inputs');
+  const { hidden } = llamaForward(b, model, p, { ids, positions, attentionMask: attn });
+  let lg: LossGraph;
+  let perPosition: Var;
+  if (loss.type === 'value') {
+    t.vpred = valueHead(b, model, p, hidden);
+    lg = valueLossGraph(b, t, loss);
+    perPosition = t.vpred;
+  } else {
+    let logits = lmHead(b, model, p, hidden);
+    if (loss.temperature !== 1) logits = b.div(logits, loss.temperature);
+    const wantEntropy = loss.type === 'policy';
+    const r = b.scope('head', () => tokenLogprobEntropy(b, logits, flat(targets), { entropy: wantEntropy }));
+    t.logprob = r.logprob;
+    // the entropy is always reported; it only carries a gradient when it is in the loss
+    t.entropy = r.entropy && loss.type === 'policy' && loss.entropyCoeff === 0 ? b.stopGradient(r.entropy) : r.entropy;
+    if (loss.type === 'policy') lg = policyLossGraph(b, t, loss);
+    else lg = sftLossGraph(b, t, b.scope('head', () => b.equal(b.argMax(logits, 1), flat(targets))));
+    perPosition = r.logprob;
+  }
+  const metricNames = Object.keys(lg.sums);
+  b.output(b.concat(metricNames.map((k) => b.reshape(lg.sums[k], [1])), 0), 'metrics');
+  if (mode === 'eval') {
+    b.output(b.reshape(perPosition, BT), loss.type === 'value' ? 'values_out' : 'log_probs');
+    return { builder: b, metricNames, batchInputs };
+  }
+
+  const specs = paramSpecs(model);
+  const pv = specs.map((s) => p.get(s.name)!);
+  let grads = b.grad(lg.loss, pv);
+  if (mode === 'grad') {
+    grads.forEach((g, i) => b.output(g, `grad.${specs[i].name}`));
+    return { builder: b, metricNames, batchInputs };
+  }
+  b.scope('optim', () => {
+    if (mode === 'step_acc') grads = grads.map((g, i) => b.add(g, b.input(`acc.${specs[i].name}`, F, specs[i].shape)));
+    const sq = grads.map((g) => b.reduceSum(b.mul(g, g), g.shape.map((_, i) => i)));
+    const total = sq.slice(1).reduce((a, s) => b.add(a, s), sq[0]);
+    const norm = b.sqrt(total);
+    b.output(norm, 'grad_norm');
+    const coef = optim.maxGradNorm === null ? null : b.min(b.div(optim.maxGradNorm, b.add(norm, 1e-6)), 1);
+    const stepSize = b.input('adam_step_size', F, []);
+    const bc2Sqrt = b.input('adam_bc2_sqrt', F, []);
+    const decay = b.input('adam_decay', F, []);
+    const [b1, b2] = optim.betas;
+    specs.forEach((s, i) => {
+      b.scope(s.name, () => {
+        const g = coef ? b.mul(grads[i], coef) : grads[i];
+        const m = b.input(`${s.name}.exp_avg`, F, s.shape);
+        const v = b.input(`${s.name}.exp_avg_sq`, F, s.shape);
+        const m2 = b.add(b.mul(m, b1), b.mul(g, 1 - b1));
+        const v2 = b.add(b.mul(v, b2), b.mul(b.mul(g, g), 1 - b2));
+        const denom = b.add(b.div(b.sqrt(v2), bc2Sqrt), optim.eps);
+        const upd = b.mul(b.div(m2, denom), stepSize);
+        const w = optim.weightDecay !== 0 ? b.mul(pv[i], decay) : pv[i];
+        b.output(b.sub(w, upd), `new.${s.name}`);
+        b.output(m2, `new.${s.name}.exp_avg`);
+        b.output(v2, `new.${s.name}.exp_avg_sq`);
+      });
+    });
+  });
+  return { builder: b, metricNames, batchInputs };
+}

@@ -1,0 +1,370 @@
+/**
+ * The trainer: one optimizer step over a mini-batch = k micro-batch runs of the training graph
+ * (k − 1 `grad` runs whose gradients are summed, then one `step_acc`/`step` run that adds its own
+ * gradient, clips by global norm and applies AdamW in-graph). Loss normalisers are computed over
+ * the whole mini-batch first (verl global-batch semantics), so k micro-batches give the big-batch
+ * result within float32 noise. Each micro-batch is trimmed to its longest row (length bucketing).
+ *
+ * Token alignment: a batch is given in token positions ([B, T]: `tokens`, `responseMask`, and the
+ * per-token `advantages`, `oldLogprobs`, … of the token at that position). The graph predicts
+ * token t + 1 at position t, so the trainer shifts the per-token fields left by one.
+ */
+import { ConfigError } from '../errors.ts';
+import { lossAggModes, type GlobalBatchInfo } from '../rl/agg.ts';
+import { nftRHat } from '../rl/nft.ts';
+import { ort, tensor, type SessionOptions } from '../onnx/runtime.ts';
+import type { ModelConfig } from './config.ts';
+import { initWeights } from './init.ts';
+import { finalizeMetrics, lossConfig, policyLossNeeds, type LossConfig, type LossConfigInput } from './loss.ts';
+import { cloneWeights, paramSpecs, validateWeights, zerosLikeWeights, type ParamSpec, type Weights } from './params.ts';
+import { defaultSessionCache, keyOf, SessionCache } from './session-cache.ts';
+import { buildTrainGraph, type OptimConfig, type TrainGraphMode } from './train-graph.ts';
+
+export interface TrainBatch {
+  /** Rows B and length T of every [B, T] array. */
+  batchSize: number;
+  seqLen: number;
+  /** Token ids (prompt + response, padded) [B, T]. */
+  tokens: Int32Array;
+  /** 1 = real token, 0 = padding [B, T]; default all ones. */
+  attentionMask?: Float32Array | Uint8Array;
+  /** 1 = a response token whose log-prob enters the loss [B, T]. */
+  responseMask: Float32Array | Uint8Array;
+  /** Position ids [B, T]; default cumsum(attentionMask) − 1 (left padding supported). */
+  positions?: Int32Array;
+  advantages?: Float32Array;
+  oldLogprobs?: Float32Array;
+  refLogprobs?: Float32Array;
+  /** Per-token weights multiplied into the policy-gradient loss (IS weights, token filtering). */
+  lossWeights?: Float32Array;
+  /** Critic: old values and returns per token. */
+  values?: Float32Array;
+  returns?: Float32Array;
+  /** NFT: one ±1 reward per sequence [B] and its group label (verl uid) [B]. */
+  rewards?: ArrayLike<number>;
+  groupIndex?: readonly (string | number)[];
+  /**
+   * verl global_batch_info overrides. Default: normalisers of this mini-batch (token count,
+   * non-empty rows, dp_size 1). loss_scale_factor (seq-mean-token-sum-norm) defaults to seqLen;
+   * pass max_response_length to match verl, whose divisor is the response tensor's length.
+   */
+  globalBatch?: GlobalBatchInfo;
+}
+
+export interface StepResult {
+  /** pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, entropy, kl_loss, loss, grad_norm, lr (policy); vf_loss, vf_clipfrac, vpred_mean (value); sft_loss, token_acc (sft). */
+  metrics: Record<string, number>;
+  /** True when the gradient norm was not finite and the update was skipped (as verl). */
+  skipped: boolean;
+  /** Optimizer steps taken so far. */
+  step: number;
+}
+
+export interface OptimizerState { step: number; expAvg: Weights; expAvgSq: Weights }
+
+export interface TrainerOptions {
+  model: ModelConfig;
+  loss: LossConfigInput | LossConfig;
+  optim?: Partial<OptimConfig>;
+  /** Rows per micro-batch (verl ppo_micro_batch_size_per_gpu); default the whole mini-batch. */
+  microBatchSize?: number;
+  threads?: number;
+  device?: 'cpu' | 'cuda';
+  /** Initial weights (default: seeded init with `seed`). */
+  weights?: Weights;
+  seed?: number;
+  optimizerState?: OptimizerState;
+  cache?: SessionCache;
+}
+
+export const DEFAULT_OPTIM: OptimConfig = { betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01, maxGradNorm: 1.0 };
+
+interface Prepared {
+  B: number; T: number;
+  feeds: Record<string, Float32Array | BigInt64Array>;
+  maskSum: number;
+  /** Metrics computed outside the graph (e.g. NFT r̂ mean). */
+  extra?: Record<string, number>;
+}
+
+export class Trainer {
+  readonly model: ModelConfig;
+  readonly loss: LossConfig;
+  readonly optim: OptimConfig;
+  private weights: Weights;
+  private opt: OptimizerState;
+  private readonly specs: ParamSpec[];
+  private readonly cache: SessionCache;
+  private readonly sessOpts: SessionOptions;
+
+  constructor(private readonly opts: TrainerOptions) {
+    this.model = opts.model;
+    this.loss = lossConfig(opts.loss as LossConfigInput);
+    if (this.loss.type === 'value' && this.model.head !== 'value') throw new ConfigError('trainer: a value loss needs a value model (head "value")');
+    if (this.loss.type !== 'value' && this.model.head !== 'lm') throw new ConfigError(`trainer: a ${this.loss.type} loss needs a policy model (head "lm")`);
+    this.optim = { ...DEFAULT_OPTIM, ...(opts.optim ?? {}) };
+    const [b1, b2] = this.optim.betas;
+    if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1)) throw new ConfigError(`optim: betas must be in [0, 1), got [${this.optim.betas}]`);
+    if (this.optim.maxGradNorm !== null && !(this.optim.maxGradNorm > 0)) throw new ConfigError(`optim: maxGradNorm must be > 0 or null, got ${this.optim.maxGradNorm}`);
+    if (opts.microBatchSize !== undefined && !(Number.isInteger(opts.microBatchSize) && opts.microBatchSize > 0)) throw new ConfigError(`trainer: microBatchSize must be a positive integer, got ${opts.microBatchSize}`);
+    this.specs = paramSpecs(this.model);
+    this.weights = opts.weights ? cloneWeights(opts.weights) : initWeights(this.model, opts.seed ?? 0);
+    validateWeights(this.model, this.weights, 'trainer weights');
+    this.opt = opts.optimizerState ? cloneState(opts.optimizerState) : { step: 0, expAvg: zerosLikeWeights(this.model), expAvgSq: zerosLikeWeights(this.model) };
+    this.validateState(this.opt);
+    this.cache = opts.cache ?? defaultSessionCache;
+    this.sessOpts = { threads: opts.threads, device: opts.device };
+  }
+
+  /** A copy of the current weights. */
+  getWeights(): Weights { return cloneWeights(this.weights); }
+  /**
+   * The current weights without copying. Do not modify the arrays. The view stays a valid
+   * snapshot after later steps (a step replaces the arrays, it never writes into them).
+   */
+  weightsView(): ReadonlyMap<string, Float32Array> { return this.weights; }
+  /** Optimizer steps taken so far. */
+  get stepCount(): number { return this.opt.step; }
+  setWeights(w: Weights): void { validateWeights(this.model, w, 'setWeights'); this.weights = cloneWeights(w); }
+  getOptimizerState(): OptimizerState { return cloneState(this.opt); }
+  setOptimizerState(s: OptimizerState): void { this.validateState(s); this.opt = cloneState(s); }
+
+  private validateState(s: OptimizerState): void {
+    if (!(Number.isInteger(s.step) && s.step >= 0)) throw new ConfigError(`optimizer state: step must be a non-negative integer, got ${s.step}`);
+    validateWeights(this.model, s.expAvg, 'optimizer state exp_avg');
+    validateWeights(this.model, s.expAvgSq, 'optimizer state exp_avg_sq');
+  }
+
+  private readonly graphs = new Map<string, { key: string; metricNames: string[]; build: () => Uint8Array }>();
+
+  private async session(mode: TrainGraphMode, lossWeights: boolean): Promise<{ sess: ort.InferenceSession; names: string[] }> {
+    const id = `${mode}:${lossWeights}`;
+    let g = this.graphs.get(id);
+    if (!g) {
+      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights };
+      const built = buildTrainGraph(spec);
+      g = { key: `train:${keyOf(spec)}`, metricNames: built.metricNames, build: () => built.builder.toBytes() };
+      this.graphs.set(id, g);
+    }
+    return { sess: await this.cache.get(g.key, g.build, this.sessOpts), names: g.metricNames };
+  }
+
+  /** One optimizer step on a mini-batch at learning rate `lr`. */
+  async step(batch: TrainBatch, lr: number): Promise<StepResult> {
+    if (!(lr >= 0) || !Number.isFinite(lr)) throw new ConfigError(`trainer.step: lr must be a finite number ≥ 0, got ${lr}`);
+    const micro = this.prepare(batch);
+    const useLw = !!batch.lossWeights && this.loss.type === 'policy';
+    const sums: Record<string, number> = {};
+    let acc: Map<string, Float32Array> | null = null;
+    for (let k = 0; k < micro.length - 1; k++) {
+      const { sess, names } = await this.session('grad', useLw);
+      const r = await sess.run(this.feeds(micro[k], sess));
+      addMetrics(sums, r.metrics.data as Float32Array, names);
+      acc = accumulate(acc, r, this.specs);
+    }
+    const last = micro[micro.length - 1];
+    const { sess, names } = await this.session(acc ? 'step_acc' : 'step', useLw);
+    const t = this.opt.step + 1;
+    const [b1, b2] = this.optim.betas;
+    const feeds = this.feeds(last, sess);
+    feeds.adam_step_size = tensor(this.floatType, [lr / (1 - Math.pow(b1, t))], []);
+    feeds.adam_bc2_sqrt = tensor(this.floatType, [Math.sqrt(1 - Math.pow(b2, t))], []);
+    feeds.adam_decay = tensor(this.floatType, [1 - lr * this.optim.weightDecay], []);
+    for (const s of this.specs) {
+      feeds[`${s.name}.exp_avg`] = tensor('float32', this.opt.expAvg.get(s.name)!, s.shape);
+      feeds[`${s.name}.exp_avg_sq`] = tensor('float32', this.opt.expAvgSq.get(s.name)!, s.shape);
+      if (acc) feeds[`acc.${s.name}`] = tensor('float32', acc.get(s.name)!, s.shape);
+    }
+    const r = await sess.run(feeds);
+    addMetrics(sums, r.metrics.data as Float32Array, names);
+    const gradNorm = (r.grad_norm.data as Float32Array)[0];
+    const skipped = !Number.isFinite(gradNorm);
+    if (!skipped) {
+      const w: Weights = new Map(), m: Weights = new Map(), v: Weights = new Map();
+      for (const s of this.specs) {
+        w.set(s.name, r[`new.${s.name}`].data as Float32Array);
+        m.set(s.name, r[`new.${s.name}.exp_avg`].data as Float32Array);
+        v.set(s.name, r[`new.${s.name}.exp_avg_sq`].data as Float32Array);
+      }
+      this.weights = w;
+      this.opt = { step: t, expAvg: m, expAvgSq: v };
+    }
+    const maskSum = micro.reduce((s, m) => s + m.maskSum, 0);
+    return { metrics: { ...finalizeMetrics(sums, maskSum), ...(micro[0].extra ?? {}), grad_norm: gradNorm, lr }, skipped, step: this.opt.step };
+  }
+
+  /** Loss, metrics and per-token log-probs (policy) or values (critic) without updating; aligned to token positions (position 0 is 0). */
+  async evaluate(batch: TrainBatch): Promise<{ metrics: Record<string, number>; perToken: Float32Array }> {
+    const micro = this.prepare(batch);
+    const useLw = !!batch.lossWeights && this.loss.type === 'policy';
+    const { sess, names } = await this.session('eval', useLw);
+    const sums: Record<string, number> = {};
+    const B = batch.batchSize, T = batch.seqLen;
+    const perToken = new Float32Array(B * T);
+    let row = 0;
+    for (const m of micro) {
+      const r = await sess.run(this.feeds(m, sess));
+      addMetrics(sums, r.metrics.data as Float32Array, names);
+      const out = (r.log_probs ?? r.values_out).data as Float32Array;
+      for (let i = 0; i < m.B; i++) for (let t = 0; t + 1 < m.T; t++) perToken[(row + i) * T + t + 1] = out[i * m.T + t];
+      row += m.B;
+    }
+    return { metrics: { ...finalizeMetrics(sums, micro.reduce((s, m) => s + m.maskSum, 0)), ...(micro[0].extra ?? {}) }, perToken };
+  }
+
+  /** The mini-batch loss gradient (summed over micro-batches) and metrics, without updating. */
+  async computeGradients(batch: TrainBatch): Promise<{ grads: Weights; metrics: Record<string, number> }> {
+    const micro = this.prepare(batch);
+    const useLw = !!batch.lossWeights && this.loss.type === 'policy';
+    const { sess, names } = await this.session('grad', useLw);
+    const sums: Record<string, number> = {};
+    let acc: Map<string, Float32Array> | null = null;
+    for (const m of micro) {
+      const r = await sess.run(this.feeds(m, sess));
+      addMetrics(sums, r.metrics.data as Float32Array, names);
+      acc = accumulate(acc, r, this.specs);
+    }
+    return { grads: acc!, metrics: { ...finalizeMetrics(sums, micro.reduce((s, m) => s + m.maskSum, 0)), ...(micro[0].extra ?? {}) } };
+  }
+
+  private get floatType(): 'float32' { return 'float32'; }
+
+  private feeds(m: Prepared, sess: ort.InferenceSession): Record<string, ort.Tensor> {
+    const f: Record<string, ort.Tensor> = {};
+    for (const name of sess.inputNames) {
+      const d = m.feeds[name];
+      if (d) f[name] = tensor(d instanceof BigInt64Array ? 'int64' : 'float32', d, [m.B, m.T]);
+    }
+    for (const s of this.specs) f[s.name] = tensor('float32', this.weights.get(s.name)!, s.shape);
+    return f;
+  }
+
+  /** Validate, shift, compute aggregation weights over the whole mini-batch, split into trimmed micro-batches. */
+  private prepare(batch: TrainBatch): Prepared[] {
+    const { batchSize: B, seqLen: T } = batch;
+    if (!(Number.isInteger(B) && B > 0 && Number.isInteger(T) && T >= 2)) throw new ConfigError(`train batch: need batchSize ≥ 1 and seqLen ≥ 2, got ${B}×${T}`);
+    if (T > this.model.maxPositionEmbeddings) throw new ConfigError(`train batch: seqLen ${T} exceeds maxPositionEmbeddings ${this.model.maxPositionEmbeddings}`);
+    const n = B * T;
+    const check = (name: string, a: ArrayLike<number> | undefined, required: boolean) => {
+      if (!a) { if (required) throw new ConfigError(`train batch: "${name}" is required for the ${this.loss.type === 'policy' ? `${this.loss.lossMode} ` : ''}${this.loss.type} loss`); return; }
+      if (a.length !== n) throw new ConfigError(`train batch: "${name}" has ${a.length} values, expected batchSize × seqLen = ${n}`);
+    };
+    check('tokens', batch.tokens, true);
+    check('responseMask', batch.responseMask, true);
+    check('attentionMask', batch.attentionMask, false);
+    check('positions', batch.positions, false);
+    const pol = this.loss.type === 'policy' ? this.loss : null;
+    const needs = pol ? policyLossNeeds(pol) : null;
+    check('advantages', batch.advantages, !!needs?.advantages);
+    check('oldLogprobs', batch.oldLogprobs, !!pol);
+    check('refLogprobs', batch.refLogprobs, !!pol?.useKlLoss);
+    check('lossWeights', batch.lossWeights, false);
+    check('values', batch.values, this.loss.type === 'value');
+    check('returns', batch.returns, this.loss.type === 'value');
+    const V = this.model.vocabSize;
+    for (let i = 0; i < n; i++) {
+      const tkn = batch.tokens[i];
+      if (!(tkn >= 0 && tkn < V)) throw new ConfigError(`train batch: token ${tkn} at row ${Math.floor(i / T)}, position ${i % T} is outside the vocabulary [0, ${V})`);
+    }
+    const attn = batch.attentionMask ?? new Float32Array(n).fill(1);
+    // shifted loss mask: position t carries token t + 1
+    const lossMask = new Float32Array(n);
+    for (let r = 0; r < B; r++) for (let t = 0; t + 1 < T; t++) lossMask[r * T + t] = batch.responseMask[r * T + t + 1] ? 1 : 0;
+    let maskSum = 0;
+    for (let i = 0; i < n; i++) maskSum += lossMask[i];
+    if (maskSum === 0) throw new ConfigError('train batch: no response tokens to train on (responseMask is all zero after position 0)');
+    const info: GlobalBatchInfo = { ...(batch.globalBatch ?? {}) };
+    if (info.loss_scale_factor == null) info.loss_scale_factor = T;
+    let agg: ArrayLike<number>;
+    let nftRows: { rhat: Float32Array; positive: Float32Array } | null = null;
+    let extra: Record<string, number> | undefined;
+    if (pol && needs!.nft) {
+      // NFT: r̂ per row from the group's ±1 rewards (lib/rl/nft.ts); its own aggregation ("sum" = Σ ÷ scale)
+      if (!batch.rewards || !batch.groupIndex) throw new ConfigError('train batch: the nft loss needs "rewards" (±1 per sequence) and "groupIndex" (group label per sequence)');
+      const rh = nftRHat(batch.rewards, batch.groupIndex, { r_hat_min: pol.nft.rHatMin, r_hat_max: pol.nft.rHatMax });
+      if (batch.rewards.length !== B) throw new ConfigError(`train batch: "rewards" has ${batch.rewards.length} values, expected one per sequence (${B})`);
+      nftRows = { rhat: new Float32Array(n), positive: new Float32Array(n) };
+      for (let r = 0; r < B; r++) {
+        if (batch.rewards[r] !== 1 && batch.rewards[r] !== -1) throw new ConfigError(`train batch: nft rewards must be +1 or −1; rewards[${r}] = ${batch.rewards[r]}`);
+        nftRows.rhat.fill(rh[r], r * T, (r + 1) * T);
+        nftRows.positive.fill(batch.rewards[r] > 0 ? 1 : 0, r * T, (r + 1) * T);
+      }
+      extra = { r_hat_mean: rh.reduce((a, v) => a + v, 0) / B };
+      agg = pol.nft.lossAggMode === 'sum' ? lossMask.map((m) => m / pol.nft.lossScaleFactor) : lossAggModes.get(pol.nft.lossAggMode).weights(Float64Array.from(lossMask), B, T, info);
+    } else {
+      agg = lossAggModes.get(this.loss.lossAggMode).weights(Float64Array.from(lossMask), B, T, info);
+    }
+    const shift = (a: ArrayLike<number> | undefined): Float32Array | undefined => {
+      if (!a) return undefined;
+      const o = new Float32Array(n);
+      for (let r = 0; r < B; r++) for (let t = 0; t + 1 < T; t++) o[r * T + t] = a[r * T + t + 1];
+      return o;
+    };
+    const positions = batch.positions ?? positionsFromMask(attn, B, T);
+    const targets = new Int32Array(n);
+    for (let r = 0; r < B; r++) for (let t = 0; t + 1 < T; t++) targets[r * T + t] = batch.tokens[r * T + t + 1];
+    const full: Record<string, ArrayLike<number> | undefined> = {
+      input_ids: batch.tokens, position_ids: positions, attention_mask: attn, targets, loss_mask: lossMask, agg_weights: agg,
+      advantages: shift(batch.advantages), old_log_probs: shift(batch.oldLogprobs), ref_log_probs: shift(batch.refLogprobs),
+      loss_weights: shift(batch.lossWeights), values: shift(batch.values), returns: shift(batch.returns),
+      nft_rhat: nftRows?.rhat, nft_positive: nftRows?.positive,
+    };
+    const mb = this.opts.microBatchSize ?? B;
+    const out: Prepared[] = [];
+    for (let r0 = 0; r0 < B; r0 += mb) {
+      const rows = Math.min(mb, B - r0);
+      // trim to the longest real row of this micro-batch (positions past it are padding everywhere)
+      let Tk = 2;
+      for (let r = r0; r < r0 + rows; r++) for (let t = T - 1; t >= Tk; t--) if (attn[r * T + t]) { Tk = t + 1; break; }
+      const feeds: Record<string, Float32Array | BigInt64Array> = {};
+      let ms = 0;
+      for (const [name, a] of Object.entries(full)) {
+        if (!a) continue;
+        const isInt = name === 'input_ids' || name === 'position_ids' || name === 'targets';
+        const o = isInt ? new BigInt64Array(rows * Tk) : new Float32Array(rows * Tk);
+        for (let r = 0; r < rows; r++) {
+          for (let t = 0; t < Tk; t++) {
+            const v = a[(r0 + r) * T + t];
+            if (isInt) (o as BigInt64Array)[r * Tk + t] = BigInt(v); else (o as Float32Array)[r * Tk + t] = v;
+          }
+        }
+        if (name === 'loss_mask') for (let i = 0; i < o.length; i++) ms += (o as Float32Array)[i];
+        feeds[name] = o;
+      }
+      out.push({ B: rows, T: Tk, feeds, maskSum: ms, extra });
+    }
+    return out;
+  }
+}
+
+/** HF-style position ids: cumsum(mask) − 1, clamped at 0 (so left padding works). */
+export function positionsFromMask(mask: ArrayLike<number>, B: number, T: number): Int32Array {
+  const pos = new Int32Array(B * T);
+  for (let r = 0; r < B; r++) {
+    let c = 0;
+    for (let t = 0; t < T; t++) { if (mask[r * T + t]) c++; pos[r * T + t] = Math.max(c - 1, 0); }
+  }
+  return pos;
+}
+
+function addMetrics(sums: Record<string, number>, data: Float32Array, names: string[]): void {
+  names.forEach((k, i) => { sums[k] = (sums[k] ?? 0) + data[i]; });
+}
+
+function accumulate(acc: Map<string, Float32Array> | null, r: ort.InferenceSession.OnnxValueMapType, specs: ParamSpec[]): Map<string, Float32Array> {
+  const out = acc ?? new Map<string, Float32Array>();
+  for (const s of specs) {
+    const g = r[`grad.${s.name}`].data as Float32Array;
+    const a = out.get(s.name);
+    if (!a) out.set(s.name, Float32Array.from(g));
+    else for (let i = 0; i < a.length; i++) a[i] += g[i];
+  }
+  return out;
+}
+
+function cloneState(s: OptimizerState): OptimizerState {
+  return { step: s.step, expAvg: cloneWeights(s.expAvg), expAvgSq: cloneWeights(s.expAvgSq) };
+}
+
+export function createTrainer(opts: TrainerOptions): Trainer { return new Trainer(opts); }
+

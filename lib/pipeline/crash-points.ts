@@ -1,0 +1,57 @@
+/**
+ * TEST HOOK for the crash tests (test/e2e/crash*.test.ts, chaos*.test.ts) — never set in
+ * production. The stages call `crashPoint(name)` at the points where a crash is most
+ * interesting (mid-rollout, after an update, half-way through a checkpoint write, before a batch
+ * commits). With neither variable below set, a call is one boolean check and does nothing.
+ *
+ *  - `RLSTREAM_CRASH_AT="<point>[@<n>][,…]"`: this process SIGKILLs itself the n-th time (default
+ *    the 1st) it reaches `<point>` — a kill -9 at an exact place, with no cleanup of any kind.
+ *  - `RLSTREAM_CRASH_TRACE=1`: every point reached is written to stderr as
+ *    `rlstream-crash-point <point>` (synchronously), so a test that kills the process from
+ *    outside at a random time can tell which phase the kill landed in.
+ *
+ * Points (see CRASH_POINTS): `<stage>:handled` is reached by every stage after its handler has
+ * run and its outputs are buffered, before the batch commits.
+ */
+import { writeSync } from 'node:fs';
+import { ConfigError } from '../errors.ts';
+
+export const CRASH_POINTS = [
+  'rollout:start', 'rollout:generated',
+  'reward:start', 'reward:scored',
+  'advantage:start', 'advantage:computed',
+  'update:start', 'update:trained', 'update:version-written',
+  'checkpoint:start', 'checkpoint:half-written', 'checkpoint:renamed', 'checkpoint:recorded',
+  'controller:handled', 'rollout:handled', 'reward:handled', 'advantage:handled', 'update:handled',
+] as const;
+export type CrashPointName = (typeof CRASH_POINTS)[number];
+
+/** Parses RLSTREAM_CRASH_AT; unknown points are a ConfigError naming the valid ones. */
+export function parseCrashSpec(spec: string | undefined): Map<string, number> {
+  const out = new Map<string, number>();
+  if (!spec) return out;
+  for (const part of spec.split(',').map((s) => s.trim()).filter(Boolean)) {
+    const m = /^([a-z]+:[a-z-]+)(?:@(\d+))?$/.exec(part);
+    if (!m || !(CRASH_POINTS as readonly string[]).includes(m[1]) || (m[2] !== undefined && Number(m[2]) < 1)) {
+      throw new ConfigError(`RLSTREAM_CRASH_AT: "${part}" is not <point>[@n] with n ≥ 1; points: ${CRASH_POINTS.join(', ')}`);
+    }
+    out.set(m[1], m[2] === undefined ? 1 : Number(m[2]));
+  }
+  return out;
+}
+
+const crashAt = parseCrashSpec(process.env.RLSTREAM_CRASH_AT);
+const trace = process.env.RLSTREAM_CRASH_TRACE === '1';
+const active = crashAt.size > 0 || trace;
+const hits = new Map<string, number>();
+
+export function crashPoint(point: CrashPointName): void {
+  if (!active) return;
+  const n = (hits.get(point) ?? 0) + 1;
+  hits.set(point, n);
+  if (trace) writeSync(2, `rlstream-crash-point ${point}\n`);
+  if (crashAt.get(point) === n) {
+    writeSync(2, `rlstream-crash-point: SIGKILL at ${point}@${n} (RLSTREAM_CRASH_AT)\n`);
+    process.kill(process.pid, 'SIGKILL');
+  }
+}

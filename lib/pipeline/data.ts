@@ -1,0 +1,56 @@
+/**
+ * The run's datasets as the controller uses them: rows from files (JSONL / verl parquet) or from a
+ * built-in task generator, tokenized with the policy's tokenizer (BOS + prompt), overlong prompts
+ * filtered out (reported, never silently) or treated as bad rows.
+ */
+import type { Config } from '../config/index.ts';
+import { loadDataset, type DatasetRow } from '../data/dataset.ts';
+import { tasks } from '../tasks/index.ts';
+import type { Tokenizer } from '../model/index.ts';
+import { ConfigError } from '../errors.ts';
+
+export interface PromptRow { index: number; prompt: string; answer: string; images: Buffer[]; promptIds: Int32Array; source: string }
+export interface RunData { train: PromptRow[]; val: PromptRow[]; dropped: { train: number; val: number }; dataSource: string }
+
+async function rowsOf(cfg: Config, split: 'train' | 'val'): Promise<{ rows: Omit<DatasetRow, 'index'>[]; source: string }> {
+  const d = cfg.data;
+  if (d.task) {
+    const task = tasks.get(d.task);
+    const count = split === 'train' ? d.task_size.train : d.task_size.val;
+    // train and val come from disjoint seeds
+    const gen = task.generate(count, split === 'train' ? d.seed : d.seed + 1_000_003);
+    return { rows: gen.map((r, i) => ({ prompt: r.prompt, answer: r.answer, images: [], source: { file: `task:${task.name}:${split}`, line: i + 1 } })), source: task.name };
+  }
+  const files = split === 'train' ? d.train_files : d.val_files;
+  if (files.length === 0) return { rows: [], source: 'files' };
+  const { rows, bad } = await loadDataset(files, { prompt_key: d.prompt_key, answer_key: d.answer_key, image_key: d.image_key, format: d.format, on_bad_row: d.on_bad_row, max_rows: d.max_rows });
+  if (bad.length) process.emitWarning(`${bad.length} bad ${split} rows skipped (data.on_bad_row = skip); first: ${bad[0].file}:${bad[0].line}: ${bad[0].reason}`);
+  return { rows, source: files.join(',') };
+}
+
+export async function loadRunData(cfg: Config, tok: Tokenizer): Promise<RunData> {
+  const out: RunData = { train: [], val: [], dropped: { train: 0, val: 0 }, dataSource: '' };
+  for (const split of ['train', 'val'] as const) {
+    const { rows, source } = await rowsOf(cfg, split);
+    out.dataSource = out.dataSource || source;
+    for (const r of rows) {
+      let enc: Int32Array;
+      try { enc = tok.encode(r.prompt); } catch (e) {
+        const msg = `${r.source.file}:${r.source.line}: prompt cannot be tokenized: ${(e as Error).message}`;
+        if (cfg.data.on_bad_row === 'stop') throw new ConfigError(`${msg} (set data.on_bad_row=skip to skip such rows)`);
+        out.dropped[split]++;
+        continue;
+      }
+      const ids = new Int32Array(enc.length + 1);
+      ids[0] = tok.bos;
+      ids.set(enc, 1);
+      if (ids.length > cfg.data.max_prompt_length) {
+        if (!cfg.data.filter_overlong_prompts && cfg.data.on_bad_row === 'stop') throw new ConfigError(`${r.source.file}:${r.source.line}: prompt is ${ids.length} tokens, over data.max_prompt_length = ${cfg.data.max_prompt_length} (raise it, or set data.filter_overlong_prompts=true)`);
+        out.dropped[split]++;
+        continue;
+      }
+      out[split].push({ index: out[split].length, prompt: r.prompt, answer: r.answer, images: r.images, promptIds: ids, source: `${r.source.file}:${r.source.line}` });
+    }
+  }
+  return out;
+}

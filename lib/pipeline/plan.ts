@@ -1,0 +1,43 @@
+/**
+ * The run plan shared by the stages: how many steps an epoch has and how many steps the run
+ * has, from the data size and the config (verl's drop_last dataloader: an incomplete final batch
+ * is dropped).
+ */
+import type { Config } from '../config/index.ts';
+
+export interface ControllerPlan {
+  runId: string;
+  trainSize: number;
+  valSize: number;
+  rolloutBatchSize: number;
+  valBatchSize: number;
+  totalEpochs: number;
+  /** Explicit cap on steps (trainer.max_steps), or null. */
+  maxSteps: number | null;
+  maxStaleness: number;
+  valFreq: number;
+  valBeforeTrain: boolean;
+  valOnly: boolean;
+  shuffle: boolean;
+  seed: number;
+  maxTryMakeBatch: number;
+}
+
+export function planFromConfig(cfg: Config, runId: string, trainSize: number, valSize: number): ControllerPlan {
+  return {
+    runId, trainSize, valSize, rolloutBatchSize: cfg.data.rollout_batch_size, valBatchSize: cfg.data.val_batch_size,
+    totalEpochs: cfg.trainer.total_epochs, maxSteps: cfg.trainer.max_steps, maxStaleness: cfg.pipeline.max_staleness,
+    valFreq: cfg.trainer.val_freq, valBeforeTrain: cfg.trainer.val_before_train, valOnly: cfg.trainer.val_only,
+    shuffle: cfg.data.shuffle, seed: cfg.data.seed, maxTryMakeBatch: cfg.algorithm.max_try_make_batch,
+  };
+}
+
+export function stepsPerEpoch(plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatchSize'>): number {
+  return Math.floor(plan.trainSize / plan.rolloutBatchSize);
+}
+
+export function totalSteps(plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatchSize' | 'totalEpochs' | 'maxSteps' | 'valOnly'>): number {
+  if (plan.valOnly) return 0;
+  const full = stepsPerEpoch(plan) * plan.totalEpochs;
+  return plan.maxSteps != null ? Math.min(plan.maxSteps, full) : full;
+}

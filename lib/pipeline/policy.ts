@@ -1,0 +1,76 @@
+/**
+ * Policy artefacts shared by the stages: the tokenizer and model config a run config implies,
+ * and where policy version v lives (`<run_dir>/policy/v000012`: model.safetensors, optimizer
+ * state and config.json, written atomically by the update stage). Rollout and advantage load a
+ * version from there; in distributed mode run_dir is a shared volume.
+ */
+import { join } from 'node:path';
+import { createTokenizer, modelConfig, loadCheckpoint, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
+import { ConfigError, TransientError } from '../errors.ts';
+import { existsSync } from 'node:fs';
+import type { Config } from '../config/index.ts';
+import { resolveCriticModel } from '../config/index.ts';
+
+export function tokenizerFor(cfg: Config): Tokenizer {
+  const m = cfg.actor.model;
+  if (m.tokenizer === 'alphabet') {
+    if (!m.alphabet) throw new ConfigError('actor.model.tokenizer = alphabet needs actor.model.alphabet (or data.task, whose alphabet is used)');
+    return createTokenizer({ type: 'alphabet', alphabet: m.alphabet });
+  }
+  return createTokenizer({ type: 'byte' });
+}
+
+export function policyModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
+  const m = cfg.actor.model;
+  return modelConfig({
+    modelType: m.qkv_bias ? 'qwen2' : 'llama', head: 'lm', hiddenSize: m.d_model, intermediateSize: m.ffn, numHiddenLayers: m.n_layers,
+    numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize: tok.vocabSize, maxPositionEmbeddings: m.max_seq_len,
+    rmsNormEps: m.rms_norm_eps, ropeTheta: m.rope_theta, tieWordEmbeddings: m.tie_embeddings, attentionBias: m.qkv_bias,
+    bosTokenId: tok.bos, eosTokenId: tok.eos, padTokenId: tok.pad,
+  });
+}
+
+export function criticModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
+  const m = resolveCriticModel(cfg);
+  return modelConfig({
+    modelType: m.qkv_bias ? 'qwen2' : 'llama', head: 'value', hiddenSize: m.d_model, intermediateSize: m.ffn, numHiddenLayers: m.n_layers,
+    numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize: tok.vocabSize, maxPositionEmbeddings: m.max_seq_len,
+    rmsNormEps: m.rms_norm_eps, ropeTheta: m.rope_theta, tieWordEmbeddings: false, attentionBias: m.qkv_bias,
+    bosTokenId: tok.bos, eosTokenId: tok.eos, padTokenId: tok.pad,
+  });
+}
+
+export function policyDir(runDir: string, version: number): string {
+  return join(runDir, 'policy', `v${String(version).padStart(6, '0')}`);
+}
+
+/** Critic version v (value model + its AdamW state), written by the update stage next to policy v. */
+export function criticDir(runDir: string, version: number): string {
+  return join(runDir, 'critic', `v${String(version).padStart(6, '0')}`);
+}
+
+/** Loads and caches one policy version's weights (reloaded only when the version changes). */
+export class PolicyCache {
+  private version = -1;
+  private weights: Weights | null = null;
+  constructor(private readonly runDir: string, private readonly expect: ModelConfig) {}
+  async get(version: number): Promise<Weights> {
+    if (version === this.version && this.weights) return this.weights;
+    // a version named by a record is written before the record is published; it is missing only
+    // for an instant while a restarted update stage rewrites it (same bytes), or until a shared
+    // volume shows it: retry rather than dead-letter the batch
+    if (!existsSync(join(policyDir(this.runDir, version), 'model.safetensors'))) {
+      throw new TransientError(`policy version ${version} is not at ${policyDir(this.runDir, version)} (yet); retrying — in distributed mode trainer.run_dir must be a volume shared by the stages`);
+    }
+    const ck = await loadCheckpoint(policyDir(this.runDir, version), { optimizer: false }).catch((e: unknown) => {
+      if (existsSync(join(policyDir(this.runDir, version), 'model.safetensors'))) throw e;
+      throw new TransientError(`policy version ${version} at ${policyDir(this.runDir, version)} went away while loading (being rewritten); retrying`, { cause: e });
+    });
+    if (ck.config.vocabSize !== this.expect.vocabSize || ck.config.hiddenSize !== this.expect.hiddenSize || ck.config.numHiddenLayers !== this.expect.numHiddenLayers) {
+      throw new ConfigError(`policy version ${version} at ${policyDir(this.runDir, version)} does not match actor.model (vocab ${ck.config.vocabSize}/${this.expect.vocabSize}, d_model ${ck.config.hiddenSize}/${this.expect.hiddenSize}, layers ${ck.config.numHiddenLayers}/${this.expect.numHiddenLayers})`);
+    }
+    this.version = version;
+    this.weights = ck.weights;
+    return ck.weights;
+  }
+}

@@ -1,0 +1,249 @@
+/**
+ * The store port: runs, trajectories, step metrics, checkpoints, validation generations and dead
+ * letters, in the tables of migrations/20261121_0001_core.sql. Two adapters implement it over one
+ * Kysely handle: PGlite in a run directory (lib/store/pglite-store.ts) and a real PostgreSQL
+ * (lib/store/postgres-store.ts); test/support/store-contract.ts is the one contract both pass.
+ *
+ * Rules every adapter keeps:
+ *  - Every write takes an optional transaction (`opts.tx`, a Kysely transaction on the same
+ *    database handle) so a stage can commit its store writes, its outputs and its consumed offsets
+ *    atomically. Without `tx` the adapter uses its own transaction. Inside a transaction always
+ *    pass `tx`: on PGlite the single connection is held by that transaction, so a write without
+ *    it waits for the transaction to end.
+ *  - Every write is idempotent by primary key: re-delivery after a crash writes the same rows again
+ *    and produces no duplicates and no error.
+ *  - Trajectories are write-once: the advantage stage writes each row once, when it is complete
+ *    (tokens, log-probs, reward, advantages). There is no update path; a second write of the same
+ *    (run_id, id) is counted as a duplicate and ignored (first write wins).
+ *  - A failed reward is stored as reward NULL plus `rewardFailure`, never as a made-up 0.
+ */
+import type { Tx } from '../db/database.ts';
+
+export type { Tx };
+
+export type RunStatus = 'running' | 'completed' | 'failed' | 'stopped';
+export const RUN_STATUSES: readonly RunStatus[] = ['running', 'completed', 'failed', 'stopped'];
+
+export type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
+export type JsonObject = { [k: string]: Json };
+
+/** Per-token numbers: plain arrays or typed arrays straight from ONNX outputs. */
+export type NumberArray = ArrayLike<number>;
+
+export interface WriteOptions {
+  /** Run the write inside this transaction (same database handle). */
+  tx?: Tx;
+}
+
+export interface NewRun {
+  runId: string;
+  project: string;
+  experiment: string;
+  /** Resolved run config, secrets already redacted by the caller. */
+  config: JsonObject;
+  /** Default 'running'. */
+  status?: RunStatus;
+  /** The run this one replays or forks. */
+  parentRunId?: string | null;
+}
+
+export interface RunRow {
+  runId: string;
+  project: string;
+  experiment: string;
+  config: JsonObject;
+  status: RunStatus;
+  parentRunId: string | null;
+  summary: JsonObject | null;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+export interface RunFilter {
+  project?: string;
+  experiment?: string;
+  status?: RunStatus;
+}
+
+/** One complete sampled response, as the advantage stage writes it. */
+export interface TrajectoryRow {
+  /** Deterministic sample id; (runId, id) is the primary key. */
+  id: string;
+  runId: string;
+  step: number;
+  epoch: number;
+  kind: 'train' | 'val';
+  /** Responses to the same prompt share it (the GRPO group). */
+  groupUid: string;
+  promptIndex: number;
+  sampleIndex: number;
+  policyVersion: number;
+  /** int32 token ids. */
+  promptTokens: NumberArray;
+  responseTokens: NumberArray;
+  promptText: string;
+  responseText: string;
+  groundTruth: string | null;
+  /** Per response token (same length as responseTokens); stored as real (float32). NaN/±Infinity round-trip. */
+  behaviourLogprobs: NumberArray;
+  refLogprobs: NumberArray | null;
+  oldLogprobs?: NumberArray | null;
+  /** Per response token. */
+  advantages: NumberArray | null;
+  /** Sequence-level summary of `advantages` (e.g. the value broadcast by an outcome estimator). */
+  advantage: number | null;
+  returns?: NumberArray | null;
+  /** Finite, or null when scoring failed — then `rewardFailure` says why. */
+  reward: number | null;
+  rewardDetails: JsonObject | null;
+  rewardFailure: string | null;
+  finishReason: string | null;
+  filtered: boolean;
+  /** Required when filtered, null otherwise. */
+  filterReason: string | null;
+  staleness: number;
+}
+
+/** A trajectory as read back: arrays as plain number[], plus the derived and server-set columns. */
+export interface StoredTrajectory extends Omit<TrajectoryRow,
+  'promptTokens' | 'responseTokens' | 'behaviourLogprobs' | 'refLogprobs' | 'oldLogprobs' | 'advantages' | 'returns'> {
+  promptTokens: number[];
+  responseTokens: number[];
+  behaviourLogprobs: number[];
+  refLogprobs: number[] | null;
+  oldLogprobs: number[] | null;
+  advantages: number[] | null;
+  returns: number[] | null;
+  /** cardinality(response_tokens), set by the store. */
+  responseLength: number;
+  createdAt: Date;
+}
+
+export interface TrajectoryFilter {
+  step?: number;
+  kind?: 'train' | 'val';
+  filtered?: boolean;
+  /** Only these ids (getTrajectories only). */
+  ids?: readonly string[];
+}
+
+export interface InsertResult {
+  inserted: number;
+  /** Rows whose (runId, id) was already stored (or repeated in the same call): ignored. */
+  duplicates: number;
+}
+
+export interface MetricRow {
+  runId: string;
+  step: number;
+  /** Stable name such as 'actor/pg_loss' or 'reward/mean'. */
+  name: string;
+  /** NaN and ±Infinity are stored as such (a NaN loss is information). */
+  value: number;
+  stage?: string | null;
+}
+
+export interface StoredMetric extends MetricRow {
+  stage: string | null;
+  createdAt: Date;
+}
+
+export interface CheckpointRow {
+  runId: string;
+  step: number;
+  path: string;
+  /** Lower-case hex SHA-256 of the checkpoint file. */
+  sha256: string;
+  policyVersion: number;
+  /** Next offset to consume per topic/partition, e.g. { "rollouts/0": 1234 }. */
+  consumedOffsets: JsonObject;
+  datasetPosition?: Json;
+  rngState?: Json;
+  klCtlState?: Json;
+  lrState?: Json;
+}
+
+export interface StoredCheckpoint extends Required<CheckpointRow> {
+  createdAt: Date;
+}
+
+export interface ValGenerationRow {
+  runId: string;
+  step: number;
+  idx: number;
+  prompt: string;
+  response: string;
+  groundTruth: string | null;
+  /** Finite, or null with `rewardFailure`. */
+  reward: number | null;
+  rewardFailure: string | null;
+}
+
+export interface StoredValGeneration extends ValGenerationRow {
+  createdAt: Date;
+}
+
+export interface DeadLetterRow {
+  stage: string;
+  topic: string;
+  partition: number;
+  offset: number;
+  /** Null when the message could not be attributed to a run (undecodable). */
+  runId: string | null;
+  reason: string;
+  errorCode?: string | null;
+  payload: Uint8Array | null;
+}
+
+export interface StoredDeadLetter extends Omit<DeadLetterRow, 'payload' | 'errorCode'> {
+  errorCode: string | null;
+  payload: Buffer | null;
+  createdAt: Date;
+}
+
+export interface DeadLetterFilter {
+  runId?: string;
+  stage?: string;
+  topic?: string;
+}
+
+export interface Store {
+  readonly kind: 'pglite' | 'postgres';
+  /** Human-readable location (no password). */
+  readonly where: string;
+
+  /** Insert, or on a second call (resume) update project, experiment, config, parent and status. */
+  upsertRun(run: NewRun, opts?: WriteOptions): Promise<RunRow>;
+  getRun(runId: string): Promise<RunRow | undefined>;
+  /** Newest first. */
+  listRuns(filter?: RunFilter): Promise<RunRow[]>;
+  /** Throws (not retriable) when the run does not exist. `summary` replaces the stored one when given. */
+  setRunStatus(runId: string, status: RunStatus, summary?: JsonObject, opts?: WriteOptions): Promise<RunRow>;
+
+  /** Write-once, idempotent by (runId, id). Validates every row before writing any. */
+  insertTrajectories(rows: readonly TrajectoryRow[], opts?: WriteOptions): Promise<InsertResult>;
+  getTrajectories(runId: string, filter?: TrajectoryFilter): Promise<StoredTrajectory[]>;
+  countTrajectories(runId: string, filter?: Omit<TrajectoryFilter, 'ids'>): Promise<number>;
+
+  /** Upsert by (runId, step, name): the last write wins. */
+  insertMetrics(rows: readonly MetricRow[], opts?: WriteOptions): Promise<void>;
+  /** Ordered by name, then step. */
+  getMetrics(runId: string, names?: readonly string[]): Promise<StoredMetric[]>;
+
+  /** Upsert by (runId, step): a re-written checkpoint file replaces the row. */
+  recordCheckpoint(row: CheckpointRow, opts?: WriteOptions): Promise<void>;
+  latestCheckpoint(runId: string): Promise<StoredCheckpoint | undefined>;
+  /** Ascending step. */
+  listCheckpoints(runId: string): Promise<StoredCheckpoint[]>;
+
+  /** Write-once by (runId, step, idx). */
+  recordValGenerations(rows: readonly ValGenerationRow[], opts?: WriteOptions): Promise<void>;
+  getValGenerations(runId: string, step?: number): Promise<StoredValGeneration[]>;
+
+  /** Write-once by (stage, topic, partition, offset). A NUL character in `reason` is stored as the text \u0000. */
+  recordDeadLetter(row: DeadLetterRow, opts?: WriteOptions): Promise<void>;
+  listDeadLetters(filter?: DeadLetterFilter): Promise<StoredDeadLetter[]>;
+
+  /** Closes the database handle when the store opened it (openStore); otherwise only this store. */
+  close(): Promise<void>;
+}

@@ -1,0 +1,61 @@
+/**
+ * Built-in tasks for the examples: a data generator (seeded, so the same seed gives the same
+ * rows) and the small task alphabet its prompts and answers use, so that a randomly initialised
+ * policy over that alphabet has a fair chance (a byte-level vocabulary would put most of the
+ * initial probability mass on bytes that never appear in a correct answer).
+ */
+import { Rng } from '../util/rng.ts';
+import { Registry } from '../util/registry.ts';
+
+export interface TaskRow { prompt: string; answer: string }
+
+export interface Task {
+  name: string;
+  description: string;
+  /** Characters the task's prompts and answers are written in (the alphabet tokenizer's vocabulary). */
+  alphabet: string;
+  generate(count: number, seed: number): TaskRow[];
+}
+
+/**
+ * The number game (the seed's game): three numbers in the prompt, the answer is the index 0/1/2
+ * of the largest. Numbers are distinct digits so the answer is unique. Prompt `"3 5 8:"` → answer `"2"`.
+ */
+export const numberGame: Task = {
+  name: 'number_game',
+  description: 'three distinct numbers 0–9; answer the index (0, 1 or 2) of the largest',
+  alphabet: '0123456789 :',
+  generate(count, seed) {
+    const rng = Rng.fromSeed(`number_game:${seed}`);
+    const rows: TaskRow[] = [];
+    for (let i = 0; i < count; i++) {
+      const nums: number[] = [];
+      while (nums.length < 3) {
+        const v = rng.int(10);
+        if (!nums.includes(v)) nums.push(v);
+      }
+      const best = nums.indexOf(Math.max(...nums));
+      rows.push({ prompt: `${nums.join(' ')}:`, answer: String(best) });
+    }
+    return rows;
+  },
+};
+
+/** Arithmetic: short integer expressions `a+b`, `a-b` with exact-match reward (the GSM8K pattern). */
+export const arithmetic: Task = {
+  name: 'arithmetic',
+  description: 'a+b or a-b with a, b in 0–20; answer the integer result',
+  alphabet: '0123456789+-=',
+  generate(count, seed) {
+    const rng = Rng.fromSeed(`arithmetic:${seed}`);
+    const rows: TaskRow[] = [];
+    for (let i = 0; i < count; i++) {
+      const a = rng.int(21), b = rng.int(21);
+      const op = rng.int(2) === 0 ? '+' : '-';
+      rows.push({ prompt: `${a}${op}${b}=`, answer: String(op === '+' ? a + b : a - b) });
+    }
+    return rows;
+  },
+};
+
+export const tasks = new Registry<Task>('data.task', { number_game: numberGame, arithmetic });

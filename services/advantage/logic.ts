@@ -1,0 +1,192 @@
+/**
+ * Advantage logic (pure). A training step's groups arrive one by one (first draw, then refills);
+ * `settle` decides when the step is complete, which groups are kept (online filtering, reward
+ * failures) and how many more prompts to ask the controller for. `computeStep` turns the kept
+ * groups into per-token advantages with the configured estimator (verl conventions, lib/rl),
+ * applying overlong shaping and KL-in-reward when enabled.
+ */
+import type { ScoredGroup, UpdateGroup, UpdateSample } from '../../lib/contracts/index.ts';
+import {
+  computeAdvantage, onlineFilters, applyOverlongShaping, applyKlPenalty, makeKlController, klPenalty, tensor2d,
+  type KlController,
+} from '../../lib/rl/index.ts';
+
+export interface AdvantageSettings {
+  rolloutBatchSize: number;
+  estimator: string;
+  gamma: number;
+  lam: number;
+  normAdvByStd: boolean;
+  onlineFiltering: boolean;
+  filterSemantics: string;
+  filterKey: string;
+  filterLow: number;
+  filterHigh: number;
+  overlong: { enable: boolean; maxLength: number; bufferLength: number; penaltyFactor: number };
+  useKlInReward: boolean;
+  klPenalty: string;
+  klType: 'fixed' | 'adaptive';
+  klCoef: number;
+  klTarget: number;
+  klHorizon: number;
+}
+
+export interface AdvantageState {
+  /** Steps whose update batch was published. */
+  done: number[];
+  /** Refill requests made per step: needed group counts, in request order. */
+  refills: Record<string, number[]>;
+  /** Adaptive KL coefficient (in-reward), carried across steps. */
+  klValue: number | null;
+  /** The KL coefficient after each recent step (the update stage records it in the step's checkpoint). */
+  klByStep?: Record<string, number>;
+}
+
+export function initialAdvantageState(): AdvantageState { return { done: [], refills: {}, klValue: null }; }
+
+/** Why a group cannot be trained on (reward failure, online filter), or null. */
+export function filterReason(g: ScoredGroup, s: AdvantageSettings): string | null {
+  const failed = g.samples.filter((x) => x.failure !== null);
+  if (failed.length) return `reward failed for ${failed.length}/${g.samples.length} samples: ${failed[0].failure!.message}`.slice(0, 500);
+  if (!s.onlineFiltering) return null;
+  const values = Float64Array.from(g.samples.map((x) => x.reward_details[s.filterKey] ?? (s.filterKey === 'overall' ? x.reward! : NaN)));
+  if (values.some((v) => !Number.isFinite(v))) return `online filter: reward metric "${s.filterKey}" missing (set algorithm.filter_key to one of: ${Object.keys(g.samples[0]?.reward_details ?? {}).join(', ') || 'overall'})`;
+  const keep = onlineFilters.get(s.filterSemantics)(values, { filter_low: s.filterLow, filter_high: s.filterHigh });
+  if (keep) return null;
+  const mean = values.reduce((a, b) => a + b, 0) / values.length;
+  return s.filterSemantics === 'dapo' ? `online filter (dapo): all ${s.filterKey} equal (${values[0]})` : `online filter (easyr1): mean ${s.filterKey} ${mean.toFixed(4)} not in (${s.filterLow}, ${s.filterHigh})`;
+}
+
+export type Settlement =
+  | { kind: 'wait' }
+  | { kind: 'refill'; needed: number }
+  | { kind: 'ready'; kept: ScoredGroup[]; filtered: Array<{ group: ScoredGroup; reason: string }> };
+
+/**
+ * Given every group received for a step (deduplicated) and the refills asked so far: wait until
+ * each draw is complete; then keep the first rollout_batch_size acceptable groups (first draw
+ * first, then refills, by prompt index) or ask for the shortfall.
+ */
+export function settle(groups: readonly ScoredGroup[], refills: readonly number[], s: AdvantageSettings): Settlement {
+  const expected = [s.rolloutBatchSize, ...refills];
+  const got = new Array(expected.length).fill(0);
+  for (const g of groups) if (g.attempt < got.length) got[g.attempt]++;
+  for (let a = 0; a < expected.length; a++) if (got[a] < expected[a]) return { kind: 'wait' };
+  const ordered = [...groups].sort((a, b) => a.attempt - b.attempt || a.prompt_index - b.prompt_index);
+  const kept: ScoredGroup[] = [];
+  const filtered: Array<{ group: ScoredGroup; reason: string }> = [];
+  for (const g of ordered) {
+    const why = filterReason(g, s);
+    if (why) filtered.push({ group: g, reason: why });
+    else if (kept.length < s.rolloutBatchSize) kept.push(g);
+    else filtered.push({ group: g, reason: 'surplus: the step already had rollout_batch_size groups' });
+  }
+  if (kept.length < s.rolloutBatchSize) return { kind: 'refill', needed: s.rolloutBatchSize - kept.length };
+  return { kind: 'ready', kept, filtered };
+}
+
+export interface StepResult {
+  updates: UpdateGroup[];
+  metrics: Record<string, number>;
+  klValue: number | null;
+}
+
+/**
+ * Per-token advantages for the kept groups of a step. `refLogprobs` maps sample id → reference
+ * log-probs (needed for KL in reward). Rows are ordered by sample id; outcome rewards sit on the
+ * last response token (verl's token_level_scores).
+ */
+export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArray<{ group: ScoredGroup; reason: string }>, refLogprobs: ReadonlyMap<string, Float32Array> | null, s: AdvantageSettings, klValue: number | null, values: ReadonlyMap<string, Float32Array> | null = null): StepResult {
+  const rows = kept.flatMap((g) => g.samples.map((x) => ({ g, x }))).sort((a, b) => (a.x.id < b.x.id ? -1 : a.x.id > b.x.id ? 1 : 0));
+  const bs = rows.length;
+  const T = Math.max(1, ...rows.map((r) => r.x.response_ids.length));
+  const mask = new Float32Array(bs * T);
+  const scores = new Float32Array(bs * T);
+  let rewards: Float64Array = Float64Array.from(rows.map((r) => r.x.reward!));
+  const lengths = rows.map((r) => r.x.response_ids.length);
+  const metrics: Record<string, number> = {};
+  if (s.overlong.enable) {
+    const sh = applyOverlongShaping(rewards, lengths, { max_response_length: s.overlong.maxLength, overlong_buffer_len: s.overlong.bufferLength, overlong_penalty_factor: s.overlong.penaltyFactor });
+    rewards = sh.rewards;
+    Object.assign(metrics, sh.metrics);
+  }
+  rows.forEach((r, i) => {
+    const L = lengths[i];
+    for (let t = 0; t < L; t++) mask[i * T + t] = 1;
+    if (L > 0) scores[i * T + L - 1] = rewards[i];
+  });
+  let tokenRewards = tensor2d(scores, bs, T);
+  const maskT = { data: mask, bs, T };
+  let nextKl = klValue;
+  if (s.useKlInReward) {
+    if (!refLogprobs) throw new Error('KL in reward needs reference log-probs');
+    const old = new Float32Array(bs * T), ref = new Float32Array(bs * T);
+    rows.forEach((r, i) => { old.set(r.x.behaviour_logprobs, i * T); ref.set(refLogprobs.get(r.x.id)!, i * T); });
+    const controller: KlController = makeKlController({ type: s.klType, kl_coef: klValue ?? s.klCoef, target_kl: s.klTarget, horizon: s.klHorizon });
+    const k = applyKlPenalty({ token_level_scores: tokenRewards, old_log_probs: tensor2d(old, bs, T), ref_log_prob: tensor2d(ref, bs, T), response_mask: maskT }, { kl_penalty: s.klPenalty, controller });
+    tokenRewards = k.token_level_rewards;
+    metrics['kl/mean'] = k.current_kl;
+    metrics['kl/coef'] = k.beta;
+    nextKl = k.next_controller.value;
+  } else if (refLogprobs) {
+    const old = new Float32Array(bs * T), ref = new Float32Array(bs * T);
+    rows.forEach((r, i) => { old.set(r.x.behaviour_logprobs, i * T); ref.set(refLogprobs.get(r.x.id)!, i * T); });
+    const kl = klPenalty(tensor2d(old, bs, T), tensor2d(ref, bs, T), s.klPenalty);
+    let sum = 0, n = 0;
+    for (let i = 0; i < bs * T; i++) if (mask[i]) { sum += kl.data[i]; n++; }
+    metrics['kl/mean'] = n ? sum / n : 0;
+    metrics['kl/coef'] = s.klCoef;
+  }
+  let valuesT: ReturnType<typeof tensor2d> | undefined;
+  if (values) {
+    const v = new Float32Array(bs * T);
+    rows.forEach((r, i) => v.set(values.get(r.x.id)!, i * T));
+    valuesT = tensor2d(v, bs, T);
+  }
+  const out = computeAdvantage(s.estimator, {
+    token_level_rewards: tokenRewards, response_mask: maskT, index: rows.map((r) => r.g.group_uid), values: valuesT,
+  }, { gamma: s.gamma, lam: s.lam, norm_adv_by_std_in_grpo: s.normAdvByStd });
+  const perSample = new Map<string, { adv: Float32Array; ret: Float32Array }>();
+  rows.forEach((r, i) => {
+    const L = lengths[i];
+    perSample.set(r.x.id, { adv: Float32Array.from(out.advantages.data.subarray(i * T, i * T + L)), ret: Float32Array.from(out.returns.data.subarray(i * T, i * T + L)) });
+  });
+  const all = rows.map((r) => r.x.reward!);
+  const mean = all.reduce((a, b) => a + b, 0) / Math.max(1, all.length);
+  metrics['reward/mean'] = mean;
+  metrics['reward/std'] = Math.sqrt(all.reduce((a, b) => a + (b - mean) ** 2, 0) / Math.max(1, all.length));
+  metrics['reward/max'] = Math.max(...all);
+  metrics['reward/min'] = Math.min(...all);
+  metrics['response_length/mean'] = lengths.reduce((a, b) => a + b, 0) / Math.max(1, bs);
+  metrics['response_length/max'] = Math.max(...lengths);
+  const advAll = [...perSample.values()].flatMap((v) => Array.from(v.adv));
+  metrics['critic/advantages/mean'] = advAll.reduce((a, b) => a + b, 0) / Math.max(1, advAll.length);
+  metrics['critic/advantages/max'] = advAll.length ? Math.max(...advAll) : 0;
+  metrics['critic/advantages/min'] = advAll.length ? Math.min(...advAll) : 0;
+  metrics['filter/kept_groups'] = kept.length;
+  metrics['filter/filtered_groups'] = filtered.length;
+  metrics['filter/kept_fraction'] = kept.length / Math.max(1, kept.length + filtered.length);
+  const updates: UpdateGroup[] = [];
+  const toUpdate = (g: ScoredGroup, isFiltered: boolean, reason: string | null): UpdateGroup => {
+    const rs = g.samples.filter((x) => x.reward !== null).map((x) => x.reward!);
+    const m = rs.length ? rs.reduce((a, b) => a + b, 0) / rs.length : null;
+    const samples: UpdateSample[] = g.samples.map((x) => {
+      const L = x.response_ids.length;
+      const a = perSample.get(x.id);
+      return {
+        ...x,
+        advantages: a?.adv ?? new Float32Array(L), returns: a?.ret ?? new Float32Array(L),
+        ref_logprobs: refLogprobs?.get(x.id) ?? new Float32Array(0), values: values?.get(x.id) ?? new Float32Array(0),
+        loss_weights: isFiltered ? new Float32Array(L) : new Float32Array(L).fill(1),
+      };
+    });
+    const { samples: _s, ...header } = g;
+    return {
+      ...header, estimator: s.estimator, filtered: isFiltered, filter_reason: reason, reward_mean: m,
+      reward_std: m === null ? null : Math.sqrt(rs.reduce((a, b) => a + (b - m) ** 2, 0) / rs.length), samples,
+    };
+  };
+  for (const g of kept) updates.push(toUpdate(g, false, null));
+  for (const f of filtered) updates.push(toUpdate(f.group, true, f.reason));
+  return { updates, metrics, klValue: nextKl };
+}

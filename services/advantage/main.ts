@@ -1,0 +1,139 @@
+/**
+ * Advantage stage: collects each training step's scored groups (durably, in stage_pending, so a
+ * crash loses nothing), filters them (reward failures, online filtering) and asks the controller
+ * for refills until rollout_batch_size groups are kept, computes reference log-probs with the
+ * frozen initial policy (v0) when KL is used, the advantages with the configured estimator, and
+ * publishes update groups (kept and filtered, flagged). It writes every trajectory of the step
+ * to the store, exactly once.
+ */
+import { forStage } from '../../lib/log.ts';
+import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
+import { StageMetrics } from '../../lib/pipeline/metrics.ts';
+import { crashPoint } from '../../lib/pipeline/crash-points.ts';
+import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig, criticDir, PolicyCache } from '../../lib/pipeline/policy.ts';
+import { ValueScorer } from '../../lib/model/value.ts';
+import { loadCheckpoint } from '../../lib/model/index.ts';
+import { loadStageState, saveStageState, addPending, listPending, deletePending } from '../../lib/pipeline/stage-state.ts';
+import { Scorer } from '../../lib/model/score.ts';
+import { refillId, type ScoredGroup, type UpdateGroup } from '../../lib/contracts/index.ts';
+import type { TrajectoryRow } from '../../lib/store/port.ts';
+import type { Config } from '../../lib/config/index.ts';
+import { ConfigError } from '../../lib/errors.ts';
+import { settle, computeStep, initialAdvantageState, type AdvantageSettings, type AdvantageState } from './logic.ts';
+
+export function advantageSettings(cfg: Config): AdvantageSettings {
+  const a = cfg.algorithm;
+  return {
+    rolloutBatchSize: cfg.data.rollout_batch_size, estimator: a.adv_estimator, gamma: a.gamma, lam: a.lam, normAdvByStd: a.norm_adv_by_std_in_grpo,
+    onlineFiltering: a.online_filtering, filterSemantics: a.filter_semantics, filterKey: a.filter_key, filterLow: a.filter_low, filterHigh: a.filter_high,
+    overlong: { enable: a.overlong.enable, maxLength: a.overlong.max_length ?? cfg.data.max_response_length, bufferLength: a.overlong.buffer_length, penaltyFactor: a.overlong.penalty_factor },
+    useKlInReward: a.use_kl_in_reward, klPenalty: a.kl_penalty, klType: a.kl_type, klCoef: a.kl_coef, klTarget: a.kl_target, klHorizon: a.kl_horizon,
+  };
+}
+
+function trajectoryRows(runId: string, u: UpdateGroup, step: number): TrajectoryRow[] {
+  return u.samples.map((x) => ({
+    id: x.id, runId, step, epoch: u.epoch, kind: u.kind, groupUid: u.group_uid, promptIndex: u.prompt_index, sampleIndex: x.sample_index,
+    policyVersion: u.policy_version, promptTokens: u.prompt_ids, responseTokens: x.response_ids, promptText: u.prompt_text, responseText: x.response_text,
+    groundTruth: u.ground_truth, behaviourLogprobs: x.behaviour_logprobs, refLogprobs: x.ref_logprobs.length ? x.ref_logprobs : null,
+    advantages: u.filtered ? null : x.advantages, advantage: u.filtered || x.advantages.length === 0 ? null : x.advantages[0],
+    returns: u.filtered ? null : x.returns, reward: x.reward, rewardDetails: x.reward_details, rewardFailure: x.failure ? x.failure.message : null,
+    finishReason: x.finish_reason, filtered: u.filtered, filterReason: u.filter_reason, staleness: Math.max(0, step - 1 - u.policy_version),
+  }));
+}
+
+/** Estimators whose extra inputs the pipeline does not produce yet, and what they need. */
+const NOT_IN_PIPELINE: Record<string, string> = {
+  remax: 'the reward of a greedy rollout per prompt (reward_baselines)',
+  optimal_token_baseline: 'Σπ² per position from full distributions (sum_pi_squared)',
+  tir_optimal_token_baseline: 'Σπ² per position from full distributions (sum_pi_squared)',
+};
+
+export function startAdvantage(p: Pipeline): StageRun {
+  const need = NOT_IN_PIPELINE[p.cfg.algorithm.adv_estimator];
+  if (need) throw new ConfigError(`algorithm.adv_estimator = ${p.cfg.algorithm.adv_estimator} is in lib/rl but the pipeline does not compute its extra input yet: ${need}; use grpo, grpo_vectorized, grpo_passk, rloo, rloo_vectorized, reinforce_plus_plus, reinforce_plus_plus_baseline, opo, gpg or gae`);
+  const settings = advantageSettings(p.cfg);
+  const tok = tokenizerFor(p.cfg);
+  const model = policyModelConfig(p.cfg, tok);
+  const needRef = p.cfg.algorithm.use_kl_loss || p.cfg.algorithm.use_kl_in_reward;
+  const scorer = new Scorer(model, { threads: p.cfg.actor.threads });
+  const useCritic = p.cfg.critic.enable === true;
+  const valueScorer = useCritic ? new ValueScorer(criticModelConfig(p.cfg, tok), { threads: p.cfg.actor.threads }) : null;
+  const reference = new PolicyCache(p.runDir, model);
+  const metrics = new StageMetrics(p, 'advantage');
+  const log = forStage(p.log, 'advantage');
+  const codec = p.codecs.scored;
+  // a run started from trainer.load_checkpoint_path carries over the checkpoint's KL controller value
+  const fromCheckpoint = p.cfg.trainer.load_checkpoint_path ? readCheckpointPath(p.cfg.trainer.load_checkpoint_path).state : null;
+  const initialKl = fromCheckpoint && settings.useKlInReward && settings.klType === 'adaptive' ? Number(fromCheckpoint.kl_ctl_state.value) : null;
+  return runStage(p, 'advantage', ['scored'], async (records, ctx) => {
+    const state = (await loadStageState<AdvantageState>(ctx.db, p.runId, 'advantage')) ?? { ...initialAdvantageState(), klValue: initialKl };
+    const finished: string[] = [];
+    const touched = new Set<number>();
+    const fresh = records.filter((r) => !state.done.includes((r.value as ScoredGroup).step));
+    await addPending(ctx.db, p.runId, 'advantage', fresh.map((r) => {
+      const g = r.value as ScoredGroup;
+      touched.add(g.step);
+      return { bucket: `step:${String(g.step).padStart(8, '0')}`, id: g.id, payload: r.message.value, headers: r.message.headers };
+    }));
+    for (const step of [...touched].sort((a, b) => a - b)) {
+      const t0 = performance.now();
+      const bucket = `step:${String(step).padStart(8, '0')}`;
+      const items = await listPending(ctx.db, p.runId, 'advantage', bucket);
+      const groups: ScoredGroup[] = [];
+      for (const it of items) groups.push(await codec.decode(it.payload, it.headers));
+      const refills = state.refills[step] ?? [];
+      const decision = settle(groups, refills, settings);
+      if (decision.kind === 'wait') continue;
+      if (decision.kind === 'refill') {
+        const request = refills.length + 1;
+        state.refills[step] = [...refills, decision.needed];
+        ctx.emit('control', {
+          run_id: p.runId, id: refillId(p.runId, step, request), step, policy_version: groups[0]?.policy_version ?? 0, type: 'refill_request', time_ms: Date.now(),
+          run_started: null, epoch_started: null, val_round_done: null, run_done: null, run_failed: null,
+          refill_request: { request, needed: decision.needed, filtered_group_ids: groups.map((g) => g.id), reason: 'online filtering / reward failures left too few groups' },
+        });
+        log.info({ step, needed: decision.needed, request }, 'asking the controller for more prompts');
+        continue;
+      }
+      crashPoint('advantage:start');
+      let ref: Map<string, Float32Array> | null = null;
+      if (needRef) {
+        const w0 = await reference.get(0);
+        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids })));
+        // at the rollout temperature, as the actor's log-probs in the KL term (verl: ref log_prob with rollout.temperature)
+        const scores = await scorer.score(w0, samples.map((s) => ({ prompt: s.prompt, response: s.response })), { temperature: p.cfg.rollout.temperature, entropy: false });
+        ref = new Map(samples.map((s, i) => [s.id, scores[i].logprobs]));
+      }
+      let values: Map<string, Float32Array> | null = null;
+      if (valueScorer) {
+        // the critic of the version the samples were generated with (on-policy: the current one)
+        const version = Math.max(...decision.kept.map((g) => g.policy_version));
+        const critic = await loadCheckpoint(criticDir(p.runDir, version), { optimizer: false });
+        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids })));
+        const vs = await valueScorer.values(critic.weights, samples.map((s) => ({ prompt: s.prompt, response: s.response })));
+        values = new Map(samples.map((s, i) => [s.id, vs[i]]));
+      }
+      const res = computeStep(decision.kept, decision.filtered, ref, settings, state.klValue, values);
+      crashPoint('advantage:computed');
+      for (const u of res.updates) ctx.emit('updates', u);
+      await p.store.insertTrajectories(res.updates.flatMap((u) => trajectoryRows(p.runId, u, step)), { tx: ctx.tx });
+      metrics.set(step, res.metrics);
+      metrics.add(step, {}, { compute: performance.now() - t0 });
+      state.klValue = res.klValue;
+      state.klByStep = { ...(state.klByStep ?? {}), [String(step)]: res.klValue ?? settings.klCoef };
+      state.done.push(step);
+      delete state.refills[step];
+      finished.push(bucket);
+      log.debug({ step, kept: decision.kept.length, filtered: decision.filtered.length }, 'advantages computed');
+    }
+    await metrics.flush(ctx);
+    await ctx.flush();
+    if (state.done.length > 256) state.done = state.done.slice(-256);
+    if (state.klByStep) state.klByStep = Object.fromEntries(Object.entries(state.klByStep).sort((a, b) => Number(a[0]) - Number(b[0])).slice(-64));
+    await saveStageState(ctx.db, p.runId, 'advantage', state);
+    // only after the state that marks the steps done (Kafka: a crash in between would lose their groups)
+    for (const b of finished) await deletePending(ctx.db, p.runId, 'advantage', b);
+  });
+}

@@ -1,0 +1,166 @@
+/**
+ * Controller logic (pure): decides which prompt batches to publish, given the run plan and the
+ * events it has seen. No I/O, no clock, no randomness beyond the seeded permutation — so the same
+ * events always yield the same commands, and a restarted controller re-derives everything.
+ *
+ * Steps are 1-based like verl's `global_step`; policy version v = number of updates applied
+ * (v0 = the initial weights). Step s may be rolled out once a version v ≥ s − 1 − max_staleness
+ * exists (max_staleness 0 = strictly on-policy: step s uses version s − 1).
+ *
+ * Step s draws its prompts from epoch ⌊(s−1)/steps_per_epoch⌋ of the training set, in a
+ * permutation seeded by (seed, epoch) when shuffling. An incomplete final batch is dropped (as
+ * verl's dataloader with drop_last). When online filtering drops groups, the advantage stage asks
+ * for a refill: try t of step s takes the needed number of prompts from a permutation seeded by
+ * (seed, step, t), so refills are deterministic and do not shift later steps' prompts.
+ */
+import { Rng } from '../../lib/util/rng.ts';
+import { stepsPerEpoch, totalSteps, type ControllerPlan } from '../../lib/pipeline/plan.ts';
+
+export { stepsPerEpoch, totalSteps, type ControllerPlan };
+
+export interface PolicyRef { version: number; step: number; path: string; sha256: string }
+
+export interface ControllerState {
+  /** Highest train step whose prompts were published (0 = none). */
+  emittedStep: number;
+  latest: PolicyRef | null;
+  /** Refill tries used per step. */
+  refills: Record<number, number>;
+  /** Validation rounds (identified by the policy version they evaluate) published / finished. */
+  valEmitted: number[];
+  valDone: number[];
+  done: boolean;
+}
+
+export type ControllerEvent =
+  | { type: 'policy'; policy: PolicyRef }
+  /** `request`: the advantage stage's 1-based request number for the step (a redelivered request is ignored). */
+  | { type: 'refill'; step: number; needed: number; request?: number }
+  | { type: 'val_done'; version: number };
+
+export interface PromptRef {
+  /** Slot within the step (0..B−1 for the first draw; refills continue after). */
+  promptIndex: number;
+  /** Row index into the dataset. */
+  datasetIndex: number;
+}
+
+export type ControllerCommand =
+  | { type: 'train_prompts'; step: number; epoch: number; attempt: number; policy: PolicyRef; prompts: PromptRef[] }
+  | { type: 'val_prompts'; version: number; policy: PolicyRef; prompts: PromptRef[] }
+  | { type: 'run_done'; finalVersion: number }
+  | { type: 'fail'; message: string };
+
+export function initialState(): ControllerState {
+  return { emittedStep: 0, latest: null, refills: {}, valEmitted: [], valDone: [], done: false };
+}
+
+const permCache = new Map<string, Uint32Array>();
+
+/** A deterministic permutation of 0..n−1 for a seed label (memoised; pure). */
+export function permutation(n: number, label: string): Uint32Array {
+  const key = `${n}:${label}`;
+  let p = permCache.get(key);
+  if (!p) {
+    const arr = Array.from({ length: n }, (_, i) => i);
+    Rng.fromSeed(label).shuffle(arr);
+    p = Uint32Array.from(arr);
+    if (permCache.size > 64) permCache.clear();
+    permCache.set(key, p);
+  }
+  return p;
+}
+
+/** The prompts of train step s (1-based), and its epoch. */
+export function stepPrompts(plan: ControllerPlan, step: number): { epoch: number; prompts: PromptRef[] } {
+  const spe = stepsPerEpoch(plan);
+  const epoch = Math.floor((step - 1) / spe);
+  const within = (step - 1) % spe;
+  const perm = plan.shuffle ? permutation(plan.trainSize, `${plan.seed}:epoch:${epoch}`) : null;
+  const prompts: PromptRef[] = [];
+  for (let j = 0; j < plan.rolloutBatchSize; j++) {
+    const pos = within * plan.rolloutBatchSize + j;
+    prompts.push({ promptIndex: j, datasetIndex: perm ? perm[pos] : pos });
+  }
+  return { epoch, prompts };
+}
+
+/** Refill attempt t (1-based) of step s: `needed` prompts from a (seed, step, t) permutation. */
+export function refillPrompts(plan: ControllerPlan, step: number, attempt: number, needed: number): PromptRef[] {
+  const perm = permutation(plan.trainSize, `${plan.seed}:refill:${step}:${attempt}`);
+  const base = plan.rolloutBatchSize * attempt;
+  return Array.from({ length: Math.min(needed, plan.trainSize) }, (_, j) => ({ promptIndex: base + j, datasetIndex: perm[j] }));
+}
+
+export function valScheduled(plan: ControllerPlan, version: number): boolean {
+  if (plan.valSize === 0) return false;
+  if (plan.valOnly) return version === 0;
+  if (version === 0) return plan.valBeforeTrain;
+  if (version === totalSteps(plan)) return true;
+  return plan.valFreq > 0 && version % plan.valFreq === 0;
+}
+
+function valPrompts(plan: ControllerPlan): PromptRef[] {
+  return Array.from({ length: plan.valSize }, (_, i) => ({ promptIndex: i, datasetIndex: i }));
+}
+
+function finished(plan: ControllerPlan, s: ControllerState): boolean {
+  const last = totalSteps(plan);
+  if (!s.latest || s.latest.version < last) return false;
+  return s.valEmitted.every((v) => s.valDone.includes(v));
+}
+
+/** decide: (plan, state, event) → commands and the next state. */
+export function decide(plan: ControllerPlan, state: ControllerState, event: ControllerEvent): { state: ControllerState; commands: ControllerCommand[] } {
+  const s: ControllerState = { ...state, refills: { ...state.refills }, valEmitted: [...state.valEmitted], valDone: [...state.valDone] };
+  const commands: ControllerCommand[] = [];
+  if (s.done) return { state: s, commands };
+  const last = totalSteps(plan);
+  if (plan.trainSize > 0 && stepsPerEpoch(plan) === 0 && !plan.valOnly) {
+    s.done = true;
+    return { state: s, commands: [{ type: 'fail', message: `the training set has ${plan.trainSize} usable rows, fewer than data.rollout_batch_size = ${plan.rolloutBatchSize}; add data or lower data.rollout_batch_size` }] };
+  }
+  switch (event.type) {
+    case 'policy': {
+      if (s.latest && event.policy.version <= s.latest.version) break; // duplicate or old
+      s.latest = event.policy;
+      const v = event.policy.version;
+      if (valScheduled(plan, v) && !s.valEmitted.includes(v)) {
+        s.valEmitted.push(v);
+        commands.push({ type: 'val_prompts', version: v, policy: event.policy, prompts: valPrompts(plan) });
+      }
+      while (s.emittedStep < last && v >= s.emittedStep + 1 - 1 - plan.maxStaleness) {
+        const step = s.emittedStep + 1;
+        const { epoch, prompts } = stepPrompts(plan, step);
+        commands.push({ type: 'train_prompts', step, epoch, attempt: 0, policy: event.policy, prompts });
+        s.emittedStep = step;
+      }
+      break;
+    }
+    case 'refill': {
+      if (event.step > s.emittedStep || event.needed <= 0) break;
+      // at-least-once delivery (Kafka) can hand over the same request twice: it must not draw twice
+      if (event.request !== undefined && event.request <= (s.refills[event.step] ?? 0)) break;
+      const tries = (s.refills[event.step] ?? 0) + 1;
+      if (tries > plan.maxTryMakeBatch) {
+        s.done = true;
+        commands.push({ type: 'fail', message: `step ${event.step}: online filtering kept too few groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch); the rewards are too uniform for algorithm.filter_low/filter_high — widen the filter, raise max_try_make_batch, or turn off algorithm.online_filtering` });
+        return { state: s, commands };
+      }
+      s.refills[event.step] = tries;
+      if (!s.latest) break;
+      const { epoch } = stepPrompts(plan, event.step);
+      commands.push({ type: 'train_prompts', step: event.step, epoch, attempt: tries, policy: s.latest, prompts: refillPrompts(plan, event.step, tries, event.needed) });
+      break;
+    }
+    case 'val_done': {
+      if (!s.valDone.includes(event.version)) s.valDone.push(event.version);
+      break;
+    }
+  }
+  if (finished(plan, s)) {
+    s.done = true;
+    commands.push({ type: 'run_done', finalVersion: s.latest!.version });
+  }
+  return { state: s, commands };
+}

@@ -1,0 +1,115 @@
+/**
+ * Controller stage: reads the datasets, and turns policy versions, refill requests and scored
+ * validation groups into prompt batches, validation rounds and the run's lifecycle events
+ * (decide logic in ./logic.ts). Its state is saved with each batch it processes, so a restarted
+ * controller continues where it was.
+ */
+import { forStage } from '../../lib/log.ts';
+import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
+import { StageMetrics } from '../../lib/pipeline/metrics.ts';
+import { loadStageState, saveStageState } from '../../lib/pipeline/stage-state.ts';
+import { planFromConfig, stepsPerEpoch } from '../../lib/pipeline/plan.ts';
+import { startStepFromCheckpoint } from '../../lib/pipeline/checkpoints.ts';
+import type { RunData } from '../../lib/pipeline/data.ts';
+import { groupIdFor, hashId, controlId, type ControlEvent, type PolicyVersion, type PromptBatch, type ScoredGroup } from '../../lib/contracts/index.ts';
+import { decide, initialState, totalSteps, type ControllerCommand, type ControllerEvent, type ControllerState, type PromptRef } from './logic.ts';
+
+interface ValRound { groups: string[]; rewardSum: number; accSum: number; n: number; failures: number; gens: Array<{ idx: number; prompt: string; response: string; gt: string; reward: number | null; failure: string | null }> }
+export interface ControllerStageState { ctl: ControllerState; started: boolean; val: Record<string, ValRound> }
+
+export function startController(p: Pipeline, data: RunData): StageRun {
+  const cfg = p.cfg;
+  const plan = planFromConfig(cfg, p.runId, data.train.length, data.val.length);
+  const metrics = new StageMetrics(p, 'controller');
+  const log = forStage(p.log, 'controller');
+  // a run started from trainer.load_checkpoint_path continues after the checkpoint's step (same dataset position)
+  const start = startStepFromCheckpoint(cfg.trainer.load_checkpoint_path, plan);
+  const nowMs = () => Date.now();
+  const control = (type: ControlEvent['type'], step: number, version: number, payload: Record<string, unknown>, detail?: string): ControlEvent => ({
+    run_id: p.runId, id: controlId(p.runId, type, detail), step, policy_version: version, type, time_ms: nowMs(),
+    run_started: null, epoch_started: null, refill_request: null, val_round_done: null, run_done: null, run_failed: null, ...payload,
+  } as unknown as ControlEvent);
+
+  function promptBatch(kind: 'train' | 'val', step: number, epoch: number, attempt: number, version: number, ref: PromptRef): PromptBatch {
+    const rows = kind === 'train' ? data.train : data.val;
+    const row = rows[ref.datasetIndex];
+    const id = groupIdFor(kind, p.runId, step, ref.promptIndex);
+    const v = cfg.rollout.val_override;
+    const sampling = kind === 'train'
+      ? { temperature: cfg.rollout.temperature, top_p: cfg.rollout.top_p, top_k: cfg.rollout.top_k, max_new_tokens: cfg.data.max_response_length }
+      : { temperature: v.temperature, top_p: v.top_p, top_k: v.top_k ?? cfg.rollout.top_k, max_new_tokens: cfg.data.max_response_length };
+    return {
+      run_id: p.runId, id, step, policy_version: version, kind, epoch, attempt, sampling,
+      groups: [{
+        id, group_uid: hashId(id), n: kind === 'train' ? cfg.rollout.n : v.n, prompt_index: ref.promptIndex, dataset_index: ref.datasetIndex,
+        prompt_ids: row.promptIds, prompt_text: row.prompt, images: row.images, data_source: data.dataSource, ground_truth: row.answer, extra_info: '{}',
+      }],
+    };
+  }
+
+  return runStage(p, 'controller', ['policy', 'control', 'validation'], async (records, ctx) => {
+    const st: ControllerStageState = (await loadStageState<ControllerStageState>(ctx.db, p.runId, 'controller')) ?? { ctl: { ...initialState(), emittedStep: start.step }, started: false, val: {} };
+    if (!st.started) {
+      st.started = true;
+      ctx.emit('control', control('run_started', start.step, start.step, { run_started: { config_json: '{}', config_sha256: '', seed: cfg.data.seed, total_steps: totalSteps(plan), steps_per_epoch: stepsPerEpoch(plan), resumed_from: start.state ? start.state.run_id : null } }));
+      log.info({ train: data.train.length, val: data.val.length, steps: totalSteps(plan), dropped: data.dropped }, 'run started');
+    }
+    const events: ControllerEvent[] = [];
+    for (const r of records) {
+      if (r.topic === 'policy') {
+        const v = r.value as PolicyVersion;
+        events.push({ type: 'policy', policy: { version: v.policy_version, step: v.step, path: v.checkpoint_path, sha256: v.sha256 } });
+      } else if (r.topic === 'control') {
+        const c = r.value as ControlEvent;
+        if (c.type === 'refill_request') events.push({ type: 'refill', step: c.step, needed: c.refill_request.needed, request: c.refill_request.request });
+      } else if (r.topic === 'validation') {
+        const g = r.value as ScoredGroup;
+        const key = String(g.step);
+        const round = st.val[key] ?? (st.val[key] = { groups: [], rewardSum: 0, accSum: 0, n: 0, failures: 0, gens: [] });
+        if (round.groups.includes(g.id)) continue;
+        round.groups.push(g.id);
+        for (const s of g.samples) {
+          if (s.reward === null) round.failures++;
+          else { round.rewardSum += s.reward; round.accSum += s.reward_details.accuracy ?? s.reward; round.n++; }
+          if (round.gens.length < cfg.trainer.val_generations_to_log) round.gens.push({ idx: g.prompt_index * 1000 + s.sample_index, prompt: g.prompt_text, response: s.response_text, gt: g.ground_truth, reward: s.reward, failure: s.failure?.message ?? null });
+        }
+        if (round.groups.length === data.val.length) {
+          const version = g.step;
+          const values = { 'val/reward_score': round.n ? round.rewardSum / round.n : NaN, 'val/accuracy': round.n ? round.accSum / round.n : NaN, 'val/failures': round.failures };
+          metrics.set(version, values, 'val');
+          await p.store.insertMetrics(Object.entries(values).filter(([, x]) => Number.isFinite(x)).map(([name, value]) => ({ runId: p.runId, step: version, name, value, stage: 'controller' })), { tx: ctx.tx });
+          await p.store.recordValGenerations(round.gens.map((x) => ({ runId: p.runId, step: version, idx: x.idx, prompt: x.prompt, response: x.response, groundTruth: x.gt, reward: x.reward, rewardFailure: x.failure })), { tx: ctx.tx });
+          ctx.emit('control', control('val_round_done', version, version, { val_round_done: { round: version, groups: round.groups.length, samples: round.n + round.failures, failures: round.failures } }, String(version)));
+          log.info({ version, ...values }, `validation at version ${version}: accuracy ${values['val/accuracy'].toFixed(3)}`);
+          delete st.val[key];
+          events.push({ type: 'val_done', version });
+        }
+      }
+    }
+    const commands: ControllerCommand[] = [];
+    for (const e of events) {
+      const r = decide(plan, st.ctl, e);
+      st.ctl = r.state;
+      commands.push(...r.commands);
+    }
+    for (const c of commands) {
+      if (c.type === 'train_prompts') {
+        if (c.attempt === 0 && (c.step - 1) % stepsPerEpoch(plan) === 0) ctx.emit('control', control('epoch_started', c.step, c.policy.version, { epoch_started: { epoch: c.epoch, first_step: c.step } }, String(c.epoch)));
+        for (const ref of c.prompts) ctx.emit('prompts', promptBatch('train', c.step, c.epoch, c.attempt, c.policy.version, ref));
+      } else if (c.type === 'val_prompts') {
+        for (const ref of c.prompts) ctx.emit('prompts', promptBatch('val', c.version, 0, 0, c.version, ref));
+      } else if (c.type === 'run_done') {
+        ctx.emit('control', control('run_done', c.finalVersion, c.finalVersion, { run_done: { final_version: c.finalVersion, steps: totalSteps(plan) } }));
+        await p.store.setRunStatus(p.runId, 'completed', undefined, { tx: ctx.tx });
+        log.info({ finalVersion: c.finalVersion }, 'run done');
+      } else if (c.type === 'fail') {
+        ctx.emit('control', control('run_failed', st.ctl.emittedStep, st.ctl.latest?.version ?? 0, { run_failed: { stage: 'controller', code: 'ERR_CONTROLLER', message: c.message } }));
+        await p.store.setRunStatus(p.runId, 'failed', { error: c.message }, { tx: ctx.tx });
+        log.error(c.message);
+      }
+    }
+    await metrics.flush(ctx);
+    await ctx.flush();
+    await saveStageState(ctx.db, p.runId, 'controller', st);
+  });
+}

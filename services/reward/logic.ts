@@ -1,0 +1,60 @@
+/**
+ * Reward logic (pure): builds a scored group from a trajectory group and one outcome per sample.
+ * A sample whose scoring failed carries `reward: null` and the failure — never a zero — and the
+ * group's fate follows reward.on_failure (decided in lib/reward/failure-policy.ts).
+ */
+import type { TrajectoryGroup, ScoredGroup, ScoredSample } from '../../lib/contracts/index.ts';
+import type { RewardOutcome, RewardRequestItem } from '../../lib/reward/types.ts';
+
+export function rewardItems(g: TrajectoryGroup): RewardRequestItem[] {
+  return g.samples.map((s) => ({ id: s.id, step: g.step, prompt_text: g.prompt_text, response_text: s.response_text, ground_truth: g.ground_truth, images: g.images }));
+}
+
+/** Numeric details only (the Avro map is map<double>); non-numeric fields are kept as 1/0 flags where boolean. */
+export function numericDetails(details: Record<string, unknown>): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [k, v] of Object.entries(details)) {
+    if (typeof v === 'number' && Number.isFinite(v)) out[k] = v;
+    else if (typeof v === 'boolean') out[k] = v ? 1 : 0;
+  }
+  return out;
+}
+
+export function scoredGroup(g: TrajectoryGroup, outcomes: readonly RewardOutcome[], rewardFn: string, attempts: number): ScoredGroup {
+  const byId = new Map(outcomes.map((o) => [o.id, o]));
+  const samples: ScoredSample[] = g.samples.map((s) => {
+    const o = byId.get(s.id);
+    if (!o) return { ...s, reward: null, reward_details: {}, failure: { code: 'ERR_REWARD_MISSING', message: `no reward outcome for ${s.id}`, retriable: false, attempts } };
+    if (o.ok) return { ...s, reward: o.reward, reward_details: numericDetails(o.details), failure: null };
+    return { ...s, reward: null, reward_details: {}, failure: { code: o.retriable ? 'ERR_REWARD_RETRIABLE' : 'ERR_REWARD', message: `${o.reason}${o.body ? ` (body: ${o.body.slice(0, 200)})` : ''}`.slice(0, 2000), retriable: o.retriable, attempts } };
+  });
+  const { samples: _drop, ...header } = g;
+  return { ...header, reward_fn: rewardFn, samples };
+}
+
+/** reward/* metrics of scored groups (failures counted, never averaged in as zeros). */
+export function rewardMetrics(groups: readonly ScoredGroup[]): Record<string, number> {
+  const rewards: number[] = [];
+  let failures = 0;
+  const detailSums = new Map<string, { sum: number; n: number }>();
+  for (const g of groups) for (const s of g.samples) {
+    if (s.reward === null) { failures++; continue; }
+    rewards.push(s.reward);
+    for (const [k, v] of Object.entries(s.reward_details)) {
+      const d = detailSums.get(k) ?? { sum: 0, n: 0 };
+      d.sum += v; d.n++;
+      detailSums.set(k, d);
+    }
+  }
+  const out: Record<string, number> = { 'reward/failures': failures };
+  if (rewards.length) {
+    const mean = rewards.reduce((a, b) => a + b, 0) / rewards.length;
+    const variance = rewards.reduce((a, b) => a + (b - mean) ** 2, 0) / rewards.length;
+    out['reward/mean'] = mean;
+    out['reward/std'] = Math.sqrt(variance);
+    out['reward/max'] = Math.max(...rewards);
+    out['reward/min'] = Math.min(...rewards);
+    for (const [k, d] of detailSums) out[`reward/${k}`] = d.sum / d.n;
+  }
+  return out;
+}

@@ -1,0 +1,71 @@
+/**
+ * Rollout logic (pure): turns prompt groups into generation requests with deterministic sample
+ * ids, and the generations back into trajectory groups. Randomness is keyed by the sample id, so
+ * a sample's tokens do not depend on which replica or batch generated it.
+ */
+import type { PromptBatch, TrajectoryGroup, TrajectorySample, FinishReason } from '../../lib/contracts/index.ts';
+import { sampleIdFor } from '../../lib/contracts/index.ts';
+
+export interface GenRequest { id: string; prompt: Int32Array; groupIndex: number; sampleIndex: number }
+export interface GenResult { id: string; tokens: Int32Array; logprobs: Float32Array; finishReason: 'eos' | 'length' }
+
+/** One request per sample of every group of the batches (in batch, group, sample order). */
+export function generationRequests(batches: PromptBatch[]): { requests: GenRequest[]; groups: Array<{ batch: PromptBatch; group: PromptBatch['groups'][number] }> } {
+  const requests: GenRequest[] = [];
+  const groups: Array<{ batch: PromptBatch; group: PromptBatch['groups'][number] }> = [];
+  for (const b of batches) {
+    for (const g of b.groups) {
+      const gi = groups.length;
+      groups.push({ batch: b, group: g });
+      for (let i = 0; i < g.n; i++) requests.push({ id: sampleIdFor(b.kind, b.run_id, b.step, g.prompt_index, i), prompt: g.prompt_ids, groupIndex: gi, sampleIndex: i });
+    }
+  }
+  return { requests, groups };
+}
+
+export interface SpecialTokenIds { pad: number; bos: number; eos: number }
+
+/**
+ * The response text reward functions and validation see: `decode` of the tokens, except that a
+ * special token the policy emitted (padding, BOS, an EOS that did not end the response) is shown
+ * as `<pad>`, `<bos>`, `<eos>` instead of being dropped. Tokenizers' decode drops specials, which
+ * let a policy trained from scratch answer "<pad>1" or "1<bos>" (never stopping) and be scored
+ * as a clean "1".
+ */
+export function responseText(ids: Int32Array, decode: (ids: Int32Array) => string, special: SpecialTokenIds): string {
+  const names = new Map([[special.pad, '<pad>'], [special.bos, '<bos>'], [special.eos, '<eos>']]);
+  let out = '';
+  let start = 0;
+  for (let t = 0; t <= ids.length; t++) {
+    const name = t < ids.length ? names.get(ids[t]) : '';
+    if (name === undefined) continue;
+    if (t > start) out += decode(ids.subarray(start, t));
+    out += name;
+    start = t + 1;
+  }
+  return out;
+}
+
+/** Assembles trajectory groups from generations (EOS stays in the tokens; the text omits a final EOS). */
+export function trajectoryGroups(
+  groups: Array<{ batch: PromptBatch; group: PromptBatch['groups'][number] }>,
+  requests: GenRequest[], results: GenResult[], decode: (ids: Int32Array) => string, eos: number,
+): TrajectoryGroup[] {
+  const samples: TrajectorySample[][] = groups.map(() => []);
+  requests.forEach((r, i) => {
+    const res = results[i];
+    if (res.id !== r.id) throw new Error(`generation ${i} is for ${res.id}, expected ${r.id}`);
+    const textIds = res.finishReason === 'eos' && res.tokens.length > 0 && res.tokens[res.tokens.length - 1] === eos ? res.tokens.subarray(0, res.tokens.length - 1) : res.tokens;
+    const finish: FinishReason = res.finishReason === 'eos' ? 'stop' : 'length';
+    samples[r.groupIndex].push({
+      id: r.id, sample_index: r.sampleIndex, prompt_index: groups[r.groupIndex].group.prompt_index,
+      response_ids: res.tokens, response_text: decode(textIds), behaviour_logprobs: res.logprobs, response_mask: Buffer.alloc(0), finish_reason: finish,
+    });
+  });
+  return groups.map(({ batch, group }, gi) => ({
+    run_id: batch.run_id, id: group.id, step: batch.step, policy_version: batch.policy_version,
+    prompt_index: group.prompt_index, dataset_index: group.dataset_index, prompt_ids: group.prompt_ids, prompt_text: group.prompt_text,
+    images: group.images, data_source: group.data_source, ground_truth: group.ground_truth, extra_info: group.extra_info,
+    group_uid: group.group_uid, kind: batch.kind, epoch: batch.epoch, attempt: batch.attempt, samples: samples[gi],
+  }));
+}

@@ -1,0 +1,65 @@
+/**
+ * Rollout stage: samples rollout.n responses per prompt group with the policy version the batch
+ * names (loaded from its directory, reloaded only on change) and publishes trajectory groups
+ * with behaviour log-probs and finish reasons. Stateless, so several replicas can share the
+ * prompts topic in one consumer group.
+ */
+import { Sampler } from '../../lib/model/sample.ts';
+import { forStage } from '../../lib/log.ts';
+import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
+import { tokenizerFor, policyModelConfig, PolicyCache } from '../../lib/pipeline/policy.ts';
+import { StageMetrics } from '../../lib/pipeline/metrics.ts';
+import { crashPoint } from '../../lib/pipeline/crash-points.ts';
+import type { PromptBatch } from '../../lib/contracts/index.ts';
+import { generationRequests, trajectoryGroups, responseText } from './logic.ts';
+
+export function startRollout(p: Pipeline, opts: { replica?: string } = {}): StageRun {
+  const tok = tokenizerFor(p.cfg);
+  const model = policyModelConfig(p.cfg, tok);
+  const sampler = new Sampler(model, { threads: p.cfg.actor.threads, maxBatchSize: p.cfg.rollout.batch_size ?? 64 });
+  const policies = new PolicyCache(p.runDir, model);
+  const metrics = new StageMetrics(p, 'rollout', opts.replica ?? '');
+  const log = forStage(p.log, 'rollout');
+  return runStage(p, 'rollout', ['prompts'], async (records, ctx) => {
+    const byVersion = new Map<number, PromptBatch[]>();
+    for (const r of records) {
+      const b = r.value as PromptBatch;
+      const list = byVersion.get(b.policy_version) ?? [];
+      list.push(b);
+      byVersion.set(b.policy_version, list);
+    }
+    for (const [version, batches] of [...byVersion].sort((a, b) => a[0] - b[0])) {
+      crashPoint('rollout:start');
+      const t0 = performance.now();
+      const weights = await policies.get(version);
+      const tLoad = performance.now();
+      const { requests, groups } = generationRequests(batches);
+      // one generate call per sampling setting (train vs val batches differ)
+      const results = new Array(requests.length);
+      const bySetting = new Map<string, number[]>();
+      requests.forEach((req, i) => {
+        const s = groups[req.groupIndex].batch.sampling;
+        const key = `${s.temperature}|${s.top_p}|${s.top_k}|${s.max_new_tokens}`;
+        const l = bySetting.get(key) ?? [];
+        l.push(i);
+        bySetting.set(key, l);
+      });
+      for (const idx of bySetting.values()) {
+        const s = groups[requests[idx[0]].groupIndex].batch.sampling;
+        const out = await sampler.generate(weights, idx.map((i) => ({ id: requests[i].id, prompt: requests[i].prompt })), {
+          temperature: s.temperature, topP: s.top_p, topK: s.top_k > 0 ? s.top_k : 0, maxNewTokens: s.max_new_tokens, seed: p.cfg.data.seed,
+        });
+        idx.forEach((i, k) => { results[i] = out[k]; });
+      }
+      const tGen = performance.now();
+      crashPoint('rollout:generated');
+      const trajs = trajectoryGroups(groups, requests, results, (ids) => responseText(ids, (x) => tok.decode(x), tok), tok.eos);
+      let tokens = 0;
+      for (const g of trajs) { ctx.emit('trajectories', g); for (const s of g.samples) tokens += s.response_ids.length; }
+      const steps = new Set(batches.filter((b) => b.kind === 'train').map((b) => b.step));
+      for (const step of steps) metrics.add(step, { 'perf/rollout_tokens': tokens }, { load: tLoad - t0, generate: tGen - tLoad });
+      log.debug({ version, groups: trajs.length, tokens, ms: Math.round(tGen - t0) }, 'generated');
+    }
+    await metrics.flush(ctx);
+  });
+}

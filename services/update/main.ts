@@ -1,0 +1,365 @@
+/**
+ * Update stage: trains the policy. At start it publishes policy version 0 (the seeded initial
+ * weights, or actor.model.path) unless the run already has versions; on restart it resumes from
+ * its last version (weights + AdamW state + KL/LR state). Each training step's update groups are
+ * collected durably (stage_pending) until rollout_batch_size kept groups are there; then the
+ * batch is assembled in id order, old log-probs are recomputed with the current weights, and
+ * ppo_epochs passes over mini-batches of actor.global_batch_size (micro-batch accumulation)
+ * train the policy. The new version is written atomically to <run_dir>/policy/vNNNNNN,
+ * checkpointed every trainer.save_freq steps (global_step_N, keeping save_limit; see
+ * lib/pipeline/checkpoints.ts), recorded in the store with its sha256, dataset position, consumed
+ * offsets, RNG, KL-controller and LR state, and published. The version's state, the checkpoint
+ * row and the consumed offsets commit together (embedded), or state is saved after the outputs
+ * are produced and before the offsets are committed (Kafka); pending groups of a trained step are
+ * deleted only after the state that says the step is trained (docs/durability.md).
+ */
+import { existsSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { forStage } from '../../lib/log.ts';
+import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
+import { StageMetrics } from '../../lib/pipeline/metrics.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig, policyDir, criticDir } from '../../lib/pipeline/policy.ts';
+import { resolveCriticModel } from '../../lib/config/index.ts';
+import { loadStageState, saveStageState, addPending, listPending, deletePending, stagesWithState } from '../../lib/pipeline/stage-state.ts';
+import { crashPoint } from '../../lib/pipeline/crash-points.ts';
+import {
+  datasetPosition, describePosition, writeCheckpointDir, listCheckpointSteps, removeCheckpointDir, removeTempCheckpoints, readCheckpointPath,
+  TRAINER_STATE_FORMAT, type TrainerState,
+} from '../../lib/pipeline/checkpoints.ts';
+import { createTrainer, initWeights, saveCheckpoint, loadCheckpoint, checkpointSha256, type Trainer, type TrainerOptions, type TrainBatch, type Weights } from '../../lib/model/index.ts';
+import { Scorer } from '../../lib/model/score.ts';
+import { policyId, type UpdateGroup, type PolicyVersion } from '../../lib/contracts/index.ts';
+import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
+import { emaUpdate } from '../../lib/rl/ema.ts';
+import { ConfigError, TransientError } from '../../lib/errors.ts';
+import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
+import { assembleBatch, checkBatchArithmetic, splitBatches, shouldCheckpoint, checkpointsToPrune } from './logic.ts';
+
+export interface UpdateState {
+  version: number;
+  optimizerSteps: number;
+  /** Consumer positions in the updates topic ("<topic>/<partition>" → next offset), for checkpoint rows. */
+  positions?: Record<string, number>;
+  /** trainer.load_checkpoint_path the run started from (null: a fresh start). */
+  initFrom?: string | null;
+}
+
+export interface UpdateOptions {
+  trainSize: number;
+  /**
+   * Replay: sha256 of the source run's policy versions. A sample of version v counts as on-policy
+   * (old log-probs recomputed, as the source did) only when this run's version v has those exact
+   * bytes; otherwise the importance ratio uses its recorded behaviour log-probs.
+   */
+  behaviourSha?: ReadonlyMap<number, string>;
+  /** Replay: the initial policy (v0) directory to start from instead of actor.model.path / init_seed. */
+  initialWeightsDir?: string;
+}
+
+const SUPPORTED_LOSSES = new Set(['vanilla', 'gpg', 'reinforce']);
+
+function bucketOf(step: number): string { return `step:${String(step).padStart(8, '0')}`; }
+
+export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<StageRun> {
+  const cfg = p.cfg;
+  if (!SUPPORTED_LOSSES.has(cfg.algorithm.policy_loss)) throw new ConfigError(`algorithm.policy_loss = ${cfg.algorithm.policy_loss} is available in lib/rl but not yet in the ONNX training graph; the training graph supports: ${[...SUPPORTED_LOSSES].join(', ')}`);
+  const arith = checkBatchArithmetic({ rolloutBatchSize: cfg.data.rollout_batch_size, n: cfg.rollout.n, globalBatchSize: cfg.actor.global_batch_size, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update });
+  const tok = tokenizerFor(cfg);
+  const model = policyModelConfig(cfg, tok);
+  const plan = planFromConfig(cfg, p.runId, opts.trainSize, 0);
+  const totalSteps = planTotalSteps(plan);
+  const totalOptSteps = Math.max(1, totalSteps * arith.miniBatches * cfg.actor.ppo_epochs);
+  const o = cfg.actor.optim;
+  const log = forStage(p.log, 'update');
+  const metrics = new StageMetrics(p, 'update');
+  const scorer = new Scorer(model, { threads: cfg.actor.threads });
+  const leftovers = await removeTempCheckpoints(p.runDir);
+  if (leftovers.length) log.warn({ removed: leftovers }, `removed ${leftovers.length} half-written checkpoint(s) left by an interrupted write`);
+  let state = (await loadStageState<UpdateState>(p.db.db, p.runId, 'update')) ?? null;
+  const loadPath = cfg.trainer.load_checkpoint_path ? resolve(cfg.trainer.load_checkpoint_path) : null;
+  const others = state ? [] : await stagesWithState(p.db.db, p.runId);
+  if ((state || others.length) && !cfg.trainer.find_last_checkpoint) {
+    const last = await p.store.latestCheckpoint(p.runId);
+    throw new ConfigError(`run ${p.runId} already has state in ${p.db.where} (${state ? `update stage at policy version ${state.version}` : `stages ${others.join(', ')}`}${last ? `, last checkpoint ${last.path}` : ''}) and trainer.find_last_checkpoint = false refuses to continue it. `
+      + 'To resume it, set trainer.find_last_checkpoint=true (the default); to start over, use a new run (another trainer.run_dir, or pipeline.run_id=…); '
+      + `to start a new run from one of its checkpoints, give that run trainer.load_checkpoint_path=${last ? last.path : '<run_dir>/checkpoints/global_step_N'}`);
+  }
+  if (state && (state.initFrom ?? null) !== loadPath) {
+    throw new ConfigError(`run ${p.runId} already has state (update stage at policy version ${state.version}, started ${state.initFrom ? `from ${state.initFrom}` : 'from scratch'}); trainer.load_checkpoint_path = ${loadPath ?? 'null'} applies to a new run only — `
+      + `resume this run with ${state.initFrom ? `trainer.load_checkpoint_path=${state.initFrom}` : 'trainer.load_checkpoint_path unset'}, or start a new run (pipeline.run_id=… or another trainer.run_dir) from the checkpoint`);
+  }
+  let trainer: Trainer;
+  /** The policy version the in-memory trainer (and critic, EMA) holds. */
+  let trainerVersion = -1;
+  let currentSha = '';
+  const trainerOpts = {
+    model, threads: cfg.actor.threads, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update,
+    optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
+    loss: {
+      type: 'policy' as const, lossMode: cfg.algorithm.policy_loss, clipRatioLow: cfg.actor.clip_ratio_low, clipRatioHigh: cfg.actor.clip_ratio_high,
+      clipRatioC: cfg.actor.clip_ratio_dual, lossAggMode: cfg.actor.loss_agg_mode, entropyCoeff: cfg.actor.entropy_coeff,
+      useKlLoss: cfg.algorithm.use_kl_loss, klLossCoef: cfg.algorithm.kl_coef, klLossType: cfg.algorithm.kl_loss_type ?? cfg.algorithm.kl_penalty,
+      temperature: cfg.rollout.temperature,
+    },
+  };
+  const initialWeights = async (): Promise<Weights> => {
+    const dir = opts.initialWeightsDir ?? cfg.actor.model.path;
+    return dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed);
+  };
+  if (state) {
+    const ck = await loadCheckpoint(policyDir(p.runDir, state.version), { optimizer: true });
+    trainer = createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer });
+    trainerVersion = state.version;
+    currentSha = ck.weightsSha256;
+    const last = await p.store.latestCheckpoint(p.runId);
+    const at = describePosition(datasetPosition(plan, state.version));
+    const from = last && last.step === state.version && existsSync(last.path)
+      ? `from checkpoint global_step_${last.step} (sha256 ${currentSha})`
+      : `from policy version ${state.version} (${policyDir(p.runDir, state.version)}, sha256 ${currentSha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
+    log.info({ ...datasetPosition(plan, state.version) }, `resumed at ${at}, ${from}`);
+  } else if (loadPath) {
+    // a new run started from a checkpoint: its weights and AdamW state, the step (dataset
+    // position) and LR schedule position it was taken at; v0 keeps the source's initial policy (KL reference)
+    const src = readCheckpointPath(loadPath);
+    const ck = await loadCheckpoint(src.actorDir);
+    const start = src.state?.step ?? 0;
+    if (start > 0) {
+      const ref = src.referenceDir ? (await loadCheckpoint(src.referenceDir, { optimizer: false })).weights : await initialWeights();
+      await saveCheckpoint(policyDir(p.runDir, 0), model, ref, { metadata: { policy_version: '0' }, overwrite: true });
+    }
+    trainer = createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer });
+    const optimizerSteps = Number(src.state?.lr_state.optimizer_steps ?? ck.optimizer?.step ?? 0);
+    state = { version: start, optimizerSteps, positions: {}, initFrom: loadPath };
+    currentSha = await writeVersion(start);
+    trainerVersion = start;
+    await saveStageState(p.db.db, p.runId, 'update', state);
+    log.info({ ...datasetPosition(plan, start) }, `resumed at ${describePosition(datasetPosition(plan, start))}, from checkpoint ${loadPath} (sha256 ${currentSha})`);
+  } else {
+    trainer = createTrainer({ ...trainerOpts, weights: await initialWeights() });
+    state = { version: 0, optimizerSteps: 0, positions: {}, initFrom: null };
+    currentSha = await writeVersion(0);
+    trainerVersion = 0;
+    await saveStageState(p.db.db, p.runId, 'update', state);
+  }
+  // the critic (value model, clipped value loss) when critic.enable (GAE): trained on each step's
+  // returns after the policy, saved as <run_dir>/critic/vNNNNNN next to each policy version
+  let critic: Trainer | null = null;
+  let criticOpts: TrainerOptions | null = null;
+  if (cfg.critic.enable) {
+    const cm = criticModelConfig(cfg, tok);
+    const co = cfg.critic.optim;
+    const copts = criticOpts = { model: cm, threads: cfg.actor.threads, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, optim: { betas: co.betas as [number, number], eps: co.eps, weightDecay: co.weight_decay, maxGradNorm: co.max_grad_norm }, loss: { type: 'value' as const, cliprangeValue: cfg.critic.cliprange_value, lossAggMode: cfg.actor.loss_agg_mode } };
+    let saved = null;
+    try { saved = await loadCheckpoint(criticDir(p.runDir, state.version), { optimizer: true }); } catch { saved = null; }
+    if (saved) critic = createTrainer({ ...copts, weights: saved.weights, optimizerState: saved.optimizer });
+    else {
+      const cpath = resolveCriticModel(cfg).path;
+      critic = createTrainer({ ...copts, ...(cpath ? { weights: (await loadCheckpoint(cpath, { optimizer: false })).weights } : { seed: cfg.critic.model.init_seed ?? cfg.actor.model.init_seed + 1 }) });
+      await saveCheckpoint(criticDir(p.runDir, state.version), cm, critic.getWeights(), { optimizer: critic.getOptimizerState(), overwrite: true });
+    }
+  }
+
+  // EMA of the policy weights (algorithm.ema): written next to each version under <run_dir>/ema/
+  const emaDir = (v: number) => join(p.runDir, 'ema', `v${String(v).padStart(6, '0')}`);
+  let ema: Map<string, Float32Array> | null = null;
+  if (cfg.algorithm.ema.enable) {
+    try { ema = (await loadCheckpoint(emaDir(state.version), { optimizer: false })).weights; } catch { ema = null; }
+    if (!ema) { ema = trainer.getWeights(); await saveCheckpoint(emaDir(state.version), model, ema, { overwrite: true }); }
+  }
+  // (re)publish the current version: idempotent by id, and covers a crash between save and publish
+  await p.bus.produce([p.message('policy', await versionRecord(state.version, Date.now()))]);
+
+  async function writeVersion(version: number): Promise<string> {
+    const dir = policyDir(p.runDir, version);
+    // no run id in the metadata: equal weights give equal bytes (and sha256) in every run (replay, resume from a checkpoint)
+    const { weightsSha256 } = await saveCheckpoint(dir, model, trainer.getWeights(), { optimizer: trainer.getOptimizerState(), metadata: { policy_version: String(version) }, overwrite: true });
+    return weightsSha256;
+  }
+  /**
+   * Brings the in-memory trainer (and critic, EMA) back to the committed version: a batch that
+   * trained and then failed before committing (a lost database connection, a retriable error)
+   * is redelivered, and must train from the committed weights again, not from its own result.
+   */
+  async function restore(version: number): Promise<void> {
+    const ck = await loadCheckpoint(policyDir(p.runDir, version), { optimizer: true });
+    trainer = createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer });
+    if (critic && criticOpts) {
+      const saved = await loadCheckpoint(criticDir(p.runDir, version), { optimizer: true });
+      critic = createTrainer({ ...criticOpts, weights: saved.weights, optimizerState: saved.optimizer });
+    }
+    if (ema) ema = (await loadCheckpoint(emaDir(version), { optimizer: false })).weights;
+    trainerVersion = version;
+    currentSha = ck.weightsSha256;
+    log.warn({ version }, `restored the trainer to the committed policy version ${version} (a batch failed after training)`);
+  }
+  /** What the checkpoint of `step` records (trainer_state.json and the checkpoints row). */
+  async function trainerState(step: number, sha: string, st: UpdateState, db: import('../../lib/pipeline/stage-state.ts').Executor): Promise<TrainerState> {
+    const a = cfg.algorithm;
+    const adaptive = a.use_kl_in_reward && a.kl_type === 'adaptive';
+    let klValue = a.kl_coef;
+    if (adaptive) {
+      const adv = await loadStageState<{ klByStep?: Record<string, number> }>(db, p.runId, 'advantage');
+      const v = adv?.klByStep?.[String(step)];
+      // Kafka: the advantage stage saves its state just after producing the step's groups; wait for it
+      if (v === undefined) throw new TransientError(`checkpoint of step ${step}: the advantage stage has not saved its KL controller state for step ${step} yet`);
+      klValue = v;
+    }
+    const optim = { lr: o.lr, scheduler: o.lr_scheduler, warmupSteps: o.lr_warmup_steps, warmupRatio: o.lr_warmup_ratio, minLrRatio: o.min_lr_ratio };
+    return {
+      format: TRAINER_STATE_FORMAT, run_id: p.runId, step, policy_version: step, sha256: sha,
+      dataset_position: datasetPosition(plan, step),
+      consumed_offsets: { ...(st.positions ?? {}) },
+      rng_state: { scheme: 'keyed-by-id', seed: cfg.data.seed, init_seed: cfg.actor.model.init_seed, note: 'sampling noise is drawn from PRNG(data.seed, sample id) and shuffles from (data.seed, epoch): no generator state to carry' },
+      kl_ctl_state: { use_kl_in_reward: a.use_kl_in_reward, type: a.kl_type, value: klValue, initial: a.kl_coef, target_kl: a.kl_target, horizon: a.kl_horizon, use_kl_loss: a.use_kl_loss, kl_loss_coef: a.kl_coef },
+      lr_state: { scheduler: o.lr_scheduler, base_lr: o.lr, lr: lrAt(optim, Math.max(1, st.optimizerSteps), totalOptSteps), optimizer_steps: st.optimizerSteps, total_optimizer_steps: totalOptSteps, warmup_steps: warmupStepsOf(optim, totalOptSteps), min_lr_ratio: o.min_lr_ratio },
+    };
+  }
+  async function versionRecord(version: number, nowMs: number, extra: Partial<PolicyVersion> = {}): Promise<PolicyVersion> {
+    const dir = policyDir(p.runDir, version);
+    return {
+      run_id: p.runId, id: policyId(p.runId, version), step: version, policy_version: version, parent_version: version === 0 ? null : version - 1,
+      checkpoint_path: dir, sha256: await checkpointSha256(dir), format: 'safetensors', size_bytes: 0, created_ms: nowMs, consumed: [], groups: 0, samples: 0, tokens: 0, ...extra,
+    };
+  }
+
+  function trainBatch(groups: UpdateGroup[], old: Map<string, Float32Array>, forCritic = false): { batch: TrainBatch; tokens: number }[] {
+    const { samples } = assembleBatch(groups.map((g) => ({ samples: g.samples.map((x) => ({ ...x, g })) })));
+    const minis = splitBatches(samples, cfg.actor.global_batch_size, cfg.actor.global_batch_size);
+    return minis.map(([mini]) => {
+      const B = mini.length;
+      const T = Math.max(...mini.map((x) => x.g.prompt_ids.length + x.response_ids.length));
+      const tokens = new Int32Array(B * T).fill(model.padTokenId);
+      const attn = new Float32Array(B * T), resp = new Float32Array(B * T), adv = new Float32Array(B * T), oldLp = new Float32Array(B * T), refLp = new Float32Array(B * T), w = new Float32Array(B * T);
+      const vals = new Float32Array(B * T), rets = new Float32Array(B * T);
+      let ntok = 0;
+      mini.forEach((x, b) => {
+        const P = x.g.prompt_ids.length, L = x.response_ids.length;
+        tokens.set(x.g.prompt_ids, b * T);
+        tokens.set(x.response_ids, b * T + P);
+        attn.fill(1, b * T, b * T + P + L);
+        resp.fill(1, b * T + P, b * T + P + L);
+        adv.set(x.advantages, b * T + P);
+        oldLp.set(old.get(x.id) ?? x.behaviour_logprobs, b * T + P);
+        if (x.ref_logprobs.length) refLp.set(x.ref_logprobs, b * T + P);
+        w.set(x.loss_weights, b * T + P);
+        if (forCritic) { vals.set(x.values, b * T + P); rets.set(x.returns, b * T + P); }
+        ntok += P + L;
+      });
+      if (forCritic) return { batch: { batchSize: B, seqLen: T, tokens, attentionMask: attn, responseMask: resp, values: vals, returns: rets, globalBatch: { loss_scale_factor: cfg.data.max_response_length } }, tokens: ntok };
+      return { batch: { batchSize: B, seqLen: T, tokens, attentionMask: attn, responseMask: resp, advantages: adv, oldLogprobs: oldLp, refLogprobs: cfg.algorithm.use_kl_loss ? refLp : undefined, lossWeights: w, globalBatch: { loss_scale_factor: cfg.data.max_response_length } }, tokens: ntok };
+    });
+  }
+
+  async function trainStep(step: number, groups: UpdateGroup[]): Promise<Record<string, number>> {
+    const kept = groups.filter((g) => !g.filtered);
+    const version = state!.version;
+    // old log-probs: recomputed with the current weights for on-policy samples; stale samples
+    // (behaviour version < current) keep their behaviour log-probs (decoupled PPO importance ratio)
+    const onPolicy = !opts.behaviourSha || opts.behaviourSha.get(version) === currentSha;
+    const fresh = kept.flatMap((g) => (g.policy_version === version && onPolicy ? g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids })) : []));
+    const old = new Map<string, Float32Array>();
+    if (fresh.length) {
+      const sc = await scorer.score(trainer.weightsView() as Weights, fresh.map((f) => ({ prompt: f.prompt, response: f.response })), { temperature: cfg.rollout.temperature, entropy: false });
+      fresh.forEach((f, i) => old.set(f.id, sc[i].logprobs));
+    }
+    const sums: Record<string, number> = {};
+    let n = 0, tokens = 0;
+    for (let epoch = 0; epoch < cfg.actor.ppo_epochs; epoch++) {
+      for (const { batch, tokens: nt } of trainBatch(kept, old)) {
+        state!.optimizerSteps++;
+        const lr = lrAt({ lr: o.lr, scheduler: o.lr_scheduler, warmupSteps: o.lr_warmup_steps, warmupRatio: o.lr_warmup_ratio, minLrRatio: o.min_lr_ratio }, state!.optimizerSteps, totalOptSteps);
+        const r = await trainer.step(batch, lr);
+        for (const [k, v] of Object.entries(r.metrics)) sums[k] = (sums[k] ?? 0) + v;
+        n++;
+        tokens += nt;
+      }
+    }
+    const m: Record<string, number> = {};
+    for (const [k, v] of Object.entries(sums)) m[`actor/${k}`] = v / n;
+    if (critic) {
+      const csums: Record<string, number> = {};
+      let cn = 0;
+      const co = cfg.critic.optim;
+      for (let epoch = 0; epoch < (cfg.critic.ppo_epochs ?? cfg.actor.ppo_epochs); epoch++) {
+        for (const { batch } of trainBatch(kept, old, true)) {
+          const lr = lrAt({ lr: co.lr, scheduler: co.lr_scheduler, warmupSteps: co.lr_warmup_steps, warmupRatio: co.lr_warmup_ratio, minLrRatio: co.min_lr_ratio }, critic.getOptimizerState().step + 1, totalOptSteps);
+          const r = await critic.step(batch, lr);
+          for (const [k, v] of Object.entries(r.metrics)) csums[k] = (csums[k] ?? 0) + v;
+          cn++;
+        }
+      }
+      for (const [k, v] of Object.entries(csums)) m[`critic/${k}`] = v / cn;
+    }
+    m['actor/approx_kl'] = m['actor/ppo_kl'] ?? 0;
+    m['actor/clipfrac'] = m['actor/pg_clipfrac'] ?? 0;
+    m['actor/lr'] = lrAt({ lr: o.lr, scheduler: o.lr_scheduler, warmupSteps: o.lr_warmup_steps, warmupRatio: o.lr_warmup_ratio, minLrRatio: o.min_lr_ratio }, Math.max(1, state!.optimizerSteps), totalOptSteps);
+    const stal = kept.map((g) => version - g.policy_version);
+    m['staleness/mean'] = stal.reduce((a, b) => a + b, 0) / Math.max(1, stal.length);
+    m['staleness/max'] = Math.max(0, ...stal);
+    m['perf/update_tokens'] = tokens;
+    return m;
+  }
+
+  return runStage(p, 'update', ['updates'], async (records, ctx) => {
+    const st = (await loadStageState<UpdateState>(ctx.db, p.runId, 'update')) ?? state!;
+    state = st;
+    if (trainerVersion !== st.version) await restore(st.version);
+    const positions = st.positions ?? (st.positions = {});
+    for (const r of records) {
+      const k = `${r.message.topic}/${r.message.partition}`;
+      positions[k] = Math.max(positions[k] ?? 0, r.message.offset + 1);
+    }
+    const trained: number[] = [];
+    const fresh = records.filter((r) => (r.value as UpdateGroup).step > st.version);
+    await addPending(ctx.db, p.runId, 'update', fresh.map((r) => ({ bucket: bucketOf((r.value as UpdateGroup).step), id: (r.value as UpdateGroup).id, payload: r.message.value, headers: r.message.headers })));
+    while (st.version < totalSteps) {
+      const step = st.version + 1;
+      const items = await listPending(ctx.db, p.runId, 'update', bucketOf(step));
+      const groups: UpdateGroup[] = [];
+      for (const it of items) groups.push(await p.codecs.updates.decode(it.payload, it.headers));
+      if (groups.filter((g) => !g.filtered).length < cfg.data.rollout_batch_size) break;
+      crashPoint('update:start');
+      const t0 = performance.now();
+      trainerVersion = -1; // mid-step: a failure from here on restores the committed version
+      const m = await trainStep(step, groups);
+      const tTrain = performance.now();
+      crashPoint('update:trained');
+      st.version = step;
+      trainerVersion = step;
+      currentSha = await writeVersion(step);
+      crashPoint('update:version-written');
+      if (critic) await saveCheckpoint(criticDir(p.runDir, step), critic.model, critic.getWeights(), { optimizer: critic.getOptimizerState(), overwrite: true });
+      if (ema) {
+        const next = emaUpdate(Object.fromEntries(ema), Object.fromEntries(trainer.weightsView()), cfg.algorithm.ema.decay);
+        ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
+        await saveCheckpoint(emaDir(step), model, ema, { overwrite: true, metadata: { policy_version: String(step), ema_decay: String(cfg.algorithm.ema.decay) } });
+      }
+      const rec = await versionRecord(step, Date.now(), {
+        groups: groups.length, samples: groups.reduce((a, g) => a + g.samples.length, 0), tokens: m['perf/update_tokens'] ?? 0,
+        consumed: Object.entries(positions).map(([k, next]) => ({ topic: k.slice(0, k.lastIndexOf('/')), partition: Number(k.slice(k.lastIndexOf('/') + 1)), next_offset: next })),
+      });
+      if (shouldCheckpoint(step, totalSteps, cfg.trainer.save_freq)) {
+        crashPoint('checkpoint:start');
+        const ts = await trainerState(step, rec.sha256, st, ctx.db);
+        // temporary name, fsync, rename — then the row; a half-written one is never listed
+        const dir = await writeCheckpointDir(p.runDir, ts, policyDir(p.runDir, step), policyDir(p.runDir, 0));
+        await p.store.recordCheckpoint({
+          runId: p.runId, step, path: dir, sha256: ts.sha256, policyVersion: step, consumedOffsets: ts.consumed_offsets, datasetPosition: { ...ts.dataset_position },
+          rngState: ts.rng_state, klCtlState: ts.kl_ctl_state, lrState: ts.lr_state,
+        }, { tx: ctx.tx });
+        crashPoint('checkpoint:recorded');
+        for (const s of checkpointsToPrune(await listCheckpointSteps(p.runDir), cfg.trainer.save_limit)) await removeCheckpointDir(p.runDir, s);
+      }
+      metrics.set(step, m);
+      metrics.add(step, {}, { compute: tTrain - t0, checkpoint: performance.now() - tTrain });
+      ctx.emit('policy', rec);
+      trained.push(step);
+      log.info({ step, reward: undefined, pg_loss: m['actor/pg_loss'], ms: Math.round(tTrain - t0) }, `step ${step} trained`);
+    }
+    await metrics.flush(ctx);
+    await ctx.flush();
+    await saveStageState(ctx.db, p.runId, 'update', st);
+    // only now (Kafka: after the state that says they are trained) may a trained step's groups go
+    for (const s of trained) await deletePending(ctx.db, p.runId, 'update', bucketOf(s));
+  });
+}

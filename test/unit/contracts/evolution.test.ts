@@ -1,0 +1,131 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { Codec } from '../../../lib/contracts/codec.ts';
+import { SchemaIncompatibleError, assertCompatible, checkCompatibility } from '../../../lib/contracts/compat.ts';
+import { SchemaCatalogue, defaultSchemaDir } from '../../../lib/contracts/schemas.ts';
+import type { TrajectoryGroup } from '../../../lib/contracts/types.ts';
+import { PoisonMessageError } from '../../../lib/errors.ts';
+import { Gen, plain } from './fixtures.ts';
+
+const dir = defaultSchemaDir();
+const v1Text = readFileSync(join(dir, 'trajectories.v1.avsc'), 'utf8');
+const v2Text = readFileSync(join(dir, 'evolution', 'trajectories.v2.avsc'), 'utf8');
+
+type Json = Record<string, any>;
+const v2 = (): Json => JSON.parse(v2Text);
+const sampleFields = (s: Json): any[] => s.fields.find((f: Json) => f.name === 'samples').type.items.fields;
+
+/** A catalogue with trajectories v1 (from schemas/) and the given v2. */
+function catalogue(v2schema: Json | string = v2Text): SchemaCatalogue {
+  const cat = new SchemaCatalogue();
+  cat.add('trajectories.v1', v1Text);
+  cat.add('trajectories.v2', v2schema);
+  return cat;
+}
+
+interface TrajectoryGroupV2 extends TrajectoryGroup { tags: string[]; samples: Array<TrajectoryGroup['samples'][number] & { entropies: Float32Array }> }
+
+test('a v2 reader reads v1 records: new fields take their defaults, the rest is unchanged', () => {
+  const cat = catalogue();
+  const writer = new Codec<TrajectoryGroup>('trajectories', { catalogue: cat, ref: 'trajectories.v1' });
+  const reader = new Codec<TrajectoryGroupV2>('trajectories', { catalogue: cat });
+  assert.equal(reader.ref, 'trajectories.v2', 'the newest version is the reader');
+  const g = new Gen(21).trajectoryGroup(5, { n: 3, tokens: 9 });
+  const bytes = writer.encode(g);
+  const d = reader.decodeWithHeaders(writer.headers(), bytes);
+  assert.deepEqual(d.tags, []);
+  for (const s of d.samples) { assert.ok(s.entropies instanceof Float32Array); assert.equal(s.entropies.length, 0); }
+  const { tags: _t, ...rest } = plain(d) as Json;
+  rest.samples = rest.samples.map(({ entropies: _e, ...s }: Json) => s);
+  assert.deepEqual(rest, plain(g));
+});
+
+test('a v1 reader reads v2 records (added fields are skipped)', () => {
+  const cat = catalogue();
+  const writer = new Codec<TrajectoryGroupV2>('trajectories', { catalogue: cat });
+  const reader = new Codec<TrajectoryGroup>('trajectories', { catalogue: cat, ref: 'trajectories.v1' });
+  const g = new Gen(22).trajectoryGroup(5, { n: 2, tokens: 4 });
+  const g2: TrajectoryGroupV2 = { ...g, tags: ['a', 'ü'], samples: g.samples.map((s) => ({ ...s, entropies: new Float32Array(s.response_ids.length).fill(0.5) })) };
+  const d = reader.decode(writer.encode(g2), 'trajectories.v2');
+  assert.deepEqual(plain(d), plain(g));
+});
+
+test('a new field without a default is rejected, naming the field', () => {
+  const bad = v2();
+  delete sampleFields(bad).find((f) => f.name === 'entropies').default;
+  const res = checkCompatibility(v1Text, bad);
+  assert.equal(res.compatible, false);
+  assert.deepEqual(res.errors, ['TrajectoryGroup.samples[].entropies: field is new in the reader and has no default, so older records cannot be read; give it a default']);
+  assert.throws(() => assertCompatible(v1Text, bad, { writer: 'trajectories.v1', reader: 'trajectories.v2' }), (e: unknown) => {
+    assert.ok(e instanceof SchemaIncompatibleError);
+    assert.equal(e.retriable, false);
+    assert.equal(e.code, 'ERR_SCHEMA_INCOMPATIBLE');
+    assert.match(e.message, /^trajectories\.v1 cannot be read as trajectories\.v2: TrajectoryGroup\.samples\[\]\.entropies: field is new/);
+    return true;
+  });
+  // a consumer with that reader dead-letters v1 messages with the reason
+  const cat = catalogue(bad);
+  const writer = new Codec<TrajectoryGroup>('trajectories', { catalogue: cat, ref: 'trajectories.v1' });
+  const reader = new Codec<TrajectoryGroupV2>('trajectories', { catalogue: cat });
+  const bytes = writer.encode(new Gen(1).trajectoryGroup(1));
+  assert.throws(() => reader.decode(bytes, 'trajectories.v1'), (e: unknown) => e instanceof PoisonMessageError && /samples\[\]\.entropies: field is new in the reader and has no default/.test(e.message));
+});
+
+test('a type change is rejected naming the field; Avro promotions are accepted', () => {
+  const retyped = v2();
+  retyped.fields.find((f: Json) => f.name === 'step').type = 'string';
+  assert.deepEqual(checkCompatibility(v1Text, retyped).errors, ['TrajectoryGroup.step: type changed from int to string, which Avro cannot convert; add a new field instead']);
+  const promoted = v2();
+  promoted.fields.find((f: Json) => f.name === 'step').type = 'long';
+  sampleFields(promoted).find((f) => f.name === 'response_text').type = 'bytes';
+  assert.deepEqual(checkCompatibility(v1Text, promoted), { compatible: true, errors: [] });
+  // and the promoted reader really reads v1 data
+  const cat = catalogue(promoted);
+  const g = new Gen(3).trajectoryGroup(7, { n: 1, tokens: 2 });
+  const d = new Codec<Json>('trajectories', { catalogue: cat }).decode(new Codec('trajectories', { catalogue: cat, ref: 'trajectories.v1' }).encode(g), 'trajectories.v1');
+  assert.equal(d.step, 7);
+  assert.ok(Buffer.isBuffer(d.samples[0].response_text));
+  assert.equal(d.samples[0].response_text.toString(), g.samples[0].response_text);
+});
+
+test('a changed logical type (int32-le → float32-le, both bytes) is rejected rather than reinterpreted', () => {
+  const bad = v2();
+  sampleFields(bad).find((f) => f.name === 'response_ids').type = { type: 'bytes', logicalType: 'float32-le' };
+  assert.deepEqual(checkCompatibility(v1Text, bad).errors, ['TrajectoryGroup.samples[].response_ids: logical type changed from int32-le to float32-le; the bytes would be reinterpreted — add a new field instead']);
+});
+
+test('enum, union and record-name rules', () => {
+  const noStop = v2();
+  sampleFields(noStop).find((f) => f.name === 'finish_reason').type.symbols = ['length', 'abort'];
+  assert.match(checkCompatibility(v1Text, noStop).errors.join('\n'), /TrajectoryGroup\.samples\[\]\.finish_reason: enum symbol\(s\) stop were removed and the reader's enum has no default/);
+  const withDefault = v2();
+  Object.assign(sampleFields(withDefault).find((f) => f.name === 'finish_reason').type, { symbols: ['length', 'abort', 'other'], default: 'other' });
+  assert.equal(checkCompatibility(v1Text, withDefault).compatible, true);
+
+  const nullable = v2();
+  nullable.fields.find((f: Json) => f.name === 'ground_truth').type = ['null', 'string'];
+  assert.equal(checkCompatibility(v1Text, nullable).compatible, true, 'string → [null, string] widens');
+  assert.deepEqual(checkCompatibility(nullable, v1Text).errors, ["TrajectoryGroup.ground_truth: the writer's union branch null cannot be read as string"]);
+
+  const renamed = v2();
+  renamed.fields.find((f: Json) => f.name === 'samples').type.items.name = 'Sample';
+  assert.match(checkCompatibility(v1Text, renamed).errors[0], /TrajectoryGroup\.samples\[\]: record TrajectorySample cannot be read as record Sample \(names differ; add an alias\)/);
+  renamed.fields.find((f: Json) => f.name === 'samples').type.items.aliases = ['TrajectorySample'];
+  assert.equal(checkCompatibility(v1Text, renamed).compatible, true);
+
+  const renamedField = v2();
+  Object.assign(renamedField.fields.find((f: Json) => f.name === 'ground_truth'), { name: 'answer', aliases: ['ground_truth'] });
+  assert.equal(checkCompatibility(v1Text, renamedField).compatible, true, 'a field renamed with an alias');
+});
+
+test('the catalogue refuses misnamed or mis-namespaced schemas with the file named', () => {
+  const cat = new SchemaCatalogue();
+  assert.throws(() => cat.add('trajectories-v1', v1Text, 'x.avsc'), /x\.avsc: schema name "trajectories-v1" must look like <family>\.v<N>/);
+  assert.throws(() => cat.add('trajectories.v2', v1Text, 'y.avsc'), /y\.avsc: namespace must be "rlstream\.trajectories\.v2", found "rlstream\.trajectories\.v1"/);
+  assert.throws(() => cat.add('trajectories.v1', '{"type":', 'z.avsc'), /z\.avsc: not valid JSON/);
+  const ambiguous = JSON.parse(v1Text);
+  ambiguous.fields.find((f: Json) => f.name === 'ground_truth').type = ['string', 'bytes', 'null', 'int', 'long'];
+  assert.throws(() => cat.add('trajectories.v1', ambiguous, 'w.avsc'), /w\.avsc: invalid Avro schema: ambiguous unwrapped union/);
+});

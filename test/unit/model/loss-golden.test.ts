@@ -1,0 +1,212 @@
+/**
+ * The in-graph losses (run in ORT, in each case's dtype) against verl's golden cases
+ * (test/fixtures/golden/rl_golden.json): policy losses (vanilla with dual clip and IS weights,
+ * gpg, reinforce), kl_penalty values and gradients, value loss, entropy, agg_loss. Aggregation
+ * weights come from lib/rl/agg.ts, as in the trainer. Tolerances from the golden README.
+ */
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { describe, it } from 'node:test';
+import { GraphBuilder, type FloatDType, type Var } from '../../../lib/onnx/builder.ts';
+import { tokenLogprobEntropy } from '../../../lib/onnx/nn.ts';
+import { createSession, tensor } from '../../../lib/onnx/runtime.ts';
+import { aggregate, finalizeMetrics, klLossTypes, lossConfig, policyLossGraph, valueLossGraph, type PolicyLossConfig, type TokenTensors, type ValueLossConfig } from '../../../lib/model/loss.ts';
+import { lossAggModes, type GlobalBatchInfo } from '../../../lib/rl/agg.ts';
+
+interface Case { id: string; function: string; dtype: 'float32' | 'float64'; args: Record<string, any>; inputs: Record<string, any>; outputs: Record<string, any> }
+const golden = JSON.parse(readFileSync(new URL('../../fixtures/golden/rl_golden.json', import.meta.url), 'utf8')) as { cases: Case[] };
+const cases = (fn: string) => golden.cases.filter((c) => c.function === fn);
+
+const num = (v: unknown): number => (v === 'NaN' ? NaN : v === 'Infinity' ? Infinity : v === '-Infinity' ? -Infinity : (v as number));
+function flat2(a: unknown[][]): { data: number[]; bs: number; T: number } {
+  return { data: a.flat().map(num), bs: a.length, T: (a[0] ?? []).length };
+}
+
+function close(got: number, exp: number, dtype: string, kind: 'loss' | 'frac' | 'elem', what: string): void {
+  const [atol, rtol] = dtype === 'float64' ? [1e-10, 1e-9] : kind === 'frac' ? [1e-6, 0] : kind === 'elem' ? [1e-6, 1e-5] : [2e-5, 1e-4];
+  if (Number.isNaN(exp)) { assert.ok(Number.isNaN(got), `${what}: expected NaN, got ${got}`); return; }
+  assert.ok(Math.abs(got - exp) <= atol + rtol * Math.abs(exp), `${what}: got ${got}, expected ${exp} (|diff| ${Math.abs(got - exp)})`);
+}
+
+/** Build a graph over [B, T] float inputs, run it, return named outputs. */
+async function runGraph(dtype: FloatDType, inputs: Record<string, { data: number[]; bs: number; T: number }>, build: (b: GraphBuilder, x: Record<string, Var>) => Record<string, Var>): Promise<Record<string, Float64Array | Float32Array>> {
+  const b = new GraphBuilder({ float: dtype });
+  const x: Record<string, Var> = {};
+  for (const k of Object.keys(inputs)) x[k] = b.reshape(b.input(k, dtype, ['B', 'T']), ['B*T']);
+  const outs = build(b, x);
+  for (const [k, v] of Object.entries(outs)) b.output(v, k);
+  const s = await createSession(b.toBytes(), { threads: 1, graphOptimizationLevel: 'basic' });
+  const feeds = Object.fromEntries(Object.entries(inputs).map(([k, v]) => [k, tensor(dtype, dtype === 'float64' ? Float64Array.from(v.data) : Float32Array.from(v.data), [v.bs, v.T])]));
+  const r = await s.run(feeds);
+  return Object.fromEntries(Object.keys(outs).map((k) => [k, r[k].data as Float64Array | Float32Array]));
+}
+
+function aggW(mask: { data: number[]; bs: number; T: number }, mode: string, info: GlobalBatchInfo) {
+  return { data: Array.from(lossAggModes.get(mode).weights(Float64Array.from(mask.data), mask.bs, mask.T, info)), bs: mask.bs, T: mask.T };
+}
+
+async function policyCase(c: Case, lossMode: string): Promise<void> {
+  const a = c.args;
+  const info: GlobalBatchInfo = a.global_batch_info ?? {};
+  const mask = flat2(c.inputs.response_mask);
+  const cfg = lossConfig({
+    type: 'policy', lossMode, lossAggMode: a.loss_agg_mode,
+    ...(lossMode === 'vanilla' ? { clipRatio: a.clip_ratio, clipRatioLow: a.clip_ratio_low, clipRatioHigh: a.clip_ratio_high, clipRatioC: a.clip_ratio_c } : {}),
+  }) as PolicyLossConfig;
+  const old = c.inputs.old_log_prob ?? c.inputs.rollout_log_prob;
+  const inputs: Record<string, { data: number[]; bs: number; T: number }> = {
+    lp: flat2(c.inputs.log_prob), old: flat2(old), adv: flat2(c.inputs.advantages), mask, w: aggW(mask, a.loss_agg_mode, info),
+  };
+  if (c.inputs.rollout_is_weights) inputs.isw = flat2(c.inputs.rollout_is_weights);
+  const out = await runGraph(c.dtype, inputs, (b, x) => {
+    const t: TokenTensors = { logprob: x.lp, oldLogprobs: x.old, advantages: x.adv, mask: x.mask, aggWeights: x.w, lossWeights: x.isw };
+    const lg = policyLossGraph(b, t, cfg);
+    return lg.sums;
+  });
+  const sums = Object.fromEntries(Object.entries(out).map(([k, v]) => [k, v[0]]));
+  const m = finalizeMetrics(sums, mask.data.reduce((s, v) => s + v, 0));
+  close(m.pg_loss, c.outputs.pg_loss, c.dtype, 'loss', `${c.id} pg_loss`);
+  for (const k of ['pg_clipfrac', 'pg_clipfrac_lower']) if (k in c.outputs) close(m[k], c.outputs[k], c.dtype, 'frac', `${c.id} ${k}`);
+  if ('ppo_kl' in c.outputs) close(m.ppo_kl, c.outputs.ppo_kl, c.dtype, 'loss', `${c.id} ppo_kl`);
+}
+
+describe('policy losses vs verl golden cases', () => {
+  it('vanilla PPO (all agg modes, global batch info, dual clip, IS weights)', async () => {
+    const cs = cases('compute_policy_loss_vanilla');
+    assert.ok(cs.length >= 80, `only ${cs.length} vanilla cases`);
+    for (const c of cs) await policyCase(c, 'vanilla');
+  });
+  it('gpg and reinforce', async () => {
+    for (const c of cases('compute_policy_loss_gpg')) await policyCase(c, 'gpg');
+    for (const c of cases('compute_policy_loss_reinforce')) await policyCase(c, 'reinforce');
+  });
+});
+
+describe('kl, value, entropy and aggregation vs verl golden cases', () => {
+  it('kl_penalty values and d(Σkl)/d logprob; unsupported modes rejected', async () => {
+    for (const c of cases('kl_penalty')) {
+      const mode = c.args.kl_penalty as string;
+      if ('error' in c.outputs) { assert.throws(() => klLossTypes.get(mode), `${c.id}: mode ${mode} should be rejected`); continue; }
+      const out = await runGraph(c.dtype, { lp: flat2(c.inputs.logprob), ref: flat2(c.inputs.ref_logprob) }, (b, x) => {
+        const kl = klLossTypes.get(mode)(b, x.lp, x.ref);
+        const [g] = b.grad(b.reduceSum(kl, [0]), [x.lp]);
+        return { kl, g };
+      });
+      const kl = flat2(c.outputs.kl).data, g = flat2(c.outputs.grad_logprob_of_sum).data;
+      const kind = mode === 'low_var_kl' || mode === 'k3' ? 'loss' : 'elem';
+      kl.forEach((e, i) => close(out.kl[i], e, c.dtype, kind, `${c.id} kl[${i}]`));
+      g.forEach((e, i) => close(out.g[i], e, c.dtype, kind, `${c.id} grad[${i}]`));
+    }
+  });
+  it('compute_value_loss (clipped, all agg modes)', async () => {
+    for (const c of cases('compute_value_loss')) {
+      const mask = flat2(c.inputs.response_mask);
+      const cfg = lossConfig({ type: 'value', cliprangeValue: c.args.cliprange_value, lossAggMode: c.args.loss_agg_mode }) as ValueLossConfig;
+      const out = await runGraph(c.dtype, { v: flat2(c.inputs.vpreds), R: flat2(c.inputs.returns), V: flat2(c.inputs.values), mask, w: aggW(mask, c.args.loss_agg_mode, {}) },
+        (b, x) => valueLossGraph(b, { vpred: x.v, returns: x.R, values: x.V, mask: x.mask, aggWeights: x.w }, cfg).sums);
+      const m = finalizeMetrics(Object.fromEntries(Object.entries(out).map(([k, v]) => [k, v[0]])), mask.data.reduce((s, v) => s + v, 0));
+      close(m.vf_loss, c.outputs.vf_loss, c.dtype, 'loss', `${c.id} vf_loss`);
+      close(m.vf_clipfrac, c.outputs.vf_clipfrac, c.dtype, 'frac', `${c.id} vf_clipfrac`);
+    }
+  });
+  it('entropy_from_logits and compute_entropy_loss', async () => {
+    const logitsGraph = async (c: Case, mask?: { data: number[]; bs: number; T: number }, mode?: string) => {
+      const L = c.inputs.logits as number[][][];
+      const bs = L.length, T = L[0].length, V = L[0][0].length;
+      const b = new GraphBuilder({ float: c.dtype });
+      const z = b.input('z', c.dtype, ['N', V]);
+      const { entropy } = tokenLogprobEntropy(b, z, b.zeros(['N'], 'int64'));
+      b.output(entropy!, 'ent');
+      if (mask) {
+        const m = b.input('m', c.dtype, ['N']), w = b.input('w', c.dtype, ['N']);
+        b.output(aggregate(b, entropy!, { mask: m, aggWeights: w }), 'agg');
+      }
+      const s = await createSession(b.toBytes(), { threads: 1, graphOptimizationLevel: 'basic' });
+      const arr = (d: number[]) => (c.dtype === 'float64' ? Float64Array.from(d) : Float32Array.from(d));
+      const feeds: Record<string, ReturnType<typeof tensor>> = { z: tensor(c.dtype, arr(L.flat(2)), [bs * T, V]) };
+      if (mask) { feeds.m = tensor(c.dtype, arr(mask.data), [bs * T]); feeds.w = tensor(c.dtype, arr(aggW(mask, mode!, {}).data), [bs * T]); }
+      return s.run(feeds);
+    };
+    for (const c of cases('entropy_from_logits')) {
+      const r = await logitsGraph(c);
+      flat2(c.outputs.entropy).data.forEach((e, i) => close((r.ent.data as Float64Array)[i], e, c.dtype, 'loss', `${c.id} entropy[${i}]`));
+    }
+    for (const c of cases('compute_entropy_loss')) {
+      const r = await logitsGraph(c, flat2(c.inputs.response_mask), c.args.loss_agg_mode);
+      close((r.agg.data as Float64Array)[0], c.outputs.entropy_loss, c.dtype, 'loss', `${c.id} entropy_loss`);
+    }
+  });
+  it('agg_loss through the in-graph aggregation (weights from lib/rl, global batch info)', async () => {
+    let n = 0;
+    for (const c of cases('agg_loss')) {
+      const a = c.args;
+      const info: GlobalBatchInfo = { dp_size: a.dp_size, batch_num_tokens: a.batch_num_tokens, global_batch_size: a.global_batch_size, loss_scale_factor: a.loss_scale_factor };
+      if ('error' in c.outputs) { assert.throws(() => lossAggModes.get(a.loss_agg_mode)); continue; }
+      const L = flat2(c.inputs.loss_mat), mask = flat2(c.inputs.loss_mask);
+      // the in-graph aggregation ignores masked positions in every mode (verl's seq-* modes would propagate a masked NaN)
+      if (a.loss_agg_mode !== 'token-mean' && L.data.some((v, i) => !Number.isFinite(v) && mask.data[i] === 0)) continue;
+      const out = await runGraph(c.dtype, { L, mask, w: aggW(mask, a.loss_agg_mode, info) }, (b, x) => ({ loss: aggregate(b, x.L, { mask: x.mask, aggWeights: x.w }) }));
+      close(out.loss[0], num(c.outputs.loss), c.dtype, 'elem', `${c.id} loss`);
+      n++;
+    }
+    assert.ok(n >= 120, `checked ${n} agg_loss cases`);
+  });
+});
+
+describe('NFT vs lib/rl/nft.ts (value and ∂loss/∂log π)', () => {
+  it('matches computeNftLoss with clamps active, for "sum" and token-mean aggregation', async () => {
+    const { computeNftLoss, nftRHat } = await import('../../../lib/rl/nft.ts');
+    const bs = 6, T = 7, n = bs * T;
+    const rng = (await import('../../../lib/util/rng.ts')).Rng.fromSeed('nft-test');
+    const lp = Array.from({ length: n }, () => -1 - 2 * rng.next());
+    const old = lp.map((v, i) => v - (i % 5 === 0 ? 0.9 : 0.6 * (rng.next() - 0.5)));
+    const M = Array.from({ length: n }, (_, i) => (i % T < 2 + (Math.floor(i / T) % 5) ? 1 : 0));
+    const rewards = [1, -1, -1, 1, -1, -1], index = ['a', 'a', 'b', 'b', 'b', 'c'];
+    for (const [aggMode, negWeight] of [['sum', 1], ['token-mean', 0.5], ['sum', 0]] as const) {
+      const nftCfg = { neg_weight: negWeight, clamp_negative: 0.4, clamp_positive: 0.7, max_log_ratio: 0.5, loss_agg_mode: aggMode, loss_scale_factor: 3 };
+      const ref = computeNftLoss({ old_log_prob: { data: Float64Array.from(old), bs, T }, log_prob: { data: Float64Array.from(lp), bs, T }, response_mask: { data: Float64Array.from(M), bs, T }, rewards, index }, { nft: nftCfg });
+      const cfg = lossConfig({ type: 'policy', lossMode: 'nft', nft: { negWeight, clampNegative: 0.4, clampPositive: 0.7, maxLogRatio: 0.5, lossAggMode: aggMode, lossScaleFactor: 3 } }) as PolicyLossConfig;
+      const rh = nftRHat(rewards, index);
+      const mask = { data: M, bs, T };
+      const w = aggMode === 'sum' ? { data: M.map((m) => m / 3), bs, T } : aggW(mask, aggMode, {});
+      const out = await runGraph('float64', {
+        lp: { data: lp, bs, T }, old: { data: old, bs, T }, mask, w,
+        rh: { data: Array.from({ length: n }, (_, i) => rh[Math.floor(i / T)]), bs, T },
+        pos: { data: Array.from({ length: n }, (_, i) => (rewards[Math.floor(i / T)] > 0 ? 1 : 0)), bs, T },
+      }, (b, x) => {
+        const lg = policyLossGraph(b, { logprob: x.lp, oldLogprobs: x.old, mask: x.mask, aggWeights: x.w, nftRHat: x.rh, nftPositive: x.pos }, cfg);
+        const [g] = b.grad(lg.sums.pg_loss, [x.lp]);
+        return { pg: lg.sums.pg_loss, g, negc: lg.sums.nft_neg_clamped, negt: lg.sums.nft_neg_tokens, kl: lg.sums.ppo_kl };
+      });
+      close(out.pg[0], ref.pg_loss, 'float64', 'loss', `nft ${aggMode} pg_loss`);
+      for (let i = 0; i < n; i++) close(out.g[i], ref.grad_log_prob.data[i], 'float64', 'loss', `nft ${aggMode} grad[${i}]`);
+      close(out.negc[0] / (out.negt[0] + 1e-8), ref.metrics.neg_clamp_frac!, 'float64', 'frac', 'neg_clamp_frac');
+      close(out.kl[0] / (M.reduce((a: number, v) => a + v, 0) + 1e-8), ref.metrics.ppo_kl!, 'float64', 'loss', 'ppo_kl');
+    }
+  });
+});
+
+describe('policy-loss gradients vs lib/rl (∂pg_loss/∂log π, torch autograd semantics)', () => {
+  it('vanilla PPO on the float64 golden inputs (clamps, dual clip, IS weights)', async () => {
+    const { computePolicyLossVanilla } = await import('../../../lib/rl/policy-loss.ts');
+    let n = 0;
+    for (const c of cases('compute_policy_loss_vanilla').filter((x) => x.dtype === 'float64')) {
+      const a = c.args;
+      const mask = flat2(c.inputs.response_mask), lp = flat2(c.inputs.log_prob), old = flat2(c.inputs.old_log_prob), adv = flat2(c.inputs.advantages);
+      const T2 = (x: { data: number[]; bs: number; T: number }) => ({ data: Float64Array.from(x.data), bs: x.bs, T: x.T });
+      const isw = c.inputs.rollout_is_weights ? flat2(c.inputs.rollout_is_weights) : null;
+      const ref = computePolicyLossVanilla({ old_log_prob: T2(old), log_prob: T2(lp), advantages: T2(adv), response_mask: T2(mask), rollout_is_weights: isw ? T2(isw) : null },
+        { clip_ratio: a.clip_ratio, clip_ratio_low: a.clip_ratio_low, clip_ratio_high: a.clip_ratio_high, clip_ratio_c: a.clip_ratio_c, loss_agg_mode: a.loss_agg_mode, global_batch_info: a.global_batch_info, with_grad: true });
+      const cfg = lossConfig({ type: 'policy', lossAggMode: a.loss_agg_mode, clipRatio: a.clip_ratio, clipRatioLow: a.clip_ratio_low, clipRatioHigh: a.clip_ratio_high, clipRatioC: a.clip_ratio_c }) as PolicyLossConfig;
+      const inputs: Record<string, { data: number[]; bs: number; T: number }> = { lp, old, adv, mask, w: aggW(mask, a.loss_agg_mode, a.global_batch_info ?? {}) };
+      if (isw) inputs.isw = isw;
+      const out = await runGraph('float64', inputs, (b, x) => {
+        const lg = policyLossGraph(b, { logprob: x.lp, oldLogprobs: x.old, advantages: x.adv, mask: x.mask, aggWeights: x.w, lossWeights: x.isw }, cfg);
+        return { g: b.grad(lg.sums.pg_loss, [x.lp])[0] };
+      });
+      ref.grad_log_prob!.data.forEach((e, i) => close(out.g[i], e, 'float64', 'loss', `${c.id} grad[${i}]`));
+      n++;
+    }
+    assert.ok(n >= 30, `checked ${n} cases`);
+  });
+});

@@ -1,0 +1,110 @@
+/**
+ * Finite-difference checks of the whole training graph in float64: Llama trunk (GQA, q/k/v
+ * biases, tied and separate heads, left padding) + each loss (PPO with dual clip, KL and
+ * entropy; value loss with clipping; SFT). For every parameter tensor, the autodiff gradient's
+ * projection on a random direction must match a central difference of the loss along it.
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { modelConfig, type ModelConfigInput } from '../../../lib/model/config.ts';
+import { initWeights } from '../../../lib/model/init.ts';
+import { lossConfig, type LossConfigInput } from '../../../lib/model/loss.ts';
+import { paramSpecs } from '../../../lib/model/params.ts';
+import { buildTrainGraph } from '../../../lib/model/train-graph.ts';
+import { createSession, tensor } from '../../../lib/onnx/runtime.ts';
+import { randn } from '../onnx/gradcheck.ts';
+
+const OPTIM = { betas: [0.9, 0.999] as [number, number], eps: 1e-8, weightDecay: 0, maxGradNorm: 1 };
+
+async function checkModelGrad(mc: ModelConfigInput, lc: LossConfigInput, B = 2, T = 5): Promise<number> {
+  const model = modelConfig(mc);
+  const loss = lossConfig(lc);
+  const evalG = buildTrainGraph({ model, loss, optim: OPTIM, mode: 'eval', float: 'float64', lossWeights: loss.type === 'policy' });
+  const gradG = buildTrainGraph({ model, loss, optim: OPTIM, mode: 'grad', float: 'float64', lossWeights: loss.type === 'policy' });
+  const opts = { threads: 1, graphOptimizationLevel: 'basic' as const };
+  const se = await createSession(evalG.builder.toBytes(), opts);
+  const sg = await createSession(gradG.builder.toBytes(), opts);
+  const n = B * T;
+  // row 1 is left-padded by one position; the last target position of each row is masked
+  const attn = Float64Array.from({ length: n }, (_, i) => (i === T ? 0 : 1));
+  const pos: number[] = [];
+  for (let r = 0; r < B; r++) { let c = 0; for (let t = 0; t < T; t++) { if (attn[r * T + t]) c++; pos.push(Math.max(c - 1, 0)); } }
+  const ids = Array.from({ length: n }, (_, i) => (i * 7 + 3) % model.vocabSize);
+  const targets = Array.from({ length: n }, (_, i) => (i * 5 + 1) % model.vocabSize);
+  const mask = Float64Array.from({ length: n }, (_, i) => (i % T >= 1 && i % T < T - 1 ? 1 : 0));
+  const msum = mask.reduce((a, b) => a + b, 0);
+  const agg = mask.map((m) => m / msum);
+  const r = randn(8 * n, 11);
+  const batch: Record<string, Float64Array | number[]> = {
+    input_ids: ids, position_ids: pos, attention_mask: attn, targets, loss_mask: mask, agg_weights: agg,
+    // advantages of both signs, old log-probs near the current ones (ratios around 1, some clipped)
+    advantages: r.subarray(0, n).map((v) => v * 2),
+    old_log_probs: r.subarray(n, 2 * n).map((v) => -Math.log(model.vocabSize) + 0.3 * v),
+    ref_log_probs: r.subarray(2 * n, 3 * n).map((v) => -Math.log(model.vocabSize) + 0.3 * v),
+    loss_weights: r.subarray(3 * n, 4 * n).map((v) => 1 + 0.3 * v),
+    values: r.subarray(4 * n, 5 * n).map((v) => 0.05 * v),
+    returns: r.subarray(5 * n, 6 * n),
+  };
+  const w = initWeights(model, 3, { std: 0.3 });
+  const specs = paramSpecs(model);
+  // random norm weights and biases so their gradients are generic
+  for (const s of specs) if (s.name.endsWith('norm.weight') || s.name.endsWith('.bias')) w.set(s.name, Float32Array.from(randn(s.shape[0], s.name.length), (v) => (s.name.endsWith('.bias') ? 0.3 * v : 1 + 0.2 * v)));
+  const feeds = (sess: { inputNames: readonly string[] }, over?: { name: string; data: Float64Array }) => {
+    const f: Record<string, ReturnType<typeof tensor>> = {};
+    for (const name of sess.inputNames) {
+      const spec = specs.find((s) => s.name === name);
+      if (spec) f[name] = tensor('float64', over?.name === name ? over.data : Float64Array.from(w.get(name)!), spec.shape);
+      else {
+        const d = batch[name];
+        const isInt = name === 'input_ids' || name === 'position_ids' || name === 'targets';
+        f[name] = tensor(isInt ? 'int64' : 'float64', isInt ? (d as number[]) : Float64Array.from(d as Float64Array), [B, T]);
+      }
+    }
+    return f;
+  };
+  const li = evalG.metricNames.indexOf('loss');
+  const lossAt = async (over?: { name: string; data: Float64Array }) => ((await se.run(feeds(se, over))).metrics.data as Float64Array)[li];
+  const g = await sg.run(feeds(sg));
+  const base = await lossAt();
+  assert.ok(Number.isFinite(base), 'loss is finite');
+  let maxRel = 0;
+  for (const s of specs) {
+    const x0 = Float64Array.from(w.get(s.name)!);
+    const u = randn(x0.length, s.name.length * 31 + x0.length);
+    const grad = g[`grad.${s.name}`].data as Float64Array;
+    let analytic = 0;
+    for (let i = 0; i < x0.length; i++) analytic += grad[i] * u[i];
+    const h = 1e-5;
+    const lp = await lossAt({ name: s.name, data: x0.map((v, i) => v + h * u[i]) });
+    const lm = await lossAt({ name: s.name, data: x0.map((v, i) => v - h * u[i]) });
+    const fd = (lp - lm) / (2 * h);
+    const err = Math.abs(fd - analytic);
+    const rel = err / Math.max(Math.abs(fd), 1e-6);
+    maxRel = Math.max(maxRel, rel);
+    assert.ok(err <= 1e-8 + 1e-5 * Math.abs(fd), `${s.name}: directional derivative autodiff ${analytic} vs finite difference ${fd}`);
+  }
+  return maxRel;
+}
+
+const small = { hiddenSize: 8, intermediateSize: 12, numHiddenLayers: 2, numAttentionHeads: 2, vocabSize: 7, maxPositionEmbeddings: 8, bosTokenId: 1, eosTokenId: 2, padTokenId: 0 };
+
+describe('training graph gradients (float64 finite differences)', () => {
+  it('PPO (asymmetric + dual clip) + low_var_kl + entropy, GQA, separate head, qwen2 biases', async () => {
+    await checkModelGrad({ ...small, numAttentionHeads: 4, numKeyValueHeads: 2, hiddenSize: 16, modelType: 'qwen2', attentionBias: true },
+      { type: 'policy', clipRatioLow: 0.2, clipRatioHigh: 0.28, clipRatioC: 3, useKlLoss: true, klLossType: 'low_var_kl', klLossCoef: 0.1, entropyCoeff: 0.01 });
+  });
+  it('PPO with k2 KL, seq-mean-token-mean, tied embeddings, MHA', async () => {
+    await checkModelGrad({ ...small, numKeyValueHeads: 2, tieWordEmbeddings: true },
+      { type: 'policy', lossAggMode: 'seq-mean-token-mean', useKlLoss: true, klLossType: 'k2', temperature: 0.7 });
+  });
+  it('gpg and reinforce losses', async () => {
+    await checkModelGrad({ ...small, numKeyValueHeads: 1 }, { type: 'policy', lossMode: 'gpg', useKlLoss: true, klLossType: 'abs' });
+    await checkModelGrad({ ...small, numKeyValueHeads: 1 }, { type: 'policy', lossMode: 'reinforce', entropyCoeff: -0.05 });
+  });
+  it('value model with clipped value loss', async () => {
+    await checkModelGrad({ ...small, numKeyValueHeads: 1, head: 'value' }, { type: 'value', cliprangeValue: 0.2 });
+  });
+  it('SFT cross-entropy', async () => {
+    await checkModelGrad({ ...small, numKeyValueHeads: 2 }, { type: 'sft' });
+  });
+});

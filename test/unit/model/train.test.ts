@@ -1,0 +1,200 @@
+/**
+ * The trainer: micro-batch accumulation equals the big batch, the in-graph AdamW + clipping equals
+ * a float64 JS AdamW applied to the graph's gradient, training reduces the loss on a fixed batch,
+ * non-finite gradients skip the update, bad batches are rejected with clear errors.
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { modelConfig } from '../../../lib/model/config.ts';
+import { paramSpecs } from '../../../lib/model/params.ts';
+import { createTrainer, positionsFromMask, type TrainBatch } from '../../../lib/model/train.ts';
+import { SessionCache } from '../../../lib/model/session-cache.ts';
+import { Rng } from '../../../lib/util/rng.ts';
+
+const model = modelConfig({ hiddenSize: 32, intermediateSize: 48, numHiddenLayers: 2, numAttentionHeads: 4, numKeyValueHeads: 2, vocabSize: 11, maxPositionEmbeddings: 16, bosTokenId: 1, eosTokenId: 2, padTokenId: 0 });
+const cache = new SessionCache();
+
+/** B rows of prompt (3–5 tokens, some rows left-padded) + response (2–6 tokens, right-padded). */
+function makeBatch(B: number, T: number, seed: number): TrainBatch {
+  const rng = Rng.fromSeed(seed);
+  const n = B * T;
+  const tokens = new Int32Array(n), attn = new Float32Array(n), resp = new Float32Array(n);
+  for (let r = 0; r < B; r++) {
+    const leftPad = r % 3 === 1 ? 1 : 0;
+    const plen = 3 + rng.int(3), rlen = 2 + rng.int(Math.min(5, T - plen - leftPad - 1));
+    for (let t = leftPad; t < leftPad + plen + rlen && t < T; t++) {
+      tokens[r * T + t] = 3 + rng.int(model.vocabSize - 3);
+      attn[r * T + t] = 1;
+      if (t >= leftPad + plen) resp[r * T + t] = 1;
+    }
+  }
+  const f = (s: number, o = 0) => Float32Array.from({ length: n }, () => (rng.next() - 0.5) * s + o);
+  return { batchSize: B, seqLen: T, tokens, attentionMask: attn, responseMask: resp, advantages: f(2), oldLogprobs: f(0.6, -2.4), refLogprobs: f(0.6, -2.4) };
+}
+
+const maxRelDiff = (a: Float32Array, b: Float32Array) => {
+  let m = 0, s = 0;
+  for (let i = 0; i < a.length; i++) { m = Math.max(m, Math.abs(a[i] - b[i])); s = Math.max(s, Math.abs(b[i])); }
+  return m / Math.max(s, 1e-12);
+};
+
+describe('trainer', () => {
+  it('micro-batch accumulation equals the single big batch (all agg modes)', async () => {
+    for (const lossAggMode of ['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'] as const) {
+      const loss = { type: 'policy' as const, lossAggMode, useKlLoss: true, entropyCoeff: 0.01 };
+      const big = createTrainer({ model, loss, seed: 5, cache, threads: 1 });
+      const small = createTrainer({ model, loss, seed: 5, cache, threads: 1, microBatchSize: 3 });
+      const batch = makeBatch(8, 12, 1);
+      const g1 = await big.computeGradients(batch), g2 = await small.computeGradients(batch);
+      for (const s of paramSpecs(model)) assert.ok(maxRelDiff(g2.grads.get(s.name)!, g1.grads.get(s.name)!) < 2e-5, `${lossAggMode}: grad ${s.name} differs`);
+      for (const k of ['pg_loss', 'pg_clipfrac', 'ppo_kl', 'entropy', 'kl_loss', 'loss']) assert.ok(Math.abs(g1.metrics[k] - g2.metrics[k]) <= 1e-5 * (1 + Math.abs(g1.metrics[k])), `${lossAggMode}: metric ${k} ${g1.metrics[k]} vs ${g2.metrics[k]}`);
+      const r1 = await big.step(batch, 1e-3), r2 = await small.step(batch, 1e-3);
+      assert.ok(Math.abs(r1.metrics.grad_norm - r2.metrics.grad_norm) < 1e-5 * r1.metrics.grad_norm, `grad_norm ${r1.metrics.grad_norm} vs ${r2.metrics.grad_norm}`);
+      const w1 = big.getWeights(), w2 = small.getWeights();
+      for (const s of paramSpecs(model)) assert.ok(maxRelDiff(w2.get(s.name)!, w1.get(s.name)!) < 1e-5, `${lossAggMode}: weights ${s.name} differ after the step`);
+    }
+  });
+
+  it('in-graph clipping + AdamW equals torch-style AdamW in float64 on the same gradient (3 steps)', async () => {
+    const optim = { betas: [0.9, 0.95] as [number, number], eps: 1e-6, weightDecay: 0.1, maxGradNorm: 0.05 };
+    const tr = createTrainer({ model, loss: { type: 'policy' }, seed: 7, cache, threads: 1, optim, microBatchSize: 5 });
+    const specs = paramSpecs(model);
+    const p = new Map(specs.map((s) => [s.name, Float64Array.from(tr.getWeights().get(s.name)!)]));
+    const m = new Map(specs.map((s) => [s.name, new Float64Array(p.get(s.name)!.length)]));
+    const v = new Map(specs.map((s) => [s.name, new Float64Array(p.get(s.name)!.length)]));
+    const lrs = [1e-2, 5e-3, 2e-3];
+    for (let step = 1; step <= 3; step++) {
+      const batch = makeBatch(9, 12, 100 + step);
+      const { grads } = await tr.computeGradients(batch);
+      let sq = 0;
+      for (const g of grads.values()) for (const x of g) sq += x * x;
+      const norm = Math.sqrt(sq), coef = Math.min(1, optim.maxGradNorm / (norm + 1e-6));
+      const lr = lrs[step - 1];
+      const res = await tr.step(batch, lr);
+      assert.ok(Math.abs(res.metrics.grad_norm - norm) < 1e-4 * norm, `grad_norm ${res.metrics.grad_norm} vs ${norm}`);
+      assert.equal(res.step, step);
+      const [b1, b2] = optim.betas;
+      for (const s of specs) {
+        const P = p.get(s.name)!, M = m.get(s.name)!, Vv = v.get(s.name)!, g = grads.get(s.name)!;
+        for (let i = 0; i < P.length; i++) {
+          const gi = g[i] * coef;
+          M[i] = b1 * M[i] + (1 - b1) * gi;
+          Vv[i] = b2 * Vv[i] + (1 - b2) * gi * gi;
+          const denom = Math.sqrt(Vv[i]) / Math.sqrt(1 - b2 ** step) + optim.eps;
+          P[i] = P[i] * (1 - lr * optim.weightDecay) - (lr / (1 - b1 ** step)) * M[i] / denom;
+        }
+      }
+      // keep the JS reference on the graph's trajectory (float32 rounding of weights), compare the update
+      const got = tr.getWeights();
+      for (const s of specs) {
+        const a = got.get(s.name)!, e = p.get(s.name)!;
+        let worst = 0;
+        for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i] - e[i]));
+        assert.ok(worst < 2e-6, `step ${step} ${s.name}: max |Δ| ${worst}`);
+        e.set(a);
+      }
+      const st = tr.getOptimizerState();
+      assert.equal(st.step, step);
+      for (const s of specs) assert.ok(maxRelDiff(st.expAvg.get(s.name)!, Float32Array.from(m.get(s.name)!)) < 1e-4, `exp_avg ${s.name}`);
+    }
+  });
+
+  it('PPO steps on a fixed batch raise the surrogate objective; SFT steps lower the NLL', async () => {
+    const batch = makeBatch(8, 12, 3);
+    const tr = createTrainer({ model, loss: { type: 'policy' }, seed: 1, cache, threads: 1 });
+    const first = await tr.step(batch, 3e-3);
+    let last = first;
+    for (let i = 0; i < 8; i++) last = await tr.step(batch, 3e-3);
+    assert.ok(last.metrics.pg_loss < first.metrics.pg_loss - 0.05, `pg_loss ${first.metrics.pg_loss} → ${last.metrics.pg_loss}`);
+    const sft = createTrainer({ model, loss: { type: 'sft' }, seed: 1, cache, threads: 1, optim: { weightDecay: 0 } });
+    const e0 = (await sft.evaluate(batch)).metrics.sft_loss;
+    for (let i = 0; i < 15; i++) await sft.step(batch, 1e-2);
+    const e1 = (await sft.evaluate(batch)).metrics.sft_loss;
+    assert.ok(e1 < 0.5 * e0, `sft loss ${e0} → ${e1}`);
+  });
+
+  it('evaluate returns per-token log-probs aligned to token positions, consistent with the loss', async () => {
+    const batch = makeBatch(4, 10, 9);
+    const tr = createTrainer({ model, loss: { type: 'sft' }, seed: 2, cache, threads: 1 });
+    const { metrics, perToken } = await tr.evaluate(batch);
+    let s = 0, n = 0;
+    for (let i = 0; i < perToken.length; i++) {
+      if (i % 10 === 0) assert.equal(perToken[i], 0);
+      else { assert.ok(perToken[i] < 0, `log-prob at ${i} is ${perToken[i]}`); if (batch.responseMask[i]) { s += perToken[i]; n++; } }
+    }
+    assert.ok(Math.abs(metrics.sft_loss - -s / n) < 1e-5, `sft_loss ${metrics.sft_loss} vs mean NLL ${-s / n}`);
+    // rows are independent: the same row alone gives the same log-probs
+    const one = await tr.evaluate({ seqLen: 10, batchSize: 1, tokens: batch.tokens.subarray(10, 20), attentionMask: batch.attentionMask!.subarray(10, 20), responseMask: batch.responseMask.subarray(10, 20) });
+    for (let t = 1; t < 10; t++) if (batch.attentionMask![10 + t]) assert.ok(Math.abs(one.perToken[t] - perToken[10 + t]) < 1e-5, `position ${t}: alone ${one.perToken[t]} vs in batch ${perToken[10 + t]}`);
+  });
+
+  it('skips the update when the gradient is not finite', async () => {
+    const batch = makeBatch(4, 10, 4);
+    batch.advantages![batch.responseMask.indexOf(1)] = NaN;
+    const tr = createTrainer({ model, loss: { type: 'policy' }, seed: 3, cache, threads: 1 });
+    const before = tr.getWeights();
+    const r = await tr.step(batch, 1e-2);
+    assert.equal(r.skipped, true);
+    assert.equal(r.step, 0);
+    assert.deepEqual(tr.getWeights().get('model.norm.weight'), before.get('model.norm.weight'));
+  });
+
+  it('rejects bad batches and configs with messages that say what to fix', async () => {
+    const tr = createTrainer({ model, loss: { type: 'policy', useKlLoss: true }, seed: 3, cache });
+    const b = makeBatch(2, 8, 5);
+    await assert.rejects(tr.step({ ...b, refLogprobs: undefined }, 1e-3), /refLogprobs.*required/);
+    await assert.rejects(tr.step({ ...b, advantages: new Float32Array(3) }, 1e-3), /advantages.*3 values.*16/);
+    await assert.rejects(tr.step({ ...b, tokens: Int32Array.from(b.tokens, (x, i) => (i === 5 ? 99 : x)) }, 1e-3), /token 99 .*vocabulary/);
+    await assert.rejects(tr.step({ ...b, responseMask: new Float32Array(16) }, 1e-3), /no response tokens/);
+    assert.throws(() => createTrainer({ model, loss: { type: 'policy', lossMode: 'ppo2' } }), /policy_loss.loss_mode "ppo2".*valid: gpg, nft, reinforce, vanilla/);
+    assert.throws(() => createTrainer({ model, loss: { type: 'policy', useKlLoss: true, klLossType: 'k9' } }), /kl_loss_type "k9"/);
+    assert.throws(() => createTrainer({ model, loss: { type: 'value' } }), /value model/);
+    assert.throws(() => createTrainer({ model, loss: { type: 'policy', clipRatioC: 0.5 } }), /clipRatioC must be > 1/);
+  });
+
+  it('NFT: needs ±1 rewards and group labels; steps lower the loss; reports r_hat_mean and neg_clamp_frac', async () => {
+    const batch = makeBatch(6, 12, 8);
+    const tr = createTrainer({ model, loss: { type: 'policy', lossMode: 'nft', nft: { clampNegative: 0.5 } }, seed: 4, cache, threads: 1, microBatchSize: 4 });
+    await assert.rejects(tr.step(batch, 1e-3), /nft loss needs "rewards"/);
+    const nb = { ...batch, advantages: undefined, rewards: [1, -1, 1, -1, -1, 1], groupIndex: ['a', 'a', 'b', 'b', 'c', 'c'] };
+    await assert.rejects(tr.step({ ...nb, rewards: [1, 0, 1, -1, -1, 1] }, 1e-3), /\+1 or −1|±1|\+1 \(correct\)/);
+    const first = await tr.step(nb, 3e-3);
+    assert.equal(first.metrics.r_hat_mean, 0.5);
+    assert.ok(first.metrics.neg_clamp_frac >= 0 && first.metrics.neg_clamp_frac <= 1, `neg_clamp_frac ${first.metrics.neg_clamp_frac}`);
+    let last = first;
+    for (let i = 0; i < 5; i++) last = await tr.step(nb, 3e-3);
+    assert.ok(last.metrics.pg_loss < first.metrics.pg_loss, `nft loss ${first.metrics.pg_loss} → ${last.metrics.pg_loss}`);
+  });
+
+  it('positions from mask handle left padding', () => {
+    assert.deepEqual(Array.from(positionsFromMask([0, 0, 1, 1, 1, 1, 1, 0], 2, 4)), [0, 0, 0, 1, 0, 1, 2, 2]);
+  });
+});
+
+describe('trainer: critic and session reuse', () => {
+  it('value model: clipped value-loss steps lower vf_loss on a fixed batch', async () => {
+    const vm = modelConfig({ ...model, head: 'value' });
+    const b = makeBatch(6, 12, 12);
+    const n = 6 * 12;
+    const batch: TrainBatch = { ...b, advantages: undefined, oldLogprobs: undefined, refLogprobs: undefined, values: new Float32Array(n), returns: Float32Array.from({ length: n }, (_, i) => (i % 3) - 1) };
+    const tr = createTrainer({ model: vm, loss: { type: 'value', cliprangeValue: 0.5 }, seed: 2, cache, threads: 1, optim: { weightDecay: 0 } });
+    await assert.rejects(tr.step({ ...batch, returns: undefined }, 1e-3), /"returns" is required/);
+    const first = await tr.step(batch, 5e-3);
+    let last = first;
+    for (let i = 0; i < 10; i++) last = await tr.step({ ...batch, values: (await tr.evaluate(batch)).perToken }, 5e-3);
+    assert.ok(last.metrics.vf_loss < 0.8 * first.metrics.vf_loss, `vf_loss ${first.metrics.vf_loss} → ${last.metrics.vf_loss}`);
+    assert.ok(last.metrics.vf_clipfrac >= 0 && last.metrics.vf_clipfrac <= 1, `vf_clipfrac ${last.metrics.vf_clipfrac}`);
+  });
+
+  it('one session per graph family serves every batch shape; weightsView is a stable snapshot', async () => {
+    const own = new SessionCache();
+    const tr = createTrainer({ model, loss: { type: 'policy' }, seed: 2, cache: own, threads: 1 });
+    const view = tr.weightsView();
+    const before = Float32Array.from(view.get('model.norm.weight')!);
+    for (const [B, T] of [[2, 8], [5, 12], [3, 16]]) await tr.step(makeBatch(B, T, B * T), 1e-3);
+    assert.equal(own.sessionsBuilt, 1, 'the step graph is built once for all shapes');
+    assert.deepEqual(view.get('model.norm.weight'), before, 'an earlier view is not modified by later steps');
+    assert.notDeepEqual(tr.weightsView().get('model.norm.weight'), before);
+    assert.equal(tr.stepCount, 3);
+  });
+});
