@@ -60,6 +60,20 @@ function needsRejoin(e: unknown): boolean {
   return false;
 }
 
+/** Most consecutive rejoins after group glitches before the consumer fails. */
+const MAX_GROUP_REJOINS = 8;
+/** Coordinator answers during a join/sync that a fresh join gets past (besides kafkajs' own retriable ones). */
+const GLITCH_TYPES = new Set(['INVALID_REQUEST', ...REJOIN_TYPES, 'COORDINATOR_NOT_AVAILABLE', 'COORDINATOR_LOAD_IN_PROGRESS', 'MEMBER_ID_REQUIRED', 'GROUP_COORDINATOR_NOT_AVAILABLE']);
+
+/** A non-retriable kafkajs crash that is a group-membership glitch rather than a real fault (auth, config). */
+function groupGlitch(e: unknown): boolean {
+  for (let x = e as { type?: string; originalError?: unknown; cause?: unknown } | undefined, i = 0; x && i < 5; i++) {
+    if (typeof x.type === 'string' && GLITCH_TYPES.has(x.type)) return true;
+    x = (x.originalError ?? x.cause) as typeof x;
+  }
+  return false;
+}
+
 function unsupportedApi(e: unknown): boolean {
   const err = e as { name?: string; type?: string; message?: string };
   return err?.name === 'KafkaJSServerDoesNotSupportApiKey' || err?.type === 'UNSUPPORTED_VERSION' || /does not support/i.test(err?.message ?? '');
@@ -333,6 +347,8 @@ class KafkaConsumer implements Consumer {
   private finish?: (err?: unknown) => void;
   private done?: Promise<void>;
   private stopping?: Promise<void>;
+  /** Consecutive rejoins after a group glitch without a successful join in between. */
+  private rejoins = 0;
   private readonly log: Logger;
 
   constructor(private readonly bus: KafkaBus, readonly opts: ResolvedConsumerOptions) {
@@ -344,10 +360,16 @@ class KafkaConsumer implements Consumer {
   async run(handler: BatchHandler): Promise<void> {
     if (this.state !== 'new') throw new RlError(`consumer of group ${this.opts.group} was already ${this.state === 'running' ? 'started' : 'stopped'}; create a new one`, { code: 'ERR_BUS_USAGE' });
     this.state = 'running';
-    const { opts, bus } = this;
     this.done = new Promise<void>((resolve, reject) => {
       this.finish = (err) => (err === undefined ? resolve() : reject(err));
     });
+    await this.start(handler);
+    return this.done;
+  }
+
+  /** Creates, connects and runs a kafkajs consumer for this group (again after a group glitch). */
+  private async start(handler: BatchHandler): Promise<void> {
+    const { opts, bus } = this;
     const kc = bus.kafka.consumer({
       groupId: opts.group,
       sessionTimeout: bus.opts.sessionTimeoutMs,
@@ -359,6 +381,7 @@ class KafkaConsumer implements Consumer {
     });
     this.kc = kc;
     kc.on(kc.events.GROUP_JOIN, (e) => {
+      this.rejoins = 0;
       this.assigned = Object.entries(e.payload.memberAssignment)
         .flatMap(([topic, parts]) => parts.map((partition) => ({ topic, partition })))
         .sort((a, b) => (a.topic < b.topic ? -1 : a.topic > b.topic ? 1 : a.partition - b.partition));
@@ -366,14 +389,29 @@ class KafkaConsumer implements Consumer {
     });
     kc.on(kc.events.REBALANCING, () => { this.assigned = []; });
     kc.on(kc.events.CRASH, (e) => {
+      const err = e.payload.error;
       if (e.payload.restart) {
-        this.log.warn({ err: e.payload.error }, `kafka consumer crashed, restarting: ${errorMessage(e.payload.error)}`);
+        this.log.warn({ err }, `kafka consumer crashed, restarting: ${errorMessage(err)}`);
+      } else if (this.kc === kc && this.state === 'running' && !this.abort.signal.aborted && groupGlitch(err) && this.rejoins < MAX_GROUP_REJOINS) {
+        // kafkajs gives up on a coordinator answer it does not expect while joining (the
+        // librdkafka mock answers INVALID_REQUEST to a SyncGroup that races another member's
+        // join). kafkajs has already left the group; join again with a fresh consumer. Nothing
+        // uncommitted is lost: it is redelivered, and processing is idempotent by id.
+        const ms = backoffMs(this.rejoins++, 200, 5_000);
+        this.assigned = [];
+        this.log.warn({ err, attempt: this.rejoins, retry_in_ms: Math.round(ms) }, `kafka consumer of group ${opts.group} left the group (${errorMessage(err)}); joining again`);
+        void sleep(ms, this.abort.signal).then(async (slept) => {
+          if (!slept || this.kc !== kc || this.state !== 'running') return;
+          await this.inflight;
+          await this.start(handler);
+        }).catch((x: unknown) => this.fail(x));
       } else {
-        this.fail(new RlError(`kafka consumer of group ${opts.group} crashed: ${errorMessage(e.payload.error)}`, { retriable: isRetriable(e.payload.error), code: 'ERR_KAFKA_CONSUMER', cause: e.payload.error }));
+        this.fail(new RlError(`kafka consumer of group ${opts.group} crashed: ${errorMessage(err)}`, { retriable: isRetriable(err), code: 'ERR_KAFKA_CONSUMER', cause: err }));
       }
     });
     try {
       await kc.connect();
+      if (this.abort.signal.aborted) { await kc.disconnect(); return; }
       await kc.subscribe({ topics: opts.topics, fromBeginning: opts.fromBeginning });
       await kc.run({
         autoCommit: false,
@@ -388,7 +426,6 @@ class KafkaConsumer implements Consumer {
     } catch (e) {
       this.fail(e);
     }
-    return this.done;
   }
 
   private async onBatch(p: EachBatchPayload, handler: BatchHandler): Promise<void> {

@@ -44,14 +44,19 @@ export function buildMockBroker(): string {
  * Starts a mock cluster (`brokers` brokers, default 3) with `topics` pre-created (other topics are
  * auto-created with 4 partitions on first use), or returns KAFKA_BROKERS when set.
  */
-export async function startKafka(opts: { brokers?: number; topics?: TopicSpec[]; timeoutMs?: number } = {}): Promise<KafkaTarget> {
+export async function startKafka(opts: {
+  brokers?: number; topics?: TopicSpec[]; timeoutMs?: number;
+  /** Fault injection (mock only): the next requests of an API key fail with these Kafka error codes, e.g. `{ 14: [42] }`. */
+  requestErrors?: Record<number, number[]>;
+} = {}): Promise<KafkaTarget> {
   const env = process.env.KAFKA_BROKERS?.trim();
   if (env) {
     return { brokers: env.split(',').map((s) => s.trim()).filter(Boolean), external: true, controllerFixed: true, async stop() { /* not ours */ } };
   }
   const bin = buildMockBroker();
   const args = [String(opts.brokers ?? 3), ...(opts.topics ?? []).map((t) => `${t.name}:${t.partitions}`)];
-  const child = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const inject = Object.entries(opts.requestErrors ?? {}).map(([api, errs]) => `${api}:${errs.join(',')}`).join(';');
+  const child = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, MOCK_REQUEST_ERRORS: inject } });
   const killOnExit = () => { try { child.kill('SIGKILL'); } catch { /* gone */ } };
   process.once('exit', killOnExit);
   let stderr = '';
