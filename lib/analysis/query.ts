@@ -101,7 +101,7 @@ export async function describeRelations(database: Database): Promise<QueryResult
     from information_schema.columns c
     join information_schema.tables t on t.table_schema = c.table_schema and t.table_name = c.table_name
     where c.table_schema = current_schema()
-      and (c.table_name like 'v\\_%' or c.table_name in ('runs', 'trajectories', 'step_metrics', 'checkpoints', 'val_generations', 'dead_letters'))
+      and (c.table_name like 'v\\_%' or c.table_name in ('runs', 'trajectories', 'step_metrics', 'step_metric_parts', 'checkpoints', 'val_generations', 'dead_letters'))
     group by c.table_name, t.table_type
     order by (t.table_type <> 'VIEW'), c.table_name`);
 }

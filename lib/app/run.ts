@@ -19,7 +19,10 @@ interface Watch { outcome: Promise<RunOutcome>; stop(): Promise<void> }
 /**
  * Follows the run's control and metrics topics from their beginning (both have one partition) by
  * reading them without a consumer group, so a restarted or repeated command sees the whole run —
- * including a run_done that was published before it started.
+ * including a run_done that was published before it started. It reads only single-writer values
+ * from the records (the update stage's step, the advantage stage's reward/mean, the controller's
+ * val/accuracy); replicas' partial counters and timings are combined in the store
+ * (lib/pipeline/metrics.ts), which the summary table reads.
  */
 function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number): Watch {
   let resolveOutcome!: (o: RunOutcome) => void;

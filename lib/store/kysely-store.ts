@@ -8,7 +8,7 @@ import { sql, type Kysely } from 'kysely';
 import type { Database } from '../db/database.ts';
 import { RlError, isRetriable, errorMessage } from '../errors.ts';
 import {
-  RUN_STATUSES,
+  RUN_STATUSES, METRIC_AGGS, type MetricAgg,
   type CheckpointRow, type DeadLetterFilter, type DeadLetterRow, type InsertResult, type Json, type JsonObject,
   type MetricRow, type NewRun, type RunFilter, type RunRow, type RunStatus, type Store, type StoredCheckpoint,
   type StoredDeadLetter, type StoredMetric, type StoredTrajectory, type StoredValGeneration, type TrajectoryFilter,
@@ -234,24 +234,41 @@ export abstract class KyselyStore implements Store {
   async insertMetrics(rows: readonly MetricRow[], opts: WriteOptions = {}): Promise<void> {
     this.live();
     if (rows.length === 0) return;
-    // One row per key per statement: ON CONFLICT DO UPDATE cannot touch a row twice.
-    const byKey = new Map<string, { run_id: string; step: number; name: string; value: number; stage: string | null }>();
+    // One row per key per statement: ON CONFLICT DO UPDATE cannot touch a row twice. Replacing
+    // and incrementing rows go in separate statements (their conflict actions differ).
+    type PartRow = { run_id: string; step: number; name: string; stage: string; replica: string; value: number; agg: MetricAgg; weight: number };
+    const set = new Map<string, PartRow>();
+    const inc = new Map<string, PartRow>();
     for (const m of rows) {
       nonEmpty(m.runId, 'metric runId');
       nonEmpty(m.name, 'metric name');
       int(m.step, `metric ${m.name} step`);
       if (typeof m.value !== 'number') throw new RlError(`metric ${m.name} at step ${m.step}: value must be a number, got ${typeof m.value}`, { code: 'ERR_BAD_ROW' });
-      byKey.set(`${m.runId}\u0000${m.step}\u0000${m.name}`, { run_id: m.runId, step: m.step, name: m.name, value: m.value, stage: optText(m.stage, 'metric stage') });
+      const agg = m.agg ?? 'last';
+      if (!METRIC_AGGS.includes(agg)) throw new RlError(`metric ${m.name} at step ${m.step}: agg must be one of ${METRIC_AGGS.join(', ')}, got ${String(agg)}`, { code: 'ERR_BAD_ROW' });
+      const weight = m.weight ?? 1;
+      if (!(weight >= 0) || !Number.isFinite(weight)) throw new RlError(`metric ${m.name} at step ${m.step}: weight must be a finite number ≥ 0, got ${weight}`, { code: 'ERR_BAD_ROW' });
+      const stage = optText(m.stage, 'metric stage') ?? '';
+      const replica = m.replica === undefined || m.replica === '' ? '' : optText(m.replica, 'metric replica')!; // '': the stage's only writer
+      const key = `${m.runId}\u0000${m.step}\u0000${m.name}\u0000${stage}\u0000${replica}`;
+      const row: PartRow = { run_id: m.runId, step: m.step, name: m.name, stage, replica, value: m.value, agg, weight };
+      if (m.increment) {
+        const prev = inc.get(key);
+        inc.set(key, prev ? { ...row, value: prev.value + row.value } : row);
+      } else set.set(key, row);
     }
-    const values = [...byKey.values()];
-    await this.guard(`insertMetrics(${values.length} rows)`, async () => {
-      for (let i = 0; i < values.length; i += 5000) {
-        await this.on(opts.tx).insertInto('step_metrics').values(values.slice(i, i + 5000))
-          .onConflict((oc) => oc.columns(['run_id', 'step', 'name']).doUpdateSet({
-            value: (eb) => eb.ref('excluded.value'),
-            stage: (eb) => eb.ref('excluded.stage'),
-          }))
-          .execute();
+    await this.guard(`insertMetrics(${set.size + inc.size} rows)`, async () => {
+      for (const [values, increment] of [[[...set.values()], false], [[...inc.values()], true]] as const) {
+        for (let i = 0; i < values.length; i += 5000) {
+          await this.on(opts.tx).insertInto('step_metric_parts').values(values.slice(i, i + 5000))
+            .onConflict((oc) => oc.columns(['run_id', 'step', 'name', 'stage', 'replica']).doUpdateSet({
+              value: increment ? sql<number>`step_metric_parts.value + excluded.value` : (eb) => eb.ref('excluded.value'),
+              agg: (eb) => eb.ref('excluded.agg'),
+              weight: (eb) => eb.ref('excluded.weight'),
+              updated_at: sql<Date>`now()`,
+            }))
+            .execute();
+        }
       }
     });
   }
@@ -264,7 +281,7 @@ export abstract class KyselyStore implements Store {
         q = q.where('name', '=', sql<any>`any(${[...names]}::text[])`);
       }
       const rows = await q.orderBy('name').orderBy('step').execute();
-      return rows.map((r) => ({ runId: r.run_id, step: r.step, name: r.name, value: r.value, stage: r.stage, createdAt: r.created_at }));
+      return rows.map((r) => ({ runId: r.run_id, step: r.step, name: r.name, value: r.value, stage: r.stage, parts: Number(r.parts), createdAt: r.created_at }));
     });
   }
 

@@ -133,6 +133,14 @@ export interface InsertResult {
   duplicates: number;
 }
 
+/**
+ * How the partials of one metric written by several writers (replicas of a stage) combine when
+ * read (migrations/20261122_0005_metric_parts.sql): counters `sum`, times `max`, rates `mean`
+ * weighted by `weight`, single-writer values `last`.
+ */
+export type MetricAgg = 'sum' | 'max' | 'min' | 'mean' | 'last';
+export const METRIC_AGGS: readonly MetricAgg[] = ['sum', 'max', 'min', 'mean', 'last'];
+
 export interface MetricRow {
   runId: string;
   step: number;
@@ -141,10 +149,29 @@ export interface MetricRow {
   /** NaN and ±Infinity are stored as such (a NaN loss is information). */
   value: number;
   stage?: string | null;
+  /** The writer's replica within its stage ('' or absent: the only one). Partials are kept per (stage, replica). */
+  replica?: string;
+  /** How this partial combines with other writers' partials of the same metric (default 'last'). */
+  agg?: MetricAgg;
+  /** Weight of this partial in an agg = 'mean' combination (default 1, must be ≥ 0). */
+  weight?: number;
+  /**
+   * Add `value` to this writer's stored partial instead of replacing it (a counter's increment
+   * since the last write), so the stored total survives a restart of the writer.
+   */
+  increment?: boolean;
 }
 
-export interface StoredMetric extends MetricRow {
+export interface StoredMetric {
+  runId: string;
+  step: number;
+  name: string;
+  /** The combination of every writer's partial (see MetricAgg). */
+  value: number;
+  /** The writers' stages, comma-separated when several wrote the metric; null when none was given. */
   stage: string | null;
+  /** How many (stage, replica) partials were combined. */
+  parts: number;
   createdAt: Date;
 }
 
@@ -225,9 +252,13 @@ export interface Store {
   getTrajectories(runId: string, filter?: TrajectoryFilter): Promise<StoredTrajectory[]>;
   countTrajectories(runId: string, filter?: Omit<TrajectoryFilter, 'ids'>): Promise<number>;
 
-  /** Upsert by (runId, step, name): the last write wins. */
+  /**
+   * Upserts each writer's partial by (runId, step, name, stage, replica): the last write wins, or
+   * with `increment` the value is added to the stored partial. Rows repeated in one call: last
+   * wins (increments add up).
+   */
   insertMetrics(rows: readonly MetricRow[], opts?: WriteOptions): Promise<void>;
-  /** Ordered by name, then step. */
+  /** One row per (step, name), the partials combined (see MetricAgg). Ordered by name, then step. */
   getMetrics(runId: string, names?: readonly string[]): Promise<StoredMetric[]>;
 
   /** Upsert by (runId, step): a re-written checkpoint file replaces the row. */

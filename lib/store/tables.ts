@@ -4,7 +4,7 @@
  * back parsed; int8 comes back as a number (lib/db/database.ts sets the parser).
  */
 import type { ColumnType, Generated } from 'kysely';
-import type { Json, JsonObject } from './port.ts';
+import type { Json, JsonObject, MetricAgg } from './port.ts';
 
 type JsonColumn<T = Json> = ColumnType<T, string | null, string | null>;
 /** Set by the server: never inserted by the app, updated with now(). */
@@ -54,13 +54,29 @@ export interface TrajectoriesTable {
   created_at: Generated<Date>;
 }
 
+/** The view combining every writer's partial (migrations/20261122_0005_metric_parts.sql); read only. */
 export interface StepMetricsTable {
   run_id: string;
   step: number;
   name: string;
   value: number;
   stage: string | null;
+  created_at: Date;
+  parts: number;
+}
+
+/** One writer's (stage, replica) partial of a metric at a step. */
+export interface StepMetricPartsTable {
+  run_id: string;
+  step: number;
+  name: string;
+  stage: Generated<string>;
+  replica: Generated<string>;
+  value: number;
+  agg: Generated<MetricAgg>;
+  weight: Generated<number>;
   created_at: Generated<Date>;
+  updated_at: Generated<Date>;
 }
 
 export interface CheckpointsTable {
@@ -105,6 +121,7 @@ export interface StoreTables {
   runs: RunsTable;
   trajectories: TrajectoriesTable;
   step_metrics: StepMetricsTable;
+  step_metric_parts: StepMetricPartsTable;
   checkpoints: CheckpointsTable;
   val_generations: ValGenerationsTable;
   dead_letters: DeadLettersTable;

@@ -295,6 +295,49 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         assert.deepEqual((await store.getMetrics(runId, ['reward/mean'])).map((m) => m.value), [0.2]);
         assert.deepEqual(await store.getMetrics(runId, []), []);
         await assert.rejects(store.insertMetrics([{ runId, step: 1.5, name: 'x', value: 1 }]), rejectsWith('ERR_BAD_ROW', /step must be an integer/));
+        await assert.rejects(store.insertMetrics([{ runId, step: 1, name: 'x', value: 1, agg: 'median' as never }]), rejectsWith('ERR_BAD_ROW', /agg must be one of sum, max, min, mean, last/));
+        await assert.rejects(store.insertMetrics([{ runId, step: 1, name: 'x', value: 1, agg: 'mean', weight: -1 }]), rejectsWith('ERR_BAD_ROW', /weight must be a finite number ≥ 0/));
+      });
+
+      it('keeps each replica\'s partial and combines them on read (sum, max, weighted mean)', async () => {
+        const runId = await newRun();
+        const r = (replica: string, name: string, value: number, extra: Partial<import('../../lib/store/port.ts').MetricRow> = {}) =>
+          ({ runId, step: 3, name, value, stage: 'rollout', replica, ...extra });
+        // two rollout replicas write the same names for step 3, in separate calls (separate processes)
+        await store.insertMetrics([r('0', 'perf/rollout_tokens', 100, { agg: 'sum', increment: true }), r('0', 'perf/step_time_s/rollout', 2, { agg: 'max', increment: true }),
+          r('0', 'timing/rollout/generate_s', 1.5, { agg: 'max', increment: true }), r('0', 'x/error_rate', 0.5, { agg: 'mean', weight: 3 })]);
+        await store.insertMetrics([r('1', 'perf/rollout_tokens', 40, { agg: 'sum', increment: true }), r('1', 'perf/step_time_s/rollout', 5, { agg: 'max', increment: true }),
+          r('1', 'timing/rollout/generate_s', 4, { agg: 'max', increment: true }), r('1', 'x/error_rate', 0.1, { agg: 'mean', weight: 1 })]);
+        // replica 0 goes on with step 3: its increments add to its own stored partial
+        await store.insertMetrics([r('0', 'perf/rollout_tokens', 10, { agg: 'sum', increment: true }), r('0', 'perf/step_time_s/rollout', 4, { agg: 'max', increment: true })]);
+        const got = Object.fromEntries((await store.getMetrics(runId)).map((m) => [m.name, [m.value, m.parts, m.stage]]));
+        assert.deepEqual(got['perf/rollout_tokens'], [150, 2, 'rollout']);
+        assert.deepEqual(got['perf/step_time_s/rollout'], [6, 2, 'rollout']); // max(2 + 4, 5)
+        assert.deepEqual(got['timing/rollout/generate_s'], [4, 2, 'rollout']);
+        assert.ok(Math.abs(got['x/error_rate']![0] as number - (0.5 * 3 + 0.1) / 4) < 1e-12, `weighted mean ${got['x/error_rate']![0]}`);
+        // the analysis views read the combined values
+        const { rows: times } = await sql<{ step_time_s: number; compute_s: number | null }>`select step_time_s, compute_s from v_step_times where run_id = ${runId} and stage = 'rollout'`.execute(database.db);
+        assert.deepEqual(times, [{ step_time_s: 6, compute_s: null }]);
+        const { rows: wide } = await sql<{ rollout_s: number }>`select rollout_s from v_step_metrics_wide where run_id = ${runId}`.execute(database.db);
+        assert.deepEqual(wide, [{ rollout_s: 6 }]);
+        const { rows: parts } = await sql<{ n: number }>`select count(*)::int as n from step_metric_parts where run_id = ${runId}`.execute(database.db);
+        assert.equal(parts[0]!.n, 8);
+      });
+
+      it('increments in one call add up; a writer\'s last set value wins; disagreeing aggs fall back to the latest partial', async () => {
+        const runId = await newRun();
+        await store.insertMetrics([
+          { runId, step: 0, name: 'reward/failures', value: 1, stage: 'reward', agg: 'sum', increment: true },
+          { runId, step: 0, name: 'reward/failures', value: 2, stage: 'reward', agg: 'sum', increment: true },
+          { runId, step: 0, name: 'kl/coef', value: 0.1, stage: 'advantage' },
+        ]);
+        await store.insertMetrics([{ runId, step: 0, name: 'kl/coef', value: 0.3, stage: 'advantage' }, { runId, step: 0, name: 'reward/failures', value: 4, stage: 'reward', agg: 'sum', increment: true }]);
+        await store.insertMetrics([{ runId, step: 1, name: 'odd', value: 1, stage: 'a', agg: 'sum' }]);
+        await new Promise((r) => setTimeout(r, 5));
+        await store.insertMetrics([{ runId, step: 1, name: 'odd', value: 7, stage: 'b', agg: 'max' }]);
+        assert.deepEqual((await store.getMetrics(runId)).map((m) => [m.name, m.step, m.value, m.stage]), [
+          ['kl/coef', 0, 0.3, 'advantage'], ['odd', 1, 7, 'a,b'], ['reward/failures', 0, 7, 'reward'],
+        ]);
       });
     });
 
