@@ -8,13 +8,20 @@
  * Metrics leave the graph as additive sums (over micro-batches) and are finalised in JS:
  * fractions and ppo_kl become masked means Σ f·M / (ΣM + 1e-8) over the whole mini-batch.
  *
- * Registries (config strings): `policy_loss.loss_mode` (vanilla, gpg, reinforce, nft),
- * `kl_loss_type` (kl/k1, abs, mse/k2, low_var_kl/k3).
+ * Some policy losses fix the aggregation of their policy-gradient term whatever `lossAggMode` says
+ * (verl): gspo and sapo always seq-mean-token-mean, geo_mean a plain mean over sequences. Their
+ * pg term then uses its own weights `pgAggWeights` (see `pgAggWeights`), while the entropy and KL
+ * terms keep `lossAggMode`'s.
+ *
+ * Registries (config strings): `policy_loss.loss_mode` (vanilla, gspo, sapo, gpg, cispo,
+ * reinforce, geo_mean, nft), `kl_loss_type` (kl/k1, abs, mse/k2, low_var_kl/k3).
  */
 import { z } from 'zod';
 import { ConfigError } from '../errors.ts';
 import { Registry } from '../util/registry.ts';
+import { lossAggModes, type GlobalBatchInfo } from '../rl/agg.ts';
 import type { GraphBuilder, Var } from '../onnx/builder.ts';
+import type { Dim } from '../onnx/dims.ts';
 
 export const MASKED_EPS = 1e-8;
 
@@ -22,11 +29,13 @@ const aggMode = z.enum(['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean
 
 export const policyLossSchema = z.object({
   type: z.literal('policy'),
-  lossMode: z.string().default('vanilla').describe('policy loss registry name (vanilla, gpg, reinforce)'),
+  lossMode: z.string().default('vanilla').describe('policy loss registry name (vanilla, gspo, sapo, gpg, cispo, reinforce, geo_mean, nft)'),
   clipRatio: z.number().positive().default(0.2).describe('PPO clip ε (fallback for low/high)'),
   clipRatioLow: z.number().nonnegative().nullable().default(null).describe('ε_low; null = clipRatio'),
   clipRatioHigh: z.number().nonnegative().nullable().default(null).describe('ε_high; null = clipRatio'),
   clipRatioC: z.number().default(3.0).describe('dual-clip constant c (> 1)'),
+  tauPos: z.number().positive().default(1.0).describe('SAPO gate temperature τ for tokens with A > 0'),
+  tauNeg: z.number().positive().default(1.05).describe('SAPO gate temperature τ for tokens with A ≤ 0'),
   lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
   entropyCoeff: z.number().default(0).describe('entropy bonus coefficient'),
   useKlLoss: z.boolean().default(false).describe('add a KL(π‖π_ref) loss term'),
@@ -88,6 +97,10 @@ export interface TokenTensors {
   mask: Var;
   /** aggregation weights w = ∂agg_loss/∂ℓ (0 where M = 0). */
   aggWeights: Var;
+  /** aggregation weights of the policy-gradient term when the loss fixes its own (`pgAggWeights`); default aggWeights. */
+  pgAggWeights?: Var;
+  /** the [B, T] row layout of the flat [N] tensors (sequence-level losses: gspo, geo_mean). */
+  rowShape?: readonly [Dim, Dim];
   advantages?: Var;
   oldLogprobs?: Var;
   refLogprobs?: Var;
@@ -179,6 +192,123 @@ const reinforce: PolicyLossFn = (b, t) => {
   return { perToken, sums };
 };
 
+/** The flat [N] tensor x as [B, T] rows. */
+function rows(b: GraphBuilder, t: TokenTensors, x: Var, what: string): Var {
+  if (!t.rowShape) throw new ConfigError(`${what} is a sequence-level loss and needs the batch's [B, T] row layout (TokenTensors.rowShape)`);
+  return b.reshape(x, t.rowShape);
+}
+
+/** Σ_t x·M per row, [B, 1] (masked positions never contribute, even when x is not finite there). */
+function rowMaskedSum(b: GraphBuilder, x2: Var, m2: Var): Var {
+  return b.reduceSum(b.mul(b.where(b.greater(m2, 0), x2, 0), m2), [1], true);
+}
+
+/**
+ * GSPO (Zheng et al. 2025, arXiv 2507.18071; verl compute_policy_loss_gspo), matched to lib/rl:
+ * ℓ = lp − old [B, T]; s_i = sg(Σ_t ℓ·M / max(ΣM, 1)) [B, 1]; log s_i,t = lp − sg(lp) + s_i
+ * (value s_i, gradient 1 per token), clamped above at 10; r = e^{log s}; L1 = −A r,
+ * L2 = −A clip(r, 1−ε_lo, 1+ε_hi); loss = max(L1, L2) (no dual clip) × loss weights. The pg term is
+ * always aggregated seq-mean-token-mean. ppo_kl = mean(−ℓ) (unclamped); pg_clipfrac_lower = 0.
+ */
+const gspo: PolicyLossFn = (b, t, c) => {
+  const lp = need(t, 'logprob', 'gspo'), old = need(t, 'oldLogprobs', 'gspo'), A = need(t, 'advantages', 'gspo');
+  const lo = c.clipRatioLow ?? c.clipRatio, hi = c.clipRatioHigh ?? c.clipRatio;
+  const logRatio = b.sub(lp, old);
+  const m2 = rows(b, t, t.mask, 'gspo');
+  const seqLen = b.max(b.reduceSum(m2, [1], true), 1);
+  const seqLog = b.stopGradient(b.div(rowMaskedSum(b, rows(b, t, logRatio, 'gspo'), m2), seqLen));
+  const lp2 = rows(b, t, lp, 'gspo');
+  const tokenSeqLog = b.reshape(b.add(b.sub(lp2, b.stopGradient(lp2)), seqLog), t.mask.shape);
+  const ratio = b.exp(b.clip(tokenSeqLog, undefined, 10));
+  const negA = b.neg(A);
+  const l1 = b.mul(negA, ratio);
+  const l2 = b.mul(negA, b.clip(ratio, 1 - lo, 1 + hi));
+  let perToken = b.max(l1, l2);
+  if (t.lossWeights) perToken = b.mul(perToken, t.lossWeights);
+  return {
+    perToken,
+    sums: {
+      pg_clipfrac: boolSum(b, b.greater(l2, l1), t.mask),
+      pg_clipfrac_lower: b.const(0, t.mask.dtype),
+      ppo_kl: maskedSum(b, b.neg(logRatio), t.mask),
+    },
+  };
+};
+
+/**
+ * SAPO, soft adaptive policy optimization (verl compute_policy_loss_sapo), matched to lib/rl:
+ * ℓ = clamp(lp − old, ±20), r = eˡ; τ = τ_pos where A > 0 else τ_neg; gate = σ(τ(r − 1))·4/τ;
+ * loss = −gate·A × loss weights. The pg term is always aggregated seq-mean-token-mean; both clip
+ * fractions are 0.
+ */
+const sapo: PolicyLossFn = (b, t, c) => {
+  const lp = need(t, 'logprob', 'sapo'), old = need(t, 'oldLogprobs', 'sapo'), A = need(t, 'advantages', 'sapo');
+  const logRatio = b.clip(b.sub(lp, old), -20, 20);
+  const ratio = b.exp(logRatio);
+  const gate = (tau: number) => b.mul(b.sigmoid(b.mul(b.sub(ratio, 1), tau)), 4 / tau);
+  let perToken = b.neg(b.mul(b.where(b.greater(A, 0), gate(c.tauPos), gate(c.tauNeg)), A));
+  if (t.lossWeights) perToken = b.mul(perToken, t.lossWeights);
+  const zero = b.const(0, t.mask.dtype);
+  return { perToken, sums: { pg_clipfrac: zero, pg_clipfrac_lower: zero, ppo_kl: maskedSum(b, b.neg(logRatio), t.mask) } };
+};
+
+/**
+ * CISPO (MiniMax-M1, arXiv 2506.13585; verl compute_policy_loss_cispo), matched to lib/rl:
+ * ℓ = clamp(lp − old, ±20), r = eˡ; loss = −sg(clip(r, 1−ε_lo, 1+ε_hi))·A·lp × loss weights
+ * (gradient −sg(clip(r))·A per token). pg_clipfrac = mean[r outside the clip range]; ppo_kl = mean(−ℓ).
+ */
+const cispo: PolicyLossFn = (b, t, c) => {
+  const lp = need(t, 'logprob', 'cispo'), old = need(t, 'oldLogprobs', 'cispo'), A = need(t, 'advantages', 'cispo');
+  const lo = c.clipRatioLow ?? c.clipRatio, hi = c.clipRatioHigh ?? c.clipRatio;
+  const logRatio = b.clip(b.sub(lp, old), -20, 20);
+  const ratio = b.exp(logRatio);
+  const clipped = b.stopGradient(b.clip(ratio, 1 - lo, 1 + hi));
+  let perToken = b.neg(b.mul(b.mul(clipped, A), lp));
+  if (t.lossWeights) perToken = b.mul(perToken, t.lossWeights);
+  return {
+    perToken,
+    sums: {
+      pg_clipfrac: boolSum(b, b.or(b.less(ratio, 1 - lo), b.greater(ratio, 1 + hi)), t.mask),
+      pg_clipfrac_lower: b.const(0, t.mask.dtype),
+      ppo_kl: maskedSum(b, b.neg(logRatio), t.mask),
+    },
+  };
+};
+
+/**
+ * GMPO, geometric-mean policy optimization (Zhao et al. 2025, arXiv 2507.20673; verl
+ * compute_policy_loss_geo_mean), matched to lib/rl: ℓ = lp − old (unclamped) [B, T];
+ * m = sgn(A)·min(sgn(A)·ℓ, sgn(A)·clamp(ℓ, −ε_lo, ε_hi)); n_i = ΣM;
+ * ratio_i = exp(Σ m·M / (n_i + 1e-8)), Ā_i = Σ A·M / (n_i + 1e-8) [B, 1];
+ * row_i = −Ā_i·ratio_i (× exp(Σ log(w + 1e-10)·M / (n_i + 1e-8)), the geometric mean of the loss
+ * weights); every token of row i carries row_i, and the pg weights (M / (n_i·B_total)) make the pg
+ * term the plain mean over the mini-batch's sequences. pg_clipfrac / _lower = mean[ℓ clamped ∧ A ≷ 0].
+ */
+const geoMean: PolicyLossFn = (b, t, c) => {
+  const lp = need(t, 'logprob', 'geo_mean'), old = need(t, 'oldLogprobs', 'geo_mean'), A = need(t, 'advantages', 'geo_mean');
+  const lo = c.clipRatioLow ?? c.clipRatio, hi = c.clipRatioHigh ?? c.clipRatio;
+  const logRatio = b.sub(lp, old);
+  const clamped = b.clip(logRatio, -lo, hi);
+  const sgn = b.sign(A);
+  const m = b.mul(sgn, b.min(b.mul(sgn, logRatio), b.mul(sgn, clamped)));
+  const m2 = rows(b, t, t.mask, 'geo_mean');
+  const denom = b.add(b.reduceSum(m2, [1], true), 1e-8);
+  const ratio = b.exp(b.div(rowMaskedSum(b, rows(b, t, m, 'geo_mean'), m2), denom));
+  const aBar = b.div(rowMaskedSum(b, rows(b, t, A, 'geo_mean'), m2), denom);
+  let row = b.neg(b.mul(aBar, ratio));
+  if (t.lossWeights) row = b.mul(row, b.exp(b.div(rowMaskedSum(b, rows(b, t, b.log(b.add(t.lossWeights, 1e-10)), 'geo_mean'), m2), denom)));
+  const perToken = b.reshape(b.expand(row, m2.shape), t.mask.shape);
+  const isClipped = b.not(b.equal(logRatio, clamped));
+  return {
+    perToken,
+    sums: {
+      pg_clipfrac: boolSum(b, b.and(isClipped, b.greater(A, 0)), t.mask),
+      pg_clipfrac_lower: boolSum(b, b.and(isClipped, b.less(A, 0)), t.mask),
+      ppo_kl: maskedSum(b, b.neg(logRatio), t.mask),
+    },
+  };
+};
+
 /**
  * NFT, negative-aware fine-tuning (Chen et al. 2025; NVlabs/NFT, ratio_type "token"), matched to
  * lib/rl/nft.ts: R = exp(min(lp − old, max_log_ratio)); positives −log max(R, c₊); negatives
@@ -209,11 +339,42 @@ const nft: PolicyLossFn = (b, t, c) => {
   };
 };
 
-export const policyLosses = new Registry<PolicyLossFn>('policy_loss.loss_mode', { vanilla, gpg, reinforce, nft });
+export const policyLosses = new Registry<PolicyLossFn>('policy_loss.loss_mode', { vanilla, gspo, sapo, gpg, cispo, reinforce, geo_mean: geoMean, nft });
+
+/**
+ * The aggregation a policy loss fixes for its pg term whatever lossAggMode says (verl): gspo and
+ * sapo seq-mean-token-mean, geo_mean "seq-mean" (a plain mean over all sequences, empty ones
+ * included); null = lossAggMode.
+ */
+export function fixedPgAggMode(c: PolicyLossConfig): 'seq-mean-token-mean' | 'seq-mean' | null {
+  if (c.lossMode === 'gspo' || c.lossMode === 'sapo') return 'seq-mean-token-mean';
+  if (c.lossMode === 'geo_mean') return 'seq-mean';
+  return null;
+}
+
+/**
+ * Aggregation weights [B·T] of the pg term when the loss fixes an aggregation other than
+ * lossAggMode (null: the pg term uses aggWeights). M is the whole mini-batch's [B, T] loss mask;
+ * "seq-mean" weights are M / (ΣM_i · B), so Σ_t w·row_i = row_i / B for every non-empty row
+ * (an empty row's value is 0 in geo_mean).
+ */
+export function pgAggWeights(c: PolicyLossConfig, M: Float64Array, B: number, T: number, info: GlobalBatchInfo): Float64Array | null {
+  const mode = fixedPgAggMode(c);
+  if (mode === null || mode === c.lossAggMode) return null;
+  if (mode === 'seq-mean-token-mean') return lossAggModes.get(mode).weights(M, B, T, info);
+  const w = new Float64Array(B * T);
+  for (let i = 0; i < B; i++) {
+    let n = 0;
+    for (let k = i * T; k < (i + 1) * T; k++) n += M[k];
+    if (n > 0) for (let k = i * T; k < (i + 1) * T; k++) w[k] = M[k] / n / B;
+  }
+  return w;
+}
 
 /** Which per-token batch fields a policy loss reads (besides log-probs and masks). */
-export function policyLossNeeds(c: PolicyLossConfig): { advantages: boolean; oldLogprobs: boolean; nft: boolean } {
-  return { advantages: c.lossMode !== 'nft', oldLogprobs: true, nft: c.lossMode === 'nft' };
+export function policyLossNeeds(c: PolicyLossConfig): { advantages: boolean; oldLogprobs: boolean; nft: boolean; pgAggWeights: boolean } {
+  const fixed = fixedPgAggMode(c);
+  return { advantages: c.lossMode !== 'nft', oldLogprobs: true, nft: c.lossMode === 'nft', pgAggWeights: fixed !== null && fixed !== c.lossAggMode };
 }
 
 // ─────────────────────────── KL loss estimators ───────────────────────────
@@ -235,7 +396,7 @@ export const klLossTypes = new Registry<KlFn>('kl_loss_type', { kl: k1, k1, abs:
 export function policyLossGraph(b: GraphBuilder, t: TokenTensors, c: PolicyLossConfig): LossGraph {
   return b.scope('loss', () => {
     const { perToken, sums } = policyLosses.get(c.lossMode)(b, t, c);
-    const pgLoss = aggregate(b, perToken, t);
+    const pgLoss = aggregate(b, perToken, t.pgAggWeights ? { ...t, aggWeights: t.pgAggWeights } : t);
     let loss = pgLoss;
     const out: Record<string, Var> = { pg_loss: pgLoss, ...sums };
     if (t.entropy) {

@@ -15,7 +15,7 @@ import { nftRHat } from '../rl/nft.ts';
 import { ort, tensor, type SessionOptions } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
-import { finalizeMetrics, lossConfig, policyLossNeeds, type LossConfig, type LossConfigInput } from './loss.ts';
+import { finalizeMetrics, lossConfig, pgAggWeights, policyLossNeeds, type LossConfig, type LossConfigInput } from './loss.ts';
 import { cloneWeights, paramSpecs, validateWeights, zerosLikeWeights, type ParamSpec, type Weights } from './params.ts';
 import { defaultSessionCache, keyOf, SessionCache } from './session-cache.ts';
 import { buildTrainGraph, type OptimConfig, type TrainGraphMode } from './train-graph.ts';
@@ -294,6 +294,8 @@ export class Trainer {
     } else {
       agg = lossAggModes.get(this.loss.lossAggMode).weights(Float64Array.from(lossMask), B, T, info);
     }
+    // gspo / sapo / geo_mean: the pg term's own aggregation over the whole mini-batch
+    const pgAgg = pol && !needs!.nft ? pgAggWeights(pol, Float64Array.from(lossMask), B, T, info) ?? undefined : undefined;
     const shift = (a: ArrayLike<number> | undefined): Float32Array | undefined => {
       if (!a) return undefined;
       const o = new Float32Array(n);
@@ -307,7 +309,7 @@ export class Trainer {
       input_ids: batch.tokens, position_ids: positions, attention_mask: attn, targets, loss_mask: lossMask, agg_weights: agg,
       advantages: shift(batch.advantages), old_log_probs: shift(batch.oldLogprobs), ref_log_probs: shift(batch.refLogprobs),
       loss_weights: shift(batch.lossWeights), values: shift(batch.values), returns: shift(batch.returns),
-      nft_rhat: nftRows?.rhat, nft_positive: nftRows?.positive,
+      nft_rhat: nftRows?.rhat, nft_positive: nftRows?.positive, pg_agg_weights: pgAgg,
     };
     const mb = this.opts.microBatchSize ?? B;
     const out: Prepared[] = [];

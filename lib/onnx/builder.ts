@@ -234,7 +234,8 @@ export class GraphBuilder {
       if (this.usedNames.has(name)) throw new GraphError(`output name "${name}" is already used`);
       this.usedNames.add(name);
       out = this.newVar(name, v.dtype, v.shape);
-      this.nodes.push({ opType: 'Identity', name: `${name}/identity`, inputs: [v.name], outputs: [name], attrs: {}, domain: '' });
+      // a unique node name: an output "loss" must not collide with a node of scope "loss"
+      this.nodes.push({ opType: 'Identity', name: this.uniqueNameGlobal(`${name}/identity`), inputs: [v.name], outputs: [name], attrs: {}, domain: '' });
     }
     if (this.outputs.some((o) => o.name === out.name)) throw new GraphError(`"${out.name}" is already an output`);
     this.outputs.push(out);

@@ -1,7 +1,7 @@
 /**
  * The in-graph losses (run in ORT, in each case's dtype) against verl's golden cases
  * (test/fixtures/golden/rl_golden.json): policy losses (vanilla with dual clip and IS weights,
- * gpg, reinforce), kl_penalty values and gradients, value loss, entropy, agg_loss. Aggregation
+ * gspo, sapo, gpg, cispo, reinforce, geo_mean), kl_penalty values and gradients, value loss, entropy, agg_loss. Aggregation
  * weights come from lib/rl/agg.ts, as in the trainer. Tolerances from the golden README.
  */
 import assert from 'node:assert/strict';
@@ -10,7 +10,7 @@ import { describe, it } from 'node:test';
 import { GraphBuilder, type FloatDType, type Var } from '../../../lib/onnx/builder.ts';
 import { tokenLogprobEntropy } from '../../../lib/onnx/nn.ts';
 import { createSession, tensor } from '../../../lib/onnx/runtime.ts';
-import { aggregate, finalizeMetrics, klLossTypes, lossConfig, policyLossGraph, valueLossGraph, type PolicyLossConfig, type TokenTensors, type ValueLossConfig } from '../../../lib/model/loss.ts';
+import { aggregate, finalizeMetrics, klLossTypes, lossConfig, pgAggWeights, policyLossGraph, valueLossGraph, type PolicyLossConfig, type TokenTensors, type ValueLossConfig } from '../../../lib/model/loss.ts';
 import { lossAggModes, type GlobalBatchInfo } from '../../../lib/rl/agg.ts';
 
 interface Case { id: string; function: string; dtype: 'float32' | 'float64'; args: Record<string, any>; inputs: Record<string, any>; outputs: Record<string, any> }
@@ -45,24 +45,41 @@ function aggW(mask: { data: number[]; bs: number; T: number }, mode: string, inf
   return { data: Array.from(lossAggModes.get(mode).weights(Float64Array.from(mask.data), mask.bs, mask.T, info)), bs: mask.bs, T: mask.T };
 }
 
+const VALID_AGG = new Set(['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm']);
+
+/** The graph's loss config for a golden case's args (gspo/sapo/geo_mean cases say "(forced)"/"ignored": the default mode is configured, the loss must override it). */
+function policyCfg(lossMode: string, a: Record<string, any>): PolicyLossConfig {
+  return lossConfig({
+    type: 'policy', lossMode, lossAggMode: VALID_AGG.has(a.loss_agg_mode) ? a.loss_agg_mode : 'token-mean',
+    ...(a.clip_ratio !== undefined ? { clipRatio: a.clip_ratio, clipRatioLow: a.clip_ratio_low, clipRatioHigh: a.clip_ratio_high } : {}),
+    ...(a.clip_ratio_c !== undefined ? { clipRatioC: a.clip_ratio_c } : {}),
+    ...(a.tau_pos !== undefined ? { tauPos: a.tau_pos, tauNeg: a.tau_neg } : {}),
+  }) as PolicyLossConfig;
+}
+
+type Arr2 = { data: number[]; bs: number; T: number };
+
+/** Loss inputs of the graph: aggregation weights from lib/rl/agg.ts, plus the pg term's own when the loss fixes it. */
+function lossInputs(cfg: PolicyLossConfig, x: { lp: Arr2; old: Arr2; adv: Arr2; mask: Arr2; isw?: Arr2 | null }, info: GlobalBatchInfo): Record<string, Arr2> {
+  const inputs: Record<string, Arr2> = { lp: x.lp, old: x.old, adv: x.adv, mask: x.mask, w: aggW(x.mask, cfg.lossAggMode, info) };
+  const pgw = pgAggWeights(cfg, Float64Array.from(x.mask.data), x.mask.bs, x.mask.T, info);
+  if (pgw) inputs.pgw = { data: Array.from(pgw), bs: x.mask.bs, T: x.mask.T };
+  if (x.isw) inputs.isw = x.isw;
+  return inputs;
+}
+
+function tokenTensors(x: Record<string, Var>): TokenTensors {
+  return { logprob: x.lp, oldLogprobs: x.old, advantages: x.adv, mask: x.mask, aggWeights: x.w, pgAggWeights: x.pgw, lossWeights: x.isw, rowShape: ['B', 'T'] };
+}
+
 async function policyCase(c: Case, lossMode: string): Promise<void> {
   const a = c.args;
   const info: GlobalBatchInfo = a.global_batch_info ?? {};
   const mask = flat2(c.inputs.response_mask);
-  const cfg = lossConfig({
-    type: 'policy', lossMode, lossAggMode: a.loss_agg_mode,
-    ...(lossMode === 'vanilla' ? { clipRatio: a.clip_ratio, clipRatioLow: a.clip_ratio_low, clipRatioHigh: a.clip_ratio_high, clipRatioC: a.clip_ratio_c } : {}),
-  }) as PolicyLossConfig;
+  const cfg = policyCfg(lossMode, a);
   const old = c.inputs.old_log_prob ?? c.inputs.rollout_log_prob;
-  const inputs: Record<string, { data: number[]; bs: number; T: number }> = {
-    lp: flat2(c.inputs.log_prob), old: flat2(old), adv: flat2(c.inputs.advantages), mask, w: aggW(mask, a.loss_agg_mode, info),
-  };
-  if (c.inputs.rollout_is_weights) inputs.isw = flat2(c.inputs.rollout_is_weights);
-  const out = await runGraph(c.dtype, inputs, (b, x) => {
-    const t: TokenTensors = { logprob: x.lp, oldLogprobs: x.old, advantages: x.adv, mask: x.mask, aggWeights: x.w, lossWeights: x.isw };
-    const lg = policyLossGraph(b, t, cfg);
-    return lg.sums;
-  });
+  const inputs = lossInputs(cfg, { lp: flat2(c.inputs.log_prob), old: flat2(old), adv: flat2(c.inputs.advantages), mask, isw: c.inputs.rollout_is_weights ? flat2(c.inputs.rollout_is_weights) : null }, info);
+  const out = await runGraph(c.dtype, inputs, (b, x) => policyLossGraph(b, tokenTensors(x), cfg).sums);
   const sums = Object.fromEntries(Object.entries(out).map(([k, v]) => [k, v[0]]));
   const m = finalizeMetrics(sums, mask.data.reduce((s, v) => s + v, 0));
   close(m.pg_loss, c.outputs.pg_loss, c.dtype, 'loss', `${c.id} pg_loss`);
@@ -80,6 +97,13 @@ describe('policy losses vs verl golden cases', () => {
     for (const c of cases('compute_policy_loss_gpg')) await policyCase(c, 'gpg');
     for (const c of cases('compute_policy_loss_reinforce')) await policyCase(c, 'reinforce');
   });
+  for (const [mode, min] of [['gspo', 6], ['sapo', 12], ['cispo', 24], ['geo_mean', 6]] as const) {
+    it(`${mode} (its forced aggregation over a configured token-mean, IS weights)`, async () => {
+      const cs = cases(`compute_policy_loss_${mode}`);
+      assert.ok(cs.length >= min, `only ${cs.length} ${mode} cases`);
+      for (const c of cs) await policyCase(c, mode);
+    });
+  }
 });
 
 describe('kl, value, entropy and aggregation vs verl golden cases', () => {
@@ -208,5 +232,53 @@ describe('policy-loss gradients vs lib/rl (∂pg_loss/∂log π, torch autograd 
       n++;
     }
     assert.ok(n >= 30, `checked ${n} cases`);
+  });
+
+  it('gspo, sapo, cispo, geo_mean on the golden inputs in float64 and on random inputs (clamps, an empty row, IS weights, agg modes)', async () => {
+    const { computePolicyLoss } = await import('../../../lib/rl/policy-loss-registry.ts');
+    const { Rng } = await import('../../../lib/util/rng.ts');
+    const T2 = (x: Arr2) => ({ data: Float64Array.from(x.data), bs: x.bs, T: x.T });
+    const check = async (mode: string, a: Record<string, any>, x: { lp: Arr2; old: Arr2; adv: Arr2; mask: Arr2; isw?: Arr2 | null }, what: string) => {
+      const cfg = policyCfg(mode, a);
+      const info: GlobalBatchInfo = a.global_batch_info ?? {};
+      const ref = computePolicyLoss(mode, { old_log_prob: T2(x.old), log_prob: T2(x.lp), advantages: T2(x.adv), response_mask: T2(x.mask), rollout_is_weights: x.isw ? T2(x.isw) : null },
+        { clip_ratio: a.clip_ratio, clip_ratio_low: a.clip_ratio_low, clip_ratio_high: a.clip_ratio_high, tau_pos: a.tau_pos, tau_neg: a.tau_neg, loss_agg_mode: cfg.lossAggMode, global_batch_info: info, with_grad: true });
+      const out = await runGraph('float64', lossInputs(cfg, x, info), (b, v) => {
+        const lg = policyLossGraph(b, tokenTensors(v), cfg);
+        return { pg: lg.sums.pg_loss, g: b.grad(lg.sums.pg_loss, [v.lp])[0], clip: lg.sums.pg_clipfrac, lower: lg.sums.pg_clipfrac_lower, kl: lg.sums.ppo_kl };
+      });
+      const mSum = x.mask.data.reduce((s, v) => s + v, 0);
+      close(out.pg[0], ref.pg_loss, 'float64', 'loss', `${what} pg_loss`);
+      ref.grad_log_prob!.data.forEach((e, i) => close(out.g[i], e, 'float64', 'loss', `${what} grad[${i}]`));
+      close(out.clip[0] / (mSum + 1e-8), ref.metrics.pg_clipfrac!, 'float64', 'frac', `${what} pg_clipfrac`);
+      close(out.lower[0] / (mSum + 1e-8), ref.metrics.pg_clipfrac_lower!, 'float64', 'frac', `${what} pg_clipfrac_lower`);
+      close(out.kl[0] / (mSum + 1e-8), ref.metrics.ppo_kl!, 'float64', 'loss', `${what} ppo_kl`);
+      return ref.grad_log_prob!.data.some((g) => g !== 0);
+    };
+    let n = 0;
+    for (const mode of ['gspo', 'sapo', 'cispo', 'geo_mean']) {
+      for (const c of cases(`compute_policy_loss_${mode}`)) {
+        const isw = c.inputs.rollout_is_weights ? flat2(c.inputs.rollout_is_weights) : null;
+        assert.ok(await check(mode, c.args, { lp: flat2(c.inputs.log_prob), old: flat2(c.inputs.old_log_prob), adv: flat2(c.inputs.advantages), mask: flat2(c.inputs.response_mask), isw }, `${c.id} (float64)`), `${c.id}: a zero gradient checks nothing`);
+        n++;
+      }
+    }
+    assert.ok(n >= 48, `checked ${n} golden cases`);
+    const bs = 5, T = 6, N = bs * T, rng = Rng.fromSeed('policy-loss-grad');
+    const lp = Array.from({ length: N }, () => -0.5 - 2 * rng.next());
+    // ratios from e^-0.9 to e^0.9 (PPO and geo_mean clips active); row 3's sequence log-ratio is > 10 (gspo's clamp)
+    const old = lp.map((v, i) => (Math.floor(i / T) === 3 ? v - 11 : v - 1.8 * (rng.next() - 0.5)));
+    const adv = Array.from({ length: N }, (_, i) => (i % 7 === 0 ? 0 : 2 * (rng.next() - 0.5)));
+    const mask = Array.from({ length: N }, (_, i) => (Math.floor(i / T) === 2 ? 0 : i % T < 2 + (Math.floor(i / T) % 4) ? 1 : 0));
+    const isw = Array.from({ length: N }, () => 0.5 + rng.next());
+    const A2 = (d: number[]) => ({ data: d, bs, T });
+    const clip = { clip_ratio: 0.2, clip_ratio_low: 0.2, clip_ratio_high: 0.28 };
+    for (const [mode, a] of [
+      ['gspo', { ...clip, global_batch_info: { global_batch_size: 8, dp_size: 2 } }], ['sapo', { tau_pos: 2, tau_neg: 4, loss_agg_mode: 'seq-mean-token-sum' }],
+      ['cispo', { ...clip, loss_agg_mode: 'seq-mean-token-sum-norm', global_batch_info: { loss_scale_factor: 4 } }], ['cispo', { ...clip, loss_agg_mode: 'token-mean' }],
+      ['geo_mean', { ...clip, loss_agg_mode: 'seq-mean-token-mean' }],
+    ] as const) {
+      for (const w of [null, A2(isw)]) await check(mode, a, { lp: A2(lp), old: A2(old), adv: A2(adv), mask: A2(mask), isw: w }, `random ${mode} ${JSON.stringify(a)}${w ? ' +IS' : ''}`);
+    }
   });
 });

@@ -55,6 +55,26 @@ describe('trainer', () => {
     }
   });
 
+  it('gspo, sapo, cispo, geo_mean: micro-batches give the loss of lib/rl on the whole mini-batch and the big-batch gradient', async () => {
+    const { computePolicyLoss } = await import('../../../lib/rl/policy-loss-registry.ts');
+    const B = 8, T = 12, batch = makeBatch(B, T, 2);
+    const f64 = (a: ArrayLike<number>) => ({ data: Float64Array.from(a), bs: B, T });
+    for (const lossMode of ['gspo', 'sapo', 'cispo', 'geo_mean']) {
+      // the configured mode (token-mean) aggregates entropy and KL; gspo, sapo and geo_mean fix their pg term's own
+      const loss = { type: 'policy' as const, lossMode, clipRatioLow: 0.2, clipRatioHigh: 0.28, tauPos: 1.5, useKlLoss: true, entropyCoeff: 0.01 };
+      const big = createTrainer({ model, loss, seed: 5, cache, threads: 1 });
+      const small = createTrainer({ model, loss, seed: 5, cache, threads: 1, microBatchSize: 3 });
+      const ev = await small.evaluate(batch);
+      const ref = computePolicyLoss(lossMode, { old_log_prob: f64(batch.oldLogprobs!), log_prob: f64(ev.perToken), advantages: f64(batch.advantages!), response_mask: f64(batch.responseMask) },
+        { clip_ratio_low: 0.2, clip_ratio_high: 0.28, tau_pos: 1.5, loss_agg_mode: 'token-mean' });
+      const expected: Record<string, number> = { pg_loss: ref.pg_loss, pg_clipfrac: ref.metrics.pg_clipfrac!, pg_clipfrac_lower: ref.metrics.pg_clipfrac_lower!, ppo_kl: ref.metrics.ppo_kl! };
+      for (const [k, e] of Object.entries(expected)) assert.ok(Math.abs(ev.metrics[k] - e) <= 2e-5 * (1 + Math.abs(e)), `${lossMode}: ${k} ${ev.metrics[k]} vs lib/rl ${e}`);
+      const g1 = await big.computeGradients(batch), g2 = await small.computeGradients(batch);
+      for (const s of paramSpecs(model)) assert.ok(maxRelDiff(g2.grads.get(s.name)!, g1.grads.get(s.name)!) < 2e-5, `${lossMode}: grad ${s.name} differs`);
+      for (const k of ['pg_loss', 'entropy', 'kl_loss', 'loss']) assert.ok(Math.abs(g1.metrics[k] - g2.metrics[k]) <= 1e-5 * (1 + Math.abs(g1.metrics[k])), `${lossMode}: metric ${k} ${g1.metrics[k]} vs ${g2.metrics[k]}`);
+    }
+  });
+
   it('in-graph clipping + AdamW equals torch-style AdamW in float64 on the same gradient (3 steps)', async () => {
     const optim = { betas: [0.9, 0.95] as [number, number], eps: 1e-6, weightDecay: 0.1, maxGradNorm: 0.05 };
     const tr = createTrainer({ model, loss: { type: 'policy' }, seed: 7, cache, threads: 1, optim, microBatchSize: 5 });
@@ -146,7 +166,7 @@ describe('trainer', () => {
     await assert.rejects(tr.step({ ...b, advantages: new Float32Array(3) }, 1e-3), /advantages.*3 values.*16/);
     await assert.rejects(tr.step({ ...b, tokens: Int32Array.from(b.tokens, (x, i) => (i === 5 ? 99 : x)) }, 1e-3), /token 99 .*vocabulary/);
     await assert.rejects(tr.step({ ...b, responseMask: new Float32Array(16) }, 1e-3), /no response tokens/);
-    assert.throws(() => createTrainer({ model, loss: { type: 'policy', lossMode: 'ppo2' } }), /policy_loss.loss_mode "ppo2".*valid: gpg, nft, reinforce, vanilla/);
+    assert.throws(() => createTrainer({ model, loss: { type: 'policy', lossMode: 'ppo2' } }), /policy_loss.loss_mode "ppo2".*valid: cispo, geo_mean, gpg, gspo, nft, reinforce, sapo, vanilla/);
     assert.throws(() => createTrainer({ model, loss: { type: 'policy', useKlLoss: true, klLossType: 'k9' } }), /kl_loss_type "k9"/);
     assert.throws(() => createTrainer({ model, loss: { type: 'value' } }), /value model/);
     assert.throws(() => createTrainer({ model, loss: { type: 'policy', clipRatioC: 0.5 } }), /clipRatioC must be > 1/);
