@@ -104,7 +104,7 @@ const algorithmSchema = section({
   filter_low: probability().default(0.01).describe('Online filtering: lower bound on the group mean.'),
   filter_high: probability().default(0.99).describe('Online filtering: upper bound on the group mean.'),
   max_try_make_batch: posInt().default(10).describe('Online filtering: refill attempts per step before the run stops with an error.'),
-  policy_loss: z.enum(POLICY_LOSSES).default('vanilla').describe('Policy loss: vanilla (PPO clip with dual clip), gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft.'),
+  policy_loss: z.enum(POLICY_LOSSES).default('vanilla').describe('Policy loss: vanilla (PPO clip with dual clip), gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft. The update stage trains vanilla, gspo, sapo, gpg, cispo, reinforce and geo_mean (gspo and sapo aggregate their policy-gradient term seq-mean-token-mean and geo_mean as a plain mean over sequences, whatever actor.loss_agg_mode says, as verl); clip_cov, kl_cov and nft are in lib/rl only.'),
   overlong: section({
     enable: z.boolean().default(false).describe('Soft overlong punishment (DAPO): a linear penalty for responses longer than max_length − buffer_length.'),
     max_length: posInt().nullable().default(null).describe('Expected maximum response length; null → data.max_response_length.'),
@@ -119,6 +119,10 @@ const algorithmSchema = section({
     advantage_scaling_min: probability().default(0.8).describe('Lowest advantage scale given to the least perception-dependent trajectories.'),
     perturbation: z.enum(['gaussian_noise', 'mask']).default('gaussian_noise').describe('How the image is perturbed to measure visual dependency.'),
   }, 'VPPO token reweighting (multimodal).'),
+  sapo: section({
+    tau_pos: z.number().gt(0).default(1.0).describe('SAPO gate temperature τ for tokens with a positive advantage.'),
+    tau_neg: z.number().gt(0).default(1.05).describe('SAPO gate temperature τ for tokens with a zero or negative advantage.'),
+  }, 'Soft adaptive policy optimization settings (policy_loss = sapo): loss = −σ(τ(r − 1))·4/τ·A.'),
   nft: section({
     neg_weight: z.number().gte(0).default(1.0).describe('NFT policy loss: weight of the negative-sample term.'),
   }, 'Negative-aware fine-tuning loss settings (policy_loss = nft).'),

@@ -56,7 +56,8 @@ export interface UpdateOptions {
   initialWeightsDir?: string;
 }
 
-const SUPPORTED_LOSSES = new Set(['vanilla', 'gpg', 'reinforce']);
+/** Policy losses the ONNX training graph implements (lib/model/loss.ts); the others are in lib/rl only. */
+const SUPPORTED_LOSSES = new Set(['vanilla', 'gspo', 'sapo', 'gpg', 'cispo', 'reinforce', 'geo_mean']);
 
 function bucketOf(step: number): string { return `step:${String(step).padStart(8, '0')}`; }
 
@@ -97,7 +98,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
     loss: {
       type: 'policy' as const, lossMode: cfg.algorithm.policy_loss, clipRatioLow: cfg.actor.clip_ratio_low, clipRatioHigh: cfg.actor.clip_ratio_high,
-      clipRatioC: cfg.actor.clip_ratio_dual, lossAggMode: cfg.actor.loss_agg_mode, entropyCoeff: cfg.actor.entropy_coeff,
+      clipRatioC: cfg.actor.clip_ratio_dual, tauPos: cfg.algorithm.sapo.tau_pos, tauNeg: cfg.algorithm.sapo.tau_neg, lossAggMode: cfg.actor.loss_agg_mode, entropyCoeff: cfg.actor.entropy_coeff,
       useKlLoss: cfg.algorithm.use_kl_loss, klLossCoef: cfg.algorithm.kl_coef, klLossType: cfg.algorithm.kl_loss_type ?? cfg.algorithm.kl_penalty,
       temperature: cfg.rollout.temperature,
     },
