@@ -50,6 +50,7 @@ function trajectoryGroups(n: number, seed: string): TrajectoryGroup[] {
         id: sampleId('bench-run', step, p, k), sample_index: k, prompt_index: p, response_ids: ids(TOKENS), response_text: text(2000),
         behaviour_logprobs: floats(TOKENS), response_mask: Buffer.alloc(0), finish_reason: k % 3 === 0 ? 'length' : 'stop',
       })),
+      baseline: null,
     } satisfies TrajectoryGroup;
   });
 }

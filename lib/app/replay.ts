@@ -175,7 +175,7 @@ export async function replayRun(opts: ReplayOptions): Promise<ReplayOutcome> {
           seen.add(g.id);
           const re = (id: string) => `${p.runId}${id.slice(src.runId.length)}`;
           const id = re(g.id);
-          out.push(p.message('trajectories', { ...g, run_id: p.runId, id, group_uid: hashId(id), samples: g.samples.map((x) => ({ ...x, id: re(x.id) })) }));
+          out.push(p.message('trajectories', { ...g, run_id: p.runId, id, group_uid: hashId(id), samples: g.samples.map((x) => ({ ...x, id: re(x.id) })), baseline: g.baseline ? { ...g.baseline, id: re(g.baseline.id) } : null }));
           lastStep = Math.max(lastStep, g.step);
         });
       } finally { await s.close(); }

@@ -35,8 +35,13 @@ function groupIdentity(path: string, g: Rec, runId: string, step: number, kind: 
 
 function samples(g: Rec, p: Problems, each: (s: Rec, path: string, len: number) => void): void {
   const seen = new Set<number>();
-  g.samples.forEach((s: Rec, i: number) => {
-    const path = `samples[${i}].`;
+  // trajectories/scored v2: the remax greedy baseline is checked like a sample (its index is not one of the samples')
+  const all: Array<[Rec, string]> = g.samples.map((s: Rec, i: number) => [s, `samples[${i}].`]);
+  if (g.baseline != null) {
+    all.push([g.baseline, 'baseline.']);
+    if (g.kind !== 'train') p.push(`baseline: only training groups have a greedy baseline (kind is ${g.kind})`);
+  }
+  all.forEach(([s, path]) => {
     if (seen.has(s.sample_index)) p.push(`${path}sample_index: ${s.sample_index} appears twice in the group`);
     seen.add(s.sample_index);
     if (s.id !== `${g.id}/n${s.sample_index}`) p.push(`${path}id: ${JSON.stringify(s.id)} is not "${g.id}/n${s.sample_index}"`);

@@ -14,18 +14,18 @@ export type Expect<X extends true> = X;
 
 export type Checks = [
   Expect<Mutual<T.Kind, G.PromptsV1Kind>>,
-  Expect<Mutual<T.Kind, G.TrajectoriesV1Kind>>,
+  Expect<Mutual<T.Kind, G.TrajectoriesV2Kind>>,
   Expect<Mutual<T.SamplingParams, G.PromptsV1SamplingParams>>,
   Expect<Mutual<T.PromptGroup, G.PromptsV1PromptGroup>>,
   Expect<Mutual<T.PromptBatch, G.PromptsV1PromptBatch>>,
 
-  Expect<Mutual<T.FinishReason, G.TrajectoriesV1FinishReason>>,
-  Expect<Mutual<T.TrajectorySample, G.TrajectoriesV1TrajectorySample>>,
-  Expect<Mutual<T.TrajectoryGroup, G.TrajectoriesV1TrajectoryGroup>>,
+  Expect<Mutual<T.FinishReason, G.TrajectoriesV2FinishReason>>,
+  Expect<Mutual<T.TrajectorySample, G.TrajectoriesV2TrajectorySample>>,
+  Expect<Mutual<T.TrajectoryGroup, G.TrajectoriesV2TrajectoryGroup>>,
 
-  Expect<Mutual<T.ScoreFailure, G.ScoredV1ScoreFailure>>,
-  Expect<Mutual<T.ScoredSample, G.ScoredV1ScoredSample>>,
-  Expect<Mutual<T.ScoredGroup, G.ScoredV1ScoredGroup>>,
+  Expect<Mutual<T.ScoreFailure, G.ScoredV2ScoreFailure>>,
+  Expect<Mutual<T.ScoredSample, G.ScoredV2ScoredSample>>,
+  Expect<Mutual<T.ScoredGroup, G.ScoredV2ScoredGroup>>,
 
   Expect<Mutual<T.ScoreFailure, G.UpdatesV1ScoreFailure>>,
   Expect<Mutual<T.UpdateSample, G.UpdatesV1UpdateSample>>,

@@ -81,7 +81,7 @@ export interface PromptBatch extends RecordHeader {
 }
 
 // ------------------------------------------------------------------------------------------
-// trajectories.v1 — rollout → reward
+// trajectories.v2 — rollout → reward
 
 /** The group-level fields of trajectories, scored and updates records. policy_version = the behaviour policy. */
 export interface GroupHeader extends RecordHeader, PromptFields {
@@ -117,10 +117,15 @@ export interface TrajectorySample {
 /** Topic `trajectories`: a prompt group with its n samples. */
 export interface TrajectoryGroup extends GroupHeader {
   samples: TrajectorySample[];
+  /**
+   * remax (trajectories.v2): the greedy (temperature 0) response of the same policy version,
+   * sample_index = n; its reward is the group's baseline and it is never trained on. null otherwise.
+   */
+  baseline: TrajectorySample | null;
 }
 
 // ------------------------------------------------------------------------------------------
-// scored.v1 — reward → advantage (and → controller on topic `validation`)
+// scored.v2 — reward → advantage (and → controller on topic `validation`)
 
 /** Why a sample could not be scored. */
 export interface ScoreFailure {
@@ -147,6 +152,8 @@ export interface ScoredGroup extends GroupHeader {
   /** Reward that scored the group (fn:<name>, http:<name>, onnx:<name>). */
   reward_fn: string;
   samples: ScoredSample[];
+  /** remax (scored.v2): the scored greedy response (see TrajectoryGroup.baseline); null otherwise. */
+  baseline: ScoredSample | null;
 }
 
 // ------------------------------------------------------------------------------------------

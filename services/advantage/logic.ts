@@ -8,8 +8,9 @@
 import type { ScoredGroup, UpdateGroup, UpdateSample } from '../../lib/contracts/index.ts';
 import {
   computeAdvantage, onlineFilters, applyOverlongShaping, applyKlPenalty, makeKlController, klPenalty, tensor2d,
-  type KlController,
+  type KlController, type OverlongConfig,
 } from '../../lib/rl/index.ts';
+import { ConfigError } from '../../lib/errors.ts';
 
 export interface AdvantageSettings {
   rolloutBatchSize: number;
@@ -48,6 +49,7 @@ export function initialAdvantageState(): AdvantageState { return { done: [], ref
 export function filterReason(g: ScoredGroup, s: AdvantageSettings): string | null {
   const failed = g.samples.filter((x) => x.failure !== null);
   if (failed.length) return `reward failed for ${failed.length}/${g.samples.length} samples: ${failed[0].failure!.message}`.slice(0, 500);
+  if (g.baseline?.failure) return `reward failed for the greedy baseline (remax): ${g.baseline.failure.message}`.slice(0, 500);
   if (!s.onlineFiltering) return null;
   const values = Float64Array.from(g.samples.map((x) => x.reward_details[s.filterKey] ?? (s.filterKey === 'overall' ? x.reward! : NaN)));
   if (values.some((v) => !Number.isFinite(v))) return `online filter: reward metric "${s.filterKey}" missing (set algorithm.filter_key to one of: ${Object.keys(g.samples[0]?.reward_details ?? {}).join(', ') || 'overall'})`;
@@ -105,11 +107,13 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
   let rewards: Float64Array = Float64Array.from(rows.map((r) => r.x.reward!));
   const lengths = rows.map((r) => r.x.response_ids.length);
   const metrics: Record<string, number> = {};
+  const overlong = { max_response_length: s.overlong.maxLength, overlong_buffer_len: s.overlong.bufferLength, overlong_penalty_factor: s.overlong.penaltyFactor };
   if (s.overlong.enable) {
-    const sh = applyOverlongShaping(rewards, lengths, { max_response_length: s.overlong.maxLength, overlong_buffer_len: s.overlong.bufferLength, overlong_penalty_factor: s.overlong.penaltyFactor });
+    const sh = applyOverlongShaping(rewards, lengths, overlong);
     rewards = sh.rewards;
     Object.assign(metrics, sh.metrics);
   }
+  const baselines = s.estimator === 'remax' ? remaxBaselines(kept, s.overlong.enable ? overlong : null) : null;
   rows.forEach((r, i) => {
     const L = lengths[i];
     for (let t = 0; t < L; t++) mask[i * T + t] = 1;
@@ -145,6 +149,7 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
   }
   const out = computeAdvantage(s.estimator, {
     token_level_rewards: tokenRewards, response_mask: maskT, index: rows.map((r) => r.g.group_uid), values: valuesT,
+    reward_baselines: baselines ? rows.map((r) => baselines.get(r.g.id)!) : undefined,
   }, { gamma: s.gamma, lam: s.lam, norm_adv_by_std_in_grpo: s.normAdvByStd });
   const perSample = new Map<string, { adv: Float32Array; ret: Float32Array }>();
   rows.forEach((r, i) => {
@@ -157,6 +162,12 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
   metrics['reward/std'] = Math.sqrt(all.reduce((a, b) => a + (b - mean) ** 2, 0) / Math.max(1, all.length));
   metrics['reward/max'] = Math.max(...all);
   metrics['reward/min'] = Math.min(...all);
+  if (baselines) {
+    const bs = kept.map((g) => baselines.get(g.id)!);
+    metrics['reward/baseline_mean'] = bs.reduce((a, b) => a + b, 0) / Math.max(1, bs.length);
+    // how much the sampled responses beat the greedy one, on average (ReMax's advantage before masking)
+    metrics['reward/minus_baseline_mean'] = rows.reduce((a, r, i) => a + rewards[i] - baselines.get(r.g.id)!, 0) / Math.max(1, rows.length);
+  }
   metrics['response_length/mean'] = lengths.reduce((a, b) => a + b, 0) / Math.max(1, bs);
   metrics['response_length/max'] = Math.max(...lengths);
   const advAll = [...perSample.values()].flatMap((v) => Array.from(v.adv));
@@ -180,7 +191,8 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
         loss_weights: isFiltered ? new Float32Array(L) : new Float32Array(L).fill(1),
       };
     });
-    const { samples: _s, ...header } = g;
+    // the remax greedy baseline is never trained on: it is not part of the update group
+    const { samples: _s, baseline: _b, ...header } = g;
     return {
       ...header, estimator: s.estimator, filtered: isFiltered, filter_reason: reason, reward_mean: m,
       reward_std: m === null ? null : Math.sqrt(rs.reduce((a, b) => a + (b - m) ** 2, 0) / rs.length), samples,
@@ -189,4 +201,20 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
   for (const g of kept) updates.push(toUpdate(g, false, null));
   for (const f of filtered) updates.push(toUpdate(f.group, true, f.reason));
   return { updates, metrics, klValue: nextKl };
+}
+
+/**
+ * ReMax baselines (Li et al. 2023, arXiv 2310.10505): group id → reward of the group's greedy
+ * response (shaped like the samples' rewards when overlong shaping is on). Every kept group must
+ * carry one: the rollout stage generates it when algorithm.adv_estimator = remax.
+ */
+export function remaxBaselines(kept: readonly ScoredGroup[], overlong: OverlongConfig | null): Map<string, number> {
+  const missing = kept.filter((g) => g.baseline == null || g.baseline.reward === null);
+  if (missing.length) {
+    throw new ConfigError(`algorithm.adv_estimator = remax needs the reward of a greedy rollout per prompt, but group ${missing[0].id} (and ${missing.length - 1} more) has none: `
+      + 'its trajectories were generated without algorithm.adv_estimator = remax (e.g. a replay of another run); replay such a run with another estimator, or train it anew with remax');
+  }
+  let rewards: Float64Array = Float64Array.from(kept.map((g) => g.baseline!.reward!));
+  if (overlong) rewards = applyOverlongShaping(rewards, kept.map((g) => g.baseline!.response_ids.length), overlong).rewards;
+  return new Map(kept.map((g, i) => [g.id, rewards[i]]));
 }

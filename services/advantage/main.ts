@@ -43,16 +43,32 @@ function trajectoryRows(runId: string, u: UpdateGroup, step: number): Trajectory
   }));
 }
 
+/**
+ * The remax greedy baselines of the step's groups as trajectory rows: stored for analysis (reward,
+ * tokens), flagged filtered with a reason saying what they are, since they are never trained on.
+ */
+export function baselineRows(runId: string, groups: readonly ScoredGroup[], step: number): TrajectoryRow[] {
+  return groups.flatMap((g) => (g.baseline ? [g.baseline] : []).map((x): TrajectoryRow => ({
+    id: x.id, runId, step, epoch: g.epoch, kind: g.kind, groupUid: g.group_uid, promptIndex: g.prompt_index, sampleIndex: x.sample_index,
+    policyVersion: g.policy_version, promptTokens: g.prompt_ids, responseTokens: x.response_ids, promptText: g.prompt_text, responseText: x.response_text,
+    groundTruth: g.ground_truth, behaviourLogprobs: x.behaviour_logprobs, refLogprobs: null, advantages: null, advantage: null, returns: null,
+    reward: x.reward, rewardDetails: x.reward_details, rewardFailure: x.failure ? x.failure.message : null, finishReason: x.finish_reason,
+    filtered: true, filterReason: BASELINE_REASON, staleness: Math.max(0, step - 1 - g.policy_version),
+  })));
+}
+
+/** filter_reason of a stored remax baseline trajectory. */
+export const BASELINE_REASON = 'remax greedy baseline (temperature 0): its reward is the baseline of the group; never trained on';
+
 /** Estimators whose extra inputs the pipeline does not produce yet, and what they need. */
 const NOT_IN_PIPELINE: Record<string, string> = {
-  remax: 'the reward of a greedy rollout per prompt (reward_baselines)',
   optimal_token_baseline: 'Σπ² per position from full distributions (sum_pi_squared)',
   tir_optimal_token_baseline: 'Σπ² per position from full distributions (sum_pi_squared)',
 };
 
 export function startAdvantage(p: Pipeline): StageRun {
   const need = NOT_IN_PIPELINE[p.cfg.algorithm.adv_estimator];
-  if (need) throw new ConfigError(`algorithm.adv_estimator = ${p.cfg.algorithm.adv_estimator} is in lib/rl but the pipeline does not compute its extra input yet: ${need}; use grpo, grpo_vectorized, grpo_passk, rloo, rloo_vectorized, reinforce_plus_plus, reinforce_plus_plus_baseline, opo, gpg or gae`);
+  if (need) throw new ConfigError(`algorithm.adv_estimator = ${p.cfg.algorithm.adv_estimator} is in lib/rl but the pipeline does not compute its extra input yet: ${need}; use grpo, grpo_vectorized, grpo_passk, rloo, rloo_vectorized, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, gpg or gae`);
   const settings = advantageSettings(p.cfg);
   const tok = tokenizerFor(p.cfg);
   const model = policyModelConfig(p.cfg, tok);
@@ -118,7 +134,8 @@ export function startAdvantage(p: Pipeline): StageRun {
       const res = computeStep(decision.kept, decision.filtered, ref, settings, state.klValue, values);
       crashPoint('advantage:computed');
       for (const u of res.updates) ctx.emit('updates', u);
-      await p.store.insertTrajectories(res.updates.flatMap((u) => trajectoryRows(p.runId, u, step)), { tx: ctx.tx });
+      const baselines = baselineRows(p.runId, [...decision.kept, ...decision.filtered.map((f) => f.group)], step);
+      await p.store.insertTrajectories([...res.updates.flatMap((u) => trajectoryRows(p.runId, u, step)), ...baselines], { tx: ctx.tx });
       metrics.set(step, res.metrics);
       metrics.add(step, {}, { compute: performance.now() - t0 });
       state.klValue = res.klValue;

@@ -3,11 +3,16 @@
  * A sample whose scoring failed carries `reward: null` and the failure — never a zero — and the
  * group's fate follows reward.on_failure (decided in lib/reward/failure-policy.ts).
  */
-import type { TrajectoryGroup, ScoredGroup, ScoredSample } from '../../lib/contracts/index.ts';
+import type { TrajectoryGroup, TrajectorySample, ScoredGroup, ScoredSample } from '../../lib/contracts/index.ts';
 import type { RewardOutcome, RewardRequestItem } from '../../lib/reward/types.ts';
 
+/** The samples to score: the group's, then its remax greedy baseline when it has one (scored like any other). */
+export function samplesToScore(g: TrajectoryGroup): TrajectorySample[] {
+  return g.baseline ? [...g.samples, g.baseline] : g.samples;
+}
+
 export function rewardItems(g: TrajectoryGroup): RewardRequestItem[] {
-  return g.samples.map((s) => ({ id: s.id, step: g.step, prompt_text: g.prompt_text, response_text: s.response_text, ground_truth: g.ground_truth, images: g.images }));
+  return samplesToScore(g).map((s) => ({ id: s.id, step: g.step, prompt_text: g.prompt_text, response_text: s.response_text, ground_truth: g.ground_truth, images: g.images }));
 }
 
 /** Numeric details only (the Avro map is map<double>); non-numeric fields are kept as 1/0 flags where boolean. */
@@ -22,14 +27,14 @@ export function numericDetails(details: Record<string, unknown>): Record<string,
 
 export function scoredGroup(g: TrajectoryGroup, outcomes: readonly RewardOutcome[], rewardFn: string, attempts: number): ScoredGroup {
   const byId = new Map(outcomes.map((o) => [o.id, o]));
-  const samples: ScoredSample[] = g.samples.map((s) => {
+  const scored = (s: TrajectorySample): ScoredSample => {
     const o = byId.get(s.id);
     if (!o) return { ...s, reward: null, reward_details: {}, failure: { code: 'ERR_REWARD_MISSING', message: `no reward outcome for ${s.id}`, retriable: false, attempts } };
     if (o.ok) return { ...s, reward: o.reward, reward_details: numericDetails(o.details), failure: null };
     return { ...s, reward: null, reward_details: {}, failure: { code: o.retriable ? 'ERR_REWARD_RETRIABLE' : 'ERR_REWARD', message: `${o.reason}${o.body ? ` (body: ${o.body.slice(0, 200)})` : ''}`.slice(0, 2000), retriable: o.retriable, attempts } };
-  });
-  const { samples: _drop, ...header } = g;
-  return { ...header, reward_fn: rewardFn, samples };
+  };
+  const { samples: _drop, baseline, ...header } = g;
+  return { ...header, reward_fn: rewardFn, samples: g.samples.map(scored), baseline: baseline ? scored(baseline) : null };
 }
 
 /** reward/* metrics of scored groups (failures counted, never averaged in as zeros). */

@@ -20,7 +20,7 @@ import { isRemoteRewardEnabled, type RewardOutcome, type RewardRequestItem } fro
 import { ConfigError } from '../../lib/errors.ts';
 import type { TrajectoryGroup } from '../../lib/contracts/index.ts';
 import { controlId } from '../../lib/contracts/index.ts';
-import { rewardItems, scoredGroup, rewardMetrics } from './logic.ts';
+import { rewardItems, samplesToScore, scoredGroup, rewardMetrics } from './logic.ts';
 
 export interface RewardBackend {
   name: string;
@@ -99,8 +99,9 @@ export function startReward(p: Pipeline, backend: RewardBackend, opts: { replica
     const byId = new Map(outcomes.map((o) => [o.id, o]));
     const scored = [];
     for (const g of groups) {
-      const gOut = g.samples.map((s) => byId.get(s.id)!).filter(Boolean);
-      const decision = decideOnFailures(gOut, { group_id: g.id, expected_ids: g.samples.map((s) => s.id), attempt: r.max_retries_later, max_attempts: r.max_retries_later }, r.on_failure);
+      const all = samplesToScore(g);
+      const gOut = all.map((s) => byId.get(s.id)!).filter(Boolean);
+      const decision = decideOnFailures(gOut, { group_id: g.id, expected_ids: all.map((s) => s.id), attempt: r.max_retries_later, max_attempts: r.max_retries_later }, r.on_failure);
       if (decision.action === 'stop') {
         ctx.emit('control', {
           run_id: p.runId, id: controlId(p.runId, 'run_failed', `reward.${g.id.slice(p.runId.length + 1).replace(/[^A-Za-z0-9._-]/g, '.')}`), step: g.step, policy_version: g.policy_version, type: 'run_failed', time_ms: Date.now(),

@@ -11,7 +11,7 @@ import { tokenizerFor, policyModelConfig, PolicyCache } from '../../lib/pipeline
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import type { PromptBatch } from '../../lib/contracts/index.ts';
-import { generationRequests, trajectoryGroups, responseText } from './logic.ts';
+import { generationRequests, trajectoryGroups, responseText, requestSampling } from './logic.ts';
 
 export function startRollout(p: Pipeline, opts: { replica?: string } = {}): StageRun {
   const tok = tokenizerFor(p.cfg);
@@ -20,6 +20,8 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
   const policies = new PolicyCache(p.runDir, model);
   const metrics = new StageMetrics(p, 'rollout', opts.replica ?? '');
   const log = forStage(p.log, 'rollout');
+  // remax: each training group also gets one greedy response, whose reward is its baseline
+  const greedyBaseline = p.cfg.algorithm.adv_estimator === 'remax';
   return runStage(p, 'rollout', ['prompts'], async (records, ctx) => {
     const byVersion = new Map<number, PromptBatch[]>();
     for (const r of records) {
@@ -33,19 +35,19 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
       const t0 = performance.now();
       const weights = await policies.get(version);
       const tLoad = performance.now();
-      const { requests, groups } = generationRequests(batches);
-      // one generate call per sampling setting (train vs val batches differ)
+      const { requests, groups } = generationRequests(batches, { greedyBaseline });
+      // one generate call per sampling setting (train vs val batches differ; remax baselines are greedy)
       const results = new Array(requests.length);
       const bySetting = new Map<string, number[]>();
       requests.forEach((req, i) => {
-        const s = groups[req.groupIndex].batch.sampling;
+        const s = requestSampling(groups[req.groupIndex].batch, req);
         const key = `${s.temperature}|${s.top_p}|${s.top_k}|${s.max_new_tokens}`;
         const l = bySetting.get(key) ?? [];
         l.push(i);
         bySetting.set(key, l);
       });
       for (const idx of bySetting.values()) {
-        const s = groups[requests[idx[0]].groupIndex].batch.sampling;
+        const s = requestSampling(groups[requests[idx[0]].groupIndex].batch, requests[idx[0]]);
         const out = await sampler.generate(weights, idx.map((i) => ({ id: requests[i].id, prompt: requests[i].prompt })), {
           temperature: s.temperature, topP: s.top_p, topK: s.top_k > 0 ? s.top_k : 0, maxNewTokens: s.max_new_tokens, seed: p.cfg.data.seed,
         });
@@ -55,7 +57,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
       crashPoint('rollout:generated');
       const trajs = trajectoryGroups(groups, requests, results, (ids) => responseText(ids, (x) => tok.decode(x), tok), tok.eos);
       let tokens = 0;
-      for (const g of trajs) { ctx.emit('trajectories', g); for (const s of g.samples) tokens += s.response_ids.length; }
+      for (const g of trajs) { ctx.emit('trajectories', g); for (const s of g.samples) tokens += s.response_ids.length; tokens += g.baseline?.response_ids.length ?? 0; }
       const steps = new Set(batches.filter((b) => b.kind === 'train').map((b) => b.step));
       for (const step of steps) metrics.add(step, { 'perf/rollout_tokens': tokens }, { load: tLoad - t0, generate: tGen - tLoad });
       log.debug({ version, groups: trajs.length, tokens, ms: Math.round(tGen - t0) }, 'generated');

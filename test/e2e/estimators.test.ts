@@ -1,6 +1,7 @@
 /**
  * Every advantage estimator the pipeline supports trains end to end (a few tiny steps each), and
- * the ones it does not support yet are refused at start with what they need.
+ * the ones it does not support yet are refused at start with what they need. remax also checks
+ * its greedy baselines: one per prompt, scored, stored flagged, subtracted, never trained on.
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -11,6 +12,7 @@ import { trainEmbedded } from '../../lib/app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { ROOT } from '../support/pipeline-procs.ts';
+import { BASELINE_REASON } from '../../services/advantage/main.ts';
 
 const base = join(ROOT, 'test/.tmp', `estimators-${process.pid}`);
 after(() => rmSync(base, { recursive: true, force: true }));
@@ -41,6 +43,44 @@ for (const [est, extra] of [['gae', ['algorithm.use_kl_loss=false']], ['rloo', [
   });
 }
 
+test('adv_estimator remax: advantage = reward − the reward of a greedy rollout of the prompt, which is stored but never trained on', { timeout: 300_000 }, async () => {
+  const { out, dir, runId } = await train('remax', ['algorithm.adv_estimator=remax']);
+  assert.equal(out.status, 'completed', out.message);
+  const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
+  try {
+    const rows = await store.getTrajectories(runId, { kind: 'train' });
+    const baselines = rows.filter((r) => r.filterReason === BASELINE_REASON);
+    const samples = rows.filter((r) => r.filterReason !== BASELINE_REASON);
+    assert.equal(samples.length, 2 * 4 * 4, 'one row per (step, prompt, sample)');
+    assert.equal(baselines.length, 2 * 4, 'one greedy baseline per (step, prompt)');
+    const metrics = await store.getMetrics(runId);
+    for (const step of [1, 2]) {
+      const stepBaselines = baselines.filter((b) => b.step === step);
+      for (const b of stepBaselines) {
+        assert.equal(b.sampleIndex, 4, `${b.id}: the baseline is sample n`);
+        assert.equal(b.filtered, true);
+        assert.equal(b.advantages, null, `${b.id}: no advantages (not trained on)`);
+        assert.ok(b.reward !== null && Number.isFinite(b.reward), `${b.id}: scored like any trajectory`);
+        const group = samples.filter((x) => x.step === step && x.groupUid === b.groupUid);
+        assert.equal(group.length, 4);
+        for (const x of group) {
+          assert.equal(x.filtered, false);
+          assert.equal(x.policyVersion, b.policyVersion, 'same policy version');
+          assert.equal(x.advantages!.length, x.responseTokens.length);
+          for (const a of x.advantages!) assert.ok(Math.abs(a - (x.reward! - b.reward!)) < 1e-6, `${x.id}: advantage ${a} = reward ${x.reward} − greedy reward ${b.reward}`);
+        }
+      }
+      const m = (name: string) => metrics.find((r) => r.step === step && r.name === name)?.value;
+      const bMean = stepBaselines.reduce((a, b) => a + b.reward!, 0) / stepBaselines.length;
+      assert.ok(Math.abs(m('reward/baseline_mean')! - bMean) < 1e-9, `step ${step}: reward/baseline_mean`);
+      // the update batch holds the 16 sampled responses only: its token count (prompt + response) leaves the greedy ones out
+      const trained = samples.filter((x) => x.step === step).reduce((a, x) => a + x.promptTokens.length + x.responseLength, 0);
+      assert.equal(m('perf/update_tokens'), trained, `step ${step}: perf/update_tokens counts the sampled responses only`);
+    }
+    assert.ok(metrics.some((r) => r.name === 'actor/pg_loss'), 'policy trained');
+  } finally { await store.close(); }
+});
+
 test('estimators without their pipeline inputs are refused with what they need', { timeout: 120_000 }, async () => {
-  await assert.rejects(train('remax', ['algorithm.adv_estimator=remax']), /remax is in lib\/rl but the pipeline does not compute its extra input yet: the reward of a greedy rollout/);
+  await assert.rejects(train('optimal_token_baseline', ['algorithm.adv_estimator=optimal_token_baseline']), /optimal_token_baseline is in lib\/rl but the pipeline does not compute its extra input yet: Σπ² per position/);
 });

@@ -83,7 +83,7 @@ test('every truncation of a record is poison, naming topic and schema', () => {
   const codec = new Codec<TrajectoryGroup>('trajectories', { label: 'rl.run.trajectories' });
   const bytes = codec.encode(new Gen(8).trajectoryGroup(2, { n: 2, tokens: 5 }));
   for (let cut = 0; cut < bytes.length; cut++) {
-    assert.throws(() => codec.decode(bytes.subarray(0, cut)), isPoison(/^rl\.run\.trajectories: cannot decode a trajectories message \(writer schema trajectories\.v1/));
+    assert.throws(() => codec.decode(bytes.subarray(0, cut)), isPoison(/^rl\.run\.trajectories: cannot decode a trajectories message \(writer schema trajectories\.v2/));
   }
   assert.throws(() => codec.decode(bytes.subarray(0, 10)), isPoison(/truncated|invalid Avro data|rules/));
 });
@@ -151,15 +151,15 @@ test('plain wire format: the rl-schema header names the writer; wrong, unknown o
   const mc = createMessageCodec('trajectories', { format: 'plain' }, { label: 'p.r.trajectories' });
   const g = new Gen(6).trajectoryGroup(4);
   const msg = mc.encode(g);
-  assert.deepEqual(msg.headers, { [SCHEMA_HEADER]: 'trajectories.v1' });
+  assert.deepEqual(msg.headers, { [SCHEMA_HEADER]: 'trajectories.v2' });
   assert.deepEqual(plain(await mc.decode(msg.value, msg.headers)), plain(g));
-  assert.deepEqual(plain(await mc.decode(msg.value, { [SCHEMA_HEADER]: Buffer.from('trajectories.v1') })), plain(g), 'header as bytes');
-  assert.deepEqual(plain(await mc.decode(msg.value, { [SCHEMA_HEADER]: ['trajectories.v1'] })), plain(g), 'header as a list');
+  assert.deepEqual(plain(await mc.decode(msg.value, { [SCHEMA_HEADER]: Buffer.from('trajectories.v2') })), plain(g), 'header as bytes');
+  assert.deepEqual(plain(await mc.decode(msg.value, { [SCHEMA_HEADER]: ['trajectories.v2'] })), plain(g), 'header as a list');
   assert.deepEqual(plain(await mc.decode(msg.value, {})), plain(g), 'no header: the current version');
-  assert.equal(mc.writerOf(msg.value, msg.headers), 'trajectories.v1');
+  assert.equal(mc.writerOf(msg.value, msg.headers), 'trajectories.v2');
   await assert.rejects(mc.decode(msg.value, { [SCHEMA_HEADER]: 'scored.v1' }), isPoison(/written with schema scored\.v1 \(family scored\), but p\.r\.trajectories carries trajectories records/));
-  await assert.rejects(mc.decode(msg.value, { [SCHEMA_HEADER]: 'trajectories.v9' }), isPoison(/unknown schema version trajectories\.v9 \(this build knows trajectories\.v1\).*upgrade this consumer/));
-  await assert.rejects(mc.decode(msg.value, { [SCHEMA_HEADER]: 'Trajectories v1' }), isPoison(/is not a schema name like trajectories\.v1/));
+  await assert.rejects(mc.decode(msg.value, { [SCHEMA_HEADER]: 'trajectories.v9' }), isPoison(/unknown schema version trajectories\.v9 \(this build knows trajectories\.v1, trajectories\.v2\).*upgrade this consumer/));
+  await assert.rejects(mc.decode(msg.value, { [SCHEMA_HEADER]: 'Trajectories v1' }), isPoison(/is not a schema name like trajectories\.v2/));
   await assert.rejects(mc.decode(null, msg.headers), isPoison(/tombstone/));
 });
 
@@ -174,7 +174,7 @@ test('encode errors name the field path and what was expected', () => {
   const codec = new Codec<TrajectoryGroup>('trajectories', { label: 'rl.r.trajectories' });
   const g = new Gen(9).trajectoryGroup(2, { n: 2, tokens: 4 });
   const bad1 = { ...g, samples: [g.samples[0], { ...g.samples[1], behaviour_logprobs: [0.1, 0.2] as unknown as Float32Array }] };
-  assert.throws(() => codec.encode(bad1), isEncodeError(/^rl\.r\.trajectories: cannot encode a trajectories\.v1 record: samples\.1\.behaviour_logprobs: expected a Float32Array, got an array of length 2/));
+  assert.throws(() => codec.encode(bad1), isEncodeError(/^rl\.r\.trajectories: cannot encode a trajectories\.v2 record: samples\.1\.behaviour_logprobs: expected a Float32Array, got an array of length 2/));
   const bad2 = { ...g, prompt_ids: new Float32Array(3) as unknown as Int32Array };
   assert.throws(() => codec.encode(bad2), isEncodeError(/prompt_ids: expected an Int32Array, got a Float32Array of length 3/));
   const { data_source: _omit, ...bad3 } = g;

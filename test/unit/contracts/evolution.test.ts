@@ -25,15 +25,16 @@ function catalogue(v2schema: Json | string = v2Text): SchemaCatalogue {
   return cat;
 }
 
-interface TrajectoryGroupV2 extends TrajectoryGroup { tags: string[]; samples: Array<TrajectoryGroup['samples'][number] & { entropies: Float32Array }> }
+/** The fixture v2 (derived from trajectories.v1, so without the real v2's baseline). */
+interface TrajectoryGroupV2 extends Omit<TrajectoryGroup, 'baseline'> { tags: string[]; samples: Array<TrajectoryGroup['samples'][number] & { entropies: Float32Array }> }
 
 test('a v2 reader reads v1 records: new fields take their defaults, the rest is unchanged', () => {
   const cat = catalogue();
   const writer = new Codec<TrajectoryGroup>('trajectories', { catalogue: cat, ref: 'trajectories.v1' });
   const reader = new Codec<TrajectoryGroupV2>('trajectories', { catalogue: cat });
   assert.equal(reader.ref, 'trajectories.v2', 'the newest version is the reader');
-  const g = new Gen(21).trajectoryGroup(5, { n: 3, tokens: 9 });
-  const bytes = writer.encode(g);
+  const { baseline: _b, ...g } = new Gen(21).trajectoryGroup(5, { n: 3, tokens: 9 }); // the fixture v2 derives from v1
+  const bytes = writer.encode(g as TrajectoryGroup);
   const d = reader.decodeWithHeaders(writer.headers(), bytes);
   assert.deepEqual(d.tags, []);
   for (const s of d.samples) { assert.ok(s.entropies instanceof Float32Array); assert.equal(s.entropies.length, 0); }
@@ -46,9 +47,9 @@ test('a v1 reader reads v2 records (added fields are skipped)', () => {
   const cat = catalogue();
   const writer = new Codec<TrajectoryGroupV2>('trajectories', { catalogue: cat });
   const reader = new Codec<TrajectoryGroup>('trajectories', { catalogue: cat, ref: 'trajectories.v1' });
-  const g = new Gen(22).trajectoryGroup(5, { n: 2, tokens: 4 });
+  const { baseline: _b, ...g } = new Gen(22).trajectoryGroup(5, { n: 2, tokens: 4 }); // the fixture v2 derives from v1
   const g2: TrajectoryGroupV2 = { ...g, tags: ['a', 'ü'], samples: g.samples.map((s) => ({ ...s, entropies: new Float32Array(s.response_ids.length).fill(0.5) })) };
-  const d = reader.decode(writer.encode(g2), 'trajectories.v2');
+  const d = reader.decode(writer.encode(g2 as TrajectoryGroupV2), 'trajectories.v2');
   assert.deepEqual(plain(d), plain(g));
 });
 
@@ -128,4 +129,38 @@ test('the catalogue refuses misnamed or mis-namespaced schemas with the file nam
   const ambiguous = JSON.parse(v1Text);
   ambiguous.fields.find((f: Json) => f.name === 'ground_truth').type = ['string', 'bytes', 'null', 'int', 'long'];
   assert.throws(() => cat.add('trajectories.v1', ambiguous, 'w.avsc'), /w\.avsc: invalid Avro schema: ambiguous unwrapped union/);
+});
+
+test('trajectories.v2 and scored.v2 (remax greedy baseline): v1 records read with baseline = null; v1 readers skip it', () => {
+  const cat = SchemaCatalogue.load([dir]);
+  for (const family of ['trajectories', 'scored'] as const) {
+    assert.equal(cat.latest(family).ref, `${family}.v2`);
+    assert.deepEqual(checkCompatibility(cat.get(`${family}.v1`)!.text, cat.get(`${family}.v2`)!.text), { compatible: true, errors: [] });
+    const gen = new Gen(31);
+    const { baseline: _b, ...g } = family === 'trajectories' ? gen.trajectoryGroup(4, { n: 2, tokens: 3 }) : gen.scoredGroup(4, { n: 2, tokens: 3 });
+    const v1 = new Codec<Json>(family, { catalogue: cat, ref: `${family}.v1` });
+    const v2c = new Codec<Json>(family, { catalogue: cat });
+    const old = v2c.decode(v1.encode(g), `${family}.v1`);
+    assert.equal(old.baseline, null, `${family}: a v1 record has no baseline`);
+    const { baseline: _n, ...rest } = plain(old) as Json;
+    assert.deepEqual(rest, plain(g));
+    // a v2 record with a greedy baseline (sample index n) round-trips, and a v1 reader skips the baseline
+    const last = g.samples[g.samples.length - 1] as Json;
+    const baseline = { ...last, id: `${g.id}/n${g.samples.length}`, sample_index: g.samples.length };
+    const withBaseline = { ...g, baseline };
+    const bytes = v2c.encode(withBaseline);
+    assert.deepEqual(plain(v2c.decode(bytes)), plain(withBaseline));
+    assert.deepEqual(plain(v1.decode(bytes, `${family}.v2`)), plain(g));
+  }
+});
+
+test('the greedy baseline is checked like a sample: id, index not among the samples, training groups only', () => {
+  const cat = SchemaCatalogue.load([dir]);
+  const codec = new Codec<Json>('trajectories', { catalogue: cat });
+  const g = new Gen(32).trajectoryGroup(4, { n: 2, tokens: 3 });
+  const s0 = g.samples[0];
+  assert.throws(() => codec.encode({ ...g, baseline: { ...s0 } }), /baseline\.sample_index: 0 appears twice in the group/);
+  assert.throws(() => codec.encode({ ...g, baseline: { ...s0, sample_index: 2 } }), /baseline\.id: .* is not ".*\/n2"/);
+  const val = new Gen(33).trajectoryGroup(4, { n: 1, tokens: 3, kind: 'val' });
+  assert.throws(() => codec.encode({ ...val, baseline: { ...val.samples[0], sample_index: 1, id: `${val.id}/n1` } }), /baseline: only training groups have a greedy baseline \(kind is val\)/);
 });

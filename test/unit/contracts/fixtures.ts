@@ -71,7 +71,7 @@ export class Gen {
     const kind = shape.kind ?? 'train';
     const h = this.header(kind, step, this.int(100), shape);
     const n = shape.empty ? 0 : shape.n ?? 1 + this.int(8);
-    return { ...h, samples: Array.from({ length: n }, (_, i) => this.sample(h.id, kind, step, h.prompt_index, i, shape)) };
+    return { ...h, samples: Array.from({ length: n }, (_, i) => this.sample(h.id, kind, step, h.prompt_index, i, shape)), baseline: null };
   }
 
   scoredGroup(step = 1 + this.int(50), shape: Shape = {}): ScoredGroup {
@@ -80,11 +80,11 @@ export class Gen {
       const failed = this.int(5) === 0;
       return { ...s, reward: failed ? null : this.rng.next() * 2 - 1, reward_details: failed ? {} as Record<string, number> : { accuracy: this.int(2), format: this.rng.next() }, failure: failed ? { code: 'ERR_REWARD_FN', message: `boom ${this.text(2)}`, retriable: this.int(2) === 0, attempts: 1 + this.int(3) } : null };
     });
-    return { ...t, reward_fn: 'fn:exact_match', samples };
+    return { ...t, reward_fn: 'fn:exact_match', samples, baseline: null };
   }
 
   updateGroup(step = 1 + this.int(50), shape: Shape = {}): UpdateGroup {
-    const s = this.scoredGroup(step, shape);
+    const { baseline: _b, ...s } = this.scoredGroup(step, shape);
     const filtered = this.int(4) === 0;
     const samples: UpdateSample[] = s.samples.map((x) => {
       const len = x.response_ids.length;
