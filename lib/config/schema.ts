@@ -284,7 +284,7 @@ const trainerSchema = section({
   save_freq: offOrPosInt().default(-1).describe('Save a checkpoint every save_freq steps; -1 = only the final checkpoint at the end of training (the final one is always saved).'),
   save_limit: offOrPosInt().default(-1).describe('Keep at most this many checkpoints (oldest removed first); -1 = unlimited.'),
   find_last_checkpoint: z.boolean().default(true).describe('Resume from the newest checkpoint in run_dir when there is one.'),
-  load_checkpoint_path: z.string().min(1).nullable().default(null).describe('Resume from this checkpoint (wins over find_last_checkpoint).'),
+  load_checkpoint_path: z.string().min(1).nullable().default(null).describe('Start a new run from this checkpoint (<run_dir>/checkpoints/global_step_N: policy weights + AdamW state, step, dataset position, LR and KL state; wins over find_last_checkpoint), or from a plain model directory (weights only, step 0). With critic.enable (e.g. adv_estimator gae) the critic\'s weights and AdamW state are restored from the checkpoint\'s critic/ too; a checkpoint without a critic is refused unless critic.model.path names a value model to start the critic from.'),
   project_name: safeName().default('rlstream').describe('Project name (logs, run id).'),
   experiment_name: safeName().default('default').describe('Experiment name (logs, run id, run_dir).'),
   logger: z.array(z.enum(['console', 'tensorboard'])).default(['console']).describe('Metric sinks.'),

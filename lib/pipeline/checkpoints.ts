@@ -5,6 +5,8 @@
  *   <run_dir>/checkpoints/global_step_N/
  *     actor/       model.safetensors, optimizer.safetensors (AdamW moments + step), config.json
  *     reference/   model.safetensors, config.json — the run's initial policy (v0: the KL reference)
+ *     critic/      model.safetensors, optimizer.safetensors, config.json — the value model at this
+ *                  step (only when critic.enable; links to <run_dir>/critic/vNNNNNN)
  *     trainer_state.json   step, policy version, sha256, dataset position, consumed offsets,
  *                          RNG, KL-controller and LR-schedule state (the checkpoints table row)
  *
@@ -18,7 +20,7 @@
  */
 import { promises as fs, existsSync, readFileSync, statSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
-import { join, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import { ConfigError } from '../errors.ts';
 import type { JsonObject } from '../store/port.ts';
 import { stepsPerEpoch, type ControllerPlan } from './plan.ts';
@@ -101,7 +103,7 @@ async function linkFiles(fromDir: string, toDir: string, files: string[]): Promi
  * Builds checkpoints/global_step_<step> from the policy directories `actorDir` (weights + AdamW
  * state) and `referenceDir` (the initial policy): temporary name, fsync, rename. Returns its path.
  */
-export async function writeCheckpointDir(runDir: string, state: TrainerState, actorDir: string, referenceDir: string): Promise<string> {
+export async function writeCheckpointDir(runDir: string, state: TrainerState, actorDir: string, referenceDir: string, criticDir: string | null = null): Promise<string> {
   const root = checkpointsRoot(runDir);
   await fs.mkdir(root, { recursive: true });
   const dir = checkpointDir(runDir, state.step);
@@ -111,6 +113,7 @@ export async function writeCheckpointDir(runDir: string, state: TrainerState, ac
     await linkFiles(actorDir, join(tmp, 'actor'), MODEL_FILES);
     crashPoint('checkpoint:half-written');
     await linkFiles(referenceDir, join(tmp, 'reference'), MODEL_FILES.filter((f) => f !== 'optimizer.safetensors'));
+    if (criticDir) await linkFiles(criticDir, join(tmp, 'critic'), MODEL_FILES);
     const fh = await fs.open(join(tmp, TRAINER_STATE_FILE), 'w');
     try { await fh.writeFile(JSON.stringify(state, null, 2) + '\n'); await fh.sync(); } finally { await fh.close(); }
     await syncPath(tmp);
@@ -163,6 +166,12 @@ export interface LoadedCheckpointPath {
   referenceDir: string | null;
   /** trainer_state.json of an rlstream checkpoint; null for a plain model directory. */
   state: TrainerState | null;
+  /**
+   * The value model (+ its AdamW state) at the checkpoint's step: its critic/ directory, or for a
+   * checkpoint written before checkpoints carried one, the source run's
+   * <run_dir>/critic/vNNNNNN next to its checkpoints/; null when the checkpoint has no critic.
+   */
+  criticDir: string | null;
 }
 
 /**
@@ -185,9 +194,12 @@ export function readCheckpointPath(path: string): LoadedCheckpointPath {
     const actorDir = join(dir, 'actor');
     if (!existsSync(join(actorDir, 'model.safetensors'))) throw new ConfigError(`trainer.load_checkpoint_path: ${actorDir}/model.safetensors is missing; the checkpoint is incomplete`);
     const referenceDir = existsSync(join(dir, 'reference', 'model.safetensors')) ? join(dir, 'reference') : null;
-    return { actorDir, referenceDir, state };
+    const sibling = join(dir, '..', '..', 'critic', `v${String(state.step).padStart(6, '0')}`);
+    const criticDir = existsSync(join(dir, 'critic', 'model.safetensors')) ? join(dir, 'critic')
+      : basename(dirname(dir)) === 'checkpoints' && existsSync(join(sibling, 'model.safetensors')) ? resolve(sibling) : null;
+    return { actorDir, referenceDir, state, criticDir };
   }
-  if (existsSync(join(dir, 'model.safetensors'))) return { actorDir: dir, referenceDir: null, state: null };
+  if (existsSync(join(dir, 'model.safetensors'))) return { actorDir: dir, referenceDir: null, state: null, criticDir: null };
   throw new ConfigError(`trainer.load_checkpoint_path: ${dir} has neither ${TRAINER_STATE_FILE} (an rlstream checkpoint, <run_dir>/checkpoints/global_step_N) nor model.safetensors (a model directory)`);
 }
 

@@ -131,6 +131,24 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     trainer = createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer });
     const optimizerSteps = Number(src.state?.lr_state.optimizer_steps ?? ck.optimizer?.step ?? 0);
     state = { version: start, optimizerSteps, positions: {}, initFrom: loadPath };
+    if (cfg.critic.enable) {
+      // the critic continues from the checkpoint's value model and AdamW state (written as this
+      // run's critic version `start` before the state that says the run started, so a crash
+      // here restarts from the checkpoint again); an rlstream checkpoint without one is refused
+      // rather than silently pairing a trained policy with an untrained critic
+      if (src.criticDir) {
+        const c = await loadCheckpoint(src.criticDir, { optimizer: true });
+        const cm = criticModelConfig(cfg, tok);
+        if (c.config.hiddenSize !== cm.hiddenSize || c.config.numHiddenLayers !== cm.numHiddenLayers || c.config.vocabSize !== cm.vocabSize) {
+          throw new ConfigError(`trainer.load_checkpoint_path: the critic at ${src.criticDir} (d_model ${c.config.hiddenSize}, layers ${c.config.numHiddenLayers}, vocab ${c.config.vocabSize}) does not match critic.model (d_model ${cm.hiddenSize}, layers ${cm.numHiddenLayers}, vocab ${cm.vocabSize})`);
+        }
+        await saveCheckpoint(criticDir(p.runDir, start), cm, c.weights, { optimizer: c.optimizer, overwrite: true });
+        log.info({ critic: src.criticDir }, `critic restored from ${src.criticDir} (weights and optimizer state)`);
+      } else if (src.state && !resolveCriticModel(cfg).path) {
+        throw new ConfigError(`trainer.load_checkpoint_path: ${loadPath} has no critic (critic/ is missing: its run trained without one), but critic.enable = true (algorithm.adv_estimator = ${cfg.algorithm.adv_estimator} trains a value model). `
+          + `Give critic.model.path a value-model directory to start the critic from, or load the checkpoint's policy weights as a new model (trainer.load_checkpoint_path=${join(loadPath, 'actor')}) to start with a fresh critic at step 0`);
+      } else if (src.state) log.warn({ critic: resolveCriticModel(cfg).path }, `${loadPath} has no critic; the critic starts from critic.model.path`);
+    }
     currentSha = await writeVersion(start);
     trainerVersion = start;
     await saveStageState(p.db.db, p.runId, 'update', state);
@@ -150,8 +168,9 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const cm = criticModelConfig(cfg, tok);
     const co = cfg.critic.optim;
     const copts = criticOpts = { model: cm, threads: cfg.actor.threads, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, optim: { betas: co.betas as [number, number], eps: co.eps, weightDecay: co.weight_decay, maxGradNorm: co.max_grad_norm }, loss: { type: 'value' as const, cliprangeValue: cfg.critic.cliprange_value, lossAggMode: cfg.actor.loss_agg_mode } };
-    let saved = null;
-    try { saved = await loadCheckpoint(criticDir(p.runDir, state.version), { optimizer: true }); } catch { saved = null; }
+    // this run's critic version (a resume, or one restored from trainer.load_checkpoint_path); a
+    // missing one means a first start (or critic.enable turned on for a run that had none)
+    const saved = existsSync(join(criticDir(p.runDir, state.version), 'model.safetensors')) ? await loadCheckpoint(criticDir(p.runDir, state.version), { optimizer: true }) : null;
     if (saved) critic = createTrainer({ ...copts, weights: saved.weights, optimizerState: saved.optimizer });
     else {
       const cpath = resolveCriticModel(cfg).path;
@@ -343,7 +362,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         crashPoint('checkpoint:start');
         const ts = await trainerState(step, rec.sha256, st, ctx.db);
         // temporary name, fsync, rename — then the row; a half-written one is never listed
-        const dir = await writeCheckpointDir(p.runDir, ts, policyDir(p.runDir, step), policyDir(p.runDir, 0));
+        const dir = await writeCheckpointDir(p.runDir, ts, policyDir(p.runDir, step), policyDir(p.runDir, 0), critic ? criticDir(p.runDir, step) : null);
         await p.store.recordCheckpoint({
           runId: p.runId, step, path: dir, sha256: ts.sha256, policyVersion: step, consumedOffsets: ts.consumed_offsets, datasetPosition: { ...ts.dataset_position },
           rngState: ts.rng_state, klCtlState: ts.kl_ctl_state, lrState: ts.lr_state,

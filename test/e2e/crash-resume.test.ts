@@ -13,6 +13,7 @@ import { loadConfig } from '../../lib/config/index.ts';
 import { trainEmbedded } from '../../lib/app/run.ts';
 import { createLogger, silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
+import { loadCheckpoint } from '../../lib/model/index.ts';
 import { ROOT } from '../support/pipeline-procs.ts';
 import { resumeLines } from '../support/chaos-procs.ts';
 
@@ -67,4 +68,38 @@ test('load_checkpoint_path resumes a new run directory from a checkpoint and rep
   const again = await trainEmbedded(cfgFor(b, [`trainer.load_checkpoint_path=${c4.path}`]), silentLogger(RUN_ID));
   assert.equal(again.status, 'completed');
   await assert.rejects(trainEmbedded(cfgFor(b, [`trainer.load_checkpoint_path=${ca.list[1].path}`]), silentLogger(RUN_ID)), /applies to a new run only/);
+});
+
+test('load_checkpoint_path restores the critic (weights and AdamW state) with GAE; a checkpoint without a critic is refused', { timeout: 300_000 }, async () => {
+  const gae = ['algorithm.adv_estimator=gae', 'algorithm.use_kl_loss=false', 'trainer.max_steps=4', 'trainer.save_freq=2'];
+  const a = join(tmp, 'gae-a');
+  const ra = await trainEmbedded(cfgFor(a, gae), silentLogger(RUN_ID));
+  assert.equal(ra.status, 'completed', ra.message);
+  const ca = await checkpoints(a);
+  assert.deepEqual(ca.list.map((c) => c.step), [2, 4]);
+  const c2 = ca.list[0];
+  const savedCritic = await loadCheckpoint(join(c2.path, 'critic'), { optimizer: true });
+  assert.ok(savedCritic.optimizer && savedCritic.optimizer.step > 0, 'the checkpoint carries the critic and its AdamW state');
+
+  const b = join(tmp, 'gae-b');
+  const rb = await trainEmbedded(cfgFor(b, [...gae, `trainer.load_checkpoint_path=${c2.path}`]), silentLogger(RUN_ID));
+  assert.equal(rb.status, 'completed', rb.message);
+  // run b's critic at step 2 is the checkpoint's, bit for bit (weights and optimizer moments) …
+  const startB = await loadCheckpoint(join(b, 'critic', 'v000002'), { optimizer: true });
+  assert.equal(startB.weightsSha256, savedCritic.weightsSha256, 'critic weights restored');
+  assert.equal(startB.optimizer!.step, savedCritic.optimizer!.step, 'critic optimizer step restored');
+  // … so the value estimates, hence GAE advantages and the policy, continue exactly as in run a
+  const cb = await checkpoints(b);
+  assert.deepEqual(cb.list.map((c) => [c.step, c.sha256]), [[4, ca.list[1].sha256]], 'the resumed GAE run ends with the original final policy');
+  const endA = await loadCheckpoint(join(a, 'critic', 'v000004'), { optimizer: false });
+  const endB = await loadCheckpoint(join(b, 'critic', 'v000004'), { optimizer: false });
+  assert.equal(endB.weightsSha256, endA.weightsSha256, 'and the original final critic');
+
+  // a checkpoint of a run without a critic cannot silently start GAE with an untrained one
+  const g = join(tmp, 'grpo');
+  const rg = await trainEmbedded(cfgFor(g, ['trainer.max_steps=2', 'trainer.save_freq=2']), silentLogger(RUN_ID));
+  assert.equal(rg.status, 'completed', rg.message);
+  const cg = (await checkpoints(g)).list[0];
+  await assert.rejects(trainEmbedded(cfgFor(join(tmp, 'gae-c'), [...gae, `trainer.load_checkpoint_path=${cg.path}`]), silentLogger(RUN_ID)),
+    (e: Error) => /has no critic/.test(e.message) && /critic\.model\.path/.test(e.message) && e.message.includes(join(cg.path, 'actor')));
 });
