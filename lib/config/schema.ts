@@ -86,7 +86,7 @@ const dataSchema = section({
 // algorithm
 
 const algorithmSchema = section({
-  adv_estimator: z.enum(ADV_ESTIMATORS).default('grpo').describe('Advantage estimator. gae needs the critic; group estimators (grpo, rloo, …) need rollout.n ≥ 2.'),
+  adv_estimator: z.enum(ADV_ESTIMATORS).default('grpo').describe('Advantage estimator. gae needs the critic; group estimators (grpo, rloo, …) need rollout.n ≥ 2; remax also samples one greedy response per training prompt as the baseline (not trained on). optimal_token_baseline and tir_optimal_token_baseline are in lib/rl only: the pipeline refuses them (they need full-vocabulary Σπ² per position).'),
   norm_adv_by_std_in_grpo: z.boolean().default(true).describe('GRPO: divide group-centred rewards by the group std (false = Dr. GRPO).'),
   gamma: probability().default(1.0).describe('Discount factor γ (gae, reinforce_plus_plus).'),
   lam: probability().default(1.0).describe('GAE λ (bias–variance trade-off of the advantage).'),
