@@ -45,6 +45,12 @@ const HOOKS = [
   'checkpoint:half-written@1', 'update:version-written@1', 'rollout:generated@3', 'update:trained@2', 'checkpoint:renamed@1',
   'checkpoint:recorded@1', 'advantage:computed@2',
 ];
+/**
+ * One hook of each phase the test must hit goes first (in seeded order): how many steps a process
+ * gets through before its kill depends on the machine's speed, and on a slow, loaded machine a
+ * random-time kill can come so late that the run finishes before the hooks planned last.
+ */
+const FIRST = ['rollout:generated@3', 'update:trained@2', 'checkpoint:half-written@1'];
 
 interface TrajRow { step: number; epoch: number; prompt_index: number; sample_index: number; response_tokens: number[]; reward: number | null; advantages: number[] | null; policy_version: number }
 
@@ -70,7 +76,7 @@ test('SIGKILLed at rollout, update and checkpoint-write points and at random tim
   const dir = join(tmp, 'crashed');
   const args = ['train', CONFIG, ...overrides(dir)];
   const rng = Rng.fromSeed(`crash:${SEED}`);
-  const hooks = rng.shuffle([...HOOKS]);
+  const hooks = [...rng.shuffle([...FIRST]), ...rng.shuffle(HOOKS.filter((h) => !FIRST.includes(h)))];
   // a random-time kill before every third hook
   const plan: Array<{ kind: 'hook'; spec: string } | { kind: 'random'; delayMs: number }> = [];
   hooks.forEach((spec, i) => { if (i % 3 === 0) plan.push({ kind: 'random', delayMs: Math.round(150 + rng.next() * 1500) }); plan.push({ kind: 'hook', spec }); });
