@@ -104,7 +104,7 @@ const algorithmSchema = section({
   filter_low: probability().default(0.01).describe('Online filtering: lower bound on the group mean.'),
   filter_high: probability().default(0.99).describe('Online filtering: upper bound on the group mean.'),
   max_try_make_batch: posInt().default(10).describe('Online filtering: refill attempts per step before the run stops with an error.'),
-  policy_loss: z.enum(POLICY_LOSSES).default('vanilla').describe('Policy loss: vanilla (PPO clip with dual clip), gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft. The update stage trains vanilla, gspo, sapo, gpg, cispo, reinforce and geo_mean (gspo and sapo aggregate their policy-gradient term seq-mean-token-mean and geo_mean as a plain mean over sequences, whatever actor.loss_agg_mode says, as verl); clip_cov, kl_cov and nft are in lib/rl only.'),
+  policy_loss: z.enum(POLICY_LOSSES).default('vanilla').describe('Policy loss: vanilla (PPO clip with dual clip), gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft. The update stage trains vanilla, gspo, sapo, gpg, cispo, reinforce, geo_mean and nft (gspo and sapo aggregate their policy-gradient term seq-mean-token-mean and geo_mean as a plain mean over sequences, whatever actor.loss_agg_mode says, as verl; nft needs a binary correctness per response, see algorithm.nft); clip_cov and kl_cov are in lib/rl only.'),
   overlong: section({
     enable: z.boolean().default(false).describe('Soft overlong punishment (DAPO): a linear penalty for responses longer than max_length − buffer_length.'),
     max_length: posInt().nullable().default(null).describe('Expected maximum response length; null → data.max_response_length.'),
@@ -124,8 +124,9 @@ const algorithmSchema = section({
     tau_neg: z.number().gt(0).default(1.05).describe('SAPO gate temperature τ for tokens with a zero or negative advantage.'),
   }, 'Soft adaptive policy optimization settings (policy_loss = sapo): loss = −σ(τ(r − 1))·4/τ·A.'),
   nft: section({
-    neg_weight: z.number().gte(0).default(1.0).describe('NFT policy loss: weight of the negative-sample term.'),
-  }, 'Negative-aware fine-tuning loss settings (policy_loss = nft).'),
+    neg_weight: z.number().gte(0).default(1.0).describe('NFT policy loss: weight of the negative-sample term (1 = NFT, 0 = RFT: positives only).'),
+    correct_key: z.string().min(1).default('overall').describe('Reward metric that says whether a response is correct: reward_details[correct_key] must be 1 (correct) or 0 / −1 (incorrect); "overall" falls back to the scalar reward when the reward reports no such metric (as filter_key). A non-binary value stops the run with an error naming the sample.'),
+  }, 'Negative-aware fine-tuning loss settings (policy_loss = nft; Chen et al. 2025, arXiv 2505.18116). NFT trains on each response\'s binary correctness and its group\'s accuracy r̂ (clamped to [0.02, 0.98]), not on advantages: correct responses maximise log π/π_old, incorrect ones the implicit negative policy (1 − r̂·π/π_old)/(1 − r̂); every token weighted by 1 − r̂, the policy-gradient term summed over tokens whatever actor.loss_agg_mode says (as NVlabs/NFT). adv_estimator still computes the logged advantages.'),
   ema: section({
     enable: z.boolean().default(false).describe('Keep an exponential moving average of the policy weights (used as the reference/eval policy).'),
     decay: z.number().gt(0).lt(1).default(0.999).describe('EMA decay per update.'),

@@ -12,6 +12,8 @@
 import { ConfigError } from '../errors.ts';
 import { lossAggModes, type GlobalBatchInfo } from '../rl/agg.ts';
 import { nftRHat } from '../rl/nft.ts';
+import { clipCovPriorities } from '../rl/policy-loss.ts';
+import { Rng } from '../util/rng.ts';
 import { ort, tensor, type SessionOptions } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
@@ -44,6 +46,12 @@ export interface TrainBatch {
   rewards?: ArrayLike<number>;
   groupIndex?: readonly (string | number)[];
   /**
+   * NFT: the fraction of correct responses in each row's whole group [B], in [0, 1] (clamped to
+   * [rHatMin, rHatMax] as r̂). Given when a mini-batch may hold only part of a group (the
+   * pipeline); then groupIndex is not needed. Default: r̂ from `rewards` over `groupIndex`.
+   */
+  groupAccuracy?: ArrayLike<number>;
+  /**
    * verl global_batch_info overrides. Default: normalisers of this mini-batch (token count,
    * non-empty rows, dp_size 1). loss_scale_factor (seq-mean-token-sum-norm) defaults to seqLen;
    * pass max_response_length to match verl, whose divisor is the response tensor's length.
@@ -72,6 +80,10 @@ export interface TrainerOptions {
   device?: 'cpu' | 'cuda';
   /** Initial weights (default: seeded init with `seed`). */
   weights?: Weights;
+  /**
+   * Seeds the initial weights (when none are given) and clip_cov's random token priorities: micro-batch k
+   * of the step after optimizer step s draws lib/rl clipCovPriorities(rows·T, Rng.fromSeed(`clip_cov:${seed}:${s}:${k}`)).
+   */
   seed?: number;
   optimizerState?: OptimizerState;
   cache?: SessionCache;
@@ -280,9 +292,9 @@ export class Trainer {
     let extra: Record<string, number> | undefined;
     if (pol && needs!.nft) {
       // NFT: r̂ per row from the group's ±1 rewards (lib/rl/nft.ts); its own aggregation ("sum" = Σ ÷ scale)
-      if (!batch.rewards || !batch.groupIndex) throw new ConfigError('train batch: the nft loss needs "rewards" (±1 per sequence) and "groupIndex" (group label per sequence)');
-      const rh = nftRHat(batch.rewards, batch.groupIndex, { r_hat_min: pol.nft.rHatMin, r_hat_max: pol.nft.rHatMax });
+      if (!batch.rewards || !(batch.groupIndex || batch.groupAccuracy)) throw new ConfigError('train batch: the nft loss needs "rewards" (±1 per sequence) and "groupIndex" (group label per sequence) or "groupAccuracy" (the fraction correct of each sequence\'s group)');
       if (batch.rewards.length !== B) throw new ConfigError(`train batch: "rewards" has ${batch.rewards.length} values, expected one per sequence (${B})`);
+      const rh = batch.groupAccuracy ? rHatFromAccuracy(batch.groupAccuracy, B, pol.nft.rHatMin, pol.nft.rHatMax) : nftRHat(batch.rewards, batch.groupIndex!, { r_hat_min: pol.nft.rHatMin, r_hat_max: pol.nft.rHatMax });
       nftRows = { rhat: new Float32Array(n), positive: new Float32Array(n) };
       for (let r = 0; r < B; r++) {
         if (batch.rewards[r] !== 1 && batch.rewards[r] !== -1) throw new ConfigError(`train batch: nft rewards must be +1 or −1; rewards[${r}] = ${batch.rewards[r]}`);
@@ -333,6 +345,11 @@ export class Trainer {
         if (name === 'loss_mask') for (let i = 0; i < o.length; i++) ms += (o as Float32Array)[i];
         feeds[name] = o;
       }
+      if (needs?.clipCovPriority) {
+        // clip_cov selects per micro-batch (as verl); the same seeded draw as lib/rl's rng option
+        if (rows * Tk > 2 ** 24) throw new ConfigError(`train batch: clip_cov needs at most 2^24 tokens per micro-batch (its priorities are exact in float32), got ${rows}×${Tk}; lower the micro-batch size`);
+        feeds.clip_cov_priority = Float32Array.from(clipCovPriorities(rows * Tk, Rng.fromSeed(`clip_cov:${this.opts.seed ?? 0}:${this.opt.step}:${out.length}`)));
+      }
       out.push({ B: rows, T: Tk, feeds, maskSum: ms, extra });
     }
     return out;
@@ -370,3 +387,15 @@ function cloneState(s: OptimizerState): OptimizerState {
 
 export function createTrainer(opts: TrainerOptions): Trainer { return new Trainer(opts); }
 
+/** NFT r̂ per row from the accuracy of its whole group: clamp(acc, lo, hi) (lib/rl/nft.ts nftRHat). */
+function rHatFromAccuracy(acc: ArrayLike<number>, B: number, lo: number, hi: number): Float64Array {
+  if (lo > hi) throw new ConfigError(`nft: rHatMin (${lo}) must be ≤ rHatMax (${hi})`);
+  if (acc.length !== B) throw new ConfigError(`train batch: "groupAccuracy" has ${acc.length} values, expected one per sequence (${B})`);
+  const out = new Float64Array(B);
+  for (let r = 0; r < B; r++) {
+    const a = acc[r];
+    if (!(a >= 0 && a <= 1)) throw new ConfigError(`train batch: "groupAccuracy" must be a fraction in [0, 1]; groupAccuracy[${r}] = ${a}`);
+    out[r] = Math.min(Math.max(a, lo), hi);
+  }
+  return out;
+}

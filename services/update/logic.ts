@@ -61,3 +61,45 @@ export function checkpointsToPrune(steps: number[], saveLimit: number): number[]
   const sorted = [...steps].sort((a, b) => a - b);
   return sorted.slice(0, Math.max(0, sorted.length - saveLimit));
 }
+
+export interface NftGroupInput {
+  id: string;
+  reward_fn: string;
+  samples: ReadonlyArray<{ id: string; reward: number | null; reward_details: Readonly<Record<string, number>> }>;
+}
+
+/** What the nft policy loss needs of one sample: its ±1 outcome and the accuracy of its whole group. */
+export interface NftTarget {
+  /** +1 correct, −1 incorrect (lib/rl/nft.ts). */
+  reward: 1 | -1;
+  /** Fraction of correct responses in the sample's group, in [0, 1] (r̂ before clamping). */
+  groupAccuracy: number;
+}
+
+/**
+ * NFT targets (Chen et al. 2025, arXiv 2505.18116) of the kept groups, by sample id: NFT splits
+ * responses into correct and incorrect by a binary verifier outcome, read from the reward metric
+ * `key` (reward_details[key]; "overall" falls back to the scalar reward, as algorithm.filter_key),
+ * which must be 1 (correct) or 0 / −1 (incorrect). The group accuracy is taken over the whole
+ * group here, because a mini-batch may hold only part of a group.
+ */
+export function nftTargets(groups: readonly NftGroupInput[], key: string): Map<string, NftTarget> {
+  const out = new Map<string, NftTarget>();
+  for (const g of groups) {
+    if (g.samples.length === 0) continue;
+    const outcomes = g.samples.map((x): 1 | -1 => {
+      const v = x.reward_details[key] ?? (key === 'overall' ? x.reward : undefined);
+      if (v === undefined || v === null) {
+        throw new ConfigError(`algorithm.policy_loss = nft reads each response's correctness from reward metric "${key}" (algorithm.nft.correct_key), but sample ${x.id} (reward ${g.reward_fn}) has none; `
+          + `its reward reports: ${Object.keys(x.reward_details).join(', ') || '(no metrics; use "overall" for the scalar reward)'}`);
+      }
+      if (v === 1) return 1;
+      if (v === 0 || v === -1) return -1;
+      throw new ConfigError(`algorithm.policy_loss = nft needs a binary correctness per response (1 = correct, 0 or −1 = incorrect), but sample ${x.id} has ${key} = ${v} (reward ${g.reward_fn}). `
+        + `Set algorithm.nft.correct_key to a 0/1 metric of the reward (this one reports: ${Object.keys(x.reward_details).join(', ') || 'none'}), or use a verifier reward that returns 1/0 (e.g. reward.reward_fn=exact_match)`);
+    });
+    const acc = outcomes.filter((o) => o === 1).length / outcomes.length;
+    g.samples.forEach((x, i) => out.set(x.id, { reward: outcomes[i], groupAccuracy: acc }));
+  }
+  return out;
+}

@@ -33,7 +33,7 @@ import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
 import { emaUpdate } from '../../lib/rl/ema.ts';
 import { ConfigError, TransientError } from '../../lib/errors.ts';
 import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
-import { assembleBatch, checkBatchArithmetic, splitBatches, shouldCheckpoint, checkpointsToPrune } from './logic.ts';
+import { assembleBatch, checkBatchArithmetic, splitBatches, shouldCheckpoint, checkpointsToPrune, nftTargets, type NftTarget } from './logic.ts';
 
 export interface UpdateState {
   version: number;
@@ -57,7 +57,7 @@ export interface UpdateOptions {
 }
 
 /** Policy losses the ONNX training graph implements (lib/model/loss.ts); the others are in lib/rl only. */
-const SUPPORTED_LOSSES = new Set(['vanilla', 'gspo', 'sapo', 'gpg', 'cispo', 'reinforce', 'geo_mean']);
+const SUPPORTED_LOSSES = new Set(['vanilla', 'gspo', 'sapo', 'gpg', 'cispo', 'reinforce', 'geo_mean', 'nft']);
 
 function bucketOf(step: number): string { return `step:${String(step).padStart(8, '0')}`; }
 
@@ -100,9 +100,10 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       type: 'policy' as const, lossMode: cfg.algorithm.policy_loss, clipRatioLow: cfg.actor.clip_ratio_low, clipRatioHigh: cfg.actor.clip_ratio_high,
       clipRatioC: cfg.actor.clip_ratio_dual, tauPos: cfg.algorithm.sapo.tau_pos, tauNeg: cfg.algorithm.sapo.tau_neg, lossAggMode: cfg.actor.loss_agg_mode, entropyCoeff: cfg.actor.entropy_coeff,
       useKlLoss: cfg.algorithm.use_kl_loss, klLossCoef: cfg.algorithm.kl_coef, klLossType: cfg.algorithm.kl_loss_type ?? cfg.algorithm.kl_penalty,
-      temperature: cfg.rollout.temperature,
+      temperature: cfg.rollout.temperature, nft: { negWeight: cfg.algorithm.nft.neg_weight },
     },
   };
+  const isNft = cfg.algorithm.policy_loss === 'nft';
   const initialWeights = async (): Promise<Weights> => {
     const dir = opts.initialWeightsDir ?? cfg.actor.model.path;
     return dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed);
@@ -242,7 +243,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     };
   }
 
-  function trainBatch(groups: UpdateGroup[], old: Map<string, Float32Array>, forCritic = false): { batch: TrainBatch; tokens: number }[] {
+  function trainBatch(groups: UpdateGroup[], old: Map<string, Float32Array>, forCritic = false, nft: ReadonlyMap<string, NftTarget> | null = null): { batch: TrainBatch; tokens: number }[] {
     const { samples } = assembleBatch(groups.map((g) => ({ samples: g.samples.map((x) => ({ ...x, g })) })));
     const minis = splitBatches(samples, cfg.actor.global_batch_size, cfg.actor.global_batch_size);
     return minis.map(([mini]) => {
@@ -266,13 +267,22 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         ntok += P + L;
       });
       if (forCritic) return { batch: { batchSize: B, seqLen: T, tokens, attentionMask: attn, responseMask: resp, values: vals, returns: rets, globalBatch: { loss_scale_factor: cfg.data.max_response_length } }, tokens: ntok };
-      return { batch: { batchSize: B, seqLen: T, tokens, attentionMask: attn, responseMask: resp, advantages: adv, oldLogprobs: oldLp, refLogprobs: cfg.algorithm.use_kl_loss ? refLp : undefined, lossWeights: w, globalBatch: { loss_scale_factor: cfg.data.max_response_length } }, tokens: ntok };
+      // nft: each row's ±1 outcome and the accuracy of its whole group (the mini-batch may split a group)
+      const nftRows = nft ? mini.map((x) => nft.get(x.id)!) : null;
+      return {
+        batch: {
+          batchSize: B, seqLen: T, tokens, attentionMask: attn, responseMask: resp, advantages: adv, oldLogprobs: oldLp, refLogprobs: cfg.algorithm.use_kl_loss ? refLp : undefined, lossWeights: w,
+          rewards: nftRows?.map((r) => r.reward), groupAccuracy: nftRows?.map((r) => r.groupAccuracy), globalBatch: { loss_scale_factor: cfg.data.max_response_length },
+        },
+        tokens: ntok,
+      };
     });
   }
 
   async function trainStep(step: number, groups: UpdateGroup[]): Promise<Record<string, number>> {
     const kept = groups.filter((g) => !g.filtered);
     const version = state!.version;
+    const nft = isNft ? nftTargets(kept, cfg.algorithm.nft.correct_key) : null;
     // old log-probs: recomputed with the current weights for on-policy samples; stale samples
     // (behaviour version < current) keep their behaviour log-probs (decoupled PPO importance ratio)
     const onPolicy = !opts.behaviourSha || opts.behaviourSha.get(version) === currentSha;
@@ -285,7 +295,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const sums: Record<string, number> = {};
     let n = 0, tokens = 0;
     for (let epoch = 0; epoch < cfg.actor.ppo_epochs; epoch++) {
-      for (const { batch, tokens: nt } of trainBatch(kept, old)) {
+      for (const { batch, tokens: nt } of trainBatch(kept, old, false, nft)) {
         state!.optimizerSteps++;
         const lr = lrAt({ lr: o.lr, scheduler: o.lr_scheduler, warmupSteps: o.lr_warmup_steps, warmupRatio: o.lr_warmup_ratio, minLrRatio: o.min_lr_ratio }, state!.optimizerSteps, totalOptSteps);
         const r = await trainer.step(batch, lr);

@@ -13,6 +13,8 @@ import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { ROOT } from '../support/pipeline-procs.ts';
 import { BASELINE_REASON } from '../../services/advantage/main.ts';
+import { checkpointSha256 } from '../../lib/model/index.ts';
+import { policyDir } from '../../lib/pipeline/policy.ts';
 
 const base = join(ROOT, 'test/.tmp', `estimators-${process.pid}`);
 after(() => rmSync(base, { recursive: true, force: true }));
@@ -78,6 +80,36 @@ test('adv_estimator remax: advantage = reward − the reward of a greedy rollout
       assert.equal(m('perf/update_tokens'), trained, `step ${step}: perf/update_tokens counts the sampled responses only`);
     }
     assert.ok(metrics.some((r) => r.name === 'actor/pg_loss'), 'policy trained');
+  } finally { await store.close(); }
+});
+
+test('policy_loss nft trains end to end on the whole group\'s accuracy, even when a mini-batch holds half a group', { timeout: 300_000 }, async () => {
+  // global_batch_size 2 with n = 4: every mini-batch holds half a group, so r̂ from the mini-batch's
+  // own rows would differ from the group accuracy the update stage passes (number_game: overall = accuracy ∈ {0, 1})
+  const { out, dir, runId } = await train('nft', ['algorithm.policy_loss=nft', 'actor.global_batch_size=2', 'actor.micro_batch_size_per_device_for_update=2', 'actor.micro_batch_size_per_device_for_experience=2']);
+  assert.equal(out.status, 'completed', out.message);
+  const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
+  try {
+    const rows = (await store.getTrajectories(runId, { kind: 'train' })).filter((r) => !r.filtered);
+    assert.equal(rows.length, 2 * 4 * 4, 'one row per (step, prompt, sample)');
+    const metrics = await store.getMetrics(runId);
+    const m = (step: number, name: string) => metrics.find((r) => r.step === step && r.name === name)?.value;
+    for (const step of [1, 2]) {
+      for (const name of ['actor/pg_loss', 'actor/loss', 'actor/grad_norm', 'actor/ppo_kl', 'actor/r_hat_mean', 'actor/neg_clamp_frac']) {
+        const v = m(step, name);
+        assert.ok(v !== undefined && Number.isFinite(v), `step ${step}: ${name} = ${v}`);
+      }
+      // every mini-batch has 2 rows of one group: the mean of r̂ over them is the mean over groups of clamp(accuracy, 0.02, 0.98)
+      const groups = new Map<string, number[]>();
+      for (const r of rows.filter((x) => x.step === step)) groups.set(r.groupUid, [...(groups.get(r.groupUid) ?? []), (r.rewardDetails as { overall: number }).overall]);
+      assert.equal(groups.size, 4);
+      const rHat = [...groups.values()].map((acc) => Math.min(Math.max(acc.reduce((a, b) => a + b, 0) / acc.length, 0.02), 0.98));
+      const expected = rHat.reduce((a, b) => a + b, 0) / rHat.length;
+      if (step === 1) assert.ok([...groups.values()].some((acc) => acc.includes(1) && acc.includes(0)), 'a group with correct and incorrect responses (else whole and half groups would give the same r̂)');
+      assert.ok(Math.abs(m(step, 'actor/r_hat_mean')! - expected) < 1e-6, `step ${step}: actor/r_hat_mean ${m(step, 'actor/r_hat_mean')} = mean group accuracy ${expected}`);
+    }
+    const v0 = await checkpointSha256(policyDir(out.runDir, 0)), v2 = await checkpointSha256(policyDir(out.runDir, 2));
+    assert.notEqual(v2, v0, 'the policy changed');
   } finally { await store.close(); }
 });
 

@@ -75,6 +75,51 @@ describe('trainer', () => {
     }
   });
 
+  it('clip_cov and kl_cov select per micro-batch, as lib/rl called on each micro-batch (clip_cov with the trainer\'s seeded priorities)', async () => {
+    const { computePolicyLoss } = await import('../../../lib/rl/policy-loss-registry.ts');
+    const B = 8, T = 12, batch = makeBatch(B, T, 4);
+    const attn = batch.attentionMask!;
+    let total = 0;
+    for (let i = 0; i < B * T; i++) if (i % T + 1 < T) total += batch.responseMask[i + 1];
+    for (const [lossMode, mb] of [['clip_cov', 3], ['clip_cov', 8], ['kl_cov', 3], ['kl_cov', 8]] as const) {
+      const loss = { type: 'policy' as const, lossMode, clipRatioLow: 0.2, clipRatioHigh: 0.28, clipCovRatio: 0.2, clipCovLb: -5, clipCovUb: 5, klCovRatio: 0.2, ppoKlCoef: 2 };
+      const tr = createTrainer({ model, loss, seed: 9, cache, threads: 1, microBatchSize: mb });
+      const expected = (perToken: Float32Array, step: number) => {
+        // the graph's layout of each micro-batch: position t carries token t + 1, rows trimmed to the longest
+        let pg = 0, clipped = 0, kl = 0;
+        for (let r0 = 0, k = 0; r0 < B; r0 += mb, k++) {
+          const rows = Math.min(mb, B - r0);
+          let Tk = 2;
+          for (let r = r0; r < r0 + rows; r++) for (let t = T - 1; t >= Tk; t--) if (attn[r * T + t]) { Tk = t + 1; break; }
+          const sh = (a: ArrayLike<number>) => ({ data: Float64Array.from({ length: rows * Tk }, (_, i) => { const r = r0 + Math.floor(i / Tk), t = i % Tk; return t + 1 < T ? a[r * T + t + 1] : 0; }), bs: rows, T: Tk });
+          const M = sh(batch.responseMask);
+          const ref = computePolicyLoss(lossMode, { old_log_prob: sh(batch.oldLogprobs!), log_prob: sh(perToken), advantages: sh(batch.advantages!), response_mask: M }, {
+            clip_ratio_low: 0.2, clip_ratio_high: 0.28, clip_cov_ratio: 0.2, clip_cov_lb: -5, clip_cov_ub: 5, kl_cov_ratio: 0.2, ppo_kl_coef: 2,
+            loss_agg_mode: 'token-mean', global_batch_info: { batch_num_tokens: total }, rng: Rng.fromSeed(`clip_cov:9:${step}:${k}`),
+          });
+          const mSum = M.data.reduce((s, v) => s + v, 0);
+          pg += ref.pg_loss; kl += ref.metrics.ppo_kl! * mSum; clipped += (ref.metrics.pg_clipfrac ?? 0) * mSum;
+        }
+        return { pg, kl, clipped };
+      };
+      const ev = await tr.evaluate(batch);
+      const { pg, kl, clipped } = expected(ev.perToken, 0);
+      assert.ok(Math.abs(ev.metrics.pg_loss - pg) <= 2e-5 * (1 + Math.abs(pg)), `${lossMode} mb ${mb}: pg_loss ${ev.metrics.pg_loss} vs lib/rl per micro-batch ${pg}`);
+      assert.ok(Math.abs(ev.metrics.ppo_kl - kl / total) <= 2e-5, `${lossMode} mb ${mb}: ppo_kl ${ev.metrics.ppo_kl} vs ${kl / total}`);
+      if (lossMode === 'clip_cov') {
+        assert.ok(Math.abs(ev.metrics.pg_clipfrac - clipped / total) <= 1e-6, `clip_cov mb ${mb}: pg_clipfrac ${ev.metrics.pg_clipfrac} vs ${clipped / total}`);
+        assert.ok(clipped > 0, 'clip_cov zeroed some tokens');
+      }
+      // the draw is keyed by the optimizer step: the same step repeats it, the next step (lr 0: same weights) draws anew
+      const again = await tr.evaluate(batch);
+      assert.equal(again.metrics.pg_loss, ev.metrics.pg_loss);
+      assert.equal((await tr.step(batch, 0)).step, 1);
+      const ev1 = await tr.evaluate(batch), e1 = expected(ev1.perToken, 1);
+      assert.ok(Math.abs(ev1.metrics.pg_loss - e1.pg) <= 2e-5 * (1 + Math.abs(e1.pg)), `${lossMode} mb ${mb} after a step: pg_loss ${ev1.metrics.pg_loss} vs ${e1.pg}`);
+      if (lossMode === 'clip_cov' && mb === 3) assert.notEqual(e1.pg, pg, 'a different draw (the fixture zeroes a different subset at step 1)');
+    }
+  });
+
   it('in-graph clipping + AdamW equals torch-style AdamW in float64 on the same gradient (3 steps)', async () => {
     const optim = { betas: [0.9, 0.95] as [number, number], eps: 1e-6, weightDecay: 0.1, maxGradNorm: 0.05 };
     const tr = createTrainer({ model, loss: { type: 'policy' }, seed: 7, cache, threads: 1, optim, microBatchSize: 5 });
@@ -166,7 +211,7 @@ describe('trainer', () => {
     await assert.rejects(tr.step({ ...b, advantages: new Float32Array(3) }, 1e-3), /advantages.*3 values.*16/);
     await assert.rejects(tr.step({ ...b, tokens: Int32Array.from(b.tokens, (x, i) => (i === 5 ? 99 : x)) }, 1e-3), /token 99 .*vocabulary/);
     await assert.rejects(tr.step({ ...b, responseMask: new Float32Array(16) }, 1e-3), /no response tokens/);
-    assert.throws(() => createTrainer({ model, loss: { type: 'policy', lossMode: 'ppo2' } }), /policy_loss.loss_mode "ppo2".*valid: cispo, geo_mean, gpg, gspo, nft, reinforce, sapo, vanilla/);
+    assert.throws(() => createTrainer({ model, loss: { type: 'policy', lossMode: 'ppo2' } }), /policy_loss.loss_mode "ppo2".*valid: cispo, clip_cov, geo_mean, gpg, gspo, kl_cov, nft, reinforce, sapo, vanilla/);
     assert.throws(() => createTrainer({ model, loss: { type: 'policy', useKlLoss: true, klLossType: 'k9' } }), /kl_loss_type "k9"/);
     assert.throws(() => createTrainer({ model, loss: { type: 'value' } }), /value model/);
     assert.throws(() => createTrainer({ model, loss: { type: 'policy', clipRatioC: 0.5 } }), /clipRatioC must be > 1/);
@@ -184,6 +229,28 @@ describe('trainer', () => {
     let last = first;
     for (let i = 0; i < 5; i++) last = await tr.step(nb, 3e-3);
     assert.ok(last.metrics.pg_loss < first.metrics.pg_loss, `nft loss ${first.metrics.pg_loss} → ${last.metrics.pg_loss}`);
+  });
+
+  it('NFT: groupAccuracy (the whole group\'s fraction correct) gives r̂ per row, as groupIndex does for whole groups', async () => {
+    const batch = makeBatch(6, 12, 8);
+    const rewards = [1, -1, 1, -1, -1, 1];
+    const mk = () => createTrainer({ model, loss: { type: 'policy', lossMode: 'nft', nft: { clampNegative: 0.5 } }, seed: 4, cache, threads: 1 });
+    const viaIndex = mk(), viaAcc = mk();
+    const nb = { ...batch, advantages: undefined, rewards };
+    for (let i = 0; i < 2; i++) {
+      const a = await viaIndex.step({ ...nb, groupIndex: ['a', 'a', 'b', 'b', 'c', 'c'] }, 3e-3);
+      const b = await viaAcc.step({ ...nb, groupAccuracy: [0.5, 0.5, 0.5, 0.5, 0.5, 0.5] }, 3e-3);
+      assert.deepEqual(b.metrics, a.metrics, `step ${i}`);
+    }
+    for (const [k, w] of viaIndex.weightsView()) assert.deepEqual(viaAcc.weightsView().get(k), w, k);
+    // a mini-batch holding part of a group: r̂ comes from the whole group, clamped to [rHatMin, rHatMax]
+    const part = await mk().step({ ...nb, groupAccuracy: [0.25, 0.25, 1, 1, 0, 0] }, 3e-3);
+    assert.ok(Math.abs(part.metrics.r_hat_mean - (0.25 * 2 + 0.98 * 2 + 0.02 * 2) / 6) < 1e-12, `r_hat_mean ${part.metrics.r_hat_mean}`);
+    const changed = await mk().step({ ...nb, groupAccuracy: [0.25, 0.25, 0.75, 0.75, 0.5, 0.5] }, 3e-3);
+    assert.notEqual(changed.metrics.grad_norm, part.metrics.grad_norm, 'r̂ enters the gradient');
+    await assert.rejects(mk().step({ ...nb, groupAccuracy: [0.5, 0.5, 0.5] }, 3e-3), /"groupAccuracy" has 3 values, expected one per sequence \(6\)/);
+    await assert.rejects(mk().step({ ...nb, groupAccuracy: [0.5, 0.5, 1.5, 0.5, 0.5, 0.5] }, 3e-3), /"groupAccuracy" must be a fraction in \[0, 1\]; groupAccuracy\[2\] = 1\.5/);
+    await assert.rejects(mk().step({ ...nb, rewards: [1, 0, 1, -1, -1, 1], groupAccuracy: [0.5, 0.5, 0.5, 0.5, 0.5, 0.5] }, 3e-3), /nft rewards must be \+1 or −1; rewards\[1\] = 0/);
   });
 
   it('positions from mask handle left padding', () => {
