@@ -13,8 +13,12 @@
  * pg term then uses its own weights `pgAggWeights` (see `pgAggWeights`), while the entropy and KL
  * terms keep `lossAggMode`'s.
  *
+ * clip_cov and kl_cov select tokens by the covariance of advantage and current log-prob over the
+ * tokens of one graph run, i.e. per micro-batch, as verl's dp_actor (which calls the policy loss
+ * per micro-batch): with micro-batches their loss differs from the whole mini-batch's.
+ *
  * Registries (config strings): `policy_loss.loss_mode` (vanilla, gspo, sapo, gpg, cispo,
- * reinforce, geo_mean, nft), `kl_loss_type` (kl/k1, abs, mse/k2, low_var_kl/k3).
+ * reinforce, geo_mean, clip_cov, kl_cov, nft), `kl_loss_type` (kl/k1, abs, mse/k2, low_var_kl/k3).
  */
 import { z } from 'zod';
 import { ConfigError } from '../errors.ts';
@@ -29,13 +33,18 @@ const aggMode = z.enum(['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean
 
 export const policyLossSchema = z.object({
   type: z.literal('policy'),
-  lossMode: z.string().default('vanilla').describe('policy loss registry name (vanilla, gspo, sapo, gpg, cispo, reinforce, geo_mean, nft)'),
+  lossMode: z.string().default('vanilla').describe('policy loss registry name (vanilla, gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft)'),
   clipRatio: z.number().positive().default(0.2).describe('PPO clip ε (fallback for low/high)'),
   clipRatioLow: z.number().nonnegative().nullable().default(null).describe('ε_low; null = clipRatio'),
   clipRatioHigh: z.number().nonnegative().nullable().default(null).describe('ε_high; null = clipRatio'),
   clipRatioC: z.number().default(3.0).describe('dual-clip constant c (> 1)'),
   tauPos: z.number().positive().default(1.0).describe('SAPO gate temperature τ for tokens with A > 0'),
   tauNeg: z.number().positive().default(1.05).describe('SAPO gate temperature τ for tokens with A ≤ 0'),
+  clipCovRatio: z.number().positive().default(0.0002).describe('Clip-Cov: at most max(⌊ratio·ΣM⌋, 1) tokens per micro-batch get their gradient zeroed'),
+  clipCovLb: z.number().default(1.0).describe('Clip-Cov: lower bound (exclusive) of the covariance of a token that may be zeroed'),
+  clipCovUb: z.number().default(5.0).describe('Clip-Cov: upper bound (exclusive) of that covariance'),
+  klCovRatio: z.number().positive().default(0.0002).describe('KL-Cov: the max(⌊ratio·n_valid⌋, 1) tokens of largest covariance per micro-batch get the KL penalty'),
+  ppoKlCoef: z.number().default(0.1).describe('KL-Cov: coefficient of the |log π − log π_old| penalty on the selected tokens'),
   lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
   entropyCoeff: z.number().default(0).describe('entropy bonus coefficient'),
   useKlLoss: z.boolean().default(false).describe('add a KL(π‖π_ref) loss term'),
@@ -108,6 +117,8 @@ export interface TokenTensors {
   lossWeights?: Var;
   values?: Var;
   returns?: Var;
+  /** clip_cov: each token's random priority (a permutation of 0..N−1, lib/rl clipCovPriorities); the lowest-priority candidates are zeroed. */
+  clipCovPriority?: Var;
   /** NFT: the row's clamped group accuracy r̂, and 1 for a positive (correct) row, 0 otherwise. */
   nftRHat?: Var;
   nftPositive?: Var;
@@ -339,7 +350,81 @@ const nft: PolicyLossFn = (b, t, c) => {
   };
 };
 
-export const policyLosses = new Registry<PolicyLossFn>('policy_loss.loss_mode', { vanilla, gspo, sapo, gpg, cispo, reinforce, geo_mean: geoMean, nft });
+/**
+ * bool [N]: x_i is among the k largest (`largest`) or smallest values of x [N], ties to the lower
+ * index (ONNX TopK's rule, = lib/rl's stable sort); k is int64 [1] with 1 ≤ k ≤ N. No gradient.
+ */
+function topKMask(b: GraphBuilder, x: Var, k: Var, largest: boolean): Var {
+  const K = b.unknownDim();
+  const [, idx] = b.op('TopK', [x, k], { axis: 0, largest: largest ? 1 : 0, sorted: 1 }, [{ dtype: x.dtype, shape: [K] }, { dtype: 'int64', shape: [K] }]);
+  const ones = b.op('Expand', [b.const(1, x.dtype), b.shape(idx)], {}, { dtype: x.dtype, shape: [K] });
+  return b.greater(b.op('ScatterElements', [b.zerosLike(x), idx, ones], { axis: 0 }, { dtype: x.dtype, shape: x.shape }), 0);
+}
+
+/**
+ * int64 [1]: min(max(⌊count·ratio⌋, 1), N) for the [N] vector x; the product is taken in float64
+ * as lib/rl does in JS (count is an exact integer, so the floor agrees bit for bit).
+ */
+function selectCount(b: GraphBuilder, count: Var, ratio: number, x: Var): Var {
+  const prod = b.mul(b.cast(b.stopGradient(count), 'float64'), ratio);
+  const k = b.max(b.op('Floor', [prod], {}, { dtype: 'float64', shape: prod.shape }), 1);
+  return b.op('Min', [b.reshape(b.cast(k, 'int64'), [1]), b.shape(x)], {}, { dtype: 'int64', shape: [1] });
+}
+
+/**
+ * Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617;
+ * verl compute_policy_loss_clip_cov), matched to lib/rl: ℓ = lp − old (unclamped), r = eˡ,
+ * L1 = −A r, L2 = −A clip(r, 1−ε_lo, 1+ε_hi) [N]; cov = (A − Ā)(sg(lp) − l̄p) with masked means
+ * Σx·M/(ΣM + 1e-8) over this run's tokens; candidates: M > 0, ¬(L2 > L1), lb < cov < ub; the
+ * max(⌊ratio·ΣM⌋, 1) candidates of lowest priority (clipCovPriority, all candidates when fewer)
+ * get corr = 0; loss = max(L1, L2)·corr × loss weights. pg_clipfrac = mean[corr = 0].
+ */
+const clipCov: PolicyLossFn = (b, t, c) => {
+  const lp = need(t, 'logprob', 'clip_cov'), old = need(t, 'oldLogprobs', 'clip_cov'), A = need(t, 'advantages', 'clip_cov');
+  const prio = need(t, 'clipCovPriority', 'clip_cov');
+  const lo = c.clipRatioLow ?? c.clipRatio, hi = c.clipRatioHigh ?? c.clipRatio;
+  const logRatio = b.sub(lp, old);
+  const ratio = b.exp(logRatio);
+  const negA = b.neg(A);
+  const l1 = b.mul(negA, ratio);
+  const l2 = b.mul(negA, b.clip(ratio, 1 - lo, 1 + hi));
+  const M = t.mask, lpd = b.stopGradient(lp);
+  const mSum = b.reduceSum(b.where(b.equal(M, 0), 0, M), [0]);
+  const denom = b.add(mSum, MASKED_EPS);
+  const cov = b.mul(b.sub(A, b.div(maskedSum(b, A, M), denom)), b.sub(lpd, b.div(maskedSum(b, lpd, M), denom)));
+  const cand = b.and(b.and(b.greater(M, 0), b.not(b.greater(l2, l1))), b.and(b.greater(cov, c.clipCovLb), b.less(cov, c.clipCovUb)));
+  const candPrio = b.where(cand, b.stopGradient(prio), Infinity);
+  const zeroed = b.and(cand, topKMask(b, candPrio, selectCount(b, mSum, c.clipCovRatio, candPrio), false));
+  let perToken = b.where(zeroed, 0, b.max(l1, l2));
+  if (t.lossWeights) perToken = b.mul(perToken, t.lossWeights);
+  return { perToken, sums: { pg_clipfrac: boolSum(b, zeroed, M), ppo_kl: maskedSum(b, b.neg(logRatio), M) } };
+};
+
+/**
+ * KL-Cov (Cui et al. 2025, arXiv 2505.22617; verl compute_policy_loss_kl_cov), matched to lib/rl:
+ * ℓ = lp − old (unclamped), r = eˡ; over the valid tokens (M > 0) of this run,
+ * cov = (A − Ā)(sg(lp) − l̄p) with plain means; the k = max(⌊ratio·n_valid⌋, 1) valid tokens of
+ * largest cov (ties to the lower row-major index) get loss −A r + coef·|ℓ|, the others −A r
+ * (no clipping) × loss weights. ppo_kl = mean |ℓ|.
+ */
+const klCov: PolicyLossFn = (b, t, c) => {
+  const lp = need(t, 'logprob', 'kl_cov'), old = need(t, 'oldLogprobs', 'kl_cov'), A = need(t, 'advantages', 'kl_cov');
+  const logRatio = b.sub(lp, old);
+  const absKl = b.abs(logRatio);
+  const M = t.mask, lpd = b.stopGradient(lp);
+  const valid = b.greater(M, 0);
+  const nValid = b.reduceSum(b.cast(valid, M.dtype), [0]);
+  const mean = (x: Var) => b.div(b.reduceSum(b.where(valid, x, 0), [0]), nValid);
+  // n_valid = 0: cov is NaN everywhere, but every token is then −∞ and none is selected
+  const cov = b.where(valid, b.mul(b.sub(A, mean(A)), b.sub(lpd, mean(lpd))), -Infinity);
+  const selected = b.and(valid, topKMask(b, cov, selectCount(b, nValid, c.klCovRatio, cov), true));
+  let perToken = b.neg(b.mul(A, b.exp(logRatio)));
+  perToken = b.add(perToken, b.where(selected, b.mul(absKl, c.ppoKlCoef), 0));
+  if (t.lossWeights) perToken = b.mul(perToken, t.lossWeights);
+  return { perToken, sums: { ppo_kl: maskedSum(b, absKl, M) } };
+};
+
+export const policyLosses = new Registry<PolicyLossFn>('policy_loss.loss_mode', { vanilla, gspo, sapo, gpg, cispo, reinforce, geo_mean: geoMean, clip_cov: clipCov, kl_cov: klCov, nft });
 
 /**
  * The aggregation a policy loss fixes for its pg term whatever lossAggMode says (verl): gspo and
@@ -372,9 +457,9 @@ export function pgAggWeights(c: PolicyLossConfig, M: Float64Array, B: number, T:
 }
 
 /** Which per-token batch fields a policy loss reads (besides log-probs and masks). */
-export function policyLossNeeds(c: PolicyLossConfig): { advantages: boolean; oldLogprobs: boolean; nft: boolean; pgAggWeights: boolean } {
+export function policyLossNeeds(c: PolicyLossConfig): { advantages: boolean; oldLogprobs: boolean; nft: boolean; pgAggWeights: boolean; clipCovPriority: boolean } {
   const fixed = fixedPgAggMode(c);
-  return { advantages: c.lossMode !== 'nft', oldLogprobs: true, nft: c.lossMode === 'nft', pgAggWeights: fixed !== null && fixed !== c.lossAggMode };
+  return { advantages: c.lossMode !== 'nft', oldLogprobs: true, nft: c.lossMode === 'nft', pgAggWeights: fixed !== null && fixed !== c.lossAggMode, clipCovPriority: c.lossMode === 'clip_cov' };
 }
 
 // ─────────────────────────── KL loss estimators ───────────────────────────

@@ -10,7 +10,8 @@
  * Inputs (all [B, T] row-major, position t predicts token t + 1; see train.ts for the shift):
  * `input_ids`, `position_ids` (int64), `attention_mask`, `targets` (int64), `loss_mask`,
  * `agg_weights`, and per loss: `advantages`, `old_log_probs`, `ref_log_probs`, `loss_weights`,
- * `nft_rhat`, `nft_positive`, `pg_agg_weights` (policy losses that fix their pg aggregation), `values`, `returns` (value). Parameters by HF name. Optimizer scalars (computed in
+ * `nft_rhat`, `nft_positive`, `pg_agg_weights` (policy losses that fix their pg aggregation),
+ * `clip_cov_priority` (clip_cov's random token priorities), `values`, `returns` (value). Parameters by HF name. Optimizer scalars (computed in
  * float64 outside, like torch's AdamW): `adam_step_size` = lr / (1 − β₁ᵗ), `adam_bc2_sqrt` =
  * √(1 − β₂ᵗ), `adam_decay` = 1 − lr·weight_decay.
  *
@@ -71,6 +72,7 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     t.oldLogprobs = flat(tok('old_log_probs'));
     if (needs.nft) { t.nftRHat = flat(tok('nft_rhat')); t.nftPositive = flat(tok('nft_positive')); }
     if (needs.pgAggWeights) t.pgAggWeights = flat(tok('pg_agg_weights'));
+    if (needs.clipCovPriority) t.clipCovPriority = flat(tok('clip_cov_priority'));
     t.rowShape = ['B', 'T'];
     if (loss.useKlLoss) t.refLogprobs = flat(tok('ref_log_probs'));
     if (spec.lossWeights) t.lossWeights = flat(tok('loss_weights'));

@@ -55,7 +55,7 @@ export interface PolicyLossConfig {
   global_batch_info?: GlobalBatchInfo;
   /** Also return ∂pg_loss/∂log π. */
   with_grad?: boolean;
-  /** Random source for clip_cov's subset draw when there are more candidates than clip_cov_ratio·n (default: seeded Rng(0)). */
+  /** Random source of clip_cov's priorities (`clipCovPriorities`), drawn when there are more candidates than max(⌊clip_cov_ratio·ΣM⌋, 1) (default: a fresh Rng.fromSeed(0) per call). */
   rng?: { next(): number };
   /** NFT settings (policy_loss "nft"). */
   nft?: NftConfig;
@@ -419,10 +419,28 @@ export const computePolicyLossGeoMean: PolicyLossFn = (input, cfg = {}) => {
 };
 
 /**
+ * clip_cov's random priorities: a uniformly random permutation of 0..n−1 over the n = bs·T tokens
+ * (row-major), drawn with `rng` by Fisher–Yates (n draws of rng.next()). When there are more
+ * candidates than clip_num, the clip_num candidates of lowest priority are zeroed — a uniform
+ * random subset, as verl's torch.randperm, that the ONNX training graph reproduces exactly from
+ * the same priorities (lib/model/loss.ts; the trainer draws them with this function).
+ */
+export function clipCovPriorities(n: number, rng: { next(): number }): Float64Array {
+  const p = new Float64Array(n);
+  for (let k = 0; k < n; k++) p[k] = k;
+  for (let i = n - 1; i > 0; i--) {
+    const j = Math.floor(rng.next() * (i + 1));
+    const t = p[i]; p[i] = p[j]; p[j] = t;
+  }
+  return p;
+}
+
+/**
  * Clip-Cov (Cui et al. 2025, arXiv 2505.22617; verl compute_policy_loss_clip_cov): PPO clip
  * without dual clip on unclamped ℓ; cov = (A − mean A)(log π − mean log π) over valid tokens, −∞ at
- * masked and already-clipped tokens; up to max(⌊ratio·ΣM⌋, 1) tokens with lb < cov < ub (drawn at
- * random when there are more) get their loss (and gradient) zeroed. pg_clipfrac = fraction zeroed.
+ * masked and already-clipped tokens; up to max(⌊ratio·ΣM⌋, 1) tokens with lb < cov < ub (when there
+ * are more, those of lowest `clipCovPriorities` priority drawn with cfg.rng) get their loss (and
+ * gradient) zeroed. pg_clipfrac = fraction zeroed. verl selects per micro-batch (each call).
  */
 export const computePolicyLossClipCov: PolicyLossFn = (input, cfg = {}) => {
   const p = prep('clip_cov', input);
@@ -454,12 +472,10 @@ export const computePolicyLossClipCov: PolicyLossFn = (input, cfg = {}) => {
   const corr = new Uint8Array(n).fill(1);
   if (candidates.length <= clipNum) for (const k of candidates) corr[k] = 0;
   else {
-    const rng = cfg.rng ?? Rng.fromSeed(0);
-    for (let j = 0; j < clipNum; j++) { // partial Fisher–Yates
-      const pick = j + Math.floor(rng.next() * (candidates.length - j));
-      const tmp = candidates[j]; candidates[j] = candidates[pick]; candidates[pick] = tmp;
-      corr[candidates[j]] = 0;
-    }
+    // the clipNum candidates of lowest random priority (a uniform subset, as verl's randperm)
+    const prio = clipCovPriorities(n, cfg.rng ?? Rng.fromSeed(0));
+    candidates.sort((x, y) => prio[x] - prio[y]);
+    for (let j = 0; j < clipNum; j++) corr[candidates[j]] = 0;
   }
   const L = new Float64Array(n);
   const d = cfg.with_grad ? new Float64Array(n) : null;

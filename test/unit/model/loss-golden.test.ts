@@ -1,7 +1,7 @@
 /**
  * The in-graph losses (run in ORT, in each case's dtype) against verl's golden cases
  * (test/fixtures/golden/rl_golden.json): policy losses (vanilla with dual clip and IS weights,
- * gspo, sapo, gpg, cispo, reinforce, geo_mean), kl_penalty values and gradients, value loss, entropy, agg_loss. Aggregation
+ * gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov), kl_penalty values and gradients, value loss, entropy, agg_loss. Aggregation
  * weights come from lib/rl/agg.ts, as in the trainer. Tolerances from the golden README.
  */
 import assert from 'node:assert/strict';
@@ -54,14 +54,18 @@ function policyCfg(lossMode: string, a: Record<string, any>): PolicyLossConfig {
     ...(a.clip_ratio !== undefined ? { clipRatio: a.clip_ratio, clipRatioLow: a.clip_ratio_low, clipRatioHigh: a.clip_ratio_high } : {}),
     ...(a.clip_ratio_c !== undefined ? { clipRatioC: a.clip_ratio_c } : {}),
     ...(a.tau_pos !== undefined ? { tauPos: a.tau_pos, tauNeg: a.tau_neg } : {}),
+    ...(a.clip_cov_ratio !== undefined ? { clipCovRatio: a.clip_cov_ratio, clipCovLb: a.clip_cov_lb, clipCovUb: a.clip_cov_ub } : {}),
+    ...(a.kl_cov_ratio !== undefined ? { klCovRatio: a.kl_cov_ratio, ppoKlCoef: a.ppo_kl_coef } : {}),
   }) as PolicyLossConfig;
 }
 
 type Arr2 = { data: number[]; bs: number; T: number };
 
 /** Loss inputs of the graph: aggregation weights from lib/rl/agg.ts, plus the pg term's own when the loss fixes it. */
-function lossInputs(cfg: PolicyLossConfig, x: { lp: Arr2; old: Arr2; adv: Arr2; mask: Arr2; isw?: Arr2 | null }, info: GlobalBatchInfo): Record<string, Arr2> {
+function lossInputs(cfg: PolicyLossConfig, x: { lp: Arr2; old: Arr2; adv: Arr2; mask: Arr2; isw?: Arr2 | null; prio?: Arr2 }, info: GlobalBatchInfo): Record<string, Arr2> {
   const inputs: Record<string, Arr2> = { lp: x.lp, old: x.old, adv: x.adv, mask: x.mask, w: aggW(x.mask, cfg.lossAggMode, info) };
+  // clip_cov's priorities (only read when there are more candidates than it zeroes; the golden cases have ratio 1)
+  if (cfg.lossMode === 'clip_cov') inputs.prio = x.prio ?? { data: x.mask.data.map((_, i) => i), bs: x.mask.bs, T: x.mask.T };
   const pgw = pgAggWeights(cfg, Float64Array.from(x.mask.data), x.mask.bs, x.mask.T, info);
   if (pgw) inputs.pgw = { data: Array.from(pgw), bs: x.mask.bs, T: x.mask.T };
   if (x.isw) inputs.isw = x.isw;
@@ -69,7 +73,7 @@ function lossInputs(cfg: PolicyLossConfig, x: { lp: Arr2; old: Arr2; adv: Arr2; 
 }
 
 function tokenTensors(x: Record<string, Var>): TokenTensors {
-  return { logprob: x.lp, oldLogprobs: x.old, advantages: x.adv, mask: x.mask, aggWeights: x.w, pgAggWeights: x.pgw, lossWeights: x.isw, rowShape: ['B', 'T'] };
+  return { logprob: x.lp, oldLogprobs: x.old, advantages: x.adv, mask: x.mask, aggWeights: x.w, pgAggWeights: x.pgw, lossWeights: x.isw, clipCovPriority: x.prio, rowShape: ['B', 'T'] };
 }
 
 async function policyCase(c: Case, lossMode: string): Promise<void> {
@@ -96,6 +100,13 @@ describe('policy losses vs verl golden cases', () => {
   it('gpg and reinforce', async () => {
     for (const c of cases('compute_policy_loss_gpg')) await policyCase(c, 'gpg');
     for (const c of cases('compute_policy_loss_reinforce')) await policyCase(c, 'reinforce');
+  });
+  it('clip_cov and kl_cov (ratio-1 clip_cov, kl_cov top-k from 1 token to all; extreme ratios)', async () => {
+    for (const mode of ['clip_cov', 'kl_cov']) {
+      const cs = cases(`compute_policy_loss_${mode}`);
+      assert.ok(cs.length >= 18, `only ${cs.length} ${mode} cases`);
+      for (const c of cs) await policyCase(c, mode);
+    }
   });
   for (const [mode, min] of [['gspo', 6], ['sapo', 12], ['cispo', 24], ['geo_mean', 6]] as const) {
     it(`${mode} (its forced aggregation over a configured token-mean, IS weights)`, async () => {
@@ -280,5 +291,88 @@ describe('policy-loss gradients vs lib/rl (∂pg_loss/∂log π, torch autograd 
     ] as const) {
       for (const w of [null, A2(isw)]) await check(mode, a, { lp: A2(lp), old: A2(old), adv: A2(adv), mask: A2(mask), isw: w }, `random ${mode} ${JSON.stringify(a)}${w ? ' +IS' : ''}`);
     }
+  });
+});
+
+describe('clip_cov and kl_cov vs lib/rl (selection, value and ∂pg_loss/∂log π)', () => {
+  it('the same tokens as lib/rl: clip_cov random subsets from shared priorities, kl_cov top-k ties to the lower index; golden inputs in float64', async () => {
+    const { computePolicyLoss, clipCovPriorities } = await import('../../../lib/rl/policy-loss.ts').then(async (m) => ({ ...m, ...(await import('../../../lib/rl/policy-loss-registry.ts')) }));
+    const { Rng } = await import('../../../lib/util/rng.ts');
+    const T2 = (x: Arr2) => ({ data: Float64Array.from(x.data), bs: x.bs, T: x.T });
+    const check = async (mode: 'clip_cov' | 'kl_cov', a: Record<string, any>, x: { lp: Arr2; old: Arr2; adv: Arr2; mask: Arr2; isw?: Arr2 | null }, seed: number, what: string) => {
+      const cfg = policyCfg(mode, a);
+      const info: GlobalBatchInfo = a.global_batch_info ?? {};
+      const n = x.mask.data.length;
+      const prio = { data: Array.from(clipCovPriorities(n, Rng.fromSeed(seed))), bs: x.mask.bs, T: x.mask.T };
+      const ref = computePolicyLoss(mode, { old_log_prob: T2(x.old), log_prob: T2(x.lp), advantages: T2(x.adv), response_mask: T2(x.mask), rollout_is_weights: x.isw ? T2(x.isw) : null }, {
+        clip_ratio: a.clip_ratio, clip_ratio_low: a.clip_ratio_low, clip_ratio_high: a.clip_ratio_high, clip_cov_ratio: a.clip_cov_ratio, clip_cov_lb: a.clip_cov_lb, clip_cov_ub: a.clip_cov_ub,
+        kl_cov_ratio: a.kl_cov_ratio, ppo_kl_coef: a.ppo_kl_coef, loss_agg_mode: cfg.lossAggMode, global_batch_info: info, with_grad: true, rng: Rng.fromSeed(seed),
+      });
+      const out = await runGraph('float64', lossInputs(cfg, { ...x, prio }, info), (b, v) => {
+        const lg = policyLossGraph(b, tokenTensors(v), cfg);
+        return { pg: lg.sums.pg_loss, g: b.grad(lg.sums.pg_loss, [v.lp])[0], kl: lg.sums.ppo_kl, ...(mode === 'clip_cov' ? { clip: lg.sums.pg_clipfrac } : {}) };
+      });
+      const mSum = x.mask.data.reduce((s, v) => s + v, 0);
+      // no valid token: lib/rl's seq-mean aggregation is 0/0; the graph's aggregation weights are all 0
+      if (mSum === 0 && Number.isNaN(ref.pg_loss)) assert.equal(out.pg[0], 0, `${what}: pg_loss of an empty micro-batch`);
+      else close(out.pg[0], ref.pg_loss, 'float64', 'loss', `${what} pg_loss`);
+      ref.grad_log_prob!.data.forEach((e, i) => close(out.g[i], e, 'float64', 'loss', `${what} grad[${i}]`));
+      close(out.kl[0] / (mSum + 1e-8), ref.metrics.ppo_kl!, 'float64', 'loss', `${what} ppo_kl`);
+      if (mode === 'clip_cov') close(out.clip[0] / (mSum + 1e-8), ref.metrics.pg_clipfrac!, 'float64', 'frac', `${what} pg_clipfrac`);
+      return ref;
+    };
+    for (const mode of ['clip_cov', 'kl_cov'] as const) {
+      for (const c of cases(`compute_policy_loss_${mode}`)) {
+        await check(mode, c.args, { lp: flat2(c.inputs.log_prob), old: flat2(c.inputs.old_log_prob), adv: flat2(c.inputs.advantages), mask: flat2(c.inputs.response_mask) }, 1, `${c.id} (float64)`);
+      }
+    }
+    const bs = 6, T = 9, N = bs * T, rng = Rng.fromSeed('cov-losses');
+    // advantages and log-probs from a few levels, so many tokens share a covariance (top-k ties)
+    const lp = Array.from({ length: N }, () => -0.5 - Math.floor(3 * rng.next()) * 0.5);
+    const old = lp.map((v) => v - 0.6 * (rng.next() - 0.5));
+    const adv = Array.from({ length: N }, () => [-1, 0.5, 1][Math.floor(3 * rng.next())]);
+    const mask = Array.from({ length: N }, (_, i) => (Math.floor(i / T) === 2 ? 0 : i % T < 3 + (Math.floor(i / T) % 5) ? 1 : 0));
+    const isw = Array.from({ length: N }, () => 0.5 + rng.next());
+    const A2 = (d: number[]) => ({ data: d, bs, T });
+    const x = { lp: A2(lp), old: A2(old), adv: A2(adv), mask: A2(mask) };
+    const clip = { clip_ratio: 0.2, clip_ratio_low: 0.1, clip_ratio_high: 0.15 };
+    const mSum = mask.reduce((s: number, v) => s + v, 0);
+    for (const seed of [1, 2, 3, 4]) {
+      // ratio 0.1: ⌊0.1·ΣM⌋ of the (more) candidates are drawn by priority
+      const ref = await check('clip_cov', { ...clip, clip_cov_ratio: 0.1, clip_cov_lb: -10, clip_cov_ub: 10, loss_agg_mode: 'seq-mean-token-sum' }, { ...x, isw: A2(isw) }, seed, `random clip_cov seed ${seed}`);
+      assert.equal(Math.round(ref.metrics.pg_clipfrac! * mSum), Math.floor(0.1 * mSum), 'the cap max(⌊ratio·ΣM⌋, 1) is reached');
+    }
+    await check('clip_cov', { ...clip, clip_cov_ratio: 1, clip_cov_lb: 0, clip_cov_ub: 0.3, loss_agg_mode: 'token-mean' }, x, 5, 'clip_cov all candidates');
+    for (const [ratio, coef] of [[0.0002, 0.1], [0.15, 1], [0.5, 0.5], [3, 0.2]]) {
+      await check('kl_cov', { kl_cov_ratio: ratio, ppo_kl_coef: coef, loss_agg_mode: 'token-mean' }, x, 0, `kl_cov ratio ${ratio}`);
+      await check('kl_cov', { kl_cov_ratio: ratio, ppo_kl_coef: coef, loss_agg_mode: 'seq-mean-token-mean' }, { ...x, isw: A2(isw) }, 0, `kl_cov ratio ${ratio} +IS`);
+    }
+    // no valid token: nothing selected, the loss is the masked aggregation of zero-weight tokens
+    const none = { ...x, mask: A2(mask.map(() => 0)) };
+    await check('kl_cov', { kl_cov_ratio: 0.5, ppo_kl_coef: 1, loss_agg_mode: 'seq-mean-token-sum' }, none, 0, 'kl_cov empty');
+    await check('clip_cov', { ...clip, clip_cov_ratio: 0.5, clip_cov_lb: -10, clip_cov_ub: 10, loss_agg_mode: 'seq-mean-token-sum' }, none, 0, 'clip_cov empty');
+  });
+
+  it('the random clip_cov subset depends on the priorities (a different draw zeroes different tokens)', async () => {
+    const { clipCovPriorities } = await import('../../../lib/rl/policy-loss.ts');
+    const { Rng } = await import('../../../lib/util/rng.ts');
+    const bs = 2, T = 10, N = bs * T;
+    const lp = Array.from({ length: N }, (_, i) => -1 - (i % 7) * 0.1);
+    const A2 = (d: number[]) => ({ data: d, bs, T });
+    // no token is clipped (r = 1) and no advantage is 0: every token is a candidate with a non-zero gradient unless zeroed
+    const x = { lp: A2(lp), old: A2(lp), adv: A2(lp.map((_, i) => (i % 3) - 0.5)), mask: A2(lp.map(() => 1)) };
+    const cfg = policyCfg('clip_cov', { clip_ratio: 0.2, clip_cov_ratio: 0.1, clip_cov_lb: -10, clip_cov_ub: 10 });
+    const perToken = async (seed: number) => {
+      const prio = { data: Array.from(clipCovPriorities(N, Rng.fromSeed(seed))), bs, T };
+      const out = await runGraph('float64', lossInputs(cfg, { ...x, prio }, {}), (b, v) => ({ g: b.grad(policyLossGraph(b, tokenTensors(v), cfg).sums.pg_loss, [v.lp])[0] }));
+      return Array.from(out.g, (g) => (g === 0 ? 0 : 1)).join('');
+    };
+    const draws = new Set<string>();
+    for (const seed of [1, 2, 3, 4, 5, 6]) {
+      const d = await perToken(seed);
+      assert.equal(d.split('').filter((c) => c === '0').length, 2, `seed ${seed}: max(⌊0.1·20⌋, 1) = 2 zeroed tokens`);
+      draws.add(d);
+    }
+    assert.ok(draws.size >= 3, `only ${draws.size} different subsets in 6 draws`);
   });
 });

@@ -1,7 +1,7 @@
 /**
  * Finite-difference checks of the whole training graph in float64: Llama trunk (GQA, q/k/v
  * biases, tied and separate heads, left padding) + each loss (PPO with dual clip, KL and
- * entropy; gspo, sapo, cispo, geo_mean, gpg, reinforce; value loss with clipping; SFT). For every parameter tensor, the autodiff gradient's
+ * entropy; gspo, sapo, cispo, geo_mean, gpg, reinforce, clip_cov, kl_cov; value loss with clipping; SFT). For every parameter tensor, the autodiff gradient's
  * projection on a random direction must match a central difference of the loss along it.
  */
 import assert from 'node:assert/strict';
@@ -53,6 +53,8 @@ async function checkModelGrad(mc: ModelConfigInput, lc: LossConfigInput, B = 2, 
     loss_weights: r.subarray(3 * n, 4 * n).map((v) => 1 + 0.3 * v),
     values: r.subarray(4 * n, 5 * n).map((v) => 0.05 * v),
     returns: r.subarray(5 * n, 6 * n),
+    // clip_cov: a permutation of 0..n−1 as token priorities
+    clip_cov_priority: Array.from({ length: n }, (_, i) => (i * 7) % n),
   };
   const pgw = loss.type === 'policy' ? pgAggWeights(loss, mask, B, T, {}) : null;
   if (pgw) batch.pg_agg_weights = pgw;
@@ -150,6 +152,11 @@ describe('training graph gradients (float64 finite differences)', () => {
   it('gspo (sequence ratio, token gradient) and cispo (detached clipped ratio): stop-gradients through the model as in lib/rl', async () => {
     await checkModelGrad({ ...small, numKeyValueHeads: 1 }, { type: 'policy', lossMode: 'gspo', clipRatioLow: 0.05, clipRatioHigh: 0.08 }, 3, 5, 'chain');
     await checkModelGrad({ ...small, numKeyValueHeads: 1 }, { type: 'policy', lossMode: 'cispo', clipRatioLow: 0.3, clipRatioHigh: 0.6, lossAggMode: 'seq-mean-token-sum' }, 3, 5, 'chain');
+  });
+  it('clip_cov (a random subset of candidates zeroed) and kl_cov (top-k penalised) + KL and entropy', async () => {
+    // n = 10 tokens (7 with a prime stride gives a permutation), 6 valid: clip_cov zeroes up to max(⌊0.4·6⌋, 1) = 2 of its candidates, kl_cov penalises 3
+    await checkModelGrad({ ...small, numKeyValueHeads: 1 }, { type: 'policy', lossMode: 'clip_cov', clipRatio: 0.1, clipCovRatio: 0.4, clipCovLb: -100, clipCovUb: 100, useKlLoss: true, klLossType: 'k2', entropyCoeff: 0.01 });
+    await checkModelGrad({ ...small, numKeyValueHeads: 1 }, { type: 'policy', lossMode: 'kl_cov', klCovRatio: 0.5, ppoKlCoef: 0.7, lossAggMode: 'seq-mean-token-mean', useKlLoss: true, klLossType: 'low_var_kl' });
   });
   it('value model with clipped value loss', async () => {
     await checkModelGrad({ ...small, numKeyValueHeads: 1, head: 'value' }, { type: 'value', cliprangeValue: 0.2 });
