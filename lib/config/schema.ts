@@ -104,7 +104,7 @@ const algorithmSchema = section({
   filter_low: probability().default(0.01).describe('Online filtering: lower bound on the group mean.'),
   filter_high: probability().default(0.99).describe('Online filtering: upper bound on the group mean.'),
   max_try_make_batch: posInt().default(10).describe('Online filtering: refill attempts per step before the run stops with an error.'),
-  policy_loss: z.enum(POLICY_LOSSES).default('vanilla').describe('Policy loss: vanilla (PPO clip with dual clip), gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft. The update stage trains vanilla, gspo, sapo, gpg, cispo, reinforce, geo_mean and nft (gspo and sapo aggregate their policy-gradient term seq-mean-token-mean and geo_mean as a plain mean over sequences, whatever actor.loss_agg_mode says, as verl; nft needs a binary correctness per response, see algorithm.nft); clip_cov and kl_cov are in lib/rl only.'),
+  policy_loss: z.enum(POLICY_LOSSES).default('vanilla').describe('Policy loss: vanilla (PPO clip with dual clip), gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft. The update stage trains all of them (gspo and sapo aggregate their policy-gradient term seq-mean-token-mean and geo_mean as a plain mean over sequences, whatever actor.loss_agg_mode says, as verl; clip_cov and kl_cov select their tokens per micro-batch, see algorithm.clip_cov / kl_cov; nft needs a binary correctness per response, see algorithm.nft).'),
   overlong: section({
     enable: z.boolean().default(false).describe('Soft overlong punishment (DAPO): a linear penalty for responses longer than max_length − buffer_length.'),
     max_length: posInt().nullable().default(null).describe('Expected maximum response length; null → data.max_response_length.'),
@@ -123,6 +123,15 @@ const algorithmSchema = section({
     tau_pos: z.number().gt(0).default(1.0).describe('SAPO gate temperature τ for tokens with a positive advantage.'),
     tau_neg: z.number().gt(0).default(1.05).describe('SAPO gate temperature τ for tokens with a zero or negative advantage.'),
   }, 'Soft adaptive policy optimization settings (policy_loss = sapo): loss = −σ(τ(r − 1))·4/τ·A.'),
+  clip_cov: section({
+    ratio: z.number().gt(0).default(0.0002).describe('At most max(⌊ratio·n⌋, 1) of a micro-batch\'s n response tokens get no gradient; when more are candidates, a random subset (seeded by data.seed, the optimizer step and the micro-batch) is taken.'),
+    lb: z.number().default(1.0).describe('Lower bound (exclusive) of the covariance (A − mean A)·(log π − mean log π) of a candidate token.'),
+    ub: z.number().default(5.0).describe('Upper bound (exclusive) of that covariance.'),
+  }, 'Clip-Cov settings (policy_loss = clip_cov; Cui et al. 2025, arXiv 2505.22617; verl clip_cov_ratio/lb/ub): PPO clip with actor.clip_ratio_low/high (no dual clip) whose unclipped tokens of high advantage–log-prob covariance are candidates to get no gradient. Means and the selection are over one micro-batch (actor.micro_batch_size_per_device_for_update), as verl.'),
+  kl_cov: section({
+    ratio: z.number().gt(0).default(0.0002).describe('The max(⌊ratio·n⌋, 1) response tokens of a micro-batch with the largest covariance get the KL penalty (ties to the earlier token).'),
+    ppo_kl_coef: z.number().gte(0).default(0.1).describe('Coefficient of the |log π − log π_old| penalty on those tokens.'),
+  }, 'KL-Cov settings (policy_loss = kl_cov; Cui et al. 2025, arXiv 2505.22617; verl kl_cov_ratio, ppo_kl_coef): unclipped −A·π/π_old, plus ppo_kl_coef·|log π − log π_old| on the tokens of largest advantage–log-prob covariance. Means and the selection are over one micro-batch, as verl.'),
   nft: section({
     neg_weight: z.number().gte(0).default(1.0).describe('NFT policy loss: weight of the negative-sample term (1 = NFT, 0 = RFT: positives only).'),
     correct_key: z.string().min(1).default('overall').describe('Reward metric that says whether a response is correct: reward_details[correct_key] must be 1 (correct) or 0 / −1 (incorrect); "overall" falls back to the scalar reward when the reward reports no such metric (as filter_key). A non-binary value stops the run with an error naming the sample.'),

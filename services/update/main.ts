@@ -57,7 +57,7 @@ export interface UpdateOptions {
 }
 
 /** Policy losses the ONNX training graph implements (lib/model/loss.ts); the others are in lib/rl only. */
-const SUPPORTED_LOSSES = new Set(['vanilla', 'gspo', 'sapo', 'gpg', 'cispo', 'reinforce', 'geo_mean', 'nft']);
+const SUPPORTED_LOSSES = new Set(['vanilla', 'gspo', 'sapo', 'gpg', 'cispo', 'reinforce', 'geo_mean', 'clip_cov', 'kl_cov', 'nft']);
 
 function bucketOf(step: number): string { return `step:${String(step).padStart(8, '0')}`; }
 
@@ -94,13 +94,14 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   let trainerVersion = -1;
   let currentSha = '';
   const trainerOpts = {
-    model, threads: cfg.actor.threads, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update,
+    model, threads: cfg.actor.threads, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
     optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
     loss: {
       type: 'policy' as const, lossMode: cfg.algorithm.policy_loss, clipRatioLow: cfg.actor.clip_ratio_low, clipRatioHigh: cfg.actor.clip_ratio_high,
       clipRatioC: cfg.actor.clip_ratio_dual, tauPos: cfg.algorithm.sapo.tau_pos, tauNeg: cfg.algorithm.sapo.tau_neg, lossAggMode: cfg.actor.loss_agg_mode, entropyCoeff: cfg.actor.entropy_coeff,
       useKlLoss: cfg.algorithm.use_kl_loss, klLossCoef: cfg.algorithm.kl_coef, klLossType: cfg.algorithm.kl_loss_type ?? cfg.algorithm.kl_penalty,
       temperature: cfg.rollout.temperature, nft: { negWeight: cfg.algorithm.nft.neg_weight },
+      clipCovRatio: cfg.algorithm.clip_cov.ratio, clipCovLb: cfg.algorithm.clip_cov.lb, clipCovUb: cfg.algorithm.clip_cov.ub, klCovRatio: cfg.algorithm.kl_cov.ratio, ppoKlCoef: cfg.algorithm.kl_cov.ppo_kl_coef,
     },
   };
   const isNft = cfg.algorithm.policy_loss === 'nft';
