@@ -1,7 +1,8 @@
 /**
  * Every advantage estimator the pipeline supports trains end to end (a few tiny steps each), and
  * the ones it does not support yet are refused at start with what they need. remax also checks
- * its greedy baselines: one per prompt, scored, stored flagged, subtracted, never trained on.
+ * its greedy baselines: one per prompt, scored, stored flagged, subtracted, never trained on; and
+ * every policy loss the update stage trains beyond vanilla runs two steps end to end.
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -112,6 +113,29 @@ test('policy_loss nft trains end to end on the whole group\'s accuracy, even whe
     assert.notEqual(v2, v0, 'the policy changed');
   } finally { await store.close(); }
 });
+
+// The policy losses beyond vanilla/gpg/reinforce/nft: each trains two steps through the update
+// stage's training graph (micro-batches of 4, so clip_cov/kl_cov select per micro-batch).
+for (const loss of ['gspo', 'sapo', 'cispo', 'geo_mean', 'clip_cov', 'kl_cov'] as const) {
+  test(`policy_loss ${loss} trains end to end`, { timeout: 300_000 }, async () => {
+    const { out, runId, dir } = await train(`loss-${loss}`, [`algorithm.policy_loss=${loss}`, 'actor.micro_batch_size_per_device_for_update=4']);
+    assert.equal(out.status, 'completed', out.message);
+    const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
+    try {
+      const metrics = await store.getMetrics(runId);
+      for (const step of [1, 2]) {
+        for (const name of ['actor/pg_loss', 'actor/grad_norm', 'actor/ppo_kl']) {
+          const v = metrics.find((r) => r.step === step && r.name === name)?.value;
+          assert.ok(v !== undefined && Number.isFinite(v), `step ${step}: ${name} = ${v}`);
+        }
+        const g = metrics.find((r) => r.step === step && r.name === 'actor/grad_norm')!.value;
+        assert.ok(g > 0, `step ${step}: a non-zero gradient (${g})`);
+      }
+    } finally { await store.close(); }
+    const v0 = await checkpointSha256(policyDir(out.runDir, 0)), v2 = await checkpointSha256(policyDir(out.runDir, 2));
+    assert.notEqual(v2, v0, 'the policy changed');
+  });
+}
 
 test('estimators without their pipeline inputs are refused with what they need', { timeout: 120_000 }, async () => {
   await assert.rejects(train('optimal_token_baseline', ['algorithm.adv_estimator=optimal_token_baseline']), /optimal_token_baseline is in lib\/rl but the pipeline does not compute its extra input yet: Σπ² per position/);
