@@ -17,7 +17,15 @@
  * metrics topics through the bus port, so a multi-process Kafka run (`rlstream serve` per stage)
  * is measured by the same code: open its pipeline with the run's config and pass it in.
  *
+ * Distributed mode (`rlstream serve` per stage, five processes over the Kafka protocol — the
+ * librdkafka mock broker — and a fresh PostgreSQL database): the same overhead measure for a
+ * fixed number of steps without validation (goal ≤ 10 %), and the training throughput
+ * (samples/s between the first and last policy version) with `max_staleness: 0` and `1` side by
+ * side: with staleness 1 the rollout of step s+1 overlaps the update of step s. Skipped (rows
+ * say why) when the mock broker cannot be built or PostgreSQL is unreachable.
+ *
  * Run: `node --import tsx bench/pipeline.ts` (prints a table), or through bench/run.ts.
+ * RLSTREAM_BENCH_PIPELINE_DISTRIBUTED=0 / RLSTREAM_BENCH_PIPELINE_EMBEDDED=0 leave either part out.
  * Environment: RLSTREAM_BENCH_PIPELINE_CONFIG (default examples/number-game.yaml) and
  * RLSTREAM_BENCH_PIPELINE_OVERRIDES (space-separated a.b=c) to measure another config.
  */
@@ -27,6 +35,7 @@ import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { loadConfig, type Config } from '../lib/config/index.ts';
+import { freshDatabase, kafkaForRun, runDistributed } from '../test/support/pipeline-procs.ts';
 import { openPipeline, type Pipeline } from '../lib/pipeline/runtime.ts';
 import { formatTable } from '../lib/cli/progress.ts';
 import type { MetricsRecord, PolicyVersion } from '../lib/contracts/index.ts';
@@ -173,9 +182,77 @@ export async function trainAndMeasure(configFile: string, overrides: string[]): 
   } finally { await p.close(); }
 }
 
+/** Steps of each distributed run (no validation; step 1 is left out of the overhead). */
+const DIST_STEPS = 12;
+
+/**
+ * Runs the config as five `rlstream serve` processes over the Kafka mock and a fresh PostgreSQL
+ * database, then reads the timeline back through the same bus port.
+ */
+export async function distributedAndMeasure(configFile: string, overrides: string[], name: string): Promise<MeasuredRun> {
+  const runId = `bench-${name}`;
+  const db = await freshDatabase(`rl_bench_${name.replace(/[^a-z0-9_]/g, '_')}_${process.pid}`);
+  const kafka = await kafkaForRun(name, runId, 2);
+  overrides = [...overrides, 'pipeline.partitions=2'];
+  try {
+    const all = [...overrides, `pipeline.run_id=${runId}`, `pipeline.topic_prefix=${name}`, 'pipeline.bus=kafka',
+      `pipeline.brokers=[${kafka.brokers.join(',')}]`, 'pipeline.store=postgres', `pipeline.database_url=${db.url}`];
+    const cfg = loadConfig({ file: configFile, overrides: all });
+    if (cfg.trainer.run_dir) rmSync(cfg.trainer.run_dir, { recursive: true, force: true });
+    const startMs = Date.now();
+    const procs = await runDistributed(configFile, all, { timeoutMs: 600_000 });
+    const endMs = Date.now();
+    const bad = procs.find((x) => x.child.exitCode !== 0);
+    const output = procs.map((x) => `--- ${x.stage}#${x.replica}\n${x.output().slice(-2000)}`).join('\n');
+    const p = await openPipeline(cfg);
+    try {
+      return { cfg, startMs, endMs, cpuS: NaN, exitCode: bad ? (bad.child.exitCode ?? 1) : 0, output, timeline: await readTimeline(p) };
+    } finally { await p.close(); }
+  } finally {
+    await kafka.stop();
+    await db.drop().catch(() => undefined);
+  }
+}
+
+/** Samples per second between policy versions 1 and the last (step 1's session building left out). */
+export function throughput(t: RunTimeline, samplesPerStep: number): number {
+  const versions = [...t.policyMs.keys()].sort((a, b) => a - b);
+  const last = versions[versions.length - 1] ?? 0;
+  const a = t.policyMs.get(1), b = t.policyMs.get(last);
+  if (a === undefined || b === undefined || last <= 1) return NaN;
+  return ((last - 1) * samplesPerStep) / ((b - a) / 1000);
+}
+
+async function distributedRows(configFile: string, extra: string[]): Promise<Row[]> {
+  const common = [...extra, `trainer.max_steps=${DIST_STEPS}`, 'trainer.val_freq=-1', 'trainer.val_before_train=false', 'trainer.save_freq=-1'];
+  const rows: Row[] = [];
+  const results: Record<number, MeasuredRun> = {};
+  for (const staleness of [0, 1]) {
+    const m = await distributedAndMeasure(configFile, [...common, `pipeline.max_staleness=${staleness}`, `trainer.run_dir=${join(ROOT, `bench/out/pipeline-dist-s${staleness}`)}`], `dist-s${staleness}`);
+    if (m.exitCode !== 0) throw new Error(`distributed run (max_staleness ${staleness}) failed:\n${m.output.slice(-4000)}`);
+    results[staleness] = m;
+  }
+  const o = stepOverhead(results[0].timeline);
+  const samples = results[0].cfg.data.rollout_batch_size * results[0].cfg.rollout.n;
+  const sync = throughput(results[0].timeline, samples);
+  const async1 = throughput(results[1].timeline, samples);
+  rows.push(
+    { name: `multi-process Kafka pipeline overhead: (step wall − compute) ÷ step wall, steps 2–${o.steps + 1}`, value: 100 * o.fraction, unit: '%', goal: 10, better: 'lower' },
+    { name: 'multi-process step wall time (mean, max_staleness 0)', value: o.stepWallS * 1000, unit: 'ms' },
+  );
+  for (const [k, v] of Object.entries(o.phasesS)) rows.push({ name: `  per step (multi-process): timing/${k}_s${(COMPUTE_PHASES as readonly string[]).includes(k) ? ' (compute)' : ' (overhead)'}`, value: v * 1000, unit: 'ms' });
+  rows.push(
+    { name: 'multi-process throughput, max_staleness 0 (sync)', value: sync, unit: 'samples/s' },
+    { name: 'multi-process throughput, max_staleness 1', value: async1, unit: 'samples/s' },
+    { name: 'throughput ratio max_staleness 1 ÷ sync', value: async1 / sync, unit: '×' },
+  );
+  return rows;
+}
+
 export async function run(): Promise<Row[]> {
   const configFile = process.env.RLSTREAM_BENCH_PIPELINE_CONFIG ?? join(ROOT, 'examples/number-game.yaml');
   const extra = (process.env.RLSTREAM_BENCH_PIPELINE_OVERRIDES ?? '').split(/\s+/).filter(Boolean);
+  if (process.env.RLSTREAM_BENCH_PIPELINE_EMBEDDED === '0') return distributedRows(configFile, extra);
   const runDir = join(ROOT, 'bench/out/pipeline-number-game');
   const m = await trainAndMeasure(configFile, [`trainer.run_dir=${runDir}`, ...extra]);
   if (m.exitCode !== 0) throw new Error(`rlstream train exited with ${m.exitCode}:\n${m.output.slice(-3000)}`);
@@ -192,6 +269,14 @@ export async function run(): Promise<Row[]> {
     { name: 'embedded step wall time (mean)', value: o.stepWallS * 1000, unit: 'ms' },
   ];
   for (const [k, v] of Object.entries(o.phasesS)) rows.push({ name: `  per step: timing/${k}_s${(COMPUTE_PHASES as readonly string[]).includes(k) ? ' (compute)' : ' (overhead)'}`, value: v * 1000, unit: 'ms' });
+  if (process.env.RLSTREAM_BENCH_PIPELINE_DISTRIBUTED === '0') return rows;
+  try {
+    rows.push(...await distributedRows(configFile, extra));
+  } catch (e) {
+    // a machine without the mock broker's build tools or PostgreSQL: say so in the table
+    console.error(`# pipeline: distributed rows skipped: ${(e as Error).message.slice(0, 2000)}`);
+    rows.push({ name: `multi-process Kafka rows NOT MEASURED: ${(e as Error).message.split('\n')[0].slice(0, 120)}`, value: NaN, unit: '' });
+  }
   return rows;
 }
 

@@ -320,7 +320,7 @@ const pipelineSchema = section({
     acks: z.union([z.literal('all'), z.literal(-1), z.literal(0), z.literal(1)]).default('all').describe('Producer acknowledgements: all (= -1), 1 (leader) or 0 (none).'),
     session_timeout_ms: posInt().default(6000).describe('Consumer group session timeout.'),
     heartbeat_interval_ms: posInt().default(500).describe('Consumer heartbeat interval (below session_timeout_ms).'),
-    max_wait_ms: nonNegInt().default(250).describe('Longest a fetch waits for data.'),
+    max_wait_ms: nonNegInt().default(25).describe('Longest a fetch waits for data. A broker answers a waiting fetch as soon as data arrives, but one that does not (librdkafka\'s mock) holds it this long, and a training step crosses six topics, so keep it short; raise it to cut idle fetch requests.'),
   }, 'Kafka client settings.'),
   run_id: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, { message: "must be 1–128 letters, digits, '.', '_' or '-'" }).nullable().default(null).describe('Run id on every event, row and log line; null → derived from trainer.project_name and experiment_name (deterministic, never random).'),
 }, 'Event bus, store and staleness.');
