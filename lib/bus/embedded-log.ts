@@ -19,8 +19,10 @@
  * the live members (`assignPartitions`). A stopped consumer deletes its row, so the others take
  * over at once; a killed process's partitions move after the session timeout.
  *
- * New messages are noticed by polling with an idle backoff (from `minPollMs` doubling to the
- * consumer's `maxWaitMs`), and at once when this process appended to a consumed topic.
+ * New messages are noticed at once when this process appended to a consumed topic (a wake-up, or
+ * a dirty flag when the consumer was mid-poll), and by polling with an idle backoff (from
+ * `minPollMs` doubling to the consumer's `maxWaitMs`) for appends by other processes (PostgreSQL);
+ * over PGlite no other process can append, so the idle poll waits `maxWaitMs` from the start.
  *
  * PGlite has one connection: inside a handler use `ctx.send` and `ctx.tx`, never the bus or the
  * database directly (that would wait for the batch's own transaction forever; the bus refuses it).
@@ -113,6 +115,9 @@ export class EmbeddedBus implements EventBus {
 
   get db(): Kysely<any> { return this.database.db; }
 
+  /** True when no other process can append to this log (PGlite: one process holds the run directory). */
+  get localOnly(): boolean { return this.database.kind === 'pglite'; }
+
   /** Refuses direct database use from inside a handler on PGlite, which would deadlock on its single connection. */
   guard(op: string): void {
     if (this.closed) throw new RlError(`embedded bus: ${op} after close()`, { code: 'ERR_BUS_CLOSED' });
@@ -194,9 +199,10 @@ export class EmbeddedBus implements EventBus {
     this.notify(topics);
   }
 
-  /** Wakes this process's consumers of these topics. */
+  /** Wakes this process's consumers of these topics (and marks them dirty, should one be mid-poll). */
   notify(topics: string[]): void {
     if (!topics.length) return;
+    for (const c of this.consumers) c.markDirty(topics);
     for (const w of this.waiters) if (topics.some((t) => w.topics.has(t))) w.wake();
   }
 
@@ -283,6 +289,8 @@ class EmbeddedConsumer implements Consumer {
   private readonly topicSet: ReadonlySet<string>;
   private readonly waker: { wake?: () => void } = {};
   private readonly log: Logger;
+  /** Set when this process appended to a consumed topic since the current poll began. */
+  private dirty = false;
 
   constructor(private readonly bus: EmbeddedBus, readonly opts: ResolvedConsumerOptions) {
     this.topicSet = new Set(opts.topics);
@@ -290,6 +298,8 @@ class EmbeddedConsumer implements Consumer {
   }
 
   assignment(): TopicPartition[] { return this.assigned.map((a) => ({ ...a })); }
+
+  markDirty(topics: string[]): void { if (topics.some((t) => this.topicSet.has(t))) this.dirty = true; }
 
   async run(handler: BatchHandler): Promise<void> {
     if (this.state !== 'new') throw new RlError(`consumer of group ${this.opts.group} was already ${this.state === 'running' ? 'started' : 'stopped'}; create a new one`, { code: 'ERR_BUS_USAGE' });
@@ -391,6 +401,7 @@ class EmbeddedConsumer implements Consumer {
     let failures = 0;
     while (!signal.aborted) {
       let progressed = false;
+      this.dirty = false;
       try {
         progressed = await this.pollOnce(handler, rotate++);
         failures = 0;
@@ -405,8 +416,12 @@ class EmbeddedConsumer implements Consumer {
         continue;
       }
       if (progressed) { idleMs = this.bus.minPollMs; continue; }
+      // something was appended here while this poll ran: look again at once
+      if (this.dirty) continue;
       await this.bus.waitFor(this.topicSet, idleMs, signal, this.waker);
-      idleMs = Math.min(idleMs * 2, opts.maxWaitMs);
+      // PGlite: only this process can append (the run directory is locked), and every append
+      // wakes its consumers, so the idle poll is a safety net, not a latency path — no ramp
+      idleMs = this.bus.localOnly ? opts.maxWaitMs : Math.min(idleMs * 2, opts.maxWaitMs);
     }
   }
 

@@ -64,3 +64,52 @@ export async function stagesWithState(db: Executor, runId: string): Promise<stri
   const r = await sql<{ stage: string }>`select stage from stage_state where run_id = ${runId} order by stage`.execute(db);
   return r.rows.map((x) => x.stage);
 }
+
+/**
+ * The pending items of one batch of a stage that gathers each step's groups across batches
+ * (advantage, update). The batch's own items stay in memory; `items(bucket)` is what earlier
+ * batches stored plus these. At `persist()` — after the state that says which buckets are settled
+ * — the stored rows of settled buckets are deleted and only the batch's items of UNSETTLED buckets
+ * are written. A step whose groups all arrive in one batch (the embedded pipeline's usual case)
+ * so never writes its payloads twice. Crash safety is unchanged: the batch's offsets commit after
+ * `persist()` (embedded: in the same transaction), so an item is either in stage_pending or will
+ * be redelivered.
+ */
+export class PendingBatch {
+  private readonly fresh = new Map<string, PendingItem[]>();
+  private readonly freshIds = new Set<string>();
+  private readonly stored = new Set<string>();
+  private readonly settled = new Set<string>();
+
+  constructor(private readonly db: Executor, private readonly runId: string, private readonly stage: string) {}
+
+  /** This batch's items; an (bucket, id) repeated within the batch keeps its first occurrence. */
+  add(items: PendingItem[]): void {
+    for (const it of items) {
+      const key = `${it.bucket}\u0000${it.id}`;
+      if (this.freshIds.has(key)) continue;
+      this.freshIds.add(key);
+      const list = this.fresh.get(it.bucket);
+      if (list) list.push(it); else this.fresh.set(it.bucket, [it]);
+    }
+  }
+
+  /** Stored items of `bucket` and this batch's (a stored id wins over a redelivered copy), ordered by id. */
+  async items(bucket: string): Promise<PendingItem[]> {
+    const stored = await listPending(this.db, this.runId, this.stage, bucket);
+    if (stored.length) this.stored.add(bucket);
+    const ids = new Set(stored.map((s) => s.id));
+    const out = [...stored, ...(this.fresh.get(bucket) ?? []).filter((it) => !ids.has(it.id))];
+    return out.sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  }
+
+  /** The bucket is done: its items are never needed again. */
+  settle(bucket: string): void { this.settled.add(bucket); }
+
+  /** Deletes settled buckets' stored rows and stores this batch's items of the others. */
+  async persist(): Promise<void> {
+    for (const b of this.settled) if (this.stored.has(b)) await deletePending(this.db, this.runId, this.stage, b);
+    const keep = [...this.fresh].filter(([b]) => !this.settled.has(b)).flatMap(([, items]) => items);
+    await addPending(this.db, this.runId, this.stage, keep);
+  }
+}

@@ -14,7 +14,7 @@ import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
 import { tokenizerFor, policyModelConfig, criticModelConfig, criticDir, PolicyCache } from '../../lib/pipeline/policy.ts';
 import { ValueScorer } from '../../lib/model/value.ts';
 import { loadCheckpoint } from '../../lib/model/index.ts';
-import { loadStageState, saveStageState, addPending, listPending, deletePending } from '../../lib/pipeline/stage-state.ts';
+import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { refillId, type ScoredGroup, type UpdateGroup } from '../../lib/contracts/index.ts';
 import type { TrajectoryRow } from '../../lib/store/port.ts';
@@ -85,10 +85,10 @@ export function startAdvantage(p: Pipeline): StageRun {
   const initialKl = fromCheckpoint && settings.useKlInReward && settings.klType === 'adaptive' ? Number(fromCheckpoint.kl_ctl_state.value) : null;
   return runStage(p, 'advantage', ['scored'], async (records, ctx) => {
     const state = (await loadStageState<AdvantageState>(ctx.db, p.runId, 'advantage')) ?? { ...initialAdvantageState(), klValue: initialKl };
-    const finished: string[] = [];
+    const pending = new PendingBatch(ctx.db, p.runId, 'advantage');
     const touched = new Set<number>();
     const fresh = records.filter((r) => !state.done.includes((r.value as ScoredGroup).step));
-    await addPending(ctx.db, p.runId, 'advantage', fresh.map((r) => {
+    pending.add(fresh.map((r) => {
       const g = r.value as ScoredGroup;
       touched.add(g.step);
       return { bucket: `step:${String(g.step).padStart(8, '0')}`, id: g.id, payload: r.message.value, headers: r.message.headers };
@@ -96,7 +96,7 @@ export function startAdvantage(p: Pipeline): StageRun {
     for (const step of [...touched].sort((a, b) => a - b)) {
       const t0 = performance.now();
       const bucket = `step:${String(step).padStart(8, '0')}`;
-      const items = await listPending(ctx.db, p.runId, 'advantage', bucket);
+      const items = await pending.items(bucket);
       const groups: ScoredGroup[] = [];
       for (const it of items) groups.push(await codec.decode(it.payload, it.headers));
       const refills = state.refills[step] ?? [];
@@ -142,7 +142,7 @@ export function startAdvantage(p: Pipeline): StageRun {
       state.klByStep = { ...(state.klByStep ?? {}), [String(step)]: res.klValue ?? settings.klCoef };
       state.done.push(step);
       delete state.refills[step];
-      finished.push(bucket);
+      pending.settle(bucket);
       log.debug({ step, kept: decision.kept.length, filtered: decision.filtered.length }, 'advantages computed');
     }
     await metrics.flush(ctx);
@@ -151,6 +151,6 @@ export function startAdvantage(p: Pipeline): StageRun {
     if (state.klByStep) state.klByStep = Object.fromEntries(Object.entries(state.klByStep).sort((a, b) => Number(a[0]) - Number(b[0])).slice(-64));
     await saveStageState(ctx.db, p.runId, 'advantage', state);
     // only after the state that marks the steps done (Kafka: a crash in between would lose their groups)
-    for (const b of finished) await deletePending(ctx.db, p.runId, 'advantage', b);
+    await pending.persist();
   });
 }

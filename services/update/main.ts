@@ -20,7 +20,7 @@ import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runti
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { tokenizerFor, policyModelConfig, criticModelConfig, policyDir, criticDir } from '../../lib/pipeline/policy.ts';
 import { resolveCriticModel } from '../../lib/config/index.ts';
-import { loadStageState, saveStageState, addPending, listPending, deletePending, stagesWithState } from '../../lib/pipeline/stage-state.ts';
+import { loadStageState, saveStageState, PendingBatch, stagesWithState } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import {
   datasetPosition, describePosition, writeCheckpointDir, listCheckpointSteps, removeCheckpointDir, removeTempCheckpoints, readCheckpointPath,
@@ -340,12 +340,12 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       const k = `${r.message.topic}/${r.message.partition}`;
       positions[k] = Math.max(positions[k] ?? 0, r.message.offset + 1);
     }
-    const trained: number[] = [];
+    const pending = new PendingBatch(ctx.db, p.runId, 'update');
     const fresh = records.filter((r) => (r.value as UpdateGroup).step > st.version);
-    await addPending(ctx.db, p.runId, 'update', fresh.map((r) => ({ bucket: bucketOf((r.value as UpdateGroup).step), id: (r.value as UpdateGroup).id, payload: r.message.value, headers: r.message.headers })));
+    pending.add(fresh.map((r) => ({ bucket: bucketOf((r.value as UpdateGroup).step), id: (r.value as UpdateGroup).id, payload: r.message.value, headers: r.message.headers })));
     while (st.version < totalSteps) {
       const step = st.version + 1;
-      const items = await listPending(ctx.db, p.runId, 'update', bucketOf(step));
+      const items = await pending.items(bucketOf(step));
       const groups: UpdateGroup[] = [];
       for (const it of items) groups.push(await p.codecs.updates.decode(it.payload, it.headers));
       if (groups.filter((g) => !g.filtered).length < cfg.data.rollout_batch_size) break;
@@ -384,13 +384,13 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       metrics.set(step, m);
       metrics.add(step, {}, { compute: tTrain - t0, checkpoint: performance.now() - tTrain });
       ctx.emit('policy', rec);
-      trained.push(step);
+      pending.settle(bucketOf(step));
       log.info({ step, reward: undefined, pg_loss: m['actor/pg_loss'], ms: Math.round(tTrain - t0) }, `step ${step} trained`);
     }
     await metrics.flush(ctx);
     await ctx.flush();
     await saveStageState(ctx.db, p.runId, 'update', st);
     // only now (Kafka: after the state that says they are trained) may a trained step's groups go
-    for (const s of trained) await deletePending(ctx.db, p.runId, 'update', bucketOf(s));
+    await pending.persist();
   });
 }

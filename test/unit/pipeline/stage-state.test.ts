@@ -1,7 +1,8 @@
 /**
  * Pending items of a stage (lib/pipeline/stage-state.ts) on an embedded store: multi-row inserts
  * keep every item with its payload and headers, ignore redelivered and repeated ids, span several
- * statements for large batches, and join a transaction that rolls back with it.
+ * statements for large batches, and join a transaction that rolls back with it. A PendingBatch
+ * writes only the items of buckets its batch did not settle.
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -9,7 +10,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { openDatabase, type Database } from '../../../lib/db/database.ts';
-import { addPending, listPending, pendingBuckets, deletePending, type PendingItem } from '../../../lib/pipeline/stage-state.ts';
+import { addPending, listPending, pendingBuckets, deletePending, PendingBatch, type PendingItem } from '../../../lib/pipeline/stage-state.ts';
 
 let dir: string;
 let db: Database;
@@ -51,4 +52,29 @@ test('inside a transaction that fails, nothing is kept', async () => {
   assert.deepEqual(await listPending(db.db, 'r3', 'update', 'step:1'), []);
   await addPending(db.db, 'r3', 'update', []);
   assert.deepEqual(await pendingBuckets(db.db, 'r3', 'update'), [], 'an empty batch writes nothing');
+});
+
+test('PendingBatch: a bucket settled within its batch is never written; unsettled items are; stored rows of settled buckets go', async () => {
+  // an earlier batch left half of step 2 pending
+  await addPending(db.db, 'r4', 'update', [item('step:2', 'b', 2)]);
+  const batch = new PendingBatch(db.db, 'r4', 'update');
+  batch.add([item('step:1', 'z', 9), item('step:1', 'y', 8), item('step:2', 'a', 1), item('step:2', 'b', 7), item('step:3', 'c', 3), item('step:1', 'y', 5)]);
+  const one = await batch.items('step:1');
+  assert.deepEqual(one.map((x) => [x.id, x.payload[0]]), [['y', 8], ['z', 9]], 'ordered by id; a repeated id keeps its first copy');
+  const two = await batch.items('step:2');
+  assert.deepEqual(two.map((x) => [x.id, x.payload[0]]), [['a', 1], ['b', 2]], 'the stored copy of a redelivered id wins');
+  assert.deepEqual(two.map((x) => x.headers['rl-schema']), ['s1', 's2']);
+  batch.settle('step:1');
+  batch.settle('step:2');
+  assert.deepEqual(await pendingBuckets(db.db, 'r4', 'update'), ['step:2'], 'nothing is written before persist()');
+  await batch.persist();
+  assert.deepEqual(await pendingBuckets(db.db, 'r4', 'update'), ['step:3'], 'settled buckets leave nothing; the unsettled one is stored');
+  assert.deepEqual((await listPending(db.db, 'r4', 'update', 'step:3')).map((x) => [x.id, x.payload[0]]), [['c', 3]]);
+  // the next batch completes step 3 from the stored item and its own
+  const next = new PendingBatch(db.db, 'r4', 'update');
+  next.add([item('step:3', 'd', 4)]);
+  assert.deepEqual((await next.items('step:3')).map((x) => x.id), ['c', 'd']);
+  next.settle('step:3');
+  await next.persist();
+  assert.deepEqual(await pendingBuckets(db.db, 'r4', 'update'), []);
 });
