@@ -196,6 +196,18 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResu
       errors.push(`algorithm.overlong.buffer_length = ${alg.overlong.buffer_length} must be between 1 and algorithm.overlong.max_length − 1 = ${max - 1} when algorithm.overlong.enable = true; set it to e.g. ${Math.max(1, Math.floor(max / 4))}`);
     }
   }
+  // "full" KL sums over the vocabulary: it needs the reference policy's full distribution at every
+  // position, which the pipeline does not carry (stages exchange per-token log-probs)
+  const klLossType = alg.kl_loss_type ?? alg.kl_penalty;
+  if (alg.use_kl_loss && klLossType === 'full') {
+    errors.push(`algorithm.kl_loss_type = full (it defaults to algorithm.kl_penalty) cannot be the KL loss: it needs the reference policy's full vocabulary distribution at every position, and the pipeline carries per-token log-probs only (lib/rl klFull computes it where full distributions exist); use low_var_kl (k3), kl (k1), abs or mse (k2)`);
+  }
+  if (alg.use_kl_in_reward && alg.kl_penalty === 'full') {
+    errors.push('algorithm.kl_penalty = full cannot be the in-reward KL penalty: it needs full vocabulary distributions of the policy and the reference, and the pipeline carries per-token log-probs only; use low_var_kl (k3), kl (k1), abs or mse (k2)');
+  }
+  if (alg.vppo.enable) {
+    errors.push('algorithm.vppo.enable = true needs a vision-language policy: VPPO\'s token visual dependency compares log-probs under the original and a perturbed image, and rlstream\'s policies are text-only (lib/rl/vppo.ts has the math — tokenVisualDependency, tokenGradientMask, trajectoryAdvantageScaling — for a multimodal scorer); set algorithm.vppo.enable=false');
+  }
   if (alg.use_kl_in_reward && alg.use_kl_loss) {
     warnings.push('algorithm.use_kl_in_reward and algorithm.use_kl_loss are both true: the KL to the reference is penalised twice (verl warns about the same); usually set one of them to false');
   }

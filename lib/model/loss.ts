@@ -47,6 +47,7 @@ export const policyLossSchema = z.object({
   ppoKlCoef: z.number().default(0.1).describe('KL-Cov: coefficient of the |log π − log π_old| penalty on the selected tokens'),
   lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
   entropyCoeff: z.number().default(0).describe('entropy bonus coefficient'),
+  entropyPenaltyCoef: z.number().default(0).describe('entropy penalty coefficient: adds coef · agg(−log π(token)) (the sampled-token entropy estimate; lib/rl entropyPenalty)'),
   useKlLoss: z.boolean().default(false).describe('add a KL(π‖π_ref) loss term'),
   klLossCoef: z.number().nonnegative().default(0.001).describe('KL loss coefficient'),
   klLossType: z.string().default('low_var_kl').describe('kl_loss_type registry name'),
@@ -477,7 +478,7 @@ export const klLossTypes = new Registry<KlFn>('kl_loss_type', { kl: k1, k1, abs:
 
 // ─────────────────────────── full losses ───────────────────────────
 
-/** Actor loss: pg_loss − entropy_coeff·entropy + kl_coef·kl_loss (verl dp_actor). */
+/** Actor loss: pg_loss − entropy_coeff·entropy + kl_coef·kl_loss (verl dp_actor) + entropy_penalty_coef·agg(−log π). */
 export function policyLossGraph(b: GraphBuilder, t: TokenTensors, c: PolicyLossConfig): LossGraph {
   return b.scope('loss', () => {
     const { perToken, sums } = policyLosses.get(c.lossMode)(b, t, c);
@@ -493,6 +494,12 @@ export function policyLossGraph(b: GraphBuilder, t: TokenTensors, c: PolicyLossC
       const kl = aggregate(b, klLossTypes.get(c.klLossType)(b, need(t, 'logprob', 'KL loss'), need(t, 'refLogprobs', 'KL loss')), t);
       out.kl_loss = kl;
       loss = b.add(loss, b.mul(kl, c.klLossCoef));
+    }
+    if (c.entropyPenaltyCoef !== 0) {
+      // the sampled-token entropy estimate agg(−log π), in the configured aggregation (lib/rl/shaping.ts entropyPenalty)
+      const pen = b.mul(aggregate(b, b.neg(need(t, 'logprob', 'entropy penalty')), t), c.entropyPenaltyCoef);
+      out.entropy_penalty = pen;
+      loss = b.add(loss, pen);
     }
     out.loss = loss;
     return { loss, sums: out };

@@ -184,3 +184,15 @@ test('cross-field problems are reported together', () => {
   const problems = problemsOf(() => load({ overrides: ['pipeline.bus=kafka', 'pipeline.store=postgres', 'actor.clip_ratio_dual=0.5'] }));
   assert.equal(problems.length, 3);
 });
+
+test('full KL is refused as the KL loss and as the in-reward penalty (the pipeline carries per-token log-probs only)', () => {
+  expectOneProblem(() => load({ overrides: ['algorithm.kl_penalty=full'] }), 'algorithm.kl_loss_type = full (it defaults to algorithm.kl_penalty) cannot be the KL loss', 'use low_var_kl (k3), kl (k1), abs or mse (k2)');
+  expectOneProblem(() => load({ overrides: ['algorithm.kl_loss_type=full'] }), 'algorithm.kl_loss_type = full (it defaults to algorithm.kl_penalty) cannot be the KL loss');
+  expectOneProblem(() => load({ overrides: ['algorithm.use_kl_loss=false', 'algorithm.use_kl_in_reward=true', 'algorithm.kl_penalty=full'] }), 'algorithm.kl_penalty = full cannot be the in-reward KL penalty');
+  // full as the penalty is fine when a KL loss of another type is used and there is no in-reward KL
+  assert.equal(load({ overrides: ['algorithm.kl_penalty=full', 'algorithm.kl_loss_type=low_var_kl'] }).algorithm.kl_penalty, 'full');
+});
+
+test('VPPO is refused with a text-only policy, saying why', () => {
+  expectOneProblem(() => load({ overrides: ['algorithm.vppo.enable=true'] }), 'algorithm.vppo.enable = true needs a vision-language policy', 'set algorithm.vppo.enable=false');
+});

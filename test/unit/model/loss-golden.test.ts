@@ -221,6 +221,34 @@ describe('NFT vs lib/rl/nft.ts (value and ∂loss/∂log π)', () => {
   });
 });
 
+describe('entropy penalty vs lib/rl/shaping.ts entropyPenalty (value and ∂/∂log π)', () => {
+  it('adds coef · agg(−log π) to the loss in every aggregation mode', async () => {
+    const { entropyPenalty } = await import('../../../lib/rl/shaping.ts');
+    const bs = 4, T = 6, n = bs * T;
+    const rng = (await import('../../../lib/util/rng.ts')).Rng.fromSeed('entropy-penalty-test');
+    const lp = Array.from({ length: n }, () => -0.2 - 2 * rng.next());
+    const old = lp.map((v) => v - 0.3 * (rng.next() - 0.5));
+    const adv = Array.from({ length: n }, () => rng.next() - 0.5);
+    const M = Array.from({ length: n }, (_, i) => (i % T < 1 + (Math.floor(i / T) % 4) ? 1 : 0));
+    const mask = { data: M, bs, T };
+    for (const aggMode of ['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'] as const) {
+      const coef = 0.07;
+      const ref = entropyPenalty({ data: Float64Array.from(lp), bs, T }, { data: Float64Array.from(M), bs, T }, coef, aggMode, { loss_scale_factor: T });
+      const w = aggW(mask, aggMode, { loss_scale_factor: T });
+      const run = (cfg: PolicyLossConfig) => runGraph('float64', { lp: { data: lp, bs, T }, old: { data: old, bs, T }, adv: { data: adv, bs, T }, mask, w }, (b, x) => {
+        const lg = policyLossGraph(b, { logprob: x.lp, oldLogprobs: x.old, advantages: x.adv, mask: x.mask, aggWeights: x.w }, cfg);
+        const [g] = b.grad(lg.loss, [x.lp]);
+        return { loss: lg.loss, g, ...(lg.sums.entropy_penalty ? { pen: lg.sums.entropy_penalty } : {}) };
+      });
+      const withPen = await run(lossConfig({ type: 'policy', lossAggMode: aggMode, entropyPenaltyCoef: coef }) as PolicyLossConfig);
+      const without = await run(lossConfig({ type: 'policy', lossAggMode: aggMode }) as PolicyLossConfig);
+      close(withPen.pen[0], ref.penalty, 'float64', 'loss', `${aggMode} entropy_penalty`);
+      close(withPen.loss[0] - without.loss[0], ref.penalty, 'float64', 'loss', `${aggMode} loss difference`);
+      for (let i = 0; i < n; i++) close(withPen.g[i] - without.g[i], ref.grad_log_prob.data[i], 'float64', 'loss', `${aggMode} grad[${i}]`);
+    }
+  });
+});
+
 describe('policy-loss gradients vs lib/rl (∂pg_loss/∂log π, torch autograd semantics)', () => {
   it('vanilla PPO on the float64 golden inputs (clamps, dual clip, IS weights)', async () => {
     const { computePolicyLossVanilla } = await import('../../../lib/rl/policy-loss.ts');
