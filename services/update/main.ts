@@ -98,7 +98,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
     loss: {
       type: 'policy' as const, lossMode: cfg.algorithm.policy_loss, clipRatioLow: cfg.actor.clip_ratio_low, clipRatioHigh: cfg.actor.clip_ratio_high,
-      clipRatioC: cfg.actor.clip_ratio_dual, tauPos: cfg.algorithm.sapo.tau_pos, tauNeg: cfg.algorithm.sapo.tau_neg, lossAggMode: cfg.actor.loss_agg_mode, entropyCoeff: cfg.actor.entropy_coeff,
+      clipRatioC: cfg.actor.clip_ratio_dual, tauPos: cfg.algorithm.sapo.tau_pos, tauNeg: cfg.algorithm.sapo.tau_neg, lossAggMode: cfg.actor.loss_agg_mode, entropyCoeff: cfg.actor.entropy_coeff, entropyPenaltyCoef: cfg.algorithm.entropy_penalty_coef,
       useKlLoss: cfg.algorithm.use_kl_loss, klLossCoef: cfg.algorithm.kl_coef, klLossType: cfg.algorithm.kl_loss_type ?? cfg.algorithm.kl_penalty,
       temperature: cfg.rollout.temperature, nft: { negWeight: cfg.algorithm.nft.neg_weight },
       clipCovRatio: cfg.algorithm.clip_cov.ratio, clipCovLb: cfg.algorithm.clip_cov.lb, clipCovUb: cfg.algorithm.clip_cov.ub, klCovRatio: cfg.algorithm.kl_cov.ratio, ppoKlCoef: cfg.algorithm.kl_cov.ppo_kl_coef,
@@ -331,6 +331,8 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     return m;
   }
 
+  /** When this process published its last policy version (throughput is measured between versions). */
+  let lastVersionMs: number | null = null;
   return runStage(p, 'update', ['updates'], async (records, ctx) => {
     const st = (await loadStageState<UpdateState>(ctx.db, p.runId, 'update')) ?? state!;
     state = st;
@@ -381,6 +383,18 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         crashPoint('checkpoint:recorded');
         for (const s of checkpointsToPrune(await listCheckpointSteps(p.runDir), cfg.trainer.save_limit)) await removeCheckpointDir(p.runDir, s);
       }
+      // throughput of the whole pipeline over this step: its samples (and their prompt + response
+      // tokens) ÷ the wall time since the previous version (none for the first step of a process)
+      const nowMs = Date.now();
+      if (lastVersionMs !== null && nowMs > lastVersionMs) {
+        const kept = groups.filter((g) => !g.filtered);
+        const samples = kept.reduce((a, g) => a + g.samples.length, 0);
+        const tokens = kept.reduce((a, g) => a + g.samples.reduce((t, x) => t + g.prompt_ids.length + x.response_ids.length, 0), 0);
+        const seconds = (nowMs - lastVersionMs) / 1000;
+        m['perf/samples_per_second'] = samples / seconds;
+        m['perf/tokens_per_second'] = tokens / seconds;
+      }
+      lastVersionMs = nowMs;
       metrics.set(step, m);
       metrics.add(step, {}, { compute: tTrain - t0, checkpoint: performance.now() - tTrain });
       ctx.emit('policy', rec);
