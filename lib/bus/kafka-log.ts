@@ -6,7 +6,7 @@
  * delivery is at-least-once: a crash between produce and commit redelivers the batch, and
  * consumers deduplicate by id.
  *
- * Defaults: acks=-1, murmur2 keyed partitioning (kafkajs' DefaultPartitioner, the Java client's,
+ * Defaults: acks=-1 (`acks` option), murmur2 keyed partitioning (kafkajs' DefaultPartitioner, the Java client's,
  * and `partitioner.ts` agree), idempotent producer off (kafkajs marks it experimental; enable
  * with `idempotent: true`), group timing sessionTimeout 6000 / heartbeat 500 / fetch max wait
  * 250 ms (infra/kafka-mock notes: a member rejoining an emptied group waits ~sessionTimeout − 1 s).
@@ -37,6 +37,12 @@ export interface KafkaBusOptions {
   logger?: Logger;
   /** Idempotent producer (needs a broker with a controller; kafkajs calls it experimental). Default false. */
   idempotent?: boolean;
+  /**
+   * Producer acknowledgements: -1 (all in-sync replicas, the default), 1 (leader only) or 0 (none).
+   * The pipeline's durability argument (outputs acknowledged before offsets commit) holds for -1;
+   * 1 and 0 trade it for latency.
+   */
+  acks?: -1 | 0 | 1;
   /** Consumer group session timeout, ms (default 6000, the broker's minimum). */
   sessionTimeoutMs?: number;
   /** Consumer heartbeat interval, ms (default 500). */
@@ -122,7 +128,7 @@ export class KafkaBus implements EventBus {
   readonly kind = 'kafka' as const;
   readonly kafka: Kafka;
   readonly log: Logger;
-  readonly opts: Required<Pick<KafkaBusOptions, 'idempotent' | 'sessionTimeoutMs' | 'heartbeatIntervalMs' | 'rebalanceTimeoutMs' | 'maxProduceBytes'>>;
+  readonly opts: Required<Pick<KafkaBusOptions, 'idempotent' | 'acks' | 'sessionTimeoutMs' | 'heartbeatIntervalMs' | 'rebalanceTimeoutMs' | 'maxProduceBytes'>>;
   private producer?: Promise<Producer>;
   private admin?: Promise<Admin>;
   private cluster?: Promise<InternalCluster>;
@@ -131,9 +137,12 @@ export class KafkaBus implements EventBus {
 
   constructor(o: KafkaBusOptions) {
     if (!o.brokers?.length) throw new ConfigError('kafka bus: `brokers` must list at least one host:port');
+    if (o.acks !== undefined && ![-1, 0, 1].includes(o.acks)) throw new ConfigError(`kafka bus: acks must be -1 (all), 0 or 1, got ${String(o.acks)}`);
+    if (o.idempotent && o.acks !== undefined && o.acks !== -1) throw new ConfigError(`kafka bus: an idempotent producer needs acks = -1 (all), got ${o.acks}`);
     this.log = (o.logger ?? silentLogger()).child({ component: 'bus', bus: 'kafka' });
     this.opts = {
       idempotent: o.idempotent ?? false,
+      acks: o.acks ?? -1,
       sessionTimeoutMs: o.sessionTimeoutMs ?? 6000,
       heartbeatIntervalMs: o.heartbeatIntervalMs ?? 500,
       rebalanceTimeoutMs: o.rebalanceTimeoutMs ?? 60_000,
@@ -222,7 +231,7 @@ export class KafkaBus implements EventBus {
       const byTopic = new Map<string, OutMessage[]>();
       for (const m of chunk) (byTopic.get(m.topic) ?? byTopic.set(m.topic, []).get(m.topic)!).push(m);
       await producer.sendBatch({
-        acks: -1,
+        acks: this.opts.acks,
         topicMessages: [...byTopic].map(([topic, ms]) => ({
           topic,
           messages: ms.map((m) => ({ key: m.key, value: m.value, headers: m.headers, partition: m.partition })),

@@ -57,7 +57,7 @@ export async function openPipeline(cfg: Config, opts: OpenOptions = {}): Promise
   let bus: EventBus;
   try {
     bus = p.bus === 'kafka'
-      ? createKafkaBus({ brokers: p.brokers, clientId: opts.clientId ?? `rlstream-${runId}`, logger: forStage(log, 'bus'), idempotent: p.kafka.idempotent, sessionTimeoutMs: p.kafka.session_timeout_ms, heartbeatIntervalMs: p.kafka.heartbeat_interval_ms })
+      ? createKafkaBus({ brokers: p.brokers, clientId: opts.clientId ?? `rlstream-${runId}`, logger: forStage(log, 'bus'), idempotent: p.kafka.idempotent, acks: p.kafka.acks === 'all' ? -1 : p.kafka.acks, sessionTimeoutMs: p.kafka.session_timeout_ms, heartbeatIntervalMs: p.kafka.heartbeat_interval_ms })
       : createEmbeddedBus({ database: db, logger: forStage(log, 'bus') });
   } catch (e) { await db.close(); throw e; }
   const store = createStore(db);
