@@ -52,7 +52,8 @@ export const serveCommand: Command = {
   summary: 'Run one pipeline stage in this process (distributed mode: one process or pod per stage)',
   usage: `rlstream serve <${STAGES.join('|')}> <config.yaml> [--replica N] [a.b.c=value …]`,
   help: [
-    'Runs one stage against the configured bus (pipeline.bus: kafka, or the embedded log over a',
+    'Prints the resolved config (secrets redacted), then runs one stage against the configured bus',
+    '(pipeline.bus: kafka, or the embedded log over a',
     'shared PostgreSQL) and store until the controller announces the end of the run. Several',
     'rollout or reward processes may serve one run (give each its own --replica index).',
     '',
@@ -70,6 +71,7 @@ export const serveCommand: Command = {
     if (!Number.isInteger(replica) || replica < 0) throw new UsageError(`--replica must be a non-negative integer, got ${flags.replica}`);
     const cfg = loadConfig({ file, overrides, onWarning: (m) => console.error(`warning: ${m}`) });
     const log = createLogger({ runId: resolveRunId(cfg), stage });
+    process.stderr.write(`# resolved config (${stage}${replica ? ` replica ${replica}` : ''})\n${formatResolvedConfig(cfg)}\n`);
     const out = await serveStage(cfg, stage, log, { replica, signal: interruptSignal() });
     if (out.status === 'failed') { console.error(`rlstream serve ${stage}: run failed: ${out.message}`); return 1; }
     return 0;
