@@ -10,9 +10,12 @@
  * one Summary.Value. TensorBoard loads every file whose name contains "tfevents" in the log
  * directory; tags with '/' (actor/pg_loss) are grouped by their prefix.
  *
- * Used live by the pipeline (`trainer.logger: [console, tensorboard]`: a TensorBoardWriter in
- * `<run_dir>/tensorboard`) and after the fact by `rlstream report --tensorboard`
- * (exportRunToTensorBoard, from the step_metrics table).
+ * Two writers, one file: after the fact `rlstream report --tensorboard` (exportRunToTensorBoard,
+ * from the step_metrics table), and live during training when `trainer.logger` includes
+ * `tensorboard` (LiveTensorBoard in lib/analysis/tensorboard-live.ts, driven by lib/app/run.ts:
+ * appends each settled step's scalars, then replaces the file with the export when the run
+ * completes). Both write `<run_dir>/tensorboard/<runEventFileName>`, so a report export after a
+ * live run replaces the live file instead of adding a second copy of every scalar.
  */
 import { closeSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync, rmSync, statSync, writeSync } from 'node:fs';
 import { hostname } from 'node:os';
@@ -247,17 +250,28 @@ export class TensorBoardWriter {
   }
 }
 
+/** The event file name of a run (the export's and the live logger's): `events.out.tfevents.<run created>.rlstream-export.<run>`. */
+export function runEventFileName(runId: string, createdSeconds: number): string {
+  return `events.out.tfevents.${Math.floor(createdSeconds)}.rlstream-export.${runId}`;
+}
+
+/** When the run's row was created, in seconds since the epoch (the wall time of its file_version event). */
+export async function runCreatedSeconds(db: Db, runId: string): Promise<number> {
+  const run = (await sql<{ created: number }>`select extract(epoch from created_at)::float8 as created from runs where run_id = ${runId}`.execute(db)).rows[0];
+  if (!run) throw new RlError(`run ${JSON.stringify(runId)} is not in this database; nothing to export to TensorBoard`, { code: 'ERR_UNKNOWN_RUN' });
+  return run.created;
+}
+
 /**
  * Writes every step metric of a run to `<dir>/events.out.tfevents.<run created>.rlstream-export.<run>`
  * (tag = metric name, wall time = when the row was written). Re-exporting replaces that file.
  */
 export async function exportRunToTensorBoard(db: Db, runId: string, dir: string): Promise<{ path: string; scalars: number; tags: string[] }> {
-  const run = (await sql<{ created: number }>`select extract(epoch from created_at)::float8 as created from runs where run_id = ${runId}`.execute(db)).rows[0];
-  if (!run) throw new RlError(`run ${JSON.stringify(runId)} is not in this database; nothing to export to TensorBoard`, { code: 'ERR_UNKNOWN_RUN' });
+  const created = await runCreatedSeconds(db, runId);
   const rows = (await sql<{ step: number; name: string; value: number; wall: number }>`
     select step, name, value, extract(epoch from created_at)::float8 as wall
     from step_metrics where run_id = ${runId} order by step, name`.execute(db)).rows;
-  const writer = new TensorBoardWriter(dir, { filename: `events.out.tfevents.${Math.floor(run.created)}.rlstream-export.${runId}`, atomic: true, wallTime: run.created });
+  const writer = new TensorBoardWriter(dir, { filename: runEventFileName(runId, created), atomic: true, wallTime: created });
   const tags = new Set<string>();
   try {
     for (const r of rows) {

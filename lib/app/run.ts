@@ -11,6 +11,7 @@ import type { ControlEvent, MetricsRecord } from '../contracts/index.ts';
 import { ProgressBar, formatTable } from '../cli/progress.ts';
 import { RlError, errorMessage, isRetriable } from '../errors.ts';
 import { isConnectionError } from '../db/errors.ts';
+import { LiveTensorBoard, tensorboardDir } from '../analysis/tensorboard-live.ts';
 
 export interface RunOutcome { status: 'completed' | 'failed' | 'stopped'; message?: string; runId: string; runDir: string; finalVersion?: number }
 
@@ -55,6 +56,17 @@ function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number
   return { outcome, stop: async () => { stopped = true; await loop.catch(() => undefined); } };
 }
 
+/**
+ * `trainer.logger` includes `tensorboard`: event files under `<run_dir>/tensorboard`, appended as
+ * steps settle (lib/analysis/tensorboard-live.ts). Needs the run's row (upsertRun first).
+ */
+async function openTensorBoard(cfg: Config, p: Pipeline, log: Logger): Promise<LiveTensorBoard | null> {
+  if (!cfg.trainer.logger.includes('tensorboard')) return null;
+  return LiveTensorBoard.open(p.db.db, p.runId, tensorboardDir(p.runDir), {
+    onError: (e) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}; retrying`),
+  });
+}
+
 export async function summaryTable(p: Pipeline): Promise<string> {
   const ms = await p.store.getMetrics(p.runId, ['reward/mean', 'val/accuracy', 'val/reward_score', 'actor/pg_loss', 'actor/ppo_kl', 'actor/entropy', 'response_length/mean']);
   const by = (name: string) => ms.filter((m) => m.name === name).sort((a, b) => a.step - b.step);
@@ -76,8 +88,10 @@ export async function summaryTable(p: Pipeline): Promise<string> {
 export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean; signal?: AbortSignal } = {}): Promise<RunOutcome & { summary: string }> {
   const p = await openPipeline(cfg, { log });
   const stages: StartedStage[] = [];
+  let tb: LiveTensorBoard | null = null;
   try {
     await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
+    tb = await openTensorBoard(cfg, p, log);
     const bar = opts.progress ? new ProgressBar() : null;
     let total = 0;
     const watch = watchRun(p, bar, () => total);
@@ -101,9 +115,11 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
     await Promise.all(stages.map((s) => s.run.done.catch(() => undefined)));
     for (const s of stages) await s.close().catch(() => undefined);
     if (outcome.status !== 'stopped') await p.store.setRunStatus(p.runId, outcome.status, outcome.status === 'failed' ? { error: outcome.message ?? '' } : undefined).catch(() => undefined);
+    await tb?.finish(outcome.status === 'completed').catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
     const summary = await summaryTable(p);
     return { ...outcome, summary };
   } finally {
+    await tb?.finish(false).catch(() => undefined);
     await p.close();
   }
 }
@@ -137,12 +153,15 @@ class StartError extends Error {
 async function serveStageOnce(cfg: Config, stage: string, log: Logger, opts: { replica?: number; signal?: AbortSignal }): Promise<RunOutcome> {
   let p: Pipeline;
   try { p = await openPipeline(cfg, { log, clientId: `rlstream-${stage}-${opts.replica ?? 0}` }); } catch (e) { throw new StartError(e); }
+  let tb: LiveTensorBoard | null = null;
   try {
     let s: StartedStage;
     try {
       if (stage === 'controller') await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
       s = await startStage(p, stage, { replica: opts.replica });
     } catch (e) { throw new StartError(e); }
+    // distributed mode: the controller process (one per run) writes the TensorBoard files
+    tb = stage === 'controller' ? await openTensorBoard(cfg, p, log).catch((e: unknown) => { log.warn({ err: e }, `tensorboard logger not started: ${errorMessage(e)}`); return null; }) : null;
     const watch = watchRun(p, null, () => 0);
     const aborted = new Promise<RunOutcome>((r) => opts.signal?.addEventListener('abort', () => r({ status: 'stopped', message: 'interrupted', runId: p.runId, runDir: p.runDir }), { once: true }));
     const failed = s.run.done.then(() => new Promise<RunOutcome>(() => undefined), (e: unknown) => { throw new RlError(`${stage}: ${(e as Error).message}`, { cause: e }); });
@@ -151,8 +170,10 @@ async function serveStageOnce(cfg: Config, stage: string, log: Logger, opts: { r
     await s.run.consumer.stop().catch(() => undefined);
     await s.run.done.catch(() => undefined);
     await s.close();
+    await tb?.finish(outcome.status === 'completed').catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
     return outcome;
   } finally {
+    await tb?.finish(false).catch(() => undefined);
     await p.close();
   }
 }

@@ -297,7 +297,7 @@ const trainerSchema = section({
   load_checkpoint_path: z.string().min(1).nullable().default(null).describe('Start a new run from this checkpoint (<run_dir>/checkpoints/global_step_N: policy weights + AdamW state, step, dataset position, LR and KL state; wins over find_last_checkpoint), or from a plain model directory (weights only, step 0). With critic.enable (e.g. adv_estimator gae) the critic\'s weights and AdamW state are restored from the checkpoint\'s critic/ too; a checkpoint without a critic is refused unless critic.model.path names a value model to start the critic from.'),
   project_name: safeName().default('rlstream').describe('Project name (logs, run id).'),
   experiment_name: safeName().default('default').describe('Experiment name (logs, run id, run_dir).'),
-  logger: z.array(z.enum(['console', 'tensorboard'])).default(['console']).describe('Metric sinks.'),
+  logger: z.array(z.enum(['console', 'tensorboard'])).default(['console']).describe('Metric sinks: console (progress bar or JSON lines, and the summary) and tensorboard (event files under <run_dir>/tensorboard/, appended live as steps finish — by the controller process in distributed mode — and identical to `rlstream report --tensorboard` at the end of a completed run).'),
   run_dir: z.string().min(1).nullable().default(null).describe('Directory for checkpoints, logs and the embedded store; null → runs/<experiment_name>.'),
   seed: z.int().default(1).describe('Seed for everything not seeded elsewhere (sampling, dropout of groups, ids).'),
 }, 'Training loop, validation, checkpoints and naming.');
