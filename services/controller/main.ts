@@ -11,7 +11,8 @@ import { loadStageState, saveStageState } from '../../lib/pipeline/stage-state.t
 import { planFromConfig, stepsPerEpoch } from '../../lib/pipeline/plan.ts';
 import { startStepFromCheckpoint } from '../../lib/pipeline/checkpoints.ts';
 import type { RunData } from '../../lib/pipeline/data.ts';
-import { groupIdFor, hashId, controlId, type ControlEvent, type PolicyVersion, type PromptBatch, type ScoredGroup } from '../../lib/contracts/index.ts';
+import type { TrajectoryRow } from '../../lib/store/index.ts';
+import { chunkId, groupIdFor, hashId, controlId, type ControlEvent, type PolicyVersion, type PromptBatch, type ScoredGroup } from '../../lib/contracts/index.ts';
 import { decide, initialState, totalSteps, type ControllerCommand, type ControllerEvent, type ControllerState, type PromptRef } from './logic.ts';
 
 interface ValRound { groups: string[]; rewardSum: number; accSum: number; n: number; failures: number; gens: Array<{ idx: number; prompt: string; response: string; gt: string; reward: number | null; failure: string | null }> }
@@ -30,21 +31,33 @@ export function startController(p: Pipeline, data: RunData): StageRun {
     run_started: null, epoch_started: null, refill_request: null, val_round_done: null, run_done: null, run_failed: null, ...payload,
   } as unknown as ControlEvent);
 
-  function promptBatch(kind: 'train' | 'val', step: number, epoch: number, attempt: number, version: number, ref: PromptRef): PromptBatch {
+  /** One prompt batch of `refs` (a training batch holds one group; a validation batch up to data.val_batch_size). */
+  function promptBatch(kind: 'train' | 'val', step: number, epoch: number, attempt: number, version: number, refs: PromptRef[]): PromptBatch {
     const rows = kind === 'train' ? data.train : data.val;
-    const row = rows[ref.datasetIndex];
-    const id = groupIdFor(kind, p.runId, step, ref.promptIndex);
     const v = cfg.rollout.val_override;
     const sampling = kind === 'train'
       ? { temperature: cfg.rollout.temperature, top_p: cfg.rollout.top_p, top_k: cfg.rollout.top_k, max_new_tokens: cfg.data.max_response_length }
       : { temperature: v.temperature, top_p: v.top_p, top_k: v.top_k ?? cfg.rollout.top_k, max_new_tokens: cfg.data.max_response_length };
-    return {
-      run_id: p.runId, id, step, policy_version: version, kind, epoch, attempt, sampling,
-      groups: [{
+    const groups = refs.map((ref) => {
+      const row = rows[ref.datasetIndex];
+      const id = groupIdFor(kind, p.runId, step, ref.promptIndex);
+      return {
         id, group_uid: hashId(id), n: kind === 'train' ? cfg.rollout.n : v.n, prompt_index: ref.promptIndex, dataset_index: ref.datasetIndex,
         prompt_ids: row.promptIds, prompt_text: row.prompt, images: row.images, data_source: data.dataSource, ground_truth: row.answer, extra_info: '{}',
-      }],
-    };
+      };
+    });
+    return { run_id: p.runId, id: chunkId(kind, p.runId, step, refs[0].promptIndex, refs.length), step, policy_version: version, kind, epoch, attempt, sampling, groups };
+  }
+
+  /** A validation group's samples as trajectory rows (kind 'val', step = the policy version evaluated). */
+  function valRows(g: ScoredGroup): TrajectoryRow[] {
+    return g.samples.map((x) => ({
+      id: x.id, runId: p.runId, step: g.step, epoch: g.epoch, kind: 'val', groupUid: g.group_uid, promptIndex: g.prompt_index, sampleIndex: x.sample_index,
+      policyVersion: g.policy_version, promptTokens: g.prompt_ids, responseTokens: x.response_ids, promptText: g.prompt_text, responseText: x.response_text,
+      groundTruth: g.ground_truth, behaviourLogprobs: x.behaviour_logprobs, refLogprobs: null, advantages: null, advantage: null, returns: null,
+      reward: x.reward, rewardDetails: x.reward_details, rewardFailure: x.failure ? x.failure.message : null, finishReason: x.finish_reason,
+      filtered: false, filterReason: null, staleness: 0,
+    }));
   }
 
   return runStage(p, 'controller', ['policy', 'control', 'validation'], async (records, ctx) => {
@@ -68,6 +81,8 @@ export function startController(p: Pipeline, data: RunData): StageRun {
         const round = st.val[key] ?? (st.val[key] = { groups: [], rewardSum: 0, accSum: 0, n: 0, failures: 0, gens: [] });
         if (round.groups.includes(g.id)) continue;
         round.groups.push(g.id);
+        // every validation sample lands in the store too (write-once by id: a redelivery is a no-op)
+        await p.store.insertTrajectories(valRows(g), { tx: ctx.tx });
         for (const s of g.samples) {
           if (s.reward === null) round.failures++;
           else { round.rewardSum += s.reward; round.accSum += s.reward_details.accuracy ?? s.reward; round.n++; }
@@ -95,9 +110,10 @@ export function startController(p: Pipeline, data: RunData): StageRun {
     for (const c of commands) {
       if (c.type === 'train_prompts') {
         if (c.attempt === 0 && (c.step - 1) % stepsPerEpoch(plan) === 0) ctx.emit('control', control('epoch_started', c.step, c.policy.version, { epoch_started: { epoch: c.epoch, first_step: c.step } }, String(c.epoch)));
-        for (const ref of c.prompts) ctx.emit('prompts', promptBatch('train', c.step, c.epoch, c.attempt, c.policy.version, ref));
+        for (const ref of c.prompts) ctx.emit('prompts', promptBatch('train', c.step, c.epoch, c.attempt, c.policy.version, [ref]));
       } else if (c.type === 'val_prompts') {
-        for (const ref of c.prompts) ctx.emit('prompts', promptBatch('val', c.version, 0, 0, c.version, ref));
+        const size = cfg.data.val_batch_size > 0 ? cfg.data.val_batch_size : c.prompts.length;
+        for (let i = 0; i < c.prompts.length; i += size) ctx.emit('prompts', promptBatch('val', c.version, 0, 0, c.version, c.prompts.slice(i, i + size)));
       } else if (c.type === 'run_done') {
         ctx.emit('control', control('run_done', c.finalVersion, c.finalVersion, { run_done: { final_version: c.finalVersion, steps: totalSteps(plan) } }));
         await p.store.setRunStatus(p.runId, 'completed', undefined, { tx: ctx.tx });

@@ -21,6 +21,7 @@ import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
 import { trainEmbedded } from '../../lib/app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
+import { sql } from 'kysely';
 import { openStore } from '../../lib/store/index.ts';
 
 const ROOT = join(import.meta.dirname, '../..');
@@ -47,7 +48,15 @@ test('number game: validation accuracy rises from chance to well above it in 15 
     const reward = series('reward/mean');
     assert.equal(reward.length, 15);
     assert.ok(reward[14].value > reward[0].value + 0.4, `train reward rises: ${reward[0].value} → ${reward[14].value}`);
-    assert.equal(await store.countTrajectories(RUN_ID), 15 * 128 * 5, 'one trajectory row per (step, prompt, sample)');
+    assert.equal(await store.countTrajectories(RUN_ID, { kind: 'train' }), 15 * 128 * 5, 'one trajectory row per (step, prompt, sample)');
+    // validation samples are stored too: 4 rounds × 128 prompts × n = 1, one row each, with their rewards
+    assert.equal(await store.countTrajectories(RUN_ID, { kind: 'val' }), 4 * 128, 'one validation row per (round, prompt, sample)');
+    for (const step of [0, 15]) {
+      const { rows } = await sql<{ n: number; acc: number }>`select count(*)::int as n, avg(coalesce((reward_details->>'accuracy')::float8, reward)) filter (where reward is not null) as acc
+        from trajectories where run_id = ${RUN_ID} and kind = 'val' and step = ${step}`.execute(store.database.db);
+      const logged = val.find((m) => m.step === step)!.value;
+      assert.ok(Math.abs(rows[0].acc - logged) < 1e-9, `round ${step}: the stored rows' accuracy ${rows[0].acc} is val/accuracy ${logged}`);
+    }
   } finally { await store.close(); }
 });
 
