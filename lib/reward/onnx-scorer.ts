@@ -5,18 +5,30 @@
  * Model contract: inputs `input_ids` [B, T] and `attention_mask` [B, T] (int64, int32 or float;
  * right-padded, mask 1 on real tokens); first output is one score per sequence, [B] or [B, 1] —
  * or [B, T] per-token values (a value model), of which the value at the last real token is taken.
- * Text is tokenized prompt ⧺ response; the default tokenizer is the model engine's byte-level one
- * (lib/model/tokenizer.ts: id = UTF-8 byte, 0–255) — pass `tokenize` for another. Padding uses
- * `padId` (default 0: any id the embedding has; masked out). Sequences longer than `maxLength`
- * keep their last `maxLength` tokens (the response end matters most). The model engine's value
- * model exported by value-scorer-export.ts is such a scorer.
+ *
+ * What the model accepts, when it says so (`readScorerLimits`): string entries of the model's
+ * `metadata_props` — `vocab_size` (ids must be < it), `max_sequence_length` (longest sequence),
+ * `pad_token_id` — and a fixed T in the declared shape of `input_ids` (the maximum length; every
+ * batch is then padded to exactly T).
+ * The model engine's value model exported by value-scorer-export.ts declares all three. A
+ * sequence outside these limits is refused with an error naming it, never truncated or clamped.
+ *
+ * Token ids in (`rawScores`, `scoreTokens`): the caller's ids as they are — the reward stage
+ * passes each trajectory's own prompt ids ⧺ response ids (the run's tokenizer). Text in
+ * (`scoreTexts`, used by `rlstream reward-server`, whose HTTP protocol carries text): prompt ⧺
+ * response tokenized by `tokenize` (default: the model engine's byte-level tokenizer,
+ * lib/model/tokenizer.ts, id = UTF-8 byte 0–255); texts longer than `maxLength` (or the model's
+ * declared maximum) keep their last tokens (the response end matters most).
+ *
+ * Padding uses the model's declared `pad_token_id`, else `padId` (the reward stage passes the
+ * run's tokenizer's pad), else 0; padded positions are masked out.
  *
  * Calls made while a batch is being assembled are coalesced into one `session.run` of at most
  * `maxBatch` sequences. Reward = scale · transform(raw); with `threshold`, reward = 1 when
  * scale · transform(raw) ≥ threshold, else 0.
  */
 import { basename } from 'node:path';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import * as ort from 'onnxruntime-node';
 import { ConfigError, RlError } from '../errors.ts';
 import { ByteTokenizer } from '../model/tokenizer.ts';
@@ -27,22 +39,41 @@ export interface OnnxSequenceScorerOptions {
   transform?: 'none' | 'sigmoid';
   scale?: number;
   threshold?: number | null;
+  /** Text input only: keep the last maxLength tokens (default 1024; capped by the model's declared maximum). */
   maxLength?: number;
   maxBatch?: number;
   threads?: number;
-  /** Text → token ids (default: UTF-8 bytes). */
+  /** Text → token ids for `scoreTexts` (default: UTF-8 bytes). */
   tokenize?: (text: string) => number[];
+  /** Padding id when the model declares no `pad_token_id` (default 0). */
   padId?: number;
 }
 
+/** What a scorer model declares it accepts (null = not declared). */
+export interface ScorerLimits {
+  vocabSize: number | null;
+  maxSequenceLength: number | null;
+  padTokenId: number | null;
+}
+
 export interface OnnxSequenceScorer {
-  /** Raw model outputs, one per sequence (NaN where the model produced a non-finite value). */
-  rawScores(seqs: number[][]): Promise<number[]>;
-  /** Transformed scores, one per sequence. */
-  scoreTokens(seqs: number[][]): Promise<number[]>;
-  /** Transformed scores of prompt ⧺ response. */
+  /** The model's declared limits, and the pad id in use. */
+  readonly limits: ScorerLimits & { padId: number };
+  /** Why `seq` cannot be scored by this model (too long, an id outside the vocabulary), or null. */
+  problem(seq: ArrayLike<number>): string | null;
+  /**
+   * Raw model outputs, one per sequence of token ids, used as given (NaN where the model produced a
+   * non-finite value or the sequence is empty). Rejects (not retriable) when a sequence is outside
+   * the model's limits (see `problem`).
+   */
+  rawScores(seqs: ArrayLike<number>[]): Promise<number[]>;
+  /** Transformed scores, one per sequence of token ids. */
+  scoreTokens(seqs: ArrayLike<number>[]): Promise<number[]>;
+  /** Transformed scores of tokenize(prompt) ⧺ tokenize(response), the tail kept (see maxLength). */
   scoreTexts(pairs: { prompt: string; response: string }[]): Promise<number[]>;
   tokenizePair(prompt: string, response: string): number[];
+  /** What `scoreTexts` feeds the model for one pair: tokenizePair, its last maxLength tokens. */
+  textIds(prompt: string, response: string): number[];
   close(): Promise<void>;
 }
 
@@ -58,6 +89,75 @@ export function applyTransform(raw: number, t: { transform?: 'none' | 'sigmoid';
   v *= t.scale ?? 1;
   if (t.threshold !== undefined && t.threshold !== null && Number.isFinite(v)) v = v >= t.threshold ? 1 : 0;
   return v;
+}
+
+/** Metadata keys a scorer model may declare (ModelProto.metadata_props, string values). */
+export const SCORER_METADATA_KEYS = { vocabSize: 'vocab_size', maxSequenceLength: 'max_sequence_length', padTokenId: 'pad_token_id' } as const;
+
+/**
+ * The string entries of an ONNX file's `metadata_props` (ModelProto field 14). Only the top level
+ * of the protobuf is walked: the graph and its weights are skipped, not decoded.
+ */
+export function readOnnxMetadata(model: Uint8Array): Record<string, string> {
+  let pos = 0;
+  const varint = (end: number): number => {
+    let v = 0, mul = 1;
+    for (;;) {
+      if (pos >= end) throw new Error('truncated varint');
+      const b = model[pos++];
+      v += (b & 0x7f) * mul;
+      if (b < 0x80) return v;
+      mul *= 128;
+    }
+  };
+  const text = new TextDecoder();
+  const out: Record<string, string> = {};
+  while (pos < model.length) {
+    const tag = varint(model.length);
+    const field = Math.floor(tag / 8), wire = tag % 8;
+    if (wire === 0) varint(model.length);
+    else if (wire === 1) pos += 8;
+    else if (wire === 5) pos += 4;
+    else if (wire === 2) {
+      const len = varint(model.length);
+      const end = pos + len;
+      if (end > model.length) throw new Error('truncated field');
+      if (field === 14) {
+        let key = '', value = '';
+        while (pos < end) {
+          const t = varint(end);
+          if (t % 8 !== 2) throw new Error('bad metadata entry');
+          const n = varint(end);
+          const s = text.decode(model.subarray(pos, pos + n));
+          if (Math.floor(t / 8) === 1) key = s; else if (Math.floor(t / 8) === 2) value = s;
+          pos += n;
+        }
+        out[key] = value;
+      }
+      pos = end;
+    } else throw new Error(`unsupported protobuf wire type ${wire}`);
+  }
+  return out;
+}
+
+/** The limits a scorer declares: metadata_props entries and a fixed T of input_ids' shape. */
+export function readScorerLimits(path: string, idsShape?: ReadonlyArray<number | string>): ScorerLimits {
+  let meta: Record<string, string>;
+  try { meta = readOnnxMetadata(readFileSync(path)); } catch (e) {
+    throw new ConfigError(`reward model ${path}: not a readable ONNX model (${(e as Error).message})`);
+  }
+  const int = (key: string, min: number): number | null => {
+    if (!(key in meta)) return null;
+    const v = Number(meta[key]);
+    if (!Number.isInteger(v) || v < min) throw new ConfigError(`reward model ${path}: metadata ${key} = ${JSON.stringify(meta[key])} is not an integer ≥ ${min}`);
+    return v;
+  };
+  const vocabSize = int(SCORER_METADATA_KEYS.vocabSize, 1);
+  let maxSequenceLength = int(SCORER_METADATA_KEYS.maxSequenceLength, 1);
+  const fixedT = idsShape && idsShape.length === 2 && typeof idsShape[1] === 'number' && idsShape[1] > 0 ? idsShape[1] : null;
+  if (fixedT !== null) maxSequenceLength = maxSequenceLength === null ? fixedT : Math.min(maxSequenceLength, fixedT);
+  const padTokenId = int(SCORER_METADATA_KEYS.padTokenId, 0);
+  return { vocabSize, maxSequenceLength, padTokenId };
 }
 
 type IntKind = 'int64' | 'int32' | 'float32';
@@ -78,9 +178,7 @@ function makeTensor(kind: IntKind, data: number[], dims: number[]): ort.Tensor {
 
 export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): Promise<OnnxSequenceScorer> {
   if (!existsSync(opts.path)) throw new ConfigError(`reward model: file not found: ${opts.path}`);
-  const maxLength = opts.maxLength ?? 1024;
   const maxBatch = opts.maxBatch ?? 32;
-  const padId = opts.padId ?? 0;
   const tokenize = opts.tokenize ?? byteTokenize;
   let session: ort.InferenceSession;
   try {
@@ -90,19 +188,48 @@ export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): P
   }
   const inputs = session.inputNames;
   if (!inputs.includes('input_ids') || !inputs.includes('attention_mask') || inputs.length !== 2) {
+    await session.release();
     throw new ConfigError(`reward model ${opts.path}: inputs are [${inputs.join(', ')}]; a sequence scorer needs exactly input_ids and attention_mask`);
   }
   const meta = (n: string) => session.inputMetadata[inputs.indexOf(n)];
-  const idKind = kindOf(meta('input_ids'), 'input_ids', opts.path);
+  const idsMeta = meta('input_ids');
+  const idKind = kindOf(idsMeta, 'input_ids', opts.path);
   const maskKind = kindOf(meta('attention_mask'), 'attention_mask', opts.path);
   const outName = session.outputNames[0];
+  let declared: ScorerLimits;
+  try {
+    declared = readScorerLimits(opts.path, idsMeta && idsMeta.isTensor ? idsMeta.shape : undefined);
+  } catch (e) { await session.release(); throw e; }
+  const padId = declared.padTokenId ?? opts.padId ?? 0;
+  if (!Number.isInteger(padId) || padId < 0 || (declared.vocabSize !== null && padId >= declared.vocabSize)) {
+    await session.release();
+    throw new ConfigError(`reward model ${opts.path}: pad id ${padId} is outside the model's vocabulary [0, ${declared.vocabSize ?? '∞'}); declare pad_token_id in the model's metadata or pass the right pad id`);
+  }
+  const maxLength = Math.min(opts.maxLength ?? 1024, declared.maxSequenceLength ?? Infinity);
+  // a model whose input_ids has a fixed T takes every batch padded to exactly T
+  const idsShape = idsMeta && idsMeta.isTensor ? idsMeta.shape : [];
+  const fixedT = idsShape.length === 2 && typeof idsShape[1] === 'number' && idsShape[1] > 0 ? idsShape[1] : null;
+  const limits = { ...declared, padId };
 
-  async function runBatch(seqs: number[][]): Promise<number[]> {
+  const problem = (seq: ArrayLike<number>): string | null => {
+    if (declared.maxSequenceLength !== null && seq.length > declared.maxSequenceLength) {
+      return `sequence of ${seq.length} tokens is longer than the ${declared.maxSequenceLength} the reward model accepts`;
+    }
+    for (let i = 0; i < seq.length; i++) {
+      const id = seq[i];
+      if (!Number.isInteger(id) || id < 0 || (declared.vocabSize !== null && id >= declared.vocabSize)) {
+        return `token id ${id} at position ${i} is outside the reward model's vocabulary [0, ${declared.vocabSize ?? '∞'})`;
+      }
+    }
+    return null;
+  };
+
+  async function runBatch(seqs: ArrayLike<number>[]): Promise<number[]> {
     const B = seqs.length;
-    const T = Math.max(1, ...seqs.map((s) => s.length));
+    const T = fixedT ?? Math.max(1, ...seqs.map((s) => s.length));
     const ids = new Array<number>(B * T).fill(padId);
     const mask = new Array<number>(B * T).fill(0);
-    seqs.forEach((s, b) => s.forEach((tok, t) => { ids[b * T + t] = tok; mask[b * T + t] = 1; }));
+    seqs.forEach((s, b) => { for (let t = 0; t < s.length; t++) { ids[b * T + t] = s[t]; mask[b * T + t] = 1; } });
     const out = await session.run({ input_ids: makeTensor(idKind, ids, [B, T]), attention_mask: makeTensor(maskKind, mask, [B, T]) });
     const y = out[outName];
     const data = y.data as Float32Array | Float64Array;
@@ -115,7 +242,7 @@ export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): P
   }
 
   // Coalesce concurrent calls into batches of ≤ maxBatch sequences.
-  let queue: { seq: number[]; resolve: (v: number) => void; reject: (e: unknown) => void }[] = [];
+  let queue: { seq: ArrayLike<number>; resolve: (v: number) => void; reject: (e: unknown) => void }[] = [];
   let scheduled = false;
   let running: Promise<void> = Promise.resolve();
   const flush = () => {
@@ -135,47 +262,108 @@ export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): P
     });
   };
 
-  const rawScores = (seqs: number[][]) => Promise.all(seqs.map((s) => new Promise<number>((resolve, reject) => {
-    const seq = s.length > maxLength ? s.slice(s.length - maxLength) : s;
-    queue.push({ seq, resolve, reject });
-    if (queue.length >= maxBatch) flush();
-    else if (!scheduled) { scheduled = true; setImmediate(() => { if (scheduled) flush(); }); }
-  })));
+  const rawScores = async (seqs: ArrayLike<number>[]) => {
+    // refuse before queueing: one bad sequence must not fail the others batched with it
+    seqs.forEach((s, i) => {
+      const why = problem(s);
+      if (why) throw new RlError(`reward model ${opts.path}: sequence ${i}: ${why}`, { retriable: false });
+    });
+    return Promise.all(seqs.map((seq) => new Promise<number>((resolve, reject) => {
+      queue.push({ seq, resolve, reject });
+      if (queue.length >= maxBatch) flush();
+      else if (!scheduled) { scheduled = true; setImmediate(() => { if (scheduled) flush(); }); }
+    })));
+  };
 
   const tokenizePair = (prompt: string, response: string) => [...tokenize(prompt), ...tokenize(response)];
-  const scoreTokens = async (seqs: number[][]) => (await rawScores(seqs)).map((x) => applyTransform(x, opts));
+  const textIds = (prompt: string, response: string) => {
+    const s = tokenizePair(prompt, response);
+    return s.length > maxLength ? s.slice(s.length - maxLength) : s;
+  };
+  const scoreTokens = async (seqs: ArrayLike<number>[]) => (await rawScores(seqs)).map((x) => applyTransform(x, opts));
   return {
+    limits,
+    problem,
     rawScores,
     scoreTokens,
     tokenizePair,
-    scoreTexts: (pairs) => scoreTokens(pairs.map((p) => tokenizePair(p.prompt, p.response))),
+    textIds,
+    scoreTexts: (pairs) => scoreTokens(pairs.map((p) => textIds(p.prompt, p.response))),
     async close() { await running; await session.release(); },
   };
 }
 
+/** A trajectory to score with `reward.type: model`: the request fields plus its own token ids. */
+export interface TokenRewardItem extends RewardRequestItem {
+  /** Prompt token ids (after the chat template), as the run's tokenizer produced them. */
+  prompt_ids: ArrayLike<number>;
+  /** Generated token ids (without the prompt). */
+  response_ids: ArrayLike<number>;
+}
+
 export interface ModelRewardScorer {
-  /** One outcome per item; a model error or a non-finite score is a failure, never a zero. */
-  scoreBatch(items: RewardRequestItem[]): Promise<RewardOutcome[]>;
+  /** The scorer's declared limits and pad id. */
+  readonly limits: ScorerLimits & { padId: number };
+  /**
+   * One outcome per item, scoring prompt_ids ⧺ response_ids — the reward stage's items always carry
+   * them. An item with neither (a caller that has only text, e.g. to compare with `rlstream
+   * reward-server`) is scored like the server does: its texts tokenized (`scoreTexts`). A model
+   * error, a non-finite score, or a sequence outside the model's limits (too long, an id ≥ its
+   * vocabulary) is a failure, never a zero.
+   */
+  scoreBatch(items: (TokenRewardItem | RewardRequestItem)[]): Promise<RewardOutcome[]>;
   close(): Promise<void>;
 }
 
-/** `reward.type: model`: scores trajectories (prompt ⧺ response) with an ONNX sequence scorer, in process. */
+function lengths(it: TokenRewardItem | RewardRequestItem, seq: number[]): string {
+  const t = it as Partial<TokenRewardItem>;
+  return t.prompt_ids && t.response_ids ? `prompt ${t.prompt_ids.length} + response ${t.response_ids.length} tokens` : `${seq.length} tokens from its text`;
+}
+
+/** prompt ids ⧺ response ids as one sequence. */
+export function trajectoryIds(it: Pick<TokenRewardItem, 'prompt_ids' | 'response_ids'>): number[] {
+  return [...Array.from(it.prompt_ids), ...Array.from(it.response_ids)];
+}
+
+/**
+ * `reward.type: model`: scores trajectories with an ONNX sequence scorer, in process, on their own
+ * token ids (prompt ⧺ response, the run's tokenizer); `extra.padId` should be that tokenizer's pad.
+ * `extra.tokenize` / `extra.maxLength` apply only to items without token ids (see scoreBatch).
+ */
 export async function createModelRewardScorer(opts: RewardModelOptions, extra: Omit<OnnxSequenceScorerOptions, 'path' | 'transform' | 'scale' | 'threshold'> = {}): Promise<ModelRewardScorer> {
   if (!opts.path) throw new ConfigError('reward.model.path: required when reward.type = model (an ONNX sequence scorer with inputs input_ids and attention_mask)');
   const scorer = await loadOnnxSequenceScorer({ ...extra, path: opts.path, transform: opts.transform, scale: opts.scale, threshold: opts.threshold });
   const name = `model:${basename(opts.path)}`;
   return {
+    limits: scorer.limits,
     async scoreBatch(items) {
+      const problems: (string | null)[] = [];
+      const seqs = items.map((it, i) => {
+        const t = it as Partial<TokenRewardItem>;
+        problems[i] = null;
+        if (t.prompt_ids && t.response_ids) return trajectoryIds(t as TokenRewardItem);
+        if (t.prompt_ids || t.response_ids) { problems[i] = `carries ${t.prompt_ids ? 'prompt_ids but no response_ids' : 'response_ids but no prompt_ids'}`; return []; }
+        try { return scorer.textIds(it.prompt_text, it.response_text); } catch (e) { problems[i] = `cannot tokenize its text: ${(e as Error).message}`; return []; }
+      });
+      seqs.forEach((q, i) => { problems[i] ??= scorer.problem(q); });
+      const ok = seqs.map((_, i) => i).filter((i) => problems[i] === null);
+      const refused = (i: number, why: string): RewardOutcome => ({
+        id: items[i].id, ok: false, server: name, retriable: false,
+        reason: `reward model ${opts.path}: trajectory ${items[i].id} (${lengths(items[i], seqs[i])}): ${why}`,
+      });
       let raw: number[];
       try {
-        raw = await scorer.rawScores(items.map((it) => scorer.tokenizePair(it.prompt_text, it.response_text)));
+        raw = await scorer.rawScores(ok.map((i) => seqs[i]));
       } catch (e) {
         const reason = `reward model ${opts.path} failed: ${(e as Error)?.message ?? String(e)}`;
-        return items.map((it) => ({ id: it.id, ok: false as const, reason, retriable: e instanceof RlError ? e.retriable : false, server: name }));
+        const retriable = e instanceof RlError ? e.retriable : false;
+        return items.map((it, i) => (problems[i] !== null ? refused(i, problems[i]!) : { id: it.id, ok: false as const, reason, retriable, server: name }));
       }
+      const rawOf = new Map(ok.map((i, j) => [i, raw[j]]));
       return items.map((it, i): RewardOutcome => {
-        const r = raw[i];
-        if (!Number.isFinite(r)) return { id: it.id, ok: false, reason: `reward model ${opts.path} produced a non-finite score`, retriable: false, server: name };
+        if (problems[i] !== null) return refused(i, problems[i]!);
+        const r = rawOf.get(i)!;
+        if (!Number.isFinite(r)) return { id: it.id, ok: false, reason: `reward model ${opts.path} produced a non-finite score${seqs[i].length === 0 ? ' (empty sequence: no prompt or response tokens)' : ''}`, retriable: false, server: name };
         const reward = applyTransform(r, opts);
         return { id: it.id, ok: true, reward, details: { score_raw: r, score: reward }, server: name };
       });

@@ -7,10 +7,16 @@
  *
  * The weights are baked in as initializers. With right padding and causal attention, the hidden
  * state at a real token never sees the padding, so the score of a row does not depend on what it
- * was batched with. Sequences longer than the model's maxPositionEmbeddings are the caller's
- * concern (the scorer's maxLength keeps the tail; set it ≤ maxPositionEmbeddings).
+ * was batched with.
+ *
+ * The model declares what it accepts in its metadata_props (read by onnx-scorer.ts):
+ * `vocab_size` (token ids must be below it — the vocabulary of the tokenizer the value model was
+ * built for), `max_sequence_length` (= maxPositionEmbeddings, the rotary tables' length) and
+ * `pad_token_id`; the reward stage refuses a sequence outside them instead of feeding it.
  */
 import { writeFileSync } from 'node:fs';
+import onnxProto from 'onnx-proto';
+import { SCORER_METADATA_KEYS } from './onnx-scorer.ts';
 import { ConfigError } from '../errors.ts';
 import { GraphBuilder } from '../onnx/builder.ts';
 import type { ModelConfig } from '../model/config.ts';
@@ -33,7 +39,13 @@ export function buildValueSequenceScorer(c: ModelConfig, weights: Weights): Uint
   const rows = b.add(rowStart, last);
   const h = b.gather(hidden, rows); // [B, D]
   b.output(valueHead(b, c, p, h), 'score'); // [B]
-  return b.toBytes();
+  const model = b.toModelProto();
+  model.metadataProps = [
+    { key: SCORER_METADATA_KEYS.vocabSize, value: String(c.vocabSize) },
+    { key: SCORER_METADATA_KEYS.maxSequenceLength, value: String(c.maxPositionEmbeddings) },
+    { key: SCORER_METADATA_KEYS.padTokenId, value: String(c.padTokenId) },
+  ];
+  return onnxProto.onnx.ModelProto.encode(model).finish();
 }
 
 /** Writes the scorer for a model checkpoint directory (config.json + model.safetensors) to `out`. */

@@ -4,15 +4,20 @@
  * group's fate follows reward.on_failure (decided in lib/reward/failure-policy.ts).
  */
 import type { TrajectoryGroup, TrajectorySample, ScoredGroup, ScoredSample } from '../../lib/contracts/index.ts';
-import type { RewardOutcome, RewardRequestItem } from '../../lib/reward/types.ts';
+import type { RewardOutcome } from '../../lib/reward/types.ts';
+import type { TokenRewardItem } from '../../lib/reward/onnx-scorer.ts';
 
 /** The samples to score: the group's, then its remax greedy baseline when it has one (scored like any other). */
 export function samplesToScore(g: TrajectoryGroup): TrajectorySample[] {
   return g.baseline ? [...g.samples, g.baseline] : g.samples;
 }
 
-export function rewardItems(g: TrajectoryGroup): RewardRequestItem[] {
-  return samplesToScore(g).map((s) => ({ id: s.id, step: g.step, prompt_text: g.prompt_text, response_text: s.response_text, ground_truth: g.ground_truth, images: g.images }));
+/** One item per sample to score: its texts (functions, HTTP servers) and its token ids (reward models). */
+export function rewardItems(g: TrajectoryGroup): TokenRewardItem[] {
+  return samplesToScore(g).map((s) => ({
+    id: s.id, step: g.step, prompt_text: g.prompt_text, response_text: s.response_text, ground_truth: g.ground_truth, images: g.images,
+    prompt_ids: g.prompt_ids, response_ids: s.response_ids,
+  }));
 }
 
 /** Numeric details only (the Avro map is map<double>); non-numeric fields are kept as 1/0 flags where boolean. */

@@ -14,9 +14,10 @@ import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { rewardFns, loadRewardModule, applyRewardFn, type RewardFn } from '../../lib/reward-fns/index.ts';
 import { createRemoteRewardClient, type RemoteRewardClient } from '../../lib/reward/http-client.ts';
-import { createModelRewardScorer } from '../../lib/reward/onnx-scorer.ts';
+import { createModelRewardScorer, type TokenRewardItem } from '../../lib/reward/onnx-scorer.ts';
+import { tokenizerFor } from '../../lib/pipeline/policy.ts';
 import { decideOnFailures } from '../../lib/reward/failure-policy.ts';
-import { isRemoteRewardEnabled, type RewardOutcome, type RewardRequestItem } from '../../lib/reward/types.ts';
+import { isRemoteRewardEnabled, type RewardOutcome } from '../../lib/reward/types.ts';
 import { ConfigError } from '../../lib/errors.ts';
 import type { TrajectoryGroup } from '../../lib/contracts/index.ts';
 import { controlId } from '../../lib/contracts/index.ts';
@@ -24,7 +25,8 @@ import { rewardItems, samplesToScore, scoredGroup, rewardMetrics } from './logic
 
 export interface RewardBackend {
   name: string;
-  score(items: RewardRequestItem[]): Promise<RewardOutcome[]>;
+  /** Items carry the trajectory's texts and its token ids; each backend uses what it needs. */
+  score(items: TokenRewardItem[]): Promise<RewardOutcome[]>;
   /** Cumulative client gauges and counters (remote servers: `reward_server/<host:port>/…`). */
   metrics?(): Record<string, number>;
   close(): Promise<void>;
@@ -47,7 +49,13 @@ export async function createRewardBackend(p: Pipeline, replicaIndex: number, env
     };
   }
   if (r.type === 'model') {
-    const scorer = await createModelRewardScorer(r.model);
+    // the trajectories' own token ids are scored: pad with the run's tokenizer's pad unless the model declares its own
+    const tok = tokenizerFor(p.cfg);
+    const scorer = await createModelRewardScorer(r.model, { padId: tok.pad });
+    const { vocabSize } = scorer.limits;
+    if (vocabSize !== null && vocabSize !== tok.vocabSize) {
+      forStage(p.log, 'reward').warn({ model: r.model.path, model_vocab_size: vocabSize, tokenizer_vocab_size: tok.vocabSize }, `reward model ${r.model.path} declares a vocabulary of ${vocabSize} ids but the run's tokenizer (actor.model.tokenizer = ${p.cfg.actor.model.tokenizer}) has ${tok.vocabSize}: it was probably built for another tokenizer; ids ≥ ${vocabSize} fail to score`);
+    }
     return { name: `onnx:${r.model.path}`, score: (items) => scorer.scoreBatch(items), close: () => scorer.close() };
   }
   let fn: RewardFn;

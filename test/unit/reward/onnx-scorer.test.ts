@@ -33,11 +33,21 @@ test('batched scores equal the reference per sequence, whatever the padding', as
   await s.close();
 });
 
-test('concurrent callers are coalesced and still get their own scores; maxLength keeps the tail', async () => {
+test('concurrent callers are coalesced and still get their own scores; token ids are used as given', async () => {
   const s = await loadOnnxSequenceScorer({ path: meanPath, maxBatch: 3, maxLength: 4 });
   const seqs = Array.from({ length: 10 }, (_, i) => byteTokenize(`seq-${i}-${'z'.repeat(i)}`));
   const outs = await Promise.all(seqs.map((q) => s.rawScores([q])));
-  outs.forEach((o, i) => close(o[0], referenceMeanScore(seqs[i].slice(-4))));
+  // maxLength is for text only: ids are never cut
+  outs.forEach((o, i) => close(o[0], referenceMeanScore(seqs[i])));
+  await s.close();
+});
+
+test('text input (reward-server): tokenized with the byte tokenizer, maxLength keeps the tail', async () => {
+  const s = await loadOnnxSequenceScorer({ path: meanPath, maxLength: 4 });
+  const pairs = [{ prompt: 'long prompt ', response: 'and its answer' }, { prompt: 'ab', response: 'c' }];
+  assert.deepEqual(s.textIds('ab', 'c'), byteTokenize('abc'));
+  const got = await s.scoreTexts(pairs);
+  pairs.forEach((p, i) => close(got[i], referenceMeanScore(byteTokenize(p.prompt + p.response).slice(-4))));
   await s.close();
 });
 
@@ -59,19 +69,35 @@ test('transforms: sigmoid, scale, threshold on scale · transform', () => {
   assert.ok(Number.isNaN(applyTransform(Number.NaN, { transform: 'sigmoid', threshold: 0 })), 'NaN never becomes a thresholded 0');
 });
 
-test('createModelRewardScorer: prompt ⧺ response, transform applied, empty sequence is a failure not a zero', async () => {
+test('createModelRewardScorer: the trajectory\'s own prompt ⧺ response ids, not its text; transform applied; empty sequence is a failure not a zero', async () => {
   const m = await createModelRewardScorer({ path: meanPath, transform: 'sigmoid', scale: 2, threshold: null });
+  // ids of another tokenizer (an alphabet one: nothing like the text's UTF-8 bytes)
+  const prompt = Int32Array.from([3, 9, 4, 12]), response = Int32Array.from([7, 2]);
   const outs = await m.scoreBatch([
-    { id: 'a', step: 1, prompt_text: 'What is 2+2? ', response_text: '4' },
-    { id: 'b', step: 1, prompt_text: '', response_text: '' },
+    { id: 'a', step: 1, prompt_text: 'What is 2+2? ', response_text: '4', prompt_ids: prompt, response_ids: response },
+    { id: 'b', step: 1, prompt_text: 'x', response_text: 'y', prompt_ids: new Int32Array(0), response_ids: new Int32Array(0) },
   ]);
-  const raw = referenceMeanScore(byteTokenize('What is 2+2? 4'));
+  const raw = referenceMeanScore([3, 9, 4, 12, 7, 2]);
+  assert.ok(Math.abs(raw - referenceMeanScore(byteTokenize('What is 2+2? 4'))) > 1e-3, 'the test tells ids from text');
   assert.ok(outs[0].ok);
   close(outs[0].reward, 2 / (1 + Math.exp(-raw)));
   close(outs[0].details.score_raw as number, raw);
   assert.equal(outs[1].ok, false);
   assert.equal((outs[1] as Record<string, unknown>).reward, undefined);
-  assert.match((outs[1] as { reason: string }).reason, /non-finite/);
+  assert.match((outs[1] as { reason: string }).reason, /non-finite score \(empty sequence/);
+  await m.close();
+});
+
+test('createModelRewardScorer: an item with text only is scored like reward-server does (byte tokenizer); half the ids is refused', async () => {
+  const m = await createModelRewardScorer({ path: meanPath, transform: 'none', scale: 1, threshold: null });
+  const outs = await m.scoreBatch([
+    { id: 'a', step: 1, prompt_text: 'What is 2+2? ', response_text: '4' },
+    { id: 'b', step: 1, prompt_text: 'p', response_text: 'r', prompt_ids: Int32Array.from([1, 2]) } as never,
+  ]);
+  assert.ok(outs[0].ok);
+  close(outs[0].reward, referenceMeanScore(byteTokenize('What is 2+2? 4')));
+  assert.equal(outs[1].ok, false);
+  assert.match((outs[1] as { reason: string }).reason, /trajectory b .*carries prompt_ids but no response_ids/);
   await m.close();
 });
 
