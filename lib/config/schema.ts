@@ -133,7 +133,7 @@ const algorithmSchema = section({
     ppo_kl_coef: z.number().gte(0).default(0.1).describe('Coefficient of the |log π − log π_old| penalty on those tokens.'),
   }, 'KL-Cov settings (policy_loss = kl_cov; Cui et al. 2025, arXiv 2505.22617; verl kl_cov_ratio, ppo_kl_coef): unclipped −A·π/π_old, plus ppo_kl_coef·|log π − log π_old| on the tokens of largest advantage–log-prob covariance. Means and the selection are over one micro-batch, as verl.'),
   nft: section({
-    neg_weight: z.number().gte(0).default(1.0).describe('NFT policy loss: weight of the negative-sample term (1 = NFT, 0 = RFT: positives only).'),
+    neg_weight: z.number().default(1.0).describe('NFT policy loss: weight of the negative-sample term (1 = NFT, 0 = RFT: positives only; < 0 = the DAPO-like variant of NVlabs NFT, i.e. the PPO clipped loss on the advantages, as policy_loss vanilla).'),
     correct_key: z.string().min(1).default('overall').describe('Reward metric that says whether a response is correct: reward_details[correct_key] must be 1 (correct) or 0 / −1 (incorrect); "overall" falls back to the scalar reward when the reward reports no such metric (as filter_key). A non-binary value stops the run with an error naming the sample.'),
   }, 'Negative-aware fine-tuning loss settings (policy_loss = nft; Chen et al. 2025, arXiv 2505.18116). NFT trains on each response\'s binary correctness and its group\'s accuracy r̂ (clamped to [0.02, 0.98]), not on advantages: correct responses maximise log π/π_old, incorrect ones the implicit negative policy (1 − r̂·π/π_old)/(1 − r̂); every token weighted by 1 − r̂, the policy-gradient term summed over tokens whatever actor.loss_agg_mode says (as NVlabs/NFT). adv_estimator still computes the logged advantages.'),
   ema: section({

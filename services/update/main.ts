@@ -89,6 +89,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     throw new ConfigError(`run ${p.runId} already has state (update stage at policy version ${state.version}, started ${state.initFrom ? `from ${state.initFrom}` : 'from scratch'}); trainer.load_checkpoint_path = ${loadPath ?? 'null'} applies to a new run only — `
       + `resume this run with ${state.initFrom ? `trainer.load_checkpoint_path=${state.initFrom}` : 'trainer.load_checkpoint_path unset'}, or start a new run (pipeline.run_id=… or another trainer.run_dir) from the checkpoint`);
   }
+  const dapoLikeNft = cfg.algorithm.policy_loss === 'nft' && cfg.algorithm.nft.neg_weight < 0;
   let trainer: Trainer;
   /** The policy version the in-memory trainer (and critic, EMA) holds. */
   let trainerVersion = -1;
@@ -97,14 +98,15 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     model, threads: cfg.actor.threads, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
     optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
     loss: {
-      type: 'policy' as const, lossMode: cfg.algorithm.policy_loss, clipRatioLow: cfg.actor.clip_ratio_low, clipRatioHigh: cfg.actor.clip_ratio_high,
+      // nft with neg_weight < 0 is NVlabs NFT's DAPO-like variant: the PPO clipped loss on the (GRPO) advantages
+      type: 'policy' as const, lossMode: dapoLikeNft ? 'vanilla' : cfg.algorithm.policy_loss, clipRatioLow: cfg.actor.clip_ratio_low, clipRatioHigh: cfg.actor.clip_ratio_high,
       clipRatioC: cfg.actor.clip_ratio_dual, tauPos: cfg.algorithm.sapo.tau_pos, tauNeg: cfg.algorithm.sapo.tau_neg, lossAggMode: cfg.actor.loss_agg_mode, entropyCoeff: cfg.actor.entropy_coeff, entropyPenaltyCoef: cfg.algorithm.entropy_penalty_coef,
       useKlLoss: cfg.algorithm.use_kl_loss, klLossCoef: cfg.algorithm.kl_coef, klLossType: cfg.algorithm.kl_loss_type ?? cfg.algorithm.kl_penalty,
-      temperature: cfg.rollout.temperature, nft: { negWeight: cfg.algorithm.nft.neg_weight },
+      temperature: cfg.rollout.temperature, nft: { negWeight: dapoLikeNft ? 1 : cfg.algorithm.nft.neg_weight },
       clipCovRatio: cfg.algorithm.clip_cov.ratio, clipCovLb: cfg.algorithm.clip_cov.lb, clipCovUb: cfg.algorithm.clip_cov.ub, klCovRatio: cfg.algorithm.kl_cov.ratio, ppoKlCoef: cfg.algorithm.kl_cov.ppo_kl_coef,
     },
   };
-  const isNft = cfg.algorithm.policy_loss === 'nft';
+  const isNft = cfg.algorithm.policy_loss === 'nft' && !dapoLikeNft;
   const initialWeights = async (): Promise<Weights> => {
     const dir = opts.initialWeightsDir ?? cfg.actor.model.path;
     return dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed);

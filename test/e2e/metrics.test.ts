@@ -36,3 +36,18 @@ test('throughput metrics from step 2 on, and the entropy penalty in the actor lo
     for (const [s, v] of pen) assert.ok(v > 0 && v < 0.05 * 10, `actor/entropy_penalty at step ${s}: ${v}`);
   } finally { await p.close(); }
 });
+
+test('policy_loss nft with neg_weight < 0 is the DAPO-like variant: it trains exactly as vanilla PPO', { timeout: 300_000 }, async () => {
+  const { checkpointSha256 } = await import('../../lib/model/index.ts');
+  const run = async (sub: string, extra: string[]) => {
+    const cfg = loadConfig({ file: join(ROOT, 'test/e2e/fixtures/tiny.yaml'), overrides: [`trainer.run_dir=${join(dir, sub)}`, 'pipeline.run_id=nft-dapo-test', 'trainer.max_steps=1', ...extra] });
+    const out = await trainEmbedded(cfg, silentLogger('nft-dapo-test'));
+    assert.equal(out.status, 'completed', out.message);
+    return checkpointSha256(join(dir, sub, 'policy/v000001'));
+  };
+  const dapo = await run('dapo', ['algorithm.policy_loss=nft', 'algorithm.nft.neg_weight=-1']);
+  const vanilla = await run('vanilla', ['algorithm.policy_loss=vanilla']);
+  const nft = await run('nft', ['algorithm.policy_loss=nft', 'algorithm.nft.neg_weight=1', 'algorithm.nft.correct_key=accuracy']);
+  assert.equal(dapo, vanilla);
+  assert.notEqual(nft, vanilla, 'NFT proper trains differently');
+});
