@@ -71,7 +71,7 @@ test('KL reference log-probs are taken at the rollout temperature (step 1: refer
   assert.equal(out.status, 'completed', out.message);
   const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
   try {
-    const rows = await store.getTrajectories('e2e-ref-temperature');
+    const rows = await store.getTrajectories('e2e-ref-temperature', { kind: 'train' });
     assert.equal(rows.length, 40);
     // step 1 is sampled from version 0, the reference policy: the sampler's behaviour log-probs
     // (log softmax(logits / T)) and the reference log-probs must agree token by token
