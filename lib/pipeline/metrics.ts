@@ -60,14 +60,18 @@ export function metricRows(runId: string, stage: string, replica: string, step: 
   const rows: MetricRow[] = [];
   for (const [name, value] of Object.entries(pending.sets)) rows.push({ ...base, name, value, agg: metricAgg(name), weight: weightOf(name, pending.sets) });
   for (const [name, value] of Object.entries(pending.sums)) rows.push({ ...base, name, value, agg: 'sum', increment: true });
-  let total = 0;
+  let total = 0, busy = 0;
   for (const [phase, ms] of Object.entries(pending.timingMs)) {
     rows.push({ ...base, name: `timing/${stage}/${phase}_s`, value: ms / 1000, agg: 'max', increment: true });
-    total += ms;
+    // the time a stage spent on the step: its phases, not the idle wait before it
+    if (phase !== WAIT_PHASE) { total += ms; busy++; }
   }
-  if (Object.keys(pending.timingMs).length) rows.push({ ...base, name: `perf/step_time_s/${stage}`, value: total / 1000, agg: 'max', increment: true });
+  if (busy) rows.push({ ...base, name: `perf/step_time_s/${stage}`, value: total / 1000, agg: 'max', increment: true });
   return rows;
 }
+
+/** The phase name of a stage's idle time before a batch (`timing/<stage>/wait_s`); not part of perf/step_time_s. */
+export const WAIT_PHASE = 'wait';
 
 export class StageMetrics {
   private readonly steps = new Map<string, StepAcc>();

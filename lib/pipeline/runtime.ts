@@ -94,6 +94,12 @@ export interface StageContext {
   /** The database executor for stage state: the batch transaction when there is one. */
   readonly db: Executor;
   readonly signal: AbortSignal;
+  /**
+   * How long this stage sat idle before this batch: ms from the end of its previous batch (0 for
+   * the first batch of the process). Stages log it as `timing/<stage>/wait_s` of the batch's first
+   * step, next to their compute phases.
+   */
+  readonly waitedMs: number;
   emit<K extends LogicalTopic>(t: K, value: TopicValue<K>): void;
   /**
    * Makes the outputs emitted so far durable now when the bus has no batch transaction (Kafka):
@@ -124,7 +130,9 @@ export function runStage(p: Pipeline, stage: string, inputs: LogicalTopic[], han
     maxWaitMs: p.cfg.pipeline.bus === 'kafka' ? p.cfg.pipeline.kafka.max_wait_ms : p.db.kind === 'pglite' ? 250 : 50,
     deadLetter: { topic: p.topic('deadletter'), encode: (info) => p.message('deadletter', deadLetterRecord(p, stage, info.message, info.reason, info.error, info.attempts)) },
   });
+  let lastDoneMs: number | null = null;
   const done = consumer.run(async (batch: BusMessage[], bctx: BatchContext) => {
+    const startMs = performance.now();
     const records: Decoded[] = [];
     for (const m of batch) {
       const logical = parseTopicName(p.cfg.pipeline.topic_prefix, p.runId, m.topic);
@@ -145,6 +153,7 @@ export function runStage(p: Pipeline, stage: string, inputs: LogicalTopic[], han
       tx: bctx.tx,
       db: bctx.tx ?? p.db.db,
       signal: bctx.signal,
+      waitedMs: lastDoneMs === null ? 0 : Math.max(0, startMs - lastDoneMs),
       emit(t, value) {
         const m = p.message(t, value);
         if (bctx.tx) bctx.send([m]); else pending.push(m);
@@ -159,6 +168,8 @@ export function runStage(p: Pipeline, stage: string, inputs: LogicalTopic[], han
     } catch (e) {
       // a lost database connection (PostgreSQL restarting) is retried with backoff, never dead-lettered
       throw retriableDbError(e, `${stage} batch`);
+    } finally {
+      lastDoneMs = performance.now();
     }
     crashPoint(`${stage}:handled` as CrashPointName);
   });

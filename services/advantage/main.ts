@@ -8,7 +8,7 @@
  */
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
-import { StageMetrics } from '../../lib/pipeline/metrics.ts';
+import { StageMetrics, WAIT_PHASE } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
 import { tokenizerFor, policyModelConfig, criticModelConfig, criticDir, PolicyCache } from '../../lib/pipeline/policy.ts';
@@ -86,6 +86,7 @@ export function startAdvantage(p: Pipeline): StageRun {
   return runStage(p, 'advantage', ['scored'], async (records, ctx) => {
     const state = (await loadStageState<AdvantageState>(ctx.db, p.runId, 'advantage')) ?? { ...initialAdvantageState(), klValue: initialKl };
     const pending = new PendingBatch(ctx.db, p.runId, 'advantage');
+    let waitLogged = false;
     const touched = new Set<number>();
     const fresh = records.filter((r) => !state.done.includes((r.value as ScoredGroup).step));
     pending.add(fresh.map((r) => {
@@ -137,7 +138,8 @@ export function startAdvantage(p: Pipeline): StageRun {
       const baselines = baselineRows(p.runId, [...decision.kept, ...decision.filtered.map((f) => f.group)], step);
       await p.store.insertTrajectories([...res.updates.flatMap((u) => trajectoryRows(p.runId, u, step)), ...baselines], { tx: ctx.tx });
       metrics.set(step, res.metrics);
-      metrics.add(step, {}, { compute: performance.now() - t0 });
+      metrics.add(step, {}, { compute: performance.now() - t0, ...(waitLogged ? {} : { [WAIT_PHASE]: ctx.waitedMs }) });
+      waitLogged = true;
       state.klValue = res.klValue;
       state.klByStep = { ...(state.klByStep ?? {}), [String(step)]: res.klValue ?? settings.klCoef };
       state.done.push(step);

@@ -10,7 +10,7 @@
  */
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
-import { StageMetrics } from '../../lib/pipeline/metrics.ts';
+import { StageMetrics, WAIT_PHASE } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { rewardFns, loadRewardModule, applyRewardFn, type RewardFn } from '../../lib/reward-fns/index.ts';
 import { createRemoteRewardClient, type RemoteRewardClient } from '../../lib/reward/http-client.ts';
@@ -124,9 +124,11 @@ export function startReward(p: Pipeline, backend: RewardBackend, opts: { replica
     }
     const train = scored.filter((g) => g.kind === 'train');
     const client = backend.metrics?.();
+    let waitLogged = false;
     for (const step of new Set(train.map((g) => g.step))) {
       const m = rewardMetrics(train.filter((g) => g.step === step));
-      metrics.add(step, { 'reward/failures': m['reward/failures'] }, { compute: performance.now() - t0 });
+      metrics.add(step, { 'reward/failures': m['reward/failures'] }, { compute: performance.now() - t0, ...(waitLogged ? {} : { [WAIT_PHASE]: ctx.waitedMs }) });
+      waitLogged = true;
       if (client) metrics.set(step, client);
     }
     log.debug({ groups: groups.length, ms: Math.round(performance.now() - t0) }, 'scored');

@@ -22,7 +22,7 @@ test('throughput metrics from step 2 on, and the entropy penalty in the actor lo
   assert.equal(out.status, 'completed', out.message);
   const p = await openPipeline(cfg);
   try {
-    const rows = await p.store.getMetrics('metrics-test', ['perf/samples_per_second', 'perf/tokens_per_second', 'actor/entropy_penalty', 'actor/pg_loss']);
+    const rows = await p.store.getMetrics('metrics-test', ['perf/samples_per_second', 'perf/tokens_per_second', 'actor/entropy_penalty', 'actor/pg_loss', 'timing/rollout/wait_s', 'timing/update/wait_s', 'timing/update/compute_s', 'perf/step_time_s/update']);
     const at = (name: string) => new Map(rows.filter((r) => r.name === name).map((r) => [r.step, r.value]));
     const sps = at('perf/samples_per_second'), tps = at('perf/tokens_per_second'), pen = at('actor/entropy_penalty');
     assert.deepEqual([...sps.keys()].sort(), [2, 3], 'throughput is measured between versions: steps 2 and 3 of a fresh process');
@@ -32,6 +32,15 @@ test('throughput metrics from step 2 on, and the entropy penalty in the actor lo
       assert.ok(tps.get(s)! > 4 * sps.get(s)!, `perf/tokens_per_second ${tps.get(s)} vs samples ${sps.get(s)}`);
     }
     assert.deepEqual([...pen.keys()].sort(), [1, 2, 3], 'actor/entropy_penalty is logged every step');
+    // waiting vs computing: in a sync run the rollout of step s waits for the update of step s − 1,
+    // and the update waits for the step's groups; the wait is not part of the stage's step time
+    const rolloutWait = at('timing/rollout/wait_s'), updateWait = at('timing/update/wait_s');
+    const compute = at('timing/update/compute_s'), stepTime = at('perf/step_time_s/update');
+    for (const s of [2, 3]) {
+      assert.ok(rolloutWait.get(s)! > 0, `timing/rollout/wait_s at step ${s}: ${rolloutWait.get(s)}`);
+      assert.ok(updateWait.get(s)! > 0, `timing/update/wait_s at step ${s}: ${updateWait.get(s)}`);
+      assert.ok(stepTime.get(s)! >= compute.get(s)! && stepTime.get(s)! < compute.get(s)! + 1, `perf/step_time_s/update ${stepTime.get(s)} is compute ${compute.get(s)} + checkpoint, without the wait`);
+    }
     // 0.05 · agg(−log π) with log π < 0: positive, and below 0.05 · log(vocabulary) for a near-uniform policy
     for (const [s, v] of pen) assert.ok(v > 0 && v < 0.05 * 10, `actor/entropy_penalty at step ${s}: ${v}`);
   } finally { await p.close(); }

@@ -34,7 +34,7 @@ async function newRun(runId: string): Promise<Pipeline> {
 async function batch(fn: (ctx: StageContext) => Promise<void>): Promise<unknown[]> {
   const emitted: unknown[] = [];
   await db.db.transaction().execute(async (tx: Tx) => {
-    await fn({ tx, db: tx, signal: new AbortController().signal, emit: (_t, v) => { emitted.push(v); }, flush: async () => undefined });
+    await fn({ tx, db: tx, signal: new AbortController().signal, waitedMs: 0, emit: (_t, v) => { emitted.push(v); }, flush: async () => undefined });
   });
   return emitted;
 }
@@ -107,4 +107,8 @@ test('how replicas\' values combine, by name', () => {
     ['perf/rollout_tokens', 5, 'sum', true, '1'], ['timing/rollout/load_s', 0.25, 'max', true, '1'],
     ['timing/rollout/generate_s', 0.75, 'max', true, '1'], ['perf/step_time_s/rollout', 1, 'max', true, '1'],
   ]);
+  // the idle wait before a batch is logged as timing/<stage>/wait_s but is not time spent on the step
+  const waited = metricRows('r', 'update', '', 3, { sums: {}, timingMs: { wait: 400, compute: 900 }, sets: {} });
+  assert.deepEqual(waited.map((x) => [x.name, x.value]), [['timing/update/wait_s', 0.4], ['timing/update/compute_s', 0.9], ['perf/step_time_s/update', 0.9]]);
+  assert.deepEqual(metricRows('r', 'update', '', 3, { sums: {}, timingMs: { wait: 400 }, sets: {} }).map((x) => x.name), ['timing/update/wait_s'], 'a wait alone is no step time');
 });
