@@ -68,6 +68,7 @@ export function startController(p: Pipeline, data: RunData): StageRun {
       log.info({ train: data.train.length, val: data.val.length, steps: totalSteps(plan), dropped: data.dropped }, 'run started');
     }
     const events: ControllerEvent[] = [];
+    const valTrajectories: TrajectoryRow[] = [];
     for (const r of records) {
       if (r.topic === 'policy') {
         const v = r.value as PolicyVersion;
@@ -81,8 +82,7 @@ export function startController(p: Pipeline, data: RunData): StageRun {
         const round = st.val[key] ?? (st.val[key] = { groups: [], rewardSum: 0, accSum: 0, n: 0, failures: 0, gens: [] });
         if (round.groups.includes(g.id)) continue;
         round.groups.push(g.id);
-        // every validation sample lands in the store too (write-once by id: a redelivery is a no-op)
-        await p.store.insertTrajectories(valRows(g), { tx: ctx.tx });
+        valTrajectories.push(...valRows(g));
         for (const s of g.samples) {
           if (s.reward === null) round.failures++;
           else { round.rewardSum += s.reward; round.accSum += s.reward_details.accuracy ?? s.reward; round.n++; }
@@ -101,6 +101,9 @@ export function startController(p: Pipeline, data: RunData): StageRun {
         }
       }
     }
+    // every validation sample lands in the store too, in one write per batch (write-once by id:
+    // a redelivery is a no-op; Kafka: before the batch's outputs are flushed)
+    if (valTrajectories.length) await p.store.insertTrajectories(valTrajectories, { tx: ctx.tx });
     const commands: ControllerCommand[] = [];
     for (const e of events) {
       const r = decide(plan, st.ctl, e);
