@@ -30,6 +30,7 @@
 import { basename } from 'node:path';
 import { existsSync, readFileSync } from 'node:fs';
 import * as ort from 'onnxruntime-node';
+import onnxProto from 'onnx-proto';
 import { ConfigError, RlError } from '../errors.ts';
 import { ByteTokenizer } from '../model/tokenizer.ts';
 import type { RewardModelOptions, RewardOutcome, RewardRequestItem } from './types.ts';
@@ -94,50 +95,18 @@ export function applyTransform(raw: number, t: { transform?: 'none' | 'sigmoid';
 /** Metadata keys a scorer model may declare (ModelProto.metadata_props, string values). */
 export const SCORER_METADATA_KEYS = { vocabSize: 'vocab_size', maxSequenceLength: 'max_sequence_length', padTokenId: 'pad_token_id' } as const;
 
-/**
- * The string entries of an ONNX file's `metadata_props` (ModelProto field 14). Only the top level
- * of the protobuf is walked: the graph and its weights are skipped, not decoded.
- */
+/** The string entries of an ONNX file's `metadata_props` (decoded with onnx-proto, as the graph builder writes them). */
 export function readOnnxMetadata(model: Uint8Array): Record<string, string> {
-  let pos = 0;
-  const varint = (end: number): number => {
-    let v = 0, mul = 1;
-    for (;;) {
-      if (pos >= end) throw new Error('truncated varint');
-      const b = model[pos++];
-      v += (b & 0x7f) * mul;
-      if (b < 0x80) return v;
-      mul *= 128;
-    }
-  };
-  const text = new TextDecoder();
-  const out: Record<string, string> = {};
-  while (pos < model.length) {
-    const tag = varint(model.length);
-    const field = Math.floor(tag / 8), wire = tag % 8;
-    if (wire === 0) varint(model.length);
-    else if (wire === 1) pos += 8;
-    else if (wire === 5) pos += 4;
-    else if (wire === 2) {
-      const len = varint(model.length);
-      const end = pos + len;
-      if (end > model.length) throw new Error('truncated field');
-      if (field === 14) {
-        let key = '', value = '';
-        while (pos < end) {
-          const t = varint(end);
-          if (t % 8 !== 2) throw new Error('bad metadata entry');
-          const n = varint(end);
-          const s = text.decode(model.subarray(pos, pos + n));
-          if (Math.floor(t / 8) === 1) key = s; else if (Math.floor(t / 8) === 2) value = s;
-          pos += n;
-        }
-        out[key] = value;
-      }
-      pos = end;
-    } else throw new Error(`unsupported protobuf wire type ${wire}`);
+  let decoded: onnxProto.onnx.ModelProto;
+  try { decoded = onnxProto.onnx.ModelProto.decode(model); } catch (e) {
+    throw new Error(`truncated or invalid ONNX model: ${(e as Error).message}`);
   }
-  return out;
+  return Object.fromEntries((decoded.metadataProps ?? []).map((m) => [m.key ?? '', m.value ?? '']));
+}
+
+/** A fixed sequence length T declared by input_ids' shape [B, T], or null. */
+function fixedLength(idsShape?: ReadonlyArray<number | string>): number | null {
+  return idsShape && idsShape.length === 2 && typeof idsShape[1] === 'number' && idsShape[1] > 0 ? idsShape[1] : null;
 }
 
 /** The limits a scorer declares: metadata_props entries and a fixed T of input_ids' shape. */
@@ -154,7 +123,7 @@ export function readScorerLimits(path: string, idsShape?: ReadonlyArray<number |
   };
   const vocabSize = int(SCORER_METADATA_KEYS.vocabSize, 1);
   let maxSequenceLength = int(SCORER_METADATA_KEYS.maxSequenceLength, 1);
-  const fixedT = idsShape && idsShape.length === 2 && typeof idsShape[1] === 'number' && idsShape[1] > 0 ? idsShape[1] : null;
+  const fixedT = fixedLength(idsShape);
   if (fixedT !== null) maxSequenceLength = maxSequenceLength === null ? fixedT : Math.min(maxSequenceLength, fixedT);
   const padTokenId = int(SCORER_METADATA_KEYS.padTokenId, 0);
   return { vocabSize, maxSequenceLength, padTokenId };
@@ -207,8 +176,7 @@ export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): P
   }
   const maxLength = Math.min(opts.maxLength ?? 1024, declared.maxSequenceLength ?? Infinity);
   // a model whose input_ids has a fixed T takes every batch padded to exactly T
-  const idsShape = idsMeta && idsMeta.isTensor ? idsMeta.shape : [];
-  const fixedT = idsShape.length === 2 && typeof idsShape[1] === 'number' && idsShape[1] > 0 ? idsShape[1] : null;
+  const fixedT = fixedLength(idsMeta && idsMeta.isTensor ? idsMeta.shape : undefined);
   const limits = { ...declared, padId };
 
   const problem = (seq: ArrayLike<number>): string | null => {

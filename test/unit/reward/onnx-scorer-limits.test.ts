@@ -31,7 +31,7 @@ after(() => rmSync(dir, { recursive: true, force: true }));
 
 const close = (a: number, b: number, tol = 1e-5) => assert.ok(Math.abs(a - b) <= tol, `${a} ≉ ${b}`);
 
-test('readOnnxMetadata reads metadata_props without decoding the graph', () => {
+test('readOnnxMetadata reads metadata_props', () => {
   assert.deepEqual(readOnnxMetadata(buildScorerModel('mean')), {});
   const path = scorerWith(join(dir, 'meta.onnx'), { vocab_size: '200', max_sequence_length: '6', note: 'ünï ✓' });
   assert.deepEqual(readOnnxMetadata(readFileSync(path)), { vocab_size: '200', max_sequence_length: '6', note: 'ünï ✓' });
