@@ -75,10 +75,19 @@ export const WAIT_PHASE = 'wait';
 
 export class StageMetrics {
   private readonly steps = new Map<string, StepAcc>();
+  /** The idle time before the current batch, not yet attributed to a step. */
+  private pendingWaitMs: number | null = null;
   constructor(private readonly p: Pipeline, private readonly stage: string, private readonly replica = '') {}
+
+  /** A batch begins after `waitedMs` idle (StageContext.waitedMs): logged as the wait phase of the batch's first step that gets timings. */
+  beginBatch(waitedMs: number): void { this.pendingWaitMs = waitedMs; }
 
   /** Adds counters (summed, also across replicas) and phase timings in ms (summed; the slowest replica's total is the stage's) for a step. */
   add(step: number, sums: Record<string, number>, timingMs: Record<string, number> = {}, kind: Kind = 'train'): void {
+    if (this.pendingWaitMs !== null && Object.keys(timingMs).length) {
+      timingMs = { ...timingMs, [WAIT_PHASE]: this.pendingWaitMs };
+      this.pendingWaitMs = null;
+    }
     const a = this.acc(step, kind);
     for (const [k, v] of Object.entries(sums)) { a.values[k] = (a.values[k] ?? 0) + v; a.sums[k] = (a.sums[k] ?? 0) + v; }
     for (const [k, v] of Object.entries(timingMs)) { a.timing[k] = (a.timing[k] ?? 0) + v; a.timingMs[k] = (a.timingMs[k] ?? 0) + v; }

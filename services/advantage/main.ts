@@ -8,7 +8,7 @@
  */
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
-import { StageMetrics, WAIT_PHASE } from '../../lib/pipeline/metrics.ts';
+import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
 import { tokenizerFor, policyModelConfig, criticModelConfig, criticDir, PolicyCache } from '../../lib/pipeline/policy.ts';
@@ -84,9 +84,9 @@ export function startAdvantage(p: Pipeline): StageRun {
   const fromCheckpoint = p.cfg.trainer.load_checkpoint_path ? readCheckpointPath(p.cfg.trainer.load_checkpoint_path).state : null;
   const initialKl = fromCheckpoint && settings.useKlInReward && settings.klType === 'adaptive' ? Number(fromCheckpoint.kl_ctl_state.value) : null;
   return runStage(p, 'advantage', ['scored'], async (records, ctx) => {
+    metrics.beginBatch(ctx.waitedMs);
     const state = (await loadStageState<AdvantageState>(ctx.db, p.runId, 'advantage')) ?? { ...initialAdvantageState(), klValue: initialKl };
     const pending = new PendingBatch(ctx.db, p.runId, 'advantage');
-    let waitLogged = false;
     const touched = new Set<number>();
     const fresh = records.filter((r) => !state.done.includes((r.value as ScoredGroup).step));
     pending.add(fresh.map((r) => {
@@ -138,8 +138,7 @@ export function startAdvantage(p: Pipeline): StageRun {
       const baselines = baselineRows(p.runId, [...decision.kept, ...decision.filtered.map((f) => f.group)], step);
       await p.store.insertTrajectories([...res.updates.flatMap((u) => trajectoryRows(p.runId, u, step)), ...baselines], { tx: ctx.tx });
       metrics.set(step, res.metrics);
-      metrics.add(step, {}, { compute: performance.now() - t0, ...(waitLogged ? {} : { [WAIT_PHASE]: ctx.waitedMs }) });
-      waitLogged = true;
+      metrics.add(step, {}, { compute: performance.now() - t0 });
       state.klValue = res.klValue;
       state.klByStep = { ...(state.klByStep ?? {}), [String(step)]: res.klValue ?? settings.klCoef };
       state.done.push(step);

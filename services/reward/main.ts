@@ -10,7 +10,7 @@
  */
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
-import { StageMetrics, WAIT_PHASE } from '../../lib/pipeline/metrics.ts';
+import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { rewardFns, loadRewardModule, applyRewardFn, type RewardFn } from '../../lib/reward-fns/index.ts';
 import { createRemoteRewardClient, type RemoteRewardClient } from '../../lib/reward/http-client.ts';
@@ -89,6 +89,7 @@ export function startReward(p: Pipeline, backend: RewardBackend, opts: { replica
   const log = forStage(p.log, 'reward');
   const r = p.cfg.reward;
   return runStage(p, 'reward', ['trajectories'], async (records, ctx) => {
+    metrics.beginBatch(ctx.waitedMs);
     crashPoint('reward:start');
     const t0 = performance.now();
     const groups = records.map((x) => x.value as TrajectoryGroup);
@@ -124,11 +125,9 @@ export function startReward(p: Pipeline, backend: RewardBackend, opts: { replica
     }
     const train = scored.filter((g) => g.kind === 'train');
     const client = backend.metrics?.();
-    let waitLogged = false;
     for (const step of new Set(train.map((g) => g.step))) {
       const m = rewardMetrics(train.filter((g) => g.step === step));
-      metrics.add(step, { 'reward/failures': m['reward/failures'] }, { compute: performance.now() - t0, ...(waitLogged ? {} : { [WAIT_PHASE]: ctx.waitedMs }) });
-      waitLogged = true;
+      metrics.add(step, { 'reward/failures': m['reward/failures'] }, { compute: performance.now() - t0 });
       if (client) metrics.set(step, client);
     }
     log.debug({ groups: groups.length, ms: Math.round(performance.now() - t0) }, 'scored');

@@ -8,7 +8,7 @@ import { Sampler } from '../../lib/model/sample.ts';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { tokenizerFor, policyModelConfig, PolicyCache } from '../../lib/pipeline/policy.ts';
-import { StageMetrics, WAIT_PHASE } from '../../lib/pipeline/metrics.ts';
+import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import type { PromptBatch } from '../../lib/contracts/index.ts';
 import { generationRequests, trajectoryGroups, responseText, requestSampling } from './logic.ts';
@@ -23,8 +23,8 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
   // remax: each training group also gets one greedy response, whose reward is its baseline
   const greedyBaseline = p.cfg.algorithm.adv_estimator === 'remax';
   return runStage(p, 'rollout', ['prompts'], async (records, ctx) => {
+    metrics.beginBatch(ctx.waitedMs);
     const byVersion = new Map<number, PromptBatch[]>();
-    let waitLogged = false;
     for (const r of records) {
       const b = r.value as PromptBatch;
       const list = byVersion.get(b.policy_version) ?? [];
@@ -61,8 +61,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
       for (const g of trajs) { ctx.emit('trajectories', g); for (const s of g.samples) tokens += s.response_ids.length; tokens += g.baseline?.response_ids.length ?? 0; }
       const steps = new Set(batches.filter((b) => b.kind === 'train').map((b) => b.step));
       for (const step of steps) {
-        metrics.add(step, { 'perf/rollout_tokens': tokens }, { load: tLoad - t0, generate: tGen - tLoad, ...(waitLogged ? {} : { [WAIT_PHASE]: ctx.waitedMs }) });
-        waitLogged = true;
+        metrics.add(step, { 'perf/rollout_tokens': tokens }, { load: tLoad - t0, generate: tGen - tLoad });
       }
       log.debug({ version, groups: trajs.length, tokens, ms: Math.round(tGen - t0) }, 'generated');
     }

@@ -17,7 +17,7 @@ import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
-import { StageMetrics, WAIT_PHASE } from '../../lib/pipeline/metrics.ts';
+import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { tokenizerFor, policyModelConfig, criticModelConfig, policyDir, criticDir } from '../../lib/pipeline/policy.ts';
 import { resolveCriticModel } from '../../lib/config/index.ts';
 import { loadStageState, saveStageState, PendingBatch, stagesWithState } from '../../lib/pipeline/stage-state.ts';
@@ -336,6 +336,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   /** When this process published its last policy version (throughput is measured between versions). */
   let lastVersionMs: number | null = null;
   return runStage(p, 'update', ['updates'], async (records, ctx) => {
+    metrics.beginBatch(ctx.waitedMs);
     const st = (await loadStageState<UpdateState>(ctx.db, p.runId, 'update')) ?? state!;
     state = st;
     if (trainerVersion !== st.version) await restore(st.version);
@@ -345,7 +346,6 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       positions[k] = Math.max(positions[k] ?? 0, r.message.offset + 1);
     }
     const pending = new PendingBatch(ctx.db, p.runId, 'update');
-    let waitLogged = false;
     const fresh = records.filter((r) => (r.value as UpdateGroup).step > st.version);
     pending.add(fresh.map((r) => ({ bucket: bucketOf((r.value as UpdateGroup).step), id: (r.value as UpdateGroup).id, payload: r.message.value, headers: r.message.headers })));
     while (st.version < totalSteps) {
@@ -399,8 +399,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       }
       lastVersionMs = nowMs;
       metrics.set(step, m);
-      metrics.add(step, {}, { compute: tTrain - t0, checkpoint: performance.now() - tTrain, ...(waitLogged ? {} : { [WAIT_PHASE]: ctx.waitedMs }) });
-      waitLogged = true;
+      metrics.add(step, {}, { compute: tTrain - t0, checkpoint: performance.now() - tTrain });
       ctx.emit('policy', rec);
       pending.settle(bucketOf(step));
       log.info({ step, reward: undefined, pg_loss: m['actor/pg_loss'], ms: Math.round(tTrain - t0) }, `step ${step} trained`);

@@ -112,3 +112,21 @@ test('how replicas\' values combine, by name', () => {
   assert.deepEqual(waited.map((x) => [x.name, x.value]), [['timing/update/wait_s', 0.4], ['timing/update/compute_s', 0.9], ['perf/step_time_s/update', 0.9]]);
   assert.deepEqual(metricRows('r', 'update', '', 3, { sums: {}, timingMs: { wait: 400 }, sets: {} }).map((x) => x.name), ['timing/update/wait_s'], 'a wait alone is no step time');
 });
+
+test('the idle wait before a batch is logged once, on the first step that gets timings', async () => {
+  const p = await newRun('m-wait');
+  const m = new StageMetrics(p, 'rollout');
+  await batch(async (ctx) => {
+    m.beginBatch(300);
+    m.add(2, { 'perf/rollout_tokens': 4 }); // no timings: the wait waits for a step with timings
+    m.add(2, {}, { generate: 100 });
+    m.add(3, {}, { generate: 50 });
+    await m.flush(ctx);
+  });
+  const rows = await store.getMetrics('m-wait', ['timing/rollout/wait_s', 'timing/rollout/generate_s', 'perf/step_time_s/rollout']);
+  assert.deepEqual(rows.map((r) => [r.name, r.step, r.value]), [
+    ['perf/step_time_s/rollout', 2, 0.1], ['perf/step_time_s/rollout', 3, 0.05],
+    ['timing/rollout/generate_s', 2, 0.1], ['timing/rollout/generate_s', 3, 0.05],
+    ['timing/rollout/wait_s', 2, 0.3],
+  ]);
+});
