@@ -121,6 +121,15 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         assert.deepEqual(await store.insertTrajectories(mixed), { inserted: 2, duplicates: 3 });
         assertSameTrajectory((await store.getTrajectories(runId, { ids: [fresh[0]!.id] }))[0], fresh[0]!);
         assert.equal(await store.countTrajectories(runId), 12);
+
+        // Stored rows where the ingest's probe (first, middle, last id) does not look: the COPY
+        // meets them and the batch goes the slow way, with the same result.
+        const more = [12, 13, 14, 15].map((i) => trajectory(runId, i));
+        const hidden = [more[0]!, changed[5]!, more[1]!, more[2]!, changed[6]!, more[3]!];
+        assert.deepEqual(await store.insertTrajectories(hidden), { inserted: 4, duplicates: 2 });
+        assertSameTrajectory((await store.getTrajectories(runId, { ids: [rows[5]!.id] }))[0], rows[5]!);
+        assertSameTrajectory((await store.getTrajectories(runId, { ids: [more[3]!.id] }))[0], more[3]!);
+        assert.equal(await store.countTrajectories(runId), 16);
         assert.deepEqual(await store.insertTrajectories([]), { inserted: 0, duplicates: 0 });
       });
 
