@@ -1,7 +1,9 @@
 /**
  * TensorBoard event files written while a run trains (`trainer.logger` includes `tensorboard`).
  *
- * Polls the run's step_metrics and appends the scalars of every *settled* step to
+ * Syncs when told a step settled (`rlstream train` calls `sync()` as it sees each update and
+ * validation round go by), and polls once a second besides (a `serve`d controller has no such
+ * signal); each sync reads the run's step_metrics and appends the scalars of every *settled* step to
  * `<run_dir>/tensorboard/<runEventFileName>` — the file `rlstream report --tensorboard` writes, so
  * the two never hold two copies of a scalar. A step's train metrics are settled once the update
  * stage has written that step (it is the last stage of a step; an earlier step the update never

@@ -23,9 +23,10 @@ interface Watch { outcome: Promise<RunOutcome>; stop(): Promise<void> }
  * including a run_done that was published before it started. It reads only single-writer values
  * from the records (the update stage's step, the advantage stage's reward/mean, the controller's
  * val/accuracy); replicas' partial counters and timings are combined in the store
- * (lib/pipeline/metrics.ts), which the summary table reads.
+ * (lib/pipeline/metrics.ts), which the summary table reads. `onSettled` is called when a step's
+ * update or a validation round has been recorded (the live TensorBoard logger syncs then).
  */
-function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number): Watch {
+function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number, onSettled?: () => void): Watch {
   let resolveOutcome!: (o: RunOutcome) => void;
   let settled = false;
   const outcome = new Promise<RunOutcome>((r) => { resolveOutcome = (o) => { settled = true; r(o); }; });
@@ -34,7 +35,7 @@ function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number
   const pos = { control: 0, metrics: 0 };
   const loop = (async () => {
     while (!stopped && !settled) {
-      let got = 0;
+      let got = 0, settledSteps = 0;
       for (const m of await p.bus.read(p.topic('control'), 0, pos.control, 200)) {
         pos.control = m.offset + 1; got++;
         const c = (await p.codecs.control.decode(m.value, m.headers)) as ControlEvent;
@@ -44,10 +45,12 @@ function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number
       for (const m of await p.bus.read(p.topic('metrics'), 0, pos.metrics, 500)) {
         pos.metrics = m.offset + 1; got++;
         const r = (await p.codecs.metrics.decode(m.value, m.headers)) as MetricsRecord;
-        if (r.stage === 'update' && r.kind === 'train') step = Math.max(step, r.step);
+        if (r.stage === 'update' && r.kind === 'train') { step = Math.max(step, r.step); settledSteps++; }
+        if (r.kind === 'val') settledSteps++;
         if (r.values['reward/mean'] !== undefined && r.kind === 'train') reward = r.values['reward/mean'];
         if (r.values['val/accuracy'] !== undefined) valAcc = r.values['val/accuracy'];
       }
+      if (settledSteps) onSettled?.();
       if (got) bar?.update({ step, totalSteps: totalSteps(), reward, valAccuracy: valAcc });
       else await new Promise((r) => setTimeout(r, 100));
     }
@@ -94,7 +97,9 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
     tb = await openTensorBoard(cfg, p, log);
     const bar = opts.progress ? new ProgressBar() : null;
     let total = 0;
-    const watch = watchRun(p, bar, () => total);
+    const watch = watchRun(p, bar, () => total, () => {
+      void tb?.sync().catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}; retrying`));
+    });
     // update first: it publishes policy version 0 the controller waits for
     for (const name of ['update', ...STAGES.filter((s) => s !== 'update')]) stages.push(await startStage(p, name));
     const { planFromConfig, totalSteps } = await import('../pipeline/plan.ts');
