@@ -24,6 +24,10 @@
  * `minPollMs` doubling to the consumer's `maxWaitMs`) for appends by other processes (PostgreSQL);
  * over PGlite no other process can append, so the idle poll waits `maxWaitMs` from the start.
  *
+ * Over PGlite the bus also keeps end offsets, group positions, members and each partition's
+ * recent tail in memory (lib/bus/embedded-local.ts), advanced after each commit: a hop then
+ * writes its rows and reads nothing it already knows. Members need no heartbeat rows there.
+ *
  * PGlite has one connection: inside a handler use `ctx.send` and `ctx.tx`, never the bus or the
  * database directly (that would wait for the batch's own transaction forever; the bus refuses it).
  */
@@ -35,6 +39,7 @@ import type { Database } from '../db/database.ts';
 import { retriableDbError } from '../db/errors.ts';
 import { ConfigError, RlError, errorMessage, isRetriable } from '../errors.ts';
 import { silentLogger } from '../log.ts';
+import { localLogOf, type Appended, type LocalLog } from './embedded-local.ts';
 import { partitionFor } from './partitioner.ts';
 import { validateTopicName, validateTopicSpecs } from './topics.ts';
 import {
@@ -94,6 +99,8 @@ export class EmbeddedBus implements EventBus {
   readonly heartbeatIntervalMs: number;
   readonly minPollMs: number;
   private readonly closeDatabase: boolean;
+  /** PGlite: the log's state mirrored in memory (see embedded-local.ts); undefined over PostgreSQL. */
+  readonly local?: LocalLog;
   private readonly partitionCounts = new Map<string, number>();
   private readonly waiters = new Set<{ topics: ReadonlySet<string>; wake: () => void }>();
   private readonly consumers = new Set<EmbeddedConsumer>();
@@ -108,6 +115,7 @@ export class EmbeddedBus implements EventBus {
     this.heartbeatIntervalMs = opts.heartbeatIntervalMs ?? 1_000;
     this.minPollMs = opts.minPollMs ?? 5;
     this.closeDatabase = opts.closeDatabase ?? false;
+    if (this.database.kind === 'pglite') this.local = localLogOf(this.database);
     if (this.heartbeatIntervalMs * 2 > this.sessionTimeoutMs) {
       throw new ConfigError(`embedded bus: heartbeatIntervalMs (${this.heartbeatIntervalMs}) must be at most half of sessionTimeoutMs (${this.sessionTimeoutMs})`);
     }
@@ -158,10 +166,14 @@ export class EmbeddedBus implements EventBus {
   /**
    * Appends messages in the caller's transaction: per partition (locked in sorted order, so
    * concurrent appenders never deadlock), advance the counter and insert the rows. Returns the
-   * topics written.
+   * topics written and, for the in-memory mirror, what was appended where (apply it once the
+   * transaction has committed: `committed()`).
    */
-  async append(tx: Kysely<any>, messages: OutMessage[]): Promise<string[]> {
-    if (!messages.length) return [];
+  async append(tx: Kysely<any>, messages: OutMessage[]): Promise<{ topics: string[]; appended: Appended[] }> {
+    if (!messages.length) return { topics: [], appended: [] };
+    const nowMs = Date.now();
+    const ts = new Date(nowMs);
+    const appended: Appended[] = [];
     const groups = new Map<string, { topic: string; partition: number; msgs: OutMessage[] }>();
     for (const m of messages) {
       validateOutMessage(m);
@@ -178,25 +190,44 @@ export class EmbeddedBus implements EventBus {
       const r = await sql<{ next_offset: number }>`update bus_partitions set next_offset = next_offset + ${g.msgs.length} where topic = ${g.topic} and partition = ${g.partition} returning next_offset`.execute(tx);
       if (!r.rows.length) throw new RlError(`embedded log: partition ${g.topic}[${g.partition}] has no row in bus_partitions`, { code: 'ERR_BUS_CORRUPT' });
       let offset = Number(r.rows[0].next_offset) - g.msgs.length;
+      if (this.local) {
+        appended.push({
+          topic: g.topic, partition: g.partition, base: offset,
+          msgs: g.msgs.map((m, i) => ({
+            topic: g.topic, partition: g.partition, offset: offset + i, key: m.key, value: Buffer.from(m.value), headers: { ...(m.headers ?? {}) }, timestamp: nowMs,
+          })),
+        });
+      }
       for (let i = 0; i < g.msgs.length;) {
         const rows: Array<Record<string, unknown>> = [];
         let bytes = 0;
         while (i < g.msgs.length && rows.length < INSERT_MAX_ROWS && (rows.length === 0 || bytes + g.msgs[i].value.length <= INSERT_MAX_BYTES)) {
           const m = g.msgs[i++];
           bytes += m.value.length;
-          rows.push({ topic: g.topic, partition: g.partition, msg_offset: offset++, key: m.key, value: m.value, headers: JSON.stringify(m.headers ?? {}) });
+          rows.push({ topic: g.topic, partition: g.partition, msg_offset: offset++, key: m.key, value: m.value, headers: JSON.stringify(m.headers ?? {}), ts });
         }
         await tx.insertInto('bus_messages').values(rows).execute();
       }
     }
-    return [...new Set(ordered.map((g) => g.topic))];
+    return { topics: [...new Set(ordered.map((g) => g.topic))], appended };
   }
+
+  /** After the transaction that appended `appended` committed: advance the mirror. */
+  committed(appended: readonly Appended[]): void { this.local?.committed(appended); }
 
   async produce(messages: OutMessage[]): Promise<void> {
     this.guard('produce');
     if (!messages.length) return;
-    const topics = await this.db.transaction().execute((tx) => this.append(tx, messages));
+    const { topics, appended } = await this.db.transaction().execute((tx) => this.append(tx, messages));
+    this.committed(appended);
     this.notify(topics);
+  }
+
+  /** PGlite: reads a topic's end offsets into the mirror the first time it is needed. */
+  async loadTopic(topic: string): Promise<void> {
+    if (!this.local || this.local.hasTopic(topic)) return;
+    const r = await sql<{ partition: number; next_offset: number }>`select partition, next_offset from bus_partitions where topic = ${topic}`.execute(this.db);
+    this.local.loadTopic(topic, r.rows);
   }
 
   /** Wakes this process's consumers of these topics (and marks them dirty, should one be mid-poll). */
@@ -236,9 +267,18 @@ export class EmbeddedBus implements EventBus {
 
   forget(c: EmbeddedConsumer): void { this.consumers.delete(c); }
 
+  /** PGlite: a member joined or left — every consumer of the group here recomputes its partitions. */
+  async refreshGroup(group: string): Promise<void> {
+    for (const c of [...this.consumers]) if (c.opts.group === group) await c.refreshAssignment();
+  }
+
   async endOffsets(topic: string): Promise<number[]> {
     this.guard('endOffsets');
     const n = await this.partitionsOf(this.db, topic);
+    if (this.local) {
+      await this.loadTopic(topic);
+      return Array.from({ length: n }, (_, p) => this.local!.end(topic, p));
+    }
     const r = await sql<{ partition: number; next_offset: number }>`select partition, next_offset from bus_partitions where topic = ${topic} order by partition`.execute(this.db);
     const out = new Array<number>(n).fill(0);
     for (const row of r.rows) out[row.partition] = Number(row.next_offset);
@@ -250,6 +290,8 @@ export class EmbeddedBus implements EventBus {
     const n = await this.partitionsOf(this.db, topic);
     if (!Number.isInteger(partition) || partition < 0 || partition >= n) throw new ConfigError(`read: topic ${topic} has partitions 0..${n - 1}, not ${partition}`);
     if (max <= 0) return [];
+    const tail = this.local?.fromTail(topic, partition, Math.max(0, fromOffset), Math.floor(max));
+    if (tail) return tail;
     const r = await sql<MessageRow>`
       select topic, partition, msg_offset, key, value, headers, (extract(epoch from ts) * 1000)::int8 as ts_ms
       from bus_messages where topic = ${topic} and partition = ${partition} and msg_offset >= ${Math.max(0, fromOffset)}
@@ -262,6 +304,8 @@ export class EmbeddedBus implements EventBus {
    * values unless the first message alone is larger. Sizes are read without loading values.
    */
   async fetchBatch(topic: string, partition: number, from: number, maxMessages: number, maxBytes: number): Promise<BusMessage[]> {
+    const tail = this.local?.fromTail(topic, partition, from, maxMessages, maxBytes);
+    if (tail) return tail;
     const r = await sql<MessageRow>`
       select topic, partition, msg_offset, key, value, headers, (extract(epoch from ts) * 1000)::int8 as ts_ms from (
         select m.*, sum(octet_length(m.value)) over (order by m.msg_offset rows unbounded preceding) as cum
@@ -309,10 +353,11 @@ class EmbeddedConsumer implements Consumer {
     this.done = new Promise((r) => { release = r; });
     const heartbeats = { stop: false, loop: Promise.resolve() };
     try {
-      for (const t of this.opts.topics) await this.bus.partitionsOf(this.bus.db, t);
+      for (const t of this.opts.topics) { await this.bus.partitionsOf(this.bus.db, t); await this.bus.loadTopic(t); }
       if (this.opts.deadLetter) await this.bus.partitionsOf(this.bus.db, this.opts.deadLetter.topic);
       await this.join();
-      heartbeats.loop = this.heartbeatLoop();
+      // PGlite: members live in memory (no other process can join), so there is nothing to refresh
+      if (!this.bus.local) heartbeats.loop = this.heartbeatLoop();
       await this.pollLoop(handler);
     } finally {
       this.abort.abort();
@@ -332,8 +377,9 @@ class EmbeddedConsumer implements Consumer {
 
   private async join(): Promise<void> {
     const { group, topics } = this.opts;
+    const local = this.bus.local;
     await this.bus.db.transaction().execute(async (tx) => {
-      await sql`insert into bus_members (group_id, member_id, topics) values (${group}, ${this.memberId}, ${topics}::text[])`.execute(tx);
+      if (!local) await sql`insert into bus_members (group_id, member_id, topics) values (${group}, ${this.memberId}, ${topics}::text[])`.execute(tx);
       if (!this.opts.fromBeginning) {
         // A new group starts at the end as of joining (Kafka's fromBeginning: false).
         await sql`insert into bus_offsets (group_id, topic, partition, next_offset)
@@ -341,10 +387,27 @@ class EmbeddedConsumer implements Consumer {
           on conflict do nothing`.execute(tx);
       }
     });
+    if (local) {
+      const r = await sql<{ topic: string; partition: number; next_offset: number }>`select topic, partition, next_offset from bus_offsets
+        where group_id = ${group} and topic = any(${topics}::text[])`.execute(this.bus.db);
+      for (const row of r.rows) local.setPosition(group, row.topic, row.partition, Number(row.next_offset));
+      let members = local.members.get(group);
+      if (!members) local.members.set(group, (members = new Map()));
+      members.set(this.memberId, [...topics]);
+      await this.bus.refreshGroup(group);
+      return;
+    }
     await this.refreshAssignment();
   }
 
   private async leave(): Promise<void> {
+    const local = this.bus.local;
+    if (local) {
+      local.members.get(this.opts.group)?.delete(this.memberId);
+      this.bus.forget(this);
+      await this.bus.refreshGroup(this.opts.group);
+      return;
+    }
     await sql`delete from bus_members where group_id = ${this.opts.group} and member_id = ${this.memberId}`.execute(this.bus.db);
   }
 
@@ -369,6 +432,8 @@ class EmbeddedConsumer implements Consumer {
   }
 
   private async liveMembers(q: Kysely<any>): Promise<Member[]> {
+    const local = this.bus.local?.members.get(this.opts.group);
+    if (this.bus.local) return [...(local ?? [])].map(([member_id, topics]) => ({ member_id, topics }));
     const r = await sql<Member>`select member_id, topics from bus_members
       where group_id = ${this.opts.group} and heartbeat_at >= now() - ${this.bus.sessionTimeoutMs} * interval '1 millisecond'`.execute(q);
     return r.rows;
@@ -383,7 +448,7 @@ class EmbeddedConsumer implements Consumer {
     return assignPartitions(members, counts).get(this.memberId) ?? [];
   }
 
-  private async refreshAssignment(): Promise<void> {
+  async refreshAssignment(): Promise<void> {
     const next = await this.assignmentFrom(this.bus.db);
     const key = (l: TopicPartition[]) => l.map((a) => `${a.topic}/${a.partition}`).join(',');
     if (key(next) !== key(this.assigned)) {
@@ -431,13 +496,16 @@ class EmbeddedConsumer implements Consumer {
     const signal = this.abort.signal;
     const mine = new Set(this.assigned.map((a) => `${a.topic}\u0000${a.partition}`));
     if (!mine.size) return false;
-    const r = await sql<{ topic: string; partition: number; end_offset: number; position: number | null }>`
+    const local = this.bus.local;
+    const rows = local
+      ? this.assigned.map((a) => ({ topic: a.topic, partition: a.partition, end: local.end(a.topic, a.partition), position: local.position(opts.group, a.topic, a.partition) }))
+      : (await sql<{ topic: string; partition: number; end_offset: number; position: number | null }>`
       select p.topic, p.partition, p.next_offset as end_offset, o.next_offset as position
       from bus_partitions p left join bus_offsets o on o.group_id = ${opts.group} and o.topic = p.topic and o.partition = p.partition
-      where p.topic = any(${opts.topics}::text[])`.execute(this.bus.db);
-    const work = r.rows
-      .filter((row) => mine.has(`${row.topic}\u0000${row.partition}`))
-      .map((row) => ({ topic: row.topic, partition: row.partition, end: Number(row.end_offset), position: row.position === null ? 0 : Number(row.position) }))
+      where p.topic = any(${opts.topics}::text[])`.execute(this.bus.db)).rows
+        .filter((row) => mine.has(`${row.topic}\u0000${row.partition}`))
+        .map((row) => ({ topic: row.topic, partition: row.partition, end: Number(row.end_offset), position: row.position === null ? 0 : Number(row.position) }));
+    const work = rows
       .filter((row) => row.end > row.position)
       .sort((a, b) => (a.topic < b.topic ? -1 : a.topic > b.topic ? 1 : a.partition - b.partition));
     let progressed = false;
@@ -458,6 +526,8 @@ class EmbeddedConsumer implements Consumer {
     const last = batch[batch.length - 1].offset;
     const signal = this.abort.signal;
     let written: string[] = [];
+    let appended: Appended[] = [];
+    let committedAt: number | undefined;
     const result = await this.bus.db.transaction().execute(async (tx): Promise<AttemptResult> => {
       const lockRow = () => sql<{ next_offset: number }>`select next_offset from bus_offsets
         where group_id = ${group} and topic = ${topic} and partition = ${partition} for update`.execute(tx);
@@ -466,13 +536,14 @@ class EmbeddedConsumer implements Consumer {
         await sql`insert into bus_offsets (group_id, topic, partition, next_offset) values (${group}, ${topic}, ${partition}, 0) on conflict do nothing`.execute(tx);
         row = (await lockRow()).rows[0];
       }
-      if (Number(row.next_offset) !== first) return 'stale';
+      committedAt = Number(row.next_offset);
+      if (committedAt !== first) return 'stale';
       const owners = await this.assignmentFrom(tx);
       if (!owners.some((a) => a.topic === topic && a.partition === partition)) return 'stale';
       const ctx = new DeliveryContext(batch, group, !!deadLetter, signal, tx);
       if (handler) await this.bus.inHandler.run(group, () => runHandler(handler, batch, ctx, signal));
       const out = [...ctx.outputs, ...encodeDeadLetters([...ctx.deadLetters, ...extraDeadLetters], deadLetter, group)];
-      written = await this.bus.append(tx, out);
+      ({ topics: written, appended } = await this.bus.append(tx, out));
       await sql`update bus_offsets set next_offset = ${last + 1}, updated_at = now()
         where group_id = ${group} and topic = ${topic} and partition = ${partition}`.execute(tx);
       return 'committed';
@@ -485,6 +556,13 @@ class EmbeddedConsumer implements Consumer {
       throw retriableDbError(e, what);
     });
     if (result === 'stale') this.log.debug({ topic, partition, first }, 'batch is stale (partition moved or offset changed); dropped uncommitted');
+    if (result === 'committed') {
+      this.bus.local?.setPosition(group, topic, partition, last + 1);
+      this.bus.committed(appended);
+    } else if (committedAt !== undefined) {
+      // the mirror was behind the table (cannot happen with one writer, but never loop on it)
+      this.bus.local?.setPosition(group, topic, partition, committedAt, true);
+    }
     this.bus.notify(written);
     return result;
   }
@@ -497,6 +575,7 @@ class EmbeddedConsumer implements Consumer {
     if (!Number.isInteger(offset) || offset < 0 || offset > ends[partition]) throw new ConfigError(`seek: offset ${offset} is outside ${topic}[${partition}] (0..${ends[partition]})`);
     await sql`insert into bus_offsets (group_id, topic, partition, next_offset) values (${this.opts.group}, ${topic}, ${partition}, ${offset})
       on conflict (group_id, topic, partition) do update set next_offset = excluded.next_offset, updated_at = now()`.execute(this.bus.db);
+    this.bus.local?.setPosition(this.opts.group, topic, partition, offset, true);
     this.waker.wake?.();
   }
 

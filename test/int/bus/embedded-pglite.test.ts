@@ -7,6 +7,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
+import { sql } from 'kysely';
 import { runBusContract } from '../../support/bus-contract.ts';
 import { assertOutputsMatchCommits, checkBatchAtomicity, committedOf, range, readAll, spawnChild, waitFor } from '../../support/bus-embedded.ts';
 import { openDatabase, type Database } from '../../../lib/db/database.ts';
@@ -33,6 +34,31 @@ runBusContract('embedded log on PGlite', async () => ({ bus, async cleanup() { /
 describe('embedded log on PGlite: atomicity and crashes', () => {
   test('outputs, store writes and the offset commit of a batch are one transaction', async () => {
     await checkBatchAtomicity(bus, database);
+  });
+
+  test('messages served from memory (the tail of what this process appended) equal the rows in the table', async () => {
+    await bus.ensureTopics([{ name: 'mirror.in', partitions: 2 }, { name: 'mirror.out', partitions: 1 }]);
+    const c = bus.consumer({ group: 'mirror', topics: ['mirror.in'] });
+    let seen = 0;
+    const running = c.run(async (batch, ctx) => {
+      ctx.send(batch.map((m) => ({ topic: 'mirror.out', key: m.key, value: Buffer.concat([m.value, Buffer.from('!')]), headers: { from: `${m.partition}/${m.offset}` } })));
+      seen += batch.length;
+    });
+    await bus.produce(range(0, 20).map((i) => ({ topic: 'mirror.in', key: `k${i % 5}`, value: Buffer.from(`v${i}`), headers: { i: String(i), 'ünï': 'cödé' } })));
+    await waitFor('20 messages consumed', () => seen === 20);
+    await c.stop();
+    await running;
+    for (const topic of ['mirror.in', 'mirror.out']) {
+      const fromMemory = await readAll(bus, topic);
+      const rows = (await sql<{ partition: number; msg_offset: number; key: string; value: Buffer; headers: Record<string, string>; ts_ms: number }>`
+        select partition, msg_offset, key, value, headers, (extract(epoch from ts) * 1000)::int8 as ts_ms from bus_messages
+        where topic = ${topic} order by partition, msg_offset`.execute(database.db)).rows;
+      assert.equal(fromMemory.length, 20);
+      assert.deepEqual(fromMemory.map((m) => ({ partition: m.partition, offset: m.offset, key: m.key, value: m.value.toString(), headers: m.headers, ts: m.timestamp })),
+        rows.map((r) => ({ partition: r.partition, offset: Number(r.msg_offset), key: r.key, value: Buffer.from(r.value).toString(), headers: r.headers, ts: Number(r.ts_ms) })));
+    }
+    assert.deepEqual(await bus.endOffsets('mirror.out'), [20]);
+    assert.deepEqual(await committedOf(database, 'mirror', 'mirror.in', 2), await bus.endOffsets('mirror.in'));
   });
 
   test('inside a handler, bus.produce is refused with advice (PGlite has one connection)', async () => {
