@@ -41,7 +41,7 @@ describe('embedded log on PGlite: atomicity and crashes', () => {
     const c = bus.consumer({ group: 'mirror', topics: ['mirror.in'] });
     let seen = 0;
     const running = c.run(async (batch, ctx) => {
-      ctx.send(batch.map((m) => ({ topic: 'mirror.out', key: m.key, value: Buffer.concat([m.value, Buffer.from('!')]), headers: { from: `${m.partition}/${m.offset}` } })));
+      ctx.send(batch.map((m) => ({ topic: 'mirror.out', key: m.key ?? '', value: Buffer.concat([m.value, Buffer.from('!')]), headers: { from: `${m.partition}/${m.offset}` } })));
       seen += batch.length;
     });
     await bus.produce(range(0, 20).map((i) => ({ topic: 'mirror.in', key: `k${i % 5}`, value: Buffer.from(`v${i}`), headers: { i: String(i), 'ünï': 'cödé' } })));
