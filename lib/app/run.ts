@@ -7,7 +7,7 @@ import type { Logger } from 'pino';
 import { openPipeline, type Pipeline } from '../pipeline/runtime.ts';
 import { redactSecrets, type Config } from '../config/index.ts';
 import { startStage, STAGES, type StartedStage } from '../../services/index.ts';
-import type { ControlEvent, MetricsRecord } from '../contracts/index.ts';
+import { parseTopicName, type ControlEvent, type DeadLetter, type MetricsRecord } from '../contracts/index.ts';
 import { ProgressBar, formatTable } from '../cli/progress.ts';
 import { RlError, errorMessage, isRetriable } from '../errors.ts';
 import { isConnectionError } from '../db/errors.ts';
@@ -17,6 +17,13 @@ export interface RunOutcome { status: 'completed' | 'failed' | 'stopped'; messag
 
 interface Watch { outcome: Promise<RunOutcome>; stop(): Promise<void> }
 
+/** Why an embedded (PGlite) run stops when a stage dead-lettered one of its messages (see watchRun). */
+export function deadLetterFailure(d: Pick<DeadLetter, 'stage' | 'source_topic' | 'source_partition' | 'source_offset' | 'reason'>, logical: string | null, runDir: string): string {
+  return `${d.stage} could not read ${logical ? `a ${logical} message` : 'a message'} (${d.source_topic}[${d.source_partition}]@${d.source_offset}: ${d.reason}) and dead-lettered it. ` +
+    'Only this process writes the run\'s embedded log, so the message was the run\'s own and the step that needs it can never finish; the run stops instead of waiting. ' +
+    `Was the run directory written by another rlstream version, or damaged? The message is kept: rlstream sql ${runDir} "select * from v_dead_letters"`;
+}
+
 /**
  * Follows the run's control and metrics topics from their beginning (both have one partition) by
  * reading them without a consumer group, so a restarted or repeated command sees the whole run —
@@ -25,6 +32,13 @@ interface Watch { outcome: Promise<RunOutcome>; stop(): Promise<void> }
  * val/accuracy); replicas' partial counters and timings are combined in the store
  * (lib/pipeline/metrics.ts), which the summary table reads. `onSettled` is called when a step's
  * update or a validation round has been recorded (the live TensorBoard logger syncs then).
+ *
+ * It also follows the dead-letter topic. Over PGlite only this process can write the run's log,
+ * so a message a stage could not read was the run's own (a damaged database, or a log written by
+ * another rlstream version): the step that needs it can never finish, and the run fails saying so
+ * instead of waiting forever. Over PostgreSQL or Kafka anyone may append to the topics (the stage
+ * dead-letters foreign or garbled messages and goes on), so there a dead letter is only logged by
+ * the stage that wrote it.
  */
 function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number, onSettled?: () => void): Watch {
   let resolveOutcome!: (o: RunOutcome) => void;
@@ -32,7 +46,8 @@ function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number
   const outcome = new Promise<RunOutcome>((r) => { resolveOutcome = (o) => { settled = true; r(o); }; });
   let reward: number | undefined, valAcc: number | undefined, step = 0;
   let stopped = false;
-  const pos = { control: 0, metrics: 0 };
+  const pos = { control: 0, metrics: 0, deadletter: 0 };
+  const ownLog = p.db.kind === 'pglite';
   const loop = (async () => {
     while (!stopped && !settled) {
       let got = 0, settledSteps = 0;
@@ -49,6 +64,14 @@ function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number
         if (r.kind === 'val') settledSteps++;
         if (r.values['reward/mean'] !== undefined && r.kind === 'train') reward = r.values['reward/mean'];
         if (r.values['val/accuracy'] !== undefined) valAcc = r.values['val/accuracy'];
+      }
+      if (ownLog) {
+        for (const m of await p.bus.read(p.topic('deadletter'), 0, pos.deadletter, 100)) {
+          pos.deadletter = m.offset + 1; got++;
+          const d = (await p.codecs.deadletter.decode(m.value, m.headers)) as DeadLetter;
+          const logical = parseTopicName(p.cfg.pipeline.topic_prefix, p.runId, d.source_topic);
+          resolveOutcome({ status: 'failed', message: deadLetterFailure(d, logical, p.runDir), runId: p.runId, runDir: p.runDir });
+        }
       }
       if (settledSteps) onSettled?.();
       if (got) bar?.update({ step, totalSteps: totalSteps(), reward, valAccuracy: valAcc });
