@@ -40,6 +40,16 @@ export function criticModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
   });
 }
 
+/**
+ * Options of the forward passes that make experience — reference and old log-probs, values
+ * (Scorer, ValueScorer): `actor.micro_batch_size_per_device_for_experience` rows per
+ * `session.run` (verl's log_prob_micro_batch_size_per_gpu), on `actor.threads` threads. The
+ * result does not depend on it (test/e2e/estimators.test.ts); the speed and peak memory do.
+ */
+export function experienceScorerOptions(cfg: Config): { threads: number; maxBatchSize: number } {
+  return { threads: cfg.actor.threads, maxBatchSize: cfg.actor.micro_batch_size_per_device_for_experience };
+}
+
 export function policyDir(runDir: string, version: number): string {
   return join(runDir, 'policy', `v${String(version).padStart(6, '0')}`);
 }

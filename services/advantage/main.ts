@@ -11,7 +11,7 @@ import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runti
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
-import { tokenizerFor, policyModelConfig, criticModelConfig, criticDir, PolicyCache } from '../../lib/pipeline/policy.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig, criticDir, experienceScorerOptions, PolicyCache } from '../../lib/pipeline/policy.ts';
 import { ValueScorer } from '../../lib/model/value.ts';
 import { loadCheckpoint } from '../../lib/model/index.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
@@ -73,9 +73,9 @@ export function startAdvantage(p: Pipeline): StageRun {
   const tok = tokenizerFor(p.cfg);
   const model = policyModelConfig(p.cfg, tok);
   const needRef = p.cfg.algorithm.use_kl_loss || p.cfg.algorithm.use_kl_in_reward;
-  const scorer = new Scorer(model, { threads: p.cfg.actor.threads });
+  const scorer = new Scorer(model, experienceScorerOptions(p.cfg));
   const useCritic = p.cfg.critic.enable === true;
-  const valueScorer = useCritic ? new ValueScorer(criticModelConfig(p.cfg, tok), { threads: p.cfg.actor.threads }) : null;
+  const valueScorer = useCritic ? new ValueScorer(criticModelConfig(p.cfg, tok), experienceScorerOptions(p.cfg)) : null;
   const reference = new PolicyCache(p.runDir, model);
   const metrics = new StageMetrics(p, 'advantage');
   const log = forStage(p.log, 'advantage');

@@ -18,7 +18,7 @@ import { join, resolve } from 'node:path';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
-import { tokenizerFor, policyModelConfig, criticModelConfig, policyDir, criticDir } from '../../lib/pipeline/policy.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig, policyDir, criticDir, experienceScorerOptions } from '../../lib/pipeline/policy.ts';
 import { resolveCriticModel } from '../../lib/config/index.ts';
 import { loadStageState, saveStageState, PendingBatch, stagesWithState } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
@@ -73,7 +73,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const o = cfg.actor.optim;
   const log = forStage(p.log, 'update');
   const metrics = new StageMetrics(p, 'update');
-  const scorer = new Scorer(model, { threads: cfg.actor.threads });
+  const scorer = new Scorer(model, experienceScorerOptions(cfg));
   const leftovers = await removeTempCheckpoints(p.runDir);
   if (leftovers.length) log.warn({ removed: leftovers }, `removed ${leftovers.length} half-written checkpoint(s) left by an interrupted write`);
   let state = (await loadStageState<UpdateState>(p.db.db, p.runId, 'update')) ?? null;

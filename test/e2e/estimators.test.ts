@@ -140,3 +140,22 @@ for (const loss of ['gspo', 'sapo', 'cispo', 'geo_mean', 'clip_cov', 'kl_cov'] a
 test('estimators without their pipeline inputs are refused with what they need', { timeout: 120_000 }, async () => {
   await assert.rejects(train('optimal_token_baseline', ['algorithm.adv_estimator=optimal_token_baseline']), /optimal_token_baseline is in lib\/rl but the pipeline does not compute its extra input yet: Σπ² per position/);
 });
+
+test('actor.micro_batch_size_per_device_for_experience changes how reference/old log-probs and values are batched, not what they are', { timeout: 300_000 }, async () => {
+  const runs = [];
+  for (const mb of [1, 8]) {
+    const { out, dir, runId } = await train(`experience-mb${mb}`, ['algorithm.adv_estimator=gae', 'algorithm.use_kl_loss=true', `actor.micro_batch_size_per_device_for_experience=${mb}`, 'pipeline.run_id=est-experience-mb']);
+    assert.equal(out.status, 'completed', out.message);
+    const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
+    try {
+      const rows = (await store.getTrajectories('est-experience-mb', { kind: 'train' })).sort((a, b) => (a.id < b.id ? -1 : 1));
+      runs.push({ runId, sha: await checkpointSha256(policyDir(out.runDir, 2)), rows: rows.map((r) => ({ id: r.id, ref: r.refLogprobs, ret: r.returns, adv: r.advantages })) });
+    } finally { await store.close(); }
+  }
+  assert.equal(runs[0]!.rows.length, 2 * 4 * 4);
+  // reference log-probs and values (as GAE returns) are stored; old log-probs are recomputed by the
+  // update stage and reach the final checkpoint through the PPO ratio
+  assert.ok(runs[0]!.rows.every((r) => r.ref && r.ret), 'reference log-probs and GAE returns are stored');
+  assert.deepEqual(runs[1]!.rows, runs[0]!.rows, 'the same values, bit for bit, with 1 and 8 rows per forward pass');
+  assert.equal(runs[1]!.sha, runs[0]!.sha, 'the same final checkpoint');
+});
