@@ -37,7 +37,7 @@ import type { Logger } from 'pino';
 import { sql } from 'kysely';
 import { openPipeline, type Pipeline } from '../pipeline/runtime.ts';
 import { openDatabase } from '../db/database.ts';
-import { loadConfig, redactSecrets, resolveRunDir, type Config } from '../config/index.ts';
+import { loadConfig, loadPipelineSection, redactSecrets, resolveRunDir, type Config } from '../config/index.ts';
 import { hashId, type TrajectoryGroup, type PolicyVersion } from '../contracts/index.ts';
 import { loadStageState, saveStageState } from '../pipeline/stage-state.ts';
 import { policyDir, tokenizerFor } from '../pipeline/policy.ts';
@@ -97,7 +97,7 @@ async function findSource(from: string, overrides: string[]): Promise<Source> {
     throw new ConfigError(`replay --from ${from}: ${dir} has no embedded store (db/pgdata); for a distributed run pass its run id and pipeline.database_url=postgres://… (plus its bus settings)`);
   }
   // a run id in a PostgreSQL store named by the overrides
-  const locator = loadConfig({ overrides: overrides.filter((o) => o.startsWith('pipeline.')), onWarning: () => undefined });
+  const locator = { pipeline: loadPipelineSection(overrides) };
   if (locator.pipeline.store !== 'postgres' || !locator.pipeline.database_url) {
     throw new ConfigError(`replay --from ${from}: no run directory ${dir}; to replay a run stored in PostgreSQL by its id, add pipeline.store=postgres pipeline.database_url=postgres://…`);
   }

@@ -7,7 +7,7 @@ export {
   ADV_ESTIMATORS, GROUP_ADV_ESTIMATORS, KL_PENALTIES, POLICY_LOSSES, LOSS_AGG_MODES, TRAJECTORY_FIELDS,
 } from './schema.ts';
 export {
-  loadConfig, defaultConfig, parseOverride, unknownKeyMessage, configProblems, readDisableRewardModel,
+  loadConfig, loadPipelineSection, defaultConfig, parseOverride, unknownKeyMessage, configProblems, readDisableRewardModel,
   DISABLE_REWARD_MODEL_ENV, type LoadConfigOptions, type ParsedOverride,
 } from './load.ts';
 export {

@@ -245,6 +245,24 @@ export function readDisableRewardModel(env: NodeJS.ProcessEnv): boolean | string
  * derived defaults and cross-field checks. Throws one ConfigError listing every problem (its
  * `details.problems` holds them one per entry).
  */
+/**
+ * Only the `pipeline` section, from the `pipeline.*` overrides (others are ignored) over its
+ * defaults, validated like the whole config but without the cross-section checks: for locating a
+ * stored run (its database, bus) before the run's own config is known (`rlstream replay`).
+ */
+export function loadPipelineSection(overrides: readonly string[]): Config['pipeline'] {
+  const sources = new Sources();
+  const problems: Problem[] = [];
+  const raw: Obj = {};
+  overrides.forEach((text, i) => { if (text.startsWith('pipeline.')) applyOverride(raw, text, i, sources, problems); });
+  const parsed = configSchema.shape.pipeline.safeParse(raw.pipeline ?? {});
+  if (!parsed.success) {
+    for (const issue of parsed.error.issues) problems.push(...formatIssue({ ...issue, path: ['pipeline', ...issue.path] } as z.core.$ZodIssue, raw, sources));
+  }
+  if (problems.length > 0 || !parsed.success) throw configProblems(problems.map((x) => x.text));
+  return parsed.data;
+}
+
 export function loadConfig(opts: LoadConfigOptions = {}): Config {
   const env = opts.env ?? process.env;
   const sources = new Sources();

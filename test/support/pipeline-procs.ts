@@ -36,8 +36,9 @@ export async function freshDatabase(name: string): Promise<{ url: string; drop()
 const SINGLE = new Set(['policy', 'control', 'metrics', 'deadletter']);
 
 /** The Kafka mock with every topic of the run pre-created (the mock has no working admin API). */
-export function kafkaForRun(prefix: string, runId: string, partitions: number): Promise<KafkaTarget> {
-  return startKafka({ topics: LOGICAL_TOPICS.map((t) => ({ name: topicName(prefix, runId, t), partitions: SINGLE.has(t) ? 1 : partitions })) });
+export function kafkaForRun(prefix: string, runId: string | readonly string[], partitions: number): Promise<KafkaTarget> {
+  const runs = typeof runId === 'string' ? [runId] : runId;
+  return startKafka({ topics: runs.flatMap((r) => LOGICAL_TOPICS.map((t) => ({ name: topicName(prefix, r, t), partitions: SINGLE.has(t) ? 1 : partitions }))) });
 }
 
 export interface StageProc { stage: string; replica: number; child: ChildProcess; exit: Promise<number | null>; output: () => string }

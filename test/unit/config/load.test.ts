@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { loadConfig, defaultConfig, parseOverride, resolveRunId } from '../../../lib/config/index.ts';
+import { loadConfig, loadPipelineSection, defaultConfig, parseOverride, resolveRunId } from '../../../lib/config/index.ts';
 import { ConfigError } from '../../../lib/errors.ts';
 import { yamlFile, load, problemsOf, expectOneProblem } from './helpers.ts';
 
@@ -222,4 +222,15 @@ test('a secret given with the wrong type is not echoed', () => {
   const problems = problemsOf(() => load({ overrides: ['pipeline.store=postgres', 'pipeline.database_url=[postgres://u:hunter2@h/db]'] }));
   assert.ok(problems.some((p) => p.includes('pipeline.database_url: expected string or null, got ["postgres://u:***@h/db"] (a list)')), problems.join('\n'));
   assert.ok(!problems.join('\n').includes('hunter2'));
+});
+
+test('loadPipelineSection: the pipeline.* overrides over their defaults, other keys ignored, typos and bad values refused with the path', () => {
+  const p = loadPipelineSection(['data.task=nonsense', 'pipeline.store=postgres', 'pipeline.database_url=postgres://u:pw@h/db', 'trainer.max_steps=oops']);
+  assert.equal(p.store, 'postgres');
+  assert.equal(p.database_url, 'postgres://u:pw@h/db');
+  assert.equal(p.bus, defaultConfig().pipeline.bus);
+  const typo = problemsOf(() => loadPipelineSection(['pipeline.databse_url=postgres://h/db']));
+  assert.ok(typo.some((x) => x.includes('pipeline.databse_url') && x.includes('pipeline.database_url')), typo.join('\n'));
+  const bad = problemsOf(() => loadPipelineSection(['pipeline.store=mysql']));
+  assert.ok(bad.some((x) => x.includes('pipeline.store')), bad.join('\n'));
 });
