@@ -75,3 +75,12 @@ export function deadLetter(opts: {
     time_ms: opts.timeMs,
   };
 }
+
+/**
+ * What the store keeps as a sample's reward_details (jsonb): the numeric components and, from
+ * scored.v3 on, the text ones, in one object (their keys never collide: the reward stage split
+ * one object into the two maps).
+ */
+export function storedRewardDetails(numbers: Readonly<Record<string, number>>, text: Readonly<Record<string, string>> | undefined): Record<string, number | string> {
+  return text && Object.keys(text).length ? { ...numbers, ...text } : { ...numbers };
+}

@@ -23,9 +23,9 @@ export type Checks = [
   Expect<Mutual<T.TrajectorySample, G.TrajectoriesV2TrajectorySample>>,
   Expect<Mutual<T.TrajectoryGroup, G.TrajectoriesV2TrajectoryGroup>>,
 
-  Expect<Mutual<T.ScoreFailure, G.ScoredV2ScoreFailure>>,
-  Expect<Mutual<T.ScoredSample, G.ScoredV2ScoredSample>>,
-  Expect<Mutual<T.ScoredGroup, G.ScoredV2ScoredGroup>>,
+  Expect<Mutual<T.ScoreFailure, G.ScoredV3ScoreFailure>>,
+  Expect<Mutual<T.ScoredSample, G.ScoredV3ScoredSample>>,
+  Expect<Mutual<T.ScoredGroup, G.ScoredV3ScoredGroup>>,
 
   Expect<Mutual<T.ScoreFailure, G.UpdatesV1ScoreFailure>>,
   Expect<Mutual<T.UpdateSample, G.UpdatesV1UpdateSample>>,

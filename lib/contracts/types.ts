@@ -125,7 +125,7 @@ export interface TrajectoryGroup extends GroupHeader {
 }
 
 // ------------------------------------------------------------------------------------------
-// scored.v2 — reward → advantage (and → controller on topic `validation`)
+// scored.v3 — reward → advantage (and → controller on topic `validation`)
 
 /** Why a sample could not be scored. */
 export interface ScoreFailure {
@@ -145,7 +145,10 @@ export interface SampleScore {
   failure: ScoreFailure | null;
 }
 
-export interface ScoredSample extends TrajectorySample, SampleScore {}
+export interface ScoredSample extends TrajectorySample, SampleScore {
+  /** Non-numeric components (scored.v3; e.g. the extracted answer), each ≤ 4096 characters; {} in older records. */
+  reward_text: Record<string, string>;
+}
 
 /** Topics `scored` (kind = train) and `validation` (kind = val). */
 export interface ScoredGroup extends GroupHeader {
@@ -172,7 +175,8 @@ export interface TokenTargets {
   loss_weights: Float32Array;
 }
 
-export interface UpdateSample extends ScoredSample, TokenTargets {}
+/** An update sample carries the numeric reward details only (updates.v1 has no reward_text: the advantage stage stored it). */
+export interface UpdateSample extends Omit<ScoredSample, 'reward_text'>, TokenTargets {}
 
 /** Topic `updates`: a scored group ready for the policy update, or filtered out (kept for accounting). */
 export interface UpdateGroup extends GroupHeader {

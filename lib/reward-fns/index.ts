@@ -18,11 +18,15 @@ export interface RewardInput {
   kwargs: Record<string, unknown>;
 }
 
-export interface RewardResult { reward: number; metrics?: Record<string, number> }
+/**
+ * `metrics`: numbers (finite) are logged as reward/<name> and can drive filters; booleans count as
+ * 1/0; strings (e.g. the extracted answer) are stored with the trajectory's reward_details.
+ */
+export interface RewardResult { reward: number; metrics?: Record<string, number | boolean | string> }
 export type RewardFn = (input: RewardInput) => RewardResult | Promise<RewardResult>;
 
 export type RewardOutcome =
-  | { ok: true; reward: number; metrics: Record<string, number> }
+  | { ok: true; reward: number; metrics: Record<string, number | string> }
   | { ok: false; reason: string };
 
 const normalise = (s: string) => s.trim();
@@ -47,7 +51,7 @@ export const accuracyWithFormat: RewardFn = (input) => {
   const acc = exactMatch(input) as RewardResult;
   const fmt = integerFormat(input) as RewardResult;
   const w = typeof input.kwargs.format_weight === 'number' ? input.kwargs.format_weight : 0.1;
-  const a = acc.metrics!.accuracy, f = fmt.metrics!.format;
+  const a = acc.metrics!.accuracy as number, f = fmt.metrics!.format as number;
   return { reward: a + w * f, metrics: { accuracy: a, format: f, overall: a } };
 };
 
@@ -79,10 +83,12 @@ export async function applyRewardFn(fn: RewardFn, input: RewardInput): Promise<R
   }
   if (!out || typeof out !== 'object' || typeof out.reward !== 'number') return { ok: false, reason: `reward function returned ${JSON.stringify(out)?.slice(0, 200)}; expected {reward: number, metrics?}` };
   if (!Number.isFinite(out.reward)) return { ok: false, reason: `reward function returned a non-finite reward (${out.reward})` };
-  const metrics: Record<string, number> = {};
+  const metrics: Record<string, number | string> = {};
   for (const [k, v] of Object.entries(out.metrics ?? {})) {
-    if (typeof v !== 'number' || !Number.isFinite(v)) return { ok: false, reason: `reward function returned a non-finite metric ${k}=${v}` };
-    metrics[k] = v;
+    if (typeof v === 'boolean') metrics[k] = v ? 1 : 0;
+    else if (typeof v === 'string') metrics[k] = v;
+    else if (typeof v !== 'number' || !Number.isFinite(v)) return { ok: false, reason: `reward function returned metric ${k}=${typeof v === 'number' ? v : JSON.stringify(v)?.slice(0, 100)}; a metric is a finite number, a boolean or a string` };
+    else metrics[k] = v;
   }
   if (metrics.overall === undefined) metrics.overall = out.reward;
   return { ok: true, reward: out.reward, metrics };

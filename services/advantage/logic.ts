@@ -181,7 +181,8 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
   const toUpdate = (g: ScoredGroup, isFiltered: boolean, reason: string | null): UpdateGroup => {
     const rs = g.samples.filter((x) => x.reward !== null).map((x) => x.reward!);
     const m = rs.length ? rs.reduce((a, b) => a + b, 0) / rs.length : null;
-    const samples: UpdateSample[] = g.samples.map((x) => {
+    // reward_text stays out of the update batch (updates.v1 has no such field; the store gets it from the scored group)
+    const samples: UpdateSample[] = g.samples.map(({ reward_text: _text, ...x }) => {
       const L = x.response_ids.length;
       const a = perSample.get(x.id);
       return {

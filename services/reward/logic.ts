@@ -20,23 +20,37 @@ export function rewardItems(g: TrajectoryGroup): TokenRewardItem[] {
   }));
 }
 
-/** Numeric details only (the Avro map is map<double>); non-numeric fields are kept as 1/0 flags where boolean. */
-export function numericDetails(details: Record<string, unknown>): Record<string, number> {
-  const out: Record<string, number> = {};
+/** Longest text detail kept (characters); longer ones are cut and end with "…". */
+export const REWARD_TEXT_MAX = 4096;
+
+/**
+ * A reward's details split for scored.v3: finite numbers (booleans as 1/0) into reward_details —
+ * the metrics, filters and NFT read those — and everything else into reward_text: strings as
+ * they are, other JSON values (objects, arrays, null) as JSON text, each cut to REWARD_TEXT_MAX.
+ * A non-finite number is dropped (NaN is no metric; the reward itself is checked elsewhere).
+ */
+export function splitDetails(details: Record<string, unknown>): { numbers: Record<string, number>; text: Record<string, string> } {
+  const numbers: Record<string, number> = {};
+  const text: Record<string, string> = {};
   for (const [k, v] of Object.entries(details)) {
-    if (typeof v === 'number' && Number.isFinite(v)) out[k] = v;
-    else if (typeof v === 'boolean') out[k] = v ? 1 : 0;
+    if (typeof v === 'number') { if (Number.isFinite(v)) numbers[k] = v; continue; }
+    if (typeof v === 'boolean') { numbers[k] = v ? 1 : 0; continue; }
+    if (v === undefined || typeof v === 'function' || typeof v === 'symbol' || typeof v === 'bigint') continue;
+    let t: string;
+    try { t = typeof v === 'string' ? v : JSON.stringify(v); } catch { continue; }
+    if (typeof t !== 'string') continue;
+    text[k] = t.length > REWARD_TEXT_MAX ? `${t.slice(0, REWARD_TEXT_MAX - 1)}…` : t;
   }
-  return out;
+  return { numbers, text };
 }
 
 export function scoredGroup(g: TrajectoryGroup, outcomes: readonly RewardOutcome[], rewardFn: string, attempts: number): ScoredGroup {
   const byId = new Map(outcomes.map((o) => [o.id, o]));
   const scored = (s: TrajectorySample): ScoredSample => {
     const o = byId.get(s.id);
-    if (!o) return { ...s, reward: null, reward_details: {}, failure: { code: 'ERR_REWARD_MISSING', message: `no reward outcome for ${s.id}`, retriable: false, attempts } };
-    if (o.ok) return { ...s, reward: o.reward, reward_details: numericDetails(o.details), failure: null };
-    return { ...s, reward: null, reward_details: {}, failure: { code: o.retriable ? 'ERR_REWARD_RETRIABLE' : 'ERR_REWARD', message: `${o.reason}${o.body ? ` (body: ${o.body.slice(0, 200)})` : ''}`.slice(0, 2000), retriable: o.retriable, attempts } };
+    if (!o) return { ...s, reward: null, reward_details: {}, reward_text: {}, failure: { code: 'ERR_REWARD_MISSING', message: `no reward outcome for ${s.id}`, retriable: false, attempts } };
+    if (o.ok) { const d = splitDetails(o.details); return { ...s, reward: o.reward, reward_details: d.numbers, reward_text: d.text, failure: null }; }
+    return { ...s, reward: null, reward_details: {}, reward_text: {}, failure: { code: o.retriable ? 'ERR_REWARD_RETRIABLE' : 'ERR_REWARD', message: `${o.reason}${o.body ? ` (body: ${o.body.slice(0, 200)})` : ''}`.slice(0, 2000), retriable: o.retriable, attempts } };
   };
   const { samples: _drop, baseline, ...header } = g;
   return { ...header, reward_fn: rewardFn, samples: g.samples.map(scored), baseline: baseline ? scored(baseline) : null };

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { Codec } from '../../../lib/contracts/codec.ts';
 import { SchemaIncompatibleError, assertCompatible, checkCompatibility } from '../../../lib/contracts/compat.ts';
 import { SchemaCatalogue, defaultSchemaDir } from '../../../lib/contracts/schemas.ts';
-import type { TrajectoryGroup } from '../../../lib/contracts/types.ts';
+import type { ScoredGroup, ScoredSample, TrajectoryGroup } from '../../../lib/contracts/types.ts';
 import { PoisonMessageError } from '../../../lib/errors.ts';
 import { Gen, plain } from './fixtures.ts';
 
@@ -133,13 +133,13 @@ test('the catalogue refuses misnamed or mis-namespaced schemas with the file nam
 
 test('trajectories.v2 and scored.v2 (remax greedy baseline): v1 records read with baseline = null; v1 readers skip it', () => {
   const cat = SchemaCatalogue.load([dir]);
+  assert.equal(cat.latest('trajectories').ref, 'trajectories.v2');
   for (const family of ['trajectories', 'scored'] as const) {
-    assert.equal(cat.latest(family).ref, `${family}.v2`);
     assert.deepEqual(checkCompatibility(cat.get(`${family}.v1`)!.text, cat.get(`${family}.v2`)!.text), { compatible: true, errors: [] });
     const gen = new Gen(31);
-    const { baseline: _b, ...g } = family === 'trajectories' ? gen.trajectoryGroup(4, { n: 2, tokens: 3 }) : gen.scoredGroup(4, { n: 2, tokens: 3 });
+    const { baseline: _b, ...g } = family === 'trajectories' ? gen.trajectoryGroup(4, { n: 2, tokens: 3 }) : withoutRewardText(gen.scoredGroup(4, { n: 2, tokens: 3 }));
     const v1 = new Codec<Json>(family, { catalogue: cat, ref: `${family}.v1` });
-    const v2c = new Codec<Json>(family, { catalogue: cat });
+    const v2c = new Codec<Json>(family, { catalogue: cat, ref: `${family}.v2` });
     const old = v2c.decode(v1.encode(g), `${family}.v1`);
     assert.equal(old.baseline, null, `${family}: a v1 record has no baseline`);
     const { baseline: _n, ...rest } = plain(old) as Json;
@@ -152,6 +152,31 @@ test('trajectories.v2 and scored.v2 (remax greedy baseline): v1 records read wit
     assert.deepEqual(plain(v2c.decode(bytes)), plain(withBaseline));
     assert.deepEqual(plain(v1.decode(bytes, `${family}.v2`)), plain(g));
   }
+});
+
+/** A scored group as scored.v1/v2 knew it (no reward_text). */
+function withoutRewardText(g: ScoredGroup): ScoredGroup {
+  return { ...g, samples: g.samples.map(({ reward_text: _t, ...x }) => x as ScoredSample) };
+}
+
+test('scored.v3 (reward_text: non-numeric reward details): v2 records read with reward_text = {}; v2 readers skip it', () => {
+  const cat = SchemaCatalogue.load([dir]);
+  assert.equal(cat.latest('scored').ref, 'scored.v3');
+  assert.deepEqual(checkCompatibility(cat.get('scored.v2')!.text, cat.get('scored.v3')!.text), { compatible: true, errors: [] });
+  const g = new Gen(34).scoredGroup(4, { n: 3, tokens: 3 });
+  assert.ok(g.samples.some((x) => Object.keys(x.reward_text).length > 0), 'the fixture has text details');
+  const v2 = new Codec<Json>('scored', { catalogue: cat, ref: 'scored.v2' });
+  const v3 = new Codec<Json>('scored', { catalogue: cat });
+  assert.equal(v3.ref, 'scored.v3');
+  // v3 round-trips the text details
+  assert.deepEqual(plain(v3.decode(v3.encode(g))), plain(g));
+  // a v2 record (written before the field existed) reads with empty text details
+  const old = withoutRewardText(g);
+  const read = v3.decode(v2.encode(old), 'scored.v2') as ScoredGroup;
+  assert.ok(read.samples.every((x) => Object.keys(x.reward_text).length === 0));
+  assert.deepEqual(plain(withoutRewardText(read)), plain(old));
+  // a v2 reader (an older stage) reads a v3 record without the text details
+  assert.deepEqual(plain(v2.decode(v3.encode(g), 'scored.v3')), plain(old));
 });
 
 test('the greedy baseline is checked like a sample: id, index not among the samples, training groups only', () => {

@@ -78,7 +78,7 @@ export class Gen {
     const t = this.trajectoryGroup(step, shape);
     const samples: ScoredSample[] = t.samples.map((s) => {
       const failed = this.int(5) === 0;
-      return { ...s, reward: failed ? null : this.rng.next() * 2 - 1, reward_details: failed ? {} as Record<string, number> : { accuracy: this.int(2), format: this.rng.next() }, failure: failed ? { code: 'ERR_REWARD_FN', message: `boom ${this.text(2)}`, retriable: this.int(2) === 0, attempts: 1 + this.int(3) } : null };
+      return { ...s, reward: failed ? null : this.rng.next() * 2 - 1, reward_details: failed ? {} as Record<string, number> : { accuracy: this.int(2), format: this.rng.next() }, reward_text: failed ? {} as Record<string, string> : { pred: this.text(1), note: this.text(3) }, failure: failed ? { code: 'ERR_REWARD_FN', message: `boom ${this.text(2)}`, retriable: this.int(2) === 0, attempts: 1 + this.int(3) } : null };
     });
     return { ...t, reward_fn: 'fn:exact_match', samples, baseline: null };
   }
@@ -86,7 +86,7 @@ export class Gen {
   updateGroup(step = 1 + this.int(50), shape: Shape = {}): UpdateGroup {
     const { baseline: _b, ...s } = this.scoredGroup(step, shape);
     const filtered = this.int(4) === 0;
-    const samples: UpdateSample[] = s.samples.map((x) => {
+    const samples: UpdateSample[] = s.samples.map(({ reward_text: _text, ...x }) => {
       const len = x.response_ids.length;
       return { ...x, advantages: this.floats(len), returns: this.floats(len), ref_logprobs: this.int(2) ? this.floats(len) : new Float32Array(0), values: this.int(2) ? this.floats(len) : new Float32Array(0), loss_weights: this.floats(len).map((v) => (v < -4 ? 0 : 1)) };
     });

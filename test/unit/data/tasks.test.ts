@@ -42,6 +42,14 @@ test('reward functions: accuracy + format, failures are never zeros', async () =
   const nan = await applyRewardFn(() => ({ reward: NaN }), { prompt: '', response: '', ground_truth: '', kwargs: {} });
   assert.equal(nan.ok, false);
   assert.match((nan as { reason: string }).reason, /non-finite reward/);
+  // metrics: booleans count as 1/0, strings are kept (stored as text details); NaN or other types are a failure
+  const mixed = await applyRewardFn(() => ({ reward: 1, metrics: { correct: true, pred: '42', score: 0.5 } }), { prompt: '', response: '', ground_truth: '', kwargs: {} });
+  assert.deepEqual(mixed, { ok: true, reward: 1, metrics: { correct: 1, pred: '42', score: 0.5, overall: 1 } });
+  for (const bad of [NaN, { x: 1 }, null]) {
+    const o = await applyRewardFn(() => ({ reward: 1, metrics: { m: bad as never } }), { prompt: '', response: '', ground_truth: '', kwargs: {} });
+    assert.equal(o.ok, false);
+    assert.match((o as { reason: string }).reason, /metric m=.*a metric is a finite number, a boolean or a string/);
+  }
 });
 
 test('Rng is deterministic, restorable and uniform enough', () => {

@@ -50,7 +50,7 @@ const settings: AdvantageSettings = {
 function sample(p: number, i: number, reward: number | null, len = 2): ScoredSample {
   return {
     id: sampleId('r', 1, p, i), sample_index: i, prompt_index: p, response_ids: new Int32Array(len).fill(3), response_text: 'x', behaviour_logprobs: new Float32Array(len).fill(-1),
-    response_mask: Buffer.alloc(0), finish_reason: 'stop', reward, reward_details: {},
+    response_mask: Buffer.alloc(0), finish_reason: 'stop', reward, reward_details: {}, reward_text: {},
     failure: reward === null ? { code: 'ERR_REWARD', message: 'boom', retriable: false, attempts: 1 } : null,
   };
 }
