@@ -12,6 +12,12 @@ import {
 } from '../../lib/rl/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
 
+
+/** Names the stages log under reward/ themselves; a reward component with one of them is logged as reward/details/<name>. */
+export const RESERVED_REWARD_METRICS: ReadonlySet<string> = new Set([
+  'mean', 'std', 'max', 'min', 'baseline_mean', 'minus_baseline_mean', 'failures', 'scored', 'retries', 'remote_requests', 'remote_failures_total', 'details',
+]);
+
 export interface AdvantageSettings {
   rolloutBatchSize: number;
   estimator: string;
@@ -162,6 +168,17 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
   metrics['reward/std'] = Math.sqrt(all.reduce((a, b) => a + (b - mean) ** 2, 0) / Math.max(1, all.length));
   metrics['reward/max'] = Math.max(...all);
   metrics['reward/min'] = Math.min(...all);
+  // the reward's numeric components over the same samples (reward/accuracy, reward/format, …);
+  // a component named like a reward/* metric of the pipeline goes under reward/details/
+  const parts = new Map<string, { sum: number; n: number }>();
+  for (const r of rows) {
+    for (const [k, v] of Object.entries(r.x.reward_details)) {
+      const d = parts.get(k) ?? { sum: 0, n: 0 };
+      d.sum += v; d.n++;
+      parts.set(k, d);
+    }
+  }
+  for (const [k, d] of parts) metrics[RESERVED_REWARD_METRICS.has(k) ? `reward/details/${k}` : `reward/${k}`] = d.sum / d.n;
   if (baselines) {
     const bs = kept.map((g) => baselines.get(g.id)!);
     metrics['reward/baseline_mean'] = bs.reduce((a, b) => a + b, 0) / Math.max(1, bs.length);

@@ -38,6 +38,9 @@ test('string metrics of a reward function are stored in reward_details with the 
         assert.equal(d.accuracy, r.reward);
       }
     }
+    const names = new Set((await store.getMetrics(runId)).map((m) => m.name));
+    assert.ok(names.has('reward/accuracy'), 'numeric components are metrics');
+    assert.ok(![...names].some((n) => n.includes('pred') || n.includes('verdict')), 'text components are not metrics');
     // the numeric details still drive the metrics: val/accuracy is the mean of the val rows' accuracy
     const val = await store.getTrajectories(runId, { kind: 'val' });
     const v0 = val.filter((r) => r.step === 0);

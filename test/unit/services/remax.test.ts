@@ -122,3 +122,14 @@ test('advantage: a failed greedy reward filters the group (refill); a missing ba
     return true;
   });
 });
+
+test('advantage metrics: each numeric reward component is averaged over the kept samples as reward/<name>; pipeline names go under reward/details/', () => {
+  const withDetails = (g: ScoredGroup, details: Array<Record<string, number>>): ScoredGroup => ({ ...g, samples: g.samples.map((x, i) => ({ ...x, reward_details: details[i]! })) });
+  const a = withDetails(group(0, [1, 0], undefined), [{ accuracy: 1, format: 1, mean: 7 }, { accuracy: 0, format: 1, mean: 9 }]);
+  const b = withDetails(group(1, [1, 1], undefined), [{ accuracy: 1, format: 0 }, { accuracy: 1 }]);
+  const res = computeStep([a, b], [], null, { ...settings, estimator: 'grpo' }, null);
+  assert.equal(res.metrics['reward/accuracy'], 3 / 4);
+  assert.equal(res.metrics['reward/format'], 2 / 3, 'over the samples that report it');
+  assert.equal(res.metrics['reward/details/mean'], 8, 'a component called "mean" does not overwrite reward/mean');
+  assert.equal(res.metrics['reward/mean'], 3 / 4);
+});
