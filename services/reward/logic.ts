@@ -56,29 +56,13 @@ export function scoredGroup(g: TrajectoryGroup, outcomes: readonly RewardOutcome
   return { ...header, reward_fn: rewardFn, samples: g.samples.map(scored), baseline: baseline ? scored(baseline) : null };
 }
 
-/** reward/* metrics of scored groups (failures counted, never averaged in as zeros). */
-export function rewardMetrics(groups: readonly ScoredGroup[]): Record<string, number> {
-  const rewards: number[] = [];
-  let failures = 0;
-  const detailSums = new Map<string, { sum: number; n: number }>();
-  for (const g of groups) for (const s of g.samples) {
-    if (s.reward === null) { failures++; continue; }
-    rewards.push(s.reward);
-    for (const [k, v] of Object.entries(s.reward_details)) {
-      const d = detailSums.get(k) ?? { sum: 0, n: 0 };
-      d.sum += v; d.n++;
-      detailSums.set(k, d);
-    }
-  }
-  const out: Record<string, number> = { 'reward/failures': failures };
-  if (rewards.length) {
-    const mean = rewards.reduce((a, b) => a + b, 0) / rewards.length;
-    const variance = rewards.reduce((a, b) => a + (b - mean) ** 2, 0) / rewards.length;
-    out['reward/mean'] = mean;
-    out['reward/std'] = Math.sqrt(variance);
-    out['reward/max'] = Math.max(...rewards);
-    out['reward/min'] = Math.min(...rewards);
-    for (const [k, d] of detailSums) out[`reward/${k}`] = d.sum / d.n;
-  }
-  return out;
+/**
+ * Samples of the groups left without a reward (`reward/failures`). The reward statistics
+ * (reward/mean|std|max|min and each numeric component) are the advantage stage's: it sees a
+ * step's groups together, after filtering.
+ */
+export function failedSamples(groups: readonly ScoredGroup[]): number {
+  let n = 0;
+  for (const g of groups) for (const s of g.samples) if (s.reward === null) n++;
+  return n;
 }

@@ -21,7 +21,7 @@ import { isRemoteRewardEnabled, type RewardOutcome } from '../../lib/reward/type
 import { ConfigError } from '../../lib/errors.ts';
 import type { TrajectoryGroup } from '../../lib/contracts/index.ts';
 import { controlId } from '../../lib/contracts/index.ts';
-import { rewardItems, samplesToScore, scoredGroup, rewardMetrics } from './logic.ts';
+import { rewardItems, samplesToScore, scoredGroup, failedSamples } from './logic.ts';
 
 export interface RewardBackend {
   name: string;
@@ -126,8 +126,7 @@ export function startReward(p: Pipeline, backend: RewardBackend, opts: { replica
     const train = scored.filter((g) => g.kind === 'train');
     const client = backend.metrics?.();
     for (const step of new Set(train.map((g) => g.step))) {
-      const m = rewardMetrics(train.filter((g) => g.step === step));
-      metrics.add(step, { 'reward/failures': m['reward/failures'] }, { compute: performance.now() - t0 });
+      metrics.add(step, { 'reward/failures': failedSamples(train.filter((g) => g.step === step)) }, { compute: performance.now() - t0 });
       if (client) metrics.set(step, client);
     }
     log.debug({ groups: groups.length, ms: Math.round(performance.now() - t0) }, 'scored');

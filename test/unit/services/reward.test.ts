@@ -5,7 +5,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { REWARD_TEXT_MAX, scoredGroup, splitDetails } from '../../../services/reward/logic.ts';
+import { REWARD_TEXT_MAX, failedSamples, scoredGroup, splitDetails } from '../../../services/reward/logic.ts';
 import { Gen } from '../contracts/fixtures.ts';
 
 test('splitDetails: numbers and booleans are metrics; strings and other JSON values are text; non-finite numbers and functions are dropped', () => {
@@ -29,4 +29,5 @@ test('scoredGroup: a scored sample carries both maps; a failure has neither', ()
   assert.deepEqual(s.samples[0]!.reward_details, { accuracy: 1 });
   assert.deepEqual(s.samples[0]!.reward_text, { pred: '7' });
   assert.deepEqual([s.samples[1]!.reward_details, s.samples[1]!.reward_text, s.samples[1]!.reward], [{}, {}, null]);
+  assert.equal(failedSamples([s, s]), 2, 'reward/failures counts the samples left without a reward');
 });
