@@ -2,8 +2,8 @@
  * TensorBoard event files written while a run trains (`trainer.logger` includes `tensorboard`).
  *
  * Syncs when told a step settled (`rlstream train` calls `sync()` as it sees each update and
- * validation round go by), and polls once a second besides (a `serve`d controller has no such
- * signal); each sync reads the run's step_metrics and appends the scalars of every *settled* step to
+ * validation round go by, and does not poll), or polls once a second (a `serve`d controller has
+ * no such signal); each sync reads the run's step_metrics and appends the scalars of every *settled* step to
  * `<run_dir>/tensorboard/<runEventFileName>` — the file `rlstream report --tensorboard` writes, so
  * the two never hold two copies of a scalar. A step's train metrics are settled once the update
  * stage has written that step (it is the last stage of a step; an earlier step the update never
@@ -28,8 +28,8 @@ export function tensorboardDir(runDir: string): string {
 interface Row { step: number; name: string; value: number; stage: string | null; wall: number }
 
 export interface LiveTensorBoardOptions {
-  /** How often the store is polled for new steps (default 1000 ms). */
-  intervalMs?: number;
+  /** How often the store is polled for new steps (default 1000 ms); null: never — the caller calls sync() when a step settles. */
+  intervalMs?: number | null;
   /** Called with an error of a background poll (the poll is retried at the next interval). */
   onError?: (e: unknown) => void;
 }
@@ -62,6 +62,7 @@ export class LiveTensorBoard {
       throw e;
     }
     live.writer = new TensorBoardWriter(dir, { filename });
+    if (opts.intervalMs === null) return live;
     const interval = opts.intervalMs ?? 1000;
     const tick = () => {
       live.timer = undefined;

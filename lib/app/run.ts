@@ -86,10 +86,12 @@ function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number
  * `trainer.logger` includes `tensorboard`: event files under `<run_dir>/tensorboard`, appended as
  * steps settle (lib/analysis/tensorboard-live.ts). Needs the run's row (upsertRun first).
  */
-async function openTensorBoard(cfg: Config, p: Pipeline, log: Logger): Promise<LiveTensorBoard | null> {
+async function openTensorBoard(cfg: Config, p: Pipeline, log: Logger, poll: boolean): Promise<LiveTensorBoard | null> {
   if (!cfg.trainer.logger.includes('tensorboard')) return null;
   return LiveTensorBoard.open(p.db.db, p.runId, tensorboardDir(p.runDir), {
     onError: (e) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}; retrying`),
+    // rlstream train syncs it as its watcher sees steps settle; a served controller polls
+    intervalMs: poll ? undefined : null,
   });
 }
 
@@ -117,7 +119,7 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
   let tb: LiveTensorBoard | null = null;
   try {
     await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
-    tb = await openTensorBoard(cfg, p, log);
+    tb = await openTensorBoard(cfg, p, log, false);
     const bar = opts.progress ? new ProgressBar() : null;
     let total = 0;
     const watch = watchRun(p, bar, () => total, () => {
@@ -189,7 +191,7 @@ async function serveStageOnce(cfg: Config, stage: string, log: Logger, opts: { r
       s = await startStage(p, stage, { replica: opts.replica });
     } catch (e) { throw new StartError(e); }
     // distributed mode: the controller process (one per run) writes the TensorBoard files
-    tb = stage === 'controller' ? await openTensorBoard(cfg, p, log).catch((e: unknown) => { log.warn({ err: e }, `tensorboard logger not started: ${errorMessage(e)}`); return null; }) : null;
+    tb = stage === 'controller' ? await openTensorBoard(cfg, p, log, true).catch((e: unknown) => { log.warn({ err: e }, `tensorboard logger not started: ${errorMessage(e)}`); return null; }) : null;
     const watch = watchRun(p, null, () => 0);
     const aborted = new Promise<RunOutcome>((r) => opts.signal?.addEventListener('abort', () => r({ status: 'stopped', message: 'interrupted', runId: p.runId, runDir: p.runDir }), { once: true }));
     const failed = s.run.done.then(() => new Promise<RunOutcome>(() => undefined), (e: unknown) => { throw new RlError(`${stage}: ${(e as Error).message}`, { cause: e }); });
