@@ -16,7 +16,8 @@ import { ValueScorer } from '../../lib/model/value.ts';
 import { loadCheckpoint } from '../../lib/model/index.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import { Scorer } from '../../lib/model/score.ts';
-import { refillId, storedRewardDetails, type ScoredGroup, type UpdateGroup } from '../../lib/contracts/index.ts';
+import { refillId, type ScoredGroup, type UpdateGroup } from '../../lib/contracts/index.ts';
+import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { TrajectoryRow } from '../../lib/store/port.ts';
 import type { Config } from '../../lib/config/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
@@ -33,13 +34,10 @@ export function advantageSettings(cfg: Config): AdvantageSettings {
 }
 
 function trajectoryRows(runId: string, u: UpdateGroup, step: number, rewardText: ReadonlyMap<string, Record<string, string>>): TrajectoryRow[] {
-  return u.samples.map((x) => ({
-    id: x.id, runId, step, epoch: u.epoch, kind: u.kind, groupUid: u.group_uid, promptIndex: u.prompt_index, sampleIndex: x.sample_index,
-    policyVersion: u.policy_version, promptTokens: u.prompt_ids, responseTokens: x.response_ids, promptText: u.prompt_text, responseText: x.response_text,
-    groundTruth: u.ground_truth, behaviourLogprobs: x.behaviour_logprobs, refLogprobs: x.ref_logprobs.length ? x.ref_logprobs : null,
+  return u.samples.map((x) => sampleRow(runId, u, x, rewardText.get(x.id), {
+    step, refLogprobs: x.ref_logprobs.length ? x.ref_logprobs : null,
     advantages: u.filtered ? null : x.advantages, advantage: u.filtered || x.advantages.length === 0 ? null : x.advantages[0],
-    returns: u.filtered ? null : x.returns, reward: x.reward, rewardDetails: storedRewardDetails(x.reward_details, rewardText.get(x.id)), rewardFailure: x.failure ? x.failure.message : null,
-    finishReason: x.finish_reason, filtered: u.filtered, filterReason: u.filter_reason, staleness: Math.max(0, step - 1 - u.policy_version),
+    returns: u.filtered ? null : x.returns, filtered: u.filtered, filterReason: u.filter_reason, staleness: Math.max(0, step - 1 - u.policy_version),
   }));
 }
 
@@ -48,12 +46,8 @@ function trajectoryRows(runId: string, u: UpdateGroup, step: number, rewardText:
  * tokens), flagged filtered with a reason saying what they are, since they are never trained on.
  */
 export function baselineRows(runId: string, groups: readonly ScoredGroup[], step: number): TrajectoryRow[] {
-  return groups.flatMap((g) => (g.baseline ? [g.baseline] : []).map((x): TrajectoryRow => ({
-    id: x.id, runId, step, epoch: g.epoch, kind: g.kind, groupUid: g.group_uid, promptIndex: g.prompt_index, sampleIndex: x.sample_index,
-    policyVersion: g.policy_version, promptTokens: g.prompt_ids, responseTokens: x.response_ids, promptText: g.prompt_text, responseText: x.response_text,
-    groundTruth: g.ground_truth, behaviourLogprobs: x.behaviour_logprobs, refLogprobs: null, advantages: null, advantage: null, returns: null,
-    reward: x.reward, rewardDetails: storedRewardDetails(x.reward_details, x.reward_text), rewardFailure: x.failure ? x.failure.message : null, finishReason: x.finish_reason,
-    filtered: true, filterReason: BASELINE_REASON, staleness: Math.max(0, step - 1 - g.policy_version),
+  return groups.flatMap((g) => (g.baseline ? [g.baseline] : []).map((x) => sampleRow(runId, g, x, x.reward_text, {
+    step, filtered: true, filterReason: BASELINE_REASON, staleness: Math.max(0, step - 1 - g.policy_version),
   })));
 }
 

@@ -10,9 +10,10 @@ import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { loadStageState, saveStageState } from '../../lib/pipeline/stage-state.ts';
 import { planFromConfig, stepsPerEpoch } from '../../lib/pipeline/plan.ts';
 import { startStepFromCheckpoint } from '../../lib/pipeline/checkpoints.ts';
+import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { RunData } from '../../lib/pipeline/data.ts';
 import type { TrajectoryRow } from '../../lib/store/index.ts';
-import { chunkId, groupIdFor, hashId, controlId, storedRewardDetails, type ControlEvent, type PolicyVersion, type PromptBatch, type ScoredGroup } from '../../lib/contracts/index.ts';
+import { chunkId, groupIdFor, hashId, controlId, type ControlEvent, type PolicyVersion, type PromptBatch, type ScoredGroup } from '../../lib/contracts/index.ts';
 import { decide, initialState, totalSteps, type ControllerCommand, type ControllerEvent, type ControllerState, type PromptRef } from './logic.ts';
 
 interface ValRound { groups: string[]; rewardSum: number; accSum: number; n: number; failures: number; gens: Array<{ idx: number; prompt: string; response: string; gt: string; reward: number | null; failure: string | null }> }
@@ -50,15 +51,7 @@ export function startController(p: Pipeline, data: RunData): StageRun {
   }
 
   /** A validation group's samples as trajectory rows (kind 'val', step = the policy version evaluated). */
-  function valRows(g: ScoredGroup): TrajectoryRow[] {
-    return g.samples.map((x) => ({
-      id: x.id, runId: p.runId, step: g.step, epoch: g.epoch, kind: 'val', groupUid: g.group_uid, promptIndex: g.prompt_index, sampleIndex: x.sample_index,
-      policyVersion: g.policy_version, promptTokens: g.prompt_ids, responseTokens: x.response_ids, promptText: g.prompt_text, responseText: x.response_text,
-      groundTruth: g.ground_truth, behaviourLogprobs: x.behaviour_logprobs, refLogprobs: null, advantages: null, advantage: null, returns: null,
-      reward: x.reward, rewardDetails: storedRewardDetails(x.reward_details, x.reward_text), rewardFailure: x.failure ? x.failure.message : null, finishReason: x.finish_reason,
-      filtered: false, filterReason: null, staleness: 0,
-    }));
-  }
+  const valRows = (g: ScoredGroup): TrajectoryRow[] => g.samples.map((x) => sampleRow(p.runId, g, x, x.reward_text, { step: g.step }));
 
   return runStage(p, 'controller', ['policy', 'control', 'validation'], async (records, ctx) => {
     const st: ControllerStageState = (await loadStageState<ControllerStageState>(ctx.db, p.runId, 'controller')) ?? { ctl: { ...initialState(), emittedStep: start.step }, started: false, val: {} };
