@@ -97,11 +97,11 @@ async function findSource(from: string, overrides: string[]): Promise<Source> {
     throw new ConfigError(`replay --from ${from}: ${dir} has no embedded store (db/pgdata); for a distributed run pass its run id and pipeline.database_url=postgres://… (plus its bus settings)`);
   }
   // a run id in a PostgreSQL store named by the overrides
-  const locator = { pipeline: loadPipelineSection(overrides) };
-  if (locator.pipeline.store !== 'postgres' || !locator.pipeline.database_url) {
+  const where = loadPipelineSection(overrides);
+  if (where.store !== 'postgres' || !where.database_url) {
     throw new ConfigError(`replay --from ${from}: no run directory ${dir}; to replay a run stored in PostgreSQL by its id, add pipeline.store=postgres pipeline.database_url=postgres://…`);
   }
-  const db = await openDatabase({ kind: 'postgres', url: locator.pipeline.database_url, poolSize: 2 });
+  const db = await openDatabase({ kind: 'postgres', url: where.database_url, poolSize: 2 });
   try {
     const row = (await sql<{ run_id: string; config: Record<string, unknown> }>`select run_id, config from runs where run_id = ${from}`.execute(db.db)).rows[0];
     if (!row) throw new ConfigError(`replay --from ${from}: no run ${from} in ${db.where} (see rlstream runs)`);

@@ -432,8 +432,7 @@ class EmbeddedConsumer implements Consumer {
   }
 
   private async liveMembers(q: Kysely<any>): Promise<Member[]> {
-    const local = this.bus.local?.members.get(this.opts.group);
-    if (this.bus.local) return [...(local ?? [])].map(([member_id, topics]) => ({ member_id, topics }));
+    if (this.bus.local) return [...(this.bus.local.members.get(this.opts.group) ?? [])].map(([member_id, topics]) => ({ member_id, topics }));
     const r = await sql<Member>`select member_id, topics from bus_members
       where group_id = ${this.opts.group} and heartbeat_at >= now() - ${this.bus.sessionTimeoutMs} * interval '1 millisecond'`.execute(q);
     return r.rows;
