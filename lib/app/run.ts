@@ -12,6 +12,7 @@ import { ProgressBar, formatTable } from '../cli/progress.ts';
 import { RlError, errorMessage, isRetriable } from '../errors.ts';
 import { isConnectionError } from '../db/errors.ts';
 import { LiveTensorBoard, tensorboardDir } from '../analysis/tensorboard-live.ts';
+import { checkDevice } from '../onnx/runtime.ts';
 
 export interface RunOutcome { status: 'completed' | 'failed' | 'stopped'; message?: string; runId: string; runDir: string; finalVersion?: number }
 
@@ -114,6 +115,7 @@ export async function summaryTable(p: Pipeline): Promise<string> {
 
 /** Trains in one process (all stages); resolves when the run is done or failed. */
 export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean; signal?: AbortSignal } = {}): Promise<RunOutcome & { summary: string }> {
+  checkDevice(cfg.actor.device); // before opening anything: the stages would fail at start
   const p = await openPipeline(cfg, { log });
   const stages: StartedStage[] = [];
   let tb: LiveTensorBoard | null = null;
@@ -175,12 +177,16 @@ export async function serveStage(cfg: Config, stage: string, log: Logger, opts: 
   }
 }
 
+/** The stages that run the policy or critic in onnxruntime (actor.device applies to them). */
+const MODEL_STAGES = new Set(['rollout', 'advantage', 'update']);
+
 /** A failure before the stage consumed anything (opening the bus and store, starting the stage). */
 class StartError extends Error {
   constructor(override readonly cause: unknown) { super(errorMessage(cause)); }
 }
 
 async function serveStageOnce(cfg: Config, stage: string, log: Logger, opts: { replica?: number; signal?: AbortSignal }): Promise<RunOutcome> {
+  if (MODEL_STAGES.has(stage)) checkDevice(cfg.actor.device);
   let p: Pipeline;
   try { p = await openPipeline(cfg, { log, clientId: `rlstream-${stage}-${opts.replica ?? 0}` }); } catch (e) { throw new StartError(e); }
   let tb: LiveTensorBoard | null = null;

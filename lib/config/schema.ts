@@ -207,6 +207,7 @@ const actorSchema = section({
   loss_agg_mode: z.enum(LOSS_AGG_MODES).default('token-mean').describe('How token losses are aggregated into the batch loss.'),
   entropy_coeff: z.number().default(0).describe('Entropy bonus coefficient in the actor loss (0 = off).'),
   threads: posInt().default(2).describe('onnxruntime intra-op threads for the actor.'),
+  device: z.enum(['cpu', 'cuda']).default('cpu').describe('onnxruntime execution provider for every policy and critic session (sampling, scoring, values, training). cuda needs the CUDA execution provider, which `npm ci` skips: on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node`; the run stops at start with that advice when it is missing.'),
 }, 'The policy: model, optimizer and PPO update settings.');
 
 // ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@
 import { z } from 'zod';
 import { ConfigError, RlError } from '../errors.ts';
 import { Rng } from '../util/rng.ts';
-import { ort, tensor } from '../onnx/runtime.ts';
+import { ort, tensor, type Device } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
 import { buildGenerateModel, GEN_IO } from './decode-graph.ts';
 import { paramSpecs, validateWeights, type Weights } from './params.ts';
@@ -60,6 +60,8 @@ export interface Generation {
 export interface SamplerOptions {
   /** ORT intra-op threads. */
   threads?: number;
+  /** ORT execution provider (default cpu). */
+  device?: Device;
   /** Rows per session.run (default 64). */
   maxBatchSize?: number;
   /** Cap on rows × (prompt + new tokens) per session.run (default 262144). */
@@ -116,7 +118,7 @@ export class Sampler {
 
   private session(truncation: boolean): Promise<ort.InferenceSession> {
     const key = `generate|${keyOf(this.config)}|trunc=${truncation}`;
-    return this.cache.get(key, () => buildGenerateModel(this.config, { truncation }), { threads: this.opts.threads });
+    return this.cache.get(key, () => buildGenerateModel(this.config, { truncation }), { threads: this.opts.threads, device: this.opts.device });
   }
 
   /** Generate one response per request (results in request order). */

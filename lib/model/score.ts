@@ -16,7 +16,7 @@
  */
 import { GraphBuilder } from '../onnx/builder.ts';
 import { tokenLogprobEntropy } from '../onnx/nn.ts';
-import { ort, tensor } from '../onnx/runtime.ts';
+import { ort, tensor, type Device } from '../onnx/runtime.ts';
 import { ConfigError } from '../errors.ts';
 import type { ModelConfig } from './config.ts';
 import { declareParams, llamaForward, lmHead, valueHead } from './llama.ts';
@@ -69,6 +69,8 @@ export interface TokenScores {
 
 export interface ScorerOptions {
   threads?: number;
+  /** ORT execution provider (default cpu). */
+  device?: Device;
   /** Rows per session.run (default 64). */
   maxBatchSize?: number;
   /** Cap on rows × longest row per session.run (default 65536). */
@@ -134,7 +136,7 @@ export class Scorer {
     validateWeights(this.config, weights, 'Scorer weights');
     const out: TokenScores[] = reqs.map((r) => ({ logprobs: new Float32Array(r.response.length), entropy: wantEnt ? new Float32Array(r.response.length) : null }));
     if (reqs.length === 0) return out;
-    const session = await this.cache.get(`score|${keyOf(this.config)}|ent=${wantEnt}`, () => buildScoreModel(this.config, { entropy: wantEnt }), { threads: this.opts.threads });
+    const session = await this.cache.get(`score|${keyOf(this.config)}|ent=${wantEnt}`, () => buildScoreModel(this.config, { entropy: wantEnt }), { threads: this.opts.threads, device: this.opts.device });
     const wf = weightTensors(this.config, weights);
     await forEachBucket(this.config, reqs, this.opts, async (batch, f) => {
       const res = await session.run({ ...wf, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows, [SCORE_IO.targets]: f.targets, [SCORE_IO.temperature]: tensor('float32', [temperature], []) });

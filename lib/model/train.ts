@@ -14,7 +14,7 @@ import { lossAggModes, type GlobalBatchInfo } from '../rl/agg.ts';
 import { nftRHat } from '../rl/nft.ts';
 import { clipCovPriorities } from '../rl/policy-loss.ts';
 import { Rng } from '../util/rng.ts';
-import { ort, tensor, type SessionOptions } from '../onnx/runtime.ts';
+import { ort, tensor, type Device, type SessionOptions } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
 import { finalizeMetrics, lossConfig, pgAggWeights, policyLossNeeds, type LossConfig, type LossConfigInput } from './loss.ts';
@@ -77,7 +77,7 @@ export interface TrainerOptions {
   /** Rows per micro-batch (verl ppo_micro_batch_size_per_gpu); default the whole mini-batch. */
   microBatchSize?: number;
   threads?: number;
-  device?: 'cpu' | 'cuda';
+  device?: Device;
   /** Initial weights (default: seeded init with `seed`). */
   weights?: Weights;
   /**

@@ -24,7 +24,7 @@ export class ValueScorer {
     validateWeights(this.config, weights, 'ValueScorer weights');
     const out = reqs.map((r) => new Float32Array(r.response.length));
     if (reqs.length === 0) return out;
-    const session = await this.cache.get(`values|${keyOf(this.config)}`, () => buildScoreModel(this.config, { entropy: false }), { threads: this.opts.threads });
+    const session = await this.cache.get(`values|${keyOf(this.config)}`, () => buildScoreModel(this.config, { entropy: false }), { threads: this.opts.threads, device: this.opts.device });
     const wf = weightTensors(this.config, weights);
     await forEachBucket(this.config, reqs, this.opts, async (batch, f) => {
       const res = await session.run({ ...wf, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows });

@@ -3,7 +3,11 @@
  * The Node binding copies every output into JS memory; inputs created from typed arrays are not
  * copied on the CPU EP.
  */
+import { existsSync, readdirSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
 import ort from 'onnxruntime-node';
+import { ConfigError } from '../errors.ts';
 import type { DType, TensorData } from './builder.ts';
 
 export { ort };
@@ -12,7 +16,7 @@ export interface SessionOptions {
   /** intra-op threads (default 2, or RLSTREAM_ORT_THREADS). */
   threads?: number;
   /** 'cpu' (default) or 'cuda' where the CUDA EP is installed. */
-  device?: 'cpu' | 'cuda';
+  device?: Device;
   graphOptimizationLevel?: 'disabled' | 'basic' | 'extended' | 'all';
   /** Optional path to write the optimised model (debugging). */
   optimizedModelFilePath?: string;
@@ -23,7 +27,48 @@ export function defaultThreads(): number {
   return Number.isInteger(env) && env > 0 ? env : 2;
 }
 
+export type Device = 'cpu' | 'cuda';
+
+const CUDA_INSTALL = 'on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node` (npm ci skips that download: .npmrc onnxruntime-node-install=skip)';
+
+/**
+ * Where onnxruntime-node's native binding and its provider libraries live, e.g.
+ * node_modules/onnxruntime-node/bin/napi-v6/linux/x64 (null when the layout is not recognised).
+ */
+export function ortBinaryDir(): string | null {
+  const bin = join(dirname(createRequire(import.meta.url).resolve('onnxruntime-node')), '..', 'bin');
+  if (!existsSync(bin)) return null;
+  for (const napi of readdirSync(bin).filter((d) => d.startsWith('napi-v')).sort().reverse()) {
+    const dir = join(bin, napi, process.platform, process.arch);
+    if (existsSync(dir)) return dir;
+  }
+  return null;
+}
+
+/**
+ * Fails fast, with what to do, when `device` needs an execution provider this install lacks:
+ * the CUDA EP ships as separate shared libraries (libonnxruntime_providers_cuda.so) that
+ * `npm ci` does not download here. `dir` is for tests.
+ */
+export function checkDevice(device: Device, setting = 'actor.device', dir: string | null = ortBinaryDir()): void {
+  if (device === 'cpu') return;
+  const lib = process.platform === 'win32' ? 'onnxruntime_providers_cuda.dll' : 'libonnxruntime_providers_cuda.so';
+  if (dir && existsSync(join(dir, lib))) return;
+  throw new ConfigError(`${setting}=cuda: onnxruntime-node's CUDA execution provider is not installed (${lib} not found in ${dir ?? 'the onnxruntime-node package'}); ${CUDA_INSTALL}, or set ${setting}=cpu`);
+}
+
 export async function createSession(model: Uint8Array, opts: SessionOptions = {}): Promise<ort.InferenceSession> {
+  try {
+    return await createSessionRaw(model, opts);
+  } catch (e) {
+    if (opts.device === 'cuda' && /providers?_(shared|cuda)|Failed to load|CUDA/i.test(e instanceof Error ? e.message : String(e))) {
+      throw new ConfigError(`device cuda: onnxruntime could not start its CUDA execution provider (${e instanceof Error ? e.message : String(e)}); ${CUDA_INSTALL}, or use the cpu device`);
+    }
+    throw e;
+  }
+}
+
+function createSessionRaw(model: Uint8Array, opts: SessionOptions): Promise<ort.InferenceSession> {
   return ort.InferenceSession.create(model, {
     intraOpNumThreads: opts.threads ?? defaultThreads(),
     interOpNumThreads: 1,

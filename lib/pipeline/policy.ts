@@ -46,8 +46,8 @@ export function criticModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
  * `session.run` (verl's log_prob_micro_batch_size_per_gpu), on `actor.threads` threads. The
  * result does not depend on it (test/e2e/estimators.test.ts); the speed and peak memory do.
  */
-export function experienceScorerOptions(cfg: Config): { threads: number; maxBatchSize: number } {
-  return { threads: cfg.actor.threads, maxBatchSize: cfg.actor.micro_batch_size_per_device_for_experience };
+export function experienceScorerOptions(cfg: Config): { threads: number; device: Config['actor']['device']; maxBatchSize: number } {
+  return { threads: cfg.actor.threads, device: cfg.actor.device, maxBatchSize: cfg.actor.micro_batch_size_per_device_for_experience };
 }
 
 export function policyDir(runDir: string, version: number): string {

@@ -28,6 +28,7 @@ import {
 } from '../../lib/pipeline/checkpoints.ts';
 import { createTrainer, initWeights, saveCheckpoint, loadCheckpoint, checkpointSha256, type Trainer, type TrainerOptions, type TrainBatch, type Weights } from '../../lib/model/index.ts';
 import { Scorer } from '../../lib/model/score.ts';
+import { checkDevice } from '../../lib/onnx/runtime.ts';
 import { policyId, type UpdateGroup, type PolicyVersion } from '../../lib/contracts/index.ts';
 import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
 import { emaUpdate } from '../../lib/rl/ema.ts';
@@ -64,6 +65,7 @@ function bucketOf(step: number): string { return `step:${String(step).padStart(8
 export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<StageRun> {
   const cfg = p.cfg;
   if (!SUPPORTED_LOSSES.has(cfg.algorithm.policy_loss)) throw new ConfigError(`algorithm.policy_loss = ${cfg.algorithm.policy_loss} is available in lib/rl but not yet in the ONNX training graph; the training graph supports: ${[...SUPPORTED_LOSSES].join(', ')}`);
+  checkDevice(cfg.actor.device);
   const arith = checkBatchArithmetic({ rolloutBatchSize: cfg.data.rollout_batch_size, n: cfg.rollout.n, globalBatchSize: cfg.actor.global_batch_size, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update });
   const tok = tokenizerFor(cfg);
   const model = policyModelConfig(cfg, tok);
@@ -95,7 +97,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   let trainerVersion = -1;
   let currentSha = '';
   const trainerOpts = {
-    model, threads: cfg.actor.threads, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
+    model, threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
     optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
     loss: {
       // nft with neg_weight < 0 is NVlabs NFT's DAPO-like variant: the PPO clipped loss on the (GRPO) advantages
@@ -171,7 +173,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   if (cfg.critic.enable) {
     const cm = criticModelConfig(cfg, tok);
     const co = cfg.critic.optim;
-    const copts = criticOpts = { model: cm, threads: cfg.actor.threads, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, optim: { betas: co.betas as [number, number], eps: co.eps, weightDecay: co.weight_decay, maxGradNorm: co.max_grad_norm }, loss: { type: 'value' as const, cliprangeValue: cfg.critic.cliprange_value, lossAggMode: cfg.actor.loss_agg_mode } };
+    const copts = criticOpts = { model: cm, threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, optim: { betas: co.betas as [number, number], eps: co.eps, weightDecay: co.weight_decay, maxGradNorm: co.max_grad_norm }, loss: { type: 'value' as const, cliprangeValue: cfg.critic.cliprange_value, lossAggMode: cfg.actor.loss_agg_mode } };
     // this run's critic version (a resume, or one restored from trainer.load_checkpoint_path); a
     // missing one means a first start (or critic.enable turned on for a run that had none)
     const saved = existsSync(join(criticDir(p.runDir, state.version), 'model.safetensors')) ? await loadCheckpoint(criticDir(p.runDir, state.version), { optimizer: true }) : null;

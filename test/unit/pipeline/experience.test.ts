@@ -14,10 +14,11 @@ import { forEachBucket } from '../../../lib/model/score.ts';
 const ROOT = fileURLToPath(new URL('../../..', import.meta.url));
 
 test('micro_batch_size_per_device_for_experience bounds the rows of each experience forward pass', async () => {
+  assert.equal(experienceScorerOptions(loadConfig({ file: join(ROOT, 'test/e2e/fixtures/tiny.yaml'), overrides: ['actor.device=cuda'] })).device, 'cuda', 'actor.device reaches the experience sessions');
   for (const mb of [1, 4, 8]) {
     const cfg = loadConfig({ file: join(ROOT, 'test/e2e/fixtures/tiny.yaml'), overrides: [`actor.micro_batch_size_per_device_for_experience=${mb}`] });
     const opts = experienceScorerOptions(cfg);
-    assert.deepEqual(opts, { threads: cfg.actor.threads, maxBatchSize: mb });
+    assert.deepEqual(opts, { threads: cfg.actor.threads, device: cfg.actor.device, maxBatchSize: mb });
     const reqs = Array.from({ length: 10 }, (_, i) => ({ prompt: [1, 2, 3], response: Array.from({ length: 1 + (i % 3) }, () => 4) }));
     const sizes: number[] = [];
     await forEachBucket(policyModelConfig(cfg, tokenizerFor(cfg)), reqs, opts, async (batch) => { sizes.push(batch.length); });
