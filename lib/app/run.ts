@@ -115,7 +115,7 @@ export async function summaryTable(p: Pipeline): Promise<string> {
 
 /** Trains in one process (all stages); resolves when the run is done or failed. */
 export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean; signal?: AbortSignal } = {}): Promise<RunOutcome & { summary: string }> {
-  checkDevice(cfg.actor.device); // before opening anything: the stages would fail at start
+  await checkDevices(cfg, ['rollout', 'advantage', 'update']); // before opening anything
   const p = await openPipeline(cfg, { log });
   const stages: StartedStage[] = [];
   let tb: LiveTensorBoard | null = null;
@@ -177,8 +177,17 @@ export async function serveStage(cfg: Config, stage: string, log: Logger, opts: 
   }
 }
 
-/** The stages that run the policy or critic in onnxruntime (actor.device applies to them). */
-const MODEL_STAGES = new Set(['rollout', 'advantage', 'update']);
+/**
+ * Stops before a run opens anything when a stage's onnxruntime device cannot start here
+ * (actor.device for scoring and training, rollout.device ?? actor.device for sampling).
+ */
+async function checkDevices(cfg: Config, stages: readonly string[]): Promise<void> {
+  if (stages.includes('advantage') || stages.includes('update')) await checkDevice(cfg.actor.device, 'actor.device');
+  const sampling = cfg.rollout.device ?? cfg.actor.device;
+  if (stages.includes('rollout') && (sampling !== cfg.actor.device || !(stages.includes('advantage') || stages.includes('update')))) {
+    await checkDevice(sampling, cfg.rollout.device ? 'rollout.device' : 'actor.device');
+  }
+}
 
 /** A failure before the stage consumed anything (opening the bus and store, starting the stage). */
 class StartError extends Error {
@@ -186,7 +195,7 @@ class StartError extends Error {
 }
 
 async function serveStageOnce(cfg: Config, stage: string, log: Logger, opts: { replica?: number; signal?: AbortSignal }): Promise<RunOutcome> {
-  if (MODEL_STAGES.has(stage)) checkDevice(cfg.actor.device);
+  await checkDevices(cfg, [stage]);
   let p: Pipeline;
   try { p = await openPipeline(cfg, { log, clientId: `rlstream-${stage}-${opts.replica ?? 0}` }); } catch (e) { throw new StartError(e); }
   let tb: LiveTensorBoard | null = null;

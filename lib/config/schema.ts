@@ -12,6 +12,7 @@
  *  - single-field bounds live here; checks that involve several fields live in checks.ts.
  */
 import { z } from 'zod';
+import { DEVICES } from '../onnx/devices.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Known names (validated here so an unknown one lists the valid ones)
@@ -157,7 +158,8 @@ const rolloutSchema = section({
     top_k: offOrPosInt().nullable().default(null).describe('Validation top-k; null → rollout.top_k.'),
   }, 'Sampling settings for validation (verl: rollout.val_kwargs).'),
   replicas: posInt().default(1).describe('Rollout workers (processes or pods) sharing the prompts.'),
-  batch_size: posInt().nullable().default(null).describe('Sequences generated per forward batch; null = all of a step at once.'),
+  batch_size: posInt().nullable().default(null).describe('Sequences generated per forward batch; null = 64 (a batch is also capped at 262144 prompt + response tokens).'),
+  device: z.enum(DEVICES).nullable().default(null).describe('onnxruntime execution provider for sampling; null = actor.device. Token-by-token sampling is one small session.run per token, which a GPU EP makes slower (measured on an H100 over WebGPU: 4–16× slower than 2 CPU threads), so actor.device=webgpu with rollout.device=cpu is usually the faster pair.'),
 }, 'Sampling of responses.');
 
 // ---------------------------------------------------------------------------------------------
@@ -207,7 +209,7 @@ const actorSchema = section({
   loss_agg_mode: z.enum(LOSS_AGG_MODES).default('token-mean').describe('How token losses are aggregated into the batch loss.'),
   entropy_coeff: z.number().default(0).describe('Entropy bonus coefficient in the actor loss (0 = off).'),
   threads: posInt().default(2).describe('onnxruntime intra-op threads for the actor.'),
-  device: z.enum(['cpu', 'cuda']).default('cpu').describe('onnxruntime execution provider for every policy and critic session (sampling, scoring, values, training). cuda needs the CUDA execution provider, which `npm ci` skips: on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node`; the run stops at start with that advice when it is missing.'),
+  device: z.enum(DEVICES).default('cpu').describe('onnxruntime execution provider for every policy and critic session (sampling, scoring, values, training; rollout.device can move sampling elsewhere). cuda: the CUDA EP, which `npm ci` skips: on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node`. webgpu: the WebGPU EP shipped in onnxruntime-node, on any GPU with a Vulkan driver (Linux: libvulkan1). A device that cannot start stops the run at start saying why.'),
 }, 'The policy: model, optimizer and PPO update settings.');
 
 // ---------------------------------------------------------------------------------------------

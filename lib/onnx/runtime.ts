@@ -7,8 +7,9 @@ import { existsSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import ort from 'onnxruntime-node';
-import { ConfigError } from '../errors.ts';
+import { ConfigError, errorMessage } from '../errors.ts';
 import type { DType, TensorData } from './builder.ts';
+import type { Device } from './devices.ts';
 
 export { ort };
 
@@ -27,9 +28,10 @@ export function defaultThreads(): number {
   return Number.isInteger(env) && env > 0 ? env : 2;
 }
 
-export type Device = 'cpu' | 'cuda';
+export { DEVICES, type Device } from './devices.ts';
 
 const CUDA_INSTALL = 'on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node` (npm ci skips that download: .npmrc onnxruntime-node-install=skip)';
+const WEBGPU_NEEDS = 'webgpu needs a GPU whose driver provides Vulkan (Linux: the driver\'s Vulkan ICD and the loader, Debian package libvulkan1)';
 
 /**
  * Where onnxruntime-node's native binding and its provider libraries live, e.g.
@@ -46,23 +48,51 @@ export function ortBinaryDir(): string | null {
 }
 
 /**
- * Fails fast, with what to do, when `device` needs an execution provider this install lacks:
- * the CUDA EP ships as separate shared libraries (libonnxruntime_providers_cuda.so) that
- * `npm ci` does not download here. `dir` is for tests.
+ * Why the CUDA EP cannot load here, or null when its library is installed: it ships as separate
+ * shared libraries (libonnxruntime_providers_cuda.so) that `npm ci` does not download. `dir` is
+ * for tests.
  */
-export function checkDevice(device: Device, setting = 'actor.device', dir: string | null = ortBinaryDir()): void {
-  if (device === 'cpu') return;
+export function cudaProviderMissing(setting = 'actor.device', dir: string | null = ortBinaryDir()): string | null {
   const lib = process.platform === 'win32' ? 'onnxruntime_providers_cuda.dll' : 'libonnxruntime_providers_cuda.so';
-  if (dir && existsSync(join(dir, lib))) return;
-  throw new ConfigError(`${setting}=cuda: onnxruntime-node's CUDA execution provider is not installed (${lib} not found in ${dir ?? 'the onnxruntime-node package'}); ${CUDA_INSTALL}, or set ${setting}=cpu`);
+  if (dir && existsSync(join(dir, lib))) return null;
+  return `${setting}=cuda: onnxruntime-node's CUDA execution provider is not installed (${lib} not found in ${dir ?? 'the onnxruntime-node package'}); ${CUDA_INSTALL}, or set ${setting}=cpu`;
 }
 
+/**
+ * Fails fast, saying what to do, when `device` cannot run here: called before a run opens
+ * anything. cuda: its provider library must be installed; cuda and webgpu: a one-node session must
+ * start on the device (it fails without a usable GPU).
+ */
+export async function checkDevice(device: Device, setting = 'actor.device'): Promise<void> {
+  if (device === 'cpu') return;
+  if (device === 'cuda') {
+    const missing = cudaProviderMissing(setting);
+    if (missing) throw new ConfigError(missing);
+  }
+  const { GraphBuilder } = await import('./builder.ts');
+  const b = new GraphBuilder({ name: 'device_check', float: 'float32' });
+  b.output(b.neg(b.input('x', 'float32', [1])), 'y');
+  try {
+    await (await createSession(b.toBytes(), { device, threads: 1 })).release();
+  } catch (e) {
+    throw new ConfigError(`${setting}=${device}: ${errorMessage(e).replace(/^device \w+: /, '')}; or set ${setting}=cpu`);
+  }
+}
+
+/** An ORT session on `opts.device`; a device that cannot start is a ConfigError saying what it needs. */
 export async function createSession(model: Uint8Array, opts: SessionOptions = {}): Promise<ort.InferenceSession> {
   try {
     return await createSessionRaw(model, opts);
   } catch (e) {
-    if (opts.device === 'cuda' && /providers?_(shared|cuda)|Failed to load|CUDA/i.test(e instanceof Error ? e.message : String(e))) {
-      throw new ConfigError(`device cuda: onnxruntime could not start its CUDA execution provider (${e instanceof Error ? e.message : String(e)}); ${CUDA_INSTALL}, or use the cpu device`);
+    const msg = errorMessage(e);
+    // ORT's message leads with a source location and may span lines; keep its reason
+    const flat = msg.replace(/\s+/g, ' ').trim();
+    const reason = /(Failed to .*)$/.exec(flat)?.[1] ?? flat;
+    if (opts.device === 'cuda' && /providers?_(shared|cuda)|Failed to load|CUDA/i.test(msg)) {
+      throw new ConfigError(`device cuda: onnxruntime could not start its CUDA execution provider (${reason}); ${CUDA_INSTALL}`);
+    }
+    if (opts.device === 'webgpu' && /webgpu|adapter|dawn|vulkan/i.test(msg)) {
+      throw new ConfigError(`device webgpu: onnxruntime could not start its WebGPU execution provider (${reason}); ${WEBGPU_NEEDS}`);
     }
     throw e;
   }
@@ -74,7 +104,9 @@ function createSessionRaw(model: Uint8Array, opts: SessionOptions): Promise<ort.
     interOpNumThreads: 1,
     executionMode: 'sequential',
     graphOptimizationLevel: opts.graphOptimizationLevel ?? 'all',
-    executionProviders: [opts.device === 'cuda' ? 'cuda' : 'cpu'],
+    executionProviders: [opts.device ?? 'cpu'],
+    // on a GPU EP, ORT warns at every session that shape ops stay on the CPU (by design): errors only
+    ...(opts.device && opts.device !== 'cpu' ? { logSeverityLevel: 3 as const } : {}),
     ...(opts.optimizedModelFilePath ? { optimizedModelFilePath: opts.optimizedModelFilePath } : {}),
   });
 }

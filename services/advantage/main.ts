@@ -13,7 +13,6 @@ import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
 import { tokenizerFor, policyModelConfig, criticModelConfig, criticDir, experienceScorerOptions, PolicyCache } from '../../lib/pipeline/policy.ts';
 import { ValueScorer } from '../../lib/model/value.ts';
-import { checkDevice } from '../../lib/onnx/runtime.ts';
 import { loadCheckpoint } from '../../lib/model/index.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import { Scorer } from '../../lib/model/score.ts';
@@ -65,7 +64,6 @@ export function startAdvantage(p: Pipeline): StageRun {
   const need = NOT_IN_PIPELINE[p.cfg.algorithm.adv_estimator];
   if (need) throw new ConfigError(`algorithm.adv_estimator = ${p.cfg.algorithm.adv_estimator} is in lib/rl but the pipeline does not compute its extra input yet: ${need}; use grpo, grpo_vectorized, grpo_passk, rloo, rloo_vectorized, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, gpg or gae`);
   const settings = advantageSettings(p.cfg);
-  checkDevice(p.cfg.actor.device);
   const tok = tokenizerFor(p.cfg);
   const model = policyModelConfig(p.cfg, tok);
   const needRef = p.cfg.algorithm.use_kl_loss || p.cfg.algorithm.use_kl_in_reward;

@@ -5,7 +5,6 @@
  * prompts topic in one consumer group.
  */
 import { Sampler } from '../../lib/model/sample.ts';
-import { checkDevice } from '../../lib/onnx/runtime.ts';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { tokenizerFor, policyModelConfig, PolicyCache } from '../../lib/pipeline/policy.ts';
@@ -15,10 +14,9 @@ import type { PromptBatch } from '../../lib/contracts/index.ts';
 import { generationRequests, trajectoryGroups, responseText, requestSampling } from './logic.ts';
 
 export function startRollout(p: Pipeline, opts: { replica?: string } = {}): StageRun {
-  checkDevice(p.cfg.actor.device);
   const tok = tokenizerFor(p.cfg);
   const model = policyModelConfig(p.cfg, tok);
-  const sampler = new Sampler(model, { threads: p.cfg.actor.threads, device: p.cfg.actor.device, maxBatchSize: p.cfg.rollout.batch_size ?? 64 });
+  const sampler = new Sampler(model, { threads: p.cfg.actor.threads, device: p.cfg.rollout.device ?? p.cfg.actor.device, maxBatchSize: p.cfg.rollout.batch_size ?? 64 });
   const policies = new PolicyCache(p.runDir, model);
   const metrics = new StageMetrics(p, 'rollout', opts.replica ?? '');
   const log = forStage(p.log, 'rollout');

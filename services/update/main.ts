@@ -28,7 +28,6 @@ import {
 } from '../../lib/pipeline/checkpoints.ts';
 import { createTrainer, initWeights, saveCheckpoint, loadCheckpoint, checkpointSha256, type Trainer, type TrainerOptions, type TrainBatch, type Weights } from '../../lib/model/index.ts';
 import { Scorer } from '../../lib/model/score.ts';
-import { checkDevice } from '../../lib/onnx/runtime.ts';
 import { policyId, type UpdateGroup, type PolicyVersion } from '../../lib/contracts/index.ts';
 import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
 import { emaUpdate } from '../../lib/rl/ema.ts';
@@ -65,7 +64,6 @@ function bucketOf(step: number): string { return `step:${String(step).padStart(8
 export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<StageRun> {
   const cfg = p.cfg;
   if (!SUPPORTED_LOSSES.has(cfg.algorithm.policy_loss)) throw new ConfigError(`algorithm.policy_loss = ${cfg.algorithm.policy_loss} is available in lib/rl but not yet in the ONNX training graph; the training graph supports: ${[...SUPPORTED_LOSSES].join(', ')}`);
-  checkDevice(cfg.actor.device);
   const arith = checkBatchArithmetic({ rolloutBatchSize: cfg.data.rollout_batch_size, n: cfg.rollout.n, globalBatchSize: cfg.actor.global_batch_size, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update });
   const tok = tokenizerFor(cfg);
   const model = policyModelConfig(cfg, tok);

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { checkDevice, createSession, ortBinaryDir } from '../../../lib/onnx/runtime.ts';
+import { checkDevice, createSession, cudaProviderMissing, ortBinaryDir } from '../../../lib/onnx/runtime.ts';
 import { GraphBuilder } from '../../../lib/onnx/builder.ts';
 import { ConfigError } from '../../../lib/errors.ts';
 import { loadConfig } from '../../../lib/config/index.ts';
@@ -27,30 +27,45 @@ test('ortBinaryDir finds the directory holding the native binding', () => {
   assert.match(dir!, /napi-v\d+/);
 });
 
-test('checkDevice: cpu always passes; cuda without its provider library names the fix', () => {
-  checkDevice('cpu', 'actor.device', null);
+test('cudaProviderMissing: without the CUDA provider library the message names the fix', () => {
   const empty = mkdtempSync(join(tmpdir(), 'rl-ort-'));
   try {
-    assert.throws(() => checkDevice('cuda', 'actor.device', empty), (e: unknown) => {
-      assert.ok(e instanceof ConfigError);
-      assert.equal(e.retriable, false);
-      assert.match(e.message, /actor\.device=cuda/);
-      assert.match(e.message, /ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node/);
-      assert.match(e.message, /actor\.device=cpu/);
-      return true;
-    });
+    const why = cudaProviderMissing('actor.device', empty);
+    assert.ok(why);
+    assert.match(why!, /actor\.device=cuda/);
+    assert.match(why!, /ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node/);
+    assert.match(why!, /actor\.device=cpu/);
     writeFileSync(join(empty, CUDA_LIB), '');
-    checkDevice('cuda', 'actor.device', empty); // present: the check passes (ORT loads it later)
+    assert.equal(cudaProviderMissing('actor.device', empty), null, 'present: nothing missing (ORT loads it later)');
   } finally { rmSync(empty, { recursive: true, force: true }); }
+});
+
+test('checkDevice: cpu passes; a device that cannot start here is a ConfigError naming the setting', async () => {
+  await checkDevice('cpu');
+  for (const device of ['cuda', 'webgpu'] as const) {
+    let started = true;
+    try { await checkDevice(device, 'rollout.device'); } catch (e) {
+      started = false;
+      assert.ok(e instanceof ConfigError, String(e));
+      assert.equal(e.retriable, false);
+      assert.match(e.message, new RegExp(`^rollout\\.device=${device}: `));
+      assert.match(e.message, device === 'cuda' ? /ONNXRUNTIME_NODE_INSTALL=cuda12/ : /Vulkan/);
+      assert.match(e.message, /set rollout\.device=cpu/);
+    }
+    if (started) console.log(`# ${device} starts on this machine`);
+  }
 });
 
 test('config: actor.device defaults to cpu and rejects other providers with the valid ones', () => {
   assert.equal(loadConfig({ file: EXAMPLE }).actor.device, 'cpu');
   assert.equal(loadConfig({ file: EXAMPLE, overrides: ['actor.device=cuda'] }).actor.device, 'cuda');
-  assert.throws(() => loadConfig({ file: EXAMPLE, overrides: ['actor.device=gpu'] }), /actor\.device[\s\S]*cpu[\s\S]*cuda/);
+  assert.throws(() => loadConfig({ file: EXAMPLE, overrides: ['actor.device=gpu'] }), /actor\.device[\s\S]*cpu[\s\S]*cuda[\s\S]*webgpu/);
+  const split = loadConfig({ file: EXAMPLE, overrides: ['actor.device=webgpu', 'rollout.device=cpu'] });
+  assert.deepEqual([split.actor.device, split.rollout.device], ['webgpu', 'cpu']);
+  assert.equal(loadConfig({ file: EXAMPLE }).rollout.device, null, 'rollout.device defaults to actor.device');
 });
 
-test('createSession on cuda where the provider is missing: a ConfigError with the install advice', { skip: (() => { try { checkDevice('cuda'); return 'the CUDA execution provider is installed here'; } catch { return false; } })() }, async () => {
+test('createSession on cuda where the provider is missing: a ConfigError with the install advice', { skip: cudaProviderMissing() === null ? 'the CUDA execution provider is installed here' : false }, async () => {
   const b = new GraphBuilder({ name: 'neg', float: 'float32' });
   b.output(b.neg(b.input('x', 'float32', [2])), 'y');
   await assert.rejects(createSession(b.toBytes(), { device: 'cuda' }), (e: unknown) => {
@@ -61,7 +76,7 @@ test('createSession on cuda where the provider is missing: a ConfigError with th
   });
 });
 
-test('every model session (sampling, scoring, values, training) is created on the requested device', { skip: (() => { try { checkDevice('cuda'); return 'the CUDA execution provider is installed here'; } catch { return false; } })() }, async () => {
+test('every model session (sampling, scoring, values, training) is created on the requested device', { skip: cudaProviderMissing() === null ? 'the CUDA execution provider is installed here' : false }, async () => {
   // where the provider is missing, reaching ORT with device cuda is what fails: so each of these
   // failing with the CUDA advice shows the device option reached its session
   const base = { hiddenSize: 16, intermediateSize: 24, numHiddenLayers: 1, numAttentionHeads: 2, numKeyValueHeads: 1, vocabSize: 12, maxPositionEmbeddings: 16, bosTokenId: 1, eosTokenId: 2, padTokenId: 0 };
