@@ -43,6 +43,13 @@ export interface TrainGraphSpec {
   float?: FloatDType;
   /** Whether the batch carries per-token `loss_weights` (policy losses). */
   lossWeights?: boolean;
+  /**
+   * One output instead of one per parameter: `grad.packed` (grad mode: every gradient, flattened,
+   * in paramSpecs order) or `new.packed` (step modes: all new weights, then all first moments, then
+   * all second moments). On a GPU execution provider each output is a separate read-back with a
+   * device sync, which dominates a small step.
+   */
+  packed?: boolean;
 }
 
 export interface TrainGraph {
@@ -112,7 +119,8 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   const pv = specs.map((s) => p.get(s.name)!);
   let grads = b.grad(lg.loss, pv);
   if (mode === 'grad') {
-    grads.forEach((g, i) => b.output(g, `grad.${specs[i].name}`));
+    if (spec.packed) b.output(packFlat(b, grads), 'grad.packed');
+    else grads.forEach((g, i) => b.output(g, `grad.${specs[i].name}`));
     return { builder: b, metricNames, batchInputs };
   }
   b.scope('optim', () => {
@@ -126,6 +134,7 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     const bc2Sqrt = b.input('adam_bc2_sqrt', F, []);
     const decay = b.input('adam_decay', F, []);
     const [b1, b2] = optim.betas;
+    const outW: Var[] = [], outM: Var[] = [], outV: Var[] = [];
     specs.forEach((s, i) => {
       b.scope(s.name, () => {
         const g = coef ? b.mul(grads[i], coef) : grads[i];
@@ -136,11 +145,22 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
         const denom = b.add(b.div(b.sqrt(v2), bc2Sqrt), optim.eps);
         const upd = b.mul(b.div(m2, denom), stepSize);
         const w = optim.weightDecay !== 0 ? b.mul(pv[i], decay) : pv[i];
-        b.output(b.sub(w, upd), `new.${s.name}`);
-        b.output(m2, `new.${s.name}.exp_avg`);
-        b.output(v2, `new.${s.name}.exp_avg_sq`);
+        outW.push(b.sub(w, upd)); outM.push(m2); outV.push(v2);
       });
     });
+    if (spec.packed) b.output(packFlat(b, [...outW, ...outM, ...outV]), 'new.packed');
+    else {
+      specs.forEach((s, i) => {
+        b.output(outW[i]!, `new.${s.name}`);
+        b.output(outM[i]!, `new.${s.name}.exp_avg`);
+        b.output(outV[i]!, `new.${s.name}.exp_avg_sq`);
+      });
+    }
   });
   return { builder: b, metricNames, batchInputs };
+}
+
+/** Every tensor flattened and concatenated, in order: one [Σ numel] vector. */
+function packFlat(b: GraphBuilder, vs: readonly Var[]): Var {
+  return b.concat(vs.map((v) => b.reshape(v, [v.shape.reduce<number>((n, d) => n * (d as number), 1)])), 0);
 }

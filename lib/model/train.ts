@@ -18,7 +18,7 @@ import { ort, tensor, type Device, type SessionOptions } from '../onnx/runtime.t
 import type { ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
 import { finalizeMetrics, lossConfig, pgAggWeights, policyLossNeeds, type LossConfig, type LossConfigInput } from './loss.ts';
-import { cloneWeights, paramSpecs, validateWeights, zerosLikeWeights, type ParamSpec, type Weights } from './params.ts';
+import { cloneWeights, numel, paramSpecs, validateWeights, zerosLikeWeights, type ParamSpec, type Weights } from './params.ts';
 import { defaultSessionCache, keyOf, SessionCache } from './session-cache.ts';
 import { buildTrainGraph, type OptimConfig, type TrainGraphMode } from './train-graph.ts';
 
@@ -78,6 +78,12 @@ export interface TrainerOptions {
   microBatchSize?: number;
   threads?: number;
   device?: Device;
+  /**
+   * Read gradients and updated weights/moments as one packed output per run instead of one per
+   * parameter (train-graph.ts `packed`). Default: on for GPU devices, where every output is a
+   * read-back with a sync; off on the CPU, where outputs are plain copies and packing adds one.
+   */
+  packOutputs?: boolean;
   /** Initial weights (default: seeded init with `seed`). */
   weights?: Weights;
   /**
@@ -108,6 +114,7 @@ export class Trainer {
   private readonly specs: ParamSpec[];
   private readonly cache: SessionCache;
   private readonly sessOpts: SessionOptions;
+  private readonly packed: boolean;
 
   constructor(private readonly opts: TrainerOptions) {
     this.model = opts.model;
@@ -126,6 +133,7 @@ export class Trainer {
     this.validateState(this.opt);
     this.cache = opts.cache ?? defaultSessionCache;
     this.sessOpts = { threads: opts.threads, device: opts.device };
+    this.packed = opts.packOutputs ?? (opts.device !== undefined && opts.device !== 'cpu');
   }
 
   /** A copy of the current weights. */
@@ -153,7 +161,7 @@ export class Trainer {
     const id = `${mode}:${lossWeights}`;
     let g = this.graphs.get(id);
     if (!g) {
-      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights };
+      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.packed && mode !== 'eval' ? { packed: true } : {}) };
       const built = buildTrainGraph(spec);
       g = { key: `train:${keyOf(spec)}`, metricNames: built.metricNames, build: () => built.builder.toBytes() };
       this.graphs.set(id, g);
@@ -172,7 +180,7 @@ export class Trainer {
       const { sess, names } = await this.session('grad', useLw);
       const r = await sess.run(this.feeds(micro[k], sess));
       addMetrics(sums, r.metrics.data as Float32Array, names);
-      acc = accumulate(acc, r, this.specs);
+      acc = accumulate(acc, r, this.specs, this.packed);
     }
     const last = micro[micro.length - 1];
     const { sess, names } = await this.session(acc ? 'step_acc' : 'step', useLw);
@@ -193,10 +201,17 @@ export class Trainer {
     const skipped = !Number.isFinite(gradNorm);
     if (!skipped) {
       const w: Weights = new Map(), m: Weights = new Map(), v: Weights = new Map();
-      for (const s of this.specs) {
-        w.set(s.name, r[`new.${s.name}`].data as Float32Array);
-        m.set(s.name, r[`new.${s.name}.exp_avg`].data as Float32Array);
-        v.set(s.name, r[`new.${s.name}.exp_avg_sq`].data as Float32Array);
+      if (this.packed) {
+        // [all weights | all exp_avg | all exp_avg_sq], each in paramSpecs order: views, no copy
+        const all = r['new.packed'].data as Float32Array;
+        let o = 0;
+        for (const target of [w, m, v]) for (const s of this.specs) { const n = numel(s.shape); target.set(s.name, all.subarray(o, o + n)); o += n; }
+      } else {
+        for (const s of this.specs) {
+          w.set(s.name, r[`new.${s.name}`].data as Float32Array);
+          m.set(s.name, r[`new.${s.name}.exp_avg`].data as Float32Array);
+          v.set(s.name, r[`new.${s.name}.exp_avg_sq`].data as Float32Array);
+        }
       }
       this.weights = w;
       this.opt = { step: t, expAvg: m, expAvgSq: v };
@@ -234,7 +249,7 @@ export class Trainer {
     for (const m of micro) {
       const r = await sess.run(this.feeds(m, sess));
       addMetrics(sums, r.metrics.data as Float32Array, names);
-      acc = accumulate(acc, r, this.specs);
+      acc = accumulate(acc, r, this.specs, this.packed);
     }
     return { grads: acc!, metrics: { ...finalizeMetrics(sums, micro.reduce((s, m) => s + m.maskSum, 0)), ...(micro[0].extra ?? {}) } };
   }
@@ -370,10 +385,14 @@ function addMetrics(sums: Record<string, number>, data: Float32Array, names: str
   names.forEach((k, i) => { sums[k] = (sums[k] ?? 0) + data[i]; });
 }
 
-function accumulate(acc: Map<string, Float32Array> | null, r: ort.InferenceSession.OnnxValueMapType, specs: ParamSpec[]): Map<string, Float32Array> {
+function accumulate(acc: Map<string, Float32Array> | null, r: ort.InferenceSession.OnnxValueMapType, specs: ParamSpec[], packed: boolean): Map<string, Float32Array> {
   const out = acc ?? new Map<string, Float32Array>();
+  const all = packed ? r['grad.packed'].data as Float32Array : null;
+  let o = 0;
   for (const s of specs) {
-    const g = r[`grad.${s.name}`].data as Float32Array;
+    const n = numel(s.shape);
+    const g = all ? all.subarray(o, o + n) : r[`grad.${s.name}`].data as Float32Array;
+    o += n;
     const a = out.get(s.name);
     if (!a) out.set(s.name, Float32Array.from(g));
     else for (let i = 0; i < a.length; i++) a[i] += g[i];

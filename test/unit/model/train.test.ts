@@ -55,6 +55,27 @@ describe('trainer', () => {
     }
   });
 
+  it('packed outputs (one read-back per run, the GPU default) give bit-identical gradients, weights and moments', async () => {
+    const loss = { type: 'policy' as const, lossAggMode: 'token-mean' as const, useKlLoss: true };
+    const plain = createTrainer({ model, loss, seed: 5, cache, threads: 1, microBatchSize: 3, packOutputs: false });
+    const packed = createTrainer({ model, loss, seed: 5, cache, threads: 1, microBatchSize: 3, packOutputs: true });
+    for (let k = 0; k < 3; k++) {
+      const batch = makeBatch(8, 12, 10 + k);
+      const g1 = await plain.computeGradients(batch), g2 = await packed.computeGradients(batch);
+      for (const s of paramSpecs(model)) assert.deepEqual(g2.grads.get(s.name), g1.grads.get(s.name), `step ${k}: grad ${s.name}`);
+      const r1 = await plain.step(batch, 1e-2), r2 = await packed.step(batch, 1e-2);
+      assert.deepEqual(r2.metrics, r1.metrics);
+    }
+    const w1 = plain.getWeights(), w2 = packed.getWeights(), o1 = plain.getOptimizerState(), o2 = packed.getOptimizerState();
+    for (const s of paramSpecs(model)) {
+      assert.deepEqual(w2.get(s.name), w1.get(s.name), `weights ${s.name}`);
+      assert.deepEqual(o2.expAvg.get(s.name), o1.expAvg.get(s.name), `exp_avg ${s.name}`);
+      assert.deepEqual(o2.expAvgSq.get(s.name), o1.expAvgSq.get(s.name), `exp_avg_sq ${s.name}`);
+      assert.equal(packed.weightsView().get(s.name)!.length, w1.get(s.name)!.length);
+    }
+    assert.equal(o2.step, 3);
+  });
+
   it('gspo, sapo, cispo, geo_mean: micro-batches give the loss of lib/rl on the whole mini-batch and the big-batch gradient', async () => {
     const { computePolicyLoss } = await import('../../../lib/rl/policy-loss-registry.ts');
     const B = 8, T = 12, batch = makeBatch(B, T, 2);
