@@ -12,7 +12,8 @@ import { ProgressBar, formatTable } from '../cli/progress.ts';
 import { RlError, errorMessage, isRetriable } from '../errors.ts';
 import { isConnectionError } from '../db/errors.ts';
 import { LiveTensorBoard, tensorboardDir } from '../analysis/tensorboard-live.ts';
-import { checkDevice } from '../onnx/runtime.ts';
+import { checkDevice, type Device } from '../onnx/runtime.ts';
+import { experienceScorerOptions, samplerOptions } from '../pipeline/policy.ts';
 
 export interface RunOutcome { status: 'completed' | 'failed' | 'stopped'; message?: string; runId: string; runDir: string; finalVersion?: number }
 
@@ -178,15 +179,16 @@ export async function serveStage(cfg: Config, stage: string, log: Logger, opts: 
 }
 
 /**
- * Stops before a run opens anything when a stage's onnxruntime device cannot start here
- * (actor.device for scoring and training, rollout.device ?? actor.device for sampling).
+ * Stops before a run opens anything when a stage's onnxruntime device cannot start here: the
+ * experience and training sessions (advantage, update) run on actor.device, the rollout's sampler
+ * on rollout.device ?? actor.device. Each device is checked once, named by the setting that chose it.
  */
 async function checkDevices(cfg: Config, stages: readonly string[]): Promise<void> {
-  if (stages.includes('advantage') || stages.includes('update')) await checkDevice(cfg.actor.device, 'actor.device');
-  const sampling = cfg.rollout.device ?? cfg.actor.device;
-  if (stages.includes('rollout') && (sampling !== cfg.actor.device || !(stages.includes('advantage') || stages.includes('update')))) {
-    await checkDevice(sampling, cfg.rollout.device ? 'rollout.device' : 'actor.device');
-  }
+  const wanted = new Map<Device, string>();
+  if (stages.includes('advantage') || stages.includes('update')) wanted.set(experienceScorerOptions(cfg).device, 'actor.device');
+  const sampling = samplerOptions(cfg).device;
+  if (stages.includes('rollout') && !wanted.has(sampling)) wanted.set(sampling, cfg.rollout.device ? 'rollout.device' : 'actor.device');
+  for (const [device, setting] of wanted) await checkDevice(device, setting);
 }
 
 /** A failure before the stage consumed anything (opening the bus and store, starting the stage). */

@@ -36,7 +36,21 @@ export class LocalLog {
   private readonly positions = new Map<string, number>();
   private readonly tails = new Map<string, Tail>();
   /** group → member id → subscribed topics. */
-  readonly members = new Map<string, Map<string, string[]>>();
+  private readonly members = new Map<string, Map<string, string[]>>();
+
+  /** A consumer of this process joined `group` (no other process can: no heartbeat rows needed). */
+  join(group: string, memberId: string, topics: readonly string[]): void {
+    let m = this.members.get(group);
+    if (!m) this.members.set(group, (m = new Map()));
+    m.set(memberId, [...topics]);
+  }
+
+  leave(group: string, memberId: string): void { this.members.get(group)?.delete(memberId); }
+
+  /** The group's members, as bus_members rows would list them. */
+  membersOf(group: string): Array<{ member_id: string; topics: string[] }> {
+    return [...(this.members.get(group) ?? [])].map(([member_id, topics]) => ({ member_id, topics }));
+  }
 
   /** Whether the topic's ends were read from the table (appends alone do not tell of older partitions). */
   hasTopic(topic: string): boolean { return this.loadedTopics.has(topic); }

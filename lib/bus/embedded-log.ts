@@ -391,9 +391,7 @@ class EmbeddedConsumer implements Consumer {
       const r = await sql<{ topic: string; partition: number; next_offset: number }>`select topic, partition, next_offset from bus_offsets
         where group_id = ${group} and topic = any(${topics}::text[])`.execute(this.bus.db);
       for (const row of r.rows) local.setPosition(group, row.topic, row.partition, Number(row.next_offset));
-      let members = local.members.get(group);
-      if (!members) local.members.set(group, (members = new Map()));
-      members.set(this.memberId, [...topics]);
+      local.join(group, this.memberId, topics);
       await this.bus.refreshGroup(group);
       return;
     }
@@ -403,7 +401,7 @@ class EmbeddedConsumer implements Consumer {
   private async leave(): Promise<void> {
     const local = this.bus.local;
     if (local) {
-      local.members.get(this.opts.group)?.delete(this.memberId);
+      local.leave(this.opts.group, this.memberId);
       this.bus.forget(this);
       await this.bus.refreshGroup(this.opts.group);
       return;
@@ -432,7 +430,7 @@ class EmbeddedConsumer implements Consumer {
   }
 
   private async liveMembers(q: Kysely<any>): Promise<Member[]> {
-    if (this.bus.local) return [...(this.bus.local.members.get(this.opts.group) ?? [])].map(([member_id, topics]) => ({ member_id, topics }));
+    if (this.bus.local) return this.bus.local.membersOf(this.opts.group);
     const r = await sql<Member>`select member_id, topics from bus_members
       where group_id = ${this.opts.group} and heartbeat_at >= now() - ${this.bus.sessionTimeoutMs} * interval '1 millisecond'`.execute(q);
     return r.rows;

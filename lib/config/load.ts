@@ -241,11 +241,6 @@ export function readDisableRewardModel(env: NodeJS.ProcessEnv): boolean | string
 // ---------------------------------------------------------------------------------------------
 
 /**
- * Builds the run configuration: defaults → `file` → `overrides`, then the environment switch,
- * derived defaults and cross-field checks. Throws one ConfigError listing every problem (its
- * `details.problems` holds them one per entry).
- */
-/**
  * Only the `pipeline` section, from the `pipeline.*` overrides (others are ignored) over its
  * defaults, validated like the whole config but without the cross-section checks: for locating a
  * stored run (its database, bus) before the run's own config is known (`rlstream replay`).
@@ -263,6 +258,11 @@ export function loadPipelineSection(overrides: readonly string[]): Config['pipel
   return parsed.data;
 }
 
+/**
+ * Builds the run configuration: defaults → `file` → `overrides`, then the environment switch,
+ * derived defaults and cross-field checks. Throws one ConfigError listing every problem (its
+ * `details.problems` holds them one per entry).
+ */
 export function loadConfig(opts: LoadConfigOptions = {}): Config {
   const env = opts.env ?? process.env;
   const sources = new Sources();

@@ -19,6 +19,7 @@
  * m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²; p ← p·(1 − lr·λ) − lr/(1−β₁ᵗ) · m / (√v / √(1−β₂ᵗ) + ε).
  */
 import { GraphBuilder, type FloatDType, type Var } from '../onnx/builder.ts';
+import { numel } from '../onnx/dims.ts';
 import { tokenLogprobEntropy } from '../onnx/nn.ts';
 import type { ModelConfig } from './config.ts';
 import { declareParams, llamaForward, lmHead, valueHead } from './llama.ts';
@@ -162,5 +163,5 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
 
 /** Every tensor flattened and concatenated, in order: one [Σ numel] vector. */
 function packFlat(b: GraphBuilder, vs: readonly Var[]): Var {
-  return b.concat(vs.map((v) => b.reshape(v, [v.shape.reduce<number>((n, d) => n * (d as number), 1)])), 0);
+  return b.concat(vs.map((v) => b.reshape(v, [numel(v.shape)])), 0);
 }

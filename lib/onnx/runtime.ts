@@ -73,9 +73,9 @@ export async function checkDevice(device: Device, setting = 'actor.device'): Pro
   const b = new GraphBuilder({ name: 'device_check', float: 'float32' });
   b.output(b.neg(b.input('x', 'float32', [1])), 'y');
   try {
-    await (await createSession(b.toBytes(), { device, threads: 1 })).release();
+    await (await createSessionRaw(b.toBytes(), { device, threads: 1 })).release();
   } catch (e) {
-    throw new ConfigError(`${setting}=${device}: ${errorMessage(e).replace(/^device \w+: /, '')}; or set ${setting}=cpu`);
+    throw new ConfigError(`${setting}=${device}: ${deviceProblem(device, e) ?? errorMessage(e)}; or set ${setting}=cpu`);
   }
 }
 
@@ -84,18 +84,21 @@ export async function createSession(model: Uint8Array, opts: SessionOptions = {}
   try {
     return await createSessionRaw(model, opts);
   } catch (e) {
-    const msg = errorMessage(e);
-    // ORT's message leads with a source location and may span lines; keep its reason
-    const flat = msg.replace(/\s+/g, ' ').trim();
-    const reason = /(Failed to .*)$/.exec(flat)?.[1] ?? flat;
-    if (opts.device === 'cuda' && /providers?_(shared|cuda)|Failed to load|CUDA/i.test(msg)) {
-      throw new ConfigError(`device cuda: onnxruntime could not start its CUDA execution provider (${reason}); ${CUDA_INSTALL}`);
-    }
-    if (opts.device === 'webgpu' && /webgpu|adapter|dawn|vulkan/i.test(msg)) {
-      throw new ConfigError(`device webgpu: onnxruntime could not start its WebGPU execution provider (${reason}); ${WEBGPU_NEEDS}`);
-    }
+    const problem = opts.device ? deviceProblem(opts.device, e) : null;
+    if (problem) throw new ConfigError(`device ${opts.device}: ${problem}`);
     throw e;
   }
+}
+
+/** What a session-creation error says about the device's execution provider failing to start, or null when it is about something else. */
+function deviceProblem(device: Device, e: unknown): string | null {
+  const msg = errorMessage(e);
+  // ORT's message leads with a source location and may span lines; keep its reason
+  const flat = msg.replace(/\s+/g, ' ').trim();
+  const reason = /(Failed to .*)$/.exec(flat)?.[1] ?? flat;
+  if (device === 'cuda' && /providers?_(shared|cuda)|Failed to load|CUDA/i.test(msg)) return `onnxruntime could not start its CUDA execution provider (${reason}); ${CUDA_INSTALL}`;
+  if (device === 'webgpu' && /webgpu|adapter|dawn|vulkan/i.test(msg)) return `onnxruntime could not start its WebGPU execution provider (${reason}); ${WEBGPU_NEEDS}`;
+  return null;
 }
 
 function createSessionRaw(model: Uint8Array, opts: SessionOptions): Promise<ort.InferenceSession> {

@@ -50,6 +50,14 @@ export function experienceScorerOptions(cfg: Config): { threads: number; device:
   return { threads: cfg.actor.threads, device: cfg.actor.device, maxBatchSize: cfg.actor.micro_batch_size_per_device_for_experience };
 }
 
+/**
+ * Options of the rollout's Sampler: `rollout.batch_size` rows per generation batch (null: 64), on
+ * `rollout.device` (null: `actor.device`) with `actor.threads` threads.
+ */
+export function samplerOptions(cfg: Config): { threads: number; device: Config['actor']['device']; maxBatchSize: number } {
+  return { threads: cfg.actor.threads, device: cfg.rollout.device ?? cfg.actor.device, maxBatchSize: cfg.rollout.batch_size ?? 64 };
+}
+
 export function policyDir(runDir: string, version: number): string {
   return join(runDir, 'policy', `v${String(version).padStart(6, '0')}`);
 }

@@ -12,7 +12,6 @@ import {
 } from '../../lib/rl/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
 
-
 /** Names the stages log under reward/ themselves; a reward component with one of them is logged as reward/details/<name>. */
 export const RESERVED_REWARD_METRICS: ReadonlySet<string> = new Set([
   'mean', 'std', 'max', 'min', 'baseline_mean', 'minus_baseline_mean', 'failures', 'scored', 'retries', 'remote_requests', 'remote_failures_total', 'details',

@@ -7,7 +7,7 @@
 import { Sampler } from '../../lib/model/sample.ts';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
-import { tokenizerFor, policyModelConfig, PolicyCache } from '../../lib/pipeline/policy.ts';
+import { tokenizerFor, policyModelConfig, samplerOptions, PolicyCache } from '../../lib/pipeline/policy.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import type { PromptBatch } from '../../lib/contracts/index.ts';
@@ -16,7 +16,7 @@ import { generationRequests, trajectoryGroups, responseText, requestSampling } f
 export function startRollout(p: Pipeline, opts: { replica?: string } = {}): StageRun {
   const tok = tokenizerFor(p.cfg);
   const model = policyModelConfig(p.cfg, tok);
-  const sampler = new Sampler(model, { threads: p.cfg.actor.threads, device: p.cfg.rollout.device ?? p.cfg.actor.device, maxBatchSize: p.cfg.rollout.batch_size ?? 64 });
+  const sampler = new Sampler(model, samplerOptions(p.cfg));
   const policies = new PolicyCache(p.runDir, model);
   const metrics = new StageMetrics(p, 'rollout', opts.replica ?? '');
   const log = forStage(p.log, 'rollout');

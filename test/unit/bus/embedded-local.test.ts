@@ -70,3 +70,15 @@ describe('embedded log mirror (LocalLog)', () => {
     assert.equal(l.fromTail('t', 0, 700, 5)!.length, 1);
   });
 });
+
+test('members: join, leave and list per group, as bus_members rows', () => {
+  const l = new LocalLog();
+  l.join('g', 'm1', ['a', 'b']);
+  l.join('g', 'm2', ['a']);
+  l.join('h', 'm3', ['c']);
+  assert.deepEqual(l.membersOf('g'), [{ member_id: 'm1', topics: ['a', 'b'] }, { member_id: 'm2', topics: ['a'] }]);
+  l.leave('g', 'm1');
+  assert.deepEqual(l.membersOf('g'), [{ member_id: 'm2', topics: ['a'] }]);
+  assert.deepEqual(l.membersOf('h'), [{ member_id: 'm3', topics: ['c'] }]);
+  assert.deepEqual(l.membersOf('none'), []);
+});

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { loadConfig } from '../../../lib/config/index.ts';
-import { experienceScorerOptions, policyModelConfig, tokenizerFor } from '../../../lib/pipeline/policy.ts';
+import { experienceScorerOptions, policyModelConfig, samplerOptions, tokenizerFor } from '../../../lib/pipeline/policy.ts';
 import { forEachBucket } from '../../../lib/model/score.ts';
 
 const ROOT = fileURLToPath(new URL('../../..', import.meta.url));
@@ -26,4 +26,13 @@ test('micro_batch_size_per_device_for_experience bounds the rows of each experie
     assert.ok(sizes.every((n) => n <= mb), `batches of at most ${mb}: ${sizes.join(',')}`);
     assert.equal(sizes.length, Math.ceil(10 / mb));
   }
+});
+
+test('samplerOptions: rollout.batch_size (null: 64) rows on rollout.device, falling back to actor.device', () => {
+  const tiny = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
+  const plain = loadConfig({ file: tiny, overrides: ['rollout.batch_size=null'] });
+  assert.deepEqual(samplerOptions(plain), { threads: plain.actor.threads, device: 'cpu', maxBatchSize: 64 });
+  assert.equal(samplerOptions(loadConfig({ file: tiny, overrides: ['actor.device=webgpu'] })).device, 'webgpu');
+  const split = loadConfig({ file: tiny, overrides: ['actor.device=webgpu', 'rollout.device=cpu', 'rollout.batch_size=8'] });
+  assert.deepEqual([samplerOptions(split).device, samplerOptions(split).maxBatchSize, experienceScorerOptions(split).device], ['cpu', 8, 'webgpu']);
 });
