@@ -40,6 +40,50 @@ export class PoisonMessageError extends RlError {
   }
 }
 
+const STORAGE_CODES: Record<string, string> = {
+  ENOSPC: 'no space left on device',
+  EDQUOT: 'disk quota exceeded',
+  EROFS: 'read-only file system',
+  EIO: 'input/output error',
+};
+
+/**
+ * A stage could not write its own files (policy versions, checkpoints, its database): a full,
+ * read-only or failing disk. Not retriable in place and not the message's fault either, so the
+ * delivery policy never dead-letters or commits past it: the stage stops with its batch
+ * uncommitted (`stopsStage`), and the same command continues once the disk is fixed.
+ */
+export class StorageError extends RlError {
+  readonly stopsStage = true;
+  readonly path: string;
+  constructor(path: string, errno: string, cause?: unknown) {
+    super(`cannot write ${path}: ${STORAGE_CODES[errno] ?? errno} (${errno}); free space on (or fix) that file system, then run the same command again: the run continues where it stopped, nothing was committed past this point`, { retriable: false, code: 'ERR_STORAGE', cause, details: { path, errno } });
+    this.name = 'StorageError';
+    this.path = path;
+  }
+}
+
+/**
+ * The StorageError `err` stands for (it or a cause of it is one, or carries a storage errno such
+ * as ENOSPC), naming `path` — or the failing call's own path — as where; null for other errors.
+ */
+export function storageFault(err: unknown, path?: string): StorageError | null {
+  for (let e = err, depth = 0; e && typeof e === 'object' && depth < 8; e = (e as { cause?: unknown }).cause, depth++) {
+    if (e instanceof StorageError) return e;
+    const x = e as { code?: unknown; path?: unknown; dest?: unknown };
+    if (typeof x.code === 'string' && x.code in STORAGE_CODES) {
+      const where = path ?? (typeof x.dest === 'string' ? x.dest : typeof x.path === 'string' ? x.path : null) ?? `a file (${errorMessage(e)})`;
+      return new StorageError(where, x.code, err);
+    }
+  }
+  return null;
+}
+
+/** `err` as a StorageError naming `path` when it is a storage failure, else `err` unchanged. */
+export function withStoragePath(err: unknown, path: string): unknown {
+  return storageFault(err, path) ?? err;
+}
+
 const TRANSIENT_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EAI_AGAIN', 'ENOTFOUND', 'EHOSTUNREACH', '57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004', '40001', '40P01', '53300']);
 
 /** Whether an arbitrary thrown value is worth retrying. Reads only the `retriable` flag when present. */

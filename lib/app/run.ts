@@ -19,11 +19,19 @@ export interface RunOutcome { status: 'completed' | 'failed' | 'stopped'; messag
 
 interface Watch { outcome: Promise<RunOutcome>; stop(): Promise<void> }
 
-/** Why an embedded (PGlite) run stops when a stage dead-lettered one of its messages (see watchRun). */
-export function deadLetterFailure(d: Pick<DeadLetter, 'stage' | 'source_topic' | 'source_partition' | 'source_offset' | 'reason'>, logical: string | null, runDir: string): string {
-  return `${d.stage} could not read ${logical ? `a ${logical} message` : 'a message'} (${d.source_topic}[${d.source_partition}]@${d.source_offset}: ${d.reason}) and dead-lettered it. ` +
-    'Only this process writes the run\'s embedded log, so the message was the run\'s own and the step that needs it can never finish; the run stops instead of waiting. ' +
-    `Was the run directory written by another rlstream version, or damaged? The message is kept: rlstream sql ${runDir} "select * from v_dead_letters"`;
+/**
+ * Why an embedded (PGlite) run stops when a stage dead-lettered one of its messages (see
+ * watchRun): one it could not decode (a damaged log, or one written by another version), or one
+ * its handler failed on (`attempts` > 0: the stage's own error, named as such).
+ */
+export function deadLetterFailure(d: Pick<DeadLetter, 'stage' | 'source_topic' | 'source_partition' | 'source_offset' | 'reason' | 'attempts'>, logical: string | null, runDir: string): string {
+  const what = logical ? `a ${logical} message` : 'a message';
+  const at = `${d.source_topic}[${d.source_partition}]@${d.source_offset}`;
+  const kept = `The message is kept: rlstream sql ${runDir} "select * from v_dead_letters"`;
+  const never = 'Only this process writes the run\'s embedded log, so the message was the run\'s own and the step that needs it can never finish; the run stops instead of waiting.';
+  if (d.attempts > 0) return `${d.stage} failed on ${what} (${at}) and dead-lettered it: ${d.reason}. ${never} ${kept}`;
+  return `${d.stage} could not read ${what} (${at}: ${d.reason}) and dead-lettered it. ${never} ` +
+    `Was the run directory written by another rlstream version, or damaged? ${kept}`;
 }
 
 /**

@@ -10,10 +10,13 @@
  *   - handler throws a non-retriable error → the batch is split and each message attempted alone;
  *     a single message that fails is dead-lettered with the error's message as reason;
  *   - the adapter's own retriable failure (database, broker) → back off and attempt again;
+ *   - the handler's or the adapter's storage failure (ENOSPC, EROFS, EIO on the stage's own files,
+ *     `storageFault`) is the stage's, not the message's: never dead-lettered; the consumer stops
+ *     with it (one line naming the path), nothing is committed, and a restart continues there;
  *   - anything else is fatal: the consumer stops with the error, nothing is committed.
  */
 import type { Logger } from 'pino';
-import { RlError, errorMessage, isRetriable } from '../errors.ts';
+import { RlError, errorMessage, isRetriable, storageFault } from '../errors.ts';
 import type { BatchContext, BatchHandler, BusMessage, ConsumerOptions, DeadLetterInfo, DeadLetterOptions, OutMessage } from './port.ts';
 import type { Tx } from '../db/database.ts';
 import { isConnectionError } from '../db/errors.ts';
@@ -211,6 +214,11 @@ export async function deliver(batch: BusMessage[], handler: BatchHandler, deps: 
       return await deps.attempt(batch, handler, []);
     } catch (e) {
       if (e instanceof Aborted || signal.aborted) return 'aborted';
+      const fault = storageFault(e instanceof HandlerFailure ? e.error : e);
+      if (fault) {
+        log.error({ group: opts.group, batch: where(batch), path: fault.path, err: e instanceof HandlerFailure ? e.error : e }, `stopping with ${where(batch)} uncommitted: ${fault.message}`);
+        throw fault;
+      }
       if (e instanceof HandlerFailure) {
         if (isRetriable(e.error)) {
           retriableFailures++;

@@ -540,6 +540,7 @@ class EmbeddedConsumer implements Consumer {
       const ctx = new DeliveryContext(batch, group, !!deadLetter, signal, tx);
       if (handler) await this.bus.inHandler.run(group, () => runHandler(handler, batch, ctx, signal));
       const out = [...ctx.outputs, ...encodeDeadLetters([...ctx.deadLetters, ...extraDeadLetters], deadLetter, group)];
+      for (const d of extraDeadLetters) await deadLetter?.record?.(d, tx);
       ({ topics: written, appended } = await this.bus.append(tx, out));
       await sql`update bus_offsets set next_offset = ${last + 1}, updated_at = now()
         where group_id = ${group} and topic = ${topic} and partition = ${partition}`.execute(tx);

@@ -490,6 +490,7 @@ class KafkaConsumer implements Consumer {
     // The handler finished: make its outputs durable and commit even if stop() was called
     // meanwhile (only the retries give up once stopping; the batch then stays uncommitted).
     const out = [...ctx.outputs, ...encodeDeadLetters([...ctx.deadLetters, ...extraDeadLetters], deadLetter, group)];
+    for (const d of extraDeadLetters) await this.bus.withRetry(`recording a dead letter of ${group}`, () => deadLetter!.record?.(d) ?? Promise.resolve(), signal, retry);
     if (out.length) await this.bus.withRetry(`producing ${out.length} outputs of ${group}`, () => this.bus.produce(out), signal, retry);
     if (p.isStale()) return 'stale';
     const { topic, partition } = batch[0];

@@ -58,6 +58,12 @@ export interface DeadLetterOptions {
   topic: string;
   /** Builds the dead-letter record (the caller supplies the Avro encoding). Its `topic` is replaced by `topic` above. */
   encode(info: DeadLetterInfo): OutMessage;
+  /**
+   * Records a dead letter the delivery policy made (a message the handler failed on) where users
+   * look for it (the store's `dead_letters`), in the batch's transaction when the bus has one.
+   * Dead letters a handler makes itself (`ctx.deadLetter`) are recorded by that handler.
+   */
+  record?(info: DeadLetterInfo, tx?: import('../db/database.ts').Tx): Promise<void>;
 }
 
 export interface RetryOptions {

@@ -8,7 +8,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
-import { ConfigError } from '../errors.ts';
+import { ConfigError, withStoragePath } from '../errors.ts';
 import { fromHfConfig, toHfConfig, type ModelConfig } from './config.ts';
 import { numel, paramSpecs, type Weights } from './params.ts';
 import { decodeSafetensors, encodeSafetensors, toFloat32, type StTensor } from './safetensors.ts';
@@ -36,8 +36,10 @@ export interface SaveOptions {
 }
 
 async function writeSynced(file: string, data: Uint8Array | string): Promise<void> {
-  const fh = await fs.open(file, 'w');
-  try { await fh.writeFile(data); await fh.sync(); } finally { await fh.close(); }
+  try {
+    const fh = await fs.open(file, 'w');
+    try { await fh.writeFile(data); await fh.sync(); } finally { await fh.close(); }
+  } catch (e) { throw withStoragePath(e, file); } // a write's ENOSPC does not name its file
 }
 
 async function syncDir(dir: string): Promise<void> {

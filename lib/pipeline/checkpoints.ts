@@ -21,7 +21,7 @@
 import { promises as fs, existsSync, readFileSync, statSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { basename, dirname, join, resolve } from 'node:path';
-import { ConfigError } from '../errors.ts';
+import { ConfigError, withStoragePath } from '../errors.ts';
 import type { JsonObject } from '../store/port.ts';
 import { stepsPerEpoch, type ControllerPlan } from './plan.ts';
 import { crashPoint } from './crash-points.ts';
@@ -114,8 +114,10 @@ export async function writeCheckpointDir(runDir: string, state: TrainerState, ac
     crashPoint('checkpoint:half-written');
     await linkFiles(referenceDir, join(tmp, 'reference'), MODEL_FILES.filter((f) => f !== 'optimizer.safetensors'));
     if (criticDir) await linkFiles(criticDir, join(tmp, 'critic'), MODEL_FILES);
-    const fh = await fs.open(join(tmp, TRAINER_STATE_FILE), 'w');
-    try { await fh.writeFile(JSON.stringify(state, null, 2) + '\n'); await fh.sync(); } finally { await fh.close(); }
+    try {
+      const fh = await fs.open(join(tmp, TRAINER_STATE_FILE), 'w');
+      try { await fh.writeFile(JSON.stringify(state, null, 2) + '\n'); await fh.sync(); } finally { await fh.close(); }
+    } catch (e) { throw withStoragePath(e, join(tmp, TRAINER_STATE_FILE)); }
     await syncPath(tmp);
     let old: string | null = null;
     if (existsSync(dir)) { old = `${tmp}.old`; await fs.rename(dir, old); }

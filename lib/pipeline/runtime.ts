@@ -128,7 +128,12 @@ export function runStage(p: Pipeline, stage: string, inputs: LogicalTopic[], han
     // for PGlite's single connection
     maxBatchMessages: opts.maxBatchMessages ?? (p.cfg.pipeline.bus === 'kafka' ? 64 : 1024),
     maxWaitMs: p.cfg.pipeline.bus === 'kafka' ? p.cfg.pipeline.kafka.max_wait_ms : p.db.kind === 'pglite' ? 250 : 50,
-    deadLetter: { topic: p.topic('deadletter'), encode: (info) => p.message('deadletter', deadLetterRecord(p, stage, info.message, info.reason, info.error, info.attempts)) },
+    deadLetter: {
+      topic: p.topic('deadletter'),
+      encode: (info) => p.message('deadletter', deadLetterRecord(p, stage, info.message, info.reason, info.error, info.attempts)),
+      // a message the handler failed on (dead-lettered by the delivery policy) is kept in the store too
+      record: (info, tx) => p.store.recordDeadLetter({ stage, topic: info.message.topic, partition: info.message.partition, offset: info.message.offset, runId: p.runId, reason: info.reason, errorCode: errorCodeOf(info.error), payload: info.message.value }, { tx }),
+    },
   });
   let lastDoneMs: number | null = null;
   const done = consumer.run(async (batch: BusMessage[], bctx: BatchContext) => {
@@ -174,6 +179,11 @@ export function runStage(p: Pipeline, stage: string, inputs: LogicalTopic[], han
     crashPoint(`${stage}:handled` as CrashPointName);
   });
   return { consumer, done };
+}
+
+function errorCodeOf(error: unknown): string {
+  const code = (error as { code?: unknown })?.code;
+  return typeof code === 'string' ? code : 'ERR_HANDLER';
 }
 
 function deadLetterRecord(p: Pipeline, stage: string, m: BusMessage, reason: string, error: unknown, attempts: number): TopicValue<'deadletter'> {
