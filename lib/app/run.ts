@@ -123,9 +123,9 @@ export async function summaryTable(p: Pipeline): Promise<string> {
 }
 
 /** Trains in one process (all stages); resolves when the run is done or failed. */
-export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean; signal?: AbortSignal } = {}): Promise<RunOutcome & { summary: string }> {
+export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean; signal?: AbortSignal; breakLock?: boolean } = {}): Promise<RunOutcome & { summary: string }> {
   await checkDevices(cfg, ['rollout', 'advantage', 'update']); // before opening anything
-  const p = await openPipeline(cfg, { log });
+  const p = await openPipeline(cfg, { log, breakLock: opts.breakLock });
   const stages: StartedStage[] = [];
   let tb: LiveTensorBoard | null = null;
   try {

@@ -13,7 +13,7 @@ import { migrate } from './migrate.ts';
 import { RlError } from '../errors.ts';
 
 export type DatabaseTarget =
-  | { kind: 'pglite'; dir: string }
+  | { kind: 'pglite'; dir: string; breakLock?: boolean }
   | { kind: 'postgres'; url: string; poolSize?: number };
 
 /** Kysely over our tables. Rows are typed where they are used (lib/store, lib/bus). */
@@ -48,7 +48,7 @@ export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boo
   const doMigrate = opts.migrate ?? true;
   if (target.kind === 'pglite') {
     mkdirSync(target.dir, { recursive: true });
-    const lock: LockHandle = acquireLock(target.dir);
+    const lock: LockHandle = acquireLock(target.dir, 'embedded database', { breakLock: target.breakLock });
     try {
       const { PGlite } = await import('@electric-sql/pglite');
       const { createPgConfig } = await import('@electric-sql/pglite/node-postgres');

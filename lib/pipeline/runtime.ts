@@ -40,7 +40,12 @@ export interface Pipeline {
   close(): Promise<void>;
 }
 
-export interface OpenOptions { log?: Logger; clientId?: string }
+export interface OpenOptions {
+  log?: Logger;
+  clientId?: string;
+  /** Embedded: take over a run directory lock held on another host (`--break-lock`). */
+  breakLock?: boolean;
+}
 
 /** Opens the bus, store and codecs of the run described by `cfg`. */
 export async function openPipeline(cfg: Config, opts: OpenOptions = {}): Promise<Pipeline> {
@@ -53,7 +58,7 @@ export async function openPipeline(cfg: Config, opts: OpenOptions = {}): Promise
   if (p.store === 'postgres' && !p.database_url) throw new ConfigError('pipeline.store = postgres needs pipeline.database_url');
   const db = p.store === 'postgres'
     ? await openDatabase({ kind: 'postgres', url: p.database_url! })
-    : await openDatabase({ kind: 'pglite', dir: join(runDir, 'db') });
+    : await openDatabase({ kind: 'pglite', dir: join(runDir, 'db'), breakLock: opts.breakLock });
   let bus: EventBus;
   try {
     bus = p.bus === 'kafka'

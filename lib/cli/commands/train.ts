@@ -23,7 +23,7 @@ function interruptSignal(): AbortSignal {
 export const trainCommand: Command = {
   name: 'train',
   summary: 'Train a policy: all five stages in this process (embedded default) over the configured bus and store',
-  usage: 'rlstream train <config.yaml> [a.b.c=value …]',
+  usage: 'rlstream train <config.yaml> [--break-lock] [a.b.c=value …]',
   help: [
     'Loads the config (defaults → file → overrides), prints it resolved (secrets redacted), and runs',
     'the controller, rollout, reward, advantage and update stages until the run is done. A run that',
@@ -32,15 +32,19 @@ export const trainCommand: Command = {
     'arguments:',
     '  config.yaml     run config (see docs/config.md)',
     '  a.b.c=value     override, value parsed as a YAML scalar (e.g. trainer.max_steps=20)',
+    '',
+    'options:',
+    '  --break-lock    take over the run directory\'s lock when another host holds it (a shared',
+    '                  volume) and you know no process there uses the directory any more',
   ].join('\n'),
   async run(argv) {
-    const { positionals } = parseArgs(argv);
+    const { positionals, booleans } = parseArgs(argv, { booleans: ['break-lock'] });
     if (positionals.length === 0) throw new UsageError('missing the config file');
     const { file, overrides } = configArgs(positionals);
     const cfg = loadConfig({ file, overrides, onWarning: (m) => console.error(`warning: ${m}`) });
     const log = createLogger({ runId: resolveRunId(cfg) });
     process.stderr.write(`# resolved config\n${formatResolvedConfig(cfg)}\n`);
-    const out = await trainEmbedded(cfg, log, { progress: process.stderr.isTTY === true, signal: interruptSignal() });
+    const out = await trainEmbedded(cfg, log, { progress: process.stderr.isTTY === true, signal: interruptSignal(), breakLock: booleans.has('break-lock') });
     console.log(out.summary);
     if (out.status !== 'completed') { console.error(`rlstream train: run ${out.status}${out.message ? `: ${out.message}` : ''}`); return 1; }
     return 0;
