@@ -58,8 +58,19 @@ function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number
   let stopped = false;
   const pos = { control: 0, metrics: 0, deadletter: 0 };
   const ownLog = p.db.kind === 'pglite';
+  let lost = 0; // consecutive reads that lost the database connection (PostgreSQL restarting, a terminated backend)
   const loop = (async () => {
     while (!stopped && !settled) {
+      try { await watchOnce(); lost = 0; } catch (e) {
+        if (!(isRetriable(e) || isConnectionError(e))) throw e;
+        const ms = Math.min(10_000, 100 * 2 ** Math.min(lost++, 7));
+        p.log.warn({ err: e, retry_in_ms: ms }, `run watcher: ${errorMessage(e)}; retrying`);
+        await new Promise((r) => setTimeout(r, ms));
+      }
+    }
+  })();
+  async function watchOnce(): Promise<void> {
+    {
       let got = 0, settledSteps = 0;
       for (const m of await p.bus.read(p.topic('control'), 0, pos.control, 200)) {
         pos.control = m.offset + 1; got++;
@@ -87,7 +98,7 @@ function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number
       if (got) bar?.update({ step, totalSteps: totalSteps(), reward, valAccuracy: valAcc });
       else await new Promise((r) => setTimeout(r, 100));
     }
-  })();
+  }
   loop.catch((e) => resolveOutcome({ status: 'failed', message: `run watcher: ${(e as Error).message}`, runId: p.runId, runDir: p.runDir }));
   return { outcome, stop: async () => { stopped = true; await loop.catch(() => undefined); } };
 }

@@ -7,6 +7,7 @@
 import { sql, type Kysely } from 'kysely';
 import type { Database } from '../db/database.ts';
 import { RlError, isRetriable, errorMessage } from '../errors.ts';
+import { isConnectionError } from '../db/errors.ts';
 import {
   RUN_STATUSES, METRIC_AGGS, type MetricAgg,
   type CheckpointRow, type DeadLetterFilter, type DeadLetterRow, type InsertResult, type Json, type JsonObject,
@@ -36,8 +37,9 @@ export function storeError(op: string, err: unknown, where: string): RlError {
       retriable: false, code: 'ERR_SCHEMA', cause: err,
     });
   }
-  // node-postgres' pool and socket errors carry no code; they are transient.
-  const transient = isRetriable(err) || /timeout exceeded when trying to connect|Connection terminated|Client has encountered a connection error/.test(errorMessage(err));
+  // retriable SQLSTATEs (40001, 40P01, 53300, 57P0x, 08xxx) and node-postgres' pool and socket
+  // errors, which carry no code: transient
+  const transient = isRetriable(err) || isConnectionError(err);
   return new RlError(`${op} failed on ${where}: ${errorMessage(err)}`, { retriable: transient, code: 'ERR_STORE', cause: err });
 }
 
