@@ -39,6 +39,14 @@ function describe(failed: FailedTrajectory[]): string {
   return parts.join('; ');
 }
 
+/** What produced the failures, by the backend names of lib/reward (fn:…, onnx:…, HTTP servers). */
+function whatToFix(failed: FailedTrajectory[]): string {
+  const server = failed.find((f) => f.server)?.server;
+  if (server?.startsWith('fn:')) return `the reward function ${server.slice(3)}`;
+  if (server?.startsWith('onnx:')) return `the reward model ${server.slice(5)}`;
+  return 'the reward servers';
+}
+
 export function decideOnFailures(outcomes: readonly RewardOutcome[], group: GroupInfo, policy: OnFailurePolicy): FailureDecision {
   const expected = new Set(group.expected_ids);
   const best = new Map<string, RewardOutcome>();
@@ -69,7 +77,7 @@ export function decideOnFailures(outcomes: readonly RewardOutcome[], group: Grou
     case 'drop_group':
       return { action: 'drop_group', message: `${head}; dropping the group (reward.on_failure: drop_group)`, failed };
     case 'stop':
-      return { action: 'stop', message: `${head}; stopping the run (reward.on_failure: stop) — fix the reward servers, or set reward.on_failure to retry or drop_group`, failed };
+      return { action: 'stop', message: `${head}; stopping the run (reward.on_failure: stop) — fix ${whatToFix(failed)}, or set reward.on_failure to retry or drop_group`, failed };
     case 'retry': {
       const permanent = failed.filter((f) => !f.retriable);
       if (permanent.length > 0) {

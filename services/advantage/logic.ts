@@ -64,6 +64,31 @@ export function filterReason(g: ScoredGroup, s: AdvantageSettings): string | nul
   return s.filterSemantics === 'dapo' ? `online filter (dapo): all ${s.filterKey} equal (${values[0]})` : `online filter (easyr1): mean ${s.filterKey} ${mean.toFixed(4)} not in (${s.filterLow}, ${s.filterHigh})`;
 }
 
+/**
+ * Why a step is short of usable groups, for the refill request (and the run's message when the
+ * refills run out): reward failures with their count and the last real error (sample id, module
+ * or server, message), and — only when online filtering is on — what it removed and what to change.
+ */
+export function shortfallReason(groups: readonly ScoredGroup[], s: AdvantageSettings): string {
+  const ordered = [...groups].sort((a, b) => a.attempt - b.attempt || a.prompt_index - b.prompt_index);
+  const failed = ordered.flatMap((g) => [...g.samples, ...(g.baseline ? [g.baseline] : [])].filter((x) => x.failure !== null));
+  const parts: string[] = [];
+  if (failed.length) {
+    const last = failed[failed.length - 1];
+    const nGroups = ordered.filter((g) => g.samples.some((x) => x.failure) || g.baseline?.failure).length;
+    const fn = /^fn:|reward function/.test(last.failure!.message);
+    parts.push(`the reward failed for ${failed.length} samples in ${nGroups} of ${ordered.length} groups (reward.on_failure dropped them); last error: ${last.id}: ${last.failure!.message} — fix the reward ${fn ? 'function' : 'servers or model'}`);
+  }
+  if (s.onlineFiltering) {
+    const byFilter = ordered.map((g) => filterReason(g, s)).filter((r): r is string => r !== null && r.startsWith('online filter'));
+    if (byFilter.length) {
+      const fix = s.filterSemantics === 'dapo' ? 'a group needs rewards that differ' : 'widen algorithm.filter_low/filter_high';
+      parts.push(`online filtering removed ${byFilter.length} of ${ordered.length} groups (${byFilter[0]}) — ${fix}, raise algorithm.max_try_make_batch, or turn off algorithm.online_filtering`);
+    }
+  }
+  return parts.join('; ') || 'too few groups';
+}
+
 export type Settlement =
   | { kind: 'wait' }
   | { kind: 'refill'; needed: number }

@@ -21,7 +21,7 @@ import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { TrajectoryRow } from '../../lib/store/port.ts';
 import type { Config } from '../../lib/config/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
-import { settle, computeStep, initialAdvantageState, type AdvantageSettings, type AdvantageState } from './logic.ts';
+import { settle, computeStep, filterReason, shortfallReason, initialAdvantageState, type AdvantageSettings, type AdvantageState } from './logic.ts';
 
 export function advantageSettings(cfg: Config): AdvantageSettings {
   const a = cfg.algorithm;
@@ -88,6 +88,16 @@ export function startAdvantage(p: Pipeline): StageRun {
       touched.add(g.step);
       return { bucket: `step:${String(g.step).padStart(8, '0')}`, id: g.id, payload: r.message.value, headers: r.message.headers };
     }));
+    // groups with reward failures are never trained on: store their samples now (with the
+    // failure, so v_reward_failures shows them) rather than when the step settles — a run that
+    // stops because its rewards keep failing never settles the step
+    const failedGroups = fresh.map((r) => r.value as ScoredGroup).filter((g) => g.samples.some((x) => x.failure) || g.baseline?.failure);
+    if (failedGroups.length) {
+      await p.store.insertTrajectories([
+        ...failedGroups.flatMap((g) => g.samples.map((x) => sampleRow(p.runId, g, x, x.reward_text, { step: g.step, filtered: true, filterReason: filterReason(g, settings), staleness: Math.max(0, g.step - 1 - g.policy_version) }))),
+        ...failedGroups.flatMap((g) => baselineRows(p.runId, [g], g.step)),
+      ], { tx: ctx.tx });
+    }
     for (const step of [...touched].sort((a, b) => a - b)) {
       const t0 = performance.now();
       const bucket = `step:${String(step).padStart(8, '0')}`;
@@ -103,7 +113,7 @@ export function startAdvantage(p: Pipeline): StageRun {
         ctx.emit('control', {
           run_id: p.runId, id: refillId(p.runId, step, request), step, policy_version: groups[0]?.policy_version ?? 0, type: 'refill_request', time_ms: Date.now(),
           run_started: null, epoch_started: null, val_round_done: null, run_done: null, run_failed: null,
-          refill_request: { request, needed: decision.needed, filtered_group_ids: groups.map((g) => g.id), reason: 'online filtering / reward failures left too few groups' },
+          refill_request: { request, needed: decision.needed, filtered_group_ids: groups.map((g) => g.id), reason: shortfallReason(groups, settings) },
         });
         log.info({ step, needed: decision.needed, request }, 'asking the controller for more prompts');
         continue;

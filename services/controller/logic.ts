@@ -35,7 +35,8 @@ export interface ControllerState {
 export type ControllerEvent =
   | { type: 'policy'; policy: PolicyRef }
   /** `request`: the advantage stage's 1-based request number for the step (a redelivered request is ignored). */
-  | { type: 'refill'; step: number; needed: number; request?: number }
+  /** `reason`: why the step is short of usable groups (the advantage stage's account: reward failures with the last error, online filtering). */
+  | { type: 'refill'; step: number; needed: number; request?: number; reason?: string }
   | { type: 'val_done'; version: number };
 
 export interface PromptRef {
@@ -110,6 +111,16 @@ function finished(plan: ControllerPlan, s: ControllerState): boolean {
   return s.valEmitted.every((v) => s.valDone.includes(v));
 }
 
+/** A refill request's reasons that are this version's accounts (older records say only this). */
+const GENERIC_REFILL_REASON = 'online filtering / reward failures left too few groups';
+
+/** Why the run stops when a step stays short of usable groups: the advantage stage's reason when it gave one. */
+function shortfallMessage(plan: ControllerPlan, step: number, reason: string | undefined): string {
+  const head = `step ${step}: too few usable groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch)`;
+  if (reason && reason !== GENERIC_REFILL_REASON) return `${head}: ${reason}`;
+  return `${head}; the rewards are too uniform for algorithm.filter_low/filter_high — widen the filter, raise max_try_make_batch, or turn off algorithm.online_filtering`;
+}
+
 /** decide: (plan, state, event) → commands and the next state. */
 export function decide(plan: ControllerPlan, state: ControllerState, event: ControllerEvent): { state: ControllerState; commands: ControllerCommand[] } {
   const s: ControllerState = { ...state, refills: { ...state.refills }, valEmitted: [...state.valEmitted], valDone: [...state.valDone] };
@@ -144,7 +155,7 @@ export function decide(plan: ControllerPlan, state: ControllerState, event: Cont
       const tries = (s.refills[event.step] ?? 0) + 1;
       if (tries > plan.maxTryMakeBatch) {
         s.done = true;
-        commands.push({ type: 'fail', message: `step ${event.step}: online filtering kept too few groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch); the rewards are too uniform for algorithm.filter_low/filter_high — widen the filter, raise max_try_make_batch, or turn off algorithm.online_filtering` });
+        commands.push({ type: 'fail', message: shortfallMessage(plan, event.step, event.reason) });
         return { state: s, commands };
       }
       s.refills[event.step] = tries;

@@ -68,7 +68,7 @@ export function startController(p: Pipeline, data: RunData): StageRun {
         events.push({ type: 'policy', policy: { version: v.policy_version, step: v.step, path: v.checkpoint_path, sha256: v.sha256 } });
       } else if (r.topic === 'control') {
         const c = r.value as ControlEvent;
-        if (c.type === 'refill_request') events.push({ type: 'refill', step: c.step, needed: c.refill_request.needed, request: c.refill_request.request });
+        if (c.type === 'refill_request') events.push({ type: 'refill', step: c.step, needed: c.refill_request.needed, request: c.refill_request.request, reason: c.refill_request.reason });
       } else if (r.topic === 'validation') {
         const g = r.value as ScoredGroup;
         const key = String(g.step);
@@ -88,7 +88,9 @@ export function startController(p: Pipeline, data: RunData): StageRun {
           await p.store.insertMetrics(Object.entries(values).filter(([, x]) => Number.isFinite(x)).map(([name, value]) => ({ runId: p.runId, step: version, name, value, stage: 'controller' })), { tx: ctx.tx });
           await p.store.recordValGenerations(round.gens.map((x) => ({ runId: p.runId, step: version, idx: x.idx, prompt: x.prompt, response: x.response, groundTruth: x.gt, reward: x.reward, rewardFailure: x.failure })), { tx: ctx.tx });
           ctx.emit('control', control('val_round_done', version, version, { val_round_done: { round: version, groups: round.groups.length, samples: round.n + round.failures, failures: round.failures } }, String(version)));
-          log.info({ version, ...values }, `validation at version ${version}: accuracy ${values['val/accuracy'].toFixed(3)}`);
+          // an accuracy over no scored sample is no number: say why instead of printing NaN
+          if (round.n === 0) log.warn({ version, ...values }, `validation at version ${version}: no accuracy — the reward failed for all ${round.failures} samples (last error: ${round.gens.findLast((x) => x.failure)?.failure ?? 'see v_reward_failures'}); they are in v_reward_failures`);
+          else log.info({ version, ...values }, `validation at version ${version}: accuracy ${values['val/accuracy'].toFixed(3)}${round.failures ? ` over ${round.n} samples (the reward failed for ${round.failures} more; see v_reward_failures)` : ''}`);
           delete st.val[key];
           events.push({ type: 'val_done', version });
         }

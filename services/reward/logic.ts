@@ -50,7 +50,7 @@ export function scoredGroup(g: TrajectoryGroup, outcomes: readonly RewardOutcome
     const o = byId.get(s.id);
     if (!o) return { ...s, reward: null, reward_details: {}, reward_text: {}, failure: { code: 'ERR_REWARD_MISSING', message: `no reward outcome for ${s.id}`, retriable: false, attempts } };
     if (o.ok) { const d = splitDetails(o.details); return { ...s, reward: o.reward, reward_details: d.numbers, reward_text: d.text, failure: null }; }
-    return { ...s, reward: null, reward_details: {}, reward_text: {}, failure: { code: o.retriable ? 'ERR_REWARD_RETRIABLE' : 'ERR_REWARD', message: `${o.reason}${o.body ? ` (body: ${o.body.slice(0, 200)})` : ''}`.slice(0, 2000), retriable: o.retriable, attempts } };
+    return { ...s, reward: null, reward_details: {}, reward_text: {}, failure: { code: o.retriable ? 'ERR_REWARD_RETRIABLE' : 'ERR_REWARD', message: `${o.server && !o.reason.includes(o.server) ? `${o.server}: ` : ''}${o.reason}${o.body ? ` (body: ${o.body.slice(0, 200)})` : ''}`.slice(0, 2000), retriable: o.retriable, attempts } };
   };
   const { samples: _drop, baseline, ...header } = g;
   return { ...header, reward_fn: rewardFn, samples: g.samples.map(scored), baseline: baseline ? scored(baseline) : null };

@@ -1,0 +1,56 @@
+/**
+ * A broken reward function (issues 14.6 and 18.6): a module that throws, returns a NaN reward, or
+ * a NaN metric. Whatever reward.on_failure is, the run's final message names the real error —
+ * the module, a sample id and the module's message — never online filtering (which is off) nor
+ * "the reward servers"; and every failed training sample is stored (trajectories, with its
+ * failure, and so in v_reward_failures), not left in the advantage stage's pending state.
+ */
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { sql } from 'kysely';
+import { loadConfig } from '../../lib/config/index.ts';
+import { trainEmbedded } from '../../lib/app/run.ts';
+import { silentLogger } from '../../lib/log.ts';
+import { openStore } from '../../lib/store/index.ts';
+import { ROOT } from '../support/pipeline-procs.ts';
+
+const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
+const MODULE = join(ROOT, 'test/e2e/fixtures/reward-faulty.mjs');
+const tmp = join(ROOT, 'test/.tmp', `reward-failures-${process.pid}`);
+after(() => { delete process.env.RLSTREAM_TEST_REWARD_FAULT; rmSync(tmp, { recursive: true, force: true }); });
+
+async function failures(dir: string, runId: string) {
+  const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
+  try {
+    const rows = (await sql<{ kind: string; n: number }>`select kind, count(*)::int as n from v_reward_failures where run_id = ${runId} group by kind`.execute(store.database.db)).rows;
+    const pending = (await sql<{ n: number }>`select count(*)::int as n from stage_pending where run_id = ${runId}`.execute(store.database.db)).rows[0].n;
+    return { byKind: Object.fromEntries(rows.map((r) => [r.kind, r.n])), pending };
+  } finally { await store.close(); }
+}
+
+const cases: Array<{ fault: string; onFailure: string; error: RegExp }> = [
+  { fault: 'throw', onFailure: 'retry', error: /reward function threw: cannot parse ground truth/ },
+  { fault: 'nan', onFailure: 'drop_group', error: /non-finite reward \(NaN\)/ },
+  { fault: 'nan-metric', onFailure: 'stop', error: /metric accuracy=NaN/ },
+];
+
+for (const c of cases) {
+  test(`a reward module that fails (${c.fault}, on_failure ${c.onFailure}): the run names the real error and stores every failed sample`, { timeout: 120_000 }, async () => {
+    process.env.RLSTREAM_TEST_REWARD_FAULT = c.fault;
+    const runId = `rf-${c.fault}`;
+    const dir = join(tmp, runId);
+    const cfg = loadConfig({ file: CONFIG, overrides: [`trainer.run_dir=${dir}`, `pipeline.run_id=${runId}`, `reward.reward_fn_path=${MODULE}`, 'reward.reward_fn=null', `reward.on_failure=${c.onFailure}`, 'reward.max_retries_later=1', 'algorithm.max_try_make_batch=2', 'algorithm.online_filtering=false'] });
+    const out = await trainEmbedded(cfg, silentLogger(runId));
+    assert.equal(out.status, 'failed');
+    const msg = out.message ?? '';
+    assert.match(msg, c.error, msg);
+    assert.ok(msg.includes(MODULE), `names the module: ${msg}`);
+    assert.match(msg, new RegExp(`${runId}/[^ ]*n\\d`), `names a sample id: ${msg}`);
+    assert.doesNotMatch(msg, /online filtering|filter_low|reward servers/, msg);
+    const f = await failures(dir, runId);
+    // every training sample of the failed groups is stored with its failure: the first draw of 4 groups × 4 samples at least
+    assert.ok((f.byKind.train ?? 0) >= 16, `train failures stored: ${JSON.stringify(f)}`);
+  });
+}
