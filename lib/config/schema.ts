@@ -278,6 +278,7 @@ const rewardSchema = section({
   reward_fn: z.string().min(1).nullable().default(null).describe('Built-in reward function (e.g. number_game, exact_match, format, arithmetic); null → data.task’s reward when data.task is set.'),
   reward_fn_path: z.string().min(1).nullable().default(null).describe('User reward module (JS/TS) whose default or `reward` export is the function; instead of reward_fn.'),
   reward_fn_kwargs: z.record(z.string(), z.unknown()).default(() => ({})).describe('Keyword arguments passed to the reward function.'),
+  timeout_s: z.number().positive().default(30).describe('Time limit per sample of a reward function (reward_fn, reward_fn_path), which runs in a worker thread: a sample that takes longer is a recorded reward failure (HTTP servers: reward.remote.timeout_ms).'),
   on_failure: z.enum(['retry', 'drop_group', 'stop']).default('retry').describe('A trajectory whose reward failed: retry it later, drop its prompt group, or stop the run.'),
   max_retries_later: nonNegInt().default(3).describe('on_failure = retry: later attempts before the group is dropped.'),
   remote: remoteSchema,

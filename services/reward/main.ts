@@ -12,7 +12,8 @@ import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
-import { rewardFns, loadRewardModule, applyRewardFn, type RewardFn } from '../../lib/reward-fns/index.ts';
+import { rewardFns } from '../../lib/reward-fns/index.ts';
+import { FunctionRewardWorker, type FunctionRewardSpec } from '../../lib/reward-fns/function-worker.ts';
 import { createRemoteRewardClient, type RemoteRewardClient } from '../../lib/reward/http-client.ts';
 import { createModelRewardScorer, type TokenRewardItem } from '../../lib/reward/onnx-scorer.ts';
 import { tokenizerFor } from '../../lib/pipeline/policy.ts';
@@ -58,27 +59,30 @@ export async function createRewardBackend(p: Pipeline, replicaIndex: number, env
     }
     return { name: `onnx:${r.model.path}`, score: (items) => scorer.scoreBatch(items), close: () => scorer.close() };
   }
-  let fn: RewardFn;
+  let fn: FunctionRewardSpec;
   let name: string;
   // remote servers switched off: the reward function (or data.task's reward, as the config loader fills it)
   const fnName = r.reward_fn ?? (r.type === 'remote' && p.cfg.data.task !== null && rewardFns.has(p.cfg.data.task) ? p.cfg.data.task : null);
-  if (r.reward_fn_path) { fn = await loadRewardModule(r.reward_fn_path); name = `fn:${r.reward_fn_path}`; }
-  else if (fnName) { fn = rewardFns.get(fnName); name = `fn:${fnName}`; }
+  if (r.reward_fn_path) { fn = { path: r.reward_fn_path, name: null }; name = `fn:${r.reward_fn_path}`; }
+  else if (fnName) { rewardFns.get(fnName); fn = { path: null, name: fnName }; name = `fn:${fnName}`; }
   else if (r.type === 'remote') {
     throw new ConfigError(`reward.type = remote with the reward servers switched off (${r.remote.enabled === false ? 'reward.remote.enabled: false' : 'DISABLE_RL_REWARD_MODEL=true'}) needs a reward function: set reward.reward_fn (built-in: ${rewardFns.names().join(', ')}) or reward.reward_fn_path, or turn the servers back on`);
-  } else { fn = rewardFns.get('exact_match'); name = 'fn:exact_match'; }
+  } else { fn = { path: null, name: 'exact_match' }; name = 'fn:exact_match'; }
   const kwargs = r.reward_fn_kwargs as Record<string, unknown>;
+  // in a worker thread with reward.timeout_s per sample: a function that never returns cannot block the stage
+  const worker = new FunctionRewardWorker(fn, r.timeout_s * 1000);
+  await worker.start();
   return {
     name,
     async score(items) {
       const out: RewardOutcome[] = [];
       for (const it of items) {
-        const o = await applyRewardFn(fn, { prompt: it.prompt_text, response: it.response_text, ground_truth: it.ground_truth ?? '', kwargs });
+        const o = await worker.score({ prompt: it.prompt_text, response: it.response_text, ground_truth: it.ground_truth ?? '', kwargs });
         out.push(o.ok ? { id: it.id, ok: true, reward: o.reward, details: o.metrics, server: name } : { id: it.id, ok: false, reason: o.reason, retriable: false, server: name });
       }
       return out;
     },
-    async close() {},
+    close: () => worker.close(),
   };
 }
 

@@ -15,6 +15,7 @@ import { trainEmbedded } from '../../lib/app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { ROOT } from '../support/pipeline-procs.ts';
+import { deadline, killHard, spawnCli } from '../support/chaos-procs.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
 const MODULE = join(ROOT, 'test/e2e/fixtures/reward-faulty.mjs');
@@ -54,3 +55,19 @@ for (const c of cases) {
     assert.ok((f.byKind.train ?? 0) >= 16, `train failures stored: ${JSON.stringify(f)}`);
   });
 }
+
+test('a reward function that never returns (a busy loop) is stopped after reward.timeout_s and recorded as a failure; the stage is not blocked', { timeout: 120_000 }, async () => {
+  const runId = 'rf-hang';
+  const dir = join(tmp, runId);
+  // a separate process: on the stage's own thread the busy loop would block this test too
+  const proc = spawnCli(['train', CONFIG, `trainer.run_dir=${dir}`, `pipeline.run_id=${runId}`, `reward.reward_fn_path=${MODULE}`, 'reward.reward_fn=null', 'reward.on_failure=stop', 'reward.timeout_s=1', 'data.rollout_batch_size=1', 'rollout.n=2', 'actor.global_batch_size=2', 'actor.micro_batch_size_per_device_for_update=2', 'actor.micro_batch_size_per_device_for_experience=2'], { RLSTREAM_TEST_REWARD_FAULT: 'hang' });
+  const ended = await Promise.race([proc.exit, deadline(90_000)]);
+  if (!ended) await killHard(proc);
+  assert.ok(ended, `the run ended instead of hanging:\n${proc.output().slice(-2000)}`);
+  assert.equal(ended.code, 1, proc.output().slice(-2000));
+  const line = proc.output().split('\n').find((l) => l.startsWith('rlstream train: ')) ?? '';
+  assert.match(line, /did not return within reward\.timeout_s = 1 s/, line);
+  assert.ok(line.includes(MODULE), line);
+  const f = await failures(dir, runId);
+  assert.ok((f.byKind.train ?? 0) >= 2, `the timed-out samples are stored: ${JSON.stringify(f)}`);
+});
