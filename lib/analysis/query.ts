@@ -11,6 +11,7 @@ import pg from 'pg';
 import type { Database } from '../db/database.ts';
 import { RlError, errorMessage } from '../errors.ts';
 import type { QueryResult } from './format.ts';
+import { assertPlainRead } from './sql-guard.ts';
 
 export type { QueryResult, ResultColumn } from './format.ts';
 
@@ -33,6 +34,8 @@ const queryTypes = Object.assign([] as number[], { getTypeParser });
 export interface ReadOnlyOptions {
   /** Cancel the statement after this many seconds (statement_timeout); 0 or undefined = no limit. */
   timeoutS?: number;
+  /** Give up waiting for a lock after this many seconds (lock_timeout; default 5): a query never queues behind a writer. */
+  lockTimeoutS?: number;
   /** Bind parameters ($1, $2, …), for programmatic use. */
   params?: readonly unknown[];
 }
@@ -62,11 +65,13 @@ export function queryError(err: unknown, where: string): RlError {
 /** Runs one statement read-only and returns its columns and rows; the transaction is rolled back. */
 export async function runReadOnlyQuery(database: Database, text: string, opts: ReadOnlyOptions = {}): Promise<QueryResult> {
   if (text.trim().length === 0) throw new RlError('the query is empty', { code: 'ERR_SQL' });
+  assertPlainRead(text); // a read-only transaction does not stop copy … to program, pg_read_file, lock in do $$ … $$
   const client = await database.pool.connect();
   let broken: Error | undefined;
   try {
     await client.query('begin transaction read only');
     try {
+      await client.query(`set local lock_timeout = ${Math.max(1, Math.round((opts.lockTimeoutS ?? 5) * 1000))}`);
       if (opts.timeoutS && opts.timeoutS > 0) {
         await client.query(`set local statement_timeout = ${Math.max(1, Math.round(opts.timeoutS * 1000))}`);
       }
@@ -90,6 +95,13 @@ export async function runReadOnlyQuery(database: Database, text: string, opts: R
   } finally {
     client.release(broken);
   }
+}
+
+/** The role's name when the connection is a PostgreSQL superuser (rlstream sql warns then), else null. */
+export async function superuserRole(database: Database): Promise<string | null> {
+  if (database.kind !== 'postgres') return null;
+  const r = await database.pool.query<{ u: string; s: string }>("select current_user as u, current_setting('is_superuser') as s");
+  return r.rows[0]?.s === 'on' ? r.rows[0].u : null;
 }
 
 /** The views and tables a user can query, with their columns (for `rlstream sql --views`). */

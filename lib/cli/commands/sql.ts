@@ -1,7 +1,7 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
 import { formatResultCsv, formatResultJson, formatResultTable, type QueryResult } from '../../analysis/format.ts';
-import { describeRelations, runReadOnlyQuery } from '../../analysis/query.ts';
+import { describeRelations, runReadOnlyQuery, superuserRole } from '../../analysis/query.ts';
 import { locateRun, openRun } from '../../analysis/target.ts';
 
 /** Where a command prints (tests pass collectors; the CLI uses the process streams). */
@@ -87,6 +87,8 @@ export async function runSql(argv: string[], io: CommandIo): Promise<number> {
   }
   const database = await openRun(locateRun(spec));
   try {
+    const su = await superuserRole(database).catch(() => null);
+    if (su) io.err(`warning: connected as the superuser ${su}: rlstream sql refuses everything but plain read queries, but give analysts a read-only role instead (docs/queries.md, "A read-only role")\n`);
     const res = booleans.has('views') ? await describeRelations(database) : await runReadOnlyQuery(database, query!, { timeoutS });
     if (res.columns.length === 0) {
       io.out(`${res.command || 'OK'} (no rows returned)\n`);

@@ -102,7 +102,7 @@ describe('rlstream sql', () => {
 
   test('an INSERT fails with a clear message and writes nothing', async () => {
     await assert.rejects(sqlCommand.run([runDir, "insert into runs (run_id, project, experiment) values ('x', 'p', 'e')"]),
-      /the query must only read: cannot execute INSERT in a read-only transaction/);
+      /the query must only read: INSERT is refused/);
     const r = await capture(runSql, [runDir, 'select run_id from runs', '--json']);
     assert.deepEqual(JSON.parse(r.out), [{ run_id: run.runId }]);
     // The run directory's lock was released after every command.

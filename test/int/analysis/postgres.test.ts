@@ -58,8 +58,8 @@ describe('read-only queries on PostgreSQL', () => {
   test('writes, DDL, sequences and early commits are refused; nothing changes', async () => {
     const count = async () => (await queryObjects(db, 'select count(*) as n from step_metrics where run_id = $1', [runId]))[0].n;
     const before = await count();
-    await assert.rejects(runReadOnlyQuery(db, `delete from step_metric_parts where run_id = '${runId}'`), /the query must only read: cannot execute DELETE in a read-only transaction/);
-    await assert.rejects(runReadOnlyQuery(db, 'create table analysis_evil (x int)'), /cannot execute CREATE TABLE in a read-only transaction/);
+    await assert.rejects(runReadOnlyQuery(db, `delete from step_metric_parts where run_id = '${runId}'`), /the query must only read: DELETE is refused/);
+    await assert.rejects(runReadOnlyQuery(db, 'create table analysis_evil (x int)'), /CREATE is refused/);
     await assert.rejects(runReadOnlyQuery(db, `commit; delete from step_metrics where run_id = '${runId}'`), /give one SQL statement per call/);
     await assert.rejects(runReadOnlyQuery(db, 'select pg_sleep(5)', { timeoutS: 0.2 }), /the query was cancelled: .*statement timeout.*raise --timeout-s/);
     assert.equal(await count(), before);
