@@ -47,6 +47,8 @@ const STORAGE_CODES: Record<string, string> = {
   EIO: 'input/output error',
 };
 
+const WASI_ERRNO: Record<number, string> = { 51: 'ENOSPC', 19: 'EDQUOT', 69: 'EROFS', 29: 'EIO' };
+
 /**
  * A stage could not write its own files (policy versions, checkpoints, its database): a full,
  * read-only or failing disk. Not retriable in place and not the message's fault either, so the
@@ -70,7 +72,9 @@ export class StorageError extends RlError {
 export function storageFault(err: unknown, path?: string): StorageError | null {
   for (let e = err, depth = 0; e && typeof e === 'object' && depth < 8; e = (e as { cause?: unknown }).cause, depth++) {
     if (e instanceof StorageError) return e;
-    const x = e as { code?: unknown; path?: unknown; dest?: unknown };
+    const x = e as { code?: unknown; path?: unknown; dest?: unknown; name?: unknown; errno?: unknown };
+    // PGlite (Emscripten) throws {name: 'ErrnoError', errno} with WASI numbers and no path
+    if (x.name === 'ErrnoError' && typeof x.errno === 'number' && WASI_ERRNO[x.errno]) return new StorageError(path ?? 'the embedded database', WASI_ERRNO[x.errno], err);
     if (typeof x.code === 'string' && x.code in STORAGE_CODES) {
       const where = path ?? (typeof x.dest === 'string' ? x.dest : typeof x.path === 'string' ? x.path : null) ?? `a file (${errorMessage(e)})`;
       return new StorageError(where, x.code, err);
@@ -97,6 +101,13 @@ export function isRetriable(err: unknown): boolean {
   return false;
 }
 
+/** The message of any thrown value: an Error's, an error-like object's (`message`), else its JSON — never "[object Object]". */
 export function errorMessage(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
+  if (err instanceof Error) return err.message;
+  if (err && typeof err === 'object') {
+    const m = (err as { message?: unknown }).message;
+    if (typeof m === 'string' && m) return m;
+    try { return JSON.stringify(err) ?? String(err); } catch { return String(err); }
+  }
+  return String(err);
 }

@@ -6,6 +6,7 @@
 import type { Command } from './command.ts';
 import { UsageError } from './command.ts';
 import { commands } from './commands/index.ts';
+import { errorMessage } from '../errors.ts';
 
 function topHelp(): string {
   const width = Math.max(...commands.map((c) => c.name.length));
@@ -47,7 +48,7 @@ export async function main(argv: string[]): Promise<number> {
       console.error(`rlstream ${cmd.name}: ${err.message} (see \`rlstream ${cmd.name} --help\`)`);
       return 2;
     }
-    const msg = err instanceof Error ? err.message : String(err);
+    const msg = errorMessage(err);
     console.error(`rlstream ${cmd.name}: ${msg.split('\n')[0]}`);
     if (msg.includes('\n')) console.error(msg.split('\n').slice(1).join('\n'));
     if (process.env.RLSTREAM_DEBUG && err instanceof Error) console.error(err.stack);

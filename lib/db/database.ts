@@ -10,7 +10,7 @@ import pg from 'pg';
 import { mkdirSync } from 'node:fs';
 import { acquireLock, type LockHandle } from './lock-file.ts';
 import { migrate } from './migrate.ts';
-import { RlError } from '../errors.ts';
+import { RlError, errorMessage, storageFault } from '../errors.ts';
 
 export type DatabaseTarget =
   | { kind: 'pglite'; dir: string; breakLock?: boolean }
@@ -44,6 +44,22 @@ export function redactUrl(url: string): string {
   } catch { return '<unparseable database url>'; }
 }
 
+/**
+ * Why an embedded database could not be opened, in one line naming its directory: a full or
+ * read-only disk (PGlite's Emscripten errno), or files PGlite aborted on (a missing pg_control, a
+ * truncated table file: damaged, e.g. by a copy or a disk failure), with what to do.
+ */
+export function embeddedOpenError(e: unknown, pgdata: string): unknown {
+  const storage = storageFault(e, pgdata);
+  if (storage) return storage;
+  const msg = errorMessage(e);
+  if (/Aborted\(|RuntimeError|unreachable|could not (open|read) file|invalid page|pg_control/i.test(msg)) {
+    return new RlError(`the embedded database ${pgdata} cannot be opened: its files are damaged or incomplete (${/Aborted\(/.test(msg) ? 'PGlite aborted reading them, e.g. global/pg_control is missing' : msg.split('\n')[0].slice(0, 200)}). `
+      + 'Restore the run directory from a copy, or continue in a new run directory from the last complete checkpoint: trainer.run_dir=<new dir> trainer.load_checkpoint_path=<this run dir>/checkpoints/global_step_N', { code: 'ERR_DB_DAMAGED', cause: e });
+  }
+  return e instanceof Error ? e : new RlError(`cannot open the embedded database ${pgdata}: ${msg}`, { code: 'ERR_DB_OPEN', cause: e });
+}
+
 export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boolean } = {}): Promise<Database> {
   const doMigrate = opts.migrate ?? true;
   if (target.kind === 'pglite') {
@@ -52,7 +68,7 @@ export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boo
     try {
       const { PGlite } = await import('@electric-sql/pglite');
       const { createPgConfig } = await import('@electric-sql/pglite/node-postgres');
-      const pglite = await PGlite.create(`${target.dir}/pgdata`);
+      const pglite = await PGlite.create(`${target.dir}/pgdata`).catch((e: unknown) => { throw embeddedOpenError(e, `${target.dir}/pgdata`); });
       const pool = new pg.Pool(createPgConfig(pglite) as unknown as pg.PoolConfig);
       const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
       const database: Database = {
@@ -63,7 +79,7 @@ export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boo
           lock.release();
         },
       };
-      if (doMigrate) await migrate(db);
+      if (doMigrate) await migrate(db).catch(async (e: unknown) => { await database.close(); throw embeddedOpenError(e, `${target.dir}/pgdata`); });
       return database;
     } catch (e) {
       lock.release();
