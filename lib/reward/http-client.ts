@@ -10,7 +10,11 @@
  * Faults: per-request timeout; retriable errors (refused/reset, timeout, 429, 5xx, malformed
  * body) are retried up to `max_retries` times with jittered exponential backoff (or the server's
  * Retry-After), on another server when one is healthy; 4xx other than 408/429 are final. A
- * circuit breaker per server opens after `failure_threshold` consecutive failures; while open the
+ * circuit breaker per server opens after consecutive server faults (transport errors, timeouts,
+ * 5xx, malformed bodies) of `failure_threshold` distinct inputs: the retries of one input count
+ * once, and an input whose server fault repeats on a server that answered other inputs since (a
+ * 500 that comes back for the same body) is the input's own failure — it stops counting, so a
+ * partial outage that hits some prompts only does not open the breaker for everyone. A multi-item request that fails is retried item by item. While open the
  * server gets `/healthz` probes every `probe_interval_ms`, and a healthy probe at least
  * `reset_timeout_ms` after opening half-opens it (one trial request decides). A whole
  * `scoreBatch` has `batch_budget_ms`. An item that cannot be scored is an `ok: false` outcome
@@ -79,6 +83,10 @@ interface ServerState {
   sampleNext: number;
   requests: number;
   errors: number;
+  /** The distinct inputs (item ids) of the current streak of server faults; its size is what opens the breaker. */
+  failingInputs: Set<string>;
+  /** `results` count at this server's last success. */
+  lastSuccess: number;
 }
 
 /** What went wrong with one attempt. */
@@ -202,8 +210,13 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
 
   const servers: ServerState[] = endpoints.map((ep, index) => ({
     ep, index, outstanding: 0, state: 'closed', consecutiveFailures: 0, openedAt: 0, trialInFlight: false,
-    probing: false, lastFailureAt: 0, samples: [], sampleNext: 0, requests: 0, errors: 0,
+    probing: false, lastFailureAt: 0, samples: [], sampleNext: 0, requests: 0, errors: 0, failingInputs: new Set<string>(), lastSuccess: -1,
   }));
+  // inputs that had a server fault once (anywhere), and those whose fault repeated: their own (bounded memory)
+  const faultedAt = new Map<string, number>(); // input → `results` count at its first server fault
+  const ownFault = new Set<string>();
+  let results = 0;
+  const bound = (m: { size: number; delete(k: string): boolean; keys(): IterableIterator<string> }) => { if (m.size > 4096) m.delete(m.keys().next().value!); };
   const preferred = ((deps.replicaIndex % servers.length) + servers.length) % servers.length;
   const counters = { failures: 0, scored: 0, retries: 0, requests: 0 };
   const startedAt = clock.now();
@@ -334,7 +347,7 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
     }
   }
 
-  function recordResult(s: ServerState, ms: number, err: AttemptError | null): void {
+  function recordResult(s: ServerState, ms: number, err: AttemptError | null, input: string): void {
     s.outstanding--;
     const wasTrial = s.trialInFlight;
     s.trialInFlight = false;
@@ -345,13 +358,25 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
     s.sampleNext = (s.sampleNext + 1) % SAMPLES;
     if (!ok) {
       s.errors++;
-      s.consecutiveFailures++;
       s.lastFailureAt = clock.now();
       s.lastError = err!.reason;
+      results++;
+      const first = faultedAt.get(input);
+      if (first !== undefined && s.lastSuccess > first) {
+        // the same input failed again on a server that has answered other inputs since: the fault is the input's
+        ownFault.add(input); bound(ownFault);
+        for (const x of servers) x.failingInputs.delete(input);
+      } else if (!ownFault.has(input)) {
+        s.failingInputs.add(input);
+        if (first === undefined) { faultedAt.set(input, results); bound(faultedAt); }
+      }
+      s.consecutiveFailures = s.failingInputs.size;
       if (s.state === 'half_open' && wasTrial) openBreaker(s);
       else if (s.state === 'closed' && s.consecutiveFailures >= opts.breaker.failure_threshold) openBreaker(s);
     } else {
       s.consecutiveFailures = 0;
+      s.failingInputs.clear();
+      s.lastSuccess = ++results;
       if (s.state === 'half_open' && wasTrial) {
         s.state = 'closed';
         log.info({ server: s.ep.key }, `reward server ${s.ep.key}: trial request ok; circuit breaker closed`);
@@ -443,7 +468,7 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
         const r = await attempt(s, job, timeout);
         // a malformed item in an otherwise good batch response also counts against the server
         const fault = 'err' in r ? r.err : (r.results.find((x) => !x.ok) as { err: AttemptError } | undefined)?.err ?? null;
-        recordResult(s, clock.now() - t0, fault);
+        recordResult(s, clock.now() - t0, fault, job.items.map((it) => it.id).join('\u0000'));
         if ('err' in r) {
           err = r.err;
         } else {
@@ -462,6 +487,12 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       lastErr = err!;
       if (!err!.retriable) { failAll(job.items, err!.reason, err!.finalRetriable, err!); return; }
       if (attempts > opts.max_retries) { failAll(job.items, `${err!.reason} (gave up after ${attempts} attempts)`, err!.finalRetriable, err!); return; }
+      if (job.items.length > 1) {
+        // one bad item can fail a whole request: retry each item alone, so the others are scored
+        const rest = job;
+        await Promise.all(rest.items.map((it, i) => runJob({ items: [it], bodies: [rest.bodies[i]] }, deadline, out)));
+        return;
+      }
       counters.retries++;
       const delay = backoffMs(attempts, err!.retryAfterMs);
       log.debug({ ids: job.items.map((i) => i.id), attempt: attempts, delay_ms: Math.round(delay), reason: err!.reason }, 'reward: retrying');

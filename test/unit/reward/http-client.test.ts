@@ -328,3 +328,23 @@ test('scoreBatch rejects duplicate ids; outcomes come back in item order', async
   c.close();
   await assert.rejects(c.scoreBatch(items(1)), /closed/);
 });
+
+test('a partial outage (500 only for prompts starting with 7) does not open the breaker for everyone; a bad item in a batch does not fail the others (issue 18.7)', async () => {
+  const bad = (b: { prompt?: string; items?: Array<{ prompt: string }> }) => (b.items ?? [b as { prompt: string }]).some((x) => x.prompt.startsWith('7'));
+  const handler = (b: unknown) => (bad(b as never) ? json({ error: 'cannot score this one' }, 500) : (b as { items?: unknown[] }).items
+    ? json({ results: (b as { items: unknown[] }).items.map(() => ({ vlm_score: 0.5, ocr_confidence: 0.5 })) }) : good(0.5, 0.5)());
+  const list = Array.from({ length: 60 }, (_, i) => ({ ...items(1)[0], id: `p${i}`, prompt_text: `${i % 10} prompt ${i}` }));
+  for (const batch_size of [1, 4]) {
+    const s = scripted({ s0: handler });
+    const c = createRemoteRewardClient(opts({ urls: ['http://s0'], batch_size, concurrency_per_server: 4, max_retries: 5, breaker: { failure_threshold: 5, reset_timeout_ms: 60_000, probe_interval_ms: 60_000 } }), { replicaIndex: 0, fetchImpl: s.fetch });
+    const outs = await c.scoreBatch(list);
+    const m = c.metrics();
+    c.close();
+    assertNoFabricated(outs);
+    for (const [i, o] of outs.entries()) {
+      if (list[i].prompt_text.startsWith('7')) assert.ok(!o.ok && /HTTP 500: cannot score this one/.test(o.reason), `batch_size ${batch_size}, ${o.id}: ${JSON.stringify(o)}`);
+      else assert.ok(o.ok, `batch_size ${batch_size}: ${o.id} is scored, not failed by another prompt's fault: ${JSON.stringify(o)}`);
+    }
+    assert.equal(m['reward_server/s0/breaker_open'], 0, `batch_size ${batch_size}: the breaker stayed closed`);
+  }
+});
