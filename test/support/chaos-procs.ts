@@ -129,6 +129,12 @@ export interface ChaosOptions {
   timeoutMs: number;
   env?: NodeJS.ProcessEnv;
   log?: (line: string) => void;
+  /**
+   * A fault the test injects that makes a stage exit with an error by design (a full disk): a
+   * process whose output matches `pattern` when it exits non-zero is recorded as a kill, `fix()`
+   * runs (space is freed), and the stage is restarted with the same command.
+   */
+  expectedFault?: { pattern: RegExp; fix(): Promise<void> };
 }
 
 interface Slot { stage: string; proc: CliProc; hook: string | null; killedByUs: boolean; outputs: string[] }
@@ -194,6 +200,12 @@ export class ChaosHarness {
           if (ex.code === 0) continue;
           const self = selfKilledAt(s.proc.output());
           if (ex.signal === 'SIGKILL' && self) { await this.record(s, `RLSTREAM_CRASH_AT=${s.hook}`, self); continue; }
+          const fault = this.o.expectedFault;
+          if (fault && fault.pattern.test(s.proc.output())) {
+            await fault.fix();
+            await this.record(s, `exit ${ex.code}: ${fault.pattern.exec(s.proc.output())![0]}`, lastCrashPoint(s.proc.output()));
+            continue;
+          }
           throw new Error(`${s.stage} exited with ${JSON.stringify(ex)}:\n${s.proc.output().slice(-4000)}`);
         }
         if (this.slots.every((s) => s.proc.child.exitCode === 0)) return;
