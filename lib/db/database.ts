@@ -53,7 +53,8 @@ export function embeddedOpenError(e: unknown, pgdata: string): unknown {
   const storage = storageFault(e, pgdata);
   if (storage) return storage;
   const msg = errorMessage(e);
-  if (/Aborted\(|RuntimeError|unreachable|could not (open|read) file|invalid page|pg_control/i.test(msg)) {
+  const code = (e as { code?: unknown })?.code;
+  if (code === 'XX001' || code === 'XX002' || /Aborted\(|RuntimeError|unreachable|could not (open|read) file|could not read blocks? |invalid page|pg_control/i.test(msg)) {
     return new RlError(`the embedded database ${pgdata} cannot be opened: its files are damaged or incomplete (${/Aborted\(/.test(msg) ? 'PGlite aborted reading them, e.g. global/pg_control is missing' : msg.split('\n')[0].slice(0, 200)}). `
       + 'Restore the run directory from a copy, or continue in a new run directory from the last complete checkpoint: trainer.run_dir=<new dir> trainer.load_checkpoint_path=<this run dir>/checkpoints/global_step_N', { code: 'ERR_DB_DAMAGED', cause: e });
   }

@@ -7,7 +7,7 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { hostname } from 'node:os';
 import { ROOT } from '../support/pipeline-procs.ts';
@@ -56,4 +56,13 @@ test('a read-only run directory with a stale lock: EROFS with the path', { skip:
   const line = await trainLine(dir);
   assert.match(line, /read-only file system \(EROFS\)/);
   assert.ok(line.includes(dir), line);
+});
+
+test('a truncated table file: named damaged with the file, not a stack trace', { timeout: 120_000 }, async () => {
+  const dir = join(tmp, 'truncated');
+  const ok = spawnCli(['train', CONFIG, `trainer.run_dir=${dir}`, 'pipeline.run_id=openerr', 'trainer.max_steps=1']);
+  assert.equal((await ok.exit).code, 0, ok.output().slice(-2000));
+  truncateSync(join(dir, 'db/pgdata/base/5/1255'), 8192); // pg_proc, read when the database is opened
+  const line = await trainLine(dir);
+  assert.match(line, /the embedded database .*truncated\/db\/pgdata cannot be opened: its files are damaged or incomplete \(could not read block.*base\/5\/1255/);
 });
