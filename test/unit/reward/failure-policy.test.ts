@@ -60,3 +60,13 @@ test('long failure lists are summarised', () => {
   const d = decideOnFailures(ids.map((id) => fail(id)), group({ expected_ids: ids }), 'stop');
   assert.match(d.message!, /10 of 10 .*… and 7 more/);
 });
+
+test('stop says what to fix by the kind of reward: a function, a model, or the servers (issue 14.6)', () => {
+  const fnFail: RewardOutcome = { id: 'b', ok: false, reason: 'reward function threw: boom', retriable: false, server: 'fn:/x/reward.mjs' };
+  const m = decideOnFailures([ok('a'), fnFail, ok('c')], group(), 'stop').message!;
+  assert.match(m, /fix the reward function \/x\/reward\.mjs/);
+  assert.doesNotMatch(m, /reward servers/);
+  const modelFail: RewardOutcome = { id: 'b', ok: false, reason: 'token id 99 out of range', retriable: false, server: 'onnx:/m.onnx' };
+  assert.match(decideOnFailures([ok('a'), modelFail, ok('c')], group(), 'stop').message!, /fix the reward model \/m\.onnx/);
+  assert.match(decideOnFailures([ok('a'), fail('b'), ok('c')], group(), 'stop').message!, /fix the reward servers/);
+});

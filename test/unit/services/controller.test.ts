@@ -88,3 +88,12 @@ test('update: checkpoint schedule and pruning', () => {
   assert.deepEqual(checkpointsToPrune([6, 2, 4, 8], 2), [2, 4]);
   assert.deepEqual(checkpointsToPrune([1, 2], -1), []);
 });
+
+test('when refills run out, the stop message is the advantage stage\'s reason (reward failures), not online filtering (issue 14.6)', () => {
+  const reason = 'the reward failed for 16 samples in 4 of 4 groups (reward.on_failure dropped them); last error: r/train/s1/p3/n3: fn:/x/reward.mjs: reward function threw: boom — fix the reward function';
+  const r0 = run(plan, [{ type: 'policy', policy: pol(0) }]);
+  const r = run(plan, [1, 2, 3].map((request) => ({ type: 'refill' as const, step: 1, needed: 4, request, reason })), r0.state);
+  const fail = r.commands.find((x) => x.type === 'fail') as { message: string };
+  assert.equal(fail.message, `step 1: too few usable groups after 2 extra batches (algorithm.max_try_make_batch): ${reason}`);
+  assert.doesNotMatch(fail.message, /online filtering|filter_low/);
+});
