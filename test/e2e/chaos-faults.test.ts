@@ -21,12 +21,12 @@ import { mountUnavailable, tinyDisk, type TinyDisk } from '../support/fault-moun
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
 const RUN_ID = 'chaosfaults';
-const STEPS = 12;
+const STEPS = 10;
 const tmp = join(ROOT, 'test/.tmp', `chaos-faults-${process.pid}`);
 const cleanups: Array<() => Promise<void> | void> = [];
 after(async () => { for (const c of cleanups.reverse()) { try { await c(); } catch { /* best effort */ } } rmSync(tmp, { recursive: true, force: true }); });
 
-const common = [`pipeline.run_id=${RUN_ID}`, `trainer.max_steps=${STEPS}`, 'trainer.save_freq=4', 'trainer.total_epochs=2', 'data.task_size.train=32'];
+const common = [`pipeline.run_id=${RUN_ID}`, `trainer.max_steps=${STEPS}`, 'trainer.save_freq=5', 'trainer.total_epochs=2', 'data.task_size.train=32'];
 
 async function final(target: { kind: 'pglite'; dir: string } | { kind: 'postgres'; url: string }) {
   const store = await openStore(target);
@@ -43,7 +43,7 @@ test('kills, terminated database connections and a full disk freed mid-run: the 
   const db = await freshDatabase(name);
   cleanups.push(db.drop);
   const runDir = join(tmp, 'dist');
-  const disk: TinyDisk = tinyDisk(join(runDir, 'policy'), '700k'); // room for ~5 of the 13 policy versions
+  const disk: TinyDisk = tinyDisk(join(runDir, 'policy'), '700k'); // room for ~5 of the 11 policy versions
   cleanups.push(() => disk.unmount());
   const admin = new pg.Client({ connectionString: db.url });
   await admin.connect();
@@ -53,7 +53,7 @@ test('kills, terminated database connections and a full disk freed mid-run: the 
     configFile: CONFIG,
     overrides: [...common, `trainer.run_dir=${runDir}`, 'pipeline.topic_prefix=chaosfaults', 'pipeline.bus=embedded', 'pipeline.store=postgres', `pipeline.database_url=${db.url}`],
     stages: ['update', 'controller', 'advantage', 'reward', 'rollout'],
-    seed: 7, maxKills: 6, intervalMs: [2500, 5000], minUptimeMs: 6000, restartDelayMs: 200, timeoutMs: 200_000,
+    seed: 7, maxKills: 4, intervalMs: [2000, 4000], minUptimeMs: 5000, restartDelayMs: 200, timeoutMs: 200_000,
     hooks: { rollout: ['rollout:generated@2'] },
     expectedFault: {
       pattern: /cannot write \S*policy\S*: no space left on device \(ENOSPC\)/,
