@@ -1,6 +1,6 @@
 /**
  * Listing runs (`rlstream runs`): every subdirectory of a runs directory that holds an embedded
- * store (`<dir>/pgdata`), or every row of `runs` in a PostgreSQL. Each row comes from the v_runs
+ * store (`<dir>/db/pgdata`), or every row of `runs` in a PostgreSQL. Each row comes from the v_runs
  * view. A run directory held by a live process (its lock file names a running PID) is listed with
  * status "in use (PID n)" instead of failing the whole listing.
  */
@@ -66,7 +66,7 @@ function emptySummary(dir: string, status: string, note: string): RunSummary {
   };
 }
 
-/** Run directories under `runsDir` (subdirectories with a pgdata/), sorted by name. */
+/** Run directories under `runsDir` (subdirectories with a db/pgdata/), sorted by name. */
 export function findRunDirs(runsDir: string): string[] {
   const abs = resolve(runsDir);
   if (!existsSync(abs) || !statSync(abs).isDirectory()) {

@@ -1,6 +1,6 @@
 /**
  * Where a run's data lives, from what a user types: a run directory (embedded store in
- * `<run_dir>/pgdata`), a bare run name found under `runs/`, or a `postgres://` URL.
+ * `<run_dir>/db/pgdata`), a bare run name found under `runs/`, or a `postgres://` URL.
  *
  * An embedded run directory is opened with openDatabase({kind:'pglite'}), which takes the run
  * directory's lock file: a directory held by a live training process fails with the lock's message
@@ -28,11 +28,11 @@ const isDir = (p: string) => existsSync(p) && statSync(p).isDirectory();
 const isPgData = (p: string) => isDir(p) && existsSync(join(p, 'PG_VERSION'));
 
 /**
- * Resolves `<run-or-url>`: a postgres:// URL; a run directory containing pgdata/; the pgdata
+ * Resolves `<run-or-url>`: a postgres:// URL; a run directory containing db/pgdata/ (or pgdata/); the pgdata
  * directory itself; or a name under `runsDir` (default `runs`). Throws a clear error otherwise.
  */
 export function locateRun(spec: string, opts: { cwd?: string; runsDir?: string } = {}): RunLocation {
-  if (!spec) throw new RlError('no run given: pass a run directory (containing pgdata/) or a postgres:// URL', { code: 'ERR_NO_RUN' });
+  if (!spec) throw new RlError('no run given: pass a run directory (containing db/pgdata/) or a postgres:// URL', { code: 'ERR_NO_RUN' });
   if (isDatabaseUrl(spec)) return { target: { kind: 'postgres', url: spec, poolSize: 2 }, label: redactUrl(spec) };
   const cwd = opts.cwd ?? process.cwd();
   const abs = resolve(cwd, spec);
@@ -48,9 +48,9 @@ export function locateRun(spec: string, opts: { cwd?: string; runsDir?: string }
     }
   }
   if (isDir(abs)) {
-    throw new RlError(`${abs} is not a run directory: it has no pgdata/ (the embedded store a run writes); pass a run directory such as runs/<experiment>, or a postgres:// URL`, { code: 'ERR_NO_RUN' });
+    throw new RlError(`${abs} is not a run directory: it has no db/pgdata/ (the embedded store a run writes); pass a run directory such as runs/<experiment>, or a postgres:// URL`, { code: 'ERR_NO_RUN' });
   }
-  throw new RlError(`no run directory at ${abs}${candidates.length > 1 ? ` or ${candidates[1]}` : ''}; pass a run directory (containing pgdata/) or a postgres:// URL`, { code: 'ERR_NO_RUN' });
+  throw new RlError(`no run directory at ${abs}${candidates.length > 1 ? ` or ${candidates[1]}` : ''}; pass a run directory (containing db/pgdata/) or a postgres:// URL`, { code: 'ERR_NO_RUN' });
 }
 
 /** Opens the database of a located run (see the module comment for locking and migrations). */

@@ -49,7 +49,7 @@ export const sqlCommand: Command = {
     'process cannot be opened (its lock names the PID); query a PostgreSQL store while training instead.',
     '',
     'arguments:',
-    '  run-dir           a run directory with pgdata/ (e.g. runs/number-game), or a run name under runs/',
+    '  run-dir           a run directory with db/pgdata/ (e.g. runs/number-game), or a run name under runs/',
     '  postgres://…      a PostgreSQL URL (one database may hold many runs: filter with where run_id = …)',
     '  query             one SQL statement, quoted',
     '',
