@@ -4,6 +4,7 @@
  * defaults and the cross-field checks. Every problem found is reported at once, one per line,
  * each naming its full key path and where the value came from (file:line:col or the override).
  */
+import { dirname, isAbsolute, resolve } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import type { z } from 'zod';
 import { ConfigError } from '../errors.ts';
@@ -226,6 +227,36 @@ function applyOverride(raw: Obj, text: string, index: number, sources: Sources, 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Paths
+
+/**
+ * Keys that name input files or directories. A relative path written in the config file resolves
+ * against that file's directory (so `rlstream train other/dir/run.yaml` finds the data next to the
+ * yaml); one given as a command-line override resolves against the working directory, like any
+ * shell argument. trainer.run_dir (an output) stays relative to the working directory.
+ */
+export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
+  ['data', 'train_files'], ['data', 'val_files'],
+  ['actor', 'model', 'path'], ['critic', 'model', 'path'],
+  ['reward', 'reward_fn_path'], ['reward', 'model', 'path'],
+  ['trainer', 'load_checkpoint_path'],
+];
+
+/** Makes the relative paths that came from `file` absolute against its directory (see FILE_PATH_KEYS). */
+function resolveFilePaths(raw: Obj, file: string, sources: Sources): void {
+  const base = dirname(resolve(file));
+  const fromFile = (path: Path) => sources.lookup(path)?.order[0] === 0;
+  const fix = (v: unknown, path: Path): unknown => (typeof v === 'string' && v.length > 0 && !isAbsolute(v) && fromFile(path) ? resolve(base, v) : v);
+  for (const key of FILE_PATH_KEYS) {
+    const parent = valueAt(raw, key.slice(0, -1));
+    if (!isPlainObject(parent)) continue;
+    const leaf = key[key.length - 1];
+    const v = parent[leaf];
+    parent[leaf] = Array.isArray(v) ? v.map((x, i) => fix(x, [...key, i])) : fix(v, key);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Environment
 
 /** Parses DISABLE_RL_REWARD_MODEL: true/1/yes/on → true; false/0/no/off/unset/empty → false. */
@@ -269,6 +300,7 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   const problems: Problem[] = [];
   const raw: Obj = opts.file !== undefined ? (readYamlFile(opts.file, sources) as Obj) : {};
   (opts.overrides ?? []).forEach((text, i) => applyOverride(raw, text, i, sources, problems));
+  if (opts.file !== undefined) resolveFilePaths(raw, opts.file, sources);
   const disable = readDisableRewardModel(env);
   if (typeof disable === 'string') problems.push({ text: disable, order: NO_SOURCE });
   const parsed = configSchema.safeParse(raw);

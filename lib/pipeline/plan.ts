@@ -41,3 +41,18 @@ export function totalSteps(plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatc
   const full = stepsPerEpoch(plan) * plan.totalEpochs;
   return plan.maxSteps != null ? Math.min(plan.maxSteps, full) : full;
 }
+
+/**
+ * The line said at start when trainer.max_steps asks for more steps than trainer.total_epochs
+ * gives (the run stops at the smaller), naming both numbers and the key to change; null otherwise.
+ */
+export function stepCapNotice(plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatchSize' | 'totalEpochs' | 'maxSteps' | 'valOnly'>): string | null {
+  if (plan.valOnly || plan.maxSteps == null) return null;
+  const per = stepsPerEpoch(plan);
+  const full = per * plan.totalEpochs;
+  if (plan.maxSteps <= full) return null;
+  const why = `${plan.trainSize} training rows / data.rollout_batch_size ${plan.rolloutBatchSize} = ${per} step${per === 1 ? '' : 's'} per epoch`;
+  if (per === 0) return `trainer.max_steps = ${plan.maxSteps}, but an epoch has no full batch (${why}), so the run trains 0 steps: lower data.rollout_batch_size or add rows`;
+  const need = Math.ceil(plan.maxSteps / per);
+  return `trainer.max_steps = ${plan.maxSteps}, but trainer.total_epochs = ${plan.totalEpochs} gives only ${full} steps (${why}), so the run stops at step ${full}: set trainer.total_epochs=${need} to train ${plan.maxSteps} steps`;
+}

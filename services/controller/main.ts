@@ -8,7 +8,7 @@ import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { loadStageState, saveStageState } from '../../lib/pipeline/stage-state.ts';
-import { planFromConfig, stepsPerEpoch } from '../../lib/pipeline/plan.ts';
+import { planFromConfig, stepCapNotice, stepsPerEpoch } from '../../lib/pipeline/plan.ts';
 import { startStepFromCheckpoint } from '../../lib/pipeline/checkpoints.ts';
 import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { RunData } from '../../lib/pipeline/data.ts';
@@ -26,6 +26,8 @@ export function startController(p: Pipeline, data: RunData): StageRun {
   const log = forStage(p.log, 'controller');
   // a run started from trainer.load_checkpoint_path continues after the checkpoint's step (same dataset position)
   const start = startStepFromCheckpoint(cfg.trainer.load_checkpoint_path, plan);
+  const capped = stepCapNotice(plan);
+  if (capped) log.warn({ max_steps: plan.maxSteps, total_epochs: plan.totalEpochs, steps: totalSteps(plan) }, capped);
   const nowMs = () => Date.now();
   const control = (type: ControlEvent['type'], step: number, version: number, payload: Record<string, unknown>, detail?: string): ControlEvent => ({
     run_id: p.runId, id: controlId(p.runId, type, detail), step, policy_version: version, type, time_ms: nowMs(),
