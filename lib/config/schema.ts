@@ -60,7 +60,7 @@ const safeName = () => z.string().regex(NAME_RE, { message: "may contain only le
 // data
 
 const dataSchema = section({
-  train_files: stringList().default([]).describe('Training data files (JSONL or verl/EasyR1 parquet); a single path or a list. Empty when data.task generates the rows.'),
+  train_files: stringList().default([]).describe('Training data files (JSONL or verl/EasyR1 parquet); a single path or a list. Empty when data.task generates the rows. Relative paths in the config file resolve against the file\'s directory (on the command line: against the working directory), as do the other input paths (val_files, model paths, reward_fn_path, load_checkpoint_path). A row\'s data_source and extra_info fields are passed to the reward function.'),
   val_files: stringList().default([]).describe('Validation data files (same formats as train_files). Needed when validation runs (trainer.val_before_train, val_freq > 0 or val_only).'),
   format: z.enum(['auto', 'jsonl', 'parquet']).default('auto').describe('File format; auto picks by extension (.jsonl/.json → jsonl, .parquet → parquet).'),
   prompt_key: z.string().min(1).default('prompt').describe('Field holding the prompt: a string, or chat messages [{role, content}] (verl parquet). Dotted paths reach nested fields.'),
@@ -276,7 +276,7 @@ const rewardModelSchema = section({
 const rewardSchema = section({
   type: z.enum(['function', 'remote', 'model']).default('function').describe('function: a built-in or user function; remote: HTTP reward servers; model: an ONNX scorer.'),
   reward_fn: z.string().min(1).nullable().default(null).describe('Built-in reward function (e.g. number_game, exact_match, format, arithmetic); null → data.task’s reward when data.task is set.'),
-  reward_fn_path: z.string().min(1).nullable().default(null).describe('User reward module (JS/TS) whose default or `reward` export is the function; instead of reward_fn.'),
+  reward_fn_path: z.string().min(1).nullable().default(null).describe('User reward module (JS/TS), instead of reward_fn: its default (or `reward`) export is called with {prompt, response, ground_truth, data_source, extra_info, kwargs}, or else its `compute_score` export verl-style as compute_score(data_source, solution_str, ground_truth, extra_info, kwargs); it returns a number, {score, …} or {reward, metrics} (docs/rewards.md). A relative path in the config file resolves against the file\'s directory.'),
   reward_fn_kwargs: z.record(z.string(), z.unknown()).default(() => ({})).describe('Keyword arguments passed to the reward function.'),
   on_failure: z.enum(['retry', 'drop_group', 'stop']).default('retry').describe('A trajectory whose reward failed: retry it later, drop its prompt group, or stop the run.'),
   max_retries_later: nonNegInt().default(3).describe('on_failure = retry: later attempts before the group is dropped.'),

@@ -9,7 +9,11 @@ import { tasks } from '../tasks/index.ts';
 import type { Tokenizer } from '../model/index.ts';
 import { ConfigError } from '../errors.ts';
 
-export interface PromptRow { index: number; prompt: string; answer: string; images: Buffer[]; promptIds: Int32Array; source: string }
+export interface PromptRow {
+  index: number; prompt: string; answer: string; images: Buffer[]; promptIds: Int32Array; source: string;
+  /** The row's own data_source and extra_info (JSON text), when the file gives them (verl). */
+  dataSource?: string; extraInfo?: string;
+}
 export interface RunData { train: PromptRow[]; val: PromptRow[]; dropped: { train: number; val: number }; dataSource: string }
 
 async function rowsOf(cfg: Config, split: 'train' | 'val'): Promise<{ rows: Omit<DatasetRow, 'index'>[]; source: string }> {
@@ -49,7 +53,7 @@ export async function loadRunData(cfg: Config, tok: Tokenizer): Promise<RunData>
         out.dropped[split]++;
         continue;
       }
-      out[split].push({ index: out[split].length, prompt: r.prompt, answer: r.answer, images: r.images, promptIds: ids, source: `${r.source.file}:${r.source.line}` });
+      out[split].push({ index: out[split].length, prompt: r.prompt, answer: r.answer, images: r.images, promptIds: ids, source: `${r.source.file}:${r.source.line}`, dataSource: r.dataSource, extraInfo: r.extraInfo });
     }
   }
   return out;

@@ -46,7 +46,7 @@ export function startController(p: Pipeline, data: RunData): StageRun {
       const id = groupIdFor(kind, p.runId, step, ref.promptIndex);
       return {
         id, group_uid: hashId(id), n: kind === 'train' ? cfg.rollout.n : v.n, prompt_index: ref.promptIndex, dataset_index: ref.datasetIndex,
-        prompt_ids: row.promptIds, prompt_text: row.prompt, images: row.images, data_source: data.dataSource, ground_truth: row.answer, extra_info: '{}',
+        prompt_ids: row.promptIds, prompt_text: row.prompt, images: row.images, data_source: row.dataSource ?? data.dataSource, ground_truth: row.answer, extra_info: row.extraInfo ?? '{}',
       };
     });
     return { run_id: p.runId, id: chunkId(kind, p.runId, step, refs[0].promptIndex, refs.length), step, policy_version: version, kind, epoch, attempt, sampling, groups };
