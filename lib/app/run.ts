@@ -151,6 +151,11 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
     await tb?.finish(outcome.status === 'completed').catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
     const summary = await summaryTable(p);
     return { ...outcome, summary };
+  } catch (e) {
+    // a run that fails at start (bad weights, a missing model path) is marked failed with its reason
+    for (const s of stages) { await s.run.consumer.stop().catch(() => undefined); await s.close().catch(() => undefined); }
+    await p.store.setRunStatus(p.runId, 'failed', { error: errorMessage(e) }).catch(() => undefined);
+    throw e;
   } finally {
     await tb?.finish(false).catch(() => undefined);
     await p.close();

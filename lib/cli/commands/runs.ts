@@ -20,6 +20,7 @@ const COLUMNS: Array<[string, (r: RunSummary) => unknown]> = [
   ['dead_letters', (r) => r.deadLetters],
   ['parent', (r) => r.parentRunId],
   ['updated_utc', (r) => r.updatedAt],
+  ['error', (r) => r.error],
 ];
 
 /** Run summaries as a result table (a `dir` column first when listing run directories). */
