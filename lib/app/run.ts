@@ -5,11 +5,11 @@
  */
 import type { Logger } from 'pino';
 import { openPipeline, type Pipeline } from '../pipeline/runtime.ts';
-import { redactSecrets, type Config } from '../config/index.ts';
+import { redactSecrets, resumeConfigDiff, resumeConfigProblem, type Config } from '../config/index.ts';
 import { startStage, STAGES, type StartedStage } from '../../services/index.ts';
-import { parseTopicName, type ControlEvent, type DeadLetter, type MetricsRecord } from '../contracts/index.ts';
+import { controlId, parseTopicName, type ControlEvent, type DeadLetter, type MetricsRecord } from '../contracts/index.ts';
 import { ProgressBar, formatTable } from '../cli/progress.ts';
-import { RlError, errorMessage, isRetriable } from '../errors.ts';
+import { ConfigError, RlError, errorMessage, isRetriable } from '../errors.ts';
 import { isConnectionError } from '../db/errors.ts';
 import { LiveTensorBoard, tensorboardDir } from '../analysis/tensorboard-live.ts';
 import { checkDevice, type Device } from '../onnx/runtime.ts';
@@ -56,7 +56,8 @@ function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number
       for (const m of await p.bus.read(p.topic('control'), 0, pos.control, 200)) {
         pos.control = m.offset + 1; got++;
         const c = (await p.codecs.control.decode(m.value, m.headers)) as ControlEvent;
-        if (c.type === 'run_done') resolveOutcome({ status: 'completed', runId: p.runId, runDir: p.runDir, finalVersion: c.run_done.final_version });
+        // an extended run has the run_done of its first end too: only the one at the current end counts
+        if (c.type === 'run_done' && c.run_done.final_version >= totalSteps()) resolveOutcome({ status: 'completed', runId: p.runId, runDir: p.runDir, finalVersion: c.run_done.final_version });
         if (c.type === 'run_failed') resolveOutcome({ status: 'failed', message: `${c.run_failed.stage}: ${c.run_failed.message}`, runId: p.runId, runDir: p.runDir });
       }
       for (const m of await p.bus.read(p.topic('metrics'), 0, pos.metrics, 500)) {
@@ -114,27 +115,62 @@ export async function summaryTable(p: Pipeline): Promise<string> {
   return lines.join('\n');
 }
 
+/**
+ * Before a run that already has a row starts again: refuses a config whose changes give its stored
+ * state another meaning (lib/config/checks.ts resumeConfigDiff), and answers "already complete"
+ * for a finished run that the config does not extend.
+ */
+async function resumeCheck(cfg: Config, p: Pipeline): Promise<{ total: number; done?: RunOutcome; extendFrom?: number }> {
+  const { planFromConfig, totalSteps } = await import('../pipeline/plan.ts');
+  const { loadRunData } = await import('../pipeline/data.ts');
+  const { tokenizerFor } = await import('../pipeline/policy.ts');
+  const prev = await p.store.getRun(p.runId);
+  if (prev) {
+    const problem = resumeConfigProblem(p.runId, resumeConfigDiff(prev.config, cfg), cfg.trainer.resume_with_changed_config);
+    if (problem) throw new ConfigError(problem);
+  }
+  const data = await loadRunData(cfg, tokenizerFor(cfg));
+  const total = totalSteps(planFromConfig(cfg, p.runId, data.train.length, data.val.length));
+  if (prev?.status !== 'completed') return { total };
+  const last = (await p.store.latestCheckpoint(p.runId))?.step ?? 0;
+  if (total > last) return { total, extendFrom: last };
+  return { total, done: { status: 'completed', message: `run ${p.runId} already complete (step ${last}); nothing to do — raise trainer.total_epochs or trainer.max_steps to train further`, runId: p.runId, runDir: p.runDir, finalVersion: last } };
+}
+
+/** The control event that tells the controller a finished run goes on to `total` steps. */
+function extendEvent(runId: string, from: number, total: number, seed: number): ControlEvent {
+  return {
+    run_id: runId, id: controlId(runId, 'run_started', `extend-${total}`), step: from, policy_version: from, type: 'run_started', time_ms: Date.now(),
+    run_started: { config_json: '{}', config_sha256: '', seed, total_steps: total, steps_per_epoch: 0, resumed_from: null },
+    epoch_started: null, refill_request: null, val_round_done: null, run_done: null, run_failed: null,
+  } as unknown as ControlEvent;
+}
+
 /** Trains in one process (all stages); resolves when the run is done or failed. */
 export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean; signal?: AbortSignal } = {}): Promise<RunOutcome & { summary: string }> {
   await checkDevices(cfg, ['rollout', 'advantage', 'update']); // before opening anything
   const p = await openPipeline(cfg, { log });
   const stages: StartedStage[] = [];
   let tb: LiveTensorBoard | null = null;
+  let started = false;
   try {
+    const resume = await resumeCheck(cfg, p);
+    if (resume.done) return { ...resume.done, summary: await summaryTable(p) };
     await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
+    started = true;
     tb = await openTensorBoard(cfg, p, log, false);
     const bar = opts.progress ? new ProgressBar() : null;
-    let total = 0;
+    const total = resume.total;
     const watch = watchRun(p, bar, () => total, () => {
       void tb?.sync().catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}; retrying`));
     });
     // update first: it publishes policy version 0 the controller waits for
     for (const name of ['update', ...STAGES.filter((s) => s !== 'update')]) stages.push(await startStage(p, name));
-    const { planFromConfig, totalSteps } = await import('../pipeline/plan.ts');
-    const { loadRunData } = await import('../pipeline/data.ts');
-    const { tokenizerFor } = await import('../pipeline/policy.ts');
-    const data = await loadRunData(cfg, tokenizerFor(cfg));
-    total = totalSteps(planFromConfig(cfg, p.runId, data.train.length, data.val.length));
+    if (resume.extendFrom !== undefined) {
+      // a finished run given more steps: the controller goes on from its last policy version
+      log.info({ from_step: resume.extendFrom, total_steps: total }, `run ${p.runId} was complete at step ${resume.extendFrom}; extending it to step ${total}`);
+      await p.bus.produce([p.message('control', extendEvent(p.runId, resume.extendFrom, total, cfg.data.seed))]);
+    }
     const failures = stages.map((s) => s.run.done.then(() => null, (e: unknown) => ({ status: 'failed' as const, message: `${s.name}: ${(e as Error).message}`, runId: p.runId, runDir: p.runDir })));
     const aborted = new Promise<RunOutcome>((r) => {
       const stop = () => r({ status: 'stopped', message: 'interrupted', runId: p.runId, runDir: p.runDir });
@@ -154,7 +190,7 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
   } catch (e) {
     // a run that fails at start (bad weights, a missing model path) is marked failed with its reason
     for (const s of stages) { await s.run.consumer.stop().catch(() => undefined); await s.close().catch(() => undefined); }
-    await p.store.setRunStatus(p.runId, 'failed', { error: errorMessage(e) }).catch(() => undefined);
+    if (started) await p.store.setRunStatus(p.runId, 'failed', { error: errorMessage(e) }).catch(() => undefined);
     throw e;
   } finally {
     await tb?.finish(false).catch(() => undefined);

@@ -4,7 +4,8 @@
  * defaults and the cross-field checks. Every problem found is reported at once, one per line,
  * each naming its full key path and where the value came from (file:line:col or the override).
  */
-import { dirname, isAbsolute, resolve } from 'node:path';
+import { existsSync } from 'node:fs';
+import { dirname, isAbsolute, join, resolve } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import type { z } from 'zod';
 import { ConfigError } from '../errors.ts';
@@ -314,11 +315,23 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   const cfg = parsed.data;
   if (disable === true) cfg.reward.remote.enabled = false;
   const resolved = resolveDerived(cfg);
+  valOnlyCheckpointActor(resolved);
   const { errors, warnings } = checkConfig(resolved, env);
   if (errors.length > 0) throw configProblems(errors);
   const warn = opts.onWarning ?? ((m: string) => process.emitWarning(m, 'ConfigWarning'));
   for (const w of warnings) warn(w);
   return resolved;
+}
+
+/**
+ * trainer.val_only with a training checkpoint (<run_dir>/checkpoints/global_step_N) evaluates that
+ * checkpoint's policy: the checkpoint directory means its actor/, loaded as a model at version 0
+ * (validating a checkpoint does not continue its run, so its step and data position do not apply).
+ */
+function valOnlyCheckpointActor(cfg: Config): void {
+  const p = cfg.trainer.load_checkpoint_path;
+  if (!cfg.trainer.val_only || !p) return;
+  if (existsSync(join(p, 'trainer_state.json')) && existsSync(join(p, 'actor', 'model.safetensors'))) cfg.trainer.load_checkpoint_path = join(p, 'actor');
 }
 
 /** The defaults with derived values filled (no file, no overrides, no checks). */

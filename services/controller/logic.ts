@@ -30,13 +30,17 @@ export interface ControllerState {
   valEmitted: number[];
   valDone: number[];
   done: boolean;
+  /** The run failed (done without run_done); absent in states saved before it existed. */
+  failed?: boolean;
 }
 
 export type ControllerEvent =
   | { type: 'policy'; policy: PolicyRef }
   /** `request`: the advantage stage's 1-based request number for the step (a redelivered request is ignored). */
   | { type: 'refill'; step: number; needed: number; request?: number }
-  | { type: 'val_done'; version: number };
+  | { type: 'val_done'; version: number }
+  /** The run was started again with more steps than it finished with (trainer.total_epochs / max_steps raised). */
+  | { type: 'extend' };
 
 export interface PromptRef {
   /** Slot within the step (0..B−1 for the first draw; refills continue after). */
@@ -114,10 +118,17 @@ function finished(plan: ControllerPlan, s: ControllerState): boolean {
 export function decide(plan: ControllerPlan, state: ControllerState, event: ControllerEvent): { state: ControllerState; commands: ControllerCommand[] } {
   const s: ControllerState = { ...state, refills: { ...state.refills }, valEmitted: [...state.valEmitted], valDone: [...state.valDone] };
   const commands: ControllerCommand[] = [];
-  if (s.done) return { state: s, commands };
   const last = totalSteps(plan);
+  // a finished run extended: go on from its last policy version (a failed run stays failed: s.failed)
+  if (event.type === 'extend' && s.done && !s.failed && s.latest && s.latest.version < last) {
+    s.done = false;
+    event = { type: 'policy', policy: s.latest };
+    s.latest = null;
+  }
+  if (s.done) return { state: s, commands };
   if (plan.trainSize > 0 && stepsPerEpoch(plan) === 0 && !plan.valOnly) {
     s.done = true;
+    s.failed = true;
     return { state: s, commands: [{ type: 'fail', message: `the training set has ${plan.trainSize} usable rows, fewer than data.rollout_batch_size = ${plan.rolloutBatchSize}; add data or lower data.rollout_batch_size` }] };
   }
   switch (event.type) {
@@ -144,6 +155,7 @@ export function decide(plan: ControllerPlan, state: ControllerState, event: Cont
       const tries = (s.refills[event.step] ?? 0) + 1;
       if (tries > plan.maxTryMakeBatch) {
         s.done = true;
+        s.failed = true;
         commands.push({ type: 'fail', message: `step ${event.step}: online filtering kept too few groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch); the rewards are too uniform for algorithm.filter_low/filter_high — widen the filter, raise max_try_make_batch, or turn off algorithm.online_filtering` });
         return { state: s, commands };
       }

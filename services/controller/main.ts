@@ -71,6 +71,8 @@ export function startController(p: Pipeline, data: RunData): StageRun {
       } else if (r.topic === 'control') {
         const c = r.value as ControlEvent;
         if (c.type === 'refill_request') events.push({ type: 'refill', step: c.step, needed: c.refill_request.needed, request: c.refill_request.request });
+        // rlstream train publishes run_started again when it extends a finished run
+        if (c.type === 'run_started' && st.ctl.done) events.push({ type: 'extend' });
       } else if (r.topic === 'validation') {
         const g = r.value as ScoredGroup;
         const key = String(g.step);
@@ -113,7 +115,8 @@ export function startController(p: Pipeline, data: RunData): StageRun {
         const size = cfg.data.val_batch_size > 0 ? cfg.data.val_batch_size : c.prompts.length;
         for (let i = 0; i < c.prompts.length; i += size) ctx.emit('prompts', promptBatch('val', c.version, 0, 0, c.version, c.prompts.slice(i, i + size)));
       } else if (c.type === 'run_done') {
-        ctx.emit('control', control('run_done', c.finalVersion, c.finalVersion, { run_done: { final_version: c.finalVersion, steps: totalSteps(plan) } }));
+        // one run_done per final version: an extended run ends with a second one
+        ctx.emit('control', control('run_done', c.finalVersion, c.finalVersion, { run_done: { final_version: c.finalVersion, steps: totalSteps(plan) } }, String(c.finalVersion)));
         await p.store.setRunStatus(p.runId, 'completed', undefined, { tx: ctx.tx });
         log.info({ finalVersion: c.finalVersion }, 'run done');
       } else if (c.type === 'fail') {

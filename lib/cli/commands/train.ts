@@ -41,6 +41,7 @@ export const trainCommand: Command = {
     const log = createLogger({ runId: resolveRunId(cfg) });
     process.stderr.write(`# resolved config\n${formatResolvedConfig(cfg)}\n`);
     const out = await trainEmbedded(cfg, log, { progress: process.stderr.isTTY === true, signal: interruptSignal() });
+    if (out.status === 'completed' && out.message) console.error(out.message);
     console.log(out.summary);
     if (out.status !== 'completed') { console.error(`rlstream train: run ${out.status}${out.message ? `: ${out.message}` : ''}`); return 1; }
     return 0;
