@@ -21,6 +21,8 @@ export interface ControllerPlan {
   shuffle: boolean;
   seed: number;
   maxTryMakeBatch: number;
+  /** A replay: the controller runs the validation rounds only (the training groups are the source's). */
+  replayValidation?: boolean;
 }
 
 export function planFromConfig(cfg: Config, runId: string, trainSize: number, valSize: number): ControllerPlan {

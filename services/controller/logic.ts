@@ -140,7 +140,7 @@ export function decide(plan: ControllerPlan, state: ControllerState, event: Cont
         s.valEmitted.push(v);
         commands.push({ type: 'val_prompts', version: v, policy: event.policy, prompts: valPrompts(plan) });
       }
-      while (s.emittedStep < last && v >= s.emittedStep + 1 - 1 - plan.maxStaleness) {
+      while (!plan.replayValidation && s.emittedStep < last && v >= s.emittedStep + 1 - 1 - plan.maxStaleness) {
         const step = s.emittedStep + 1;
         const { epoch, prompts } = stepPrompts(plan, step);
         commands.push({ type: 'train_prompts', step, epoch, attempt: 0, policy: event.policy, prompts });

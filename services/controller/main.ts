@@ -19,9 +19,10 @@ import { decide, initialState, totalSteps, type ControllerCommand, type Controll
 interface ValRound { groups: string[]; rewardSum: number; accSum: number; n: number; failures: number; gens: Array<{ idx: number; prompt: string; response: string; gt: string; reward: number | null; failure: string | null }> }
 export interface ControllerStageState { ctl: ControllerState; started: boolean; val: Record<string, ValRound> }
 
-export function startController(p: Pipeline, data: RunData): StageRun {
+/** `replay`: validation rounds only, as a replay's policy versions appear (lib/app/replay.ts). */
+export function startController(p: Pipeline, data: RunData, opts: { replay?: boolean } = {}): StageRun {
   const cfg = p.cfg;
-  const plan = planFromConfig(cfg, p.runId, data.train.length, data.val.length);
+  const plan = { ...planFromConfig(cfg, p.runId, data.train.length, data.val.length), replayValidation: opts.replay === true };
   const metrics = new StageMetrics(p, 'controller');
   const log = forStage(p.log, 'controller');
   // a run started from trainer.load_checkpoint_path continues after the checkpoint's step (same dataset position)
