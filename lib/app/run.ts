@@ -5,7 +5,9 @@
  */
 import type { Logger } from 'pino';
 import { openPipeline, type Pipeline } from '../pipeline/runtime.ts';
-import { redactSecrets, resumeConfigDiff, resumeConfigProblem, type Config } from '../config/index.ts';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { formatResolvedConfig, redactSecrets, resumeConfigDiff, resumeConfigProblem, type Config } from '../config/index.ts';
 import { startStage, STAGES, type StartedStage } from '../../services/index.ts';
 import { controlId, parseTopicName, type ControlEvent, type DeadLetter, type MetricsRecord } from '../contracts/index.ts';
 import { ProgressBar, formatTable } from '../cli/progress.ts';
@@ -147,7 +149,7 @@ function extendEvent(runId: string, from: number, total: number, seed: number): 
 }
 
 /** Trains in one process (all stages); resolves when the run is done or failed. */
-export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean; signal?: AbortSignal } = {}): Promise<RunOutcome & { summary: string }> {
+export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean | ProgressBar; signal?: AbortSignal } = {}): Promise<RunOutcome & { summary: string }> {
   await checkDevices(cfg, ['rollout', 'advantage', 'update']); // before opening anything
   const p = await openPipeline(cfg, { log });
   const stages: StartedStage[] = [];
@@ -158,8 +160,11 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
     if (resume.done) return { ...resume.done, summary: await summaryTable(p) };
     await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
     started = true;
+    // the resolved config of this run, secrets redacted (rlstream train --print-config also prints it)
+    writeFileSync(join(p.runDir, 'config.yaml'), formatResolvedConfig(cfg));
     tb = await openTensorBoard(cfg, p, log, false);
-    const bar = opts.progress ? new ProgressBar() : null;
+    // the CLI passes its bar (the logger prints above it); true: a bar on stderr
+    const bar = opts.progress instanceof ProgressBar ? opts.progress : opts.progress ? new ProgressBar() : null;
     const total = resume.total;
     const watch = watchRun(p, bar, () => total, () => {
       void tb?.sync().catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}; retrying`));
@@ -177,8 +182,8 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
       if (opts.signal?.aborted) stop(); else opts.signal?.addEventListener('abort', stop, { once: true });
     });
     const outcome = await Promise.race([watch.outcome, aborted, ...failures.map((f) => f.then((x) => x ?? new Promise<RunOutcome>(() => undefined)))]);
+    await watch.stop(); // its last round draws the bar's final state
     bar?.finish();
-    await watch.stop();
     // stop every stage at once: on PGlite a stage in the middle of a batch holds the only connection
     await Promise.all(stages.map((s) => s.run.consumer.stop().catch(() => undefined)));
     await Promise.all(stages.map((s) => s.run.done.catch(() => undefined)));
