@@ -11,7 +11,7 @@ import { loadStageState, saveStageState } from '../../lib/pipeline/stage-state.t
 import { planFromConfig, stepCapNotice, stepsPerEpoch } from '../../lib/pipeline/plan.ts';
 import { startStepFromCheckpoint } from '../../lib/pipeline/checkpoints.ts';
 import { sampleRow } from '../../lib/pipeline/rows.ts';
-import type { RunData } from '../../lib/pipeline/data.ts';
+import { dataNotes, type RunData } from '../../lib/pipeline/data.ts';
 import type { TrajectoryRow } from '../../lib/store/index.ts';
 import { chunkId, groupIdFor, hashId, controlId, type ControlEvent, type PolicyVersion, type PromptBatch, type ScoredGroup } from '../../lib/contracts/index.ts';
 import { decide, initialState, totalSteps, type ControllerCommand, type ControllerEvent, type ControllerState, type PromptRef } from './logic.ts';
@@ -27,6 +27,7 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
   const log = forStage(p.log, 'controller');
   // a run started from trainer.load_checkpoint_path continues after the checkpoint's step (same dataset position)
   const start = startStepFromCheckpoint(cfg.trainer.load_checkpoint_path, plan);
+  for (const note of dataNotes(data, cfg)) log.warn({ dropped: data.dropped }, note);
   const capped = stepCapNotice(plan);
   if (capped) log.warn({ max_steps: plan.maxSteps, total_epochs: plan.totalEpochs, steps: totalSteps(plan) }, capped);
   const nowMs = () => Date.now();
