@@ -101,7 +101,7 @@ const algorithmSchema = section({
   kl_loss_type: z.enum(KL_PENALTIES).nullable().default(null).describe('KL estimator for the KL loss; null → algorithm.kl_penalty.'),
   online_filtering: z.boolean().default(false).describe('Drop prompt groups whose filter_key mean lies outside [filter_low, filter_high] and refill the batch (DAPO dynamic sampling).'),
   filter_semantics: z.enum(['easyr1', 'dapo']).default('easyr1').describe('easyr1: keep groups with filter_low < mean < filter_high; dapo: keep groups whose filter_key values are not all equal (std > 0).'),
-  filter_key: z.string().min(1).default('overall').describe('Reward metric the filter reads (e.g. overall, accuracy).'),
+  filter_key: z.string().min(1).default('overall').describe('Reward metric the filter reads (e.g. overall, accuracy); overall is the total score (the built-in rewards report it as EasyR1 does; for a reward that does not, the scalar reward).'),
   filter_low: probability().default(0.01).describe('Online filtering: lower bound on the group mean.'),
   filter_high: probability().default(0.99).describe('Online filtering: upper bound on the group mean.'),
   max_try_make_batch: posInt().default(10).describe('Online filtering: refill attempts per step before the run stops with an error.'),
@@ -135,7 +135,7 @@ const algorithmSchema = section({
   }, 'KL-Cov settings (policy_loss = kl_cov; Cui et al. 2025, arXiv 2505.22617; verl kl_cov_ratio, ppo_kl_coef): unclipped −A·π/π_old, plus ppo_kl_coef·|log π − log π_old| on the tokens of largest advantage–log-prob covariance. Means and the selection are over one micro-batch, as verl.'),
   nft: section({
     neg_weight: z.number().default(1.0).describe('NFT policy loss: weight of the negative-sample term (1 = NFT, 0 = RFT: positives only; < 0 = the DAPO-like variant of NVlabs NFT, i.e. the PPO clipped loss on the advantages, as policy_loss vanilla).'),
-    correct_key: z.string().min(1).default('overall').describe('Reward metric that says whether a response is correct: reward_details[correct_key] must be 1 (correct) or 0 / −1 (incorrect); "overall" falls back to the scalar reward when the reward reports no such metric (as filter_key). A non-binary value stops the run with an error naming the sample.'),
+    correct_key: z.string().min(1).default('accuracy').describe('Reward metric that says whether a response is correct: reward_details[correct_key] must be 1 (correct) or 0 / −1 (incorrect); "accuracy" and "overall" fall back to the scalar reward when the reward reports no such metric (a verifier returning a bare 1/0). The built-in rewards report accuracy (0/1) and overall (the total score, with the format bonus, as EasyR1). A non-binary value stops the run with an error naming the sample.'),
   }, 'Negative-aware fine-tuning loss settings (policy_loss = nft; Chen et al. 2025, arXiv 2505.18116). NFT trains on each response\'s binary correctness and its group\'s accuracy r̂ (clamped to [0.02, 0.98]), not on advantages: correct responses maximise log π/π_old, incorrect ones the implicit negative policy (1 − r̂·π/π_old)/(1 − r̂); every token weighted by 1 − r̂, the policy-gradient term summed over tokens whatever actor.loss_agg_mode says (as NVlabs/NFT). adv_estimator still computes the logged advantages.'),
   ema: section({
     enable: z.boolean().default(false).describe('Keep an exponential moving average of the policy weights (used as the reference/eval policy).'),

@@ -21,6 +21,9 @@ export interface ControllerPlan {
   shuffle: boolean;
   seed: number;
   maxTryMakeBatch: number;
+  /** algorithm.filter_semantics and filter_key, for the message when online filtering runs out of tries. */
+  filterSemantics?: 'easyr1' | 'dapo';
+  filterKey?: string;
   /** A replay: the controller runs the validation rounds only (the training groups are the source's). */
   replayValidation?: boolean;
 }
@@ -31,6 +34,7 @@ export function planFromConfig(cfg: Config, runId: string, trainSize: number, va
     totalEpochs: cfg.trainer.total_epochs, maxSteps: cfg.trainer.max_steps, maxStaleness: cfg.pipeline.max_staleness,
     valFreq: cfg.trainer.val_freq, valBeforeTrain: cfg.trainer.val_before_train, valOnly: cfg.trainer.val_only,
     shuffle: cfg.data.shuffle, seed: cfg.data.seed, maxTryMakeBatch: cfg.algorithm.max_try_make_batch,
+    filterSemantics: cfg.algorithm.filter_semantics, filterKey: cfg.algorithm.filter_key,
   };
 }
 

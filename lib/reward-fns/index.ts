@@ -69,13 +69,14 @@ export const integerFormat: RewardFn = ({ response }) => {
 /**
  * Accuracy plus a small format term: reward = accuracy + format_weight · format (EasyR1's math
  * reward has the same shape). `format_weight` (kwarg, default 0.1) keeps the signal dense early.
+ * Metrics as EasyR1's: overall (the total score, = the reward), accuracy, format.
  */
 export const accuracyWithFormat: RewardFn = (input) => {
   const acc = exactMatch(input) as RewardResult;
   const fmt = integerFormat(input) as RewardResult;
   const w = typeof input.kwargs.format_weight === 'number' ? input.kwargs.format_weight : 0.1;
   const a = acc.metrics!.accuracy as number, f = fmt.metrics!.format as number;
-  return { reward: a + w * f, metrics: { accuracy: a, format: f, overall: a } };
+  return { reward: a + w * f, metrics: { overall: a + w * f, accuracy: a, format: f } };
 };
 
 export const rewardFns = new Registry<RewardFn>('reward.reward_fn', {

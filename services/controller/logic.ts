@@ -114,6 +114,16 @@ function finished(plan: ControllerPlan, s: ControllerState): boolean {
   return s.valEmitted.every((v) => s.valDone.includes(v));
 }
 
+/** Why a step failed when online filtering ran out of refills, in the terms of its semantics. */
+export function filterExhausted(plan: Pick<ControllerPlan, 'maxTryMakeBatch' | 'filterSemantics' | 'filterKey'>, step: number): string {
+  const head = `step ${step}: online filtering kept too few groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch)`;
+  const key = plan.filterKey ?? 'overall';
+  if (plan.filterSemantics === 'dapo') {
+    return `${head}; with algorithm.filter_semantics = dapo a group is kept only when its "${key}" values are not all equal, and too many groups were all right or all wrong — raise max_try_make_batch or rollout.n, use a reward metric with more spread (algorithm.filter_key), or turn off algorithm.online_filtering`;
+  }
+  return `${head}; too many groups' mean "${key}" lies outside (algorithm.filter_low, algorithm.filter_high) — widen the filter, raise max_try_make_batch, or turn off algorithm.online_filtering`;
+}
+
 /** decide: (plan, state, event) → commands and the next state. */
 export function decide(plan: ControllerPlan, state: ControllerState, event: ControllerEvent): { state: ControllerState; commands: ControllerCommand[] } {
   const s: ControllerState = { ...state, refills: { ...state.refills }, valEmitted: [...state.valEmitted], valDone: [...state.valDone] };
@@ -156,7 +166,7 @@ export function decide(plan: ControllerPlan, state: ControllerState, event: Cont
       if (tries > plan.maxTryMakeBatch) {
         s.done = true;
         s.failed = true;
-        commands.push({ type: 'fail', message: `step ${event.step}: online filtering kept too few groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch); the rewards are too uniform for algorithm.filter_low/filter_high — widen the filter, raise max_try_make_batch, or turn off algorithm.online_filtering` });
+        commands.push({ type: 'fail', message: filterExhausted(plan, event.step) });
         return { state: s, commands };
       }
       s.refills[event.step] = tries;

@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { decide, initialState, stepPrompts, totalSteps, refillPrompts, type ControllerPlan, type ControllerState, type ControllerEvent, type ControllerCommand } from '../../../services/controller/logic.ts';
+import { decide, filterExhausted, initialState, stepPrompts, totalSteps, refillPrompts, type ControllerPlan, type ControllerState, type ControllerEvent, type ControllerCommand } from '../../../services/controller/logic.ts';
 
 const plan: ControllerPlan = {
   runId: 'r', trainSize: 10, valSize: 3, rolloutBatchSize: 4, valBatchSize: 3, totalEpochs: 2, maxSteps: null,
@@ -87,4 +87,12 @@ test('update: checkpoint schedule and pruning', () => {
   assert.deepEqual([1, 2, 3].filter((s) => shouldCheckpoint(s, 3, -1)), [3]);
   assert.deepEqual(checkpointsToPrune([6, 2, 4, 8], 2), [2, 4]);
   assert.deepEqual(checkpointsToPrune([1, 2], -1), []);
+});
+
+test('online filtering out of refills: the message speaks of the semantics in use', () => {
+  const easy = filterExhausted({ maxTryMakeBatch: 10, filterSemantics: 'easyr1', filterKey: 'overall' }, 7);
+  assert.match(easy, /^step 7: online filtering kept too few groups after 10 extra batches \(algorithm\.max_try_make_batch\); too many groups' mean "overall" lies outside \(algorithm\.filter_low, algorithm\.filter_high\)/);
+  const dapo = filterExhausted({ maxTryMakeBatch: 10, filterSemantics: 'dapo', filterKey: 'accuracy' }, 7);
+  assert.match(dapo, /filter_semantics = dapo a group is kept only when its "accuracy" values are not all equal/);
+  assert.doesNotMatch(dapo, /filter_low|filter_high/);
 });
