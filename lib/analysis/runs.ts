@@ -6,7 +6,8 @@
  */
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { openDatabase, type Database } from '../db/database.ts';
+import type { Database } from '../db/database.ts';
+import { openDatabaseOrSnapshot } from './target.ts';
 import { RlError, errorMessage } from '../errors.ts';
 import { runReadOnlyQuery } from './query.ts';
 
@@ -89,7 +90,7 @@ export async function listRunsInDir(runsDir: string): Promise<RunSummary[]> {
   for (const dir of findRunDirs(runsDir)) {
     let database: Database | undefined;
     try {
-      database = await openDatabase({ kind: 'pglite', dir: existsSync(join(dir, 'db', 'pgdata', 'PG_VERSION')) ? join(dir, 'db') : dir });
+      database = await openDatabaseOrSnapshot({ kind: 'pglite', dir: existsSync(join(dir, 'db', 'pgdata', 'PG_VERSION')) ? join(dir, 'db') : dir });
       const runs = await listRunsInDatabase(database, dir);
       out.push(...(runs.length ? runs : [emptySummary(dir, 'empty', 'the store has no run row yet')]));
     } catch (e) {

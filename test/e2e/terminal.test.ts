@@ -62,17 +62,27 @@ test('on a TTY with --verbose --print-config: info and warning lines above the b
   assert.ok(existsSync(join(dir, 'config.yaml')));
 });
 
-test('off a TTY: JSON log lines; Ctrl-C exits 130 with the stop message as the last line', { timeout: 150_000 }, async () => {
+test('off a TTY: JSON log lines; rlstream sql reads the live run; Ctrl-C exits 130 with the stop message as the last line', { timeout: 150_000 }, async () => {
   const dir = join(tmp, 'pipe');
   const child = spawn(process.execPath, [BIN, 'train', TINY, `trainer.run_dir=${dir}`, 'pipeline.run_id=pipe-run', 'trainer.max_steps=200', 'data.task_size.train=1024'], { cwd: tmp, env: { ...process.env, RLSTREAM_LOG_LEVEL: '' } });
   let stderr = '', stdout = '', sent = false;
+  let live: { status: number | null; stdout: string; stderr: string } | null = null;
   child.stdout.on('data', (d: Buffer) => { stdout += d.toString(); });
   child.stderr.on('data', (d: Buffer) => {
     stderr += d.toString();
-    if (!sent && /"msg":"step 2 trained"/.test(stderr)) { sent = true; child.kill('SIGINT'); }
+    if (!sent && /"msg":"step 2 trained"/.test(stderr)) {
+      sent = true;
+      // the run holds its database: another process reads it through a snapshot
+      live = spawnSync(process.execPath, [BIN, 'sql', dir, 'select status, (select count(*) from trajectories) > 0 as has_rows from runs', '--csv'], { encoding: 'utf8', timeout: 60_000 });
+      child.kill('SIGINT');
+    }
   });
   const code = await new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
   assert.ok(sent, `the run reached step 2: ${stderr.slice(-2000)}`);
+  const q = live as unknown as { status: number | null; stdout: string; stderr: string };
+  assert.equal(q.status, 0, q.stderr);
+  assert.equal(q.stdout, 'status,has_rows\r\nrunning,true\r\n');
+  assert.match(q.stderr, /is in use by a live process \(PID \d+\): reading a snapshot taken now/);
   assert.equal(code, 130, stderr.slice(-2000));
   const lines = stderr.trimEnd().split('\n');
   const stopAt = lines.findIndex((l) => l.startsWith('rlstream train: run stopped: interrupted'));
