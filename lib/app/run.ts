@@ -15,6 +15,7 @@ import { ConfigError, RlError, errorMessage, isRetriable } from '../errors.ts';
 import { isConnectionError } from '../db/errors.ts';
 import { LiveTensorBoard, tensorboardDir } from '../analysis/tensorboard-live.ts';
 import { checkDevice, type Device } from '../onnx/runtime.ts';
+import type { RunRow } from '../store/index.ts';
 import { experienceScorerOptions, samplerOptions } from '../pipeline/policy.ts';
 
 export interface RunOutcome { status: 'completed' | 'failed' | 'stopped'; message?: string; runId: string; runDir: string; finalVersion?: number }
@@ -126,17 +127,25 @@ async function resumeCheck(cfg: Config, p: Pipeline): Promise<{ total: number; d
   const { planFromConfig, totalSteps } = await import('../pipeline/plan.ts');
   const { loadRunData } = await import('../pipeline/data.ts');
   const { tokenizerFor } = await import('../pipeline/policy.ts');
+  const prev = await refuseChangedConfig(cfg, p);
+  const data = await loadRunData(cfg, tokenizerFor(cfg));
+  const total = totalSteps(planFromConfig(cfg, p.runId, data.train.length, data.val.length));
+  // find_last_checkpoint=false or another load_checkpoint_path: the update stage refuses the existing state itself
+  const storedLoad = (prev?.config as { trainer?: { load_checkpoint_path?: string | null } } | undefined)?.trainer?.load_checkpoint_path ?? null;
+  if (prev?.status !== 'completed' || !cfg.trainer.find_last_checkpoint || storedLoad !== cfg.trainer.load_checkpoint_path) return { total };
+  const last = (await p.store.latestCheckpoint(p.runId))?.step ?? 0;
+  if (total > last) return { total, extendFrom: last };
+  return { total, done: { status: 'completed', message: `run ${p.runId} already complete (step ${last}); nothing to do — raise trainer.total_epochs or trainer.max_steps to train further`, runId: p.runId, runDir: p.runDir, finalVersion: last } };
+}
+
+/** Refuses a run started again with a config that changes what its stored state means; returns its row. */
+async function refuseChangedConfig(cfg: Config, p: Pipeline): Promise<RunRow | undefined> {
   const prev = await p.store.getRun(p.runId);
   if (prev) {
     const problem = resumeConfigProblem(p.runId, resumeConfigDiff(prev.config, cfg), cfg.trainer.resume_with_changed_config);
     if (problem) throw new ConfigError(problem);
   }
-  const data = await loadRunData(cfg, tokenizerFor(cfg));
-  const total = totalSteps(planFromConfig(cfg, p.runId, data.train.length, data.val.length));
-  if (prev?.status !== 'completed') return { total };
-  const last = (await p.store.latestCheckpoint(p.runId))?.step ?? 0;
-  if (total > last) return { total, extendFrom: last };
-  return { total, done: { status: 'completed', message: `run ${p.runId} already complete (step ${last}); nothing to do — raise trainer.total_epochs or trainer.max_steps to train further`, runId: p.runId, runDir: p.runDir, finalVersion: last } };
+  return prev;
 }
 
 /** The control event that tells the controller a finished run goes on to `total` steps. */
@@ -250,6 +259,7 @@ async function serveStageOnce(cfg: Config, stage: string, log: Logger, opts: { r
   try {
     let s: StartedStage;
     try {
+      if (stage === 'controller') await refuseChangedConfig(cfg, p);
       if (stage === 'controller') await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
       s = await startStage(p, stage, { replica: opts.replica });
     } catch (e) { throw new StartError(e); }

@@ -340,6 +340,8 @@ const RESUME_FREE = [
   'trainer.total_epochs', 'trainer.max_steps', 'trainer.val_freq', 'trainer.val_before_train', 'trainer.val_generations_to_log',
   'trainer.save_freq', 'trainer.save_limit', 'trainer.logger', 'trainer.find_last_checkpoint', 'trainer.run_dir',
   'trainer.resume_with_changed_config', 'trainer.keep_policy_versions',
+  // the update stage refuses another load_checkpoint_path for a run with state, saying which to give
+  'trainer.load_checkpoint_path',
   'actor.threads', 'actor.device', 'rollout.device', 'rollout.batch_size', 'critic.threads', 'critic.device',
   'reward.remote.', 'pipeline.brokers', 'pipeline.database_url', 'pipeline.kafka.', 'pipeline.schema_registry_url',
 ];
@@ -355,7 +357,7 @@ const RESUME_UNSAFE = [
   'data.rollout_batch_size', 'data.shuffle', 'data.seed', 'data.filter_overlong_prompts', 'data.on_bad_row', 'data.max_rows',
   'data.task', 'data.task_size.train',
   'rollout.n', 'actor.model.', 'critic.enable', 'critic.model.', 'algorithm.adv_estimator',
-  'trainer.load_checkpoint_path', 'trainer.seed', 'trainer.project_name', 'trainer.experiment_name',
+  'trainer.seed', 'trainer.project_name', 'trainer.experiment_name',
   'pipeline.bus', 'pipeline.store', 'pipeline.topic_prefix', 'pipeline.partitions', 'pipeline.run_id', 'pipeline.schema_wire_format',
 ];
 

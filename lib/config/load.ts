@@ -234,7 +234,8 @@ function applyOverride(raw: Obj, text: string, index: number, sources: Sources, 
  * Keys that name input files or directories. A relative path written in the config file resolves
  * against that file's directory (so `rlstream train other/dir/run.yaml` finds the data next to the
  * yaml); one given as a command-line override resolves against the working directory, like any
- * shell argument. trainer.run_dir (an output) stays relative to the working directory.
+ * shell argument. Both are made absolute when loaded. trainer.run_dir (an output) stays as given,
+ * relative to the working directory.
  */
 export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
   ['data', 'train_files'], ['data', 'val_files'],
@@ -243,11 +244,22 @@ export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
   ['trainer', 'load_checkpoint_path'],
 ];
 
-/** Makes the relative paths that came from `file` absolute against its directory (see FILE_PATH_KEYS). */
-function resolveFilePaths(raw: Obj, file: string, sources: Sources): void {
-  const base = dirname(resolve(file));
-  const fromFile = (path: Path) => sources.lookup(path)?.order[0] === 0;
-  const fix = (v: unknown, path: Path): unknown => (typeof v === 'string' && v.length > 0 && !isAbsolute(v) && fromFile(path) ? resolve(base, v) : v);
+/**
+ * Makes the relative input paths absolute (see FILE_PATH_KEYS): those from `file` against its
+ * directory, those from overrides against the working directory — so the config a run stores
+ * (and a replay or resume reloads) means the same files wherever it is read.
+ */
+function resolveFilePaths(raw: Obj, file: string | undefined, sources: Sources): void {
+  const fileBase = file === undefined ? null : dirname(resolve(file));
+  const baseOf = (path: Path) => {
+    const src = sources.lookup(path);
+    return src?.order[0] === 0 ? fileBase : src?.order[0] === 1 ? process.cwd() : null;
+  };
+  const fix = (v: unknown, path: Path): unknown => {
+    if (typeof v !== 'string' || v.length === 0 || isAbsolute(v)) return v;
+    const base = baseOf(path);
+    return base === null ? v : resolve(base, v);
+  };
   for (const key of FILE_PATH_KEYS) {
     const parent = valueAt(raw, key.slice(0, -1));
     if (!isPlainObject(parent)) continue;
@@ -301,7 +313,7 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   const problems: Problem[] = [];
   const raw: Obj = opts.file !== undefined ? (readYamlFile(opts.file, sources) as Obj) : {};
   (opts.overrides ?? []).forEach((text, i) => applyOverride(raw, text, i, sources, problems));
-  if (opts.file !== undefined) resolveFilePaths(raw, opts.file, sources);
+  resolveFilePaths(raw, opts.file, sources);
   const disable = readDisableRewardModel(env);
   if (typeof disable === 'string') problems.push({ text: disable, order: NO_SOURCE });
   const parsed = configSchema.safeParse(raw);

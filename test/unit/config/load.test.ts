@@ -250,7 +250,7 @@ test('paths in the config file resolve against its directory; overrides against 
   assert.equal(cfg.actor.model.path, resolve(here, '../models/base'));
   assert.equal(cfg.trainer.run_dir, 'runs/mine', 'run_dir (an output) stays relative to the working directory');
   const over = loadConfig({ env: {}, onWarning: () => undefined, file, overrides: ['reward.reward_fn_path=my/reward.ts', 'data.val_files=[v.jsonl]'] });
-  assert.equal(over.reward.reward_fn_path, 'my/reward.ts', 'an override stays relative to the working directory');
-  assert.deepEqual(over.data.val_files, ['v.jsonl']);
+  assert.equal(over.reward.reward_fn_path, resolve('my/reward.ts'), 'an override resolves against the working directory');
+  assert.deepEqual(over.data.val_files, [resolve('v.jsonl')]);
   assert.deepEqual(over.data.train_files, [join(here, 'data/train.jsonl'), '/abs/t.jsonl']);
 });
