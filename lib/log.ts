@@ -3,6 +3,7 @@
  * dropped: pino writes synchronously to fd 2), pretty output when stderr is a TTY.
  */
 import pino, { type Logger } from 'pino';
+import { prettyFactory } from 'pino-pretty';
 
 export type { Logger };
 
@@ -15,6 +16,11 @@ export interface LogOptions {
   pretty?: boolean;
   /** Write to this file descriptor or path instead of stderr. */
   destination?: number | string;
+  /**
+   * Hand every line (formatted, ending in a newline) to this sink, synchronously in this thread,
+   * instead of writing to a file descriptor: `rlstream train` prints them above its progress bar.
+   */
+  sink?: { write(line: string): void };
 }
 
 export function createLogger(opts: LogOptions): Logger {
@@ -22,6 +28,12 @@ export function createLogger(opts: LogOptions): Logger {
   const pretty = opts.pretty ?? (process.stderr.isTTY === true && !process.env.RLSTREAM_LOG_JSON);
   const base = opts.stage ? { run_id: opts.runId, stage: opts.stage } : { run_id: opts.runId };
   const redact = { paths: ['*.password', '*.token', '*.authorization', 'config.pipeline.database_url', '*.database_url'], censor: '[redacted]' };
+  if (opts.sink) {
+    const sink = opts.sink;
+    const format = pretty ? prettyFactory({ colorize: true, ignore: 'pid,hostname', translateTime: 'HH:MM:ss', singleLine: true }) : null;
+    const stream = { write: (line: string) => sink.write(format ? format(line) : line) };
+    return pino(pretty ? { level, base, redact } : { level, base, redact, timestamp: pino.stdTimeFunctions.isoTime }, stream);
+  }
   if (pretty) {
     const stream = pino.transport({ target: 'pino-pretty', options: { destination: 2, colorize: true, ignore: 'pid,hostname', translateTime: 'HH:MM:ss' } });
     return pino({ level, base, redact }, stream);

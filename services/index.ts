@@ -17,12 +17,12 @@ export type StageName = (typeof STAGES)[number];
 
 export interface StartedStage { name: string; run: StageRun; close(): Promise<void> }
 
-export async function startStage(p: Pipeline, name: string, opts: { replica?: number } = {}): Promise<StartedStage> {
+export async function startStage(p: Pipeline, name: string, opts: { replica?: number; replay?: boolean } = {}): Promise<StartedStage> {
   const replica = opts.replica ?? 0;
   switch (name) {
     case 'controller': {
       const data = await loadRunData(p.cfg, tokenizerFor(p.cfg));
-      return { name, run: startController(p, data), close: async () => {} };
+      return { name, run: startController(p, data, { replay: opts.replay }), close: async () => {} };
     }
     case 'rollout': return { name, run: startRollout(p, { replica: String(replica) }), close: async () => {} };
     case 'reward': {

@@ -172,6 +172,7 @@ export function summaryRows(data: ReportData): Array<[string, string]> {
     ['run', r.runId ?? '—'],
     ['project / experiment', `${r.project ?? '—'} / ${r.experiment ?? '—'}`],
     ['status', r.status],
+    ...(r.error ? [['error', r.error] as [string, string]] : []),
     ...(r.parentRunId ? [['parent run (replay/fork)', r.parentRunId] as [string, string]] : []),
     ['steps (last step)', `${num(r.steps)} (${num(r.lastStep)})`],
     ['final reward (mean)', fr ? `${num(fr[1], 4)} at step ${fr[0]}` : '—'],

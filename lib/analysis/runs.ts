@@ -1,12 +1,13 @@
 /**
  * Listing runs (`rlstream runs`): every subdirectory of a runs directory that holds an embedded
- * store (`<dir>/pgdata`), or every row of `runs` in a PostgreSQL. Each row comes from the v_runs
+ * store (`<dir>/db/pgdata`), or every row of `runs` in a PostgreSQL. Each row comes from the v_runs
  * view. A run directory held by a live process (its lock file names a running PID) is listed with
  * status "in use (PID n)" instead of failing the whole listing.
  */
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { openDatabase, type Database } from '../db/database.ts';
+import type { Database } from '../db/database.ts';
+import { openDatabaseOrSnapshot } from './target.ts';
 import { RlError, errorMessage } from '../errors.ts';
 import { runReadOnlyQuery } from './query.ts';
 
@@ -29,14 +30,17 @@ export interface RunSummary {
   deadLetters: number | null;
   createdAt: string | null;
   updatedAt: string | null;
+  /** A failed run's stored reason (runs.summary.error), else null. */
+  error: string | null;
   /** Why the run could not be read (locked, corrupt), when status says so. */
   note?: string;
 }
 
-const RUN_COLUMNS = `run_id, project, experiment, status, parent_run_id, steps, last_step, final_reward_mean,
-  best_val_accuracy, best_val_step, checkpoints, last_checkpoint_step, trajectories, dead_letters,
-  to_char(created_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as created_at,
-  to_char(updated_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as updated_at`;
+const RUN_COLUMNS = `v.run_id, v.project, v.experiment, v.status, v.parent_run_id, v.steps, v.last_step, v.final_reward_mean,
+  v.best_val_accuracy, v.best_val_step, v.checkpoints, v.last_checkpoint_step, v.trajectories, v.dead_letters,
+  to_char(v.created_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as created_at,
+  to_char(v.updated_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as updated_at,
+  case when v.status = 'failed' then r.summary->>'error' end as error`;
 
 function toSummary(dir: string | null, cols: string[], row: unknown[]): RunSummary {
   const r = Object.fromEntries(cols.map((c, i) => [c, row[i]])) as Record<string, any>;
@@ -46,14 +50,14 @@ function toSummary(dir: string | null, cols: string[], row: unknown[]): RunSumma
     steps: num(r.steps), lastStep: num(r.last_step), finalRewardMean: num(r.final_reward_mean),
     bestValAccuracy: num(r.best_val_accuracy), bestValStep: num(r.best_val_step), checkpoints: num(r.checkpoints),
     lastCheckpointStep: num(r.last_checkpoint_step), trajectories: num(r.trajectories), deadLetters: num(r.dead_letters),
-    createdAt: r.created_at, updatedAt: r.updated_at,
+    createdAt: r.created_at, updatedAt: r.updated_at, error: r.error ?? null,
   };
 }
 
 /** Runs of an open database, newest first (optionally only `runId`). */
 export async function listRunsInDatabase(database: Database, dir: string | null = null, runId?: string): Promise<RunSummary[]> {
   const res = await runReadOnlyQuery(database,
-    `select ${RUN_COLUMNS} from v_runs ${runId !== undefined ? 'where run_id = $1' : ''} order by created_at desc, run_id`,
+    `select ${RUN_COLUMNS} from v_runs v join runs r on r.run_id = v.run_id ${runId !== undefined ? 'where v.run_id = $1' : ''} order by v.created_at desc, v.run_id`,
     { params: runId !== undefined ? [runId] : [] });
   return res.rows.map((row) => toSummary(dir, res.columns.map((c) => c.name), row));
 }
@@ -62,11 +66,11 @@ function emptySummary(dir: string, status: string, note: string): RunSummary {
   return {
     dir, runId: null, project: null, experiment: null, status, parentRunId: null, steps: null, lastStep: null,
     finalRewardMean: null, bestValAccuracy: null, bestValStep: null, checkpoints: null, lastCheckpointStep: null,
-    trajectories: null, deadLetters: null, createdAt: null, updatedAt: null, note,
+    trajectories: null, deadLetters: null, createdAt: null, updatedAt: null, error: null, note,
   };
 }
 
-/** Run directories under `runsDir` (subdirectories with a pgdata/), sorted by name. */
+/** Run directories under `runsDir` (subdirectories with a db/pgdata/), sorted by name. */
 export function findRunDirs(runsDir: string): string[] {
   const abs = resolve(runsDir);
   if (!existsSync(abs) || !statSync(abs).isDirectory()) {
@@ -86,7 +90,7 @@ export async function listRunsInDir(runsDir: string): Promise<RunSummary[]> {
   for (const dir of findRunDirs(runsDir)) {
     let database: Database | undefined;
     try {
-      database = await openDatabase({ kind: 'pglite', dir: existsSync(join(dir, 'db', 'pgdata', 'PG_VERSION')) ? join(dir, 'db') : dir });
+      database = await openDatabaseOrSnapshot({ kind: 'pglite', dir: existsSync(join(dir, 'db', 'pgdata', 'PG_VERSION')) ? join(dir, 'db') : dir });
       const runs = await listRunsInDatabase(database, dir);
       out.push(...(runs.length ? runs : [emptySummary(dir, 'empty', 'the store has no run row yet')]));
     } catch (e) {

@@ -38,11 +38,12 @@ import { sql } from 'kysely';
 import { openPipeline, type Pipeline } from '../pipeline/runtime.ts';
 import { openDatabase } from '../db/database.ts';
 import { loadConfig, loadPipelineSection, redactSecrets, resolveRunDir, type Config } from '../config/index.ts';
-import { hashId, type TrajectoryGroup, type PolicyVersion } from '../contracts/index.ts';
+import { hashId, type ControlEvent, type TrajectoryGroup, type PolicyVersion } from '../contracts/index.ts';
 import { loadStageState, saveStageState } from '../pipeline/stage-state.ts';
 import { policyDir, tokenizerFor } from '../pipeline/policy.ts';
 import { loadRunData } from '../pipeline/data.ts';
 import { planFromConfig, totalSteps } from '../pipeline/plan.ts';
+import { valScheduled } from '../../services/controller/logic.ts';
 import { startStage, type StartedStage } from '../../services/index.ts';
 import { startUpdate } from '../../services/update/main.ts';
 import { summaryTable } from './run.ts';
@@ -55,7 +56,8 @@ export interface ReplayOptions {
   untilStep?: number;
   /** a.b=c overrides applied to the source's config. */
   overrides: string[];
-  log: Logger;
+  /** The logger, or a factory given the replay's run id (so every line carries the new run's id). */
+  log: Logger | ((runId: string) => Logger);
   signal?: AbortSignal;
   /** Fail when no step completes for this long while every stage is idle (default 20 s). */
   stallMs?: number;
@@ -151,7 +153,7 @@ interface ReplayState { copied: number; sourceRunId: string; lastStep: number; b
 export async function replayRun(opts: ReplayOptions): Promise<ReplayOutcome> {
   const src = await findSource(opts.from, opts.overrides);
   const { cfg, srcCfg } = replayConfig(src, opts);
-  const log = opts.log;
+  const log = typeof opts.log === 'function' ? opts.log(cfg.pipeline.run_id ?? src.runId) : opts.log;
   if (opts.untilStep !== undefined && !(Number.isInteger(opts.untilStep) && opts.untilStep >= 1)) throw new ConfigError(`--until-step must be a positive integer, got ${opts.untilStep}`);
   const p = await openPipeline(cfg, { log, clientId: `rlstream-replay-${cfg.pipeline.run_id ?? ''}` });
   const stages: StartedStage[] = [];
@@ -196,7 +198,12 @@ export async function replayRun(opts: ReplayOptions): Promise<ReplayOutcome> {
     const behaviour = new Map(Object.entries(state.behaviourSha).map(([v, sha]) => [Number(v), sha]));
     stages.push({ name: 'update', run: await startUpdate(p, { trainSize: data.train.length, behaviourSha: behaviour, initialWeightsDir: policyDir(src.runDir, 0) }), close: async () => {} });
     for (const name of ['reward', 'advantage']) stages.push(await startStage(p, name));
-    const outcome = await waitFor(p, stages, target, opts);
+    // validation as in training (val_before_train, val_freq, the last step): the controller runs
+    // only the validation rounds and the rollout generates their responses
+    const plan = planFromConfig(cfg, p.runId, data.train.length, data.val.length);
+    const valVersions = Array.from({ length: target + 1 }, (_, v) => v).filter((v) => valScheduled(plan, v));
+    if (valVersions.length) for (const name of ['controller', 'rollout']) stages.push(await startStage(p, name, { replay: true }));
+    const outcome = await waitFor(p, stages, target, { ...opts, valVersions });
     for (const st of stages) await st.run.consumer.stop().catch(() => undefined);
     await Promise.all(stages.map((st) => st.run.done.catch(() => undefined)));
     for (const st of stages) await st.close().catch(() => undefined);
@@ -210,8 +217,9 @@ export async function replayRun(opts: ReplayOptions): Promise<ReplayOutcome> {
 }
 
 /** Follows the replay's policy topic until version `target`; fails on a stage error or a stall. */
-async function waitFor(p: Pipeline, stages: StartedStage[], target: number, opts: ReplayOptions): Promise<{ status: ReplayOutcome['status']; message?: string; finalStep: number; finalSha256: string | null }> {
-  let version = 0, sha: string | null = null, pos = 0, idleSince = Date.now(), lastVersion = -1;
+async function waitFor(p: Pipeline, stages: StartedStage[], target: number, opts: ReplayOptions & { valVersions: number[] }): Promise<{ status: ReplayOutcome['status']; message?: string; finalStep: number; finalSha256: string | null }> {
+  let version = 0, sha: string | null = null, pos = 0, idleSince = Date.now(), lastVersion = -1, ctlPos = 0;
+  const valPending = new Set(opts.valVersions);
   const stallMs = opts.stallMs ?? 20_000;
   let failure: string | null = null;
   for (const st of stages) st.run.done.catch((e: unknown) => { failure = `${st.name}: ${errorMessage(e)}`; });
@@ -224,12 +232,18 @@ async function waitFor(p: Pipeline, stages: StartedStage[], target: number, opts
       const r = (await p.codecs.policy.decode(m.value, m.headers)) as PolicyVersion;
       if (r.policy_version >= version) { version = r.policy_version; sha = r.sha256; }
     }
-    if (version >= target) return { status: 'completed', finalStep: version, finalSha256: sha };
+    for (const m of valPending.size ? await p.bus.read(p.topic('control'), 0, ctlPos, 200) : []) {
+      ctlPos = m.offset + 1;
+      const c = (await p.codecs.control.decode(m.value, m.headers)) as ControlEvent;
+      if (c.type === 'val_round_done') valPending.delete(c.val_round_done.round);
+    }
+    if (version >= target && valPending.size === 0) return { status: 'completed', finalStep: version, finalSha256: sha };
     if (version !== lastVersion) { lastVersion = version; idleSince = Date.now(); }
     if (Date.now() - idleSince > stallMs) {
       // every stage has consumed everything and still no new version: the recorded groups cannot complete the next step
       let caughtUp = true;
       for (const st of stages) {
+        if (!inputs[st.name]) continue; // controller and rollout: validation only
         const committed = await st.run.consumer.committed();
         const ends = await p.bus.endOffsets(inputs[st.name]);
         ends.forEach((end, part) => { if ((committed.find((c) => c.topic === inputs[st.name] && c.partition === part)?.offset ?? 0) < end) caughtUp = false; });

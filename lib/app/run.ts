@@ -5,14 +5,17 @@
  */
 import type { Logger } from 'pino';
 import { openPipeline, type Pipeline } from '../pipeline/runtime.ts';
-import { redactSecrets, type Config } from '../config/index.ts';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { formatResolvedConfig, redactSecrets, resumeConfigDiff, resumeConfigProblem, type Config } from '../config/index.ts';
 import { startStage, STAGES, type StartedStage } from '../../services/index.ts';
-import { parseTopicName, type ControlEvent, type DeadLetter, type MetricsRecord } from '../contracts/index.ts';
+import { controlId, parseTopicName, type ControlEvent, type DeadLetter, type MetricsRecord } from '../contracts/index.ts';
 import { ProgressBar, formatTable } from '../cli/progress.ts';
-import { RlError, errorMessage, isRetriable } from '../errors.ts';
+import { ConfigError, RlError, errorMessage, isRetriable } from '../errors.ts';
 import { isConnectionError } from '../db/errors.ts';
 import { LiveTensorBoard, tensorboardDir } from '../analysis/tensorboard-live.ts';
 import { checkDevice, type Device } from '../onnx/runtime.ts';
+import type { RunRow } from '../store/index.ts';
 import { experienceScorerOptions, samplerOptions } from '../pipeline/policy.ts';
 
 export interface RunOutcome { status: 'completed' | 'failed' | 'stopped'; message?: string; runId: string; runDir: string; finalVersion?: number }
@@ -75,7 +78,8 @@ function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number
       for (const m of await p.bus.read(p.topic('control'), 0, pos.control, 200)) {
         pos.control = m.offset + 1; got++;
         const c = (await p.codecs.control.decode(m.value, m.headers)) as ControlEvent;
-        if (c.type === 'run_done') resolveOutcome({ status: 'completed', runId: p.runId, runDir: p.runDir, finalVersion: c.run_done.final_version });
+        // an extended run has the run_done of its first end too: only the one at the current end counts
+        if (c.type === 'run_done' && c.run_done.final_version >= totalSteps()) resolveOutcome({ status: 'completed', runId: p.runId, runDir: p.runDir, finalVersion: c.run_done.final_version });
         if (c.type === 'run_failed') resolveOutcome({ status: 'failed', message: `${c.run_failed.stage}: ${c.run_failed.message}`, runId: p.runId, runDir: p.runDir });
       }
       for (const m of await p.bus.read(p.topic('metrics'), 0, pos.metrics, 500)) {
@@ -133,35 +137,81 @@ export async function summaryTable(p: Pipeline): Promise<string> {
   return lines.join('\n');
 }
 
+/**
+ * Before a run that already has a row starts again: refuses a config whose changes give its stored
+ * state another meaning (lib/config/checks.ts resumeConfigDiff), and answers "already complete"
+ * for a finished run that the config does not extend.
+ */
+async function resumeCheck(cfg: Config, p: Pipeline): Promise<{ total: number; done?: RunOutcome; extendFrom?: number }> {
+  const { planFromConfig, totalSteps } = await import('../pipeline/plan.ts');
+  const { loadRunData } = await import('../pipeline/data.ts');
+  const { tokenizerFor } = await import('../pipeline/policy.ts');
+  const prev = await refuseChangedConfig(cfg, p);
+  const data = await loadRunData(cfg, tokenizerFor(cfg));
+  const total = totalSteps(planFromConfig(cfg, p.runId, data.train.length, data.val.length));
+  // find_last_checkpoint=false or another load_checkpoint_path: the update stage refuses the existing state itself
+  const storedLoad = (prev?.config as { trainer?: { load_checkpoint_path?: string | null } } | undefined)?.trainer?.load_checkpoint_path ?? null;
+  if (prev?.status !== 'completed' || !cfg.trainer.find_last_checkpoint || storedLoad !== cfg.trainer.load_checkpoint_path) return { total };
+  const last = (await p.store.latestCheckpoint(p.runId))?.step ?? 0;
+  if (total > last) return { total, extendFrom: last };
+  return { total, done: { status: 'completed', message: `run ${p.runId} already complete (step ${last}); nothing to do — raise trainer.total_epochs or trainer.max_steps to train further`, runId: p.runId, runDir: p.runDir, finalVersion: last } };
+}
+
+/** Refuses a run started again with a config that changes what its stored state means; returns its row. */
+async function refuseChangedConfig(cfg: Config, p: Pipeline): Promise<RunRow | undefined> {
+  const prev = await p.store.getRun(p.runId);
+  if (prev) {
+    const problem = resumeConfigProblem(p.runId, resumeConfigDiff(prev.config, cfg), cfg.trainer.resume_with_changed_config);
+    if (problem) throw new ConfigError(problem);
+  }
+  return prev;
+}
+
+/** The control event that tells the controller a finished run goes on to `total` steps. */
+function extendEvent(runId: string, from: number, total: number, seed: number): ControlEvent {
+  return {
+    run_id: runId, id: controlId(runId, 'run_started', `extend-${total}`), step: from, policy_version: from, type: 'run_started', time_ms: Date.now(),
+    run_started: { config_json: '{}', config_sha256: '', seed, total_steps: total, steps_per_epoch: 0, resumed_from: null },
+    epoch_started: null, refill_request: null, val_round_done: null, run_done: null, run_failed: null,
+  } as unknown as ControlEvent;
+}
+
 /** Trains in one process (all stages); resolves when the run is done or failed. */
-export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean; signal?: AbortSignal; breakLock?: boolean } = {}): Promise<RunOutcome & { summary: string }> {
+export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean | ProgressBar; signal?: AbortSignal; breakLock?: boolean } = {}): Promise<RunOutcome & { summary: string }> {
   await checkDevices(cfg, ['rollout', 'advantage', 'update']); // before opening anything
   const p = await openPipeline(cfg, { log, breakLock: opts.breakLock });
   const stages: StartedStage[] = [];
   let tb: LiveTensorBoard | null = null;
+  let started = false;
   try {
+    const resume = await resumeCheck(cfg, p);
+    if (resume.done) return { ...resume.done, summary: await summaryTable(p) };
     await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
+    started = true;
+    // the resolved config of this run, secrets redacted (rlstream train --print-config also prints it)
+    writeFileSync(join(p.runDir, 'config.yaml'), formatResolvedConfig(cfg));
     tb = await openTensorBoard(cfg, p, log, false);
-    const bar = opts.progress ? new ProgressBar() : null;
-    let total = 0;
+    // the CLI passes its bar (the logger prints above it); true: a bar on stderr
+    const bar = opts.progress instanceof ProgressBar ? opts.progress : opts.progress ? new ProgressBar() : null;
+    const total = resume.total;
     const watch = watchRun(p, bar, () => total, () => {
       void tb?.sync().catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}; retrying`));
     });
     // update first: it publishes policy version 0 the controller waits for
     for (const name of ['update', ...STAGES.filter((s) => s !== 'update')]) stages.push(await startStage(p, name));
-    const { planFromConfig, totalSteps } = await import('../pipeline/plan.ts');
-    const { loadRunData } = await import('../pipeline/data.ts');
-    const { tokenizerFor } = await import('../pipeline/policy.ts');
-    const data = await loadRunData(cfg, tokenizerFor(cfg));
-    total = totalSteps(planFromConfig(cfg, p.runId, data.train.length, data.val.length));
+    if (resume.extendFrom !== undefined) {
+      // a finished run given more steps: the controller goes on from its last policy version
+      log.info({ from_step: resume.extendFrom, total_steps: total }, `run ${p.runId} was complete at step ${resume.extendFrom}; extending it to step ${total}`);
+      await p.bus.produce([p.message('control', extendEvent(p.runId, resume.extendFrom, total, cfg.data.seed))]);
+    }
     const failures = stages.map((s) => s.run.done.then(() => null, (e: unknown) => ({ status: 'failed' as const, message: `${s.name}: ${(e as Error).message}`, runId: p.runId, runDir: p.runDir })));
     const aborted = new Promise<RunOutcome>((r) => {
       const stop = () => r({ status: 'stopped', message: 'interrupted', runId: p.runId, runDir: p.runDir });
       if (opts.signal?.aborted) stop(); else opts.signal?.addEventListener('abort', stop, { once: true });
     });
     const outcome = await Promise.race([watch.outcome, aborted, ...failures.map((f) => f.then((x) => x ?? new Promise<RunOutcome>(() => undefined)))]);
+    await watch.stop(); // its last round draws the bar's final state
     bar?.finish();
-    await watch.stop();
     // stop every stage at once: on PGlite a stage in the middle of a batch holds the only connection
     await Promise.all(stages.map((s) => s.run.consumer.stop().catch(() => undefined)));
     await Promise.all(stages.map((s) => s.run.done.catch(() => undefined)));
@@ -170,6 +220,11 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
     await tb?.finish(outcome.status === 'completed').catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
     const summary = await summaryTable(p);
     return { ...outcome, summary };
+  } catch (e) {
+    // a run that fails at start (bad weights, a missing model path) is marked failed with its reason
+    for (const s of stages) { await s.run.consumer.stop().catch(() => undefined); await s.close().catch(() => undefined); }
+    if (started) await p.store.setRunStatus(p.runId, 'failed', { error: errorMessage(e) }).catch(() => undefined);
+    throw e;
   } finally {
     await tb?.finish(false).catch(() => undefined);
     await p.close();
@@ -223,6 +278,7 @@ async function serveStageOnce(cfg: Config, stage: string, log: Logger, opts: { r
   try {
     let s: StartedStage;
     try {
+      if (stage === 'controller') await refuseChangedConfig(cfg, p);
       if (stage === 'controller') await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
       s = await startStage(p, stage, { replica: opts.replica });
     } catch (e) { throw new StartError(e); }

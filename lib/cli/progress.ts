@@ -1,8 +1,10 @@
 /**
  * Console progress for a training run: on a TTY a one-line bar redrawn in place
- * (steps, reward, val accuracy, ETA); otherwise nothing here — the JSON log lines carry the same
- * metrics, and they are never dropped. The summary table at the end is printed in both cases.
+ * (steps, reward, val accuracy, ETA) with the log lines printed above it (ConsoleSink);
+ * otherwise nothing here — the JSON log lines carry the same metrics, and they are never
+ * dropped. The summary table at the end is printed in both cases, on its own lines.
  */
+import { writeSync } from 'node:fs';
 export interface ProgressState {
   step: number;
   totalSteps: number;
@@ -31,11 +33,17 @@ export function renderProgress(p: ProgressState, elapsedS: number, width = 24): 
   return parts.join('  ');
 }
 
+/** Where the bar is drawn: a TTY stream (tests pass a collector). */
+export interface BarStream { isTTY?: boolean; write(text: string): unknown }
+
 export class ProgressBar {
   private readonly start: number;
   private state: ProgressState = { step: 0, totalSteps: 0 };
   private readonly enabled: boolean;
-  constructor(private readonly stream: NodeJS.WriteStream = process.stderr, now: () => number = () => performance.now()) {
+  /** The bar is on screen (its line holds no newline yet). */
+  private drawn = false;
+  private finished = false;
+  constructor(private readonly stream: BarStream = process.stderr, now: () => number = () => performance.now()) {
     this.now = now;
     this.start = now();
     this.enabled = stream.isTTY === true;
@@ -43,17 +51,39 @@ export class ProgressBar {
   private readonly now: () => number;
   update(patch: Partial<ProgressState>): void {
     this.state = { ...this.state, ...patch };
-    if (!this.enabled) return;
+    if (!this.enabled || this.finished || this.state.totalSteps <= 0) return;
     const line = renderProgress(this.state, (this.now() - this.start) / 1000);
     this.stream.write(`\r\x1b[2K${line}`);
+    this.drawn = true;
   }
-  /** Clears the line so a log line can be printed, then redraws. */
+  /** Clears the bar's line so a log line can be printed there, then redraws the bar below it. */
   interrupt(fn: () => void): void {
-    if (this.enabled) this.stream.write('\r\x1b[2K');
+    if (this.enabled && this.drawn) { this.stream.write('\r\x1b[2K'); this.drawn = false; }
     fn();
-    if (this.enabled) this.update({});
+    if (this.enabled && !this.finished && this.state.totalSteps > 0) this.update({});
   }
-  finish(): void { if (this.enabled) this.stream.write('\n'); }
+  /** Leaves the last bar on its own line (what follows starts on a new line); no redraw after. */
+  finish(): void {
+    if (this.enabled && this.drawn) this.stream.write('\n');
+    this.drawn = false;
+    this.finished = true;
+  }
+}
+
+/**
+ * The logger's destination for `rlstream train`: each line goes to stderr synchronously (never
+ * dropped), on a TTY above the progress bar. `mute()` drops everything from then on — after
+ * Ctrl-C, so that nothing the stopping stages log appears after the stop message.
+ */
+export class ConsoleSink {
+  private muted = false;
+  constructor(private readonly bar: ProgressBar | null, private readonly out: (text: string) => void = (t) => { writeSync(2, t); }) {}
+  write(line: string): void {
+    if (this.muted) return;
+    if (this.bar) this.bar.interrupt(() => this.out(line));
+    else this.out(line);
+  }
+  mute(): void { this.muted = true; }
 }
 
 /** A plain text table: first row is the header. Numbers are right-aligned. */

@@ -7,7 +7,7 @@ import { GROUP_ADV_ESTIMATORS, type Config } from './schema.ts';
 import { closest } from './suggest.ts';
 import { rewardFns } from '../reward-fns/index.ts';
 import { tasks } from '../tasks/index.ts';
-import { redactString } from './redact.ts';
+import { redactSecrets, redactString } from './redact.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Derived values
@@ -327,4 +327,80 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResu
   }
 
   return { errors, warnings };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resuming a run with another config
+
+/**
+ * Keys a resumed run may change freely: how long it runs (extending a finished run), how often it
+ * validates and saves, logging, threads and devices, and where the services are.
+ */
+const RESUME_FREE = [
+  'trainer.total_epochs', 'trainer.max_steps', 'trainer.val_freq', 'trainer.val_before_train', 'trainer.val_generations_to_log',
+  'trainer.save_freq', 'trainer.save_limit', 'trainer.logger', 'trainer.find_last_checkpoint', 'trainer.run_dir',
+  'trainer.resume_with_changed_config', 'trainer.keep_policy_versions',
+  // the update stage refuses another load_checkpoint_path for a run with state, saying which to give
+  'trainer.load_checkpoint_path',
+  'actor.threads', 'actor.device', 'rollout.device', 'rollout.batch_size', 'critic.threads', 'critic.device',
+  'reward.remote.', 'pipeline.brokers', 'pipeline.database_url', 'pipeline.kafka.', 'pipeline.schema_registry_url',
+];
+
+/**
+ * Keys whose change gives the stored state another meaning, refused even with
+ * trainer.resume_with_changed_config: the dataset position (which rows, batch size, order), the
+ * number of samples per prompt, the model's architecture and tokenizer (the stored weights and
+ * token ids), what the stored log-probs and values were computed for, and the log's layout.
+ */
+const RESUME_UNSAFE = [
+  'data.train_files', 'data.format', 'data.prompt_key', 'data.answer_key', 'data.image_key', 'data.video_key', 'data.max_prompt_length',
+  'data.rollout_batch_size', 'data.shuffle', 'data.seed', 'data.filter_overlong_prompts', 'data.on_bad_row', 'data.max_rows',
+  'data.task', 'data.task_size.train',
+  'rollout.n', 'actor.model.', 'critic.enable', 'critic.model.', 'algorithm.adv_estimator',
+  'trainer.seed', 'trainer.project_name', 'trainer.experiment_name',
+  'pipeline.bus', 'pipeline.store', 'pipeline.topic_prefix', 'pipeline.partitions', 'pipeline.run_id', 'pipeline.schema_wire_format',
+];
+
+const matches = (key: string, list: readonly string[]) => list.some((k) => (k.endsWith('.') ? key.startsWith(k) : key === k || key.startsWith(`${k}.`)));
+
+function flatten(v: unknown, prefix: string, out: Map<string, string>): void {
+  if (v !== null && typeof v === 'object' && !Array.isArray(v)) {
+    for (const [k, x] of Object.entries(v as Record<string, unknown>)) flatten(x, prefix ? `${prefix}.${k}` : k, out);
+  } else out.set(prefix, JSON.stringify(v ?? null));
+}
+
+export interface ResumeConfigDiff {
+  /** Keys changed that resume_with_changed_config: true accepts (e.g. actor.optim.lr). */
+  safe: string[];
+  /** Keys changed that change the meaning of the stored state: never accepted. */
+  unsafe: string[];
+}
+
+/**
+ * The keys that differ between the config a run was started with (`stored`, as kept in its runs
+ * row) and the one it is resumed with, sorted into safe and unsafe (free keys are left out).
+ * Compares the secret-redacted forms (the stored config is redacted).
+ */
+export function resumeConfigDiff(stored: unknown, now: Config): ResumeConfigDiff {
+  const a = new Map<string, string>(), b = new Map<string, string>();
+  flatten(stored, '', a);
+  flatten(JSON.parse(JSON.stringify(redactSecrets(now))), '', b);
+  const keys = [...new Set([...a.keys(), ...b.keys()])].filter((k) => a.get(k) !== b.get(k) && !matches(k, RESUME_FREE)).sort();
+  // a list counts as one key (data.train_files, not data.train_files.0)
+  const listKey = (k: string) => k.replace(/\.\d+(?=\.|$).*$/, '');
+  const uniq = [...new Set(keys.map(listKey))];
+  return { safe: uniq.filter((k) => !matches(k, RESUME_UNSAFE)), unsafe: uniq.filter((k) => matches(k, RESUME_UNSAFE)) };
+}
+
+/** One line refusing the resume, or null when it may go on. */
+export function resumeConfigProblem(runId: string, diff: ResumeConfigDiff, acceptSafe: boolean): string | null {
+  const refused = acceptSafe ? diff.unsafe : [...diff.unsafe, ...diff.safe];
+  if (refused.length === 0) return null;
+  const unsafe = diff.unsafe.length
+    ? `${diff.unsafe.join(', ')} ${diff.unsafe.length === 1 ? 'changes' : 'change'} what the stored state means (dataset position, samples, weights or log), so ${diff.unsafe.length === 1 ? 'it' : 'they'} must stay as the run started — start a new run (another trainer.experiment_name or trainer.run_dir) or from a checkpoint (trainer.load_checkpoint_path) to change ${diff.unsafe.length === 1 ? 'it' : 'them'}`
+    : '';
+  const safe = !acceptSafe && diff.safe.length
+    ? `${diff.safe.join(', ')} ${diff.safe.length === 1 ? 'differs' : 'differ'} from the run's stored config; add trainer.resume_with_changed_config=true to resume with the new value${diff.safe.length === 1 ? '' : 's'}`
+    : '';
+  return `run ${runId} was started with another config: ${[unsafe, safe].filter(Boolean).join('; ')}`;
 }

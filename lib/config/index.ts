@@ -12,7 +12,7 @@ export {
 } from './load.ts';
 export {
   resolveDerived, checkConfig, resolveRunId, resolveRunDir, resolveCriticModel, usesRewardFunction,
-  type CheckResult, type CriticModel,
+  resumeConfigDiff, resumeConfigProblem, type CheckResult, type CriticModel, type ResumeConfigDiff,
 } from './checks.ts';
 export { redactSecrets, redactString, formatResolvedConfig, isSecretKey, REDACTED } from './redact.ts';
 export { renderConfigDocs } from './docs.ts';

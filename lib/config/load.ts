@@ -4,6 +4,8 @@
  * defaults and the cross-field checks. Every problem found is reported at once, one per line,
  * each naming its full key path and where the value came from (file:line:col or the override).
  */
+import { existsSync } from 'node:fs';
+import { dirname, isAbsolute, join, resolve } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import type { z } from 'zod';
 import { ConfigError } from '../errors.ts';
@@ -226,6 +228,48 @@ function applyOverride(raw: Obj, text: string, index: number, sources: Sources, 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Paths
+
+/**
+ * Keys that name input files or directories. A relative path written in the config file resolves
+ * against that file's directory (so `rlstream train other/dir/run.yaml` finds the data next to the
+ * yaml); one given as a command-line override resolves against the working directory, like any
+ * shell argument. Both are made absolute when loaded. trainer.run_dir (an output) stays as given,
+ * relative to the working directory.
+ */
+export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
+  ['data', 'train_files'], ['data', 'val_files'],
+  ['actor', 'model', 'path'], ['critic', 'model', 'path'],
+  ['reward', 'reward_fn_path'], ['reward', 'model', 'path'],
+  ['trainer', 'load_checkpoint_path'],
+];
+
+/**
+ * Makes the relative input paths absolute (see FILE_PATH_KEYS): those from `file` against its
+ * directory, those from overrides against the working directory — so the config a run stores
+ * (and a replay or resume reloads) means the same files wherever it is read.
+ */
+function resolveFilePaths(raw: Obj, file: string | undefined, sources: Sources): void {
+  const fileBase = file === undefined ? null : dirname(resolve(file));
+  const baseOf = (path: Path) => {
+    const src = sources.lookup(path);
+    return src?.order[0] === 0 ? fileBase : src?.order[0] === 1 ? process.cwd() : null;
+  };
+  const fix = (v: unknown, path: Path): unknown => {
+    if (typeof v !== 'string' || v.length === 0 || isAbsolute(v)) return v;
+    const base = baseOf(path);
+    return base === null ? v : resolve(base, v);
+  };
+  for (const key of FILE_PATH_KEYS) {
+    const parent = valueAt(raw, key.slice(0, -1));
+    if (!isPlainObject(parent)) continue;
+    const leaf = key[key.length - 1];
+    const v = parent[leaf];
+    parent[leaf] = Array.isArray(v) ? v.map((x, i) => fix(x, [...key, i])) : fix(v, key);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Environment
 
 /** Parses DISABLE_RL_REWARD_MODEL: true/1/yes/on → true; false/0/no/off/unset/empty → false. */
@@ -269,6 +313,7 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   const problems: Problem[] = [];
   const raw: Obj = opts.file !== undefined ? (readYamlFile(opts.file, sources) as Obj) : {};
   (opts.overrides ?? []).forEach((text, i) => applyOverride(raw, text, i, sources, problems));
+  resolveFilePaths(raw, opts.file, sources);
   const disable = readDisableRewardModel(env);
   if (typeof disable === 'string') problems.push({ text: disable, order: NO_SOURCE });
   const parsed = configSchema.safeParse(raw);
@@ -282,11 +327,23 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   const cfg = parsed.data;
   if (disable === true) cfg.reward.remote.enabled = false;
   const resolved = resolveDerived(cfg);
+  valOnlyCheckpointActor(resolved);
   const { errors, warnings } = checkConfig(resolved, env);
   if (errors.length > 0) throw configProblems(errors);
   const warn = opts.onWarning ?? ((m: string) => process.emitWarning(m, 'ConfigWarning'));
   for (const w of warnings) warn(w);
   return resolved;
+}
+
+/**
+ * trainer.val_only with a training checkpoint (<run_dir>/checkpoints/global_step_N) evaluates that
+ * checkpoint's policy: the checkpoint directory means its actor/, loaded as a model at version 0
+ * (validating a checkpoint does not continue its run, so its step and data position do not apply).
+ */
+function valOnlyCheckpointActor(cfg: Config): void {
+  const p = cfg.trainer.load_checkpoint_path;
+  if (!cfg.trainer.val_only || !p) return;
+  if (existsSync(join(p, 'trainer_state.json')) && existsSync(join(p, 'actor', 'model.safetensors'))) cfg.trainer.load_checkpoint_path = join(p, 'actor');
 }
 
 /** The defaults with derived values filled (no file, no overrides, no checks). */

@@ -60,7 +60,7 @@ const safeName = () => z.string().regex(NAME_RE, { message: "may contain only le
 // data
 
 const dataSchema = section({
-  train_files: stringList().default([]).describe('Training data files (JSONL or verl/EasyR1 parquet); a single path or a list. Empty when data.task generates the rows.'),
+  train_files: stringList().default([]).describe('Training data files (JSONL or verl/EasyR1 parquet); a single path or a list. Empty when data.task generates the rows. Relative paths in the config file resolve against the file\'s directory (on the command line: against the working directory), as do the other input paths (val_files, model paths, reward_fn_path, load_checkpoint_path). A row\'s data_source and extra_info fields are passed to the reward function.'),
   val_files: stringList().default([]).describe('Validation data files (same formats as train_files). Needed when validation runs (trainer.val_before_train, val_freq > 0 or val_only).'),
   format: z.enum(['auto', 'jsonl', 'parquet']).default('auto').describe('File format; auto picks by extension (.jsonl/.json → jsonl, .parquet → parquet).'),
   prompt_key: z.string().min(1).default('prompt').describe('Field holding the prompt: a string, or chat messages [{role, content}] (verl parquet). Dotted paths reach nested fields.'),
@@ -101,7 +101,7 @@ const algorithmSchema = section({
   kl_loss_type: z.enum(KL_PENALTIES).nullable().default(null).describe('KL estimator for the KL loss; null → algorithm.kl_penalty.'),
   online_filtering: z.boolean().default(false).describe('Drop prompt groups whose filter_key mean lies outside [filter_low, filter_high] and refill the batch (DAPO dynamic sampling).'),
   filter_semantics: z.enum(['easyr1', 'dapo']).default('easyr1').describe('easyr1: keep groups with filter_low < mean < filter_high; dapo: keep groups whose filter_key values are not all equal (std > 0).'),
-  filter_key: z.string().min(1).default('overall').describe('Reward metric the filter reads (e.g. overall, accuracy).'),
+  filter_key: z.string().min(1).default('overall').describe('Reward metric the filter reads (e.g. overall, accuracy); overall is the total score (the built-in rewards report it as EasyR1 does; for a reward that does not, the scalar reward).'),
   filter_low: probability().default(0.01).describe('Online filtering: lower bound on the group mean.'),
   filter_high: probability().default(0.99).describe('Online filtering: upper bound on the group mean.'),
   max_try_make_batch: posInt().default(10).describe('Online filtering: refill attempts per step before the run stops with an error.'),
@@ -135,7 +135,7 @@ const algorithmSchema = section({
   }, 'KL-Cov settings (policy_loss = kl_cov; Cui et al. 2025, arXiv 2505.22617; verl kl_cov_ratio, ppo_kl_coef): unclipped −A·π/π_old, plus ppo_kl_coef·|log π − log π_old| on the tokens of largest advantage–log-prob covariance. Means and the selection are over one micro-batch, as verl.'),
   nft: section({
     neg_weight: z.number().default(1.0).describe('NFT policy loss: weight of the negative-sample term (1 = NFT, 0 = RFT: positives only; < 0 = the DAPO-like variant of NVlabs NFT, i.e. the PPO clipped loss on the advantages, as policy_loss vanilla).'),
-    correct_key: z.string().min(1).default('overall').describe('Reward metric that says whether a response is correct: reward_details[correct_key] must be 1 (correct) or 0 / −1 (incorrect); "overall" falls back to the scalar reward when the reward reports no such metric (as filter_key). A non-binary value stops the run with an error naming the sample.'),
+    correct_key: z.string().min(1).default('accuracy').describe('Reward metric that says whether a response is correct: reward_details[correct_key] must be 1 (correct) or 0 / −1 (incorrect); "accuracy" and "overall" fall back to the scalar reward when the reward reports no such metric (a verifier returning a bare 1/0). The built-in rewards report accuracy (0/1) and overall (the total score, with the format bonus, as EasyR1). A non-binary value stops the run with an error naming the sample.'),
   }, 'Negative-aware fine-tuning loss settings (policy_loss = nft; Chen et al. 2025, arXiv 2505.18116). NFT trains on each response\'s binary correctness and its group\'s accuracy r̂ (clamped to [0.02, 0.98]), not on advantages: correct responses maximise log π/π_old, incorrect ones the implicit negative policy (1 − r̂·π/π_old)/(1 − r̂); every token weighted by 1 − r̂, the policy-gradient term summed over tokens whatever actor.loss_agg_mode says (as NVlabs/NFT). adv_estimator still computes the logged advantages.'),
   ema: section({
     enable: z.boolean().default(false).describe('Keep an exponential moving average of the policy weights (used as the reference/eval policy).'),
@@ -276,7 +276,7 @@ const rewardModelSchema = section({
 const rewardSchema = section({
   type: z.enum(['function', 'remote', 'model']).default('function').describe('function: a built-in or user function; remote: HTTP reward servers; model: an ONNX scorer.'),
   reward_fn: z.string().min(1).nullable().default(null).describe('Built-in reward function (e.g. number_game, exact_match, format, arithmetic); null → data.task’s reward when data.task is set.'),
-  reward_fn_path: z.string().min(1).nullable().default(null).describe('User reward module (JS/TS) whose default or `reward` export is the function; instead of reward_fn.'),
+  reward_fn_path: z.string().min(1).nullable().default(null).describe('User reward module (JS/TS), instead of reward_fn: its default (or `reward`) export is called with {prompt, response, ground_truth, data_source, extra_info, kwargs}, or else its `compute_score` export verl-style as compute_score(data_source, solution_str, ground_truth, extra_info, kwargs); it returns a number, {score, …} or {reward, metrics} (docs/rewards.md). A relative path in the config file resolves against the file\'s directory.'),
   reward_fn_kwargs: z.record(z.string(), z.unknown()).default(() => ({})).describe('Keyword arguments passed to the reward function.'),
   timeout_s: z.number().positive().default(30).describe('Time limit per sample of a reward function (reward_fn, reward_fn_path), which runs in a worker thread: a sample that takes longer is a recorded reward failure (HTTP servers: reward.remote.timeout_ms).'),
   on_failure: z.enum(['retry', 'drop_group', 'stop']).default('retry').describe('A trajectory whose reward failed: retry it later, drop its prompt group, or stop the run.'),
@@ -293,11 +293,12 @@ const trainerSchema = section({
   max_steps: posInt().nullable().default(null).describe('Stop after this many steps (verl total_training_steps); null = total_epochs.'),
   val_freq: offOrPosInt().default(-1).describe('Validate every val_freq steps (-1 = off).'),
   val_before_train: z.boolean().default(true).describe('Validate the initial policy before the first step.'),
-  val_only: z.boolean().default(false).describe('Only validate, do not train.'),
+  val_only: z.boolean().default(false).describe('Only validate, do not train: one validation round of the initial policy (actor.model.path, or trainer.load_checkpoint_path: a model directory, or a checkpoint global_step_N, whose actor/ is evaluated).'),
   val_generations_to_log: nonNegInt().default(3).describe('Validation samples (prompt, response, reward) logged per validation round.'),
   save_freq: offOrPosInt().default(-1).describe('Save a checkpoint every save_freq steps; -1 = only the final checkpoint at the end of training (the final one is always saved).'),
   save_limit: offOrPosInt().default(-1).describe('Keep at most this many checkpoints (oldest removed first); -1 = unlimited.'),
   find_last_checkpoint: z.boolean().default(true).describe('Resume from the newest checkpoint in run_dir when there is one.'),
+  resume_with_changed_config: z.boolean().default(false).describe('Resuming a run whose config differs from the one it was started with is refused, listing the keys; true accepts the changes that keep the stored state meaningful (e.g. actor.optim.lr, rollout.temperature, algorithm.kl_coef). Changes of the dataset position (data.rollout_batch_size, train_files, seed, shuffle), rollout.n, the model architecture or tokenizer, the advantage estimator or the log layout are refused either way. Run length, validation and save frequency, logging, threads and devices may always change (a finished run is extended by raising trainer.total_epochs or max_steps).'),
   load_checkpoint_path: z.string().min(1).nullable().default(null).describe('Start a new run from this checkpoint (<run_dir>/checkpoints/global_step_N: policy weights + AdamW state, step, dataset position, LR and KL state; wins over find_last_checkpoint), or from a plain model directory (weights only, step 0). With critic.enable (e.g. adv_estimator gae) the critic\'s weights and AdamW state are restored from the checkpoint\'s critic/ too; a checkpoint without a critic is refused unless critic.model.path names a value model to start the critic from.'),
   project_name: safeName().default('rlstream').describe('Project name (logs, run id).'),
   experiment_name: safeName().default('default').describe('Experiment name (logs, run id, run_dir).'),

@@ -17,6 +17,10 @@ export interface DatasetRow {
   /** Images as raw bytes (decoded from base64 or data URLs in the file). */
   images: Buffer[];
   source: { file: string; line: number };
+  /** The row's `data_source` field (verl), when it has one. */
+  dataSource?: string;
+  /** The row's `extra_info` object (verl) as JSON text, when it has one. */
+  extraInfo?: string;
 }
 
 export interface BadRow { file: string; line: number; reason: string }
@@ -68,7 +72,7 @@ function decodeImage(v: unknown): Buffer | null {
 }
 
 /** Validates one raw record; returns the row fields or a reason. */
-export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: boolean): { prompt: string; answer: string; images: Buffer[] } | { reason: string } {
+export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: boolean): { prompt: string; answer: string; images: Buffer[]; dataSource?: string; extraInfo?: string } | { reason: string } {
   if (!rec || typeof rec !== 'object' || Array.isArray(rec)) return { reason: 'row is not a JSON object' };
   let promptRaw = get(rec, opts.prompt_key);
   if (promptRaw === undefined) return { reason: `missing prompt field "${opts.prompt_key}" (set data.prompt_key)` };
@@ -94,7 +98,16 @@ export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: bool
       images.push(b);
     }
   }
-  return { prompt, answer: answerRaw, images };
+  // verl's per-row data_source and extra_info, passed to the reward function
+  const ds = get(rec, 'data_source');
+  if (ds !== undefined && ds !== null && typeof ds !== 'string') return { reason: 'field "data_source" must be a string' };
+  const extra = get(rec, 'extra_info');
+  if (extra !== undefined && extra !== null && (typeof extra !== 'object' || Array.isArray(extra))) return { reason: 'field "extra_info" must be an object' };
+  return {
+    prompt, answer: answerRaw, images,
+    ...(typeof ds === 'string' ? { dataSource: ds } : {}),
+    ...(extra ? { extraInfo: JSON.stringify(extra, (_k, v: unknown) => (typeof v === 'bigint' ? Number(v) : v instanceof Uint8Array ? Buffer.from(v).toString('base64') : v)) } : {}),
+  };
 }
 
 function detectFormat(file: string, format: DatasetOptions['format']): 'jsonl' | 'parquet' {

@@ -10,6 +10,7 @@ import pg from 'pg';
 import { mkdirSync } from 'node:fs';
 import { acquireLock, type LockHandle } from './lock-file.ts';
 import { migrate } from './migrate.ts';
+import { serveSnapshots, type SnapshotServer } from './snapshot.ts';
 import { RlError, errorMessage, storageFault } from '../errors.ts';
 
 export type DatabaseTarget =
@@ -72,15 +73,19 @@ export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boo
       const pglite = await PGlite.create(`${target.dir}/pgdata`).catch((e: unknown) => { throw embeddedOpenError(e, `${target.dir}/pgdata`); });
       const pool = new pg.Pool(createPgConfig(pglite) as unknown as pg.PoolConfig);
       const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
+      let snapshots: SnapshotServer | null = null;
       const database: Database = {
         kind: 'pglite', db, pool, pglite, where: `embedded database ${target.dir}`,
         async close() {
+          await snapshots?.close().catch(() => undefined);
           await db.destroy().catch(() => undefined);
           await pglite.close().catch(() => undefined);
           lock.release();
         },
       };
       if (doMigrate) await migrate(db).catch(async (e: unknown) => { await database.close(); throw embeddedOpenError(e, `${target.dir}/pgdata`); });
+      // other processes (rlstream sql / runs / report) read this database through snapshots
+      snapshots = await serveSnapshots(pglite, target.dir).catch(() => null);
       return database;
     } catch (e) {
       lock.release();

@@ -9,29 +9,60 @@ import { tasks } from '../tasks/index.ts';
 import type { Tokenizer } from '../model/index.ts';
 import { ConfigError } from '../errors.ts';
 
-export interface PromptRow { index: number; prompt: string; answer: string; images: Buffer[]; promptIds: Int32Array; source: string }
-export interface RunData { train: PromptRow[]; val: PromptRow[]; dropped: { train: number; val: number }; dataSource: string }
+export interface PromptRow {
+  index: number; prompt: string; answer: string; images: Buffer[]; promptIds: Int32Array; source: string;
+  /** The row's own data_source and extra_info (JSON text), when the file gives them (verl). */
+  dataSource?: string; extraInfo?: string;
+}
+/** Rows left out of a split: bad rows skipped (data.on_bad_row = skip) and overlong prompts dropped. */
+export interface LeftOut { bad: Array<{ where: string; reason: string }>; overlong: Array<{ where: string; tokens: number }> }
+export interface RunData {
+  train: PromptRow[]; val: PromptRow[]; dropped: { train: number; val: number }; dataSource: string;
+  leftOut: { train: LeftOut; val: LeftOut };
+}
 
-async function rowsOf(cfg: Config, split: 'train' | 'val'): Promise<{ rows: Omit<DatasetRow, 'index'>[]; source: string }> {
+/** How many file:line examples a data note names. */
+const EXAMPLES = 3;
+
+/**
+ * One line per kind of row left out of a split, with the count and the first few file:line
+ * examples (logged once by the controller at start); [] when every row was used.
+ */
+export function dataNotes(data: Pick<RunData, 'leftOut'>, cfg: Pick<Config, 'data'>): string[] {
+  const out: string[] = [];
+  const more = (n: number) => (n > EXAMPLES ? `, … (${n - EXAMPLES} more)` : '');
+  for (const split of ['train', 'val'] as const) {
+    const { bad, overlong } = data.leftOut[split];
+    if (bad.length) {
+      out.push(`${bad.length} bad ${split} row${bad.length === 1 ? '' : 's'} skipped (data.on_bad_row = skip): ${bad.slice(0, EXAMPLES).map((b) => `${b.where}: ${b.reason}`).join('; ')}${more(bad.length)}`);
+    }
+    if (overlong.length) {
+      out.push(`${overlong.length} ${split} prompt${overlong.length === 1 ? '' : 's'} longer than data.max_prompt_length = ${cfg.data.max_prompt_length} tokens dropped (data.filter_overlong_prompts = true; raise max_prompt_length to keep ${overlong.length === 1 ? 'it' : 'them'}): ${overlong.slice(0, EXAMPLES).map((o) => `${o.where} (${o.tokens} tokens)`).join(', ')}${more(overlong.length)}`);
+    }
+  }
+  return out;
+}
+
+async function rowsOf(cfg: Config, split: 'train' | 'val'): Promise<{ rows: Omit<DatasetRow, 'index'>[]; source: string; bad: Array<{ where: string; reason: string }> }> {
   const d = cfg.data;
   if (d.task) {
     const task = tasks.get(d.task);
     const count = split === 'train' ? d.task_size.train : d.task_size.val;
     // train and val come from disjoint seeds
     const gen = task.generate(count, split === 'train' ? d.seed : d.seed + 1_000_003);
-    return { rows: gen.map((r, i) => ({ prompt: r.prompt, answer: r.answer, images: [], source: { file: `task:${task.name}:${split}`, line: i + 1 } })), source: task.name };
+    return { rows: gen.map((r, i) => ({ prompt: r.prompt, answer: r.answer, images: [], source: { file: `task:${task.name}:${split}`, line: i + 1 } })), source: task.name, bad: [] };
   }
   const files = split === 'train' ? d.train_files : d.val_files;
-  if (files.length === 0) return { rows: [], source: 'files' };
+  if (files.length === 0) return { rows: [], source: 'files', bad: [] };
   const { rows, bad } = await loadDataset(files, { prompt_key: d.prompt_key, answer_key: d.answer_key, image_key: d.image_key, format: d.format, on_bad_row: d.on_bad_row, max_rows: d.max_rows });
-  if (bad.length) process.emitWarning(`${bad.length} bad ${split} rows skipped (data.on_bad_row = skip); first: ${bad[0].file}:${bad[0].line}: ${bad[0].reason}`);
-  return { rows, source: files.join(',') };
+  return { rows, source: files.join(','), bad: bad.map((b) => ({ where: `${b.file}:${b.line}`, reason: b.reason })) };
 }
 
 export async function loadRunData(cfg: Config, tok: Tokenizer): Promise<RunData> {
-  const out: RunData = { train: [], val: [], dropped: { train: 0, val: 0 }, dataSource: '' };
+  const out: RunData = { train: [], val: [], dropped: { train: 0, val: 0 }, dataSource: '', leftOut: { train: { bad: [], overlong: [] }, val: { bad: [], overlong: [] } } };
   for (const split of ['train', 'val'] as const) {
-    const { rows, source } = await rowsOf(cfg, split);
+    const { rows, source, bad } = await rowsOf(cfg, split);
+    out.leftOut[split].bad.push(...bad);
     out.dataSource = out.dataSource || source;
     for (const r of rows) {
       let enc: Int32Array;
@@ -39,6 +70,7 @@ export async function loadRunData(cfg: Config, tok: Tokenizer): Promise<RunData>
         const msg = `${r.source.file}:${r.source.line}: prompt cannot be tokenized: ${(e as Error).message}`;
         if (cfg.data.on_bad_row === 'stop') throw new ConfigError(`${msg} (set data.on_bad_row=skip to skip such rows)`);
         out.dropped[split]++;
+        out.leftOut[split].bad.push({ where: `${r.source.file}:${r.source.line}`, reason: `prompt cannot be tokenized: ${(e as Error).message}` });
         continue;
       }
       const ids = new Int32Array(enc.length + 1);
@@ -47,9 +79,11 @@ export async function loadRunData(cfg: Config, tok: Tokenizer): Promise<RunData>
       if (ids.length > cfg.data.max_prompt_length) {
         if (!cfg.data.filter_overlong_prompts && cfg.data.on_bad_row === 'stop') throw new ConfigError(`${r.source.file}:${r.source.line}: prompt is ${ids.length} tokens, over data.max_prompt_length = ${cfg.data.max_prompt_length} (raise it, or set data.filter_overlong_prompts=true)`);
         out.dropped[split]++;
+        if (cfg.data.filter_overlong_prompts) out.leftOut[split].overlong.push({ where: `${r.source.file}:${r.source.line}`, tokens: ids.length });
+        else out.leftOut[split].bad.push({ where: `${r.source.file}:${r.source.line}`, reason: `prompt is ${ids.length} tokens, over data.max_prompt_length = ${cfg.data.max_prompt_length}` });
         continue;
       }
-      out[split].push({ index: out[split].length, prompt: r.prompt, answer: r.answer, images: r.images, promptIds: ids, source: `${r.source.file}:${r.source.line}` });
+      out[split].push({ index: out[split].length, prompt: r.prompt, answer: r.answer, images: r.images, promptIds: ids, source: `${r.source.file}:${r.source.line}`, dataSource: r.dataSource, extraInfo: r.extraInfo });
     }
   }
   return out;

@@ -1,8 +1,14 @@
 /**
  * Function rewards: a registry of built-ins for the example tasks plus a user module
- * (`reward.reward_fn_path`: a JS/TS module whose default export — or `reward` export — is a
- * RewardFn). A function that throws, or returns a non-finite reward, is a recorded failure for
- * that trajectory (`{ ok: false, reason }`), never a zero.
+ * (`reward.reward_fn_path`, a JS/TS module), in one of two shapes:
+ *  - rlstream's: the default export (or the `reward` export) is called with one object
+ *    `{prompt, response, ground_truth, data_source, extra_info, kwargs}`;
+ *  - verl's: an export named `compute_score` is called with the positional arguments
+ *    `(data_source, solution_str, ground_truth, extra_info, kwargs)` (verl passes the kwargs as
+ *    keyword arguments; here they are one object after extra_info).
+ * Either may return `{reward, metrics?}`, a bare number (or boolean), or verl's `{score, …}`
+ * whose other keys are its metrics. A function that throws, or returns a non-finite reward, is a
+ * recorded failure for that trajectory (`{ ok: false, reason }`), never a zero.
  */
 import { pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';
@@ -14,6 +20,10 @@ export interface RewardInput {
   prompt: string;
   response: string;
   ground_truth: string;
+  /** The row's `data_source` (verl), else the dataset (file names or data.task). */
+  data_source?: string;
+  /** The row's `extra_info` object (verl), else {}. */
+  extra_info?: Record<string, unknown>;
   /** Extra keyword arguments from `reward.reward_fn_kwargs`. */
   kwargs: Record<string, unknown>;
 }
@@ -23,7 +33,20 @@ export interface RewardInput {
  * 1/0; strings (e.g. the extracted answer) are stored with the trajectory's reward_details.
  */
 export interface RewardResult { reward: number; metrics?: Record<string, number | boolean | string> }
-export type RewardFn = (input: RewardInput) => RewardResult | Promise<RewardResult>;
+/** What a user function may return: {reward, metrics?}, a bare number or boolean, or verl's {score, …}. */
+export type RewardReturn = RewardResult | number | boolean | ({ score: number | boolean } & Record<string, unknown>);
+export type RewardFn = (input: RewardInput) => RewardReturn | Promise<RewardReturn>;
+/** verl's shape: compute_score(data_source, solution_str, ground_truth, extra_info, kwargs). */
+export type VerlComputeScore = (dataSource: string, solutionStr: string, groundTruth: string, extraInfo: Record<string, unknown>, kwargs: Record<string, unknown>) => unknown;
+
+/** extra_info as the trajectories carry it (JSON object text, "{}" when none) → an object. */
+export function parseExtraInfo(text: string | undefined | null): Record<string, unknown> {
+  if (!text) return {};
+  try {
+    const v: unknown = JSON.parse(text);
+    return v && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : {};
+  } catch { return {}; }
+}
 
 export type RewardOutcome =
   | { ok: true; reward: number; metrics: Record<string, number | string> }
@@ -46,13 +69,14 @@ export const integerFormat: RewardFn = ({ response }) => {
 /**
  * Accuracy plus a small format term: reward = accuracy + format_weight · format (EasyR1's math
  * reward has the same shape). `format_weight` (kwarg, default 0.1) keeps the signal dense early.
+ * Metrics as EasyR1's: overall (the total score, = the reward), accuracy, format.
  */
 export const accuracyWithFormat: RewardFn = (input) => {
   const acc = exactMatch(input) as RewardResult;
   const fmt = integerFormat(input) as RewardResult;
   const w = typeof input.kwargs.format_weight === 'number' ? input.kwargs.format_weight : 0.1;
   const a = acc.metrics!.accuracy as number, f = fmt.metrics!.format as number;
-  return { reward: a + w * f, metrics: { accuracy: a, format: f, overall: a } };
+  return { reward: a + w * f, metrics: { overall: a + w * f, accuracy: a, format: f } };
 };
 
 export const rewardFns = new Registry<RewardFn>('reward.reward_fn', {
@@ -62,7 +86,10 @@ export const rewardFns = new Registry<RewardFn>('reward.reward_fn', {
   arithmetic: accuracyWithFormat,
 });
 
-/** Loads `reward.reward_fn_path`; the module must export a function as default or as `reward`. */
+/**
+ * Loads `reward.reward_fn_path`: its default export or `reward` export (called with one object),
+ * else its `compute_score` export (verl's name and positional arguments).
+ */
 export async function loadRewardModule(path: string): Promise<RewardFn> {
   const abs = resolve(path);
   if (!existsSync(abs)) throw new ConfigError(`reward.reward_fn_path: file not found: ${abs}`);
@@ -71,17 +98,41 @@ export async function loadRewardModule(path: string): Promise<RewardFn> {
     throw new ConfigError(`reward.reward_fn_path: cannot load ${abs}: ${(e as Error).message}`);
   }
   const fn = (typeof mod.default === 'function' ? mod.default : mod.reward) as RewardFn | undefined;
-  if (typeof fn !== 'function') throw new ConfigError(`reward.reward_fn_path: ${abs} must export a function (default export or \`export function reward\`) returning {reward, metrics}`);
-  return fn;
+  if (typeof fn === 'function') return fn;
+  if (typeof mod.compute_score === 'function') {
+    const verl = mod.compute_score as VerlComputeScore;
+    return (i) => verl(i.data_source ?? '', i.response, i.ground_truth, i.extra_info ?? {}, i.kwargs) as RewardReturn;
+  }
+  const has = Object.keys(mod).filter((k) => k !== 'default');
+  throw new ConfigError(`reward.reward_fn_path: ${abs} must export a function: \`export default function ({prompt, response, ground_truth, data_source, extra_info, kwargs})\` (or \`export function reward\`), or verl's \`export function compute_score(data_source, solution_str, ground_truth, extra_info)\`; it exports ${has.length ? has.join(', ') : 'nothing'}`);
+}
+
+/** A function's return value → {reward, metrics}, or why it is not one. */
+function normaliseReturn(out: unknown): RewardResult | string {
+  if (typeof out === 'number') return { reward: out };
+  if (typeof out === 'boolean') return { reward: out ? 1 : 0 };
+  if (out && typeof out === 'object') {
+    const o = out as Record<string, unknown>;
+    if (typeof o.reward === 'number') return o as unknown as RewardResult;
+    if (typeof o.score === 'number' || typeof o.score === 'boolean') {
+      // verl: {score, ...extra}: the other keys are reported like metrics
+      const { score, ...rest } = o;
+      const metrics: Record<string, number | boolean | string> = {};
+      for (const [k, v] of Object.entries(rest)) metrics[k] = typeof v === 'number' || typeof v === 'boolean' || typeof v === 'string' ? v : (JSON.stringify(v) ?? String(v));
+      return { reward: typeof score === 'boolean' ? (score ? 1 : 0) : score, metrics };
+    }
+  }
+  return `reward function returned ${JSON.stringify(out)?.slice(0, 200)}; expected a number, {reward: number, metrics?} or {score: number, …}`;
 }
 
 /** Runs a reward function for one trajectory; throws and non-finite rewards become failures. */
 export async function applyRewardFn(fn: RewardFn, input: RewardInput): Promise<RewardOutcome> {
-  let out: RewardResult;
-  try { out = await fn(input); } catch (e) {
+  let raw: unknown;
+  try { raw = await fn(input); } catch (e) {
     return { ok: false, reason: `reward function threw: ${(e as Error)?.message ?? String(e)}` };
   }
-  if (!out || typeof out !== 'object' || typeof out.reward !== 'number') return { ok: false, reason: `reward function returned ${JSON.stringify(out)?.slice(0, 200)}; expected {reward: number, metrics?}` };
+  const out = normaliseReturn(raw);
+  if (typeof out === 'string') return { ok: false, reason: out };
   if (!Number.isFinite(out.reward)) return { ok: false, reason: `reward function returned a non-finite reward (${out.reward})` };
   const metrics: Record<string, number | string> = {};
   for (const [k, v] of Object.entries(out.metrics ?? {})) {

@@ -267,6 +267,9 @@ export interface TokenRewardItem extends RewardRequestItem {
   prompt_ids: ArrayLike<number>;
   /** Generated token ids (without the prompt). */
   response_ids: ArrayLike<number>;
+  /** The row's data_source and extra_info (JSON object text), for reward functions (verl's arguments). */
+  data_source?: string;
+  extra_info?: string;
 }
 
 export interface ModelRewardScorer {

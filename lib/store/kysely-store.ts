@@ -15,7 +15,7 @@ import {
   type StoredDeadLetter, type StoredMetric, type StoredTrajectory, type StoredValGeneration, type TrajectoryFilter,
   type TrajectoryRow, type Tx, type ValGenerationRow, type WriteOptions,
 } from './port.ts';
-import { decodeTrajectory, validateTrajectory } from './trajectory-codec.ts';
+import { decodeTrajectory, storableText, validateTrajectory } from './trajectory-codec.ts';
 import type { StoreTables } from './tables.ts';
 
 /** Turns a driver error into an RlError whose message says what to fix; keeps retriability. */
@@ -351,11 +351,11 @@ export abstract class KyselyStore implements Store {
       int(g.step, `${what} step`);
       int(g.idx, `${what} idx`);
       if (typeof g.prompt !== 'string' || typeof g.response !== 'string') throw new RlError(`${what}: prompt and response must be strings`, { code: 'ERR_BAD_ROW' });
-      if (g.prompt.includes('\u0000') || g.response.includes('\u0000')) throw new RlError(`${what}: text contains a NUL character (U+0000), which PostgreSQL text cannot store`, { code: 'ERR_BAD_ROW' });
       checkReward(g.reward, g.rewardFailure, what);
       return {
-        run_id: g.runId, step: g.step, idx: g.idx, prompt: g.prompt, response: g.response,
-        ground_truth: g.groundTruth ?? null, reward: g.reward ?? null, reward_failure: g.rewardFailure ?? null,
+        // decoded text: a NUL is stored as ␀ (see storableText)
+        run_id: g.runId, step: g.step, idx: g.idx, prompt: storableText(g.prompt), response: storableText(g.response),
+        ground_truth: g.groundTruth == null ? null : storableText(g.groundTruth), reward: g.reward ?? null, reward_failure: g.rewardFailure == null ? null : storableText(g.rewardFailure),
       };
     });
     await this.guard(`recordValGenerations(${rows.length} rows)`, async () => {

@@ -11,6 +11,29 @@
 import { RlError } from '../errors.ts';
 import type { JsonObject, NumberArray, StoredTrajectory, TrajectoryRow } from './port.ts';
 
+/**
+ * PostgreSQL text and jsonb cannot hold U+0000, but decoding a response can yield it (an untrained
+ * policy over the byte tokenizer samples byte 0). The token ids are the truth (prompt_tokens,
+ * response_tokens, and the Avro messages in the log keep the text exactly); the text columns are
+ * for reading, so a NUL is stored there as the visible ␀ (U+2400 SYMBOL FOR NULL) instead of
+ * stopping the run. The same holds for ground_truth, reward_details strings, failure and filter
+ * reasons, and the validation generations. Ids and run ids are ours and never contain one.
+ */
+export const NUL_IN_TEXT = '\u2400';
+
+/** `s` with every U+0000 replaced by ␀ (U+2400), so PostgreSQL text can store it. */
+export function storableText(s: string): string {
+  return s.includes('\u0000') ? s.replaceAll('\u0000', NUL_IN_TEXT) : s;
+}
+
+const storableOrNull = (s: string | null | undefined): string | null | undefined => (typeof s === 'string' ? storableText(s) : s);
+
+/** JSON text with every escaped NUL (`\\u0000`, which jsonb refuses) written as ␀ instead. */
+export function storableJson(text: string): string {
+  if (!text.includes('\\u0000')) return text;
+  return text.replace(/\\(?:u[0-9a-fA-F]{4}|["\\/bfnrt])/g, (m) => (m === '\\u0000' ? NUL_IN_TEXT : m));
+}
+
 type ColumnKind = 'text' | 'int4' | 'float8' | 'bool' | 'jsonb' | 'int4[]' | 'float4[]';
 
 interface Column {
@@ -34,9 +57,9 @@ export const TRAJECTORY_COLUMNS: readonly Column[] = [
   col('policy_version', 'int4', (r) => r.policyVersion),
   col('prompt_tokens', 'int4[]', (r) => r.promptTokens),
   col('response_tokens', 'int4[]', (r) => r.responseTokens),
-  col('prompt_text', 'text', (r) => r.promptText),
-  col('response_text', 'text', (r) => r.responseText),
-  col('ground_truth', 'text', (r) => r.groundTruth),
+  col('prompt_text', 'text', (r) => storableOrNull(r.promptText)),
+  col('response_text', 'text', (r) => storableOrNull(r.responseText)),
+  col('ground_truth', 'text', (r) => storableOrNull(r.groundTruth)),
   col('behaviour_logprobs', 'float4[]', (r) => r.behaviourLogprobs),
   col('ref_logprobs', 'float4[]', (r) => r.refLogprobs),
   col('old_logprobs', 'float4[]', (r) => r.oldLogprobs),
@@ -45,11 +68,11 @@ export const TRAJECTORY_COLUMNS: readonly Column[] = [
   col('returns', 'float4[]', (r) => r.returns),
   col('reward', 'float8', (r) => r.reward),
   col('reward_details', 'jsonb', (r) => rewardDetailsJson(r)),
-  col('reward_failure', 'text', (r) => r.rewardFailure),
+  col('reward_failure', 'text', (r) => storableOrNull(r.rewardFailure)),
   col('response_length', 'int4', (r) => r.responseTokens.length),
-  col('finish_reason', 'text', (r) => r.finishReason),
+  col('finish_reason', 'text', (r) => storableOrNull(r.finishReason)),
   col('filtered', 'bool', (r) => r.filtered),
-  col('filter_reason', 'text', (r) => r.filterReason),
+  col('filter_reason', 'text', (r) => storableOrNull(r.filterReason)),
   col('staleness', 'int4', (r) => r.staleness),
 ];
 
@@ -61,7 +84,7 @@ const detailsJson = new WeakMap<TrajectoryRow, string | null>();
 function rewardDetailsJson(row: TrajectoryRow): string | null {
   const cached = detailsJson.get(row);
   if (cached !== undefined) return cached;
-  return row.rewardDetails == null ? null : JSON.stringify(row.rewardDetails);
+  return row.rewardDetails == null ? null : storableJson(JSON.stringify(row.rewardDetails));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -77,14 +100,14 @@ function bad(row: { id?: unknown }, field: string, what: string): RlError {
   });
 }
 
-function checkText(row: TrajectoryRow, field: string, v: unknown, nullable: boolean): void {
+/** `free`: decoded or user text, whose NULs are stored as ␀ (see storableText); otherwise an id, where a NUL is refused. */
+function checkText(row: TrajectoryRow, field: string, v: unknown, nullable: boolean, free = false): void {
   if (v === null || v === undefined) {
     if (!nullable) throw bad(row, field, 'is required (a string)');
     return;
   }
   if (typeof v !== 'string') throw bad(row, field, `must be a string, got ${typeof v}`);
-  // PostgreSQL text cannot hold U+0000; refuse rather than silently alter the text.
-  if (v.includes('\u0000')) throw bad(row, field, 'contains a NUL character (U+0000), which PostgreSQL text cannot store; remove or escape it before writing');
+  if (!free && v.includes('\u0000')) throw bad(row, field, 'contains a NUL character (U+0000), which an id cannot hold');
 }
 
 function checkInt(row: TrajectoryRow, field: string, v: unknown, min = 0): void {
@@ -140,9 +163,9 @@ export function validateTrajectory(row: TrajectoryRow): void {
   checkInt(row, 'staleness', row.staleness);
   checkIntArray(row, 'promptTokens', row.promptTokens);
   checkIntArray(row, 'responseTokens', row.responseTokens);
-  checkText(row, 'promptText', row.promptText, false);
-  checkText(row, 'responseText', row.responseText, false);
-  checkText(row, 'groundTruth', row.groundTruth, true);
+  checkText(row, 'promptText', row.promptText, false, true);
+  checkText(row, 'responseText', row.responseText, false, true);
+  checkText(row, 'groundTruth', row.groundTruth, true, true);
   const n = row.responseTokens.length;
   checkRealArray(row, 'behaviourLogprobs', row.behaviourLogprobs, n, false);
   checkRealArray(row, 'refLogprobs', row.refLogprobs, n, true);
@@ -158,7 +181,7 @@ export function validateTrajectory(row: TrajectoryRow): void {
     if (typeof row.reward !== 'number' || !Number.isFinite(row.reward)) throw bad(row, 'reward', `must be a finite number or null, got ${String(row.reward)}`);
     if (row.rewardFailure !== null && row.rewardFailure !== undefined) throw bad(row, 'rewardFailure', 'must be null when a reward is given');
   }
-  checkText(row, 'rewardFailure', row.rewardFailure, true);
+  checkText(row, 'rewardFailure', row.rewardFailure, true, true);
   if (row.rewardDetails === null || row.rewardDetails === undefined) {
     detailsJson.set(row, null);
   } else {
@@ -169,15 +192,14 @@ export function validateTrajectory(row: TrajectoryRow): void {
     } catch (e) {
       throw bad(row, 'rewardDetails', `is not JSON-serialisable: ${(e as Error).message}`);
     }
-    // jsonb refuses the escape \u0000 (and JSON.stringify writes NUL that way).
-    if (/(^|[^\\])(\\\\)*\\u0000/.test(text)) throw bad(row, 'rewardDetails', 'contains a NUL character (U+0000), which jsonb cannot store');
-    detailsJson.set(row, text);
+    // jsonb refuses the escape \u0000 (JSON.stringify writes NUL that way): stored as ␀
+    detailsJson.set(row, storableJson(text));
   }
-  checkText(row, 'finishReason', row.finishReason, true);
+  checkText(row, 'finishReason', row.finishReason, true, true);
   if (typeof row.filtered !== 'boolean') throw bad(row, 'filtered', 'must be a boolean');
   if (row.filtered && (typeof row.filterReason !== 'string' || row.filterReason.length === 0)) throw bad(row, 'filterReason', 'is required when filtered is true');
   if (!row.filtered && row.filterReason !== null && row.filterReason !== undefined) throw bad(row, 'filterReason', 'must be null when filtered is false');
-  checkText(row, 'filterReason', row.filterReason, true);
+  checkText(row, 'filterReason', row.filterReason, true, true);
 }
 
 // ---------------------------------------------------------------------------------------------

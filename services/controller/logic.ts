@@ -30,6 +30,8 @@ export interface ControllerState {
   valEmitted: number[];
   valDone: number[];
   done: boolean;
+  /** The run failed (done without run_done); absent in states saved before it existed. */
+  failed?: boolean;
 }
 
 export type ControllerEvent =
@@ -37,7 +39,9 @@ export type ControllerEvent =
   /** `request`: the advantage stage's 1-based request number for the step (a redelivered request is ignored). */
   /** `reason`: why the step is short of usable groups (the advantage stage's account: reward failures with the last error, online filtering). */
   | { type: 'refill'; step: number; needed: number; request?: number; reason?: string }
-  | { type: 'val_done'; version: number };
+  | { type: 'val_done'; version: number }
+  /** The run was started again with more steps than it finished with (trainer.total_epochs / max_steps raised). */
+  | { type: 'extend' };
 
 export interface PromptRef {
   /** Slot within the step (0..B−1 for the first draw; refills continue after). */
@@ -111,24 +115,40 @@ function finished(plan: ControllerPlan, s: ControllerState): boolean {
   return s.valEmitted.every((v) => s.valDone.includes(v));
 }
 
+/** Why a step failed when online filtering ran out of refills, in the terms of its semantics. */
+export function filterExhausted(plan: Pick<ControllerPlan, 'maxTryMakeBatch' | 'filterSemantics' | 'filterKey'>, step: number): string {
+  const head = `step ${step}: online filtering kept too few groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch)`;
+  const key = plan.filterKey ?? 'overall';
+  if (plan.filterSemantics === 'dapo') {
+    return `${head}; with algorithm.filter_semantics = dapo a group is kept only when its "${key}" values are not all equal, and too many groups were all right or all wrong — raise max_try_make_batch or rollout.n, use a reward metric with more spread (algorithm.filter_key), or turn off algorithm.online_filtering`;
+  }
+  return `${head}; too many groups' mean "${key}" lies outside (algorithm.filter_low, algorithm.filter_high) — widen the filter, raise max_try_make_batch, or turn off algorithm.online_filtering`;
+}
+
 /** A refill request's reasons that are this version's accounts (older records say only this). */
 const GENERIC_REFILL_REASON = 'online filtering / reward failures left too few groups';
 
-/** Why the run stops when a step stays short of usable groups: the advantage stage's reason when it gave one. */
+/** Why the run stops when a step stays short of usable groups: the advantage stage's reason when it gave one, else online filtering's. */
 function shortfallMessage(plan: ControllerPlan, step: number, reason: string | undefined): string {
-  const head = `step ${step}: too few usable groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch)`;
-  if (reason && reason !== GENERIC_REFILL_REASON) return `${head}: ${reason}`;
-  return `${head}; the rewards are too uniform for algorithm.filter_low/filter_high — widen the filter, raise max_try_make_batch, or turn off algorithm.online_filtering`;
+  if (reason && reason !== GENERIC_REFILL_REASON) return `step ${step}: too few usable groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch): ${reason}`;
+  return filterExhausted(plan, step);
 }
 
 /** decide: (plan, state, event) → commands and the next state. */
 export function decide(plan: ControllerPlan, state: ControllerState, event: ControllerEvent): { state: ControllerState; commands: ControllerCommand[] } {
   const s: ControllerState = { ...state, refills: { ...state.refills }, valEmitted: [...state.valEmitted], valDone: [...state.valDone] };
   const commands: ControllerCommand[] = [];
-  if (s.done) return { state: s, commands };
   const last = totalSteps(plan);
+  // a finished run extended: go on from its last policy version (a failed run stays failed: s.failed)
+  if (event.type === 'extend' && s.done && !s.failed && s.latest && s.latest.version < last) {
+    s.done = false;
+    event = { type: 'policy', policy: s.latest };
+    s.latest = null;
+  }
+  if (s.done) return { state: s, commands };
   if (plan.trainSize > 0 && stepsPerEpoch(plan) === 0 && !plan.valOnly) {
     s.done = true;
+    s.failed = true;
     return { state: s, commands: [{ type: 'fail', message: `the training set has ${plan.trainSize} usable rows, fewer than data.rollout_batch_size = ${plan.rolloutBatchSize}; add data or lower data.rollout_batch_size` }] };
   }
   switch (event.type) {
@@ -140,7 +160,7 @@ export function decide(plan: ControllerPlan, state: ControllerState, event: Cont
         s.valEmitted.push(v);
         commands.push({ type: 'val_prompts', version: v, policy: event.policy, prompts: valPrompts(plan) });
       }
-      while (s.emittedStep < last && v >= s.emittedStep + 1 - 1 - plan.maxStaleness) {
+      while (!plan.replayValidation && s.emittedStep < last && v >= s.emittedStep + 1 - 1 - plan.maxStaleness) {
         const step = s.emittedStep + 1;
         const { epoch, prompts } = stepPrompts(plan, step);
         commands.push({ type: 'train_prompts', step, epoch, attempt: 0, policy: event.policy, prompts });
@@ -155,6 +175,7 @@ export function decide(plan: ControllerPlan, state: ControllerState, event: Cont
       const tries = (s.refills[event.step] ?? 0) + 1;
       if (tries > plan.maxTryMakeBatch) {
         s.done = true;
+        s.failed = true;
         commands.push({ type: 'fail', message: shortfallMessage(plan, event.step, event.reason) });
         return { state: s, commands };
       }

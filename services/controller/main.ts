@@ -8,10 +8,10 @@ import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { loadStageState, saveStageState } from '../../lib/pipeline/stage-state.ts';
-import { planFromConfig, stepsPerEpoch } from '../../lib/pipeline/plan.ts';
+import { planFromConfig, stepCapNotice, stepsPerEpoch } from '../../lib/pipeline/plan.ts';
 import { startStepFromCheckpoint } from '../../lib/pipeline/checkpoints.ts';
 import { sampleRow } from '../../lib/pipeline/rows.ts';
-import type { RunData } from '../../lib/pipeline/data.ts';
+import { dataNotes, type RunData } from '../../lib/pipeline/data.ts';
 import type { TrajectoryRow } from '../../lib/store/index.ts';
 import { chunkId, groupIdFor, hashId, controlId, type ControlEvent, type PolicyVersion, type PromptBatch, type ScoredGroup } from '../../lib/contracts/index.ts';
 import { decide, initialState, totalSteps, type ControllerCommand, type ControllerEvent, type ControllerState, type PromptRef } from './logic.ts';
@@ -19,13 +19,17 @@ import { decide, initialState, totalSteps, type ControllerCommand, type Controll
 interface ValRound { groups: string[]; rewardSum: number; accSum: number; n: number; failures: number; gens: Array<{ idx: number; prompt: string; response: string; gt: string; reward: number | null; failure: string | null }> }
 export interface ControllerStageState { ctl: ControllerState; started: boolean; val: Record<string, ValRound> }
 
-export function startController(p: Pipeline, data: RunData): StageRun {
+/** `replay`: validation rounds only, as a replay's policy versions appear (lib/app/replay.ts). */
+export function startController(p: Pipeline, data: RunData, opts: { replay?: boolean } = {}): StageRun {
   const cfg = p.cfg;
-  const plan = planFromConfig(cfg, p.runId, data.train.length, data.val.length);
+  const plan = { ...planFromConfig(cfg, p.runId, data.train.length, data.val.length), replayValidation: opts.replay === true };
   const metrics = new StageMetrics(p, 'controller');
   const log = forStage(p.log, 'controller');
   // a run started from trainer.load_checkpoint_path continues after the checkpoint's step (same dataset position)
   const start = startStepFromCheckpoint(cfg.trainer.load_checkpoint_path, plan);
+  for (const note of dataNotes(data, cfg)) log.warn({ dropped: data.dropped }, note);
+  const capped = stepCapNotice(plan);
+  if (capped) log.warn({ max_steps: plan.maxSteps, total_epochs: plan.totalEpochs, steps: totalSteps(plan) }, capped);
   const nowMs = () => Date.now();
   const control = (type: ControlEvent['type'], step: number, version: number, payload: Record<string, unknown>, detail?: string): ControlEvent => ({
     run_id: p.runId, id: controlId(p.runId, type, detail), step, policy_version: version, type, time_ms: nowMs(),
@@ -44,7 +48,7 @@ export function startController(p: Pipeline, data: RunData): StageRun {
       const id = groupIdFor(kind, p.runId, step, ref.promptIndex);
       return {
         id, group_uid: hashId(id), n: kind === 'train' ? cfg.rollout.n : v.n, prompt_index: ref.promptIndex, dataset_index: ref.datasetIndex,
-        prompt_ids: row.promptIds, prompt_text: row.prompt, images: row.images, data_source: data.dataSource, ground_truth: row.answer, extra_info: '{}',
+        prompt_ids: row.promptIds, prompt_text: row.prompt, images: row.images, data_source: row.dataSource ?? data.dataSource, ground_truth: row.answer, extra_info: row.extraInfo ?? '{}',
       };
     });
     return { run_id: p.runId, id: chunkId(kind, p.runId, step, refs[0].promptIndex, refs.length), step, policy_version: version, kind, epoch, attempt, sampling, groups };
@@ -69,6 +73,8 @@ export function startController(p: Pipeline, data: RunData): StageRun {
       } else if (r.topic === 'control') {
         const c = r.value as ControlEvent;
         if (c.type === 'refill_request') events.push({ type: 'refill', step: c.step, needed: c.refill_request.needed, request: c.refill_request.request, reason: c.refill_request.reason });
+        // rlstream train publishes run_started again when it extends a finished run
+        if (c.type === 'run_started' && st.ctl.done) events.push({ type: 'extend' });
       } else if (r.topic === 'validation') {
         const g = r.value as ScoredGroup;
         const key = String(g.step);
@@ -113,7 +119,8 @@ export function startController(p: Pipeline, data: RunData): StageRun {
         const size = cfg.data.val_batch_size > 0 ? cfg.data.val_batch_size : c.prompts.length;
         for (let i = 0; i < c.prompts.length; i += size) ctx.emit('prompts', promptBatch('val', c.version, 0, 0, c.version, c.prompts.slice(i, i + size)));
       } else if (c.type === 'run_done') {
-        ctx.emit('control', control('run_done', c.finalVersion, c.finalVersion, { run_done: { final_version: c.finalVersion, steps: totalSteps(plan) } }));
+        // one run_done per final version: an extended run ends with a second one
+        ctx.emit('control', control('run_done', c.finalVersion, c.finalVersion, { run_done: { final_version: c.finalVersion, steps: totalSteps(plan) } }, String(c.finalVersion)));
         await p.store.setRunStatus(p.runId, 'completed', undefined, { tx: ctx.tx });
         log.info({ finalVersion: c.finalVersion }, 'run done');
       } else if (c.type === 'fail') {

@@ -16,7 +16,7 @@ export function samplesToScore(g: TrajectoryGroup): TrajectorySample[] {
 export function rewardItems(g: TrajectoryGroup): TokenRewardItem[] {
   return samplesToScore(g).map((s) => ({
     id: s.id, step: g.step, prompt_text: g.prompt_text, response_text: s.response_text, ground_truth: g.ground_truth, images: g.images,
-    prompt_ids: g.prompt_ids, response_ids: s.response_ids,
+    prompt_ids: g.prompt_ids, response_ids: s.response_ids, data_source: g.data_source, extra_info: g.extra_info,
   }));
 }
 

@@ -12,7 +12,7 @@ import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
-import { rewardFns } from '../../lib/reward-fns/index.ts';
+import { rewardFns, parseExtraInfo } from '../../lib/reward-fns/index.ts';
 import { FunctionRewardWorker, type FunctionRewardSpec } from '../../lib/reward-fns/function-worker.ts';
 import { createRemoteRewardClient, type RemoteRewardClient } from '../../lib/reward/http-client.ts';
 import { createModelRewardScorer, type TokenRewardItem } from '../../lib/reward/onnx-scorer.ts';
@@ -77,7 +77,7 @@ export async function createRewardBackend(p: Pipeline, replicaIndex: number, env
     async score(items) {
       const out: RewardOutcome[] = [];
       for (const it of items) {
-        const o = await worker.score({ prompt: it.prompt_text, response: it.response_text, ground_truth: it.ground_truth ?? '', kwargs });
+        const o = await worker.score({ prompt: it.prompt_text, response: it.response_text, ground_truth: it.ground_truth ?? '', data_source: it.data_source ?? '', extra_info: parseExtraInfo(it.extra_info), kwargs });
         out.push(o.ok ? { id: it.id, ok: true, reward: o.reward, details: o.metrics, server: name } : { id: it.id, ok: false, reason: o.reason, retriable: false, server: name });
       }
       return out;

@@ -88,7 +88,7 @@ export function nftTargets(groups: readonly NftGroupInput[], key: string): Map<s
   for (const g of groups) {
     if (g.samples.length === 0) continue;
     const outcomes = g.samples.map((x): 1 | -1 => {
-      const v = x.reward_details[key] ?? (key === 'overall' ? x.reward : undefined);
+      const v = x.reward_details[key] ?? (key === 'overall' || key === 'accuracy' ? x.reward : undefined);
       if (v === undefined || v === null) {
         throw new ConfigError(`algorithm.policy_loss = nft reads each response's correctness from reward metric "${key}" (algorithm.nft.correct_key), but sample ${x.id} (reward ${g.reward_fn}) has none; `
           + `its reward reports: ${Object.keys(x.reward_details).join(', ') || '(no metrics; use "overall" for the scalar reward)'}`);

@@ -86,7 +86,7 @@ test('adv_estimator remax: advantage = reward − the reward of a greedy rollout
 
 test('policy_loss nft trains end to end on the whole group\'s accuracy, even when a mini-batch holds half a group', { timeout: 300_000 }, async () => {
   // global_batch_size 2 with n = 4: every mini-batch holds half a group, so r̂ from the mini-batch's
-  // own rows would differ from the group accuracy the update stage passes (number_game: overall = accuracy ∈ {0, 1})
+  // own rows would differ from the group accuracy the update stage passes (number_game: accuracy ∈ {0, 1}, the default algorithm.nft.correct_key)
   const { out, dir, runId } = await train('nft', ['algorithm.policy_loss=nft', 'actor.global_batch_size=2', 'actor.micro_batch_size_per_device_for_update=2', 'actor.micro_batch_size_per_device_for_experience=2']);
   assert.equal(out.status, 'completed', out.message);
   const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
@@ -102,7 +102,7 @@ test('policy_loss nft trains end to end on the whole group\'s accuracy, even whe
       }
       // every mini-batch has 2 rows of one group: the mean of r̂ over them is the mean over groups of clamp(accuracy, 0.02, 0.98)
       const groups = new Map<string, number[]>();
-      for (const r of rows.filter((x) => x.step === step)) groups.set(r.groupUid, [...(groups.get(r.groupUid) ?? []), (r.rewardDetails as { overall: number }).overall]);
+      for (const r of rows.filter((x) => x.step === step)) groups.set(r.groupUid, [...(groups.get(r.groupUid) ?? []), (r.rewardDetails as { accuracy: number }).accuracy]);
       assert.equal(groups.size, 4);
       const rHat = [...groups.values()].map((acc) => Math.min(Math.max(acc.reduce((a, b) => a + b, 0) / acc.length, 0.02), 0.98));
       const expected = rHat.reduce((a, b) => a + b, 0) / rHat.length;

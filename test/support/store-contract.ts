@@ -181,6 +181,26 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         for (const r of rows) assertSameTrajectory(stored.get(r.id), r);
       });
 
+      it('stores decoded text holding NUL (U+0000) with ␀ in the text columns; the token ids stay exact', async () => {
+        const runId = await newRun();
+        const row = trajectory(runId, 0, {
+          promptText: 'p\u0000q', responseText: '\u0000rs\u0000\u0000e', groundTruth: 'g\u0000',
+          rewardDetails: { answer: 'a\u0000b', 'k\u0000': 1, lit: 'back\\u0000slash' },
+        });
+        const failed = trajectory(runId, 1, { reward: null, rewardDetails: null, rewardFailure: 'threw on "\u0000"' });
+        await store.insertTrajectories([row, failed]);
+        const [a, b] = await store.getTrajectories(runId);
+        assert.equal(a!.promptText, 'p␀q');
+        assert.equal(a!.responseText, '␀rs␀␀e');
+        assert.equal(a!.groundTruth, 'g␀');
+        assert.deepEqual(a!.rewardDetails, { answer: 'a␀b', 'k␀': 1, lit: 'back\\u0000slash' });
+        assert.deepEqual(a!.responseTokens, Array.from(row.responseTokens));
+        assert.equal(b!.rewardFailure, 'threw on "␀"');
+        await store.recordValGenerations([{ runId, step: 0, idx: 0, prompt: 'x\u0000', response: '\u0000', groundTruth: '\u0000', reward: 1, rewardFailure: null }]);
+        const [g] = await store.getValGenerations(runId);
+        assert.deepEqual([g!.prompt, g!.response, g!.groundTruth], ['x␀', '␀', '␀']);
+      });
+
       it('stores NaN, ±Infinity, float32 extremes and plain JS arrays in real[] columns', async () => {
         const runId = await newRun();
         const special = [NaN, Infinity, -Infinity, 0, -0.5, 3.4028234663852886e38, -3.4028234663852886e38, 1.401298464324817e-45, 1e-40, 0.1, -1 / 3, 123456.789];
@@ -228,12 +248,11 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
           [{ advantages: new Array(12).fill(1e39) }, /advantages\[0\] 1e\+39 is outside the range of real/],
           [{ promptTokens: [1, 2.5] }, /promptTokens\[1\] must be an int32 integer/],
           [{ responseTokens: [2 ** 31, ...new Array(11).fill(1)] }, /responseTokens\[0\] must be an int32 integer/],
-          [{ responseText: 'nul \u0000 byte' }, /responseText contains a NUL character/],
+          [{ groupUid: 'nul \u0000 uid' }, /groupUid contains a NUL character \(U\+0000\), which an id cannot hold/],
           [{ kind: 'test' as never }, /kind must be 'train' or 'val'/],
           [{ step: -1 }, /step must be an integer/],
           [{ filtered: true, filterReason: null }, /filterReason is required when filtered is true/],
           [{ id: '' }, /id must be a non-empty string/],
-          [{ rewardDetails: { note: 'nul \u0000' } }, /rewardDetails contains a NUL character/],
           [{ rewardDetails: { big: 1n } as never }, /rewardDetails is not JSON-serialisable/],
         ];
         for (const [over, message] of cases) {

@@ -45,8 +45,7 @@ export const replayCommand: Command = {
       untilStep = Number(flags['until-step']);
       if (!Number.isInteger(untilStep) || untilStep < 1) throw new UsageError(`--until-step must be a positive integer, got ${flags['until-step']}`);
     }
-    const log = createLogger({ runId: 'replay' });
-    const out = await replayRun({ from: flags.from, untilStep, overrides: positionals, log, signal: interruptSignal(), onWarning: (m) => console.error(`warning: ${m}`) });
+    const out = await replayRun({ from: flags.from, untilStep, overrides: positionals, log: (runId) => createLogger({ runId }), signal: interruptSignal(), onWarning: (m) => console.error(`warning: ${m}`) });
     console.log(out.summary);
     console.log(`replay ${out.runId} of ${out.sourceRunId}: ${out.status}, step ${out.finalStep}${out.finalSha256 ? `, policy sha256 ${out.finalSha256}` : ''}`);
     if (out.status !== 'completed') { console.error(`rlstream replay: ${out.status}${out.message ? `: ${out.message}` : ''}`); return 1; }

@@ -36,7 +36,7 @@ export async function runReport(argv: string[], io: CommandIo): Promise<number> 
   if (extra.length) throw new UsageError(`unexpected argument "${extra[0]}"`);
   if (flags['tensorboard-dir'] !== undefined) booleans.add('tensorboard');
   const loc = locateRun(spec);
-  const database = await openRun(loc);
+  const database = await openRun(loc, { onSnapshot: (note) => io.err(`${note}\n`) });
   try {
     const runId = await resolveRunId(database, flags.run);
     const out = resolve(flags.out ?? (loc.runDir ? join(loc.runDir, 'report.html') : `report-${runId}.html`));

@@ -20,6 +20,7 @@ const COLUMNS: Array<[string, (r: RunSummary) => unknown]> = [
   ['dead_letters', (r) => r.deadLetters],
   ['parent', (r) => r.parentRunId],
   ['updated_utc', (r) => r.updatedAt],
+  ['error', (r) => r.error],
 ];
 
 /** Run summaries as a result table (a `dir` column first when listing run directories). */
@@ -38,7 +39,7 @@ export const runsCommand: Command = {
   summary: 'List runs (status, steps, final reward, best validation accuracy, checkpoints) from a runs directory or a PostgreSQL',
   usage: 'rlstream runs [--runs-dir DIR | --db postgres://…] [--csv | --json]',
   help: [
-    'Without options, every subdirectory of ./runs that holds an embedded store (pgdata/) is opened in',
+    'Without options, every subdirectory of ./runs that holds an embedded store (db/pgdata/) is opened in',
     'turn and summarised; a directory held by a live training process is listed as "in use (PID n)".',
     'With --db, every row of the runs table of that PostgreSQL is listed.',
     '',
@@ -69,7 +70,7 @@ export async function runRuns(argv: string[], io: CommandIo): Promise<number> {
   }
   const withDir = flags.db === undefined;
   if (runs.length === 0 && format === 'table') {
-    io.out(withDir ? `no run directories (with pgdata/) under ${flags['runs-dir'] ?? 'runs'}\n` : 'no runs in that database\n');
+    io.out(withDir ? `no run directories (with db/pgdata/) under ${flags['runs-dir'] ?? 'runs'}\n` : 'no runs in that database\n');
     return 0;
   }
   printResult(io, runsResult(runs, withDir), format, { footer: false });

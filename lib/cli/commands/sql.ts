@@ -46,10 +46,10 @@ export const sqlCommand: Command = {
   help: [
     'The query runs inside BEGIN TRANSACTION READ ONLY and is rolled back: it can read every table and',
     'view but never change the run. One statement per call. A run directory held by a live training',
-    'process cannot be opened (its lock names the PID); query a PostgreSQL store while training instead.',
+    'process is read through a snapshot that process takes when asked (the numbers of that moment).',
     '',
     'arguments:',
-    '  run-dir           a run directory with pgdata/ (e.g. runs/number-game), or a run name under runs/',
+    '  run-dir           a run directory with db/pgdata/ (e.g. runs/number-game), or a run name under runs/',
     '  postgres://…      a PostgreSQL URL (one database may hold many runs: filter with where run_id = …)',
     '  query             one SQL statement, quoted',
     '',
@@ -85,7 +85,7 @@ export async function runSql(argv: string[], io: CommandIo): Promise<number> {
     if (query === undefined) throw new UsageError('give the query as one quoted argument after the run');
     if (extra.length) throw new UsageError(`unexpected argument "${extra[0]}": quote the whole query as one argument`);
   }
-  const database = await openRun(locateRun(spec));
+  const database = await openRun(locateRun(spec), { onSnapshot: (note) => io.err(`${note}\n`) });
   try {
     const su = await superuserRole(database).catch(() => null);
     if (su) io.err(`warning: connected as the superuser ${su}: rlstream sql refuses everything but plain read queries, but give analysts a read-only role instead (docs/queries.md, "A read-only role")\n`);

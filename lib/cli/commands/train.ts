@@ -3,6 +3,7 @@ import { parseArgs, UsageError } from '../command.ts';
 import { loadConfig, formatResolvedConfig, resolveRunId } from '../../config/index.ts';
 import { createLogger } from '../../log.ts';
 import { trainEmbedded, serveStage } from '../../app/run.ts';
+import { ConsoleSink, ProgressBar } from '../progress.ts';
 import { STAGES } from '../../../services/index.ts';
 
 function configArgs(positionals: string[]): { file?: string; overrides: string[] } {
@@ -13,39 +14,61 @@ function configArgs(positionals: string[]): { file?: string; overrides: string[]
 }
 
 function interruptSignal(): AbortSignal {
+  return interruption().signal;
+}
+
+/** Ctrl-C (SIGINT) or SIGTERM: aborts the signal, calls `onStop` at once, and remembers which. */
+function interruption(onStop?: () => void): { signal: AbortSignal; exitCode(): number } {
   const ac = new AbortController();
-  const on = () => ac.abort();
-  process.once('SIGINT', on);
-  process.once('SIGTERM', on);
-  return ac.signal;
+  let code = 1;
+  const on = (name: NodeJS.Signals) => () => { code = name === 'SIGINT' ? 130 : 143; onStop?.(); ac.abort(); };
+  process.once('SIGINT', on('SIGINT'));
+  process.once('SIGTERM', on('SIGTERM'));
+  return { signal: ac.signal, exitCode: () => code };
 }
 
 export const trainCommand: Command = {
   name: 'train',
   summary: 'Train a policy: all five stages in this process (embedded default) over the configured bus and store',
-  usage: 'rlstream train <config.yaml> [--break-lock] [a.b.c=value …]',
+  usage: 'rlstream train <config.yaml> [a.b.c=value …] [--verbose] [--print-config] [--break-lock]',
   help: [
-    'Loads the config (defaults → file → overrides), prints it resolved (secrets redacted), and runs',
-    'the controller, rollout, reward, advantage and update stages until the run is done. A run that',
-    'was interrupted continues where it stopped when started again with the same command.',
+    'Loads the config (defaults → file → overrides), writes it resolved to <run_dir>/config.yaml',
+    '(secrets redacted), and runs the controller, rollout, reward, advantage and update stages until',
+    'the run is done. A run that was interrupted continues where it stopped when started again with',
+    'the same command; a finished one says so, or trains on when trainer.total_epochs / max_steps grew.',
+    '',
+    'On a terminal: one progress bar redrawn in place, warnings and errors above it, the summary',
+    'at the end. Off a terminal: JSON log lines (info and up) on stderr. Ctrl-C stops the run',
+    '(exit code 130; run the command again to continue).',
     '',
     'arguments:',
     '  config.yaml     run config (see docs/config.md)',
     '  a.b.c=value     override, value parsed as a YAML scalar (e.g. trainer.max_steps=20)',
     '',
     'options:',
+    '  --verbose       on a terminal, also print the info log lines (steps, validation rounds)',
+    '  --print-config  also print the resolved config (it is always written to <run_dir>/config.yaml)',
     '  --break-lock    take over the run directory\'s lock when another host holds it (a shared',
     '                  volume) and you know no process there uses the directory any more',
   ].join('\n'),
   async run(argv) {
-    const { positionals, booleans } = parseArgs(argv, { booleans: ['break-lock'] });
+    const { positionals, booleans } = parseArgs(argv, { booleans: ['verbose', 'print-config', 'break-lock'] });
     if (positionals.length === 0) throw new UsageError('missing the config file');
     const { file, overrides } = configArgs(positionals);
     const cfg = loadConfig({ file, overrides, onWarning: (m) => console.error(`warning: ${m}`) });
-    const log = createLogger({ runId: resolveRunId(cfg) });
-    process.stderr.write(`# resolved config\n${formatResolvedConfig(cfg)}\n`);
-    const out = await trainEmbedded(cfg, log, { progress: process.stderr.isTTY === true, signal: interruptSignal(), breakLock: booleans.has('break-lock') });
+    const tty = process.stderr.isTTY === true;
+    const bar = tty ? new ProgressBar(process.stderr) : null;
+    const sink = new ConsoleSink(bar);
+    const level = process.env.RLSTREAM_LOG_LEVEL || (tty && !booleans.has('verbose') ? 'warn' : 'info');
+    const log = createLogger({ runId: resolveRunId(cfg), level, sink });
+    if (booleans.has('print-config')) process.stderr.write(`# resolved config\n${formatResolvedConfig(cfg)}\n`);
+    // after Ctrl-C nothing the stopping stages log is printed: the stop message is the last line
+    const stop = interruption(() => sink.mute());
+    const out = await trainEmbedded(cfg, log, { progress: bar ?? false, signal: stop.signal, breakLock: booleans.has('break-lock') });
+    bar?.finish();
+    if (out.status === 'completed' && out.message) console.error(out.message);
     console.log(out.summary);
+    if (out.status === 'stopped') { console.error(`rlstream train: run stopped: ${out.message ?? 'interrupted'}; run the same command again to continue`); return stop.exitCode(); }
     if (out.status !== 'completed') { console.error(`rlstream train: run ${out.status}${out.message ? `: ${out.message}` : ''}`); return 1; }
     return 0;
   },

@@ -114,7 +114,7 @@ describe('rlstream sql', () => {
     await assert.rejects(sqlCommand.run([runDir]), /give the query as one quoted argument/);
     await assert.rejects(sqlCommand.run([runDir, 'select', '1']), /quote the whole query/);
     await assert.rejects(sqlCommand.run([runDir, 'select 1', '--csv', '--json']), /choose one of --csv and --json/);
-    await assert.rejects(sqlCommand.run([join(root, 'runs', 'not-a-run'), 'select 1']), /is not a run directory: it has no pgdata/);
+    await assert.rejects(sqlCommand.run([join(root, 'runs', 'not-a-run'), 'select 1']), /is not a run directory: it has no db\/pgdata\/ \(the embedded store a run writes\)/);
     await assert.rejects(sqlCommand.run([lockedDir, 'select 1']), new RegExp(`in use by another process \\(PID ${holder!.pid}`));
   });
 });

@@ -19,8 +19,8 @@ export function docQueries(path = QUERIES_DOC): DocQuery[] {
     if (lines[i].trim() !== '```sh' || !title) continue;
     const block: string[] = [];
     for (i++; i < lines.length && lines[i].trim() !== '```'; i++) block.push(lines[i]);
-    const m = /^rlstream sql (\S+) "([^"]*)"\s*$/s.exec(block.join('\n').trim());
-    if (!m) throw new Error(`docs/queries.md, section "${title}": the block is not one \`rlstream sql <run> "<query>"\` command`);
+    const m = /^npx rlstream sql (\S+) "([^"]*)"\s*$/s.exec(block.join('\n').trim());
+    if (!m) throw new Error(`docs/queries.md, section "${title}": the block is not one \`npx rlstream sql <run> "<query>"\` command`);
     out.push({ title, target: m[1], sql: m[2].trim() });
   }
   return out;

@@ -91,7 +91,7 @@ test('locating a run: URLs, run directories, pgdata itself, names under runs/, a
     assert.deepEqual(locateRun('runs/number-game', { cwd }).target, { kind: 'pglite', dir: run });
     assert.deepEqual(locateRun('number-game', { cwd }).target, { kind: 'pglite', dir: run });
     assert.deepEqual(locateRun(join(run, 'pgdata'), { cwd }).target, { kind: 'pglite', dir: run });
-    assert.throws(() => locateRun('runs', { cwd }), /is not a run directory: it has no pgdata/);
+    assert.throws(() => locateRun('runs', { cwd }), /is not a run directory: it has no db\/pgdata\/ \(the embedded store a run writes\)/);
     assert.throws(() => locateRun('nope', { cwd }), /no run directory at .*nope or .*runs\/nope; pass a run directory/);
   } finally {
     rmSync(cwd, { recursive: true, force: true });

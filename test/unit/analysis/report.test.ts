@@ -6,7 +6,7 @@ import type { RunSummary } from '../../../lib/analysis/runs.ts';
 const run: RunSummary = {
   dir: null, runId: 'r<1>', project: 'p&q', experiment: 'e', status: 'running', parentRunId: null, steps: 2, lastStep: 2,
   finalRewardMean: 0.5, bestValAccuracy: null, bestValStep: null, checkpoints: 0, lastCheckpointStep: null,
-  trajectories: 0, deadLetters: 1, createdAt: '2026-11-21 10:00:00', updatedAt: '2026-11-21 10:05:00',
+  trajectories: 0, deadLetters: 1, createdAt: '2026-11-21 10:00:00', updatedAt: '2026-11-21 10:05:00', error: null,
 };
 
 function data(metrics: Record<string, Array<[number, number]>>): ReportData {

@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { loadConfig, loadPipelineSection, defaultConfig, parseOverride, resolveRunId } from '../../../lib/config/index.ts';
+import { dirname, join, resolve } from 'node:path';
 import { ConfigError } from '../../../lib/errors.ts';
 import { yamlFile, load, problemsOf, expectOneProblem } from './helpers.ts';
 
@@ -49,8 +50,8 @@ test('parseOverride: "=" alone gives null; a value may contain "="', () => {
 test('a single string is accepted for train_files/val_files', () => {
   const file = yamlFile('data:\n  train_files: data/train.jsonl\n  val_files: [data/val.jsonl]\nreward:\n  reward_fn: exact_match\n');
   const cfg = loadConfig({ file, env: {} });
-  assert.deepEqual(cfg.data.train_files, ['data/train.jsonl']);
-  assert.deepEqual(cfg.data.val_files, ['data/val.jsonl']);
+  assert.deepEqual(cfg.data.train_files, [join(dirname(file), 'data/train.jsonl')]);
+  assert.deepEqual(cfg.data.val_files, [join(dirname(file), 'data/val.jsonl')]);
 });
 
 test('a section given by override is merged key by key; a map value is replaced whole', () => {
@@ -233,4 +234,23 @@ test('loadPipelineSection: the pipeline.* overrides over their defaults, other k
   assert.ok(typo.some((x) => x.includes('pipeline.databse_url') && x.includes('pipeline.database_url')), typo.join('\n'));
   const bad = problemsOf(() => loadPipelineSection(['pipeline.store=mysql']));
   assert.ok(bad.some((x) => x.includes('pipeline.store')), bad.join('\n'));
+});
+
+test('paths in the config file resolve against its directory; overrides against the working directory', () => {
+  const file = yamlFile([
+    'data:', '  train_files: [data/train.jsonl, /abs/t.jsonl]', '  val_files: data/val.jsonl',
+    'reward:', '  reward_fn_path: ./reward.ts', 'actor:', '  model: { path: ../models/base }',
+    'trainer:', '  run_dir: runs/mine', '',
+  ].join('\n'));
+  const here = dirname(file);
+  const cfg = loadConfig({ env: {}, onWarning: () => undefined, file, overrides: ['data.task=~'] });
+  assert.deepEqual(cfg.data.train_files, [join(here, 'data/train.jsonl'), '/abs/t.jsonl']);
+  assert.deepEqual(cfg.data.val_files, [join(here, 'data/val.jsonl')]);
+  assert.equal(cfg.reward.reward_fn_path, join(here, 'reward.ts'));
+  assert.equal(cfg.actor.model.path, resolve(here, '../models/base'));
+  assert.equal(cfg.trainer.run_dir, 'runs/mine', 'run_dir (an output) stays relative to the working directory');
+  const over = loadConfig({ env: {}, onWarning: () => undefined, file, overrides: ['reward.reward_fn_path=my/reward.ts', 'data.val_files=[v.jsonl]'] });
+  assert.equal(over.reward.reward_fn_path, resolve('my/reward.ts'), 'an override resolves against the working directory');
+  assert.deepEqual(over.data.val_files, [resolve('v.jsonl')]);
+  assert.deepEqual(over.data.train_files, [join(here, 'data/train.jsonl'), '/abs/t.jsonl']);
 });

@@ -49,3 +49,23 @@ test('missing files, unknown extensions and empty datasets are clear errors', as
   writeFileSync(g, '{"prompt":"","answer":"1"}\n');
   await assert.rejects(loadDataset([g], { ...keys, on_bad_row: 'skip' }), /no usable rows.*prompt field "prompt" is empty/);
 });
+
+test('verl data_source and extra_info of each row are kept for the reward (JSONL and parquet)', async () => {
+  const j = join(dir, 'ds.jsonl');
+  writeFileSync(j, ['{"prompt":"p1","answer":"1","data_source":"gsm8k","extra_info":{"split":"train","index":7}}', '{"prompt":"p2","answer":"2"}'].join('\n'));
+  const { rows } = await loadDataset([j], keys);
+  assert.deepEqual(rows.map((r) => [r.dataSource, r.extraInfo === undefined ? undefined : JSON.parse(r.extraInfo)]), [['gsm8k', { split: 'train', index: 7 }], [undefined, undefined]]);
+  const bad = join(dir, 'ds-bad.jsonl');
+  writeFileSync(bad, '{"prompt":"p","answer":"1","extra_info":[1]}\n');
+  await assert.rejects(loadDataset([bad], keys), /ds-bad\.jsonl:1: field "extra_info" must be an object/);
+  const f = join(dir, 'ds.parquet');
+  parquetWriteFile({ filename: f, columnData: [
+    { name: 'prompt', data: [[{ role: 'user', content: '1 2 3:' }]] },
+    { name: 'data_source', data: ['openai/gsm8k'] },
+    { name: 'reward_model', data: [{ ground_truth: '2', style: 'rule' }] },
+    { name: 'extra_info', data: [{ split: 'test', index: 3, question: 'q?' }] },
+  ] });
+  const pq = await loadDataset([f], { ...keys, answer_key: 'reward_model.ground_truth' });
+  assert.equal(pq.rows[0].dataSource, 'openai/gsm8k');
+  assert.deepEqual(JSON.parse(pq.rows[0].extraInfo!), { split: 'test', index: 3, question: 'q?' });
+});

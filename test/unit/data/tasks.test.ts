@@ -34,9 +34,9 @@ test('unknown task / reward names list the valid ones', () => {
 test('reward functions: accuracy + format, failures are never zeros', async () => {
   const fn = rewardFns.get('number_game');
   const ok = await applyRewardFn(fn, { prompt: '1 5 3:', response: ' 1', ground_truth: '1', kwargs: {} });
-  assert.deepEqual(ok, { ok: true, reward: 1.1, metrics: { accuracy: 1, format: 1, overall: 1 } });
+  assert.deepEqual(ok, { ok: true, reward: 1.1, metrics: { overall: 1.1, accuracy: 1, format: 1 } });
   const wrong = await applyRewardFn(fn, { prompt: '1 5 3:', response: '2', ground_truth: '1', kwargs: { format_weight: 0.5 } });
-  assert.deepEqual(wrong, { ok: true, reward: 0.5, metrics: { accuracy: 0, format: 1, overall: 0 } });
+  assert.deepEqual(wrong, { ok: true, reward: 0.5, metrics: { overall: 0.5, accuracy: 0, format: 1 } });
   const thrown = await applyRewardFn(() => { throw new Error('boom'); }, { prompt: '', response: '', ground_truth: '', kwargs: {} });
   assert.deepEqual(thrown, { ok: false, reason: 'reward function threw: boom' });
   const nan = await applyRewardFn(() => ({ reward: NaN }), { prompt: '', response: '', ground_truth: '', kwargs: {} });

@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { decide, initialState, stepPrompts, totalSteps, refillPrompts, type ControllerPlan, type ControllerState, type ControllerEvent, type ControllerCommand } from '../../../services/controller/logic.ts';
+import { decide, filterExhausted, initialState, stepPrompts, totalSteps, refillPrompts, type ControllerPlan, type ControllerState, type ControllerEvent, type ControllerCommand } from '../../../services/controller/logic.ts';
 
 const plan: ControllerPlan = {
   runId: 'r', trainSize: 10, valSize: 3, rolloutBatchSize: 4, valBatchSize: 3, totalEpochs: 2, maxSteps: null,
@@ -96,4 +96,12 @@ test('when refills run out, the stop message is the advantage stage\'s reason (r
   const fail = r.commands.find((x) => x.type === 'fail') as { message: string };
   assert.equal(fail.message, `step 1: too few usable groups after 2 extra batches (algorithm.max_try_make_batch): ${reason}`);
   assert.doesNotMatch(fail.message, /online filtering|filter_low/);
+});
+
+test('online filtering out of refills: the message speaks of the semantics in use', () => {
+  const easy = filterExhausted({ maxTryMakeBatch: 10, filterSemantics: 'easyr1', filterKey: 'overall' }, 7);
+  assert.match(easy, /^step 7: online filtering kept too few groups after 10 extra batches \(algorithm\.max_try_make_batch\); too many groups' mean "overall" lies outside \(algorithm\.filter_low, algorithm\.filter_high\)/);
+  const dapo = filterExhausted({ maxTryMakeBatch: 10, filterSemantics: 'dapo', filterKey: 'accuracy' }, 7);
+  assert.match(dapo, /filter_semantics = dapo a group is kept only when its "accuracy" values are not all equal/);
+  assert.doesNotMatch(dapo, /filter_low|filter_high/);
 });

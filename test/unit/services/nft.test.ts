@@ -22,9 +22,11 @@ test('nft targets: 1 = correct (+1), 0 or −1 = incorrect (−1); r̂ is the ac
 });
 
 test('nft targets: correct_key reads a reward metric; "overall" falls back to the scalar reward only when the reward reports no overall', () => {
-  // number_game: reward = accuracy + 0.1·format, metrics accuracy / format / overall (= accuracy)
+  // a binary verifier's metrics: accuracy and overall both 0/1
   const details = [{ accuracy: 1, format: 1, overall: 1 }, { accuracy: 0, format: 1, overall: 0 }, { accuracy: 0, format: 0, overall: 0 }];
   const g = group('g', [1.1, 0.1, 0], details);
+  // a bare 1/0 reward (no metrics): accuracy and overall fall back to it
+  assert.deepEqual([0, 1].map((i) => nftTargets([group('h', [1, 0])], 'accuracy').get(`h/n${i}`)!.reward), [1, -1]);
   for (const key of ['accuracy', 'overall']) {
     const t = nftTargets([g], key);
     assert.deepEqual([0, 1, 2].map((i) => t.get(`g/n${i}`)!.reward), [1, -1, -1], key);
