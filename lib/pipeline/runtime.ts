@@ -26,6 +26,7 @@ import { retriableDbError } from '../db/errors.ts';
 import { waitForMigrations } from '../db/migrate.ts';
 import { crashPoint, type CrashPointName } from './crash-points.ts';
 import { NO_TELEMETRY, type Telemetry } from './telemetry.ts';
+import { createPolicyStore, type PolicyStore } from '../policy-store/index.ts';
 
 export interface Pipeline {
   readonly cfg: Config;
@@ -35,6 +36,8 @@ export interface Pipeline {
   readonly store: Store;
   readonly db: Database;
   readonly codecs: TopicCodecs;
+  /** Policy, critic and EMA versions (pipeline.policy_store). */
+  readonly policies: PolicyStore;
   readonly log: Logger;
   /** Live observers of the stages' batches, errors and metrics (serve's /metrics); NO_TELEMETRY by default. */
   readonly telemetry?: Telemetry;
@@ -89,6 +92,7 @@ export async function openPipeline(cfg: Config, opts: OpenOptions = {}): Promise
   } catch (e) { await bus.close().catch(() => undefined); await db.close(); throw e; }
   return {
     cfg, runId, runDir, bus, store, db, codecs, log, telemetry: opts.telemetry ?? NO_TELEMETRY,
+    policies: createPolicyStore(p.policy_store, { runDir, runId, db: db.db, cacheDir: p.policy_cache_dir ? resolve(p.policy_cache_dir) : null }),
     topic: (t) => names[t],
     message(t, value) {
       const enc = codecs[t].encode(value as never);

@@ -17,3 +17,4 @@ export function createPolicyStore(kind: (typeof POLICY_STORES)[number], opts: { 
     case 'postgres': return new PostgresPolicyStore(opts.cacheDir ?? join(opts.runDir, 'policy-cache'), opts.runId, opts.db);
   }
 }
+export { versionsToPrune, neededVersions, keptCheckpointSteps } from './retention.ts';
