@@ -36,10 +36,10 @@ export interface K8sObject {
 }
 
 /** `kubectl kustomize <dir>`, parsed. Throws with install instructions when kubectl is missing. */
-export function render(dir: string): K8sObject[] {
-  const r = spawnSync('kubectl', ['kustomize', dir], { encoding: 'utf8', maxBuffer: 64 << 20 });
+export function render(dir: string, kubectl = 'kubectl'): K8sObject[] {
+  const r = spawnSync(kubectl, ['kustomize', dir], { encoding: 'utf8', maxBuffer: 64 << 20 });
   if (r.error && (r.error as NodeJS.ErrnoException).code === 'ENOENT') {
-    throw new Error('kubectl is not installed: these tests render infra/k8s with `kubectl kustomize`. Install it (Debian: apt-get install kubectl; .ci/run does)');
+    throw new Error(`${kubectl} is not installed: these tests render infra/k8s with "kubectl kustomize". Install it (Debian: apt-get install kubectl; .ci/run does)`);
   }
   if (r.status !== 0) throw new Error(`kubectl kustomize ${dir} failed (exit ${r.status}):\n${r.stderr}`);
   return parseAllDocuments(r.stdout).map((d) => {

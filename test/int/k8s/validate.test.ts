@@ -7,7 +7,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Deployment } from 'kubernetes-models/apps/v1/Deployment';
-import { OVERLAYS, renderOverlay, renderWithComponents, validateObjects, describeObject, type K8sObject } from '../../support/k8s-manifests.ts';
+import { join } from 'node:path';
+import { K8S, OVERLAYS, render, renderOverlay, renderWithComponents, validateObjects, describeObject, type K8sObject } from '../../support/k8s-manifests.ts';
 
 const clone = <T>(x: T): T => structuredClone(x);
 
@@ -77,4 +78,8 @@ test('a ScaledObject with an unknown or mistyped field is rejected', () => {
   const numberLag = clone(so) as any;
   numberLag.spec.triggers[0].metadata.lagThreshold = 4;
   assert.match(validateObjects([numberLag]).join('\n'), /lagThreshold/);
+});
+
+test('without kubectl the tests fail saying how to install it (they never skip)', () => {
+  assert.throws(() => render(join(K8S, 'overlays/dev'), '/nonexistent/kubectl'), /kubectl is not installed: .*apt-get install kubectl/);
 });
