@@ -57,7 +57,13 @@ export const serveCommand: Command = {
     log.info({ replica, config: redactSecrets(cfg) }, `resolved config (${stage}${replica ? ` replica ${replica}` : ''}; defaults → file → RLSTREAM_* environment → overrides; secrets redacted)`);
     const signal = gracefulStop((grace ?? cfg.pipeline.grace_seconds) * 1000, log);
     const out = await serve(cfg, stage, log, { replica, httpPort: httpPort ?? cfg.pipeline.http_port, signal });
-    if (out.status === 'failed') { log.error({ status: out.status }, `run failed: ${out.message ?? ''}`); console.error(`rlstream serve ${stage}: run failed: ${out.message}`); return 1; }
-    return 0;
+    const code = out.status === 'failed' ? 1 : 0;
+    if (code) { log.error({ status: out.status }, `run failed: ${out.message ?? ''}`); console.error(`rlstream serve ${stage}: run failed: ${out.message}`); }
+    // bus and store are closed; a handle a client library left open must not keep the pod in Terminating
+    setTimeout(() => {
+      log.warn({ resources: process.getActiveResourcesInfo() }, 'handles still open 2 s after closing bus and store; exiting anyway');
+      process.exit(code);
+    }, 2000).unref();
+    return code;
   },
 };
