@@ -170,6 +170,7 @@ async function serveOnce(cfg: Config, stage: string, log: Logger, opts: ServeOpt
     ready.joined = () => started.run.consumer.assignment().length > 0;
     ready.reason = null;
     telemetry.setReady(true);
+    log.info({ replica: opts.replica ?? 0 }, `${stage} started: connected to bus and store, schema up to date; /readyz answers 200 once the consumer has joined its group`);
     // distributed mode: the controller process (one per run) writes the TensorBoard files
     tb = stage === 'controller' ? await openTensorBoard(cfg, p, log, true).catch((e: unknown) => { log.warn({ err: e }, `tensorboard logger not started: ${errorMessage(e)}`); return null; }) : null;
     const watch = watchRun(p, null, () => 0);

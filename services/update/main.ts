@@ -389,6 +389,8 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const fresh = records.filter((r) => (r.value as UpdateGroup).step > st.version);
     pending.add(fresh.map((r) => ({ bucket: bucketOf((r.value as UpdateGroup).step), id: (r.value as UpdateGroup).id, payload: r.message.value, headers: r.message.headers })));
     while (st.version < totalSteps) {
+      // stopping (SIGTERM): the steps trained so far are kept, the rest of the batch's groups wait in stage_pending
+      if (ctx.signal.aborted) break;
       const step = st.version + 1;
       const items = await pending.items(bucketOf(step));
       const groups: UpdateGroup[] = [];
