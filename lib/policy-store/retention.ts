@@ -3,7 +3,8 @@
  * the reference (v0, the KL reference and a checkpoint's reference/), the newest or the one before
  * it (a retried batch or a restart resumes from the last committed version), within
  * pipeline.max_staleness of the newest (a rollout may still sample with it, the advantage stage
- * read its critic), the version of a checkpoint that is kept (trainer.save_limit), or among the
+ * read its critic), one a validation round still evaluates (published, not finished), the version
+ * of a checkpoint that is kept (trainer.save_limit), or among the
  * trainer.keep_policy_versions newest of the rest. Everything else goes.
  */
 export interface RetentionOptions {
@@ -13,10 +14,12 @@ export interface RetentionOptions {
   checkpointSteps: readonly number[];
   /** trainer.keep_policy_versions: versions kept beyond those needed. */
   keepExtra: number;
+  /** Versions still in use elsewhere (validation rounds published and not finished). */
+  inUse?: readonly number[];
 }
 
 export function neededVersions(o: RetentionOptions): Set<number> {
-  const keep = new Set<number>([0, ...o.checkpointSteps]);
+  const keep = new Set<number>([0, ...o.checkpointSteps, ...(o.inUse ?? [])]);
   for (let v = Math.max(0, o.newest - o.maxStaleness - 1); v <= o.newest; v++) keep.add(v);
   return keep;
 }

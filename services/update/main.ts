@@ -464,7 +464,10 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     // through the batch's executor (PGlite: its transaction holds the one connection; it sees this batch's checkpoint row)
     const steps = (await sql<{ step: number }>`select step from checkpoints where run_id = ${p.runId}`.execute(db)).rows.map((r) => r.step);
     const checkpointSteps = keptCheckpointSteps(steps, cfg.trainer.save_limit);
-    const opts = { newest, maxStaleness: cfg.pipeline.max_staleness, checkpointSteps, keepExtra: cfg.trainer.keep_policy_versions };
+    // validation rounds the controller published and has not seen finish still sample with their version
+    const ctl = await loadStageState<{ valEmitted?: number[]; valDone?: number[] }>(db, p.runId, 'controller');
+    const inUse = (ctl?.valEmitted ?? []).filter((v) => !(ctl?.valDone ?? []).includes(v));
+    const opts = { newest, maxStaleness: cfg.pipeline.max_staleness, checkpointSteps, keepExtra: cfg.trainer.keep_policy_versions, inUse };
     const pruned: number[] = [];
     for (const kind of ARTIFACT_KINDS) {
       for (const v of versionsToPrune(await p.policies.versions(kind, db), opts)) {

@@ -27,3 +27,7 @@ test('save_limit: only the newest checkpoints are kept', () => {
   assert.deepEqual(keptCheckpointSteps([2, 4, 6, 8], 2), [6, 8]);
   assert.deepEqual(keptCheckpointSteps([2, 4], -1), [2, 4]);
 });
+
+test('a validation round still running keeps its version', () => {
+  assert.deepEqual(versionsToPrune(all(6), { newest: 6, maxStaleness: 0, checkpointSteps: [], keepExtra: 0, inUse: [2] }), [1, 3, 4]);
+});
