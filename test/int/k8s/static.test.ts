@@ -4,16 +4,17 @@
  * privilege escalation), has requests and limits, probes on the stage's HTTP endpoints, scrape
  * annotations that match, and a grace period above the app's; the stages' wiring matches the
  * run config (single-writer stages, replicas and partitions, PDBs, Secret and ConfigMap
- * references, the KEDA triggers' topics and consumer groups).
+ * references, the KEDA triggers' topics and consumer groups). And compose.yaml's app profile.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { parse } from 'yaml';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadConfig } from '../../../lib/config/index.ts';
 import { topicName } from '../../../lib/contracts/index.ts';
-import { OVERLAYS, podTemplates, renderOverlay, renderWithComponents, describeObject, type K8sObject, type Container } from '../../support/k8s-manifests.ts';
+import { ROOT, OVERLAYS, podTemplates, renderOverlay, renderWithComponents, describeObject, type K8sObject, type Container } from '../../support/k8s-manifests.ts';
 
 const STAGES = ['controller', 'rollout', 'reward', 'advantage', 'update'];
 /** Third-party dev-only pods allowed a writable root filesystem, each saying why in this annotation. */
@@ -186,4 +187,29 @@ test('keda: the ScaledObjects scale the rollout and reward StatefulSets on their
     assert.equal(spec.triggers[0].metadata.consumerGroup, `${runId}.${stage}`, 'the stage\'s consumer group (lib/pipeline/runtime.ts)');
     assert.ok(spec.maxReplicaCount <= cfg.pipeline.partitions, 'never more replicas than partitions');
   }
+});
+
+test('compose.yaml: the app profile runs migrate, a reward server and the five stages, hardened, against its own Kafka and PostgreSQL', () => {
+  const compose = parse(readFileSync(join(ROOT, 'compose.yaml'), 'utf8'), { merge: true }) as {
+    services: Record<string, { image?: string; profiles?: string[]; command?: string[]; environment?: Record<string, string>; volumes?: string[]; user?: string; read_only?: boolean; cap_drop?: string[]; healthcheck?: object; depends_on?: Record<string, { condition: string }> }>;
+  };
+  const app = Object.entries(compose.services).filter(([, s]) => s.profiles?.includes('app'));
+  const stages = app.filter(([, s]) => s.command?.[0] === 'serve').map(([, s]) => s.command![1]).sort();
+  assert.deepEqual(stages, ['advantage', 'controller', 'reward', 'rollout', 'rollout', 'update']);
+  assert.ok(app.some(([, s]) => s.command?.[0] === 'migrate') && app.some(([, s]) => s.command?.[0] === 'reward-server'));
+  for (const [name, s] of app) {
+    assert.equal(s.image, 'rlstream:dev', `${name}: the image the Dockerfile builds`);
+    assert.ok(s.user && !s.user.startsWith('0'), `${name}: non-root`);
+    assert.equal(s.read_only, true, `${name}: read-only root`);
+    assert.deepEqual(s.cap_drop, ['ALL'], `${name}: no capabilities`);
+    if (s.command?.[0] !== 'migrate') assert.ok(s.healthcheck, `${name}: a healthcheck`);
+    if (s.command?.[0] === 'serve') assert.equal(s.depends_on?.migrate?.condition, 'service_completed_successfully', `${name}: starts after the migration`);
+  }
+  for (const [name, s] of Object.entries(compose.services).filter(([, x]) => !x.profiles)) assert.ok(s.healthcheck && /:\d/.test(s.image ?? ''), `${name}: pinned image with a healthcheck`);
+  // the config it mounts loads with its environment, and names its services
+  const [stageName, stage] = app.find(([, s]) => s.command?.[0] === 'serve')!;
+  const mount = stage.volumes!.find((v) => v.includes(':/etc/rlstream/config.yaml'))!;
+  const cfg = loadConfig({ file: join(ROOT, mount.split(':')[0]), env: stage.environment as Record<string, string> });
+  const host = (a: string) => a.replace(/^\w+:\/\/([^@/]*@)?/, '').split(/[:/]/)[0];
+  for (const a of [...cfg.pipeline.brokers, cfg.pipeline.database_url!, ...(cfg.reward.remote.urls ?? [])]) assert.ok(host(a) in compose.services, `${stageName}: ${a} is a compose service`);
 });
