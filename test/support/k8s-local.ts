@@ -122,10 +122,11 @@ export async function startPod(objs: readonly K8sObject[], pod: PodSpecOf, root:
     if (!v.emptyDir && !v.configMap) throw new Error(`${pod.name}: volume ${m.name} is neither an emptyDir nor a ConfigMap (a shared or persistent volume would need more than this runner)`);
   }
   mounts.sort((a, b) => b[0].length - a[0].length);
-  const mapPaths = (s: string) => {
-    for (const [from, to] of mounts) s = s.replace(new RegExp(`(?<![\\w./-])${from.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}(?=/|\\b|$)`, 'g'), to);
-    return s;
-  };
+  // one pass over all mount paths (longest first), so a replaced path is never mapped again (the
+  // checkout itself may live under /tmp, a mount path)
+  const mountRe = new RegExp(`(?<![\\w./-])(${mounts.map(([from]) => from.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('|')})(?=/|\\b|$)`, 'g');
+  const mountDir = new Map(mounts);
+  const mapPaths = (s: string) => (mounts.length ? s.replace(mountRe, (m) => mountDir.get(m)!) : s);
   for (const m of c.volumeMounts ?? []) {
     const v = volumes.get(m.name)!;
     if (!v.configMap) continue;
