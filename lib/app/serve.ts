@@ -97,7 +97,8 @@ export async function serve(cfg: Config, stage: string, log: Logger, opts: Serve
     ready.reason = `run ${outcome.runId} ${outcome.status}${outcome.message ? `: ${outcome.message}` : ''}; this stage is idle (pipeline.on_run_end = idle)`;
     log.info({ status: outcome.status }, `run ${outcome.runId} has ${outcome.status === 'completed' ? 'finished' : 'failed'}; ${stage} stays up idle until stopped (pipeline.on_run_end = idle; delete the Deployment, or start a new run)`);
     if (!opts.signal?.aborted) await new Promise<void>((r) => opts.signal?.addEventListener('abort', () => r(), { once: true }));
-    return outcome;
+    // stopped while idle: a graceful stop (exit 0) whatever the run's outcome, which the log, /readyz and the metric told
+    return { ...outcome, status: 'stopped', message: `stopped while idle after the run ${outcome.status}` };
   } finally {
     await server?.close();
   }
