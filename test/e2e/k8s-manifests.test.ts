@@ -13,8 +13,9 @@
  *     and unready) with the same final checkpoint sha256 as the embedded run of the same config;
  *     SIGTERM (a `kubectl delete`) then stops every pod with exit 0 within its grace period.
  *  2. The same from scratch, and mid-run (after policy version 1) the update Deployment is rolled
- *     as its `Recreate` strategy does it: SIGTERM, exit 0 within the grace period, a new pod with
- *     new, empty emptyDirs; the run completes with the same checkpoint.
+ *     as its `Recreate` strategy does it, then the rollout StatefulSet's pod rollout-1: SIGTERM,
+ *     exit 0 within the grace period, a new pod (same ordinal) with new, empty emptyDirs; the run
+ *     completes with the same checkpoint.
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -157,7 +158,7 @@ async function stopAll(pods: LocalPod[]): Promise<void> {
   }
 }
 
-test('the dev overlay runs as local pods: migrate, probes, a completed run with the embedded checkpoint, graceful SIGTERM; and a rolling restart of update mid-run', { timeout: 600_000 }, async () => {
+test('the dev overlay runs as local pods: migrate, probes, a completed run with the embedded checkpoint, graceful SIGTERM; and rolling restarts of update and rollout-1 mid-run', { timeout: 600_000 }, async () => {
   // 1. the cluster run
   const a = await cluster('a');
   const { stages, servers } = await startAll(a.addr, 'a');
@@ -186,25 +187,27 @@ test('the dev overlay runs as local pods: migrate, probes, a completed run with 
   assert.equal(sha, m![1], 'the manifests\' run ends with the embedded run\'s checkpoint');
   await stopAll([...stages, ...servers]);
 
-  // 2. again, and roll the update Deployment (strategy Recreate) after policy version 1
+  // 2. again, and roll the update Deployment (strategy Recreate) and then rollout-1 (StatefulSet
+  // RollingUpdate: the pod with that ordinal is stopped, then recreated) after policy version 1
   const b = await cluster('b');
   const second = await startAll(b.addr, 'b');
-  let update = second.stages.find((s) => stageOf(s) === 'update')!;
-  assert.equal((update.spec.owner.spec as { strategy: { type: string } }).strategy.type, 'Recreate');
-  let rolled = false;
-  await waitForRunEnd(second.stages, 300_000, async () => {
-    if (rolled || ((await metric(update, 'rlstream_policy_version')) ?? 0) < 1) return;
-    rolled = true;
-    assert.notEqual(await metric(update, 'rlstream_run_finished'), 1, 'rolled before the run finished');
-    const old = update;
+  const find = (stage: string, name?: string) => second.stages.find((s) => stageOf(s) === stage && (name === undefined || s.spec.name === name))!;
+  assert.equal((find('update').spec.owner.spec as { strategy: { type: string } }).strategy.type, 'Recreate');
+  assert.equal((find('rollout').spec.owner.spec as { updateStrategy: { type: string } }).updateStrategy.type, 'RollingUpdate');
+  const roll = async (old: LocalPod) => {
     const r = await terminate(old);
-    assert.equal(r.killed, false, 'the old update pod stopped within its grace period');
-    assert.equal(r.code, 0, `the old update pod exits 0 on SIGTERM mid-run:\n${outputs([old])}`);
+    assert.equal(r.killed, false, `the old ${old.spec.name} stopped within its grace period`);
+    assert.equal(r.code, 0, `the old ${old.spec.name} exits 0 on SIGTERM mid-run:\n${outputs([old])}`);
     second.stages.splice(second.stages.indexOf(old), 1);
-    update = await start(old.spec, b.addr, 'b-rolled'); // new pod: new, empty emptyDirs
-    second.stages.push(update);
+    second.stages.push(await start(old.spec, b.addr, `b-rolled-${old.spec.name}`)); // new pod: new, empty emptyDirs
+  };
+  const rolled: string[] = [];
+  await waitForRunEnd(second.stages, 300_000, async () => {
+    if (rolled.length || ((await metric(find('update'), 'rlstream_policy_version')) ?? 0) < 1) return;
+    assert.notEqual(await metric(find('update'), 'rlstream_run_finished'), 1, 'rolled before the run finished');
+    for (const old of [find('update'), find('rollout', 'rollout-1')]) { await roll(old); rolled.push(old.spec.name); }
   });
-  assert.ok(rolled, 'the update pod was rolled mid-run');
-  assert.equal(await finalSha(b.dbUrl), sha, 'after the rolling restart the run ends with the same checkpoint');
+  assert.deepEqual(rolled, ['update-0-local', 'rollout-1'], 'update and rollout-1 were rolled mid-run');
+  assert.equal(await finalSha(b.dbUrl), sha, 'after the rolling restarts the run ends with the same checkpoint');
   await stopAll([...second.stages, ...second.servers]);
 });
