@@ -175,6 +175,14 @@ test('dev: the in-cluster Secret wires the stages to the in-cluster Kafka and Po
   for (const u of cfg.reward.remote.urls ?? []) { const url = new URL(u); assert.ok(svc(url.hostname, Number(url.port)), `reward server ${u} is a Service`); }
 });
 
+test('dev: the KRaft Kafka is configured as kafka-storage needs (a 16-byte cluster id) and advertises its Service', () => {
+  const kafka = renderOverlay('dev').find((o) => o.kind === 'StatefulSet' && o.metadata.name === 'kafka')!;
+  const env = Object.fromEntries(podTemplates([kafka])[0].template.spec.containers[0].env!.map((e) => [e.name, e.value]));
+  assert.equal(Buffer.from(env.CLUSTER_ID!, 'base64url').length, 16, 'CLUSTER_ID is a base64url UUID');
+  assert.match(env.KAFKA_ADVERTISED_LISTENERS!, /^PLAINTEXT:\/\/kafka:9092$/);
+  assert.equal(env.KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR, '1', 'one broker: replication factor 1 for the internal topics');
+});
+
 test('keda: the ScaledObjects scale the rollout and reward StatefulSets on their own topics and consumer groups', () => {
   const objs = renderWithComponents('infra/k8s/overlays/prod', ['infra/k8s/components/keda']);
   const cfg = configOf(objs);
