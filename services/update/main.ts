@@ -28,7 +28,7 @@ import { loadStageState, saveStageState, PendingBatch, stagesWithState } from '.
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import {
   datasetPosition, describePosition, writeCheckpointDir, listCheckpointSteps, removeCheckpointDir, removeTempCheckpoints, readCheckpointPath,
-  TRAINER_STATE_FORMAT, type TrainerState,
+  TRAINER_STATE_FORMAT, TRAINER_STATE_FILE, checkpointDir, type TrainerState,
 } from '../../lib/pipeline/checkpoints.ts';
 import { createTrainer, initWeights, saveCheckpoint, loadCheckpoint, checkpointSha256, type Trainer, type TrainerOptions, type TrainBatch, type Weights } from '../../lib/model/index.ts';
 import { Scorer } from '../../lib/model/score.ts';
@@ -232,9 +232,32 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     ema = dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : null;
     if (!ema) { ema = trainer.getWeights(); await storeVersion('ema', state.version, model, ema, {}); }
   }
+  if (p.policies.kind === 'postgres') await rebuildCheckpointDirs();
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
   await p.bus.produce([p.message('policy', await versionRecord(state.version, Date.now()))]);
 
+  /**
+   * policy_store = postgres: the checkpoints kept under save_limit whose directories this node
+   * lacks (a restart on another node, an emptyDir) are rebuilt from the run's database — the
+   * versions (kept while a checkpoint needs them) and the checkpoint rows (the trainer state) —
+   * so checkpoints/global_step_N is there to resume from with trainer.load_checkpoint_path.
+   */
+  async function rebuildCheckpointDirs(): Promise<void> {
+    const rows = await p.store.listCheckpoints(p.runId);
+    const kept = new Set(keptCheckpointSteps(rows.map((r) => r.step), cfg.trainer.save_limit));
+    for (const row of rows) {
+      if (!kept.has(row.step) || existsSync(join(checkpointDir(p.runDir, row.step), TRAINER_STATE_FILE))) continue;
+      const ts: TrainerState = {
+        format: TRAINER_STATE_FORMAT, run_id: p.runId, step: row.step, policy_version: row.policyVersion, sha256: row.sha256,
+        dataset_position: row.datasetPosition as unknown as TrainerState['dataset_position'], consumed_offsets: row.consumedOffsets as Record<string, number>,
+        rng_state: row.rngState as TrainerState['rng_state'], kl_ctl_state: row.klCtlState as TrainerState['kl_ctl_state'], lr_state: row.lrState as TrainerState['lr_state'],
+      };
+      const critic = cfg.critic.enable ? await storedDir('critic', row.policyVersion) : null;
+      const dir = await writeCheckpointDir(p.runDir, ts, await versionDir('policy', row.policyVersion), await versionDir('policy', 0), critic);
+      if (dir !== row.path) await p.store.recordCheckpoint({ ...row, path: dir });
+      log.info({ step: row.step, path: dir }, `checkpoint global_step_${row.step} rebuilt from the run's database at ${dir}`);
+    }
+  }
   async function writeVersion(version: number, db: Executor = p.db.db): Promise<string> {
     // no run id in the metadata: equal weights give equal bytes (and sha256) in every run (replay, resume from a checkpoint)
     return storeVersion('policy', version, model, trainer.getWeights(), { optimizer: trainer.getOptimizerState(), metadata: { policy_version: String(version) } }, db);

@@ -65,7 +65,7 @@ test('served stages: migrate, probes, metrics, SIGTERM mid-batch and restart wit
   cleanups.push(db.drop);
   const kafka = await kafkaForRun('serve', RUN_ID, 2);
   cleanups.push(() => kafka.stop());
-  const common = [`pipeline.run_id=${RUN_ID}`, 'pipeline.topic_prefix=serve', 'pipeline.bus=kafka', `pipeline.brokers=[${kafka.brokers.join(',')}]`, 'pipeline.policy_store=postgres'];
+  const common = [`pipeline.run_id=${RUN_ID}`, 'pipeline.topic_prefix=serve', 'pipeline.bus=kafka', `pipeline.brokers=[${kafka.brokers.join(',')}]`, 'pipeline.policy_store=postgres', 'trainer.save_freq=1'];
   // the secret from the environment, as a Kubernetes Secret would give it
   const env = { ...CLUSTER_ENV, RLSTREAM_PIPELINE__STORE: 'postgres', RLSTREAM_PIPELINE__DATABASE_URL: db.url };
   let nodes = 0;
@@ -96,8 +96,8 @@ test('served stages: migrate, probes, metrics, SIGTERM mid-batch and restart wit
   // consumer lag per input partition while the run goes on
   assert.match((await get(ports.advantage, '/metrics')).body, /rlstream_consumer_lag\{run_id="serve-e2e",stage="advantage",topic="serve\.serve-e2e\.scored",partition="1"\} \d+/);
 
-  // SIGTERM the update stage in the middle of training a step
-  assert.ok(await stages.update.waitFor(/rlstream-crash-point update:start/, 180_000), stages.update.output().slice(-3000));
+  // SIGTERM the update stage in the middle of training a step (the second: step 1's checkpoint is recorded)
+  assert.ok(await stages.update.waitFor(/rlstream-crash-point update:start[\s\S]*rlstream-crash-point update:start/, 180_000), stages.update.output().slice(-3000));
   const t0 = Date.now();
   process.kill(stages.update.pid, 'SIGTERM');
   const ue = await exited(stages.update, 25_000);
@@ -109,6 +109,10 @@ test('served stages: migrate, probes, metrics, SIGTERM mid-batch and restart wit
   stages.update = start('update');
   ports.update = await portOf(stages.update);
   assert.ok(await stages.update.waitFor(/resumed at step \d+/, 120_000), stages.update.output().slice(-3000));
+  // the checkpoint written on the old node is rebuilt from PostgreSQL on the new one
+  const newNode = /"run_dir":"([^"]+)"/.exec(stages.update.output())![1];
+  assert.ok(await stages.update.waitFor(/checkpoint global_step_1 rebuilt from the run's database/, 60_000), stages.update.output().slice(-3000));
+  assert.ok(existsSync(join(newNode, 'checkpoints', 'global_step_1', 'trainer_state.json')), 'global_step_1 is on the new node');
 
   // SIGTERM a rollout in the middle of generating
   const ro = stages.rollout;
