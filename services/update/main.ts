@@ -163,11 +163,12 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     // a new run started from a checkpoint: its weights and AdamW state, the step (dataset
     // position) and LR schedule position it was taken at; v0 keeps the source's initial policy (KL reference)
     const src = readCheckpointPath(loadPath);
-    const ck = await loadCheckpoint(src.actorDir);
-    // an rlstream checkpoint records its weights' sha256 (trainer_state.json): a damaged one is refused
-    if (src.state && src.state.sha256 && ck.weightsSha256 !== src.state.sha256) {
-      throw new ConfigError(`trainer.load_checkpoint_path: ${join(src.actorDir, 'model.safetensors')} has sha256 ${ck.weightsSha256}, but ${src.state.sha256} was recorded in ${join(loadPath, 'trainer_state.json')} — the checkpoint is damaged; use an earlier checkpoint (another global_step_N)`);
+    // an rlstream checkpoint records its weights' sha256 (trainer_state.json): a damaged one is refused before it is read
+    if (src.state?.sha256) {
+      const found = await sha256File(join(src.actorDir, 'model.safetensors'));
+      if (found !== src.state.sha256) throw new ConfigError(`trainer.load_checkpoint_path: ${join(src.actorDir, 'model.safetensors')} has sha256 ${found}, but ${src.state.sha256} was recorded in ${join(loadPath, 'trainer_state.json')} — the checkpoint is damaged; use an earlier checkpoint (another global_step_N)`);
     }
+    const ck = await loadCheckpoint(src.actorDir);
     const start = src.state?.step ?? 0;
     if (start > 0) {
       const ref = src.referenceDir ? (await loadCheckpoint(src.referenceDir, { optimizer: false })).weights : await initialWeights();

@@ -62,4 +62,9 @@ test('a damaged committed policy version stops the resume with the path, both ha
   // global_step_2/actor is a hard link to the damaged file; global_step_1 is intact
   assert.match(again.out, new RegExp(`trainer\\.load_checkpoint_path=${join(dir, 'checkpoints', 'global_step_1').replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}`));
   assert.doesNotMatch(again.out, /step 3 trained/, 'nothing trained from the damaged weights');
+  // starting a new run from the damaged checkpoint (its actor/ links the damaged file) is refused too
+  const fromBad = await train([`trainer.run_dir=${join(tmp, 'from-bad')}`, `trainer.load_checkpoint_path=${join(dir, 'checkpoints', 'global_step_2')}`, 'trainer.max_steps=3']);
+  assert.notEqual(fromBad.code, 0);
+  assert.ok(fromBad.out.includes(recorded) && fromBad.out.includes(found), `names both hashes:\n${fromBad.out.slice(-2000)}`);
+  assert.match(fromBad.out, /the checkpoint is damaged; use an earlier checkpoint/);
 });
