@@ -7,7 +7,7 @@
  */
 import { join } from 'node:path';
 import { createTokenizer, modelConfig, loadCheckpoint, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
-import { ConfigError, TransientError } from '../errors.ts';
+import { ConfigError, RlError, TransientError } from '../errors.ts';
 import { existsSync } from 'node:fs';
 import type { Config } from '../config/index.ts';
 import type { Executor, PolicyStore } from '../policy-store/index.ts';
@@ -83,6 +83,11 @@ export class PolicyCache {
     const dir = await this.store.get('policy', version, db);
     const where = this.store.kind === 'filesystem' ? this.store.writeDir('policy', version) : `the run's database (pipeline.policy_store = postgres)`;
     if (!dir) {
+      // versions are written in order: a missing one below the newest was pruned, and waiting cannot bring it back
+      const newest = Math.max(-1, ...(await this.store.versions('policy', db)));
+      if (newest > version) {
+        throw new RlError(`policy version ${version} is no longer in ${where}: the update stage pruned it (it is at version ${newest}, and this batch was made for version ${version}); raise trainer.keep_policy_versions to keep more versions`, { code: 'ERR_POLICY_PRUNED' });
+      }
       throw new TransientError(`policy version ${version} is not in ${where} (yet); retrying${this.store.kind === 'filesystem' ? ' — in distributed mode trainer.run_dir must be a volume shared by the stages, or use pipeline.policy_store=postgres' : ''}`);
     }
     const ck = await loadCheckpoint(dir, { optimizer: false }).catch((e: unknown) => {

@@ -51,3 +51,29 @@ test('postgres policy store: a damaged or lost cached copy is fetched again and 
     rmSync(tmp, { recursive: true, force: true });
   }
 });
+
+test('PolicyCache: a version not written yet is retried, a pruned one is refused saying what to raise', async () => {
+  const { PolicyCache } = await import('../../../lib/pipeline/policy.ts');
+  const db = await openDatabase({ kind: 'postgres', url: PG_URL });
+  const tmp = mkdtempSync(join(tmpdir(), 'rl-policy-pruned-'));
+  const runId = uniqueRunId('policy-pruned');
+  try {
+    const s = new PostgresPolicyStore(join(tmp, 'c'), runId, db.db);
+    for (const v of [0, 2]) {
+      await fs.mkdir(s.writeDir('policy', v), { recursive: true });
+      await fs.writeFile(join(s.writeDir('policy', v), 'model.safetensors'), Buffer.from(`v${v}`));
+      await s.put('policy', v);
+    }
+    const cache = new PolicyCache(s, {} as never);
+    await assert.rejects(cache.get(1), (e: unknown) => {
+      assert.equal((e as { retriable: boolean }).retriable, false);
+      assert.match((e as Error).message, /policy version 1 is no longer in .*pruned it .*version 2.*trainer\.keep_policy_versions/);
+      return true;
+    });
+    await assert.rejects(cache.get(3), (e: unknown) => (e as { retriable: boolean }).retriable === true && /not in .* \(yet\); retrying/.test((e as Error).message));
+  } finally {
+    for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts']) await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);
+    await db.close();
+    rmSync(tmp, { recursive: true, force: true });
+  }
+});
