@@ -1,6 +1,6 @@
 /**
- * Running the pipeline: the embedded default (all five stages in this process over one PGlite)
- * and one stage per process (`serve`). A watcher follows the run's control and metrics topics to
+ * Running the pipeline: the embedded default (all five stages in this process over one PGlite);
+ * one stage per process (`serve`) is lib/app/serve.ts. A watcher follows the run's control and metrics topics to
  * drive the progress bar and to stop when the controller announces run_done (or run_failed).
  */
 import type { Logger } from 'pino';
@@ -11,7 +11,7 @@ import { formatResolvedConfig, redactSecrets, resumeConfigDiff, resumeConfigProb
 import { startStage, STAGES, type StartedStage } from '../../services/index.ts';
 import { controlId, parseTopicName, type ControlEvent, type DeadLetter, type MetricsRecord } from '../contracts/index.ts';
 import { ProgressBar, formatTable } from '../cli/progress.ts';
-import { ConfigError, RlError, errorMessage, isRetriable } from '../errors.ts';
+import { ConfigError, errorMessage, isRetriable } from '../errors.ts';
 import { isConnectionError } from '../db/errors.ts';
 import { LiveTensorBoard, tensorboardDir } from '../analysis/tensorboard-live.ts';
 import { checkDevice, type Device } from '../onnx/runtime.ts';
@@ -53,7 +53,7 @@ export function deadLetterFailure(d: Pick<DeadLetter, 'stage' | 'source_topic' |
  * dead-letters foreign or garbled messages and goes on), so there a dead letter is only logged by
  * the stage that wrote it.
  */
-function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number, onSettled?: () => void): Watch {
+export function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number, onSettled?: () => void): Watch {
   let resolveOutcome!: (o: RunOutcome) => void;
   let settled = false;
   const outcome = new Promise<RunOutcome>((r) => { resolveOutcome = (o) => { settled = true; r(o); }; });
@@ -111,7 +111,7 @@ function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number
  * `trainer.logger` includes `tensorboard`: event files under `<run_dir>/tensorboard`, appended as
  * steps settle (lib/analysis/tensorboard-live.ts). Needs the run's row (upsertRun first).
  */
-async function openTensorBoard(cfg: Config, p: Pipeline, log: Logger, poll: boolean): Promise<LiveTensorBoard | null> {
+export async function openTensorBoard(cfg: Config, p: Pipeline, log: Logger, poll: boolean): Promise<LiveTensorBoard | null> {
   if (!cfg.trainer.logger.includes('tensorboard')) return null;
   return LiveTensorBoard.open(p.db.db, p.runId, tensorboardDir(p.runDir), {
     onError: (e) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}; retrying`),
@@ -158,7 +158,7 @@ async function resumeCheck(cfg: Config, p: Pipeline): Promise<{ total: number; d
 }
 
 /** Refuses a run started again with a config that changes what its stored state means; returns its row. */
-async function refuseChangedConfig(cfg: Config, p: Pipeline): Promise<RunRow | undefined> {
+export async function refuseChangedConfig(cfg: Config, p: Pipeline): Promise<RunRow | undefined> {
   const prev = await p.store.getRun(p.runId);
   if (prev) {
     const problem = resumeConfigProblem(p.runId, resumeConfigDiff(prev.config, cfg), cfg.trainer.resume_with_changed_config);
@@ -232,70 +232,14 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
 }
 
 /**
- * Runs one stage in this process until the run ends (distributed mode). A stage that cannot
- * start because the database or broker is unreachable (a PostgreSQL restart) backs off and tries
- * again, for about five minutes, instead of exiting.
- */
-export async function serveStage(cfg: Config, stage: string, log: Logger, opts: { replica?: number; signal?: AbortSignal } = {}): Promise<RunOutcome> {
-  for (let attempt = 1; ; attempt++) {
-    try {
-      return await serveStageOnce(cfg, stage, log, opts);
-    } catch (e) {
-      if (e instanceof StartError && (isRetriable(e.cause) || isConnectionError(e.cause)) && attempt < 40 && !opts.signal?.aborted) {
-        const ms = Math.min(10_000, 250 * 2 ** attempt);
-        log.warn({ stage, attempt, retry_in_ms: ms, err: e.cause }, `${stage} cannot start yet (${errorMessage(e.cause)}); retrying`);
-        await new Promise((r) => setTimeout(r, ms));
-        continue;
-      }
-      throw e instanceof StartError ? e.cause : e;
-    }
-  }
-}
-
-/**
  * Stops before a run opens anything when a stage's onnxruntime device cannot start here: the
  * experience and training sessions (advantage, update) run on actor.device, the rollout's sampler
  * on rollout.device ?? actor.device. Each device is checked once, named by the setting that chose it.
  */
-async function checkDevices(cfg: Config, stages: readonly string[]): Promise<void> {
+export async function checkDevices(cfg: Config, stages: readonly string[]): Promise<void> {
   const wanted = new Map<Device, string>();
   if (stages.includes('advantage') || stages.includes('update')) wanted.set(experienceScorerOptions(cfg).device, 'actor.device');
   const sampling = samplerOptions(cfg).device;
   if (stages.includes('rollout') && !wanted.has(sampling)) wanted.set(sampling, cfg.rollout.device ? 'rollout.device' : 'actor.device');
   for (const [device, setting] of wanted) await checkDevice(device, setting);
-}
-
-/** A failure before the stage consumed anything (opening the bus and store, starting the stage). */
-class StartError extends Error {
-  constructor(override readonly cause: unknown) { super(errorMessage(cause)); }
-}
-
-async function serveStageOnce(cfg: Config, stage: string, log: Logger, opts: { replica?: number; signal?: AbortSignal }): Promise<RunOutcome> {
-  await checkDevices(cfg, [stage]);
-  let p: Pipeline;
-  try { p = await openPipeline(cfg, { log, clientId: `rlstream-${stage}-${opts.replica ?? 0}` }); } catch (e) { throw new StartError(e); }
-  let tb: LiveTensorBoard | null = null;
-  try {
-    let s: StartedStage;
-    try {
-      if (stage === 'controller') await refuseChangedConfig(cfg, p);
-      if (stage === 'controller') await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
-      s = await startStage(p, stage, { replica: opts.replica });
-    } catch (e) { throw new StartError(e); }
-    // distributed mode: the controller process (one per run) writes the TensorBoard files
-    tb = stage === 'controller' ? await openTensorBoard(cfg, p, log, true).catch((e: unknown) => { log.warn({ err: e }, `tensorboard logger not started: ${errorMessage(e)}`); return null; }) : null;
-    const watch = watchRun(p, null, () => 0);
-    const aborted = new Promise<RunOutcome>((r) => opts.signal?.addEventListener('abort', () => r({ status: 'stopped', message: 'interrupted', runId: p.runId, runDir: p.runDir }), { once: true }));
-    const failed = s.run.done.then(() => new Promise<RunOutcome>(() => undefined), (e: unknown) => { throw new RlError(`${stage}: ${(e as Error).message}`, { cause: e }); });
-    const outcome = await Promise.race([watch.outcome, aborted, failed]);
-    await watch.stop();
-    await s.run.consumer.stop().catch(() => undefined);
-    await s.run.done.catch(() => undefined);
-    await s.close();
-    await tb?.finish(outcome.status === 'completed').catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
-    return outcome;
-  } finally {
-    await tb?.finish(false).catch(() => undefined);
-    await p.close();
-  }
 }

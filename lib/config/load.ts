@@ -1,6 +1,7 @@
 /**
- * Loading the run configuration: schema defaults → YAML file → `a.b.c=value` overrides (values
- * parsed as YAML scalars or flow collections), then the DISABLE_RL_REWARD_MODEL switch, derived
+ * Loading the run configuration: schema defaults → YAML file → `RLSTREAM_<SECTION>__<KEY>`
+ * environment overrides → `a.b.c=value` overrides (values parsed as YAML scalars or flow
+ * collections), then the DISABLE_RL_REWARD_MODEL switch, derived
  * defaults and the cross-field checks. Every problem found is reported at once, one per line,
  * each naming its full key path and where the value came from (file:line:col or the override).
  */
@@ -196,11 +197,11 @@ function assign(target: Obj, key: string, value: unknown, path: string[], source
 }
 
 /** Applies the index-th override to the raw object; problems are appended. */
-function applyOverride(raw: Obj, text: string, index: number, sources: Sources, problems: Problem[]): void {
-  const order: Source['order'] = [1, index, 0];
+function applyOverride(raw: Obj, text: string, index: number, sources: Sources, problems: Problem[], source?: Source, orderOf: Source['order'] = [1, index, 0]): void {
+  const order: Source['order'] = source?.order ?? orderOf;
   const o = parseOverride(text);
-  if (typeof o === 'string') { problems.push({ text: o, order }); return; }
-  const where: Source = { where: `override "${o.text}"`, order };
+  if (typeof o === 'string') { problems.push({ text: source ? `${source.where}: ${o.replace(/^override "[^"]*": /, '')}` : o, order }); return; }
+  const where: Source = source ?? { where: `override "${o.text}"`, order };
   for (let i = 0; i < o.path.length; i++) {
     const parent = schemaAt(configSchema, o.path.slice(0, i))!;
     const kind = kindOf(parent);
@@ -253,7 +254,8 @@ function resolveFilePaths(raw: Obj, file: string | undefined, sources: Sources):
   const fileBase = file === undefined ? null : dirname(resolve(file));
   const baseOf = (path: Path) => {
     const src = sources.lookup(path);
-    return src?.order[0] === 0 ? fileBase : src?.order[0] === 1 ? process.cwd() : null;
+    // file: its directory; environment (1) and command-line (2) overrides: the working directory
+    return src?.order[0] === 0 ? fileBase : src !== undefined && src.order[0] >= 1 ? process.cwd() : null;
   };
   const fix = (v: unknown, path: Path): unknown => {
     if (typeof v !== 'string' || v.length === 0 || isAbsolute(v)) return v;
@@ -280,6 +282,29 @@ export function readDisableRewardModel(env: NodeJS.ProcessEnv): boolean | string
   if (['true', '1', 'yes', 'on'].includes(t)) return true;
   if (['false', '0', 'no', 'off', ''].includes(t)) return false;
   return `${DISABLE_REWARD_MODEL_ENV}=${JSON.stringify(v)} is not a boolean; set it to true or false (or unset it)`;
+}
+
+/** Prefix of the environment overrides: `RLSTREAM_<SECTION>__<KEY>[__<SUB>…]=value`. */
+export const ENV_OVERRIDE_PREFIX = 'RLSTREAM_';
+
+/**
+ * The environment overrides, in name order: `RLSTREAM_PIPELINE__DATABASE_URL=postgres://…` is the
+ * override `pipeline.database_url=postgres://…` (names lowercased, `__` separates keys, the value
+ * parsed as a YAML scalar or flow collection like a command-line override:
+ * `RLSTREAM_PIPELINE__BROKERS=[kafka:9092]`). They apply after the file and before the
+ * command-line overrides. Only names with `__` count (RLSTREAM_LOG_JSON and the like are not
+ * config). `where` names the variable, never its value when the key is a secret.
+ */
+export function envOverrides(env: NodeJS.ProcessEnv): Array<{ name: string; text: string; where: string }> {
+  const out: Array<{ name: string; text: string; where: string }> = [];
+  for (const name of Object.keys(env).sort()) {
+    if (!name.startsWith(ENV_OVERRIDE_PREFIX) || !name.includes('__')) continue;
+    const value = env[name];
+    if (value === undefined) continue;
+    const path = name.slice(ENV_OVERRIDE_PREFIX.length).toLowerCase().split('__');
+    out.push({ name, text: `${path.join('.')}=${value}`, where: `environment ${name}` });
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -312,7 +337,9 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   const sources = new Sources();
   const problems: Problem[] = [];
   const raw: Obj = opts.file !== undefined ? (readYamlFile(opts.file, sources) as Obj) : {};
-  (opts.overrides ?? []).forEach((text, i) => applyOverride(raw, text, i, sources, problems));
+  const fromEnv = envOverrides(env);
+  fromEnv.forEach((o, i) => applyOverride(raw, o.text, i, sources, problems, { where: o.where, order: [1, i, 0] }));
+  (opts.overrides ?? []).forEach((text, i) => applyOverride(raw, text, i, sources, problems, undefined, [2, i, 0]));
   resolveFilePaths(raw, opts.file, sources);
   const disable = readDisableRewardModel(env);
   if (typeof disable === 'string') problems.push({ text: disable, order: NO_SOURCE });

@@ -10,7 +10,7 @@ import { createHash } from 'node:crypto';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { sql, type Kysely } from 'kysely';
-import { RlError } from '../errors.ts';
+import { RlError, TransientError } from '../errors.ts';
 
 export const MIGRATIONS_DIR = resolve(dirname(fileURLToPath(import.meta.url)), '../../migrations');
 const LOCK_KEY = 7_470_221_011; // arbitrary, stable
@@ -52,4 +52,41 @@ export async function migrate(db: Kysely<any>, dir = MIGRATIONS_DIR): Promise<st
     }
   });
   return applied;
+}
+
+export interface MigrationStatus {
+  /** Names applied in the database, in order. */
+  applied: string[];
+  /** Names this rlstream has that the database lacks (what `rlstream migrate` would apply). */
+  pending: string[];
+  /** The newest migration this rlstream has (the schema version it needs). */
+  wanted: string | null;
+}
+
+/** What is applied and what is missing, without taking the lock or changing anything. */
+export async function migrationStatus(db: Kysely<any>, dir = MIGRATIONS_DIR): Promise<MigrationStatus> {
+  const migrations = listMigrations(dir);
+  const exists = (await sql<{ t: string | null }>`select to_regclass('rlstream_migrations')::text as t`.execute(db)).rows[0]?.t;
+  const applied = exists ? (await sql<{ name: string }>`select name from rlstream_migrations order by name`.execute(db)).rows.map((r) => r.name) : [];
+  const have = new Set(applied);
+  return { applied, pending: migrations.filter((m) => !have.has(m.name)).map((m) => m.name), wanted: migrations.at(-1)?.name ?? null };
+}
+
+/**
+ * Waits until every migration this rlstream has is applied (by `rlstream migrate`, a Job or an
+ * init container), checking every `pollMs`; `onWait` is told once what is missing. A stage over a
+ * shared PostgreSQL calls this instead of migrating itself. Rejects when `signal` aborts.
+ */
+export async function waitForMigrations(db: Kysely<any>, opts: { pollMs?: number; signal?: AbortSignal; onWait?: (s: MigrationStatus) => void } = {}): Promise<MigrationStatus> {
+  let told = false;
+  for (;;) {
+    const s = await migrationStatus(db);
+    if (s.pending.length === 0) return s;
+    if (!told) { opts.onWait?.(s); told = true; }
+    if (opts.signal?.aborted) throw new TransientError(`stopped while waiting for migrations ${s.pending.join(', ')}`);
+    await new Promise<void>((r) => {
+      const t = setTimeout(r, opts.pollMs ?? 2000);
+      opts.signal?.addEventListener('abort', () => { clearTimeout(t); r(); }, { once: true });
+    });
+  }
 }

@@ -116,19 +116,24 @@ export class StageMetrics {
    */
   async flush(ctx: StageContext, nowMs = Date.now()): Promise<void> {
     const rows: MetricRow[] = [];
+    const observed: Array<[Kind, number, MetricRow[]]> = [];
     for (const [key, a] of this.steps) {
       if (!a.dirty) continue;
       a.dirty = false;
       const step = Number(key.slice(key.indexOf(':') + 1));
       const pending = { sums: a.sums, timingMs: a.timingMs, sets: a.sets };
       a.sums = {}; a.timingMs = {}; a.sets = {};
-      rows.push(...metricRows(this.p.runId, this.stage, this.replica, step, pending).filter((r) => a.kind === 'train' || r.name.startsWith('val/')));
+      const stepRows = metricRows(this.p.runId, this.stage, this.replica, step, pending).filter((r) => a.kind === 'train' || r.name.startsWith('val/'));
+      rows.push(...stepRows);
+      observed.push([a.kind, step, stepRows]);
       ctx.emit('metrics', {
         run_id: this.p.runId, id: metricsId(this.p.runId, this.stage + (this.replica ? `.${this.replica}` : ''), a.kind, step), step, policy_version: step,
         kind: a.kind, stage: this.stage, replica: this.replica, values: { ...a.values }, timing_ms: { ...a.timing }, time_ms: nowMs,
       });
     }
     if (rows.length) await this.p.store.insertMetrics(rows, { tx: ctx.tx });
+    // live observers see the rows the store was given (counted again if the batch is retried: Prometheus counters are per process)
+    for (const [kind, step, r] of observed) this.p.telemetry?.metricRows(this.stage, kind, step, r);
     // keep memory bounded: forget old steps (their totals are in the store)
     if (this.steps.size > 64) for (const k of [...this.steps.keys()].slice(0, this.steps.size - 64)) this.steps.delete(k);
   }

@@ -1,14 +1,16 @@
 /**
  * Policy artefacts shared by the stages: the tokenizer and model config a run config implies,
- * and where policy version v lives (`<run_dir>/policy/v000012`: model.safetensors, optimizer
- * state and config.json, written atomically by the update stage). Rollout and advantage load a
- * version from there; in distributed mode run_dir is a shared volume.
+ * and where policy version v lives on a filesystem (`<run_dir>/policy/v000012`: model.safetensors,
+ * optimizer state and config.json, written atomically by the update stage). Rollout and advantage
+ * load versions through the policy store (lib/policy-store: that directory, or the run's database
+ * with a local cache).
  */
 import { join } from 'node:path';
 import { createTokenizer, modelConfig, loadCheckpoint, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
-import { ConfigError, TransientError } from '../errors.ts';
+import { ConfigError, RlError, TransientError } from '../errors.ts';
 import { existsSync } from 'node:fs';
 import type { Config } from '../config/index.ts';
+import type { Executor, PolicyStore } from '../policy-store/index.ts';
 import { resolveCriticModel } from '../config/index.ts';
 
 export function tokenizerFor(cfg: Config): Tokenizer {
@@ -67,28 +69,37 @@ export function criticDir(runDir: string, version: number): string {
   return join(runDir, 'critic', `v${String(version).padStart(6, '0')}`);
 }
 
-/** Loads and caches one policy version's weights (reloaded only when the version changes). */
+/** Loads and caches one policy version's weights (reloaded only when the version changes) from the policy store. */
 export class PolicyCache {
   private version = -1;
   private weights: Weights | null = null;
-  constructor(private readonly runDir: string, private readonly expect: ModelConfig) {}
-  async get(version: number): Promise<Weights> {
+  constructor(private readonly store: PolicyStore, private readonly expect: ModelConfig, private readonly onLoad?: (version: number) => void) {}
+  /** `db`: the batch's executor (PGlite has one connection, held by the batch's transaction). */
+  async get(version: number, db?: Executor): Promise<Weights> {
     if (version === this.version && this.weights) return this.weights;
     // a version named by a record is written before the record is published; it is missing only
     // for an instant while a restarted update stage rewrites it (same bytes), or until a shared
     // volume shows it: retry rather than dead-letter the batch
-    if (!existsSync(join(policyDir(this.runDir, version), 'model.safetensors'))) {
-      throw new TransientError(`policy version ${version} is not at ${policyDir(this.runDir, version)} (yet); retrying — in distributed mode trainer.run_dir must be a volume shared by the stages`);
+    const dir = await this.store.get('policy', version, db);
+    const where = this.store.kind === 'filesystem' ? this.store.writeDir('policy', version) : `the run's database (pipeline.policy_store = postgres)`;
+    if (!dir) {
+      // versions are written in order: a missing one below the newest was pruned, and waiting cannot bring it back
+      const newest = Math.max(-1, ...(await this.store.versions('policy', db)));
+      if (newest > version) {
+        throw new RlError(`policy version ${version} is no longer in ${where}: the update stage pruned it (it is at version ${newest}, and this batch was made for version ${version}); raise trainer.keep_policy_versions to keep more versions`, { code: 'ERR_POLICY_PRUNED' });
+      }
+      throw new TransientError(`policy version ${version} is not in ${where} (yet); retrying${this.store.kind === 'filesystem' ? ' — in distributed mode trainer.run_dir must be a volume shared by the stages, or use pipeline.policy_store=postgres' : ''}`);
     }
-    const ck = await loadCheckpoint(policyDir(this.runDir, version), { optimizer: false }).catch((e: unknown) => {
-      if (existsSync(join(policyDir(this.runDir, version), 'model.safetensors'))) throw e;
-      throw new TransientError(`policy version ${version} at ${policyDir(this.runDir, version)} went away while loading (being rewritten); retrying`, { cause: e });
+    const ck = await loadCheckpoint(dir, { optimizer: false }).catch((e: unknown) => {
+      if (existsSync(join(dir, 'model.safetensors'))) throw e;
+      throw new TransientError(`policy version ${version} at ${dir} went away while loading (being rewritten); retrying`, { cause: e });
     });
     if (ck.config.vocabSize !== this.expect.vocabSize || ck.config.hiddenSize !== this.expect.hiddenSize || ck.config.numHiddenLayers !== this.expect.numHiddenLayers) {
-      throw new ConfigError(`policy version ${version} at ${policyDir(this.runDir, version)} does not match actor.model (vocab ${ck.config.vocabSize}/${this.expect.vocabSize}, d_model ${ck.config.hiddenSize}/${this.expect.hiddenSize}, layers ${ck.config.numHiddenLayers}/${this.expect.numHiddenLayers})`);
+      throw new ConfigError(`policy version ${version} at ${dir} does not match actor.model (vocab ${ck.config.vocabSize}/${this.expect.vocabSize}, d_model ${ck.config.hiddenSize}/${this.expect.hiddenSize}, layers ${ck.config.numHiddenLayers}/${this.expect.numHiddenLayers})`);
     }
     this.version = version;
     this.weights = ck.weights;
+    this.onLoad?.(version);
     return ck.weights;
   }
 }

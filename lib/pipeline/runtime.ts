@@ -19,11 +19,14 @@ import {
   type LogicalTopic, type TopicValue, type TopicCodecs,
 } from '../contracts/index.ts';
 import { resolveRunDir, resolveRunId, type Config } from '../config/index.ts';
-import { ConfigError, PoisonMessageError, errorMessage } from '../errors.ts';
+import { ConfigError, PoisonMessageError, errorMessage, isRetriable } from '../errors.ts';
 import { silentLogger, forStage } from '../log.ts';
 import type { Executor } from './stage-state.ts';
 import { retriableDbError } from '../db/errors.ts';
+import { waitForMigrations } from '../db/migrate.ts';
 import { crashPoint, type CrashPointName } from './crash-points.ts';
+import { NO_TELEMETRY, type Telemetry } from './telemetry.ts';
+import { createPolicyStore, type PolicyStore } from '../policy-store/index.ts';
 
 export interface Pipeline {
   readonly cfg: Config;
@@ -33,7 +36,11 @@ export interface Pipeline {
   readonly store: Store;
   readonly db: Database;
   readonly codecs: TopicCodecs;
+  /** Policy, critic and EMA versions (pipeline.policy_store). */
+  readonly policies: PolicyStore;
   readonly log: Logger;
+  /** Live observers of the stages' batches, errors and metrics (serve's /metrics); NO_TELEMETRY by default. */
+  readonly telemetry?: Telemetry;
   topic(t: LogicalTopic): string;
   /** Encodes a record as an outgoing message of its topic (key from the topic's key function). */
   message<K extends LogicalTopic>(t: K, value: TopicValue<K>): OutMessage;
@@ -45,6 +52,13 @@ export interface OpenOptions {
   clientId?: string;
   /** Embedded: take over a run directory lock held on another host (`--break-lock`). */
   breakLock?: boolean;
+  telemetry?: Telemetry;
+  /**
+   * Over PostgreSQL (pipeline.store = postgres): wait until `rlstream migrate` has applied every
+   * migration instead of applying them (a served stage); `onWait` is told once what is missing.
+   * Default: apply them (under the advisory lock).
+   */
+  waitForMigrations?: { signal?: AbortSignal; onWait?: (pending: string[]) => void };
 }
 
 /** Opens the bus, store and codecs of the run described by `cfg`. */
@@ -56,9 +70,15 @@ export async function openPipeline(cfg: Config, opts: OpenOptions = {}): Promise
   const p = cfg.pipeline;
   if (p.bus === 'kafka' && p.brokers.length === 0) throw new ConfigError('pipeline.bus = kafka needs pipeline.brokers (e.g. [localhost:9092])');
   if (p.store === 'postgres' && !p.database_url) throw new ConfigError('pipeline.store = postgres needs pipeline.database_url');
+  const waitMigrations = p.store === 'postgres' ? opts.waitForMigrations : undefined;
   const db = p.store === 'postgres'
-    ? await openDatabase({ kind: 'postgres', url: p.database_url! })
+    ? await openDatabase({ kind: 'postgres', url: p.database_url! }, { migrate: !waitMigrations })
     : await openDatabase({ kind: 'pglite', dir: join(runDir, 'db'), breakLock: opts.breakLock });
+  if (waitMigrations) {
+    try {
+      await waitForMigrations(db.db, { signal: waitMigrations.signal, onWait: (s) => waitMigrations.onWait?.(s.pending) });
+    } catch (e) { await db.close(); throw e; }
+  }
   let bus: EventBus;
   try {
     bus = p.bus === 'kafka'
@@ -73,7 +93,8 @@ export async function openPipeline(cfg: Config, opts: OpenOptions = {}): Promise
     await bus.ensureTopics(LOGICAL_TOPICS.map((t) => ({ name: names[t], partitions: Math.max(1, partitionsFor(cfg, t)) })));
   } catch (e) { await bus.close().catch(() => undefined); await db.close(); throw e; }
   return {
-    cfg, runId, runDir, bus, store, db, codecs, log,
+    cfg, runId, runDir, bus, store, db, codecs, log, telemetry: opts.telemetry ?? NO_TELEMETRY,
+    policies: createPolicyStore(p.policy_store, { runDir, runId, db: db.db, cacheDir: p.policy_cache_dir ? resolve(p.policy_cache_dir) : null }),
     topic: (t) => names[t],
     message(t, value) {
       const enc = codecs[t].encode(value as never);
@@ -115,7 +136,12 @@ export interface StageContext {
 
 export type StageHandler = (records: Decoded[], ctx: StageContext) => Promise<void>;
 
-export interface StageRun { consumer: Consumer; done: Promise<void> }
+export interface StageRun {
+  consumer: Consumer;
+  done: Promise<void>;
+  /** The stage's input topics (full names), for lag. */
+  topics?: string[];
+}
 
 /**
  * Runs a stage: consumes its input topics in its consumer group, decodes each message (an
@@ -135,7 +161,11 @@ export function runStage(p: Pipeline, stage: string, inputs: LogicalTopic[], han
     maxWaitMs: p.cfg.pipeline.bus === 'kafka' ? p.cfg.pipeline.kafka.max_wait_ms : p.db.kind === 'pglite' ? 250 : 50,
     deadLetter: {
       topic: p.topic('deadletter'),
-      encode: (info) => p.message('deadletter', deadLetterRecord(p, stage, info.message, info.reason, info.error, info.attempts)),
+      encode: (info) => {
+        // the bus dead-letters a message the handler failed on alone (a stage's own deadLetter() below is counted there)
+        if (info.attempts > 0) p.telemetry?.deadLetter(stage);
+        return p.message('deadletter', deadLetterRecord(p, stage, info.message, info.reason, info.error, info.attempts));
+      },
       // a message the handler failed on (dead-lettered by the delivery policy) is kept in the store too
       record: (info, tx) => p.store.recordDeadLetter({ stage, topic: info.message.topic, partition: info.message.partition, offset: info.message.offset, runId: p.runId, reason: info.reason, errorCode: errorCodeOf(info.error), payload: info.message.value }, { tx }),
     },
@@ -175,15 +205,18 @@ export function runStage(p: Pipeline, stage: string, inputs: LogicalTopic[], han
     try {
       await handler(records, ctx);
       await ctx.flush();
+      p.telemetry?.batch(stage, records.length, records.reduce((n, r) => n + ((r.value as { samples?: unknown[] }).samples?.length ?? 1), 0));
     } catch (e) {
       // a lost database connection (PostgreSQL restarting) is retried with backoff, never dead-lettered
-      throw retriableDbError(e, `${stage} batch`);
+      const err = retriableDbError(e, `${stage} batch`);
+      if (!bctx.signal.aborted) p.telemetry?.error(stage, isRetriable(err) ? 'retriable' : 'fatal');
+      throw err;
     } finally {
       lastDoneMs = performance.now();
     }
     crashPoint(`${stage}:handled` as CrashPointName);
   });
-  return { consumer, done };
+  return { consumer, done, topics: inputs.map((t) => p.topic(t)) };
 }
 
 function errorCodeOf(error: unknown): string {
@@ -205,6 +238,8 @@ function deadLetterRecord(p: Pipeline, stage: string, m: BusMessage, reason: str
 
 async function deadLetter(p: Pipeline, stage: string, bctx: BatchContext, m: BusMessage, reason: string, error?: unknown): Promise<void> {
   forStage(p.log, stage).warn({ topic: m.topic, partition: m.partition, offset: m.offset, reason }, 'dead-lettering a message');
+  p.telemetry?.error(stage, 'poison');
+  p.telemetry?.deadLetter(stage);
   bctx.deadLetter(m, reason, error);
   await p.store.recordDeadLetter({ stage, topic: m.topic, partition: m.partition, offset: m.offset, runId: p.runId, reason, errorCode: (error as { code?: string })?.code ?? 'ERR_POISON', payload: m.value }, { tx: bctx.tx });
 }

@@ -11,7 +11,7 @@ import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runti
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
-import { tokenizerFor, policyModelConfig, criticModelConfig, criticDir, experienceScorerOptions, PolicyCache } from '../../lib/pipeline/policy.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig, experienceScorerOptions, PolicyCache } from '../../lib/pipeline/policy.ts';
 import { ValueScorer } from '../../lib/model/value.ts';
 import { loadCheckpoint } from '../../lib/model/index.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
@@ -20,7 +20,7 @@ import { refillId, type ScoredGroup, type UpdateGroup } from '../../lib/contract
 import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { TrajectoryRow } from '../../lib/store/port.ts';
 import type { Config } from '../../lib/config/index.ts';
-import { ConfigError } from '../../lib/errors.ts';
+import { ConfigError, TransientError } from '../../lib/errors.ts';
 import { settle, computeStep, filterReason, shortfallReason, initialAdvantageState, type AdvantageSettings, type AdvantageState } from './logic.ts';
 
 export function advantageSettings(cfg: Config): AdvantageSettings {
@@ -70,7 +70,7 @@ export function startAdvantage(p: Pipeline): StageRun {
   const scorer = new Scorer(model, experienceScorerOptions(p.cfg));
   const useCritic = p.cfg.critic.enable === true;
   const valueScorer = useCritic ? new ValueScorer(criticModelConfig(p.cfg, tok), experienceScorerOptions(p.cfg)) : null;
-  const reference = new PolicyCache(p.runDir, model);
+  const reference = new PolicyCache(p.policies, model);
   const metrics = new StageMetrics(p, 'advantage');
   const log = forStage(p.log, 'advantage');
   const codec = p.codecs.scored;
@@ -121,7 +121,7 @@ export function startAdvantage(p: Pipeline): StageRun {
       crashPoint('advantage:start');
       let ref: Map<string, Float32Array> | null = null;
       if (needRef) {
-        const w0 = await reference.get(0);
+        const w0 = await reference.get(0, ctx.db);
         const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids })));
         // at the rollout temperature, as the actor's log-probs in the KL term (verl: ref log_prob with rollout.temperature)
         const scores = await scorer.score(w0, samples.map((s) => ({ prompt: s.prompt, response: s.response })), { temperature: p.cfg.rollout.temperature, entropy: false });
@@ -131,7 +131,9 @@ export function startAdvantage(p: Pipeline): StageRun {
       if (valueScorer) {
         // the critic of the version the samples were generated with (on-policy: the current one)
         const version = Math.max(...decision.kept.map((g) => g.policy_version));
-        const critic = await loadCheckpoint(criticDir(p.runDir, version), { optimizer: false });
+        const cdir = await p.policies.get('critic', version, ctx.db);
+        if (!cdir) throw new TransientError(`critic version ${version} is not in the policy store (yet); retrying`);
+        const critic = await loadCheckpoint(cdir, { optimizer: false });
         const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids })));
         const vs = await valueScorer.values(critic.weights, samples.map((s) => ({ prompt: s.prompt, response: s.response })));
         values = new Map(samples.map((s, i) => [s.id, vs[i]]));

@@ -17,7 +17,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
   const tok = tokenizerFor(p.cfg);
   const model = policyModelConfig(p.cfg, tok);
   const sampler = new Sampler(model, samplerOptions(p.cfg));
-  const policies = new PolicyCache(p.runDir, model);
+  const policies = new PolicyCache(p.policies, model, (v) => p.telemetry?.policyVersion('rollout', v));
   const metrics = new StageMetrics(p, 'rollout', opts.replica ?? '');
   const log = forStage(p.log, 'rollout');
   // remax: each training group also gets one greedy response, whose reward is its baseline
@@ -34,7 +34,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
     for (const [version, batches] of [...byVersion].sort((a, b) => a[0] - b[0])) {
       crashPoint('rollout:start');
       const t0 = performance.now();
-      const weights = await policies.get(version);
+      const weights = await policies.get(version, ctx.db);
       const tLoad = performance.now();
       const { requests, groups } = generationRequests(batches, { greedyBaseline });
       // one generate call per sampling setting (train vs val batches differ; remax baselines are greedy)

@@ -14,24 +14,28 @@
  * deleted only after the state that says the step is trained (docs/durability.md).
  */
 import { existsSync } from 'node:fs';
+import { sql } from 'kysely';
+import { sha256File } from '../../lib/policy-store/hash.ts';
 import { join, resolve } from 'node:path';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
-import { tokenizerFor, policyModelConfig, criticModelConfig, policyDir, criticDir, experienceScorerOptions } from '../../lib/pipeline/policy.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig, experienceScorerOptions } from '../../lib/pipeline/policy.ts';
+import { IntegrityError, versionsToPrune, keptCheckpointSteps, ARTIFACT_KINDS, type ArtifactKind, type Executor } from '../../lib/policy-store/index.ts';
+import type { ModelConfig } from '../../lib/model/index.ts';
 import { resolveCriticModel } from '../../lib/config/index.ts';
 import { loadStageState, saveStageState, PendingBatch, stagesWithState } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import {
   datasetPosition, describePosition, writeCheckpointDir, listCheckpointSteps, removeCheckpointDir, removeTempCheckpoints, readCheckpointPath,
-  TRAINER_STATE_FORMAT, type TrainerState,
+  TRAINER_STATE_FORMAT, TRAINER_STATE_FILE, checkpointDir, type TrainerState,
 } from '../../lib/pipeline/checkpoints.ts';
 import { createTrainer, initWeights, saveCheckpoint, loadCheckpoint, checkpointSha256, type Trainer, type TrainerOptions, type TrainBatch, type Weights } from '../../lib/model/index.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { policyId, type UpdateGroup, type PolicyVersion } from '../../lib/contracts/index.ts';
 import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
 import { emaUpdate } from '../../lib/rl/ema.ts';
-import { ConfigError, TransientError } from '../../lib/errors.ts';
+import { ConfigError, TransientError, RlError } from '../../lib/errors.ts';
 import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
 import { assembleBatch, checkBatchArithmetic, splitBatches, shouldCheckpoint, checkpointsToPrune, nftTargets, type NftTarget } from './logic.ts';
 
@@ -76,6 +80,39 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const scorer = new Scorer(model, experienceScorerOptions(cfg));
   const leftovers = await removeTempCheckpoints(p.runDir);
   if (leftovers.length) log.warn({ removed: leftovers }, `removed ${leftovers.length} half-written checkpoint(s) left by an interrupted write`);
+  /**
+   * A stored version's directory (policy, critic or EMA), every file checked against the sha256
+   * recorded when it was written; a damaged one stops the stage saying how to resume from the last
+   * good checkpoint.
+   */
+  async function storedDir(kind: ArtifactKind, version: number, db: Executor = p.db.db): Promise<string | null> {
+    try { return await p.policies.get(kind, version, db); } catch (e) {
+      if (e instanceof IntegrityError) throw new RlError(`${e.message}. ${await resumeHint(db)}`, { code: 'ERR_INTEGRITY', cause: e, details: e.details });
+      throw e;
+    }
+  }
+  async function versionDir(kind: ArtifactKind, version: number, db: Executor = p.db.db): Promise<string> {
+    const dir = await storedDir(kind, version, db);
+    if (!dir) throw new ConfigError(`${kind} version ${version} of run ${p.runId} is not in the policy store (${p.policies.kind === 'filesystem' ? p.policies.writeDir(kind, version) : 'the run\'s database'}); it was never written or was pruned. ${await resumeHint(db)}`);
+    return dir;
+  }
+  /** How to go on from the newest checkpoint whose weights still have their recorded sha256. */
+  async function resumeHint(db: Executor): Promise<string> {
+    const rows = await sql<{ step: number; path: string; sha256: string }>`select step, path, sha256 from checkpoints where run_id = ${p.runId} order by step desc`.execute(db).then((r) => r.rows, () => []);
+    for (const ck of rows) {
+      const actor = join(ck.path, 'actor', 'model.safetensors');
+      if (existsSync(actor) && (await sha256File(actor)) === ck.sha256) {
+        return `The last good checkpoint is ${ck.path} (step ${ck.step}, sha256 ${ck.sha256}): start a new run from it with trainer.load_checkpoint_path=${ck.path} and a new pipeline.run_id (or another trainer.run_dir)`;
+      }
+    }
+    return 'No intact checkpoint of this run was found; restore the file from a backup, or start the run over (a new pipeline.run_id or another trainer.run_dir)';
+  }
+  /** Writes a version of `kind` into the policy store (before any event names it). Returns the sha256 of its model.safetensors. */
+  async function storeVersion(kind: ArtifactKind, version: number, cfgOf: ModelConfig, weights: Weights, extra: { optimizer?: import('../../lib/model/index.ts').OptimizerState; metadata?: Record<string, string> }, db: Executor = p.db.db): Promise<string> {
+    await saveCheckpoint(p.policies.writeDir(kind, version), cfgOf, weights, { ...extra, overwrite: true });
+    const files = await p.policies.put(kind, version, db);
+    return files.find((f) => f.name === 'model.safetensors')!.sha256;
+  }
   let state = (await loadStageState<UpdateState>(p.db.db, p.runId, 'update')) ?? null;
   const loadPath = cfg.trainer.load_checkpoint_path ? resolve(cfg.trainer.load_checkpoint_path) : null;
   const others = state ? [] : await stagesWithState(p.db.db, p.runId);
@@ -112,7 +149,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     return dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed);
   };
   if (state) {
-    const ck = await loadCheckpoint(policyDir(p.runDir, state.version), { optimizer: true });
+    const ck = await loadCheckpoint(await versionDir('policy', state.version), { optimizer: true });
     trainer = createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer });
     trainerVersion = state.version;
     currentSha = ck.weightsSha256;
@@ -120,17 +157,22 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const at = describePosition(datasetPosition(plan, state.version));
     const from = last && last.step === state.version && existsSync(last.path)
       ? `from checkpoint global_step_${last.step} (sha256 ${currentSha})`
-      : `from policy version ${state.version} (${policyDir(p.runDir, state.version)}, sha256 ${currentSha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
+      : `from policy version ${state.version} (${p.policies.kind === 'filesystem' ? p.policies.writeDir('policy', state.version) : 'policy store: postgres'}, sha256 ${currentSha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
     log.info({ ...datasetPosition(plan, state.version) }, `resumed at ${at}, ${from}`);
   } else if (loadPath) {
     // a new run started from a checkpoint: its weights and AdamW state, the step (dataset
     // position) and LR schedule position it was taken at; v0 keeps the source's initial policy (KL reference)
     const src = readCheckpointPath(loadPath);
+    // an rlstream checkpoint records its weights' sha256 (trainer_state.json): a damaged one is refused before it is read
+    if (src.state?.sha256) {
+      const found = await sha256File(join(src.actorDir, 'model.safetensors'));
+      if (found !== src.state.sha256) throw new ConfigError(`trainer.load_checkpoint_path: ${join(src.actorDir, 'model.safetensors')} has sha256 ${found}, but ${src.state.sha256} was recorded in ${join(loadPath, 'trainer_state.json')} — the checkpoint is damaged; use an earlier checkpoint (another global_step_N)`);
+    }
     const ck = await loadCheckpoint(src.actorDir);
     const start = src.state?.step ?? 0;
     if (start > 0) {
       const ref = src.referenceDir ? (await loadCheckpoint(src.referenceDir, { optimizer: false })).weights : await initialWeights();
-      await saveCheckpoint(policyDir(p.runDir, 0), model, ref, { metadata: { policy_version: '0' }, overwrite: true });
+      await storeVersion('policy', 0, model, ref, { metadata: { policy_version: '0' } });
     }
     trainer = createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer });
     const optimizerSteps = Number(src.state?.lr_state.optimizer_steps ?? ck.optimizer?.step ?? 0);
@@ -146,7 +188,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         if (c.config.hiddenSize !== cm.hiddenSize || c.config.numHiddenLayers !== cm.numHiddenLayers || c.config.vocabSize !== cm.vocabSize) {
           throw new ConfigError(`trainer.load_checkpoint_path: the critic at ${src.criticDir} (d_model ${c.config.hiddenSize}, layers ${c.config.numHiddenLayers}, vocab ${c.config.vocabSize}) does not match critic.model (d_model ${cm.hiddenSize}, layers ${cm.numHiddenLayers}, vocab ${cm.vocabSize})`);
         }
-        await saveCheckpoint(criticDir(p.runDir, start), cm, c.weights, { optimizer: c.optimizer, overwrite: true });
+        await storeVersion('critic', start, cm, c.weights, { optimizer: c.optimizer });
         log.info({ critic: src.criticDir }, `critic restored from ${src.criticDir} (weights and optimizer state)`);
       } else if (src.state && !resolveCriticModel(cfg).path) {
         throw new ConfigError(`trainer.load_checkpoint_path: ${loadPath} has no critic (critic/ is missing: its run trained without one), but critic.enable = true (algorithm.adv_estimator = ${cfg.algorithm.adv_estimator} trains a value model). `
@@ -174,44 +216,66 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const copts = criticOpts = { model: cm, threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, optim: { betas: co.betas as [number, number], eps: co.eps, weightDecay: co.weight_decay, maxGradNorm: co.max_grad_norm }, loss: { type: 'value' as const, cliprangeValue: cfg.critic.cliprange_value, lossAggMode: cfg.actor.loss_agg_mode } };
     // this run's critic version (a resume, or one restored from trainer.load_checkpoint_path); a
     // missing one means a first start (or critic.enable turned on for a run that had none)
-    const saved = existsSync(join(criticDir(p.runDir, state.version), 'model.safetensors')) ? await loadCheckpoint(criticDir(p.runDir, state.version), { optimizer: true }) : null;
+    const savedDir = await storedDir('critic', state.version);
+    const saved = savedDir ? await loadCheckpoint(savedDir, { optimizer: true }) : null;
     if (saved) critic = createTrainer({ ...copts, weights: saved.weights, optimizerState: saved.optimizer });
     else {
       const cpath = resolveCriticModel(cfg).path;
       critic = createTrainer({ ...copts, ...(cpath ? { weights: (await loadCheckpoint(cpath, { optimizer: false })).weights } : { seed: cfg.critic.model.init_seed ?? cfg.actor.model.init_seed + 1 }) });
-      await saveCheckpoint(criticDir(p.runDir, state.version), cm, critic.getWeights(), { optimizer: critic.getOptimizerState(), overwrite: true });
+      await storeVersion('critic', state.version, cm, critic.getWeights(), { optimizer: critic.getOptimizerState() });
     }
   }
 
-  // EMA of the policy weights (algorithm.ema): written next to each version under <run_dir>/ema/
-  const emaDir = (v: number) => join(p.runDir, 'ema', `v${String(v).padStart(6, '0')}`);
+  // EMA of the policy weights (algorithm.ema): stored next to each version (kind ema; <run_dir>/ema/ on a filesystem)
   let ema: Map<string, Float32Array> | null = null;
   if (cfg.algorithm.ema.enable) {
-    try { ema = (await loadCheckpoint(emaDir(state.version), { optimizer: false })).weights; } catch { ema = null; }
-    if (!ema) { ema = trainer.getWeights(); await saveCheckpoint(emaDir(state.version), model, ema, { overwrite: true }); }
+    const dir = await storedDir('ema', state.version);
+    ema = dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : null;
+    if (!ema) { ema = trainer.getWeights(); await storeVersion('ema', state.version, model, ema, {}); }
   }
+  if (p.policies.kind === 'postgres') await rebuildCheckpointDirs();
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
   await p.bus.produce([p.message('policy', await versionRecord(state.version, Date.now()))]);
 
-  async function writeVersion(version: number): Promise<string> {
-    const dir = policyDir(p.runDir, version);
+  /**
+   * policy_store = postgres: the checkpoints kept under save_limit whose directories this node
+   * lacks (a restart on another node, an emptyDir) are rebuilt from the run's database — the
+   * versions (kept while a checkpoint needs them) and the checkpoint rows (the trainer state) —
+   * so checkpoints/global_step_N is there to resume from with trainer.load_checkpoint_path.
+   */
+  async function rebuildCheckpointDirs(): Promise<void> {
+    const rows = await p.store.listCheckpoints(p.runId);
+    const kept = new Set(keptCheckpointSteps(rows.map((r) => r.step), cfg.trainer.save_limit));
+    for (const row of rows) {
+      if (!kept.has(row.step) || existsSync(join(checkpointDir(p.runDir, row.step), TRAINER_STATE_FILE))) continue;
+      const ts: TrainerState = {
+        format: TRAINER_STATE_FORMAT, run_id: p.runId, step: row.step, policy_version: row.policyVersion, sha256: row.sha256,
+        dataset_position: row.datasetPosition as unknown as TrainerState['dataset_position'], consumed_offsets: row.consumedOffsets as Record<string, number>,
+        rng_state: row.rngState as TrainerState['rng_state'], kl_ctl_state: row.klCtlState as TrainerState['kl_ctl_state'], lr_state: row.lrState as TrainerState['lr_state'],
+      };
+      const critic = cfg.critic.enable ? await storedDir('critic', row.policyVersion) : null;
+      const dir = await writeCheckpointDir(p.runDir, ts, await versionDir('policy', row.policyVersion), await versionDir('policy', 0), critic);
+      if (dir !== row.path) await p.store.recordCheckpoint({ ...row, path: dir });
+      log.info({ step: row.step, path: dir }, `checkpoint global_step_${row.step} rebuilt from the run's database at ${dir}`);
+    }
+  }
+  async function writeVersion(version: number, db: Executor = p.db.db): Promise<string> {
     // no run id in the metadata: equal weights give equal bytes (and sha256) in every run (replay, resume from a checkpoint)
-    const { weightsSha256 } = await saveCheckpoint(dir, model, trainer.getWeights(), { optimizer: trainer.getOptimizerState(), metadata: { policy_version: String(version) }, overwrite: true });
-    return weightsSha256;
+    return storeVersion('policy', version, model, trainer.getWeights(), { optimizer: trainer.getOptimizerState(), metadata: { policy_version: String(version) } }, db);
   }
   /**
    * Brings the in-memory trainer (and critic, EMA) back to the committed version: a batch that
    * trained and then failed before committing (a lost database connection, a retriable error)
    * is redelivered, and must train from the committed weights again, not from its own result.
    */
-  async function restore(version: number): Promise<void> {
-    const ck = await loadCheckpoint(policyDir(p.runDir, version), { optimizer: true });
+  async function restore(version: number, db: Executor): Promise<void> {
+    const ck = await loadCheckpoint(await versionDir('policy', version, db), { optimizer: true });
     trainer = createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer });
     if (critic && criticOpts) {
-      const saved = await loadCheckpoint(criticDir(p.runDir, version), { optimizer: true });
+      const saved = await loadCheckpoint(await versionDir('critic', version, db), { optimizer: true });
       critic = createTrainer({ ...criticOpts, weights: saved.weights, optimizerState: saved.optimizer });
     }
-    if (ema) ema = (await loadCheckpoint(emaDir(version), { optimizer: false })).weights;
+    if (ema) ema = (await loadCheckpoint(await versionDir('ema', version, db), { optimizer: false })).weights;
     trainerVersion = version;
     currentSha = ck.weightsSha256;
     log.warn({ version }, `restored the trainer to the committed policy version ${version} (a batch failed after training)`);
@@ -238,11 +302,11 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       lr_state: { scheduler: o.lr_scheduler, base_lr: o.lr, lr: lrAt(optim, Math.max(1, st.optimizerSteps), totalOptSteps), optimizer_steps: st.optimizerSteps, total_optimizer_steps: totalOptSteps, warmup_steps: warmupStepsOf(optim, totalOptSteps), min_lr_ratio: o.min_lr_ratio },
     };
   }
-  async function versionRecord(version: number, nowMs: number, extra: Partial<PolicyVersion> = {}): Promise<PolicyVersion> {
-    const dir = policyDir(p.runDir, version);
+  async function versionRecord(version: number, nowMs: number, extra: Partial<PolicyVersion> = {}, db: Executor = p.db.db): Promise<PolicyVersion> {
+    const dir = await versionDir('policy', version, db);
     return {
       run_id: p.runId, id: policyId(p.runId, version), step: version, policy_version: version, parent_version: version === 0 ? null : version - 1,
-      checkpoint_path: dir, sha256: await checkpointSha256(dir), format: 'safetensors', size_bytes: 0, created_ms: nowMs, consumed: [], groups: 0, samples: 0, tokens: 0, ...extra,
+      checkpoint_path: p.policies.kind === 'filesystem' ? dir : `postgres:policy/${version}`, sha256: await checkpointSha256(dir), format: 'safetensors', size_bytes: 0, created_ms: nowMs, consumed: [], groups: 0, samples: 0, tokens: 0, ...extra,
     };
   }
 
@@ -339,7 +403,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     metrics.beginBatch(ctx.waitedMs);
     const st = (await loadStageState<UpdateState>(ctx.db, p.runId, 'update')) ?? state!;
     state = st;
-    if (trainerVersion !== st.version) await restore(st.version);
+    if (trainerVersion !== st.version) await restore(st.version, ctx.db);
     const positions = st.positions ?? (st.positions = {});
     for (const r of records) {
       const k = `${r.message.topic}/${r.message.partition}`;
@@ -349,6 +413,8 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const fresh = records.filter((r) => (r.value as UpdateGroup).step > st.version);
     pending.add(fresh.map((r) => ({ bucket: bucketOf((r.value as UpdateGroup).step), id: (r.value as UpdateGroup).id, payload: r.message.value, headers: r.message.headers })));
     while (st.version < totalSteps) {
+      // stopping (SIGTERM): the steps trained so far are kept, the rest of the batch's groups wait in stage_pending
+      if (ctx.signal.aborted) break;
       const step = st.version + 1;
       const items = await pending.items(bucketOf(step));
       const groups: UpdateGroup[] = [];
@@ -362,23 +428,23 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       crashPoint('update:trained');
       st.version = step;
       trainerVersion = step;
-      currentSha = await writeVersion(step);
+      currentSha = await writeVersion(step, ctx.db);
       crashPoint('update:version-written');
-      if (critic) await saveCheckpoint(criticDir(p.runDir, step), critic.model, critic.getWeights(), { optimizer: critic.getOptimizerState(), overwrite: true });
+      if (critic) await storeVersion('critic', step, critic.model, critic.getWeights(), { optimizer: critic.getOptimizerState() }, ctx.db);
       if (ema) {
         const next = emaUpdate(Object.fromEntries(ema), Object.fromEntries(trainer.weightsView()), cfg.algorithm.ema.decay);
         ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
-        await saveCheckpoint(emaDir(step), model, ema, { overwrite: true, metadata: { policy_version: String(step), ema_decay: String(cfg.algorithm.ema.decay) } });
+        await storeVersion('ema', step, model, ema, { metadata: { policy_version: String(step), ema_decay: String(cfg.algorithm.ema.decay) } }, ctx.db);
       }
       const rec = await versionRecord(step, Date.now(), {
         groups: groups.length, samples: groups.reduce((a, g) => a + g.samples.length, 0), tokens: m['perf/update_tokens'] ?? 0,
         consumed: Object.entries(positions).map(([k, next]) => ({ topic: k.slice(0, k.lastIndexOf('/')), partition: Number(k.slice(k.lastIndexOf('/') + 1)), next_offset: next })),
-      });
+      }, ctx.db);
       if (shouldCheckpoint(step, totalSteps, cfg.trainer.save_freq)) {
         crashPoint('checkpoint:start');
         const ts = await trainerState(step, rec.sha256, st, ctx.db);
         // temporary name, fsync, rename — then the row; a half-written one is never listed
-        const dir = await writeCheckpointDir(p.runDir, ts, policyDir(p.runDir, step), policyDir(p.runDir, 0), critic ? criticDir(p.runDir, step) : null);
+        const dir = await writeCheckpointDir(p.runDir, ts, p.policies.writeDir('policy', step), await versionDir('policy', 0, ctx.db), critic ? p.policies.writeDir('critic', step) : null);
         await p.store.recordCheckpoint({
           runId: p.runId, step, path: dir, sha256: ts.sha256, policyVersion: step, consumedOffsets: ts.consumed_offsets, datasetPosition: { ...ts.dataset_position },
           rngState: ts.rng_state, klCtlState: ts.kl_ctl_state, lrState: ts.lr_state,
@@ -401,6 +467,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       metrics.set(step, m);
       metrics.add(step, {}, { compute: tTrain - t0, checkpoint: performance.now() - tTrain });
       ctx.emit('policy', rec);
+      p.telemetry?.policyVersion('update', step);
       pending.settle(bucketOf(step));
       log.info({ step, reward: undefined, pg_loss: m['actor/pg_loss'], ms: Math.round(tTrain - t0) }, `step ${step} trained`);
     }
@@ -409,5 +476,29 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     await saveStageState(ctx.db, p.runId, 'update', st);
     // only now (Kafka: after the state that says they are trained) may a trained step's groups go
     await pending.persist();
+    await pruneVersions(st.version, ctx.db);
   });
+
+  /**
+   * Removes the stored versions no longer needed (lib/policy-store/retention.ts): not the
+   * reference, the newest two, those within pipeline.max_staleness, a kept checkpoint's, nor the
+   * trainer.keep_policy_versions newest others. Critic and EMA versions go with their policy version.
+   */
+  async function pruneVersions(newest: number, db: Executor): Promise<void> {
+    // through the batch's executor (PGlite: its transaction holds the one connection; it sees this batch's checkpoint row)
+    const steps = (await sql<{ step: number }>`select step from checkpoints where run_id = ${p.runId}`.execute(db)).rows.map((r) => r.step);
+    const checkpointSteps = keptCheckpointSteps(steps, cfg.trainer.save_limit);
+    // validation rounds the controller published and has not seen finish still sample with their version
+    const ctl = await loadStageState<{ valEmitted?: number[]; valDone?: number[] }>(db, p.runId, 'controller');
+    const inUse = (ctl?.valEmitted ?? []).filter((v) => !(ctl?.valDone ?? []).includes(v));
+    const opts = { newest, maxStaleness: cfg.pipeline.max_staleness, checkpointSteps, keepExtra: cfg.trainer.keep_policy_versions, inUse };
+    const pruned: number[] = [];
+    for (const kind of ARTIFACT_KINDS) {
+      for (const v of versionsToPrune(await p.policies.versions(kind, db), opts)) {
+        await p.policies.remove(kind, v, db);
+        if (kind === 'policy') pruned.push(v);
+      }
+    }
+    if (pruned.length) log.debug({ pruned }, `pruned policy versions ${pruned.join(', ')} (no longer needed; trainer.keep_policy_versions keeps more)`);
+  }
 }

@@ -82,7 +82,8 @@ test('load_checkpoint_path restores the critic (weights and AdamW state) with GA
   assert.ok(savedCritic.optimizer && savedCritic.optimizer.step > 0, 'the checkpoint carries the critic and its AdamW state');
 
   const b = join(tmp, 'gae-b');
-  const rb = await trainEmbedded(cfgFor(b, [...gae, `trainer.load_checkpoint_path=${c2.path}`]), silentLogger(RUN_ID));
+  // keep_policy_versions: the test reads b's starting critic version after the run (it is no longer needed by then, so it would be pruned)
+  const rb = await trainEmbedded(cfgFor(b, [...gae, `trainer.load_checkpoint_path=${c2.path}`, 'trainer.keep_policy_versions=4']), silentLogger(RUN_ID));
   assert.equal(rb.status, 'completed', rb.message);
   // run b's critic at step 2 is the checkpoint's, bit for bit (weights and optimizer moments) …
   const startB = await loadCheckpoint(join(b, 'critic', 'v000002'), { optimizer: true });

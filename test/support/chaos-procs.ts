@@ -8,7 +8,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { Rng } from '../../lib/util/rng.ts';
-import { ROOT } from './pipeline-procs.ts';
+import { ROOT, SERVE_ENV } from './pipeline-procs.ts';
 
 export interface CliProc {
   child: ChildProcess;
@@ -25,7 +25,7 @@ const MAX_OUTPUT = 4 * 1024 * 1024;
 /** Starts `node bin/rlstream.mjs …args` with JSON logs and `env` added. */
 export function spawnCli(args: string[], env: NodeJS.ProcessEnv = {}): CliProc {
   const child = spawn(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), ...args], {
-    cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, RLSTREAM_LOG_JSON: '1', ...env },
+    cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, RLSTREAM_LOG_JSON: '1', ...SERVE_ENV, ...env },
   });
   let out = '';
   const listeners = new Set<() => void>();

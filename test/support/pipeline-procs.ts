@@ -41,11 +41,18 @@ export function kafkaForRun(prefix: string, runId: string | readonly string[], p
   return startKafka({ topics: runs.flatMap((r) => LOGICAL_TOPICS.map((t) => ({ name: topicName(prefix, r, t), partitions: SINGLE.has(t) ? 1 : partitions }))) });
 }
 
+/**
+ * The tests run a served stage to the end of its run and wait for it to exit, and give it a fresh
+ * database to migrate (a cluster runs `rlstream migrate` first and keeps finished stages idle);
+ * several stages share this machine, so each serves HTTP on a free port.
+ */
+export const SERVE_ENV: NodeJS.ProcessEnv = { RLSTREAM_PIPELINE__ON_RUN_END: 'exit', RLSTREAM_PIPELINE__MIGRATE_ON_START: 'true', RLSTREAM_PIPELINE__HTTP_PORT: '0' };
+
 export interface StageProc { stage: string; replica: number; child: ChildProcess; exit: Promise<number | null>; output: () => string }
 
 export function serveStage(stage: string, replica: number, configFile: string, overrides: string[], env: NodeJS.ProcessEnv = {}): StageProc {
   const child = spawn(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), 'serve', stage, configFile, ...overrides, '--replica', String(replica)], {
-    cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, RLSTREAM_LOG_JSON: '1', ...env },
+    cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, RLSTREAM_LOG_JSON: '1', ...SERVE_ENV, ...env },
   });
   let out = '';
   child.stdout!.on('data', (d) => { out = (out + d).slice(-20000); });

@@ -1,6 +1,8 @@
 import type { Command } from '../command.ts';
 import { configCommand } from './config.ts';
-import { trainCommand, serveCommand } from './train.ts';
+import { trainCommand } from './train.ts';
+import { serveCommand } from './serve.ts';
+import { migrateCommand } from './migrate.ts';
 import { sqlCommand } from './sql.ts';
 import { runsCommand } from './runs.ts';
 import { reportCommand } from './report.ts';
@@ -8,4 +10,4 @@ import { rewardServerCommand } from './reward-server.ts';
 import { replayCommand } from './replay.ts';
 
 /** Every `rlstream` command, in the order `--help` lists them. */
-export const commands: Command[] = [trainCommand, serveCommand, configCommand, sqlCommand, runsCommand, reportCommand, rewardServerCommand, replayCommand];
+export const commands: Command[] = [trainCommand, serveCommand, migrateCommand, configCommand, sqlCommand, runsCommand, reportCommand, rewardServerCommand, replayCommand];

@@ -2,19 +2,14 @@ import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
 import { loadConfig, formatResolvedConfig, resolveRunId } from '../../config/index.ts';
 import { createLogger } from '../../log.ts';
-import { trainEmbedded, serveStage } from '../../app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { ConsoleSink, ProgressBar } from '../progress.ts';
-import { STAGES } from '../../../services/index.ts';
 
-function configArgs(positionals: string[]): { file?: string; overrides: string[] } {
+export function configArgs(positionals: string[]): { file?: string; overrides: string[] } {
   const file = positionals[0] && !positionals[0].includes('=') ? positionals[0] : undefined;
   const overrides = positionals.slice(file ? 1 : 0);
   for (const o of overrides) if (!o.includes('=')) throw new UsageError(`expected an override a.b.c=value, got "${o}"`);
   return { file, overrides };
-}
-
-function interruptSignal(): AbortSignal {
-  return interruption().signal;
 }
 
 /** Ctrl-C (SIGINT) or SIGTERM: aborts the signal, calls `onStop` at once, and remembers which. */
@@ -70,37 +65,6 @@ export const trainCommand: Command = {
     console.log(out.summary);
     if (out.status === 'stopped') { console.error(`rlstream train: run stopped: ${out.message ?? 'interrupted'}; run the same command again to continue`); return stop.exitCode(); }
     if (out.status !== 'completed') { console.error(`rlstream train: run ${out.status}${out.message ? `: ${out.message}` : ''}`); return 1; }
-    return 0;
-  },
-};
-
-export const serveCommand: Command = {
-  name: 'serve',
-  summary: 'Run one pipeline stage in this process (distributed mode: one process or pod per stage)',
-  usage: `rlstream serve <${STAGES.join('|')}> <config.yaml> [--replica N] [a.b.c=value …]`,
-  help: [
-    'Prints the resolved config (secrets redacted), then runs one stage against the configured bus',
-    '(pipeline.bus: kafka, or the embedded log over a',
-    'shared PostgreSQL) and store until the controller announces the end of the run. Several',
-    'rollout or reward processes may serve one run (give each its own --replica index).',
-    '',
-    'options:',
-    '  --replica N     replica index of this process (reward replicas prefer server N mod count)',
-  ].join('\n'),
-  async run(argv) {
-    const { positionals, flags } = parseArgs(argv, { flags: ['replica'] });
-    const [stage, ...rest] = positionals;
-    if (!stage) throw new UsageError('missing the stage name');
-    if (!(STAGES as readonly string[]).includes(stage)) throw new UsageError(`unknown stage "${stage}" — valid: ${STAGES.join(', ')}`);
-    if (rest.length === 0) throw new UsageError('missing the config file');
-    const { file, overrides } = configArgs(rest);
-    const replica = flags.replica !== undefined ? Number(flags.replica) : 0;
-    if (!Number.isInteger(replica) || replica < 0) throw new UsageError(`--replica must be a non-negative integer, got ${flags.replica}`);
-    const cfg = loadConfig({ file, overrides, onWarning: (m) => console.error(`warning: ${m}`) });
-    const log = createLogger({ runId: resolveRunId(cfg), stage });
-    process.stderr.write(`# resolved config (${stage}${replica ? ` replica ${replica}` : ''})\n${formatResolvedConfig(cfg)}\n`);
-    const out = await serveStage(cfg, stage, log, { replica, signal: interruptSignal() });
-    if (out.status === 'failed') { console.error(`rlstream serve ${stage}: run failed: ${out.message}`); return 1; }
     return 0;
   },
 };
