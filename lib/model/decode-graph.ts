@@ -31,7 +31,7 @@
 import onnxProto from 'onnx-proto';
 import { GraphBuilder, GraphError, type Var } from '../onnx/builder.ts';
 import { linear, rmsNorm, rope, swiglu } from '../onnx/nn.ts';
-import type { ModelConfig } from './config.ts';
+import { hasQkNorm, type ModelConfig } from './config.ts';
 import { declareParams, llamaForward, lmHead, MASK_NEG, type ParamVars } from './llama.ts';
 import { paramSpecs } from './params.ts';
 
@@ -215,8 +215,13 @@ export function decodeStep(g: GraphBuilder, c: ModelConfig, p: ParamVars, fused:
       const h = rmsNorm(g, x, w(`${pre}.input_layernorm.weight`), c.rmsNormEps);
       const qkv = linear(g, h, w(fusedName(l, 'qkv_w')), c.attentionBias ? w(fusedName(l, 'qkv_b')) : null); // [B, qd + 2·kvd]
       const [q0, k0, v0] = g.split(qkv, 1, [qd, kvd, kvd]);
-      const q = g.mul(rope(g, g.reshape(q0, ['B', H, hd]), cos, sin), 1 / Math.sqrt(hd));
-      const k = rope(g, g.reshape(k0, ['B', KVH, hd]), cos, sin);
+      let qh = g.reshape(q0, ['B', H, hd]), kh = g.reshape(k0, ['B', KVH, hd]);
+      if (hasQkNorm(c)) { // Qwen3: per-head RMSNorm of q and k before RoPE (as in llama.ts)
+        qh = rmsNorm(g, qh, w(`${pre}.self_attn.q_norm.weight`), c.rmsNormEps);
+        kh = rmsNorm(g, kh, w(`${pre}.self_attn.k_norm.weight`), c.rmsNormEps);
+      }
+      const q = g.mul(rope(g, qh, cos, sin), 1 / Math.sqrt(hd));
+      const k = rope(g, kh, cos, sin);
       const K = g.concat([keys[l], g.unsqueeze(k, [2])], 2); // [B, KVH, S+1, hd]
       const V = g.concat([values[l], g.reshape(v0, ['B', KVH, 1, hd])], 2);
       presentKeys.push(K); presentValues.push(V);

@@ -122,3 +122,41 @@ function halfToFloat(h: number): number {
   if (e === 31) return f ? NaN : s * Infinity;
   return s * (1 + f / 1024) * 2 ** (e - 15);
 }
+
+/** f32 weights as a tensor stored in `dtype` (bf16 and f16 rounded to nearest even). */
+export function fromFloat32(a: Float32Array, shape: number[], dtype: 'float32' | 'bfloat16' | 'float16'): { shape: number[]; data: StData; dtype: StDType } {
+  if (dtype === 'float32') return { shape, data: a, dtype: 'F32' };
+  const out = new Uint16Array(a.length);
+  if (dtype === 'bfloat16') {
+    const u = new Uint32Array(a.buffer, a.byteOffset, a.length);
+    for (let i = 0; i < u.length; i++) {
+      const x = u[i];
+      // NaN stays a (quiet) NaN; otherwise round the low 16 bits to nearest, ties to even
+      out[i] = (x & 0x7fffffff) > 0x7f800000 ? ((x >>> 16) | 0x40) : ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
+    }
+    return { shape, data: out, dtype: 'BF16' };
+  }
+  for (let i = 0; i < a.length; i++) out[i] = floatToHalf(a[i]);
+  return { shape, data: out, dtype: 'F16' };
+}
+
+const f32buf = new Float32Array(1), u32buf = new Uint32Array(f32buf.buffer);
+
+/** IEEE 754 binary16 bits of x, round to nearest even (overflow → ±Infinity). */
+export function floatToHalf(x: number): number {
+  f32buf[0] = x;
+  const u = u32buf[0];
+  const sign = (u >>> 16) & 0x8000, exp = (u >>> 23) & 0xff, mant = u & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);
+  const e = exp - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign;
+    // subnormal: shift the implicit-1 mantissa, round to nearest even
+    const m = mant | 0x800000, shift = 14 - e;
+    const half = m >>> shift, rem = m & ((1 << shift) - 1), mid = 1 << (shift - 1);
+    return sign | (half + (rem > mid || (rem === mid && (half & 1)) ? 1 : 0));
+  }
+  const half = (e << 10) | (mant >>> 13), rem = mant & 0x1fff;
+  return sign | (half + (rem > 0x1000 || (rem === 0x1000 && (half & 1)) ? 1 : 0));
+}
