@@ -166,7 +166,7 @@ const rolloutSchema = section({
 // actor
 
 const modelSchema = section({
-  path: z.string().min(1).nullable().default(null).describe('Load the weights (and architecture) from this checkpoint directory; null = initialise from the keys below.'),
+  path: z.string().min(1).nullable().default(null).describe('Start from this model directory: a Hugging Face one (config.json with model_type llama, mistral, qwen2 or qwen3; generation_config.json; model.safetensors or sharded with model.safetensors.index.json, bf16/f16/f32; tokenizer.json + tokenizer_config.json) or an rlstream policy version / checkpoint actor/. Its config.json sets the architecture (the architecture keys below are then not used) and its tokenizer replaces actor.model.tokenizer; every policy version and checkpoint is written back in the same layout. null = initialise from the keys below.'),
   d_model: posInt().default(64).describe('Hidden size.'),
   n_layers: posInt().default(2).describe('Transformer layers.'),
   n_heads: posInt().default(4).describe('Attention heads (must divide d_model; the head size d_model / n_heads must be even for rotary embeddings).'),
@@ -216,7 +216,7 @@ const actorSchema = section({
 // critic
 
 const criticModelSchema = section({
-  path: z.string().min(1).nullable().default(null).describe('Load the critic from this checkpoint directory; null → a fresh model (actor.model.path is not used: the value head differs).'),
+  path: z.string().min(1).nullable().default(null).describe('Start the critic from this model directory (a value model, or a causal-LM Hugging Face directory whose trunk is used with a fresh score head); null → actor.model.path the same way when set (as verl does), else a fresh model from the keys below.'),
   d_model: posInt().nullable().default(null).describe('Hidden size; null → actor.model.d_model.'),
   n_layers: posInt().nullable().default(null).describe('Layers; null → actor.model.n_layers.'),
   n_heads: posInt().nullable().default(null).describe('Attention heads; null → actor.model.n_heads.'),

@@ -19,10 +19,11 @@
  * looks valid. Loading validates names, shapes and dtypes and names the tensor at fault.
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, promises as fs } from 'node:fs';
+import { existsSync, promises as fs, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { ConfigError } from '../errors.ts';
-import { fromHfConfig, stopTokenIds, toHfConfig, type HfDtype, type ModelConfig } from './config.ts';
+import { fromHfConfig, modelConfig, stopTokenIds, toHfConfig, type HfDtype, type ModelConfig } from './config.ts';
+import { initWeights } from './init.ts';
 import { numel, paramSpecs, type Weights } from './params.ts';
 import { decodeSafetensors, encodeSafetensors, fromFloat32, toFloat32, type StTensor } from './safetensors.ts';
 import type { OptimizerState } from './train.ts';
@@ -178,6 +179,36 @@ export async function readModelDirConfig(dir: string): Promise<{ config: ModelCo
   const cfgJson = await readJson(path.join(dir, CONFIG_FILE), CONFIG_FILE);
   const generation = await readJson(path.join(dir, GENERATION_CONFIG_FILE), GENERATION_CONFIG_FILE, true);
   return { config: fromHfConfig(cfgJson, generation), generation };
+}
+
+/** readModelDirConfig, synchronously (for start-up checks). */
+export function readModelDirConfigSync(dir: string): ModelConfig {
+  const read = (f: string, optional: boolean): Record<string, unknown> | null => {
+    const file = path.join(dir, f);
+    if (!existsSync(file)) {
+      if (optional) return null;
+      throw new ConfigError(`${dir} is not a model directory: ${f} not found`);
+    }
+    let j: unknown;
+    try { j = JSON.parse(readFileSync(file, 'utf8')); } catch (e) { throw new ConfigError(`${file} is not valid JSON (${(e as Error).message})`); }
+    if (!j || typeof j !== 'object' || Array.isArray(j)) throw new ConfigError(`${file} must hold a JSON object`);
+    return j as Record<string, unknown>;
+  };
+  return fromHfConfig(read(CONFIG_FILE, false)!, read(GENERATION_CONFIG_FILE, true));
+}
+
+/**
+ * A causal-LM checkpoint as the start of a value model (critic): the same trunk, no LM head, and a
+ * fresh `score.weight` [1, D] ~ N(0, 0.02) seeded by `seed` (as transformers initialises the head
+ * of AutoModelForTokenClassification loaded from an LM).
+ */
+export function valueModelFrom(ck: Pick<Checkpoint, 'config' | 'weights'>, seed: number): { config: ModelConfig; weights: Weights } {
+  if (ck.config.head === 'value') return ck;
+  const config = modelConfig({ ...ck.config, head: 'value', tieWordEmbeddings: false });
+  const fresh = initWeights(config, seed);
+  const weights: Weights = new Map();
+  for (const s of paramSpecs(config)) weights.set(s.name, s.name === 'score.weight' ? fresh.get(s.name)! : ck.weights.get(s.name)!);
+  return { config, weights };
 }
 
 /**

@@ -25,10 +25,12 @@ import { ConfigError } from '../errors.ts';
 import type { JsonObject } from '../store/port.ts';
 import { stepsPerEpoch, type ControllerPlan } from './plan.ts';
 import { crashPoint } from './crash-points.ts';
+import { MODEL_SIDE_FILES } from '../model/checkpoint.ts';
 
 export const TRAINER_STATE_FILE = 'trainer_state.json';
 export const TRAINER_STATE_FORMAT = 'rlstream.trainer_state.v1';
-const MODEL_FILES = ['model.safetensors', 'optimizer.safetensors', 'config.json'];
+// a policy directory is a complete Hugging Face model directory: its generation config and tokenizer files go along
+const MODEL_FILES = ['model.safetensors', 'optimizer.safetensors', ...MODEL_SIDE_FILES];
 
 /** Where the dataset stands after `step` (the next step's epoch and first prompt). */
 export interface DatasetPosition {

@@ -5,7 +5,7 @@
  * version from there; in distributed mode run_dir is a shared volume.
  */
 import { join } from 'node:path';
-import { createTokenizer, modelConfig, loadCheckpoint, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
+import { createTokenizer, modelConfig, loadCheckpoint, readModelDirConfigSync, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
 import { ConfigError, TransientError } from '../errors.ts';
 import { existsSync } from 'node:fs';
 import type { Config } from '../config/index.ts';
@@ -20,8 +20,15 @@ export function tokenizerFor(cfg: Config): Tokenizer {
   return createTokenizer({ type: 'byte' });
 }
 
+/**
+ * The policy's model config: from actor.model.path's config.json when a model directory is given
+ * (a Hugging Face directory or an rlstream checkpoint; the architecture keys of actor.model are
+ * then not used), else from actor.model's keys. Checks that the tokenizer fits the model's
+ * vocabulary and that prompt + response fit its positions (and a Mistral sliding window).
+ */
 export function policyModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
   const m = cfg.actor.model;
+  if (m.path) return checkedDirConfig(cfg, 'actor.model.path', m.path, tok);
   return modelConfig({
     modelType: m.qkv_bias ? 'qwen2' : 'llama', head: 'lm', hiddenSize: m.d_model, intermediateSize: m.ffn, numHiddenLayers: m.n_layers,
     numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize: tok.vocabSize, maxPositionEmbeddings: m.max_seq_len,
@@ -30,8 +37,29 @@ export function policyModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
   });
 }
 
+/** A model directory's config, checked against the run's tokenizer and sequence lengths. */
+function checkedDirConfig(cfg: Config, key: string, dir: string, tok: Tokenizer): ModelConfig {
+  let c: ModelConfig;
+  try { c = readModelDirConfigSync(dir); } catch (e) { throw new ConfigError(`${key}: ${(e as Error).message}`); }
+  if (tok.vocabSize > c.vocabSize) throw new ConfigError(`${key}: the tokenizer has ${tok.vocabSize} ids but the model's vocab_size is ${c.vocabSize}; use the tokenizer the model was trained with`);
+  const total = cfg.data.max_prompt_length + cfg.data.max_response_length;
+  if (total > c.maxPositionEmbeddings) throw new ConfigError(`${key}: data.max_prompt_length + data.max_response_length = ${total} exceeds the model's max_position_embeddings ${c.maxPositionEmbeddings}; shorten them`);
+  if (c.slidingWindow !== null && total > c.slidingWindow) throw new ConfigError(`${key}: data.max_prompt_length + data.max_response_length = ${total} exceeds the model's sliding_window ${c.slidingWindow} (sliding-window attention is not implemented); shorten them to at most ${c.slidingWindow}`);
+  return c;
+}
+
+/**
+ * The critic's model config: from critic.model.path's directory (a causal-LM directory becomes a
+ * value model: its trunk, a fresh score head), else from actor.model.path's (verl starts the critic
+ * from the actor's model), else from the keys.
+ */
 export function criticModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
   const m = resolveCriticModel(cfg);
+  const dir = m.path ?? cfg.actor.model.path;
+  if (dir) {
+    const c = checkedDirConfig(cfg, m.path ? 'critic.model.path' : 'actor.model.path', dir, tok);
+    return c.head === 'value' ? c : modelConfig({ ...c, head: 'value', tieWordEmbeddings: false });
+  }
   return modelConfig({
     modelType: m.qkv_bias ? 'qwen2' : 'llama', head: 'value', hiddenSize: m.d_model, intermediateSize: m.ffn, numHiddenLayers: m.n_layers,
     numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize: tok.vocabSize, maxPositionEmbeddings: m.max_seq_len,

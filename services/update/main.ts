@@ -26,7 +26,7 @@ import {
   datasetPosition, describePosition, writeCheckpointDir, listCheckpointSteps, removeCheckpointDir, removeTempCheckpoints, readCheckpointPath,
   TRAINER_STATE_FORMAT, type TrainerState,
 } from '../../lib/pipeline/checkpoints.ts';
-import { createTrainer, initWeights, saveCheckpoint, loadCheckpoint, checkpointSha256, type Trainer, type TrainerOptions, type TrainBatch, type Weights } from '../../lib/model/index.ts';
+import { createTrainer, initWeights, saveCheckpoint, loadCheckpoint, checkpointSha256, valueModelFrom, type Trainer, type TrainerOptions, type TrainBatch, type Weights } from '../../lib/model/index.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { policyId, type UpdateGroup, type PolicyVersion } from '../../lib/contracts/index.ts';
 import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
@@ -67,6 +67,8 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const arith = checkBatchArithmetic({ rolloutBatchSize: cfg.data.rollout_batch_size, n: cfg.rollout.n, globalBatchSize: cfg.actor.global_batch_size, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update });
   const tok = tokenizerFor(cfg);
   const model = policyModelConfig(cfg, tok);
+  // every policy version is a complete model directory: the source's generation config and tokenizer files go along
+  const assetsFrom = cfg.actor.model.path;
   const plan = planFromConfig(cfg, p.runId, opts.trainSize, 0);
   const totalSteps = planTotalSteps(plan);
   const totalOptSteps = Math.max(1, totalSteps * arith.miniBatches * cfg.actor.ppo_epochs);
@@ -130,7 +132,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const start = src.state?.step ?? 0;
     if (start > 0) {
       const ref = src.referenceDir ? (await loadCheckpoint(src.referenceDir, { optimizer: false })).weights : await initialWeights();
-      await saveCheckpoint(policyDir(p.runDir, 0), model, ref, { metadata: { policy_version: '0' }, overwrite: true });
+      await saveCheckpoint(policyDir(p.runDir, 0), model, ref, { metadata: { policy_version: '0' }, overwrite: true, assetsFrom });
     }
     trainer = createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer });
     const optimizerSteps = Number(src.state?.lr_state.optimizer_steps ?? ck.optimizer?.step ?? 0);
@@ -177,8 +179,10 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const saved = existsSync(join(criticDir(p.runDir, state.version), 'model.safetensors')) ? await loadCheckpoint(criticDir(p.runDir, state.version), { optimizer: true }) : null;
     if (saved) critic = createTrainer({ ...copts, weights: saved.weights, optimizerState: saved.optimizer });
     else {
-      const cpath = resolveCriticModel(cfg).path;
-      critic = createTrainer({ ...copts, ...(cpath ? { weights: (await loadCheckpoint(cpath, { optimizer: false })).weights } : { seed: cfg.critic.model.init_seed ?? cfg.actor.model.init_seed + 1 }) });
+      // critic.model.path, else the actor's model directory (a causal LM gets a fresh score head), else a fresh model
+      const cpath = resolveCriticModel(cfg).path ?? cfg.actor.model.path;
+      const cseed = cfg.critic.model.init_seed ?? cfg.actor.model.init_seed + 1;
+      critic = createTrainer({ ...copts, ...(cpath ? { weights: valueModelFrom(await loadCheckpoint(cpath, { optimizer: false }), cseed).weights } : { seed: cseed }) });
       await saveCheckpoint(criticDir(p.runDir, state.version), cm, critic.getWeights(), { optimizer: critic.getOptimizerState(), overwrite: true });
     }
   }
@@ -188,7 +192,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   let ema: Map<string, Float32Array> | null = null;
   if (cfg.algorithm.ema.enable) {
     try { ema = (await loadCheckpoint(emaDir(state.version), { optimizer: false })).weights; } catch { ema = null; }
-    if (!ema) { ema = trainer.getWeights(); await saveCheckpoint(emaDir(state.version), model, ema, { overwrite: true }); }
+    if (!ema) { ema = trainer.getWeights(); await saveCheckpoint(emaDir(state.version), model, ema, { overwrite: true, assetsFrom }); }
   }
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
   await p.bus.produce([p.message('policy', await versionRecord(state.version, Date.now()))]);
@@ -196,7 +200,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   async function writeVersion(version: number): Promise<string> {
     const dir = policyDir(p.runDir, version);
     // no run id in the metadata: equal weights give equal bytes (and sha256) in every run (replay, resume from a checkpoint)
-    const { weightsSha256 } = await saveCheckpoint(dir, model, trainer.getWeights(), { optimizer: trainer.getOptimizerState(), metadata: { policy_version: String(version) }, overwrite: true });
+    const { weightsSha256 } = await saveCheckpoint(dir, model, trainer.getWeights(), { optimizer: trainer.getOptimizerState(), metadata: { policy_version: String(version) }, overwrite: true, assetsFrom });
     return weightsSha256;
   }
   /**
@@ -368,7 +372,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       if (ema) {
         const next = emaUpdate(Object.fromEntries(ema), Object.fromEntries(trainer.weightsView()), cfg.algorithm.ema.decay);
         ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
-        await saveCheckpoint(emaDir(step), model, ema, { overwrite: true, metadata: { policy_version: String(step), ema_decay: String(cfg.algorithm.ema.decay) } });
+        await saveCheckpoint(emaDir(step), model, ema, { overwrite: true, assetsFrom, metadata: { policy_version: String(step), ema_decay: String(cfg.algorithm.ema.decay) } });
       }
       const rec = await versionRecord(step, Date.now(), {
         groups: groups.length, samples: groups.reduce((a, g) => a + g.samples.length, 0), tokens: m['perf/update_tokens'] ?? 0,
