@@ -7,17 +7,37 @@
 import { join } from 'node:path';
 import { createTokenizer, modelConfig, loadCheckpoint, readModelDirConfigSync, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
 import { ConfigError, TransientError } from '../errors.ts';
+import { loadModelDirTokenizer, type ModelTokenizer } from '../model/hf-model-tokenizer.ts';
 import { existsSync } from 'node:fs';
 import type { Config } from '../config/index.ts';
 import { resolveCriticModel } from '../config/index.ts';
 
 export function tokenizerFor(cfg: Config): Tokenizer {
   const m = cfg.actor.model;
+  // a model directory with a tokenizer.json brings its own tokenizer
+  if (m.path && existsSync(join(m.path, 'tokenizer.json'))) {
+    let c: ModelConfig;
+    try { c = readModelDirConfigSync(m.path); } catch (e) { throw new ConfigError(`actor.model.path: ${(e as Error).message}`); }
+    return loadModelDirTokenizer(m.path, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId });
+  }
   if (m.tokenizer === 'alphabet') {
     if (!m.alphabet) throw new ConfigError('actor.model.tokenizer = alphabet needs actor.model.alphabet (or data.task, whose alphabet is used)');
     return createTokenizer({ type: 'alphabet', alphabet: m.alphabet });
   }
   return createTokenizer({ type: 'byte' });
+}
+
+export type { ModelTokenizer };
+
+/**
+ * The tokenizer of a model directory: its tokenizer.json, or for an rlstream model without one the
+ * byte tokenizer when the vocabulary is the byte tokenizer's (259 ids).
+ */
+export function modelDirTokenizer(dir: string, c: ModelConfig): ModelTokenizer {
+  if (existsSync(join(dir, 'tokenizer.json'))) return loadModelDirTokenizer(dir, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId });
+  const byte = createTokenizer({ type: 'byte' });
+  if (c.vocabSize === byte.vocabSize) return byte;
+  throw new ConfigError(`${dir} has no tokenizer.json (and its vocabulary of ${c.vocabSize} ids is not the byte tokenizer's ${byte.vocabSize}); copy the model's tokenizer files into it`);
 }
 
 /**

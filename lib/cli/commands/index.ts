@@ -7,6 +7,7 @@ import { reportCommand } from './report.ts';
 import { rewardServerCommand } from './reward-server.ts';
 import { replayCommand } from './replay.ts';
 import { exportCommand } from './export.ts';
+import { generateCommand } from './generate.ts';
 
 /** Every `rlstream` command, in the order `--help` lists them. */
-export const commands: Command[] = [trainCommand, serveCommand, configCommand, sqlCommand, runsCommand, reportCommand, rewardServerCommand, replayCommand, exportCommand];
+export const commands: Command[] = [trainCommand, serveCommand, configCommand, sqlCommand, runsCommand, reportCommand, rewardServerCommand, replayCommand, exportCommand, generateCommand];
