@@ -5,6 +5,7 @@
  * prompts topic in one consumer group.
  */
 import { Sampler } from '../../lib/model/sample.ts';
+import { stopTokenIds } from '../../lib/model/config.ts';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { tokenizerFor, policyModelConfig, samplerOptions, PolicyCache } from '../../lib/pipeline/policy.ts';
@@ -51,6 +52,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
         const s = requestSampling(groups[requests[idx[0]].groupIndex].batch, requests[idx[0]]);
         const out = await sampler.generate(weights, idx.map((i) => ({ id: requests[i].id, prompt: requests[i].prompt })), {
           temperature: s.temperature, topP: s.top_p, topK: s.top_k > 0 ? s.top_k : 0, maxNewTokens: s.max_new_tokens, seed: p.cfg.data.seed,
+          eosTokenIds: stopTokenIds(model), // every eos id of config.json and generation_config.json stops a response
         });
         idx.forEach((i, k) => { results[i] = out[k]; });
       }
