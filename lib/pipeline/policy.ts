@@ -63,8 +63,8 @@ function checkedDirConfig(cfg: Config, key: string, dir: string, tok: Tokenizer)
   try { c = readModelDirConfigSync(dir); } catch (e) { throw new ConfigError(`${key}: ${(e as Error).message}`); }
   if (tok.vocabSize > c.vocabSize) throw new ConfigError(`${key}: the tokenizer has ${tok.vocabSize} ids but the model's vocab_size is ${c.vocabSize}; use the tokenizer the model was trained with`);
   const total = cfg.data.max_prompt_length + cfg.data.max_response_length;
-  if (total > c.maxPositionEmbeddings) throw new ConfigError(`${key}: data.max_prompt_length + data.max_response_length = ${total} exceeds the model's max_position_embeddings ${c.maxPositionEmbeddings}; shorten them`);
-  if (c.slidingWindow !== null && total > c.slidingWindow) throw new ConfigError(`${key}: data.max_prompt_length + data.max_response_length = ${total} exceeds the model's sliding_window ${c.slidingWindow} (sliding-window attention is not implemented); shorten them to at most ${c.slidingWindow}`);
+  if (total > c.maxPositionEmbeddings) throw new ConfigError(`${key}: data.max_prompt_length + data.max_response_length = ${cfg.data.max_prompt_length} + ${cfg.data.max_response_length} = ${total} exceeds the model's max_position_embeddings ${c.maxPositionEmbeddings}; shorten them`);
+  if (c.slidingWindow !== null && total > c.slidingWindow) throw new ConfigError(`${key}: data.max_prompt_length + data.max_response_length = ${cfg.data.max_prompt_length} + ${cfg.data.max_response_length} = ${total} exceeds the model's sliding_window ${c.slidingWindow} (sliding-window attention is not implemented); shorten them to at most ${c.slidingWindow}`);
   return c;
 }
 

@@ -11,10 +11,12 @@ import { after, describe, it } from 'node:test';
 import { fromHfConfig, modelConfig, stopTokenIds, toHfConfig } from '../../../lib/model/config.ts';
 import { initWeights } from '../../../lib/model/init.ts';
 import { paramSpecs } from '../../../lib/model/params.ts';
-import { loadCheckpoint, readModelDirConfig, saveCheckpoint } from '../../../lib/model/checkpoint.ts';
+import { loadCheckpoint, readModelDirConfig, saveCheckpoint, valueModelFrom } from '../../../lib/model/checkpoint.ts';
+import { loadConfig } from '../../../lib/config/index.ts';
+import { criticModelConfig, policyModelConfig, tokenizerFor } from '../../../lib/pipeline/policy.ts';
 import { encodeSafetensors, floatToHalf, fromFloat32 } from '../../../lib/model/safetensors.ts';
 import { exportCommand } from '../../../lib/cli/commands/export.ts';
-import { writeHfModelDir } from '../../support/hf-model-dir.ts';
+import { QWEN3_TOKENIZER_DIR, writeHfModelDir } from '../../support/hf-model-dir.ts';
 
 const root = mkdtempSync(path.join(os.tmpdir(), 'rlstream-hf-'));
 after(() => rmSync(root, { recursive: true, force: true }));
@@ -176,5 +178,39 @@ describe('HF model directories out', () => {
     const c = modelConfig({ modelType: 'qwen3', hiddenSize: 32, intermediateSize: 48, numHiddenLayers: 1, numAttentionHeads: 4, numKeyValueHeads: 2, headDim: 16, vocabSize: 50,
       maxPositionEmbeddings: 64, bosTokenId: 1, eosTokenId: 2, eosTokenIds: [2, 7], padTokenId: 0, ropeScaling: { type: 'linear', factor: 2 } });
     assert.deepEqual(fromHfConfig(JSON.parse(JSON.stringify(toHfConfig(c)))), c);
+  });
+});
+
+describe('a run on a model directory', () => {
+  const runCfg = (dir: string, extra: string[] = []) => loadConfig({ overrides: [`actor.model.path=${dir}`, 'data.task=number_game', 'data.max_prompt_length=16', 'data.max_response_length=8', ...extra] });
+
+  it('takes the architecture and tokenizer from the directory; a tokenizer that does not fit the vocabulary says both sizes', () => {
+    const big = path.join(root, 'run-ok'), small = path.join(root, 'run-small');
+    for (const [dir, vocab] of [[big, 151936], [small, 1000]] as const) {
+      const json = { ...qwen3Json, vocab_size: vocab, hidden_size: 8, head_dim: 4, intermediate_size: 8, num_hidden_layers: 1 };
+      const c = fromHfConfig(json);
+      writeHfModelDir(dir, { config: json, tensors: paramSpecs(c).map((s) => [s.name, s.shape]), weights: initWeights(c, 1), shards: 1, tokenizerFrom: QWEN3_TOKENIZER_DIR });
+    }
+    const cfg = runCfg(big);
+    const tok = tokenizerFor(cfg);
+    assert.equal(tok.vocabSize, 151669);
+    assert.deepEqual(Array.from(tok.encode('Hello world')), [9707, 1879]);
+    const c = policyModelConfig(cfg, tok);
+    assert.equal(c.modelType, 'qwen3');
+    assert.equal(c.vocabSize, 151936);
+    const critic = criticModelConfig(loadConfig({ overrides: [`actor.model.path=${big}`, 'data.task=number_game', 'data.max_prompt_length=16', 'data.max_response_length=8', 'algorithm.adv_estimator=gae'] }), tok);
+    assert.deepEqual([critic.head, critic.tieWordEmbeddings, critic.hiddenSize], ['value', false, 8]);
+    assert.throws(() => policyModelConfig(runCfg(small), tokenizerFor(runCfg(small))), /^ConfigError: actor\.model\.path: the tokenizer has 151669 ids but the model's vocab_size is 1000; use the tokenizer the model was trained with$/);
+    assert.throws(() => policyModelConfig(runCfg(big, ['data.max_response_length=250']), tok), /16 \+ 250 = 266 exceeds the model's max_position_embeddings 64/);
+  });
+
+  it('a causal LM starts a critic: same trunk, fresh score head', async () => {
+    const { dir } = writeDir('critic-src');
+    const ck = await loadCheckpoint(dir);
+    const v = valueModelFrom(ck, 3);
+    assert.equal(v.config.head, 'value');
+    assert.deepEqual(v.weights.get('model.layers.1.mlp.up_proj.weight'), ck.weights.get('model.layers.1.mlp.up_proj.weight'));
+    assert.deepEqual(paramSpecs(v.config).at(-1), { name: 'score.weight', shape: [1, 32] });
+    assert.ok(v.weights.get('score.weight')!.some((x) => x !== 0));
   });
 });
