@@ -201,8 +201,8 @@ export function readCheckpointPath(path: string): LoadedCheckpointPath {
       : basename(dirname(dir)) === 'checkpoints' && existsSync(join(sibling, 'model.safetensors')) ? resolve(sibling) : null;
     return { actorDir, referenceDir, state, criticDir };
   }
-  if (existsSync(join(dir, 'model.safetensors'))) return { actorDir: dir, referenceDir: null, state: null, criticDir: null };
-  throw new ConfigError(`trainer.load_checkpoint_path: ${dir} has neither ${TRAINER_STATE_FILE} (an rlstream checkpoint, <run_dir>/checkpoints/global_step_N) nor model.safetensors (a model directory)`);
+  if (existsSync(join(dir, 'model.safetensors')) || existsSync(join(dir, 'model.safetensors.index.json'))) return { actorDir: dir, referenceDir: null, state: null, criticDir: null };
+  throw new ConfigError(`trainer.load_checkpoint_path: ${dir} has neither ${TRAINER_STATE_FILE} (an rlstream checkpoint, <run_dir>/checkpoints/global_step_N) nor model.safetensors / model.safetensors.index.json (a model directory)`);
 }
 
 /**
