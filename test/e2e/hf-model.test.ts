@@ -108,4 +108,12 @@ test('a Hugging Face Qwen3 directory loads, generates, trains two GRPO steps and
     for (let i = 0; i < w.length; i += 101) assert.equal(got[i], (r[i] << 16) >>> 0, `${k}[${i}] bf16`);
   }
   for (const f of ['tokenizer.json', 'tokenizer_config.json']) assert.equal(readFileSync(join(bf16Dir, f), 'utf8'), readFileSync(join(src, f), 'utf8'));
+
+  // generate reads a run checkpoint too; its greedy answer scores as the trained policy's
+  const fromCkpt = JSON.parse(cli('generate', ckptDir, '--prompt', 'Hello', '--max-new-tokens', '3', '--temperature', '0', '--json').trim().split('\n').at(-1)!);
+  const [cref] = await scorer.score(trained.weights, [{ prompt: fromCkpt.prompt_ids, response: fromCkpt.response_ids }], { entropy: false });
+  fromCkpt.logprobs.forEach((lp: number, i: number) => assert.ok(Math.abs(lp - cref.logprobs[i]) < 1e-5, `checkpoint greedy logprob ${i}`));
+  // bad input: one line, non-zero exit
+  assert.throws(() => execFileSync(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), 'generate', join(tmp, 'nope'), '--prompt', 'x'], { encoding: 'utf8', stdio: 'pipe' }),
+    (e: { status: number; stderr: string }) => e.status !== 0 && e.stderr.trim().split('\n').length === 1 && /does not exist/.test(e.stderr));
 });
