@@ -37,6 +37,8 @@ export const modelConfigSchema = z.object({
   eosTokenId: z.number().int().nonnegative().describe('end-of-sequence token id (the first stop token)'),
   eosTokenIds: z.array(z.number().int().nonnegative()).min(1).optional().describe('every stop token (config.json list + generation_config.json); default [eosTokenId]'),
   padTokenId: z.number().int().nonnegative().describe('padding token id'),
+  // added by tok (issue 14): one mask for every LM-head distribution, so sampler and scorer/trainer agree
+  suppressTokenIds: z.array(z.number().int().nonnegative()).optional().describe('ids that get a −1e9 logit bias in every LM-head distribution — sampling, scoring, training (HF generation_config suppress_tokens, applied everywhere so behaviour and trainer log-probs agree); not written to config.json'),
   slidingWindow: z.number().int().positive().nullable().default(null).describe('Mistral sliding-window size; sequences must fit inside it (null = full attention)'),
   extra: z.record(z.string(), z.unknown()).optional().describe('config.json keys of the source model not modelled here, written back unchanged'),
 }).strict();
@@ -57,10 +59,11 @@ export function modelConfig(input: ModelConfigInput | ModelConfig): ModelConfig 
     if (c[k] >= c.vocabSize) throw new ConfigError(`model config: ${k} ${c[k]} is outside the vocabulary (vocabSize ${c.vocabSize})`);
   }
   for (const e of c.eosTokenIds ?? []) if (e >= c.vocabSize) throw new ConfigError(`model config: eosTokenIds ${e} is outside the vocabulary (vocabSize ${c.vocabSize})`);
+  for (const e of c.suppressTokenIds ?? []) if (e >= c.vocabSize) throw new ConfigError(`model config: suppressTokenIds ${e} is outside the vocabulary (vocabSize ${c.vocabSize})`);
   if (c.head === 'value' && c.tieWordEmbeddings) throw new ConfigError('model config: a value model has no LM head to tie; set tieWordEmbeddings false');
   if (c.ropeScaling?.type === 'llama3' && c.ropeScaling.highFreqFactor <= c.ropeScaling.lowFreqFactor) throw new ConfigError(`model config: rope scaling llama3 needs highFreqFactor (${c.ropeScaling.highFreqFactor}) > lowFreqFactor (${c.ropeScaling.lowFreqFactor})`);
   const out: Record<string, unknown> = { ...c, headDim };
-  for (const k of ['eosTokenIds', 'extra'] as const) if (out[k] === undefined) delete out[k];
+  for (const k of ['eosTokenIds', 'suppressTokenIds', 'extra'] as const) if (out[k] === undefined) delete out[k];
   return Object.freeze(out) as ModelConfig;
 }
 

@@ -22,6 +22,9 @@
  * outer values (weights, rope tables, sampling inputs) are resolved from the outer scope.
  *
  * Sampling (per row, all inside the graph; see `sampleTokens`):
+ *   logits += bias, bias[v] = −1e9 for v in `suppressTokenIds` (specials other than the stop ids,
+ *             NUL, padding rows: ids that cannot appear in text), 0 otherwise; the scorer and the
+ *             trainer add the same bias (`logitBiasOf`), so log-probs agree on-policy
  *   z = logits / T (T = temperature; T ≤ 0 means greedy: argmax of the logits)
  *   top-k then top-p truncation (HF/vLLM order) when the graph is built with `truncation`
  *   token = inverse CDF of softmax(truncated z) at the row's uniform u ∈ (0, 1), in vocabulary order
@@ -58,14 +61,30 @@ export const GEN_IO = {
 const NEG_INF = -Infinity;
 
 /**
- * Sample one token per row from logits [B, V]. u [B] uniforms in (0, 1), temperature [B];
- * topP [B] / topK [B] when truncating. Returns token [B] int64 and its log-prob [B] under the
- * temperature-scaled, untruncated distribution.
+ * The additive logit bias [V] of a policy: MASK_NEG (−1e9, finite so p·log p stays 0 in the
+ * entropy) at `c.suppressTokenIds`, 0 elsewhere; null when nothing is suppressed. Every graph that
+ * computes the policy's distribution (sampling, scoring, training) adds it to the logits before
+ * the temperature, so behaviour, old and current log-probs are of one masked distribution.
  */
-export function sampleTokens(b: GraphBuilder, logits: Var, u: Var, temperature: Var, trunc: { topP: Var; topK: Var } | null): { token: Var; logprob: Var } {
-  const [B, V] = logits.shape;
+export function logitBiasOf(c: ModelConfig): Float32Array | null {
+  const ids = c.suppressTokenIds ?? [];
+  if (ids.length === 0) return null;
+  const bias = new Float32Array(c.vocabSize);
+  for (const id of ids) bias[id] = MASK_NEG;
+  return bias;
+}
+
+/**
+ * Sample one token per row from logits [B, V]. u [B] uniforms in (0, 1), temperature [B];
+ * topP [B] / topK [B] when truncating; bias [V] (logitBiasOf) added to the logits first, or null.
+ * Returns token [B] int64 and its log-prob [B] under the masked, temperature-scaled, untruncated
+ * distribution.
+ */
+export function sampleTokens(b: GraphBuilder, logitsIn: Var, u: Var, temperature: Var, trunc: { topP: Var; topK: Var } | null, bias: Var | null = null): { token: Var; logprob: Var } {
+  const [B, V] = logitsIn.shape;
   if (typeof V !== 'number') throw new GraphError('sampleTokens: vocabulary size must be static');
   return b.scope('sample', () => {
+    const logits = bias ? b.add(logitsIn, b.unsqueeze(bias, [0])) : logitsIn; // [B, V]
     const greedy = b.lessOrEqual(temperature, 0); // [B]
     const tEff = b.where(greedy, 1, temperature);
     const z = b.div(logits, b.unsqueeze(tEff, [1])); // [B, V]
@@ -165,7 +184,9 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const gEos = g.input(GEN_IO.eosIds, 'int64', ['E']);
 
   const u = g.op('Gather', [gU, iter], { axis: 1 }, { dtype: 'float32', shape: ['B'] });
-  const { token, logprob } = sampleTokens(g, logits, u, gT, gTopP && gTopK ? { topP: gTopP, topK: gTopK } : null);
+  const biasData = logitBiasOf(c);
+  const logitBias = biasData ? g.initializer('sample.logit_bias', biasData, [V]) : null;
+  const { token, logprob } = sampleTokens(g, logits, u, gT, gTopP && gTopK ? { topP: gTopP, topK: gTopK } : null, logitBias);
   const hit = g.reduceMax(g.cast(g.equal(g.unsqueeze(token, [1]), g.unsqueeze(gEos, [0])), 'int32'), [1]); // [B]
   const doneOut = g.or(done, g.cast(hit, 'bool'));
   const condOut = g.equal(g.reduceMax(g.cast(g.not(doneOut), 'int32'), [0]), g.const(1, 'int32'));

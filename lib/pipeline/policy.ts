@@ -5,7 +5,7 @@
  * version from there; in distributed mode run_dir is a shared volume.
  */
 import { join } from 'node:path';
-import { createTokenizer, modelConfig, loadCheckpoint, readModelDirConfigSync, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
+import { createTokenizer, modelConfig, loadCheckpoint, readModelDirConfigSync, samplingMaskIds, stopTokenIds, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
 import { ConfigError, TransientError } from '../errors.ts';
 import { loadModelDirTokenizer, type ModelTokenizer } from '../model/hf-model-tokenizer.ts';
 import { existsSync } from 'node:fs';
@@ -18,7 +18,7 @@ export function tokenizerFor(cfg: Config): Tokenizer {
   if (m.path && existsSync(join(m.path, 'tokenizer.json'))) {
     let c: ModelConfig;
     try { c = readModelDirConfigSync(m.path); } catch (e) { throw new ConfigError(`actor.model.path: ${(e as Error).message}`); }
-    return loadModelDirTokenizer(m.path, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId });
+    return loadModelDirTokenizer(m.path, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId, stopIds: stopTokenIds(c) });
   }
   if (m.tokenizer === 'alphabet') {
     if (!m.alphabet) throw new ConfigError('actor.model.tokenizer = alphabet needs actor.model.alphabet (or data.task, whose alphabet is used)');
@@ -34,7 +34,7 @@ export type { ModelTokenizer };
  * byte tokenizer when the vocabulary is the byte tokenizer's (259 ids).
  */
 export function modelDirTokenizer(dir: string, c: ModelConfig): ModelTokenizer {
-  if (existsSync(join(dir, 'tokenizer.json'))) return loadModelDirTokenizer(dir, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId });
+  if (existsSync(join(dir, 'tokenizer.json'))) return loadModelDirTokenizer(dir, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId, stopIds: stopTokenIds(c) });
   const byte = createTokenizer({ type: 'byte' });
   if (c.vocabSize === byte.vocabSize) return byte;
   throw new ConfigError(`${dir} has no tokenizer.json (and its vocabulary of ${c.vocabSize} ids is not the byte tokenizer's ${byte.vocabSize}); copy the model's tokenizer files into it`);
@@ -47,6 +47,19 @@ export function modelDirTokenizer(dir: string, c: ModelConfig): ModelTokenizer {
  * vocabulary and that prompt + response fit its positions (and a Mistral sliding window).
  */
 export function policyModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
+  return withSamplingMask(policyModelConfigUnmasked(cfg, tok), tok);
+}
+
+/**
+ * The policy config with `suppressTokenIds`: the ids sampling must never emit (specials other than
+ * the stop ids, NUL, padding rows — samplingMaskIds), masked in sampling, scoring and training alike.
+ */
+export function withSamplingMask(c: ModelConfig, tok: Tokenizer): ModelConfig {
+  const ids = samplingMaskIds(tok, c.vocabSize, stopTokenIds(c));
+  return ids.length === 0 ? c : modelConfig({ ...c, suppressTokenIds: Array.from(ids) });
+}
+
+function policyModelConfigUnmasked(cfg: Config, tok: Tokenizer): ModelConfig {
   const m = cfg.actor.model;
   if (m.path) return checkedDirConfig(cfg, 'actor.model.path', m.path, tok);
   return modelConfig({
