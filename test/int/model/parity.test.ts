@@ -247,7 +247,7 @@ const qwen25Width = { hiddenSize: 896, numAttentionHeads: 14, numKeyValueHeads: 
 const specials = { vocabSize: 64, maxPositionEmbeddings: 64, bosTokenId: 1, eosTokenId: 2, padTokenId: 0 };
 const realWidth: Record<string, ModelConfigInput> = {
   'smollm2 (llama, llama3 rope scaling)': { ...smolWidth, ...specials, modelType: 'llama', numHiddenLayers: 2, tieWordEmbeddings: true, ropeTheta: 100000, rmsNormEps: 1e-5,
-    ropeScaling: { type: 'llama3', factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 16 } },
+    ropeScaling: { type: 'llama3', factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 64 } }, // all three bands: wavelength < 16 kept, 16–64 interpolated, > 64 scaled
   'qwen2.5 (q/k/v bias)': { ...qwen25Width, ...specials, modelType: 'qwen2', numHiddenLayers: 1, attentionBias: true, tieWordEmbeddings: true, ropeTheta: 1e6, rmsNormEps: 1e-6 },
   'qwen3 (q/k norm, head_dim 128)': { ...smolWidth, ...specials, modelType: 'qwen3', headDim: 128, numHiddenLayers: 2, tieWordEmbeddings: true, ropeTheta: 1e6, rmsNormEps: 1e-6 },
   'mistral (linear rope scaling, untied)': { ...smolWidth, ...specials, modelType: 'mistral', numHiddenLayers: 2, tieWordEmbeddings: false, ropeTheta: 1e6, rmsNormEps: 1e-5,
