@@ -12,7 +12,7 @@ import { tokenizerFor, policyModelConfig, samplerOptions, PolicyCache } from '..
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import type { PromptBatch } from '../../lib/contracts/index.ts';
-import { generationRequests, trajectoryGroups, responseText, requestSampling } from './logic.ts';
+import { generationRequests, trajectoryGroups, requestSampling } from './logic.ts';
 
 export function startRollout(p: Pipeline, opts: { replica?: string } = {}): StageRun {
   const tok = tokenizerFor(p.cfg);
@@ -58,7 +58,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
       }
       const tGen = performance.now();
       crashPoint('rollout:generated');
-      const trajs = trajectoryGroups(groups, requests, results, (ids) => responseText(ids, (x) => tok.decode(x), tok), tok.eos);
+      const trajs = trajectoryGroups(groups, requests, results, (ids) => tok.decode(ids), stopTokenIds(model));
       let tokens = 0;
       for (const g of trajs) { ctx.emit('trajectories', g); for (const s of g.samples) tokens += s.response_ids.length; tokens += g.baseline?.response_ids.length ?? 0; }
       const steps = new Set(batches.filter((b) => b.kind === 'train').map((b) => b.step));
