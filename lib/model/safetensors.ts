@@ -48,7 +48,7 @@ export function encodeSafetensors(tensors: Iterable<[string, { shape: number[]; 
   return Buffer.concat([len, hbuf, ...parts]);
 }
 
-/** Decode a safetensors buffer; `source` names the file in errors. Data is copied into aligned arrays. */
+/** Decode a safetensors buffer; `source` names the file in errors. Tensors view `buf` where aligned (do not modify it after), else are aligned copies. */
 export function decodeSafetensors(buf: Uint8Array, source = 'safetensors'): { tensors: Map<string, StTensor>; metadata: Record<string, string> } {
   const b = Buffer.from(buf.buffer, buf.byteOffset, buf.byteLength);
   if (b.length < 8) throw new ConfigError(`${source}: file too short (${b.length} bytes) to be safetensors`);
@@ -76,24 +76,26 @@ export function decodeSafetensors(buf: Uint8Array, source = 'safetensors'): { te
     const n = shape.reduce((a: number, c: number) => a * c, 1);
     if (off[1] - off[0] !== n * SIZE[dtype]) throw new ConfigError(`${source}: tensor ${name} ${dtype}[${shape}] needs ${n * SIZE[dtype]} bytes, offsets give ${off[1] - off[0]}`);
     spans.push([off[0], off[1], name]);
-    const bytes = Uint8Array.from(b.subarray(dataStart + off[0], dataStart + off[1]));
-    tensors.set(name, { dtype, shape, data: view(dtype, bytes.buffer) });
+    // a view into the file's bytes when aligned for the dtype (no copy: a model's weights are read
+    // once, at full size), else an aligned copy
+    const at = b.byteOffset + dataStart + off[0];
+    tensors.set(name, { dtype, shape, data: at % SIZE[dtype] === 0 ? view(dtype, b.buffer as ArrayBuffer, at, n) : view(dtype, Uint8Array.from(b.subarray(dataStart + off[0], dataStart + off[1])).buffer) });
   }
   spans.sort((x, y) => x[0] - y[0]);
   for (let i = 1; i < spans.length; i++) if (spans[i][0] < spans[i - 1][1]) throw new ConfigError(`${source}: tensors ${spans[i - 1][2]} and ${spans[i][2]} overlap`);
   return { tensors, metadata };
 }
 
-function view(dtype: StDType, ab: ArrayBuffer): StData {
+function view(dtype: StDType, ab: ArrayBuffer, byteOffset = 0, length?: number): StData {
   switch (dtype) {
-    case 'F64': return new Float64Array(ab);
-    case 'F32': return new Float32Array(ab);
-    case 'F16': case 'BF16': return new Uint16Array(ab);
-    case 'I64': return new BigInt64Array(ab);
-    case 'I32': return new Int32Array(ab);
-    case 'I16': return new Int16Array(ab);
-    case 'I8': return new Int8Array(ab);
-    default: return new Uint8Array(ab);
+    case 'F64': return new Float64Array(ab, byteOffset, length);
+    case 'F32': return new Float32Array(ab, byteOffset, length);
+    case 'F16': case 'BF16': return new Uint16Array(ab, byteOffset, length);
+    case 'I64': return new BigInt64Array(ab, byteOffset, length);
+    case 'I32': return new Int32Array(ab, byteOffset, length);
+    case 'I16': return new Int16Array(ab, byteOffset, length);
+    case 'I8': return new Int8Array(ab, byteOffset, length);
+    default: return new Uint8Array(ab, byteOffset, length);
   }
 }
 
