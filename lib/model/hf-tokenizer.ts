@@ -124,6 +124,7 @@ export class HfTokenizer implements Tokenizer {
       const id = list[i];
       if (!(Number.isInteger(id) && id >= 0 && id < this.vocabSize)) throw new ConfigError(`HfTokenizer.decode: id ${id} at position ${i} is outside [0, ${this.vocabSize}) of ${join(this.dir, TOKENIZER_FILE)}`);
     }
+    if (list.length === 0) return ''; // the library refuses an empty list
     return this.js.decode(list, { skip_special_tokens: true, clean_up_tokenization_spaces: false });
   }
 
