@@ -12,9 +12,11 @@
  * rounding of the masked-out padding work, which can only flip a draw that lands within ~1e-7 of a
  * CDF boundary).
  *
- * Behaviour log-probs: `logprobs[t]` is log softmax(logits / temperature)[token], the
- * temperature-scaled distribution BEFORE top-k/top-p truncation (for temperature 0, greedy, the
- * untempered log-softmax). This matches what a trainer that divides logits by the same temperature
+ * Behaviour log-probs: `logprobs[t]` is log softmax((logits + mask) / temperature)[token], the
+ * masked, temperature-scaled distribution BEFORE top-k/top-p truncation (for temperature 0,
+ * greedy, the untempered masked log-softmax). mask is −1e9 at `config.suppressTokenIds` (ids
+ * sampling must never emit: decode-graph.ts logitBiasOf), 0 elsewhere; the scorer and trainer
+ * add the same mask. This matches what a trainer that divides logits by the same temperature
  * recomputes as old log-probs; with truncation the true sampling probability is higher (the
  * kept mass is renormalised), which verl-style pipelines ignore by recomputing old log-probs.
  */
