@@ -61,11 +61,13 @@ export const generateCommand: Command = {
     const tok: ModelTokenizer = modelDirTokenizer(dir, c);
     let promptText = flags.prompt;
     if (booleans.has('chat')) {
-      if (!tok.applyChatTemplate) throw new ConfigError(`${dir} has no chat template (tokenizer_config.json chat_template); drop --chat`);
+      if (!tok.applyChatTemplate || !tok.chatTemplate) throw new ConfigError(`${dir} has no chat template (tokenizer_config.json chat_template); drop --chat`);
       const messages = [...(flags.system !== undefined ? [{ role: 'system', content: flags.system }] : []), { role: 'user', content: flags.prompt }];
       promptText = tok.applyChatTemplate(messages);
     }
-    const promptIds = Array.from(tok.encode(promptText));
+    // as transformers: a plain prompt gets the tokenizer's leading specials (e.g. Llama's BOS); a
+    // rendered chat template already has them
+    const promptIds = Array.from(tok.encode(promptText, { addSpecialTokens: !booleans.has('chat') }));
     if (!promptIds.length) throw new ConfigError('the prompt encodes to no tokens; give a non-empty --prompt');
     const g = ck.generation ?? {};
     const gnum = (k: string): number | undefined => (typeof g[k] === 'number' ? g[k] as number : undefined);
@@ -74,14 +76,16 @@ export const generateCommand: Command = {
     const room = c.maxPositionEmbeddings - promptIds.length;
     if (room <= 0) throw new ConfigError(`the prompt has ${promptIds.length} tokens, the model's max_position_embeddings is ${c.maxPositionEmbeddings}; shorten it`);
     const N = Math.min(maxNew ?? gnum('max_new_tokens') ?? 256, room);
+    // every eos id of config.json, generation_config.json and the tokenizer stops the response
+    const stopIds = [...new Set([...stopTokenIds(c), ...tok.stopIds])].filter((id) => id < c.vocabSize);
     const [gen] = await new Sampler(c, { threads: 2 }).generate(ck.weights, [{ id: 'generate', prompt: promptIds }], {
-      maxNewTokens: N, seed, temperature: T, topP: topP ?? (sampling ? gnum('top_p') ?? 1 : 1), topK: topK ?? (sampling ? gnum('top_k') ?? 0 : 0), eosTokenIds: stopTokenIds(c),
+      maxNewTokens: N, seed, temperature: T, topP: topP ?? (sampling ? gnum('top_p') ?? 1 : 1), topK: topK ?? (sampling ? gnum('top_k') ?? 0 : 0), eosTokenIds: stopIds,
     });
     const responseIds = Array.from(gen.tokens);
     // the sampler's log-probs are of the temperature-scaled distribution (greedy: T = 1)
     const logprobs = T === 0 || T === 1 ? Array.from(gen.logprobs)
       : Array.from((await new Scorer(c, { threads: 2 }).score(ck.weights, [{ prompt: promptIds, response: responseIds }], { temperature: 1, entropy: false }))[0].logprobs);
-    const stops = new Set(stopTokenIds(c));
+    const stops = new Set(stopIds);
     const text = tok.decode(responseIds.filter((t) => !stops.has(t)));
     if (booleans.has('json')) process.stdout.write(JSON.stringify({ prompt_ids: promptIds, response_ids: responseIds, logprobs, text }) + '\n');
     else process.stdout.write(text + '\n');
