@@ -11,15 +11,18 @@
  * Bucketing: rows are sorted by total length and cut into batches under `maxBatchSize` rows and
  * `maxBatchTokens` = rows × longest row, so short rows are batched with short rows.
  *
+ * The LM head runs fused with the log-softmax over vocabulary chunks (nn.ts chunkedLmHeadLogprob).
  * Log-prob of response token j: log softmax(logits / temperature)[token] at the position before
  * it; entropy: −Σ p log p of that same distribution (verl's old/ref log-prob semantics).
  */
 import { GraphBuilder } from '../onnx/builder.ts';
-import { tokenLogprobEntropy } from '../onnx/nn.ts';
+import { chunkedLmHeadLogprob } from '../onnx/nn.ts';
 import { ort, tensor, type Device } from '../onnx/runtime.ts';
 import { ConfigError } from '../errors.ts';
 import type { ModelConfig } from './config.ts';
-import { declareParams, llamaForward, lmHead, valueHead } from './llama.ts';
+import { declareParams, llamaForward, valueHead } from './llama.ts';
+import { HEAD_CHUNK, lmHeadWeight } from './train-graph.ts';
+import { logitBiasOf } from './decode-graph.ts';
 import { validateWeights, type Weights } from './params.ts';
 import { planBatches, weightTensors } from './sample.ts';
 import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.ts';
@@ -47,8 +50,8 @@ export function buildScoreModel(c: ModelConfig, opts: { entropy: boolean }): Uin
   } else {
     const targets = b.input(SCORE_IO.targets, 'int64', ['M']);
     const temperature = b.input(SCORE_IO.temperature, 'float32', []);
-    const logits = b.div(lmHead(b, c, p, h), temperature);
-    const r = tokenLogprobEntropy(b, logits, targets, { entropy: opts.entropy });
+    // LM head + log-softmax over vocabulary chunks: the [M, V] logits never exist at once
+    const r = chunkedLmHeadLogprob(b, h, lmHeadWeight(c, p), targets, { entropy: opts.entropy, temperature, chunk: HEAD_CHUNK, logitBias: logitBiasOf(c) }); // logitBias: the sampler's mask (tok)
     b.output(r.logprob, SCORE_IO.logprobs);
     if (r.entropy) b.output(r.entropy, SCORE_IO.entropy);
   }

@@ -3,7 +3,10 @@
  * ONNX graph. Modes:
  *  - `eval`: forward and loss only; outputs `metrics` and per-position `log_probs` (or `values`).
  *  - `grad`: also outputs `grad.<param>` (one micro-batch's share of the mini-batch gradient).
- *  - `step`: outputs `new.<param>`, `new.<param>.exp_avg`, `new.<param>.exp_avg_sq`, `grad_norm`.
+ *  - `step`: outputs `new.<param>`, `new.<param>.exp_avg`, `new.<param>.exp_avg_sq`, `grad_norm`
+ *    (the old values unchanged when the norm is not finite). Every new tensor is computed after the
+ *    last read of its input (it needs the global norm, hence every gradient), so the trainer can
+ *    bind each output to the buffer of its own input and update in place (train.ts).
  *  - `step_acc`: as `step`, with `acc.<param>` inputs added to the gradient (the sum of the earlier
  *    micro-batches' gradients), so k micro-batches cost k runs and the update stays in-graph.
  *
@@ -20,11 +23,12 @@
  */
 import { GraphBuilder, type FloatDType, type Var } from '../onnx/builder.ts';
 import { numel } from '../onnx/dims.ts';
-import { tokenLogprobEntropy } from '../onnx/nn.ts';
+import { chunkedLmHeadLogprob } from '../onnx/nn.ts';
 import type { ModelConfig } from './config.ts';
-import { declareParams, llamaForward, lmHead, valueHead } from './llama.ts';
+import { declareParams, llamaForward, valueHead, type ParamVars } from './llama.ts';
 import { policyLossGraph, policyLossNeeds, sftLossGraph, valueLossGraph, type LossConfig, type LossGraph, type TokenTensors } from './loss.ts';
 import { paramSpecs } from './params.ts';
+import { logitBiasOf } from './decode-graph.ts';
 
 export interface OptimConfig {
   betas: [number, number];
@@ -51,6 +55,21 @@ export interface TrainGraphSpec {
    * device sync, which dominates a small step.
    */
   packed?: boolean;
+  /** Vocabulary rows per chunk of the fused LM head + log-softmax (default `HEAD_CHUNK`). */
+  headChunk?: number;
+}
+
+/**
+ * Default vocabulary chunk of the LM head: the largest logits tensor is [B·T, HEAD_CHUNK] f32
+ * (2048 tokens × 8192 × 4 B = 64 MiB) instead of [B·T, V] (151936 vocab: 1.2 GiB).
+ */
+export const HEAD_CHUNK = 8192;
+
+/** The LM head's weight [V, D]: lm_head.weight, or the embedding when tied. */
+export function lmHeadWeight(model: ModelConfig, p: ParamVars): Var {
+  const w = p.get(model.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight');
+  if (!w) throw new Error('internal: LM head weight not declared');
+  return w;
 }
 
 export interface TrainGraph {
@@ -98,15 +117,16 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     lg = valueLossGraph(b, t, loss);
     perPosition = t.vpred;
   } else {
-    let logits = lmHead(b, model, p, hidden);
-    if (loss.temperature !== 1) logits = b.div(logits, loss.temperature);
-    const wantEntropy = loss.type === 'policy';
-    const r = b.scope('head', () => tokenLogprobEntropy(b, logits, flat(targets), { entropy: wantEntropy }));
+    // the LM head fused with log-softmax / entropy over vocabulary chunks: [B·T, V] never exists
+    const r = b.scope('head', () => chunkedLmHeadLogprob(b, hidden, lmHeadWeight(model, p), flat(targets), {
+      entropy: loss.type === 'policy', temperature: loss.temperature, chunk: spec.headChunk ?? HEAD_CHUNK, correct: loss.type === 'sft',
+      logitBias: logitBiasOf(model), // the sampler's mask (tok, issue 14): one distribution for behaviour, old and new log-probs
+    }));
     t.logprob = r.logprob;
     // the entropy is always reported; it only carries a gradient when it is in the loss
     t.entropy = r.entropy && loss.type === 'policy' && loss.entropyCoeff === 0 ? b.stopGradient(r.entropy) : r.entropy;
     if (loss.type === 'policy') lg = policyLossGraph(b, t, loss);
-    else lg = sftLossGraph(b, t, b.scope('head', () => b.equal(b.argMax(logits, 1), flat(targets))));
+    else lg = sftLossGraph(b, t, r.correct!);
     perPosition = r.logprob;
   }
   const metricNames = Object.keys(lg.sums);
@@ -130,6 +150,7 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     const total = sq.slice(1).reduce((a, s) => b.add(a, s), sq[0]);
     const norm = b.sqrt(total);
     b.output(norm, 'grad_norm');
+    const finite = b.not(b.or(b.isNaN(norm), b.isInf(norm)));
     const coef = optim.maxGradNorm === null ? null : b.min(b.div(optim.maxGradNorm, b.add(norm, 1e-6)), 1);
     const stepSize = b.input('adam_step_size', F, []);
     const bc2Sqrt = b.input('adam_bc2_sqrt', F, []);
@@ -146,7 +167,9 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
         const denom = b.add(b.div(b.sqrt(v2), bc2Sqrt), optim.eps);
         const upd = b.mul(b.div(m2, denom), stepSize);
         const w = optim.weightDecay !== 0 ? b.mul(pv[i], decay) : pv[i];
-        outW.push(b.sub(w, upd)); outM.push(m2); outV.push(v2);
+        // a non-finite norm skips the update in-graph (the trainer may read the new state into the
+        // very buffers it fed, so the old values must come out unchanged)
+        outW.push(b.where(finite, b.sub(w, upd), pv[i])); outM.push(b.where(finite, m2, m)); outV.push(b.where(finite, v2, v));
       });
     });
     if (spec.packed) b.output(packFlat(b, [...outW, ...outM, ...outV]), 'new.packed');

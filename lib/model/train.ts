@@ -93,6 +93,8 @@ export interface TrainerOptions {
   seed?: number;
   optimizerState?: OptimizerState;
   cache?: SessionCache;
+  /** Vocabulary rows per chunk of the fused LM head (train-graph.ts HEAD_CHUNK by default). */
+  headChunk?: number;
 }
 
 export const DEFAULT_OPTIM: OptimConfig = { betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01, maxGradNorm: 1.0 };
@@ -139,8 +141,8 @@ export class Trainer {
   /** A copy of the current weights. */
   getWeights(): Weights { return cloneWeights(this.weights); }
   /**
-   * The current weights without copying. Do not modify the arrays. The view stays a valid
-   * snapshot after later steps (a step replaces the arrays, it never writes into them).
+   * The current weights without copying. Do not modify the arrays. On the CPU a step writes the
+   * new weights into these arrays in place: copy (`getWeights`) what must outlive the next step.
    */
   weightsView(): ReadonlyMap<string, Float32Array> { return this.weights; }
   /** Optimizer steps taken so far. */
@@ -161,7 +163,7 @@ export class Trainer {
     const id = `${mode}:${lossWeights}`;
     let g = this.graphs.get(id);
     if (!g) {
-      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.packed && mode !== 'eval' ? { packed: true } : {}) };
+      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}) };
       const built = buildTrainGraph(spec);
       g = { key: `train:${keyOf(spec)}`, metricNames: built.metricNames, build: () => built.builder.toBytes() };
       this.graphs.set(id, g);
@@ -194,6 +196,25 @@ export class Trainer {
       feeds[`${s.name}.exp_avg`] = tensor('float32', this.opt.expAvg.get(s.name)!, s.shape);
       feeds[`${s.name}.exp_avg_sq`] = tensor('float32', this.opt.expAvgSq.get(s.name)!, s.shape);
       if (acc) feeds[`acc.${s.name}`] = tensor('float32', acc.get(s.name)!, s.shape);
+    }
+    if (!this.packed) {
+      // in place: every new weight / moment is written by ORT straight into the buffer it was fed
+      // from (pre-allocated outputs; the graph reads each input before it writes its output and
+      // keeps the old values when the norm is not finite), so no second copy of the model and its
+      // moments exists and the binding copies nothing back
+      const fetches: Record<string, ort.Tensor | null> = { metrics: null, grad_norm: null };
+      for (const s of this.specs) {
+        fetches[`new.${s.name}`] = feeds[s.name];
+        fetches[`new.${s.name}.exp_avg`] = feeds[`${s.name}.exp_avg`];
+        fetches[`new.${s.name}.exp_avg_sq`] = feeds[`${s.name}.exp_avg_sq`];
+      }
+      const r = await sess.run(feeds, fetches as ort.InferenceSession.FetchesType);
+      addMetrics(sums, r.metrics.data as Float32Array, names);
+      const gradNorm = (r.grad_norm.data as Float32Array)[0];
+      const skipped = !Number.isFinite(gradNorm);
+      if (!skipped) this.opt.step = t;
+      const maskSum = micro.reduce((s, m) => s + m.maskSum, 0);
+      return { metrics: { ...finalizeMetrics(sums, maskSum), ...(micro[0].extra ?? {}), grad_norm: gradNorm, lr }, skipped, step: this.opt.step };
     }
     const r = await sess.run(feeds);
     addMetrics(sums, r.metrics.data as Float32Array, names);

@@ -111,6 +111,8 @@ function createSessionRaw(model: Uint8Array, opts: SessionOptions): Promise<ort.
     // on a GPU EP, ORT warns at every session that shape ops stay on the CPU (by design): errors only
     ...(opts.device && opts.device !== 'cpu' ? { logSeverityLevel: 3 as const } : {}),
     ...(opts.optimizedModelFilePath ? { optimizedModelFilePath: opts.optimizedModelFilePath } : {}),
+    // RLSTREAM_ORT_PROFILE=<prefix>: ORT's per-node profile (chrome trace JSON, written when the session is released)
+    ...(process.env.RLSTREAM_ORT_PROFILE ? { enableProfiling: true, profileFilePrefix: process.env.RLSTREAM_ORT_PROFILE } : {}),
   });
 }
 

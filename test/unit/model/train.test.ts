@@ -51,7 +51,9 @@ describe('trainer', () => {
       const r1 = await big.step(batch, 1e-3), r2 = await small.step(batch, 1e-3);
       assert.ok(Math.abs(r1.metrics.grad_norm - r2.metrics.grad_norm) < 1e-5 * r1.metrics.grad_norm, `grad_norm ${r1.metrics.grad_norm} vs ${r2.metrics.grad_norm}`);
       const w1 = big.getWeights(), w2 = small.getWeights();
-      for (const s of paramSpecs(model)) assert.ok(maxRelDiff(w2.get(s.name)!, w1.get(s.name)!) < 1e-5, `${lossAggMode}: weights ${s.name} differ after the step`);
+      // Adam's first step moves an element by lr·g/(|g| + ε): a gradient at float-noise level (|g| ≈ 1e-8,
+      // 1e-6 of the largest) that the micro-batch summation order changes by 1 % moves by ≈ 1e-6
+      for (const s of paramSpecs(model)) assert.ok(maxRelDiff(w2.get(s.name)!, w1.get(s.name)!) < 4e-5, `${lossAggMode}: weights ${s.name} differ after the step`);
     }
   });
 
@@ -294,15 +296,17 @@ describe('trainer: critic and session reuse', () => {
     assert.ok(last.metrics.vf_clipfrac >= 0 && last.metrics.vf_clipfrac <= 1, `vf_clipfrac ${last.metrics.vf_clipfrac}`);
   });
 
-  it('one session per graph family serves every batch shape; weightsView is a stable snapshot', async () => {
+  it('one session per graph family serves every batch shape; a step updates the weights in place, getWeights is a snapshot', async () => {
     const own = new SessionCache();
     const tr = createTrainer({ model, loss: { type: 'policy' }, seed: 2, cache: own, threads: 1 });
     const view = tr.weightsView();
+    const snap = tr.getWeights();
     const before = Float32Array.from(view.get('model.norm.weight')!);
     for (const [B, T] of [[2, 8], [5, 12], [3, 16]]) await tr.step(makeBatch(B, T, B * T), 1e-3);
     assert.equal(own.sessionsBuilt, 1, 'the step graph is built once for all shapes');
-    assert.deepEqual(view.get('model.norm.weight'), before, 'an earlier view is not modified by later steps');
-    assert.notDeepEqual(tr.weightsView().get('model.norm.weight'), before);
+    assert.deepEqual(snap.get('model.norm.weight'), before, 'a copy taken earlier is not modified by later steps');
+    assert.equal(tr.weightsView().get('model.norm.weight'), view.get('model.norm.weight'), 'the step wrote into the same buffer');
+    assert.notDeepEqual(view.get('model.norm.weight'), before);
     assert.equal(tr.stepCount, 3);
   });
 });
