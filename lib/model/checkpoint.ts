@@ -218,6 +218,9 @@ export function valueModelFrom(ck: Pick<Checkpoint, 'config' | 'weights'>, seed:
  */
 async function readWeightTensors(dir: string): Promise<{ tensors: Map<string, StTensor>; metadata: Record<string, string>; sha: string; source: string }> {
   const single = path.join(dir, MODEL_FILE), indexFile = path.join(dir, MODEL_INDEX_FILE);
+  if (!existsSync(single) && !existsSync(indexFile) && (existsSync(path.join(dir, 'pytorch_model.bin')) || existsSync(path.join(dir, 'pytorch_model.bin.index.json')))) {
+    throw new ConfigError(`${dir} has only PyTorch pickle weights (pytorch_model.bin); download the model's safetensors files, or convert once with transformers: AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`);
+  }
   const index = existsSync(single) ? null : await readJson(indexFile, `${MODEL_FILE} (or ${MODEL_INDEX_FILE})`);
   if (!index) {
     const buf = await readFile(single, MODEL_FILE);

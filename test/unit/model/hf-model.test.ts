@@ -56,6 +56,11 @@ describe('HF model directories in', () => {
     const { dir } = writeDir('noshard');
     unlinkSync(path.join(dir, 'model-00002-of-00002.safetensors'));
     await assert.rejects(loadCheckpoint(dir), /names shard model-00002-of-00002\.safetensors, which is missing/);
+    const bin = path.join(root, 'binonly');
+    writeDir('binonly');
+    for (const f of ['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors', 'model.safetensors.index.json']) unlinkSync(path.join(bin, f));
+    writeFileSync(path.join(bin, 'pytorch_model.bin'), 'pickle');
+    await assert.rejects(loadCheckpoint(bin), /has only PyTorch pickle weights \(pytorch_model\.bin\); download the model's safetensors files/);
   });
 
   it('a missing or mis-shaped tensor names it with the expected and found shape', async () => {
