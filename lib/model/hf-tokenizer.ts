@@ -9,6 +9,7 @@
  *  - bos/eos/pad: tokenizer_config.json's tokens; an unset one takes the caller's fallback (the
  *    model's config.json ids); pad then falls back to eos (verl's rule when pad_token is None),
  *    bos to pad (Qwen has no bos_token; the template writes what it needs).
+ *  - chat template: chat_template.jinja if present, else tokenizer_config.json's chat_template.
  *  - specialIds: every added token marked special plus bos/eos/pad/unk; stopIds: eos then the
  *    fallback's stop ids (config.json / generation_config.json eos lists); textlessIds: tokens
  *    whose text contains NUL (byte-level `Ā`, SentencePiece `<0x00>`).
@@ -47,7 +48,10 @@ function tokenText(t: unknown): string | null {
   return null;
 }
 
+/** The chat template: chat_template.jinja when present (transformers reads it over the config's), else tokenizer_config.json's. */
 function chatTemplateSource(dir: string, config: Json): { source: string; where: string } | null {
+  const file = join(dir, CHAT_TEMPLATE_FILE);
+  if (existsSync(file)) return { source: readFileSync(file, 'utf8'), where: file };
   const where = join(dir, TOKENIZER_CONFIG_FILE);
   const t = config.chat_template;
   if (typeof t === 'string') return { source: t, where };
@@ -56,8 +60,6 @@ function chatTemplateSource(dir: string, config: Json): { source: string; where:
     const d = t.find((x) => x && typeof x === 'object' && (x as { name?: unknown }).name === 'default') as { template?: unknown } | undefined;
     if (d && typeof d.template === 'string') return { source: d.template, where };
   }
-  const file = join(dir, CHAT_TEMPLATE_FILE);
-  if (existsSync(file)) return { source: readFileSync(file, 'utf8'), where: file };
   return null;
 }
 
