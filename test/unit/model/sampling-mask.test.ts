@@ -10,6 +10,8 @@ import { Sampler } from '../../../lib/model/sample.ts';
 import { Scorer } from '../../../lib/model/score.ts';
 import { createTrainer } from '../../../lib/model/train.ts';
 import { SessionCache } from '../../../lib/model/session-cache.ts';
+import { policyModelConfig, criticModelConfig, tokenizerFor } from '../../../lib/pipeline/policy.ts';
+import { loadConfig } from '../../../lib/config/index.ts';
 
 const tok = new ByteTokenizer();
 const base = {
@@ -27,6 +29,13 @@ test('the byte tokenizer masks NUL, PAD and BOS but not EOS; padding rows of a l
   assert.deepEqual(Array.from(samplingMaskIds(tok)), [0, 256, 257]);
   assert.deepEqual(Array.from(samplingMaskIds(tok, 262)), [0, 256, 257, 259, 260, 261]);
   assert.deepEqual(Array.from(samplingMaskIds(tok, 259, [258, 257])), [0, 256]);
+});
+
+test('every stage\'s policy config (policyModelConfig) carries the mask; the critic\'s does not need one', () => {
+  const cfg = loadConfig({ env: {}, onWarning: () => {}, overrides: ['data.task=number_game', 'algorithm.adv_estimator=gae'] });
+  const t = tokenizerFor(cfg);
+  assert.deepEqual(policyModelConfig(cfg, t).suppressTokenIds, [0, 256, 257]);
+  assert.equal(criticModelConfig(cfg, t).suppressTokenIds, undefined);
 });
 
 test('an untrained byte-tokenizer policy never samples NUL or a non-EOS special (and does without the mask)', async () => {
