@@ -148,7 +148,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         if (c.config.hiddenSize !== cm.hiddenSize || c.config.numHiddenLayers !== cm.numHiddenLayers || c.config.vocabSize !== cm.vocabSize) {
           throw new ConfigError(`trainer.load_checkpoint_path: the critic at ${src.criticDir} (d_model ${c.config.hiddenSize}, layers ${c.config.numHiddenLayers}, vocab ${c.config.vocabSize}) does not match critic.model (d_model ${cm.hiddenSize}, layers ${cm.numHiddenLayers}, vocab ${cm.vocabSize})`);
         }
-        await saveCheckpoint(criticDir(p.runDir, start), cm, c.weights, { optimizer: c.optimizer, overwrite: true });
+        await saveCheckpoint(criticDir(p.runDir, start), cm, c.weights, { optimizer: c.optimizer, overwrite: true, assetsFrom });
         log.info({ critic: src.criticDir }, `critic restored from ${src.criticDir} (weights and optimizer state)`);
       } else if (src.state && !resolveCriticModel(cfg).path) {
         throw new ConfigError(`trainer.load_checkpoint_path: ${loadPath} has no critic (critic/ is missing: its run trained without one), but critic.enable = true (algorithm.adv_estimator = ${cfg.algorithm.adv_estimator} trains a value model). `
@@ -183,7 +183,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       const cpath = resolveCriticModel(cfg).path ?? cfg.actor.model.path;
       const cseed = cfg.critic.model.init_seed ?? cfg.actor.model.init_seed + 1;
       critic = createTrainer({ ...copts, ...(cpath ? { weights: valueModelFrom(await loadCheckpoint(cpath, { optimizer: false }), cseed).weights } : { seed: cseed }) });
-      await saveCheckpoint(criticDir(p.runDir, state.version), cm, critic.getWeights(), { optimizer: critic.getOptimizerState(), overwrite: true });
+      await saveCheckpoint(criticDir(p.runDir, state.version), cm, critic.getWeights(), { optimizer: critic.getOptimizerState(), overwrite: true, assetsFrom });
     }
   }
 
@@ -368,7 +368,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       trainerVersion = step;
       currentSha = await writeVersion(step);
       crashPoint('update:version-written');
-      if (critic) await saveCheckpoint(criticDir(p.runDir, step), critic.model, critic.getWeights(), { optimizer: critic.getOptimizerState(), overwrite: true });
+      if (critic) await saveCheckpoint(criticDir(p.runDir, step), critic.model, critic.getWeights(), { optimizer: critic.getOptimizerState(), overwrite: true, assetsFrom });
       if (ema) {
         const next = emaUpdate(Object.fromEntries(ema), Object.fromEntries(trainer.weightsView()), cfg.algorithm.ema.decay);
         ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
