@@ -47,8 +47,9 @@ export interface GenerateGraphOptions {
 
 /** Names of the generation graph's non-weight inputs and outputs. */
 export const GEN_IO = {
-  promptIds: 'prompt_ids', // int64 [B, P], left-padded
-  promptMask: 'prompt_mask', // int64 [B, P], 1 = token, 0 = padding
+  promptIds: 'prompt_ids', // int64 [U, P], left-padded: each distinct prompt once
+  promptMask: 'prompt_mask', // int64 [U, P], 1 = token, 0 = padding
+  promptRows: 'prompt_rows', // int64 [B]: the prompt row (of U) each sampled row continues
   uniforms: 'uniforms', // float32 [B, N]: one uniform in (0, 1) per row and step; N = max new tokens
   temperature: 'temperature', // float32 [B]
   topP: 'top_p', // float32 [B] (truncation graphs only), 1 = off
@@ -124,23 +125,28 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const b = new GraphBuilder({ name: 'generate' });
   // weights are graph inputs named by their HF names, fed per call (one session per model shape)
   const p = declareParams(b, c, 'inputs');
-  const ids = b.input(GEN_IO.promptIds, 'int64', ['B', 'P']);
-  const mask = b.input(GEN_IO.promptMask, 'int64', ['B', 'P']);
+  const ids = b.input(GEN_IO.promptIds, 'int64', ['U', 'P']);
+  const mask = b.input(GEN_IO.promptMask, 'int64', ['U', 'P']);
+  const rows = b.input(GEN_IO.promptRows, 'int64', ['B']);
   const uniforms = b.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
   // read only by the loop body, through the outer scope
   b.input(GEN_IO.temperature, 'float32', ['B']);
   if (opts.truncation) { b.input(GEN_IO.topP, 'float32', ['B']); b.input(GEN_IO.topK, 'int64', ['B']); }
   b.input(GEN_IO.eosIds, 'int64', ['E']);
 
-  const cum = b.op('CumSum', [mask, b.const(1, 'int64')], {}, { dtype: 'int64', shape: ['B', 'P'] });
+  // prefill each distinct prompt once ([U, P]), then expand the last logits, positions, key bias
+  // and KV cache to the B sampled rows (n samples of a prompt share its prefix computation)
+  const cum = b.op('CumSum', [mask, b.const(1, 'int64')], {}, { dtype: 'int64', shape: ['U', 'P'] });
   const positions = b.max(b.sub(cum, b.const(1, 'int64')), b.const(0, 'int64'));
   const pre = llamaForward(b, c, p, { ids, positions, attentionMask: mask });
   const lastIdx = b.sub(b.dimTensor('P'), b.const([1], 'int64')); // [1]
-  const hLast = b.reshape(b.op('Gather', [b.reshape(pre.hidden, ['B', 'P', c.hiddenSize]), lastIdx], { axis: 1 }, { dtype: 'float32', shape: ['B', 1, c.hiddenSize] }), ['B', c.hiddenSize]);
-  const logits0 = lmHead(b, c, p, hLast); // [B, V]
-  const pos0 = b.add(b.op('Gather', [positions, lastIdx], { axis: 1 }, { dtype: 'int64', shape: ['B', 1] }), b.const(1, 'int64')); // [B, 1]
-  const bias0 = b.reshape(b.where(b.cast(mask, 'bool'), b.const(0), b.const(MASK_NEG)), ['B', 1, 1, 'P']);
-  const done0 = b.less(b.reduceSum(mask, [1]), b.const(0, 'int64')); // [B] all false (shape from the batch)
+  // only the last position goes through the LM head
+  const hLast = b.reshape(b.op('Gather', [b.reshape(pre.hidden, ['U', 'P', c.hiddenSize]), lastIdx], { axis: 1 }, { dtype: 'float32', shape: ['U', 1, c.hiddenSize] }), ['U', c.hiddenSize]);
+  const expand = (v: Var): Var => b.gather(v, rows); // [U, …] → [B, …]
+  const logits0 = expand(lmHead(b, c, p, hLast)); // [B, V]
+  const pos0 = expand(b.add(b.op('Gather', [positions, lastIdx], { axis: 1 }, { dtype: 'int64', shape: ['U', 1] }), b.const(1, 'int64'))); // [B, 1]
+  const bias0 = expand(b.reshape(b.where(b.cast(mask, 'bool'), b.const(0), b.const(MASK_NEG)), ['U', 1, 1, 'P']));
+  const done0 = b.less(rows, b.const(0, 'int64')); // [B] all false (shape from the batch)
   const trip = b.op('Gather', [b.shape(uniforms), b.const(1, 'int64')], { axis: 0 }, { dtype: 'int64', shape: [] });
   const cond0 = b.cast(b.const(1, 'int64'), 'bool');
 
@@ -154,7 +160,7 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
     cat([`${pre}.mlp.gate_proj.weight`, `${pre}.mlp.up_proj.weight`], fusedName(l, 'gate_up_w'));
   }
 
-  const carried: Var[] = [logits0, pos0, bias0, done0, ...pre.presentKeys, ...pre.presentValues];
+  const carried: Var[] = [logits0, pos0, bias0, done0, ...pre.presentKeys.map(expand), ...pre.presentValues.map(expand)];
   const loopOuts = b.op('Loop', [trip, cond0, ...carried], {}, [
     ...carried.map((v) => ({ dtype: v.dtype, shape: v.shape.map(() => b.unknownDim()) })), // final state (unused)
     { dtype: 'int64', shape: ['steps', 'B'] },

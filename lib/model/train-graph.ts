@@ -4,9 +4,7 @@
  *  - `eval`: forward and loss only; outputs `metrics` and per-position `log_probs` (or `values`).
  *  - `grad`: also outputs `grad.<param>` (one micro-batch's share of the mini-batch gradient).
  *  - `step`: outputs `new.<param>`, `new.<param>.exp_avg`, `new.<param>.exp_avg_sq`, `grad_norm`
- *    (the old values unchanged when the norm is not finite). Every new tensor is computed after the
- *    last read of its input (it needs the global norm, hence every gradient), so the trainer can
- *    bind each output to the buffer of its own input and update in place (train.ts).
+ *    (GPU devices; on the CPU the trainer runs `grad` then the small in-place `buildAdamWGraph`).
  *  - `step_acc`: as `step`, with `acc.<param>` inputs added to the gradient (the sum of the earlier
  *    micro-batches' gradients), so k micro-batches cost k runs and the update stays in-graph.
  *
@@ -150,7 +148,6 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     const total = sq.slice(1).reduce((a, s) => b.add(a, s), sq[0]);
     const norm = b.sqrt(total);
     b.output(norm, 'grad_norm');
-    const finite = b.not(b.or(b.isNaN(norm), b.isInf(norm)));
     const coef = optim.maxGradNorm === null ? null : b.min(b.div(optim.maxGradNorm, b.add(norm, 1e-6)), 1);
     const stepSize = b.input('adam_step_size', F, []);
     const bc2Sqrt = b.input('adam_bc2_sqrt', F, []);
@@ -167,9 +164,7 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
         const denom = b.add(b.div(b.sqrt(v2), bc2Sqrt), optim.eps);
         const upd = b.mul(b.div(m2, denom), stepSize);
         const w = optim.weightDecay !== 0 ? b.mul(pv[i], decay) : pv[i];
-        // a non-finite norm skips the update in-graph (the trainer may read the new state into the
-        // very buffers it fed, so the old values must come out unchanged)
-        outW.push(b.where(finite, b.sub(w, upd), pv[i])); outM.push(b.where(finite, m2, m)); outV.push(b.where(finite, v2, v));
+        outW.push(b.sub(w, upd)); outM.push(m2); outV.push(v2);
       });
     });
     if (spec.packed) b.output(packFlat(b, [...outW, ...outM, ...outV]), 'new.packed');
@@ -187,4 +182,37 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
 /** Every tensor flattened and concatenated, in order: one [Σ numel] vector. */
 function packFlat(b: GraphBuilder, vs: readonly Var[]): Var {
   return b.concat(vs.map((v) => b.reshape(v, [numel(v.shape)])), 0);
+}
+
+/** Names of the AdamW graph's inputs / outputs (every tensor a flat [n] slice of one parameter). */
+export const ADAMW_IO = {
+  w: 'w', g: 'g', m: 'm', v: 'v',
+  gradScale: 'grad_scale', stepSize: 'adam_step_size', bc2Sqrt: 'adam_bc2_sqrt', decay: 'adam_decay',
+  newW: 'new_w', newM: 'new_m', newV: 'new_v',
+} as const;
+
+/**
+ * AdamW on one flat slice [n] of a parameter, its gradient and moments (torch.optim.AdamW, as the
+ * step graph): g ← g·grad_scale (the global-norm clip coefficient, computed outside);
+ * m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²; w ← w·decay − step_size · m / (√v / bc2_sqrt + ε).
+ * Each output is computed after the last read of the same input, so the trainer binds new_w /
+ * new_m / new_v to the buffers of w / m / v (pre-allocated outputs) and the update is in place;
+ * running it on slices of at most a few million elements bounds its temporaries.
+ */
+export function buildAdamWGraph(optim: Pick<OptimConfig, 'betas' | 'eps'>): Uint8Array {
+  const b = new GraphBuilder({ name: 'adamw', float: 'float32' });
+  const n = ['n'];
+  const w = b.input(ADAMW_IO.w, 'float32', n), g0 = b.input(ADAMW_IO.g, 'float32', n);
+  const m = b.input(ADAMW_IO.m, 'float32', n), v = b.input(ADAMW_IO.v, 'float32', n);
+  const scale = b.input(ADAMW_IO.gradScale, 'float32', []), stepSize = b.input(ADAMW_IO.stepSize, 'float32', []);
+  const bc2Sqrt = b.input(ADAMW_IO.bc2Sqrt, 'float32', []), decay = b.input(ADAMW_IO.decay, 'float32', []);
+  const [b1, b2] = optim.betas;
+  const g = b.mul(g0, scale);
+  const m2 = b.add(b.mul(m, b1), b.mul(g, 1 - b1));
+  const v2 = b.add(b.mul(v, b2), b.mul(b.mul(g, g), 1 - b2));
+  const denom = b.add(b.div(b.sqrt(v2), bc2Sqrt), optim.eps);
+  b.output(b.sub(b.mul(w, decay), b.mul(b.div(m2, denom), stepSize)), ADAMW_IO.newW);
+  b.output(m2, ADAMW_IO.newM);
+  b.output(v2, ADAMW_IO.newV);
+  return b.toBytes();
 }
