@@ -28,6 +28,7 @@ import { createSession, tensor } from '../lib/onnx/runtime.ts';
 import { initWeights, modelConfig, type ModelConfig, type ModelConfigInput } from '../lib/model/index.ts';
 import { toHfConfig } from '../lib/model/config.ts';
 import { Sampler } from '../lib/model/sample.ts';
+import { defaultSessionCache } from '../lib/model/session-cache.ts';
 import { Trainer, type TrainBatch } from '../lib/model/train.ts';
 import { Rng } from '../lib/util/rng.ts';
 import { runTorch, tempDir, torchPython, writeJson } from '../test/int/model/torch-ref.ts';
@@ -48,6 +49,25 @@ const SHAPES: Shape[] = [
   { name: 'd256_l4_b128_t48', d: 256, layers: 4, heads: 4, vocab: 64, T: 48, B: 128, trainGoal: 0.9 },
 ];
 const DECODE = { prompt: 16, newTokens: 32, batches: [64, 128], goal: 1.3 };
+
+/**
+ * Real shapes (published configs, random weights), run when RLSTREAM_BENCH_REAL=1 (they need
+ * minutes per step on a few cores and ~16 GB at 0.5B; ORT and torch one after the other):
+ * GRPO update step at micro-batch 2 × 1024 tokens; RLSTREAM_BENCH_REAL_LAYERS overrides the depth
+ * (development), RLSTREAM_BENCH_REAL_ONLY picks one shape by name. Goals (issue 13): train
+ * tokens/s ORT ÷ torch ≥ 1.2, peak RSS ORT ÷ torch ≤ 0.6, 0.5B step RSS ≤ 16 GB.
+ */
+export const REAL_SHAPES: { name: string; config: ModelConfigInput }[] = [
+  { name: 'smollm2_135m', config: { modelType: 'llama', hiddenSize: 576, intermediateSize: 1536, numHiddenLayers: 30, numAttentionHeads: 9, numKeyValueHeads: 3, vocabSize: 49152, tieWordEmbeddings: true, maxPositionEmbeddings: 2048, ropeTheta: 100000, rmsNormEps: 1e-5, bosTokenId: 1, eosTokenId: 2, padTokenId: 2 } },
+  { name: 'qwen2.5_0.5b', config: { modelType: 'qwen2', hiddenSize: 896, intermediateSize: 4864, numHiddenLayers: 24, numAttentionHeads: 14, numKeyValueHeads: 2, vocabSize: 151936, tieWordEmbeddings: true, attentionBias: true, maxPositionEmbeddings: 2048, ropeTheta: 1000000, rmsNormEps: 1e-6, bosTokenId: 151643, eosTokenId: 151645, padTokenId: 151643 } },
+];
+const REAL_TRAIN = { B: 2, T: 1024, speedGoal: 1.2, rssGoal: 0.6, rss05bGb: 16 };
+
+function realConfig(name: string): ModelConfig {
+  const r = REAL_SHAPES.find((x) => x.name === name)!;
+  const layers = Number(process.env.RLSTREAM_BENCH_REAL_LAYERS);
+  return modelConfig({ ...r.config, ...(Number.isInteger(layers) && layers > 0 ? { numHiddenLayers: layers } : {}) });
+}
 
 function threads(): number {
   const env = Number(process.env.RLSTREAM_BENCH_THREADS);
@@ -78,15 +98,16 @@ export function trainStepFlops(c: ModelConfig, B: number, T: number): number {
 type ChildSpec =
   | { kind: 'train'; shape: Shape; threads: number; warmup: number; iters: number }
   | { kind: 'decode'; shape: Shape; B: number; threads: number; warmup: number; iters: number }
-  | { kind: 'gemm'; threads: number };
+  | { kind: 'gemm'; threads: number }
+  | { kind: 'train_real'; name: string; threads: number; warmup: number; iters: number };
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const peakRssMb = () => process.resourceUsage().maxRSS / 1024;
 /** CPU ms of the whole process (all ORT threads) since `c0`. */
 const cpuMs = (c0: NodeJS.CpuUsage) => { const d = process.cpuUsage(c0); return (d.user + d.system) / 1000; };
 
-async function childTrain(s: Shape, nThreads: number, warmup: number, iters: number): Promise<object> {
-  const c = configFor(s);
+async function childTrain(s: Pick<Shape, 'B' | 'T'> & Partial<Shape>, nThreads: number, warmup: number, iters: number, config?: ModelConfig): Promise<object> {
+  const c = config ?? configFor(s as Shape);
   const trainer = new Trainer({ model: c, loss: { type: 'policy' }, threads: nThreads, seed: 0, optim: { weightDecay: 0.01, maxGradNorm: 1 } });
   const rng = Rng.fromSeed('bench:train');
   const n = s.B * s.T;
@@ -101,7 +122,10 @@ async function childTrain(s: Shape, nThreads: number, warmup: number, iters: num
     await trainer.step(batch, 1e-4);
     if (i >= warmup) { times.push(performance.now() - t0); cpu.push(cpuMs(c0)); }
   }
-  return { ms: median(times), cpu_ms: median(cpu), times_ms: times, peak_rss_mb: peakRssMb() };
+  const params = [...trainer.weightsView().values()].reduce((a, w) => a + w.length, 0);
+  const peak = peakRssMb();
+  await defaultSessionCache.clear(); // flushes an ORT profile (RLSTREAM_ORT_PROFILE)
+  return { ms: median(times), cpu_ms: median(cpu), times_ms: times, peak_rss_mb: peak, params };
 }
 
 async function childDecode(s: Shape, B: number, nThreads: number, warmup: number, iters: number): Promise<object> {
@@ -152,6 +176,7 @@ async function child(spec: ChildSpec): Promise<object> {
     case 'train': return childTrain(spec.shape, spec.threads, spec.warmup, spec.iters);
     case 'decode': return childDecode(spec.shape, spec.B, spec.threads, spec.warmup, spec.iters);
     case 'gemm': return childGemm(spec.threads);
+    case 'train_real': return childTrain({ B: REAL_TRAIN.B, T: REAL_TRAIN.T }, spec.threads, spec.warmup, spec.iters, realConfig(spec.name));
   }
 }
 
@@ -164,6 +189,31 @@ function runChild(spec: ChildSpec): Promise<any> {
       res(JSON.parse(lines[lines.length - 1]));
     });
   });
+}
+
+/** GRPO update step at the real shapes: ORT then torch (never both at once), tokens/s and peak RSS. */
+async function realRows(rows: Row[], nThreads: number, withTorch: boolean, dir: string): Promise<void> {
+  const only = process.env.RLSTREAM_BENCH_REAL_ONLY;
+  const iters = Number(process.env.RLSTREAM_BENCH_REAL_ITERS) || 2;
+  const { B, T } = REAL_TRAIN;
+  for (const r of REAL_SHAPES) {
+    if (only && r.name !== only) continue;
+    const c = realConfig(r.name);
+    const tag = `${r.name}${c.numHiddenLayers !== r.config.numHiddenLayers ? `_l${c.numHiddenLayers}` : ''}_b${B}_t${T}`;
+    const cfgPath = join(dir, `${r.name}.json`);
+    writeJson(cfgPath, toHfConfig(c));
+    const ort = await runChild({ kind: 'train_real', name: r.name, threads: nThreads, warmup: 1, iters });
+    const tokS = (ms: number) => (B * T) / (ms / 1000);
+    rows.push({ name: `model/train_real/${tag}/ort_tok_s`, value: round(tokS(ort.ms)), unit: 'tok/s' });
+    rows.push({ name: `model/train_real/${tag}/ort_peak_rss`, value: Math.round(ort.peak_rss_mb), unit: 'MB', ...(r.name.startsWith('qwen') ? { goal: REAL_TRAIN.rss05bGb * 1024, better: 'lower' as const } : {}) });
+    rows.push({ name: `model/train_real/${tag}/ort_bytes_per_param`, value: round((ort.peak_rss_mb * 2 ** 20) / ort.params), unit: 'B' });
+    if (!withTorch) continue;
+    const t = await runTorch('bench_train.py', ['--config', cfgPath, '--batch', String(B), '--seq', String(T), '--threads', String(nThreads), '--warmup', '1', '--iters', String(iters)], { timeoutMs: 3_600_000 });
+    rows.push({ name: `model/train_real/${tag}/torch_tok_s`, value: round(tokS(t.ms)), unit: 'tok/s' });
+    rows.push({ name: `model/train_real/${tag}/torch_peak_rss`, value: Math.round(t.peak_rss_mb), unit: 'MB' });
+    rows.push({ name: `model/train_real/${tag}/ort_over_torch_tok_s`, value: round(t.ms / ort.ms), unit: 'ratio', goal: REAL_TRAIN.speedGoal, better: 'higher' });
+    rows.push({ name: `model/train_real/${tag}/ort_over_torch_rss`, value: round(ort.peak_rss_mb / t.peak_rss_mb), unit: 'ratio', goal: REAL_TRAIN.rssGoal, better: 'lower' });
+  }
 }
 
 // ───────────────────────────── the benchmark ─────────────────────────────
@@ -198,6 +248,9 @@ export async function run(): Promise<Row[]> {
         rows.push({ name: `model/train/${s.name}/ort_over_torch`, value: round(ort.ms / t.ms), unit: 'ratio', goal: s.trainGoal, better: 'lower' });
       }
     }
+
+    if (process.env.RLSTREAM_BENCH_REAL === '1') await realRows(rows, nThreads, torch.python !== null, tmp.dir);
+    else console.error('bench/model: real-shape rows (135M / 0.5B train step) skipped: set RLSTREAM_BENCH_REAL=1');
 
     const ds = SHAPES[0];
     const dcfg = join(tmp.dir, `${ds.name}.json`);

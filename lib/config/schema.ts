@@ -67,7 +67,11 @@ const dataSchema = section({
   answer_key: z.string().min(1).default('answer').describe('Field holding the ground truth passed to the reward (verl parquet: reward_model.ground_truth).'),
   image_key: z.string().min(1).default('images').describe('Field holding images (base64, data URLs or bytes) for multimodal prompts; absent field = no images.'),
   video_key: z.string().min(1).default('videos').describe('Field holding videos for multimodal prompts; absent field = no videos.'),
-  max_prompt_length: posInt().default(512).describe('Maximum prompt length in tokens.'),
+  apply_chat_template: z.boolean().default(true).describe("Render each prompt with the tokenizer's chat template (chat messages as given; a string prompt as one user message), the generation prompt added, as verl/TRL do; ignored for a tokenizer without a template (byte, alphabet: BOS + prompt text). false = the prompt text as is, with the tokenizer's own specials."),
+  system_prompt: z.string().nullable().default(null).describe('A system message put first in every prompt that has none (needs a chat template); null = none.'),
+  format_prompt: z.string().min(1).nullable().default(null).describe("EasyR1's format_prompt: a Jinja file applied to each string prompt before the chat template (its variable is `content`, e.g. `{{ content }} Put the final answer in \\boxed{}.`); chat-message prompts are left as they are. null = none."),
+  chat_template_kwargs: z.record(z.string(), z.unknown()).default({}).describe("Extra variables for the chat template, as transformers' apply_chat_template(**kwargs), e.g. {enable_thinking: false} for Qwen3."),
+  max_prompt_length: posInt().default(512).describe('Maximum prompt length in tokens, counted after the chat template.'),
   max_response_length: posInt().default(512).describe('Maximum response length in tokens (generation stops there).'),
   rollout_batch_size: posInt().default(512).describe('Prompts per training step; each is sampled rollout.n times (verl: data.train_batch_size).'),
   val_batch_size: offOrPosInt().default(-1).describe('Prompts per validation batch; -1 = the whole validation set in one batch.'),
@@ -166,7 +170,7 @@ const rolloutSchema = section({
 // actor
 
 const modelSchema = section({
-  path: z.string().min(1).nullable().default(null).describe('Load the weights (and architecture) from this checkpoint directory; null = initialise from the keys below.'),
+  path: z.string().min(1).nullable().default(null).describe('Start from this model directory: a Hugging Face one (config.json with model_type llama, mistral, qwen2 or qwen3; generation_config.json; model.safetensors or sharded with model.safetensors.index.json, bf16/f16/f32; tokenizer.json + tokenizer_config.json) or an rlstream policy version / checkpoint actor/. Its config.json sets the architecture (the architecture keys below are then not used) and its tokenizer replaces actor.model.tokenizer; every policy version and checkpoint is written back in the same layout. null = initialise from the keys below.'),
   d_model: posInt().default(64).describe('Hidden size.'),
   n_layers: posInt().default(2).describe('Transformer layers.'),
   n_heads: posInt().default(4).describe('Attention heads (must divide d_model; the head size d_model / n_heads must be even for rotary embeddings).'),
@@ -216,7 +220,7 @@ const actorSchema = section({
 // critic
 
 const criticModelSchema = section({
-  path: z.string().min(1).nullable().default(null).describe('Load the critic from this checkpoint directory; null → a fresh model (actor.model.path is not used: the value head differs).'),
+  path: z.string().min(1).nullable().default(null).describe('Start the critic from this model directory (a value model, or a causal-LM Hugging Face directory whose trunk is used with a fresh score head); null → actor.model.path the same way when set (as verl does), else a fresh model from the keys below.'),
   d_model: posInt().nullable().default(null).describe('Hidden size; null → actor.model.d_model.'),
   n_layers: posInt().nullable().default(null).describe('Layers; null → actor.model.n_layers.'),
   n_heads: posInt().nullable().default(null).describe('Attention heads; null → actor.model.n_heads.'),

@@ -12,7 +12,10 @@ import { ConfigError } from '../errors.ts';
 export interface DatasetRow {
   /** Position in the loaded dataset (0-based, after skipping bad rows and filtering). */
   index: number;
+  /** The prompt as text (chat messages joined by chatToText, for a tokenizer without a chat template). */
   prompt: string;
+  /** The prompt as given when it was chat messages (verl parquet), else null (a string prompt). */
+  messages: Array<{ role: string; content: string }> | null;
   answer: string;
   /** Images as raw bytes (decoded from base64 or data URLs in the file). */
   images: Buffer[];
@@ -72,13 +75,15 @@ function decodeImage(v: unknown): Buffer | null {
 }
 
 /** Validates one raw record; returns the row fields or a reason. */
-export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: boolean): { prompt: string; answer: string; images: Buffer[]; dataSource?: string; extraInfo?: string } | { reason: string } {
+export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: boolean): { prompt: string; messages: DatasetRow['messages']; answer: string; images: Buffer[]; dataSource?: string; extraInfo?: string } | { reason: string } {
   if (!rec || typeof rec !== 'object' || Array.isArray(rec)) return { reason: 'row is not a JSON object' };
   let promptRaw = get(rec, opts.prompt_key);
   if (promptRaw === undefined) return { reason: `missing prompt field "${opts.prompt_key}" (set data.prompt_key)` };
+  let messages: DatasetRow['messages'] = null;
   if (typeof promptRaw !== 'string') {
     const t = chatToText(promptRaw);
     if (t === null) return { reason: `prompt field "${opts.prompt_key}" must be a string or a list of {role, content} messages` };
+    messages = (promptRaw as Array<Record<string, unknown>>).map((m) => ({ role: m.role as string, content: m.content as string }));
     promptRaw = t;
   }
   const prompt = promptRaw as string;
@@ -104,7 +109,7 @@ export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: bool
   const extra = get(rec, 'extra_info');
   if (extra !== undefined && extra !== null && (typeof extra !== 'object' || Array.isArray(extra))) return { reason: 'field "extra_info" must be an object' };
   return {
-    prompt, answer: answerRaw, images,
+    prompt, messages, answer: answerRaw, images,
     ...(typeof ds === 'string' ? { dataSource: ds } : {}),
     ...(extra ? { extraInfo: JSON.stringify(extra, (_k, v: unknown) => (typeof v === 'bigint' ? Number(v) : v instanceof Uint8Array ? Buffer.from(v).toString('base64') : v)) } : {}),
   };

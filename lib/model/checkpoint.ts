@@ -1,22 +1,42 @@
 /**
- * Checkpoints: a directory with `model.safetensors` (HF parameter names, F32, metadata
- * `format: pt`), `config.json` (HF keys), and optionally `optimizer.safetensors` (AdamW moments as
- * `<name>.exp_avg` / `<name>.exp_avg_sq`, the step in metadata). The directory is written under a
+ * Model directories in Hugging Face layout, read and written.
+ *
+ * Read (`loadCheckpoint`): `config.json` (model_type llama / mistral / qwen2 / qwen3, see
+ * config.ts), optional `generation_config.json` (its eos ids stop generation too), weights in
+ * `model.safetensors` or sharded with `model.safetensors.index.json` (weight_map: tensor → shard
+ * file), stored F32 / BF16 / F16 / F64 and converted to f32. A tied model's `lm_head.weight` (some
+ * exporters keep it) and `rotary_emb.inv_freq` buffers are ignored; anything else that does not fit
+ * config.json is an error naming the tensor, its expected and found shape, or the missing shard.
+ * Everything is validated before anything is returned: nothing half-loads.
+ *
+ * Written (`saveCheckpoint`): a directory transformers loads — `model.safetensors` (HF parameter
+ * names, tied head omitted as save_pretrained does, F32 unless `dtype`, metadata `format: pt`),
+ * `config.json` (the source model's keys kept, the stored dtype stated), `generation_config.json`
+ * and the source's tokenizer files (copied from `assetsFrom`), and optionally
+ * `optimizer.safetensors` (AdamW moments as `<name>.exp_avg` / `<name>.exp_avg_sq`, the step in
+ * metadata). The directory is written under a
  * temporary name, every file fsynced, then renamed into place, so a half-written checkpoint never
  * looks valid. Loading validates names, shapes and dtypes and names the tensor at fault.
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { promises as fs } from 'node:fs';
+import { existsSync, promises as fs, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { ConfigError, withStoragePath } from '../errors.ts';
-import { fromHfConfig, toHfConfig, type ModelConfig } from './config.ts';
+import { fromHfConfig, modelConfig, stopTokenIds, toHfConfig, type HfDtype, type ModelConfig } from './config.ts';
+import { initWeights } from './init.ts';
 import { numel, paramSpecs, type Weights } from './params.ts';
-import { decodeSafetensors, encodeSafetensors, toFloat32, type StTensor } from './safetensors.ts';
+import { decodeSafetensors, encodeSafetensors, fromFloat32, toFloat32, type StTensor } from './safetensors.ts';
 import type { OptimizerState } from './train.ts';
 
 export const MODEL_FILE = 'model.safetensors';
+export const MODEL_INDEX_FILE = 'model.safetensors.index.json';
 export const OPTIMIZER_FILE = 'optimizer.safetensors';
 export const CONFIG_FILE = 'config.json';
+export const GENERATION_CONFIG_FILE = 'generation_config.json';
+/** Tokenizer files of a Hugging Face model directory, copied along with the weights. */
+export const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'added_tokens.json', 'chat_template.jinja', 'chat_template.json', 'vocab.json', 'merges.txt', 'tokenizer.model'];
+/** Every file of a model directory besides the weights and optimizer state. */
+export const MODEL_SIDE_FILES = [CONFIG_FILE, GENERATION_CONFIG_FILE, ...TOKENIZER_FILES];
 
 export interface Checkpoint {
   config: ModelConfig;
@@ -26,6 +46,8 @@ export interface Checkpoint {
   weightsSha256: string;
   /** Extra string metadata stored in model.safetensors. */
   metadata: Record<string, string>;
+  /** generation_config.json, when the directory has one. */
+  generation: Record<string, unknown> | null;
 }
 
 export interface SaveOptions {
@@ -33,6 +55,10 @@ export interface SaveOptions {
   metadata?: Record<string, string>;
   /** Replace an existing checkpoint directory (default false: error). */
   overwrite?: boolean;
+  /** Stored dtype of model.safetensors (default float32; the optimizer state is always f32). */
+  dtype?: HfDtype;
+  /** A model directory whose generation_config.json and tokenizer files are copied (the source model). */
+  assetsFrom?: string | null;
 }
 
 async function writeSynced(file: string, data: Uint8Array | string): Promise<void> {
@@ -57,7 +83,19 @@ export async function saveCheckpoint(dir: string, config: ModelConfig, weights: 
     if (!w) throw new ConfigError(`saveCheckpoint: weights lack ${s.name}`);
     if (w.length !== numel(s.shape)) throw new ConfigError(`saveCheckpoint: ${s.name} has ${w.length} values, expected [${s.shape}]`);
   }
-  const model = encodeSafetensors(specs.map((s) => [s.name, { shape: s.shape, data: weights.get(s.name)! }]), { format: 'pt', ...(opts.metadata ?? {}) });
+  const dtype = opts.dtype ?? 'float32';
+  const model = encodeSafetensors(specs.map((s) => [s.name, fromFloat32(weights.get(s.name)!, s.shape, dtype)]), { format: 'pt', ...(opts.metadata ?? {}) });
+  // the source's generation config and tokenizer files (read before the temporary directory exists)
+  const side = new Map<string, Buffer>();
+  if (opts.assetsFrom) {
+    for (const f of [GENERATION_CONFIG_FILE, ...TOKENIZER_FILES]) {
+      try { side.set(f, await fs.readFile(path.join(opts.assetsFrom, f))); } catch (e) { if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e; }
+    }
+  }
+  if (!side.has(GENERATION_CONFIG_FILE)) {
+    const eos = stopTokenIds(config);
+    side.set(GENERATION_CONFIG_FILE, Buffer.from(JSON.stringify({ bos_token_id: config.bosTokenId, eos_token_id: eos.length === 1 ? eos[0] : eos, pad_token_id: config.padTokenId }, null, 2) + '\n'));
+  }
   const parent = path.dirname(path.resolve(dir));
   await fs.mkdir(parent, { recursive: true });
   const tmp = path.join(parent, `.${path.basename(dir)}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
@@ -74,7 +112,8 @@ export async function saveCheckpoint(dir: string, config: ModelConfig, weights: 
       }
       await writeSynced(path.join(tmp, OPTIMIZER_FILE), encodeSafetensors(entries, { step: String(o.step), optimizer: 'adamw' }));
     }
-    await writeSynced(path.join(tmp, CONFIG_FILE), JSON.stringify(toHfConfig(config), null, 2) + '\n');
+    await writeSynced(path.join(tmp, CONFIG_FILE), JSON.stringify(toHfConfig(config, dtype), null, 2) + '\n');
+    for (const [f, data] of side) await writeSynced(path.join(tmp, f), data);
     await syncDir(tmp);
     let old: string | null = null;
     try {
@@ -106,7 +145,8 @@ async function readFile(file: string, what: string): Promise<Buffer> {
 export function weightsFromTensors(config: ModelConfig, tensors: Map<string, StTensor>, source: string, suffix = ''): Weights {
   const specs = paramSpecs(config);
   const want = new Set(specs.map((s) => s.name + suffix));
-  const extra = [...tensors.keys()].filter((k) => !want.has(k) && !(config.tieWordEmbeddings && k === 'lm_head.weight' + suffix));
+  const ignorable = (k: string) => (config.tieWordEmbeddings && k === 'lm_head.weight' + suffix) || k.endsWith('rotary_emb.inv_freq' + suffix);
+  const extra = [...tensors.keys()].filter((k) => !want.has(k) && !ignorable(k));
   if (extra.length) throw new ConfigError(`${source}: unexpected tensor(s) ${extra.slice(0, 5).join(', ')}${extra.length > 5 ? ` (+${extra.length - 5} more)` : ''} for this config.json (${config.modelType}, ${config.numHiddenLayers} layers, head "${config.head}")`);
   const w: Weights = new Map();
   for (const s of specs) {
@@ -119,17 +159,111 @@ export function weightsFromTensors(config: ModelConfig, tensors: Map<string, StT
   return w;
 }
 
-/** Load and validate a checkpoint directory (the optimizer state when present and `optimizer` is not false). */
+async function readJson(file: string, what: string, optional: true): Promise<Record<string, unknown> | null>;
+async function readJson(file: string, what: string, optional?: false): Promise<Record<string, unknown>>;
+async function readJson(file: string, what: string, optional = false): Promise<Record<string, unknown> | null> {
+  let text: string;
+  try { text = (await fs.readFile(file)).toString('utf8'); } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') {
+      if (optional) return null;
+      throw new ConfigError(`${path.dirname(file)} is not a model directory: ${what} not found`);
+    }
+    throw e;
+  }
+  let j: unknown;
+  try { j = JSON.parse(text); } catch (e) { throw new ConfigError(`${file} is not valid JSON (${(e as Error).message})`); }
+  if (!j || typeof j !== 'object' || Array.isArray(j)) throw new ConfigError(`${file} must hold a JSON object`);
+  return j as Record<string, unknown>;
+}
+
+/** The model config of a directory (config.json + generation_config.json), without reading weights. */
+export async function readModelDirConfig(dir: string): Promise<{ config: ModelConfig; generation: Record<string, unknown> | null }> {
+  const cfgJson = await readJson(path.join(dir, CONFIG_FILE), CONFIG_FILE);
+  const generation = await readJson(path.join(dir, GENERATION_CONFIG_FILE), GENERATION_CONFIG_FILE, true);
+  return { config: fromHfConfig(cfgJson, generation), generation };
+}
+
+/** readModelDirConfig, synchronously (for start-up checks). */
+export function readModelDirConfigSync(dir: string): ModelConfig {
+  const read = (f: string, optional: boolean): Record<string, unknown> | null => {
+    const file = path.join(dir, f);
+    if (!existsSync(file)) {
+      if (optional) return null;
+      throw new ConfigError(`${dir} is not a model directory: ${f} not found`);
+    }
+    let j: unknown;
+    try { j = JSON.parse(readFileSync(file, 'utf8')); } catch (e) { throw new ConfigError(`${file} is not valid JSON (${(e as Error).message})`); }
+    if (!j || typeof j !== 'object' || Array.isArray(j)) throw new ConfigError(`${file} must hold a JSON object`);
+    return j as Record<string, unknown>;
+  };
+  return fromHfConfig(read(CONFIG_FILE, false)!, read(GENERATION_CONFIG_FILE, true));
+}
+
+/**
+ * A causal-LM checkpoint as the start of a value model (critic): the same trunk, no LM head, and a
+ * fresh `score.weight` [1, D] ~ N(0, 0.02) seeded by `seed` (as transformers initialises the head
+ * of AutoModelForTokenClassification loaded from an LM).
+ */
+export function valueModelFrom(ck: Pick<Checkpoint, 'config' | 'weights'>, seed: number): { config: ModelConfig; weights: Weights } {
+  if (ck.config.head === 'value') return ck;
+  const config = modelConfig({ ...ck.config, head: 'value', tieWordEmbeddings: false });
+  const fresh = initWeights(config, seed);
+  const weights: Weights = new Map();
+  for (const s of paramSpecs(config)) weights.set(s.name, s.name === 'score.weight' ? fresh.get(s.name)! : ck.weights.get(s.name)!);
+  return { config, weights };
+}
+
+/**
+ * Every tensor of a directory's weights: model.safetensors, or the shards named by
+ * model.safetensors.index.json (each tensor must come from the shard the index names). Returns the
+ * tensors and the sha256 of the weight bytes (of the file, or of the shards in index order).
+ */
+async function readWeightTensors(dir: string): Promise<{ tensors: Map<string, StTensor>; metadata: Record<string, string>; sha: string; source: string }> {
+  const single = path.join(dir, MODEL_FILE), indexFile = path.join(dir, MODEL_INDEX_FILE);
+  if (!existsSync(single) && !existsSync(indexFile) && (existsSync(path.join(dir, 'pytorch_model.bin')) || existsSync(path.join(dir, 'pytorch_model.bin.index.json')))) {
+    throw new ConfigError(`${dir} has only PyTorch pickle weights (pytorch_model.bin); download the model's safetensors files, or convert once with transformers: AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`);
+  }
+  const index = existsSync(single) ? null : await readJson(indexFile, `${MODEL_FILE} (or ${MODEL_INDEX_FILE})`);
+  if (!index) {
+    const buf = await readFile(single, MODEL_FILE);
+    const { tensors, metadata } = decodeSafetensors(buf, single);
+    return { tensors, metadata, sha: sha256(buf), source: single };
+  }
+  const map = index.weight_map;
+  if (!map || typeof map !== 'object' || Array.isArray(map)) throw new ConfigError(`${indexFile}: "weight_map" must be an object {tensor name: shard file}`);
+  const entries = Object.entries(map as Record<string, unknown>);
+  const shards = [...new Set(entries.map(([, f]) => String(f)))];
+  for (const f of shards) {
+    if (f.includes('/') || f.includes('\\') || f.startsWith('.')) throw new ConfigError(`${indexFile}: shard name ${JSON.stringify(f)} must be a file name in the same directory`);
+    if (!existsSync(path.join(dir, f))) throw new ConfigError(`${indexFile} names shard ${f}, which is missing from ${dir}`);
+  }
+  const tensors = new Map<string, StTensor>();
+  const hash = createHash('sha256');
+  let metadata: Record<string, string> = {};
+  for (const f of shards) {
+    const file = path.join(dir, f);
+    const buf = await fs.readFile(file);
+    hash.update(buf);
+    const d = decodeSafetensors(buf, file);
+    metadata = { ...d.metadata, ...metadata };
+    for (const [name, t] of d.tensors) {
+      const owner = (map as Record<string, unknown>)[name];
+      if (owner === undefined) continue; // not in the index: transformers does not read it either
+      if (owner !== f) continue;
+      tensors.set(name, t);
+    }
+  }
+  for (const [name, f] of entries) if (!tensors.has(name)) throw new ConfigError(`${indexFile} puts tensor ${name} in ${String(f)}, which does not contain it`);
+  return { tensors, metadata, sha: hash.digest('hex'), source: `${dir} (${shards.length} shards)` };
+}
+
+/** Load and validate a model or checkpoint directory (the optimizer state when present and `optimizer` is not false). */
 export async function loadCheckpoint(dir: string, opts: { optimizer?: boolean } = {}): Promise<Checkpoint> {
-  const cfgText = (await readFile(path.join(dir, CONFIG_FILE), CONFIG_FILE)).toString('utf8');
-  let cfgJson: Record<string, unknown>;
-  try { cfgJson = JSON.parse(cfgText); } catch (e) { throw new ConfigError(`checkpoint: ${path.join(dir, CONFIG_FILE)} is not valid JSON (${(e as Error).message})`); }
-  const config = fromHfConfig(cfgJson);
-  const modelBuf = await readFile(path.join(dir, MODEL_FILE), MODEL_FILE);
-  const src = path.join(dir, MODEL_FILE);
-  const { tensors, metadata } = decodeSafetensors(modelBuf, src);
-  const weights = weightsFromTensors(config, tensors, src);
-  const out: Checkpoint = { config, weights, weightsSha256: sha256(modelBuf), metadata };
+  const { config, generation } = await readModelDirConfig(dir);
+  const { tensors, metadata, sha, source } = await readWeightTensors(dir);
+  const weights = weightsFromTensors(config, tensors, source);
+  tensors.clear();
+  const out: Checkpoint = { config, weights, weightsSha256: sha, metadata, generation };
   if (opts.optimizer !== false) {
     const ofile = path.join(dir, OPTIMIZER_FILE);
     let obuf: Buffer | null = null;

@@ -1,57 +1,96 @@
 /**
- * Model configuration for the Llama-family decoder (Llama / Qwen2). TypeScript fields are
+ * Model configuration for the Llama-family decoder (Llama / SmolLM2, Mistral, Qwen2, Qwen3). TypeScript fields are
  * camelCase; `toHfConfig`/`fromHfConfig` map to and from Hugging Face's `config.json` keys so a
  * checkpoint directory is recognisable to that tooling.
  */
 import { z } from 'zod';
 import { ConfigError } from '../errors.ts';
 
+const ropeScalingSchema = z.discriminatedUnion('type', [
+  z.object({ type: z.literal('linear'), factor: z.number().positive() }).strict(),
+  z.object({
+    type: z.literal('llama3'), factor: z.number().positive(), lowFreqFactor: z.number().positive(), highFreqFactor: z.number().positive(),
+    originalMaxPositionEmbeddings: z.number().int().positive(),
+  }).strict(),
+]);
+export type RopeScaling = z.infer<typeof ropeScalingSchema>;
+
+export const MODEL_TYPES = ['llama', 'mistral', 'qwen2', 'qwen3'] as const;
+
 export const modelConfigSchema = z.object({
-  modelType: z.enum(['llama', 'qwen2']).default('llama').describe('llama, or qwen2 (q/k/v biases)'),
+  modelType: z.enum(MODEL_TYPES).default('llama').describe('llama (also SmolLM2), mistral, qwen2 (q/k/v biases) or qwen3 (per-head q/k RMSNorm)'),
   head: z.enum(['lm', 'value']).default('lm').describe('lm: causal-LM policy head; value: scalar critic head (score.weight)'),
   hiddenSize: z.number().int().positive().describe('d_model'),
   intermediateSize: z.number().int().positive().describe('SwiGLU hidden width (ffn)'),
   numHiddenLayers: z.number().int().positive().describe('decoder layers'),
   numAttentionHeads: z.number().int().positive().describe('query heads'),
   numKeyValueHeads: z.number().int().positive().describe('key/value heads (grouped-query attention when fewer than query heads)'),
-  vocabSize: z.number().int().positive().describe('vocabulary size, specials included'),
+  headDim: z.number().int().positive().optional().describe('per-head width; default hiddenSize / numAttentionHeads (Qwen3 sets it independently)'),
+  vocabSize: z.number().int().positive().describe('vocabulary size, specials included (may exceed the tokenizer\'s: padding rows)'),
   maxPositionEmbeddings: z.number().int().positive().describe('maximum sequence length (prompt + response)'),
   rmsNormEps: z.number().positive().default(1e-6).describe('RMSNorm epsilon'),
   ropeTheta: z.number().positive().default(10000).describe('rotary base'),
+  ropeScaling: ropeScalingSchema.nullable().default(null).describe('rotary frequency scaling (HF rope_scaling types linear, llama3); null = none'),
   tieWordEmbeddings: z.boolean().default(false).describe('LM head shares the token embedding'),
   attentionBias: z.boolean().default(false).describe('q/k/v projection biases (true for Qwen2)'),
   bosTokenId: z.number().int().nonnegative().describe('begin-of-sequence token id'),
-  eosTokenId: z.number().int().nonnegative().describe('end-of-sequence token id'),
+  eosTokenId: z.number().int().nonnegative().describe('end-of-sequence token id (the first stop token)'),
+  eosTokenIds: z.array(z.number().int().nonnegative()).min(1).optional().describe('every stop token (config.json list + generation_config.json); default [eosTokenId]'),
   padTokenId: z.number().int().nonnegative().describe('padding token id'),
+  // added by tok (issue 14): one mask for every LM-head distribution, so sampler and scorer/trainer agree
+  suppressTokenIds: z.array(z.number().int().nonnegative()).optional().describe('ids that get a −1e9 logit bias in every LM-head distribution — sampling, scoring, training (HF generation_config suppress_tokens, applied everywhere so behaviour and trainer log-probs agree); not written to config.json'),
+  slidingWindow: z.number().int().positive().nullable().default(null).describe('Mistral sliding-window size; sequences must fit inside it (null = full attention)'),
+  extra: z.record(z.string(), z.unknown()).optional().describe('config.json keys of the source model not modelled here, written back unchanged'),
 }).strict();
 
 export type ModelConfigInput = z.input<typeof modelConfigSchema>;
-export type ModelConfig = z.output<typeof modelConfigSchema> & { readonly headDim: number };
+export type ModelConfig = Omit<z.output<typeof modelConfigSchema>, 'headDim'> & { readonly headDim: number };
 
 /** Validate and complete a model config; errors name the field and what to fix. */
 export function modelConfig(input: ModelConfigInput | ModelConfig): ModelConfig {
-  // a complete ModelConfig (with its derived headDim) is accepted too, e.g. {...cfg, head: 'value'}
-  const { headDim: givenHeadDim, ...rest } = input as ModelConfigInput & { headDim?: number };
-  const r = modelConfigSchema.safeParse(rest);
+  const r = modelConfigSchema.safeParse(input);
   if (!r.success) throw new ConfigError(`model config: ${r.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`);
   const c = r.data;
-  if (c.hiddenSize % c.numAttentionHeads !== 0) throw new ConfigError(`model config: hiddenSize ${c.hiddenSize} must be divisible by numAttentionHeads ${c.numAttentionHeads}`);
+  if (c.headDim === undefined && c.hiddenSize % c.numAttentionHeads !== 0) throw new ConfigError(`model config: hiddenSize ${c.hiddenSize} must be divisible by numAttentionHeads ${c.numAttentionHeads} (or give headDim)`);
   if (c.numAttentionHeads % c.numKeyValueHeads !== 0) throw new ConfigError(`model config: numAttentionHeads ${c.numAttentionHeads} must be a multiple of numKeyValueHeads ${c.numKeyValueHeads}`);
-  const headDim = c.hiddenSize / c.numAttentionHeads;
-  if (givenHeadDim !== undefined && givenHeadDim !== headDim) throw new ConfigError(`model config: headDim ${givenHeadDim} ≠ hiddenSize / numAttentionHeads (${headDim}); only that layout is supported`);
-  if (headDim % 2 !== 0) throw new ConfigError(`model config: head dim ${headDim} (hiddenSize / numAttentionHeads) must be even for rotary embeddings`);
+  const headDim = c.headDim ?? c.hiddenSize / c.numAttentionHeads;
+  if (headDim % 2 !== 0) throw new ConfigError(`model config: head dim ${headDim} must be even for rotary embeddings`);
   for (const k of ['bosTokenId', 'eosTokenId', 'padTokenId'] as const) {
     if (c[k] >= c.vocabSize) throw new ConfigError(`model config: ${k} ${c[k]} is outside the vocabulary (vocabSize ${c.vocabSize})`);
   }
+  for (const e of c.eosTokenIds ?? []) if (e >= c.vocabSize) throw new ConfigError(`model config: eosTokenIds ${e} is outside the vocabulary (vocabSize ${c.vocabSize})`);
+  for (const e of c.suppressTokenIds ?? []) if (e >= c.vocabSize) throw new ConfigError(`model config: suppressTokenIds ${e} is outside the vocabulary (vocabSize ${c.vocabSize})`);
   if (c.head === 'value' && c.tieWordEmbeddings) throw new ConfigError('model config: a value model has no LM head to tie; set tieWordEmbeddings false');
-  return Object.freeze({ ...c, headDim });
+  if (c.ropeScaling?.type === 'llama3' && c.ropeScaling.highFreqFactor <= c.ropeScaling.lowFreqFactor) throw new ConfigError(`model config: rope scaling llama3 needs highFreqFactor (${c.ropeScaling.highFreqFactor}) > lowFreqFactor (${c.ropeScaling.lowFreqFactor})`);
+  const out: Record<string, unknown> = { ...c, headDim };
+  for (const k of ['eosTokenIds', 'suppressTokenIds', 'extra'] as const) if (out[k] === undefined) delete out[k];
+  return Object.freeze(out) as ModelConfig;
 }
 
-/** Hugging Face `config.json` for this model. */
-export function toHfConfig(c: ModelConfig): Record<string, unknown> {
-  const arch = c.modelType === 'qwen2' ? 'Qwen2' : 'Llama';
-  const out: Record<string, unknown> = {
-    architectures: [`${arch}${c.head === 'value' ? 'ForTokenClassification' : 'ForCausalLM'}`],
+/** Every stop token of the model: eosTokenIds, or [eosTokenId]. */
+export function stopTokenIds(c: ModelConfig): number[] { return c.eosTokenIds ? [...c.eosTokenIds] : [c.eosTokenId]; }
+
+/** Whether the architecture has Qwen3's per-head RMSNorm on queries and keys (q_norm / k_norm, before RoPE). */
+export function hasQkNorm(c: ModelConfig): boolean { return c.modelType === 'qwen3'; }
+
+const ARCH: Record<ModelConfig['modelType'], string> = { llama: 'Llama', mistral: 'Mistral', qwen2: 'Qwen2', qwen3: 'Qwen3' };
+
+/** config.json keys this module reads or writes; every other key of a source config is kept in `extra`. */
+const MODELLED = new Set(['architectures', 'model_type', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads', 'num_key_value_heads',
+  'head_dim', 'vocab_size', 'max_position_embeddings', 'rms_norm_eps', 'rope_theta', 'rope_scaling', 'rope_parameters', 'hidden_act', 'tie_word_embeddings',
+  'attention_bias', 'torch_dtype', 'dtype', 'bos_token_id', 'eos_token_id', 'pad_token_id', 'num_labels', 'id2label', 'label2id']);
+
+export type HfDtype = 'float32' | 'bfloat16' | 'float16';
+
+/**
+ * Hugging Face `config.json` for this model: the source model's other keys (`extra`) kept, the
+ * modelled ones written from the config, and the stored dtype stated (`torch_dtype` for
+ * transformers 4.x, `dtype` for 5.x).
+ */
+export function toHfConfig(c: ModelConfig, dtype: HfDtype = 'float32'): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...(c.extra ?? {}) };
+  Object.assign(out, {
+    architectures: [`${ARCH[c.modelType]}${c.head === 'value' ? 'ForTokenClassification' : 'ForCausalLM'}`],
     model_type: c.modelType,
     hidden_size: c.hiddenSize,
     intermediate_size: c.intermediateSize,
@@ -66,45 +105,95 @@ export function toHfConfig(c: ModelConfig): Record<string, unknown> {
     hidden_act: 'silu',
     tie_word_embeddings: c.tieWordEmbeddings,
     attention_bias: c.attentionBias,
-    torch_dtype: 'float32',
+    torch_dtype: dtype,
+    dtype,
     bos_token_id: c.bosTokenId,
-    eos_token_id: c.eosTokenId,
+    eos_token_id: c.eosTokenIds ? (c.eosTokenIds.length === 1 ? c.eosTokenIds[0] : [...c.eosTokenIds]) : c.eosTokenId,
     pad_token_id: c.padTokenId,
-  };
+  });
+  const rs = c.ropeScaling;
+  if (rs?.type === 'linear') out.rope_scaling = { rope_type: 'linear', factor: rs.factor };
+  else if (rs?.type === 'llama3') out.rope_scaling = { rope_type: 'llama3', factor: rs.factor, low_freq_factor: rs.lowFreqFactor, high_freq_factor: rs.highFreqFactor, original_max_position_embeddings: rs.originalMaxPositionEmbeddings };
+  if (c.modelType === 'mistral') out.sliding_window = c.slidingWindow;
   if (c.head === 'value') { out.num_labels = 1; out.id2label = { 0: 'LABEL_0' }; out.label2id = { LABEL_0: 0 }; }
   return out;
 }
 
-/** Parse a Hugging Face `config.json` object (Llama or Qwen2 family). */
-export function fromHfConfig(j: Record<string, unknown>): ModelConfig {
+const unsupported = (what: string, hint = ''): ConfigError => new ConfigError(`config.json: ${what} is not supported${hint ? ` (${hint})` : ''}`);
+
+function ropeScalingFrom(j: Record<string, unknown>): { theta: number | undefined; scaling: RopeScaling | null } {
+  // transformers ≥ 5 writes rope_parameters {rope_type, rope_theta, ...}; 4.x rope_theta + rope_scaling {rope_type | type, ...}
+  const params = j.rope_parameters && typeof j.rope_parameters === 'object' ? j.rope_parameters as Record<string, unknown> : null;
+  const rs = (j.rope_scaling && typeof j.rope_scaling === 'object' ? j.rope_scaling : params) as Record<string, unknown> | null;
+  const theta = typeof j.rope_theta === 'number' ? j.rope_theta : typeof params?.rope_theta === 'number' ? params.rope_theta : undefined;
+  if (!rs) return { theta, scaling: null };
+  const type = rs.rope_type ?? rs.type ?? 'default';
+  const num = (k: string): number => {
+    if (typeof rs[k] !== 'number') throw new ConfigError(`config.json: rope_scaling ${JSON.stringify(type)} needs a number "${k}", got ${JSON.stringify(rs[k])}`);
+    return rs[k] as number;
+  };
+  if (type === 'default') return { theta, scaling: null };
+  if (type === 'linear') return { theta, scaling: { type: 'linear', factor: num('factor') } };
+  if (type === 'llama3') return { theta, scaling: { type: 'llama3', factor: num('factor'), lowFreqFactor: num('low_freq_factor'), highFreqFactor: num('high_freq_factor'), originalMaxPositionEmbeddings: num('original_max_position_embeddings') } };
+  throw unsupported(`rope_scaling type ${JSON.stringify(type)}`, 'supported: linear, llama3');
+}
+
+/**
+ * Parse a Hugging Face `config.json` object (model_type llama, mistral, qwen2 or qwen3). A key
+ * or value that would change the computation in a way this engine does not implement is refused
+ * with one line naming it. `generation` (generation_config.json) adds its eos_token_id(s) to the
+ * stop tokens.
+ */
+export function fromHfConfig(j: Record<string, unknown>, generation?: Record<string, unknown> | null): ModelConfig {
   const need = (k: string): number => {
     const v = j[k];
     if (typeof v !== 'number') throw new ConfigError(`config.json: "${k}" must be a number, got ${JSON.stringify(v)}`);
     return v;
   };
   const modelType = j.model_type;
-  if (modelType !== 'llama' && modelType !== 'qwen2') throw new ConfigError(`config.json: model_type must be "llama" or "qwen2", got ${JSON.stringify(modelType)}`);
+  if (!(MODEL_TYPES as readonly unknown[]).includes(modelType)) throw unsupported(`model_type ${JSON.stringify(modelType)}`, `supported: ${MODEL_TYPES.join(', ')}`);
+  const mt = modelType as ModelConfig['modelType'];
+  if (j.hidden_act !== undefined && j.hidden_act !== 'silu') throw unsupported(`hidden_act ${JSON.stringify(j.hidden_act)}`, 'only "silu"');
+  if (j.mlp_bias === true) throw unsupported('mlp_bias true');
+  if (j.attention_bias === true && mt !== 'qwen2') throw unsupported(`attention_bias true for model_type ${mt}`, 'it adds an o_proj bias');
+  if (j.quantization_config !== undefined && j.quantization_config !== null) throw unsupported('quantization_config', 'a quantized model; use the unquantized bf16/f16/f32 weights');
+  if (j.use_sliding_window === true) throw unsupported('use_sliding_window true');
+  if (Array.isArray(j.layer_types) && j.layer_types.some((t) => t !== 'full_attention')) throw unsupported(`layer_types ${JSON.stringify([...new Set(j.layer_types)])}`, 'only "full_attention"');
+  if (typeof j.pretraining_tp === 'number' && j.pretraining_tp !== 1) throw unsupported(`pretraining_tp ${j.pretraining_tp}`, 'only 1');
   const archs = Array.isArray(j.architectures) ? (j.architectures as unknown[]).map(String) : [];
   const head = archs.some((a) => a.endsWith('ForTokenClassification') || a.endsWith('ForSequenceClassification')) ? 'value' : 'lm';
   const hidden = need('hidden_size'), heads = need('num_attention_heads');
-  if (typeof j.head_dim === 'number' && j.head_dim !== hidden / heads) throw new ConfigError(`config.json: head_dim ${j.head_dim} ≠ hidden_size / num_attention_heads (${hidden / heads}); only that layout is supported`);
-  const eos = Array.isArray(j.eos_token_id) ? (j.eos_token_id as number[])[0] : j.eos_token_id;
+  const headDim = typeof j.head_dim === 'number' ? j.head_dim : mt === 'qwen3' ? 128 : undefined;
+  const { theta, scaling } = ropeScalingFrom(j);
+  const idList = (v: unknown): number[] => (Array.isArray(v) ? v : typeof v === 'number' ? [v] : []).filter((x): x is number => typeof x === 'number');
+  const eosList = idList(j.eos_token_id);
+  if (!eosList.length) throw new ConfigError(`config.json: "eos_token_id" must be a number or a list of numbers, got ${JSON.stringify(j.eos_token_id)}`);
+  const allEos = [...new Set([...eosList, ...idList(generation?.eos_token_id)])];
+  const bos = typeof j.bos_token_id === 'number' ? j.bos_token_id : typeof generation?.bos_token_id === 'number' ? generation.bos_token_id : eosList[0];
+  const pad = typeof j.pad_token_id === 'number' ? j.pad_token_id : typeof generation?.pad_token_id === 'number' ? generation.pad_token_id : eosList[0];
+  const extra: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(j)) if (!MODELLED.has(k) && !(mt === 'mistral' && k === 'sliding_window')) extra[k] = v;
   return modelConfig({
-    modelType,
+    modelType: mt,
     head,
     hiddenSize: hidden,
     intermediateSize: need('intermediate_size'),
     numHiddenLayers: need('num_hidden_layers'),
     numAttentionHeads: heads,
     numKeyValueHeads: typeof j.num_key_value_heads === 'number' ? j.num_key_value_heads : heads,
+    ...(headDim !== undefined ? { headDim } : {}),
     vocabSize: need('vocab_size'),
     maxPositionEmbeddings: need('max_position_embeddings'),
     rmsNormEps: typeof j.rms_norm_eps === 'number' ? j.rms_norm_eps : 1e-6,
-    ropeTheta: typeof j.rope_theta === 'number' ? j.rope_theta : 10000,
+    ropeTheta: theta ?? 10000,
+    ropeScaling: scaling,
     tieWordEmbeddings: j.tie_word_embeddings === true,
-    attentionBias: typeof j.attention_bias === 'boolean' ? j.attention_bias : modelType === 'qwen2',
-    bosTokenId: need('bos_token_id'),
-    eosTokenId: typeof eos === 'number' ? eos : need('eos_token_id'),
-    padTokenId: typeof j.pad_token_id === 'number' ? j.pad_token_id : (typeof eos === 'number' ? eos : need('pad_token_id')),
+    attentionBias: mt === 'qwen2' ? j.attention_bias !== false : false,
+    bosTokenId: bos,
+    eosTokenId: eosList[0],
+    ...(allEos.length > 1 || Array.isArray(j.eos_token_id) ? { eosTokenIds: allEos } : {}),
+    padTokenId: pad,
+    slidingWindow: mt === 'mistral' && typeof j.sliding_window === 'number' ? j.sliding_window : null,
+    ...(Object.keys(extra).length ? { extra } : {}),
   });
 }

@@ -22,6 +22,9 @@
  * outer values (weights, rope tables, sampling inputs) are resolved from the outer scope.
  *
  * Sampling (per row, all inside the graph; see `sampleTokens`):
+ *   logits += bias, bias[v] = −1e9 for v in `suppressTokenIds` (specials other than the stop ids,
+ *             NUL, padding rows: ids that cannot appear in text), 0 otherwise; the scorer and the
+ *             trainer add the same bias (`logitBiasOf`), so log-probs agree on-policy
  *   z = logits / T (T = temperature; T ≤ 0 means greedy: argmax of the logits)
  *   top-k then top-p truncation (HF/vLLM order) when the graph is built with `truncation`
  *   token = inverse CDF of softmax(truncated z) at the row's uniform u ∈ (0, 1), in vocabulary order
@@ -31,7 +34,7 @@
 import onnxProto from 'onnx-proto';
 import { GraphBuilder, GraphError, type Var } from '../onnx/builder.ts';
 import { linear, rmsNorm, rope, swiglu } from '../onnx/nn.ts';
-import type { ModelConfig } from './config.ts';
+import { hasQkNorm, type ModelConfig } from './config.ts';
 import { declareParams, llamaForward, lmHead, MASK_NEG, type ParamVars } from './llama.ts';
 import { paramSpecs } from './params.ts';
 
@@ -44,8 +47,9 @@ export interface GenerateGraphOptions {
 
 /** Names of the generation graph's non-weight inputs and outputs. */
 export const GEN_IO = {
-  promptIds: 'prompt_ids', // int64 [B, P], left-padded
-  promptMask: 'prompt_mask', // int64 [B, P], 1 = token, 0 = padding
+  promptIds: 'prompt_ids', // int64 [U, P], left-padded: each distinct prompt once
+  promptMask: 'prompt_mask', // int64 [U, P], 1 = token, 0 = padding
+  promptRows: 'prompt_rows', // int64 [B]: the prompt row (of U) each sampled row continues
   uniforms: 'uniforms', // float32 [B, N]: one uniform in (0, 1) per row and step; N = max new tokens
   temperature: 'temperature', // float32 [B]
   topP: 'top_p', // float32 [B] (truncation graphs only), 1 = off
@@ -58,14 +62,30 @@ export const GEN_IO = {
 const NEG_INF = -Infinity;
 
 /**
- * Sample one token per row from logits [B, V]. u [B] uniforms in (0, 1), temperature [B];
- * topP [B] / topK [B] when truncating. Returns token [B] int64 and its log-prob [B] under the
- * temperature-scaled, untruncated distribution.
+ * The additive logit bias [V] of a policy: MASK_NEG (−1e9, finite so p·log p stays 0 in the
+ * entropy) at `c.suppressTokenIds`, 0 elsewhere; null when nothing is suppressed. Every graph that
+ * computes the policy's distribution (sampling, scoring, training) adds it to the logits before
+ * the temperature, so behaviour, old and current log-probs are of one masked distribution.
  */
-export function sampleTokens(b: GraphBuilder, logits: Var, u: Var, temperature: Var, trunc: { topP: Var; topK: Var } | null): { token: Var; logprob: Var } {
-  const [B, V] = logits.shape;
+export function logitBiasOf(c: ModelConfig): Float32Array | null {
+  const ids = c.suppressTokenIds ?? [];
+  if (ids.length === 0) return null;
+  const bias = new Float32Array(c.vocabSize);
+  for (const id of ids) bias[id] = MASK_NEG;
+  return bias;
+}
+
+/**
+ * Sample one token per row from logits [B, V]. u [B] uniforms in (0, 1), temperature [B];
+ * topP [B] / topK [B] when truncating; bias [V] (logitBiasOf) added to the logits first, or null.
+ * Returns token [B] int64 and its log-prob [B] under the masked, temperature-scaled, untruncated
+ * distribution.
+ */
+export function sampleTokens(b: GraphBuilder, logitsIn: Var, u: Var, temperature: Var, trunc: { topP: Var; topK: Var } | null, bias: Var | null = null): { token: Var; logprob: Var } {
+  const [B, V] = logitsIn.shape;
   if (typeof V !== 'number') throw new GraphError('sampleTokens: vocabulary size must be static');
   return b.scope('sample', () => {
+    const logits = bias ? b.add(logitsIn, b.unsqueeze(bias, [0])) : logitsIn; // [B, V]
     const greedy = b.lessOrEqual(temperature, 0); // [B]
     const tEff = b.where(greedy, 1, temperature);
     const z = b.div(logits, b.unsqueeze(tEff, [1])); // [B, V]
@@ -105,23 +125,28 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const b = new GraphBuilder({ name: 'generate' });
   // weights are graph inputs named by their HF names, fed per call (one session per model shape)
   const p = declareParams(b, c, 'inputs');
-  const ids = b.input(GEN_IO.promptIds, 'int64', ['B', 'P']);
-  const mask = b.input(GEN_IO.promptMask, 'int64', ['B', 'P']);
+  const ids = b.input(GEN_IO.promptIds, 'int64', ['U', 'P']);
+  const mask = b.input(GEN_IO.promptMask, 'int64', ['U', 'P']);
+  const rows = b.input(GEN_IO.promptRows, 'int64', ['B']);
   const uniforms = b.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
   // read only by the loop body, through the outer scope
   b.input(GEN_IO.temperature, 'float32', ['B']);
   if (opts.truncation) { b.input(GEN_IO.topP, 'float32', ['B']); b.input(GEN_IO.topK, 'int64', ['B']); }
   b.input(GEN_IO.eosIds, 'int64', ['E']);
 
-  const cum = b.op('CumSum', [mask, b.const(1, 'int64')], {}, { dtype: 'int64', shape: ['B', 'P'] });
+  // prefill each distinct prompt once ([U, P]), then expand the last logits, positions, key bias
+  // and KV cache to the B sampled rows (n samples of a prompt share its prefix computation)
+  const cum = b.op('CumSum', [mask, b.const(1, 'int64')], {}, { dtype: 'int64', shape: ['U', 'P'] });
   const positions = b.max(b.sub(cum, b.const(1, 'int64')), b.const(0, 'int64'));
   const pre = llamaForward(b, c, p, { ids, positions, attentionMask: mask });
   const lastIdx = b.sub(b.dimTensor('P'), b.const([1], 'int64')); // [1]
-  const hLast = b.reshape(b.op('Gather', [b.reshape(pre.hidden, ['B', 'P', c.hiddenSize]), lastIdx], { axis: 1 }, { dtype: 'float32', shape: ['B', 1, c.hiddenSize] }), ['B', c.hiddenSize]);
-  const logits0 = lmHead(b, c, p, hLast); // [B, V]
-  const pos0 = b.add(b.op('Gather', [positions, lastIdx], { axis: 1 }, { dtype: 'int64', shape: ['B', 1] }), b.const(1, 'int64')); // [B, 1]
-  const bias0 = b.reshape(b.where(b.cast(mask, 'bool'), b.const(0), b.const(MASK_NEG)), ['B', 1, 1, 'P']);
-  const done0 = b.less(b.reduceSum(mask, [1]), b.const(0, 'int64')); // [B] all false (shape from the batch)
+  // only the last position goes through the LM head
+  const hLast = b.reshape(b.op('Gather', [b.reshape(pre.hidden, ['U', 'P', c.hiddenSize]), lastIdx], { axis: 1 }, { dtype: 'float32', shape: ['U', 1, c.hiddenSize] }), ['U', c.hiddenSize]);
+  const expand = (v: Var): Var => b.gather(v, rows); // [U, …] → [B, …]
+  const logits0 = expand(lmHead(b, c, p, hLast)); // [B, V]
+  const pos0 = expand(b.add(b.op('Gather', [positions, lastIdx], { axis: 1 }, { dtype: 'int64', shape: ['U', 1] }), b.const(1, 'int64'))); // [B, 1]
+  const bias0 = expand(b.reshape(b.where(b.cast(mask, 'bool'), b.const(0), b.const(MASK_NEG)), ['U', 1, 1, 'P']));
+  const done0 = b.less(rows, b.const(0, 'int64')); // [B] all false (shape from the batch)
   const trip = b.op('Gather', [b.shape(uniforms), b.const(1, 'int64')], { axis: 0 }, { dtype: 'int64', shape: [] });
   const cond0 = b.cast(b.const(1, 'int64'), 'bool');
 
@@ -135,7 +160,7 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
     cat([`${pre}.mlp.gate_proj.weight`, `${pre}.mlp.up_proj.weight`], fusedName(l, 'gate_up_w'));
   }
 
-  const carried: Var[] = [logits0, pos0, bias0, done0, ...pre.presentKeys, ...pre.presentValues];
+  const carried: Var[] = [logits0, pos0, bias0, done0, ...pre.presentKeys.map(expand), ...pre.presentValues.map(expand)];
   const loopOuts = b.op('Loop', [trip, cond0, ...carried], {}, [
     ...carried.map((v) => ({ dtype: v.dtype, shape: v.shape.map(() => b.unknownDim()) })), // final state (unused)
     { dtype: 'int64', shape: ['steps', 'B'] },
@@ -165,7 +190,9 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const gEos = g.input(GEN_IO.eosIds, 'int64', ['E']);
 
   const u = g.op('Gather', [gU, iter], { axis: 1 }, { dtype: 'float32', shape: ['B'] });
-  const { token, logprob } = sampleTokens(g, logits, u, gT, gTopP && gTopK ? { topP: gTopP, topK: gTopK } : null);
+  const biasData = logitBiasOf(c);
+  const logitBias = biasData ? g.initializer('sample.logit_bias', biasData, [V]) : null;
+  const { token, logprob } = sampleTokens(g, logits, u, gT, gTopP && gTopK ? { topP: gTopP, topK: gTopK } : null, logitBias);
   const hit = g.reduceMax(g.cast(g.equal(g.unsqueeze(token, [1]), g.unsqueeze(gEos, [0])), 'int32'), [1]); // [B]
   const doneOut = g.or(done, g.cast(hit, 'bool'));
   const condOut = g.equal(g.reduceMax(g.cast(g.not(doneOut), 'int32'), [0]), g.const(1, 'int32'));
@@ -215,8 +242,13 @@ export function decodeStep(g: GraphBuilder, c: ModelConfig, p: ParamVars, fused:
       const h = rmsNorm(g, x, w(`${pre}.input_layernorm.weight`), c.rmsNormEps);
       const qkv = linear(g, h, w(fusedName(l, 'qkv_w')), c.attentionBias ? w(fusedName(l, 'qkv_b')) : null); // [B, qd + 2·kvd]
       const [q0, k0, v0] = g.split(qkv, 1, [qd, kvd, kvd]);
-      const q = g.mul(rope(g, g.reshape(q0, ['B', H, hd]), cos, sin), 1 / Math.sqrt(hd));
-      const k = rope(g, g.reshape(k0, ['B', KVH, hd]), cos, sin);
+      let qh = g.reshape(q0, ['B', H, hd]), kh = g.reshape(k0, ['B', KVH, hd]);
+      if (hasQkNorm(c)) { // Qwen3: per-head RMSNorm of q and k before RoPE (as in llama.ts)
+        qh = rmsNorm(g, qh, w(`${pre}.self_attn.q_norm.weight`), c.rmsNormEps);
+        kh = rmsNorm(g, kh, w(`${pre}.self_attn.k_norm.weight`), c.rmsNormEps);
+      }
+      const q = g.mul(rope(g, qh, cos, sin), 1 / Math.sqrt(hd));
+      const k = rope(g, kh, cos, sin);
       const K = g.concat([keys[l], g.unsqueeze(k, [2])], 2); // [B, KVH, S+1, hd]
       const V = g.concat([values[l], g.reshape(v0, ['B', KVH, 1, hd])], 2);
       presentKeys.push(K); presentValues.push(V);

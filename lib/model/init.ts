@@ -13,7 +13,7 @@ export function initWeights(c: ModelConfig, seed: number, opts: { std?: number }
   const w: Weights = new Map();
   for (const s of paramSpecs(c)) {
     const a = new Float32Array(numel(s.shape));
-    if (s.name.endsWith('layernorm.weight') || s.name === 'model.norm.weight') a.fill(1);
+    if (s.name.endsWith('norm.weight')) a.fill(1); // RMSNorm gains (incl. Qwen3 q_norm / k_norm)
     else if (!s.name.endsWith('.bias')) fillNormal(a, Rng.fromSeed(`init:${seed}:${s.name}`), std);
     w.set(s.name, a);
   }

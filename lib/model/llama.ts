@@ -1,6 +1,7 @@
 /**
- * Llama-family decoder built with the graph builder (Touvron et al. 2023; Qwen2 adds q/k/v
- * biases): token embedding → L × [RMSNorm → causal GQA attention with RoPE → residual → RMSNorm →
+ * Llama-family decoder built with the graph builder (Touvron et al. 2023; Mistral is the same
+ * graph; Qwen2 adds q/k/v biases; Qwen3 adds a per-head RMSNorm on q and k before RoPE and a head
+ * width independent of hidden / heads): token embedding → L × [RMSNorm → causal GQA attention with RoPE → residual → RMSNorm →
  * SwiGLU MLP → residual] → RMSNorm → LM head (tied or separate) or scalar value head.
  *
  * Layout: activations are 2-D [N = B·T, D] so every projection is one Gemm against a torch-layout
@@ -10,7 +11,7 @@
  */
 import { GraphBuilder, GraphError, Var, dimEq, fmtShape, type Dim } from '../onnx/builder.ts';
 import { embedding, linear, rmsNorm, rope, swiglu } from '../onnx/nn.ts';
-import type { ModelConfig } from './config.ts';
+import { hasQkNorm, type ModelConfig } from './config.ts';
 import { paramSpecs, type Weights } from './params.ts';
 
 export type ParamVars = Map<string, Var>;
@@ -41,15 +42,44 @@ function param(p: ParamVars, name: string): Var {
   return v;
 }
 
+/**
+ * RoPE inverse frequencies [headDim / 2]: θ^(−2i/hd) (Su et al. 2021), then HF's rope_scaling
+ * (transformers modeling_rope_utils): linear divides every frequency by `factor`; llama3 (Llama 3.1)
+ * divides the low frequencies (wavelength 2π/f > original_max_position_embeddings / low_freq_factor)
+ * by `factor`, keeps the high ones (wavelength < original / high_freq_factor) and interpolates
+ * between with s = (original / wavelength − low) / (high − low): (1 − s)·f/factor + s·f.
+ */
+export function ropeInvFreq(c: ModelConfig): Float64Array {
+  const hd = c.headDim, half = hd / 2;
+  const inv = new Float64Array(half);
+  const rs = c.ropeScaling;
+  for (let i = 0; i < half; i++) {
+    // HF computes inv_freq in float32
+    let f = Math.fround(1 / Math.fround(Math.pow(c.ropeTheta, (2 * i) / hd)));
+    if (rs?.type === 'linear') f = Math.fround(f / rs.factor);
+    else if (rs?.type === 'llama3') {
+      const wavelen = (2 * Math.PI) / f;
+      const lowWl = rs.originalMaxPositionEmbeddings / rs.lowFreqFactor, highWl = rs.originalMaxPositionEmbeddings / rs.highFreqFactor;
+      if (wavelen > lowWl) f = Math.fround(f / rs.factor);
+      else if (wavelen >= highWl) {
+        const s = (rs.originalMaxPositionEmbeddings / wavelen - rs.lowFreqFactor) / (rs.highFreqFactor - rs.lowFreqFactor);
+        f = Math.fround((1 - s) * (f / rs.factor) + s * f);
+      }
+    }
+    inv[i] = f;
+  }
+  return inv;
+}
+
 /** cos/sin tables [maxPositionEmbeddings, headDim] (HF layout: frequencies repeated over both halves). */
 export function ropeTables(b: GraphBuilder, c: ModelConfig): { cos: Var; sin: Var } {
   const hd = c.headDim, half = hd / 2, P = c.maxPositionEmbeddings;
+  const invFreq = ropeInvFreq(c);
   const cos = new Float64Array(P * hd), sin = new Float64Array(P * hd);
   for (let pos = 0; pos < P; pos++) {
     for (let i = 0; i < half; i++) {
-      const invFreq = 1 / Math.pow(c.ropeTheta, (2 * i) / hd);
-      // HF computes inv_freq and the angle in float32
-      const ang = Math.fround(pos * Math.fround(invFreq));
+      // HF computes the angle in float32
+      const ang = Math.fround(pos * invFreq[i]);
       const cv = Math.cos(ang), sv = Math.sin(ang);
       cos[pos * hd + i] = cos[pos * hd + half + i] = cv;
       sin[pos * hd + i] = sin[pos * hd + half + i] = sv;
@@ -148,6 +178,11 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
         const [q0, k0, v0] = b.split(linear(b, h, wqkv, bqkv), 1, [qd, kvd, kvd]);
         let q = b.reshape(q0, [B, T, H, hd]);
         let k = b.reshape(k0, [B, T, KVH, hd]);
+        if (hasQkNorm(c)) {
+          // Qwen3: RMSNorm over each head's hd channels of q and k, before RoPE
+          q = rmsNorm(b, q, param(p, `${pre}.self_attn.q_norm.weight`), c.rmsNormEps);
+          k = rmsNorm(b, k, param(p, `${pre}.self_attn.k_norm.weight`), c.rmsNormEps);
+        }
         const v = b.reshape(v0, [B, T, KVH, hd]);
         q = b.mul(rope(b, q, cosT, sinT), scale);
         k = rope(b, k, cosT, sinT);

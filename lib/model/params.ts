@@ -1,10 +1,10 @@
 /**
- * Parameter specs and weight maps. Names and layouts follow Hugging Face Llama/Qwen2 ([out, in]
+ * Parameter specs and weight maps. Names and layouts follow Hugging Face Llama/Mistral/Qwen2/Qwen3 ([out, in]
  * like torch Linear); the order of `paramSpecs` is stable and is the order of every flat
  * parameter list (graph inputs/outputs, checkpoints, optimizer state).
  */
 import { ConfigError } from '../errors.ts';
-import type { ModelConfig } from './config.ts';
+import { hasQkNorm, type ModelConfig } from './config.ts';
 
 export interface ParamSpec { name: string; shape: number[] }
 /** Weights by HF parameter name, float32, row-major. */
@@ -24,6 +24,10 @@ export function paramSpecs(c: ModelConfig): ParamSpec[] {
     out.push({ name: `${p}.self_attn.v_proj.weight`, shape: [kvd, D] });
     if (c.attentionBias) out.push({ name: `${p}.self_attn.v_proj.bias`, shape: [kvd] });
     out.push({ name: `${p}.self_attn.o_proj.weight`, shape: [D, qd] });
+    if (hasQkNorm(c)) {
+      out.push({ name: `${p}.self_attn.q_norm.weight`, shape: [hd] });
+      out.push({ name: `${p}.self_attn.k_norm.weight`, shape: [hd] });
+    }
     out.push({ name: `${p}.post_attention_layernorm.weight`, shape: [D] });
     out.push({ name: `${p}.mlp.gate_proj.weight`, shape: [F, D] });
     out.push({ name: `${p}.mlp.up_proj.weight`, shape: [F, D] });

@@ -48,7 +48,7 @@ export function encodeSafetensors(tensors: Iterable<[string, { shape: number[]; 
   return Buffer.concat([len, hbuf, ...parts]);
 }
 
-/** Decode a safetensors buffer; `source` names the file in errors. Data is copied into aligned arrays. */
+/** Decode a safetensors buffer; `source` names the file in errors. Tensors view `buf` where aligned (do not modify it after), else are aligned copies. */
 export function decodeSafetensors(buf: Uint8Array, source = 'safetensors'): { tensors: Map<string, StTensor>; metadata: Record<string, string> } {
   const b = Buffer.from(buf.buffer, buf.byteOffset, buf.byteLength);
   if (b.length < 8) throw new ConfigError(`${source}: file too short (${b.length} bytes) to be safetensors`);
@@ -76,24 +76,26 @@ export function decodeSafetensors(buf: Uint8Array, source = 'safetensors'): { te
     const n = shape.reduce((a: number, c: number) => a * c, 1);
     if (off[1] - off[0] !== n * SIZE[dtype]) throw new ConfigError(`${source}: tensor ${name} ${dtype}[${shape}] needs ${n * SIZE[dtype]} bytes, offsets give ${off[1] - off[0]}`);
     spans.push([off[0], off[1], name]);
-    const bytes = Uint8Array.from(b.subarray(dataStart + off[0], dataStart + off[1]));
-    tensors.set(name, { dtype, shape, data: view(dtype, bytes.buffer) });
+    // a view into the file's bytes when aligned for the dtype (no copy: a model's weights are read
+    // once, at full size), else an aligned copy
+    const at = b.byteOffset + dataStart + off[0];
+    tensors.set(name, { dtype, shape, data: at % SIZE[dtype] === 0 ? view(dtype, b.buffer as ArrayBuffer, at, n) : view(dtype, Uint8Array.from(b.subarray(dataStart + off[0], dataStart + off[1])).buffer) });
   }
   spans.sort((x, y) => x[0] - y[0]);
   for (let i = 1; i < spans.length; i++) if (spans[i][0] < spans[i - 1][1]) throw new ConfigError(`${source}: tensors ${spans[i - 1][2]} and ${spans[i][2]} overlap`);
   return { tensors, metadata };
 }
 
-function view(dtype: StDType, ab: ArrayBuffer): StData {
+function view(dtype: StDType, ab: ArrayBuffer, byteOffset = 0, length?: number): StData {
   switch (dtype) {
-    case 'F64': return new Float64Array(ab);
-    case 'F32': return new Float32Array(ab);
-    case 'F16': case 'BF16': return new Uint16Array(ab);
-    case 'I64': return new BigInt64Array(ab);
-    case 'I32': return new Int32Array(ab);
-    case 'I16': return new Int16Array(ab);
-    case 'I8': return new Int8Array(ab);
-    default: return new Uint8Array(ab);
+    case 'F64': return new Float64Array(ab, byteOffset, length);
+    case 'F32': return new Float32Array(ab, byteOffset, length);
+    case 'F16': case 'BF16': return new Uint16Array(ab, byteOffset, length);
+    case 'I64': return new BigInt64Array(ab, byteOffset, length);
+    case 'I32': return new Int32Array(ab, byteOffset, length);
+    case 'I16': return new Int16Array(ab, byteOffset, length);
+    case 'I8': return new Int8Array(ab, byteOffset, length);
+    default: return new Uint8Array(ab, byteOffset, length);
   }
 }
 
@@ -121,4 +123,42 @@ function halfToFloat(h: number): number {
   if (e === 0) return s * f * 2 ** -24;
   if (e === 31) return f ? NaN : s * Infinity;
   return s * (1 + f / 1024) * 2 ** (e - 15);
+}
+
+/** f32 weights as a tensor stored in `dtype` (bf16 and f16 rounded to nearest even). */
+export function fromFloat32(a: Float32Array, shape: number[], dtype: 'float32' | 'bfloat16' | 'float16'): { shape: number[]; data: StData; dtype: StDType } {
+  if (dtype === 'float32') return { shape, data: a, dtype: 'F32' };
+  const out = new Uint16Array(a.length);
+  if (dtype === 'bfloat16') {
+    const u = new Uint32Array(a.buffer, a.byteOffset, a.length);
+    for (let i = 0; i < u.length; i++) {
+      const x = u[i];
+      // NaN stays a (quiet) NaN; otherwise round the low 16 bits to nearest, ties to even
+      out[i] = (x & 0x7fffffff) > 0x7f800000 ? ((x >>> 16) | 0x40) : ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
+    }
+    return { shape, data: out, dtype: 'BF16' };
+  }
+  for (let i = 0; i < a.length; i++) out[i] = floatToHalf(a[i]);
+  return { shape, data: out, dtype: 'F16' };
+}
+
+const f32buf = new Float32Array(1), u32buf = new Uint32Array(f32buf.buffer);
+
+/** IEEE 754 binary16 bits of x, round to nearest even (overflow → ±Infinity). */
+export function floatToHalf(x: number): number {
+  f32buf[0] = x;
+  const u = u32buf[0];
+  const sign = (u >>> 16) & 0x8000, exp = (u >>> 23) & 0xff, mant = u & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);
+  const e = exp - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign;
+    // subnormal: shift the implicit-1 mantissa, round to nearest even
+    const m = mant | 0x800000, shift = 14 - e;
+    const half = m >>> shift, rem = m & ((1 << shift) - 1), mid = 1 << (shift - 1);
+    return sign | (half + (rem > mid || (rem === mid && (half & 1)) ? 1 : 0));
+  }
+  const half = (e << 10) | (mant >>> 13), rem = mant & 0x1fff;
+  return sign | (half + (rem > 0x1000 || (rem === 0x1000 && (half & 1)) ? 1 : 0));
 }

@@ -12,9 +12,11 @@
  * rounding of the masked-out padding work, which can only flip a draw that lands within ~1e-7 of a
  * CDF boundary).
  *
- * Behaviour log-probs: `logprobs[t]` is log softmax(logits / temperature)[token], the
- * temperature-scaled distribution BEFORE top-k/top-p truncation (for temperature 0, greedy, the
- * untempered log-softmax). This matches what a trainer that divides logits by the same temperature
+ * Behaviour log-probs: `logprobs[t]` is log softmax((logits + mask) / temperature)[token], the
+ * masked, temperature-scaled distribution BEFORE top-k/top-p truncation (for temperature 0,
+ * greedy, the untempered masked log-softmax). mask is −1e9 at `config.suppressTokenIds` (ids
+ * sampling must never emit: decode-graph.ts logitBiasOf), 0 elsewhere; the scorer and trainer
+ * add the same mask. This matches what a trainer that divides logits by the same temperature
  * recomputes as old log-probs; with truncation the true sampling probability is higher (the
  * kept mass is renormalised), which verl-style pipelines ignore by recomputing old log-probs.
  */
@@ -157,18 +159,30 @@ export class Sampler {
   private async runBatch(session: ort.InferenceSession, weightFeeds: Record<string, ort.Tensor>, reqs: GenerationRequest[], params: SamplingParams, eos: number[], truncation: boolean): Promise<Generation[]> {
     const B = reqs.length, N = params.maxNewTokens;
     const P = Math.max(...reqs.map((r) => r.prompt.length));
-    const ids = new BigInt64Array(B * P).fill(BigInt(this.config.padTokenId));
-    const mask = new BigInt64Array(B * P);
-    const u = new Float32Array(B * N);
+    // each distinct prompt is prefilled once; its rows continue from the shared KV cache
+    const uniq = new Map<string, number>();
+    const rows = new BigInt64Array(B);
+    const prompts: ArrayLike<number>[] = [];
     reqs.forEach((r, b) => {
-      const off = b * P + P - r.prompt.length;
-      for (let t = 0; t < r.prompt.length; t++) { ids[off + t] = BigInt(r.prompt[t]); mask[off + t] = 1n; }
-      u.set(sequenceUniforms(params.seed, r.id, N), b * N);
+      const key = Array.prototype.join.call(r.prompt, ',');
+      let k = uniq.get(key);
+      if (k === undefined) { k = prompts.length; uniq.set(key, k); prompts.push(r.prompt); }
+      rows[b] = BigInt(k);
     });
+    const U = prompts.length;
+    const ids = new BigInt64Array(U * P).fill(BigInt(this.config.padTokenId));
+    const mask = new BigInt64Array(U * P);
+    prompts.forEach((pr, k) => {
+      const off = k * P + P - pr.length;
+      for (let t = 0; t < pr.length; t++) { ids[off + t] = BigInt(pr[t]); mask[off + t] = 1n; }
+    });
+    const u = new Float32Array(B * N);
+    reqs.forEach((r, b) => u.set(sequenceUniforms(params.seed, r.id, N), b * N));
     const feeds: Record<string, ort.Tensor> = {
       ...weightFeeds,
-      [GEN_IO.promptIds]: tensor('int64', ids, [B, P]),
-      [GEN_IO.promptMask]: tensor('int64', mask, [B, P]),
+      [GEN_IO.promptIds]: tensor('int64', ids, [U, P]),
+      [GEN_IO.promptMask]: tensor('int64', mask, [U, P]),
+      [GEN_IO.promptRows]: tensor('int64', rows, [B]),
       [GEN_IO.uniforms]: tensor('float32', u, [B, N]),
       [GEN_IO.temperature]: tensor('float32', new Float32Array(B).fill(params.temperature), [B]),
       [GEN_IO.eosIds]: tensor('int64', eos.length ? eos : [-1], [Math.max(1, eos.length)]),

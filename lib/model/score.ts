@@ -11,15 +11,18 @@
  * Bucketing: rows are sorted by total length and cut into batches under `maxBatchSize` rows and
  * `maxBatchTokens` = rows × longest row, so short rows are batched with short rows.
  *
+ * The LM head runs fused with the log-softmax over vocabulary chunks (nn.ts chunkedLmHeadLogprob).
  * Log-prob of response token j: log softmax(logits / temperature)[token] at the position before
  * it; entropy: −Σ p log p of that same distribution (verl's old/ref log-prob semantics).
  */
 import { GraphBuilder } from '../onnx/builder.ts';
-import { tokenLogprobEntropy } from '../onnx/nn.ts';
+import { chunkedLmHeadLogprob } from '../onnx/nn.ts';
 import { ort, tensor, type Device } from '../onnx/runtime.ts';
 import { ConfigError } from '../errors.ts';
 import type { ModelConfig } from './config.ts';
-import { declareParams, llamaForward, lmHead, valueHead } from './llama.ts';
+import { declareParams, llamaForward, valueHead } from './llama.ts';
+import { HEAD_CHUNK, lmHeadWeight } from './train-graph.ts';
+import { logitBiasOf } from './decode-graph.ts';
 import { validateWeights, type Weights } from './params.ts';
 import { planBatches, weightTensors } from './sample.ts';
 import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.ts';
@@ -35,7 +38,7 @@ export const SCORE_IO = {
 } as const;
 
 /** The scoring model: log-probs (+ entropy) for a policy config, values for a value config. */
-export function buildScoreModel(c: ModelConfig, opts: { entropy: boolean }): Uint8Array {
+export function buildScoreModel(c: ModelConfig, opts: { entropy: boolean; headChunk?: number }): Uint8Array {
   const b = new GraphBuilder({ name: c.head === 'value' ? 'values' : 'score' });
   const p = declareParams(b, c, 'inputs');
   const ids = b.input(SCORE_IO.inputIds, 'int64', ['B', 'T']);
@@ -47,8 +50,8 @@ export function buildScoreModel(c: ModelConfig, opts: { entropy: boolean }): Uin
   } else {
     const targets = b.input(SCORE_IO.targets, 'int64', ['M']);
     const temperature = b.input(SCORE_IO.temperature, 'float32', []);
-    const logits = b.div(lmHead(b, c, p, h), temperature);
-    const r = tokenLogprobEntropy(b, logits, targets, { entropy: opts.entropy });
+    // LM head + log-softmax over vocabulary chunks: the [M, V] logits never exist at once
+    const r = chunkedLmHeadLogprob(b, h, lmHeadWeight(c, p), targets, { entropy: opts.entropy, temperature, chunk: opts.headChunk ?? HEAD_CHUNK, logitBias: logitBiasOf(c) }); // logitBias: the sampler's mask (tok)
     b.output(r.logprob, SCORE_IO.logprobs);
     if (r.entropy) b.output(r.entropy, SCORE_IO.entropy);
   }
@@ -76,6 +79,8 @@ export interface ScorerOptions {
   /** Cap on rows × longest row per session.run (default 65536). */
   maxBatchTokens?: number;
   cache?: SessionCache;
+  /** Vocabulary rows per chunk of the fused LM head (default train-graph.ts HEAD_CHUNK). */
+  headChunk?: number;
 }
 
 /** Validates requests and runs `fn` on length-bucketed batches; shared by Scorer and ValueScorer. */
@@ -136,7 +141,7 @@ export class Scorer {
     validateWeights(this.config, weights, 'Scorer weights');
     const out: TokenScores[] = reqs.map((r) => ({ logprobs: new Float32Array(r.response.length), entropy: wantEnt ? new Float32Array(r.response.length) : null }));
     if (reqs.length === 0) return out;
-    const session = await this.cache.get(`score|${keyOf(this.config)}|ent=${wantEnt}`, () => buildScoreModel(this.config, { entropy: wantEnt }), { threads: this.opts.threads, device: this.opts.device });
+    const session = await this.cache.get(`score|${keyOf(this.config)}|ent=${wantEnt}|chunk=${this.opts.headChunk ?? HEAD_CHUNK}`, () => buildScoreModel(this.config, { entropy: wantEnt, headChunk: this.opts.headChunk }), { threads: this.opts.threads, device: this.opts.device });
     const wf = weightTensors(this.config, weights);
     await forEachBucket(this.config, reqs, this.opts, async (batch, f) => {
       const res = await session.run({ ...wf, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows, [SCORE_IO.targets]: f.targets, [SCORE_IO.temperature]: tensor('float32', [temperature], []) });

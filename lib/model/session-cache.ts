@@ -15,7 +15,7 @@ export class SessionCache {
 
   /** The cached session for `key`, building the model with `build()` on a miss. */
   async get(key: string, build: () => Uint8Array, opts: SessionOptions = {}): Promise<ort.InferenceSession> {
-    const full = `${key}|threads=${opts.threads ?? ''}|device=${opts.device ?? 'cpu'}|opt=${opts.graphOptimizationLevel ?? 'all'}`;
+    const full = `${key}|threads=${opts.threads ?? ''}|device=${opts.device ?? 'cpu'}|opt=${opts.graphOptimizationLevel ?? 'all'}${opts.lowMemory ? '|lowmem' : ''}`;
     const hit = this.entries.get(full);
     if (hit) {
       this.entries.delete(full);

@@ -3,7 +3,8 @@
  * ONNX graph. Modes:
  *  - `eval`: forward and loss only; outputs `metrics` and per-position `log_probs` (or `values`).
  *  - `grad`: also outputs `grad.<param>` (one micro-batch's share of the mini-batch gradient).
- *  - `step`: outputs `new.<param>`, `new.<param>.exp_avg`, `new.<param>.exp_avg_sq`, `grad_norm`.
+ *  - `step`: outputs `new.<param>`, `new.<param>.exp_avg`, `new.<param>.exp_avg_sq`, `grad_norm`
+ *    (GPU devices; on the CPU the trainer runs `grad` then the small in-place `buildAdamWGraph`).
  *  - `step_acc`: as `step`, with `acc.<param>` inputs added to the gradient (the sum of the earlier
  *    micro-batches' gradients), so k micro-batches cost k runs and the update stays in-graph.
  *
@@ -20,11 +21,12 @@
  */
 import { GraphBuilder, type FloatDType, type Var } from '../onnx/builder.ts';
 import { numel } from '../onnx/dims.ts';
-import { tokenLogprobEntropy } from '../onnx/nn.ts';
+import { chunkedLmHeadLogprob } from '../onnx/nn.ts';
 import type { ModelConfig } from './config.ts';
-import { declareParams, llamaForward, lmHead, valueHead } from './llama.ts';
+import { declareParams, llamaForward, valueHead, type ParamVars } from './llama.ts';
 import { policyLossGraph, policyLossNeeds, sftLossGraph, valueLossGraph, type LossConfig, type LossGraph, type TokenTensors } from './loss.ts';
 import { paramSpecs } from './params.ts';
+import { logitBiasOf } from './decode-graph.ts';
 
 export interface OptimConfig {
   betas: [number, number];
@@ -51,6 +53,21 @@ export interface TrainGraphSpec {
    * device sync, which dominates a small step.
    */
   packed?: boolean;
+  /** Vocabulary rows per chunk of the fused LM head + log-softmax (default `HEAD_CHUNK`). */
+  headChunk?: number;
+}
+
+/**
+ * Default vocabulary chunk of the LM head: the largest logits tensor is [B·T, HEAD_CHUNK] f32
+ * (2048 tokens × 8192 × 4 B = 64 MiB) instead of [B·T, V] (151936 vocab: 1.2 GiB).
+ */
+export const HEAD_CHUNK = 8192;
+
+/** The LM head's weight [V, D]: lm_head.weight, or the embedding when tied. */
+export function lmHeadWeight(model: ModelConfig, p: ParamVars): Var {
+  const w = p.get(model.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight');
+  if (!w) throw new Error('internal: LM head weight not declared');
+  return w;
 }
 
 export interface TrainGraph {
@@ -98,15 +115,16 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     lg = valueLossGraph(b, t, loss);
     perPosition = t.vpred;
   } else {
-    let logits = lmHead(b, model, p, hidden);
-    if (loss.temperature !== 1) logits = b.div(logits, loss.temperature);
-    const wantEntropy = loss.type === 'policy';
-    const r = b.scope('head', () => tokenLogprobEntropy(b, logits, flat(targets), { entropy: wantEntropy }));
+    // the LM head fused with log-softmax / entropy over vocabulary chunks: [B·T, V] never exists
+    const r = b.scope('head', () => chunkedLmHeadLogprob(b, hidden, lmHeadWeight(model, p), flat(targets), {
+      entropy: loss.type === 'policy', temperature: loss.temperature, chunk: spec.headChunk ?? HEAD_CHUNK, correct: loss.type === 'sft',
+      logitBias: logitBiasOf(model), // the sampler's mask (tok, issue 14): one distribution for behaviour, old and new log-probs
+    }));
     t.logprob = r.logprob;
     // the entropy is always reported; it only carries a gradient when it is in the loss
     t.entropy = r.entropy && loss.type === 'policy' && loss.entropyCoeff === 0 ? b.stopGradient(r.entropy) : r.entropy;
     if (loss.type === 'policy') lg = policyLossGraph(b, t, loss);
-    else lg = sftLossGraph(b, t, b.scope('head', () => b.equal(b.argMax(logits, 1), flat(targets))));
+    else lg = sftLossGraph(b, t, r.correct!);
     perPosition = r.logprob;
   }
   const metricNames = Object.keys(lg.sums);
@@ -164,4 +182,37 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
 /** Every tensor flattened and concatenated, in order: one [Σ numel] vector. */
 function packFlat(b: GraphBuilder, vs: readonly Var[]): Var {
   return b.concat(vs.map((v) => b.reshape(v, [numel(v.shape)])), 0);
+}
+
+/** Names of the AdamW graph's inputs / outputs (every tensor a flat [n] slice of one parameter). */
+export const ADAMW_IO = {
+  w: 'w', g: 'g', m: 'm', v: 'v',
+  gradScale: 'grad_scale', stepSize: 'adam_step_size', bc2Sqrt: 'adam_bc2_sqrt', decay: 'adam_decay',
+  newW: 'new_w', newM: 'new_m', newV: 'new_v',
+} as const;
+
+/**
+ * AdamW on one flat slice [n] of a parameter, its gradient and moments (torch.optim.AdamW, as the
+ * step graph): g ← g·grad_scale (the global-norm clip coefficient, computed outside);
+ * m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²; w ← w·decay − step_size · m / (√v / bc2_sqrt + ε).
+ * Each output is computed after the last read of the same input, so the trainer binds new_w /
+ * new_m / new_v to the buffers of w / m / v (pre-allocated outputs) and the update is in place;
+ * running it on slices of at most a few million elements bounds its temporaries.
+ */
+export function buildAdamWGraph(optim: Pick<OptimConfig, 'betas' | 'eps'>): Uint8Array {
+  const b = new GraphBuilder({ name: 'adamw', float: 'float32' });
+  const n = ['n'];
+  const w = b.input(ADAMW_IO.w, 'float32', n), g0 = b.input(ADAMW_IO.g, 'float32', n);
+  const m = b.input(ADAMW_IO.m, 'float32', n), v = b.input(ADAMW_IO.v, 'float32', n);
+  const scale = b.input(ADAMW_IO.gradScale, 'float32', []), stepSize = b.input(ADAMW_IO.stepSize, 'float32', []);
+  const bc2Sqrt = b.input(ADAMW_IO.bc2Sqrt, 'float32', []), decay = b.input(ADAMW_IO.decay, 'float32', []);
+  const [b1, b2] = optim.betas;
+  const g = b.mul(g0, scale);
+  const m2 = b.add(b.mul(m, b1), b.mul(g, 1 - b1));
+  const v2 = b.add(b.mul(v, b2), b.mul(b.mul(g, g), 1 - b2));
+  const denom = b.add(b.div(b.sqrt(v2), bc2Sqrt), optim.eps);
+  b.output(b.sub(b.mul(w, decay), b.mul(b.div(m2, denom), stepSize)), ADAMW_IO.newW);
+  b.output(m2, ADAMW_IO.newM);
+  b.output(v2, ADAMW_IO.newV);
+  return b.toBytes();
 }

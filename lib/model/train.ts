@@ -20,7 +20,10 @@ import { initWeights } from './init.ts';
 import { finalizeMetrics, lossConfig, pgAggWeights, policyLossNeeds, type LossConfig, type LossConfigInput } from './loss.ts';
 import { cloneWeights, numel, paramSpecs, validateWeights, zerosLikeWeights, type ParamSpec, type Weights } from './params.ts';
 import { defaultSessionCache, keyOf, SessionCache } from './session-cache.ts';
-import { buildTrainGraph, type OptimConfig, type TrainGraphMode } from './train-graph.ts';
+import { ADAMW_IO, buildAdamWGraph, buildTrainGraph, type OptimConfig, type TrainGraphMode } from './train-graph.ts';
+
+/** Elements per AdamW run (bounds the update's temporaries to a few × 16 MiB). */
+const ADAMW_SLICE = 1 << 22;
 
 export interface TrainBatch {
   /** Rows B and length T of every [B, T] array. */
@@ -93,6 +96,10 @@ export interface TrainerOptions {
   seed?: number;
   optimizerState?: OptimizerState;
   cache?: SessionCache;
+  /** Vocabulary rows per chunk of the fused LM head (train-graph.ts HEAD_CHUNK by default). */
+  headChunk?: number;
+  /** Elements per in-place AdamW run on the CPU (default ADAMW_SLICE = 4 Mi). */
+  optimizerSlice?: number;
 }
 
 export const DEFAULT_OPTIM: OptimConfig = { betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01, maxGradNorm: 1.0 };
@@ -132,15 +139,15 @@ export class Trainer {
     this.opt = opts.optimizerState ? cloneState(opts.optimizerState) : { step: 0, expAvg: zerosLikeWeights(this.model), expAvgSq: zerosLikeWeights(this.model) };
     this.validateState(this.opt);
     this.cache = opts.cache ?? defaultSessionCache;
-    this.sessOpts = { threads: opts.threads, device: opts.device };
+    this.sessOpts = { threads: opts.threads, device: opts.device, ...(opts.device === undefined || opts.device === 'cpu' ? { lowMemory: true } : {}) };
     this.packed = opts.packOutputs ?? (opts.device !== undefined && opts.device !== 'cpu');
   }
 
   /** A copy of the current weights. */
   getWeights(): Weights { return cloneWeights(this.weights); }
   /**
-   * The current weights without copying. Do not modify the arrays. The view stays a valid
-   * snapshot after later steps (a step replaces the arrays, it never writes into them).
+   * The current weights without copying. Do not modify the arrays. On the CPU a step writes the
+   * new weights into these arrays in place: copy (`getWeights`) what must outlive the next step.
    */
   weightsView(): ReadonlyMap<string, Float32Array> { return this.weights; }
   /** Optimizer steps taken so far. */
@@ -161,7 +168,7 @@ export class Trainer {
     const id = `${mode}:${lossWeights}`;
     let g = this.graphs.get(id);
     if (!g) {
-      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.packed && mode !== 'eval' ? { packed: true } : {}) };
+      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}) };
       const built = buildTrainGraph(spec);
       g = { key: `train:${keyOf(spec)}`, metricNames: built.metricNames, build: () => built.builder.toBytes() };
       this.graphs.set(id, g);
@@ -174,6 +181,7 @@ export class Trainer {
     if (!(lr >= 0) || !Number.isFinite(lr)) throw new ConfigError(`trainer.step: lr must be a finite number ≥ 0, got ${lr}`);
     const micro = this.prepare(batch);
     const useLw = !!batch.lossWeights && this.loss.type === 'policy';
+    if (!this.packed) return this.stepInPlace(micro, useLw, lr);
     const sums: Record<string, number> = {};
     let acc: Map<string, Float32Array> | null = null;
     for (let k = 0; k < micro.length - 1; k++) {
@@ -215,6 +223,63 @@ export class Trainer {
       }
       this.weights = w;
       this.opt = { step: t, expAvg: m, expAvgSq: v };
+    }
+    const maskSum = micro.reduce((s, m) => s + m.maskSum, 0);
+    return { metrics: { ...finalizeMetrics(sums, maskSum), ...(micro[0].extra ?? {}), grad_norm: gradNorm, lr }, skipped, step: this.opt.step };
+  }
+
+  /** One persistent gradient buffer per parameter (CPU step). */
+  private gradBuf: Weights | null = null;
+
+  /**
+   * The CPU step, memory ∝ the model: the grad graph writes each gradient straight into a
+   * persistent buffer (pre-allocated outputs: the binding copies nothing), micro-batches after the
+   * first into a scratch set that is added in; the global norm is computed here in float64; then the
+   * small AdamW graph (train-graph.ts buildAdamWGraph) updates weights and moments IN PLACE, slice
+   * by slice (≤ ADAMW_SLICE elements per run), writing into the very buffers it reads. So the
+   * process holds weights + gradients + two moments (16 B per parameter) plus activations, and no
+   * copy of any of them; a non-finite norm skips the update (weights untouched).
+   */
+  private async stepInPlace(micro: Prepared[], useLw: boolean, lr: number): Promise<StepResult> {
+    const sums: Record<string, number> = {};
+    const { sess, names } = await this.session('grad', useLw);
+    this.gradBuf ??= zerosLikeWeights(this.model);
+    let scratch: Weights | null = null;
+    for (let k = 0; k < micro.length; k++) {
+      const target = k === 0 ? this.gradBuf : (scratch ??= zerosLikeWeights(this.model));
+      const fetches: Record<string, ort.Tensor | null> = { metrics: null };
+      for (const s of this.specs) fetches[`grad.${s.name}`] = tensor('float32', target.get(s.name)!, s.shape);
+      const r = await sess.run(this.feeds(micro[k], sess), fetches as ort.InferenceSession.FetchesType);
+      addMetrics(sums, r.metrics.data as Float32Array, names);
+      if (k > 0) for (const s of this.specs) { const a = this.gradBuf.get(s.name)!, g = scratch!.get(s.name)!; for (let i = 0; i < a.length; i++) a[i] += g[i]; }
+    }
+    scratch = null;
+    let sq = 0;
+    for (const g of this.gradBuf.values()) for (let i = 0; i < g.length; i++) sq += g[i] * g[i];
+    const gradNorm = Math.sqrt(sq);
+    const skipped = !Number.isFinite(gradNorm);
+    if (!skipped) {
+      const t = this.opt.step + 1;
+      const [b1, b2] = this.optim.betas;
+      const coef = this.optim.maxGradNorm === null ? 1 : Math.min(this.optim.maxGradNorm / (gradNorm + 1e-6), 1);
+      const adam = await this.cache.get(`adamw:${keyOf({ betas: this.optim.betas, eps: this.optim.eps })}`, () => buildAdamWGraph(this.optim), this.sessOpts);
+      const scalars = {
+        [ADAMW_IO.gradScale]: tensor('float32', [coef], []),
+        [ADAMW_IO.stepSize]: tensor('float32', [lr / (1 - Math.pow(b1, t))], []),
+        [ADAMW_IO.bc2Sqrt]: tensor('float32', [Math.sqrt(1 - Math.pow(b2, t))], []),
+        [ADAMW_IO.decay]: tensor('float32', [1 - lr * this.optim.weightDecay], []),
+      };
+      for (const s of this.specs) {
+        const w = this.weights.get(s.name)!, g = this.gradBuf.get(s.name)!, m = this.opt.expAvg.get(s.name)!, v = this.opt.expAvgSq.get(s.name)!;
+        const slice = this.opts.optimizerSlice ?? ADAMW_SLICE;
+        for (let o = 0; o < w.length; o += slice) {
+          const e = Math.min(w.length, o + slice), n = [e - o];
+          const tw = tensor('float32', w.subarray(o, e), n), tm = tensor('float32', m.subarray(o, e), n), tv = tensor('float32', v.subarray(o, e), n);
+          await adam.run({ ...scalars, [ADAMW_IO.w]: tw, [ADAMW_IO.g]: tensor('float32', g.subarray(o, e), n), [ADAMW_IO.m]: tm, [ADAMW_IO.v]: tv },
+            { [ADAMW_IO.newW]: tw, [ADAMW_IO.newM]: tm, [ADAMW_IO.newV]: tv });
+        }
+      }
+      this.opt.step = t;
     }
     const maskSum = micro.reduce((s, m) => s + m.maskSum, 0);
     return { metrics: { ...finalizeMetrics(sums, maskSum), ...(micro[0].extra ?? {}), grad_norm: gradNorm, lr }, skipped, step: this.opt.step };

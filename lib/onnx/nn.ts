@@ -140,3 +140,124 @@ export function embedding(b: GraphBuilder, table: Var, ids: Var, opts: { oneHotM
   });
   return y;
 }
+
+export interface ChunkedHeadOptions {
+  /** Also compute the entropy (default true). */
+  entropy?: boolean;
+  /** Logits are divided by this (a number or a float scalar input); default 1. */
+  temperature?: number | Var;
+  /** Vocabulary rows per chunk (default 8192): the largest logits tensor that exists is [N, chunk]. */
+  chunk?: number;
+  /** Also output whether each target is a maximum of its row (SFT accuracy; bool [N]). */
+  correct?: boolean;
+  /**
+   * Additive logit bias [V] (tok, issue 14: −1e9 at ids sampling never emits), added before the
+   * temperature, as the sampler does (decode-graph.ts logitBiasOf); a constant, so no gradient.
+   */
+  logitBias?: Float32Array | null;
+}
+
+/** Near-equal vocabulary chunk boundaries [lo, hi) covering 0..V. */
+export function vocabChunks(V: number, chunk: number): [number, number][] {
+  if (!(Number.isInteger(chunk) && chunk > 0)) throw new GraphError(`vocabChunks: chunk must be a positive integer, got ${chunk}`);
+  const k = Math.max(1, Math.ceil(V / chunk));
+  const out: [number, number][] = [];
+  for (let i = 0; i < k; i++) out.push([Math.floor((i * V) / k), Math.floor(((i + 1) * V) / k)]);
+  return out;
+}
+
+/**
+ * The LM head fused with the per-token log-prob / entropy, chunked over the vocabulary so the full
+ * [N, V] logits never exist: hidden h [N, D], head weight W [V, D] (torch layout), targets [N]
+ * int64. With z = h·Wᵀ/τ split into chunks z_c = h·W_cᵀ/τ [N, V_c] (V_c ≤ chunk), an online
+ * log-sum-exp (Milakov & Gimelshein 2018): m_c = max z_c, s_c = Σ e^{z_c − m_c}, t_c = Σ e^{z_c − m_c}·z_c;
+ * M = max_c m_c, lse = M + log Σ_c s_c e^{m_c − M}; lp = z_t − lse; H = lse − Σ_c e^{m_c − lse}·t_c.
+ * Backward recomputes each chunk (one more Gemm per chunk; nothing [N, V] is kept): with
+ * p_c = e^{z_c − lse}, dz_c = (g_lp·(onehot_c(t) − p_c) − g_H·p_c·(z_c − lse + H)) / τ;
+ * dh = Σ_c dz_c·W_c, dW_c = dz_cᵀ·h — the same gradient as `tokenLogprobEntropy(h·Wᵀ/τ, t)`.
+ */
+export function chunkedLmHeadLogprob(b: GraphBuilder, h: Var, w: Var, targets: Var, opts: ChunkedHeadOptions = {}): { logprob: Var; entropy: Var | null; correct: Var | null } {
+  if (h.rank !== 2 || w.rank !== 2 || targets.rank !== 1 || !dimEq(h.shape[0], targets.shape[0]) || !dimEq(h.shape[1], w.shape[1]))
+    throw new GraphError(`chunkedLmHeadLogprob: need hidden [N, D], weight [V, D] and targets [N], got ${fmtShape(h.shape)}, ${fmtShape(w.shape)} and ${fmtShape(targets.shape)}`);
+  if (targets.dtype !== 'int64') throw new GraphError(`chunkedLmHeadLogprob: targets ${targets.name} must be int64`);
+  const V = w.shape[0];
+  if (typeof V !== 'number') throw new GraphError(`chunkedLmHeadLogprob: vocabulary size of ${w.name} must be static, got ${fmtShape(w.shape)}`);
+  const wantEnt = opts.entropy ?? true;
+  const tau = opts.temperature ?? 1;
+  const chunks = vocabChunks(V, opts.chunk ?? 8192);
+  const tcol = b.unsqueeze(targets, [1]); // [N, 1]
+  const bias = opts.logitBias ?? null;
+  if (bias && bias.length !== V) throw new GraphError(`chunkedLmHeadLogprob: logitBias has ${bias.length} values for a vocabulary of ${V}`);
+  const biasVar = bias ? b.initializer(`${h.name.replace(/:\d+$/, '')}/logit_bias`, h.dtype === 'float64' ? Float64Array.from(bias) : bias, [1, V], h.dtype) : null; // [1, V], h's float type
+  // ORT runs nodes in a topological order of its own choosing and would otherwise start every
+  // chunk's Gemm before finishing any chunk, keeping all the [N, V_c] tensors alive: chunk c + 1
+  // reads h + 0·(one element of each of chunk c's results), a data dependency that costs one
+  // [N, D] Add and makes every chunk finish (and free its logits) before the next starts
+  const after = (x: Var, deps: Var[]): Var => {
+    if (deps.length === 0) return x;
+    const first = (d: Var) => b.slice(b.slice(d, 0, 0, 1), 1, 0, 1); // [1, 1]
+    const s = deps.slice(1).reduce((a, d) => b.add(a, first(d)), first(deps[0]));
+    return b.add(x, b.mul(s, 0));
+  };
+  const logitsOf = (wc: Var, lo: number, hi: number, hc: Var = h): Var => {
+    let z = b.gemm(hc, wc, { transB: true }); // [N, V_c]
+    if (biasVar) z = b.add(z, chunks.length === 1 ? biasVar : b.slice(biasVar, 1, lo, hi));
+    return tau === 1 ? z : b.div(z, tau);
+  };
+  const chunkW = (lo: number, hi: number): Var => (chunks.length === 1 ? w : b.slice(w, 0, lo, hi));
+  const fwd = b.scope('chunked_head', () => {
+    const ms: Var[] = [], ss: Var[] = [], ts: Var[] = [], zts: Var[] = [];
+    chunks.forEach(([lo, hi], i) => b.scope(`c${i}`, () => {
+      const prev = i === 0 ? [] : [ms[i - 1], ss[i - 1], zts[i - 1], ...(wantEnt ? [ts[i - 1]] : [])];
+      const z = b.stopGradient(logitsOf(chunkW(lo, hi), lo, hi, after(h, prev)));
+      const m = b.reduceMax(z, [1], true); // [N, 1]
+      const e = b.exp(b.sub(z, m));
+      ms.push(m);
+      ss.push(b.reduceSum(e, [1], true));
+      if (wantEnt) ts.push(b.reduceSum(b.mul(e, z), [1], true));
+      // z at the target when it falls in [lo, hi)
+      const rel = b.sub(tcol, b.const(lo, 'int64'));
+      const inside = b.and(b.greaterOrEqual(rel, b.const(0, 'int64')), b.less(rel, b.const(hi - lo, 'int64')));
+      const idx = b.where(inside, rel, b.const(0, 'int64'));
+      zts.push(b.where(inside, b.gatherElements(z, idx, 1), 0));
+    }));
+    const cat = (xs: Var[]) => (xs.length === 1 ? xs[0] : b.concat(xs, 1)); // [N, K]
+    const m = cat(ms), M = b.reduceMax(m, [1], true);
+    const scale = b.exp(b.sub(m, M)); // [N, K]
+    const lse = b.stopGradient(b.add(M, b.log(b.reduceSum(b.mul(cat(ss), scale), [1], true)))); // [N, 1]
+    const zt = b.reduceSum(cat(zts), [1], true);
+    const logprob = b.stopGradient(b.squeeze(b.sub(zt, lse), [1]));
+    let entropy: Var | null = null;
+    if (wantEnt) entropy = b.stopGradient(b.squeeze(b.sub(lse, b.reduceSum(b.mul(cat(ts), b.exp(b.sub(m, lse))), [1], true)), [1]));
+    const correct = opts.correct ? b.squeeze(b.greaterOrEqual(zt, M), [1]) : null;
+    return { logprob, entropy, lse, correct };
+  });
+  const { logprob, entropy, lse } = fwd;
+  const outs = entropy ? [logprob, entropy] : [logprob];
+  b.customVjp([h, w, null], outs, ([gLp, gEnt]) => {
+    if (!gLp && !(gEnt && entropy)) return [b.zerosLike(h), b.zerosLike(w), null];
+    const Hcol = entropy ? b.unsqueeze(entropy, [1]) : null;
+    let dh: Var | null = null;
+    const dws: Var[] = [];
+    chunks.forEach(([lo, hi], i) => b.scope(`c${i}`, () => {
+      const wc = chunkW(lo, hi);
+      const hc = after(h, dh ? [dh, dws[dws.length - 1]] : []);
+      const zl = b.sub(logitsOf(wc, lo, hi, hc), lse); // log p_c [N, V_c]
+      const p = b.exp(zl);
+      let dz: Var | null = null;
+      if (gLp) {
+        const onehot = b.cast(b.equal(b.sub(tcol, b.const(lo, 'int64')), b.unsqueeze(b.range(hi - lo), [0])), h.dtype);
+        dz = b.mul(b.unsqueeze(gLp, [1]), b.sub(onehot, p));
+      }
+      if (gEnt && Hcol) {
+        const t = b.mul(b.neg(b.unsqueeze(gEnt, [1])), b.mul(p, b.add(zl, Hcol)));
+        dz = dz ? b.add(dz, t) : t;
+      }
+      if (tau !== 1) dz = b.div(dz!, tau);
+      dh = b.gemm(dz!, wc, dh ? { c: dh } : {}); // [N, D]
+      dws.push(b.gemm(dz!, hc, { transA: true })); // [V_c, D]
+    }));
+    return [dh!, dws.length === 1 ? dws[0] : b.concat(dws, 0), null];
+  });
+  return { logprob, entropy, correct: fwd.correct };
+}

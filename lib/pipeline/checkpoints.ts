@@ -25,10 +25,12 @@ import { ConfigError, withStoragePath } from '../errors.ts';
 import type { JsonObject } from '../store/port.ts';
 import { stepsPerEpoch, type ControllerPlan } from './plan.ts';
 import { crashPoint } from './crash-points.ts';
+import { MODEL_SIDE_FILES } from '../model/checkpoint.ts';
 
 export const TRAINER_STATE_FILE = 'trainer_state.json';
 export const TRAINER_STATE_FORMAT = 'rlstream.trainer_state.v1';
-const MODEL_FILES = ['model.safetensors', 'optimizer.safetensors', 'config.json'];
+// a policy directory is a complete Hugging Face model directory: its generation config and tokenizer files go along
+const MODEL_FILES = ['model.safetensors', 'optimizer.safetensors', ...MODEL_SIDE_FILES];
 
 /** Where the dataset stands after `step` (the next step's epoch and first prompt). */
 export interface DatasetPosition {
@@ -201,8 +203,8 @@ export function readCheckpointPath(path: string): LoadedCheckpointPath {
       : basename(dirname(dir)) === 'checkpoints' && existsSync(join(sibling, 'model.safetensors')) ? resolve(sibling) : null;
     return { actorDir, referenceDir, state, criticDir };
   }
-  if (existsSync(join(dir, 'model.safetensors'))) return { actorDir: dir, referenceDir: null, state: null, criticDir: null };
-  throw new ConfigError(`trainer.load_checkpoint_path: ${dir} has neither ${TRAINER_STATE_FILE} (an rlstream checkpoint, <run_dir>/checkpoints/global_step_N) nor model.safetensors (a model directory)`);
+  if (existsSync(join(dir, 'model.safetensors')) || existsSync(join(dir, 'model.safetensors.index.json'))) return { actorDir: dir, referenceDir: null, state: null, criticDir: null };
+  throw new ConfigError(`trainer.load_checkpoint_path: ${dir} has neither ${TRAINER_STATE_FILE} (an rlstream checkpoint, <run_dir>/checkpoints/global_step_N) nor model.safetensors / model.safetensors.index.json (a model directory)`);
 }
 
 /**

@@ -1,13 +1,57 @@
 /**
  * The run's datasets as the controller uses them: rows from files (JSONL / verl parquet) or from a
- * built-in task generator, tokenized with the policy's tokenizer (BOS + prompt), overlong prompts
- * filtered out (reported, never silently) or treated as bad rows.
+ * built-in task generator, rendered and tokenized with the policy's tokenizer (`renderPrompt`),
+ * overlong prompts (counted after rendering) filtered out (reported, never silently) or treated
+ * as bad rows.
  */
+import { readFileSync } from 'node:fs';
+import { Template } from '@huggingface/jinja';
 import type { Config } from '../config/index.ts';
 import { loadDataset, type DatasetRow } from '../data/dataset.ts';
 import { tasks } from '../tasks/index.ts';
 import type { Tokenizer } from '../model/index.ts';
+import { promptMessages, type ChatMessage } from '../model/chat-template.ts';
 import { ConfigError } from '../errors.ts';
+
+export interface PromptRendering {
+  /** data.apply_chat_template: use the tokenizer's chat template when it has one. */
+  applyChatTemplate: boolean;
+  systemPrompt: string | null;
+  /** data.format_prompt, loaded: applied to string prompts first (variable `content`). */
+  formatPrompt: { render(content: string): string } | null;
+  chatTemplateKwargs: Record<string, unknown>;
+}
+
+/** data.format_prompt's Jinja file, read and parsed once (one ConfigError naming the file). */
+export function loadFormatPrompt(file: string): { render(content: string): string } {
+  let src: string;
+  try { src = readFileSync(file, 'utf8'); } catch (e) { throw new ConfigError(`data.format_prompt: cannot read ${file} (${(e as Error).message})`); }
+  let t: Template;
+  try { t = new Template(src.trim()); } catch (e) { throw new ConfigError(`data.format_prompt: ${file} is not a valid Jinja template (${(e as Error).message})`); }
+  return { render: (content) => t.render({ content }) };
+}
+
+export function promptRendering(cfg: Config): PromptRendering {
+  const d = cfg.data;
+  return { applyChatTemplate: d.apply_chat_template, systemPrompt: d.system_prompt, formatPrompt: d.format_prompt ? loadFormatPrompt(d.format_prompt) : null, chatTemplateKwargs: d.chat_template_kwargs };
+}
+
+/**
+ * A prompt as the policy sees it: the text and its ids. With a chat template (and
+ * applyChatTemplate): format_prompt on a string prompt, then the messages (the string as one user
+ * message, system_prompt first when set) rendered with the generation prompt, encoded without
+ * added specials (the template writes them, as transformers' apply_chat_template). Without:
+ * the (formatted) text with the tokenizer's own specials (BOS for the built-ins).
+ */
+export function renderPrompt(tok: Tokenizer, prompt: string, messages: ChatMessage[] | null, r: PromptRendering): { text: string; ids: Int32Array } {
+  const content = messages === null && r.formatPrompt ? r.formatPrompt.render(prompt) : prompt;
+  if (r.applyChatTemplate && tok.chatTemplate) {
+    const text = tok.chatTemplate.render(promptMessages(messages ?? content, r.systemPrompt), { addGenerationPrompt: true, kwargs: r.chatTemplateKwargs });
+    return { text, ids: tok.encode(text) };
+  }
+  return { text: content, ids: tok.encode(content, { addSpecialTokens: true }) };
+}
+
 
 export interface PromptRow {
   index: number; prompt: string; answer: string; images: Buffer[]; promptIds: Int32Array; source: string;
@@ -50,7 +94,7 @@ async function rowsOf(cfg: Config, split: 'train' | 'val'): Promise<{ rows: Omit
     const count = split === 'train' ? d.task_size.train : d.task_size.val;
     // train and val come from disjoint seeds
     const gen = task.generate(count, split === 'train' ? d.seed : d.seed + 1_000_003);
-    return { rows: gen.map((r, i) => ({ prompt: r.prompt, answer: r.answer, images: [], source: { file: `task:${task.name}:${split}`, line: i + 1 } })), source: task.name, bad: [] };
+    return { rows: gen.map((r, i) => ({ prompt: r.prompt, messages: null, answer: r.answer, images: [], source: { file: `task:${task.name}:${split}`, line: i + 1 } })), source: task.name, bad: [] };
   }
   const files = split === 'train' ? d.train_files : d.val_files;
   if (files.length === 0) return { rows: [], source: 'files', bad: [] };
@@ -60,30 +104,32 @@ async function rowsOf(cfg: Config, split: 'train' | 'val'): Promise<{ rows: Omit
 
 export async function loadRunData(cfg: Config, tok: Tokenizer): Promise<RunData> {
   const out: RunData = { train: [], val: [], dropped: { train: 0, val: 0 }, dataSource: '', leftOut: { train: { bad: [], overlong: [] }, val: { bad: [], overlong: [] } } };
+  const r = promptRendering(cfg);
+  if (r.systemPrompt !== null && !(r.applyChatTemplate && tok.chatTemplate)) {
+    throw new ConfigError(`data.system_prompt needs a chat template to go into, and ${tok.chatTemplate ? 'data.apply_chat_template is false' : 'the tokenizer has none (a model directory with a chat_template brings one)'}; unset data.system_prompt or write it into the prompts`);
+  }
   for (const split of ['train', 'val'] as const) {
     const { rows, source, bad } = await rowsOf(cfg, split);
     out.leftOut[split].bad.push(...bad);
     out.dataSource = out.dataSource || source;
-    for (const r of rows) {
-      let enc: Int32Array;
-      try { enc = tok.encode(r.prompt); } catch (e) {
-        const msg = `${r.source.file}:${r.source.line}: prompt cannot be tokenized: ${(e as Error).message}`;
+    for (const row of rows) {
+      let rendered: { text: string; ids: Int32Array };
+      try { rendered = renderPrompt(tok, row.prompt, row.messages, r); } catch (e) {
+        const msg = `${row.source.file}:${row.source.line}: prompt cannot be rendered or tokenized: ${(e as Error).message}`;
         if (cfg.data.on_bad_row === 'stop') throw new ConfigError(`${msg} (set data.on_bad_row=skip to skip such rows)`);
         out.dropped[split]++;
-        out.leftOut[split].bad.push({ where: `${r.source.file}:${r.source.line}`, reason: `prompt cannot be tokenized: ${(e as Error).message}` });
+        out.leftOut[split].bad.push({ where: `${row.source.file}:${row.source.line}`, reason: `prompt cannot be rendered or tokenized: ${(e as Error).message}` });
         continue;
       }
-      const ids = new Int32Array(enc.length + 1);
-      ids[0] = tok.bos;
-      ids.set(enc, 1);
+      const ids = rendered.ids;
       if (ids.length > cfg.data.max_prompt_length) {
-        if (!cfg.data.filter_overlong_prompts && cfg.data.on_bad_row === 'stop') throw new ConfigError(`${r.source.file}:${r.source.line}: prompt is ${ids.length} tokens, over data.max_prompt_length = ${cfg.data.max_prompt_length} (raise it, or set data.filter_overlong_prompts=true)`);
+        if (!cfg.data.filter_overlong_prompts && cfg.data.on_bad_row === 'stop') throw new ConfigError(`${row.source.file}:${row.source.line}: prompt is ${ids.length} tokens (after the chat template), over data.max_prompt_length = ${cfg.data.max_prompt_length} (raise it, or set data.filter_overlong_prompts=true)`);
         out.dropped[split]++;
-        if (cfg.data.filter_overlong_prompts) out.leftOut[split].overlong.push({ where: `${r.source.file}:${r.source.line}`, tokens: ids.length });
-        else out.leftOut[split].bad.push({ where: `${r.source.file}:${r.source.line}`, reason: `prompt is ${ids.length} tokens, over data.max_prompt_length = ${cfg.data.max_prompt_length}` });
+        if (cfg.data.filter_overlong_prompts) out.leftOut[split].overlong.push({ where: `${row.source.file}:${row.source.line}`, tokens: ids.length });
+        else out.leftOut[split].bad.push({ where: `${row.source.file}:${row.source.line}`, reason: `prompt is ${ids.length} tokens (after the chat template), over data.max_prompt_length = ${cfg.data.max_prompt_length}` });
         continue;
       }
-      out[split].push({ index: out[split].length, prompt: r.prompt, answer: r.answer, images: r.images, promptIds: ids, source: `${r.source.file}:${r.source.line}`, dataSource: r.dataSource, extraInfo: r.extraInfo });
+      out[split].push({ index: out[split].length, prompt: rendered.text, answer: row.answer, images: row.images, promptIds: ids, source: `${row.source.file}:${row.source.line}`, dataSource: row.dataSource, extraInfo: row.extraInfo });
     }
   }
   return out;

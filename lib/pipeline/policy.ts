@@ -6,8 +6,9 @@
  * with a local cache).
  */
 import { join } from 'node:path';
-import { createTokenizer, modelConfig, loadCheckpoint, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
+import { createTokenizer, modelConfig, loadCheckpoint, readModelDirConfigSync, samplingMaskIds, stopTokenIds, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
 import { ConfigError, RlError, TransientError } from '../errors.ts';
+import { loadModelDirTokenizer, type ModelTokenizer } from '../model/hf-model-tokenizer.ts';
 import { existsSync } from 'node:fs';
 import type { Config } from '../config/index.ts';
 import type { Executor, PolicyStore } from '../policy-store/index.ts';
@@ -15,6 +16,12 @@ import { resolveCriticModel } from '../config/index.ts';
 
 export function tokenizerFor(cfg: Config): Tokenizer {
   const m = cfg.actor.model;
+  // a model directory with a tokenizer.json brings its own tokenizer
+  if (m.path && existsSync(join(m.path, 'tokenizer.json'))) {
+    let c: ModelConfig;
+    try { c = readModelDirConfigSync(m.path); } catch (e) { throw new ConfigError(`actor.model.path: ${(e as Error).message}`); }
+    return loadModelDirTokenizer(m.path, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId, stopIds: stopTokenIds(c) });
+  }
   if (m.tokenizer === 'alphabet') {
     if (!m.alphabet) throw new ConfigError('actor.model.tokenizer = alphabet needs actor.model.alphabet (or data.task, whose alphabet is used)');
     return createTokenizer({ type: 'alphabet', alphabet: m.alphabet });
@@ -22,8 +29,41 @@ export function tokenizerFor(cfg: Config): Tokenizer {
   return createTokenizer({ type: 'byte' });
 }
 
+export type { ModelTokenizer };
+
+/**
+ * The tokenizer of a model directory: its tokenizer.json, or for an rlstream model without one the
+ * byte tokenizer when the vocabulary is the byte tokenizer's (259 ids).
+ */
+export function modelDirTokenizer(dir: string, c: ModelConfig): ModelTokenizer {
+  if (existsSync(join(dir, 'tokenizer.json'))) return loadModelDirTokenizer(dir, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId, stopIds: stopTokenIds(c) });
+  const byte = createTokenizer({ type: 'byte' });
+  if (c.vocabSize === byte.vocabSize) return byte;
+  throw new ConfigError(`${dir} has no tokenizer.json (and its vocabulary of ${c.vocabSize} ids is not the byte tokenizer's ${byte.vocabSize}); copy the model's tokenizer files into it`);
+}
+
+/**
+ * The policy's model config: from actor.model.path's config.json when a model directory is given
+ * (a Hugging Face directory or an rlstream checkpoint; the architecture keys of actor.model are
+ * then not used), else from actor.model's keys. Checks that the tokenizer fits the model's
+ * vocabulary and that prompt + response fit its positions (and a Mistral sliding window).
+ */
 export function policyModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
+  return withSamplingMask(policyModelConfigUnmasked(cfg, tok), tok);
+}
+
+/**
+ * The policy config with `suppressTokenIds`: the ids sampling must never emit (specials other than
+ * the stop ids, NUL, padding rows — samplingMaskIds), masked in sampling, scoring and training alike.
+ */
+export function withSamplingMask(c: ModelConfig, tok: Tokenizer): ModelConfig {
+  const ids = samplingMaskIds(tok, c.vocabSize, stopTokenIds(c));
+  return ids.length === 0 ? c : modelConfig({ ...c, suppressTokenIds: Array.from(ids) });
+}
+
+function policyModelConfigUnmasked(cfg: Config, tok: Tokenizer): ModelConfig {
   const m = cfg.actor.model;
+  if (m.path) return checkedDirConfig(cfg, 'actor.model.path', m.path, tok);
   return modelConfig({
     modelType: m.qkv_bias ? 'qwen2' : 'llama', head: 'lm', hiddenSize: m.d_model, intermediateSize: m.ffn, numHiddenLayers: m.n_layers,
     numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize: tok.vocabSize, maxPositionEmbeddings: m.max_seq_len,
@@ -32,8 +72,29 @@ export function policyModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
   });
 }
 
+/** A model directory's config, checked against the run's tokenizer and sequence lengths. */
+function checkedDirConfig(cfg: Config, key: string, dir: string, tok: Tokenizer): ModelConfig {
+  let c: ModelConfig;
+  try { c = readModelDirConfigSync(dir); } catch (e) { throw new ConfigError(`${key}: ${(e as Error).message}`); }
+  if (tok.vocabSize > c.vocabSize) throw new ConfigError(`${key}: the tokenizer has ${tok.vocabSize} ids but the model's vocab_size is ${c.vocabSize}; use the tokenizer the model was trained with`);
+  const total = cfg.data.max_prompt_length + cfg.data.max_response_length;
+  if (total > c.maxPositionEmbeddings) throw new ConfigError(`${key}: data.max_prompt_length + data.max_response_length = ${cfg.data.max_prompt_length} + ${cfg.data.max_response_length} = ${total} exceeds the model's max_position_embeddings ${c.maxPositionEmbeddings}; shorten them`);
+  if (c.slidingWindow !== null && total > c.slidingWindow) throw new ConfigError(`${key}: data.max_prompt_length + data.max_response_length = ${cfg.data.max_prompt_length} + ${cfg.data.max_response_length} = ${total} exceeds the model's sliding_window ${c.slidingWindow} (sliding-window attention is not implemented); shorten them to at most ${c.slidingWindow}`);
+  return c;
+}
+
+/**
+ * The critic's model config: from critic.model.path's directory (a causal-LM directory becomes a
+ * value model: its trunk, a fresh score head), else from actor.model.path's (verl starts the critic
+ * from the actor's model), else from the keys.
+ */
 export function criticModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
   const m = resolveCriticModel(cfg);
+  const dir = m.path ?? cfg.actor.model.path;
+  if (dir) {
+    const c = checkedDirConfig(cfg, m.path ? 'critic.model.path' : 'actor.model.path', dir, tok);
+    return c.head === 'value' ? c : modelConfig({ ...c, head: 'value', tieWordEmbeddings: false });
+  }
   return modelConfig({
     modelType: m.qkv_bias ? 'qwen2' : 'llama', head: 'value', hiddenSize: m.d_model, intermediateSize: m.ffn, numHiddenLayers: m.n_layers,
     numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize: tok.vocabSize, maxPositionEmbeddings: m.max_seq_len,

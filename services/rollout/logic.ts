@@ -36,29 +36,6 @@ export function generationRequests(batches: PromptBatch[], opts: RequestOptions 
   return { requests, groups };
 }
 
-export interface SpecialTokenIds { pad: number; bos: number; eos: number }
-
-/**
- * The response text reward functions and validation see: `decode` of the tokens, except that a
- * special token the policy emitted (padding, BOS, an EOS that did not end the response) is shown
- * as `<pad>`, `<bos>`, `<eos>` instead of being dropped. Tokenizers' decode drops specials, which
- * let a policy trained from scratch answer "<pad>1" or "1<bos>" (never stopping) and be scored
- * as a clean "1".
- */
-export function responseText(ids: Int32Array, decode: (ids: Int32Array) => string, special: SpecialTokenIds): string {
-  const names = new Map([[special.pad, '<pad>'], [special.bos, '<bos>'], [special.eos, '<eos>']]);
-  let out = '';
-  let start = 0;
-  for (let t = 0; t <= ids.length; t++) {
-    const name = t < ids.length ? names.get(ids[t]) : '';
-    if (name === undefined) continue;
-    if (t > start) out += decode(ids.subarray(start, t));
-    out += name;
-    start = t + 1;
-  }
-  return out;
-}
-
 /**
  * Sampling settings of a request: the batch's, or greedy (temperature 0, no truncation) for a
  * remax baseline request.
@@ -68,19 +45,22 @@ export function requestSampling(batch: PromptBatch, req: GenRequest): PromptBatc
 }
 
 /**
- * Assembles trajectory groups from generations (EOS stays in the tokens; the text omits a final
- * EOS). A greedy request's generation becomes the group's `baseline`, not one of its samples.
+ * Assembles trajectory groups from generations (the stop token stays in the tokens; the text is
+ * the decoding of the tokens before it, without special tokens: sampling masks every special but
+ * the stop ids, so a response holds none before its end, and decode drops specials anyway). A
+ * greedy request's generation becomes the group's `baseline`, not one of its samples.
  */
 export function trajectoryGroups(
   groups: Array<{ batch: PromptBatch; group: PromptBatch['groups'][number] }>,
-  requests: GenRequest[], results: GenResult[], decode: (ids: Int32Array) => string, eos: number,
+  requests: GenRequest[], results: GenResult[], decode: (ids: Int32Array) => string, stopIds: number | readonly number[],
 ): TrajectoryGroup[] {
+  const stop = new Set(typeof stopIds === 'number' ? [stopIds] : stopIds);
   const samples: TrajectorySample[][] = groups.map(() => []);
   const baselines: Array<TrajectorySample | null> = groups.map(() => null);
   requests.forEach((r, i) => {
     const res = results[i];
     if (res.id !== r.id) throw new Error(`generation ${i} is for ${res.id}, expected ${r.id}`);
-    const textIds = res.finishReason === 'eos' && res.tokens.length > 0 && res.tokens[res.tokens.length - 1] === eos ? res.tokens.subarray(0, res.tokens.length - 1) : res.tokens;
+    const textIds = res.finishReason === 'eos' && res.tokens.length > 0 && stop.has(res.tokens[res.tokens.length - 1]) ? res.tokens.subarray(0, res.tokens.length - 1) : res.tokens;
     const finish: FinishReason = res.finishReason === 'eos' ? 'stop' : 'length';
     const sample: TrajectorySample = {
       id: r.id, sample_index: r.sampleIndex, prompt_index: groups[r.groupIndex].group.prompt_index,

@@ -5,13 +5,14 @@
  * prompts topic in one consumer group.
  */
 import { Sampler } from '../../lib/model/sample.ts';
+import { stopTokenIds } from '../../lib/model/config.ts';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { tokenizerFor, policyModelConfig, samplerOptions, PolicyCache } from '../../lib/pipeline/policy.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import type { PromptBatch } from '../../lib/contracts/index.ts';
-import { generationRequests, trajectoryGroups, responseText, requestSampling } from './logic.ts';
+import { generationRequests, trajectoryGroups, requestSampling } from './logic.ts';
 
 export function startRollout(p: Pipeline, opts: { replica?: string } = {}): StageRun {
   const tok = tokenizerFor(p.cfg);
@@ -51,12 +52,13 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
         const s = requestSampling(groups[requests[idx[0]].groupIndex].batch, requests[idx[0]]);
         const out = await sampler.generate(weights, idx.map((i) => ({ id: requests[i].id, prompt: requests[i].prompt })), {
           temperature: s.temperature, topP: s.top_p, topK: s.top_k > 0 ? s.top_k : 0, maxNewTokens: s.max_new_tokens, seed: p.cfg.data.seed,
+          eosTokenIds: stopTokenIds(model), // every eos id of config.json and generation_config.json stops a response
         });
         idx.forEach((i, k) => { results[i] = out[k]; });
       }
       const tGen = performance.now();
       crashPoint('rollout:generated');
-      const trajs = trajectoryGroups(groups, requests, results, (ids) => responseText(ids, (x) => tok.decode(x), tok), tok.eos);
+      const trajs = trajectoryGroups(groups, requests, results, (ids) => tok.decode(ids), stopTokenIds(model));
       let tokens = 0;
       for (const g of trajs) { ctx.emit('trajectories', g); for (const s of g.samples) tokens += s.response_ids.length; tokens += g.baseline?.response_ids.length ?? 0; }
       const steps = new Set(batches.filter((b) => b.kind === 'train').map((b) => b.step));

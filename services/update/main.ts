@@ -30,7 +30,7 @@ import {
   datasetPosition, describePosition, writeCheckpointDir, listCheckpointSteps, removeCheckpointDir, removeTempCheckpoints, readCheckpointPath,
   TRAINER_STATE_FORMAT, TRAINER_STATE_FILE, checkpointDir, type TrainerState,
 } from '../../lib/pipeline/checkpoints.ts';
-import { createTrainer, initWeights, saveCheckpoint, loadCheckpoint, checkpointSha256, type Trainer, type TrainerOptions, type TrainBatch, type Weights } from '../../lib/model/index.ts';
+import { createTrainer, initWeights, saveCheckpoint, loadCheckpoint, checkpointSha256, valueModelFrom, type Trainer, type TrainerOptions, type TrainBatch, type Weights } from '../../lib/model/index.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { policyId, type UpdateGroup, type PolicyVersion } from '../../lib/contracts/index.ts';
 import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
@@ -71,6 +71,8 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const arith = checkBatchArithmetic({ rolloutBatchSize: cfg.data.rollout_batch_size, n: cfg.rollout.n, globalBatchSize: cfg.actor.global_batch_size, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update });
   const tok = tokenizerFor(cfg);
   const model = policyModelConfig(cfg, tok);
+  // every policy version is a complete model directory: the source's generation config and tokenizer files go along
+  const assetsFrom = cfg.actor.model.path;
   const plan = planFromConfig(cfg, p.runId, opts.trainSize, 0);
   const totalSteps = planTotalSteps(plan);
   const totalOptSteps = Math.max(1, totalSteps * arith.miniBatches * cfg.actor.ppo_epochs);
@@ -109,7 +111,8 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   }
   /** Writes a version of `kind` into the policy store (before any event names it). Returns the sha256 of its model.safetensors. */
   async function storeVersion(kind: ArtifactKind, version: number, cfgOf: ModelConfig, weights: Weights, extra: { optimizer?: import('../../lib/model/index.ts').OptimizerState; metadata?: Record<string, string> }, db: Executor = p.db.db): Promise<string> {
-    await saveCheckpoint(p.policies.writeDir(kind, version), cfgOf, weights, { ...extra, overwrite: true });
+    // a complete model directory: the source's generation config and tokenizer files go with the weights
+    await saveCheckpoint(p.policies.writeDir(kind, version), cfgOf, weights, { ...extra, overwrite: true, assetsFrom });
     const files = await p.policies.put(kind, version, db);
     return files.find((f) => f.name === 'model.safetensors')!.sha256;
   }
@@ -220,8 +223,10 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const saved = savedDir ? await loadCheckpoint(savedDir, { optimizer: true }) : null;
     if (saved) critic = createTrainer({ ...copts, weights: saved.weights, optimizerState: saved.optimizer });
     else {
-      const cpath = resolveCriticModel(cfg).path;
-      critic = createTrainer({ ...copts, ...(cpath ? { weights: (await loadCheckpoint(cpath, { optimizer: false })).weights } : { seed: cfg.critic.model.init_seed ?? cfg.actor.model.init_seed + 1 }) });
+      // critic.model.path, else the actor's model directory (a causal LM gets a fresh score head), else a fresh model
+      const cpath = resolveCriticModel(cfg).path ?? cfg.actor.model.path;
+      const cseed = cfg.critic.model.init_seed ?? cfg.actor.model.init_seed + 1;
+      critic = createTrainer({ ...copts, ...(cpath ? { weights: valueModelFrom(await loadCheckpoint(cpath, { optimizer: false }), cseed).weights } : { seed: cseed }) });
       await storeVersion('critic', state.version, cm, critic.getWeights(), { optimizer: critic.getOptimizerState() });
     }
   }

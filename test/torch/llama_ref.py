@@ -1,7 +1,8 @@
 """PyTorch reference for rlstream's Llama-family ONNX model (parity tests and benchmarks).
 
 Plain torch, no transformers: token embedding, pre-norm decoder blocks (RMSNorm -> causal GQA
-attention with HF rotate_half RoPE -> residual, RMSNorm -> SwiGLU MLP -> residual), final RMSNorm,
+attention with HF rotate_half RoPE (rope_scaling linear / llama3; Qwen3: per-head RMSNorm of q and
+k before RoPE) -> residual, RMSNorm -> SwiGLU MLP -> residual), final RMSNorm,
 lm_head (tied to the embedding when tie_word_embeddings) and an optional value head
 `score.weight [1, D]` applied to the final-norm hidden states.
 
@@ -105,6 +106,8 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     head_dim: int = 0
+    model_type: str = "llama"
+    rope_scaling: Optional[Dict[str, object]] = None
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -131,8 +134,11 @@ class LlamaConfig:
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=float(d.get("rope_theta", 10000.0)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", False)),
+            # Qwen2 always has q/k/v biases; the others follow attention_bias
+            attention_bias=bool(d.get("attention_bias", d.get("model_type") == "qwen2")),
             head_dim=int(d.get("head_dim") or 0),
+            model_type=str(d.get("model_type", "llama")),
+            rope_scaling=d.get("rope_scaling"),  # type: ignore[arg-type]
         )
 
     @staticmethod
@@ -158,6 +164,9 @@ def param_shapes(cfg: LlamaConfig, value_head: bool = False) -> Dict[str, List[i
             s[p + "self_attn.k_proj.bias"] = [kvd]
             s[p + "self_attn.v_proj.bias"] = [kvd]
         s[p + "self_attn.o_proj.weight"] = [D, qd]
+        if cfg.model_type == "qwen3":
+            s[p + "self_attn.q_norm.weight"] = [cfg.head_dim]
+            s[p + "self_attn.k_norm.weight"] = [cfg.head_dim]
         s[p + "post_attention_layernorm.weight"] = [D]
         s[p + "mlp.gate_proj.weight"] = [F, D]
         s[p + "mlp.up_proj.weight"] = [F, D]
@@ -187,7 +196,7 @@ def random_params(cfg: LlamaConfig, seed: int, value_head: bool = False, std: fl
     g = torch.Generator().manual_seed(seed)
     out: Dict[str, Tensor] = {}
     for name, shape in param_shapes(cfg, value_head).items():
-        if name.endswith("layernorm.weight") or name == "model.norm.weight":
+        if name.endswith("norm.weight"):
             out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
         else:
             out[name] = std * torch.randn(shape, generator=g)
@@ -207,6 +216,21 @@ def rope_cos_sin(cfg: LlamaConfig, positions: Tensor) -> Tuple[Tensor, Tensor]:
     """positions [B, T] (int) -> cos, sin [B, 1, T, dh]; HF layout: frequencies duplicated halves."""
     dh = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "linear":
+        inv_freq = inv_freq / float(rs["factor"])
+    elif kind == "llama3":
+        # Llama 3.1: low frequencies divided by factor, high ones kept, a smooth ramp between
+        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old = float(rs["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old / wavelen - lo) / (hi - lo)
+        scaled = torch.where(wavelen > old / lo, inv_freq / factor, inv_freq)
+        mid = (wavelen >= old / hi) & (wavelen <= old / lo)
+        inv_freq = torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    elif kind != "default":
+        raise ValueError(f"rope_scaling type {kind} is not implemented here")
     freqs = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, dh/2]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos()[:, None], emb.sin()[:, None]
@@ -255,8 +279,13 @@ def forward(params: Dict[str, Tensor], cfg: LlamaConfig, input_ids: Tensor,
         q = linear(h, params[p + "self_attn.q_proj.weight"], params.get(p + "self_attn.q_proj.bias"))
         k = linear(h, params[p + "self_attn.k_proj.weight"], params.get(p + "self_attn.k_proj.bias"))
         v = linear(h, params[p + "self_attn.v_proj.weight"], params.get(p + "self_attn.v_proj.bias"))
-        q = q.view(B, T, H, dh).transpose(1, 2)
-        k = k.view(B, T, Hkv, dh).transpose(1, 2)
+        q = q.view(B, T, H, dh)
+        k = k.view(B, T, Hkv, dh)
+        if cfg.model_type == "qwen3":  # per-head RMSNorm of q and k before RoPE
+            q = rms_norm(q, params[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
+            k = rms_norm(k, params[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps)
+        q = q.transpose(1, 2)
+        k = k.transpose(1, 2)
         v = v.view(B, T, Hkv, dh).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin

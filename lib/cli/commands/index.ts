@@ -8,6 +8,8 @@ import { runsCommand } from './runs.ts';
 import { reportCommand } from './report.ts';
 import { rewardServerCommand } from './reward-server.ts';
 import { replayCommand } from './replay.ts';
+import { exportCommand } from './export.ts';
+import { generateCommand } from './generate.ts';
 
 /** Every `rlstream` command, in the order `--help` lists them. */
-export const commands: Command[] = [trainCommand, serveCommand, migrateCommand, configCommand, sqlCommand, runsCommand, reportCommand, rewardServerCommand, replayCommand];
+export const commands: Command[] = [trainCommand, serveCommand, migrateCommand, configCommand, sqlCommand, runsCommand, reportCommand, rewardServerCommand, replayCommand, exportCommand, generateCommand];

@@ -7,7 +7,8 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { initWeights, modelConfig, type ModelConfig, type ModelConfigInput, type Weights } from '../../../lib/model/index.ts';
-import { saveCheckpoint } from '../../../lib/model/checkpoint.ts';
+import { loadCheckpoint, saveCheckpoint } from '../../../lib/model/checkpoint.ts';
+import { stopTokenIds } from '../../../lib/model/config.ts';
 import { paramSpecs } from '../../../lib/model/params.ts';
 import { Sampler, sequenceUniforms } from '../../../lib/model/sample.ts';
 import { Scorer } from '../../../lib/model/score.ts';
@@ -33,10 +34,14 @@ let tmp: { dir: string; cleanup: () => void };
 before(() => { tmp = tempDir(); });
 after(() => tmp?.cleanup());
 
-/** Random weights with non-trivial norms and biases, saved as an HF checkpoint directory. */
-async function model(name: string, input: ModelConfigInput, seed: number): Promise<{ c: ModelConfig; w: Weights; dir: string }> {
-  const c = modelConfig(input);
-  const w = initWeights(c, seed, { std: 0.2 });
+/**
+ * Random weights with non-trivial norms and biases, saved as an HF checkpoint directory (stored as
+ * `dtype`; `w` is then what that file holds, read back). `std` defaults to ≈ 1.13 / √hidden, the
+ * scale the 32-wide models use (0.2), so wider models keep activations of the same size.
+ */
+async function model(name: string, input: ModelConfigInput, seed: number, opts: { dtype?: 'float32' | 'bfloat16'; std?: number } = {}): Promise<{ c: ModelConfig; w: Weights; dir: string }> {
+  let c = modelConfig(input);
+  let w = initWeights(c, seed, { std: opts.std ?? 0.2 * Math.sqrt(32 / c.hiddenSize) });
   const rng = Rng.fromSeed(`parity:${seed}`);
   for (const s of paramSpecs(c)) {
     if (s.name.endsWith('norm.weight') || s.name.endsWith('.bias')) {
@@ -45,7 +50,8 @@ async function model(name: string, input: ModelConfigInput, seed: number): Promi
     }
   }
   const dir = join(tmp.dir, name);
-  await saveCheckpoint(dir, c, w);
+  await saveCheckpoint(dir, c, w, { dtype: opts.dtype ?? 'float32' });
+  if (opts.dtype && opts.dtype !== 'float32') ({ config: c, weights: w } = await loadCheckpoint(dir, { optimizer: false }));
   return { c, w, dir };
 }
 
@@ -229,5 +235,100 @@ test('AdamW: three clipped steps give torch\'s losses to 5 significant digits an
     const w0 = w.get(s.name)!, a = nw.get(s.name)!, t = final.get(s.name)!.data as Float32Array;
     const da = a.map((v, i) => v - w0[i]), dt = t.map((v, i) => v - w0[i]);
     assert.ok(relErr(da, dt) < 5e-3, `${s.name}: 3-step update differs from torch's by ${relErr(da, dt)} (relative)`);
+  }
+});
+
+// ── the architectures by model_type at the real shapes' widths (1–2 layers, a small vocabulary) ──
+// SmolLM2-135M: hidden 576, 9 heads, 3 KV heads, ffn 1536, tied; Qwen2.5-0.5B: hidden 896, 14
+// heads, 2 KV heads, ffn 4864, tied, q/k/v bias. Qwen3 with head_dim 128 ≠ hidden / heads and
+// q/k norms; Mistral untied; rope_scaling llama3 and linear.
+const smolWidth = { hiddenSize: 576, numAttentionHeads: 9, numKeyValueHeads: 3, intermediateSize: 1536 };
+const qwen25Width = { hiddenSize: 896, numAttentionHeads: 14, numKeyValueHeads: 2, intermediateSize: 4864 };
+const specials = { vocabSize: 64, maxPositionEmbeddings: 64, bosTokenId: 1, eosTokenId: 2, padTokenId: 0 };
+const realWidth: Record<string, ModelConfigInput> = {
+  'smollm2 (llama, llama3 rope scaling)': { ...smolWidth, ...specials, modelType: 'llama', numHiddenLayers: 2, tieWordEmbeddings: true, ropeTheta: 100000, rmsNormEps: 1e-5,
+    ropeScaling: { type: 'llama3', factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 64 } }, // all three bands: wavelength < 16 kept, 16–64 interpolated, > 64 scaled
+  'qwen2.5 (q/k/v bias)': { ...qwen25Width, ...specials, modelType: 'qwen2', numHiddenLayers: 1, attentionBias: true, tieWordEmbeddings: true, ropeTheta: 1e6, rmsNormEps: 1e-6 },
+  'qwen3 (q/k norm, head_dim 128)': { ...smolWidth, ...specials, modelType: 'qwen3', headDim: 128, numHiddenLayers: 2, tieWordEmbeddings: true, ropeTheta: 1e6, rmsNormEps: 1e-6 },
+  'mistral (linear rope scaling, untied)': { ...smolWidth, ...specials, modelType: 'mistral', numHiddenLayers: 2, tieWordEmbeddings: false, ropeTheta: 1e6, rmsNormEps: 1e-5,
+    ropeScaling: { type: 'linear', factor: 4 } },
+};
+const rwPrompts = prompts.map((p) => p.map((t) => t + 30));
+const rwResponses = responses.map((r) => r.map((t) => t + 30));
+
+function rightPadded(c: ModelConfig, ps: number[][], rs: number[][]): { ids: number[]; mask: number[]; T: number } {
+  const T = Math.max(...ps.map((p, i) => p.length + rs[i].length));
+  const ids = new Array(ps.length * T).fill(c.padTokenId), mask = new Array(ps.length * T).fill(0);
+  ps.forEach((p, i) => [...p, ...rs[i]].forEach((t, j) => { ids[i * T + j] = t; mask[i * T + j] = 1; }));
+  return { ids, mask, T };
+}
+
+for (const [label, input] of Object.entries(realWidth)) {
+  for (const dtype of ['float32', 'bfloat16'] as const) {
+    test(`real width, ${label}, weights stored ${dtype}: log-probs and entropy match torch`, { skip }, async () => {
+      const { c, w, dir } = await model(`rw-${input.modelType}-${dtype}`, input, 11, { dtype });
+      const ort = await new Scorer(c, { threads: 1, cache }).score(w, rwPrompts.map((p, i) => ({ prompt: p, response: rwResponses[i] })));
+      const { ids, mask, T } = rightPadded(c, rwPrompts, rwResponses);
+      const inp = join(dir, 'fwd-in.safetensors'), out = join(dir, 'fwd-out.safetensors');
+      writeTensors(inp, { input_ids: i64(ids, [rwPrompts.length, T]), attention_mask: i64(mask, [rwPrompts.length, T]) });
+      await runTorch('forward.py', [...drv(dir), '--inputs', inp, '--out', out]);
+      const ref = readTensors(out);
+      const lp = ref.get('logprobs')!.data as Float32Array, ent = ref.get('entropy')!.data as Float32Array;
+      rwPrompts.forEach((p, i) => {
+        const at = (j: number) => i * (T - 1) + p.length - 1 + j;
+        const rl = rwResponses[i].map((_, j) => lp[at(j)]), re = rwResponses[i].map((_, j) => ent[at(j)]);
+        assert.ok(maxAbs(ort[i].logprobs, rl) < 5e-5, `row ${i} logprobs: ${maxAbs(ort[i].logprobs, rl)}`);
+        assert.ok(maxAbs(ort[i].entropy!, re) < 5e-5, `row ${i} entropy: ${maxAbs(ort[i].entropy!, re)}`);
+      });
+    });
+  }
+
+  test(`real width, ${label}: one clipped AdamW step gives torch's loss, grad norm and update`, { skip }, async () => {
+    const { c, w, dir } = await model(`rwa-${input.modelType}`, input, 12);
+    const { batch, torchIn } = ppoBatch(c, 4);
+    const inp = join(dir, 'a-in.safetensors'), out = join(dir, 'a-out.safetensors');
+    writeTensors(inp, torchIn);
+    const optim = { betas: [0.9, 0.95] as [number, number], eps: 1e-8, weightDecay: 0.05, maxGradNorm: 0.05 };
+    const lr = 1e-3;
+    const trainer = new Trainer({ model: c, loss: { type: 'policy' }, weights: w, threads: 2, optim, cache });
+    const r = await trainer.step(batch, lr);
+    const ref = await runTorch('adamw.py', [...drv(dir), '--inputs', inp, '--out', out, '--loss', 'ppo', '--steps', '1', '--lr', String(lr),
+      '--beta1', '0.9', '--beta2', '0.95', '--eps', '1e-8', '--weight-decay', '0.05', '--max-grad-norm', '0.05']);
+    // the PPO loss is a mean of ±A·ratio terms that nearly cancel: compare with an absolute floor
+    assert.ok(Math.abs(r.metrics.loss - ref.losses[0]) < 1e-6 + 1e-5 * Math.abs(ref.losses[0]), `loss ${r.metrics.loss} vs ${ref.losses[0]}`);
+    assert.ok(Math.abs(r.metrics.grad_norm - ref.grad_norms[0]) < 1e-4 * ref.grad_norms[0], `grad norm ${r.metrics.grad_norm} vs ${ref.grad_norms[0]}`);
+    const final = readTensors(out), nw = trainer.getWeights();
+    for (const s of paramSpecs(c)) {
+      const w0 = w.get(s.name)!, a = nw.get(s.name)!, t = final.get(s.name)!.data as Float32Array;
+      const da = a.map((v, i) => v - w0[i]), dt = t.map((v, i) => v - w0[i]);
+      assert.ok(relErr(da, dt) < 5e-3, `${s.name}: the update differs from torch's by ${relErr(da, dt)} (relative)`);
+    }
+  });
+}
+
+test('generation at real width: qwen3 (q/k norm in the decode step) and llama3 rope scaling match torch KV-cache decoding', { skip }, async () => {
+  for (const key of ['qwen3 (q/k norm, head_dim 128)', 'smollm2 (llama, llama3 rope scaling)']) {
+    const input = { ...realWidth[key], eosTokenIds: [2, 40] };
+    const { c, w, dir } = await model(`rwg-${input.modelType}`, input, 13);
+    const sampler = new Sampler(c, { threads: 1, cache });
+    const N = 10, seed = 5;
+    const reqs = rwPrompts.map((p, i) => ({ id: `g${i}`, prompt: p }));
+    const P = Math.max(...rwPrompts.map((p) => p.length));
+    const ids = new Array(rwPrompts.length * P).fill(c.padTokenId), mask = new Array(rwPrompts.length * P).fill(0);
+    rwPrompts.forEach((p, i) => p.forEach((t, j) => { ids[i * P + P - p.length + j] = t; mask[i * P + P - p.length + j] = 1; }));
+    const u = new Float32Array(rwPrompts.length * N);
+    reqs.forEach((r, i) => u.set(sequenceUniforms(seed, r.id, N), i * N));
+    const inp = join(dir, 'gen-in.safetensors'), out = join(dir, 'gen-out.safetensors');
+    const eos = stopTokenIds(c);
+    writeTensors(inp, { prompt_ids: i64(ids, [rwPrompts.length, P]), prompt_mask: i64(mask, [rwPrompts.length, P]), uniforms: f32(u, [rwPrompts.length, N]), eos_ids: i64(eos, [eos.length]) });
+    const gens = await sampler.generate(w, reqs, { maxNewTokens: N, seed, temperature: 1, eosTokenIds: eos });
+    await runTorch('generate.py', [...drv(dir), '--inputs', inp, '--out', out, '--temperature', '1']);
+    const ref = readTensors(out);
+    const rt = ref.get('tokens')!.data as BigInt64Array, rl = ref.get('logprobs')!.data as Float32Array, rlen = ref.get('lengths')!.data as BigInt64Array;
+    gens.forEach((g, i) => {
+      const len = Number(rlen[i]);
+      assert.deepEqual(Array.from(g.tokens), Array.from(rt.subarray(i * N, i * N + len), Number), `${key} row ${i}`);
+      assert.ok(maxAbs(g.logprobs, rl.subarray(i * N, i * N + len)) < 5e-5, `${key} row ${i} logprobs`);
+    });
   }
 });

@@ -35,7 +35,7 @@ describe('model config', () => {
     assert.throws(() => modelConfig({ ...base, numKeyValueHeads: 3 }), /multiple of numKeyValueHeads 3/);
     assert.throws(() => modelConfig({ ...base, eosTokenId: 20 }), /eosTokenId 20 is outside the vocabulary/);
     assert.throws(() => modelConfig({ ...base, hiddenSizes: 3 } as never), /hiddenSizes/);
-    assert.throws(() => fromHfConfig({ ...toHfConfig(modelConfig(base)), model_type: 'gpt2' }), /model_type must be "llama" or "qwen2"/);
+    assert.throws(() => fromHfConfig({ ...toHfConfig(modelConfig(base)), model_type: 'gpt2' }), /model_type "gpt2" is not supported/);
   });
   it('parameter names follow HF conventions', () => {
     const names = paramSpecs(modelConfig({ ...base, attentionBias: true })).map((s) => s.name);
@@ -92,7 +92,7 @@ describe('checkpoints', () => {
     const w = initWeights(c, 1);
     const m = initWeights(c, 2), v = zerosLikeWeights(c);
     const { weightsSha256 } = await saveCheckpoint(dir, c, w, { optimizer: { step: 3, expAvg: m, expAvgSq: v }, metadata: { run_id: 'r1' } });
-    assert.deepEqual((await fs.readdir(dir)).sort(), ['config.json', 'model.safetensors', 'optimizer.safetensors']);
+    assert.deepEqual((await fs.readdir(dir)).sort(), ['config.json', 'generation_config.json', 'model.safetensors', 'optimizer.safetensors']);
     assert.deepEqual((await fs.readdir(path.dirname(dir))), ['step-3'], 'no temporary directories left behind');
     const ck = await loadCheckpoint(dir);
     assert.deepEqual(ck.config, c);
@@ -127,7 +127,7 @@ describe('checkpoints', () => {
     await fs.writeFile(path.join(dir, 'model.safetensors'), encodeSafetensors(specs.map((s) => [s.name, { shape: s.shape, data: s.name === 'model.norm.weight' ? new Int32Array(16) : w.get(s.name)! }])));
     await assert.rejects(loadCheckpoint(dir), /model.norm.weight has dtype I32, expected a float dtype/);
     await fs.rm(path.join(dir, 'model.safetensors'));
-    await assert.rejects(loadCheckpoint(dir), /model.safetensors not found/);
+    await assert.rejects(loadCheckpoint(dir), /model.safetensors \(or model.safetensors.index.json\) not found/);
     await assert.rejects(loadCheckpoint(path.join(root, 'nope')), /config.json not found/);
   });
   it('accepts float64 / bf16 tensors by converting to float32', async () => {

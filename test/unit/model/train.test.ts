@@ -51,11 +51,26 @@ describe('trainer', () => {
       const r1 = await big.step(batch, 1e-3), r2 = await small.step(batch, 1e-3);
       assert.ok(Math.abs(r1.metrics.grad_norm - r2.metrics.grad_norm) < 1e-5 * r1.metrics.grad_norm, `grad_norm ${r1.metrics.grad_norm} vs ${r2.metrics.grad_norm}`);
       const w1 = big.getWeights(), w2 = small.getWeights();
-      for (const s of paramSpecs(model)) assert.ok(maxRelDiff(w2.get(s.name)!, w1.get(s.name)!) < 1e-5, `${lossAggMode}: weights ${s.name} differ after the step`);
+      // Adam's first step moves an element by lr·g/(|g| + ε): a gradient at float-noise level (|g| ≈ 1e-8,
+      // 1e-6 of the largest) that the micro-batch summation order changes by 1 % moves by ≈ 1e-6
+      for (const s of paramSpecs(model)) assert.ok(maxRelDiff(w2.get(s.name)!, w1.get(s.name)!) < 4e-5, `${lossAggMode}: weights ${s.name} differ after the step`);
     }
   });
 
-  it('packed outputs (one read-back per run, the GPU default) give bit-identical gradients, weights and moments', async () => {
+  it('the in-place AdamW runs on slices of a parameter (views at an offset) give the same state as whole tensors', async () => {
+    const loss = { type: 'policy' as const };
+    const whole = createTrainer({ model, loss, seed: 4, cache, threads: 1 });
+    const sliced = createTrainer({ model, loss, seed: 4, cache, threads: 1, optimizerSlice: 37 });
+    for (let k = 0; k < 2; k++) { const batch = makeBatch(4, 10, 30 + k); await whole.step(batch, 1e-2); await sliced.step(batch, 1e-2); }
+    const o1 = whole.getOptimizerState(), o2 = sliced.getOptimizerState();
+    for (const s of paramSpecs(model)) {
+      assert.deepEqual(sliced.weightsView().get(s.name), whole.weightsView().get(s.name), `weights ${s.name}`);
+      assert.deepEqual(o2.expAvgSq.get(s.name), o1.expAvgSq.get(s.name), `exp_avg_sq ${s.name}`);
+    }
+    assert.notDeepEqual(whole.weightsView().get('model.norm.weight'), createTrainer({ model, loss, seed: 4, cache, threads: 1 }).weightsView().get('model.norm.weight'));
+  });
+
+  it('the GPU path (packed outputs, fused step graph) and the CPU path (grad graph into pre-allocated buffers, in-place AdamW graph) agree', async () => {
     const loss = { type: 'policy' as const, lossAggMode: 'token-mean' as const, useKlLoss: true };
     const plain = createTrainer({ model, loss, seed: 5, cache, threads: 1, microBatchSize: 3, packOutputs: false });
     const packed = createTrainer({ model, loss, seed: 5, cache, threads: 1, microBatchSize: 3, packOutputs: true });
@@ -64,15 +79,17 @@ describe('trainer', () => {
       const g1 = await plain.computeGradients(batch), g2 = await packed.computeGradients(batch);
       for (const s of paramSpecs(model)) assert.deepEqual(g2.grads.get(s.name), g1.grads.get(s.name), `step ${k}: grad ${s.name}`);
       const r1 = await plain.step(batch, 1e-2), r2 = await packed.step(batch, 1e-2);
-      assert.deepEqual(r2.metrics, r1.metrics);
+      // the CPU path sums the norm in float64, the step graph in float32; weights differ by rounding
+      for (const [m, v] of Object.entries(r1.metrics)) assert.ok(Math.abs(r2.metrics[m] - v) <= 1e-5 * (1 + Math.abs(v)), `step ${k}: ${m} ${r2.metrics[m]} vs ${v}`);
     }
     const w1 = plain.getWeights(), w2 = packed.getWeights(), o1 = plain.getOptimizerState(), o2 = packed.getOptimizerState();
     for (const s of paramSpecs(model)) {
-      assert.deepEqual(w2.get(s.name), w1.get(s.name), `weights ${s.name}`);
-      assert.deepEqual(o2.expAvg.get(s.name), o1.expAvg.get(s.name), `exp_avg ${s.name}`);
-      assert.deepEqual(o2.expAvgSq.get(s.name), o1.expAvgSq.get(s.name), `exp_avg_sq ${s.name}`);
+      assert.ok(maxRelDiff(w2.get(s.name)!, w1.get(s.name)!) < 4e-5, `weights ${s.name}`);
+      assert.ok(maxRelDiff(o2.expAvg.get(s.name)!, o1.expAvg.get(s.name)!) < 1e-4, `exp_avg ${s.name}`);
+      assert.ok(maxRelDiff(o2.expAvgSq.get(s.name)!, o1.expAvgSq.get(s.name)!) < 1e-4, `exp_avg_sq ${s.name}`);
       assert.equal(packed.weightsView().get(s.name)!.length, w1.get(s.name)!.length);
     }
+    assert.equal(o1.step, 3);
     assert.equal(o2.step, 3);
   });
 
@@ -294,15 +311,17 @@ describe('trainer: critic and session reuse', () => {
     assert.ok(last.metrics.vf_clipfrac >= 0 && last.metrics.vf_clipfrac <= 1, `vf_clipfrac ${last.metrics.vf_clipfrac}`);
   });
 
-  it('one session per graph family serves every batch shape; weightsView is a stable snapshot', async () => {
+  it('one session per graph family serves every batch shape; a step updates the weights in place, getWeights is a snapshot', async () => {
     const own = new SessionCache();
     const tr = createTrainer({ model, loss: { type: 'policy' }, seed: 2, cache: own, threads: 1 });
     const view = tr.weightsView();
+    const snap = tr.getWeights();
     const before = Float32Array.from(view.get('model.norm.weight')!);
     for (const [B, T] of [[2, 8], [5, 12], [3, 16]]) await tr.step(makeBatch(B, T, B * T), 1e-3);
-    assert.equal(own.sessionsBuilt, 1, 'the step graph is built once for all shapes');
-    assert.deepEqual(view.get('model.norm.weight'), before, 'an earlier view is not modified by later steps');
-    assert.notDeepEqual(tr.weightsView().get('model.norm.weight'), before);
+    assert.equal(own.sessionsBuilt, 2, 'the grad graph and the AdamW graph are built once for all shapes');
+    assert.deepEqual(snap.get('model.norm.weight'), before, 'a copy taken earlier is not modified by later steps');
+    assert.equal(tr.weightsView().get('model.norm.weight'), view.get('model.norm.weight'), 'the step wrote into the same buffer');
+    assert.notDeepEqual(view.get('model.norm.weight'), before);
     assert.equal(tr.stepCount, 3);
   });
 });

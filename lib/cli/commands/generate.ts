@@ -1,0 +1,95 @@
+import type { Command } from '../command.ts';
+import { parseArgs, UsageError } from '../command.ts';
+import { loadCheckpoint } from '../../model/checkpoint.ts';
+import { stopTokenIds } from '../../model/config.ts';
+import { Sampler } from '../../model/sample.ts';
+import { Scorer } from '../../model/score.ts';
+import { modelDirTokenizer, type ModelTokenizer } from '../../pipeline/policy.ts';
+import { ConfigError } from '../../errors.ts';
+import { modelDirOf } from './export.ts';
+
+function num(flags: Record<string, string>, k: string, check: (v: number) => boolean, what: string): number | undefined {
+  if (flags[k] === undefined) return undefined;
+  const v = Number(flags[k]);
+  if (!Number.isFinite(v) || !check(v)) throw new UsageError(`--${k} must be ${what}, got "${flags[k]}"`);
+  return v;
+}
+
+/**
+ * `rlstream generate <model-dir | checkpoint-dir> --prompt TEXT …`: one completion from a model
+ * directory. Sampling defaults come from the model's generation_config.json, as in transformers'
+ * generate (do_sample false → greedy); flags override them. The log-probs are of the untempered
+ * distribution: sampled at temperature T ∉ {0, 1}, the response is scored again at T = 1.
+ */
+export const generateCommand: Command = {
+  name: 'generate',
+  summary: 'Generate one completion from a model directory or checkpoint (try a model before training it)',
+  usage: 'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--chat] [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
+  help: [
+    'Loads a Hugging Face model directory, a policy version (<run_dir>/policy/vNNNNNN) or a run checkpoint',
+    '(<run_dir>/checkpoints/global_step_N) and prints the completion of --prompt.',
+    '',
+    'options:',
+    '  --prompt TEXT          the prompt (required)',
+    '  --chat                 render the prompt as a user message through the tokenizer\'s chat template',
+    '                         (with the generation prompt added)',
+    '  --system TEXT          a system message before it (with --chat)',
+    '  --max-new-tokens N     response length cap (default: generation_config max_new_tokens, else 256)',
+    '  --temperature T        0 = greedy (default: generation_config, greedy when do_sample is false)',
+    '  --top-p P              nucleus sampling threshold, 1 = off',
+    '  --top-k K              top-k sampling, 0 = off',
+    '  --seed S               sampling seed (default 0); the same seed gives the same completion',
+    '  --json                 print one JSON object as the last line: {"prompt_ids", "response_ids",',
+    '                         "logprobs", "text"}; logprobs[i] = ln p(response_ids[i]) under the model\'s',
+    '                         untempered distribution',
+  ].join('\n'),
+  async run(argv) {
+    const { positionals, flags, booleans } = parseArgs(argv, { flags: ['prompt', 'system', 'max-new-tokens', 'temperature', 'top-p', 'top-k', 'seed'], booleans: ['chat', 'json'] });
+    if (positionals.length !== 1) throw new UsageError(`expected one model or checkpoint directory, got ${positionals.length}`);
+    if (flags.prompt === undefined) throw new UsageError('--prompt TEXT is required');
+    if (flags.system !== undefined && !booleans.has('chat')) throw new UsageError('--system needs --chat');
+    const maxNew = num(flags, 'max-new-tokens', (v) => Number.isInteger(v) && v > 0, 'a positive integer');
+    const temperature = num(flags, 'temperature', (v) => v >= 0, 'a number ≥ 0');
+    const topP = num(flags, 'top-p', (v) => v > 0 && v <= 1, 'in (0, 1]');
+    const topK = num(flags, 'top-k', (v) => Number.isInteger(v) && v >= 0, 'an integer ≥ 0');
+    const seed = num(flags, 'seed', (v) => Number.isInteger(v), 'an integer') ?? 0;
+
+    const dir = modelDirOf(positionals[0]);
+    const ck = await loadCheckpoint(dir, { optimizer: false });
+    const c = ck.config;
+    if (c.head !== 'lm') throw new ConfigError(`${dir} is a value model (${String((c.extra?.architectures as unknown) ?? 'score head')}); generate needs a causal LM`);
+    const tok: ModelTokenizer = modelDirTokenizer(dir, c);
+    let promptText = flags.prompt;
+    if (booleans.has('chat')) {
+      if (!tok.applyChatTemplate || !tok.chatTemplate) throw new ConfigError(`${dir} has no chat template (tokenizer_config.json chat_template); drop --chat`);
+      const messages = [...(flags.system !== undefined ? [{ role: 'system', content: flags.system }] : []), { role: 'user', content: flags.prompt }];
+      promptText = tok.applyChatTemplate(messages);
+    }
+    // as transformers: a plain prompt gets the tokenizer's leading specials (e.g. Llama's BOS); a
+    // rendered chat template already has them
+    const promptIds = Array.from(tok.encode(promptText, { addSpecialTokens: !booleans.has('chat') }));
+    if (!promptIds.length) throw new ConfigError('the prompt encodes to no tokens; give a non-empty --prompt');
+    const g = ck.generation ?? {};
+    const gnum = (k: string): number | undefined => (typeof g[k] === 'number' ? g[k] as number : undefined);
+    const sampling = g.do_sample === true;
+    const T = temperature ?? (sampling ? gnum('temperature') ?? 1 : 0);
+    const room = c.maxPositionEmbeddings - promptIds.length;
+    if (room <= 0) throw new ConfigError(`the prompt has ${promptIds.length} tokens, the model's max_position_embeddings is ${c.maxPositionEmbeddings}; shorten it`);
+    const N = Math.min(maxNew ?? gnum('max_new_tokens') ?? 256, room);
+    // every eos id of config.json, generation_config.json and the tokenizer stops the response
+    const stopIds = [...new Set([...stopTokenIds(c), ...tok.stopIds])].filter((id) => id < c.vocabSize);
+    const [gen] = await new Sampler(c, { threads: 2 }).generate(ck.weights, [{ id: 'generate', prompt: promptIds }], {
+      maxNewTokens: N, seed, temperature: T, topP: topP ?? (sampling ? gnum('top_p') ?? 1 : 1), topK: topK ?? (sampling ? gnum('top_k') ?? 0 : 0), eosTokenIds: stopIds,
+    });
+    const responseIds = Array.from(gen.tokens);
+    // the sampler's log-probs are of the temperature-scaled distribution (greedy: T = 1)
+    const logprobs = T === 0 || T === 1 ? Array.from(gen.logprobs)
+      : Array.from((await new Scorer(c, { threads: 2 }).score(ck.weights, [{ prompt: promptIds, response: responseIds }], { temperature: 1, entropy: false }))[0].logprobs);
+    const stops = new Set(stopIds);
+    const text = tok.decode(responseIds.filter((t) => !stops.has(t)));
+    if (booleans.has('json')) process.stdout.write(JSON.stringify({ prompt_ids: promptIds, response_ids: responseIds, logprobs, text }) + '\n');
+    else process.stdout.write(text + '\n');
+    return 0;
+  },
+};
+
