@@ -89,9 +89,12 @@ export type HfDtype = 'float32' | 'bfloat16' | 'float16';
  */
 export function toHfConfig(c: ModelConfig, dtype: HfDtype = 'float32'): Record<string, unknown> {
   const out: Record<string, unknown> = { ...(c.extra ?? {}) };
+  // q/k/v biases without an o_proj bias are Qwen2's layout: HF's llama reads attention_bias as a
+  // bias on all four projections, so a fresh llama-type model with q/k/v biases is written as qwen2
+  const modelType = c.attentionBias && c.modelType === 'llama' ? 'qwen2' : c.modelType;
   Object.assign(out, {
-    architectures: [`${ARCH[c.modelType]}${c.head === 'value' ? 'ForTokenClassification' : 'ForCausalLM'}`],
-    model_type: c.modelType,
+    architectures: [`${ARCH[modelType]}${c.head === 'value' ? 'ForTokenClassification' : 'ForCausalLM'}`],
+    model_type: modelType,
     hidden_size: c.hiddenSize,
     intermediate_size: c.intermediateSize,
     num_hidden_layers: c.numHiddenLayers,
