@@ -31,6 +31,9 @@ export function outputFormat(booleans: Set<string>): 'table' | 'csv' | 'json' {
   return booleans.has('csv') ? 'csv' : booleans.has('json') ? 'json' : 'table';
 }
 
+/** statement_timeout of `rlstream sql` unless --timeout-s says otherwise. */
+export const DEFAULT_TIMEOUT_S = 300;
+
 function nonNegative(v: string | undefined, flag: string): number | undefined {
   if (v === undefined) return undefined;
   const n = Number(v);
@@ -57,7 +60,7 @@ export const sqlCommand: Command = {
     '  --csv             print CSV (full arrays and text) instead of a table',
     '  --json            print a JSON array of row objects (NaN/Infinity as strings)',
     '  --max-width N     cut table cells longer than N characters with … (default 60, 0 = never)',
-    '  --timeout-s S     cancel the query after S seconds (default: no limit)',
+    '  --timeout-s S     cancel the query after S seconds (default 300; 0: no limit)',
     '  --views           list the analysis views and tables with their columns',
     '',
     'views: v_step_metrics_wide, v_step_times, v_reward_by_prompt, v_response_length, v_kl_entropy,',
@@ -76,7 +79,8 @@ export async function runSql(argv: string[], io: CommandIo): Promise<number> {
   const { positionals, flags, booleans } = parseArgs(argv, { flags: ['max-width', 'timeout-s'], booleans: ['csv', 'json', 'views'] });
   const format = outputFormat(booleans);
   const maxWidth = nonNegative(flags['max-width'], '--max-width');
-  const timeoutS = nonNegative(flags['timeout-s'], '--timeout-s');
+  // a statement_timeout always, so a runaway analysis query cannot hold a run's database (--timeout-s 0 lifts it)
+  const timeoutS = nonNegative(flags['timeout-s'], '--timeout-s') ?? DEFAULT_TIMEOUT_S;
   const [spec, query, ...extra] = positionals;
   if (!spec) throw new UsageError('give the run directory (or postgres:// URL) and the query');
   if (booleans.has('views')) {

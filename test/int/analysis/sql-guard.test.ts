@@ -91,3 +91,15 @@ test('a query waits at most lock_timeout behind a lock; a superuser connection i
   assert.equal(code, 0);
   assert.match(err.join(''), /warning: connected as the superuser postgres.*read-only role/);
 });
+
+test('every query runs under a statement_timeout: 300 s unless --timeout-s says otherwise, and a slow query is cancelled', async () => {
+  const out: string[] = [];
+  const io = { out: (t: string) => { out.push(t); }, err: () => undefined };
+  assert.equal(await runSql([db.url, `select current_setting('statement_timeout') as t`, '--json'], io), 0);
+  assert.match(out.join(''), /"t":\s*"5min"/);
+  out.length = 0;
+  assert.equal(await runSql([db.url, `select current_setting('statement_timeout') as t`, '--json', '--timeout-s', '0'], io), 0);
+  assert.match(out.join(''), /"t":\s*"0"/);
+  const err: string[] = [];
+  await assert.rejects(runSql([db.url, 'select pg_sleep(5)', '--timeout-s', '0.5'], { out: () => undefined, err: (t) => { err.push(t); } }), /cancelled: canceling statement due to statement timeout/);
+});
