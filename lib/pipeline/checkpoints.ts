@@ -26,6 +26,7 @@ import type { JsonObject } from '../store/port.ts';
 import { stepsPerEpoch, type ControllerPlan } from './plan.ts';
 import { crashPoint } from './crash-points.ts';
 import { MODEL_SIDE_FILES } from '../model/checkpoint.ts';
+import { sha256File } from '../policy-store/hash.ts';
 
 export const TRAINER_STATE_FILE = 'trainer_state.json';
 export const TRAINER_STATE_FORMAT = 'rlstream.trainer_state.v1';
@@ -77,6 +78,12 @@ export interface TrainerState {
   rng_state: JsonObject;
   kl_ctl_state: JsonObject;
   lr_state: JsonObject;
+  /**
+   * sha256 of every file of the checkpoint (actor/, reference/, critic/; path relative to the
+   * checkpoint directory), checked before a run starts from it. Absent in older checkpoints,
+   * which record only `sha256` (actor/model.safetensors).
+   */
+  files_sha256?: Record<string, string>;
 }
 
 export function checkpointsRoot(runDir: string): string { return join(runDir, 'checkpoints'); }
@@ -116,9 +123,14 @@ export async function writeCheckpointDir(runDir: string, state: TrainerState, ac
     crashPoint('checkpoint:half-written');
     await linkFiles(referenceDir, join(tmp, 'reference'), MODEL_FILES.filter((f) => f !== 'optimizer.safetensors'));
     if (criticDir) await linkFiles(criticDir, join(tmp, 'critic'), MODEL_FILES);
+    const files_sha256: Record<string, string> = {};
+    for (const sub of ['actor', 'reference', 'critic']) {
+      if (!existsSync(join(tmp, sub))) continue;
+      for (const f of (await fs.readdir(join(tmp, sub))).sort()) files_sha256[`${sub}/${f}`] = await sha256File(join(tmp, sub, f));
+    }
     try {
       const fh = await fs.open(join(tmp, TRAINER_STATE_FILE), 'w');
-      try { await fh.writeFile(JSON.stringify(state, null, 2) + '\n'); await fh.sync(); } finally { await fh.close(); }
+      try { await fh.writeFile(JSON.stringify({ ...state, files_sha256 }, null, 2) + '\n'); await fh.sync(); } finally { await fh.close(); }
     } catch (e) { throw withStoragePath(e, join(tmp, TRAINER_STATE_FILE)); }
     await syncPath(tmp);
     let old: string | null = null;
@@ -223,4 +235,19 @@ export function startStepFromCheckpoint(path: string | null, plan: Pick<Controll
     throw new ConfigError(`trainer.load_checkpoint_path: the checkpoint at step ${state.step} was taken with ${diff.map((k) => `${k} = ${String(was[k])}`).join(', ')}, but this run has ${diff.map((k) => `${k} = ${String(now[k])}`).join(', ')}; its dataset position (${describePosition(was)}) cannot carry over — use the same data settings (data.task_size.train / data.train_files, data.rollout_batch_size, data.seed, data.shuffle)`);
   }
   return { step: state.step, state };
+}
+
+/**
+ * Before a run starts from checkpoint `dir`: every file trainer_state.json records a sha256 for
+ * (actor/, reference/, critic/; older checkpoints: actor/model.safetensors) still has it. A
+ * mismatch names the file and both hashes and says what to do.
+ */
+export async function verifyCheckpointFiles(dir: string, state: TrainerState): Promise<void> {
+  const want = state.files_sha256 ?? (state.sha256 ? { 'actor/model.safetensors': state.sha256 } : {});
+  for (const [rel, sha] of Object.entries(want)) {
+    const file = join(dir, rel);
+    if (!existsSync(file)) throw new ConfigError(`trainer.load_checkpoint_path: ${file} is missing, but ${join(dir, TRAINER_STATE_FILE)} records it (sha256 ${sha}) — the checkpoint is damaged; use an earlier checkpoint (another global_step_N) as trainer.load_checkpoint_path`);
+    const found = await sha256File(file);
+    if (found !== sha) throw new ConfigError(`trainer.load_checkpoint_path: ${file} has sha256 ${found}, but ${sha} was recorded in ${join(dir, TRAINER_STATE_FILE)} — the checkpoint is damaged; use an earlier checkpoint (another global_step_N) as trainer.load_checkpoint_path`);
+  }
 }

@@ -28,7 +28,7 @@ import { loadStageState, saveStageState, PendingBatch, stagesWithState } from '.
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import {
   datasetPosition, describePosition, writeCheckpointDir, listCheckpointSteps, removeCheckpointDir, removeTempCheckpoints, readCheckpointPath,
-  TRAINER_STATE_FORMAT, TRAINER_STATE_FILE, checkpointDir, type TrainerState,
+  TRAINER_STATE_FORMAT, TRAINER_STATE_FILE, checkpointDir, verifyCheckpointFiles, type TrainerState,
 } from '../../lib/pipeline/checkpoints.ts';
 import { createTrainer, initWeights, saveCheckpoint, loadCheckpoint, checkpointSha256, valueModelFrom, type Trainer, type TrainerOptions, type TrainBatch, type Weights } from '../../lib/model/index.ts';
 import { Scorer } from '../../lib/model/score.ts';
@@ -167,10 +167,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     // position) and LR schedule position it was taken at; v0 keeps the source's initial policy (KL reference)
     const src = readCheckpointPath(loadPath);
     // an rlstream checkpoint records its weights' sha256 (trainer_state.json): a damaged one is refused before it is read
-    if (src.state?.sha256) {
-      const found = await sha256File(join(src.actorDir, 'model.safetensors'));
-      if (found !== src.state.sha256) throw new ConfigError(`trainer.load_checkpoint_path: ${join(src.actorDir, 'model.safetensors')} has sha256 ${found}, but ${src.state.sha256} was recorded in ${join(loadPath, 'trainer_state.json')} — the checkpoint is damaged; use an earlier checkpoint (another global_step_N)`);
-    }
+    if (src.state) await verifyCheckpointFiles(loadPath, src.state);
     const ck = await loadCheckpoint(src.actorDir);
     const start = src.state?.step ?? 0;
     if (start > 0) {

@@ -67,4 +67,13 @@ test('a damaged committed policy version stops the resume with the path, both ha
   assert.notEqual(fromBad.code, 0);
   assert.ok(fromBad.out.includes(recorded) && fromBad.out.includes(found), `names both hashes:\n${fromBad.out.slice(-2000)}`);
   assert.match(fromBad.out, /the checkpoint is damaged; use an earlier checkpoint/);
+  // the reference policy (KL reference) of a checkpoint is checked too: global_step_1/reference links v0
+  const ref = join(dir, 'checkpoints', 'global_step_1', 'reference', 'model.safetensors');
+  const rbytes = readFileSync(ref);
+  const rRecorded = createHash('sha256').update(rbytes).digest('hex');
+  for (let i = 300; i < 364; i++) rbytes[i] ^= 0x5a;
+  writeFileSync(ref, rbytes);
+  const fromBadRef = await train([`trainer.run_dir=${join(tmp, 'from-bad-ref')}`, `trainer.load_checkpoint_path=${join(dir, 'checkpoints', 'global_step_1')}`, 'trainer.max_steps=3']);
+  assert.notEqual(fromBadRef.code, 0);
+  assert.ok(fromBadRef.out.includes(ref) && fromBadRef.out.includes(rRecorded), `names the reference file and its recorded hash:\n${fromBadRef.out.slice(-2000)}`);
 });
