@@ -26,7 +26,8 @@ const tmp = join(ROOT, 'test/.tmp', `chaos-faults-${process.pid}`);
 const cleanups: Array<() => Promise<void> | void> = [];
 after(async () => { for (const c of cleanups.reverse()) { try { await c(); } catch { /* best effort */ } } rmSync(tmp, { recursive: true, force: true }); });
 
-const common = [`pipeline.run_id=${RUN_ID}`, `trainer.max_steps=${STEPS}`, 'trainer.save_freq=5', 'trainer.total_epochs=2', 'data.task_size.train=32'];
+// every version kept (keep_policy_versions), so the policy directory outgrows the small disk mid-run
+const common = [`pipeline.run_id=${RUN_ID}`, `trainer.max_steps=${STEPS}`, 'trainer.save_freq=5', 'trainer.total_epochs=2', 'data.task_size.train=32', `trainer.keep_policy_versions=${STEPS + 1}`];
 
 async function final(target: { kind: 'pglite'; dir: string } | { kind: 'postgres'; url: string }) {
   const store = await openStore(target);

@@ -20,7 +20,8 @@ const tmp = join(ROOT, 'test/.tmp', `disk-full-${process.pid}`);
 const disks: TinyDisk[] = [];
 after(() => { for (const d of disks) d.unmount(); rmSync(tmp, { recursive: true, force: true }); });
 
-const args = (dir: string) => ['train', CONFIG, `trainer.run_dir=${dir}`, `pipeline.run_id=${RUN_ID}`, 'trainer.max_steps=8', 'trainer.save_freq=4'];
+// every version kept (keep_policy_versions), so the policy directory outgrows the small disk
+const args = (dir: string) => ['train', CONFIG, `trainer.run_dir=${dir}`, `pipeline.run_id=${RUN_ID}`, 'trainer.max_steps=8', 'trainer.save_freq=4', 'trainer.keep_policy_versions=8'];
 
 async function finalState(dir: string) {
   const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
