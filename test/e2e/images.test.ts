@@ -12,7 +12,8 @@ import { sql } from 'kysely';
 import sharp from 'sharp';
 import { loadConfig } from '../../lib/config/index.ts';
 import { trainEmbedded } from '../../lib/app/run.ts';
-import { createLogger } from '../../lib/log.ts';
+import { createLogger, silentLogger } from '../../lib/log.ts';
+import { replayRun } from '../../lib/app/replay.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { imageHash } from '../../lib/data/image-hash.ts';
 import { ROOT } from '../support/pipeline-procs.ts';
@@ -77,4 +78,18 @@ test('a dataset with images trains with the text policy; each image is stored on
       where t.run_id = ${runId}`.execute(store.database.db);
     assert.deepEqual(rows[0], { n: train.length + val.length, missing: 0 });
   } finally { await store.close(); }
+
+  // a replay of the run has the images too: its trajectories join to its own prompt_images
+  const rep = await replayRun({ from: join(tmp, 'run'), overrides: ['pipeline.run_id=images-replay', 'trainer.val_before_train=false'], log: silentLogger('images-replay') });
+  assert.equal(rep.status, 'completed', rep.message);
+  const rs = await openStore({ kind: 'pglite', dir: join(rep.runDir, 'db') });
+  try {
+    const { rows } = await sql<{ n: number; missing: number }>`
+      select count(*)::int as n, count(*) filter (where i.hash is null)::int as missing
+      from trajectories t cross join lateral unnest(t.image_hashes) as h(hash)
+      left join prompt_images i on i.run_id = t.run_id and i.hash = h.hash
+      where t.run_id = 'images-replay'`.execute(rs.database.db);
+    assert.ok(rows[0]!.n > 0, 'the replay stored trajectories with images');
+    assert.equal(rows[0]!.missing, 0);
+  } finally { await rs.close(); }
 });
