@@ -11,11 +11,11 @@ import { LruCache, PixelCache } from '../../../lib/data/pixel-cache.ts';
 const dir = mkdtempSync(join(tmpdir(), 'rl-images-'));
 
 /** A w×h test image with a gradient and a few noisy pixels (so resampling kernels differ). */
-async function image(w: number, h: number, fmt: 'png' | 'jpeg', opts: { channels?: 1 | 3 | 4; orientation?: number } = {}): Promise<Buffer> {
+async function image(w: number, h: number, fmt: 'png' | 'jpeg', opts: { channels?: 1 | 2 | 3 | 4; orientation?: number } = {}): Promise<Buffer> {
   const channels = opts.channels ?? 3;
   const px = Buffer.alloc(w * h * channels);
   for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) for (let c = 0; c < channels; c++) {
-    px[(y * w + x) * channels + c] = c === 3 ? 200 : ((x * 7 + y * 13 + c * 50) ^ ((x * y) % 17 === 0 ? 255 : 0)) & 255;
+    px[(y * w + x) * channels + c] = c === channels - 1 && (channels === 2 || channels === 4) ? 200 : ((x * 7 + y * 13 + c * 50) ^ ((x * y) % 17 === 0 ? 255 : 0)) & 255;
   }
   let s = sharp(px, { raw: { width: w, height: h, channels } });
   if (opts.orientation) s = s.withMetadata({ orientation: opts.orientation });
@@ -75,13 +75,23 @@ test('a PNG is decoded, resized to the grid and re-encoded as RGB PNG; its hash 
   assert.deepEqual([px.width, px.height, px.data.length], [308, 196, 308 * 196 * 3]);
 });
 
-test('JPEG, grayscale+alpha and EXIF-rotated inputs all come out as upright RGB', async () => {
+test('JPEG, grayscale, grayscale+alpha, 16-bit and EXIF-rotated inputs all come out as upright 8-bit RGB', async () => {
   const jpg = await prepareImage(await image(100, 60, 'jpeg'), { ...small, minPixels: 262144, maxPixels: 4194304 });
   // 60/28 and 100/28 round to 56×112 = 6272 < 262144: beta = sqrt(262144/6000) = 6.61;
   // 60·beta/28 = 14.2 → 15·28 = 420, 100·beta/28 = 23.6 → 24·28 = 672
   assert.deepEqual([jpg.height, jpg.width], [420, 672]);
-  const ga = await prepareImage(await image(64, 64, 'png', { channels: 4 }), small);
-  assert.equal((await sharp(ga.png).metadata()).channels, 3);
+  for (const channels of [2, 4] as const) {
+    const src = await image(64, 64, 'png', { channels });
+    assert.equal((await sharp(src).metadata()).channels, channels);
+    assert.equal((await sharp((await prepareImage(src, small)).png).metadata()).channels, 3, `${channels} channels in, RGB out`);
+  }
+  const gray = await prepareImage(await image(64, 64, 'png', { channels: 1 }), small);
+  assert.equal((await sharp(gray.png).metadata()).channels, 3);
+  // 16 bits per channel come out as 8-bit sRGB, the same colour
+  const deep = await sharp({ create: { width: 60, height: 40, channels: 3, background: '#8040c0' } }).toColourspace('rgb16').png().toBuffer();
+  assert.equal((await sharp(deep).metadata()).depth, 'ushort');
+  const d = await prepareImage(deep, small);
+  assert.deepEqual([...(await decodePixels(d.png)).data.subarray(0, 3)], [0x80, 0x40, 0xc0]);
   // orientation 6 (rotate 90°): a 120 wide × 60 high file shows 60 wide × 120 high
   const rot = await prepareImage(await image(120, 60, 'jpeg', { orientation: 6 }), small);
   assert.deepEqual([rot.width, rot.height], [56, 112]);
