@@ -18,6 +18,7 @@ async function image(w: number, h: number, fmt: 'png' | 'jpeg', opts: { channels
     px[(y * w + x) * channels + c] = c === channels - 1 && (channels === 2 || channels === 4) ? 200 : ((x * 7 + y * 13 + c * 50) ^ ((x * y) % 17 === 0 ? 255 : 0)) & 255;
   }
   let s = sharp(px, { raw: { width: w, height: h, channels } });
+  if (channels <= 2) s = s.toColourspace('b-w');
   if (opts.orientation) s = s.withMetadata({ orientation: opts.orientation });
   return fmt === 'png' ? s.png().toBuffer() : s.jpeg({ quality: 90 }).toBuffer();
 }
