@@ -13,7 +13,8 @@
  *     embedded run) and its training groups (steps ≤ --until-step) are copied into the new run's
  *     topic, rewritten to the new run: run_id, the group and sample ids (which embed the run id)
  *     and group_uid = hashId(id). Ids keep their order (one common prefix), so batches are
- *     assembled in the same order as in the source. Validation groups are not copied.
+ *     assembled in the same order as in the source. Validation groups are not copied. The
+ *     source's prompt images (prompt_images) are copied to the new run.
  *  3. Policy v0 of the new run is the source's v0 (its weights, copied bytes-equal), and the
  *     update stage is told the sha256 of each source policy version: a recorded sample of version
  *     v is on-policy for the replay only while the replay's version v has exactly those bytes
@@ -180,6 +181,9 @@ export async function replayRun(opts: ReplayOptions): Promise<ReplayOutcome> {
           out.push(p.message('trajectories', { ...g, run_id: p.runId, id, group_uid: hashId(id), samples: g.samples.map((x) => ({ ...x, id: re(x.id) })), baseline: g.baseline ? { ...g.baseline, id: re(g.baseline.id) } : null }));
           lastStep = Math.max(lastStep, g.step);
         });
+        // the prompts' images, so the replay's trajectories (image_hashes) join to them in its tables
+        const images = await s.store.getPromptImages(src.runId);
+        if (images.length) await p.store.insertPromptImages(images.map((i) => ({ runId: p.runId, hash: i.hash, width: i.width, height: i.height, png: i.png })));
       } finally { await s.close(); }
       if (!out.length) throw new ConfigError(`replay: run ${src.runId} has no training trajectories${opts.untilStep !== undefined ? ` up to step ${opts.untilStep}` : ''}`);
       state = { copied: out.length, sourceRunId: src.runId, lastStep, behaviourSha };

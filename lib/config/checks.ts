@@ -136,6 +136,8 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResu
   if (!trainer.val_only && data.task === null && data.train_files.length === 0) {
     errors.push(`no training data: set data.train_files (JSONL or parquet files) or data.task (a built-in generator: ${taskNames.join(', ')})`);
   }
+  if (data.min_pixels > data.max_pixels) errors.push(`data.min_pixels = ${data.min_pixels} is over data.max_pixels = ${data.max_pixels}; images are resized to a pixel count between them`);
+  if (data.max_pixels < data.image_factor * data.image_factor) errors.push(`data.max_pixels = ${data.max_pixels} is under one ${data.image_factor}×${data.image_factor} patch cell (data.image_factor); raise it`);
   const needVal: string[] = [];
   if (trainer.val_only) needVal.push('trainer.val_only = true');
   if (trainer.val_before_train) needVal.push('trainer.val_before_train = true');

@@ -239,7 +239,7 @@ function applyOverride(raw: Obj, text: string, index: number, sources: Sources, 
  * relative to the working directory.
  */
 export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
-  ['data', 'train_files'], ['data', 'val_files'],
+  ['data', 'train_files'], ['data', 'val_files'], ['data', 'image_dir'],
   ['actor', 'model', 'path'], ['critic', 'model', 'path'],
   ['reward', 'reward_fn_path'], ['reward', 'model', 'path'],
   ['trainer', 'load_checkpoint_path'],

@@ -277,6 +277,83 @@ export interface PromptsV1PromptBatch {
   groups: PromptsV1PromptGroup[];
 }
 
+// ---- prompts.v2 (schemas/prompts.v2.avsc); top-level record: PromptsV2PromptBatch
+
+/** train: a training rollout; val: a validation rollout (never trained on). */
+export type PromptsV2Kind = "train" | "val";
+
+/** Sampling settings for every group of the batch. */
+export interface PromptsV2SamplingParams {
+  /** Sampling temperature (0 = greedy). */
+  temperature: number;
+  /** Nucleus threshold (1 = off). */
+  top_p: number;
+  /** Top-k (-1 = off). */
+  top_k: number;
+  /** Longest response in tokens. */
+  max_new_tokens: number;
+}
+
+/** Identity and size of one prompt image. */
+export interface PromptsV2ImageRef {
+  /** Lower-case hex sha256 of the image's PNG bytes (images[i]): its key in prompt_images and in trajectories.image_hashes. */
+  hash: string;
+  /** Width in pixels (after resizing). */
+  width: number;
+  /** Height in pixels (after resizing). */
+  height: number;
+}
+
+/** One prompt to sample n responses for. */
+export interface PromptsV2PromptGroup {
+  /** Deterministic group id (groupId / valGroupId). */
+  id: string;
+  /** 16 hex chars of sha256(id). */
+  group_uid: string;
+  /** Slot of the prompt within its step. */
+  prompt_index: number;
+  /** Row index in the dataset split. */
+  dataset_index: number;
+  /** Responses to sample (the group size). */
+  n: number;
+  /** Prompt token ids, int32 little-endian. */
+  prompt_ids: Int32Array;
+  /** Prompt text (after the chat template). */
+  prompt_text: string;
+  /** Images of a multimodal prompt as normalised PNGs (decoded, converted to RGB and resized to the patch grid by the controller); empty for text prompts. image_refs[i] describes images[i]. */
+  images: Buffer[];
+  /** One entry per image, in the order of images (prompts.v2; v1 records read with []). */
+  image_refs: PromptsV2ImageRef[];
+  /** Dataset or task name. */
+  data_source: string;
+  /** Reference answer passed to the reward. */
+  ground_truth: string;
+  /** Extra per-row data for the reward, as a JSON object text ("{}" when none). */
+  extra_info: string;
+}
+
+/** controller -> rollout: prompt groups of one step (or validation round) to sample. Usually one group; a small chunk of groups of the same step is allowed. */
+export interface PromptsV2PromptBatch {
+  /** Run this record belongs to. */
+  run_id: string;
+  /** Deterministic chunk id (chunkId): the group id when the batch holds one group, else <first group id>+<count>. */
+  id: string;
+  /** Training step (1-based); for kind = val, the validation round (= the policy version evaluated). */
+  step: number;
+  /** Policy version the rollout must sample with (at least this version; staleness is bounded by the controller). */
+  policy_version: number;
+  /** train or val. */
+  kind: PromptsV2Kind;
+  /** Dataset epoch of the step (0-based; 0 for val). */
+  epoch: number;
+  /** Draw of the step: 0 = the first draw, t >= 1 = the t-th refill after online filtering. */
+  attempt: number;
+  /** How to sample. */
+  sampling: PromptsV2SamplingParams;
+  /** The prompt groups (at least one). */
+  groups: PromptsV2PromptGroup[];
+}
+
 // ---- scored.v1 (schemas/scored.v1.avsc); top-level record: ScoredV1ScoredGroup
 
 /** train: a training rollout; val: a validation rollout (never trained on). */
@@ -787,7 +864,7 @@ export interface GeneratedSchemaValues {
   deadletter: DeadletterV1DeadLetter;
   metrics: MetricsV1MetricsRecord;
   policy: PolicyV1PolicyVersion;
-  prompts: PromptsV1PromptBatch;
+  prompts: PromptsV2PromptBatch;
   scored: ScoredV3ScoredGroup;
   trajectories: TrajectoriesV2TrajectoryGroup;
   updates: UpdatesV1UpdateGroup;

@@ -79,6 +79,13 @@ const RULES: Record<SchemaFamily, (r: Rec, p: Problems) => void> = {
     r.groups.forEach((g: Rec, i: number) => {
       groupIdentity(`groups[${i}].`, g, r.run_id, r.step, r.kind, p);
       if (!(Number.isSafeInteger(g.n) && g.n >= 1)) p.push(`groups[${i}].n: must be at least 1, got ${g.n}`);
+      // prompts.v1 records read with image_refs = []; otherwise one ref per image
+      const refs: Rec[] = g.image_refs ?? [];
+      if (refs.length > 0 && refs.length !== g.images.length) p.push(`groups[${i}].image_refs: ${refs.length} refs for ${g.images.length} images (one per image, in order)`);
+      refs.forEach((x, j) => {
+        if (typeof x.hash !== 'string' || !/^[0-9a-f]{64}$/.test(x.hash)) p.push(`groups[${i}].image_refs[${j}].hash: must be a lower-case hex sha256, got ${JSON.stringify(x.hash)}`);
+        if (!(x.width >= 1 && x.height >= 1)) p.push(`groups[${i}].image_refs[${j}]: size ${x.width}×${x.height} must be positive`);
+      });
     });
   },
   trajectories(r, p) { group(r, p); },

@@ -13,11 +13,12 @@ export type Mutual<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : 
 export type Expect<X extends true> = X;
 
 export type Checks = [
-  Expect<Mutual<T.Kind, G.PromptsV1Kind>>,
+  Expect<Mutual<T.Kind, G.PromptsV2Kind>>,
   Expect<Mutual<T.Kind, G.TrajectoriesV2Kind>>,
-  Expect<Mutual<T.SamplingParams, G.PromptsV1SamplingParams>>,
-  Expect<Mutual<T.PromptGroup, G.PromptsV1PromptGroup>>,
-  Expect<Mutual<T.PromptBatch, G.PromptsV1PromptBatch>>,
+  Expect<Mutual<T.SamplingParams, G.PromptsV2SamplingParams>>,
+  Expect<Mutual<T.ImageRef, G.PromptsV2ImageRef>>,
+  Expect<Mutual<T.PromptGroup, G.PromptsV2PromptGroup>>,
+  Expect<Mutual<T.PromptBatch, G.PromptsV2PromptBatch>>,
 
   Expect<Mutual<T.FinishReason, G.TrajectoriesV2FinishReason>>,
   Expect<Mutual<T.TrajectorySample, G.TrajectoriesV2TrajectorySample>>,

@@ -58,6 +58,15 @@ export interface PromptFields {
   extra_info: string;
 }
 
+/** Identity and size of one prompt image (prompts.v2). */
+export interface ImageRef {
+  /** Lower-case hex sha256 of the image's PNG bytes: its key in prompt_images and trajectories.image_hashes. */
+  hash: string;
+  /** Pixels, after resizing to the patch grid. */
+  width: number;
+  height: number;
+}
+
 /** One prompt to sample `n` responses for. */
 export interface PromptGroup extends PromptFields {
   /** Deterministic group id (groupId / valGroupId). */
@@ -66,6 +75,8 @@ export interface PromptGroup extends PromptFields {
   group_uid: string;
   /** Responses to sample (the group size). */
   n: number;
+  /** One per image, in the order of `images` (prompts.v2; v1 records read with []). */
+  image_refs: ImageRef[];
 }
 
 /** Topic `prompts`: prompt groups of one step (usually one group). policy_version = the version to sample with (at least). */

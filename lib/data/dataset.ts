@@ -3,11 +3,14 @@
  * keys (the seed's format) and verl/EasyR1 parquet rows (`prompt` as chat messages,
  * `reward_model.ground_truth`). Every row is validated; a bad row is reported with its file and
  * line (parquet: row number) and the load either stops (`on_bad_row: stop`) or skips it and
- * reports it (`skip`) — never silently.
+ * reports it (`skip`) — never silently. Images (`image_key`: paths, base64, data URLs or bytes, at
+ * most `limit_images`) are decoded and resized here (lib/data/images.ts); one that is missing,
+ * unreadable or too small makes its row a bad row.
  */
 import { readFileSync, existsSync } from 'node:fs';
-import { extname } from 'node:path';
+import { dirname, extname, resolve } from 'node:path';
 import { ConfigError } from '../errors.ts';
+import { ImageError, imageBytes, prepareImage, type ImageOptions, type PromptImage } from './images.ts';
 
 export interface DatasetRow {
   /** Position in the loaded dataset (0-based, after skipping bad rows and filtering). */
@@ -17,8 +20,8 @@ export interface DatasetRow {
   /** The prompt as given when it was chat messages (verl parquet), else null (a string prompt). */
   messages: Array<{ role: string; content: string }> | null;
   answer: string;
-  /** Images as raw bytes (decoded from base64 or data URLs in the file). */
-  images: Buffer[];
+  /** The row's images, decoded, resized to the patch grid and encoded as normalised PNGs. */
+  images: PromptImage[];
   source: { file: string; line: number };
   /** The row's `data_source` field (verl), when it has one. */
   dataSource?: string;
@@ -35,7 +38,16 @@ export interface DatasetOptions {
   format?: 'auto' | 'jsonl' | 'parquet';
   on_bad_row?: 'stop' | 'skip';
   max_rows?: number | null;
+  /** Directory that relative image paths resolve against; null/absent = the data file's directory. */
+  image_dir?: string | null;
+  /** Most images a row may carry (more is a bad row). Default 1. */
+  limit_images?: number;
+  /** Resizing (data.min_pixels, max_pixels, image_factor, image_resample). Default: EasyR1's. */
+  image?: ImageOptions;
 }
+
+/** EasyR1's defaults: min_pixels 262144, max_pixels 4194304, Qwen2-VL's 28-pixel grid, bicubic. */
+export const DEFAULT_IMAGE_OPTIONS: ImageOptions = { factor: 28, minPixels: 262144, maxPixels: 4194304, resample: 'bicubic' };
 
 export interface LoadedDataset { rows: DatasetRow[]; bad: BadRow[] }
 
@@ -63,19 +75,11 @@ export function chatToText(messages: unknown): string | null {
   return parts.map((p) => `${p.role}: ${p.content}`).join('\n');
 }
 
-function decodeImage(v: unknown): Buffer | null {
-  if (typeof v === 'string') {
-    const b64 = v.startsWith('data:') ? v.slice(v.indexOf(',') + 1) : v;
-    if (!/^[A-Za-z0-9+/=\s]*$/.test(b64)) return null;
-    return Buffer.from(b64, 'base64');
-  }
-  if (v instanceof Uint8Array) return Buffer.from(v);
-  if (v && typeof v === 'object' && (v as { bytes?: unknown }).bytes instanceof Uint8Array) return Buffer.from((v as { bytes: Uint8Array }).bytes);
-  return null;
-}
+/** A record's fields before its images are decoded: `images` are the image field's raw values. */
+export interface ValidatedRecord { prompt: string; messages: DatasetRow['messages']; answer: string; images: unknown[]; dataSource?: string; extraInfo?: string }
 
-/** Validates one raw record; returns the row fields or a reason. */
-export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: boolean): { prompt: string; messages: DatasetRow['messages']; answer: string; images: Buffer[]; dataSource?: string; extraInfo?: string } | { reason: string } {
+/** Validates one raw record; returns the row fields (images still raw) or a reason. */
+export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: boolean): ValidatedRecord | { reason: string } {
   if (!rec || typeof rec !== 'object' || Array.isArray(rec)) return { reason: 'row is not a JSON object' };
   let promptRaw = get(rec, opts.prompt_key);
   if (promptRaw === undefined) return { reason: `missing prompt field "${opts.prompt_key}" (set data.prompt_key)` };
@@ -93,15 +97,12 @@ export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: bool
   if (answerRaw === undefined) return { reason: `missing answer field "${opts.answer_key}" (set data.answer_key)` };
   if (typeof answerRaw === 'number' || typeof answerRaw === 'bigint' || typeof answerRaw === 'boolean') answerRaw = String(answerRaw);
   if (typeof answerRaw !== 'string') return { reason: `answer field "${opts.answer_key}" must be a string or number` };
-  const images: Buffer[] = [];
+  let images: unknown[] = [];
   const imgRaw = get(rec, opts.image_key);
   if (imgRaw !== undefined && imgRaw !== null) {
-    const list = Array.isArray(imgRaw) ? imgRaw : [imgRaw];
-    for (let i = 0; i < list.length; i++) {
-      const b = decodeImage(list[i]);
-      if (!b) return { reason: `image ${i} in "${opts.image_key}" is not base64 / bytes` };
-      images.push(b);
-    }
+    images = Array.isArray(imgRaw) ? imgRaw : [imgRaw];
+    const limit = opts.limit_images ?? 1;
+    if (images.length > limit) return { reason: `${images.length} images in "${opts.image_key}", over data.limit_images = ${limit} (raise it, or drop images from the row)` };
   }
   // verl's per-row data_source and extra_info, passed to the reward function
   const ds = get(rec, 'data_source');
@@ -127,13 +128,16 @@ async function readParquet(file: string): Promise<unknown[]> {
   const { parquetReadObjects } = await import('hyparquet');
   const buf = readFileSync(file);
   const ab = buf.buffer.slice(buf.byteOffset, buf.byteOffset + buf.byteLength);
-  return await parquetReadObjects({ file: ab as ArrayBuffer });
+  // utf8: false keeps un-annotated binary columns (image bytes) as bytes; string columns are
+  // annotated as such by every writer (pyarrow, datasets) and still read as strings
+  return await parquetReadObjects({ file: ab as ArrayBuffer, utf8: false });
 }
 
 export async function loadDataset(files: string[], opts: DatasetOptions): Promise<LoadedDataset> {
   const rows: DatasetRow[] = [];
   const bad: BadRow[] = [];
   const onBad = opts.on_bad_row ?? 'stop';
+  const imageOpts = opts.image ?? DEFAULT_IMAGE_OPTIONS;
   const report = (b: BadRow) => {
     if (onBad === 'stop') throw new ConfigError(`bad row at ${b.file}:${b.line}: ${b.reason} (set data.on_bad_row=skip to skip bad rows)`);
     bad.push(b);
@@ -141,6 +145,7 @@ export async function loadDataset(files: string[], opts: DatasetOptions): Promis
   for (const file of files) {
     if (!existsSync(file)) throw new ConfigError(`data file not found: ${file}`);
     const fmt = detectFormat(file, opts.format);
+    const imageDir = opts.image_dir ? resolve(opts.image_dir) : dirname(resolve(file));
     const records: Array<{ line: number; rec: unknown } | { line: number; error: string }> = [];
     if (fmt === 'jsonl') {
       const lines = readFileSync(file, 'utf8').split('\n');
@@ -158,7 +163,18 @@ export async function loadDataset(files: string[], opts: DatasetOptions): Promis
       if ('error' in r) { report({ file, line: r.line, reason: r.error }); continue; }
       const v = validateRecord(r.rec, opts, fmt === 'parquet');
       if ('reason' in v) { report({ file, line: r.line, reason: v.reason }); continue; }
-      rows.push({ index: rows.length, ...v, source: { file, line: r.line } });
+      const images: PromptImage[] = [];
+      let imageFailure: string | null = null;
+      for (let i = 0; i < v.images.length && imageFailure === null; i++) {
+        try {
+          images.push(await prepareImage(imageBytes(v.images[i], imageDir), imageOpts));
+        } catch (e) {
+          if (!(e instanceof ImageError)) throw e;
+          imageFailure = `image ${i} in "${opts.image_key}" ${e.message}`;
+        }
+      }
+      if (imageFailure !== null) { report({ file, line: r.line, reason: imageFailure }); continue; }
+      rows.push({ index: rows.length, ...v, images, source: { file, line: r.line } });
     }
   }
   if (rows.length === 0) throw new ConfigError(`no usable rows in ${files.join(', ')}${bad.length ? ` (${bad.length} bad rows skipped; first: ${bad[0].file}:${bad[0].line}: ${bad[0].reason})` : ''}`);

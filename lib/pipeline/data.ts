@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import { Template } from '@huggingface/jinja';
 import type { Config } from '../config/index.ts';
 import { loadDataset, type DatasetRow } from '../data/dataset.ts';
+import type { PromptImage } from '../data/images.ts';
 import { tasks } from '../tasks/index.ts';
 import type { Tokenizer } from '../model/index.ts';
 import { promptMessages, type ChatMessage } from '../model/chat-template.ts';
@@ -54,7 +55,7 @@ export function renderPrompt(tok: Tokenizer, prompt: string, messages: ChatMessa
 
 
 export interface PromptRow {
-  index: number; prompt: string; answer: string; images: Buffer[]; promptIds: Int32Array; source: string;
+  index: number; prompt: string; answer: string; images: PromptImage[]; promptIds: Int32Array; source: string;
   /** The row's own data_source and extra_info (JSON text), when the file gives them (verl). */
   dataSource?: string; extraInfo?: string;
 }
@@ -98,7 +99,8 @@ async function rowsOf(cfg: Config, split: 'train' | 'val'): Promise<{ rows: Omit
   }
   const files = split === 'train' ? d.train_files : d.val_files;
   if (files.length === 0) return { rows: [], source: 'files', bad: [] };
-  const { rows, bad } = await loadDataset(files, { prompt_key: d.prompt_key, answer_key: d.answer_key, image_key: d.image_key, format: d.format, on_bad_row: d.on_bad_row, max_rows: d.max_rows });
+  const { rows, bad } = await loadDataset(files, { prompt_key: d.prompt_key, answer_key: d.answer_key, image_key: d.image_key, format: d.format, on_bad_row: d.on_bad_row, max_rows: d.max_rows,
+    image_dir: d.image_dir, limit_images: d.limit_images, image: { factor: d.image_factor, minPixels: d.min_pixels, maxPixels: d.max_pixels, resample: d.image_resample } });
   return { rows, source: files.join(','), bad: bad.map((b) => ({ where: `${b.file}:${b.line}`, reason: b.reason })) };
 }
 

@@ -5,6 +5,7 @@
  */
 import { storedRewardDetails, type GroupHeader, type SampleScore, type TrajectorySample } from '../contracts/index.ts';
 import type { TrajectoryRow } from '../store/index.ts';
+import { imageHashOf } from '../data/image-hash.ts';
 
 /** What a row takes from the stage beyond the group and sample: the step, and the training fields (none by default). */
 export type RowFields = Pick<TrajectoryRow, 'step'> & Partial<Pick<TrajectoryRow,
@@ -19,5 +20,7 @@ export function sampleRow(runId: string, g: GroupHeader, x: TrajectorySample & S
     refLogprobs: f.refLogprobs ?? null, advantages: f.advantages ?? null, advantage: f.advantage ?? null, returns: f.returns ?? null,
     reward: x.reward, rewardDetails: storedRewardDetails(x.reward_details, rewardText), rewardFailure: x.failure ? x.failure.message : null,
     finishReason: x.finish_reason, filtered: f.filtered ?? false, filterReason: f.filterReason ?? null, staleness: f.staleness ?? 0,
+    // the prompt's images by hash (prompt_images): the PNG bytes every topic carries hash to it
+    imageHashes: g.images.map(imageHashOf),
   };
 }

@@ -4,7 +4,8 @@
  * written once here. Adapters supply `ingestTrajectories` (COPY into a staging table, the fastest
  * path each technology offers).
  */
-import { sql, type Kysely } from 'kysely';
+import { createHash } from 'node:crypto';
+import { sql, type Insertable, type Kysely } from 'kysely';
 import type { Database } from '../db/database.ts';
 import { RlError, isRetriable, errorMessage } from '../errors.ts';
 import { isConnectionError } from '../db/errors.ts';
@@ -13,10 +14,10 @@ import {
   type CheckpointRow, type DeadLetterFilter, type DeadLetterRow, type InsertResult, type Json, type JsonObject,
   type MetricRow, type NewRun, type RunFilter, type RunRow, type RunStatus, type Store, type StoredCheckpoint,
   type StoredDeadLetter, type StoredMetric, type StoredTrajectory, type StoredValGeneration, type TrajectoryFilter,
-  type TrajectoryRow, type Tx, type ValGenerationRow, type WriteOptions,
+  type TrajectoryRow, type Tx, type ValGenerationRow, type WriteOptions, type PromptImageRow, type StoredPromptImage,
 } from './port.ts';
 import { decodeTrajectory, storableText, validateTrajectory } from './trajectory-codec.ts';
-import type { StoreTables } from './tables.ts';
+import type { PromptImagesTable, StoreTables } from './tables.ts';
 
 /** Turns a driver error into an RlError whose message says what to fix; keeps retriability. */
 export function storeError(op: string, err: unknown, where: string): RlError {
@@ -48,6 +49,12 @@ function int(v: unknown, what: string, min = 0): number {
     throw new RlError(`${what} must be an integer ≥ ${min}, got ${String(v)}`, { code: 'ERR_BAD_ROW' });
   }
   return v;
+}
+
+function groupBy<T>(xs: readonly T[], key: (x: T) => string): Map<string, T[]> {
+  const m = new Map<string, T[]>();
+  for (const x of xs) { const k = key(x); const a = m.get(k); if (a) a.push(x); else m.set(k, [x]); }
+  return m;
 }
 
 function nonEmpty(v: unknown, what: string): string {
@@ -375,6 +382,50 @@ export abstract class KyselyStore implements Store {
         runId: r.run_id, step: r.step, idx: r.idx, prompt: r.prompt, response: r.response,
         groundTruth: r.ground_truth, reward: r.reward, rewardFailure: r.reward_failure, createdAt: r.created_at,
       }));
+    });
+  }
+
+  // ---- prompt images -----------------------------------------------------------------------------
+
+  async insertPromptImages(rows: readonly PromptImageRow[], opts: WriteOptions = {}): Promise<number> {
+    this.live();
+    const values = new Map<string, Insertable<PromptImagesTable>>();
+    for (const r of rows) {
+      nonEmpty(r.runId, 'prompt image runId');
+      if (typeof r.hash !== 'string' || !/^[0-9a-f]{64}$/.test(r.hash)) throw new RlError(`prompt image hash must be a lower-case hex sha256, got ${JSON.stringify(r.hash)}`, { code: 'ERR_BAD_ROW' });
+      int(r.width, 'prompt image width', 1);
+      int(r.height, 'prompt image height', 1);
+      if (!(r.png instanceof Uint8Array) || r.png.length === 0) throw new RlError(`prompt image ${r.hash}: png must be non-empty bytes`, { code: 'ERR_BAD_ROW' });
+      const png = Buffer.from(r.png.buffer, r.png.byteOffset, r.png.byteLength);
+      const actual = createHash('sha256').update(png).digest('hex');
+      if (actual !== r.hash) throw new RlError(`prompt image ${r.hash}: its png bytes hash to ${actual}`, { code: 'ERR_BAD_ROW' });
+      values.set(`${r.runId}\u0000${r.hash}`, { run_id: r.runId, hash: r.hash, width: r.width, height: r.height, png });
+    }
+    if (values.size === 0) return 0;
+    return this.guard(`insertPromptImages(${values.size})`, async () => {
+      const db = this.on(opts.tx);
+      // images already stored are not sent again (the controller offers a prompt's image every
+      // time it emits the prompt); the conflict clause covers a concurrent writer
+      const have = new Set<string>();
+      for (const [runId, hashes] of groupBy([...values.values()], (v) => v.run_id)) {
+        const rows = await db.selectFrom('prompt_images').select('hash').where('run_id', '=', runId).where('hash', 'in', hashes.map((v) => v.hash)).execute();
+        for (const r of rows) have.add(`${runId}\u0000${r.hash}`);
+      }
+      const fresh = [...values.entries()].filter(([k]) => !have.has(k)).map(([, v]) => v);
+      if (fresh.length === 0) return 0;
+      const res = await db.insertInto('prompt_images').values(fresh)
+        .onConflict((oc) => oc.columns(['run_id', 'hash']).doNothing()).executeTakeFirst();
+      return Number(res.numInsertedOrUpdatedRows ?? 0n);
+    });
+  }
+
+  async getPromptImages(runId: string, hashes?: readonly string[]): Promise<StoredPromptImage[]> {
+    return this.guard('getPromptImages', async () => {
+      if (hashes !== undefined && hashes.length === 0) return [];
+      let q = this.db.selectFrom('prompt_images').selectAll().where('run_id', '=', runId);
+      if (hashes !== undefined) q = q.where('hash', 'in', [...hashes]);
+      const rows = await q.orderBy('hash').execute();
+      return rows.map((r) => ({ runId: r.run_id, hash: r.hash, width: r.width, height: r.height, png: Buffer.from(r.png), createdAt: r.created_at }));
     });
   }
 

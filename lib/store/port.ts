@@ -102,6 +102,8 @@ export interface TrajectoryRow {
   /** Required when filtered, null otherwise. */
   filterReason: string | null;
   staleness: number;
+  /** Hashes of the prompt's images (prompt_images.hash, in prompt order); absent or [] for a text prompt. */
+  imageHashes?: readonly string[];
 }
 
 /** A trajectory as read back: arrays as plain number[], plus the derived and server-set columns. */
@@ -116,6 +118,7 @@ export interface StoredTrajectory extends Omit<TrajectoryRow,
   returns: number[] | null;
   /** cardinality(response_tokens), set by the store. */
   responseLength: number;
+  imageHashes: string[];
   createdAt: Date;
 }
 
@@ -210,6 +213,21 @@ export interface StoredValGeneration extends ValGenerationRow {
   createdAt: Date;
 }
 
+/** One distinct prompt image of a run (its normalised PNG), stored once. */
+export interface PromptImageRow {
+  runId: string;
+  /** Lower-case hex sha256 of `png`. */
+  hash: string;
+  width: number;
+  height: number;
+  png: Uint8Array;
+}
+
+export interface StoredPromptImage extends Omit<PromptImageRow, 'png'> {
+  png: Buffer;
+  createdAt: Date;
+}
+
 export interface DeadLetterRow {
   stage: string;
   topic: string;
@@ -270,6 +288,14 @@ export interface Store {
   /** Write-once by (runId, step, idx). */
   recordValGenerations(rows: readonly ValGenerationRow[], opts?: WriteOptions): Promise<void>;
   getValGenerations(runId: string, step?: number): Promise<StoredValGeneration[]>;
+
+  /**
+   * Write-once by (runId, hash): an image already stored is left as it is (same hash, same bytes).
+   * Validates every row first (hash format, hash = sha256(png), positive size). Returns how many were new.
+   */
+  insertPromptImages(rows: readonly PromptImageRow[], opts?: WriteOptions): Promise<number>;
+  /** The run's images by hash (all of them when `hashes` is absent), ordered by hash. */
+  getPromptImages(runId: string, hashes?: readonly string[]): Promise<StoredPromptImage[]>;
 
   /** Write-once by (stage, topic, partition, offset). A NUL character in `reason` is stored as the text \u0000. */
   recordDeadLetter(row: DeadLetterRow, opts?: WriteOptions): Promise<void>;

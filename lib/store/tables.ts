@@ -51,6 +51,16 @@ export interface TrajectoriesTable {
   filtered: boolean;
   filter_reason: string | null;
   staleness: number;
+  image_hashes: ColumnType<string[], string[] | undefined, never>;
+  created_at: Generated<Date>;
+}
+
+export interface PromptImagesTable {
+  run_id: string;
+  hash: string;
+  width: number;
+  height: number;
+  png: Buffer;
   created_at: Generated<Date>;
 }
 
@@ -125,4 +135,5 @@ export interface StoreTables {
   checkpoints: CheckpointsTable;
   val_generations: ValGenerationsTable;
   dead_letters: DeadLettersTable;
+  prompt_images: PromptImagesTable;
 }

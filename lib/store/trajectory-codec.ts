@@ -34,7 +34,7 @@ export function storableJson(text: string): string {
   return text.replace(/\\(?:u[0-9a-fA-F]{4}|["\\/bfnrt])/g, (m) => (m === '\\u0000' ? NUL_IN_TEXT : m));
 }
 
-type ColumnKind = 'text' | 'int4' | 'float8' | 'bool' | 'jsonb' | 'int4[]' | 'float4[]';
+type ColumnKind = 'text' | 'int4' | 'float8' | 'bool' | 'jsonb' | 'int4[]' | 'float4[]' | 'text[]';
 
 interface Column {
   name: string;
@@ -74,6 +74,7 @@ export const TRAJECTORY_COLUMNS: readonly Column[] = [
   col('filtered', 'bool', (r) => r.filtered),
   col('filter_reason', 'text', (r) => storableOrNull(r.filterReason)),
   col('staleness', 'int4', (r) => r.staleness),
+  col('image_hashes', 'text[]', (r) => r.imageHashes ?? []),
 ];
 
 export const TRAJECTORY_COLUMN_LIST = TRAJECTORY_COLUMNS.map((c) => c.name).join(', ');
@@ -200,6 +201,12 @@ export function validateTrajectory(row: TrajectoryRow): void {
   if (row.filtered && (typeof row.filterReason !== 'string' || row.filterReason.length === 0)) throw bad(row, 'filterReason', 'is required when filtered is true');
   if (!row.filtered && row.filterReason !== null && row.filterReason !== undefined) throw bad(row, 'filterReason', 'must be null when filtered is false');
   checkText(row, 'filterReason', row.filterReason, true, true);
+  if (row.imageHashes !== undefined && row.imageHashes !== null) {
+    if (!Array.isArray(row.imageHashes)) throw bad(row, 'imageHashes', 'must be an array of image hashes');
+    row.imageHashes.forEach((h, i) => {
+      if (typeof h !== 'string' || !/^[0-9a-f]{64}$/.test(h)) throw bad(row, `imageHashes[${i}]`, `must be a lower-case hex sha256, got ${JSON.stringify(h)}`);
+    });
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -209,6 +216,7 @@ export function validateTrajectory(row: TrajectoryRow): void {
 const SIGNATURE = Buffer.from([0x50, 0x47, 0x43, 0x4f, 0x50, 0x59, 0x0a, 0xff, 0x0d, 0x0a, 0x00]);
 const OID_INT4 = 23;
 const OID_FLOAT4 = 700;
+const OID_TEXT = 25;
 const HEADER_BYTES = 19;
 
 // Element loops, one per input type so each stays monomorphic (a mixed Array/typed-array loop is
@@ -251,6 +259,7 @@ function rowBytesBound(row: TrajectoryRow): number {
       case 'float8': n += 12; break;
       case 'bool': n += 5; break;
       case 'int4[]': case 'float4[]': n += 24 + 8 * (v as NumberArray).length; break;
+      case 'text[]': n += 24; for (const x of v as readonly string[]) n += 4 + 3 * x.length; break;
     }
   }
   return n;
@@ -279,6 +288,21 @@ function encodeChunk(rows: readonly TrajectoryRow[], bound: number, header: bool
         case 'int4': v.setInt32(p, 4); v.setInt32(p + 4, x as number); p += 8; break;
         case 'float8': v.setInt32(p, 8); v.setFloat64(p + 4, x as number); p += 12; break;
         case 'bool': v.setInt32(p, 1); buf[p + 4] = x ? 1 : 0; p += 5; break;
+        case 'text[]': {
+          const a = x as readonly string[];
+          const start = p;
+          v.setInt32(p + 4, a.length === 0 ? 0 : 1); // dimensions
+          v.setInt32(p + 8, 0); // no NULL elements
+          v.setInt32(p + 12, OID_TEXT);
+          p += 16;
+          if (a.length > 0) {
+            v.setInt32(p, a.length); v.setInt32(p + 4, 1); // length, lower bound
+            p += 8;
+            for (const t of a) { const n = buf.write(t, p + 4, 'utf8'); v.setInt32(p, n); p += 4 + n; }
+          }
+          v.setInt32(start, p - start - 4);
+          break;
+        }
         case 'int4[]': case 'float4[]': {
           const a = x as NumberArray;
           const float = c.kind === 'float4[]';
@@ -346,14 +370,23 @@ export function arrayLiteral(a: NumberArray, kind: 'int4[]' | 'float4[]'): strin
 }
 
 const SQL_TYPE: Record<ColumnKind, string> = {
-  text: 'text', int4: 'int4', float8: 'float8', bool: 'bool', jsonb: 'jsonb', 'int4[]': 'int4[]', 'float4[]': 'real[]',
+  text: 'text', int4: 'int4', float8: 'float8', bool: 'bool', jsonb: 'jsonb', 'int4[]': 'int4[]', 'float4[]': 'real[]', 'text[]': 'text[]',
 };
+
+/** A text[] literal, each element double-quoted with `"` and `\` escaped. */
+function textArrayLiteral(a: readonly string[]): string {
+  return `{${a.map((x) => `"${x.replace(/[\\"]/g, (c) => `\\${c}`)}"`).join(',')}}`;
+}
+
+/** Columns whose parameters travel as text literals and are cast per row. */
+const viaLiteral = (k: ColumnKind) => k === 'int4[]' || k === 'float4[]' || k === 'jsonb' || k === 'text[]';
 
 /** The parameter for one cell: numbers, strings and booleans as node-postgres sends them. */
 function paramValue(c: Column, row: TrajectoryRow): unknown {
   const v = c.get(row);
   if (v === null || v === undefined) return null;
   if (c.kind === 'int4[]' || c.kind === 'float4[]') return arrayLiteral(v as NumberArray, c.kind);
+  if (c.kind === 'text[]') return textArrayLiteral(v as readonly string[]);
   return v; // numbers go as String(x): 'NaN' and 'Infinity' are valid float8 input
 }
 
@@ -364,10 +397,10 @@ function paramValue(c: Column, row: TrajectoryRow): unknown {
 export function unnestInsert(rows: readonly TrajectoryRow[]): { text: string; values: unknown[] } {
   const values = TRAJECTORY_COLUMNS.map((c) => rows.map((r) => paramValue(c, r)));
   const params = TRAJECTORY_COLUMNS.map((c, i) => {
-    const carrier = c.kind === 'int4[]' || c.kind === 'float4[]' || c.kind === 'jsonb' ? 'text' : SQL_TYPE[c.kind];
+    const carrier = viaLiteral(c.kind) ? 'text' : SQL_TYPE[c.kind];
     return `$${i + 1}::${carrier}[]`;
   });
-  const select = TRAJECTORY_COLUMNS.map((c) => (c.kind === 'int4[]' || c.kind === 'float4[]' || c.kind === 'jsonb' ? `u.${c.name}::${SQL_TYPE[c.kind]}` : `u.${c.name}`));
+  const select = TRAJECTORY_COLUMNS.map((c) => (viaLiteral(c.kind) ? `u.${c.name}::${SQL_TYPE[c.kind]}` : `u.${c.name}`));
   const text = `insert into trajectories (${TRAJECTORY_COLUMN_LIST}) select ${select.join(', ')} from unnest(${params.join(', ')}) as u(${TRAJECTORY_COLUMN_LIST}) on conflict (run_id, id) do nothing`;
   return { text, values };
 }
@@ -445,6 +478,7 @@ export function decodeTrajectory(r: Record<string, any>): StoredTrajectory {
     filtered: r.filtered,
     filterReason: r.filter_reason,
     staleness: r.staleness,
+    imageHashes: r.image_hashes ?? [],
     createdAt: r.created_at,
   };
 }

@@ -12,7 +12,7 @@ import { planFromConfig, stepCapNotice, stepsPerEpoch } from '../../lib/pipeline
 import { startStepFromCheckpoint } from '../../lib/pipeline/checkpoints.ts';
 import { sampleRow } from '../../lib/pipeline/rows.ts';
 import { dataNotes, type RunData } from '../../lib/pipeline/data.ts';
-import type { TrajectoryRow } from '../../lib/store/index.ts';
+import type { PromptImageRow, TrajectoryRow } from '../../lib/store/index.ts';
 import { chunkId, groupIdFor, hashId, controlId, type ControlEvent, type PolicyVersion, type PromptBatch, type ScoredGroup } from '../../lib/contracts/index.ts';
 import { decide, initialState, totalSteps, type ControllerCommand, type ControllerEvent, type ControllerState, type PromptRef } from './logic.ts';
 
@@ -36,9 +36,16 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
     run_started: null, epoch_started: null, refill_request: null, val_round_done: null, run_done: null, run_failed: null, ...payload,
   } as unknown as ControlEvent);
 
+  // a prompt's images go to prompt_images (once per run: the store skips those it has) in the
+  // transaction that emits the prompt, so a trajectory's image_hashes always find their rows
+  let batchImages: PromptImageRow[] = [];
+  const withImages = data.train.some((r) => r.images.length > 0) || data.val.some((r) => r.images.length > 0);
+  if (withImages) log.warn('images are stored but the policy is text-only: prompts carry their images (prompt_images, trajectories.image_hashes), the model does not see them');
+
   /** One prompt batch of `refs` (a training batch holds one group; a validation batch up to data.val_batch_size). */
   function promptBatch(kind: 'train' | 'val', step: number, epoch: number, attempt: number, version: number, refs: PromptRef[]): PromptBatch {
     const rows = kind === 'train' ? data.train : data.val;
+    for (const ref of refs) for (const x of rows[ref.datasetIndex].images) batchImages.push({ runId: p.runId, hash: x.hash, width: x.width, height: x.height, png: x.png });
     const v = cfg.rollout.val_override;
     const sampling = kind === 'train'
       ? { temperature: cfg.rollout.temperature, top_p: cfg.rollout.top_p, top_k: cfg.rollout.top_k, max_new_tokens: cfg.data.max_response_length }
@@ -48,7 +55,8 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
       const id = groupIdFor(kind, p.runId, step, ref.promptIndex);
       return {
         id, group_uid: hashId(id), n: kind === 'train' ? cfg.rollout.n : v.n, prompt_index: ref.promptIndex, dataset_index: ref.datasetIndex,
-        prompt_ids: row.promptIds, prompt_text: row.prompt, images: row.images, data_source: row.dataSource ?? data.dataSource, ground_truth: row.answer, extra_info: row.extraInfo ?? '{}',
+        prompt_ids: row.promptIds, prompt_text: row.prompt, images: row.images.map((x) => x.png),
+        image_refs: row.images.map((x) => ({ hash: x.hash, width: x.width, height: x.height })), data_source: row.dataSource ?? data.dataSource, ground_truth: row.answer, extra_info: row.extraInfo ?? '{}',
       };
     });
     return { run_id: p.runId, id: chunkId(kind, p.runId, step, refs[0].promptIndex, refs.length), step, policy_version: version, kind, epoch, attempt, sampling, groups };
@@ -58,6 +66,7 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
   const valRows = (g: ScoredGroup): TrajectoryRow[] => g.samples.map((x) => sampleRow(p.runId, g, x, x.reward_text, { step: g.step }));
 
   return runStage(p, 'controller', ['policy', 'control', 'validation'], async (records, ctx) => {
+    batchImages = [];
     const st: ControllerStageState = (await loadStageState<ControllerStageState>(ctx.db, p.runId, 'controller')) ?? { ctl: { ...initialState(), emittedStep: start.step }, started: false, val: {} };
     if (!st.started) {
       st.started = true;
@@ -128,6 +137,11 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
         await p.store.setRunStatus(p.runId, 'failed', { error: c.message }, { tx: ctx.tx });
         log.error(c.message);
       }
+    }
+    if (batchImages.length) {
+      const images = batchImages;
+      batchImages = [];
+      await p.store.insertPromptImages(images, { tx: ctx.tx });
     }
     await metrics.flush(ctx);
     await ctx.flush();

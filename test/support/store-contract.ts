@@ -4,6 +4,7 @@
  */
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
 import { sql } from 'kysely';
 import type { Database, Tx } from '../../lib/db/database.ts';
 import { RlError } from '../../lib/errors.ts';
@@ -394,6 +395,50 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         assert.equal((await store.latestCheckpoint(runId))?.sha256, sha('d'));
         assert.equal((await store.listCheckpoints(runId)).length, 3);
         await assert.rejects(store.recordCheckpoint({ ...base, step: 30, sha256: 'ABC' }), rejectsWith('ERR_BAD_ROW', /sha256 must be 64 lower-case hex/));
+      });
+    });
+
+    describe('prompt images', () => {
+      const png = (seed: number) => Buffer.from(Array.from({ length: 40 + seed }, (_, i) => (i * 31 + seed * 7) & 255));
+      const img = (runId: string, seed: number) => { const b = png(seed); return { runId, hash: createHash('sha256').update(b).digest('hex'), width: 28 * (1 + seed), height: 56, png: b }; };
+
+      it('stores each distinct image once per run; trajectories reference them by hash and SQL joins them', async () => {
+        const runId = await newRun();
+        const other = await newRun();
+        const [a, b] = [img(runId, 1), img(runId, 2)];
+        assert.equal(await store.insertPromptImages([a, b, a]), 2);
+        // offered again (the prompt emitted at a later step), in a transaction, and for another run
+        assert.equal(await database.db.transaction().execute((tx) => store.insertPromptImages([a, { ...b, width: 999 }], { tx })), 0);
+        assert.equal(await store.insertPromptImages([{ ...a, runId: other }]), 1);
+        const stored = await store.getPromptImages(runId);
+        assert.deepEqual(stored.map(({ createdAt: _c, ...x }) => x), [a, b].sort((x, y) => (x.hash < y.hash ? -1 : 1)));
+        assert.ok(stored.every((x) => x.createdAt instanceof Date && Buffer.isBuffer(x.png)));
+        assert.deepEqual((await store.getPromptImages(runId, [b.hash])).map((x) => x.width), [b.width]);
+        assert.deepEqual(await store.getPromptImages(runId, []), []);
+        // trajectories name their prompt's images; text prompts have none
+        const rows = [trajectory(runId, 0, { imageHashes: [a.hash] }), trajectory(runId, 1, { imageHashes: [b.hash, a.hash] }), trajectory(runId, 2)];
+        // both write paths: COPY (insertTrajectories) and the array parameters (unnest)
+        await store.insertTrajectories([rows[0]!, rows[2]!]);
+        await database.db.transaction().execute((tx) => unnestTrajectories(tx, [rows[1]!]));
+        const back = new Map((await store.getTrajectories(runId)).map((t) => [t.id, t]));
+        for (const r of rows) assertSameTrajectory(back.get(r.id), r);
+        assert.deepEqual(back.get(rows[2]!.id)!.imageHashes, []);
+        const { rows: joined } = await sql<{ id: string; ord: number; width: number; bytes: number }>`
+          select t.id, h.ord::int as ord, i.width, length(i.png)::int as bytes
+          from trajectories t cross join lateral unnest(t.image_hashes) with ordinality as h(hash, ord)
+          join prompt_images i on i.run_id = t.run_id and i.hash = h.hash
+          where t.run_id = ${runId} order by t.id, h.ord`.execute(database.db);
+        assert.deepEqual(joined.map((r) => [r.id, r.ord, r.width, r.bytes]), [[rows[0]!.id, 1, a.width, a.png.length], [rows[1]!.id, 1, b.width, b.png.length], [rows[1]!.id, 2, a.width, a.png.length]]);
+      });
+
+      it('refuses a hash that is not the sha256 of the bytes, bad sizes and bad trajectory hashes, writing nothing', async () => {
+        const runId = await newRun();
+        const a = img(runId, 3);
+        await assert.rejects(store.insertPromptImages([a, { ...img(runId, 4), hash: a.hash }]), rejectsWith('ERR_BAD_ROW', /its png bytes hash to/));
+        await assert.rejects(store.insertPromptImages([{ ...a, hash: 'ABC' }]), rejectsWith('ERR_BAD_ROW', /lower-case hex sha256/));
+        await assert.rejects(store.insertPromptImages([{ ...a, width: 0 }]), rejectsWith('ERR_BAD_ROW'));
+        assert.deepEqual(await store.getPromptImages(runId), []);
+        await assert.rejects(store.insertTrajectories([trajectory(runId, 0, { imageHashes: ['nothex'] })]), rejectsWith('ERR_BAD_TRAJECTORY', /imageHashes\[0\] must be a lower-case hex sha256, got "nothex"/));
       });
     });
 

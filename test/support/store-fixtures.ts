@@ -84,5 +84,6 @@ export function assertSameTrajectory(stored: StoredTrajectory | undefined, row: 
   assertFloat32Array(stored.oldLogprobs, row.oldLogprobs, `${row.id}.oldLogprobs`);
   assertFloat32Array(stored.advantages, row.advantages, `${row.id}.advantages`);
   assertFloat32Array(stored.returns, row.returns, `${row.id}.returns`);
+  assert.deepEqual(stored.imageHashes, [...(row.imageHashes ?? [])], `${row.id}.imageHashes`);
   assert.ok(stored.createdAt instanceof Date, `${row.id}.createdAt`);
 }

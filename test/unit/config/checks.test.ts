@@ -1,5 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { dirname, join } from 'node:path';
 import { loadConfig } from '../../../lib/config/index.ts';
 import { divisorsNear, orList } from '../../../lib/config/checks.ts';
 import { load, expectOneProblem, problemsOf, yamlFile } from './helpers.ts';
@@ -195,4 +196,16 @@ test('full KL is refused as the KL loss and as the in-reward penalty (the pipeli
 
 test('VPPO is refused with a text-only policy, saying why', () => {
   expectOneProblem(() => load({ overrides: ['algorithm.vppo.enable=true'] }), 'algorithm.vppo.enable = true needs a vision-language policy', 'set algorithm.vppo.enable=false');
+});
+
+test('image sizing: min_pixels may not exceed max_pixels, max_pixels holds one grid cell; image_dir resolves like the data files; kernels are named', () => {
+  expectOneProblem(() => load({ overrides: ['data.min_pixels=5000', 'data.max_pixels=4000'] }),
+    'data.min_pixels = 5000 is over data.max_pixels = 4000; images are resized to a pixel count between them');
+  expectOneProblem(() => load({ overrides: ['data.min_pixels=100', 'data.max_pixels=500'] }),
+    'data.max_pixels = 500 is under one 28×28 patch cell (data.image_factor); raise it');
+  const file = yamlFile('data:\n  train_files: [t.jsonl]\n  image_dir: pics\n  image_resample: lanczos3\nreward:\n  reward_fn: exact_match\ntrainer:\n  val_before_train: false\n');
+  const cfg = loadConfig({ file, env: {} });
+  assert.equal(cfg.data.image_dir, join(dirname(file), 'pics'));
+  assert.deepEqual([cfg.data.image_resample, cfg.data.limit_images, cfg.data.min_pixels, cfg.data.max_pixels, cfg.data.image_factor], ['lanczos3', 1, 262144, 4194304, 28]);
+  assert.throws(() => load({ overrides: ['data.image_resample=cubic'] }), /data\.image_resample.*bicubic/);
 });

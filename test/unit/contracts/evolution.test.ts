@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { Codec } from '../../../lib/contracts/codec.ts';
 import { SchemaIncompatibleError, assertCompatible, checkCompatibility } from '../../../lib/contracts/compat.ts';
 import { SchemaCatalogue, defaultSchemaDir } from '../../../lib/contracts/schemas.ts';
-import type { ScoredGroup, ScoredSample, TrajectoryGroup } from '../../../lib/contracts/types.ts';
+import type { PromptBatch, PromptGroup, ScoredGroup, ScoredSample, TrajectoryGroup } from '../../../lib/contracts/types.ts';
 import { PoisonMessageError } from '../../../lib/errors.ts';
 import { Gen, plain } from './fixtures.ts';
 
@@ -188,4 +188,37 @@ test('the greedy baseline is checked like a sample: id, index not among the samp
   assert.throws(() => codec.encode({ ...g, baseline: { ...s0, sample_index: 2 } }), /baseline\.id: .* is not ".*\/n2"/);
   const val = new Gen(33).trajectoryGroup(4, { n: 1, tokens: 3, kind: 'val' });
   assert.throws(() => codec.encode({ ...val, baseline: { ...val.samples[0], sample_index: 1, id: `${val.id}/n1` } }), /baseline: only training groups have a greedy baseline \(kind is val\)/);
+});
+
+/** A prompt batch as prompts.v1 knew it (no image_refs). */
+function withoutImageRefs(b: PromptBatch): PromptBatch {
+  return { ...b, groups: b.groups.map(({ image_refs: _r, ...g }) => g as PromptGroup) };
+}
+
+test('prompts.v2 (image_refs: hash and size per image): v1 records read with image_refs = []; v1 readers skip it', () => {
+  const cat = SchemaCatalogue.load([dir]);
+  assert.equal(cat.latest('prompts').ref, 'prompts.v2');
+  assert.deepEqual(checkCompatibility(cat.get('prompts.v1')!.text, cat.get('prompts.v2')!.text), { compatible: true, errors: [] });
+  const gen = new Gen(35);
+  let b = gen.promptBatch(3);
+  for (let i = 0; i < 20 && !b.groups.some((g) => g.images.length > 0); i++) b = gen.promptBatch(3);
+  assert.ok(b.groups.some((g) => g.image_refs.length > 0), 'the fixture has images');
+  const v1 = new Codec<Json>('prompts', { catalogue: cat, ref: 'prompts.v1' });
+  const v2 = new Codec<Json>('prompts', { catalogue: cat });
+  assert.equal(v2.ref, 'prompts.v2');
+  // v2 round-trips the refs
+  assert.deepEqual(plain(v2.decode(v2.encode(b))), plain(b));
+  // a v1 record (written before the field existed) reads with no refs
+  const old = withoutImageRefs(b);
+  const read = v2.decode(v1.encode(old), 'prompts.v1') as PromptBatch;
+  assert.ok(read.groups.every((g) => g.image_refs.length === 0));
+  assert.deepEqual(plain(withoutImageRefs(read)), plain(old));
+  // a v1 reader (an older rollout stage) reads a v2 record without the refs
+  assert.deepEqual(plain(v1.decode(v2.encode(b), 'prompts.v2')), plain(old));
+  // refs are checked: one per image, sha256 hex, positive size
+  const g0 = b.groups.find((g) => g.images.length > 0)!;
+  const bad = (refs: PromptGroup['image_refs']) => ({ ...b, groups: b.groups.map((g) => (g === g0 ? { ...g, image_refs: refs } : g)) });
+  assert.throws(() => v2.encode(bad([...g0.image_refs, g0.image_refs[0]])), /image_refs: 2 refs for 1 images/);
+  assert.throws(() => v2.encode(bad([{ ...g0.image_refs[0], hash: 'ABC' }])), /image_refs\[0\]\.hash: must be a lower-case hex sha256/);
+  assert.throws(() => v2.encode(bad([{ ...g0.image_refs[0], width: 0 }])), /image_refs\[0\]: size 0×28 must be positive/);
 });

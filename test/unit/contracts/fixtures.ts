@@ -2,6 +2,7 @@
  * Seeded random records of every schema family for the contract tests: same seed, same records.
  * Text mixes ASCII with multi-byte characters (accents, CJK, emoji) to exercise UTF-8.
  */
+import { imageHash } from '../../../lib/data/image-hash.ts';
 import { Rng } from '../../../lib/util/rng.ts';
 import { chunkId, controlId, deadLetterId, groupIdFor, hashId, metricsId, policyId, refillId, sampleIdFor } from '../../../lib/contracts/ids.ts';
 import type {
@@ -59,7 +60,7 @@ export class Gen {
     const first = this.int(100);
     const groups: PromptGroup[] = Array.from({ length: count }, (_, j) => {
       const h = this.header(kind, step, first + j, shape);
-      return { id: h.id, group_uid: h.group_uid, prompt_index: h.prompt_index, dataset_index: h.dataset_index, n: shape.n ?? 1 + this.int(8), prompt_ids: h.prompt_ids, prompt_text: h.prompt_text, images: h.images, data_source: h.data_source, ground_truth: h.ground_truth, extra_info: h.extra_info };
+      return { id: h.id, group_uid: h.group_uid, prompt_index: h.prompt_index, dataset_index: h.dataset_index, n: shape.n ?? 1 + this.int(8), prompt_ids: h.prompt_ids, prompt_text: h.prompt_text, images: h.images, image_refs: h.images.map((b) => ({ hash: imageHash(b), width: 28 * (1 + (b.length % 3)), height: 28 })), data_source: h.data_source, ground_truth: h.ground_truth, extra_info: h.extra_info };
     });
     return {
       run_id: this.runId, id: chunkId(kind, this.runId, step, first, count), step, policy_version: Math.max(0, step - 1), kind, epoch: this.int(3), attempt: 0,

@@ -17,7 +17,7 @@ function batch(kind: 'train' | 'val', n: number, prompts = 1): PromptBatch {
   return {
     run_id: 'r', id: prompts === 1 ? gid(0) : `${gid(0)}+${prompts}`, step: 1, policy_version: 0, kind, epoch: 0, attempt: 0,
     sampling: { temperature: 0.7, top_p: 0.9, top_k: 5, max_new_tokens: 3 },
-    groups: Array.from({ length: prompts }, (_, p) => ({ id: gid(p), group_uid: hashId(gid(p)), n, prompt_index: p, dataset_index: p, prompt_ids: Int32Array.from([1, 2]), prompt_text: 'q', images: [], data_source: 't', ground_truth: '1', extra_info: '{}' })),
+    groups: Array.from({ length: prompts }, (_, p) => ({ id: gid(p), group_uid: hashId(gid(p)), n, prompt_index: p, dataset_index: p, prompt_ids: Int32Array.from([1, 2]), prompt_text: 'q', images: [], image_refs: [], data_source: 't', ground_truth: '1', extra_info: '{}' })),
   };
 }
 

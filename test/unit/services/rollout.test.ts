@@ -13,7 +13,7 @@ test('response text: the tokens before a final stop id (any of them), decoded wi
   const batch: PromptBatch = {
     run_id: 'r', id: 'g', step: 1, policy_version: 0, kind: 'train', epoch: 0, attempt: 0,
     sampling: { temperature: 1, top_p: 1, top_k: 0, max_new_tokens: 2 },
-    groups: [{ id: 'g', group_uid: 'u', n: 3, prompt_index: 0, dataset_index: 0, prompt_ids: ids(tok.bos, '3 7 1:'), prompt_text: '3 7 1:', images: [], data_source: 't', ground_truth: '1', extra_info: '{}' }],
+    groups: [{ id: 'g', group_uid: 'u', n: 3, prompt_index: 0, dataset_index: 0, prompt_ids: ids(tok.bos, '3 7 1:'), prompt_text: '3 7 1:', images: [], image_refs: [], data_source: 't', ground_truth: '1', extra_info: '{}' }],
   };
   const { requests, groups } = generationRequests([batch]);
   const gen = (i: number, t: Int32Array, finishReason: GenResult['finishReason']): GenResult => ({ id: requests[i].id, tokens: t, logprobs: new Float32Array(t.length), finishReason });
