@@ -62,6 +62,27 @@ export const REAL_SHAPES: { name: string; config: ModelConfigInput }[] = [
   { name: 'qwen2.5_0.5b', config: { modelType: 'qwen2', hiddenSize: 896, intermediateSize: 4864, numHiddenLayers: 24, numAttentionHeads: 14, numKeyValueHeads: 2, vocabSize: 151936, tieWordEmbeddings: true, attentionBias: true, maxPositionEmbeddings: 2048, ropeTheta: 1000000, rmsNormEps: 1e-6, bosTokenId: 151643, eosTokenId: 151645, padTokenId: 151643 } },
 ];
 const REAL_TRAIN = { B: 2, T: 1024, speedGoal: 1.2, rssGoal: 0.6, rss05bGb: 16 };
+/** Sampling at the 135M shape: n = 8 responses of 256 tokens for each of 8 prompts of 256 tokens. */
+const REAL_DECODE = { prompts: 8, n: 8, prompt: 256, newTokens: 256, goal: 2 };
+
+async function childDecodeReal(nThreads: number, warmup: number, iters: number): Promise<object> {
+  const c = realConfig('smollm2_135m');
+  const w = initWeights(c, 0);
+  const rows = REAL_DECODE.prompts * REAL_DECODE.n;
+  const sampler = new Sampler(c, { threads: nThreads, maxBatchSize: rows, maxBatchTokens: rows * (REAL_DECODE.prompt + REAL_DECODE.newTokens) });
+  const rng = Rng.fromSeed('bench:decode_real');
+  const prompts = Array.from({ length: REAL_DECODE.prompts }, () => Array.from({ length: REAL_DECODE.prompt }, () => rng.int(c.vocabSize)));
+  const reqs = prompts.flatMap((p, i) => Array.from({ length: REAL_DECODE.n }, (_, k) => ({ id: `p${i}-${k}`, prompt: p })));
+  const times: number[] = [], cpu: number[] = [];
+  for (let i = 0; i < warmup + iters; i++) {
+    const t0 = performance.now(), c0 = process.cpuUsage();
+    const gens = await sampler.generate(w, reqs, { maxNewTokens: REAL_DECODE.newTokens, temperature: 1, eosTokenIds: [], seed: i });
+    if (i >= warmup) { times.push(performance.now() - t0); cpu.push(cpuMs(c0)); }
+    if (gens.some((g) => g.tokens.length !== REAL_DECODE.newTokens)) throw new Error('decode bench: a row stopped early');
+  }
+  const ms = median(times);
+  return { ms, cpu_ms: median(cpu), tokens_per_s: (rows * REAL_DECODE.newTokens) / (ms / 1000), times_ms: times, peak_rss_mb: peakRssMb() };
+}
 
 function realConfig(name: string): ModelConfig {
   const r = REAL_SHAPES.find((x) => x.name === name)!;
@@ -99,7 +120,8 @@ type ChildSpec =
   | { kind: 'train'; shape: Shape; threads: number; warmup: number; iters: number }
   | { kind: 'decode'; shape: Shape; B: number; threads: number; warmup: number; iters: number }
   | { kind: 'gemm'; threads: number }
-  | { kind: 'train_real'; name: string; threads: number; warmup: number; iters: number };
+  | { kind: 'train_real'; name: string; threads: number; warmup: number; iters: number }
+  | { kind: 'decode_real'; threads: number; warmup: number; iters: number };
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const peakRssMb = () => process.resourceUsage().maxRSS / 1024;
@@ -176,6 +198,7 @@ async function child(spec: ChildSpec): Promise<object> {
     case 'train': return childTrain(spec.shape, spec.threads, spec.warmup, spec.iters);
     case 'decode': return childDecode(spec.shape, spec.B, spec.threads, spec.warmup, spec.iters);
     case 'gemm': return childGemm(spec.threads);
+    case 'decode_real': return childDecodeReal(spec.threads, spec.warmup, spec.iters);
     case 'train_real': return childTrain({ B: REAL_TRAIN.B, T: REAL_TRAIN.T }, spec.threads, spec.warmup, spec.iters, realConfig(spec.name));
   }
 }
@@ -191,11 +214,27 @@ function runChild(spec: ChildSpec): Promise<any> {
   });
 }
 
-/** GRPO update step at the real shapes: ORT then torch (never both at once), tokens/s and peak RSS. */
-async function realRows(rows: Row[], nThreads: number, withTorch: boolean, dir: string): Promise<void> {
+/** GRPO update step at the real shapes: ORT then torch (never both at once), tokens/s and peak RSS; then sampling at 135M. */
+export async function realRows(rows: Row[], nThreads: number, withTorch: boolean, dir: string): Promise<void> {
   const only = process.env.RLSTREAM_BENCH_REAL_ONLY;
   const iters = Number(process.env.RLSTREAM_BENCH_REAL_ITERS) || 2;
   const { B, T } = REAL_TRAIN;
+  if (!only || only === 'decode') {
+    const c = realConfig('smollm2_135m');
+    const cfgPath = join(dir, 'smollm2_135m-decode.json');
+    writeJson(cfgPath, toHfConfig(c));
+    const tag = `smollm2_135m${c.numHiddenLayers !== 30 ? `_l${c.numHiddenLayers}` : ''}_${REAL_DECODE.prompts}x${REAL_DECODE.n}_p${REAL_DECODE.prompt}_n${REAL_DECODE.newTokens}`;
+    const ort = await runChild({ kind: 'decode_real', threads: nThreads, warmup: 0, iters: 1 });
+    rows.push({ name: `model/decode_real/${tag}/ort_tok_s`, value: round(ort.tokens_per_s), unit: 'tok/s' });
+    rows.push({ name: `model/decode_real/${tag}/ort_peak_rss`, value: Math.round(ort.peak_rss_mb), unit: 'MB' });
+    if (withTorch) {
+      // transformers' generate(num_return_sequences = n) expands the prompts before the prefill: B = prompts × n rows
+      const t = await runTorch('bench_decode.py', ['--config', cfgPath, '--batch', String(REAL_DECODE.prompts * REAL_DECODE.n), '--prompt-len', String(REAL_DECODE.prompt), '--new', String(REAL_DECODE.newTokens), '--threads', String(nThreads), '--warmup', '0', '--iters', '1'], { timeoutMs: 3_600_000 });
+      rows.push({ name: `model/decode_real/${tag}/torch_tok_s`, value: round(t.tokens_per_s), unit: 'tok/s' });
+      rows.push({ name: `model/decode_real/${tag}/torch_peak_rss`, value: Math.round(t.peak_rss_mb), unit: 'MB' });
+      rows.push({ name: `model/decode_real/${tag}/ort_over_torch`, value: round(ort.tokens_per_s / t.tokens_per_s), unit: 'ratio', goal: REAL_DECODE.goal, better: 'higher' });
+    }
+  }
   for (const r of REAL_SHAPES) {
     if (only && r.name !== only) continue;
     const c = realConfig(r.name);
