@@ -158,7 +158,12 @@ async function serveOnce(cfg: Config, stage: string, log: Logger, opts: ServeOpt
       if (stage === 'controller') await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
       ready.reason = `starting the ${stage} stage`;
       s = await startStage(p, stage, { replica: opts.replica });
-    } catch (e) { throw new StartError(e); }
+    } catch (e) {
+      // a stage that cannot start for a reason no retry mends (bad weights, a missing model path, a
+      // refused config) fails its run, with the reason, so `rlstream runs` and the report say so
+      if (!(isRetriable(e) || isConnectionError(e))) await p.store.setRunStatus(p.runId, 'failed', { error: `${stage}: ${errorMessage(e)}` }).catch(() => undefined);
+      throw new StartError(e);
+    }
     const started = s;
     const topics = started.run.topics ?? [];
     telemetry.setLagSource({

@@ -14,7 +14,9 @@ import { silentLogger } from '../../lib/log.ts';
 import { listRunsInDir } from '../../lib/analysis/runs.ts';
 import { loadReportData, summaryRows } from '../../lib/analysis/report.ts';
 import { openDatabase } from '../../lib/db/database.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT, freshDatabase } from '../support/pipeline-procs.ts';
+import { serve } from '../../lib/app/serve.ts';
+import { openStore } from '../../lib/store/index.ts';
 
 const root = join(ROOT, 'test/.tmp', `lifecycle-${process.pid}`);
 after(() => rmSync(root, { recursive: true, force: true }));
@@ -35,6 +37,24 @@ test('a run that fails at start (missing weights) is failed, with its reason in 
     const rows = summaryRows(await loadReportData(db, 'bad-start'));
     assert.deepEqual(rows.find(([k]) => k === 'error'), ['error', err.message]);
   } finally { await db.close(); }
+});
+
+test('a served stage that cannot start (missing weights) fails its run, with the reason', { timeout: 120_000 }, async () => {
+  const db = await freshDatabase(`rl_e2e_lifecycle_${process.pid}`);
+  try {
+    const empty = join(root, 'no-weights-serve');
+    mkdirSync(empty, { recursive: true });
+    const cfg = tiny(join(root, 'serve-bad'), 'bad-serve', ['pipeline.store=postgres', `pipeline.database_url=${db.url}`, 'pipeline.migrate_on_start=true', `actor.model.path=${empty}`]);
+    const store = await openStore({ kind: 'postgres', url: db.url });
+    try {
+      await store.upsertRun({ runId: 'bad-serve', project: 'p', experiment: 'e', config: {} as never });
+      const err = await serve(cfg, 'update', silentLogger('bad-serve'), { httpPort: null }).then(() => null, (e: unknown) => e as Error);
+      assert.ok(err, 'the stage exits with the reason');
+      const run = await store.getRun('bad-serve');
+      assert.equal(run?.status, 'failed');
+      assert.equal((run?.summary as { error?: string } | undefined)?.error, `update: ${err.message}`);
+    } finally { await store.close(); }
+  } finally { await db.drop(); }
 });
 
 test('a finished run says it is complete, is extended by more steps, and refuses a resume that changes rollout.n', { timeout: 240_000 }, async () => {
