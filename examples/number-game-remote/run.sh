@@ -106,7 +106,13 @@ fi
 
 : "${KAFKA_BROKERS:?distributed mode needs KAFKA_BROKERS=host:port[,host:port…]}"
 : "${DATABASE_URL:?distributed mode needs DATABASE_URL=postgres://user@host:5432/database}"
-DIST=("pipeline.bus=kafka" "pipeline.brokers=[$KAFKA_BROKERS]" "pipeline.store=postgres" "pipeline.database_url=$DATABASE_URL")
+# Each stage takes any free port for /healthz, /readyz and /metrics (they share this host; the port
+# is in its log) and exits when the run has ended (on a Deployment they stay up idle instead).
+DIST=("pipeline.bus=kafka" "pipeline.brokers=[$KAFKA_BROKERS]" "pipeline.store=postgres" "pipeline.database_url=$DATABASE_URL"
+  "pipeline.http_port=0" "pipeline.on_run_end=exit")
+# the schema once, before any stage starts (they wait for it): a Job in Kubernetes
+"${RLSTREAM[@]}" migrate "$CONFIG" "${OVERRIDES[@]}" "${DIST[@]}" >"$LOG_DIR/migrate.log" 2>&1 \
+  || { echo "run.sh: rlstream migrate failed:" >&2; cat "$LOG_DIR/migrate.log" >&2; exit 1; }
 # one process per stage; two reward replicas: replica i prefers server i (the seed's affinity)
 specs=("update 0" "controller 0" "rollout 0" "reward 0" "reward 1" "advantage 0")
 restarts=()

@@ -33,6 +33,15 @@ test('every rlstream command in the README\'s shell blocks runs through npx', ()
   assert.ok(readFileSync(join(ROOT, pkg.bin.rlstream), 'utf8').startsWith('#!/usr/bin/env node'));
 });
 
+test('README blocks that start several `rlstream serve` processes on one host give each its own HTTP port', () => {
+  for (const block of README.matchAll(/```sh\n([\s\S]*?)```/g)) {
+    const serves = block[1]!.split('\n').filter((l) => /npx rlstream serve /.test(l));
+    if (serves.length < 2) continue;
+    const ports = serves.map((l) => /--http-port (\d+)/.exec(l)?.[1] ?? 'default 9464');
+    assert.equal(new Set(ports).size, ports.length, `two serve processes would share a port:\n${serves.join('\n')}`);
+  }
+});
+
 test('the README walkthrough "Your own data" runs as written', { timeout: 180_000 }, () => {
   const blocks = shellBlocks(README, 'Your own data');
   assert.ok(blocks.length >= 4, 'data, reward, config, commands');
