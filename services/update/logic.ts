@@ -62,6 +62,22 @@ export function checkpointsToPrune(steps: number[], saveLimit: number): number[]
   return sorted.slice(0, Math.max(0, sorted.length - saveLimit));
 }
 
+/** What the update stage reads of the controller's stored stage state (`{ ctl: ControllerState, … }`). */
+export interface ControllerProgress { ctl?: { valEmitted?: number[]; valDone?: number[]; latest?: { version: number } | null } }
+
+/**
+ * Policy versions a validation round may still sample with, so pruning must keep them: rounds the
+ * controller published and has not seen finish, and every version up to `newest` the controller
+ * has not seen yet (it may schedule a round for it; a replay's update stage runs ahead of its
+ * controller, as nothing waits for rollouts).
+ */
+export function versionsInUse(progress: ControllerProgress | null | undefined, newest: number): number[] {
+  const c = progress?.ctl;
+  const inUse = (c?.valEmitted ?? []).filter((v) => !(c?.valDone ?? []).includes(v));
+  for (let v = (c?.latest?.version ?? -1) + 1; v <= newest; v++) inUse.push(v);
+  return inUse;
+}
+
 export interface NftGroupInput {
   id: string;
   reward_fn: string;

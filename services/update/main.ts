@@ -37,7 +37,7 @@ import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
 import { emaUpdate } from '../../lib/rl/ema.ts';
 import { ConfigError, TransientError, RlError } from '../../lib/errors.ts';
 import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
-import { assembleBatch, checkBatchArithmetic, splitBatches, shouldCheckpoint, checkpointsToPrune, nftTargets, type NftTarget } from './logic.ts';
+import { assembleBatch, checkBatchArithmetic, splitBatches, shouldCheckpoint, checkpointsToPrune, nftTargets, versionsInUse, type NftTarget, type ControllerProgress } from './logic.ts';
 
 export interface UpdateState {
   version: number;
@@ -491,8 +491,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const steps = (await sql<{ step: number }>`select step from checkpoints where run_id = ${p.runId}`.execute(db)).rows.map((r) => r.step);
     const checkpointSteps = keptCheckpointSteps(steps, cfg.trainer.save_limit);
     // validation rounds the controller published and has not seen finish still sample with their version
-    const ctl = await loadStageState<{ valEmitted?: number[]; valDone?: number[] }>(db, p.runId, 'controller');
-    const inUse = (ctl?.valEmitted ?? []).filter((v) => !(ctl?.valDone ?? []).includes(v));
+    const inUse = versionsInUse(await loadStageState<ControllerProgress>(db, p.runId, 'controller'), newest);
     const opts = { newest, maxStaleness: cfg.pipeline.max_staleness, checkpointSteps, keepExtra: cfg.trainer.keep_policy_versions, inUse };
     const pruned: number[] = [];
     for (const kind of ARTIFACT_KINDS) {

@@ -53,6 +53,8 @@ test('the README walkthrough "Your own data" runs as written', { timeout: 180_00
   // train: a summary; sql: the steps with validation; report; replay into its own run
   assert.match(r.stdout, /run mine-my-task-[0-9a-f]{8}: \d+ trajectories/);
   assert.match(r.stdout, /step\s+\|?\s*reward_mean/);
+  // the row's data_source and extra_info reached compute_score (in the reward worker) and its text detail was stored
+  assert.match(r.stdout, /plus-one a=3[2-9]/);
   assert.match(r.stdout, /report written: .*runs\/my-task\/report\.html/);
   assert.match(r.stdout, /replay mine-my-task-[0-9a-f]{8}\.replay-[0-9a-f]{8} of mine-my-task-[0-9a-f]{8}: completed, step 4/);
   assert.ok(existsSync(join(cwd, 'runs/my-task/report.html')));

@@ -63,7 +63,7 @@ test('too small a dataset fails with what to change; val_only runs one validatio
   assert.deepEqual(v.commands.map((c) => c.type), ['val_prompts', 'run_done']);
 });
 
-import { assembleBatch, checkBatchArithmetic, splitBatches, shouldCheckpoint, checkpointsToPrune } from '../../../services/update/logic.ts';
+import { assembleBatch, checkBatchArithmetic, splitBatches, shouldCheckpoint, checkpointsToPrune, versionsInUse } from '../../../services/update/logic.ts';
 
 test('update: batch is ordered by id with duplicates dropped, whatever the arrival order', () => {
   const g1 = { samples: [{ id: 's1/p1/0' }, { id: 's1/p1/1' }] };
@@ -87,6 +87,19 @@ test('update: checkpoint schedule and pruning', () => {
   assert.deepEqual([1, 2, 3].filter((s) => shouldCheckpoint(s, 3, -1)), [3]);
   assert.deepEqual(checkpointsToPrune([6, 2, 4, 8], 2), [2, 4]);
   assert.deepEqual(checkpointsToPrune([1, 2], -1), []);
+});
+
+test('update keeps the versions validation may still sample with, read from the controller\'s stored state', () => {
+  // the controller stores { ctl: ControllerState, … }: it has seen versions 0 and 1 and scheduled validation of 0
+  const seen = run({ ...plan, valFreq: 1 }, [{ type: 'policy', policy: pol(0) }]);
+  const stored = { ctl: seen.state, started: true, val: {} };
+  assert.deepEqual(versionsInUse(stored, 0), [0], 'version 0: validation published, not done');
+  // a replay's update stage is at version 4 while its controller has only seen version 0:
+  // 1..4 may still be validated, so none of them may be pruned
+  assert.deepEqual(versionsInUse(stored, 4), [0, 1, 2, 3, 4]);
+  const done = run({ ...plan, valFreq: 1 }, [{ type: 'val_done', version: 0 }, { type: 'policy', policy: pol(1) }, { type: 'val_done', version: 1 }], seen.state);
+  assert.deepEqual(versionsInUse({ ctl: done.state }, 3), [2, 3]);
+  assert.deepEqual(versionsInUse(null, 2), [0, 1, 2], 'no controller state yet: nothing it may validate is pruned');
 });
 
 test('when refills run out, the stop message is the advantage stage\'s reason (reward failures), not online filtering (issue 14.6)', () => {
