@@ -211,7 +211,7 @@ const actorSchema = section({
   optim: optimSchema(1e-6, 'Actor optimizer (AdamW) and learning-rate schedule.'),
   global_batch_size: posInt().default(128).describe('Samples per optimizer update (verl: ppo_mini_batch_size × n); must divide data.rollout_batch_size × rollout.n.'),
   micro_batch_size_per_device_for_update: posInt().default(4).describe('Samples per forward/backward pass in the update (gradient accumulation); must divide global_batch_size.'),
-  micro_batch_size_per_device_for_experience: posInt().default(16).describe('Samples per forward pass when computing reference and old log-probs and critic values (verl: log_prob_micro_batch_size_per_gpu); the results do not depend on it, speed and peak memory do (CPU: larger is faster); must divide global_batch_size.'),
+  micro_batch_size_per_device_for_experience: posInt().default(16).describe('Samples per forward pass when computing reference and old log-probs and critic values (verl: log_prob_micro_batch_size_per_gpu); the results do not depend on it beyond float rounding (rows are padded to the longest row of their pass, which changes summation order by ulps), speed and peak memory do (CPU: larger is faster); must divide global_batch_size.'),
   ppo_epochs: posInt().default(1).describe('Passes over each step’s samples.'),
   clip_ratio_low: z.number().gte(0).default(0.2).describe('PPO clip: lower ratio bound 1 − clip_ratio_low.'),
   clip_ratio_high: z.number().gte(0).default(0.3).describe('PPO clip: upper ratio bound 1 + clip_ratio_high (DAPO clip-higher).'),

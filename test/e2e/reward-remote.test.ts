@@ -15,6 +15,7 @@
  *    preferred server, both servers serve requests.
  * Every process started here is stopped by PID; every wait is bounded.
  */
+import { sql } from 'kysely';
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -289,6 +290,29 @@ test('reward.on_failure = stop with every server dead → the run fails naming t
   for (const t of await trajectories(cfg)) assert.equal(t.reward, null, `stored ${t.id} must not carry a reward`);
   const store = await openStore({ kind: 'pglite', dir: join(cfg.trainer.run_dir!, 'db') });
   try { assert.equal((await store.getRun(cfg.pipeline.run_id!))?.status, 'failed'); } finally { await store.close(); }
+});
+
+test('reward.on_failure = drop_group with every server dead (issue 18.6): the run fails naming the servers, not online filtering, and every failed train sample is stored', { timeout: 120_000 }, async () => {
+  assert.ok(dead, 'runs after the failover test (its ports are now closed)');
+  const cfg = config('drop-group', dead!.port, [
+    'reward.on_failure=drop_group', 'algorithm.online_filtering=false', 'algorithm.max_try_make_batch=2', 'reward.remote.max_retries=1',
+    'reward.remote.backoff_initial_ms=10', 'reward.remote.backoff_max_ms=50', 'reward.remote.timeout_ms=2000', 'reward.remote.batch_budget_ms=10000',
+  ]);
+  const out = await train(cfg);
+  assert.equal(out.status, 'failed');
+  const msg = out.message ?? '';
+  assert.doesNotMatch(msg, /online filtering|filter_low/, msg);
+  assert.match(msg, new RegExp(`127\\.0\\.0\\.1:(${dead!.port}|${dead!.port + 1})`), `names a server: ${msg}`);
+  assert.match(msg, /ECONNREFUSED|refused/i, msg);
+  const store = await openStore({ kind: 'pglite', dir: join(cfg.trainer.run_dir!, 'db') });
+  try {
+    const runId = cfg.pipeline.run_id!;
+    const failed = (await sql<{ n: number }>`select count(*)::int as n from v_reward_failures where run_id = ${runId} and kind = 'train'`.execute(store.database.db)).rows[0]!.n;
+    // the first draw and both refills (3 × rollout_batch_size groups × n samples): every one stored with its failure
+    assert.equal(failed, 3 * cfg.data.rollout_batch_size * cfg.rollout.n, 'train failures stored');
+    assert.match(msg, new RegExp(`reward failed for ${failed} samples`), msg);
+    assert.equal((await store.getRun(runId))?.status, 'failed');
+  } finally { await store.close(); }
 });
 
 test('debug switch: DISABLE_RL_REWARD_MODEL=true in the stage → the number_game function, and the very same training', { timeout: 120_000 }, async () => {
