@@ -252,6 +252,9 @@ async function waitFor(p: Pipeline, stages: StartedStage[], target: number, opts
         const ends = await p.bus.endOffsets(inputs[st.name]);
         ends.forEach((end, part) => { if ((committed.find((c) => c.topic === inputs[st.name] && c.partition === part)?.offset ?? 0) < end) caughtUp = false; });
       }
+      if (caughtUp && version >= target) {
+        return { status: 'failed', finalStep: version, finalSha256: sha, message: `replay trained every step (${target}) but the validation rounds of policy versions ${[...valPending].join(', ')} did not finish within ${Math.round(stallMs / 1000)} s; see the rollout stage's errors in the log` };
+      }
       if (caughtUp) {
         return { status: 'failed', finalStep: version, finalSha256: sha, message: `replay stalled at step ${version + 1} of ${target}: the recorded trajectories of that step do not give data.rollout_batch_size kept groups under this config (online filtering or reward failures want refills the source never generated); replay up to --until-step ${version}, or relax the filter` };
       }
