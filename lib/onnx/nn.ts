@@ -299,7 +299,8 @@ export function quickGelu(b: GraphBuilder, x: Var): Var {
 /** Exact GELU (torch nn.GELU()): x·Φ(x) = x·(1 + erf(x/√2))/2; backward g·(Φ(x) + x·φ(x)), φ(x) = e^(−x²/2)/√(2π). */
 export function gelu(b: GraphBuilder, x: Var): Var {
   const { y, cdf } = b.scope('gelu', () => {
-    const erf = b.op('Erf', [b.mul(x, Math.SQRT1_2)], {}, { dtype: x.dtype, shape: x.shape });
+    const z = b.mul(x, Math.SQRT1_2);
+    const erf = x.dtype === 'float64' ? erf64(b, z) : b.op('Erf', [z], {}, { dtype: x.dtype, shape: x.shape });
     const cdf = b.stopGradient(b.mul(b.add(erf, 1), 0.5));
     return { y: b.stopGradient(b.mul(x, cdf)), cdf };
   });
@@ -308,4 +309,26 @@ export function gelu(b: GraphBuilder, x: Var): Var {
     return [b.mul(g!, b.add(cdf, b.mul(x, pdf)))];
   });
   return y;
+}
+
+/**
+ * erf in float64 graphs (ORT's CPU Erf kernel is float32 only; float64 graphs are the
+ * finite-difference tests'), to ~1e-15: the Maclaurin series 2/√π·z·Σₙ (−z²)ⁿ/(n!(2n+1)), 40 terms
+ * (Horner in z²), for |z| < 2; 1 − erfc(|z|) with erfc(z) = e^(−z²)/√π · 1/(z + ½/(z + 1/(z + 3⁄2/(z + …))))
+ * (the Laplace continued fraction, 40 levels) for |z| ≥ 2; odd in z. Forward only.
+ */
+function erf64(b: GraphBuilder, z: Var): Var {
+  const N = 40;
+  const u = b.mul(z, z);
+  let fact = 1;
+  const coef: number[] = [];
+  for (let n = 0; n <= N; n++) { if (n > 0) fact *= n; coef.push((n % 2 ? -1 : 1) / (fact * (2 * n + 1))); }
+  let p = b.const(coef[N], 'float64');
+  for (let n = N - 1; n >= 0; n--) p = b.add(b.mul(p, u), coef[n]);
+  const series = b.mul(b.mul(z, p), 2 / Math.sqrt(Math.PI));
+  const a = b.max(b.abs(z), 2); // the fraction is only used (and only well-conditioned) at |z| ≥ 2
+  let t = a;
+  for (let k = N; k >= 1; k--) t = b.add(a, b.div(k / 2, t));
+  const tail = b.mul(b.sign(z), b.sub(1, b.div(b.mul(b.exp(b.neg(b.mul(a, a))), 1 / Math.sqrt(Math.PI)), t)));
+  return b.where(b.less(b.abs(z), 2), series, tail);
 }
