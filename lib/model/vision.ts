@@ -30,7 +30,7 @@
  *     patch C = 3·temporal·patch² normalised values (Qwen2-VL processor: x/255, (x − mean)/std,
  *     channel-major, the frame repeated over `temporalPatchSize`), in merge-window order (the m²
  *     patches of each m×m window consecutive, windows row-major);
- *   patch_pos [I, P, 2] int64: (row, column) of each patch (2-D RoPE); 1-D RoPE reads column 0 = index;
+ *   patch_pos [I, P, 2] int64: (row, column) of each patch (2-D RoPE), or (index, 0) (1-D RoPE);
  *   patch_mask [I, P/m², m²] float: 1 = real patch, 0 = padding (masked as a key);
  *   embed_index [B·T] int64: for each flat token position n, n (keep its token embedding) or
  *     B·T + k (the k-th merged image token of the batch, k = image·P/m² + j).
@@ -82,7 +82,7 @@ export function imageTokenCount(v: VisionConfig, img: ImagePixels): number {
 /**
  * One image as patches (Qwen2-VL processor): P = gh·gw rows of C = 3·temporal·patch² values,
  * value (x/255 − mean_c)/std_c at index ((c·temporal + t)·patch + y)·patch + x, rows in merge-window
- * order; `pos` [P, 2] the (row, column) of each patch.
+ * order; `pos` [P, 2] the (row, column) of each patch (2-D RoPE) or (index, 0) (1-D).
  */
 export function patchify(v: VisionConfig, img: ImagePixels): { patches: Float32Array; pos: Int32Array; count: number } {
   const [gh, gw] = patchGrid(v, img);
@@ -92,7 +92,7 @@ export function patchify(v: VisionConfig, img: ImagePixels): { patches: Float32A
   let r = 0;
   for (let bh = 0; bh < gh / m; bh++) for (let bw = 0; bw < gw / m; bw++) for (let ih = 0; ih < m; ih++) for (let iw = 0; iw < m; iw++) {
     const ph = bh * m + ih, pw = bw * m + iw;
-    pos[2 * r] = ph; pos[2 * r + 1] = pw;
+    if (v.rope === '2d') { pos[2 * r] = ph; pos[2 * r + 1] = pw; } else pos[2 * r] = r; // 1-D: the patch index (merge-window order)
     const o = r * C;
     for (let c = 0; c < 3; c++) {
       for (let y = 0; y < ps; y++) for (let x = 0; x < ps; x++) {
