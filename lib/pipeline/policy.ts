@@ -39,7 +39,8 @@ export type { ModelTokenizer };
 export function modelDirTokenizer(dir: string, c: ModelConfig): ModelTokenizer {
   if (existsSync(join(dir, 'tokenizer.json'))) return loadModelDirTokenizer(dir, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId, stopIds: stopTokenIds(c) });
   const byte = createTokenizer({ type: 'byte' });
-  if (c.vocabSize === byte.vocabSize) return byte;
+  // a fresh VLM's vocabulary is the byte tokenizer's then its three vision tokens (freshVision)
+  if (c.vocabSize === byte.vocabSize || (c.vision && c.vocabSize === byte.vocabSize + 3 && c.vision.imageTokenId === byte.vocabSize)) return byte;
   throw new ConfigError(`${dir} has no tokenizer.json (and its vocabulary of ${c.vocabSize} ids is not the byte tokenizer's ${byte.vocabSize}); copy the model's tokenizer files into it`);
 }
 
