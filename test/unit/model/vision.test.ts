@@ -13,6 +13,7 @@ import { lossConfig } from '../../../lib/model/loss.ts';
 import { paramSpecs, visionParamSpecs } from '../../../lib/model/params.ts';
 import { Sampler } from '../../../lib/model/sample.ts';
 import { Scorer } from '../../../lib/model/score.ts';
+import { ValueScorer } from '../../../lib/model/value.ts';
 import { buildTrainGraph } from '../../../lib/model/train-graph.ts';
 import { Trainer } from '../../../lib/model/train.ts';
 import { expandImagePads, IMAGE_MEAN, IMAGE_STD, imageTokenCount, patchify, visionFeeds, type ImagePixels } from '../../../lib/model/vision.ts';
@@ -160,6 +161,16 @@ describe('images in scoring, sampling and training', () => {
     await assert.rejects(sc.score(w, [{ prompt, response: [7], images: [a, b] }]), /2 image\(s\) give 4/);
     const text1 = modelConfig({ ...c, vision: undefined });
     await assert.rejects(new Scorer(text1).score(initWeights(text1, 1), [{ prompt, response: [7], images: [a] }]), /text-only/);
+  });
+
+  it('a value model with a vision tower: a row\'s values follow its image', async () => {
+    const vc = modelConfig({ ...c, head: 'value', tieWordEmbeddings: false });
+    const vw = initWeights(vc, 6, { std: 0.3 });
+    const vs = new ValueScorer(vc, { threads: 1 });
+    const [va, vb, vt] = await vs.values(vw, [{ prompt, response: [7, 8], images: [a] }, { prompt, response: [7, 8], images: [b] }, { prompt: [1, 5], response: [7, 8] }]);
+    const [vt2] = await vs.values(vw, [{ prompt: [1, 5], response: [7, 8] }]);
+    assert.ok(va.some((v, i) => Math.abs(v - vb[i]) > 1e-4), 'changing the image changes the values');
+    for (let i = 0; i < 2; i++) assert.ok(Math.abs(vt[i] - vt2[i]) < 1e-5);
   });
 
   it('sampler behaviour log-probs match the scorer with images; vision tokens are never sampled', async () => {
