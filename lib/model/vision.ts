@@ -85,25 +85,38 @@ export function imageTokenCount(v: VisionConfig, img: ImagePixels): number {
  * order; `pos` [P, 2] the (row, column) of each patch (2-D RoPE) or (index, 0) (1-D).
  */
 export function patchify(v: VisionConfig, img: ImagePixels): { patches: Float32Array; pos: Int32Array; count: number } {
+  const key = `${v.patchSize}:${v.temporalPatchSize}:${v.spatialMergeSize}:${v.rope}`;
+  const hit = patchCache.get(img);
+  if (hit && hit.key === key) return hit.value;
   const [gh, gw] = patchGrid(v, img);
-  const ps = v.patchSize, tp = v.temporalPatchSize, m = v.spatialMergeSize;
+  const ps = v.patchSize, tp = v.temporalPatchSize, m = v.spatialMergeSize, W = img.width, px = img.data;
   const C = 3 * tp * ps * ps, P = gh * gw;
   const patches = new Float32Array(P * C), pos = new Int32Array(P * 2);
-  let r = 0;
+  // (x/255 − mean_c)/std_c as x·scale_c + offset_c
+  const scale = IMAGE_STD.map((sd) => 1 / (255 * sd)), offset = IMAGE_MEAN.map((mu, c) => -mu / IMAGE_STD[c]);
+  let r = 0, o = 0;
   for (let bh = 0; bh < gh / m; bh++) for (let bw = 0; bw < gw / m; bw++) for (let ih = 0; ih < m; ih++) for (let iw = 0; iw < m; iw++) {
     const ph = bh * m + ih, pw = bw * m + iw;
     if (v.rope === '2d') { pos[2 * r] = ph; pos[2 * r + 1] = pw; } else pos[2 * r] = r; // 1-D: the patch index (merge-window order)
-    const o = r * C;
     for (let c = 0; c < 3; c++) {
-      for (let y = 0; y < ps; y++) for (let x = 0; x < ps; x++) {
-        const val = (img.data[((ph * ps + y) * img.width + pw * ps + x) * 3 + c] / 255 - IMAGE_MEAN[c]) / IMAGE_STD[c];
-        for (let t = 0; t < tp; t++) patches[o + ((c * tp + t) * ps + y) * ps + x] = val;
+      const sc = scale[c], of = offset[c];
+      const first = o;
+      for (let y = 0; y < ps; y++) {
+        let q = ((ph * ps + y) * W + pw * ps) * 3 + c;
+        for (let x = 0; x < ps; x++, q += 3) patches[o++] = px[q] * sc + of;
       }
+      // the frame repeated over the temporal patch
+      for (let t = 1; t < tp; t++) { patches.copyWithin(o, first, first + ps * ps); o += ps * ps; }
     }
     r++;
   }
-  return { patches, pos, count: P };
+  const value = { patches, pos, count: P };
+  patchCache.set(img, { key, value });
+  return value;
 }
+
+/** Patches by image object: an image is scored several times (samples, old / reference log-probs, updates). */
+const patchCache = new WeakMap<ImagePixels, { key: string; value: { patches: Float32Array; pos: Int32Array; count: number } }>();
 
 /**
  * Prompt ids with each `<|image_pad|>` repeated to its image's token count (Qwen2-VL's processor
