@@ -226,6 +226,7 @@ export function fromHfConfig(j: Record<string, unknown>, generation?: Record<str
     return v;
   };
   const modelType = j.model_type;
+  if (typeof modelType === 'string' && /^qwen2(_5)?_vl$/.test(modelType)) throw unsupported(`model_type ${JSON.stringify(modelType)}`, 'its M-RoPE decoder positions (and Qwen2.5-VL\'s window attention) are not modelled; a vision-language policy here is a llama/qwen2 decoder with a vision_config (README "Vision-language policies")');
   if (!(MODEL_TYPES as readonly unknown[]).includes(modelType)) throw unsupported(`model_type ${JSON.stringify(modelType)}`, `supported: ${MODEL_TYPES.join(', ')}`);
   const mt = modelType as ModelConfig['modelType'];
   if (j.hidden_act !== undefined && j.hidden_act !== 'silu') throw unsupported(`hidden_act ${JSON.stringify(j.hidden_act)}`, 'only "silu"');

@@ -45,6 +45,7 @@ describe('vision config', () => {
     assert.deepEqual(fromHfConfig(j), c);
     assert.throws(() => fromHfConfig({ ...j, vision_config: { ...(j.vision_config as object), window_size: 112 } }), /vision_config window_size=112 is not supported/);
     assert.throws(() => fromHfConfig({ ...j, vision_config: { ...(j.vision_config as object), hidden_act: 'silu' } }), /vision_config hidden_act="silu" is not supported/);
+    assert.throws(() => fromHfConfig({ ...j, model_type: 'qwen2_vl' }), /model_type "qwen2_vl" is not supported \(its M-RoPE decoder positions/);
     assert.throws(() => vlm({ outHiddenSize: 8 }), /vision.outHiddenSize 8 must equal the decoder hiddenSize 16/);
     assert.throws(() => vlm({ numHeads: 4 }), /vision head dim 2 must be a multiple of 4/);
     assert.throws(() => vlm({ imageTokenId: 50 }), /vision.imageTokenId 50 is outside the vocabulary/);
