@@ -14,6 +14,8 @@ import { paramSpecs, visionParamSpecs } from '../../../lib/model/params.ts';
 import { Sampler } from '../../../lib/model/sample.ts';
 import { Scorer } from '../../../lib/model/score.ts';
 import { ValueScorer } from '../../../lib/model/value.ts';
+import { buildGenerateModel } from '../../../lib/model/decode-graph.ts';
+import onnxProto from 'onnx-proto';
 import { buildTrainGraph } from '../../../lib/model/train-graph.ts';
 import { Trainer } from '../../../lib/model/train.ts';
 import { expandImagePads, IMAGE_MEAN, IMAGE_STD, imageTokenCount, patchify, visionFeeds, type ImagePixels } from '../../../lib/model/vision.ts';
@@ -185,6 +187,16 @@ describe('images in scoring, sampling and training', () => {
         assert.ok(Math.abs(g.logprobs[t] - scores[i].logprobs[t]) < 1e-4, `row ${i} token ${t}: sampler ${g.logprobs[t]} vs scorer ${scores[i].logprobs[t]}`);
       }
     });
+  });
+
+  it('the generation graph runs the tower in the prefill only, never in the decode loop', () => {
+    const m = onnxProto.onnx.ModelProto.decode(buildGenerateModel(c, { truncation: false }));
+    const outer = m.graph!.node!;
+    assert.ok(outer.some((n) => n.name!.startsWith('visual/')), 'the prefill has the tower');
+    const loop = outer.find((n) => n.opType === 'Loop')!;
+    const body = loop.attribute!.find((a) => a.name === 'body')!.g!;
+    assert.ok(body.node!.length > 0);
+    assert.ok(!body.node!.some((n) => n.name!.startsWith('visual/') || n.input!.some((i) => i.startsWith('visual.') || i === 'pixel_patches')), 'the decode step does not touch the tower');
   });
 
   it('training updates the tower unless freezeVisionTower', async () => {
