@@ -222,4 +222,22 @@ describe('images in scoring, sampling and training', () => {
       }
     }
   });
+
+  it('learns to answer from the picture: two prompts identical but for their image, told apart after training', async () => {
+    const red: ImagePixels = { width: 4, height: 4, data: Uint8Array.from({ length: 48 }, (_, i) => (i % 3 === 0 ? 230 : 20)) };
+    const blue: ImagePixels = { width: 4, height: 4, data: Uint8Array.from({ length: 48 }, (_, i) => (i % 3 === 2 ? 230 : 20)) };
+    const p0 = expandImagePads(c, [1, VS, IMG, VE, 5], [red]);
+    const T = p0.length + 1;
+    const tokens = Int32Array.from([...p0, 10, ...p0, 11]); // red → 10, blue → 11
+    const responseMask = Float32Array.from({ length: 2 * T }, (_, i) => (i % T === T - 1 ? 1 : 0));
+    const tr = new Trainer({ model: c, loss: { type: 'sft' }, seed: 3, threads: 1, optim: { weightDecay: 0 } });
+    const margin = async () => {
+      const sc = new Scorer(c, { threads: 1 });
+      const [r10, r11, b10, b11] = await sc.score(tr.getWeights(), [[red, 10], [red, 11], [blue, 10], [blue, 11]].map(([im, t]) => ({ prompt: p0, response: [t as number], images: [im as ImagePixels] })));
+      return Math.min(r10.logprobs[0] - r11.logprobs[0], b11.logprobs[0] - b10.logprobs[0]);
+    };
+    assert.ok(Math.abs(await margin()) < 0.5, 'untrained: no preference');
+    for (let k = 0; k < 40; k++) await tr.step({ batchSize: 2, seqLen: T, tokens, responseMask, images: [[red], [blue]] }, 1e-2);
+    assert.ok(await margin() > 2, 'each image\'s answer is > e² times likelier than the other');
+  });
 });
