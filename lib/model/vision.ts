@@ -27,8 +27,8 @@
  *
  * ## Graph inputs (VISION_IO), built by `visionFeeds`
  *   pixel_patches [I, P, C] float: the batch's I images (padded to the longest, P patches), each
- *     patch C = 3·temporal·patch² normalised values (Qwen2-VL processor: x/255, (x − mean)/std,
- *     channel-major, the frame repeated over `temporalPatchSize`), in merge-window order (the m²
+ *     patch C = 3·patch² normalised values (Qwen2-VL processor: x/255, (x − mean)/std,
+ *     channel-major; one frame: see visionTower for the temporal patch), in merge-window order (the m²
  *     patches of each m×m window consecutive, windows row-major);
  *   patch_pos [I, P, 2] int64: (row, column) of each patch (2-D RoPE), or (index, 0) (1-D RoPE);
  *   patch_mask [I, P/m², m²] float: 1 = real patch, 0 = padding (masked as a key);
@@ -80,17 +80,17 @@ export function imageTokenCount(v: VisionConfig, img: ImagePixels): number {
 }
 
 /**
- * One image as patches (Qwen2-VL processor): P = gh·gw rows of C = 3·temporal·patch² values,
- * value (x/255 − mean_c)/std_c at index ((c·temporal + t)·patch + y)·patch + x, rows in merge-window
+ * One image as patches (Qwen2-VL processor, one frame): P = gh·gw rows of C = 3·patch² values,
+ * value (x/255 − mean_c)/std_c at index (c·patch + y)·patch + x, rows in merge-window
  * order; `pos` [P, 2] the (row, column) of each patch (2-D RoPE) or (index, 0) (1-D).
  */
 export function patchify(v: VisionConfig, img: ImagePixels): { patches: Float32Array; pos: Int32Array; count: number } {
-  const key = `${v.patchSize}:${v.temporalPatchSize}:${v.spatialMergeSize}:${v.rope}`;
+  const key = `${v.patchSize}:${v.spatialMergeSize}:${v.rope}`;
   const hit = patchCache.get(img);
   if (hit && hit.key === key) return hit.value;
   const [gh, gw] = patchGrid(v, img);
-  const ps = v.patchSize, tp = v.temporalPatchSize, m = v.spatialMergeSize, W = img.width, px = img.data;
-  const C = 3 * tp * ps * ps, P = gh * gw;
+  const ps = v.patchSize, m = v.spatialMergeSize, W = img.width, px = img.data;
+  const C = 3 * ps * ps, P = gh * gw;
   const patches = new Float32Array(P * C), pos = new Int32Array(P * 2);
   // (x/255 − mean_c)/std_c as x·scale_c + offset_c
   const scale = IMAGE_STD.map((sd) => 1 / (255 * sd)), offset = IMAGE_MEAN.map((mu, c) => -mu / IMAGE_STD[c]);
@@ -100,13 +100,10 @@ export function patchify(v: VisionConfig, img: ImagePixels): { patches: Float32A
     if (v.rope === '2d') { pos[2 * r] = ph; pos[2 * r + 1] = pw; } else pos[2 * r] = r; // 1-D: the patch index (merge-window order)
     for (let c = 0; c < 3; c++) {
       const sc = scale[c], of = offset[c];
-      const first = o;
       for (let y = 0; y < ps; y++) {
         let q = ((ph * ps + y) * W + pw * ps) * 3 + c;
         for (let x = 0; x < ps; x++, q += 3) patches[o++] = px[q] * sc + of;
       }
-      // the frame repeated over the temporal patch
-      for (let t = 1; t < tp; t++) { patches.copyWithin(o, first, first + ps * ps); o += ps * ps; }
     }
     r++;
   }
@@ -155,7 +152,7 @@ export function visionFeeds(c: ModelConfig, ids: ArrayLike<number | bigint>, B: 
   }
   rowStart.push(all.length);
   const dummy = all.length === 0;
-  const C = 3 * v.temporalPatchSize * v.patchSize * v.patchSize;
+  const C = 3 * v.patchSize * v.patchSize;
   const I = dummy ? 1 : all.length;
   const P = dummy ? m2 : Math.max(...all.map((a) => a.count));
   const patches = new Float32Array(I * P * C), pos = new BigInt64Array(I * P * 2), mask = new Float32Array(I * P);
@@ -225,7 +222,7 @@ function visionRope(b: GraphBuilder, v: VisionConfig, pos: Var): { cos: Var; sin
 /**
  * The vision tower on the batch's patches: declares the pixel_patches / patch_pos / patch_mask
  * inputs and returns the merged image tokens [I·P/m², D] in the decoder's embedding space.
- *   x = patches · W_peᵀ                                   [I·P, E]   (Conv3d, stride = kernel)
+ *   x = patches · (Σ_t W_pe[:, :, t])ᵀ                    [I·P, E]   (Conv3d, stride = kernel, on a repeated frame)
  *   depth × { x += proj(attn(rope(LN₁(x)))) ; x += fc2(quick_gelu(fc1(LN₂(x)))) }  (bidirectional,
  *     per image, padded patches masked as keys; attention softmax(q·kᵀ/√hd) per head)
  *   tokens = mlp.2(GELU(mlp.0(reshape(LN_q(x), [I·P/m², m²E]))))           [I·P/m², D]
@@ -233,7 +230,7 @@ function visionRope(b: GraphBuilder, v: VisionConfig, pos: Var): { cos: Var; sin
 export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars): Var {
   const v = visionOf(c, 'visionTower');
   const E = v.hiddenSize, H = v.numHeads, hd = E / H, ps = v.patchSize;
-  const C = 3 * v.temporalPatchSize * ps * ps, m2 = v.spatialMergeSize * v.spatialMergeSize;
+  const C = 3 * ps * ps, m2 = v.spatialMergeSize * v.spatialMergeSize, tp = v.temporalPatchSize;
   // P = m²·Pm patches per image (Pm merged tokens), so the merge reshape checks statically
   const P: Dim = m2 === 1 ? 'Pm' : `${m2}*Pm`;
   const patches = b.input(VISION_IO.patches, b.float, ['I', P, C]);
@@ -244,7 +241,14 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars): Var 
     const { cos, sin } = b.scope('rope', () => visionRope(b, v, pos));
     // key bias [I, 1, 1, P]: 0 for real patches, −1e9 for padding
     const bias = b.unsqueeze(b.mul(b.sub(1, pmask), MASK_NEG), [1, 2]);
-    let x = b.scope('patch_embed', () => linear(b, b.reshape(patches, [NP, C]), b.reshape(param(p, 'visual.patch_embed.proj.weight'), [E, C])));
+    // an image is its frame repeated over the temporal patch (Qwen2-VL's processor), so the Conv3d
+    // over [3, tp, ps, ps] equals the one-frame conv with the kernel summed over t: half the work
+    // for tp = 2, and the gradient reaches every t slice (ReduceSum's backward)
+    let x = b.scope('patch_embed', () => {
+      const w5 = param(p, 'visual.patch_embed.proj.weight'); // [E, 3, tp, ps, ps]
+      const w = tp === 1 ? b.reshape(w5, [E, C]) : b.reshape(b.reduceSum(w5, [2]), [E, C]);
+      return linear(b, b.reshape(patches, [NP, C]), w);
+    });
     const scale = 1 / Math.sqrt(hd);
     for (let l = 0; l < v.depth; l++) {
       const pre = `visual.blocks.${l}`;
