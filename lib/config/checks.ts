@@ -137,6 +137,10 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResu
     errors.push(`no training data: set data.train_files (JSONL or parquet files) or data.task (a built-in generator: ${taskNames.join(', ')})`);
   }
   if (data.min_pixels > data.max_pixels) errors.push(`data.min_pixels = ${data.min_pixels} is over data.max_pixels = ${data.max_pixels}; images are resized to a pixel count between them`);
+  const vis = actor.model.vision;
+  if (vis.enable && !actor.model.path && data.image_factor !== vis.patch_size * vis.spatial_merge_size) errors.push(`data.image_factor = ${data.image_factor} must be actor.model.vision.patch_size × spatial_merge_size = ${vis.patch_size} × ${vis.spatial_merge_size} = ${vis.patch_size * vis.spatial_merge_size} (image sides must fill whole merge windows); set data.image_factor=${vis.patch_size * vis.spatial_merge_size}`);
+  if (vis.enable && vis.hidden_size % vis.num_heads !== 0) errors.push(`actor.model.vision.hidden_size = ${vis.hidden_size} must be divisible by actor.model.vision.num_heads = ${vis.num_heads}`);
+  else if (vis.enable && (vis.hidden_size / vis.num_heads) % (vis.rope === '2d' ? 4 : 2) !== 0) errors.push(`actor.model.vision head size ${vis.hidden_size / vis.num_heads} (hidden_size / num_heads) must be a multiple of ${vis.rope === '2d' ? 4 : 2} for ${vis.rope} rotary positions`);
   if (data.max_pixels < data.image_factor * data.image_factor) errors.push(`data.max_pixels = ${data.max_pixels} is under one ${data.image_factor}×${data.image_factor} patch cell (data.image_factor); raise it`);
   const needVal: string[] = [];
   if (trainer.val_only) needVal.push('trainer.val_only = true');

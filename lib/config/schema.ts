@@ -190,6 +190,18 @@ const modelSchema = section({
   init_seed: z.int().default(1).describe('Seed of the random initialisation (ignored with path).'),
   tokenizer: z.enum(['byte', 'alphabet']).default('byte').describe('byte: 256 byte tokens + specials; alphabet: one token per character of actor.model.alphabet.'),
   alphabet: z.string().min(1).nullable().default(null).describe('Characters of the alphabet tokenizer; null → the alphabet of data.task.'),
+  vision: section({
+    enable: z.boolean().default(false).describe('Make the fresh policy (and critic) vision-language models: a Qwen2-VL vision tower whose image tokens replace the <|image_pad|> embeddings of the prompt (README "Vision-language policies"). Three token ids are added after the tokenizer\'s: <|image_pad|>, <|vision_start|>, <|vision_end|> (never sampled). With actor.model.path the directory\'s config.json vision_config decides instead.'),
+    depth: posInt().default(2).describe('ViT blocks.'),
+    hidden_size: posInt().default(64).describe('ViT width (Qwen2-VL embed_dim); its head size hidden_size / num_heads must be a multiple of 4 for 2-D rotary positions (2 for 1-D).'),
+    intermediate_size: posInt().default(128).describe('ViT MLP hidden width.'),
+    num_heads: posInt().default(4).describe('ViT attention heads.'),
+    patch_size: posInt().default(14).describe('Patch side in pixels; data.image_factor must be patch_size × spatial_merge_size.'),
+    temporal_patch_size: posInt().default(2).describe('Frames per patch (an image is repeated over them, as Qwen2-VL).'),
+    spatial_merge_size: z.union([z.literal(1), z.literal(2)]).default(2).describe('2: each 2×2 patch window becomes one decoder token (Qwen2-VL merger); 1: one token per patch.'),
+    rope: z.enum(['2d', '1d']).default('2d').describe('Rotary positions in the ViT: 2d = patch (row, column) (Qwen2-VL), 1d = patch index.'),
+  }, 'Vision tower of a fresh vision-language policy (Qwen2-VL layout).'),
+  freeze_vision_tower: z.boolean().default(false).describe('Do not train a vision-language policy\'s vision tower: no gradient reaches it and its weights and optimizer moments stay as loaded (no weight decay either).'),
 }, 'Policy model: a checkpoint to load or the architecture of a fresh one.');
 
 function optimSchema(lr: number, description: string) {

@@ -17,6 +17,33 @@ export type RopeScaling = z.infer<typeof ropeScalingSchema>;
 
 export const MODEL_TYPES = ['llama', 'mistral', 'qwen2', 'qwen3'] as const;
 
+/**
+ * Vision tower of a vision-language policy (lib/model/vision.ts), Qwen2-VL's layout: patch
+ * embedding (a conv with stride = kernel = patchSize over temporalPatchSize frames, as a matmul),
+ * `depth` ViT blocks (LayerNorm, bidirectional attention with rotary positions, quick-GELU MLP),
+ * and the merger (LayerNorm → concat of spatialMergeSize² neighbours → Linear → GELU → Linear to
+ * outHiddenSize = the decoder's hiddenSize). Written to config.json as `vision_config` (snake case)
+ * with the three token ids at the top level (`image_token_id`, `vision_start_token_id`, `vision_end_token_id`).
+ */
+export const visionConfigSchema = z.object({
+  depth: z.number().int().positive().describe('ViT blocks'),
+  hiddenSize: z.number().int().positive().describe('ViT width (Qwen2-VL embed_dim)'),
+  intermediateSize: z.number().int().positive().describe('ViT MLP hidden width (Qwen2-VL embed_dim × mlp_ratio)'),
+  numHeads: z.number().int().positive().describe('ViT attention heads'),
+  outHiddenSize: z.number().int().positive().describe('merger output width: must equal the decoder hiddenSize'),
+  patchSize: z.number().int().positive().default(14).describe('patch side in pixels'),
+  temporalPatchSize: z.number().int().positive().default(2).describe('frames per patch (an image is repeated over them, as Qwen2-VL\'s processor does)'),
+  spatialMergeSize: z.union([z.literal(1), z.literal(2)]).default(2).describe('merger window side: 2 = each 2×2 patch window becomes one decoder token; 1 = one token per patch'),
+  layerNormEps: z.number().positive().default(1e-6).describe('LayerNorm epsilon of the blocks and the merger'),
+  rope: z.enum(['2d', '1d']).default('2d').describe('rotary positions in the ViT: 2d = (row, column) of the patch on half the rotary frequencies each (Qwen2-VL), 1d = the patch index'),
+  ropeTheta: z.number().positive().default(10000).describe('rotary base of the ViT'),
+  imageTokenId: z.number().int().nonnegative().describe('<|image_pad|>: one per merged patch, its embedding replaced by the image token'),
+  visionStartTokenId: z.number().int().nonnegative().describe('<|vision_start|> (before the pads)'),
+  visionEndTokenId: z.number().int().nonnegative().describe('<|vision_end|> (after the pads)'),
+}).strict();
+export type VisionConfig = z.output<typeof visionConfigSchema>;
+export type VisionConfigInput = z.input<typeof visionConfigSchema>;
+
 export const modelConfigSchema = z.object({
   modelType: z.enum(MODEL_TYPES).default('llama').describe('llama (also SmolLM2), mistral, qwen2 (q/k/v biases) or qwen3 (per-head q/k RMSNorm)'),
   head: z.enum(['lm', 'value']).default('lm').describe('lm: causal-LM policy head; value: scalar critic head (score.weight)'),
@@ -40,6 +67,7 @@ export const modelConfigSchema = z.object({
   // added by tok (issue 14): one mask for every LM-head distribution, so sampler and scorer/trainer agree
   suppressTokenIds: z.array(z.number().int().nonnegative()).optional().describe('ids that get a −1e9 logit bias in every LM-head distribution — sampling, scoring, training (HF generation_config suppress_tokens, applied everywhere so behaviour and trainer log-probs agree); not written to config.json'),
   slidingWindow: z.number().int().positive().nullable().default(null).describe('Mistral sliding-window size; sequences must fit inside it (null = full attention)'),
+  vision: visionConfigSchema.optional().describe('vision tower of a vision-language policy (Qwen2-VL layout); absent = text-only'),
   extra: z.record(z.string(), z.unknown()).optional().describe('config.json keys of the source model not modelled here, written back unchanged'),
 }).strict();
 
@@ -62,8 +90,19 @@ export function modelConfig(input: ModelConfigInput | ModelConfig): ModelConfig 
   for (const e of c.suppressTokenIds ?? []) if (e >= c.vocabSize) throw new ConfigError(`model config: suppressTokenIds ${e} is outside the vocabulary (vocabSize ${c.vocabSize})`);
   if (c.head === 'value' && c.tieWordEmbeddings) throw new ConfigError('model config: a value model has no LM head to tie; set tieWordEmbeddings false');
   if (c.ropeScaling?.type === 'llama3' && c.ropeScaling.highFreqFactor <= c.ropeScaling.lowFreqFactor) throw new ConfigError(`model config: rope scaling llama3 needs highFreqFactor (${c.ropeScaling.highFreqFactor}) > lowFreqFactor (${c.ropeScaling.lowFreqFactor})`);
+  const v = c.vision;
+  if (v) {
+    if (v.outHiddenSize !== c.hiddenSize) throw new ConfigError(`model config: vision.outHiddenSize ${v.outHiddenSize} must equal the decoder hiddenSize ${c.hiddenSize}`);
+    if (v.hiddenSize % v.numHeads !== 0) throw new ConfigError(`model config: vision.hiddenSize ${v.hiddenSize} must be divisible by vision.numHeads ${v.numHeads}`);
+    const vhd = v.hiddenSize / v.numHeads;
+    if (vhd % (v.rope === '2d' ? 4 : 2) !== 0) throw new ConfigError(`model config: vision head dim ${vhd} must be a multiple of ${v.rope === '2d' ? 4 : 2} for ${v.rope} rotary embeddings`);
+    for (const k of ['imageTokenId', 'visionStartTokenId', 'visionEndTokenId'] as const) {
+      if (v[k] >= c.vocabSize) throw new ConfigError(`model config: vision.${k} ${v[k]} is outside the vocabulary (vocabSize ${c.vocabSize})`);
+    }
+    if (new Set([v.imageTokenId, v.visionStartTokenId, v.visionEndTokenId]).size !== 3) throw new ConfigError('model config: vision.imageTokenId, visionStartTokenId and visionEndTokenId must be three different tokens');
+  }
   const out: Record<string, unknown> = { ...c, headDim };
-  for (const k of ['eosTokenIds', 'suppressTokenIds', 'extra'] as const) if (out[k] === undefined) delete out[k];
+  for (const k of ['eosTokenIds', 'suppressTokenIds', 'extra', 'vision'] as const) if (out[k] === undefined) delete out[k];
   return Object.freeze(out) as ModelConfig;
 }
 
@@ -78,7 +117,36 @@ const ARCH: Record<ModelConfig['modelType'], string> = { llama: 'Llama', mistral
 /** config.json keys this module reads or writes; every other key of a source config is kept in `extra`. */
 const MODELLED = new Set(['architectures', 'model_type', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads', 'num_key_value_heads',
   'head_dim', 'vocab_size', 'max_position_embeddings', 'rms_norm_eps', 'rope_theta', 'rope_scaling', 'rope_parameters', 'hidden_act', 'tie_word_embeddings',
-  'attention_bias', 'torch_dtype', 'dtype', 'bos_token_id', 'eos_token_id', 'pad_token_id', 'num_labels', 'id2label', 'label2id']);
+  'attention_bias', 'torch_dtype', 'dtype', 'bos_token_id', 'eos_token_id', 'pad_token_id', 'num_labels', 'id2label', 'label2id',
+  'vision_config', 'image_token_id', 'vision_start_token_id', 'vision_end_token_id']);
+
+/** vision_config keys (snake case) ↔ VisionConfig fields; any other vision_config key is refused. */
+const VISION_KEYS: Record<string, Exclude<keyof VisionConfig, 'imageTokenId' | 'visionStartTokenId' | 'visionEndTokenId'>> = {
+  depth: 'depth', hidden_size: 'hiddenSize', intermediate_size: 'intermediateSize', num_heads: 'numHeads', out_hidden_size: 'outHiddenSize',
+  patch_size: 'patchSize', temporal_patch_size: 'temporalPatchSize', spatial_merge_size: 'spatialMergeSize', layer_norm_eps: 'layerNormEps',
+  rope: 'rope', rope_theta: 'ropeTheta',
+};
+/** vision_config keys accepted when they state what this engine computes anyway. */
+const VISION_FIXED: Record<string, unknown> = { in_channels: 3, in_chans: 3, hidden_act: 'quick_gelu' };
+const VISION_IGNORED = new Set(['model_type', 'initializer_range', 'torch_dtype', 'dtype']);
+
+function visionToHf(v: VisionConfig): Record<string, unknown> {
+  const out: Record<string, unknown> = { model_type: 'rlstream_vision', in_channels: 3, hidden_act: 'quick_gelu' };
+  for (const [k, f] of Object.entries(VISION_KEYS)) out[k] = v[f];
+  return out;
+}
+
+function visionFromHf(j: Record<string, unknown>): VisionConfigInput | null {
+  const vc = j.vision_config;
+  if (vc === undefined || vc === null) return null;
+  if (typeof vc !== 'object' || Array.isArray(vc)) throw new ConfigError(`config.json: "vision_config" must be an object, got ${JSON.stringify(vc)}`);
+  const bad = Object.keys(vc).filter((k) => !(k in VISION_KEYS) && !VISION_IGNORED.has(k) && !(k in VISION_FIXED && (vc as Record<string, unknown>)[k] === VISION_FIXED[k]));
+  if (bad.length) throw unsupported(`vision_config ${bad.map((k) => `${k}=${JSON.stringify((vc as Record<string, unknown>)[k])}`).join(', ')}`, `supported keys: ${Object.keys(VISION_KEYS).join(', ')}; in_channels 3, hidden_act quick_gelu`);
+  const out: Record<string, unknown> = {};
+  for (const [k, f] of Object.entries(VISION_KEYS)) if ((vc as Record<string, unknown>)[k] !== undefined) out[f] = (vc as Record<string, unknown>)[k];
+  out.imageTokenId = j.image_token_id; out.visionStartTokenId = j.vision_start_token_id; out.visionEndTokenId = j.vision_end_token_id;
+  return out as VisionConfigInput;
+}
 
 export type HfDtype = 'float32' | 'bfloat16' | 'float16';
 
@@ -118,6 +186,10 @@ export function toHfConfig(c: ModelConfig, dtype: HfDtype = 'float32'): Record<s
   if (rs?.type === 'linear') out.rope_scaling = { rope_type: 'linear', factor: rs.factor };
   else if (rs?.type === 'llama3') out.rope_scaling = { rope_type: 'llama3', factor: rs.factor, low_freq_factor: rs.lowFreqFactor, high_freq_factor: rs.highFreqFactor, original_max_position_embeddings: rs.originalMaxPositionEmbeddings };
   if (c.modelType === 'mistral') out.sliding_window = c.slidingWindow;
+  if (c.vision) {
+    out.vision_config = visionToHf(c.vision);
+    out.image_token_id = c.vision.imageTokenId; out.vision_start_token_id = c.vision.visionStartTokenId; out.vision_end_token_id = c.vision.visionEndTokenId;
+  }
   if (c.head === 'value') { out.num_labels = 1; out.id2label = { 0: 'LABEL_0' }; out.label2id = { LABEL_0: 0 }; }
   return out;
 }
@@ -154,6 +226,7 @@ export function fromHfConfig(j: Record<string, unknown>, generation?: Record<str
     return v;
   };
   const modelType = j.model_type;
+  if (typeof modelType === 'string' && /^qwen2(_5)?_vl$/.test(modelType)) throw unsupported(`model_type ${JSON.stringify(modelType)}`, 'its M-RoPE decoder positions (and Qwen2.5-VL\'s window attention) are not modelled; a vision-language policy here is a llama/qwen2 decoder with a vision_config (README "Vision-language policies")');
   if (!(MODEL_TYPES as readonly unknown[]).includes(modelType)) throw unsupported(`model_type ${JSON.stringify(modelType)}`, `supported: ${MODEL_TYPES.join(', ')}`);
   const mt = modelType as ModelConfig['modelType'];
   if (j.hidden_act !== undefined && j.hidden_act !== 'silu') throw unsupported(`hidden_act ${JSON.stringify(j.hidden_act)}`, 'only "silu"');
@@ -175,6 +248,7 @@ export function fromHfConfig(j: Record<string, unknown>, generation?: Record<str
   const bos = typeof j.bos_token_id === 'number' ? j.bos_token_id : typeof generation?.bos_token_id === 'number' ? generation.bos_token_id : eosList[0];
   const pad = typeof j.pad_token_id === 'number' ? j.pad_token_id : typeof generation?.pad_token_id === 'number' ? generation.pad_token_id : eosList[0];
   const extra: Record<string, unknown> = {};
+  const vision = visionFromHf(j);
   for (const [k, v] of Object.entries(j)) if (!MODELLED.has(k) && !(mt === 'mistral' && k === 'sliding_window')) extra[k] = v;
   return modelConfig({
     modelType: mt,
@@ -197,6 +271,7 @@ export function fromHfConfig(j: Record<string, unknown>, generation?: Record<str
     ...(allEos.length > 1 || Array.isArray(j.eos_token_id) ? { eosTokenIds: allEos } : {}),
     padTokenId: pad,
     slidingWindow: mt === 'mistral' && typeof j.sliding_window === 'number' ? j.sliding_window : null,
+    ...(vision ? { vision } : {}),
     ...(Object.keys(extra).length ? { extra } : {}),
   });
 }

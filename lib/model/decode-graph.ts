@@ -37,6 +37,7 @@ import { linear, rmsNorm, rope, swiglu } from '../onnx/nn.ts';
 import { hasQkNorm, type ModelConfig } from './config.ts';
 import { declareParams, llamaForward, lmHead, MASK_NEG, type ParamVars } from './llama.ts';
 import { paramSpecs } from './params.ts';
+import { placeImageTokens } from './vision.ts';
 
 const { onnx } = onnxProto;
 
@@ -68,7 +69,8 @@ const NEG_INF = -Infinity;
  * the temperature, so behaviour, old and current log-probs are of one masked distribution.
  */
 export function logitBiasOf(c: ModelConfig): Float32Array | null {
-  const ids = c.suppressTokenIds ?? [];
+  // a VLM never emits its vision tokens: a sampled <|image_pad|> would have no image to show
+  const ids = [...(c.suppressTokenIds ?? []), ...(c.vision ? [c.vision.imageTokenId, c.vision.visionStartTokenId, c.vision.visionEndTokenId] : [])];
   if (ids.length === 0) return null;
   const bias = new Float32Array(c.vocabSize);
   for (const id of ids) bias[id] = MASK_NEG;
@@ -138,7 +140,8 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   // and KV cache to the B sampled rows (n samples of a prompt share its prefix computation)
   const cum = b.op('CumSum', [mask, b.const(1, 'int64')], {}, { dtype: 'int64', shape: ['U', 'P'] });
   const positions = b.max(b.sub(cum, b.const(1, 'int64')), b.const(0, 'int64'));
-  const pre = llamaForward(b, c, p, { ids, positions, attentionMask: mask });
+  // a VLM's image tokens enter in the prefill only: the tower runs once per prompt (vision.ts)
+  const pre = llamaForward(b, c, p, { ids, positions, attentionMask: mask, ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}) });
   const lastIdx = b.sub(b.dimTensor('P'), b.const([1], 'int64')); // [1]
   // only the last position goes through the LM head
   const hLast = b.reshape(b.op('Gather', [b.reshape(pre.hidden, ['U', 'P', c.hiddenSize]), lastIdx], { axis: 1 }, { dtype: 'float32', shape: ['U', 1, c.hiddenSize] }), ['U', c.hiddenSize]);

@@ -1,4 +1,4 @@
-/** Model engine: config, parameters, initialisation, the Llama graph, checkpoints, tokenizers, training. */
+/** Model engine: config, parameters, initialisation, the Llama graph and vision tower, checkpoints, tokenizers, training. */
 export * from './config.ts';
 export * from './params.ts';
 export * from './init.ts';
@@ -10,3 +10,4 @@ export * from './loss.ts';
 export * from './train-graph.ts';
 export * from './train.ts';
 export * from './session-cache.ts';
+export * from './vision.ts';

@@ -1,6 +1,6 @@
 /**
  * Deterministic seeded initialisation (HF Llama `_init_weights` convention): linear and embedding
- * weights ~ N(0, std) (default 0.02), norm weights = 1, biases = 0. Each parameter draws from its
+ * weights ~ N(0, std) (default 0.02; the vision tower's too), norm weights = 1, biases = 0. Each parameter draws from its
  * own stream seeded by (seed, name), so the same seed gives byte-identical weights and adding a
  * parameter does not change the others. Normals by Box–Muller on xoshiro128** (lib/util/rng.ts).
  */
@@ -13,7 +13,7 @@ export function initWeights(c: ModelConfig, seed: number, opts: { std?: number }
   const w: Weights = new Map();
   for (const s of paramSpecs(c)) {
     const a = new Float32Array(numel(s.shape));
-    if (s.name.endsWith('norm.weight')) a.fill(1); // RMSNorm gains (incl. Qwen3 q_norm / k_norm)
+    if (/norm\d?\.weight$|\.ln_q\.weight$/.test(s.name)) a.fill(1); // RMSNorm / LayerNorm gains (incl. Qwen3 q_norm / k_norm, ViT norm1 / norm2, merger ln_q)
     else if (!s.name.endsWith('.bias')) fillNormal(a, Rng.fromSeed(`init:${seed}:${s.name}`), std);
     w.set(s.name, a);
   }

@@ -124,6 +124,8 @@ export interface LlamaForwardOptions {
   bias?: Var;
   /** Per-layer KV cache [B, KVH, P, hd]. */
   past?: { keys: Var[]; values: Var[] };
+  /** Replace token embeddings [N = B·T, D] before the first layer (vision.ts placeImageTokens). */
+  placeImages?: (tokens: Var, N: Dim) => Var;
 }
 
 export interface LlamaForwardResult {
@@ -162,6 +164,7 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
   const bias5 = G > 1 && bias.rank === 4 ? b.unsqueeze(bias, [1]) : bias;
 
   let x = b.scope('embed', () => embedding(b, param(p, 'model.embed_tokens.weight'), b.reshape(ids.dtype === 'int64' ? ids : b.cast(ids, 'int64'), [N])));
+  if (o.placeImages) x = o.placeImages(x, N);
   const presentKeys: Var[] = [], presentValues: Var[] = [];
   const scale = 1 / Math.sqrt(hd);
 

@@ -36,6 +36,39 @@ export function paramSpecs(c: ModelConfig): ParamSpec[] {
   out.push({ name: 'model.norm.weight', shape: [D] });
   if (c.head === 'value') out.push({ name: 'score.weight', shape: [1, D] });
   else if (!c.tieWordEmbeddings) out.push({ name: 'lm_head.weight', shape: [c.vocabSize, D] });
+  if (c.vision) out.push(...visionParamSpecs(c));
+  return out;
+}
+
+/** Name prefix of every vision-tower parameter (Qwen2-VL's HF names). */
+export const VISION_PREFIX = 'visual.';
+
+/** Whether a parameter belongs to the vision tower (frozen by actor.model.freeze_vision_tower). */
+export function isVisionParam(name: string): boolean { return name.startsWith(VISION_PREFIX); }
+
+/**
+ * The vision tower's parameters, Qwen2-VL's HF names and torch layouts: the patch embedding is the
+ * Conv3d weight [E, 3, temporal, patch, patch] (no bias); blocks have LayerNorm norm1/norm2 (weight,
+ * bias), attn.qkv [3E, E] + bias, attn.proj [E, E] + bias, mlp.fc1 [F, E] + bias, mlp.fc2 [E, F] +
+ * bias; the merger ln_q (weight, bias), mlp.0 [m²E, m²E] + bias, mlp.2 [out, m²E] + bias.
+ */
+export function visionParamSpecs(c: ModelConfig): ParamSpec[] {
+  const v = c.vision;
+  if (!v) return [];
+  const E = v.hiddenSize, F = v.intermediateSize, ps = v.patchSize, M = E * v.spatialMergeSize * v.spatialMergeSize;
+  const out: ParamSpec[] = [{ name: 'visual.patch_embed.proj.weight', shape: [E, 3, v.temporalPatchSize, ps, ps] }];
+  for (let i = 0; i < v.depth; i++) {
+    const p = `visual.blocks.${i}`;
+    out.push({ name: `${p}.norm1.weight`, shape: [E] }, { name: `${p}.norm1.bias`, shape: [E] });
+    out.push({ name: `${p}.attn.qkv.weight`, shape: [3 * E, E] }, { name: `${p}.attn.qkv.bias`, shape: [3 * E] });
+    out.push({ name: `${p}.attn.proj.weight`, shape: [E, E] }, { name: `${p}.attn.proj.bias`, shape: [E] });
+    out.push({ name: `${p}.norm2.weight`, shape: [E] }, { name: `${p}.norm2.bias`, shape: [E] });
+    out.push({ name: `${p}.mlp.fc1.weight`, shape: [F, E] }, { name: `${p}.mlp.fc1.bias`, shape: [F] });
+    out.push({ name: `${p}.mlp.fc2.weight`, shape: [E, F] }, { name: `${p}.mlp.fc2.bias`, shape: [E] });
+  }
+  out.push({ name: 'visual.merger.ln_q.weight', shape: [E] }, { name: 'visual.merger.ln_q.bias', shape: [E] });
+  out.push({ name: 'visual.merger.mlp.0.weight', shape: [M, M] }, { name: 'visual.merger.mlp.0.bias', shape: [M] });
+  out.push({ name: 'visual.merger.mlp.2.weight', shape: [v.outHiddenSize, M] }, { name: 'visual.merger.mlp.2.bias', shape: [v.outHiddenSize] });
   return out;
 }
 

@@ -28,6 +28,15 @@ import type { ModelConfig } from './config.ts';
 import { buildGenerateModel, GEN_IO } from './decode-graph.ts';
 import { paramSpecs, validateWeights, type Weights } from './params.ts';
 import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.ts';
+import { hasImages, visionFeeds, type ImagePixels } from './vision.ts';
+
+/** Identity numbers of image objects: prompts share a prefill only when they share the very image objects. */
+const imageIds = new WeakMap<ImagePixels, number>();
+let nextImageId = 0;
+function imageKey(images: readonly ImagePixels[] | undefined): string {
+  if (!images || images.length === 0) return '';
+  return `|img:${images.map((im) => { let k = imageIds.get(im); if (k === undefined) { k = nextImageId++; imageIds.set(im, k); } return k; }).join(',')}`;
+}
 
 export const samplingParamsSchema = z.object({
   temperature: z.number().min(0).default(1).describe('logits are divided by this; 0 = greedy (argmax)'),
@@ -46,6 +55,8 @@ export interface GenerationRequest {
   id: string;
   /** Prompt token ids. */
   prompt: ArrayLike<number>;
+  /** A VLM's images for this prompt, in the order of its expanded <|image_pad|> runs (vision.ts). */
+  images?: readonly ImagePixels[];
 }
 
 export type FinishReason = 'eos' | 'length';
@@ -143,6 +154,7 @@ export class Sampler {
       seen.add(r.id);
     });
     if (requests.length === 0) return [];
+    if (!c.vision && hasImages(requests.map((r) => r.images))) throw new ConfigError('generation requests carry images but the model is text-only (no vision config)');
     const truncation = params.topK > 0 || params.topP < 1;
     const session = await this.session(truncation);
     const weightFeeds = weightTensors(c, weights);
@@ -163,10 +175,11 @@ export class Sampler {
     const uniq = new Map<string, number>();
     const rows = new BigInt64Array(B);
     const prompts: ArrayLike<number>[] = [];
+    const promptImages: (readonly ImagePixels[] | undefined)[] = [];
     reqs.forEach((r, b) => {
-      const key = Array.prototype.join.call(r.prompt, ',');
+      const key = Array.prototype.join.call(r.prompt, ',') + imageKey(r.images);
       let k = uniq.get(key);
-      if (k === undefined) { k = prompts.length; uniq.set(key, k); prompts.push(r.prompt); }
+      if (k === undefined) { k = prompts.length; uniq.set(key, k); prompts.push(r.prompt); promptImages.push(r.images); }
       rows[b] = BigInt(k);
     });
     const U = prompts.length;
@@ -186,6 +199,7 @@ export class Sampler {
       [GEN_IO.uniforms]: tensor('float32', u, [B, N]),
       [GEN_IO.temperature]: tensor('float32', new Float32Array(B).fill(params.temperature), [B]),
       [GEN_IO.eosIds]: tensor('int64', eos.length ? eos : [-1], [Math.max(1, eos.length)]),
+      ...(this.config.vision ? visionFeeds(this.config, ids, U, P, promptImages, 'generation batch') : {}),
     };
     if (truncation) {
       feeds[GEN_IO.topP] = tensor('float32', new Float32Array(B).fill(params.topP), [B]);

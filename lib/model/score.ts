@@ -26,6 +26,7 @@ import { logitBiasOf } from './decode-graph.ts';
 import { validateWeights, type Weights } from './params.ts';
 import { planBatches, weightTensors } from './sample.ts';
 import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.ts';
+import { hasImages, placeImageTokens, visionFeeds, type ImagePixels } from './vision.ts';
 
 export const SCORE_IO = {
   inputIds: 'input_ids', // int64 [B, T], right-padded prompt ‖ response
@@ -43,7 +44,8 @@ export function buildScoreModel(c: ModelConfig, opts: { entropy: boolean; headCh
   const p = declareParams(b, c, 'inputs');
   const ids = b.input(SCORE_IO.inputIds, 'int64', ['B', 'T']);
   const rows = b.input(SCORE_IO.gatherRows, 'int64', ['M']);
-  const { hidden } = llamaForward(b, c, p, { ids });
+  // a VLM places its image tokens at the <|image_pad|> positions (vision.ts)
+  const { hidden } = llamaForward(b, c, p, { ids, ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}) });
   const h = b.gather(hidden, rows); // [M, D]
   if (c.head === 'value') {
     b.output(valueHead(b, c, p, h), SCORE_IO.values);
@@ -61,6 +63,8 @@ export function buildScoreModel(c: ModelConfig, opts: { entropy: boolean; headCh
 export interface ScoreRequest {
   prompt: ArrayLike<number>;
   response: ArrayLike<number>;
+  /** A VLM's images for this row, in the order of the prompt's expanded <|image_pad|> runs (vision.ts). */
+  images?: readonly ImagePixels[];
 }
 
 export interface TokenScores {
@@ -88,8 +92,9 @@ export async function forEachBucket(
   c: ModelConfig,
   reqs: readonly ScoreRequest[],
   opts: ScorerOptions,
-  fn: (batch: number[], feeds: { ids: ort.Tensor; rows: ort.Tensor; targets: ort.Tensor; M: number; T: number }) => Promise<void>,
+  fn: (batch: number[], feeds: { ids: ort.Tensor; rows: ort.Tensor; targets: ort.Tensor; M: number; T: number; vision: Record<string, ort.Tensor> }) => Promise<void>,
 ): Promise<void> {
+  if (!c.vision && hasImages(reqs.map((r) => r.images))) throw new ConfigError('score requests carry images but the model is text-only (no vision config)');
   reqs.forEach((r, i) => {
     const T = r.prompt.length + r.response.length;
     if (r.prompt.length === 0) throw new ConfigError(`score request ${i}: empty prompt (the first response token needs a preceding position)`);
@@ -121,7 +126,8 @@ export async function forEachBucket(
         targets[m++] = BigInt(response[j]);
       }
     });
-    await fn(batch, { ids: tensor('int64', ids, [B, T]), rows: tensor('int64', rows, [M]), targets: tensor('int64', targets, [M]), M, T });
+    const vision = c.vision ? visionFeeds(c, ids, B, T, batch.map((i) => reqs[i].images), 'score batch') : {};
+    await fn(batch, { ids: tensor('int64', ids, [B, T]), rows: tensor('int64', rows, [M]), targets: tensor('int64', targets, [M]), M, T, vision });
   }
 }
 
@@ -144,7 +150,7 @@ export class Scorer {
     const session = await this.cache.get(`score|${keyOf(this.config)}|ent=${wantEnt}|chunk=${this.opts.headChunk ?? HEAD_CHUNK}`, () => buildScoreModel(this.config, { entropy: wantEnt, headChunk: this.opts.headChunk }), { threads: this.opts.threads, device: this.opts.device });
     const wf = weightTensors(this.config, weights);
     await forEachBucket(this.config, reqs, this.opts, async (batch, f) => {
-      const res = await session.run({ ...wf, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows, [SCORE_IO.targets]: f.targets, [SCORE_IO.temperature]: tensor('float32', [temperature], []) });
+      const res = await session.run({ ...wf, ...f.vision, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows, [SCORE_IO.targets]: f.targets, [SCORE_IO.temperature]: tensor('float32', [temperature], []) });
       const lp = res[SCORE_IO.logprobs].data as Float32Array;
       const ent = wantEnt ? (res[SCORE_IO.entropy].data as Float32Array) : null;
       let m = 0;

@@ -25,7 +25,8 @@ import { chunkedLmHeadLogprob } from '../onnx/nn.ts';
 import type { ModelConfig } from './config.ts';
 import { declareParams, llamaForward, valueHead, type ParamVars } from './llama.ts';
 import { policyLossGraph, policyLossNeeds, sftLossGraph, valueLossGraph, type LossConfig, type LossGraph, type TokenTensors } from './loss.ts';
-import { paramSpecs } from './params.ts';
+import { isVisionParam, paramSpecs } from './params.ts';
+import { placeImageTokens } from './vision.ts';
 import { logitBiasOf } from './decode-graph.ts';
 
 export interface OptimConfig {
@@ -55,6 +56,11 @@ export interface TrainGraphSpec {
   packed?: boolean;
   /** Vocabulary rows per chunk of the fused LM head + log-softmax (default `HEAD_CHUNK`). */
   headChunk?: number;
+  /**
+   * A VLM's vision tower gets no gradient (actor.model.freeze_vision_tower): its `grad.*` are
+   * zero and the step modes pass its weights and moments through unchanged (no decay either).
+   */
+  freezeVisionTower?: boolean;
 }
 
 /**
@@ -107,7 +113,9 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   }
 
   const p = declareParams(b, model, 'inputs');
-  const { hidden } = llamaForward(b, model, p, { ids, positions, attentionMask: attn });
+  // a VLM places its image tokens at the <|image_pad|> positions (vision.ts; inputs pixel_patches, patch_pos, patch_mask, embed_index)
+  const freeze = !!spec.freezeVisionTower;
+  const { hidden } = llamaForward(b, model, p, { ids, positions, attentionMask: attn, ...(model.vision ? { placeImages: (x, N) => placeImageTokens(b, model, p, x, N, { freeze }) } : {}) });
   let lg: LossGraph;
   let perPosition: Var;
   if (loss.type === 'value') {
@@ -156,6 +164,11 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     const outW: Var[] = [], outM: Var[] = [], outV: Var[] = [];
     specs.forEach((s, i) => {
       b.scope(s.name, () => {
+        if (freeze && isVisionParam(s.name)) {
+          // frozen: weights and moments unchanged (the moment inputs are still declared, so feeds stay uniform)
+          outW.push(pv[i]); outM.push(b.input(`${s.name}.exp_avg`, F, s.shape)); outV.push(b.input(`${s.name}.exp_avg_sq`, F, s.shape));
+          return;
+        }
         const g = coef ? b.mul(grads[i], coef) : grads[i];
         const m = b.input(`${s.name}.exp_avg`, F, s.shape);
         const v = b.input(`${s.name}.exp_avg_sq`, F, s.shape);

@@ -18,7 +18,8 @@ import { ort, tensor, type Device, type SessionOptions } from '../onnx/runtime.t
 import type { ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
 import { finalizeMetrics, lossConfig, pgAggWeights, policyLossNeeds, type LossConfig, type LossConfigInput } from './loss.ts';
-import { cloneWeights, numel, paramSpecs, validateWeights, zerosLikeWeights, type ParamSpec, type Weights } from './params.ts';
+import { cloneWeights, isVisionParam, numel, paramSpecs, validateWeights, zerosLikeWeights, type ParamSpec, type Weights } from './params.ts';
+import { hasImages, visionFeeds, type ImagePixels } from './vision.ts';
 import { defaultSessionCache, keyOf, SessionCache } from './session-cache.ts';
 import { ADAMW_IO, buildAdamWGraph, buildTrainGraph, type OptimConfig, type TrainGraphMode } from './train-graph.ts';
 
@@ -60,6 +61,11 @@ export interface TrainBatch {
    * pass max_response_length to match verl, whose divisor is the response tensor's length.
    */
   globalBatch?: GlobalBatchInfo;
+  /**
+   * A VLM's images per row [batchSize] (undefined or [] for a row without), in the order of the
+   * row's expanded <|image_pad|> runs (vision.ts).
+   */
+  images?: readonly (readonly ImagePixels[] | undefined)[];
 }
 
 export interface StepResult {
@@ -100,6 +106,8 @@ export interface TrainerOptions {
   headChunk?: number;
   /** Elements per in-place AdamW run on the CPU (default ADAMW_SLICE = 4 Mi). */
   optimizerSlice?: number;
+  /** A VLM's vision tower is not trained (actor.model.freeze_vision_tower): no gradient, no update, no decay. */
+  freezeVisionTower?: boolean;
 }
 
 export const DEFAULT_OPTIM: OptimConfig = { betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01, maxGradNorm: 1.0 };
@@ -107,6 +115,8 @@ export const DEFAULT_OPTIM: OptimConfig = { betas: [0.9, 0.999], eps: 1e-8, weig
 interface Prepared {
   B: number; T: number;
   feeds: Record<string, Float32Array | BigInt64Array>;
+  /** A VLM's vision inputs (vision.ts visionFeeds), already tensors of their own shapes. */
+  vision?: Record<string, ort.Tensor>;
   maskSum: number;
   /** Metrics computed outside the graph (e.g. NFT r̂ mean). */
   extra?: Record<string, number>;
@@ -168,7 +178,7 @@ export class Trainer {
     const id = `${mode}:${lossWeights}`;
     let g = this.graphs.get(id);
     if (!g) {
-      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}) };
+      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.opts.freezeVisionTower && this.model.vision ? { freezeVisionTower: true } : {}), ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}) };
       const built = buildTrainGraph(spec);
       g = { key: `train:${keyOf(spec)}`, metricNames: built.metricNames, build: () => built.builder.toBytes() };
       this.graphs.set(id, g);
@@ -270,6 +280,7 @@ export class Trainer {
         [ADAMW_IO.decay]: tensor('float32', [1 - lr * this.optim.weightDecay], []),
       };
       for (const s of this.specs) {
+        if (this.opts.freezeVisionTower && isVisionParam(s.name)) continue; // frozen tower: no update, no decay
         const w = this.weights.get(s.name)!, g = this.gradBuf.get(s.name)!, m = this.opt.expAvg.get(s.name)!, v = this.opt.expAvgSq.get(s.name)!;
         const slice = this.opts.optimizerSlice ?? ADAMW_SLICE;
         for (let o = 0; o < w.length; o += slice) {
@@ -328,6 +339,7 @@ export class Trainer {
       if (d) f[name] = tensor(d instanceof BigInt64Array ? 'int64' : 'float32', d, [m.B, m.T]);
     }
     for (const s of this.specs) f[s.name] = tensor('float32', this.weights.get(s.name)!, s.shape);
+    if (m.vision) Object.assign(f, m.vision);
     return f;
   }
 
@@ -353,6 +365,8 @@ export class Trainer {
     check('lossWeights', batch.lossWeights, false);
     check('values', batch.values, this.loss.type === 'value');
     check('returns', batch.returns, this.loss.type === 'value');
+    if (batch.images && batch.images.length !== B) throw new ConfigError(`train batch: "images" has ${batch.images.length} rows, expected one per sequence (${B})`);
+    if (!this.model.vision && hasImages(batch.images)) throw new ConfigError('train batch: "images" given but the model is text-only (no vision config)');
     const V = this.model.vocabSize;
     for (let i = 0; i < n; i++) {
       const tkn = batch.tokens[i];
@@ -430,7 +444,8 @@ export class Trainer {
         if (rows * Tk > 2 ** 24) throw new ConfigError(`train batch: clip_cov needs at most 2^24 tokens per micro-batch (its priorities are exact in float32), got ${rows}×${Tk}; lower the micro-batch size`);
         feeds.clip_cov_priority = Float32Array.from(clipCovPriorities(rows * Tk, Rng.fromSeed(`clip_cov:${this.opts.seed ?? 0}:${this.opt.step}:${out.length}`)));
       }
-      out.push({ B: rows, T: Tk, feeds, maskSum: ms, extra });
+      const vision = this.model.vision ? visionFeeds(this.model, feeds.input_ids, rows, Tk, batch.images?.slice(r0, r0 + rows), 'train batch') : undefined;
+      out.push({ B: rows, T: Tk, feeds, maskSum: ms, extra, ...(vision ? { vision } : {}) });
     }
     return out;
   }

@@ -27,7 +27,7 @@ export class ValueScorer {
     const session = await this.cache.get(`values|${keyOf(this.config)}`, () => buildScoreModel(this.config, { entropy: false }), { threads: this.opts.threads, device: this.opts.device });
     const wf = weightTensors(this.config, weights);
     await forEachBucket(this.config, reqs, this.opts, async (batch, f) => {
-      const res = await session.run({ ...wf, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows });
+      const res = await session.run({ ...wf, ...f.vision, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows });
       const v = res[SCORE_IO.values].data as Float32Array;
       let m = 0;
       for (const i of batch) {

@@ -261,3 +261,74 @@ export function chunkedLmHeadLogprob(b: GraphBuilder, h: Var, w: Var, targets: V
   });
   return { logprob, entropy, correct: fwd.correct };
 }
+
+/**
+ * LayerNorm (Ba et al. 2016; torch nn.LayerNorm over the last dim): x̂ = (x − mean(x))·r,
+ * r = rsqrt(var(x) + eps) (biased variance), y = x̂·w + bias. x [..., D], w and bias [D].
+ * Backward: with gx̂ = g·w: gx = r·(gx̂ − mean(gx̂) − x̂·mean(gx̂·x̂)), gw = Σ g·x̂, gbias = Σ g.
+ */
+export function layerNorm(b: GraphBuilder, x: Var, w: Var, bias: Var, eps: number): Var {
+  const D = x.shape[x.rank - 1];
+  for (const p of [w, bias]) if (p.rank !== 1 || !dimEq(p.shape[0], D)) throw new GraphError(`layerNorm: ${p.name} ${fmtShape(p.shape)} does not match last dim of ${x.name} ${fmtShape(x.shape)}`);
+  const { y, xhat, r } = b.scope('layernorm', () => {
+    const xc = b.stopGradient(b.sub(x, b.reduceMean(x, [-1], true)));
+    const r = b.stopGradient(b.reciprocal(b.sqrt(b.add(b.reduceMean(b.mul(xc, xc), [-1], true), eps))));
+    const xhat = b.stopGradient(b.mul(xc, r));
+    return { y: b.stopGradient(b.add(b.mul(xhat, w), bias)), xhat, r };
+  });
+  b.customVjp([x, w, bias], [y], ([g]) => {
+    const gxh = b.mul(g!, w);
+    const m1 = b.reduceMean(gxh, [-1], true);
+    const m2 = b.reduceMean(b.mul(gxh, xhat), [-1], true);
+    const gx = b.mul(r, b.sub(b.sub(gxh, m1), b.mul(xhat, m2)));
+    return [gx, b.sumTo(b.mul(g!, xhat), w.shape), b.sumTo(g!, bias.shape)];
+  });
+  return y;
+}
+
+/** quick-GELU (CLIP, Qwen2-VL's ViT MLP): x·σ(1.702x); backward g·(s + 1.702·x·s·(1 − s)). */
+export function quickGelu(b: GraphBuilder, x: Var): Var {
+  const { y, s } = b.scope('quick_gelu', () => {
+    const s = b.stopGradient(b.sigmoid(b.mul(x, 1.702)));
+    return { y: b.stopGradient(b.mul(x, s)), s };
+  });
+  b.customVjp([x], [y], ([g]) => [b.mul(g!, b.add(s, b.mul(b.mul(x, 1.702), b.mul(s, b.sub(1, s)))))]);
+  return y;
+}
+
+/** Exact GELU (torch nn.GELU()): x·Φ(x) = x·(1 + erf(x/√2))/2; backward g·(Φ(x) + x·φ(x)), φ(x) = e^(−x²/2)/√(2π). */
+export function gelu(b: GraphBuilder, x: Var): Var {
+  const { y, cdf } = b.scope('gelu', () => {
+    const z = b.mul(x, Math.SQRT1_2);
+    const erf = x.dtype === 'float64' ? erf64(b, z) : b.op('Erf', [z], {}, { dtype: x.dtype, shape: x.shape });
+    const cdf = b.stopGradient(b.mul(b.add(erf, 1), 0.5));
+    return { y: b.stopGradient(b.mul(x, cdf)), cdf };
+  });
+  b.customVjp([x], [y], ([g]) => {
+    const pdf = b.mul(b.exp(b.mul(b.mul(x, x), -0.5)), 1 / Math.sqrt(2 * Math.PI));
+    return [b.mul(g!, b.add(cdf, b.mul(x, pdf)))];
+  });
+  return y;
+}
+
+/**
+ * erf in float64 graphs (ORT's CPU Erf kernel is float32 only; float64 graphs are the
+ * finite-difference tests'), to ~1e-15: the Maclaurin series 2/√π·z·Σₙ (−z²)ⁿ/(n!(2n+1)), 40 terms
+ * (Horner in z²), for |z| < 2; 1 − erfc(|z|) with erfc(z) = e^(−z²)/√π · 1/(z + ½/(z + 1/(z + 3⁄2/(z + …))))
+ * (the Laplace continued fraction, 40 levels) for |z| ≥ 2; odd in z. Forward only.
+ */
+function erf64(b: GraphBuilder, z: Var): Var {
+  const N = 40;
+  const u = b.mul(z, z);
+  let fact = 1;
+  const coef: number[] = [];
+  for (let n = 0; n <= N; n++) { if (n > 0) fact *= n; coef.push((n % 2 ? -1 : 1) / (fact * (2 * n + 1))); }
+  let p = b.const(coef[N], 'float64');
+  for (let n = N - 1; n >= 0; n--) p = b.add(b.mul(p, u), coef[n]);
+  const series = b.mul(b.mul(z, p), 2 / Math.sqrt(Math.PI));
+  const a = b.max(b.abs(z), 2); // the fraction is only used (and only well-conditioned) at |z| ≥ 2
+  let t = a;
+  for (let k = N; k >= 1; k--) t = b.add(a, b.div(k / 2, t));
+  const tail = b.mul(b.sign(z), b.sub(1, b.div(b.mul(b.exp(b.neg(b.mul(a, a))), 1 / Math.sqrt(Math.PI)), t)));
+  return b.where(b.less(b.abs(z), 2), series, tail);
+}

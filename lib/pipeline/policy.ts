@@ -7,6 +7,7 @@
  */
 import { join } from 'node:path';
 import { createTokenizer, modelConfig, loadCheckpoint, readModelDirConfigSync, samplingMaskIds, stopTokenIds, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
+import type { VisionConfigInput } from '../model/config.ts';
 import { ConfigError, RlError, TransientError } from '../errors.ts';
 import { loadModelDirTokenizer, type ModelTokenizer } from '../model/hf-model-tokenizer.ts';
 import { existsSync } from 'node:fs';
@@ -38,7 +39,8 @@ export type { ModelTokenizer };
 export function modelDirTokenizer(dir: string, c: ModelConfig): ModelTokenizer {
   if (existsSync(join(dir, 'tokenizer.json'))) return loadModelDirTokenizer(dir, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId, stopIds: stopTokenIds(c) });
   const byte = createTokenizer({ type: 'byte' });
-  if (c.vocabSize === byte.vocabSize) return byte;
+  // a fresh VLM's vocabulary is the byte tokenizer's then its three vision tokens (freshVision)
+  if (c.vocabSize === byte.vocabSize || (c.vision && c.vocabSize === byte.vocabSize + 3 && c.vision.imageTokenId === byte.vocabSize)) return byte;
   throw new ConfigError(`${dir} has no tokenizer.json (and its vocabulary of ${c.vocabSize} ids is not the byte tokenizer's ${byte.vocabSize}); copy the model's tokenizer files into it`);
 }
 
@@ -61,12 +63,32 @@ export function withSamplingMask(c: ModelConfig, tok: Tokenizer): ModelConfig {
   return ids.length === 0 ? c : modelConfig({ ...c, suppressTokenIds: Array.from(ids) });
 }
 
+/**
+ * A fresh model's vision tower from actor.model.vision (null when not enabled) and its vocabulary:
+ * the tokenizer's ids, then <|image_pad|>, <|vision_start|>, <|vision_end|> (vision.ts).
+ */
+export function freshVision(cfg: Config, tok: Tokenizer, hiddenSize: number): { vision?: VisionConfigInput; vocabSize: number } {
+  const v = cfg.actor.model.vision;
+  if (!v.enable) return { vocabSize: tok.vocabSize };
+  const base = tok.vocabSize;
+  return {
+    vocabSize: base + 3,
+    vision: {
+      depth: v.depth, hiddenSize: v.hidden_size, intermediateSize: v.intermediate_size, numHeads: v.num_heads, outHiddenSize: hiddenSize,
+      patchSize: v.patch_size, temporalPatchSize: v.temporal_patch_size, spatialMergeSize: v.spatial_merge_size, rope: v.rope,
+      imageTokenId: base, visionStartTokenId: base + 1, visionEndTokenId: base + 2,
+    },
+  };
+}
+
 function policyModelConfigUnmasked(cfg: Config, tok: Tokenizer): ModelConfig {
   const m = cfg.actor.model;
   if (m.path) return checkedDirConfig(cfg, 'actor.model.path', m.path, tok);
+  const { vision, vocabSize } = freshVision(cfg, tok, m.d_model);
   return modelConfig({
+    ...(vision ? { vision } : {}),
     modelType: m.qkv_bias ? 'qwen2' : 'llama', head: 'lm', hiddenSize: m.d_model, intermediateSize: m.ffn, numHiddenLayers: m.n_layers,
-    numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize: tok.vocabSize, maxPositionEmbeddings: m.max_seq_len,
+    numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize, maxPositionEmbeddings: m.max_seq_len,
     rmsNormEps: m.rms_norm_eps, ropeTheta: m.rope_theta, tieWordEmbeddings: m.tie_embeddings, attentionBias: m.qkv_bias,
     bosTokenId: tok.bos, eosTokenId: tok.eos, padTokenId: tok.pad,
   });
@@ -95,9 +117,11 @@ export function criticModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
     const c = checkedDirConfig(cfg, m.path ? 'critic.model.path' : 'actor.model.path', dir, tok);
     return c.head === 'value' ? c : modelConfig({ ...c, head: 'value', tieWordEmbeddings: false });
   }
+  const { vision, vocabSize } = freshVision(cfg, tok, m.d_model);
   return modelConfig({
+    ...(vision ? { vision } : {}),
     modelType: m.qkv_bias ? 'qwen2' : 'llama', head: 'value', hiddenSize: m.d_model, intermediateSize: m.ffn, numHiddenLayers: m.n_layers,
-    numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize: tok.vocabSize, maxPositionEmbeddings: m.max_seq_len,
+    numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize, maxPositionEmbeddings: m.max_seq_len,
     rmsNormEps: m.rms_norm_eps, ropeTheta: m.rope_theta, tieWordEmbeddings: false, attentionBias: m.qkv_bias,
     bosTokenId: tok.bos, eosTokenId: tok.eos, padTokenId: tok.pad,
   });

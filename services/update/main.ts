@@ -136,6 +136,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   let currentSha = '';
   const trainerOpts = {
     model, threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
+    freezeVisionTower: cfg.actor.model.freeze_vision_tower,
     optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
     loss: {
       // nft with neg_weight < 0 is NVlabs NFT's DAPO-like variant: the PPO clipped loss on the (GRPO) advantages

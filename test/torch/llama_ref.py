@@ -251,8 +251,11 @@ KV = List[Tuple[Tensor, Tensor]]
 
 def forward(params: Dict[str, Tensor], cfg: LlamaConfig, input_ids: Tensor,
             positions: Optional[Tensor] = None, key_mask: Optional[Tensor] = None,
-            past: Optional[KV] = None) -> Tuple[Tensor, KV]:
+            past: Optional[KV] = None, inputs_embeds: Optional[Tensor] = None) -> Tuple[Tensor, KV]:
     """Hidden states after the final norm.
+
+    inputs_embeds [B, T, D] replaces the token embeddings when given (a VLM's image tokens placed:
+    vision_ref.py).
 
     input_ids [B, T] int64. positions [B, T] (default: past length + arange(T)). key_mask [B, S]
     bool over all keys (past + new; default: all valid). The new tokens are the last T of the S
@@ -271,7 +274,7 @@ def forward(params: Dict[str, Tensor], cfg: LlamaConfig, input_ids: Tensor,
     neg = torch.finfo(torch.float32).min
     bias = torch.zeros(B, 1, T, S).masked_fill(~allowed, neg)
     cos, sin = rope_cos_sin(cfg, positions)
-    x = params["model.embed_tokens.weight"][input_ids]
+    x = params["model.embed_tokens.weight"][input_ids] if inputs_embeds is None else inputs_embeds
     new_kv: KV = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."

@@ -7,6 +7,29 @@ import { Scorer } from '../../model/score.ts';
 import { modelDirTokenizer, type ModelTokenizer } from '../../pipeline/policy.ts';
 import { ConfigError } from '../../errors.ts';
 import { modelDirOf } from './export.ts';
+import { decodePixels, imageBytes, ImageError, prepareImage, IMAGE_RESAMPLES, type ImageResample } from '../../data/images.ts';
+import { expandImagePads, type ImagePixels } from '../../model/vision.ts';
+import type { ModelConfig } from '../../model/config.ts';
+
+/** Where an --image goes in the prompt text: this marker, or before the prompt when it is absent. */
+const IMAGE_MARK = '<image>';
+
+/** The --image file resized as the pipeline does (Qwen2-VL smart_resize to the patch × merge grid). */
+async function loadImage(path: string, c: ModelConfig, flags: Record<string, string>): Promise<ImagePixels> {
+  const v = c.vision!;
+  const factor = v.patchSize * v.spatialMergeSize;
+  const minPixels = num(flags, 'min-pixels', (x) => Number.isInteger(x) && x > 0, 'a positive integer') ?? factor * factor;
+  const maxPixels = num(flags, 'max-pixels', (x) => Number.isInteger(x) && x >= minPixels, `an integer ≥ --min-pixels (${minPixels})`) ?? 1003520;
+  const resample = (flags.resample ?? 'bicubic') as ImageResample;
+  if (!IMAGE_RESAMPLES.includes(resample)) throw new UsageError(`--resample must be one of ${IMAGE_RESAMPLES.join(', ')}, got "${flags.resample}"`);
+  try {
+    const img = await prepareImage(imageBytes(path, process.cwd()), { factor, minPixels, maxPixels, resample });
+    return await decodePixels(img.png);
+  } catch (e) {
+    if (e instanceof ImageError) throw new ConfigError(`--image ${path} ${e.message}`);
+    throw e;
+  }
+}
 
 function num(flags: Record<string, string>, k: string, check: (v: number) => boolean, what: string): number | undefined {
   if (flags[k] === undefined) return undefined;
@@ -24,7 +47,7 @@ function num(flags: Record<string, string>, k: string, check: (v: number) => boo
 export const generateCommand: Command = {
   name: 'generate',
   summary: 'Generate one completion from a model directory or checkpoint (try a model before training it)',
-  usage: 'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--chat] [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
+  usage: 'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image PATH] [--chat] [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
   help: [
     'Loads a Hugging Face model directory, a policy version (<run_dir>/policy/vNNNNNN) or a run checkpoint',
     '(<run_dir>/checkpoints/global_step_N) and prints the completion of --prompt.',
@@ -34,6 +57,10 @@ export const generateCommand: Command = {
     '  --chat                 render the prompt as a user message through the tokenizer\'s chat template',
     '                         (with the generation prompt added)',
     '  --system TEXT          a system message before it (with --chat)',
+    '  --image PATH           an image for a vision-language model: resized to its patch grid (smart_resize,',
+    '                         --min-pixels [patch·merge squared], --max-pixels [1003520], --resample [bicubic])',
+    `                         and placed as <|vision_start|><|image_pad|>…<|vision_end|> where ${IMAGE_MARK} is in the`,
+    '                         prompt, else before it',
     '  --max-new-tokens N     response length cap (default: generation_config max_new_tokens, else 256)',
     '  --temperature T        0 = greedy (default: generation_config, greedy when do_sample is false)',
     '  --top-p P              nucleus sampling threshold, 1 = off',
@@ -44,7 +71,7 @@ export const generateCommand: Command = {
     '                         untempered distribution',
   ].join('\n'),
   async run(argv) {
-    const { positionals, flags, booleans } = parseArgs(argv, { flags: ['prompt', 'system', 'max-new-tokens', 'temperature', 'top-p', 'top-k', 'seed'], booleans: ['chat', 'json'] });
+    const { positionals, flags, booleans } = parseArgs(argv, { flags: ['prompt', 'system', 'max-new-tokens', 'temperature', 'top-p', 'top-k', 'seed', 'image', 'min-pixels', 'max-pixels', 'resample'], booleans: ['chat', 'json'] });
     if (positionals.length !== 1) throw new UsageError(`expected one model or checkpoint directory, got ${positionals.length}`);
     if (flags.prompt === undefined) throw new UsageError('--prompt TEXT is required');
     if (flags.system !== undefined && !booleans.has('chat')) throw new UsageError('--system needs --chat');
@@ -59,15 +86,25 @@ export const generateCommand: Command = {
     const c = ck.config;
     if (c.head !== 'lm') throw new ConfigError(`${dir} is a value model (${String((c.extra?.architectures as unknown) ?? 'score head')}); generate needs a causal LM`);
     const tok: ModelTokenizer = modelDirTokenizer(dir, c);
-    let promptText = flags.prompt;
+    if (flags.image !== undefined && !c.vision) throw new ConfigError(`${dir} is a text-only model (no vision_config in config.json); drop --image`);
+    for (const k of ['min-pixels', 'max-pixels', 'resample']) if (flags[k] !== undefined && flags.image === undefined) throw new UsageError(`--${k} needs --image`);
+    const image = flags.image !== undefined ? await loadImage(flags.image, c, flags) : null;
+    let promptText = image && !flags.prompt.includes(IMAGE_MARK) ? IMAGE_MARK + flags.prompt : flags.prompt;
     if (booleans.has('chat')) {
       if (!tok.applyChatTemplate || !tok.chatTemplate) throw new ConfigError(`${dir} has no chat template (tokenizer_config.json chat_template); drop --chat`);
-      const messages = [...(flags.system !== undefined ? [{ role: 'system', content: flags.system }] : []), { role: 'user', content: flags.prompt }];
+      const messages = [...(flags.system !== undefined ? [{ role: 'system', content: flags.system }] : []), { role: 'user', content: promptText }];
       promptText = tok.applyChatTemplate(messages);
     }
     // as transformers: a plain prompt gets the tokenizer's leading specials (e.g. Llama's BOS); a
     // rendered chat template already has them
-    const promptIds = Array.from(tok.encode(promptText, { addSpecialTokens: !booleans.has('chat') }));
+    let promptIds = Array.from(tok.encode(image ? promptText.slice(0, promptText.indexOf(IMAGE_MARK)) : promptText, { addSpecialTokens: !booleans.has('chat') }));
+    if (image) {
+      // the image block where the marker was (the text after it encoded on its own), pads expanded to the image's tokens
+      const v = c.vision!;
+      const after = Array.from(tok.encode(promptText.slice(promptText.indexOf(IMAGE_MARK) + IMAGE_MARK.length), { addSpecialTokens: false }));
+      promptIds = expandImagePads(c, [...promptIds, v.visionStartTokenId, v.imageTokenId, v.visionEndTokenId, ...after], [image]);
+    }
+    const images = image ? [image] : undefined;
     if (!promptIds.length) throw new ConfigError('the prompt encodes to no tokens; give a non-empty --prompt');
     const g = ck.generation ?? {};
     const gnum = (k: string): number | undefined => (typeof g[k] === 'number' ? g[k] as number : undefined);
@@ -78,13 +115,13 @@ export const generateCommand: Command = {
     const N = Math.min(maxNew ?? gnum('max_new_tokens') ?? 256, room);
     // every eos id of config.json, generation_config.json and the tokenizer stops the response
     const stopIds = [...new Set([...stopTokenIds(c), ...tok.stopIds])].filter((id) => id < c.vocabSize);
-    const [gen] = await new Sampler(c, { threads: 2 }).generate(ck.weights, [{ id: 'generate', prompt: promptIds }], {
+    const [gen] = await new Sampler(c, { threads: 2 }).generate(ck.weights, [{ id: 'generate', prompt: promptIds, ...(images ? { images } : {}) }], {
       maxNewTokens: N, seed, temperature: T, topP: topP ?? (sampling ? gnum('top_p') ?? 1 : 1), topK: topK ?? (sampling ? gnum('top_k') ?? 0 : 0), eosTokenIds: stopIds,
     });
     const responseIds = Array.from(gen.tokens);
     // the sampler's log-probs are of the temperature-scaled distribution (greedy: T = 1)
     const logprobs = T === 0 || T === 1 ? Array.from(gen.logprobs)
-      : Array.from((await new Scorer(c, { threads: 2 }).score(ck.weights, [{ prompt: promptIds, response: responseIds }], { temperature: 1, entropy: false }))[0].logprobs);
+      : Array.from((await new Scorer(c, { threads: 2 }).score(ck.weights, [{ prompt: promptIds, response: responseIds, ...(images ? { images } : {}) }], { temperature: 1, entropy: false }))[0].logprobs);
     const stops = new Set(stopIds);
     const text = tok.decode(responseIds.filter((t) => !stops.has(t)));
     if (booleans.has('json')) process.stdout.write(JSON.stringify({ prompt_ids: promptIds, response_ids: responseIds, logprobs, text }) + '\n');

@@ -3,7 +3,10 @@
  */
 import { describe, it } from 'node:test';
 import { f64, gradCheck } from './gradcheck.ts';
-import { embedding, linear, rmsNorm, rope, silu, swiglu, tokenLogprobEntropy } from '../../../lib/onnx/nn.ts';
+import { embedding, gelu, layerNorm, linear, quickGelu, rmsNorm, rope, silu, swiglu, tokenLogprobEntropy } from '../../../lib/onnx/nn.ts';
+import assert from 'node:assert/strict';
+import { GraphBuilder } from '../../../lib/onnx/builder.ts';
+import { createSession, tensor } from '../../../lib/onnx/runtime.ts';
 
 const X = (name: string, shape: number[], seed: number, scale = 1, offset = 0) => ({ name, shape, data: f64(shape.reduce((a, b) => a * b, 1), seed, scale, offset) });
 
@@ -110,6 +113,25 @@ describe('reductions and softmax', () => {
 describe('composite nn ops', () => {
   it('rmsNorm', async () => {
     await gradCheck([X('x', [3, 6], 1), X('w', [6], 2, 0.3, 1)], (b, [x, w]) => rmsNorm(b, x, w, 1e-6));
+  });
+  it('layerNorm (vision tower)', async () => {
+    await gradCheck([X('x', [3, 6], 1, 1, 0.5), X('w', [6], 2, 0.3, 1), X('bias', [6], 3, 0.3)], (b, [x, w, c]) => layerNorm(b, x, w, c, 1e-6));
+  });
+  it('quickGelu and exact gelu (float64 erf by series / continued fraction on both sides of |z| = 2)', async () => {
+    await gradCheck([X('x', [3, 5], 1, 2)], (b, [x]) => quickGelu(b, x));
+    await gradCheck([X('x', [4, 5], 1, 3)], (b, [x]) => gelu(b, x));
+  });
+  it('gelu values: x·(1 + erf(x/√2))/2 in float64 (series / continued fraction) and float32 (ORT Erf)', async () => {
+    // erf(z) from Python's math.erf at z = −1.5, 0.5, 1, 2, 3, 5
+    const zs = [-1.5, 0.5, 1, 2, 3, 5], erf = [-0.9661051464753108, 0.5204998778130465, 0.8427007929497149, 0.9953222650189527, 0.9999779095030014, 0.9999999999984626];
+    for (const float of ['float64', 'float32'] as const) {
+      const g = new GraphBuilder({ float });
+      g.output(gelu(g, g.input('x', float, [zs.length])), 'y');
+      const sess = await createSession(g.toBytes());
+      const xs = zs.map((z) => z * Math.SQRT2);
+      const y = (await sess.run({ x: tensor(float, float === 'float64' ? Float64Array.from(xs) : Float32Array.from(xs), [zs.length]) })).y.data as Float64Array;
+      xs.forEach((x, i) => assert.ok(Math.abs(y[i] - (x * (1 + erf[i])) / 2) < (float === 'float64' ? 1e-14 : 1e-6), `${float} gelu(${x}) = ${y[i]}`));
+    }
   });
   it('silu and swiglu', async () => {
     await gradCheck([X('x', [3, 5], 1, 2)], (b, [x]) => silu(b, x));
