@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import { Template } from '@huggingface/jinja';
 import type { Config } from '../config/index.ts';
 import { loadDataset, type DatasetRow } from '../data/dataset.ts';
-import type { PromptImage } from '../data/images.ts';
+import { ImageError, encodeRgbPng, prepareImage, type PromptImage } from '../data/images.ts';
 import { tasks } from '../tasks/index.ts';
 import type { Tokenizer } from '../model/index.ts';
 import { promptMessages, type ChatMessage } from '../model/chat-template.ts';
@@ -95,7 +95,22 @@ async function rowsOf(cfg: Config, split: 'train' | 'val'): Promise<{ rows: Omit
     const count = split === 'train' ? d.task_size.train : d.task_size.val;
     // train and val come from disjoint seeds
     const gen = task.generate(count, split === 'train' ? d.seed : d.seed + 1_000_003);
-    return { rows: gen.map((r, i) => ({ prompt: r.prompt, messages: null, answer: r.answer, images: [], source: { file: `task:${task.name}:${split}`, line: i + 1 } })), source: task.name, bad: [] };
+    const imageOpts = { factor: d.image_factor, minPixels: d.min_pixels, maxPixels: d.max_pixels, resample: d.image_resample };
+    const rows: Omit<DatasetRow, 'index'>[] = [];
+    for (let i = 0; i < gen.length; i++) {
+      const r = gen[i];
+      const file = `task:${task.name}:${split}`;
+      const images: PromptImage[] = [];
+      if (r.image) {
+        // a generated image goes through the same resize and encoding as a dataset image
+        try { images.push(await prepareImage(await encodeRgbPng(r.image), imageOpts)); } catch (e) {
+          if (!(e instanceof ImageError)) throw e;
+          throw new ConfigError(`${file}:${i + 1}: the task's ${r.image.width}×${r.image.height} image ${e.message}; check data.min_pixels / max_pixels / image_factor`);
+        }
+      }
+      rows.push({ prompt: r.prompt, messages: null, answer: r.answer, images, source: { file, line: i + 1 }, ...(r.extraInfo ? { extraInfo: JSON.stringify(r.extraInfo) } : {}) });
+    }
+    return { rows, source: task.name, bad: [] };
   }
   const files = split === 'train' ? d.train_files : d.val_files;
   if (files.length === 0) return { rows: [], source: 'files', bad: [] };
