@@ -7,7 +7,7 @@
  * chance. Everything is drawn from one Rng seeded by the task seed, so a seed always gives the same
  * pixels. Pure: rendering yields raw RGB; the pipeline encodes the PNG (lib/data/images.ts).
  *
- * `readNumberGameImage` reads the digits back (threshold, per-column ink box, glyph match): the
+ * `readNumberGameDigits` reads the digits back (threshold, per-column ink box, glyph match): the
  * tests check the answer against what was drawn, and the remote reward example scores with it.
  */
 import { Rng } from '../util/rng.ts';
@@ -104,11 +104,11 @@ export function generateVisionGame(count: number, seed: number): VisionGameSampl
 /**
  * Reads the three digits back from a rendered image (at the rendered size): a pixel is ink when
  * its mean channel value is under the threshold; in each third of the width the ink's bounding
- * box gives the scale (its height / 7) and the cropped glyph, matched against the font. Returns
- * null when a column holds no ink or no glyph matches (e.g. the image was resized or is not one
- * of this game's).
+ * box gives the scale (its height / 7) and the cropped glyph, matched against the font. A third
+ * with no ink, or whose ink matches no glyph (e.g. the image was resized or is not one of this
+ * game's), reads as null.
  */
-export function readNumberGameImage(img: RgbImage): [number, number, number] | null {
+export function readNumberGameDigits(img: RgbImage): Array<number | null> {
   const { width: W, height: H, data } = img;
   if (data.length !== W * H * 3) throw new RangeError(`image data has ${data.length} bytes, expected ${W}×${H}×3`);
   const slot = Math.floor(W / 3);
@@ -116,7 +116,7 @@ export function readNumberGameImage(img: RgbImage): [number, number, number] | n
     const o = (y * W + x) * 3;
     return data[o] + data[o + 1] + data[o + 2] < 3 * THRESHOLD;
   };
-  const out: number[] = [];
+  const out: Array<number | null> = [];
   for (let i = 0; i < 3; i++) {
     let x0 = Infinity, x1 = -1, y0 = Infinity, y1 = -1;
     for (let y = 0; y < H; y++) {
@@ -125,12 +125,11 @@ export function readNumberGameImage(img: RgbImage): [number, number, number] | n
         x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
       }
     }
-    if (x1 < 0) return null;
     const h = y1 - y0 + 1, w = x1 - x0 + 1;
-    if (h % GLYPH_H !== 0) return null;
+    if (x1 < 0 || h % GLYPH_H !== 0) { out.push(null); continue; }
     const s = h / GLYPH_H;
-    let found = -1;
-    for (let d = 0; d < 10 && found < 0; d++) {
+    let found: number | null = null;
+    for (let d = 0; d < 10 && found === null; d++) {
       const [lo, hi] = INK_COLS[d];
       if ((hi - lo + 1) * s !== w) continue;
       let same = true;
@@ -143,8 +142,13 @@ export function readNumberGameImage(img: RgbImage): [number, number, number] | n
       }
       if (same) found = d;
     }
-    if (found < 0) return null;
     out.push(found);
   }
-  return out as [number, number, number];
+  return out;
+}
+
+/** The three digits of a game image, or null when any of them cannot be read (readNumberGameDigits). */
+export function readNumberGameImage(img: RgbImage): [number, number, number] | null {
+  const d = readNumberGameDigits(img);
+  return d.every((x) => x !== null) ? (d as [number, number, number]) : null;
 }
