@@ -225,6 +225,13 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResu
   if (alg.use_kl_in_reward && alg.kl_penalty === 'full') {
     errors.push('algorithm.kl_penalty = full cannot be the in-reward KL penalty: it needs full vocabulary distributions of the policy and the reference, and the pipeline carries per-token log-probs only; use low_var_kl (k3), kl (k1), abs or mse (k2)');
   }
+  if (alg.vppo.enable && data.limit_images === 0) {
+    errors.push('algorithm.vppo.enable = true needs prompt images, but data.limit_images = 0 allows none; raise data.limit_images (e.g. 1) or set algorithm.vppo.enable=false');
+  }
+  if (alg.vppo.enable && data.task !== null && tasks.has(data.task) && !tasks.get(data.task).images) {
+    const vision = tasks.names().filter((n) => tasks.get(n).images);
+    errors.push(`algorithm.vppo.enable = true needs prompt images, and data.task = ${data.task} makes text-only prompts; use a vision task (${vision.join(', ')}) or data files with images (data.image_key), or set algorithm.vppo.enable=false`);
+  }
   if (alg.vppo.enable && !actorHasVisionTower(actor.model)) {
     errors.push(`algorithm.vppo.enable = true needs a vision-language actor: VPPO compares each response's log-probs under its prompt image and under a perturbed copy, and actor.model has no vision tower (${actor.model.path === null ? 'a freshly initialised actor is text-only' : `${actor.model.path}/config.json has no vision_config`}); set algorithm.vppo.enable=false, or set actor.model.path to a vision-language model directory (config.json with vision_config)`);
   }

@@ -22,6 +22,8 @@ export interface Task {
   description: string;
   /** Characters the task's prompts and answers are written in (the alphabet tokenizer's vocabulary). */
   alphabet: string;
+  /** Whether every row carries an image (a vision task). */
+  images?: boolean;
   generate(count: number, seed: number): TaskRow[];
 }
 
@@ -78,6 +80,7 @@ export const numberGameVision: Task = {
   name: 'number_game_vision',
   description: 'an image of three distinct digits; answer the index (0, 1 or 2, from the left) of the largest',
   alphabet: [...new Set(`${VISION_GAME_PROMPT}0123456789`)].join(''),
+  images: true,
   generate(count, seed) {
     return generateVisionGame(count, seed).map((s) => ({ prompt: VISION_GAME_PROMPT, answer: String(s.answer), image: s.image, extraInfo: { numbers: s.numbers } }));
   },

@@ -199,14 +199,17 @@ test('full KL is refused as the KL loss and as the in-reward penalty (the pipeli
 });
 
 test('VPPO is refused with a text-only actor, saying why, and accepted with a vision tower', () => {
-  expectOneProblem(() => load({ overrides: ['algorithm.vppo.enable=true'] }), 'algorithm.vppo.enable = true needs a vision-language actor', 'a freshly initialised actor is text-only', 'set algorithm.vppo.enable=false');
+  expectOneProblem(() => load({ overrides: ['data.task=number_game_vision', 'algorithm.vppo.enable=true'] }), 'algorithm.vppo.enable = true needs a vision-language actor', 'a freshly initialised actor is text-only', 'set algorithm.vppo.enable=false');
   const dir = mkdtempSync(join(tmpdir(), 'vppo-vlm-'));
   try {
     writeFileSync(join(dir, 'config.json'), JSON.stringify({ model_type: 'qwen2' }));
-    expectOneProblem(() => load({ overrides: ['algorithm.vppo.enable=true', `actor.model.path=${dir}`] }), `${dir}/config.json has no vision_config`);
+    expectOneProblem(() => load({ overrides: ['data.task=number_game_vision', 'algorithm.vppo.enable=true', `actor.model.path=${dir}`] }), `${dir}/config.json has no vision_config`);
     assert.equal(actorHasVisionTower(load({ overrides: [`actor.model.path=${dir}`] }).actor.model), false);
     writeFileSync(join(dir, 'config.json'), JSON.stringify({ model_type: 'qwen2', vision_config: { depth: 2 } }));
-    const cfg = load({ overrides: ['algorithm.vppo.enable=true', `actor.model.path=${dir}`] });
+    // the base config's task is the text-only number game
+    expectOneProblem(() => load({ overrides: ['algorithm.vppo.enable=true', `actor.model.path=${dir}`] }), 'data.task = number_game makes text-only prompts; use a vision task (number_game_vision)');
+    expectOneProblem(() => load({ overrides: ['data.task=number_game_vision', 'data.limit_images=0', 'algorithm.vppo.enable=true', `actor.model.path=${dir}`] }), 'data.limit_images = 0 allows none');
+    const cfg = load({ overrides: ['data.task=number_game_vision', 'algorithm.vppo.enable=true', `actor.model.path=${dir}`] });
     assert.equal(cfg.algorithm.vppo.enable, true);
     assert.equal(actorHasVisionTower(cfg.actor.model), true);
   } finally { rmSync(dir, { recursive: true, force: true }); }
