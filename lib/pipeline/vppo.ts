@@ -2,8 +2,8 @@
  * VPPO's extra scoring pass (arXiv 2510.09285) for the advantage stage: every trained sample's
  * response is scored twice with the weights of the policy that generated it — once with its real
  * prompt images (log π_old, and the token entropies when entropy filtering is on) and once with
- * each image perturbed (algorithm.vppo.perturbation, seeded by the sample id, lib/data/perturb.ts,
- * so a replay sees the same perturbation). The two passes use the same weights and graph, so
+ * each image perturbed (algorithm.vppo.perturbation, lib/data/perturb.ts, seeded by the sample id
+ * relative to the run, so a replay — whose ids name another run — sees the same perturbation). The two passes use the same weights and graph, so
  * d = log π_aug − log π_old measures the image alone. The result feeds attachVppo
  * (services/advantage/logic.ts).
  *
@@ -22,8 +22,20 @@ export interface ImageScorer<W> {
   score(weights: W, reqs: readonly ImageScoreRequest[], o: { temperature: number; entropy: boolean }): Promise<ImageTokenScores[]>;
 }
 
-/** One sample to score: its id (the perturbation seed), prompt and response ids, and its prompt's PNGs. */
-export interface VppoSample { id: string; prompt: Int32Array; response: Int32Array; images: readonly Uint8Array[] }
+/**
+ * One sample to score: its id, the key seeding its perturbation (perturbationKey: the id without
+ * the run id), prompt and response ids, and its prompt's PNGs.
+ */
+export interface VppoSample { id: string; seedKey: string; prompt: Int32Array; response: Int32Array; images: readonly Uint8Array[] }
+
+/**
+ * The perturbation seed of a sample: its id relative to the run (`train/s3/p1/n2`). A replay
+ * rewrites the run id in every sample id and keeps the rest, so it perturbs each recorded sample
+ * exactly as the source run did.
+ */
+export function perturbationKey(runId: string, sampleId: string): string {
+  return sampleId.startsWith(`${runId}/`) ? sampleId.slice(runId.length + 1) : sampleId;
+}
 
 export interface VppoScores {
   /** log π_old with the real images. */
@@ -55,7 +67,7 @@ export async function vppoScores<W>(scorer: ImageScorer<W>, weights: W, samples:
   const noImage = samples.find((x) => x.images.length === 0);
   if (noImage) throw new Error(`algorithm.vppo.enable: sample ${noImage.id} has no prompt image, so it has no visual dependency to measure; VPPO needs every training prompt to carry an image (data.image_key)`);
   const real = await Promise.all(samples.map((x) => Promise.all(x.images.map((png) => pixels.get(imageHashOf(png), png)))));
-  const perturbed = samples.map((x, i) => real[i]!.map((px, k) => perturbImage(s.perturbation, px, x.id, k, s.perturb)));
+  const perturbed = samples.map((x, i) => real[i]!.map((px, k) => perturbImage(s.perturbation, px, x.seedKey, k, s.perturb)));
   const base = await scorer.score(weights, samples.map((x, i) => ({ prompt: x.prompt, response: x.response, images: real[i]! })), { temperature, entropy: s.stage.enable_entropy_filtering });
   const aug = await scorer.score(weights, samples.map((x, i) => ({ prompt: x.prompt, response: x.response, images: perturbed[i]! })), { temperature, entropy: false });
   const out: VppoScores = { old: new Map(), perturbed: new Map() };

@@ -24,7 +24,7 @@ import type { TrajectoryRow } from '../../lib/store/port.ts';
 import type { Config } from '../../lib/config/index.ts';
 import { ConfigError, TransientError } from '../../lib/errors.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
-import { vppoScores, vppoSettings } from '../../lib/pipeline/vppo.ts';
+import { perturbationKey, vppoScores, vppoSettings } from '../../lib/pipeline/vppo.ts';
 import { settle, computeStep, attachVppo, filterReason, shortfallReason, initialAdvantageState, type AdvantageSettings, type AdvantageState } from './logic.ts';
 
 export function advantageSettings(cfg: Config): AdvantageSettings {
@@ -154,7 +154,7 @@ export function startAdvantage(p: Pipeline): StageRun {
       if (vppo) {
         // the weights that generated the samples (on-policy: the current version), real and perturbed images
         const version = Math.max(...decision.kept.map((g) => g.policy_version));
-        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids, images: g.images })));
+        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, seedKey: perturbationKey(p.runId, x.id), prompt: g.prompt_ids, response: x.response_ids, images: g.images })));
         const vs = await vppoScores(scorer, await current!.get(version, ctx.db), samples, pixels!, vppo, p.cfg.rollout.temperature);
         const v = attachVppo(res.updates, vs.perturbed, vppo.stage, vs.old);
         res.updates = v.updates;

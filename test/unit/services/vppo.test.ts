@@ -11,7 +11,7 @@ import { applyVppoToSample } from '../../../services/update/logic.ts';
 import { groupId, hashId, sampleId, type ScoredGroup, type ScoredSample } from '../../../lib/contracts/index.ts';
 import { recordProblems } from '../../../lib/contracts/invariants.ts';
 import { vppoStage, type VppoStageConfig } from '../../../lib/rl/index.ts';
-import { vppoScores, type ImageScoreRequest, type VppoSettings } from '../../../lib/pipeline/vppo.ts';
+import { perturbationKey, vppoScores, type ImageScoreRequest, type VppoSettings } from '../../../lib/pipeline/vppo.ts';
 import { PixelCache } from '../../../lib/data/pixel-cache.ts';
 import { encodeRgbPng } from '../../../lib/data/images.ts';
 import { perturbImage, DEFAULT_PERTURB_OPTIONS } from '../../../lib/data/perturb.ts';
@@ -79,11 +79,10 @@ test('attachVppo: kept samples get lib/rl\'s masks and factors (advantages stay 
 test('vppoScores: real and perturbed images scored with the same weights; the perturbation is seeded by the sample id', async () => {
   const imgs = generateVisionGame(2, 4);
   const pngs = await Promise.all(imgs.map((s) => encodeRgbPng(s.image)));
-  const samples = [
-    { id: 'r/train/s1/p0/n0', prompt: Int32Array.of(1), response: Int32Array.of(5, 6), images: [pngs[0]] },
-    { id: 'r/train/s1/p0/n1', prompt: Int32Array.of(1), response: Int32Array.of(7), images: [pngs[0]] },
-    { id: 'r/train/s1/p1/n0', prompt: Int32Array.of(2), response: Int32Array.of(8, 9, 10), images: [pngs[1]] },
-  ];
+  const samples = ['r/train/s1/p0/n0', 'r/train/s1/p0/n1', 'r/train/s1/p1/n0'].map((id, i) => ({
+    id, seedKey: perturbationKey('r', id), prompt: Int32Array.of(1 + (i >> 1)), response: Int32Array.from({ length: 1 + i }, (_, t) => 5 + t), images: [pngs[i >> 1]!],
+  }));
+  assert.equal(samples[2]!.seedKey, 'train/s1/p1/n0');
   const calls: Array<{ weights: string; reqs: readonly ImageScoreRequest[]; entropy: boolean; temperature: number }> = [];
   // a fake scorer whose log-prob of a token is minus the fraction of black pixels: it "looks" at the image
   const scorer = {
@@ -105,19 +104,21 @@ test('vppoScores: real and perturbed images scored with the same weights; the pe
   assert.deepEqual(calls.map((c) => c.entropy), [false, false]);
   assert.equal(pixels.decodes, 2, 'each distinct image decoded once');
   calls[0]!.reqs.forEach((r, i) => assert.deepEqual(r.images[0]!.data, imgs[i === 2 ? 1 : 0]!.image.data, 'the first pass sees the real image'));
-  calls[1]!.reqs.forEach((r, i) => assert.deepEqual(r.images[0], perturbImage('patch_blackening', { ...imgs[i === 2 ? 1 : 0]!.image }, samples[i]!.id, 0), 'the second pass sees the sample\'s own perturbation'));
+  calls[1]!.reqs.forEach((r, i) => assert.deepEqual(r.images[0], perturbImage('patch_blackening', { ...imgs[i === 2 ? 1 : 0]!.image }, samples[i]!.seedKey, 0), 'the second pass sees the sample\'s own perturbation'));
   assert.notDeepEqual(calls[1]!.reqs[0]!.images[0]!.data, calls[1]!.reqs[1]!.images[0]!.data, 'two samples of one prompt get different perturbations');
   for (const x of samples) {
     assert.ok(out.old.get(x.id)!.every((v) => v === 0), 'the game images have no black pixel');
     assert.ok(out.perturbed.get(x.id)!.logprobs.every((v) => v < -0.2 && v > -0.8), 'about half the image blackened');
     assert.equal(out.perturbed.get(x.id)!.entropies, null);
   }
-  // the same call again (a replay) gives the same numbers; entropy filtering asks the real pass for entropies
-  const again = await vppoScores(scorer, 'w7', samples, pixels, { ...s, stage: { ...stage, enable_entropy_filtering: true } }, 0.7);
+  // a replay (its sample ids name another run) gives the same numbers; entropy filtering asks the real pass for entropies
+  const replayed = samples.map((x) => { const id = `r.replay-1/${x.seedKey}`; return { ...x, id, seedKey: perturbationKey('r.replay-1', id) }; });
+  const again = await vppoScores(scorer, 'w7', replayed, pixels, { ...s, stage: { ...stage, enable_entropy_filtering: true } }, 0.7);
   assert.deepEqual(calls.slice(2).map((c) => c.entropy), [true, false]);
-  for (const x of samples) {
-    assert.deepEqual(again.perturbed.get(x.id)!.logprobs, out.perturbed.get(x.id)!.logprobs);
-    assert.deepEqual(Array.from(again.perturbed.get(x.id)!.entropies!), new Array(x.response.length).fill(0.5));
-  }
+  samples.forEach((x, i) => {
+    assert.deepEqual(calls[3]!.reqs[i]!.images, calls[1]!.reqs[i]!.images, 'the replay perturbs each sample as the source did');
+    assert.deepEqual(again.perturbed.get(replayed[i]!.id)!.logprobs, out.perturbed.get(x.id)!.logprobs);
+    assert.deepEqual(Array.from(again.perturbed.get(replayed[i]!.id)!.entropies!), new Array(x.response.length).fill(0.5));
+  });
   await assert.rejects(vppoScores(scorer, 'w7', [{ ...samples[0]!, images: [] }], pixels, s, 1), /sample r\/train\/s1\/p0\/n0 has no prompt image/);
 });
