@@ -115,7 +115,8 @@ restarts=()
 stage_log() { local spec=${specs[$1]}; echo "$LOG_DIR/stage-${spec% *}-${spec#* }.log"; }
 serve() {   # serve K: (re)starts stage K of specs; its output is appended to its log
   local spec=${specs[$1]}
-  "${RLSTREAM[@]}" serve "${spec% *}" "$CONFIG" "${OVERRIDES[@]}" "${DIST[@]}" --replica "${spec#* }" >>"$(stage_log "$1")" 2>&1 &
+  # --http-port 0: each stage its own free port for /healthz and /metrics (the default 9464 is one port for all six)
+  "${RLSTREAM[@]}" serve "${spec% *}" "$CONFIG" "${OVERRIDES[@]}" "${DIST[@]}" --replica "${spec#* }" --http-port 0 >>"$(stage_log "$1")" 2>&1 &
   stage_pids[$1]=$!
 }
 for k in "${!specs[@]}"; do : >"$(stage_log "$k")"; restarts[k]=0; serve "$k"; done   # update first: it publishes policy version 0

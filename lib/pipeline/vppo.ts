@@ -11,6 +11,7 @@
  * decoded images (8-bit RGB) next to the prompt and response ids.
  */
 import type { Config } from '../config/index.ts';
+import { ConfigError } from '../errors.ts';
 import { perturbImage, type PerturbOptions, type Pixels } from '../data/perturb.ts';
 import { imageHashOf } from '../data/image-hash.ts';
 import type { PixelCache } from '../data/pixel-cache.ts';
@@ -65,7 +66,7 @@ export function vppoSettings(cfg: Config): VppoSettings {
  */
 export async function vppoScores<W>(scorer: ImageScorer<W>, weights: W, samples: readonly VppoSample[], pixels: PixelCache, s: VppoSettings, temperature: number): Promise<VppoScores> {
   const noImage = samples.find((x) => x.images.length === 0);
-  if (noImage) throw new Error(`algorithm.vppo.enable: sample ${noImage.id} has no prompt image, so it has no visual dependency to measure; VPPO needs every training prompt to carry an image (data.image_key)`);
+  if (noImage) throw new ConfigError(`algorithm.vppo.enable: sample ${noImage.id} has no prompt image, so it has no visual dependency to measure; VPPO needs every training prompt to carry an image (data.image_key)`);
   const real = await Promise.all(samples.map((x) => Promise.all(x.images.map((png) => pixels.get(imageHashOf(png), png)))));
   const perturbed = samples.map((x, i) => real[i]!.map((px, k) => perturbImage(s.perturbation, px, x.seedKey, k, s.perturb)));
   const base = await scorer.score(weights, samples.map((x, i) => ({ prompt: x.prompt, response: x.response, images: real[i]! })), { temperature, entropy: s.stage.enable_entropy_filtering });

@@ -17,6 +17,7 @@ import { encodeRgbPng } from '../../../lib/data/images.ts';
 import { perturbImage, DEFAULT_PERTURB_OPTIONS } from '../../../lib/data/perturb.ts';
 import { generateVisionGame } from '../../../lib/tasks/number-game-vision.ts';
 import { sampleRow } from '../../../lib/pipeline/rows.ts';
+import { ConfigError } from '../../../lib/errors.ts';
 
 const settings: AdvantageSettings = {
   rolloutBatchSize: 2, estimator: 'grpo', gamma: 1, lam: 1, normAdvByStd: true, onlineFiltering: false, filterSemantics: 'easyr1', filterKey: 'overall', filterLow: 0.01, filterHigh: 0.99,
@@ -120,5 +121,5 @@ test('vppoScores: real and perturbed images scored with the same weights; the pe
     assert.deepEqual(again.perturbed.get(replayed[i]!.id)!.logprobs, out.perturbed.get(x.id)!.logprobs);
     assert.deepEqual(Array.from(again.perturbed.get(replayed[i]!.id)!.entropies!), new Array(x.response.length).fill(0.5));
   });
-  await assert.rejects(vppoScores(scorer, 'w7', [{ ...samples[0]!, images: [] }], pixels, s, 1), /sample r\/train\/s1\/p0\/n0 has no prompt image/);
+  await assert.rejects(vppoScores(scorer, 'w7', [{ ...samples[0]!, images: [] }], pixels, s, 1), (e: unknown) => e instanceof ConfigError && !e.retriable && /sample r\/train\/s1\/p0\/n0 has no prompt image/.test(e.message));
 });
