@@ -1,6 +1,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { loadDataset } from '../../../lib/data/dataset.ts';
+import { writeVisionGameDataset } from '../../../examples/number-game-vision-data.ts';
 import { drawVisionGameSample, generateVisionGame, readNumberGameImage, VISION_GAME_HEIGHT, VISION_GAME_WIDTH } from '../../../lib/tasks/number-game-vision.ts';
 import { numberGameVision, tasks } from '../../../lib/tasks/index.ts';
 import { applyRewardFn, rewardFns } from '../../../lib/reward-fns/index.ts';
@@ -84,4 +88,22 @@ test('number_game_vision reward: exact index plus format', async () => {
   const fn = rewardFns.get('number_game_vision');
   assert.deepEqual(await applyRewardFn(fn, { prompt: '', response: '2', ground_truth: '2', kwargs: {} }), { ok: true, reward: 1.1, metrics: { overall: 1.1, accuracy: 1, format: 1 } });
   assert.deepEqual(await applyRewardFn(fn, { prompt: '', response: '1', ground_truth: '2', kwargs: {} }), { ok: true, reward: 0.1, metrics: { overall: 0.1, accuracy: 0, format: 1 } });
+});
+
+test('the game as JSONL + PNG files loads through data.image_key as the built-in task\'s rows', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'vision-game-files-'));
+  try {
+    const { file } = await writeVisionGameDataset(dir, 12, 5);
+    const { rows, bad } = await loadDataset([file], { prompt_key: 'prompt', answer_key: 'answer', image_key: 'images', image: { factor: 28, minPixels: 3136, maxPixels: 12544, resample: 'bicubic' } });
+    assert.deepEqual(bad, []);
+    const task = numberGameVision.generate(12, 5);
+    assert.equal(rows.length, 12);
+    for (const [i, r] of rows.entries()) {
+      assert.equal(r.prompt, task[i]!.prompt);
+      assert.equal(r.answer, task[i]!.answer);
+      assert.deepEqual(JSON.parse(r.extraInfo!), task[i]!.extraInfo);
+      assert.deepEqual(readNumberGameImage(await decodePixels(r.images[0]!.png)), (task[i]!.extraInfo as { numbers: number[] }).numbers);
+      assert.deepEqual((await decodePixels(r.images[0]!.png)).data, task[i]!.image!.data, 'the same pixels as the built-in task');
+    }
+  } finally { rmSync(dir, { recursive: true, force: true }); }
 });
