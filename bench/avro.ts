@@ -61,7 +61,7 @@ function updateGroups(src: TrajectoryGroup[]): UpdateGroup[] {
     ...g, reward_fn: 'fn:exact_match', estimator: 'grpo', filtered: false, filter_reason: null, reward_mean: 0.5, reward_std: 0.5,
     samples: g.samples.map((s, k) => ({
       ...s, reward: k % 2, reward_details: { accuracy: k % 2 }, failure: null,
-      advantages: f(TOKENS, 0.3), returns: f(TOKENS, 0.3), ref_logprobs: f(TOKENS, -1), values: new Float32Array(0), loss_weights: f(TOKENS, 1),
+      advantages: f(TOKENS, 0.3), returns: f(TOKENS, 0.3), ref_logprobs: f(TOKENS, -1), values: new Float32Array(0), loss_weights: f(TOKENS, 1), vppo: null,
     })),
   }));
 }

@@ -12,7 +12,9 @@
 #       seed's one-reward-server-per-process affinity) — waits for the run to end, stops
 #       everything.
 #
-# Environment: REWARD_PORT (first port, default 8000; servers on REWARD_PORT and REWARD_PORT+1),
+# Environment: REMOTE_CONFIG and REMOTE_SCORER (default this directory's config.yaml and scorer.ts; the vision
+# variant, examples/number-game-vision-remote/run.sh, sets them), REWARD_PORT (first port,
+# default 8000; servers on REWARD_PORT and REWARD_PORT+1),
 # LOG_DIR (default runs/number-game-remote/logs: one log per reward server and per stage),
 # TIMEOUT_S (distributed mode: give up after this long, default 21600), REWARD_SERVER_LOG_LEVEL
 # (default info; debug logs one line per scored request in the servers' logs), MAX_RESTARTS
@@ -27,8 +29,8 @@ MODE=embedded
 if [[ ${1:-} == embedded || ${1:-} == distributed ]]; then MODE=$1; shift; fi
 PORT=${REWARD_PORT:-8000}
 COUNT=2
-CONFIG=examples/number-game-remote/config.yaml
-SCORER=examples/number-game-remote/scorer.ts
+CONFIG=${REMOTE_CONFIG:-examples/number-game-remote/config.yaml}
+SCORER=${REMOTE_SCORER:-examples/number-game-remote/scorer.ts}
 LOG_DIR=${LOG_DIR:-runs/number-game-remote/logs}
 TIMEOUT_S=${TIMEOUT_S:-21600}
 RLSTREAM=(node bin/rlstream.mjs)

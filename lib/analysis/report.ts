@@ -1,8 +1,9 @@
 /**
  * `rlstream report`: one self-contained HTML file (inline CSS and SVG, no scripts, no external
  * resources) with a summary table and line plots of a run — reward, validation accuracy, KL,
- * entropy, response length, clipfrac, and step time by stage — plus checkpoints, reward failures
- * and dead letters. Everything is read through read-only queries on the store and its views.
+ * entropy, response length, clipfrac, and step time by stage — plus, for a run with prompt
+ * images, a few validation images of the last round with the policy's answers (inline PNG data
+ * URLs), checkpoints, reward failures and dead letters. Everything is read through read-only queries on the store and its views.
  */
 import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
@@ -28,7 +29,12 @@ export interface ReportData {
   deadLetters: Array<{ stage: string; topic: string; partition: number; offset: number; reason: string; createdAt: string }>;
   deadLettersTotal: number;
   staleness: { mean: number | null; max: number | null };
+  /** Up to VAL_IMAGES validation samples of the last validation round with a prompt image: the image (PNG, base64) and the answer. */
+  valImages: Array<{ step: number; promptIndex: number; width: number; height: number; pngBase64: string; response: string; groundTruth: string | null; reward: number | null }>;
 }
+
+/** How many validation images the report shows. */
+export const VAL_IMAGES = 8;
 
 /** The plots of a report, in order: id, title, y label and how to build its series. */
 export const REPORT_PLOTS = [
@@ -87,9 +93,17 @@ export async function loadReportData(database: Database, runId: string): Promise
   const [dl] = await queryObjects<any>(database, 'select count(*) as n from v_dead_letters where run_id = $1', [runId]);
   const [st] = await queryObjects<any>(database,
     `select avg(staleness)::float8 as mean, max(staleness) as max from trajectories where run_id = $1 and kind = 'train'`, [runId]);
+  // the last validation round that had images; its first prompts, each with its first image
+  const valImages = (await queryObjects<any>(database,
+    `with r as (select max(step) as step from trajectories where run_id = $1 and kind = 'val' and cardinality(image_hashes) > 0)
+     select t.step, t.prompt_index, t.response_text, t.ground_truth, t.reward, i.width, i.height, encode(i.png, 'base64') as png
+     from trajectories t join r on t.step = r.step
+     join prompt_images i on i.run_id = t.run_id and i.hash = t.image_hashes[1]
+     where t.run_id = $1 and t.kind = 'val' order by t.prompt_index, t.sample_index limit ${VAL_IMAGES}`, [runId]))
+    .map((r) => ({ step: r.step, promptIndex: r.prompt_index, width: r.width, height: r.height, pngBase64: String(r.png).replace(/\s+/g, ''), response: r.response_text, groundTruth: r.ground_truth, reward: r.reward }));
   return {
     run, metrics, responseLength, checkpoints, rewardFailures, rewardFailuresTotal: Number(fc?.n ?? 0), filtered,
-    deadLetters, deadLettersTotal: Number(dl?.n ?? 0), staleness: { mean: st?.mean ?? null, max: st?.max ?? null },
+    deadLetters, deadLettersTotal: Number(dl?.n ?? 0), staleness: { mean: st?.mean ?? null, max: st?.max ?? null }, valImages,
   };
 }
 
@@ -213,6 +227,12 @@ export function renderReport(data: ReportData, opts: { generatedAt?: Date } = {}
   o.push(`<div class="sub">${escapeXml(`${r.project ?? ''} / ${r.experiment ?? ''} — status ${r.status}`)}</div>`);
   o.push('<h2>Summary</h2>', table(null, summaryRows(data).map(([k, v]) => [k, v]), 'summary'));
   o.push('<h2>Plots</h2>', `<div class="plots">\n${plots.join('\n')}\n</div>`);
+  if (data.valImages.length) {
+    // shown at 3× with nearest-neighbour scaling, so small images stay legible
+    const figs = data.valImages.map((v) => `<figure class="val-image"><img src="data:image/png;base64,${v.pngBase64}" width="${3 * v.width}" height="${3 * v.height}" alt="validation prompt ${v.promptIndex}" style="image-rendering: pixelated">`
+      + `<figcaption>prompt ${v.promptIndex}: answered <span class="mono">${escapeXml(v.response)}</span>${v.groundTruth === null ? '' : `, expected <span class="mono">${escapeXml(v.groundTruth)}</span>`}, reward ${v.reward === null ? 'failed' : escapeXml(formatNumber(v.reward))}</figcaption></figure>`);
+    o.push(`<h2>Validation images (round ${data.valImages[0]!.step})</h2>`, `<div class="plots">\n${figs.join('\n')}\n</div>`);
+  }
   o.push('<h2>Checkpoints</h2>');
   o.push(data.checkpoints.length
     ? table(['step', 'policy version', 'sha256', 'path', 'created (UTC)', 'matches parent'],

@@ -3,6 +3,8 @@
  * that involve several keys. Every error says which key to change and to what.
  */
 import { createHash } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { GROUP_ADV_ESTIMATORS, type Config } from './schema.ts';
 import { closest } from './suggest.ts';
 import { rewardFns } from '../reward-fns/index.ts';
@@ -11,6 +13,20 @@ import { redactSecrets, redactString } from './redact.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Derived values
+
+/**
+ * Whether the actor is a vision-language model: its config has a vision tower — a fresh policy
+ * with `actor.model.vision.enable`, or a model directory whose config.json has `vision_config`
+ * (Qwen2-VL's layout). A directory that cannot be read counts as text-only (loading it reports why).
+ */
+export function actorHasVisionTower(model: Config['actor']['model']): boolean {
+  if (model.path === null) return model.vision.enable;
+  try {
+    const j: unknown = JSON.parse(readFileSync(join(model.path, 'config.json'), 'utf8'));
+    const vc = j && typeof j === 'object' ? (j as Record<string, unknown>).vision_config : undefined;
+    return !!vc && typeof vc === 'object' && !Array.isArray(vc);
+  } catch { return false; }
+}
 
 /**
  * The run id: `pipeline.run_id` when set, else `<project_name>-<experiment_name>-<hash8>` where
@@ -211,8 +227,15 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResu
   if (alg.use_kl_in_reward && alg.kl_penalty === 'full') {
     errors.push('algorithm.kl_penalty = full cannot be the in-reward KL penalty: it needs full vocabulary distributions of the policy and the reference, and the pipeline carries per-token log-probs only; use low_var_kl (k3), kl (k1), abs or mse (k2)');
   }
-  if (alg.vppo.enable) {
-    errors.push('algorithm.vppo.enable = true needs a vision-language policy: VPPO\'s token visual dependency compares log-probs under the original and a perturbed image, and rlstream\'s policies are text-only (lib/rl/vppo.ts has the math — tokenVisualDependency, tokenGradientMask, trajectoryAdvantageScaling — for a multimodal scorer); set algorithm.vppo.enable=false');
+  if (alg.vppo.enable && data.limit_images === 0) {
+    errors.push('algorithm.vppo.enable = true needs prompt images, but data.limit_images = 0 allows none; raise data.limit_images (e.g. 1) or set algorithm.vppo.enable=false');
+  }
+  if (alg.vppo.enable && data.task !== null && tasks.has(data.task) && !tasks.get(data.task).images) {
+    const vision = tasks.names().filter((n) => tasks.get(n).images);
+    errors.push(`algorithm.vppo.enable = true needs prompt images, and data.task = ${data.task} makes text-only prompts; use a vision task (${vision.join(', ')}) or data files with images (data.image_key), or set algorithm.vppo.enable=false`);
+  }
+  if (alg.vppo.enable && !actorHasVisionTower(actor.model)) {
+    errors.push(`algorithm.vppo.enable = true needs a vision-language actor: VPPO compares each response's log-probs under its prompt image and under a perturbed copy, and actor.model has no vision tower (${actor.model.path === null ? 'a freshly initialised actor is text-only' : `${actor.model.path}/config.json has no vision_config`}); set algorithm.vppo.enable=false, or set actor.model.path to a vision-language model directory (config.json with vision_config)`);
   }
   if (alg.use_kl_in_reward && alg.use_kl_loss) {
     warnings.push('algorithm.use_kl_in_reward and algorithm.use_kl_loss are both true: the KL to the reference is penalised twice (verl warns about the same); usually set one of them to false');

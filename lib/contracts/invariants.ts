@@ -102,6 +102,13 @@ const RULES: Record<SchemaFamily, (r: Rec, p: Problems) => void> = {
       for (const k of ['ref_logprobs', 'values']) {
         if (s[k].length !== 0 && s[k].length !== len) p.push(`${path}${k}: ${s[k].length} values for ${len} response tokens (use none when unused)`);
       }
+      const v = s.vppo;
+      if (v) {
+        if (v.perturbed_logprobs.length !== len) p.push(`${path}vppo.perturbed_logprobs: ${v.perturbed_logprobs.length} values for ${len} response tokens`);
+        if (v.token_mask.length !== len) p.push(`${path}vppo.token_mask: ${v.token_mask.length} values for ${len} response tokens`);
+        else if (v.token_mask.some((b: number) => b > 1)) p.push(`${path}vppo.token_mask: bytes must be 0 or 1`);
+        if (!(Number.isFinite(v.scaling_factor) && v.scaling_factor >= 0)) p.push(`${path}vppo.scaling_factor: ${v.scaling_factor} must be finite and ≥ 0`);
+      }
     });
   },
   policy(r, p) {

@@ -28,9 +28,10 @@ export type Checks = [
   Expect<Mutual<T.ScoredSample, G.ScoredV3ScoredSample>>,
   Expect<Mutual<T.ScoredGroup, G.ScoredV3ScoredGroup>>,
 
-  Expect<Mutual<T.ScoreFailure, G.UpdatesV1ScoreFailure>>,
-  Expect<Mutual<T.UpdateSample, G.UpdatesV1UpdateSample>>,
-  Expect<Mutual<T.UpdateGroup, G.UpdatesV1UpdateGroup>>,
+  Expect<Mutual<T.ScoreFailure, G.UpdatesV2ScoreFailure>>,
+  Expect<Mutual<T.VppoTokens, G.UpdatesV2VppoTokens>>,
+  Expect<Mutual<T.UpdateSample, G.UpdatesV2UpdateSample>>,
+  Expect<Mutual<T.UpdateGroup, G.UpdatesV2UpdateGroup>>,
 
   Expect<Mutual<T.ConsumedOffset, G.PolicyV1ConsumedOffset>>,
   Expect<Mutual<T.PolicyVersion, G.PolicyV1PolicyVersion>>,

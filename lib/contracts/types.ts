@@ -171,7 +171,7 @@ export interface ScoredGroup extends GroupHeader {
 }
 
 // ------------------------------------------------------------------------------------------
-// updates.v1 — advantage → update
+// updates.v2 — advantage → update (v2 adds the sample field vppo)
 
 /** Per-token training inputs of a sample (all the length of response_ids unless stated). */
 export interface TokenTargets {
@@ -186,8 +186,21 @@ export interface TokenTargets {
   loss_weights: Float32Array;
 }
 
+/** VPPO's token mask and trajectory scaling of one sample (updates.v2; lib/rl/vppo-stage.ts). */
+export interface VppoTokens {
+  /** Log-prob of each response token with the prompt image perturbed. */
+  perturbed_logprobs: Float32Array;
+  /** One byte per response token: 1 = its gradient is kept. */
+  token_mask: Buffer;
+  /** α: multiplied into the advantages by the update (finite, ≥ 0). */
+  scaling_factor: number;
+}
+
 /** An update sample carries the numeric reward details only (updates.v1 has no reward_text: the advantage stage stored it). */
-export interface UpdateSample extends Omit<ScoredSample, 'reward_text'>, TokenTargets {}
+export interface UpdateSample extends Omit<ScoredSample, 'reward_text'>, TokenTargets {
+  /** VPPO's data for the sample (updates.v2); null when algorithm.vppo.enable is off (and in v1 records). */
+  vppo: VppoTokens | null;
+}
 
 /** Topic `updates`: a scored group ready for the policy update, or filtered out (kept for accounting). */
 export interface UpdateGroup extends GroupHeader {

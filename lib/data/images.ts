@@ -141,6 +141,12 @@ export async function prepareImage(bytes: Buffer, o: ImageOptions): Promise<Prom
   return { hash: imageHash(png), width: raw.info.width, height: raw.info.height, png };
 }
 
+/** Raw 8-bit RGB (height × width × 3) → PNG bytes (a generated image, before prepareImage). */
+export async function encodeRgbPng(img: ImagePixels): Promise<Buffer> {
+  if (img.data.length !== img.width * img.height * 3) throw new RangeError(`RGB data has ${img.data.length} bytes, expected ${img.width}×${img.height}×3`);
+  return await sharp(img.data, { raw: { width: img.width, height: img.height, channels: 3 } }).png({ compressionLevel: 3 }).toBuffer();
+}
+
 /** Decoded pixels of a normalised PNG: 8-bit RGB, row-major (height × width × 3). */
 export interface ImagePixels { width: number; height: number; data: Uint8Array }
 

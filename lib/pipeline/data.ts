@@ -8,8 +8,8 @@ import { readFileSync } from 'node:fs';
 import { Template } from '@huggingface/jinja';
 import type { Config } from '../config/index.ts';
 import { loadDataset, type DatasetRow } from '../data/dataset.ts';
-import type { PromptImage } from '../data/images.ts';
-import { tasks } from '../tasks/index.ts';
+import { ImageError, encodeRgbPng, prepareImage, type ImageOptions, type PromptImage } from '../data/images.ts';
+import { tasks, type TaskRow } from '../tasks/index.ts';
 import type { Tokenizer } from '../model/index.ts';
 import { promptMessages, type ChatMessage } from '../model/chat-template.ts';
 import { ConfigError } from '../errors.ts';
@@ -88,14 +88,50 @@ export function dataNotes(data: Pick<RunData, 'leftOut'>, cfg: Pick<Config, 'dat
   return out;
 }
 
+const taskRowsCache = new Map<string, Promise<Omit<DatasetRow, 'index'>[]>>();
+
+/** A task's generated rows as dataset rows; a generated image goes through the same resize and encoding as a dataset image. */
+async function taskRows(gen: readonly TaskRow[], file: string, imageOpts: ImageOptions): Promise<Omit<DatasetRow, 'index'>[]> {
+  const rows: Omit<DatasetRow, 'index'>[] = new Array(gen.length);
+  const one = async (i: number) => {
+    const r = gen[i]!;
+    const images: PromptImage[] = [];
+    if (r.image) {
+      try { images.push(await prepareImage(await encodeRgbPng(r.image), imageOpts)); } catch (e) {
+        if (!(e instanceof ImageError)) throw e;
+        throw new ConfigError(`${file}:${i + 1}: the task's ${r.image.width}×${r.image.height} image ${e.message}; check data.min_pixels / max_pixels / image_factor`);
+      }
+    }
+    rows[i] = { prompt: r.prompt, messages: null, answer: r.answer, images, source: { file, line: i + 1 }, ...(r.extraInfo ? { extraInfo: JSON.stringify(r.extraInfo) } : {}) };
+  };
+  // libvips works on its own threads: a few images in flight at a time keep them busy
+  const CONCURRENCY = 16;
+  for (let i = 0; i < gen.length; i += CONCURRENCY) {
+    await Promise.all(Array.from({ length: Math.min(CONCURRENCY, gen.length - i) }, (_, k) => one(i + k)));
+  }
+  return rows;
+}
+
 async function rowsOf(cfg: Config, split: 'train' | 'val'): Promise<{ rows: Omit<DatasetRow, 'index'>[]; source: string; bad: Array<{ where: string; reason: string }> }> {
   const d = cfg.data;
   if (d.task) {
     const task = tasks.get(d.task);
     const count = split === 'train' ? d.task_size.train : d.task_size.val;
     // train and val come from disjoint seeds
-    const gen = task.generate(count, split === 'train' ? d.seed : d.seed + 1_000_003);
-    return { rows: gen.map((r, i) => ({ prompt: r.prompt, messages: null, answer: r.answer, images: [], source: { file: `task:${task.name}:${split}`, line: i + 1 } })), source: task.name, bad: [] };
+    const seed = split === 'train' ? d.seed : d.seed + 1_000_003;
+    const imageOpts = { factor: d.image_factor, minPixels: d.min_pixels, maxPixels: d.max_pixels, resample: d.image_resample };
+    const file = `task:${task.name}:${split}`;
+    const key = JSON.stringify([task.name, split, count, seed, imageOpts]);
+    let rows = taskRowsCache.get(key);
+    if (!rows) {
+      rows = taskRows(task.generate(count, seed), file, imageOpts);
+      // a run loads its data in several places (start check, controller, update): the rows are a
+      // pure function of the key, so one process makes them (and their images) once
+      taskRowsCache.set(key, rows);
+      if (taskRowsCache.size > 4) taskRowsCache.delete(taskRowsCache.keys().next().value!);
+      rows.catch(() => taskRowsCache.delete(key));
+    }
+    return { rows: await rows, source: task.name, bad: [] };
   }
   const files = split === 'train' ? d.train_files : d.val_files;
   if (files.length === 0) return { rows: [], source: 'files', bad: [] };

@@ -83,6 +83,7 @@ export const rewardFns = new Registry<RewardFn>('reward.reward_fn', {
   exact_match: exactMatch,
   format: integerFormat,
   number_game: accuracyWithFormat,
+  number_game_vision: accuracyWithFormat,
   arithmetic: accuracyWithFormat,
 });
 

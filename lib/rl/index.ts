@@ -18,6 +18,7 @@ export { computeNftLoss, nftRHat, type NftInput, type NftOutput } from './nft.ts
 export * from './filter.ts';
 export * from './shaping.ts';
 export * from './vppo.ts';
+export * from './vppo-stage.ts';
 export * from './ema.ts';
 export { torchSumF32, torchMeanF32 } from './f32.ts';
 export { ConfigError, RlError } from '../errors.ts';

@@ -104,11 +104,17 @@ export interface TrajectoryRow {
   staleness: number;
   /** Hashes of the prompt's images (prompt_images.hash, in prompt order); absent or [] for a text prompt. */
   imageHashes?: readonly string[];
+  /** VPPO (algorithm.vppo.enable): per response token, the log-prob with the prompt image perturbed; absent/null without VPPO. */
+  vppoPerturbedLogprobs?: NumberArray | null;
+  /** VPPO: per response token, whether its gradient was kept (booleans, or 0/1 numbers). */
+  vppoTokenMask?: readonly boolean[] | Uint8Array | null;
+  /** VPPO: α, the factor multiplied into the trajectory's advantages (finite, ≥ 0). */
+  vppoScalingFactor?: number | null;
 }
 
 /** A trajectory as read back: arrays as plain number[], plus the derived and server-set columns. */
 export interface StoredTrajectory extends Omit<TrajectoryRow,
-  'promptTokens' | 'responseTokens' | 'behaviourLogprobs' | 'refLogprobs' | 'oldLogprobs' | 'advantages' | 'returns'> {
+  'promptTokens' | 'responseTokens' | 'behaviourLogprobs' | 'refLogprobs' | 'oldLogprobs' | 'advantages' | 'returns' | 'vppoPerturbedLogprobs' | 'vppoTokenMask' | 'vppoScalingFactor'> {
   promptTokens: number[];
   responseTokens: number[];
   behaviourLogprobs: number[];
@@ -119,6 +125,9 @@ export interface StoredTrajectory extends Omit<TrajectoryRow,
   /** cardinality(response_tokens), set by the store. */
   responseLength: number;
   imageHashes: string[];
+  vppoPerturbedLogprobs: number[] | null;
+  vppoTokenMask: boolean[] | null;
+  vppoScalingFactor: number | null;
   createdAt: Date;
 }
 

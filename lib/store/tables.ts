@@ -52,6 +52,9 @@ export interface TrajectoriesTable {
   filter_reason: string | null;
   staleness: number;
   image_hashes: ColumnType<string[], string[] | undefined, never>;
+  vppo_perturbed_logprobs: number[] | null;
+  vppo_token_mask: boolean[] | null;
+  vppo_scaling_factor: number | null;
   created_at: Generated<Date>;
 }
 

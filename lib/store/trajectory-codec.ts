@@ -34,7 +34,7 @@ export function storableJson(text: string): string {
   return text.replace(/\\(?:u[0-9a-fA-F]{4}|["\\/bfnrt])/g, (m) => (m === '\\u0000' ? NUL_IN_TEXT : m));
 }
 
-type ColumnKind = 'text' | 'int4' | 'float8' | 'bool' | 'jsonb' | 'int4[]' | 'float4[]' | 'text[]';
+type ColumnKind = 'text' | 'int4' | 'float8' | 'bool' | 'jsonb' | 'int4[]' | 'float4[]' | 'text[]' | 'bool[]';
 
 interface Column {
   name: string;
@@ -75,6 +75,9 @@ export const TRAJECTORY_COLUMNS: readonly Column[] = [
   col('filter_reason', 'text', (r) => storableOrNull(r.filterReason)),
   col('staleness', 'int4', (r) => r.staleness),
   col('image_hashes', 'text[]', (r) => r.imageHashes ?? []),
+  col('vppo_perturbed_logprobs', 'float4[]', (r) => r.vppoPerturbedLogprobs),
+  col('vppo_token_mask', 'bool[]', (r) => r.vppoTokenMask),
+  col('vppo_scaling_factor', 'float8', (r) => r.vppoScalingFactor),
 ];
 
 export const TRAJECTORY_COLUMN_LIST = TRAJECTORY_COLUMNS.map((c) => c.name).join(', ');
@@ -207,6 +210,18 @@ export function validateTrajectory(row: TrajectoryRow): void {
       if (typeof h !== 'string' || !/^[0-9a-f]{64}$/.test(h)) throw bad(row, `imageHashes[${i}]`, `must be a lower-case hex sha256, got ${JSON.stringify(h)}`);
     });
   }
+  checkRealArray(row, 'vppoPerturbedLogprobs', row.vppoPerturbedLogprobs, n, true);
+  const m = row.vppoTokenMask;
+  if (m !== undefined && m !== null) {
+    if (!Array.isArray(m) && !(m instanceof Uint8Array)) throw bad(row, 'vppoTokenMask', 'must be an array of booleans (or 0/1)');
+    if (m.length !== n) throw bad(row, 'vppoTokenMask', `has ${m.length} values but the response has ${n} tokens (one per response token)`);
+    for (let i = 0; i < m.length; i++) {
+      const x: unknown = m[i];
+      if (x !== true && x !== false && x !== 0 && x !== 1) throw bad(row, `vppoTokenMask[${i}]`, `must be a boolean (or 0/1), got ${String(x)}`);
+    }
+  }
+  const a = row.vppoScalingFactor;
+  if (a !== undefined && a !== null && (typeof a !== 'number' || !Number.isFinite(a) || a < 0)) throw bad(row, 'vppoScalingFactor', `must be a finite number ≥ 0 or null, got ${String(a)}`);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -217,6 +232,7 @@ const SIGNATURE = Buffer.from([0x50, 0x47, 0x43, 0x4f, 0x50, 0x59, 0x0a, 0xff, 0
 const OID_INT4 = 23;
 const OID_FLOAT4 = 700;
 const OID_TEXT = 25;
+const OID_BOOL = 16;
 const HEADER_BYTES = 19;
 
 // Element loops, one per input type so each stays monomorphic (a mixed Array/typed-array loop is
@@ -260,6 +276,7 @@ function rowBytesBound(row: TrajectoryRow): number {
       case 'bool': n += 5; break;
       case 'int4[]': case 'float4[]': n += 24 + 8 * (v as NumberArray).length; break;
       case 'text[]': n += 24; for (const x of v as readonly string[]) n += 4 + 3 * x.length; break;
+      case 'bool[]': n += 24 + 5 * (v as ArrayLike<unknown>).length; break;
     }
   }
   return n;
@@ -301,6 +318,19 @@ function encodeChunk(rows: readonly TrajectoryRow[], bound: number, header: bool
             for (const t of a) { const n = buf.write(t, p + 4, 'utf8'); v.setInt32(p, n); p += 4 + n; }
           }
           v.setInt32(start, p - start - 4);
+          break;
+        }
+        case 'bool[]': {
+          const a = x as ArrayLike<boolean | number>;
+          const n = a.length;
+          v.setInt32(p, n === 0 ? 12 : 20 + 5 * n);
+          v.setInt32(p + 4, n === 0 ? 0 : 1); // dimensions
+          v.setInt32(p + 8, 0); // no NULL elements
+          v.setInt32(p + 12, OID_BOOL);
+          if (n === 0) { p += 16; break; }
+          v.setInt32(p + 16, n); v.setInt32(p + 20, 1); // length, lower bound
+          p += 24;
+          for (let i = 0; i < n; i++) { v.setInt32(p, 1); buf[p + 4] = a[i] ? 1 : 0; p += 5; }
           break;
         }
         case 'int4[]': case 'float4[]': {
@@ -370,7 +400,7 @@ export function arrayLiteral(a: NumberArray, kind: 'int4[]' | 'float4[]'): strin
 }
 
 const SQL_TYPE: Record<ColumnKind, string> = {
-  text: 'text', int4: 'int4', float8: 'float8', bool: 'bool', jsonb: 'jsonb', 'int4[]': 'int4[]', 'float4[]': 'real[]', 'text[]': 'text[]',
+  text: 'text', int4: 'int4', float8: 'float8', bool: 'bool', jsonb: 'jsonb', 'int4[]': 'int4[]', 'float4[]': 'real[]', 'text[]': 'text[]', 'bool[]': 'bool[]',
 };
 
 /** A text[] literal, each element double-quoted with `"` and `\` escaped. */
@@ -379,7 +409,7 @@ function textArrayLiteral(a: readonly string[]): string {
 }
 
 /** Columns whose parameters travel as text literals and are cast per row. */
-const viaLiteral = (k: ColumnKind) => k === 'int4[]' || k === 'float4[]' || k === 'jsonb' || k === 'text[]';
+const viaLiteral = (k: ColumnKind) => k === 'int4[]' || k === 'float4[]' || k === 'jsonb' || k === 'text[]' || k === 'bool[]';
 
 /** The parameter for one cell: numbers, strings and booleans as node-postgres sends them. */
 function paramValue(c: Column, row: TrajectoryRow): unknown {
@@ -387,6 +417,7 @@ function paramValue(c: Column, row: TrajectoryRow): unknown {
   if (v === null || v === undefined) return null;
   if (c.kind === 'int4[]' || c.kind === 'float4[]') return arrayLiteral(v as NumberArray, c.kind);
   if (c.kind === 'text[]') return textArrayLiteral(v as readonly string[]);
+  if (c.kind === 'bool[]') return `{${Array.from(v as ArrayLike<boolean | number>, (x) => (x ? 't' : 'f')).join(',')}}`;
   return v; // numbers go as String(x): 'NaN' and 'Infinity' are valid float8 input
 }
 
@@ -479,6 +510,9 @@ export function decodeTrajectory(r: Record<string, any>): StoredTrajectory {
     filterReason: r.filter_reason,
     staleness: r.staleness,
     imageHashes: r.image_hashes ?? [],
+    vppoPerturbedLogprobs: r.vppo_perturbed_logprobs ?? null,
+    vppoTokenMask: r.vppo_token_mask ?? null,
+    vppoScalingFactor: r.vppo_scaling_factor ?? null,
     createdAt: r.created_at,
   };
 }

@@ -6,14 +6,24 @@
  */
 import { Rng } from '../util/rng.ts';
 import { Registry } from '../util/registry.ts';
+import { generateVisionGame, type RgbImage } from './number-game-vision.ts';
 
-export interface TaskRow { prompt: string; answer: string }
+export interface TaskRow {
+  prompt: string;
+  answer: string;
+  /** The prompt's image as raw RGB (a vision task); the pipeline encodes and resizes it like a dataset image. */
+  image?: RgbImage;
+  /** Passed to the reward function as extra_info (e.g. what the image shows). */
+  extraInfo?: Record<string, unknown>;
+}
 
 export interface Task {
   name: string;
   description: string;
   /** Characters the task's prompts and answers are written in (the alphabet tokenizer's vocabulary). */
   alphabet: string;
+  /** Whether every row carries an image (a vision task). */
+  images?: boolean;
   generate(count: number, seed: number): TaskRow[];
 }
 
@@ -58,4 +68,22 @@ export const arithmetic: Task = {
   },
 };
 
-export const tasks = new Registry<Task>('data.task', { number_game: numberGame, arithmetic });
+/** The vision game's question: the digits are only in the image. */
+export const VISION_GAME_PROMPT = 'which is largest? 0, 1 or 2:';
+
+/**
+ * The number game with pictures (lib/tasks/number-game-vision.ts): the image shows three distinct
+ * digits, the text asks for the index (0/1/2, from the left) of the largest. extra_info records
+ * the digits, so a reward server can check what the image shows.
+ */
+export const numberGameVision: Task = {
+  name: 'number_game_vision',
+  description: 'an image of three distinct digits; answer the index (0, 1 or 2, from the left) of the largest',
+  alphabet: [...new Set(`${VISION_GAME_PROMPT}0123456789`)].join(''),
+  images: true,
+  generate(count, seed) {
+    return generateVisionGame(count, seed).map((s) => ({ prompt: VISION_GAME_PROMPT, answer: String(s.answer), image: s.image, extraInfo: { numbers: s.numbers } }));
+  },
+};
+
+export const tasks = new Registry<Task>('data.task', { number_game: numberGame, number_game_vision: numberGameVision, arithmetic });

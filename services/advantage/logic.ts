@@ -7,8 +7,8 @@
  */
 import type { ScoredGroup, UpdateGroup, UpdateSample } from '../../lib/contracts/index.ts';
 import {
-  computeAdvantage, onlineFilters, applyOverlongShaping, applyKlPenalty, makeKlController, klPenalty, tensor2d,
-  type KlController, type OverlongConfig,
+  computeAdvantage, onlineFilters, applyOverlongShaping, applyKlPenalty, makeKlController, klPenalty, tensor2d, vppoStage,
+  type KlController, type OverlongConfig, type VppoStageConfig,
 } from '../../lib/rl/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
 
@@ -231,6 +231,8 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
         advantages: a?.adv ?? new Float32Array(L), returns: a?.ret ?? new Float32Array(L),
         ref_logprobs: refLogprobs?.get(x.id) ?? new Float32Array(0), values: values?.get(x.id) ?? new Float32Array(0),
         loss_weights: isFiltered ? new Float32Array(L) : new Float32Array(L).fill(1),
+        // VPPO's mask and scaling are attached afterwards (attachVppo) when algorithm.vppo.enable
+        vppo: null,
       };
     });
     // the remax greedy baseline is never trained on: it is not part of the update group
@@ -259,4 +261,39 @@ export function remaxBaselines(kept: readonly ScoredGroup[], overlong: OverlongC
   let rewards: Float64Array = Float64Array.from(kept.map((g) => g.baseline!.reward!));
   if (overlong) rewards = applyOverlongShaping(rewards, kept.map((g) => g.baseline!.response_ids.length), overlong).rewards;
   return new Map(kept.map((g, i) => [g.id, rewards[i]]));
+}
+
+/** What the scorer gave for one sample's response under its perturbed image (VPPO). */
+export interface PerturbedScore {
+  /** (L,) log-probs of the response tokens with the perturbed image. */
+  logprobs: Float32Array;
+  /** (L,) token entropies with the real image; needed with algorithm.vppo.enable_entropy_filtering. */
+  entropies?: Float32Array | null;
+}
+
+/**
+ * VPPO (arXiv 2510.09285) on a step's update groups: for the samples of the kept (not filtered)
+ * groups, the token mask and trajectory scaling factor of lib/rl/vppo-stage.ts from their old
+ * log-probs (`oldLogprobs` when the stage recomputed them, else the behaviour log-probs), the
+ * perturbed log-probs and entropies in `perturbed`, and their advantages. Returns the groups with
+ * each kept sample's `vppo` set (advantages left unscaled: the update applies the factor) and the
+ * actor/* metrics. Filtered groups are not trained on and keep vppo = null.
+ */
+export function attachVppo(updates: readonly UpdateGroup[], perturbed: ReadonlyMap<string, PerturbedScore>, cfg: VppoStageConfig, oldLogprobs: ReadonlyMap<string, Float32Array> | null = null): { updates: UpdateGroup[]; metrics: Record<string, number> } {
+  const kept = updates.filter((g) => !g.filtered).flatMap((g) => g.samples);
+  const missing = kept.filter((x) => !perturbed.has(x.id));
+  if (missing.length) throw new ConfigError(`algorithm.vppo.enable: no perturbed-image log-probs for sample ${missing[0].id}${missing.length > 1 ? ` (and ${missing.length - 1} more)` : ''}; every trained sample needs them`);
+  if (kept.length === 0) return { updates: [...updates], metrics: {} };
+  const r = vppoStage(kept.map((x) => {
+    const p = perturbed.get(x.id)!;
+    return { id: x.id, old_logprobs: oldLogprobs?.get(x.id) ?? x.behaviour_logprobs, perturbed_logprobs: p.logprobs, entropies: p.entropies ?? null, advantages: x.advantages };
+  }), cfg);
+  const out = updates.map((g) => (g.filtered ? g : {
+    ...g,
+    samples: g.samples.map((x): UpdateSample => {
+      const v = r.samples.get(x.id)!;
+      return { ...x, vppo: { perturbed_logprobs: perturbed.get(x.id)!.logprobs, token_mask: Buffer.from(v.token_mask), scaling_factor: v.scaling_factor } };
+    }),
+  }));
+  return { updates: out, metrics: r.metrics };
 }

@@ -3,8 +3,10 @@
  * crash loses nothing), filters them (reward failures, online filtering) and asks the controller
  * for refills until rollout_batch_size groups are kept, computes reference log-probs with the
  * frozen initial policy (v0) when KL is used, the advantages with the configured estimator, and
- * publishes update groups (kept and filtered, flagged). It writes every trajectory of the step
- * to the store, exactly once.
+ * publishes update groups (kept and filtered, flagged). With algorithm.vppo.enable it scores the
+ * kept samples again with real and perturbed prompt images (lib/pipeline/vppo.ts) and attaches
+ * VPPO's token masks and trajectory scaling factors (attachVppo). It writes every trajectory of
+ * the step to the store, exactly once.
  */
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
@@ -21,7 +23,9 @@ import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { TrajectoryRow } from '../../lib/store/port.ts';
 import type { Config } from '../../lib/config/index.ts';
 import { ConfigError, TransientError } from '../../lib/errors.ts';
-import { settle, computeStep, filterReason, shortfallReason, initialAdvantageState, type AdvantageSettings, type AdvantageState } from './logic.ts';
+import { PixelCache } from '../../lib/data/pixel-cache.ts';
+import { perturbationKey, vppoScores, vppoSettings } from '../../lib/pipeline/vppo.ts';
+import { settle, computeStep, attachVppo, filterReason, shortfallReason, initialAdvantageState, type AdvantageSettings, type AdvantageState } from './logic.ts';
 
 export function advantageSettings(cfg: Config): AdvantageSettings {
   const a = cfg.algorithm;
@@ -38,6 +42,7 @@ function trajectoryRows(runId: string, u: UpdateGroup, step: number, rewardText:
     step, refLogprobs: x.ref_logprobs.length ? x.ref_logprobs : null,
     advantages: u.filtered ? null : x.advantages, advantage: u.filtered || x.advantages.length === 0 ? null : x.advantages[0],
     returns: u.filtered ? null : x.returns, filtered: u.filtered, filterReason: u.filter_reason, staleness: Math.max(0, step - 1 - u.policy_version),
+    vppoPerturbedLogprobs: x.vppo?.perturbed_logprobs ?? null, vppoTokenMask: x.vppo ? x.vppo.token_mask : null, vppoScalingFactor: x.vppo?.scaling_factor ?? null,
   }));
 }
 
@@ -71,6 +76,13 @@ export function startAdvantage(p: Pipeline): StageRun {
   const useCritic = p.cfg.critic.enable === true;
   const valueScorer = useCritic ? new ValueScorer(criticModelConfig(p.cfg, tok), experienceScorerOptions(p.cfg)) : null;
   const reference = new PolicyCache(p.policies, model);
+  const vppo = p.cfg.algorithm.vppo.enable ? vppoSettings(p.cfg) : null;
+  // the config check reads the model directory; this is the model as loaded
+  if (vppo && !(model as { vision?: unknown }).vision) {
+    throw new ConfigError('algorithm.vppo.enable = true needs a vision-language actor, and the actor model as loaded has no vision tower (its config has no vision config), so log-probs under a perturbed image cannot be computed; set algorithm.vppo.enable=false or use a vision-language actor model');
+  }
+  const current = vppo ? new PolicyCache(p.policies, model) : null;
+  const pixels = vppo ? new PixelCache() : null;
   const metrics = new StageMetrics(p, 'advantage');
   const log = forStage(p.log, 'advantage');
   const codec = p.codecs.scored;
@@ -139,6 +151,15 @@ export function startAdvantage(p: Pipeline): StageRun {
         values = new Map(samples.map((s, i) => [s.id, vs[i]]));
       }
       const res = computeStep(decision.kept, decision.filtered, ref, settings, state.klValue, values);
+      if (vppo) {
+        // the weights that generated the samples (on-policy: the current version), real and perturbed images
+        const version = Math.max(...decision.kept.map((g) => g.policy_version));
+        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, seedKey: perturbationKey(p.runId, x.id), prompt: g.prompt_ids, response: x.response_ids, images: g.images })));
+        const vs = await vppoScores(scorer, await current!.get(version, ctx.db), samples, pixels!, vppo, p.cfg.rollout.temperature);
+        const v = attachVppo(res.updates, vs.perturbed, vppo.stage, vs.old);
+        res.updates = v.updates;
+        Object.assign(res.metrics, v.metrics);
+      }
       crashPoint('advantage:computed');
       for (const u of res.updates) ctx.emit('updates', u);
       const scoredGroups = [...decision.kept, ...decision.filtered.map((f) => f.group)];

@@ -119,3 +119,24 @@ export function nftTargets(groups: readonly NftGroupInput[], key: string): Map<s
   }
   return out;
 }
+
+/**
+ * What the update trains a sample with: loss_weights × token_mask and advantages × α (the paper's
+ * masked loss and shaped advantages). A sample without VPPO fields (VPPO off, or a trajectory
+ * recorded without them) is returned unchanged.
+ */
+export function applyVppoToSample(s: { advantages: Float32Array; loss_weights: Float32Array; vppo_token_mask?: Uint8Array | null; vppo_scaling?: number | null }): { advantages: Float32Array; loss_weights: Float32Array } {
+  if (s.vppo_token_mask == null && s.vppo_scaling == null) return { advantages: s.advantages, loss_weights: s.loss_weights };
+  const L = s.advantages.length;
+  if (s.loss_weights.length !== L) throw new ConfigError(`vppo: ${s.loss_weights.length} loss weights for ${L} advantages`);
+  const m = s.vppo_token_mask;
+  if (m != null && m.length !== L) throw new ConfigError(`vppo: token mask of ${m.length} for ${L} response tokens`);
+  const alpha = s.vppo_scaling ?? 1;
+  if (!Number.isFinite(alpha) || alpha < 0) throw new ConfigError(`vppo: trajectory scaling factor ${alpha} is not a finite number ≥ 0`);
+  const advantages = new Float32Array(L), loss_weights = new Float32Array(L);
+  for (let t = 0; t < L; t++) {
+    advantages[t] = s.advantages[t] * alpha;
+    loss_weights[t] = m != null ? s.loss_weights[t] * m[t] : s.loss_weights[t];
+  }
+  return { advantages, loss_weights };
+}

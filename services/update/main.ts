@@ -37,7 +37,7 @@ import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
 import { emaUpdate } from '../../lib/rl/ema.ts';
 import { ConfigError, TransientError, RlError } from '../../lib/errors.ts';
 import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
-import { assembleBatch, checkBatchArithmetic, splitBatches, shouldCheckpoint, checkpointsToPrune, nftTargets, versionsInUse, type NftTarget, type ControllerProgress } from './logic.ts';
+import { assembleBatch, checkBatchArithmetic, splitBatches, shouldCheckpoint, checkpointsToPrune, nftTargets, versionsInUse, applyVppoToSample, type NftTarget, type ControllerProgress } from './logic.ts';
 
 export interface UpdateState {
   version: number;
@@ -148,6 +148,8 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     },
   };
   const isNft = cfg.algorithm.policy_loss === 'nft' && !dapoLikeNft;
+  // VPPO's masks and scaling travel with the samples (updates.v2); applied only while it is on
+  const useVppo = cfg.algorithm.vppo.enable;
   const initialWeights = async (): Promise<Weights> => {
     const dir = opts.initialWeightsDir ?? cfg.actor.model.path;
     return dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed);
@@ -329,10 +331,12 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         tokens.set(x.response_ids, b * T + P);
         attn.fill(1, b * T, b * T + P + L);
         resp.fill(1, b * T + P, b * T + P + L);
-        adv.set(x.advantages, b * T + P);
+        // VPPO (updates.v2): loss weights × the token mask, advantages × the trajectory's α
+        const v = useVppo && x.vppo ? applyVppoToSample({ advantages: x.advantages, loss_weights: x.loss_weights, vppo_token_mask: x.vppo.token_mask, vppo_scaling: x.vppo.scaling_factor }) : x;
+        adv.set(v.advantages, b * T + P);
         oldLp.set(old.get(x.id) ?? x.behaviour_logprobs, b * T + P);
         if (x.ref_logprobs.length) refLp.set(x.ref_logprobs, b * T + P);
-        w.set(x.loss_weights, b * T + P);
+        w.set(v.loss_weights, b * T + P);
         if (forCritic) { vals.set(x.values, b * T + P); rets.set(x.returns, b * T + P); }
         ntok += P + L;
       });

@@ -85,5 +85,8 @@ export function assertSameTrajectory(stored: StoredTrajectory | undefined, row: 
   assertFloat32Array(stored.advantages, row.advantages, `${row.id}.advantages`);
   assertFloat32Array(stored.returns, row.returns, `${row.id}.returns`);
   assert.deepEqual(stored.imageHashes, [...(row.imageHashes ?? [])], `${row.id}.imageHashes`);
+  assertFloat32Array(stored.vppoPerturbedLogprobs, row.vppoPerturbedLogprobs, `${row.id}.vppoPerturbedLogprobs`);
+  assert.deepEqual(stored.vppoTokenMask, row.vppoTokenMask == null ? null : Array.from(row.vppoTokenMask as ArrayLike<boolean | number>, (x) => !!x), `${row.id}.vppoTokenMask`);
+  assert.equal(stored.vppoScalingFactor, row.vppoScalingFactor ?? null, `${row.id}.vppoScalingFactor`);
   assert.ok(stored.createdAt instanceof Date, `${row.id}.createdAt`);
 }

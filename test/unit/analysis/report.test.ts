@@ -13,7 +13,7 @@ function data(metrics: Record<string, Array<[number, number]>>): ReportData {
   return {
     run, metrics: new Map(Object.entries(metrics)), responseLength: [], checkpoints: [], rewardFailures: [{ reason: 'bad <tag> & "quotes"', n: 3 }],
     rewardFailuresTotal: 3, filtered: [], deadLetters: [{ stage: 'reward', topic: 't', partition: 0, offset: 5, reason: 'poison <x>', createdAt: '2026-11-21 10:01:00' }],
-    deadLettersTotal: 1, staleness: { mean: null, max: null },
+    deadLettersTotal: 1, staleness: { mean: null, max: null }, valImages: [],
   };
 }
 

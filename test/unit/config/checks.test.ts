@@ -1,8 +1,12 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { dirname, join } from 'node:path';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { loadConfig } from '../../../lib/config/index.ts';
-import { divisorsNear, orList } from '../../../lib/config/checks.ts';
+import { actorHasVisionTower, divisorsNear, orList } from '../../../lib/config/checks.ts';
+import { PERTURBATIONS } from '../../../lib/config/schema.ts';
+import { perturbations } from '../../../lib/data/perturb.ts';
 import { load, expectOneProblem, problemsOf, yamlFile } from './helpers.ts';
 
 test('divisor suggestions are the divisors nearest the current value', () => {
@@ -95,7 +99,7 @@ test('training data is required unless val_only', () => {
 });
 
 test('data.task: known names only, not together with files', () => {
-  expectOneProblem(() => load({ overrides: ['data.task=number_gam'] }), 'data.task = "number_gam" is not a built-in task (valid: arithmetic, number_game) — did you mean "number_game"?');
+  expectOneProblem(() => load({ overrides: ['data.task=number_gam'] }), 'data.task = "number_gam" is not a built-in task (valid: arithmetic, number_game, number_game_vision) — did you mean "number_game"?');
   expectOneProblem(() => load({ overrides: ['data.train_files=[t.jsonl]'] }), 'data.task = "number_game" generates its own rows, but data.train_files is also set; remove data.train_files or unset data.task');
 });
 
@@ -143,8 +147,8 @@ test('KL settings that do not do what they say are warnings', () => {
 
 test('function rewards: one of reward_fn / reward_fn_path, known names', () => {
   const files = ['data.train_files=t.jsonl', 'data.val_files=v.jsonl'];
-  expectOneProblem(() => loadConfig({ overrides: files, env: {} }), 'reward.type = function needs a reward function: set reward.reward_fn (built-in: arithmetic, exact_match, format, number_game) or reward.reward_fn_path');
-  expectOneProblem(() => loadConfig({ overrides: [...files, 'reward.reward_fn=exact_matc'], env: {} }), 'unknown reward.reward_fn "exact_matc" (valid: arithmetic, exact_match, format, number_game, or set reward.reward_fn_path to your module) — did you mean "exact_match"?');
+  expectOneProblem(() => loadConfig({ overrides: files, env: {} }), 'reward.type = function needs a reward function: set reward.reward_fn (built-in: arithmetic, exact_match, format, number_game, number_game_vision) or reward.reward_fn_path');
+  expectOneProblem(() => loadConfig({ overrides: [...files, 'reward.reward_fn=exact_matc'], env: {} }), 'unknown reward.reward_fn "exact_matc" (valid: arithmetic, exact_match, format, number_game, number_game_vision, or set reward.reward_fn_path to your module) — did you mean "exact_match"?');
   expectOneProblem(() => loadConfig({ overrides: [...files, 'reward.reward_fn=exact_match', 'reward.reward_fn_path=r.ts'], env: {} }), 'reward.reward_fn and reward.reward_fn_path are both set; keep one');
   assert.equal(loadConfig({ overrides: [...files, 'reward.reward_fn_path=r.ts'], env: {} }).reward.reward_fn, null);
 });
@@ -194,8 +198,30 @@ test('full KL is refused as the KL loss and as the in-reward penalty (the pipeli
   assert.equal(load({ overrides: ['algorithm.kl_penalty=full', 'algorithm.kl_loss_type=low_var_kl'] }).algorithm.kl_penalty, 'full');
 });
 
-test('VPPO is refused with a text-only policy, saying why', () => {
-  expectOneProblem(() => load({ overrides: ['algorithm.vppo.enable=true'] }), 'algorithm.vppo.enable = true needs a vision-language policy', 'set algorithm.vppo.enable=false');
+test('VPPO is refused with a text-only actor, saying why, and accepted with a vision tower', () => {
+  expectOneProblem(() => load({ overrides: ['data.task=number_game_vision', 'algorithm.vppo.enable=true'] }), 'algorithm.vppo.enable = true needs a vision-language actor', 'a freshly initialised actor is text-only', 'set algorithm.vppo.enable=false');
+  const dir = mkdtempSync(join(tmpdir(), 'vppo-vlm-'));
+  try {
+    writeFileSync(join(dir, 'config.json'), JSON.stringify({ model_type: 'qwen2' }));
+    expectOneProblem(() => load({ overrides: ['data.task=number_game_vision', 'algorithm.vppo.enable=true', `actor.model.path=${dir}`] }), `${dir}/config.json has no vision_config`);
+    assert.equal(actorHasVisionTower(load({ overrides: [`actor.model.path=${dir}`] }).actor.model), false);
+    writeFileSync(join(dir, 'config.json'), JSON.stringify({ model_type: 'qwen2', vision_config: { depth: 2 } }));
+    // the base config's task is the text-only number game
+    expectOneProblem(() => load({ overrides: ['algorithm.vppo.enable=true', `actor.model.path=${dir}`] }), 'data.task = number_game makes text-only prompts; use a vision task (number_game_vision)');
+    expectOneProblem(() => load({ overrides: ['data.task=number_game_vision', 'data.limit_images=0', 'algorithm.vppo.enable=true', `actor.model.path=${dir}`] }), 'data.limit_images = 0 allows none');
+    const cfg = load({ overrides: ['data.task=number_game_vision', 'algorithm.vppo.enable=true', `actor.model.path=${dir}`] });
+    assert.equal(cfg.algorithm.vppo.enable, true);
+    assert.equal(actorHasVisionTower(cfg.actor.model), true);
+  } finally { rmSync(dir, { recursive: true, force: true }); }
+  // a fresh policy: the actor.model.vision section always exists (defaults); only enable makes a tower
+  assert.equal(actorHasVisionTower(load({}).actor.model), false);
+  const fresh = load({ overrides: ['data.task=number_game_vision', 'algorithm.vppo.enable=true', 'actor.model.vision.enable=true', 'data.image_factor=28'] });
+  assert.equal(actorHasVisionTower(fresh.actor.model), true);
+});
+
+test('algorithm.vppo.perturbation lists exactly the perturbation registry', () => {
+  assert.deepEqual([...PERTURBATIONS].sort(), perturbations.names());
+  expectOneProblem(() => load({ overrides: ['algorithm.vppo.perturbation=mask'] }), 'algorithm.vppo.perturbation');
 });
 
 test('image sizing: min_pixels may not exceed max_pixels, max_pixels holds one grid cell; image_dir resolves like the data files; kernels are named', () => {

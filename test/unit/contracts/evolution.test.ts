@@ -222,3 +222,25 @@ test('prompts.v2 (image_refs: hash and size per image): v1 records read with ima
   assert.throws(() => v2.encode(bad([{ ...g0.image_refs[0], hash: 'ABC' }])), /image_refs\[0\]\.hash: must be a lower-case hex sha256/);
   assert.throws(() => v2.encode(bad([{ ...g0.image_refs[0], width: 0 }])), /image_refs\[0\]: size 0×28 must be positive/);
 });
+
+test('updates.v2 (vppo: token mask, scaling factor, perturbed log-probs): v1 records read with vppo = null; v1 readers skip it', () => {
+  const cat = SchemaCatalogue.load([dir]);
+  assert.equal(cat.latest('updates').ref, 'updates.v2');
+  assert.deepEqual(checkCompatibility(cat.get('updates.v1')!.text, cat.get('updates.v2')!.text), { compatible: true, errors: [] });
+  const v1 = new Codec<Json>('updates', { catalogue: cat, ref: 'updates.v1' });
+  const v2c = new Codec<Json>('updates', { catalogue: cat });
+  const gen = new Gen(35);
+  let g = gen.updateGroup(4, { n: 3, tokens: 4 });
+  while (g.filtered) g = gen.updateGroup(4, { n: 3, tokens: 4 });
+  const L = (i: number) => g.samples[i].response_ids.length;
+  const withVppo = { ...g, samples: g.samples.map((x, i) => ({ ...x, vppo: i === 1 ? null : { perturbed_logprobs: new Float32Array(L(i)).fill(-2.5), token_mask: Buffer.from(Array.from({ length: L(i) }, (_, t) => t % 2)), scaling_factor: 0.8 + 0.1 * i } })) };
+  // v2 round-trips the VPPO fields
+  const back = v2c.decode(v2c.encode(withVppo)) as Json;
+  assert.deepEqual(plain(back), plain(withVppo));
+  assert.ok(back.samples[0].vppo.perturbed_logprobs instanceof Float32Array);
+  // a v1 record (written before VPPO) reads with vppo = null; a v1 reader (an older update stage) skips it
+  const old = { ...g, samples: g.samples.map(({ vppo: _v, ...x }) => x) };
+  const read = v2c.decode(v1.encode(old), 'updates.v1') as Json;
+  assert.ok(read.samples.every((x: Json) => x.vppo === null));
+  assert.deepEqual(plain(v1.decode(v2c.encode(withVppo), 'updates.v2')), plain(old));
+});

@@ -89,7 +89,8 @@ export class Gen {
     const filtered = this.int(4) === 0;
     const samples: UpdateSample[] = s.samples.map(({ reward_text: _text, ...x }) => {
       const len = x.response_ids.length;
-      return { ...x, advantages: this.floats(len), returns: this.floats(len), ref_logprobs: this.int(2) ? this.floats(len) : new Float32Array(0), values: this.int(2) ? this.floats(len) : new Float32Array(0), loss_weights: this.floats(len).map((v) => (v < -4 ? 0 : 1)) };
+      return { ...x, advantages: this.floats(len), returns: this.floats(len), ref_logprobs: this.int(2) ? this.floats(len) : new Float32Array(0), values: this.int(2) ? this.floats(len) : new Float32Array(0), loss_weights: this.floats(len).map((v) => (v < -4 ? 0 : 1)),
+        vppo: this.int(3) === 0 ? { perturbed_logprobs: this.floats(len), token_mask: Buffer.from(Array.from({ length: len }, () => this.int(2))), scaling_factor: 0.8 + this.rng.next() * 0.4 } : null };
     });
     const rewards = samples.map((x) => x.reward).filter((r): r is number => r !== null);
     const mean = rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : null;
