@@ -8,6 +8,7 @@ import { closest } from './suggest.ts';
 import { rewardFns } from '../reward-fns/index.ts';
 import { tasks } from '../tasks/index.ts';
 import { redactSecrets, redactString } from './redact.ts';
+import { loraConfig } from '../model/lora.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Derived values
@@ -122,6 +123,12 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResu
   const errors: string[] = [];
   const warnings: string[] = [];
   const { data, algorithm: alg, rollout, actor, critic, reward, trainer, pipeline } = cfg;
+
+  // --- LoRA: rank, dropout and target modules in one line each, naming the key
+  if (actor.model.lora) {
+    const l = actor.model.lora;
+    try { loraConfig({ rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules }, 'actor.model.lora'); } catch (e) { errors.push((e as Error).message); }
+  }
 
   // --- data sources
   const taskNames = tasks.names();

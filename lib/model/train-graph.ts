@@ -25,6 +25,7 @@ import { chunkedLmHeadLogprob } from '../onnx/nn.ts';
 import type { ModelConfig } from './config.ts';
 import { declareParams, llamaForward, valueHead, type ParamVars } from './llama.ts';
 import { policyLossGraph, policyLossNeeds, sftLossGraph, valueLossGraph, type LossConfig, type LossGraph, type TokenTensors } from './loss.ts';
+import { loraSpecs, type LoraConfig } from './lora.ts';
 import { paramSpecs } from './params.ts';
 import { logitBiasOf } from './decode-graph.ts';
 
@@ -55,6 +56,12 @@ export interface TrainGraphSpec {
   packed?: boolean;
   /** Vocabulary rows per chunk of the fused LM head + log-softmax (default `HEAD_CHUNK`). */
   headChunk?: number;
+  /**
+   * LoRA (lib/model/lora.ts): the base weights stay inputs but are frozen (no gradient, no AdamW
+   * state); the adapters `<module>.lora_A.weight` / `.lora_B.weight` are the trained parameters,
+   * so `grad.*`, `new.*`, `acc.*` and the moments are the adapters' only.
+   */
+  lora?: LoraConfig;
 }
 
 /**
@@ -107,7 +114,10 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   }
 
   const p = declareParams(b, model, 'inputs');
-  const { hidden } = llamaForward(b, model, p, { ids, positions, attentionMask: attn });
+  const trained = spec.lora ? loraSpecs(model, spec.lora) : paramSpecs(model);
+  const pl: ParamVars = new Map();
+  if (spec.lora) for (const s of trained) pl.set(s.name, b.input(s.name, F, s.shape));
+  const { hidden } = llamaForward(b, model, p, { ids, positions, attentionMask: attn, ...(spec.lora ? { lora: { config: spec.lora, p: pl } } : {}) });
   let lg: LossGraph;
   let perPosition: Var;
   if (loss.type === 'value') {
@@ -134,8 +144,8 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     return { builder: b, metricNames, batchInputs };
   }
 
-  const specs = paramSpecs(model);
-  const pv = specs.map((s) => p.get(s.name)!);
+  const specs = trained;
+  const pv = specs.map((s) => (spec.lora ? pl : p).get(s.name)!);
   let grads = b.grad(lg.loss, pv);
   if (mode === 'grad') {
     if (spec.packed) b.output(packFlat(b, grads), 'grad.packed');

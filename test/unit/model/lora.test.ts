@@ -1,0 +1,86 @@
+/**
+ * LoRA in the trainer: config errors are one line naming the key; a fresh adapter (B = 0) gives
+ * the base's log-probs exactly; a step trains only the adapters (base arrays untouched, AdamW
+ * state for the adapters only); the adapter path equals the merged weights W + s·B·A; adapters
+ * off is the base model (the reference policy).
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { modelConfig } from '../../../lib/model/config.ts';
+import { initWeights } from '../../../lib/model/init.ts';
+import { initLora, loraConfig, loraSpecs, mergeLora } from '../../../lib/model/lora.ts';
+import { cloneWeights, paramSpecs } from '../../../lib/model/params.ts';
+import { SessionCache } from '../../../lib/model/session-cache.ts';
+import { createTrainer, type TrainBatch } from '../../../lib/model/train.ts';
+import { Rng } from '../../../lib/util/rng.ts';
+
+const model = modelConfig({ modelType: 'qwen2', attentionBias: true, hiddenSize: 32, intermediateSize: 48, numHiddenLayers: 2, numAttentionHeads: 4, numKeyValueHeads: 2, vocabSize: 13, maxPositionEmbeddings: 16, bosTokenId: 1, eosTokenId: 2, padTokenId: 0 });
+const cache = new SessionCache();
+const lora = loraConfig({ rank: 4, alpha: 8, targetModules: 'all-linear' });
+
+function batch(B: number, T: number, seed: number): TrainBatch {
+  const rng = Rng.fromSeed(seed);
+  const n = B * T;
+  const tokens = new Int32Array(n), resp = new Float32Array(n);
+  for (let i = 0; i < n; i++) { tokens[i] = 3 + rng.int(model.vocabSize - 3); resp[i] = i % T >= 3 ? 1 : 0; }
+  const f = (s: number, o = 0) => Float32Array.from({ length: n }, () => (rng.next() - 0.5) * s + o);
+  return { batchSize: B, seqLen: T, tokens, responseMask: resp, advantages: f(2), oldLogprobs: f(0.6, -2.5) };
+}
+
+const maxAbs = (a: ArrayLike<number>, b: ArrayLike<number>) => { let m = 0; for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i])); return m; };
+
+describe('LoRA config', () => {
+  it('rank 0, a target that matches no module and dropout ≠ 0 are one line naming the key', () => {
+    assert.throws(() => loraConfig({ rank: 0, alpha: 16, targetModules: ['q_proj'] }, 'actor.model.lora'), /^ConfigError: actor\.model\.lora\.rank must be an integer ≥ 1[^\n]*$/);
+    assert.throws(() => loraConfig({ rank: 8, alpha: 16, targetModules: ['q_proj', 'qkv'] }, 'actor.model.lora'),
+      (e: Error) => /actor\.model\.lora\.target_modules: "qkv" matches no module/.test(e.message) && e.message.includes('q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj') && !e.message.includes('\n'));
+    assert.throws(() => loraConfig({ rank: 8, alpha: 16, dropout: 0.05, targetModules: 'all-linear' }, 'actor.model.lora'), /actor\.model\.lora\.dropout must be 0/);
+    assert.deepEqual(loraConfig({ rank: 8, alpha: 16, targetModules: ['v_proj', 'q_proj'] }).targetModules, ['q_proj', 'v_proj']);
+  });
+
+  it('PEFT init: A ~ U(−1/√in, 1/√in), B = 0', () => {
+    const w = initLora(model, lora, 3);
+    const a = w.get('model.layers.0.mlp.down_proj.lora_A.weight')!; // in = ffn 48
+    assert.equal(a.length, 4 * 48);
+    const bound = 1 / Math.sqrt(48);
+    assert.ok(a.every((v) => Math.abs(v) <= bound) && Math.max(...a.map(Math.abs)) > 0.8 * bound);
+    assert.ok(w.get('model.layers.1.self_attn.k_proj.lora_B.weight')!.every((v) => v === 0));
+  });
+});
+
+describe('LoRA trainer', () => {
+  const base = initWeights(model, 7, { std: 0.2 });
+  const loss = { type: 'policy' as const, useKlLoss: false };
+
+  it('a fresh adapter (B = 0) gives log-probs identical to the base model', async () => {
+    const full = createTrainer({ model, loss, weights: base, cache, threads: 1 });
+    const ad = createTrainer({ model, loss, weights: base, lora, seed: 1, cache, threads: 1 });
+    const b = batch(3, 9, 1);
+    const e0 = await full.evaluate(b), e1 = await ad.evaluate(b);
+    assert.deepEqual(e1.perToken, e0.perToken);
+  });
+
+  it('a step trains only the adapters; the adapter path equals the merged weights; adapters off is the base', async () => {
+    const frozen = cloneWeights(base);
+    const ad = createTrainer({ model, loss, weights: base, lora, seed: 1, cache, threads: 1, optim: { weightDecay: 0.1 } });
+    const b = batch(4, 9, 2);
+    for (let k = 0; k < 3; k++) await ad.step(b, 1e-2);
+    for (const s of paramSpecs(model)) assert.deepEqual(base.get(s.name), frozen.get(s.name), `base ${s.name} is untouched`);
+    const st = ad.getOptimizerState();
+    assert.deepEqual([...st.expAvg.keys()], loraSpecs(model, lora).map((s) => s.name), 'AdamW state for the adapters only');
+    assert.ok([...ad.getWeights().entries()].some(([k, v]) => k.endsWith('lora_B.weight') && v.some((x) => x !== 0)), 'B moved');
+    const onAdapter = (await ad.evaluate(b)).perToken;
+    const merged = mergeLora(model, lora, base, ad.getWeights());
+    const viaMerge = (await createTrainer({ model, loss, weights: merged, cache, threads: 1 }).evaluate(b)).perToken;
+    const viaBase = (await createTrainer({ model, loss, weights: base, cache, threads: 1 }).evaluate(b)).perToken;
+    assert.ok(maxAbs(onAdapter, viaBase) > 1e-3, `the adapter changes the policy (${maxAbs(onAdapter, viaBase)})`);
+    assert.ok(maxAbs(onAdapter, viaMerge) < 2e-5, `adapter path vs merged weights: ${maxAbs(onAdapter, viaMerge)}`);
+    assert.deepEqual((await ad.evaluate(b, { adapters: false })).perToken, viaBase, 'adapters off = the base model');
+    assert.deepEqual(ad.mergedWeights().get('model.layers.1.mlp.up_proj.weight'), merged.get('model.layers.1.mlp.up_proj.weight'));
+  });
+
+  it('refuses adapter tensors that do not fit the model', () => {
+    const bad = initLora(model, loraConfig({ rank: 2, alpha: 8, targetModules: 'all-linear' }), 1);
+    assert.throws(() => createTrainer({ model, loss, weights: base, lora, adapter: bad, cache }), /LoRA rank 4 on q_proj.*lora_A\.weight has 64 values, expected shape \[4,32\]/);
+  });
+});
