@@ -10,3 +10,4 @@ export * from './loss.ts';
 export * from './train-graph.ts';
 export * from './train.ts';
 export * from './session-cache.ts';
+export * from './lora.ts';

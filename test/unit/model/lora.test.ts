@@ -2,7 +2,8 @@
  * LoRA in the trainer: config errors are one line naming the key; a fresh adapter (B = 0) gives
  * the base's log-probs exactly; a step trains only the adapters (base arrays untouched, AdamW
  * state for the adapters only); the adapter path equals the merged weights W + s·B·A; adapters
- * off is the base model (the reference policy).
+ * off is the base model (the reference policy); adapters saved in PEFT layout load back, refuse a
+ * base they do not fit, and `export --merge` writes the merged model.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
@@ -13,6 +14,12 @@ import { cloneWeights, paramSpecs } from '../../../lib/model/params.ts';
 import { SessionCache } from '../../../lib/model/session-cache.ts';
 import { createTrainer, type TrainBatch } from '../../../lib/model/train.ts';
 import { Rng } from '../../../lib/util/rng.ts';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { loadAdapter, loadCheckpoint, saveAdapter, saveCheckpoint } from '../../../lib/model/checkpoint.ts';
+import { decodeSafetensors } from '../../../lib/model/safetensors.ts';
+import { exportCommand } from '../../../lib/cli/commands/export.ts';
 
 const model = modelConfig({ modelType: 'qwen2', attentionBias: true, hiddenSize: 32, intermediateSize: 48, numHiddenLayers: 2, numAttentionHeads: 4, numKeyValueHeads: 2, vocabSize: 13, maxPositionEmbeddings: 16, bosTokenId: 1, eosTokenId: 2, padTokenId: 0 });
 const cache = new SessionCache();
@@ -82,5 +89,45 @@ describe('LoRA trainer', () => {
   it('refuses adapter tensors that do not fit the model', () => {
     const bad = initLora(model, loraConfig({ rank: 2, alpha: 8, targetModules: 'all-linear' }), 1);
     assert.throws(() => createTrainer({ model, loss, weights: base, lora, adapter: bad, cache }), /LoRA rank 4 on q_proj.*lora_A\.weight has 64 values, expected shape \[4,32\]/);
+  });
+});
+
+describe('LoRA adapters on disk (PEFT layout) and export --merge', () => {
+  it('saves PEFT names and config, loads back, refuses another base, and merges', async () => {
+    const tmp = mkdtempSync(join(tmpdir(), 'rlstream-lora-'));
+    try {
+      const base = initWeights(model, 9, { std: 0.2 });
+      const baseDir = join(tmp, 'base');
+      await saveCheckpoint(baseDir, model, base);
+      const l = loraConfig({ rank: 2, alpha: 4, targetModules: ['q_proj', 'down_proj'] });
+      const trainer = createTrainer({ model, loss: { type: 'policy' }, weights: base, lora: l, seed: 4, cache, threads: 1 });
+      await trainer.step(batch(3, 8, 5), 5e-2);
+      const ad = join(tmp, 'adapter');
+      await saveAdapter(ad, model, l, trainer.getWeights(), { basePath: baseDir, optimizer: trainer.getOptimizerState(), metadata: { policy_version: '1' } });
+      assert.deepEqual(readdirSync(ad).sort(), ['adapter_config.json', 'adapter_model.safetensors', 'generation_config.json', 'optimizer.safetensors']);
+      const cfg = JSON.parse(readFileSync(join(ad, 'adapter_config.json'), 'utf8'));
+      assert.equal(cfg.peft_type, 'LORA'); assert.equal(cfg.r, 2); assert.equal(cfg.lora_alpha, 4); assert.deepEqual(cfg.target_modules, ['q_proj', 'down_proj']);
+      assert.equal(cfg.base_model_name_or_path, baseDir);
+      const names = [...decodeSafetensors(readFileSync(join(ad, 'adapter_model.safetensors'))).tensors.keys()];
+      assert.ok(names.includes('base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight') && names.includes('base_model.model.model.layers.1.mlp.down_proj.lora_B.weight') && names.length === 8, names.join());
+      const back = await loadAdapter(ad, model, { expect: l });
+      assert.deepEqual(back.adapter, trainer.getWeights());
+      assert.equal(back.optimizer!.step, 1);
+      assert.deepEqual(back.optimizer!.expAvg, trainer.getOptimizerState().expAvg);
+      // another base: wider, so every adapter tensor's in/out differs
+      const other = modelConfig({ ...model, hiddenSize: 16, numAttentionHeads: 2, numKeyValueHeads: 1, headDim: undefined });
+      await assert.rejects(loadAdapter(ad, other), (e: Error) => /lora_A\.weight has shape \[2,32\], the base model \(qwen2, 2 layers, hidden 16, ffn 48\) needs \[2,16\]; the adapter was trained on another base model/.test(e.message) && !e.message.includes('\n'));
+      await assert.rejects(loadAdapter(ad, model, { expect: loraConfig({ rank: 4, alpha: 4, targetModules: ['q_proj', 'down_proj'] }) }), /is not actor\.model\.lora \(rank 4/);
+      // export --merge: the merged HF model = W + s·B·A, loadable as a plain model
+      const out = join(tmp, 'merged');
+      await assert.rejects(exportCommand.run([ad, '--out', out]), /pass --merge/);
+      assert.equal(await exportCommand.run([ad, '--merge', '--out', out]), 0);
+      assert.ok(existsSync(join(out, 'config.json')) && existsSync(join(out, 'model.safetensors')));
+      const m = await loadCheckpoint(out, { optimizer: false });
+      assert.deepEqual(m.weights, mergeLora(model, l, base, trainer.getWeights()));
+      const b = batch(2, 8, 6);
+      const viaMerged = (await createTrainer({ model, loss: { type: 'policy' }, weights: m.weights, cache, threads: 1 }).evaluate(b)).perToken;
+      assert.ok(maxAbs(viaMerged, (await trainer.evaluate(b)).perToken) < 2e-5);
+    } finally { rmSync(tmp, { recursive: true, force: true }); }
   });
 });
