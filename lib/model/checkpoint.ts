@@ -304,9 +304,13 @@ export async function loadCheckpoint(dir: string, opts: { optimizer?: boolean } 
   return out;
 }
 
-/** sha256 of a checkpoint's model.safetensors. */
+/** The weights file of a model directory: adapter_model.safetensors for a LoRA adapter, else model.safetensors. */
+export function weightsFileOf(dir: string): string { return isAdapterDir(dir) ? ADAPTER_MODEL_FILE : MODEL_FILE; }
+
+/** sha256 of a checkpoint's model.safetensors (a LoRA adapter's adapter_model.safetensors). */
 export async function checkpointSha256(dir: string): Promise<string> {
-  return sha256(await readFile(path.join(dir, MODEL_FILE), MODEL_FILE));
+  const f = weightsFileOf(dir);
+  return sha256(await readFile(path.join(dir, f), f));
 }
 
 // ── LoRA adapters in PEFT layout (lib/model/lora.ts) ──

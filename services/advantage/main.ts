@@ -11,7 +11,7 @@ import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runti
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
-import { tokenizerFor, policyModelConfig, criticModelConfig, experienceScorerOptions, PolicyCache } from '../../lib/pipeline/policy.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig, experienceScorerOptions, PolicyCache, policyLora } from '../../lib/pipeline/policy.ts';
 import { ValueScorer } from '../../lib/model/value.ts';
 import { loadCheckpoint } from '../../lib/model/index.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
@@ -70,7 +70,8 @@ export function startAdvantage(p: Pipeline): StageRun {
   const scorer = new Scorer(model, experienceScorerOptions(p.cfg));
   const useCritic = p.cfg.critic.enable === true;
   const valueScorer = useCritic ? new ValueScorer(criticModelConfig(p.cfg, tok), experienceScorerOptions(p.cfg)) : null;
-  const reference = new PolicyCache(p.policies, model);
+  // with LoRA, version 0's adapter is zero: the reference is the base model, adapters off
+  const reference = new PolicyCache(p.policies, model, undefined, policyLora(p.cfg));
   const metrics = new StageMetrics(p, 'advantage');
   const log = forStage(p.log, 'advantage');
   const codec = p.codecs.scored;

@@ -211,11 +211,10 @@ test('image sizing: min_pixels may not exceed max_pixels, max_pixels holds one g
 });
 
 test('actor.model.lora: rank 0 and a target that matches no module are one line naming the key', () => {
-  const cfg = load({ overrides: ['actor.model.lora={rank: 16, alpha: 32}'] });
-  assert.deepEqual(cfg.actor.model.lora, { rank: 16, alpha: 32, dropout: 0, target_modules: 'all-linear' });
-  expectOneProblem(() => load({ overrides: ['actor.model.lora={rank: 0}'] }), 'actor.model.lora.rank must be an integer ≥ 1');
-  const p = expectOneProblem(() => load({ overrides: ['actor.model.lora={rank: 8, target_modules: [q_proj, lm_head]}'] }), 'actor.model.lora.target_modules: "lm_head" matches no module',
+  expectOneProblem(() => load({ overrides: ['actor.model.lora={rank: 16, alpha: 32}'] }), 'actor.model.lora needs actor.model.path');
+  expectOneProblem(() => load({ overrides: ['actor.model.lora={rank: 0}', 'actor.model.path=/models/base'] }), 'actor.model.lora.rank must be an integer ≥ 1');
+  const p = expectOneProblem(() => load({ overrides: ['actor.model.lora={rank: 8, target_modules: [q_proj, lm_head]}', 'actor.model.path=/models/base'] }), 'actor.model.lora.target_modules: "lm_head" matches no module',
     'valid module names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj');
   assert.ok(!p.includes('\n'));
-  expectOneProblem(() => load({ overrides: ['actor.model.lora={rank: 8, dropout: 0.1}'] }), 'actor.model.lora.dropout must be 0');
+  expectOneProblem(() => load({ overrides: ['actor.model.lora={rank: 8, dropout: 0.1}', 'actor.model.path=/models/base'] }), 'actor.model.lora.dropout must be 0');
 });
