@@ -37,6 +37,7 @@ import { Sampler } from '../lib/model/sample.ts';
 import { defaultSessionCache } from '../lib/model/session-cache.ts';
 import { Trainer, type TrainBatch } from '../lib/model/train.ts';
 import { initLora, loraConfig, loraSpecs, mergeLora, PEFT_PREFIX } from '../lib/model/lora.ts';
+import { mergeLoraOnnx } from '../lib/model/lora-merge.ts';
 import { paramSpecs } from '../lib/model/params.ts';
 import { encodeSafetensors } from '../lib/model/safetensors.ts';
 import { Rng } from '../lib/util/rng.ts';
@@ -169,7 +170,7 @@ async function childTrain(s: Pick<Shape, 'B' | 'T'> & Partial<Shape>, nThreads: 
 }
 
 /**
- * Sampling with LoRA at the 135M shape: merging W + s·B·A once per policy version (JS, mergeLora)
+ * Sampling with LoRA at the 135M shape: merging W + s·B·A once per policy version (ORT, and the JS reference)
  * vs the adapter path's extra time per forward, measured on the eval graph at B64 × T2 (a
  * decode-like step: 64 rows, few tokens) with and without the adapters.
  */
@@ -179,8 +180,12 @@ async function childLoraSampling(nThreads: number): Promise<object> {
   const adapter = initLora(c, BENCH_LORA, 1);
   const rng = Rng.fromSeed('bench:lora');
   for (const [k, a] of adapter) if (k.endsWith('lora_B.weight')) for (let i = 0; i < a.length; i++) a[i] = 0.01 * (rng.next() - 0.5);
-  const t0 = performance.now();
+  let t0 = performance.now();
   mergeLora(c, BENCH_LORA, base, adapter);
+  const merge_js_ms = performance.now() - t0;
+  await mergeLoraOnnx(c, BENCH_LORA, base, adapter, { session: { threads: nThreads } }); // session build
+  t0 = performance.now();
+  await mergeLoraOnnx(c, BENCH_LORA, base, adapter, { session: { threads: nThreads } });
   const merge_ms = performance.now() - t0;
   const B = 64, T = 2, n = B * T;
   const batch: TrainBatch = {
@@ -194,7 +199,7 @@ async function childLoraSampling(nThreads: number): Promise<object> {
   };
   const tr = new Trainer({ model: c, loss: { type: 'policy' }, threads: nThreads, weights: base, lora: BENCH_LORA, adapter });
   const adapter_ms = await time(tr, true), base_ms = await time(tr, false);
-  return { merge_ms, adapter_forward_ms: adapter_ms, base_forward_ms: base_ms, peak_rss_mb: peakRssMb() };
+  return { merge_ms, merge_js_ms, adapter_forward_ms: adapter_ms, base_forward_ms: base_ms, peak_rss_mb: peakRssMb() };
 }
 
 /** LoRA rank 16 all-linear vs full fine-tuning at the 135M shape, same batch; then the sampling trade-off. */
@@ -215,6 +220,7 @@ export async function loraRows(rows: Row[], nThreads: number): Promise<void> {
   rows.push({ name: `model/lora/${tag}/version_bytes_ratio`, value: round(lora.version_bytes / full.version_bytes), unit: 'ratio', goal: 0.05, better: 'lower' });
   const s = await runChild({ kind: 'lora_sampling', threads: nThreads });
   rows.push({ name: 'model/lora/smollm2_135m_r16_all/merge_ms', value: round(s.merge_ms), unit: 'ms' });
+  rows.push({ name: 'model/lora/smollm2_135m_r16_all/merge_js_ms', value: round(s.merge_js_ms), unit: 'ms' });
   rows.push({ name: 'model/lora/smollm2_135m_r16_all/b64_t2_forward_adapter_ms', value: round(s.adapter_forward_ms), unit: 'ms' });
   rows.push({ name: 'model/lora/smollm2_135m_r16_all/b64_t2_forward_base_ms', value: round(s.base_forward_ms), unit: 'ms' });
 }

@@ -17,7 +17,8 @@ import { Rng } from '../util/rng.ts';
 import { ort, tensor, type Device, type SessionOptions } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
-import { initLora, loraSpecs, mergeLora, validateAdapter, type LoraConfig } from './lora.ts';
+import { initLora, loraSpecs, validateAdapter, type LoraConfig } from './lora.ts';
+import { mergeLoraOnnx } from './lora-merge.ts';
 import { finalizeMetrics, lossConfig, pgAggWeights, policyLossNeeds, type LossConfig, type LossConfigInput } from './loss.ts';
 import { cloneWeights, numel, paramSpecs, validateWeights, zerosLikeWeights, type ParamSpec, type Weights } from './params.ts';
 import { defaultSessionCache, keyOf, SessionCache } from './session-cache.ts';
@@ -174,8 +175,10 @@ export class Trainer {
   getWeights(): Weights { return cloneWeights(this.weights); }
   /** The frozen base weights (LoRA), not copied: do not modify; null for full fine-tuning. */
   baseWeightsView(): ReadonlyMap<string, Float32Array> | null { return this.base; }
-  /** The policy's full weights: W + s·B·A per adapted module with LoRA (new arrays for those), else a copy. */
-  mergedWeights(): Weights { return this.base && this.lora ? mergeLora(this.model, this.lora, this.base, this.weights) : this.getWeights(); }
+  /** The policy's full weights: W + s·B·A per adapted module with LoRA (new arrays for those; the base's own for the rest), else a copy. */
+  async mergedWeights(): Promise<Weights> {
+    return this.base && this.lora ? mergeLoraOnnx(this.model, this.lora, this.base, this.weights, { cache: this.cache, session: this.sessOpts }) : this.getWeights();
+  }
   /**
    * The current weights without copying. Do not modify the arrays. On the CPU a step writes the
    * new weights into these arrays in place: copy (`getWeights`) what must outlive the next step.

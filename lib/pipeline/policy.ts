@@ -8,7 +8,8 @@
 import { join } from 'node:path';
 import { createTokenizer, modelConfig, loadCheckpoint, readModelDirConfigSync, samplingMaskIds, stopTokenIds, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
 import { isAdapterDir, loadAdapter } from '../model/checkpoint.ts';
-import { loraConfig, mergeLora, type LoraConfig } from '../model/lora.ts';
+import { loraConfig, type LoraConfig } from '../model/lora.ts';
+import { mergeLoraOnnx } from '../model/lora-merge.ts';
 import { ConfigError, RlError, TransientError } from '../errors.ts';
 import { loadModelDirTokenizer, type ModelTokenizer } from '../model/hf-model-tokenizer.ts';
 import { existsSync } from 'node:fs';
@@ -148,7 +149,7 @@ export function policyLora(cfg: Config): PolicyLora | null {
  * policy store. A LoRA version (a PEFT adapter directory) is merged into the base, which is read
  * once and kept: W + s·B·A for the adapted layers (new arrays), every other tensor the base's own;
  * an adapter whose B are all zero (version 0) is the base itself, with no copy — the reference policy.
- * (Merged weights, not the adapter path, for sampling: bench/model.ts measures both.)
+ * (Merged weights rather than the adapter path for sampling: bench/model.ts measures both.)
  */
 export class PolicyCache {
   private version = -1;
@@ -194,7 +195,7 @@ export class PolicyCache {
       throw new TransientError(`policy version ${version} at ${dir} went away while loading (being rewritten); retrying`, { cause: e });
     });
     const off = [...ad.adapter].every(([k, v]) => !k.endsWith('.lora_B.weight') || v.every((x) => x === 0));
-    this.weights = off ? this.base : mergeLora(this.expect, l.config, this.base, ad.adapter);
+    this.weights = off ? this.base : await mergeLoraOnnx(this.expect, l.config, this.base, ad.adapter);
     this.version = version;
     this.onLoad?.(version);
     return this.weights;

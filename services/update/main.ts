@@ -375,7 +375,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const old = new Map<string, Float32Array>();
     if (fresh.length) {
       // LoRA: the adapted policy's weights W + s·B·A (the base is not copied for the other tensors)
-      const sc = await scorer.score(lora ? trainer.mergedWeights() : trainer.weightsView() as Weights, fresh.map((f) => ({ prompt: f.prompt, response: f.response })), { temperature: cfg.rollout.temperature, entropy: false });
+      const sc = await scorer.score(lora ? await trainer.mergedWeights() : trainer.weightsView() as Weights, fresh.map((f) => ({ prompt: f.prompt, response: f.response })), { temperature: cfg.rollout.temperature, entropy: false });
       fresh.forEach((f, i) => old.set(f.id, sc[i].logprobs));
     }
     const sums: Record<string, number> = {};

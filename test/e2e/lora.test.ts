@@ -17,7 +17,8 @@ import { fromHfConfig } from '../../lib/model/config.ts';
 import { initWeights } from '../../lib/model/init.ts';
 import { paramSpecs } from '../../lib/model/params.ts';
 import { loadAdapter, loadCheckpoint } from '../../lib/model/checkpoint.ts';
-import { loraConfig, mergeLora } from '../../lib/model/lora.ts';
+import { loraConfig } from '../../lib/model/lora.ts';
+import { mergeLoraOnnx } from '../../lib/model/lora-merge.ts';
 import { decodeSafetensors } from '../../lib/model/safetensors.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { openStore } from '../../lib/store/index.ts';
@@ -101,7 +102,7 @@ test('rlstream train with actor.model.lora: PEFT adapters as policy versions, th
   assert.ok(!existsSync(join(out, 'optimizer.safetensors')) && existsSync(join(out, 'tokenizer.json')));
   const reqs = [{ prompt: [151644, 872, 198, 17, 488, 18], response: [20, 151645] }, { prompt: [9707, 11], response: [1879, 0, 13] }];
   const viaExport = await scorer.score(merged.weights, reqs, { entropy: false });
-  const viaAdapter = await scorer.score(mergeLora(base.config, lora, base.weights, a2.adapter), reqs, { entropy: false });
+  const viaAdapter = await scorer.score(await mergeLoraOnnx(base.config, lora, base.weights, a2.adapter), reqs, { entropy: false });
   viaExport.forEach((r, i) => assert.deepEqual(Array.from(r.logprobs), Array.from(viaAdapter[i].logprobs), `row ${i}: merged export = base + adapter`));
   const viaBase = await scorer.score(base.weights, reqs, { entropy: false });
   assert.ok(viaExport.some((r, i) => r.logprobs.some((x, j) => Math.abs(x - viaBase[i].logprobs[j]) > 1e-4)), 'the merged model is not the base');

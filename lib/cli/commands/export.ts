@@ -4,7 +4,7 @@ import { join, resolve } from 'node:path';
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
 import { isAdapterDir, loadAdapter, loadCheckpoint, saveCheckpoint } from '../../model/checkpoint.ts';
-import { mergeLora } from '../../model/lora.ts';
+import { mergeLoraOnnx } from '../../model/lora-merge.ts';
 import type { HfDtype } from '../../model/config.ts';
 import { paramCount } from '../../model/params.ts';
 import { ConfigError } from '../../errors.ts';
@@ -57,7 +57,7 @@ export const exportCommand: Command = {
       const base = await loadCheckpoint(baseDir, { optimizer: false });
       // an adapter whose shapes or modules do not fit the base is one line naming the tensor
       const peek = await loadAdapter(src, base.config, { optimizer: false });
-      const merged = mergeLora(base.config, peek.lora, base.weights, peek.adapter);
+      const merged = await mergeLoraOnnx(base.config, peek.lora, base.weights, peek.adapter);
       await saveCheckpoint(flags.out, base.config, merged, { dtype, assetsFrom: baseDir, metadata: peek.metadata.policy_version ? { policy_version: peek.metadata.policy_version } : {} });
       process.stdout.write(`merged ${src} (LoRA rank ${peek.lora.rank} on ${peek.lora.targetModules.join(', ')}) into ${baseDir} → ${resolve(flags.out)} (${(paramCount(base.config) / 1e6).toFixed(2)}M parameters, ${flags.dtype ?? 'f32'})\n`);
       return 0;
