@@ -191,8 +191,8 @@ const modelSchema = section({
   tokenizer: z.enum(['byte', 'alphabet']).default('byte').describe('byte: 256 byte tokens + specials; alphabet: one token per character of actor.model.alphabet.'),
   alphabet: z.string().min(1).nullable().default(null).describe('Characters of the alphabet tokenizer; null → the alphabet of data.task.'),
   lora: z.strictObject({
-    rank: z.int().describe('Adapter rank r (≥ 1).'),
-    alpha: z.number().default(16).describe('Scale numerator: the update is (alpha / rank)·B·A (PEFT lora_alpha).'),
+    rank: z.int().default(16).describe('Adapter rank r (≥ 1).'),
+    alpha: z.number().default(32).describe('Scale numerator: the update is (alpha / rank)·B·A (PEFT lora_alpha).'),
     dropout: z.number().default(0).describe('LoRA dropout; only 0 is accepted (dropout on the adapter input is not implemented).'),
     target_modules: z.union([z.literal('all-linear'), z.array(z.string().min(1))]).default('all-linear')
       .describe('Adapted linear layers: a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear (all seven; the LM head is never adapted).'),
