@@ -87,6 +87,15 @@ describe('LoRA trainer', () => {
     assert.ok(maxAbs((await ad.mergedWeights()).get('model.layers.1.mlp.up_proj.weight')!, merged.get('model.layers.1.mlp.up_proj.weight')!) < 1e-6);
   });
 
+  it('the in-graph step (packed outputs, as on a GPU; with micro-batches) gives the in-place CPU step\'s adapters', async () => {
+    const b = batch(4, 9, 3);
+    const cpu = createTrainer({ model, loss, weights: base, lora, seed: 2, cache, threads: 1 });
+    const packed = createTrainer({ model, loss, weights: base, lora, seed: 2, cache, threads: 1, packOutputs: true, microBatchSize: 2 });
+    for (let k = 0; k < 2; k++) { await cpu.step(b, 1e-2); await packed.step(b, 1e-2); }
+    for (const [k, w] of cpu.getWeights()) assert.ok(maxAbs(packed.getWeights().get(k)!, w) < 1e-5, `${k} differs`);
+    assert.deepEqual([...packed.getOptimizerState().expAvgSq.keys()], loraSpecs(model, lora).map((s) => s.name));
+  });
+
   it('refuses adapter tensors that do not fit the model', () => {
     const bad = initLora(model, loraConfig({ rank: 2, alpha: 8, targetModules: 'all-linear' }), 1);
     assert.throws(() => createTrainer({ model, loss, weights: base, lora, adapter: bad, cache }), /LoRA rank 4 on q_proj.*lora_A\.weight has 64 values, expected shape \[4,32\]/);
