@@ -5,7 +5,7 @@
  * load versions through the policy store (lib/policy-store: that directory, or the run's database
  * with a local cache).
  */
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { createTokenizer, modelConfig, loadCheckpoint, readModelDirConfigSync, samplingMaskIds, stopTokenIds, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
 import { isAdapterDir, loadAdapter } from '../model/checkpoint.ts';
 import { loraConfig, type LoraConfig } from '../model/lora.ts';
@@ -144,6 +144,24 @@ export function policyLora(cfg: Config): PolicyLora | null {
   return { config: loraConfig({ rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules }, 'actor.model.lora'), baseDir: cfg.actor.model.path };
 }
 
+const sharedBases = new Map<string, Promise<Weights>>();
+
+/**
+ * The frozen base of a LoRA run, read once per process and shared by every stage in it (update,
+ * rollout, the advantage stage's reference): the arrays are never written (the trainer keeps the
+ * base frozen, merges make new arrays), so in embedded mode the base is in memory once.
+ */
+export function sharedBaseWeights(dir: string): Promise<Weights> {
+  const key = resolve(dir);
+  let p = sharedBases.get(key);
+  if (!p) {
+    p = loadCheckpoint(key, { optimizer: false }).then((ck) => ck.weights);
+    p.catch(() => sharedBases.delete(key));
+    sharedBases.set(key, p);
+  }
+  return p;
+}
+
 /**
  * Loads and caches one policy version's weights (reloaded only when the version changes) from the
  * policy store. A LoRA version (a PEFT adapter directory) is merged into the base, which is read
@@ -188,7 +206,7 @@ export class PolicyCache {
 
   private async adapted(version: number, dir: string): Promise<Weights> {
     const l = this.lora!;
-    this.base ??= (await loadCheckpoint(l.baseDir, { optimizer: false })).weights;
+    this.base ??= await sharedBaseWeights(l.baseDir);
     this.weights = null; // the previous merge may go before the next is made
     const ad = await loadAdapter(dir, this.expect, { optimizer: false, expect: l.config }).catch((e: unknown) => {
       if (existsSync(join(dir, 'adapter_model.safetensors'))) throw e;

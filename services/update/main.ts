@@ -20,7 +20,7 @@ import { join, resolve } from 'node:path';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
-import { tokenizerFor, policyModelConfig, criticModelConfig, experienceScorerOptions, policyLora } from '../../lib/pipeline/policy.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig, experienceScorerOptions, policyLora, sharedBaseWeights } from '../../lib/pipeline/policy.ts';
 import { loadAdapter, saveAdapter, weightsFileOf } from '../../lib/model/checkpoint.ts';
 import { IntegrityError, versionsToPrune, keptCheckpointSteps, ARTIFACT_KINDS, type ArtifactKind, type Executor } from '../../lib/policy-store/index.ts';
 import type { ModelConfig } from '../../lib/model/index.ts';
@@ -142,8 +142,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   let currentSha = '';
   // LoRA (actor.model.lora): the base is read once and frozen; the trainer trains and versions carry the adapters
   const lora = policyLora(cfg);
-  let base: Weights | null = null;
-  const baseWeights = async (): Promise<Weights> => (base ??= (await loadCheckpoint(lora!.baseDir, { optimizer: false })).weights);
+  const baseWeights = (): Promise<Weights> => sharedBaseWeights(lora!.baseDir);
   const trainerOpts = {
     model, ...(lora ? { lora: lora.config } : {}), threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
     optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
