@@ -105,5 +105,10 @@ test('rlstream train with actor.model.lora: PEFT adapters as policy versions, th
   const viaAdapter = await scorer.score(await mergeLoraOnnx(base.config, lora, base.weights, a2.adapter), reqs, { entropy: false });
   viaExport.forEach((r, i) => assert.deepEqual(Array.from(r.logprobs), Array.from(viaAdapter[i].logprobs), `row ${i}: merged export = base + adapter`));
   const viaBase = await scorer.score(base.weights, reqs, { entropy: false });
+  // generate reads the adapter checkpoint (merged into its base): its greedy answer scores as base + adapter
+  const g = JSON.parse(cli('generate', ckptDir, '--prompt', 'Hello', '--max-new-tokens', '3', '--temperature', '0', '--json').trim().split('\n').at(-1)!);
+  // (generate scores with the directory's own config, as `rlstream generate` on any model directory)
+  const [gref] = await new Scorer(merged.config, { threads: 2 }).score(merged.weights, [{ prompt: g.prompt_ids, response: g.response_ids }], { entropy: false });
+  g.logprobs.forEach((lp: number, i: number) => assert.ok(Math.abs(lp - gref.logprobs[i]) < 1e-4, `adapter greedy logprob ${i}: ${lp} vs ${gref.logprobs[i]}`));
   assert.ok(viaExport.some((r, i) => r.logprobs.some((x, j) => Math.abs(x - viaBase[i].logprobs[j]) > 1e-4)), 'the merged model is not the base');
 });

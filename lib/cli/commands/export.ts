@@ -3,7 +3,8 @@ import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { isAdapterDir, loadAdapter, loadCheckpoint, saveCheckpoint } from '../../model/checkpoint.ts';
+import { isAdapterDir, loadAdapter, loadCheckpoint, saveCheckpoint, type AdapterCheckpoint, type Checkpoint } from '../../model/checkpoint.ts';
+import type { Weights } from '../../model/params.ts';
 import { mergeLoraOnnx } from '../../model/lora-merge.ts';
 import type { HfDtype } from '../../model/config.ts';
 import { paramCount } from '../../model/params.ts';
@@ -53,13 +54,9 @@ export const exportCommand: Command = {
     if (isAdapterDir(src) || booleans.has('merge')) {
       if (!isAdapterDir(src)) throw new ConfigError(`--merge: ${src} is not a LoRA adapter (no adapter_config.json); export it without --merge`);
       if (!booleans.has('merge')) throw new ConfigError(`${src} is a LoRA adapter (PEFT layout, loadable with peft as it is); pass --merge to write the merged model`);
-      const baseDir = await baseOf(src, flags.base);
-      const base = await loadCheckpoint(baseDir, { optimizer: false });
-      // an adapter whose shapes or modules do not fit the base is one line naming the tensor
-      const peek = await loadAdapter(src, base.config, { optimizer: false });
-      const merged = await mergeLoraOnnx(base.config, peek.lora, base.weights, peek.adapter);
-      await saveCheckpoint(flags.out, base.config, merged, { dtype, assetsFrom: baseDir, metadata: peek.metadata.policy_version ? { policy_version: peek.metadata.policy_version } : {} });
-      process.stdout.write(`merged ${src} (LoRA rank ${peek.lora.rank} on ${peek.lora.targetModules.join(', ')}) into ${baseDir} → ${resolve(flags.out)} (${(paramCount(base.config) / 1e6).toFixed(2)}M parameters, ${flags.dtype ?? 'f32'})\n`);
+      const { base, baseDir, adapter, weights } = await loadMergedAdapter(src, flags.base);
+      await saveCheckpoint(flags.out, base.config, weights, { dtype, assetsFrom: baseDir, metadata: adapter.metadata.policy_version ? { policy_version: adapter.metadata.policy_version } : {} });
+      process.stdout.write(`merged ${src} (LoRA rank ${adapter.lora.rank} on ${adapter.lora.targetModules.join(', ')}) into ${baseDir} → ${resolve(flags.out)} (${(paramCount(base.config) / 1e6).toFixed(2)}M parameters, ${flags.dtype ?? 'f32'})\n`);
       return 0;
     }
     const ck = await loadCheckpoint(src, { optimizer: false });
@@ -68,6 +65,15 @@ export const exportCommand: Command = {
     return 0;
   },
 };
+
+/** A LoRA adapter directory merged into its base (--base, else base_model_name_or_path). */
+export async function loadMergedAdapter(src: string, baseFlag: string | undefined): Promise<{ base: Checkpoint; baseDir: string; adapter: AdapterCheckpoint; weights: Weights }> {
+  const baseDir = await baseOf(src, baseFlag);
+  const base = await loadCheckpoint(baseDir, { optimizer: false });
+  // an adapter whose shapes or modules do not fit the base is one line naming the tensor
+  const adapter = await loadAdapter(src, base.config, { optimizer: false });
+  return { base, baseDir, adapter, weights: await mergeLoraOnnx(base.config, adapter.lora, base.weights, adapter.adapter) };
+}
 
 /** The base model directory of an adapter: --base, else its adapter_config.json base_model_name_or_path. */
 async function baseOf(adapterDir: string, base: string | undefined): Promise<string> {
