@@ -16,6 +16,12 @@
  *  - process CPU ms per step / per generate call next to the wall times: on a shared machine the
  *    CPU time is the steadier number (with 1 thread it is the wall time minus waiting).
  *
+ *  - LoRA at the SmolLM2-135M shape (RLSTREAM_BENCH_LORA=1): rank 16 on all linear layers vs full
+ *    fine-tuning, same batch (RLSTREAM_BENCH_LORA_B × RLSTREAM_BENCH_LORA_T, default 2 × 1024):
+ *    peak RSS ratio (goal ≤ 0.5), step time ratio (≤ 0.8), policy-version bytes ratio (≤ 0.05: the
+ *    PEFT adapter_model.safetensors vs model.safetensors); and for sampling, the cost of merging
+ *    W + s·B·A once per version vs the adapter path's extra time per forward (B64 × T2, decode-like).
+ *
  * Run: `node --import tsx bench/model.ts` (prints a table). Torch rows are left out, with a
  * message, when PyTorch is not installed.
  */
@@ -30,6 +36,10 @@ import { toHfConfig } from '../lib/model/config.ts';
 import { Sampler } from '../lib/model/sample.ts';
 import { defaultSessionCache } from '../lib/model/session-cache.ts';
 import { Trainer, type TrainBatch } from '../lib/model/train.ts';
+import { initLora, loraConfig, loraSpecs, mergeLora, PEFT_PREFIX } from '../lib/model/lora.ts';
+import { mergeLoraOnnx } from '../lib/model/lora-merge.ts';
+import { paramSpecs } from '../lib/model/params.ts';
+import { encodeSafetensors } from '../lib/model/safetensors.ts';
 import { Rng } from '../lib/util/rng.ts';
 import { runTorch, tempDir, torchPython, writeJson } from '../test/int/model/torch-ref.ts';
 
@@ -121,16 +131,21 @@ type ChildSpec =
   | { kind: 'decode'; shape: Shape; B: number; threads: number; warmup: number; iters: number }
   | { kind: 'gemm'; threads: number }
   | { kind: 'train_real'; name: string; threads: number; warmup: number; iters: number }
-  | { kind: 'decode_real'; threads: number; warmup: number; iters: number };
+  | { kind: 'decode_real'; threads: number; warmup: number; iters: number }
+  | { kind: 'train_lora'; lora: boolean; B: number; T: number; threads: number; warmup: number; iters: number }
+  | { kind: 'lora_sampling'; threads: number };
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const peakRssMb = () => process.resourceUsage().maxRSS / 1024;
 /** CPU ms of the whole process (all ORT threads) since `c0`. */
 const cpuMs = (c0: NodeJS.CpuUsage) => { const d = process.cpuUsage(c0); return (d.user + d.system) / 1000; };
 
-async function childTrain(s: Pick<Shape, 'B' | 'T'> & Partial<Shape>, nThreads: number, warmup: number, iters: number, config?: ModelConfig): Promise<object> {
+/** LoRA benchmark adapter: rank 16 on every linear layer (alpha 32). */
+const BENCH_LORA = loraConfig({ rank: 16, alpha: 32, targetModules: 'all-linear' });
+
+async function childTrain(s: Pick<Shape, 'B' | 'T'> & Partial<Shape>, nThreads: number, warmup: number, iters: number, config?: ModelConfig, lora = false): Promise<object> {
   const c = config ?? configFor(s as Shape);
-  const trainer = new Trainer({ model: c, loss: { type: 'policy' }, threads: nThreads, seed: 0, optim: { weightDecay: 0.01, maxGradNorm: 1 } });
+  const trainer = new Trainer({ model: c, loss: { type: 'policy' }, threads: nThreads, seed: 0, optim: { weightDecay: 0.01, maxGradNorm: 1 }, ...(lora ? { lora: BENCH_LORA } : {}) });
   const rng = Rng.fromSeed('bench:train');
   const n = s.B * s.T;
   const tokens = Int32Array.from({ length: n }, () => rng.int(c.vocabSize));
@@ -147,7 +162,67 @@ async function childTrain(s: Pick<Shape, 'B' | 'T'> & Partial<Shape>, nThreads: 
   const params = [...trainer.weightsView().values()].reduce((a, w) => a + w.length, 0);
   const peak = peakRssMb();
   await defaultSessionCache.clear(); // flushes an ORT profile (RLSTREAM_ORT_PROFILE)
-  return { ms: median(times), cpu_ms: median(cpu), times_ms: times, peak_rss_mb: peak, params };
+  // what a policy version stores (after the peak is taken): the PEFT adapter file, or model.safetensors
+  const version_bytes = lora
+    ? encodeSafetensors(loraSpecs(c, BENCH_LORA).map((p) => [PEFT_PREFIX + p.name, { shape: p.shape, data: trainer.weightsView().get(p.name)! }]), { format: 'pt' }).length
+    : encodeSafetensors(paramSpecs(c).map((p) => [p.name, { shape: p.shape, data: trainer.weightsView().get(p.name)! }]), { format: 'pt' }).length;
+  return { ms: median(times), cpu_ms: median(cpu), times_ms: times, peak_rss_mb: peak, params, version_bytes };
+}
+
+/**
+ * Sampling with LoRA at the 135M shape: merging W + s·B·A once per policy version (ORT, and the JS reference)
+ * vs the adapter path's extra time per forward, measured on the eval graph at B64 × T2 (a
+ * decode-like step: 64 rows, few tokens) with and without the adapters.
+ */
+async function childLoraSampling(nThreads: number): Promise<object> {
+  const c = realConfig('smollm2_135m');
+  const base = initWeights(c, 0);
+  const adapter = initLora(c, BENCH_LORA, 1);
+  const rng = Rng.fromSeed('bench:lora');
+  for (const [k, a] of adapter) if (k.endsWith('lora_B.weight')) for (let i = 0; i < a.length; i++) a[i] = 0.01 * (rng.next() - 0.5);
+  let t0 = performance.now();
+  mergeLora(c, BENCH_LORA, base, adapter);
+  const merge_js_ms = performance.now() - t0;
+  await mergeLoraOnnx(c, BENCH_LORA, base, adapter, { session: { threads: nThreads } }); // session build
+  t0 = performance.now();
+  await mergeLoraOnnx(c, BENCH_LORA, base, adapter, { session: { threads: nThreads } });
+  const merge_ms = performance.now() - t0;
+  const B = 64, T = 2, n = B * T;
+  const batch: TrainBatch = {
+    batchSize: B, seqLen: T, tokens: Int32Array.from({ length: n }, () => rng.int(c.vocabSize)), responseMask: new Float32Array(n).fill(1),
+    advantages: new Float32Array(n), oldLogprobs: new Float32Array(n).fill(-10),
+  };
+  const time = async (tr: Trainer, adapters: boolean): Promise<number> => {
+    const ts: number[] = [];
+    for (let i = 0; i < 7; i++) { const a = performance.now(); await tr.evaluate(batch, { adapters }); if (i >= 2) ts.push(performance.now() - a); }
+    return median(ts);
+  };
+  const tr = new Trainer({ model: c, loss: { type: 'policy' }, threads: nThreads, weights: base, lora: BENCH_LORA, adapter });
+  const adapter_ms = await time(tr, true), base_ms = await time(tr, false);
+  return { merge_ms, merge_js_ms, adapter_forward_ms: adapter_ms, base_forward_ms: base_ms, peak_rss_mb: peakRssMb() };
+}
+
+/** LoRA rank 16 all-linear vs full fine-tuning at the 135M shape, same batch; then the sampling trade-off. */
+export async function loraRows(rows: Row[], nThreads: number): Promise<void> {
+  const B = Number(process.env.RLSTREAM_BENCH_LORA_B) || 2, T = Number(process.env.RLSTREAM_BENCH_LORA_T) || 1024;
+  const iters = Number(process.env.RLSTREAM_BENCH_LORA_ITERS) || 2;
+  const c = realConfig('smollm2_135m');
+  const tag = `smollm2_135m${c.numHiddenLayers !== 30 ? `_l${c.numHiddenLayers}` : ''}_b${B}_t${T}_r16_all`;
+  const full = await runChild({ kind: 'train_lora', lora: false, B, T, threads: nThreads, warmup: 1, iters });
+  const lora = await runChild({ kind: 'train_lora', lora: true, B, T, threads: nThreads, warmup: 1, iters });
+  rows.push({ name: `model/lora/${tag}/full_ms`, value: round(full.ms), unit: 'ms' });
+  rows.push({ name: `model/lora/${tag}/lora_ms`, value: round(lora.ms), unit: 'ms' });
+  rows.push({ name: `model/lora/${tag}/full_peak_rss`, value: Math.round(full.peak_rss_mb), unit: 'MB' });
+  rows.push({ name: `model/lora/${tag}/lora_peak_rss`, value: Math.round(lora.peak_rss_mb), unit: 'MB' });
+  rows.push({ name: `model/lora/${tag}/trained_params`, value: lora.params, unit: 'params' });
+  rows.push({ name: `model/lora/${tag}/rss_ratio`, value: round(lora.peak_rss_mb / full.peak_rss_mb), unit: 'ratio', goal: 0.5, better: 'lower' });
+  rows.push({ name: `model/lora/${tag}/step_time_ratio`, value: round(lora.ms / full.ms), unit: 'ratio', goal: 0.8, better: 'lower' });
+  rows.push({ name: `model/lora/${tag}/version_bytes_ratio`, value: round(lora.version_bytes / full.version_bytes), unit: 'ratio', goal: 0.05, better: 'lower' });
+  const s = await runChild({ kind: 'lora_sampling', threads: nThreads });
+  rows.push({ name: 'model/lora/smollm2_135m_r16_all/merge_ms', value: round(s.merge_ms), unit: 'ms' });
+  rows.push({ name: 'model/lora/smollm2_135m_r16_all/merge_js_ms', value: round(s.merge_js_ms), unit: 'ms' });
+  rows.push({ name: 'model/lora/smollm2_135m_r16_all/b64_t2_forward_adapter_ms', value: round(s.adapter_forward_ms), unit: 'ms' });
+  rows.push({ name: 'model/lora/smollm2_135m_r16_all/b64_t2_forward_base_ms', value: round(s.base_forward_ms), unit: 'ms' });
 }
 
 async function childDecode(s: Shape, B: number, nThreads: number, warmup: number, iters: number): Promise<object> {
@@ -200,6 +275,8 @@ async function child(spec: ChildSpec): Promise<object> {
     case 'gemm': return childGemm(spec.threads);
     case 'decode_real': return childDecodeReal(spec.threads, spec.warmup, spec.iters);
     case 'train_real': return childTrain({ B: REAL_TRAIN.B, T: REAL_TRAIN.T }, spec.threads, spec.warmup, spec.iters, realConfig(spec.name));
+    case 'train_lora': return childTrain({ B: spec.B, T: spec.T }, spec.threads, spec.warmup, spec.iters, realConfig('smollm2_135m'), spec.lora);
+    case 'lora_sampling': return childLoraSampling(spec.threads);
   }
 }
 
@@ -290,6 +367,8 @@ export async function run(): Promise<Row[]> {
 
     if (process.env.RLSTREAM_BENCH_REAL === '1') await realRows(rows, nThreads, torch.python !== null, tmp.dir);
     else console.error('bench/model: real-shape rows (135M / 0.5B train step) skipped: set RLSTREAM_BENCH_REAL=1');
+    if (process.env.RLSTREAM_BENCH_LORA === '1') await loraRows(rows, nThreads);
+    else console.error('bench/model: LoRA rows (135M, rank 16 vs full fine-tuning) skipped: set RLSTREAM_BENCH_LORA=1');
 
     const ds = SHAPES[0];
     const dcfg = join(tmp.dir, `${ds.name}.json`);

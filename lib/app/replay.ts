@@ -154,6 +154,7 @@ interface ReplayState { copied: number; sourceRunId: string; lastStep: number; b
 export async function replayRun(opts: ReplayOptions): Promise<ReplayOutcome> {
   const src = await findSource(opts.from, opts.overrides);
   const { cfg, srcCfg } = replayConfig(src, opts);
+  if (srcCfg.actor.model.lora || cfg.actor.model.lora) throw new ConfigError(`replay: run ${src.runId} trains LoRA adapters (actor.model.lora), which replay does not support yet; start a new run instead`);
   const log = typeof opts.log === 'function' ? opts.log(cfg.pipeline.run_id ?? src.runId) : opts.log;
   if (opts.untilStep !== undefined && !(Number.isInteger(opts.untilStep) && opts.untilStep >= 1)) throw new ConfigError(`--until-step must be a positive integer, got ${opts.untilStep}`);
   const p = await openPipeline(cfg, { log, clientId: `rlstream-replay-${cfg.pipeline.run_id ?? ''}` });

@@ -10,6 +10,7 @@ import { closest } from './suggest.ts';
 import { rewardFns } from '../reward-fns/index.ts';
 import { tasks } from '../tasks/index.ts';
 import { redactSecrets, redactString } from './redact.ts';
+import { loraConfig } from '../model/lora.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Derived values
@@ -138,6 +139,15 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResu
   const errors: string[] = [];
   const warnings: string[] = [];
   const { data, algorithm: alg, rollout, actor, critic, reward, trainer, pipeline } = cfg;
+
+  // --- LoRA: rank, dropout and target modules in one line each, naming the key
+  if (actor.model.lora) {
+    const l = actor.model.lora;
+    try { loraConfig({ rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules }, 'actor.model.lora'); } catch (e) { errors.push((e as Error).message); }
+    if (!actor.model.path) errors.push('actor.model.lora needs actor.model.path: the base model directory the adapters are trained on (LoRA on a randomly initialised model has nothing to adapt)');
+    if (alg.ema.enable) errors.push('actor.model.lora with algorithm.ema.enable = true is not supported (the EMA averages full weights); turn one of them off');
+    if (trainer.load_checkpoint_path && !trainer.val_only) errors.push('actor.model.lora with trainer.load_checkpoint_path is not supported yet; resume the LoRA run itself (trainer.find_last_checkpoint=true), or export --merge its checkpoint and give that as actor.model.path');
+  }
 
   // --- data sources
   const taskNames = tasks.names();

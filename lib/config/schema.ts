@@ -208,6 +208,13 @@ const modelSchema = section({
     rope: z.enum(['2d', '1d']).default('2d').describe('Rotary positions in the ViT: 2d = patch (row, column) (Qwen2-VL), 1d = patch index.'),
   }, 'Vision tower of a fresh vision-language policy (Qwen2-VL layout).'),
   freeze_vision_tower: z.boolean().default(false).describe('Do not train a vision-language policy\'s vision tower: no gradient reaches it and its weights and optimizer moments stay as loaded (no weight decay either).'),
+  lora: z.strictObject({
+    rank: z.int().default(16).describe('Adapter rank r (≥ 1).'),
+    alpha: z.number().default(32).describe('Scale numerator: the update is (alpha / rank)·B·A (PEFT lora_alpha).'),
+    dropout: z.number().default(0).describe('LoRA dropout; only 0 is accepted (dropout on the adapter input is not implemented).'),
+    target_modules: z.union([z.literal('all-linear'), z.array(z.string().min(1))]).default('all-linear')
+      .describe('Adapted linear layers: a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear (all seven; the LM head is never adapted).'),
+  }).nullable().default(null).describe('LoRA (Hu et al. 2021, PEFT conventions): train low-rank adapters A [r, in] (Kaiming-uniform) and B [out, r] (zeros) on the chosen linear layers while the base weights stay frozen (no gradients, no AdamW state). The reference policy is the base with the adapters off; policy versions and checkpoints carry only the adapter in PEFT layout (adapter_config.json + adapter_model.safetensors); `rlstream export --merge` writes the merged model. null = full fine-tuning.'),
 }, 'Policy model: a checkpoint to load or the architecture of a fresh one.');
 
 function optimSchema(lr: number, description: string) {

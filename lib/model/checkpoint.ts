@@ -24,7 +24,8 @@ import path from 'node:path';
 import { ConfigError, withStoragePath } from '../errors.ts';
 import { fromHfConfig, modelConfig, stopTokenIds, toHfConfig, type HfDtype, type ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
-import { numel, paramSpecs, type Weights } from './params.ts';
+import { ADAPTER_CONFIG_FILE, ADAPTER_MODEL_FILE, PEFT_PREFIX, loraFromPeftConfig, loraSpecs, peftAdapterConfig, validateAdapter, type LoraConfig } from './lora.ts';
+import { numel, paramSpecs, type ParamSpec, type Weights } from './params.ts';
 import { decodeSafetensors, encodeSafetensors, fromFloat32, toFloat32, type StTensor } from './safetensors.ts';
 import type { OptimizerState } from './train.ts';
 
@@ -75,50 +76,48 @@ async function syncDir(dir: string): Promise<void> {
 
 export function sha256(data: Uint8Array): string { return createHash('sha256').update(data).digest('hex'); }
 
-/** Write a checkpoint directory atomically; returns the sha256 of model.safetensors. */
-export async function saveCheckpoint(dir: string, config: ModelConfig, weights: Weights, opts: SaveOptions = {}): Promise<{ weightsSha256: string }> {
-  const specs = paramSpecs(config);
-  for (const s of specs) {
-    const w = weights.get(s.name);
-    if (!w) throw new ConfigError(`saveCheckpoint: weights lack ${s.name}`);
-    if (w.length !== numel(s.shape)) throw new ConfigError(`saveCheckpoint: ${s.name} has ${w.length} values, expected [${s.shape}]`);
-  }
-  const dtype = opts.dtype ?? 'float32';
-  const model = encodeSafetensors(specs.map((s) => [s.name, fromFloat32(weights.get(s.name)!, s.shape, dtype)]), { format: 'pt', ...(opts.metadata ?? {}) });
-  // the source's generation config and tokenizer files (read before the temporary directory exists)
+/** generation_config.json and the tokenizer files of `assetsFrom` (a generation config from `config` when it has none). */
+async function sideFiles(config: ModelConfig, assetsFrom: string | null): Promise<Map<string, Buffer>> {
   const side = new Map<string, Buffer>();
-  if (opts.assetsFrom) {
+  if (assetsFrom) {
     for (const f of [GENERATION_CONFIG_FILE, ...TOKENIZER_FILES]) {
-      try { side.set(f, await fs.readFile(path.join(opts.assetsFrom, f))); } catch (e) { if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e; }
+      try { side.set(f, await fs.readFile(path.join(assetsFrom, f))); } catch (e) { if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e; }
     }
   }
   if (!side.has(GENERATION_CONFIG_FILE)) {
     const eos = stopTokenIds(config);
     side.set(GENERATION_CONFIG_FILE, Buffer.from(JSON.stringify({ bos_token_id: config.bosTokenId, eos_token_id: eos.length === 1 ? eos[0] : eos, pad_token_id: config.padTokenId }, null, 2) + '\n'));
   }
+  return side;
+}
+
+/** optimizer.safetensors: AdamW moments `<name>.exp_avg` / `.exp_avg_sq` for `specs`, the step in metadata. */
+function optimizerFile(specs: ParamSpec[], o: OptimizerState): Buffer {
+  const entries: [string, { shape: number[]; data: Float32Array }][] = [];
+  for (const s of specs) {
+    const m = o.expAvg.get(s.name), v = o.expAvgSq.get(s.name);
+    if (!m || !v) throw new ConfigError(`saveCheckpoint: optimizer state lacks moments for ${s.name}`);
+    entries.push([`${s.name}.exp_avg`, { shape: s.shape, data: m }], [`${s.name}.exp_avg_sq`, { shape: s.shape, data: v }]);
+  }
+  return encodeSafetensors(entries, { step: String(o.step), optimizer: 'adamw' });
+}
+
+/**
+ * Writes `files` as directory `dir`: under a temporary name, every file fsynced, then renamed into
+ * place (an existing `dir` is replaced only with `overwrite`), so a half-written directory never looks valid.
+ */
+async function writeDirAtomic(dir: string, files: ReadonlyMap<string, Uint8Array | string>, overwrite: boolean): Promise<void> {
   const parent = path.dirname(path.resolve(dir));
   await fs.mkdir(parent, { recursive: true });
   const tmp = path.join(parent, `.${path.basename(dir)}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
   await fs.mkdir(tmp);
   try {
-    await writeSynced(path.join(tmp, MODEL_FILE), model);
-    if (opts.optimizer) {
-      const o = opts.optimizer;
-      const entries: [string, { shape: number[]; data: Float32Array }][] = [];
-      for (const s of specs) {
-        const m = o.expAvg.get(s.name), v = o.expAvgSq.get(s.name);
-        if (!m || !v) throw new ConfigError(`saveCheckpoint: optimizer state lacks moments for ${s.name}`);
-        entries.push([`${s.name}.exp_avg`, { shape: s.shape, data: m }], [`${s.name}.exp_avg_sq`, { shape: s.shape, data: v }]);
-      }
-      await writeSynced(path.join(tmp, OPTIMIZER_FILE), encodeSafetensors(entries, { step: String(o.step), optimizer: 'adamw' }));
-    }
-    await writeSynced(path.join(tmp, CONFIG_FILE), JSON.stringify(toHfConfig(config, dtype), null, 2) + '\n');
-    for (const [f, data] of side) await writeSynced(path.join(tmp, f), data);
+    for (const [f, data] of files) await writeSynced(path.join(tmp, f), data);
     await syncDir(tmp);
     let old: string | null = null;
     try {
       await fs.access(dir);
-      if (!opts.overwrite) throw new ConfigError(`saveCheckpoint: ${dir} already exists (pass overwrite: true to replace it)`);
+      if (!overwrite) throw new ConfigError(`saveCheckpoint: ${dir} already exists (pass overwrite: true to replace it)`);
       old = `${tmp}.old`;
       await fs.rename(dir, old);
     } catch (e) {
@@ -131,6 +130,25 @@ export async function saveCheckpoint(dir: string, config: ModelConfig, weights: 
     await fs.rm(tmp, { recursive: true, force: true }).catch(() => undefined);
     throw e;
   }
+}
+
+/** Write a checkpoint directory atomically; returns the sha256 of model.safetensors. */
+export async function saveCheckpoint(dir: string, config: ModelConfig, weights: Weights, opts: SaveOptions = {}): Promise<{ weightsSha256: string }> {
+  const specs = paramSpecs(config);
+  for (const s of specs) {
+    const w = weights.get(s.name);
+    if (!w) throw new ConfigError(`saveCheckpoint: weights lack ${s.name}`);
+    if (w.length !== numel(s.shape)) throw new ConfigError(`saveCheckpoint: ${s.name} has ${w.length} values, expected [${s.shape}]`);
+  }
+  const dtype = opts.dtype ?? 'float32';
+  const model = encodeSafetensors(specs.map((s) => [s.name, fromFloat32(weights.get(s.name)!, s.shape, dtype)]), { format: 'pt', ...(opts.metadata ?? {}) });
+  // the source's generation config and tokenizer files (read before the temporary directory exists)
+  const side = await sideFiles(config, opts.assetsFrom ?? null);
+  const files = new Map<string, Uint8Array | string>([[MODEL_FILE, model]]);
+  if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
+  files.set(CONFIG_FILE, JSON.stringify(toHfConfig(config, dtype), null, 2) + '\n');
+  for (const [f, data] of side) files.set(f, data);
+  await writeDirAtomic(dir, files, !!opts.overwrite);
   return { weightsSha256: sha256(model) };
 }
 
@@ -286,7 +304,104 @@ export async function loadCheckpoint(dir: string, opts: { optimizer?: boolean } 
   return out;
 }
 
-/** sha256 of a checkpoint's model.safetensors. */
+/** The weights file of a model directory: adapter_model.safetensors for a LoRA adapter, else model.safetensors. */
+export function weightsFileOf(dir: string): string { return isAdapterDir(dir) ? ADAPTER_MODEL_FILE : MODEL_FILE; }
+
+/** sha256 of a checkpoint's model.safetensors (a LoRA adapter's adapter_model.safetensors). */
 export async function checkpointSha256(dir: string): Promise<string> {
-  return sha256(await readFile(path.join(dir, MODEL_FILE), MODEL_FILE));
+  const f = weightsFileOf(dir);
+  return sha256(await readFile(path.join(dir, f), f));
+}
+
+// ── LoRA adapters in PEFT layout (lib/model/lora.ts) ──
+
+export interface AdapterSaveOptions {
+  optimizer?: OptimizerState;
+  metadata?: Record<string, string>;
+  overwrite?: boolean;
+  /** The base model directory (adapter_config.json base_model_name_or_path; its generation config and tokenizer files are copied). */
+  basePath: string | null;
+}
+
+export interface AdapterCheckpoint {
+  lora: LoraConfig;
+  /** Adapter tensors by rlstream name (`<module>.lora_A.weight`, without PEFT's prefix). */
+  adapter: Weights;
+  optimizer?: OptimizerState;
+  /** sha256 (hex) of adapter_model.safetensors. */
+  weightsSha256: string;
+  metadata: Record<string, string>;
+  /** base_model_name_or_path of adapter_config.json. */
+  basePath: string | null;
+}
+
+/** Whether `dir` holds a PEFT adapter (adapter_config.json) rather than a full model. */
+export function isAdapterDir(dir: string): boolean { return existsSync(path.join(dir, ADAPTER_CONFIG_FILE)); }
+
+/**
+ * Write a PEFT adapter directory atomically: adapter_config.json, adapter_model.safetensors
+ * (tensors `base_model.model.<module>.lora_A.weight` / `.lora_B.weight`, F32, metadata format pt),
+ * optionally optimizer.safetensors (the adapters' AdamW moments), and the base's generation config
+ * and tokenizer files. No config.json: transformers and peft load the base from
+ * base_model_name_or_path and apply the adapter. Returns the sha256 of adapter_model.safetensors.
+ */
+export async function saveAdapter(dir: string, config: ModelConfig, lora: LoraConfig, adapter: Weights, opts: AdapterSaveOptions): Promise<{ weightsSha256: string }> {
+  validateAdapter(config, lora, adapter, 'saveAdapter');
+  const specs = loraSpecs(config, lora);
+  const model = encodeSafetensors(specs.map((s) => [PEFT_PREFIX + s.name, { shape: s.shape, data: adapter.get(s.name)! }]), { format: 'pt', ...(opts.metadata ?? {}) });
+  const files = new Map<string, Uint8Array | string>([[ADAPTER_MODEL_FILE, model]]);
+  if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
+  files.set(ADAPTER_CONFIG_FILE, JSON.stringify(peftAdapterConfig(lora, opts.basePath), null, 2) + '\n');
+  for (const [f, data] of await sideFiles(config, opts.basePath)) files.set(f, data);
+  await writeDirAtomic(dir, files, !!opts.overwrite);
+  return { weightsSha256: sha256(model) };
+}
+
+/**
+ * Load a PEFT adapter directory for the base model `config`. An adapter that does not fit the
+ * base (another architecture, width or depth; target modules it lacks) is one line naming the
+ * tensor and both shapes; `expect` (the run's LoRA config) must match rank, alpha and targets.
+ */
+export async function loadAdapter(dir: string, config: ModelConfig, opts: { optimizer?: boolean; expect?: LoraConfig } = {}): Promise<AdapterCheckpoint> {
+  const cfgFile = path.join(dir, ADAPTER_CONFIG_FILE);
+  const lora = loraFromPeftConfig(await readJson(cfgFile, ADAPTER_CONFIG_FILE), cfgFile);
+  if (opts.expect) {
+    const e = opts.expect;
+    if (e.rank !== lora.rank || e.alpha !== lora.alpha || e.targetModules.join() !== lora.targetModules.join()) {
+      throw new ConfigError(`${cfgFile}: the adapter (rank ${lora.rank}, alpha ${lora.alpha}, target modules ${lora.targetModules.join(', ')}) is not actor.model.lora (rank ${e.rank}, alpha ${e.alpha}, target modules ${e.targetModules.join(', ')}); set actor.model.lora to the adapter's values`);
+    }
+  }
+  const file = path.join(dir, ADAPTER_MODEL_FILE);
+  const buf = await readFile(file, ADAPTER_MODEL_FILE);
+  const { tensors, metadata } = decodeSafetensors(buf, file);
+  const specs = loraSpecs(config, lora);
+  const known = new Set(specs.map((s) => PEFT_PREFIX + s.name));
+  const base = `the base model (${config.modelType}, ${config.numHiddenLayers} layers, hidden ${config.hiddenSize}, ffn ${config.intermediateSize})`;
+  for (const k of tensors.keys()) {
+    if (!known.has(k)) throw new ConfigError(`${file}: tensor ${k} has no module in ${base}; the adapter was trained on another base model`);
+  }
+  const adapter: Weights = new Map();
+  for (const s of specs) {
+    const t = tensors.get(PEFT_PREFIX + s.name);
+    if (!t) throw new ConfigError(`${file}: tensor ${PEFT_PREFIX + s.name} is missing (target modules ${lora.targetModules.join(', ')} on ${base})`);
+    if (t.shape.join() !== s.shape.join()) throw new ConfigError(`${file}: tensor ${PEFT_PREFIX + s.name} has shape [${t.shape}], ${base} needs [${s.shape}]; the adapter was trained on another base model`);
+    adapter.set(s.name, toFloat32(t, s.name, file));
+  }
+  const cfgJson = await readJson(cfgFile, ADAPTER_CONFIG_FILE);
+  const out: AdapterCheckpoint = { lora, adapter, weightsSha256: sha256(buf), metadata, basePath: typeof cfgJson.base_model_name_or_path === 'string' ? cfgJson.base_model_name_or_path : null };
+  if (opts.optimizer !== false) {
+    const ofile = path.join(dir, OPTIMIZER_FILE);
+    if (existsSync(ofile)) {
+      const od = decodeSafetensors(await fs.readFile(ofile), ofile);
+      const step = Number(od.metadata.step);
+      if (!Number.isInteger(step) || step < 0) throw new ConfigError(`${ofile}: metadata "step" must be a non-negative integer, got ${JSON.stringify(od.metadata.step)}`);
+      const pick = (suffix: string): Weights => new Map(specs.map((s) => {
+        const t = od.tensors.get(s.name + suffix);
+        if (!t || t.shape.join() !== s.shape.join()) throw new ConfigError(`${ofile}: ${s.name + suffix} is missing or not [${s.shape}]`);
+        return [s.name, toFloat32(t, s.name + suffix, ofile)];
+      }));
+      out.optimizer = { step, expAvg: pick('.exp_avg'), expAvgSq: pick('.exp_avg_sq') };
+    } else if (opts.optimizer === true) throw new ConfigError(`checkpoint: ${OPTIMIZER_FILE} not found in ${dir}`);
+  }
+  return out;
 }

@@ -11,3 +11,4 @@ export * from './train-graph.ts';
 export * from './train.ts';
 export * from './session-cache.ts';
 export * from './vision.ts';
+export * from './lora.ts';

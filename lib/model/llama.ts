@@ -12,6 +12,7 @@
 import { GraphBuilder, GraphError, Var, dimEq, fmtShape, type Dim } from '../onnx/builder.ts';
 import { embedding, linear, rmsNorm, rope, swiglu } from '../onnx/nn.ts';
 import { hasQkNorm, type ModelConfig } from './config.ts';
+import { loraScale, type LoraConfig } from './lora.ts';
 import { paramSpecs, type Weights } from './params.ts';
 
 export type ParamVars = Map<string, Var>;
@@ -126,6 +127,8 @@ export interface LlamaForwardOptions {
   past?: { keys: Var[]; values: Var[] };
   /** Replace token embeddings [N = B·T, D] before the first layer (vision.ts placeImageTokens). */
   placeImages?: (tokens: Var, N: Dim) => Var;
+  /** LoRA adapters (lib/model/lora.ts): `p` holds `<module>.lora_A.weight` / `.lora_B.weight`. */
+  lora?: { config: LoraConfig; p: ParamVars };
 }
 
 export interface LlamaForwardResult {
@@ -167,6 +170,13 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
   if (o.placeImages) x = o.placeImages(x, N);
   const presentKeys: Var[] = [], presentValues: Var[] = [];
   const scale = 1 / Math.sqrt(hd);
+  const lora = o.lora ?? null;
+  const loraS = lora ? loraScale(lora.config) : 0;
+  /** y + s·(x·Aᵀ)·Bᵀ for an adapted module (Hu et al. 2021): x [N, in], A [r, in], B [out, r] → [N, out]; y unchanged otherwise. */
+  const adapt = (y: Var, x: Var, module: string, path: string): Var => {
+    if (!lora || !lora.config.targetModules.includes(module as never)) return y;
+    return b.scope(`lora.${module}`, () => b.add(y, b.gemm(linear(b, x, param(lora.p, `${path}.lora_A.weight`)), param(lora.p, `${path}.lora_B.weight`), { transB: true, alpha: loraS })));
+  };
 
   for (let l = 0; l < c.numHiddenLayers; l++) {
     const pre = `model.layers.${l}`;
@@ -178,7 +188,8 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
         const qd = H * hd, kvd = KVH * hd;
         const wqkv = b.concat([param(p, `${pre}.self_attn.q_proj.weight`), param(p, `${pre}.self_attn.k_proj.weight`), param(p, `${pre}.self_attn.v_proj.weight`)], 0);
         const bqkv = c.attentionBias ? b.concat([param(p, `${pre}.self_attn.q_proj.bias`), param(p, `${pre}.self_attn.k_proj.bias`), param(p, `${pre}.self_attn.v_proj.bias`)], 0) : null;
-        const [q0, k0, v0] = b.split(linear(b, h, wqkv, bqkv), 1, [qd, kvd, kvd]);
+        const [q00, k00, v00] = b.split(linear(b, h, wqkv, bqkv), 1, [qd, kvd, kvd]);
+        const q0 = adapt(q00, h, 'q_proj', `${pre}.self_attn.q_proj`), k0 = adapt(k00, h, 'k_proj', `${pre}.self_attn.k_proj`), v0 = adapt(v00, h, 'v_proj', `${pre}.self_attn.v_proj`);
         let q = b.reshape(q0, [B, T, H, hd]);
         let k = b.reshape(k0, [B, T, KVH, hd]);
         if (hasQkNorm(c)) {
@@ -203,14 +214,16 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
           const probs = b.softmax(b.add(b.matmul(q5, b.unsqueeze(b.transposeLast2(k4), [2])), bias5), -1); // [B, KVH, G, T, S]
           ctx = b.transpose(b.matmul(probs, b.unsqueeze(v4, [2])), [0, 3, 1, 2, 4]); // [B, T, KVH, G, hd]
         }
-        return linear(b, b.reshape(ctx, [N, H * hd]), param(p, `${pre}.self_attn.o_proj.weight`));
+        const ctx2 = b.reshape(ctx, [N, H * hd]);
+        return adapt(linear(b, ctx2, param(p, `${pre}.self_attn.o_proj.weight`)), ctx2, 'o_proj', `${pre}.self_attn.o_proj`);
       });
       x = b.add(x, attnOut);
       const mlpOut = b.scope('mlp', () => {
         const h = rmsNorm(b, x, param(p, `${pre}.post_attention_layernorm.weight`), c.rmsNormEps);
         const F = c.intermediateSize;
-        const [gate, up] = b.split(linear(b, h, b.concat([param(p, `${pre}.mlp.gate_proj.weight`), param(p, `${pre}.mlp.up_proj.weight`)], 0)), 1, [F, F]);
-        return linear(b, swiglu(b, gate, up), param(p, `${pre}.mlp.down_proj.weight`));
+        const [gate0, up0] = b.split(linear(b, h, b.concat([param(p, `${pre}.mlp.gate_proj.weight`), param(p, `${pre}.mlp.up_proj.weight`)], 0)), 1, [F, F]);
+        const act = swiglu(b, adapt(gate0, h, 'gate_proj', `${pre}.mlp.gate_proj`), adapt(up0, h, 'up_proj', `${pre}.mlp.up_proj`));
+        return adapt(linear(b, act, param(p, `${pre}.mlp.down_proj.weight`)), act, 'down_proj', `${pre}.mlp.down_proj`);
       });
       x = b.add(x, mlpOut);
     });

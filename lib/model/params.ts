@@ -76,9 +76,8 @@ export function numel(shape: readonly number[]): number { return shape.reduce((a
 
 export function paramCount(c: ModelConfig): number { return paramSpecs(c).reduce((s, p) => s + numel(p.shape), 0); }
 
-/** Check that `w` has exactly the config's parameters with the right sizes. */
-export function validateWeights(c: ModelConfig, w: Weights, what = 'weights'): void {
-  const specs = paramSpecs(c);
+/** Check that `w` has exactly the config's parameters (or `specs`, e.g. LoRA adapters) with the right sizes. */
+export function validateWeights(c: ModelConfig, w: Weights, what = 'weights', specs: ParamSpec[] = paramSpecs(c)): void {
   const expected = new Set(specs.map((s) => s.name));
   const missing = specs.filter((s) => !w.has(s.name)).map((s) => s.name);
   const extra = [...w.keys()].filter((k) => !expected.has(k));
@@ -96,6 +95,6 @@ export function cloneWeights(w: Weights): Weights {
   return new Map([...w].map(([k, v]) => [k, Float32Array.from(v)]));
 }
 
-export function zerosLikeWeights(c: ModelConfig): Weights {
-  return new Map(paramSpecs(c).map((s) => [s.name, new Float32Array(numel(s.shape))]));
+export function zerosLikeWeights(c: ModelConfig, specs: ParamSpec[] = paramSpecs(c)): Weights {
+  return new Map(specs.map((s) => [s.name, new Float32Array(numel(s.shape))]));
 }

@@ -19,7 +19,7 @@
  * AdamW (Loshchilov & Hutter 2019, torch.optim.AdamW): g ← g·min(1, max_norm / (‖g‖ + 1e-6));
  * m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²; p ← p·(1 − lr·λ) − lr/(1−β₁ᵗ) · m / (√v / √(1−β₂ᵗ) + ε).
  */
-import { GraphBuilder, type FloatDType, type Var } from '../onnx/builder.ts';
+import { GraphBuilder, type Dim, type FloatDType, type Var } from '../onnx/builder.ts';
 import { numel } from '../onnx/dims.ts';
 import { chunkedLmHeadLogprob } from '../onnx/nn.ts';
 import type { ModelConfig } from './config.ts';
@@ -27,6 +27,7 @@ import { declareParams, llamaForward, valueHead, type ParamVars } from './llama.
 import { policyLossGraph, policyLossNeeds, sftLossGraph, valueLossGraph, type LossConfig, type LossGraph, type TokenTensors } from './loss.ts';
 import { isVisionParam, paramSpecs } from './params.ts';
 import { placeImageTokens } from './vision.ts';
+import { loraSpecs, type LoraConfig } from './lora.ts';
 import { logitBiasOf } from './decode-graph.ts';
 
 export interface OptimConfig {
@@ -61,6 +62,12 @@ export interface TrainGraphSpec {
    * zero and the step modes pass its weights and moments through unchanged (no decay either).
    */
   freezeVisionTower?: boolean;
+  /**
+   * LoRA (lib/model/lora.ts): the base weights stay inputs but are frozen (no gradient, no AdamW
+   * state); the adapters `<module>.lora_A.weight` / `.lora_B.weight` are the trained parameters,
+   * so `grad.*`, `new.*`, `acc.*` and the moments are the adapters' only.
+   */
+  lora?: LoraConfig;
 }
 
 /**
@@ -113,9 +120,17 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   }
 
   const p = declareParams(b, model, 'inputs');
-  // a VLM places its image tokens at the <|image_pad|> positions (vision.ts; inputs pixel_patches, patch_pos, patch_mask, embed_index)
-  const freeze = !!spec.freezeVisionTower;
-  const { hidden } = llamaForward(b, model, p, { ids, positions, attentionMask: attn, ...(model.vision ? { placeImages: (x, N) => placeImageTokens(b, model, p, x, N, { freeze }) } : {}) });
+  // a VLM places its image tokens at the <|image_pad|> positions (vision.ts; inputs pixel_patches, patch_pos, patch_mask, embed_index);
+  // with LoRA the whole base, vision tower included, is frozen: only the adapters are trained
+  const freeze = !!spec.freezeVisionTower || !!spec.lora;
+  const trained = spec.lora ? loraSpecs(model, spec.lora) : paramSpecs(model);
+  const pl: ParamVars = new Map();
+  if (spec.lora) for (const s of trained) pl.set(s.name, b.input(s.name, F, s.shape));
+  const { hidden } = llamaForward(b, model, p, {
+    ids, positions, attentionMask: attn,
+    ...(model.vision ? { placeImages: (x: Var, N: Dim) => placeImageTokens(b, model, p, x, N, { freeze }) } : {}),
+    ...(spec.lora ? { lora: { config: spec.lora, p: pl } } : {}),
+  });
   let lg: LossGraph;
   let perPosition: Var;
   if (loss.type === 'value') {
@@ -142,8 +157,8 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     return { builder: b, metricNames, batchInputs };
   }
 
-  const specs = paramSpecs(model);
-  const pv = specs.map((s) => p.get(s.name)!);
+  const specs = trained;
+  const pv = specs.map((s) => (spec.lora ? pl : p).get(s.name)!);
   let grads = b.grad(lg.loss, pv);
   if (mode === 'grad') {
     if (spec.packed) b.output(packFlat(b, grads), 'grad.packed');

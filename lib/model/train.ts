@@ -17,6 +17,8 @@ import { Rng } from '../util/rng.ts';
 import { ort, tensor, type Device, type SessionOptions } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
+import { initLora, loraSpecs, validateAdapter, type LoraConfig } from './lora.ts';
+import { mergeLoraOnnx } from './lora-merge.ts';
 import { finalizeMetrics, lossConfig, pgAggWeights, policyLossNeeds, type LossConfig, type LossConfigInput } from './loss.ts';
 import { cloneWeights, isVisionParam, numel, paramSpecs, validateWeights, zerosLikeWeights, type ParamSpec, type Weights } from './params.ts';
 import { hasImages, visionFeeds, type ImagePixels } from './vision.ts';
@@ -108,6 +110,13 @@ export interface TrainerOptions {
   optimizerSlice?: number;
   /** A VLM's vision tower is not trained (actor.model.freeze_vision_tower): no gradient, no update, no decay. */
   freezeVisionTower?: boolean;
+  /**
+   * LoRA (lib/model/lora.ts): `weights` are then the frozen base (never copied, never updated, no
+   * gradient or AdamW state); the trained parameters, `getWeights()` and the optimizer state are
+   * the adapters'. `adapter`: the initial adapters (default PEFT's init seeded by `seed`).
+   */
+  lora?: LoraConfig;
+  adapter?: Weights;
 }
 
 export const DEFAULT_OPTIM: OptimConfig = { betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01, maxGradNorm: 1.0 };
@@ -126,9 +135,14 @@ export class Trainer {
   readonly model: ModelConfig;
   readonly loss: LossConfig;
   readonly optim: OptimConfig;
+  /** The trained parameters: every weight, or the LoRA adapters. */
   private weights: Weights;
+  /** LoRA: the frozen base weights (the caller's arrays, read only); null for full fine-tuning. */
+  private readonly base: ReadonlyMap<string, Float32Array> | null;
   private opt: OptimizerState;
+  /** Specs of the trained parameters (paramSpecs, or loraSpecs). */
   private readonly specs: ParamSpec[];
+  readonly lora: LoraConfig | null;
   private readonly cache: SessionCache;
   private readonly sessOpts: SessionOptions;
   private readonly packed: boolean;
@@ -143,18 +157,38 @@ export class Trainer {
     if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1)) throw new ConfigError(`optim: betas must be in [0, 1), got [${this.optim.betas}]`);
     if (this.optim.maxGradNorm !== null && !(this.optim.maxGradNorm > 0)) throw new ConfigError(`optim: maxGradNorm must be > 0 or null, got ${this.optim.maxGradNorm}`);
     if (opts.microBatchSize !== undefined && !(Number.isInteger(opts.microBatchSize) && opts.microBatchSize > 0)) throw new ConfigError(`trainer: microBatchSize must be a positive integer, got ${opts.microBatchSize}`);
-    this.specs = paramSpecs(this.model);
-    this.weights = opts.weights ? cloneWeights(opts.weights) : initWeights(this.model, opts.seed ?? 0);
-    validateWeights(this.model, this.weights, 'trainer weights');
-    this.opt = opts.optimizerState ? cloneState(opts.optimizerState) : { step: 0, expAvg: zerosLikeWeights(this.model), expAvgSq: zerosLikeWeights(this.model) };
+    this.lora = opts.lora ?? null;
+    if (this.lora) {
+      if (this.model.head !== 'lm') throw new ConfigError('trainer: LoRA adapts a policy model (head "lm"), not a value model');
+      this.specs = loraSpecs(this.model, this.lora);
+      // the base is frozen: held as given, no copy
+      const base = opts.weights ?? initWeights(this.model, opts.seed ?? 0);
+      validateWeights(this.model, base, 'trainer base weights');
+      this.base = base;
+      this.weights = opts.adapter ? cloneWeights(opts.adapter) : initLora(this.model, this.lora, opts.seed ?? 0);
+      validateAdapter(this.model, this.lora, this.weights, 'trainer adapter');
+    } else {
+      if (opts.adapter) throw new ConfigError('trainer: an adapter was given without a LoRA config');
+      this.specs = paramSpecs(this.model);
+      this.base = null;
+      this.weights = opts.weights ? cloneWeights(opts.weights) : initWeights(this.model, opts.seed ?? 0);
+      validateWeights(this.model, this.weights, 'trainer weights');
+    }
+    this.opt = opts.optimizerState ? cloneState(opts.optimizerState) : { step: 0, expAvg: zerosLikeWeights(this.model, this.specs), expAvgSq: zerosLikeWeights(this.model, this.specs) };
     this.validateState(this.opt);
     this.cache = opts.cache ?? defaultSessionCache;
     this.sessOpts = { threads: opts.threads, device: opts.device, ...(opts.device === undefined || opts.device === 'cpu' ? { lowMemory: true } : {}) };
     this.packed = opts.packOutputs ?? (opts.device !== undefined && opts.device !== 'cpu');
   }
 
-  /** A copy of the current weights. */
+  /** A copy of the trained parameters: every weight, or (LoRA) the adapters. */
   getWeights(): Weights { return cloneWeights(this.weights); }
+  /** The frozen base weights (LoRA), not copied: do not modify; null for full fine-tuning. */
+  baseWeightsView(): ReadonlyMap<string, Float32Array> | null { return this.base; }
+  /** The policy's full weights: W + s·B·A per adapted module with LoRA (new arrays for those; the base's own for the rest), else a copy. */
+  async mergedWeights(): Promise<Weights> {
+    return this.base && this.lora ? mergeLoraOnnx(this.model, this.lora, this.base, this.weights, { cache: this.cache, session: this.sessOpts }) : this.getWeights();
+  }
   /**
    * The current weights without copying. Do not modify the arrays. On the CPU a step writes the
    * new weights into these arrays in place: copy (`getWeights`) what must outlive the next step.
@@ -162,23 +196,26 @@ export class Trainer {
   weightsView(): ReadonlyMap<string, Float32Array> { return this.weights; }
   /** Optimizer steps taken so far. */
   get stepCount(): number { return this.opt.step; }
-  setWeights(w: Weights): void { validateWeights(this.model, w, 'setWeights'); this.weights = cloneWeights(w); }
+  /** Replaces the trained parameters (the adapters with LoRA). */
+  setWeights(w: Weights): void { validateWeights(this.model, w, 'setWeights', this.specs); this.weights = cloneWeights(w); }
   getOptimizerState(): OptimizerState { return cloneState(this.opt); }
   setOptimizerState(s: OptimizerState): void { this.validateState(s); this.opt = cloneState(s); }
 
   private validateState(s: OptimizerState): void {
     if (!(Number.isInteger(s.step) && s.step >= 0)) throw new ConfigError(`optimizer state: step must be a non-negative integer, got ${s.step}`);
-    validateWeights(this.model, s.expAvg, 'optimizer state exp_avg');
-    validateWeights(this.model, s.expAvgSq, 'optimizer state exp_avg_sq');
+    validateWeights(this.model, s.expAvg, 'optimizer state exp_avg', this.specs);
+    validateWeights(this.model, s.expAvgSq, 'optimizer state exp_avg_sq', this.specs);
   }
 
   private readonly graphs = new Map<string, { key: string; metricNames: string[]; build: () => Uint8Array }>();
 
-  private async session(mode: TrainGraphMode, lossWeights: boolean): Promise<{ sess: ort.InferenceSession; names: string[] }> {
-    const id = `${mode}:${lossWeights}`;
+  /** `adapters` false: the base model alone (LoRA's reference policy), an eval graph without the adapter path. */
+  private async session(mode: TrainGraphMode, lossWeights: boolean, adapters = true): Promise<{ sess: ort.InferenceSession; names: string[] }> {
+    const lora = adapters && this.lora ? this.lora : null;
+    const id = `${mode}:${lossWeights}:${!!lora}`;
     let g = this.graphs.get(id);
     if (!g) {
-      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.opts.freezeVisionTower && this.model.vision ? { freezeVisionTower: true } : {}), ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}) };
+      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.opts.freezeVisionTower && this.model.vision ? { freezeVisionTower: true } : {}), ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}), ...(lora ? { lora } : {}) };
       const built = buildTrainGraph(spec);
       g = { key: `train:${keyOf(spec)}`, metricNames: built.metricNames, build: () => built.builder.toBytes() };
       this.graphs.set(id, g);
@@ -253,10 +290,10 @@ export class Trainer {
   private async stepInPlace(micro: Prepared[], useLw: boolean, lr: number): Promise<StepResult> {
     const sums: Record<string, number> = {};
     const { sess, names } = await this.session('grad', useLw);
-    this.gradBuf ??= zerosLikeWeights(this.model);
+    this.gradBuf ??= zerosLikeWeights(this.model, this.specs);
     let scratch: Weights | null = null;
     for (let k = 0; k < micro.length; k++) {
-      const target = k === 0 ? this.gradBuf : (scratch ??= zerosLikeWeights(this.model));
+      const target = k === 0 ? this.gradBuf : (scratch ??= zerosLikeWeights(this.model, this.specs));
       const fetches: Record<string, ort.Tensor | null> = { metrics: null };
       for (const s of this.specs) fetches[`grad.${s.name}`] = tensor('float32', target.get(s.name)!, s.shape);
       const r = await sess.run(this.feeds(micro[k], sess), fetches as ort.InferenceSession.FetchesType);
@@ -296,11 +333,15 @@ export class Trainer {
     return { metrics: { ...finalizeMetrics(sums, maskSum), ...(micro[0].extra ?? {}), grad_norm: gradNorm, lr }, skipped, step: this.opt.step };
   }
 
-  /** Loss, metrics and per-token log-probs (policy) or values (critic) without updating; aligned to token positions (position 0 is 0). */
-  async evaluate(batch: TrainBatch): Promise<{ metrics: Record<string, number>; perToken: Float32Array }> {
+  /**
+   * Loss, metrics and per-token log-probs (policy) or values (critic) without updating; aligned to
+   * token positions (position 0 is 0). `adapters: false` (LoRA): the base model with the adapters
+   * off — the reference policy, from the same weights in memory.
+   */
+  async evaluate(batch: TrainBatch, opts: { adapters?: boolean } = {}): Promise<{ metrics: Record<string, number>; perToken: Float32Array }> {
     const micro = this.prepare(batch);
     const useLw = !!batch.lossWeights && this.loss.type === 'policy';
-    const { sess, names } = await this.session('eval', useLw);
+    const { sess, names } = await this.session('eval', useLw, opts.adapters ?? true);
     const sums: Record<string, number> = {};
     const B = batch.batchSize, T = batch.seqLen;
     const perToken = new Float32Array(B * T);
@@ -332,11 +373,22 @@ export class Trainer {
 
   private get floatType(): 'float32' { return 'float32'; }
 
+  private baseShapes: Map<string, number[]> | null = null;
+  private baseShape(name: string): number[] {
+    this.baseShapes ??= new Map(paramSpecs(this.model).map((s) => [s.name, s.shape]));
+    return this.baseShapes.get(name)!;
+  }
+
   private feeds(m: Prepared, sess: ort.InferenceSession): Record<string, ort.Tensor> {
     const f: Record<string, ort.Tensor> = {};
     for (const name of sess.inputNames) {
       const d = m.feeds[name];
       if (d) f[name] = tensor(d instanceof BigInt64Array ? 'int64' : 'float32', d, [m.B, m.T]);
+    }
+    if (this.base) {
+      // LoRA: the frozen base (the same arrays every run), and the adapters when the graph has them
+      for (const [name, w] of this.base) f[name] = tensor('float32', w, this.baseShape(name));
+      if (!sess.inputNames.includes(this.specs[0].name)) return f;
     }
     for (const s of this.specs) f[s.name] = tensor('float32', this.weights.get(s.name)!, s.shape);
     if (m.vision) Object.assign(f, m.vision);

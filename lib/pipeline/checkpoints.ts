@@ -31,7 +31,8 @@ import { sha256File } from '../policy-store/hash.ts';
 export const TRAINER_STATE_FILE = 'trainer_state.json';
 export const TRAINER_STATE_FORMAT = 'rlstream.trainer_state.v1';
 // a policy directory is a complete Hugging Face model directory: its generation config and tokenizer files go along
-const MODEL_FILES = ['model.safetensors', 'optimizer.safetensors', ...MODEL_SIDE_FILES];
+// (a LoRA run's policy directory is a PEFT adapter: adapter_config.json + adapter_model.safetensors)
+const MODEL_FILES = ['model.safetensors', 'optimizer.safetensors', 'adapter_config.json', 'adapter_model.safetensors', ...MODEL_SIDE_FILES];
 
 /** Where the dataset stands after `step` (the next step's epoch and first prompt). */
 export interface DatasetPosition {

@@ -5,9 +5,12 @@
  * load versions through the policy store (lib/policy-store: that directory, or the run's database
  * with a local cache).
  */
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { createTokenizer, modelConfig, loadCheckpoint, readModelDirConfigSync, samplingMaskIds, stopTokenIds, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
 import type { VisionConfigInput } from '../model/config.ts';
+import { isAdapterDir, loadAdapter } from '../model/checkpoint.ts';
+import { loraConfig, type LoraConfig } from '../model/lora.ts';
+import { mergeLoraOnnx } from '../model/lora-merge.ts';
 import { ConfigError, RlError, TransientError } from '../errors.ts';
 import { loadModelDirTokenizer, type ModelTokenizer } from '../model/hf-model-tokenizer.ts';
 import { existsSync } from 'node:fs';
@@ -154,11 +157,47 @@ export function criticDir(runDir: string, version: number): string {
   return join(runDir, 'critic', `v${String(version).padStart(6, '0')}`);
 }
 
-/** Loads and caches one policy version's weights (reloaded only when the version changes) from the policy store. */
+/** A LoRA run's policy: adapters (actor.model.lora) on the frozen base model at actor.model.path. */
+export interface PolicyLora { config: LoraConfig; baseDir: string }
+
+/** actor.model.lora with its base model directory, or null for full fine-tuning. */
+export function policyLora(cfg: Config): PolicyLora | null {
+  const l = cfg.actor.model.lora;
+  if (!l) return null;
+  if (!cfg.actor.model.path) throw new ConfigError('actor.model.lora needs actor.model.path: the base model directory the adapters are trained on');
+  return { config: loraConfig({ rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules }, 'actor.model.lora'), baseDir: cfg.actor.model.path };
+}
+
+const sharedBases = new Map<string, Promise<Weights>>();
+
+/**
+ * The frozen base of a LoRA run, read once per process and shared by every stage in it (update,
+ * rollout, the advantage stage's reference): the arrays are never written (the trainer keeps the
+ * base frozen, merges make new arrays), so in embedded mode the base is in memory once.
+ */
+export function sharedBaseWeights(dir: string): Promise<Weights> {
+  const key = resolve(dir);
+  let p = sharedBases.get(key);
+  if (!p) {
+    p = loadCheckpoint(key, { optimizer: false }).then((ck) => ck.weights);
+    p.catch(() => sharedBases.delete(key));
+    sharedBases.set(key, p);
+  }
+  return p;
+}
+
+/**
+ * Loads and caches one policy version's weights (reloaded only when the version changes) from the
+ * policy store. A LoRA version (a PEFT adapter directory) is merged into the base, which is read
+ * once and kept: W + s·B·A for the adapted layers (new arrays), every other tensor the base's own;
+ * an adapter whose B are all zero (version 0) is the base itself, with no copy — the reference policy.
+ * (Merged weights rather than the adapter path for sampling: bench/model.ts measures both.)
+ */
 export class PolicyCache {
   private version = -1;
   private weights: Weights | null = null;
-  constructor(private readonly store: PolicyStore, private readonly expect: ModelConfig, private readonly onLoad?: (version: number) => void) {}
+  private base: Weights | null = null;
+  constructor(private readonly store: PolicyStore, private readonly expect: ModelConfig, private readonly onLoad?: (version: number) => void, private readonly lora: PolicyLora | null = null) {}
   /** `db`: the batch's executor (PGlite has one connection, held by the batch's transaction). */
   async get(version: number, db?: Executor): Promise<Weights> {
     if (version === this.version && this.weights) return this.weights;
@@ -175,6 +214,7 @@ export class PolicyCache {
       }
       throw new TransientError(`policy version ${version} is not in ${where} (yet); retrying${this.store.kind === 'filesystem' ? ' — in distributed mode trainer.run_dir must be a volume shared by the stages, or use pipeline.policy_store=postgres' : ''}`);
     }
+    if (this.lora && isAdapterDir(dir)) return this.adapted(version, dir);
     const ck = await loadCheckpoint(dir, { optimizer: false }).catch((e: unknown) => {
       if (existsSync(join(dir, 'model.safetensors'))) throw e;
       throw new TransientError(`policy version ${version} at ${dir} went away while loading (being rewritten); retrying`, { cause: e });
@@ -186,5 +226,20 @@ export class PolicyCache {
     this.weights = ck.weights;
     this.onLoad?.(version);
     return ck.weights;
+  }
+
+  private async adapted(version: number, dir: string): Promise<Weights> {
+    const l = this.lora!;
+    this.base ??= await sharedBaseWeights(l.baseDir);
+    this.weights = null; // the previous merge may go before the next is made
+    const ad = await loadAdapter(dir, this.expect, { optimizer: false, expect: l.config }).catch((e: unknown) => {
+      if (existsSync(join(dir, 'adapter_model.safetensors'))) throw e;
+      throw new TransientError(`policy version ${version} at ${dir} went away while loading (being rewritten); retrying`, { cause: e });
+    });
+    const off = [...ad.adapter].every(([k, v]) => !k.endsWith('.lora_B.weight') || v.every((x) => x === 0));
+    this.weights = off ? this.base : await mergeLoraOnnx(this.expect, l.config, this.base, ad.adapter);
+    this.version = version;
+    this.onLoad?.(version);
+    return this.weights;
   }
 }

@@ -24,6 +24,9 @@ export async function verifyDir(dir: string, kind: ArtifactKind, version: number
   }
 }
 
+/** A version directory is there once its weights are: model.safetensors, or a LoRA run's adapter_model.safetensors. */
+function hasWeights(dir: string): boolean { return existsSync(join(dir, 'model.safetensors')) || existsSync(join(dir, 'adapter_model.safetensors')); }
+
 export class FilesystemPolicyStore implements PolicyStore {
   readonly kind = 'filesystem' as const;
   constructor(private readonly runDir: string, private readonly runId: string, private readonly db: Db) {}
@@ -38,7 +41,7 @@ export class FilesystemPolicyStore implements PolicyStore {
 
   async get(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<string | null> {
     const dir = this.writeDir(kind, version);
-    if (!existsSync(join(dir, 'model.safetensors'))) return null;
+    if (!hasWeights(dir)) return null;
     await verifyDir(dir, kind, version, await readManifest(db, this.runId, kind, version));
     return dir;
   }
@@ -51,7 +54,7 @@ export class FilesystemPolicyStore implements PolicyStore {
     let names: string[];
     try { names = await fs.readdir(join(this.runDir, kind)); } catch { return []; }
     return names.map((n) => /^v(\d+)$/.exec(n)).filter((m): m is RegExpExecArray => m !== null)
-      .filter((m) => existsSync(join(this.runDir, kind, m[0], 'model.safetensors'))).map((m) => Number(m[1])).sort((a, b) => a - b);
+      .filter((m) => hasWeights(join(this.runDir, kind, m[0]))).map((m) => Number(m[1])).sort((a, b) => a - b);
   }
 
   async remove(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<void> {

@@ -13,7 +13,7 @@ import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runti
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
-import { tokenizerFor, policyModelConfig, criticModelConfig, experienceScorerOptions, PolicyCache } from '../../lib/pipeline/policy.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig, experienceScorerOptions, PolicyCache, policyLora } from '../../lib/pipeline/policy.ts';
 import { ValueScorer } from '../../lib/model/value.ts';
 import { loadCheckpoint } from '../../lib/model/index.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
@@ -75,13 +75,14 @@ export function startAdvantage(p: Pipeline): StageRun {
   const scorer = new Scorer(model, experienceScorerOptions(p.cfg));
   const useCritic = p.cfg.critic.enable === true;
   const valueScorer = useCritic ? new ValueScorer(criticModelConfig(p.cfg, tok), experienceScorerOptions(p.cfg)) : null;
-  const reference = new PolicyCache(p.policies, model);
+  // with LoRA, version 0's adapter is zero: the reference is the base model, adapters off
+  const reference = new PolicyCache(p.policies, model, undefined, policyLora(p.cfg));
   const vppo = p.cfg.algorithm.vppo.enable ? vppoSettings(p.cfg) : null;
   // the config check reads the model directory; this is the model as loaded
   if (vppo && !(model as { vision?: unknown }).vision) {
     throw new ConfigError('algorithm.vppo.enable = true needs a vision-language actor, and the actor model as loaded has no vision tower (its config has no vision config), so log-probs under a perturbed image cannot be computed; set algorithm.vppo.enable=false or use a vision-language actor model');
   }
-  const current = vppo ? new PolicyCache(p.policies, model) : null;
+  const current = vppo ? new PolicyCache(p.policies, model, undefined, policyLora(p.cfg)) : null;
   const pixels = vppo ? new PixelCache() : null;
   const metrics = new StageMetrics(p, 'advantage');
   const log = forStage(p.log, 'advantage');

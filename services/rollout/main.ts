@@ -8,7 +8,7 @@ import { Sampler } from '../../lib/model/sample.ts';
 import { stopTokenIds } from '../../lib/model/config.ts';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
-import { tokenizerFor, policyModelConfig, samplerOptions, PolicyCache } from '../../lib/pipeline/policy.ts';
+import { tokenizerFor, policyModelConfig, samplerOptions, PolicyCache, policyLora } from '../../lib/pipeline/policy.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import type { PromptBatch } from '../../lib/contracts/index.ts';
@@ -18,7 +18,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
   const tok = tokenizerFor(p.cfg);
   const model = policyModelConfig(p.cfg, tok);
   const sampler = new Sampler(model, samplerOptions(p.cfg));
-  const policies = new PolicyCache(p.policies, model, (v) => p.telemetry?.policyVersion('rollout', v));
+  const policies = new PolicyCache(p.policies, model, (v) => p.telemetry?.policyVersion('rollout', v), policyLora(p.cfg));
   const metrics = new StageMetrics(p, 'rollout', opts.replica ?? '');
   const log = forStage(p.log, 'rollout');
   // remax: each training group also gets one greedy response, whose reward is its baseline

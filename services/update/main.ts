@@ -20,7 +20,8 @@ import { join, resolve } from 'node:path';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
-import { tokenizerFor, policyModelConfig, criticModelConfig, experienceScorerOptions } from '../../lib/pipeline/policy.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig, experienceScorerOptions, policyLora, sharedBaseWeights } from '../../lib/pipeline/policy.ts';
+import { loadAdapter, saveAdapter, weightsFileOf } from '../../lib/model/checkpoint.ts';
 import { IntegrityError, versionsToPrune, keptCheckpointSteps, ARTIFACT_KINDS, type ArtifactKind, type Executor } from '../../lib/policy-store/index.ts';
 import type { ModelConfig } from '../../lib/model/index.ts';
 import { resolveCriticModel } from '../../lib/config/index.ts';
@@ -102,7 +103,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   async function resumeHint(db: Executor): Promise<string> {
     const rows = await sql<{ step: number; path: string; sha256: string }>`select step, path, sha256 from checkpoints where run_id = ${p.runId} order by step desc`.execute(db).then((r) => r.rows, () => []);
     for (const ck of rows) {
-      const actor = join(ck.path, 'actor', 'model.safetensors');
+      const actor = join(ck.path, 'actor', weightsFileOf(join(ck.path, 'actor')));
       if (existsSync(actor) && (await sha256File(actor)) === ck.sha256) {
         return `The last good checkpoint is ${ck.path} (step ${ck.step}, sha256 ${ck.sha256}): start a new run from it with trainer.load_checkpoint_path=${ck.path} and a new pipeline.run_id (or another trainer.run_dir)`;
       }
@@ -111,6 +112,11 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   }
   /** Writes a version of `kind` into the policy store (before any event names it). Returns the sha256 of its model.safetensors. */
   async function storeVersion(kind: ArtifactKind, version: number, cfgOf: ModelConfig, weights: Weights, extra: { optimizer?: import('../../lib/model/index.ts').OptimizerState; metadata?: Record<string, string> }, db: Executor = p.db.db): Promise<string> {
+    if (kind === 'policy' && lora) {
+      // LoRA: a policy version is the adapter only, in PEFT layout (`weights` are the adapters)
+      await saveAdapter(p.policies.writeDir(kind, version), cfgOf, lora.config, weights, { ...extra, overwrite: true, basePath: resolve(lora.baseDir) });
+      return (await p.policies.put(kind, version, db)).find((f) => f.name === 'adapter_model.safetensors')!.sha256;
+    }
     // a complete model directory: the source's generation config and tokenizer files go with the weights
     await saveCheckpoint(p.policies.writeDir(kind, version), cfgOf, weights, { ...extra, overwrite: true, assetsFrom });
     const files = await p.policies.put(kind, version, db);
@@ -134,8 +140,11 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   /** The policy version the in-memory trainer (and critic, EMA) holds. */
   let trainerVersion = -1;
   let currentSha = '';
+  // LoRA (actor.model.lora): the base is read once and frozen; the trainer trains and versions carry the adapters
+  const lora = policyLora(cfg);
+  const baseWeights = (): Promise<Weights> => sharedBaseWeights(lora!.baseDir);
   const trainerOpts = {
-    model, threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
+    model, ...(lora ? { lora: lora.config } : {}), threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
     freezeVisionTower: cfg.actor.model.freeze_vision_tower,
     optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
     loss: {
@@ -151,14 +160,22 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   // VPPO's masks and scaling travel with the samples (updates.v2); applied only while it is on
   const useVppo = cfg.algorithm.vppo.enable;
   const initialWeights = async (): Promise<Weights> => {
+    if (lora) return baseWeights();
     const dir = opts.initialWeightsDir ?? cfg.actor.model.path;
     return dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed);
   };
+  /** A trainer holding a stored policy version (weights or, with LoRA, the base + the version's adapter) and its AdamW state. */
+  async function trainerFromVersion(dir: string): Promise<{ trainer: Trainer; sha: string }> {
+    if (lora) {
+      const ad = await loadAdapter(dir, model, { optimizer: true, expect: lora.config });
+      return { trainer: createTrainer({ ...trainerOpts, weights: await baseWeights(), adapter: ad.adapter, optimizerState: ad.optimizer }), sha: ad.weightsSha256 };
+    }
+    const ck = await loadCheckpoint(dir, { optimizer: true });
+    return { trainer: createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer }), sha: ck.weightsSha256 };
+  }
   if (state) {
-    const ck = await loadCheckpoint(await versionDir('policy', state.version), { optimizer: true });
-    trainer = createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer });
+    ({ trainer, sha: currentSha } = await trainerFromVersion(await versionDir('policy', state.version)));
     trainerVersion = state.version;
-    currentSha = ck.weightsSha256;
     const last = await p.store.latestCheckpoint(p.runId);
     const at = describePosition(datasetPosition(plan, state.version));
     const from = last && last.step === state.version && existsSync(last.path)
@@ -274,15 +291,13 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
    * is redelivered, and must train from the committed weights again, not from its own result.
    */
   async function restore(version: number, db: Executor): Promise<void> {
-    const ck = await loadCheckpoint(await versionDir('policy', version, db), { optimizer: true });
-    trainer = createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer });
+    ({ trainer, sha: currentSha } = await trainerFromVersion(await versionDir('policy', version, db)));
     if (critic && criticOpts) {
       const saved = await loadCheckpoint(await versionDir('critic', version, db), { optimizer: true });
       critic = createTrainer({ ...criticOpts, weights: saved.weights, optimizerState: saved.optimizer });
     }
     if (ema) ema = (await loadCheckpoint(await versionDir('ema', version, db), { optimizer: false })).weights;
     trainerVersion = version;
-    currentSha = ck.weightsSha256;
     log.warn({ version }, `restored the trainer to the committed policy version ${version} (a batch failed after training)`);
   }
   /** What the checkpoint of `step` records (trainer_state.json and the checkpoints row). */
@@ -363,7 +378,8 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const fresh = kept.flatMap((g) => (g.policy_version === version && onPolicy ? g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids })) : []));
     const old = new Map<string, Float32Array>();
     if (fresh.length) {
-      const sc = await scorer.score(trainer.weightsView() as Weights, fresh.map((f) => ({ prompt: f.prompt, response: f.response })), { temperature: cfg.rollout.temperature, entropy: false });
+      // LoRA: the adapted policy's weights W + s·B·A (the base is not copied for the other tensors)
+      const sc = await scorer.score(lora ? await trainer.mergedWeights() : trainer.weightsView() as Weights, fresh.map((f) => ({ prompt: f.prompt, response: f.response })), { temperature: cfg.rollout.temperature, entropy: false });
       fresh.forEach((f, i) => old.set(f.id, sc[i].logprobs));
     }
     const sums: Record<string, number> = {};

@@ -1,12 +1,12 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { loadCheckpoint } from '../../model/checkpoint.ts';
+import { isAdapterDir, loadCheckpoint } from '../../model/checkpoint.ts';
 import { stopTokenIds } from '../../model/config.ts';
 import { Sampler } from '../../model/sample.ts';
 import { Scorer } from '../../model/score.ts';
 import { modelDirTokenizer, type ModelTokenizer } from '../../pipeline/policy.ts';
 import { ConfigError } from '../../errors.ts';
-import { modelDirOf } from './export.ts';
+import { loadMergedAdapter, modelDirOf } from './export.ts';
 import { decodePixels, imageBytes, ImageError, prepareImage, IMAGE_RESAMPLES, type ImageResample } from '../../data/images.ts';
 import { expandImagePads, type ImagePixels } from '../../model/vision.ts';
 import type { ModelConfig } from '../../model/config.ts';
@@ -50,7 +50,8 @@ export const generateCommand: Command = {
   usage: 'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image PATH] [--chat] [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
   help: [
     'Loads a Hugging Face model directory, a policy version (<run_dir>/policy/vNNNNNN) or a run checkpoint',
-    '(<run_dir>/checkpoints/global_step_N) and prints the completion of --prompt.',
+    '(<run_dir>/checkpoints/global_step_N) and prints the completion of --prompt. A LoRA adapter (PEFT',
+    'adapter_config.json, as a LoRA run writes) is merged into its base_model_name_or_path first.',
     '',
     'options:',
     '  --prompt TEXT          the prompt (required)',
@@ -81,8 +82,11 @@ export const generateCommand: Command = {
     const topK = num(flags, 'top-k', (v) => Number.isInteger(v) && v >= 0, 'an integer ≥ 0');
     const seed = num(flags, 'seed', (v) => Number.isInteger(v), 'an integer') ?? 0;
 
-    const dir = modelDirOf(positionals[0]);
-    const ck = await loadCheckpoint(dir, { optimizer: false });
+    const src = modelDirOf(positionals[0]);
+    // a LoRA adapter (a LoRA run's policy version or checkpoint) generates with its merged base
+    const merged = isAdapterDir(src) ? await loadMergedAdapter(src, undefined) : null;
+    const dir = merged ? merged.baseDir : src;
+    const ck = merged ? { ...merged.base, weights: merged.weights } : await loadCheckpoint(dir, { optimizer: false });
     const c = ck.config;
     if (c.head !== 'lm') throw new ConfigError(`${dir} is a value model (${String((c.extra?.architectures as unknown) ?? 'score head')}); generate needs a causal LM`);
     const tok: ModelTokenizer = modelDirTokenizer(dir, c);

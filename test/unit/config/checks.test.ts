@@ -235,3 +235,12 @@ test('image sizing: min_pixels may not exceed max_pixels, max_pixels holds one g
   assert.deepEqual([cfg.data.image_resample, cfg.data.limit_images, cfg.data.min_pixels, cfg.data.max_pixels, cfg.data.image_factor], ['lanczos3', 1, 262144, 4194304, 28]);
   assert.throws(() => load({ overrides: ['data.image_resample=cubic'] }), /data\.image_resample.*bicubic/);
 });
+
+test('actor.model.lora: rank 0 and a target that matches no module are one line naming the key', () => {
+  expectOneProblem(() => load({ overrides: ['actor.model.lora={rank: 16, alpha: 32}'] }), 'actor.model.lora needs actor.model.path');
+  expectOneProblem(() => load({ overrides: ['actor.model.lora={rank: 0}', 'actor.model.path=/models/base'] }), 'actor.model.lora.rank must be an integer ≥ 1');
+  const p = expectOneProblem(() => load({ overrides: ['actor.model.lora={rank: 8, target_modules: [q_proj, lm_head]}', 'actor.model.path=/models/base'] }), 'actor.model.lora.target_modules: "lm_head" matches no module',
+    'valid module names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj');
+  assert.ok(!p.includes('\n'));
+  expectOneProblem(() => load({ overrides: ['actor.model.lora={rank: 8, dropout: 0.1}', 'actor.model.path=/models/base'] }), 'actor.model.lora.dropout must be 0');
+});

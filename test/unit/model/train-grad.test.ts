@@ -10,6 +10,7 @@ import { modelConfig, type ModelConfigInput } from '../../../lib/model/config.ts
 import { initWeights } from '../../../lib/model/init.ts';
 import { lossConfig, pgAggWeights, type LossConfigInput } from '../../../lib/model/loss.ts';
 import { paramSpecs } from '../../../lib/model/params.ts';
+import { loraConfig, loraSpecs, type LoraConfig } from '../../../lib/model/lora.ts';
 import { buildTrainGraph } from '../../../lib/model/train-graph.ts';
 import { createSession, tensor } from '../../../lib/onnx/runtime.ts';
 import { randn } from '../onnx/gradcheck.ts';
@@ -25,11 +26,11 @@ const OPTIM = { betas: [0.9, 0.999] as [number, number], eps: 1e-8, weightDecay:
  * Σ_t d_t·∂lp_t/∂θ with d = lib/rl's ∂pg_loss/∂lp (torch autograd semantics), computed by a gpg
  * graph with advantages −d and unit aggregation weights (∂lp/∂θ itself is checked by `fd`).
  */
-async function checkModelGrad(mc: ModelConfigInput, lc: LossConfigInput, B = 2, T = 5, how: 'fd' | 'chain' = 'fd'): Promise<number> {
+async function checkModelGrad(mc: ModelConfigInput, lc: LossConfigInput, B = 2, T = 5, how: 'fd' | 'chain' = 'fd', lora?: LoraConfig): Promise<number> {
   const model = modelConfig(mc);
   const loss = lossConfig(lc);
-  const evalG = buildTrainGraph({ model, loss, optim: OPTIM, mode: 'eval', float: 'float64', lossWeights: loss.type === 'policy' });
-  const gradG = buildTrainGraph({ model, loss, optim: OPTIM, mode: 'grad', float: 'float64', lossWeights: loss.type === 'policy' });
+  const evalG = buildTrainGraph({ model, loss, optim: OPTIM, mode: 'eval', float: 'float64', lossWeights: loss.type === 'policy', ...(lora ? { lora } : {}) });
+  const gradG = buildTrainGraph({ model, loss, optim: OPTIM, mode: 'grad', float: 'float64', lossWeights: loss.type === 'policy', ...(lora ? { lora } : {}) });
   const opts = { threads: 1, graphOptimizationLevel: 'basic' as const };
   const se = await createSession(evalG.builder.toBytes(), opts);
   const sg = await createSession(gradG.builder.toBytes(), opts);
@@ -61,13 +62,17 @@ async function checkModelGrad(mc: ModelConfigInput, lc: LossConfigInput, B = 2, 
   // the chain check compares with lib/rl, so the weights are those of the configured mode
   if (how === 'chain' && loss.type === 'policy') batch.agg_weights = lossAggModes.get(loss.lossAggMode).weights(mask, B, T, {});
   const w = initWeights(model, 3, { std: 0.3 });
-  const specs = paramSpecs(model);
+  // with LoRA the checked (trained) parameters are the adapters, random (B ≠ 0) so A gets a gradient
+  const specs = lora ? loraSpecs(model, lora) : paramSpecs(model);
+  const all = lora ? [...paramSpecs(model), ...specs] : specs;
+  if (lora) for (const s of specs) w.set(s.name, Float32Array.from(randn(s.shape[0] * s.shape[1], s.name.length + 7), (v) => 0.3 * v));
+  if (lora) assert.ok(!gradG.builder.toModelProto().graph!.output!.some((o) => o.name === 'grad.model.embed_tokens.weight'), 'a frozen base weight has no gradient output');
   // random norm weights and biases so their gradients are generic
-  for (const s of specs) if (s.name.endsWith('norm.weight') || s.name.endsWith('.bias')) w.set(s.name, Float32Array.from(randn(s.shape[0], s.name.length), (v) => (s.name.endsWith('.bias') ? 0.3 * v : 1 + 0.2 * v)));
+  for (const s of paramSpecs(model)) if (s.name.endsWith('norm.weight') || s.name.endsWith('.bias')) w.set(s.name, Float32Array.from(randn(s.shape[0], s.name.length), (v) => (s.name.endsWith('.bias') ? 0.3 * v : 1 + 0.2 * v)));
   const feeds = (sess: { inputNames: readonly string[] }, over?: { name: string; data: Float64Array }, bt = batch) => {
     const f: Record<string, ReturnType<typeof tensor>> = {};
     for (const name of sess.inputNames) {
-      const spec = specs.find((s) => s.name === name);
+      const spec = all.find((s) => s.name === name);
       if (spec) f[name] = tensor('float64', over?.name === name ? over.data : Float64Array.from(w.get(name)!), spec.shape);
       else {
         const d = bt[name];
@@ -163,5 +168,11 @@ describe('training graph gradients (float64 finite differences)', () => {
   });
   it('SFT cross-entropy', async () => {
     await checkModelGrad({ ...small, numKeyValueHeads: 2 }, { type: 'sft' });
+  });
+  it('LoRA adapters on every linear layer (GQA, qwen2 biases; PPO + KL + entropy) and on q/v only (SFT): the adapters are the only gradients', async () => {
+    await checkModelGrad({ ...small, numAttentionHeads: 4, numKeyValueHeads: 2, hiddenSize: 16, modelType: 'qwen2', attentionBias: true },
+      { type: 'policy', clipRatioLow: 0.2, clipRatioHigh: 0.28, useKlLoss: true, klLossType: 'low_var_kl', klLossCoef: 0.1, entropyCoeff: 0.01 }, 2, 5, 'fd',
+      loraConfig({ rank: 3, alpha: 6, targetModules: 'all-linear' }));
+    await checkModelGrad({ ...small, numKeyValueHeads: 2, tieWordEmbeddings: true }, { type: 'sft' }, 2, 5, 'fd', loraConfig({ rank: 2, alpha: 16, targetModules: ['v_proj', 'q_proj'] }));
   });
 });
