@@ -330,7 +330,10 @@ const geoMean: PolicyLossFn = (b, t, c) => {
  */
 const nft: PolicyLossFn = (b, t, c) => {
   const o = c.nft;
-  const lp = need(t, 'logprob', 'nft'), old = need(t, 'oldLogprobs', 'nft'), rhat = need(t, 'nftRHat', 'nft'), pos = need(t, 'nftPositive', 'nft');
+  const old = need(t, 'oldLogprobs', 'nft'), rhat = need(t, 'nftRHat', 'nft'), pos = need(t, 'nftPositive', 'nft');
+  // masked positions (padding) get ratio 1: their target is often a token the sampling mask removes
+  // (log-prob ≈ −1e9), and R = 0 there makes −log R infinite, which 0 · ∞ turns into a NaN loss and gradient
+  const lp = b.where(b.greater(t.mask, 0), need(t, 'logprob', 'nft'), old);
   const logRatio = b.sub(lp, old);
   const R = b.exp(b.min(logRatio, o.maxLogRatio));
   const straightThrough = (x: Var, lo: number) => b.add(x, b.stopGradient(b.sub(b.max(x, lo), x)));
