@@ -319,6 +319,18 @@ const trainerSchema = section({
 }, 'Training loop, validation, checkpoints and naming.');
 
 // ---------------------------------------------------------------------------------------------
+// sft
+
+const sftSchema = section({
+  epochs: posInt().default(1).describe('`rlstream sft`: passes over the training rows (data.train_files); trainer.max_steps caps the steps.'),
+  max_length: posInt().default(1024).describe('`rlstream sft`: longest example (prompt + response tokens, after the chat template); a longer row is a bad row (data.on_bad_row: stop names its file:line, skip reports it). With packing, the length of a packed row.'),
+  packing: z.boolean().default(false).describe('`rlstream sft`: concatenate examples (in the epoch\'s order) into rows of at most max_length tokens instead of one padded example per row. Positions run on across the row and a token attends to the earlier examples of its row (the training graph has no block-diagonal mask); each example\'s loss is still on its own response tokens. actor.global_batch_size then counts packed rows.'),
+  prompt_key: z.string().min(1).default('prompt').describe('`rlstream sft`: field holding the prompt (a string, or chat messages [{role, content}]); dotted paths reach nested fields.'),
+  response_key: z.string().min(1).default('response').describe('`rlstream sft`: field holding the response (a string) the loss is on, for prompt + response rows.'),
+  messages_key: z.string().min(1).default('messages').describe('`rlstream sft`: field holding a conversation [{role, content}] (a row with it needs no prompt/response); the loss is on every assistant turn.'),
+}, 'Supervised fine-tuning (`rlstream sft`): data keys, epochs, lengths and packing. The model, optimizer, LR schedule and batch sizes are actor.* (actor.global_batch_size examples per optimizer step, actor.micro_batch_size_per_device_for_update per forward/backward pass), the data files, shuffling and rendering data.*, checkpoints and logging trainer.*.');
+
+// ---------------------------------------------------------------------------------------------
 // pipeline
 
 const pipelineSchema = section({
@@ -357,6 +369,7 @@ export const configSchema = z.strictObject({
   critic: criticSchema,
   reward: rewardSchema,
   trainer: trainerSchema,
+  sft: sftSchema,
   pipeline: pipelineSchema,
 }).describe('rlstream run configuration');
 
