@@ -3,11 +3,14 @@
  * (sft.prompt_key, sft.response_key) or a conversation (sft.messages_key), rendered through the
  * model's chat template and tokenized with the loss on the assistant tokens only.
  *
- * With a chat template, assistant turn i is cut out of the rendering as transformers renders it:
- * the turns before it with the generation prompt added (exactly the prompt `rlstream train` feeds
- * the policy, lib/pipeline/data.ts renderPrompt) and the turns up to it without; the text between
- * is the response, whose tokens up to and including the first stop token (e.g. <|im_end|>) carry
- * the loss — what follows it (the template's newline) is context. Without a template (byte,
+ * With a chat template, the conversation is rendered once (transformers' apply_chat_template, no
+ * generation prompt) and cut at each assistant turn's content, found in order; the pieces are
+ * tokenized one by one. The loss is on each reply's tokens and on the stop token that closes it
+ * (e.g. <|im_end|>); the template's glue around them is context. For a prompt + response row the
+ * text before the reply is exactly the prompt `rlstream train` feeds the policy (the generation
+ * prompt, lib/pipeline/data.ts renderPrompt; Qwen3's empty think block included). Cutting at the
+ * contents rather than rendering turn by turn keeps templates that write earlier turns
+ * differently (Qwen3 drops their think blocks) working. Without a template (byte,
  * alphabet tokenizers) a row is the prompt with the tokenizer's specials, then the response and EOS.
  *
  * A row without a response, without an assistant turn, or longer than sft.max_length is a bad row:
@@ -60,20 +63,30 @@ export function tokenizeConversation(tok: Tokenizer, p: Extract<Parsed, { messag
   const ids: number[] = [], mask: number[] = [];
   const stops = new Set(tok.stopIds);
   if (r.applyChatTemplate && tok.chatTemplate) {
-    const tpl = tok.chatTemplate;
-    let text = '';
-    let promptTokens = -1;
+    // the whole conversation rendered once, cut at each assistant turn's content (in order)
+    const full = tok.chatTemplate.render(p.messages, { addGenerationPrompt: false, kwargs: r.chatTemplateKwargs });
+    const segments: Array<{ text: string; loss: boolean }> = [];
+    let at = 0;
     for (let i = 0; i < p.messages.length; i++) {
-      if (p.messages[i].role !== 'assistant') continue;
-      const prefix = tpl.render(p.messages.slice(0, i), { addGenerationPrompt: true, kwargs: r.chatTemplateKwargs });
-      if (!prefix.startsWith(text)) return `the chat template renders the turns before assistant turn ${i} differently from the conversation so far (it rewrites earlier turns), so the turns cannot be cut apart; split the conversation into one row per assistant turn`;
-      for (const id of tok.encode(prefix.slice(text.length))) { ids.push(id); mask.push(0); }
-      if (promptTokens < 0) promptTokens = ids.length;
-      const full = tpl.render(p.messages.slice(0, i + 1), { addGenerationPrompt: false, kwargs: r.chatTemplateKwargs });
-      if (!full.startsWith(prefix)) return `the chat template's rendering of assistant turn ${i} does not begin with its generation prompt, so the response cannot be cut out`;
-      let inLoss = true;
-      for (const id of tok.encode(full.slice(prefix.length))) { ids.push(id); mask.push(inLoss ? 1 : 0); if (stops.has(id)) inLoss = false; }
-      text = full;
+      const m = p.messages[i];
+      if (m.role !== 'assistant') continue;
+      if (m.content.length === 0) return `assistant turn ${i} is empty; give it the reply to train on`;
+      const k = full.indexOf(m.content, at);
+      if (k < 0) return `the chat template does not write assistant turn ${i}'s content as given (it rewrites it), so its tokens cannot be found; give the reply as the template writes it, or one row per assistant turn`;
+      segments.push({ text: full.slice(at, k), loss: false }, { text: m.content, loss: true });
+      at = k + m.content.length;
+    }
+    segments.push({ text: full.slice(at), loss: false });
+    let promptTokens = -1;
+    let afterReply = false;
+    for (const seg of segments) {
+      const enc = seg.text ? tok.encode(seg.text) : new Int32Array(0);
+      // the end-of-turn token that closes a reply (e.g. <|im_end|>) is what the policy must learn to emit to stop
+      let stopAt = -1;
+      if (afterReply) for (let j = 0; j < enc.length; j++) if (stops.has(enc[j])) { stopAt = j; break; }
+      if (seg.loss && promptTokens < 0) promptTokens = ids.length;
+      enc.forEach((id, j) => { ids.push(id); mask.push(seg.loss || j <= stopAt ? 1 : 0); });
+      afterReply = seg.loss;
     }
     return { tokens: Int32Array.from(ids), mask: Uint8Array.from(mask), promptTokens };
   }
