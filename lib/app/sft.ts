@@ -27,6 +27,7 @@ import {
   readCheckpointPath, TRAINER_STATE_FORMAT, type TrainerState,
 } from '../pipeline/checkpoints.ts';
 import { lrAt } from '../optim/lr-schedule.ts';
+import { crashPoint } from '../pipeline/crash-points.ts';
 import { LiveTensorBoard, tensorboardDir } from '../analysis/tensorboard-live.ts';
 import { checkDevice } from '../onnx/runtime.ts';
 import type { ProgressBar } from '../cli/progress.ts';
@@ -144,6 +145,7 @@ export async function sftRun(cfg: Config, log: Logger, opts: { bar?: ProgressBar
       log.info({ step, ...values }, `step ${step}/${total}: loss ${values['sft/loss']?.toFixed(4)}, token accuracy ${values['sft/token_acc']?.toFixed(3)}`);
       opts.bar?.update({ step, totalSteps: total, loss: values['sft/loss'], stepTimeS: values['perf/step_time_s'] });
       void tb?.sync().catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
+      crashPoint('sft:trained');
       const save = step === total || (cfg.trainer.save_freq > 0 && step % cfg.trainer.save_freq === 0);
       if (save) ck = await writeSftCheckpoint(cfg, store, { runId, runDir, step, total, plan, model, weights: trainer.weightsView() as Weights, optimizer: trainer.getOptimizerState(), assetsFrom });
     }
@@ -188,6 +190,7 @@ async function writeSftCheckpoint(cfg: Config, store: Store, a: CheckpointArgs):
   };
   const path = await writeCheckpointDir(a.runDir, state, actorDir, policyDir(a.runDir, 0));
   await store.recordCheckpoint({ runId: a.runId, step: a.step, path, sha256: weightsSha256, policyVersion: a.step, consumedOffsets: {}, datasetPosition: { ...state.dataset_position }, rngState: {}, klCtlState: {}, lrState });
+  crashPoint('checkpoint:recorded');
   await fs.rm(actorDir, { recursive: true, force: true });
   if (cfg.trainer.save_limit > 0) {
     const steps = await listCheckpointSteps(a.runDir);
