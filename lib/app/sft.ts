@@ -77,7 +77,7 @@ export async function sftRun(cfg: Config, log: Logger, opts: { bar?: ProgressBar
   if (data.skipped.length > 3) log.warn(`${data.skipped.length - 3} more bad rows skipped`);
   const units: SftExample[] = cfg.sft.packing ? packExamples(data.examples, cfg.sft.max_length) : data.examples;
   const plan: SftPlan = { units: units.length, batchSize: cfg.actor.global_batch_size, epochs: cfg.sft.epochs, maxSteps: cfg.trainer.max_steps, shuffle: cfg.data.shuffle, seed: cfg.data.seed };
-  if (sftStepsPerEpoch(plan) === 0) throw new ConfigError(`rlstream sft: ${units.length} training ${cfg.sft.packing ? 'packed rows' : 'examples'} are fewer than actor.global_batch_size = ${plan.batchSize}; lower actor.global_batch_size or add rows`);
+  if (sftStepsPerEpoch(plan) === 0) throw new ConfigError(`${units.length} ${cfg.sft.packing ? 'packed training rows' : 'training examples'} are fewer than actor.global_batch_size = ${plan.batchSize}; lower actor.global_batch_size or add rows`);
   const total = sftTotalSteps(plan);
   const runId = resolveRunId(cfg);
   const runDir = resolve(resolveRunDir(cfg));
