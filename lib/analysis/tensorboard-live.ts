@@ -6,7 +6,7 @@
  * no such signal); each sync reads the run's step_metrics and appends the scalars of every *settled* step to
  * `<run_dir>/tensorboard/<runEventFileName>` — the file `rlstream report --tensorboard` writes, so
  * the two never hold two copies of a scalar. A step's train metrics are settled once the update
- * stage has written that step (it is the last stage of a step; an earlier step the update never
+ * stage (`rlstream sft`: the sft loop) has written that step (it is the last stage of a step; an earlier step the update never
  * wrote, because it was skipped, is settled by a later one); a validation round's `val/*` metrics
  * are written by the controller in one transaction, so they are settled as soon as they appear.
  *
@@ -114,7 +114,7 @@ export class LiveTensorBoard {
       order by step, name`.execute(this.db)).rows;
     let upTo = floor;
     for (const r of rows) {
-      if (r.step > upTo && !r.name.startsWith('val/') && (r.stage ?? '').split(',').includes('update')) upTo = r.step;
+      if (r.step > upTo && !r.name.startsWith('val/') && (r.stage ?? '').split(',').some((st) => st === 'update' || st === 'sft')) upTo = r.step;
     }
     const newVal = new Set<number>();
     let n = 0;

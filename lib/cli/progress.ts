@@ -9,6 +9,8 @@ export interface ProgressState {
   step: number;
   totalSteps: number;
   reward?: number;
+  /** `rlstream sft`: the step's training loss. */
+  loss?: number;
   valAccuracy?: number;
   stepTimeS?: number;
 }
@@ -28,6 +30,7 @@ export function renderProgress(p: ProgressState, elapsedS: number, width = 24): 
   const eta = p.step > 0 ? (elapsedS / p.step) * (p.totalSteps - p.step) : NaN;
   const parts = [`step ${p.step}/${p.totalSteps}`, bar];
   if (p.reward !== undefined) parts.push(`reward ${p.reward.toFixed(3)}`);
+  if (p.loss !== undefined) parts.push(`loss ${p.loss.toFixed(3)}`);
   if (p.valAccuracy !== undefined) parts.push(`val acc ${p.valAccuracy.toFixed(3)}`);
   parts.push(`elapsed ${formatDuration(elapsedS)}`, `eta ${formatDuration(eta)}`);
   return parts.join('  ');

@@ -134,8 +134,13 @@ export function orList(items: ReadonlyArray<string | number>): string {
 
 export interface CheckResult { errors: string[]; warnings: string[] }
 
-/** Checks that involve several keys, on a config whose derived values are filled. */
-export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResult {
+/**
+ * Checks that involve several keys, on a config whose derived values are filled. `command` says
+ * which command reads it: `rlstream sft` uses only the data files, actor, sft, trainer and
+ * pipeline keys (checkSftConfig), so the RL checks (reward, rollout batch arithmetic) do not apply.
+ */
+export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: 'train' | 'sft' = 'train'): CheckResult {
+  if (command === 'sft') return checkSftConfig(cfg);
   const errors: string[] = [];
   const warnings: string[] = [];
   const { data, algorithm: alg, rollout, actor, critic, reward, trainer, pipeline } = cfg;
@@ -257,19 +262,7 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResu
   // --- model architecture
   const archChecks: Array<[string, { d_model: number; n_heads: number; n_kv_heads: number }]> = [['actor.model', actor.model]];
   if (critic.enable) archChecks.push(['critic.model', resolveCriticModel(cfg)]);
-  for (const [where, m] of archChecks) {
-    // Rotary embeddings rotate pairs of channels, so the head size d_model / n_heads must be even.
-    const goodHeads = divisors(m.d_model).filter((h) => (m.d_model / h) % 2 === 0);
-    const headHint = goodHeads.length > 0 ? `set ${where}.n_heads to ${orList(nearest(goodHeads, m.n_heads))}` : `set ${where}.d_model to an even number`;
-    if (m.d_model % m.n_heads !== 0) {
-      errors.push(`${where}.d_model = ${m.d_model} is not a multiple of ${where}.n_heads = ${m.n_heads}; ${headHint} (head size d_model / n_heads must be a whole, even number)`);
-    } else if ((m.d_model / m.n_heads) % 2 !== 0) {
-      errors.push(`${where}: the head size d_model / n_heads = ${m.d_model} / ${m.n_heads} = ${m.d_model / m.n_heads} must be even for rotary embeddings; ${headHint}`);
-    }
-    if (m.n_heads % m.n_kv_heads !== 0) {
-      errors.push(`${where}.n_kv_heads = ${m.n_kv_heads} does not divide ${where}.n_heads = ${m.n_heads}; set ${where}.n_kv_heads to a divisor of ${m.n_heads} such as ${orList(divisorsNear(m.n_heads, m.n_kv_heads))}`);
-    }
-  }
+  errors.push(...archErrors(archChecks));
   if (critic.enable) {
     const cm = resolveCriticModel(cfg);
     if (total > cm.max_seq_len) {
@@ -368,6 +361,42 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResu
   return { errors, warnings };
 }
 
+/** Head-size and grouped-query checks of model architectures ([key, keys] pairs). */
+function archErrors(archChecks: Array<[string, { d_model: number; n_heads: number; n_kv_heads: number }]>): string[] {
+  const errors: string[] = [];
+  for (const [where, m] of archChecks) {
+    // Rotary embeddings rotate pairs of channels, so the head size d_model / n_heads must be even.
+    const goodHeads = divisors(m.d_model).filter((h) => (m.d_model / h) % 2 === 0);
+    const headHint = goodHeads.length > 0 ? `set ${where}.n_heads to ${orList(nearest(goodHeads, m.n_heads))}` : `set ${where}.d_model to an even number`;
+    if (m.d_model % m.n_heads !== 0) {
+      errors.push(`${where}.d_model = ${m.d_model} is not a multiple of ${where}.n_heads = ${m.n_heads}; ${headHint} (head size d_model / n_heads must be a whole, even number)`);
+    } else if ((m.d_model / m.n_heads) % 2 !== 0) {
+      errors.push(`${where}: the head size d_model / n_heads = ${m.d_model} / ${m.n_heads} = ${m.d_model / m.n_heads} must be even for rotary embeddings; ${headHint}`);
+    }
+    if (m.n_heads % m.n_kv_heads !== 0) {
+      errors.push(`${where}.n_kv_heads = ${m.n_kv_heads} does not divide ${where}.n_heads = ${m.n_heads}; set ${where}.n_kv_heads to a divisor of ${m.n_heads} such as ${orList(divisorsNear(m.n_heads, m.n_kv_heads))}`);
+    }
+  }
+  return errors;
+}
+
+/** `rlstream sft`: training files, batch sizes, lengths and the architecture of a fresh model. */
+export function checkSftConfig(cfg: Config): CheckResult {
+  const errors: string[] = [];
+  const warnings: string[] = [];
+  const { data, actor, sft, pipeline } = cfg;
+  if (data.task !== null) errors.push(`rlstream sft reads rows with a response (data.train_files), but data.task = "${data.task}" generates prompts without one; unset data.task and set data.train_files`);
+  if (data.train_files.length === 0) errors.push(`rlstream sft needs training rows: set data.train_files (JSONL or parquet; ${sft.prompt_key} + ${sft.response_key} fields, or ${sft.messages_key})`);
+  const gbs = actor.global_batch_size, mb = actor.micro_batch_size_per_device_for_update;
+  if (gbs % mb !== 0) errors.push(`actor.micro_batch_size_per_device_for_update = ${mb} does not divide actor.global_batch_size = ${gbs}; set it to a divisor of ${gbs} such as ${orList(divisorsNear(gbs, mb))}`);
+  if (actor.model.path === null && sft.max_length > actor.model.max_seq_len) {
+    errors.push(`sft.max_length = ${sft.max_length} exceeds actor.model.max_seq_len = ${actor.model.max_seq_len}; set actor.model.max_seq_len to at least ${sft.max_length} or lower sft.max_length`);
+  }
+  if (actor.model.path === null) errors.push(...archErrors([['actor.model', actor.model]]));
+  if (pipeline.store === 'postgres' && pipeline.database_url === null) errors.push('pipeline.store = postgres needs pipeline.database_url; set it to postgres://user:password@host:5432/db, or use pipeline.store=embedded');
+  return { errors, warnings };
+}
+
 // ---------------------------------------------------------------------------------------------
 // Resuming a run with another config
 
@@ -378,7 +407,7 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}): CheckResu
 const RESUME_FREE = [
   'trainer.total_epochs', 'trainer.max_steps', 'trainer.val_freq', 'trainer.val_before_train', 'trainer.val_generations_to_log',
   'trainer.save_freq', 'trainer.save_limit', 'trainer.logger', 'trainer.find_last_checkpoint', 'trainer.run_dir',
-  'trainer.resume_with_changed_config', 'trainer.keep_policy_versions',
+  'trainer.resume_with_changed_config', 'trainer.keep_policy_versions', 'sft.epochs',
   // the update stage refuses another load_checkpoint_path for a run with state, saying which to give
   'trainer.load_checkpoint_path',
   'actor.threads', 'actor.device', 'rollout.device', 'rollout.batch_size', 'critic.threads', 'critic.device',
@@ -396,7 +425,7 @@ const RESUME_UNSAFE = [
   'data.rollout_batch_size', 'data.shuffle', 'data.seed', 'data.filter_overlong_prompts', 'data.on_bad_row', 'data.max_rows',
   'data.task', 'data.task_size.train',
   'rollout.n', 'actor.model.', 'critic.enable', 'critic.model.', 'algorithm.adv_estimator',
-  'trainer.seed', 'trainer.project_name', 'trainer.experiment_name',
+  'trainer.seed', 'trainer.project_name', 'trainer.experiment_name', 'sft.',
   'pipeline.bus', 'pipeline.store', 'pipeline.topic_prefix', 'pipeline.partitions', 'pipeline.run_id', 'pipeline.schema_wire_format',
 ];
 

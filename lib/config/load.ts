@@ -26,6 +26,8 @@ export interface LoadConfigOptions {
   env?: NodeJS.ProcessEnv;
   /** Receives each warning (a setting that is legal but probably not meant); default: process.emitWarning. */
   onWarning?: (message: string) => void;
+  /** The command the config is for: `sft` checks only the keys `rlstream sft` reads (checks.ts checkSftConfig). Default train. */
+  command?: 'train' | 'sft';
 }
 
 /** Name of the environment switch that turns the reward servers off (sets reward.remote.enabled = false). */
@@ -355,7 +357,7 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   if (disable === true) cfg.reward.remote.enabled = false;
   const resolved = resolveDerived(cfg);
   valOnlyCheckpointActor(resolved);
-  const { errors, warnings } = checkConfig(resolved, env);
+  const { errors, warnings } = checkConfig(resolved, env, opts.command ?? 'train');
   if (errors.length > 0) throw configProblems(errors);
   const warn = opts.onWarning ?? ((m: string) => process.emitWarning(m, 'ConfigWarning'));
   for (const w of warnings) warn(w);

@@ -310,7 +310,7 @@ const rewardModelSchema = section({
 
 const rewardSchema = section({
   type: z.enum(['function', 'remote', 'model']).default('function').describe('function: a built-in or user function; remote: HTTP reward servers; model: an ONNX scorer.'),
-  reward_fn: z.string().min(1).nullable().default(null).describe('Built-in reward function (e.g. number_game, exact_match, format, arithmetic); null → data.task’s reward when data.task is set.'),
+  reward_fn: z.string().min(1).nullable().default(null).describe('Built-in reward function (e.g. number_game, exact_match, format, arithmetic, gsm8k); null → data.task’s reward when data.task is set.'),
   reward_fn_path: z.string().min(1).nullable().default(null).describe('User reward module (JS/TS), instead of reward_fn: its default (or `reward`) export is called with {prompt, response, ground_truth, data_source, extra_info, kwargs}, or else its `compute_score` export verl-style as compute_score(data_source, solution_str, ground_truth, extra_info, kwargs); it returns a number, {score, …} or {reward, metrics} (docs/rewards.md). A relative path in the config file resolves against the file\'s directory.'),
   reward_fn_kwargs: z.record(z.string(), z.unknown()).default(() => ({})).describe('Keyword arguments passed to the reward function.'),
   timeout_s: z.number().positive().default(30).describe('Time limit per sample of a reward function (reward_fn, reward_fn_path), which runs in a worker thread: a sample that takes longer is a recorded reward failure (HTTP servers: reward.remote.timeout_ms).'),
@@ -342,6 +342,18 @@ const trainerSchema = section({
   run_dir: z.string().min(1).nullable().default(null).describe('Directory for checkpoints, logs and the embedded store; null → runs/<experiment_name>.'),
   seed: z.int().default(1).describe('Seed for everything not seeded elsewhere (sampling, dropout of groups, ids).'),
 }, 'Training loop, validation, checkpoints and naming.');
+
+// ---------------------------------------------------------------------------------------------
+// sft
+
+const sftSchema = section({
+  epochs: posInt().default(1).describe('`rlstream sft`: passes over the training rows (data.train_files); trainer.max_steps caps the steps.'),
+  max_length: posInt().default(1024).describe('`rlstream sft`: longest example (prompt + response tokens, after the chat template); a longer row is a bad row (data.on_bad_row: stop names its file:line, skip reports it). With packing, the length of a packed row.'),
+  packing: z.boolean().default(false).describe('`rlstream sft`: concatenate examples (in the epoch\'s order) into rows of at most max_length tokens instead of one padded example per row. Positions run on across the row and a token attends to the earlier examples of its row (the training graph has no block-diagonal mask); each example\'s loss is still on its own response tokens. actor.global_batch_size then counts packed rows.'),
+  prompt_key: z.string().min(1).default('prompt').describe('`rlstream sft`: field holding the prompt (a string, or chat messages [{role, content}]); dotted paths reach nested fields.'),
+  response_key: z.string().min(1).default('response').describe('`rlstream sft`: field holding the response (a string) the loss is on, for prompt + response rows.'),
+  messages_key: z.string().min(1).default('messages').describe('`rlstream sft`: field holding a conversation [{role, content}] (a row with it needs no prompt/response); the loss is on every assistant turn.'),
+}, 'Supervised fine-tuning (`rlstream sft`): data keys, epochs, lengths and packing. The model, optimizer, LR schedule and batch sizes are actor.* (actor.global_batch_size examples per optimizer step, actor.micro_batch_size_per_device_for_update per forward/backward pass), the data files, shuffling and rendering data.*, checkpoints and logging trainer.*.');
 
 // ---------------------------------------------------------------------------------------------
 // pipeline
@@ -382,6 +394,7 @@ export const configSchema = z.strictObject({
   critic: criticSchema,
   reward: rewardSchema,
   trainer: trainerSchema,
+  sft: sftSchema,
   pipeline: pipelineSchema,
 }).describe('rlstream run configuration');
 

@@ -51,7 +51,8 @@ export const DEFAULT_IMAGE_OPTIONS: ImageOptions = { factor: 28, minPixels: 2621
 
 export interface LoadedDataset { rows: DatasetRow[]; bad: BadRow[] }
 
-function get(obj: unknown, path: string): unknown {
+/** A field by dotted path (`a.b.c`); undefined when any part is missing. */
+export function getPath(obj: unknown, path: string): unknown {
   let cur: unknown = obj;
   for (const part of path.split('.')) {
     if (cur === null || typeof cur !== 'object') return undefined;
@@ -81,7 +82,7 @@ export interface ValidatedRecord { prompt: string; messages: DatasetRow['message
 /** Validates one raw record; returns the row fields (images still raw) or a reason. */
 export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: boolean): ValidatedRecord | { reason: string } {
   if (!rec || typeof rec !== 'object' || Array.isArray(rec)) return { reason: 'row is not a JSON object' };
-  let promptRaw = get(rec, opts.prompt_key);
+  let promptRaw = getPath(rec, opts.prompt_key);
   if (promptRaw === undefined) return { reason: `missing prompt field "${opts.prompt_key}" (set data.prompt_key)` };
   let messages: DatasetRow['messages'] = null;
   if (typeof promptRaw !== 'string') {
@@ -92,22 +93,22 @@ export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: bool
   }
   const prompt = promptRaw as string;
   if (prompt.length === 0) return { reason: `prompt field "${opts.prompt_key}" is empty` };
-  let answerRaw = get(rec, opts.answer_key);
-  if (answerRaw === undefined && parquet) answerRaw = get(rec, 'reward_model.ground_truth');
+  let answerRaw = getPath(rec, opts.answer_key);
+  if (answerRaw === undefined && parquet) answerRaw = getPath(rec, 'reward_model.ground_truth');
   if (answerRaw === undefined) return { reason: `missing answer field "${opts.answer_key}" (set data.answer_key)` };
   if (typeof answerRaw === 'number' || typeof answerRaw === 'bigint' || typeof answerRaw === 'boolean') answerRaw = String(answerRaw);
   if (typeof answerRaw !== 'string') return { reason: `answer field "${opts.answer_key}" must be a string or number` };
   let images: unknown[] = [];
-  const imgRaw = get(rec, opts.image_key);
+  const imgRaw = getPath(rec, opts.image_key);
   if (imgRaw !== undefined && imgRaw !== null) {
     images = Array.isArray(imgRaw) ? imgRaw : [imgRaw];
     const limit = opts.limit_images ?? 1;
     if (images.length > limit) return { reason: `${images.length} images in "${opts.image_key}", over data.limit_images = ${limit} (raise it, or drop images from the row)` };
   }
   // verl's per-row data_source and extra_info, passed to the reward function
-  const ds = get(rec, 'data_source');
+  const ds = getPath(rec, 'data_source');
   if (ds !== undefined && ds !== null && typeof ds !== 'string') return { reason: 'field "data_source" must be a string' };
-  const extra = get(rec, 'extra_info');
+  const extra = getPath(rec, 'extra_info');
   if (extra !== undefined && extra !== null && (typeof extra !== 'object' || Array.isArray(extra))) return { reason: 'field "extra_info" must be an object' };
   return {
     prompt, messages, answer: answerRaw, images,
@@ -133,6 +134,27 @@ async function readParquet(file: string): Promise<unknown[]> {
   return await parquetReadObjects({ file: ab as ArrayBuffer, utf8: false });
 }
 
+/** One record of a data file with its line (JSONL) or 1-based row number (parquet), or why it does not parse. */
+export type FileRecord = { line: number; rec: unknown } | { line: number; error: string };
+
+/** The records of a JSONL or parquet file (`format` auto: by extension), blank JSONL lines skipped. */
+export async function readRecords(file: string, format: DatasetOptions['format']): Promise<FileRecord[]> {
+  if (!existsSync(file)) throw new ConfigError(`data file not found: ${file}`);
+  const records: FileRecord[] = [];
+  if (detectFormat(file, format) === 'jsonl') {
+    const lines = readFileSync(file, 'utf8').split('\n');
+    for (let i = 0; i < lines.length; i++) {
+      const text = lines[i].trim();
+      if (!text) continue;
+      try { records.push({ line: i + 1, rec: JSON.parse(text) }); } catch (e) { records.push({ line: i + 1, error: `not valid JSON (${(e as Error).message})` }); }
+    }
+  } else {
+    const objs = await readParquet(file);
+    objs.forEach((rec, i) => records.push({ line: i + 1, rec }));
+  }
+  return records;
+}
+
 export async function loadDataset(files: string[], opts: DatasetOptions): Promise<LoadedDataset> {
   const rows: DatasetRow[] = [];
   const bad: BadRow[] = [];
@@ -146,18 +168,7 @@ export async function loadDataset(files: string[], opts: DatasetOptions): Promis
     if (!existsSync(file)) throw new ConfigError(`data file not found: ${file}`);
     const fmt = detectFormat(file, opts.format);
     const imageDir = opts.image_dir ? resolve(opts.image_dir) : dirname(resolve(file));
-    const records: Array<{ line: number; rec: unknown } | { line: number; error: string }> = [];
-    if (fmt === 'jsonl') {
-      const lines = readFileSync(file, 'utf8').split('\n');
-      for (let i = 0; i < lines.length; i++) {
-        const text = lines[i].trim();
-        if (!text) continue;
-        try { records.push({ line: i + 1, rec: JSON.parse(text) }); } catch (e) { records.push({ line: i + 1, error: `not valid JSON (${(e as Error).message})` }); }
-      }
-    } else {
-      const objs = await readParquet(file);
-      objs.forEach((rec, i) => records.push({ line: i + 1, rec }));
-    }
+    const records = await readRecords(file, fmt);
     for (const r of records) {
       if (opts.max_rows && rows.length >= opts.max_rows) break;
       if ('error' in r) { report({ file, line: r.line, reason: r.error }); continue; }

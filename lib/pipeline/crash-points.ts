@@ -23,6 +23,8 @@ export const CRASH_POINTS = [
   'update:start', 'update:trained', 'update:version-written',
   'checkpoint:start', 'checkpoint:half-written', 'checkpoint:renamed', 'checkpoint:recorded',
   'controller:handled', 'rollout:handled', 'reward:handled', 'advantage:handled', 'update:handled',
+  // rlstream sft: after a step's update and metrics rows, before its checkpoint (if any)
+  'sft:trained',
 ] as const;
 export type CrashPointName = (typeof CRASH_POINTS)[number];
 

@@ -79,7 +79,26 @@ export const accuracyWithFormat: RewardFn = (input) => {
   return { reward: a + w * f, metrics: { overall: a + w * f, accuracy: a, format: f } };
 };
 
+/**
+ * GSM8K-style answers: the number after the last `####` (commas dropped), compared exactly with the
+ * ground truth's number. reward = accuracy + format_weight · format, where format = 1 when the
+ * response ends with `#### <integer>` (kwarg format_weight, default 0.1). Metrics: overall,
+ * accuracy, format and the extracted answer (verl's gsm8k score reads the same `#### n` line).
+ */
+export const gsm8k: RewardFn = ({ response, ground_truth, kwargs }) => {
+  const num = (s: string) => s.replaceAll(',', '').trim();
+  const m = /####\s*(-?[\d,]*\.?\d+)/g;
+  let last: string | null = null;
+  for (const x of response.matchAll(m)) last = num(x[1]);
+  const truth = num(/####\s*(.*)$/.exec(ground_truth)?.[1] ?? ground_truth);
+  const acc = last !== null && Number(last) === Number(truth) && truth !== '' ? 1 : 0;
+  const fmt = /####\s*-?\d+\s*$/.test(response) ? 1 : 0;
+  const w = typeof kwargs.format_weight === 'number' ? kwargs.format_weight : 0.1;
+  return { reward: acc + w * fmt, metrics: { overall: acc + w * fmt, accuracy: acc, format: fmt, answer: last ?? '' } };
+};
+
 export const rewardFns = new Registry<RewardFn>('reward.reward_fn', {
+  gsm8k,
   exact_match: exactMatch,
   format: integerFormat,
   number_game: accuracyWithFormat,

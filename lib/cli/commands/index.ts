@@ -1,6 +1,7 @@
 import type { Command } from '../command.ts';
 import { configCommand } from './config.ts';
 import { trainCommand } from './train.ts';
+import { sftCommand } from './sft.ts';
 import { serveCommand } from './serve.ts';
 import { migrateCommand } from './migrate.ts';
 import { sqlCommand } from './sql.ts';
@@ -12,4 +13,4 @@ import { exportCommand } from './export.ts';
 import { generateCommand } from './generate.ts';
 
 /** Every `rlstream` command, in the order `--help` lists them. */
-export const commands: Command[] = [trainCommand, serveCommand, migrateCommand, configCommand, sqlCommand, runsCommand, reportCommand, rewardServerCommand, replayCommand, exportCommand, generateCommand];
+export const commands: Command[] = [trainCommand, sftCommand, serveCommand, migrateCommand, configCommand, sqlCommand, runsCommand, reportCommand, rewardServerCommand, replayCommand, exportCommand, generateCommand];

@@ -147,8 +147,8 @@ test('KL settings that do not do what they say are warnings', () => {
 
 test('function rewards: one of reward_fn / reward_fn_path, known names', () => {
   const files = ['data.train_files=t.jsonl', 'data.val_files=v.jsonl'];
-  expectOneProblem(() => loadConfig({ overrides: files, env: {} }), 'reward.type = function needs a reward function: set reward.reward_fn (built-in: arithmetic, exact_match, format, number_game, number_game_vision) or reward.reward_fn_path');
-  expectOneProblem(() => loadConfig({ overrides: [...files, 'reward.reward_fn=exact_matc'], env: {} }), 'unknown reward.reward_fn "exact_matc" (valid: arithmetic, exact_match, format, number_game, number_game_vision, or set reward.reward_fn_path to your module) — did you mean "exact_match"?');
+  expectOneProblem(() => loadConfig({ overrides: files, env: {} }), 'reward.type = function needs a reward function: set reward.reward_fn (built-in: arithmetic, exact_match, format, gsm8k, number_game, number_game_vision) or reward.reward_fn_path');
+  expectOneProblem(() => loadConfig({ overrides: [...files, 'reward.reward_fn=exact_matc'], env: {} }), 'unknown reward.reward_fn "exact_matc" (valid: arithmetic, exact_match, format, gsm8k, number_game, number_game_vision, or set reward.reward_fn_path to your module) — did you mean "exact_match"?');
   expectOneProblem(() => loadConfig({ overrides: [...files, 'reward.reward_fn=exact_match', 'reward.reward_fn_path=r.ts'], env: {} }), 'reward.reward_fn and reward.reward_fn_path are both set; keep one');
   assert.equal(loadConfig({ overrides: [...files, 'reward.reward_fn_path=r.ts'], env: {} }).reward.reward_fn, null);
 });

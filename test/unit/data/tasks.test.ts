@@ -28,7 +28,7 @@ test('arithmetic rows evaluate correctly', () => {
 
 test('unknown task / reward names list the valid ones', () => {
   assert.throws(() => tasks.get('numbergame'), /unknown data\.task "numbergame" — valid: arithmetic, number_game/);
-  assert.throws(() => rewardFns.get('exact'), /valid: arithmetic, exact_match, format, number_game/);
+  assert.throws(() => rewardFns.get('exact'), /valid: arithmetic, exact_match, format, gsm8k, number_game, number_game_vision/);
 });
 
 test('reward functions: accuracy + format, failures are never zeros', async () => {

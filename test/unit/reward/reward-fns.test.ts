@@ -57,3 +57,14 @@ test('extra_info text from the trajectories parses to an object', () => {
   assert.deepEqual(parseExtraInfo(''), {});
   assert.deepEqual(parseExtraInfo('[1]'), {});
 });
+
+test('gsm8k: exact match on the number after the last ####, plus a format bonus for ending in #### n, reported separately', async () => {
+  const { gsm8k } = await import('../../../lib/reward-fns/index.ts');
+  const score = (response: string, ground_truth: string) => applyRewardFn(gsm8k, { prompt: '', response, ground_truth, kwargs: {} });
+  assert.deepEqual(await score('3 * 4 = 12\n12 - 5 = 7\n#### 7', '7'), { ok: true, reward: 1.1, metrics: { overall: 1.1, accuracy: 1, format: 1, answer: '7' } });
+  assert.deepEqual(await score('#### 6\nso #### 1,024 apples', '#### 1024'), { ok: true, reward: 1, metrics: { overall: 1, accuracy: 1, format: 0, answer: '1024' } });
+  assert.deepEqual(await score('2 + 2 = 5\n#### 5', '4'), { ok: true, reward: 0.1, metrics: { overall: 0.1, accuracy: 0, format: 1, answer: '5' } });
+  assert.deepEqual(await score('the answer is 4', '4'), { ok: true, reward: 0, metrics: { overall: 0, accuracy: 0, format: 0, answer: '' } });
+  const w = await applyRewardFn(gsm8k, { prompt: '', response: '#### -3', ground_truth: '-3', kwargs: { format_weight: 0.5 } });
+  assert.equal(w.ok && w.reward, 1.5);
+});

@@ -1,0 +1,87 @@
+/**
+ * Grade-school word problems (GSM8K's shape, at toy scale): templated stories over +, − and ×
+ * with small integers, each with a worked solution — one short line of arithmetic per step —
+ * ending in `#### <answer>` (GSM8K's convention). Deterministic by seed.
+ *
+ * The held-out split differs from the training split in both its wording and its numbers: its
+ * stories come from other templates, and an operand tuple (operation, a, b[, c]) belongs to the
+ * held-out split exactly when its hash says so (one in five), so no held-out problem repeats a
+ * training computation.
+ */
+import { Rng, fnv1a } from '../../lib/util/rng.ts';
+
+export interface WordProblem { prompt: string; solution: string; answer: string }
+export type Split = 'train' | 'heldout';
+type Kind = 'add' | 'sub' | 'mul' | 'mul_sub' | 'add_sub';
+
+interface Template { kind: Kind; text: string }
+
+const TRAIN_TEMPLATES: Template[] = [
+  { kind: 'add', text: '{name} has {a} {items}. {Pron} gets {b} more. How many {items} does {name} have now?' },
+  { kind: 'add', text: '{name} picked {a} {items} in the morning and {b} {items} in the afternoon. How many {items} did {name} pick?' },
+  { kind: 'sub', text: '{name} had {a} {items} and gave {b} of them to a friend. How many {items} does {name} have left?' },
+  { kind: 'sub', text: 'There were {a} {items} on the table. {name} took {b}. How many {items} are still on the table?' },
+  { kind: 'mul', text: '{name} buys {a} bags with {b} {items} in each bag. How many {items} does {name} buy?' },
+  { kind: 'mul_sub', text: '{name} has {a} boxes of {b} {items} and gives away {c} {items}. How many {items} are left?' },
+  { kind: 'add_sub', text: 'A shelf holds {a} {items}. {name} puts {b} more on it and then takes {c} off. How many {items} are on the shelf?' },
+];
+
+const HELDOUT_TEMPLATES: Template[] = [
+  { kind: 'add', text: 'A basket has {a} {items} and {name} puts in {b} more. How many {items} are in the basket?' },
+  { kind: 'sub', text: 'A farm had {a} {items}. {b} of them were sold. How many {items} does the farm have now?' },
+  { kind: 'mul', text: 'Each of {a} children brings {b} {items}. How many {items} do the children bring altogether?' },
+  { kind: 'mul_sub', text: '{name} packs {a} crates with {b} {items} each, and then {c} {items} break. How many {items} are not broken?' },
+  { kind: 'add_sub', text: '{name} saves {a} {items} on Monday and {b} on Tuesday, then spends {c}. How many {items} does {name} still have?' },
+];
+
+const NAMES: Array<[string, string]> = [['Ana', 'She'], ['Ben', 'He'], ['Chen', 'He'], ['Dara', 'She'], ['Eli', 'He'], ['Fatima', 'She'], ['Goran', 'He'], ['Hana', 'She']];
+const ITEMS = ['apples', 'marbles', 'stickers', 'pencils', 'cookies', 'shells', 'stamps', 'coins'];
+
+/** Which split an operand tuple belongs to (one in five is held out). */
+export function splitOf(kind: Kind, nums: readonly number[]): Split {
+  return fnv1a(`${kind}:${nums.join(',')}`) % 5 === 0 ? 'heldout' : 'train';
+}
+
+function operands(kind: Kind, rng: Rng): number[] {
+  const r = (lo: number, hi: number) => lo + rng.int(hi - lo + 1);
+  switch (kind) {
+    case 'add': return [r(2, 20), r(2, 20)];
+    case 'sub': { const a = r(5, 30); return [a, r(1, a - 1)]; }
+    case 'mul': return [r(2, 9), r(2, 9)];
+    case 'mul_sub': { const a = r(2, 6), b = r(2, 6); return [a, b, r(1, a * b - 1)]; }
+    case 'add_sub': { const a = r(2, 15), b = r(2, 15); return [a, b, r(1, a + b - 1)]; }
+  }
+}
+
+/** The worked solution: one line per step, then `#### answer`. */
+function solve(kind: Kind, [a, b, c]: number[]): { steps: string[]; answer: number } {
+  switch (kind) {
+    case 'add': return { steps: [`${a} + ${b} = ${a + b}`], answer: a + b };
+    case 'sub': return { steps: [`${a} - ${b} = ${a - b}`], answer: a - b };
+    case 'mul': return { steps: [`${a} * ${b} = ${a * b}`], answer: a * b };
+    case 'mul_sub': return { steps: [`${a} * ${b} = ${a * b}`, `${a * b} - ${c} = ${a * b - c}`], answer: a * b - c };
+    case 'add_sub': return { steps: [`${a} + ${b} = ${a + b}`, `${a + b} - ${c} = ${a + b - c}`], answer: a + b - c };
+  }
+}
+
+/** `count` problems of a split, seeded by (seed, split). */
+export function generateProblems(split: Split, count: number, seed: number): WordProblem[] {
+  const rng = Rng.fromSeed(`word-problems:${split}:${seed}`);
+  const templates = split === 'train' ? TRAIN_TEMPLATES : HELDOUT_TEMPLATES;
+  const out: WordProblem[] = [];
+  while (out.length < count) {
+    const t = templates[rng.int(templates.length)];
+    const nums = operands(t.kind, rng);
+    if (splitOf(t.kind, nums) !== split) continue;
+    const [name, pron] = NAMES[rng.int(NAMES.length)];
+    const items = ITEMS[rng.int(ITEMS.length)];
+    const [a, b, c] = nums;
+    const prompt = t.text.replaceAll('{name}', name).replaceAll('{Pron}', pron).replaceAll('{items}', items)
+      .replaceAll('{a}', String(a)).replaceAll('{b}', String(b)).replaceAll('{c}', String(c));
+    const { steps, answer } = solve(t.kind, nums);
+    out.push({ prompt, solution: `${steps.join('\n')}\n#### ${answer}`, answer: String(answer) });
+  }
+  return out;
+}
+
+export const TEMPLATE_TEXTS = { train: TRAIN_TEMPLATES.map((t) => t.text), heldout: HELDOUT_TEMPLATES.map((t) => t.text) };

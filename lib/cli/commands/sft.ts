@@ -1,0 +1,57 @@
+import type { Command } from '../command.ts';
+import { parseArgs, UsageError } from '../command.ts';
+import { loadConfig, formatResolvedConfig, resolveRunId } from '../../config/index.ts';
+import { createLogger } from '../../log.ts';
+import { sftRun } from '../../app/sft.ts';
+import { ConsoleSink, ProgressBar } from '../progress.ts';
+import { configArgs } from './train.ts';
+
+export const sftCommand: Command = {
+  name: 'sft',
+  summary: 'Supervised fine-tuning on prompt + response (or chat) rows; checkpoints are model directories for `train`',
+  usage: 'rlstream sft <config.yaml> [a.b.c=value …] [--verbose] [--print-config] [--break-lock]',
+  help: [
+    'Next-token loss on the response (assistant) tokens only, over data.train_files (JSONL or parquet):',
+    'rows with sft.prompt_key + sft.response_key, or a conversation in sft.messages_key (loss on every',
+    'assistant turn), rendered through the model\'s chat template. The model, optimizer, LR schedule and',
+    'batch sizes are actor.* as for `train` (actor.global_batch_size examples per step); sft.* sets',
+    'epochs, max_length and packing. Checkpoints go to <run_dir>/checkpoints/global_step_N (every',
+    'trainer.save_freq steps and at the end); the actor/ of one is a model directory that',
+    '`rlstream train` takes as actor.model.path. Metrics (sft/loss, sft/token_acc, sft/lr, sft/grad_norm)',
+    'go to the run\'s store (rlstream runs / sql / report) and, with trainer.logger including',
+    'tensorboard, to <run_dir>/tensorboard. Interrupted (Ctrl-C, a kill), the same command resumes from',
+    'the newest checkpoint; a finished run says so.',
+    '',
+    'arguments:',
+    '  config.yaml     run config (see docs/config.md)',
+    '  a.b.c=value     override, value parsed as a YAML scalar (e.g. sft.epochs=2)',
+    '',
+    'options:',
+    '  --verbose       on a terminal, also print the info log lines (one per step)',
+    '  --print-config  also print the resolved config (it is always written to <run_dir>/config.yaml)',
+    '  --break-lock    take over the run directory\'s lock when another host holds it',
+  ].join('\n'),
+  async run(argv) {
+    const { positionals, booleans } = parseArgs(argv, { booleans: ['verbose', 'print-config', 'break-lock'] });
+    if (positionals.length === 0) throw new UsageError('missing the config file');
+    const { file, overrides } = configArgs(positionals);
+    const cfg = loadConfig({ file, overrides, command: 'sft', onWarning: (m) => console.error(`warning: ${m}`) });
+    const tty = process.stderr.isTTY === true;
+    const bar = tty ? new ProgressBar(process.stderr) : null;
+    const sink = new ConsoleSink(bar);
+    const level = process.env.RLSTREAM_LOG_LEVEL || (tty && !booleans.has('verbose') ? 'warn' : 'info');
+    const log = createLogger({ runId: resolveRunId(cfg), level, sink });
+    if (booleans.has('print-config')) process.stderr.write(`# resolved config\n${formatResolvedConfig(cfg)}\n`);
+    const ac = new AbortController();
+    let code = 1;
+    const stop = (name: NodeJS.Signals) => () => { code = name === 'SIGINT' ? 130 : 143; ac.abort(); };
+    process.once('SIGINT', stop('SIGINT'));
+    process.once('SIGTERM', stop('SIGTERM'));
+    const out = await sftRun(cfg, log, { bar, signal: ac.signal, breakLock: booleans.has('break-lock') });
+    bar?.finish();
+    if (out.message && out.status === 'completed') console.error(out.message);
+    console.log(out.summary);
+    if (out.status === 'stopped') { console.error(`rlstream sft: run stopped: ${out.message ?? 'interrupted'}; run the same command again to continue`); return code; }
+    return 0;
+  },
+};

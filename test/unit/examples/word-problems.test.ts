@@ -1,0 +1,43 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { generateProblems, splitOf, TEMPLATE_TEXTS } from '../../../examples/word-problems/problems.ts';
+
+/** Evaluates the solution's lines "x op y = z" and returns z of the last one. */
+function checkSolution(solution: string): number {
+  const lines = solution.split('\n');
+  const answer = /^#### (-?\d+)$/.exec(lines.pop()!);
+  assert.ok(answer, `ends with "#### n": ${solution}`);
+  let last = NaN;
+  for (const l of lines) {
+    const m = /^(\d+) ([+\-*]) (\d+) = (-?\d+)$/.exec(l);
+    assert.ok(m, `a step is "a op b = c": ${l}`);
+    const [a, b, c] = [Number(m[1]), Number(m[3]), Number(m[4])];
+    assert.equal(m[2] === '+' ? a + b : m[2] === '-' ? a - b : a * b, c, l);
+    last = c;
+  }
+  assert.equal(Number(answer[1]), last);
+  return last;
+}
+
+test('word problems: deterministic by seed, worked solutions whose arithmetic is right and end in #### answer', () => {
+  const a = generateProblems('train', 300, 5), b = generateProblems('train', 300, 5);
+  assert.deepEqual(a, b);
+  assert.notDeepEqual(generateProblems('train', 50, 6), a.slice(0, 50));
+  for (const p of [...a, ...generateProblems('heldout', 100, 5)]) {
+    assert.equal(String(checkSolution(p.solution)), p.answer);
+    assert.ok(Number(p.answer) >= 0, 'small non-negative integers');
+    assert.ok(!p.prompt.includes('{'), p.prompt);
+  }
+});
+
+test('the held-out split uses other templates and other operand tuples than the training split', () => {
+  assert.equal(TEMPLATE_TEXTS.train.filter((t) => TEMPLATE_TEXTS.heldout.includes(t)).length, 0);
+  // a story's numbers (in order) identify its operand tuple; none is shared between the splits
+  const nums = (s: string) => (s.match(/\d+/g) ?? []).join(',');
+  const train = new Set(generateProblems('train', 2000, 1).map((p) => `${p.solution.split('\n')[0].match(/[+\-*]/)![0]}:${nums(p.prompt)}`));
+  const held = generateProblems('heldout', 300, 1).map((p) => `${p.solution.split('\n')[0].match(/[+\-*]/)![0]}:${nums(p.prompt)}`);
+  assert.equal(held.filter((k) => train.has(k)).length, 0);
+  assert.equal(splitOf('add', [3, 4]), splitOf('add', [3, 4]));
+  const heldFrac = Array.from({ length: 400 }, (_, i) => splitOf('mul', [i % 20, Math.floor(i / 20)])).filter((s) => s === 'heldout').length / 400;
+  assert.ok(heldFrac > 0.1 && heldFrac < 0.3, `about one tuple in five is held out (${heldFrac})`);
+});
