@@ -16,6 +16,8 @@ import { ValueScorer } from '../../lib/model/value.ts';
 import { loadCheckpoint } from '../../lib/model/index.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import { Scorer } from '../../lib/model/score.ts';
+import { PolicyImages } from '../../lib/pipeline/images.ts';
+import { PixelCache } from '../../lib/data/pixel-cache.ts';
 import { refillId, type ScoredGroup, type UpdateGroup } from '../../lib/contracts/index.ts';
 import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { TrajectoryRow } from '../../lib/store/port.ts';
@@ -71,6 +73,10 @@ export function startAdvantage(p: Pipeline): StageRun {
   const useCritic = p.cfg.critic.enable === true;
   const valueScorer = useCritic ? new ValueScorer(criticModelConfig(p.cfg, tok), experienceScorerOptions(p.cfg)) : null;
   const reference = new PolicyCache(p.policies, model);
+  // a vision policy (and critic) score each response with its prompt's images
+  const pixelCache = new PixelCache();
+  const images = new PolicyImages(model, pixelCache);
+  const criticImages = valueScorer ? new PolicyImages(valueScorer.config, pixelCache) : null;
   const metrics = new StageMetrics(p, 'advantage');
   const log = forStage(p.log, 'advantage');
   const codec = p.codecs.scored;
@@ -122,9 +128,10 @@ export function startAdvantage(p: Pipeline): StageRun {
       let ref: Map<string, Float32Array> | null = null;
       if (needRef) {
         const w0 = await reference.get(0, ctx.db);
-        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids })));
+        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids, g })));
+        const px = await images.byGroup(decision.kept);
         // at the rollout temperature, as the actor's log-probs in the KL term (verl: ref log_prob with rollout.temperature)
-        const scores = await scorer.score(w0, samples.map((s) => ({ prompt: s.prompt, response: s.response })), { temperature: p.cfg.rollout.temperature, entropy: false });
+        const scores = await scorer.score(w0, samples.map((s) => ({ prompt: s.prompt, response: s.response, images: px.get(s.g) })), { temperature: p.cfg.rollout.temperature, entropy: false });
         ref = new Map(samples.map((s, i) => [s.id, scores[i].logprobs]));
       }
       let values: Map<string, Float32Array> | null = null;
@@ -134,8 +141,9 @@ export function startAdvantage(p: Pipeline): StageRun {
         const cdir = await p.policies.get('critic', version, ctx.db);
         if (!cdir) throw new TransientError(`critic version ${version} is not in the policy store (yet); retrying`);
         const critic = await loadCheckpoint(cdir, { optimizer: false });
-        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids })));
-        const vs = await valueScorer.values(critic.weights, samples.map((s) => ({ prompt: s.prompt, response: s.response })));
+        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids, g })));
+        const px = await criticImages!.byGroup(decision.kept);
+        const vs = await valueScorer.values(critic.weights, samples.map((s) => ({ prompt: s.prompt, response: s.response, images: px.get(s.g) })));
         values = new Map(samples.map((s, i) => [s.id, vs[i]]));
       }
       const res = computeStep(decision.kept, decision.filtered, ref, settings, state.klValue, values);
