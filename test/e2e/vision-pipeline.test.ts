@@ -6,7 +6,8 @@
  * image and differ with another image; the reference log-probs of step 1 (the advantage stage,
  * version 0 = the behaviour policy) equal the behaviour log-probs; the update stage trains on the
  * rows (a row whose pads have no image is refused by the trainer); a replay of the run with its
- * own config reproduces its checkpoint.
+ * own config reproduces its checkpoint, and the run resumes for a third step. Validation prompts
+ * with an <image> marker get the block there.
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -37,22 +38,26 @@ test('a tiny VLM trains on prompts with images: behaviour log-probs are the imag
   const pics = await Promise.all([[10, 1, 2], [90, 8, 3], [170, 4, 9], [240, 9, 9]].map(([bg, x, y]) => pic(bg!, x!, y!)));
   pics.forEach((b, i) => writeFileSync(join(data, 'img', `p${i}.png`), b));
   const nums = [[3, 7, 1], [9, 2, 5], [0, 4, 8], [6, 1, 2], [5, 8, 3], [2, 0, 9], [7, 3, 4], [1, 6, 0]];
-  writeFileSync(join(data, 'train.jsonl'), nums.map((n, i) => JSON.stringify({ prompt: `${n.join(' ')}:`, answer: String(n.indexOf(Math.max(...n))), images: [`img/p${i % 4}.png`] })).join('\n'));
+  const row = (n: number[], i: number, prompt: string) => JSON.stringify({ prompt, answer: String(n.indexOf(Math.max(...n))), images: [`img/p${i % 4}.png`] });
+  writeFileSync(join(data, 'train.jsonl'), nums.map((n, i) => row(n, i, `${n.join(' ')}:`)).join('\n'));
+  // validation prompts put the image at their <image> marker
+  writeFileSync(join(data, 'val.jsonl'), nums.slice(0, 2).map((n, i) => row(n, i, `${n.join(' ')}<image>:`)).join('\n'));
 
   const runId = 'vision-pipeline-e2e';
   const runDir = join(tmp, 'run');
-  const cfg = loadConfig({ file: join(ROOT, 'test/e2e/fixtures/tiny.yaml'), overrides: [
-    `trainer.run_dir=${runDir}`, `pipeline.run_id=${runId}`, 'trainer.max_steps=2', 'data.task=null', `data.train_files=${join(data, 'train.jsonl')}`,
+  const overrides = [
+    `trainer.run_dir=${runDir}`, `pipeline.run_id=${runId}`, 'data.task=null', 'trainer.total_epochs=2', `data.train_files=${join(data, 'train.jsonl')}`, `data.val_files=${join(data, 'val.jsonl')}`, 'trainer.val_before_train=true',
     'actor.model.alphabet="0123456789 :"', 'data.min_pixels=64', 'data.max_pixels=256', 'data.image_factor=8', 'data.max_prompt_length=24', 'rollout.temperature=0.7',
     'actor.model.vision.enable=true', 'actor.model.vision.patch_size=4', 'actor.model.vision.hidden_size=16', 'actor.model.vision.num_heads=2', 'actor.model.vision.depth=1',
-  ] });
+  ];
+  const cfg = loadConfig({ file: join(ROOT, 'test/e2e/fixtures/tiny.yaml'), overrides: [...overrides, 'trainer.max_steps=2'] });
   const lines: string[] = [];
   const out = await trainEmbedded(cfg, createLogger({ runId, pretty: false, sink: { write: (l) => lines.push(l) } }));
   assert.equal(out.status, 'completed', out.message);
   assert.ok(!lines.some((l) => l.includes('the policy is text-only')), 'a vision policy sees the images: no text-only note');
 
   const store = await openStore({ kind: 'pglite', dir: join(runDir, 'db') });
-  const [rows, stored] = await Promise.all([store.getTrajectories(runId, { kind: 'train' }), store.getPromptImages(runId)]).finally(() => store.close());
+  const [rows, val, stored] = await Promise.all([store.getTrajectories(runId, { kind: 'train' }), store.getTrajectories(runId, { kind: 'val' }), store.getPromptImages(runId)]).finally(() => store.close());
   const images = new Map(stored.map((i) => [i.hash, i]));
   assert.equal(rows.length, 2 * 4 * 4, '2 steps × 4 prompts × n = 4');
   const v0 = await loadCheckpoint(join(runDir, 'policy/v000000'), { optimizer: false });
@@ -90,6 +95,12 @@ test('a tiny VLM trains on prompts with images: behaviour log-probs are the imag
   assert.ok(worstSame < 1e-4, `behaviour log-probs and a re-computation with the image differ by up to ${worstSame}`);
   assert.ok(worstRef < 1e-4, `step 1: reference (advantage stage, with images) and behaviour log-probs differ by up to ${worstRef}`);
   assert.ok(minOther > 1e-4, `another image changes every response's log-probs (smallest change ${minOther})`);
+  // validation (rollout of the controller's val rounds): the block at the marker, after the numbers
+  assert.ok(val.length > 0);
+  for (const r of val) {
+    const p = Array.from(r.promptTokens), at = p.indexOf(vis.visionStartTokenId);
+    assert.deepEqual([at, p.filter((t) => t === vis.imageTokenId).length, p[at + 5]], [6, 4, vis.visionEndTokenId], `${r.id}: the image block at <image>`);
+  }
   const sha2 = await checkpointSha256(join(runDir, 'policy/v000002'));
   assert.notEqual(sha2, await checkpointSha256(join(runDir, 'policy/v000001')), 'step 2 trained');
 
@@ -97,4 +108,10 @@ test('a tiny VLM trains on prompts with images: behaviour log-probs are the imag
   const rep = await replayRun({ from: runDir, overrides: ['pipeline.run_id=vision-replay'], log: silentLogger('vision-replay') });
   assert.equal(rep.status, 'completed', rep.message);
   assert.equal(rep.finalSha256, sha2, 'the replay reproduces the run\'s step-2 policy');
+
+  // the run resumes for a third step (its state, its images: the trainer refuses pads without their image)
+  const more = loadConfig({ file: join(ROOT, 'test/e2e/fixtures/tiny.yaml'), overrides: [...overrides, 'trainer.max_steps=3'] });
+  const again = await trainEmbedded(more, silentLogger(runId));
+  assert.equal(again.status, 'completed', again.message);
+  assert.equal(again.finalVersion, 3);
 });
