@@ -45,7 +45,9 @@ export function promptRendering(cfg: Config): PromptRendering {
  * applyChatTemplate): format_prompt on a string prompt, then the messages (the string as one user
  * message, system_prompt first when set) rendered with the generation prompt, encoded without
  * added specials (the template writes them, as transformers' apply_chat_template). Without:
- * the (formatted) text with the tokenizer's own specials (BOS for the built-ins).
+ * the (formatted) text with the tokenizer's own specials (BOS for the built-ins). With `images`
+ * (a vision policy and a row with images): each image's block at its `<image>` marker, else before
+ * the (first user message's) text, pads expanded (lib/pipeline/images.ts).
  */
 export function renderPrompt(tok: Tokenizer, prompt: string, messages: ChatMessage[] | null, r: PromptRendering, images: PromptVision | null = null): { text: string; ids: Int32Array } {
   const n = images?.sizes.length ?? 0;
