@@ -115,3 +115,27 @@ test('a tiny VLM trains on prompts with images: behaviour log-probs are the imag
   assert.equal(again.status, 'completed', again.message);
   assert.equal(again.finalVersion, 3);
 });
+
+test('GAE with a vision-language critic: values and critic updates take the images', { timeout: 300_000 }, async () => {
+  const data = join(tmp, 'gae-data');
+  mkdirSync(data, { recursive: true });
+  const pics = await Promise.all([[30, 2, 2], [200, 9, 5]].map(([bg, x, y]) => pic(bg!, x!, y!)));
+  const nums = [[3, 7, 1], [9, 2, 5], [0, 4, 8], [6, 1, 2]];
+  writeFileSync(join(data, 'train.jsonl'), nums.map((n, i) => JSON.stringify({ prompt: `${n.join(' ')}:`, answer: String(n.indexOf(Math.max(...n))), images: [`data:image/png;base64,${pics[i % 2]!.toString('base64')}`] })).join('\n'));
+  const runId = 'vision-gae-e2e';
+  const runDir = join(tmp, 'gae-run');
+  const cfg = loadConfig({ file: join(ROOT, 'test/e2e/fixtures/tiny.yaml'), overrides: [
+    `trainer.run_dir=${runDir}`, `pipeline.run_id=${runId}`, 'trainer.max_steps=1', 'data.task=null', `data.train_files=${join(data, 'train.jsonl')}`,
+    'actor.model.alphabet="0123456789 :"', 'data.min_pixels=64', 'data.max_pixels=256', 'data.image_factor=8', 'data.max_prompt_length=24',
+    'algorithm.adv_estimator=gae', 'algorithm.use_kl_loss=false',
+    'actor.model.vision.enable=true', 'actor.model.vision.patch_size=4', 'actor.model.vision.hidden_size=16', 'actor.model.vision.num_heads=2', 'actor.model.vision.depth=1',
+  ] });
+  const out = await trainEmbedded(cfg, silentLogger(runId));
+  assert.equal(out.status, 'completed', out.message);
+  // the critic's v1 differs from its v0 in the vision tower too: its gradient came through the images
+  const c0 = await loadCheckpoint(join(runDir, 'critic/v000000'), { optimizer: false });
+  const c1 = await loadCheckpoint(join(runDir, 'critic/v000001'), { optimizer: false });
+  const name = [...c0.weights.keys()].find((k) => k.startsWith('visual.') && k.includes('patch_embed'));
+  assert.ok(name, 'the critic has a vision tower');
+  assert.notDeepEqual(Array.from(c1.weights.get(name)!), Array.from(c0.weights.get(name)!), `${name} was trained`);
+});
