@@ -13,6 +13,9 @@ import { tasks, type TaskRow } from '../tasks/index.ts';
 import type { Tokenizer } from '../model/index.ts';
 import { promptMessages, type ChatMessage } from '../model/chat-template.ts';
 import { ConfigError } from '../errors.ts';
+import type { VisionConfig } from '../model/config.ts';
+import { imagePromptIds, withImageMarks, IMAGE_MARK } from './images.ts';
+import { policyModelConfig } from './policy.ts';
 
 export interface PromptRendering {
   /** data.apply_chat_template: use the tokenizer's chat template when it has one. */
@@ -42,16 +45,29 @@ export function promptRendering(cfg: Config): PromptRendering {
  * applyChatTemplate): format_prompt on a string prompt, then the messages (the string as one user
  * message, system_prompt first when set) rendered with the generation prompt, encoded without
  * added specials (the template writes them, as transformers' apply_chat_template). Without:
- * the (formatted) text with the tokenizer's own specials (BOS for the built-ins).
+ * the (formatted) text with the tokenizer's own specials (BOS for the built-ins). With `images`
+ * (a vision policy and a row with images): each image's block at its `<image>` marker, else before
+ * the (first user message's) text, pads expanded (lib/pipeline/images.ts).
  */
-export function renderPrompt(tok: Tokenizer, prompt: string, messages: ChatMessage[] | null, r: PromptRendering): { text: string; ids: Int32Array } {
-  const content = messages === null && r.formatPrompt ? r.formatPrompt.render(prompt) : prompt;
+export function renderPrompt(tok: Tokenizer, prompt: string, messages: ChatMessage[] | null, r: PromptRendering, images: PromptVision | null = null): { text: string; ids: Int32Array } {
+  const n = images?.sizes.length ?? 0;
+  let content = messages === null && r.formatPrompt ? r.formatPrompt.render(prompt) : prompt;
+  // a vision policy: the images' markers where the prompt has them, else before its (first user) text
+  if (n > 0 && messages === null) content = withImageMarks(content, n);
+  if (n > 0 && messages !== null && !messages.some((m) => m.content.includes(IMAGE_MARK))) {
+    const u = Math.max(0, messages.findIndex((m) => m.role === 'user'));
+    messages = messages.map((m, i) => (i === u ? { ...m, content: withImageMarks(m.content, n) } : m));
+  }
+  const encode = (text: string, addSpecialTokens: boolean): Int32Array => (n > 0 ? imagePromptIds(tok, text, addSpecialTokens, images!.vision, images!.sizes) : tok.encode(text, { addSpecialTokens }));
   if (r.applyChatTemplate && tok.chatTemplate) {
     const text = tok.chatTemplate.render(promptMessages(messages ?? content, r.systemPrompt), { addGenerationPrompt: true, kwargs: r.chatTemplateKwargs });
-    return { text, ids: tok.encode(text) };
+    return { text, ids: encode(text, false) };
   }
-  return { text: content, ids: tok.encode(content, { addSpecialTokens: true }) };
+  return { text: content, ids: encode(content, true) };
 }
+
+/** A vision policy's tower and the sizes of the row's images (renderPrompt expands their pads). */
+export interface PromptVision { vision: VisionConfig; sizes: readonly { width: number; height: number }[] }
 
 
 export interface PromptRow {
@@ -64,6 +80,8 @@ export interface LeftOut { bad: Array<{ where: string; reason: string }>; overlo
 export interface RunData {
   train: PromptRow[]; val: PromptRow[]; dropped: { train: number; val: number }; dataSource: string;
   leftOut: { train: LeftOut; val: LeftOut };
+  /** The policy has a vision tower: prompt ids hold the images' expanded pads and the stages pass the pixels. */
+  visionPolicy?: boolean;
 }
 
 /** How many file:line examples a data note names. */
@@ -146,13 +164,16 @@ export async function loadRunData(cfg: Config, tok: Tokenizer): Promise<RunData>
   if (r.systemPrompt !== null && !(r.applyChatTemplate && tok.chatTemplate)) {
     throw new ConfigError(`data.system_prompt needs a chat template to go into, and ${tok.chatTemplate ? 'data.apply_chat_template is false' : 'the tokenizer has none (a model directory with a chat_template brings one)'}; unset data.system_prompt or write it into the prompts`);
   }
+  // a vision-language policy sees the images: their pads are expanded in the prompt ids here, once
+  const vision = policyModelConfig(cfg, tok).vision ?? null;
+  out.visionPolicy = vision !== null;
   for (const split of ['train', 'val'] as const) {
     const { rows, source, bad } = await rowsOf(cfg, split);
     out.leftOut[split].bad.push(...bad);
     out.dataSource = out.dataSource || source;
     for (const row of rows) {
       let rendered: { text: string; ids: Int32Array };
-      try { rendered = renderPrompt(tok, row.prompt, row.messages, r); } catch (e) {
+      try { rendered = renderPrompt(tok, row.prompt, row.messages, r, vision && row.images.length > 0 ? { vision, sizes: row.images } : null); } catch (e) {
         const msg = `${row.source.file}:${row.source.line}: prompt cannot be rendered or tokenized: ${(e as Error).message}`;
         if (cfg.data.on_bad_row === 'stop') throw new ConfigError(`${msg} (set data.on_bad_row=skip to skip such rows)`);
         out.dropped[split]++;

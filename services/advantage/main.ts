@@ -18,12 +18,13 @@ import { ValueScorer } from '../../lib/model/value.ts';
 import { loadCheckpoint } from '../../lib/model/index.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import { Scorer } from '../../lib/model/score.ts';
+import { PolicyImages } from '../../lib/pipeline/images.ts';
+import { PixelCache } from '../../lib/data/pixel-cache.ts';
 import { refillId, type ScoredGroup, type UpdateGroup } from '../../lib/contracts/index.ts';
 import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { TrajectoryRow } from '../../lib/store/port.ts';
 import type { Config } from '../../lib/config/index.ts';
 import { ConfigError, TransientError } from '../../lib/errors.ts';
-import { PixelCache } from '../../lib/data/pixel-cache.ts';
 import { perturbationKey, vppoScores, vppoSettings } from '../../lib/pipeline/vppo.ts';
 import { settle, computeStep, attachVppo, filterReason, shortfallReason, initialAdvantageState, type AdvantageSettings, type AdvantageState } from './logic.ts';
 
@@ -77,13 +78,17 @@ export function startAdvantage(p: Pipeline): StageRun {
   const valueScorer = useCritic ? new ValueScorer(criticModelConfig(p.cfg, tok), experienceScorerOptions(p.cfg)) : null;
   // with LoRA, version 0's adapter is zero: the reference is the base model, adapters off
   const reference = new PolicyCache(p.policies, model, undefined, policyLora(p.cfg));
+  // a vision policy (and critic) score each response with its prompt's images
+  const pixelCache = new PixelCache();
+  const images = new PolicyImages(model, pixelCache);
+  const criticImages = valueScorer ? new PolicyImages(valueScorer.config, pixelCache) : null;
   const vppo = p.cfg.algorithm.vppo.enable ? vppoSettings(p.cfg) : null;
   // the config check reads the model directory; this is the model as loaded
   if (vppo && !(model as { vision?: unknown }).vision) {
     throw new ConfigError('algorithm.vppo.enable = true needs a vision-language actor, and the actor model as loaded has no vision tower (its config has no vision config), so log-probs under a perturbed image cannot be computed; set algorithm.vppo.enable=false or use a vision-language actor model');
   }
   const current = vppo ? new PolicyCache(p.policies, model, undefined, policyLora(p.cfg)) : null;
-  const pixels = vppo ? new PixelCache() : null;
+  const pixels = vppo ? pixelCache : null;
   const metrics = new StageMetrics(p, 'advantage');
   const log = forStage(p.log, 'advantage');
   const codec = p.codecs.scored;
@@ -135,9 +140,10 @@ export function startAdvantage(p: Pipeline): StageRun {
       let ref: Map<string, Float32Array> | null = null;
       if (needRef) {
         const w0 = await reference.get(0, ctx.db);
-        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids })));
+        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids, g })));
+        const px = await images.byGroup(decision.kept);
         // at the rollout temperature, as the actor's log-probs in the KL term (verl: ref log_prob with rollout.temperature)
-        const scores = await scorer.score(w0, samples.map((s) => ({ prompt: s.prompt, response: s.response })), { temperature: p.cfg.rollout.temperature, entropy: false });
+        const scores = await scorer.score(w0, samples.map((s) => ({ prompt: s.prompt, response: s.response, images: px.get(s.g) })), { temperature: p.cfg.rollout.temperature, entropy: false });
         ref = new Map(samples.map((s, i) => [s.id, scores[i].logprobs]));
       }
       let values: Map<string, Float32Array> | null = null;
@@ -147,8 +153,9 @@ export function startAdvantage(p: Pipeline): StageRun {
         const cdir = await p.policies.get('critic', version, ctx.db);
         if (!cdir) throw new TransientError(`critic version ${version} is not in the policy store (yet); retrying`);
         const critic = await loadCheckpoint(cdir, { optimizer: false });
-        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids })));
-        const vs = await valueScorer.values(critic.weights, samples.map((s) => ({ prompt: s.prompt, response: s.response })));
+        const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids, g })));
+        const px = await criticImages!.byGroup(decision.kept);
+        const vs = await valueScorer.values(critic.weights, samples.map((s) => ({ prompt: s.prompt, response: s.response, images: px.get(s.g) })));
         values = new Map(samples.map((s, i) => [s.id, vs[i]]));
       }
       const res = computeStep(decision.kept, decision.filtered, ref, settings, state.klValue, values);

@@ -40,7 +40,7 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
   // transaction that emits the prompt, so a trajectory's image_hashes always find their rows
   let batchImages: PromptImageRow[] = [];
   const withImages = data.train.some((r) => r.images.length > 0) || data.val.some((r) => r.images.length > 0);
-  if (withImages) log.warn('images are stored but the policy is text-only: prompts carry their images (prompt_images, trajectories.image_hashes), the model does not see them');
+  if (withImages && !data.visionPolicy) log.warn('images are stored but the policy is text-only: prompts carry their images (prompt_images, trajectories.image_hashes), the model does not see them');
 
   /** One prompt batch of `refs` (a training batch holds one group; a validation batch up to data.val_batch_size). */
   function promptBatch(kind: 'train' | 'val', step: number, epoch: number, attempt: number, version: number, refs: PromptRef[]): PromptBatch {

@@ -11,6 +11,7 @@ import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runti
 import { tokenizerFor, policyModelConfig, samplerOptions, PolicyCache, policyLora } from '../../lib/pipeline/policy.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
+import { PolicyImages } from '../../lib/pipeline/images.ts';
 import type { PromptBatch } from '../../lib/contracts/index.ts';
 import { generationRequests, trajectoryGroups, requestSampling } from './logic.ts';
 
@@ -20,6 +21,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
   const sampler = new Sampler(model, samplerOptions(p.cfg));
   const policies = new PolicyCache(p.policies, model, (v) => p.telemetry?.policyVersion('rollout', v), policyLora(p.cfg));
   const metrics = new StageMetrics(p, 'rollout', opts.replica ?? '');
+  const images = new PolicyImages(model); // a vision policy sees each prompt's images
   const log = forStage(p.log, 'rollout');
   // remax: each training group also gets one greedy response, whose reward is its baseline
   const greedyBaseline = p.cfg.algorithm.adv_estimator === 'remax';
@@ -38,6 +40,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
       const weights = await policies.get(version, ctx.db);
       const tLoad = performance.now();
       const { requests, groups } = generationRequests(batches, { greedyBaseline });
+      const pixels = await images.byGroup(groups.map((g) => g.group));
       // one generate call per sampling setting (train vs val batches differ; remax baselines are greedy)
       const results = new Array(requests.length);
       const bySetting = new Map<string, number[]>();
@@ -50,7 +53,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
       });
       for (const idx of bySetting.values()) {
         const s = requestSampling(groups[requests[idx[0]].groupIndex].batch, requests[idx[0]]);
-        const out = await sampler.generate(weights, idx.map((i) => ({ id: requests[i].id, prompt: requests[i].prompt })), {
+        const out = await sampler.generate(weights, idx.map((i) => ({ id: requests[i].id, prompt: requests[i].prompt, images: pixels.get(groups[requests[i].groupIndex].group) })), {
           temperature: s.temperature, topP: s.top_p, topK: s.top_k > 0 ? s.top_k : 0, maxNewTokens: s.max_new_tokens, seed: p.cfg.data.seed,
           eosTokenIds: stopTokenIds(model), // every eos id of config.json and generation_config.json stops a response
         });

@@ -33,6 +33,9 @@ import {
 } from '../../lib/pipeline/checkpoints.ts';
 import { createTrainer, initWeights, saveCheckpoint, loadCheckpoint, checkpointSha256, valueModelFrom, type Trainer, type TrainerOptions, type TrainBatch, type Weights } from '../../lib/model/index.ts';
 import { Scorer } from '../../lib/model/score.ts';
+import { PolicyImages } from '../../lib/pipeline/images.ts';
+import { PixelCache } from '../../lib/data/pixel-cache.ts';
+import type { ImagePixels } from '../../lib/data/images.ts';
 import { policyId, type UpdateGroup, type PolicyVersion } from '../../lib/contracts/index.ts';
 import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
 import { emaUpdate } from '../../lib/rl/ema.ts';
@@ -81,6 +84,10 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const log = forStage(p.log, 'update');
   const metrics = new StageMetrics(p, 'update');
   const scorer = new Scorer(model, experienceScorerOptions(cfg));
+  // a vision policy (and critic) score and train each row with its prompt's images
+  const pixelCache = new PixelCache();
+  const images = new PolicyImages(model, pixelCache);
+  const criticImages = cfg.critic.enable === true ? new PolicyImages(criticModelConfig(cfg, tok), pixelCache) : null;
   const leftovers = await removeTempCheckpoints(p.runDir);
   if (leftovers.length) log.warn({ removed: leftovers }, `removed ${leftovers.length} half-written checkpoint(s) left by an interrupted write`);
   /**
@@ -330,7 +337,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     };
   }
 
-  function trainBatch(groups: UpdateGroup[], old: Map<string, Float32Array>, forCritic = false, nft: ReadonlyMap<string, NftTarget> | null = null): { batch: TrainBatch; tokens: number }[] {
+  function trainBatch(groups: UpdateGroup[], old: Map<string, Float32Array>, forCritic = false, nft: ReadonlyMap<string, NftTarget> | null = null, px: ReadonlyMap<UpdateGroup, ImagePixels[]> = new Map()): { batch: TrainBatch; tokens: number }[] {
     const { samples } = assembleBatch(groups.map((g) => ({ samples: g.samples.map((x) => ({ ...x, g })) })));
     const minis = splitBatches(samples, cfg.actor.global_batch_size, cfg.actor.global_batch_size);
     return minis.map(([mini]) => {
@@ -340,6 +347,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       const attn = new Float32Array(B * T), resp = new Float32Array(B * T), adv = new Float32Array(B * T), oldLp = new Float32Array(B * T), refLp = new Float32Array(B * T), w = new Float32Array(B * T);
       const vals = new Float32Array(B * T), rets = new Float32Array(B * T);
       let ntok = 0;
+      const rowImages = px.size ? { images: mini.map((x) => px.get(x.g)) } : {};
       mini.forEach((x, b) => {
         const P = x.g.prompt_ids.length, L = x.response_ids.length;
         tokens.set(x.g.prompt_ids, b * T);
@@ -355,13 +363,13 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         if (forCritic) { vals.set(x.values, b * T + P); rets.set(x.returns, b * T + P); }
         ntok += P + L;
       });
-      if (forCritic) return { batch: { batchSize: B, seqLen: T, tokens, attentionMask: attn, responseMask: resp, values: vals, returns: rets, globalBatch: { loss_scale_factor: cfg.data.max_response_length } }, tokens: ntok };
+      if (forCritic) return { batch: { batchSize: B, seqLen: T, tokens, attentionMask: attn, responseMask: resp, values: vals, returns: rets, globalBatch: { loss_scale_factor: cfg.data.max_response_length }, ...rowImages }, tokens: ntok };
       // nft: each row's ±1 outcome and the accuracy of its whole group (the mini-batch may split a group)
       const nftRows = nft ? mini.map((x) => nft.get(x.id)!) : null;
       return {
         batch: {
           batchSize: B, seqLen: T, tokens, attentionMask: attn, responseMask: resp, advantages: adv, oldLogprobs: oldLp, refLogprobs: cfg.algorithm.use_kl_loss ? refLp : undefined, lossWeights: w,
-          rewards: nftRows?.map((r) => r.reward), groupAccuracy: nftRows?.map((r) => r.groupAccuracy), globalBatch: { loss_scale_factor: cfg.data.max_response_length },
+          rewards: nftRows?.map((r) => r.reward), groupAccuracy: nftRows?.map((r) => r.groupAccuracy), globalBatch: { loss_scale_factor: cfg.data.max_response_length }, ...rowImages,
         },
         tokens: ntok,
       };
@@ -375,17 +383,18 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     // old log-probs: recomputed with the current weights for on-policy samples; stale samples
     // (behaviour version < current) keep their behaviour log-probs (decoupled PPO importance ratio)
     const onPolicy = !opts.behaviourSha || opts.behaviourSha.get(version) === currentSha;
-    const fresh = kept.flatMap((g) => (g.policy_version === version && onPolicy ? g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids })) : []));
+    const fresh = kept.flatMap((g) => (g.policy_version === version && onPolicy ? g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids, g })) : []));
     const old = new Map<string, Float32Array>();
+    const px = await images.byGroup(kept);
     if (fresh.length) {
       // LoRA: the adapted policy's weights W + s·B·A (the base is not copied for the other tensors)
-      const sc = await scorer.score(lora ? await trainer.mergedWeights() : trainer.weightsView() as Weights, fresh.map((f) => ({ prompt: f.prompt, response: f.response })), { temperature: cfg.rollout.temperature, entropy: false });
+      const sc = await scorer.score(lora ? await trainer.mergedWeights() : trainer.weightsView() as Weights, fresh.map((f) => ({ prompt: f.prompt, response: f.response, images: px.get(f.g) })), { temperature: cfg.rollout.temperature, entropy: false });
       fresh.forEach((f, i) => old.set(f.id, sc[i].logprobs));
     }
     const sums: Record<string, number> = {};
     let n = 0, tokens = 0;
     for (let epoch = 0; epoch < cfg.actor.ppo_epochs; epoch++) {
-      for (const { batch, tokens: nt } of trainBatch(kept, old, false, nft)) {
+      for (const { batch, tokens: nt } of trainBatch(kept, old, false, nft, px)) {
         state!.optimizerSteps++;
         const lr = lrAt({ lr: o.lr, scheduler: o.lr_scheduler, warmupSteps: o.lr_warmup_steps, warmupRatio: o.lr_warmup_ratio, minLrRatio: o.min_lr_ratio }, state!.optimizerSteps, totalOptSteps);
         const r = await trainer.step(batch, lr);
@@ -401,7 +410,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       let cn = 0;
       const co = cfg.critic.optim;
       for (let epoch = 0; epoch < (cfg.critic.ppo_epochs ?? cfg.actor.ppo_epochs); epoch++) {
-        for (const { batch } of trainBatch(kept, old, true)) {
+        for (const { batch } of trainBatch(kept, old, true, null, await criticImages!.byGroup(kept))) {
           const lr = lrAt({ lr: co.lr, scheduler: co.lr_scheduler, warmupSteps: co.lr_warmup_steps, warmupRatio: co.lr_warmup_ratio, minLrRatio: co.min_lr_ratio }, critic.getOptimizerState().step + 1, totalOptSteps);
           const r = await critic.step(batch, lr);
           for (const [k, v] of Object.entries(r.metrics)) csums[k] = (csums[k] ?? 0) + v;

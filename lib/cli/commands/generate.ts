@@ -8,11 +8,10 @@ import { modelDirTokenizer, type ModelTokenizer } from '../../pipeline/policy.ts
 import { ConfigError } from '../../errors.ts';
 import { loadMergedAdapter, modelDirOf } from './export.ts';
 import { decodePixels, imageBytes, ImageError, prepareImage, IMAGE_RESAMPLES, type ImageResample } from '../../data/images.ts';
-import { expandImagePads, type ImagePixels } from '../../model/vision.ts';
+import type { ImagePixels } from '../../model/vision.ts';
+import { IMAGE_MARK, imagePromptIds } from '../../pipeline/images.ts';
 import type { ModelConfig } from '../../model/config.ts';
 
-/** Where an --image goes in the prompt text: this marker, or before the prompt when it is absent. */
-const IMAGE_MARK = '<image>';
 
 /** The --image file resized as the pipeline does (Qwen2-VL smart_resize to the patch × merge grid). */
 async function loadImage(path: string, c: ModelConfig, flags: Record<string, string>): Promise<ImagePixels> {
@@ -100,14 +99,9 @@ export const generateCommand: Command = {
       promptText = tok.applyChatTemplate(messages);
     }
     // as transformers: a plain prompt gets the tokenizer's leading specials (e.g. Llama's BOS); a
-    // rendered chat template already has them
-    let promptIds = Array.from(tok.encode(image ? promptText.slice(0, promptText.indexOf(IMAGE_MARK)) : promptText, { addSpecialTokens: !booleans.has('chat') }));
-    if (image) {
-      // the image block where the marker was (the text after it encoded on its own), pads expanded to the image's tokens
-      const v = c.vision!;
-      const after = Array.from(tok.encode(promptText.slice(promptText.indexOf(IMAGE_MARK) + IMAGE_MARK.length), { addSpecialTokens: false }));
-      promptIds = expandImagePads(c, [...promptIds, v.visionStartTokenId, v.imageTokenId, v.visionEndTokenId, ...after], [image]);
-    }
+    // rendered chat template already has them. The image block goes where the marker is (the text
+    // around it encoded on its own), pads expanded to the image's tokens, as the pipeline does.
+    const promptIds = Array.from(image ? imagePromptIds(tok, promptText, !booleans.has('chat'), c.vision!, [image]) : tok.encode(promptText, { addSpecialTokens: !booleans.has('chat') }));
     const images = image ? [image] : undefined;
     if (!promptIds.length) throw new ConfigError('the prompt encodes to no tokens; give a non-empty --prompt');
     const g = ck.generation ?? {};
