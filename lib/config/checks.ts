@@ -393,6 +393,7 @@ export function checkSftConfig(cfg: Config): CheckResult {
     errors.push(`sft.max_length = ${sft.max_length} exceeds actor.model.max_seq_len = ${actor.model.max_seq_len}; set actor.model.max_seq_len to at least ${sft.max_length} or lower sft.max_length`);
   }
   if (actor.model.path === null) errors.push(...archErrors([['actor.model', actor.model]]));
+  if (actor.model.lora) errors.push('actor.model.lora is not supported by rlstream sft yet (only by rlstream train); remove it to fine-tune all weights, then train with LoRA from the checkpoint\'s actor/');
   if (pipeline.store === 'postgres' && pipeline.database_url === null) errors.push('pipeline.store = postgres needs pipeline.database_url; set it to postgres://user:password@host:5432/db, or use pipeline.store=embedded');
   return { errors, warnings };
 }

@@ -24,4 +24,6 @@ test('rlstream sft: one line per problem, naming the key and what to change', ()
   assert.deepEqual(problemsOf(() => sft('data.train_files=a.jsonl', 'sft.max_length=2048')),
     ['sft.max_length = 2048 exceeds actor.model.max_seq_len = 1024; set actor.model.max_seq_len to at least 2048 or lower sft.max_length']);
   assert.match(problemsOf(() => sft('data.train_files=a.jsonl', 'sft.pakcing=true'))[0], /sft\.pakcing/);
+  assert.deepEqual(problemsOf(() => sft('data.train_files=a.jsonl', 'actor.model.lora={rank: 8}')),
+    ['actor.model.lora is not supported by rlstream sft yet (only by rlstream train); remove it to fine-tune all weights, then train with LoRA from the checkpoint\'s actor/']);
 });
