@@ -142,11 +142,10 @@ export async function summaryTable(p: Pipeline): Promise<string> {
  * state another meaning (lib/config/checks.ts resumeConfigDiff), and answers "already complete"
  * for a finished run that the config does not extend.
  */
-async function resumeCheck(cfg: Config, p: Pipeline): Promise<{ total: number; done?: RunOutcome; extendFrom?: number }> {
+async function resumeCheck(cfg: Config, p: Pipeline, prev: RunRow | undefined): Promise<{ total: number; done?: RunOutcome; extendFrom?: number }> {
   const { planFromConfig, totalSteps } = await import('../pipeline/plan.ts');
   const { loadRunData } = await import('../pipeline/data.ts');
   const { tokenizerFor } = await import('../pipeline/policy.ts');
-  const prev = await refuseChangedConfig(cfg, p);
   const data = await loadRunData(cfg, tokenizerFor(cfg));
   const total = totalSteps(planFromConfig(cfg, p.runId, data.train.length, data.val.length));
   // find_last_checkpoint=false or another load_checkpoint_path: the update stage refuses the existing state itself
@@ -183,10 +182,21 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
   const stages: StartedStage[] = [];
   let tb: LiveTensorBoard | null = null;
   let started = false;
+  const upsertRun = () => p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
+  // a resume whose config changed the meaning of the stored state is refused before anything is written
+  let prev: RunRow | undefined;
+  try { prev = await refuseChangedConfig(cfg, p); } catch (e) { await p.close(); throw e; }
   try {
-    const resume = await resumeCheck(cfg, p);
+    let resume: Awaited<ReturnType<typeof resumeCheck>>;
+    try {
+      resume = await resumeCheck(cfg, p, prev);
+    } catch (e) {
+      // the data or the model directory cannot be read (bad weights, a missing model path): the run is failed with its reason
+      if (prev?.status !== 'completed') { await upsertRun().catch(() => undefined); started = true; }
+      throw e;
+    }
     if (resume.done) return { ...resume.done, summary: await summaryTable(p) };
-    await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
+    await upsertRun();
     started = true;
     // the resolved config of this run, secrets redacted (rlstream train --print-config also prints it)
     writeFileSync(join(p.runDir, 'config.yaml'), formatResolvedConfig(cfg));
