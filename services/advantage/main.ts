@@ -38,9 +38,10 @@ export function advantageSettings(cfg: Config): AdvantageSettings {
   };
 }
 
-function trajectoryRows(runId: string, u: UpdateGroup, step: number, rewardText: ReadonlyMap<string, Record<string, string>>): TrajectoryRow[] {
+/** `oldLogprobs`: log π_old where the stage recomputed it (VPPO's real-image pass), stored in trajectories.old_logprobs. */
+function trajectoryRows(runId: string, u: UpdateGroup, step: number, rewardText: ReadonlyMap<string, Record<string, string>>, oldLogprobs: ReadonlyMap<string, Float32Array> | null): TrajectoryRow[] {
   return u.samples.map((x) => sampleRow(runId, u, x, rewardText.get(x.id), {
-    step, refLogprobs: x.ref_logprobs.length ? x.ref_logprobs : null,
+    step, refLogprobs: x.ref_logprobs.length ? x.ref_logprobs : null, oldLogprobs: oldLogprobs?.get(x.id) ?? null,
     advantages: u.filtered ? null : x.advantages, advantage: u.filtered || x.advantages.length === 0 ? null : x.advantages[0],
     returns: u.filtered ? null : x.returns, filtered: u.filtered, filterReason: u.filter_reason, staleness: Math.max(0, step - 1 - u.policy_version),
     vppoPerturbedLogprobs: x.vppo?.perturbed_logprobs ?? null, vppoTokenMask: x.vppo ? x.vppo.token_mask : null, vppoScalingFactor: x.vppo?.scaling_factor ?? null,
@@ -159,12 +160,14 @@ export function startAdvantage(p: Pipeline): StageRun {
         values = new Map(samples.map((s, i) => [s.id, vs[i]]));
       }
       const res = computeStep(decision.kept, decision.filtered, ref, settings, state.klValue, values);
+      let oldLogprobs: Map<string, Float32Array> | null = null;
       if (vppo) {
         // the weights that generated the samples (on-policy: the current version), real and perturbed images
         const version = Math.max(...decision.kept.map((g) => g.policy_version));
         const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, seedKey: perturbationKey(p.runId, x.id), prompt: g.prompt_ids, response: x.response_ids, images: g.images })));
         const vs = await vppoScores(scorer, await current!.get(version, ctx.db), samples, pixels!, vppo, p.cfg.rollout.temperature);
         const v = attachVppo(res.updates, vs.perturbed, vppo.stage, vs.old);
+        oldLogprobs = vs.old;
         res.updates = v.updates;
         Object.assign(res.metrics, v.metrics);
       }
@@ -173,7 +176,7 @@ export function startAdvantage(p: Pipeline): StageRun {
       const scoredGroups = [...decision.kept, ...decision.filtered.map((f) => f.group)];
       const baselines = baselineRows(p.runId, scoredGroups, step);
       const rewardText = new Map(scoredGroups.flatMap((g) => g.samples.map((x) => [x.id, x.reward_text] as const)));
-      await p.store.insertTrajectories([...res.updates.flatMap((u) => trajectoryRows(p.runId, u, step, rewardText)), ...baselines], { tx: ctx.tx });
+      await p.store.insertTrajectories([...res.updates.flatMap((u) => trajectoryRows(p.runId, u, step, rewardText, oldLogprobs)), ...baselines], { tx: ctx.tx });
       metrics.set(step, res.metrics);
       metrics.add(step, {}, { compute: performance.now() - t0 });
       state.klValue = res.klValue;
