@@ -1,10 +1,6 @@
 import type { Command } from '../command.ts';
-import { parseArgs, UsageError } from '../command.ts';
-import { loadConfig, formatResolvedConfig, resolveRunId } from '../../config/index.ts';
-import { createLogger } from '../../log.ts';
 import { sftRun } from '../../app/sft.ts';
-import { ConsoleSink, ProgressBar } from '../progress.ts';
-import { configArgs } from './train.ts';
+import { consoleRun } from './train.ts';
 
 export const sftCommand: Command = {
   name: 'sft',
@@ -32,26 +28,13 @@ export const sftCommand: Command = {
     '  --break-lock    take over the run directory\'s lock when another host holds it',
   ].join('\n'),
   async run(argv) {
-    const { positionals, booleans } = parseArgs(argv, { booleans: ['verbose', 'print-config', 'break-lock'] });
-    if (positionals.length === 0) throw new UsageError('missing the config file');
-    const { file, overrides } = configArgs(positionals);
-    const cfg = loadConfig({ file, overrides, command: 'sft', onWarning: (m) => console.error(`warning: ${m}`) });
-    const tty = process.stderr.isTTY === true;
-    const bar = tty ? new ProgressBar(process.stderr) : null;
-    const sink = new ConsoleSink(bar);
-    const level = process.env.RLSTREAM_LOG_LEVEL || (tty && !booleans.has('verbose') ? 'warn' : 'info');
-    const log = createLogger({ runId: resolveRunId(cfg), level, sink });
-    if (booleans.has('print-config')) process.stderr.write(`# resolved config\n${formatResolvedConfig(cfg)}\n`);
-    const ac = new AbortController();
-    let code = 1;
-    const stop = (name: NodeJS.Signals) => () => { code = name === 'SIGINT' ? 130 : 143; ac.abort(); };
-    process.once('SIGINT', stop('SIGINT'));
-    process.once('SIGTERM', stop('SIGTERM'));
-    const out = await sftRun(cfg, log, { bar, signal: ac.signal, breakLock: booleans.has('break-lock') });
+    // as train: after Ctrl-C the stop message is the last line printed
+    const { cfg, log, bar, stop, breakLock } = consoleRun(argv, 'sft');
+    const out = await sftRun(cfg, log, { bar, signal: stop.signal, breakLock });
     bar?.finish();
     if (out.message && out.status === 'completed') console.error(out.message);
     console.log(out.summary);
-    if (out.status === 'stopped') { console.error(`rlstream sft: run stopped: ${out.message ?? 'interrupted'}; run the same command again to continue`); return code; }
+    if (out.status === 'stopped') { console.error(`rlstream sft: run stopped: ${out.message ?? 'interrupted'}; run the same command again to continue`); return stop.exitCode(); }
     return 0;
   },
 };

@@ -22,6 +22,27 @@ function interruption(onStop?: () => void): { signal: AbortSignal; exitCode(): n
   return { signal: ac.signal, exitCode: () => code };
 }
 
+/**
+ * What `rlstream train` and `rlstream sft` share before their run: the config from the arguments,
+ * on a terminal a progress bar with the log lines above it (warnings and errors unless --verbose),
+ * --print-config, and Ctrl-C / SIGTERM as an abort after which nothing the stopping run logs is
+ * printed (exit code 130 / 143).
+ */
+export function consoleRun(argv: string[], command: 'train' | 'sft') {
+  const { positionals, booleans } = parseArgs(argv, { booleans: ['verbose', 'print-config', 'break-lock'] });
+  if (positionals.length === 0) throw new UsageError('missing the config file');
+  const { file, overrides } = configArgs(positionals);
+  const cfg = loadConfig({ file, overrides, ...(command === 'sft' ? { command } : {}), onWarning: (m) => console.error(`warning: ${m}`) });
+  const tty = process.stderr.isTTY === true;
+  const bar = tty ? new ProgressBar(process.stderr) : null;
+  const sink = new ConsoleSink(bar);
+  const level = process.env.RLSTREAM_LOG_LEVEL || (tty && !booleans.has('verbose') ? 'warn' : 'info');
+  const log = createLogger({ runId: resolveRunId(cfg), level, sink });
+  if (booleans.has('print-config')) process.stderr.write(`# resolved config\n${formatResolvedConfig(cfg)}\n`);
+  const stop = interruption(() => sink.mute());
+  return { cfg, log, bar, stop, breakLock: booleans.has('break-lock') };
+}
+
 export const trainCommand: Command = {
   name: 'train',
   summary: 'Train a policy: all five stages in this process (embedded default) over the configured bus and store',
@@ -47,19 +68,9 @@ export const trainCommand: Command = {
     '                  volume) and you know no process there uses the directory any more',
   ].join('\n'),
   async run(argv) {
-    const { positionals, booleans } = parseArgs(argv, { booleans: ['verbose', 'print-config', 'break-lock'] });
-    if (positionals.length === 0) throw new UsageError('missing the config file');
-    const { file, overrides } = configArgs(positionals);
-    const cfg = loadConfig({ file, overrides, onWarning: (m) => console.error(`warning: ${m}`) });
-    const tty = process.stderr.isTTY === true;
-    const bar = tty ? new ProgressBar(process.stderr) : null;
-    const sink = new ConsoleSink(bar);
-    const level = process.env.RLSTREAM_LOG_LEVEL || (tty && !booleans.has('verbose') ? 'warn' : 'info');
-    const log = createLogger({ runId: resolveRunId(cfg), level, sink });
-    if (booleans.has('print-config')) process.stderr.write(`# resolved config\n${formatResolvedConfig(cfg)}\n`);
     // after Ctrl-C nothing the stopping stages log is printed: the stop message is the last line
-    const stop = interruption(() => sink.mute());
-    const out = await trainEmbedded(cfg, log, { progress: bar ?? false, signal: stop.signal, breakLock: booleans.has('break-lock') });
+    const { cfg, log, bar, stop, breakLock } = consoleRun(argv, 'train');
+    const out = await trainEmbedded(cfg, log, { progress: bar ?? false, signal: stop.signal, breakLock });
     bar?.finish();
     if (out.status === 'completed' && out.message) console.error(out.message);
     console.log(out.summary);
