@@ -19,7 +19,7 @@ import { openStore } from '../../lib/store/index.ts';
 import { loadCheckpoint } from '../../lib/model/index.ts';
 import { tasks } from '../../lib/tasks/index.ts';
 import { ROOT } from '../support/pipeline-procs.ts';
-import { deadline, killHard, selfKilledAt, sleep, spawnCli, type CliProc } from '../support/chaos-procs.ts';
+import { deadline, killHard, Rng, selfKilledAt, spawnCli, type CliProc } from '../support/chaos-procs.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/sft-tiny.yaml');
 const RUN_ID = 'sft-e2e';
@@ -61,12 +61,16 @@ test('rlstream sft SIGKILLed at every phase resumes at the same data position an
   const args = ['sft', CONFIG, ...overrides(dir)];
   const plan = ['sft:trained@2', 'checkpoint:half-written@1', 'checkpoint:renamed@1', 'checkpoint:recorded@1', 'random', 'sft:trained@3'];
   const resumedAt: Array<number | null> = [];
+  const rng = Rng.fromSeed('sft-e2e:random-kill');
   for (const spec of plan) {
     const p = spawnCli(args, spec === 'random' ? { RLSTREAM_CRASH_TRACE: '1' } : { RLSTREAM_CRASH_AT: spec });
     procs.push(p);
     if (spec === 'random') {
-      assert.ok(await p.waitFor(/rlstream-crash-point sft:trained/, 90_000), p.output().slice(-2000));
-      await sleep(300);
+      // killed from outside at a point drawn among the first few it reaches: a timed delay could
+      // outlast the whole run on a fast machine (tiny steps take milliseconds), leaving nothing
+      // for the next kill to interrupt
+      const k = 1 + Math.floor(rng.next() * 6);
+      assert.ok(await p.waitFor(new RegExp(`(rlstream-crash-point [^\\n]*\\n[\\s\\S]*?){${k}}`), 90_000), p.output().slice(-2000));
       await killHard(p);
     }
     const ex = await Promise.race([p.exit, deadline(120_000)]);
