@@ -9,7 +9,7 @@ import { imageHashOf } from '../data/image-hash.ts';
 
 /** What a row takes from the stage beyond the group and sample: the step, and the training fields (none by default). */
 export type RowFields = Pick<TrajectoryRow, 'step'> & Partial<Pick<TrajectoryRow,
-  'refLogprobs' | 'oldLogprobs' | 'advantages' | 'advantage' | 'returns' | 'filtered' | 'filterReason' | 'staleness' | 'vppoPerturbedLogprobs' | 'vppoTokenMask' | 'vppoScalingFactor'>>;
+  'refLogprobs' | 'oldLogprobs' | 'advantages' | 'advantage' | 'returns' | 'filtered' | 'filterReason' | 'staleness' | 'vppoPerturbedLogprobs' | 'vppoTokenMask' | 'vppoScalingFactor' | 'vppoEntropies'>>;
 
 /** The store row of sample `x` of group `g`; `rewardText` are its text reward details (scored.v3), if any. */
 export function sampleRow(runId: string, g: GroupHeader, x: TrajectorySample & SampleScore, rewardText: Readonly<Record<string, string>> | undefined, f: RowFields): TrajectoryRow {
@@ -22,6 +22,6 @@ export function sampleRow(runId: string, g: GroupHeader, x: TrajectorySample & S
     finishReason: x.finish_reason, filtered: f.filtered ?? false, filterReason: f.filterReason ?? null, staleness: f.staleness ?? 0,
     // the prompt's images by hash (prompt_images): the PNG bytes every topic carries hash to it
     imageHashes: g.images.map(imageHashOf),
-    vppoPerturbedLogprobs: f.vppoPerturbedLogprobs ?? null, vppoTokenMask: f.vppoTokenMask ?? null, vppoScalingFactor: f.vppoScalingFactor ?? null,
+    vppoPerturbedLogprobs: f.vppoPerturbedLogprobs ?? null, vppoTokenMask: f.vppoTokenMask ?? null, vppoScalingFactor: f.vppoScalingFactor ?? null, vppoEntropies: f.vppoEntropies ?? null,
   };
 }

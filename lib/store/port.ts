@@ -110,11 +110,13 @@ export interface TrajectoryRow {
   vppoTokenMask?: readonly boolean[] | Uint8Array | null;
   /** VPPO: α, the factor multiplied into the trajectory's advantages (finite, ≥ 0). */
   vppoScalingFactor?: number | null;
+  /** VPPO with enable_entropy_filtering: per response token, the real-image entropy the entropy mask ranked. */
+  vppoEntropies?: NumberArray | null;
 }
 
 /** A trajectory as read back: arrays as plain number[], plus the derived and server-set columns. */
 export interface StoredTrajectory extends Omit<TrajectoryRow,
-  'promptTokens' | 'responseTokens' | 'behaviourLogprobs' | 'refLogprobs' | 'oldLogprobs' | 'advantages' | 'returns' | 'vppoPerturbedLogprobs' | 'vppoTokenMask' | 'vppoScalingFactor'> {
+  'promptTokens' | 'responseTokens' | 'behaviourLogprobs' | 'refLogprobs' | 'oldLogprobs' | 'advantages' | 'returns' | 'vppoPerturbedLogprobs' | 'vppoTokenMask' | 'vppoScalingFactor' | 'vppoEntropies'> {
   promptTokens: number[];
   responseTokens: number[];
   behaviourLogprobs: number[];
@@ -128,6 +130,7 @@ export interface StoredTrajectory extends Omit<TrajectoryRow,
   vppoPerturbedLogprobs: number[] | null;
   vppoTokenMask: boolean[] | null;
   vppoScalingFactor: number | null;
+  vppoEntropies: number[] | null;
   createdAt: Date;
 }
 

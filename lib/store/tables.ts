@@ -55,6 +55,7 @@ export interface TrajectoriesTable {
   vppo_perturbed_logprobs: number[] | null;
   vppo_token_mask: boolean[] | null;
   vppo_scaling_factor: number | null;
+  vppo_entropies: number[] | null;
   created_at: Generated<Date>;
 }
 

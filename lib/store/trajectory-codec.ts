@@ -78,6 +78,7 @@ export const TRAJECTORY_COLUMNS: readonly Column[] = [
   col('vppo_perturbed_logprobs', 'float4[]', (r) => r.vppoPerturbedLogprobs),
   col('vppo_token_mask', 'bool[]', (r) => r.vppoTokenMask),
   col('vppo_scaling_factor', 'float8', (r) => r.vppoScalingFactor),
+  col('vppo_entropies', 'float4[]', (r) => r.vppoEntropies),
 ];
 
 export const TRAJECTORY_COLUMN_LIST = TRAJECTORY_COLUMNS.map((c) => c.name).join(', ');
@@ -211,6 +212,7 @@ export function validateTrajectory(row: TrajectoryRow): void {
     });
   }
   checkRealArray(row, 'vppoPerturbedLogprobs', row.vppoPerturbedLogprobs, n, true);
+  checkRealArray(row, 'vppoEntropies', row.vppoEntropies, n, true);
   const m = row.vppoTokenMask;
   if (m !== undefined && m !== null) {
     if (!Array.isArray(m) && !(m instanceof Uint8Array)) throw bad(row, 'vppoTokenMask', 'must be an array of booleans (or 0/1)');
@@ -513,6 +515,7 @@ export function decodeTrajectory(r: Record<string, any>): StoredTrajectory {
     vppoPerturbedLogprobs: r.vppo_perturbed_logprobs ?? null,
     vppoTokenMask: r.vppo_token_mask ?? null,
     vppoScalingFactor: r.vppo_scaling_factor ?? null,
+    vppoEntropies: r.vppo_entropies ?? null,
     createdAt: r.created_at,
   };
 }

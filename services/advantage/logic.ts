@@ -46,6 +46,23 @@ export interface AdvantageState {
   klValue: number | null;
   /** The KL coefficient after each recent step (the update stage records it in the step's checkpoint). */
   klByStep?: Record<string, number>;
+  /**
+   * The newest policy version announced on the policy topic (read only when a step must be scored
+   * with the weights that generated it: VPPO, the critic's values), and the steps waiting for a
+   * version not announced yet, in order. A replay's recorded groups all arrive at once, before its
+   * update stage has trained the versions they need.
+   */
+  policySeen?: number;
+  deferred?: number[];
+}
+
+/**
+ * Whether a step scored with its generating weights must wait: the version its kept groups were
+ * generated with is newer than any announced, or an earlier step already waits (steps settle in
+ * order: the KL controller carries from one to the next).
+ */
+export function mustDefer(keptVersions: readonly number[], policySeen: number, earlierDeferred: boolean): boolean {
+  return earlierDeferred || Math.max(...keptVersions) > policySeen;
 }
 
 export function initialAdvantageState(): AdvantageState { return { done: [], refills: {}, klValue: null }; }

@@ -20,13 +20,13 @@ import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline
 import { Scorer } from '../../lib/model/score.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
-import { refillId, type ScoredGroup, type UpdateGroup } from '../../lib/contracts/index.ts';
+import { refillId, type PolicyVersion, type ScoredGroup, type UpdateGroup } from '../../lib/contracts/index.ts';
 import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { TrajectoryRow } from '../../lib/store/port.ts';
 import type { Config } from '../../lib/config/index.ts';
 import { ConfigError, TransientError } from '../../lib/errors.ts';
-import { perturbationKey, vppoScores, vppoSettings } from '../../lib/pipeline/vppo.ts';
-import { settle, computeStep, attachVppo, filterReason, shortfallReason, initialAdvantageState, type AdvantageSettings, type AdvantageState } from './logic.ts';
+import { perturbationKey, vppoScores, vppoSettings, type VppoScores } from '../../lib/pipeline/vppo.ts';
+import { settle, computeStep, attachVppo, filterReason, mustDefer, shortfallReason, initialAdvantageState, type AdvantageSettings, type AdvantageState } from './logic.ts';
 
 export function advantageSettings(cfg: Config): AdvantageSettings {
   const a = cfg.algorithm;
@@ -38,13 +38,17 @@ export function advantageSettings(cfg: Config): AdvantageSettings {
   };
 }
 
-/** `oldLogprobs`: log π_old where the stage recomputed it (VPPO's real-image pass), stored in trajectories.old_logprobs. */
-function trajectoryRows(runId: string, u: UpdateGroup, step: number, rewardText: ReadonlyMap<string, Record<string, string>>, oldLogprobs: ReadonlyMap<string, Float32Array> | null): TrajectoryRow[] {
+/**
+ * `vppo`: what the stage's VPPO passes computed besides the update — log π_old with the real image
+ * (trajectories.old_logprobs) and, with entropy filtering, the token entropies (vppo_entropies).
+ */
+function trajectoryRows(runId: string, u: UpdateGroup, step: number, rewardText: ReadonlyMap<string, Record<string, string>>, vppo: VppoScores | null): TrajectoryRow[] {
   return u.samples.map((x) => sampleRow(runId, u, x, rewardText.get(x.id), {
-    step, refLogprobs: x.ref_logprobs.length ? x.ref_logprobs : null, oldLogprobs: oldLogprobs?.get(x.id) ?? null,
+    step, refLogprobs: x.ref_logprobs.length ? x.ref_logprobs : null, oldLogprobs: vppo?.old.get(x.id) ?? null,
     advantages: u.filtered ? null : x.advantages, advantage: u.filtered || x.advantages.length === 0 ? null : x.advantages[0],
     returns: u.filtered ? null : x.returns, filtered: u.filtered, filterReason: u.filter_reason, staleness: Math.max(0, step - 1 - u.policy_version),
     vppoPerturbedLogprobs: x.vppo?.perturbed_logprobs ?? null, vppoTokenMask: x.vppo ? x.vppo.token_mask : null, vppoScalingFactor: x.vppo?.scaling_factor ?? null,
+    vppoEntropies: (x.vppo && vppo?.perturbed.get(x.id)?.entropies) ?? null,
   }));
 }
 
@@ -96,12 +100,16 @@ export function startAdvantage(p: Pipeline): StageRun {
   // a run started from trainer.load_checkpoint_path carries over the checkpoint's KL controller value
   const fromCheckpoint = p.cfg.trainer.load_checkpoint_path ? readCheckpointPath(p.cfg.trainer.load_checkpoint_path).state : null;
   const initialKl = fromCheckpoint && settings.useKlInReward && settings.klType === 'adaptive' ? Number(fromCheckpoint.kl_ctl_state.value) : null;
-  return runStage(p, 'advantage', ['scored'], async (records, ctx) => {
+  // scoring with the weights that generated a step (VPPO, the critic) waits for that version's announcement
+  const needsVersion = vppo !== null || valueScorer !== null;
+  return runStage(p, 'advantage', needsVersion ? ['scored', 'policy'] : ['scored'], async (records, ctx) => {
     metrics.beginBatch(ctx.waitedMs);
     const state = (await loadStageState<AdvantageState>(ctx.db, p.runId, 'advantage')) ?? { ...initialAdvantageState(), klValue: initialKl };
+    for (const r of records) if (r.topic === 'policy') state.policySeen = Math.max(state.policySeen ?? -1, (r.value as PolicyVersion).policy_version);
     const pending = new PendingBatch(ctx.db, p.runId, 'advantage');
-    const touched = new Set<number>();
-    const fresh = records.filter((r) => !state.done.includes((r.value as ScoredGroup).step));
+    const touched = new Set<number>(state.deferred ?? []);
+    state.deferred = [];
+    const fresh = records.filter((r) => r.topic === 'scored' && !state.done.includes((r.value as ScoredGroup).step));
     pending.add(fresh.map((r) => {
       const g = r.value as ScoredGroup;
       touched.add(g.step);
@@ -137,6 +145,11 @@ export function startAdvantage(p: Pipeline): StageRun {
         log.info({ step, needed: decision.needed, request }, 'asking the controller for more prompts');
         continue;
       }
+      if (needsVersion && mustDefer(decision.kept.map((g) => g.policy_version), state.policySeen ?? -1, state.deferred.length > 0)) {
+        state.deferred.push(step);
+        log.debug({ step, policy_seen: state.policySeen ?? null }, 'waiting for the policy version that generated the step');
+        continue;
+      }
       crashPoint('advantage:start');
       let ref: Map<string, Float32Array> | null = null;
       if (needRef) {
@@ -160,14 +173,14 @@ export function startAdvantage(p: Pipeline): StageRun {
         values = new Map(samples.map((s, i) => [s.id, vs[i]]));
       }
       const res = computeStep(decision.kept, decision.filtered, ref, settings, state.klValue, values);
-      let oldLogprobs: Map<string, Float32Array> | null = null;
+      let vppoPasses: VppoScores | null = null;
       if (vppo) {
         // the weights that generated the samples (on-policy: the current version), real and perturbed images
         const version = Math.max(...decision.kept.map((g) => g.policy_version));
         const samples = decision.kept.flatMap((g) => g.samples.map((x) => ({ id: x.id, seedKey: perturbationKey(p.runId, x.id), prompt: g.prompt_ids, response: x.response_ids, images: g.images })));
         const vs = await vppoScores(scorer, await current!.get(version, ctx.db), samples, pixels!, vppo, p.cfg.rollout.temperature);
         const v = attachVppo(res.updates, vs.perturbed, vppo.stage, vs.old);
-        oldLogprobs = vs.old;
+        vppoPasses = vs;
         res.updates = v.updates;
         Object.assign(res.metrics, v.metrics);
       }
@@ -176,7 +189,7 @@ export function startAdvantage(p: Pipeline): StageRun {
       const scoredGroups = [...decision.kept, ...decision.filtered.map((f) => f.group)];
       const baselines = baselineRows(p.runId, scoredGroups, step);
       const rewardText = new Map(scoredGroups.flatMap((g) => g.samples.map((x) => [x.id, x.reward_text] as const)));
-      await p.store.insertTrajectories([...res.updates.flatMap((u) => trajectoryRows(p.runId, u, step, rewardText, oldLogprobs)), ...baselines], { tx: ctx.tx });
+      await p.store.insertTrajectories([...res.updates.flatMap((u) => trajectoryRows(p.runId, u, step, rewardText, vppoPasses)), ...baselines], { tx: ctx.tx });
       metrics.set(step, res.metrics);
       metrics.add(step, {}, { compute: performance.now() - t0 });
       state.klValue = res.klValue;

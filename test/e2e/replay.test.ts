@@ -84,3 +84,17 @@ test('replay reproduces the source run\'s checkpoints with its config, differs w
   assert.equal(again.copied, 0);
   assert.equal(again.finalSha256, want.checkpoints[1].sha256);
 });
+
+test('a GAE run (critic values scored with the version that generated each step) replays to the same checkpoints', { timeout: 300_000 }, async () => {
+  // the replay's recorded groups all arrive at once: the advantage stage waits for the replay's
+  // own policy (and critic) versions instead of retrying the whole batch forever
+  const src = join(tmp, 'gae');
+  const r = await trainEmbedded(loadConfig({ file: CONFIG, overrides: [`trainer.run_dir=${src}`, 'pipeline.run_id=replaygae', 'trainer.max_steps=3', 'trainer.save_freq=1', 'algorithm.adv_estimator=gae', 'critic.enable=true'] }), silentLogger('replaygae'));
+  assert.equal(r.status, 'completed', r.message);
+  const want = await inspect(src, 'replaygae');
+  const rep = await replayRun({ from: src, overrides: [], log: silentLogger('replay'), stallMs: 60_000 });
+  assert.equal(rep.status, 'completed', rep.message);
+  const got = await inspect(rep.runDir, rep.runId);
+  assert.deepEqual(got.checkpoints.map((c) => [c.step, c.sha256]), want.checkpoints.map((c) => [c.step, c.sha256]), 'every checkpoint equals the source\'s');
+  assert.deepEqual(got.rows.map((x) => x.advantages), want.rows.map((x) => x.advantages), 'the same GAE advantages');
+});

@@ -443,7 +443,7 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
     });
 
     describe('VPPO columns', () => {
-      it('store the perturbed log-probs, token mask and scaling factor on both write paths; null without VPPO; SQL reads them', async () => {
+      it('store the perturbed log-probs, token mask, scaling factor and entropies on both write paths; null without VPPO; SQL reads them', async () => {
         const runId = await newRun();
         const base = trajectory(runId, 0);
         const L = base.responseTokens.length;
@@ -451,8 +451,8 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         const lp = Float32Array.from({ length: L }, (_, t) => -0.25 * (t + 1) - 1e-3);
         const mask = Array.from({ length: L }, (_, t) => t % 2 === 1);
         const rows = [
-          { ...base, vppoPerturbedLogprobs: lp, vppoTokenMask: mask, vppoScalingFactor: 1.2345678901 },
-          { ...trajectory(runId, 1), vppoPerturbedLogprobs: Array.from(lp), vppoTokenMask: Uint8Array.from(mask, (x) => (x ? 1 : 0)), vppoScalingFactor: 0 },
+          { ...base, vppoPerturbedLogprobs: lp, vppoTokenMask: mask, vppoScalingFactor: 1.2345678901, vppoEntropies: Float32Array.from({ length: L }, (_, t) => 0.5 + t / 7) },
+          { ...trajectory(runId, 1), vppoPerturbedLogprobs: Array.from(lp), vppoTokenMask: Uint8Array.from(mask, (x) => (x ? 1 : 0)), vppoScalingFactor: 0, vppoEntropies: Array.from({ length: L }, () => 0) },
           trajectory(runId, 2),
         ];
         await store.insertTrajectories([rows[0]!, rows[2]!]);
@@ -460,7 +460,7 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         const back = new Map((await store.getTrajectories(runId)).map((t) => [t.id, t]));
         for (const r of rows) assertSameTrajectory(back.get(r.id), r);
         const none = back.get(rows[2]!.id)!;
-        assert.deepEqual([none.vppoPerturbedLogprobs, none.vppoTokenMask, none.vppoScalingFactor], [null, null, null]);
+        assert.deepEqual([none.vppoPerturbedLogprobs, none.vppoTokenMask, none.vppoScalingFactor, none.vppoEntropies], [null, null, null, null]);
         const { rows: kept } = await sql<{ id: string; kept: number; alpha: number }>`
           select id, (select count(*) from unnest(vppo_token_mask) k where k)::int as kept, vppo_scaling_factor as alpha
           from trajectories where run_id = ${runId} and vppo_token_mask is not null order by id`.execute(database.db);
@@ -473,6 +473,7 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         const L = base.responseTokens.length;
         await assert.rejects(store.insertTrajectories([{ ...base, vppoTokenMask: [true] }]), rejectsWith('ERR_BAD_TRAJECTORY', new RegExp(`vppoTokenMask has 1 values but the response has ${L} tokens`)));
         await assert.rejects(store.insertTrajectories([{ ...base, vppoPerturbedLogprobs: [0] }]), rejectsWith('ERR_BAD_TRAJECTORY', /vppoPerturbedLogprobs has 1 values/));
+        await assert.rejects(store.insertTrajectories([{ ...base, vppoEntropies: [0] }]), rejectsWith('ERR_BAD_TRAJECTORY', /vppoEntropies has 1 values/));
         await assert.rejects(store.insertTrajectories([{ ...base, vppoTokenMask: Array.from({ length: L }, () => 2) as unknown as boolean[] }]), rejectsWith('ERR_BAD_TRAJECTORY', /vppoTokenMask\[0\] must be a boolean/));
         await assert.rejects(store.insertTrajectories([{ ...base, vppoScalingFactor: -1 }]), rejectsWith('ERR_BAD_TRAJECTORY', /vppoScalingFactor must be a finite number ≥ 0/));
         await assert.rejects(store.insertTrajectories([{ ...base, vppoScalingFactor: NaN }]), rejectsWith('ERR_BAD_TRAJECTORY', /vppoScalingFactor/));

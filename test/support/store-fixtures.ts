@@ -88,5 +88,6 @@ export function assertSameTrajectory(stored: StoredTrajectory | undefined, row: 
   assertFloat32Array(stored.vppoPerturbedLogprobs, row.vppoPerturbedLogprobs, `${row.id}.vppoPerturbedLogprobs`);
   assert.deepEqual(stored.vppoTokenMask, row.vppoTokenMask == null ? null : Array.from(row.vppoTokenMask as ArrayLike<boolean | number>, (x) => !!x), `${row.id}.vppoTokenMask`);
   assert.equal(stored.vppoScalingFactor, row.vppoScalingFactor ?? null, `${row.id}.vppoScalingFactor`);
+  assertFloat32Array(stored.vppoEntropies, row.vppoEntropies, `${row.id}.vppoEntropies`);
   assert.ok(stored.createdAt instanceof Date, `${row.id}.createdAt`);
 }
