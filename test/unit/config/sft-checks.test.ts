@@ -24,6 +24,11 @@ test('rlstream sft: one line per problem, naming the key and what to change', ()
   assert.deepEqual(problemsOf(() => sft('data.train_files=a.jsonl', 'sft.max_length=2048')),
     ['sft.max_length = 2048 exceeds actor.model.max_seq_len = 1024; set actor.model.max_seq_len to at least 2048 or lower sft.max_length']);
   assert.match(problemsOf(() => sft('data.train_files=a.jsonl', 'sft.pakcing=true'))[0], /sft\.pakcing/);
+  // LoRA: as for train, a base to adapt, rank and target modules one line each
   assert.deepEqual(problemsOf(() => sft('data.train_files=a.jsonl', 'actor.model.lora={rank: 8}')),
-    ['actor.model.lora is not supported by rlstream sft yet (only by rlstream train); remove it to fine-tune all weights, then train with LoRA from the checkpoint\'s actor/']);
+    ['actor.model.lora needs actor.model.path: the base model directory the adapters are trained on (LoRA on a randomly initialised model has nothing to adapt)']);
+  assert.deepEqual(problemsOf(() => sft('data.train_files=a.jsonl', 'actor.model.path=models/base', 'actor.model.lora={rank: 0, target_modules: [q_proj, qkv]}')),
+    ['actor.model.lora.rank must be an integer ≥ 1 (the adapter width r), got 0; remove actor.model.lora to train every weight']);
+  assert.deepEqual(problemsOf(() => sft('data.train_files=a.jsonl', 'actor.model.path=models/base', 'actor.model.lora={rank: 4, target_modules: [q_proj, qkv]}')),
+    ['actor.model.lora.target_modules: "qkv" matches no module of the model; valid module names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (or all-linear)']);
 });
