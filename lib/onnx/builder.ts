@@ -87,8 +87,11 @@ export class Var {
 
 export interface OutSpec { dtype: DType; shape: Shape }
 export type Operand = Var | number;
-/** Given the output gradients (null = zero), return one gradient per input (null = none). */
-export type Vjp = (gOut: (Var | null)[]) => (Var | null)[];
+/**
+ * Given the output gradients (null = zero), return one gradient per input (null = none).
+ * `wanted[i]` says whether input i's gradient is used (a rule may skip the others).
+ */
+export type Vjp = (gOut: (Var | null)[], wanted: boolean[]) => (Var | null)[];
 
 class FloatAttr { constructor(readonly v: number | number[]) {} }
 class TensorAttr { constructor(readonly data: TensorData, readonly shape: number[], readonly dtype: DType) {} }
@@ -797,32 +800,91 @@ export class GraphBuilder {
     } else if (!shapeEq(dy.shape, y.shape)) {
       throw new GraphError(`grad: dy ${fmtShape(dy.shape)} does not match y ${fmtShape(y.shape)}`);
     }
+    const grads = this.backprop(this.tape.slice(), new Map([[y.id, dy]]), wrt);
+    return wrt.map((w, i) => grads[i] ?? this.scope('grad', () => this.zerosLike(w)));
+  }
+
+  /** Reverse pass over `tape` from the seeds (value id → gradient); one gradient per `wrt` (null where none reaches it). */
+  private backprop(tape: readonly TapeEntry[], seeds: Map<number, Var>, wrt: readonly Var[]): (Var | null)[] {
     // which values depend on wrt
     const needs = new Set<number>(wrt.map((w) => w.id));
-    for (const e of this.tape) {
+    for (const e of tape) {
       if (e.inputs.some((i) => i && needs.has(i.id))) for (const o of e.outputs) needs.add(o.id);
     }
-    const grads = new Map<number, Var>([[y.id, dy]]);
-    const tape = this.tape.slice();
+    const grads = new Map<number, Var>(seeds);
     for (let k = tape.length - 1; k >= 0; k--) {
       const e = tape[k];
       const gOut = e.outputs.map((o) => grads.get(o.id) ?? null);
       if (gOut.every((g) => g === null)) continue;
-      if (!e.inputs.some((i) => i && isFloatType(i.dtype) && needs.has(i.id))) continue;
+      const wanted = e.inputs.map((i) => !!i && isFloatType(i.dtype) && needs.has(i.id));
+      if (!wanted.some((w) => w)) continue;
       const saved = this.scopes;
       this.scopes = ['grad', ...(e.scope ? [e.scope] : [])];
       try {
-        const gIn = e.vjp(gOut);
+        const gIn = e.vjp(gOut, wanted);
         e.inputs.forEach((inp, i) => {
           const g = gIn[i];
-          if (!inp || !g || !needs.has(inp.id) || !isFloatType(inp.dtype)) return;
+          if (!inp || !g || !wanted[i]) return;
           if (!shapeEq(g.shape, inp.shape)) throw new GraphError(`internal: gradient for ${inp.name} has shape ${fmtShape(g.shape)}, expected ${fmtShape(inp.shape)}`);
           const prev = grads.get(inp.id);
           grads.set(inp.id, prev ? this.add(prev, g) : g);
         });
       } finally { this.scopes = saved; }
     }
-    return wrt.map((w) => grads.get(w.id) ?? this.scope('grad', () => this.zerosLike(w)));
+    return wrt.map((w) => grads.get(w.id) ?? null);
+  }
+
+  /**
+   * Activation (gradient) checkpointing (Chen et al. 2016, "Training Deep Nets with Sublinear
+   * Memory Cost"; torch.utils.checkpoint): `ys = fn(xs)`, but the backward keeps only `xs` and runs
+   * `fn` again inside the backward on copies of them, then differentiates that copy, so none of
+   * fn's intermediates live from the forward to the backward. `fn` must take every value it reads
+   * that needs a gradient (weights included) through `xs`; anything else it reads is a constant to
+   * it (no gradient flows there), and reading a graph input that is not in `xs` is an error.
+   *
+   * The copies are x + 0·g₀ (g₀ one element of an incoming output gradient), exactly x for a
+   * finite g₀: they make the recomputation depend on the backward, so onnxruntime can neither run
+   * it early (keeping its results alive after all) nor merge it with the forward's identical nodes
+   * by common-subexpression elimination. `fn` may be called twice; it must not have side effects
+   * beyond building nodes.
+   */
+  checkpoint(xs: Var[], fn: (xs: Var[]) => Var[]): Var[] {
+    const start = this.tape.length;
+    const ys = fn(xs);
+    const inner = this.tape.splice(start);
+    const produced = new Set<number>(inner.flatMap((e) => e.outputs.map((o) => o.id)));
+    const taken = new Set<number>(xs.map((x) => x.id));
+    const graphInputs = new Set<number>(this.inputs.map((v) => v.id));
+    for (const e of inner) {
+      for (const i of e.inputs) {
+        if (i && isFloatType(i.dtype) && graphInputs.has(i.id) && !taken.has(i.id) && !produced.has(i.id))
+          throw new GraphError(`checkpoint (scope "${this.currentScope}"): fn reads graph input ${i.name} that is not among its inputs, so it would get no gradient`);
+      }
+    }
+    this.customVjp(xs, ys, (gOut, wanted) => {
+      const g0 = gOut.find((g) => g !== null)!;
+      // z = 0·g₀[0] as a scalar: a data dependency on the backward that adds nothing
+      const one = this.emit1('Slice', [this.emit1('Reshape', [g0, this.const([-1], 'int64')], { dtype: g0.dtype, shape: [this.unknownDim()] }), this.const([0], 'int64'), this.const([1], 'int64')], { dtype: g0.dtype, shape: [1] });
+      const z = this.emit1('Mul', [this.emit1('Squeeze', [one, this.const([0], 'int64')], { dtype: g0.dtype, shape: [] }), this.const(0, g0.dtype)], { dtype: g0.dtype, shape: [] });
+      const zOf = new Map<DType, Var>([[g0.dtype, z]]);
+      const copies = xs.map((x) => {
+        if (!isFloatType(x.dtype)) return x;
+        let zx = zOf.get(x.dtype);
+        if (!zx) { zx = this.emit1('Cast', [z], { dtype: x.dtype, shape: [] }, { to: ONNX_DTYPE[x.dtype] }); zOf.set(x.dtype, zx); }
+        return this.emit1('Add', [x, zx], { dtype: x.dtype, shape: x.shape }, {});
+      });
+      const start2 = this.tape.length;
+      const ys2 = this.scope('recompute', () => fn(copies));
+      const inner2 = this.tape.splice(start2);
+      if (ys2.length !== ys.length) throw new GraphError(`checkpoint: fn returned ${ys2.length} values on recomputation, ${ys.length} before`);
+      const seeds = new Map<number, Var>();
+      ys2.forEach((y, i) => { const g = gOut[i]; if (g) seeds.set(y.id, seeds.has(y.id) ? this.add(seeds.get(y.id)!, g) : g); });
+      const want = copies.filter((_, i) => wanted[i]);
+      const got = this.backprop(inner2, seeds, want);
+      let k = 0;
+      return copies.map((_, i) => (wanted[i] ? got[k++] : null));
+    });
+    return ys;
   }
 
   // ───────────────────────────── serialisation ─────────────────────────────
