@@ -146,6 +146,8 @@ export class GraphBuilder {
   private dimSources = new Map<string, { v: Var; axis: number }>();
   private dimTensorCache = new Map<string, Var>();
   private extraDomains = new Map<string, number>();
+  /** The gradients the last checkpoint's backward returned (see `checkpoint`). */
+  private ckptDone: Var[] = [];
 
   constructor(opts: BuilderOptions = {}) {
     this.name = opts.name ?? 'graph';
@@ -800,7 +802,9 @@ export class GraphBuilder {
     } else if (!shapeEq(dy.shape, y.shape)) {
       throw new GraphError(`grad: dy ${fmtShape(dy.shape)} does not match y ${fmtShape(y.shape)}`);
     }
+    this.ckptDone = [];
     const grads = this.backprop(this.tape.slice(), new Map([[y.id, dy]]), wrt);
+    this.ckptDone = [];
     return wrt.map((w, i) => grads[i] ?? this.scope('grad', () => this.zerosLike(w)));
   }
 
@@ -842,11 +846,15 @@ export class GraphBuilder {
    * that needs a gradient (weights included) through `xs`; anything else it reads is a constant to
    * it (no gradient flows there), and reading a graph input that is not in `xs` is an error.
    *
-   * The copies are x + 0·g₀ (g₀ one element of an incoming output gradient), exactly x for a
-   * finite g₀: they make the recomputation depend on the backward, so onnxruntime can neither run
-   * it early (keeping its results alive after all) nor merge it with the forward's identical nodes
-   * by common-subexpression elimination. `fn` may be called twice; it must not have side effects
-   * beyond building nodes.
+   * The copies are x + z, z = 0·(g₀ + Σ d₀) (g₀ one element of an incoming output gradient, d₀ one
+   * element of each gradient the previously differentiated checkpoint returned), exactly x for
+   * finite values. The dependency on g₀ makes the recomputation part of the backward, so
+   * onnxruntime can neither run it early (keeping its results alive after all) nor merge it with
+   * the forward's identical nodes by common-subexpression elimination. The one on d₀ makes the
+   * previous block's weight gradients finish before this block recomputes: onnxruntime's default
+   * order runs the chain of input gradients first and every weight-gradient Gemm (nothing later
+   * needs it) at the end, which would keep every block's recomputed activations alive until then.
+   * `fn` may be called twice; it must not have side effects beyond building nodes.
    */
   checkpoint(xs: Var[], fn: (xs: Var[]) => Var[]): Var[] {
     const start = this.tape.length;
@@ -863,9 +871,15 @@ export class GraphBuilder {
     }
     this.customVjp(xs, ys, (gOut, wanted) => {
       const g0 = gOut.find((g) => g !== null)!;
-      // z = 0·g₀[0] as a scalar: a data dependency on the backward that adds nothing
-      const one = this.emit1('Slice', [this.emit1('Reshape', [g0, this.const([-1], 'int64')], { dtype: g0.dtype, shape: [this.unknownDim()] }), this.const([0], 'int64'), this.const([1], 'int64')], { dtype: g0.dtype, shape: [1] });
-      const z = this.emit1('Mul', [this.emit1('Squeeze', [one, this.const([0], 'int64')], { dtype: g0.dtype, shape: [] }), this.const(0, g0.dtype)], { dtype: g0.dtype, shape: [] });
+      // z = 0·(g₀[0] + Σ d[0]) as a scalar: a data dependency on the backward that adds nothing
+      const first = (v: Var): Var => {
+        const one = this.emit1('Slice', [this.emit1('Reshape', [v, this.const([-1], 'int64')], { dtype: v.dtype, shape: [this.unknownDim()] }), this.const([0], 'int64'), this.const([1], 'int64')], { dtype: v.dtype, shape: [1] });
+        const s = this.emit1('Squeeze', [one, this.const([0], 'int64')], { dtype: v.dtype, shape: [] });
+        return v.dtype === g0.dtype ? s : this.emit1('Cast', [s], { dtype: g0.dtype, shape: [] }, { to: ONNX_DTYPE[g0.dtype] });
+      };
+      const deps = [g0, ...this.ckptDone].map(first);
+      const sum = deps.slice(1).reduce((a, d) => this.emit1('Add', [a, d], { dtype: g0.dtype, shape: [] }), deps[0]);
+      const z = this.emit1('Mul', [sum, this.const(0, g0.dtype)], { dtype: g0.dtype, shape: [] });
       const zOf = new Map<DType, Var>([[g0.dtype, z]]);
       const copies = xs.map((x) => {
         if (!isFloatType(x.dtype)) return x;
@@ -881,6 +895,7 @@ export class GraphBuilder {
       ys2.forEach((y, i) => { const g = gOut[i]; if (g) seeds.set(y.id, seeds.has(y.id) ? this.add(seeds.get(y.id)!, g) : g); });
       const want = copies.filter((_, i) => wanted[i]);
       const got = this.backprop(inner2, seeds, want);
+      this.ckptDone = got.filter((g): g is Var => g !== null && isFloatType(g.dtype));
       let k = 0;
       return copies.map((_, i) => (wanted[i] ? got[k++] : null));
     });

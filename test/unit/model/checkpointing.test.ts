@@ -2,8 +2,8 @@
  * Gradient checkpointing (train-graph.ts gradientCheckpointing, builder.ts checkpoint): the
  * training graph that recomputes each decoder layer in the backward gives the same gradients as
  * the one that keeps the activations, for the llama (GQA), qwen2 (q/k/v biases) and qwen3 (q/k
- * norms) trunks, LoRA adapters and the value head; one trainer step (AdamW) gives the same
- * weights; onnxruntime's optimizer keeps the recomputation (no CSE back into the forward).
+ * norms) trunks, LoRA adapters and the value head; trainer steps (AdamW) give the same weights,
+ * a vision-language model's (ViT blocks checkpointed too) included; onnxruntime's optimizer keeps the recomputation (no CSE back into the forward).
  *
  * "Same" is bit for bit: the recomputation reads x + 0·g₀ = x exactly, so it runs the same
  * kernels on the same bits as the forward, and the backward's accumulation order is unchanged.
@@ -22,6 +22,7 @@ import { paramSpecs } from '../../../lib/model/params.ts';
 import { SessionCache } from '../../../lib/model/session-cache.ts';
 import { createTrainer, type TrainBatch } from '../../../lib/model/train.ts';
 import { buildTrainGraph } from '../../../lib/model/train-graph.ts';
+import { expandImagePads } from '../../../lib/model/vision.ts';
 import { GraphBuilder, GraphError } from '../../../lib/onnx/builder.ts';
 import { linear } from '../../../lib/onnx/nn.ts';
 import { createSession, tensor } from '../../../lib/onnx/runtime.ts';
@@ -134,6 +135,29 @@ describe('gradient checkpointing in the trainer', () => {
       for (const [k, a] of off.w) assert.deepEqual(on.w.get(k), a, `${k} after two steps`);
     });
   }
+});
+
+describe('gradient checkpointing of a vision-language model (ViT blocks and decoder layers)', () => {
+  it('two SFT steps with an image give the same weights', async () => {
+    const IMG = 30;
+    const c = modelConfig({
+      hiddenSize: 16, intermediateSize: 24, numHiddenLayers: 2, numAttentionHeads: 2, numKeyValueHeads: 1, vocabSize: 40, maxPositionEmbeddings: 64, bosTokenId: 1, eosTokenId: 2, padTokenId: 0, modelType: 'qwen2', attentionBias: true,
+      vision: { depth: 2, hiddenSize: 8, intermediateSize: 12, numHeads: 2, outHiddenSize: 16, patchSize: 2, imageTokenId: IMG, visionStartTokenId: 31, visionEndTokenId: 32 },
+    });
+    const img = { width: 4, height: 4, data: Uint8Array.from({ length: 48 }, (_, i) => (i * 37 + 11) % 256) };
+    const row = expandImagePads(c, [1, 31, IMG, 32, 7, 8, 9, 10], [img]);
+    const T = row.length;
+    const tokens = Int32Array.from([...row, ...Array.from({ length: T }, (_, t) => 3 + ((t * 5) % 20))]);
+    const responseMask = Float32Array.from({ length: 2 * T }, (_, i) => (i % T >= T - 4 ? 1 : 0));
+    const run = async (ckpt: boolean) => {
+      const tr = createTrainer({ model: c, loss: { type: 'sft' }, seed: 2, threads: 1, cache: new SessionCache(), gradientCheckpointing: ckpt });
+      for (let k = 0; k < 2; k++) await tr.step({ batchSize: 2, seqLen: T, tokens, responseMask, images: [[img], undefined] }, 1e-2);
+      return tr.getWeights();
+    };
+    const off = await run(false), on = await run(true);
+    assert.ok(off.get('visual.blocks.0.mlp.fc1.weight')!.some((v, i) => v !== initWeights(c, 2).get('visual.blocks.0.mlp.fc1.weight')![i]), 'the tower is trained');
+    for (const [k, a] of off) assert.deepEqual(on.get(k), a, `${k} after two steps`);
+  });
 });
 
 describe('builder.checkpoint', () => {
