@@ -38,6 +38,8 @@
  * the same builder and returns one gradient Var per `wrt` (zeros when `y` does not depend on it);
  * `dy` defaults to 1 for a scalar `y`. Gradients of broadcast operands are summed back to the
  * operand's shape. Every rule has a float64 finite-difference test (test/unit/onnx/).
+ * `b.checkpoint(xs, fn)` (gradient checkpointing) keeps only `xs` for the backward and recomputes
+ * `fn` there, tied to the incoming gradient so onnxruntime neither runs it early nor merges it back.
  *
  * ## Example
  * ```ts
