@@ -21,6 +21,9 @@
  *    peak RSS ratio (goal ≤ 0.5), step time ratio (≤ 0.8), policy-version bytes ratio (≤ 0.05: the
  *    PEFT adapter_model.safetensors vs model.safetensors); and for sampling, the cost of merging
  *    W + s·B·A once per version vs the adapter path's extra time per forward (B64 × T2, decode-like).
+ *  - Gradient checkpointing (TrainerOptions.gradientCheckpointing) in the real-shape and LoRA rows:
+ *    each configuration also runs with it (`…_ckpt` rows; RLSTREAM_BENCH_CKPT=off skips those,
+ *    =only runs just those, e.g. the 0.5B shape at full depth, whose run without it does not fit).
  *
  * Run: `node --import tsx bench/model.ts` (prints a table). Torch rows are left out, with a
  * message, when PyTorch is not installed.
@@ -64,7 +67,8 @@ const DECODE = { prompt: 16, newTokens: 32, batches: [64, 128], goal: 1.3 };
  * Real shapes (published configs, random weights), run when RLSTREAM_BENCH_REAL=1 (they need
  * minutes per step on a few cores and ~16 GB at 0.5B; ORT and torch one after the other):
  * GRPO update step at micro-batch 2 × 1024 tokens; RLSTREAM_BENCH_REAL_LAYERS overrides the depth
- * (development), RLSTREAM_BENCH_REAL_ONLY picks one shape by name. Goals (issue 13): train
+ * (development), RLSTREAM_BENCH_REAL_ONLY picks one shape by name, RLSTREAM_BENCH_REAL_TORCH=0 leaves
+ * out torch (which needs ~30 GB at the full 0.5B depth). Goals (issue 13): train
  * tokens/s ORT ÷ torch ≥ 1.2, peak RSS ORT ÷ torch ≤ 0.6, 0.5B step RSS ≤ 16 GB.
  */
 export const REAL_SHAPES: { name: string; config: ModelConfigInput }[] = [
@@ -130,9 +134,9 @@ type ChildSpec =
   | { kind: 'train'; shape: Shape; threads: number; warmup: number; iters: number }
   | { kind: 'decode'; shape: Shape; B: number; threads: number; warmup: number; iters: number }
   | { kind: 'gemm'; threads: number }
-  | { kind: 'train_real'; name: string; threads: number; warmup: number; iters: number }
+  | { kind: 'train_real'; name: string; ckpt: boolean; threads: number; warmup: number; iters: number }
   | { kind: 'decode_real'; threads: number; warmup: number; iters: number }
-  | { kind: 'train_lora'; lora: boolean; B: number; T: number; threads: number; warmup: number; iters: number }
+  | { kind: 'train_lora'; lora: boolean; ckpt: boolean; B: number; T: number; threads: number; warmup: number; iters: number }
   | { kind: 'lora_sampling'; threads: number };
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
@@ -143,9 +147,9 @@ const cpuMs = (c0: NodeJS.CpuUsage) => { const d = process.cpuUsage(c0); return 
 /** LoRA benchmark adapter: rank 16 on every linear layer (alpha 32). */
 const BENCH_LORA = loraConfig({ rank: 16, alpha: 32, targetModules: 'all-linear' });
 
-async function childTrain(s: Pick<Shape, 'B' | 'T'> & Partial<Shape>, nThreads: number, warmup: number, iters: number, config?: ModelConfig, lora = false): Promise<object> {
+async function childTrain(s: Pick<Shape, 'B' | 'T'> & Partial<Shape>, nThreads: number, warmup: number, iters: number, config?: ModelConfig, lora = false, ckpt = false): Promise<object> {
   const c = config ?? configFor(s as Shape);
-  const trainer = new Trainer({ model: c, loss: { type: 'policy' }, threads: nThreads, seed: 0, optim: { weightDecay: 0.01, maxGradNorm: 1 }, ...(lora ? { lora: BENCH_LORA } : {}) });
+  const trainer = new Trainer({ model: c, loss: { type: 'policy' }, threads: nThreads, seed: 0, optim: { weightDecay: 0.01, maxGradNorm: 1 }, ...(lora ? { lora: BENCH_LORA } : {}), ...(ckpt ? { gradientCheckpointing: true } : {}) });
   const rng = Rng.fromSeed('bench:train');
   const n = s.B * s.T;
   const tokens = Int32Array.from({ length: n }, () => rng.int(c.vocabSize));
@@ -208,8 +212,20 @@ export async function loraRows(rows: Row[], nThreads: number): Promise<void> {
   const iters = Number(process.env.RLSTREAM_BENCH_LORA_ITERS) || 2;
   const c = realConfig('smollm2_135m');
   const tag = `smollm2_135m${c.numHiddenLayers !== 30 ? `_l${c.numHiddenLayers}` : ''}_b${B}_t${T}_r16_all`;
-  const full = await runChild({ kind: 'train_lora', lora: false, B, T, threads: nThreads, warmup: 1, iters });
-  const lora = await runChild({ kind: 'train_lora', lora: true, B, T, threads: nThreads, warmup: 1, iters });
+  const modes = ckptModes();
+  if (modes.includes(true)) {
+    const full = await runChild({ kind: 'train_lora', lora: false, ckpt: true, B, T, threads: nThreads, warmup: 1, iters });
+    const lora = await runChild({ kind: 'train_lora', lora: true, ckpt: true, B, T, threads: nThreads, warmup: 1, iters });
+    rows.push({ name: `model/lora/${tag}/full_ckpt_ms`, value: round(full.ms), unit: 'ms' });
+    rows.push({ name: `model/lora/${tag}/lora_ckpt_ms`, value: round(lora.ms), unit: 'ms' });
+    rows.push({ name: `model/lora/${tag}/full_ckpt_peak_rss`, value: Math.round(full.peak_rss_mb), unit: 'MB' });
+    rows.push({ name: `model/lora/${tag}/lora_ckpt_peak_rss`, value: Math.round(lora.peak_rss_mb), unit: 'MB' });
+    rows.push({ name: `model/lora/${tag}/ckpt_rss_ratio`, value: round(lora.peak_rss_mb / full.peak_rss_mb), unit: 'ratio', goal: 0.5, better: 'lower' });
+    rows.push({ name: `model/lora/${tag}/ckpt_step_time_ratio`, value: round(lora.ms / full.ms), unit: 'ratio', goal: 0.8, better: 'lower' });
+  }
+  if (!modes.includes(false)) return;
+  const full = await runChild({ kind: 'train_lora', lora: false, ckpt: false, B, T, threads: nThreads, warmup: 1, iters });
+  const lora = await runChild({ kind: 'train_lora', lora: true, ckpt: false, B, T, threads: nThreads, warmup: 1, iters });
   rows.push({ name: `model/lora/${tag}/full_ms`, value: round(full.ms), unit: 'ms' });
   rows.push({ name: `model/lora/${tag}/lora_ms`, value: round(lora.ms), unit: 'ms' });
   rows.push({ name: `model/lora/${tag}/full_peak_rss`, value: Math.round(full.peak_rss_mb), unit: 'MB' });
@@ -274,8 +290,8 @@ async function child(spec: ChildSpec): Promise<object> {
     case 'decode': return childDecode(spec.shape, spec.B, spec.threads, spec.warmup, spec.iters);
     case 'gemm': return childGemm(spec.threads);
     case 'decode_real': return childDecodeReal(spec.threads, spec.warmup, spec.iters);
-    case 'train_real': return childTrain({ B: REAL_TRAIN.B, T: REAL_TRAIN.T }, spec.threads, spec.warmup, spec.iters, realConfig(spec.name));
-    case 'train_lora': return childTrain({ B: spec.B, T: spec.T }, spec.threads, spec.warmup, spec.iters, realConfig('smollm2_135m'), spec.lora);
+    case 'train_real': return childTrain({ B: REAL_TRAIN.B, T: REAL_TRAIN.T }, spec.threads, spec.warmup, spec.iters, realConfig(spec.name), false, spec.ckpt);
+    case 'train_lora': return childTrain({ B: spec.B, T: spec.T }, spec.threads, spec.warmup, spec.iters, realConfig('smollm2_135m'), spec.lora, spec.ckpt);
     case 'lora_sampling': return childLoraSampling(spec.threads);
   }
 }
@@ -318,23 +334,40 @@ export async function realRows(rows: Row[], nThreads: number, withTorch: boolean
     const tag = `${r.name}${c.numHiddenLayers !== r.config.numHiddenLayers ? `_l${c.numHiddenLayers}` : ''}_b${B}_t${T}`;
     const cfgPath = join(dir, `${r.name}.json`);
     writeJson(cfgPath, toHfConfig(c));
-    const ort = await runChild({ kind: 'train_real', name: r.name, threads: nThreads, warmup: 1, iters });
     const tokS = (ms: number) => (B * T) / (ms / 1000);
-    rows.push({ name: `model/train_real/${tag}/ort_tok_s`, value: round(tokS(ort.ms)), unit: 'tok/s' });
-    rows.push({ name: `model/train_real/${tag}/ort_peak_rss`, value: Math.round(ort.peak_rss_mb), unit: 'MB', ...(r.name.startsWith('qwen') ? { goal: REAL_TRAIN.rss05bGb * 1024, better: 'lower' as const } : {}) });
-    rows.push({ name: `model/train_real/${tag}/ort_bytes_per_param`, value: round((ort.peak_rss_mb * 2 ** 20) / ort.params), unit: 'B' });
-    if (!withTorch) continue;
+    // without and with gradient checkpointing (`ort_…` and `ort_ckpt_…` rows), each in its own process
+    const orts: { ck: string; ms: number; peak_rss_mb: number }[] = [];
+    for (const ckpt of ckptModes()) {
+      const ort = await runChild({ kind: 'train_real', name: r.name, ckpt, threads: nThreads, warmup: 1, iters });
+      const ck = ckpt ? '_ckpt' : '';
+      orts.push({ ck, ms: ort.ms, peak_rss_mb: ort.peak_rss_mb });
+      rows.push({ name: `model/train_real/${tag}/ort${ck}_tok_s`, value: round(tokS(ort.ms)), unit: 'tok/s' });
+      rows.push({ name: `model/train_real/${tag}/ort${ck}_peak_rss`, value: Math.round(ort.peak_rss_mb), unit: 'MB', ...(r.name.startsWith('qwen') ? { goal: REAL_TRAIN.rss05bGb * 1024, better: 'lower' as const } : {}) });
+      rows.push({ name: `model/train_real/${tag}/ort${ck}_bytes_per_param`, value: round((ort.peak_rss_mb * 2 ** 20) / ort.params), unit: 'B' });
+    }
+    if (!withTorch || process.env.RLSTREAM_BENCH_REAL_TORCH === '0') continue;
     const t = await runTorch('bench_train.py', ['--config', cfgPath, '--batch', String(B), '--seq', String(T), '--threads', String(nThreads), '--warmup', '1', '--iters', String(iters)], { timeoutMs: 3_600_000 });
     rows.push({ name: `model/train_real/${tag}/torch_tok_s`, value: round(tokS(t.ms)), unit: 'tok/s' });
     rows.push({ name: `model/train_real/${tag}/torch_peak_rss`, value: Math.round(t.peak_rss_mb), unit: 'MB' });
-    rows.push({ name: `model/train_real/${tag}/ort_over_torch_tok_s`, value: round(t.ms / ort.ms), unit: 'ratio', goal: REAL_TRAIN.speedGoal, better: 'higher' });
-    rows.push({ name: `model/train_real/${tag}/ort_over_torch_rss`, value: round(ort.peak_rss_mb / t.peak_rss_mb), unit: 'ratio', goal: REAL_TRAIN.rssGoal, better: 'lower' });
+    for (const o of orts) {
+      rows.push({ name: `model/train_real/${tag}/ort${o.ck}_over_torch_tok_s`, value: round(t.ms / o.ms), unit: 'ratio', goal: REAL_TRAIN.speedGoal, better: 'higher' });
+      rows.push({ name: `model/train_real/${tag}/ort${o.ck}_over_torch_rss`, value: round(o.peak_rss_mb / t.peak_rss_mb), unit: 'ratio', goal: REAL_TRAIN.rssGoal, better: 'lower' });
+    }
   }
 }
 
 // ───────────────────────────── the benchmark ─────────────────────────────
 
 const round = (v: number, digits = 3) => Number(v.toPrecision(digits));
+
+/** Which train configurations the real-shape and LoRA rows run: RLSTREAM_BENCH_CKPT = both (default), off or only. */
+function ckptModes(): boolean[] {
+  const v = process.env.RLSTREAM_BENCH_CKPT ?? 'both';
+  if (v === 'both') return [false, true];
+  if (v === 'off') return [false];
+  if (v === 'only') return [true];
+  throw new Error(`RLSTREAM_BENCH_CKPT must be both, off or only, got "${v}"`);
+}
 
 export async function run(): Promise<Row[]> {
   const nThreads = threads();

@@ -207,6 +207,7 @@ const modelSchema = section({
     spatial_merge_size: z.union([z.literal(1), z.literal(2)]).default(2).describe('2: each 2×2 patch window becomes one decoder token (Qwen2-VL merger); 1: one token per patch.'),
     rope: z.enum(['2d', '1d']).default('2d').describe('Rotary positions in the ViT: 2d = patch (row, column) (Qwen2-VL), 1d = patch index.'),
   }, 'Vision tower of a fresh vision-language policy (Qwen2-VL layout).'),
+  enable_gradient_checkpointing: z.boolean().default(false).describe('Gradient (activation) checkpointing in the training graph (verl: model.enable_gradient_checkpointing): each decoder layer keeps only its input for the backward and recomputes its forward there, so activation memory is one layer\'s instead of all layers\' (SmolLM2-135M, 2 × 1024 tokens: README "Benchmarks") for about one more forward pass of compute; gradients are bit-identical. Applies to rlstream train (policy, and the critic unless critic.model says otherwise) and sft, with or without LoRA.'),
   freeze_vision_tower: z.boolean().default(false).describe('Do not train a vision-language policy\'s vision tower: no gradient reaches it and its weights and optimizer moments stay as loaded (no weight decay either).'),
   lora: z.strictObject({
     rank: z.int().default(16).describe('Adapter rank r (≥ 1).'),
@@ -259,6 +260,7 @@ const criticModelSchema = section({
   ffn: posInt().nullable().default(null).describe('Feed-forward size; null → actor.model.ffn.'),
   max_seq_len: posInt().nullable().default(null).describe('Longest sequence; null → actor.model.max_seq_len.'),
   init_seed: z.int().nullable().default(null).describe('Initialisation seed; null → actor.model.init_seed + 1.'),
+  enable_gradient_checkpointing: z.boolean().nullable().default(null).describe('Gradient checkpointing in the critic\'s training graph (see actor.model.enable_gradient_checkpointing); null → the actor\'s setting.'),
 }, 'Critic model: overrides of actor.model (null = same as the actor).');
 
 const criticSchema = section({

@@ -129,6 +129,11 @@ export interface LlamaForwardOptions {
   placeImages?: (tokens: Var, N: Dim) => Var;
   /** LoRA adapters (lib/model/lora.ts): `p` holds `<module>.lora_A.weight` / `.lora_B.weight`. */
   lora?: { config: LoraConfig; p: ParamVars };
+  /**
+   * Gradient checkpointing (builder.ts `checkpoint`): each decoder layer keeps only its input for
+   * the backward, which recomputes the layer's forward. Training graphs only (no KV cache).
+   */
+  checkpointLayers?: boolean;
 }
 
 export interface LlamaForwardResult {
@@ -173,29 +178,33 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
   const lora = o.lora ?? null;
   const loraS = lora ? loraScale(lora.config) : 0;
   /** y + s·(x·Aᵀ)·Bᵀ for an adapted module (Hu et al. 2021): x [N, in], A [r, in], B [out, r] → [N, out]; y unchanged otherwise. */
-  const adapt = (y: Var, x: Var, module: string, path: string): Var => {
+  const adaptWith = (y: Var, x: Var, module: string, path: string, P: (name: string) => Var): Var => {
     if (!lora || !lora.config.targetModules.includes(module as never)) return y;
-    return b.scope(`lora.${module}`, () => b.add(y, b.gemm(linear(b, x, param(lora.p, `${path}.lora_A.weight`)), param(lora.p, `${path}.lora_B.weight`), { transB: true, alpha: loraS })));
+    return b.scope(`lora.${module}`, () => b.add(y, b.gemm(linear(b, x, P(`${path}.lora_A.weight`)), P(`${path}.lora_B.weight`), { transB: true, alpha: loraS })));
   };
 
+  if (o.checkpointLayers && o.past) throw new GraphError('llama: checkpointLayers is for training graphs (no KV cache)');
   for (let l = 0; l < c.numHiddenLayers; l++) {
     const pre = `model.layers.${l}`;
-    b.scope(`layers.${l}`, () => {
+    /** One decoder layer: x0 [N, D] → [x0 + attn, + mlp, and the layer's keys / values]; weights through P. */
+    const layer = (x0: Var, P: (name: string) => Var): Var[] => {
+      let kv: Var[] = [];
+      const adapt = (y: Var, x: Var, module: string, path: string): Var => adaptWith(y, x, module, path, P);
       const attnOut = b.scope('attn', () => {
-        const h = rmsNorm(b, x, param(p, `${pre}.input_layernorm.weight`), c.rmsNormEps);
+        const h = rmsNorm(b, x0, P(`${pre}.input_layernorm.weight`), c.rmsNormEps);
         // q, k, v in one Gemm against the row-concatenated weights (fewer, larger GEMMs; the
         // weight gradient is one Gemm too, split back by the Concat's backward rule)
         const qd = H * hd, kvd = KVH * hd;
-        const wqkv = b.concat([param(p, `${pre}.self_attn.q_proj.weight`), param(p, `${pre}.self_attn.k_proj.weight`), param(p, `${pre}.self_attn.v_proj.weight`)], 0);
-        const bqkv = c.attentionBias ? b.concat([param(p, `${pre}.self_attn.q_proj.bias`), param(p, `${pre}.self_attn.k_proj.bias`), param(p, `${pre}.self_attn.v_proj.bias`)], 0) : null;
+        const wqkv = b.concat([P(`${pre}.self_attn.q_proj.weight`), P(`${pre}.self_attn.k_proj.weight`), P(`${pre}.self_attn.v_proj.weight`)], 0);
+        const bqkv = c.attentionBias ? b.concat([P(`${pre}.self_attn.q_proj.bias`), P(`${pre}.self_attn.k_proj.bias`), P(`${pre}.self_attn.v_proj.bias`)], 0) : null;
         const [q00, k00, v00] = b.split(linear(b, h, wqkv, bqkv), 1, [qd, kvd, kvd]);
         const q0 = adapt(q00, h, 'q_proj', `${pre}.self_attn.q_proj`), k0 = adapt(k00, h, 'k_proj', `${pre}.self_attn.k_proj`), v0 = adapt(v00, h, 'v_proj', `${pre}.self_attn.v_proj`);
         let q = b.reshape(q0, [B, T, H, hd]);
         let k = b.reshape(k0, [B, T, KVH, hd]);
         if (hasQkNorm(c)) {
           // Qwen3: RMSNorm over each head's hd channels of q and k, before RoPE
-          q = rmsNorm(b, q, param(p, `${pre}.self_attn.q_norm.weight`), c.rmsNormEps);
-          k = rmsNorm(b, k, param(p, `${pre}.self_attn.k_norm.weight`), c.rmsNormEps);
+          q = rmsNorm(b, q, P(`${pre}.self_attn.q_norm.weight`), c.rmsNormEps);
+          k = rmsNorm(b, k, P(`${pre}.self_attn.k_norm.weight`), c.rmsNormEps);
         }
         const v = b.reshape(v0, [B, T, KVH, hd]);
         q = b.mul(rope(b, q, cosT, sinT), scale);
@@ -203,7 +212,7 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
         let k4 = b.transpose(k, [0, 2, 1, 3]); // [B, KVH, T, hd]
         let v4 = b.transpose(v, [0, 2, 1, 3]);
         if (o.past) { k4 = b.concat([o.past.keys[l], k4], 2); v4 = b.concat([o.past.values[l], v4], 2); }
-        presentKeys.push(k4); presentValues.push(v4);
+        kv = [k4, v4];
         let ctx: Var;
         if (G === 1) {
           const q4 = b.transpose(q, [0, 2, 1, 3]); // [B, H, T, hd]
@@ -215,17 +224,34 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
           ctx = b.transpose(b.matmul(probs, b.unsqueeze(v4, [2])), [0, 3, 1, 2, 4]); // [B, T, KVH, G, hd]
         }
         const ctx2 = b.reshape(ctx, [N, H * hd]);
-        return adapt(linear(b, ctx2, param(p, `${pre}.self_attn.o_proj.weight`)), ctx2, 'o_proj', `${pre}.self_attn.o_proj`);
+        return adapt(linear(b, ctx2, P(`${pre}.self_attn.o_proj.weight`)), ctx2, 'o_proj', `${pre}.self_attn.o_proj`);
       });
-      x = b.add(x, attnOut);
+      const x1 = b.add(x0, attnOut);
       const mlpOut = b.scope('mlp', () => {
-        const h = rmsNorm(b, x, param(p, `${pre}.post_attention_layernorm.weight`), c.rmsNormEps);
+        const h = rmsNorm(b, x1, P(`${pre}.post_attention_layernorm.weight`), c.rmsNormEps);
         const F = c.intermediateSize;
-        const [gate0, up0] = b.split(linear(b, h, b.concat([param(p, `${pre}.mlp.gate_proj.weight`), param(p, `${pre}.mlp.up_proj.weight`)], 0)), 1, [F, F]);
+        const [gate0, up0] = b.split(linear(b, h, b.concat([P(`${pre}.mlp.gate_proj.weight`), P(`${pre}.mlp.up_proj.weight`)], 0)), 1, [F, F]);
         const act = swiglu(b, adapt(gate0, h, 'gate_proj', `${pre}.mlp.gate_proj`), adapt(up0, h, 'up_proj', `${pre}.mlp.up_proj`));
-        return adapt(linear(b, act, param(p, `${pre}.mlp.down_proj.weight`)), act, 'down_proj', `${pre}.mlp.down_proj`);
+        return adapt(linear(b, act, P(`${pre}.mlp.down_proj.weight`)), act, 'down_proj', `${pre}.mlp.down_proj`);
       });
-      x = b.add(x, mlpOut);
+      return [b.add(x1, mlpOut), ...kv];
+    };
+    b.scope(`layers.${l}`, () => {
+      let out: Var[];
+      if (o.checkpointLayers) {
+        // the layer's input and its weights (base and adapters) are the checkpoint's inputs
+        const names = [...p.keys()].filter((k) => k.startsWith(`${pre}.`));
+        if (lora) names.push(...[...lora.p.keys()].filter((k) => k.startsWith(`${pre}.`)));
+        const all = new Map<string, Var>([...p, ...(lora ? lora.p : [])]);
+        out = b.checkpoint([x, ...names.map((n) => all.get(n)!)], ([x0, ...ws]) => {
+          const byName = new Map(names.map((n, i) => [n, ws[i]]));
+          return layer(x0, (n) => { const v = byName.get(n); if (!v) throw new GraphError(`llama: missing parameter ${n}`); return v; });
+        });
+      } else {
+        out = layer(x, (n) => param(lora && n.includes('.lora_') ? lora.p : p, n));
+      }
+      x = out[0];
+      presentKeys.push(out[1]); presentValues.push(out[2]);
     });
   }
   const hidden = b.scope('final_norm', () => rmsNorm(b, x, param(p, 'model.norm.weight'), c.rmsNormEps));

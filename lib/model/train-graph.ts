@@ -68,6 +68,14 @@ export interface TrainGraphSpec {
    * so `grad.*`, `new.*`, `acc.*` and the moments are the adapters' only.
    */
   lora?: LoraConfig;
+  /**
+   * Gradient checkpointing (actor.model.enable_gradient_checkpointing): every decoder layer keeps
+   * only its input for the backward and recomputes its forward there (llama.ts checkpointLayers):
+   * activation memory of one layer instead of all, for one more forward's compute; a VLM's ViT
+   * blocks likewise (unless frozen). Same gradients (test/unit/model/checkpointing.test.ts). No
+   * effect on `eval`.
+   */
+  gradientCheckpointing?: boolean;
 }
 
 /**
@@ -128,8 +136,9 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   if (spec.lora) for (const s of trained) pl.set(s.name, b.input(s.name, F, s.shape));
   const { hidden } = llamaForward(b, model, p, {
     ids, positions, attentionMask: attn,
-    ...(model.vision ? { placeImages: (x: Var, N: Dim) => placeImageTokens(b, model, p, x, N, { freeze }) } : {}),
+    ...(model.vision ? { placeImages: (x: Var, N: Dim) => placeImageTokens(b, model, p, x, N, { freeze, checkpoint: !!spec.gradientCheckpointing && mode !== 'eval' }) } : {}),
     ...(spec.lora ? { lora: { config: spec.lora, p: pl } } : {}),
+    ...(spec.gradientCheckpointing && mode !== 'eval' ? { checkpointLayers: true } : {}),
   });
   let lg: LossGraph;
   let perPosition: Var;

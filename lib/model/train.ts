@@ -117,6 +117,8 @@ export interface TrainerOptions {
    */
   lora?: LoraConfig;
   adapter?: Weights;
+  /** Recompute each decoder layer's forward in the backward instead of keeping its activations (train-graph.ts gradientCheckpointing). */
+  gradientCheckpointing?: boolean;
 }
 
 export const DEFAULT_OPTIM: OptimConfig = { betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01, maxGradNorm: 1.0 };
@@ -215,7 +217,7 @@ export class Trainer {
     const id = `${mode}:${lossWeights}:${!!lora}`;
     let g = this.graphs.get(id);
     if (!g) {
-      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.opts.freezeVisionTower && this.model.vision ? { freezeVisionTower: true } : {}), ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}), ...(lora ? { lora } : {}) };
+      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.opts.freezeVisionTower && this.model.vision ? { freezeVisionTower: true } : {}), ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}), ...(lora ? { lora } : {}), ...(this.opts.gradientCheckpointing && mode !== 'eval' ? { gradientCheckpointing: true } : {}) };
       const built = buildTrainGraph(spec);
       g = { key: `train:${keyOf(spec)}`, metricNames: built.metricNames, build: () => built.builder.toBytes() };
       this.graphs.set(id, g);

@@ -227,7 +227,7 @@ function visionRope(b: GraphBuilder, v: VisionConfig, pos: Var): { cos: Var; sin
  *     per image, padded patches masked as keys; attention softmax(q·kᵀ/√hd) per head)
  *   tokens = mlp.2(GELU(mlp.0(reshape(LN_q(x), [I·P/m², m²E]))))           [I·P/m², D]
  */
-export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars): Var {
+export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts: { checkpoint?: boolean } = {}): Var {
   const v = visionOf(c, 'visionTower');
   const E = v.hiddenSize, H = v.numHeads, hd = E / H, ps = v.patchSize;
   const C = 3 * ps * ps, m2 = v.spatialMergeSize * v.spatialMergeSize, tp = v.temporalPatchSize;
@@ -252,24 +252,34 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars): Var 
     const scale = 1 / Math.sqrt(hd);
     for (let l = 0; l < v.depth; l++) {
       const pre = `visual.blocks.${l}`;
-      b.scope(`blocks.${l}`, () => {
+      /** One ViT block x0 → x0 + attn → + mlp, weights through W. */
+      const block = (x0: Var, W: (name: string) => Var): Var => {
         const att = b.scope('attn', () => {
-          const h = layerNorm(b, x, param(p, `${pre}.norm1.weight`), param(p, `${pre}.norm1.bias`), v.layerNormEps);
-          const [q0, k0, v0] = b.split(linear(b, h, param(p, `${pre}.attn.qkv.weight`), param(p, `${pre}.attn.qkv.bias`)), 1, [E, E, E]);
+          const h = layerNorm(b, x0, W(`${pre}.norm1.weight`), W(`${pre}.norm1.bias`), v.layerNormEps);
+          const [q0, k0, v0] = b.split(linear(b, h, W(`${pre}.attn.qkv.weight`), W(`${pre}.attn.qkv.bias`)), 1, [E, E, E]);
           const q = b.mul(rope(b, b.reshape(q0, ['I', P, H, hd]), cos, sin), scale);
           const k = rope(b, b.reshape(k0, ['I', P, H, hd]), cos, sin);
           const q4 = b.transpose(q, [0, 2, 1, 3]), k4 = b.transpose(k, [0, 2, 1, 3]); // [I, H, P, hd]
           const v4 = b.transpose(b.reshape(v0, ['I', P, H, hd]), [0, 2, 1, 3]);
           const probs = b.softmax(b.add(b.matmul(q4, b.transposeLast2(k4)), bias), -1); // [I, H, P, P]
           const ctx = b.transpose(b.matmul(probs, v4), [0, 2, 1, 3]); // [I, P, H, hd]
-          return linear(b, b.reshape(ctx, [NP, E]), param(p, `${pre}.attn.proj.weight`), param(p, `${pre}.attn.proj.bias`));
+          return linear(b, b.reshape(ctx, [NP, E]), W(`${pre}.attn.proj.weight`), W(`${pre}.attn.proj.bias`));
         });
-        x = b.add(x, att);
+        const x1 = b.add(x0, att);
         const mlp = b.scope('mlp', () => {
-          const h = layerNorm(b, x, param(p, `${pre}.norm2.weight`), param(p, `${pre}.norm2.bias`), v.layerNormEps);
-          return linear(b, quickGelu(b, linear(b, h, param(p, `${pre}.mlp.fc1.weight`), param(p, `${pre}.mlp.fc1.bias`))), param(p, `${pre}.mlp.fc2.weight`), param(p, `${pre}.mlp.fc2.bias`));
+          const h = layerNorm(b, x1, W(`${pre}.norm2.weight`), W(`${pre}.norm2.bias`), v.layerNormEps);
+          return linear(b, quickGelu(b, linear(b, h, W(`${pre}.mlp.fc1.weight`), W(`${pre}.mlp.fc1.bias`))), W(`${pre}.mlp.fc2.weight`), W(`${pre}.mlp.fc2.bias`));
         });
-        x = b.add(x, mlp);
+        return b.add(x1, mlp);
+      };
+      b.scope(`blocks.${l}`, () => {
+        if (!opts.checkpoint) { x = block(x, (n) => param(p, n)); return; }
+        // gradient checkpointing (builder.ts checkpoint): the block's input and weights are kept, the rest recomputed
+        const names = [...p.keys()].filter((k) => k.startsWith(`${pre}.`));
+        x = b.checkpoint([x, ...names.map((n) => param(p, n))], ([x0, ...ws]) => {
+          const byName = new Map(names.map((n, i) => [n, ws[i]]));
+          return [block(x0, (n) => byName.get(n) ?? param(p, n))];
+        })[0];
       });
     }
     return b.scope('merger', () => {
@@ -283,11 +293,12 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars): Var 
 /**
  * The decoder's input embeddings with image tokens placed (see the file comment): declares
  * `embed_index` [B·T] and the tower's inputs; `tokens` [N, D] are the token embeddings of ids [B, T].
- * With `freeze`, no gradient flows into the tower.
+ * With `freeze`, no gradient flows into the tower; with `checkpoint`, each ViT block recomputes its
+ * forward in the backward (gradient checkpointing).
  */
-export function placeImageTokens(b: GraphBuilder, c: ModelConfig, p: ParamVars, tokens: Var, N: Dim, opts: { freeze?: boolean } = {}): Var {
+export function placeImageTokens(b: GraphBuilder, c: ModelConfig, p: ParamVars, tokens: Var, N: Dim, opts: { freeze?: boolean; checkpoint?: boolean } = {}): Var {
   const index = b.input(VISION_IO.embedIndex, 'int64', [N]);
-  let img = visionTower(b, c, p);
+  let img = visionTower(b, c, p, { checkpoint: !!opts.checkpoint && !opts.freeze });
   if (opts.freeze) img = b.stopGradient(img);
   return b.scope('place_images', () => b.gather(b.concat([tokens, img], 0), index)); // [N, D]
 }

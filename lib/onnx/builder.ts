@@ -38,6 +38,8 @@
  * the same builder and returns one gradient Var per `wrt` (zeros when `y` does not depend on it);
  * `dy` defaults to 1 for a scalar `y`. Gradients of broadcast operands are summed back to the
  * operand's shape. Every rule has a float64 finite-difference test (test/unit/onnx/).
+ * `b.checkpoint(xs, fn)` (gradient checkpointing) keeps only `xs` for the backward and recomputes
+ * `fn` there, tied to the incoming gradient so onnxruntime neither runs it early nor merges it back.
  *
  * ## Example
  * ```ts
@@ -87,8 +89,11 @@ export class Var {
 
 export interface OutSpec { dtype: DType; shape: Shape }
 export type Operand = Var | number;
-/** Given the output gradients (null = zero), return one gradient per input (null = none). */
-export type Vjp = (gOut: (Var | null)[]) => (Var | null)[];
+/**
+ * Given the output gradients (null = zero), return one gradient per input (null = none).
+ * `wanted[i]` says whether input i's gradient is used (a rule may skip the others).
+ */
+export type Vjp = (gOut: (Var | null)[], wanted: boolean[]) => (Var | null)[];
 
 class FloatAttr { constructor(readonly v: number | number[]) {} }
 class TensorAttr { constructor(readonly data: TensorData, readonly shape: number[], readonly dtype: DType) {} }
@@ -143,6 +148,8 @@ export class GraphBuilder {
   private dimSources = new Map<string, { v: Var; axis: number }>();
   private dimTensorCache = new Map<string, Var>();
   private extraDomains = new Map<string, number>();
+  /** The gradients the last checkpoint's backward returned (see `checkpoint`). */
+  private ckptDone: Var[] = [];
 
   constructor(opts: BuilderOptions = {}) {
     this.name = opts.name ?? 'graph';
@@ -797,32 +804,104 @@ export class GraphBuilder {
     } else if (!shapeEq(dy.shape, y.shape)) {
       throw new GraphError(`grad: dy ${fmtShape(dy.shape)} does not match y ${fmtShape(y.shape)}`);
     }
+    this.ckptDone = [];
+    const grads = this.backprop(this.tape.slice(), new Map([[y.id, dy]]), wrt);
+    this.ckptDone = [];
+    return wrt.map((w, i) => grads[i] ?? this.scope('grad', () => this.zerosLike(w)));
+  }
+
+  /** Reverse pass over `tape` from the seeds (value id → gradient); one gradient per `wrt` (null where none reaches it). */
+  private backprop(tape: readonly TapeEntry[], seeds: Map<number, Var>, wrt: readonly Var[]): (Var | null)[] {
     // which values depend on wrt
     const needs = new Set<number>(wrt.map((w) => w.id));
-    for (const e of this.tape) {
+    for (const e of tape) {
       if (e.inputs.some((i) => i && needs.has(i.id))) for (const o of e.outputs) needs.add(o.id);
     }
-    const grads = new Map<number, Var>([[y.id, dy]]);
-    const tape = this.tape.slice();
+    const grads = new Map<number, Var>(seeds);
     for (let k = tape.length - 1; k >= 0; k--) {
       const e = tape[k];
       const gOut = e.outputs.map((o) => grads.get(o.id) ?? null);
       if (gOut.every((g) => g === null)) continue;
-      if (!e.inputs.some((i) => i && isFloatType(i.dtype) && needs.has(i.id))) continue;
+      const wanted = e.inputs.map((i) => !!i && isFloatType(i.dtype) && needs.has(i.id));
+      if (!wanted.some((w) => w)) continue;
       const saved = this.scopes;
       this.scopes = ['grad', ...(e.scope ? [e.scope] : [])];
       try {
-        const gIn = e.vjp(gOut);
+        const gIn = e.vjp(gOut, wanted);
         e.inputs.forEach((inp, i) => {
           const g = gIn[i];
-          if (!inp || !g || !needs.has(inp.id) || !isFloatType(inp.dtype)) return;
+          if (!inp || !g || !wanted[i]) return;
           if (!shapeEq(g.shape, inp.shape)) throw new GraphError(`internal: gradient for ${inp.name} has shape ${fmtShape(g.shape)}, expected ${fmtShape(inp.shape)}`);
           const prev = grads.get(inp.id);
           grads.set(inp.id, prev ? this.add(prev, g) : g);
         });
       } finally { this.scopes = saved; }
     }
-    return wrt.map((w) => grads.get(w.id) ?? this.scope('grad', () => this.zerosLike(w)));
+    return wrt.map((w) => grads.get(w.id) ?? null);
+  }
+
+  /**
+   * Activation (gradient) checkpointing (Chen et al. 2016, "Training Deep Nets with Sublinear
+   * Memory Cost"; torch.utils.checkpoint): `ys = fn(xs)`, but the backward keeps only `xs` and runs
+   * `fn` again inside the backward on copies of them, then differentiates that copy, so none of
+   * fn's intermediates live from the forward to the backward. `fn` must take every value it reads
+   * that needs a gradient (weights included) through `xs`; anything else it reads is a constant to
+   * it (no gradient flows there), and reading a graph input that is not in `xs` is an error.
+   *
+   * The copies are x + z, z = 0·(g₀ + Σ d₀) (g₀ one element of an incoming output gradient, d₀ one
+   * element of each gradient the previously differentiated checkpoint returned), exactly x for
+   * finite values. The dependency on g₀ makes the recomputation part of the backward, so
+   * onnxruntime can neither run it early (keeping its results alive after all) nor merge it with
+   * the forward's identical nodes by common-subexpression elimination. The one on d₀ makes the
+   * previous block's weight gradients finish before this block recomputes: onnxruntime's default
+   * order runs the chain of input gradients first and every weight-gradient Gemm (nothing later
+   * needs it) at the end, which would keep every block's recomputed activations alive until then.
+   * `fn` may be called twice; it must not have side effects beyond building nodes.
+   */
+  checkpoint(xs: Var[], fn: (xs: Var[]) => Var[]): Var[] {
+    const start = this.tape.length;
+    const ys = fn(xs);
+    const inner = this.tape.splice(start);
+    const produced = new Set<number>(inner.flatMap((e) => e.outputs.map((o) => o.id)));
+    const taken = new Set<number>(xs.map((x) => x.id));
+    const graphInputs = new Set<number>(this.inputs.map((v) => v.id));
+    for (const e of inner) {
+      for (const i of e.inputs) {
+        if (i && isFloatType(i.dtype) && graphInputs.has(i.id) && !taken.has(i.id) && !produced.has(i.id))
+          throw new GraphError(`checkpoint (scope "${this.currentScope}"): fn reads graph input ${i.name} that is not among its inputs, so it would get no gradient`);
+      }
+    }
+    this.customVjp(xs, ys, (gOut, wanted) => {
+      const g0 = gOut.find((g) => g !== null)!;
+      // z = 0·(g₀[0] + Σ d[0]) as a scalar: a data dependency on the backward that adds nothing
+      const first = (v: Var): Var => {
+        const one = this.emit1('Slice', [this.emit1('Reshape', [v, this.const([-1], 'int64')], { dtype: v.dtype, shape: [this.unknownDim()] }), this.const([0], 'int64'), this.const([1], 'int64')], { dtype: v.dtype, shape: [1] });
+        const s = this.emit1('Squeeze', [one, this.const([0], 'int64')], { dtype: v.dtype, shape: [] });
+        return v.dtype === g0.dtype ? s : this.emit1('Cast', [s], { dtype: g0.dtype, shape: [] }, { to: ONNX_DTYPE[g0.dtype] });
+      };
+      const deps = [g0, ...this.ckptDone].map(first);
+      const sum = deps.slice(1).reduce((a, d) => this.emit1('Add', [a, d], { dtype: g0.dtype, shape: [] }), deps[0]);
+      const z = this.emit1('Mul', [sum, this.const(0, g0.dtype)], { dtype: g0.dtype, shape: [] });
+      const zOf = new Map<DType, Var>([[g0.dtype, z]]);
+      const copies = xs.map((x) => {
+        if (!isFloatType(x.dtype)) return x;
+        let zx = zOf.get(x.dtype);
+        if (!zx) { zx = this.emit1('Cast', [z], { dtype: x.dtype, shape: [] }, { to: ONNX_DTYPE[x.dtype] }); zOf.set(x.dtype, zx); }
+        return this.emit1('Add', [x, zx], { dtype: x.dtype, shape: x.shape }, {});
+      });
+      const start2 = this.tape.length;
+      const ys2 = this.scope('recompute', () => fn(copies));
+      const inner2 = this.tape.splice(start2);
+      if (ys2.length !== ys.length) throw new GraphError(`checkpoint: fn returned ${ys2.length} values on recomputation, ${ys.length} before`);
+      const seeds = new Map<number, Var>();
+      ys2.forEach((y, i) => { const g = gOut[i]; if (g) seeds.set(y.id, seeds.has(y.id) ? this.add(seeds.get(y.id)!, g) : g); });
+      const want = copies.filter((_, i) => wanted[i]);
+      const got = this.backprop(inner2, seeds, want);
+      this.ckptDone = got.filter((g): g is Var => g !== null && isFloatType(g.dtype));
+      let k = 0;
+      return copies.map((_, i) => (wanted[i] ? got[k++] : null));
+    });
+    return ys;
   }
 
   // ───────────────────────────── serialisation ─────────────────────────────
