@@ -114,7 +114,7 @@ export async function sftRun(cfg: Config, log: Logger, opts: { bar?: ProgressBar
       weights = ck.weights; optimizerState = ck.optimizer; start = state.step;
       log.info({ step: start, checkpoint: last.path }, `resumed at step ${start} (epoch ${now.epoch}, example ${now.index} of ${now.train_size}) from ${last.path} (sha256 ${last.sha256})`);
     } else {
-      weights = assetsFrom ? (await loadCheckpoint(assetsFrom, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed);
+      weights = assetsFrom ? (await loadCheckpoint(assetsFrom, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed, { visionStd: cfg.actor.model.vision.init_std });
       await saveCheckpoint(policyDir(runDir, 0), model, weights, { overwrite: true, assetsFrom, metadata: { policy_version: '0' } });
     }
     if (start >= total && prev?.status === 'completed') {

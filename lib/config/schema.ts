@@ -206,6 +206,7 @@ const modelSchema = section({
     temporal_patch_size: posInt().default(2).describe('Frames per patch (an image is repeated over them, as Qwen2-VL).'),
     spatial_merge_size: z.union([z.literal(1), z.literal(2)]).default(2).describe('2: each 2×2 patch window becomes one decoder token (Qwen2-VL merger); 1: one token per patch.'),
     rope: z.enum(['2d', '1d']).default('2d').describe('Rotary positions in the ViT: 2d = patch (row, column) (Qwen2-VL), 1d = patch index.'),
+    init_std: z.number().positive().default(0.02).describe('Standard deviation of the fresh tower\'s weight init (its linear layers and patch embedding ~ N(0, init_std); norms 1, biases 0). 0.02 is Hugging Face\'s; a tower trained from scratch by RL may need larger (the vision number game uses 0.3: README "Vision number game and VPPO").'),
   }, 'Vision tower of a fresh vision-language policy (Qwen2-VL layout).'),
   freeze_vision_tower: z.boolean().default(false).describe('Do not train a vision-language policy\'s vision tower: no gradient reaches it and its weights and optimizer moments stay as loaded (no weight decay either).'),
   lora: z.strictObject({
