@@ -7,7 +7,7 @@
  * gives `<out dir>/data.jsonl` (one row per sample: `prompt`, `answer`, `images` — a path relative
  * to the file —, `data_source`, `extra_info: {numbers}`) and `<out dir>/images/<i>.png`. The same
  * seed gives the same files as the built-in task's rows (train uses data.seed, val data.seed +
- * 1000003). Train with e.g. `data.task=null data.train_files=[<dir>/data.jsonl] data.min_pixels=3136
+ * 1000003). Train with e.g. `data.task=null data.train_files=[<dir>/data.jsonl] data.min_pixels=784
  * data.max_pixels=12544 reward.reward_fn=number_game_vision`.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';

@@ -137,7 +137,7 @@ export async function sftRun(cfg: Config, log: Logger, opts: { bar?: ProgressBar
       adapter = initLora(model, lora.config, cfg.data.seed);
       await saveAdapter(policyDir(runDir, 0), model, lora.config, adapter, { overwrite: true, basePath: resolve(lora.baseDir), metadata: { policy_version: '0' } });
     } else {
-      weights = assetsFrom ? (await loadCheckpoint(assetsFrom, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed);
+      weights = assetsFrom ? (await loadCheckpoint(assetsFrom, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed, { visionStd: cfg.actor.model.vision.init_std });
       await saveCheckpoint(policyDir(runDir, 0), model, weights, { overwrite: true, assetsFrom, metadata: { policy_version: '0' } });
     }
     if (start >= total && prev?.status === 'completed') {

@@ -1,11 +1,14 @@
 /**
  * The number game with pictures (the seed's game, issue 16): an image shows three distinct digits
- * left to right, drawn with a 5×7 bitmap font at a random scale (2–4 px per font pixel), at random
- * positions inside three equal columns, dark ink of random shade on a light background of random
- * shade, with independent per-pixel, per-channel noise. The text only asks which one is largest;
- * the answer is its index 0/1/2 counted from the left, so a policy that cannot see the image is at
- * chance. Everything is drawn from one Rng seeded by the task seed, so a seed always gives the same
- * pixels. Pure: rendering yields raw RGB; the pipeline encodes the PNG (lib/data/images.ts).
+ * left to right, drawn with a 5×7 bitmap font at a random scale (2 or 3 px per font pixel), each in
+ * its own 28×28 cell at a random offset (JITTER² positions around the cell's centre), dark ink of
+ * random shade on a light background of random shade, with independent per-pixel, per-channel
+ * noise. The cells are Qwen2-VL's merge windows (patch 14 × merge 2), so each of the picture's
+ * three image tokens covers one digit: a tower trained from scratch by GRPO learns to read them
+ * within minutes, which it did not when digits sat anywhere in 112×56 px, straddling windows
+ * (README "Vision number game and VPPO"). The text only asks which one is largest; the answer is
+ * its index 0/1/2 counted from the left, so a policy that cannot see the image is at chance.
+ * Everything is drawn from one Rng seeded by the task seed, so a seed always gives the same pixels. Pure: rendering yields raw RGB; the pipeline encodes the PNG (lib/data/images.ts).
  *
  * `readNumberGameDigits` reads the digits back (threshold, per-column ink box, glyph match): the
  * tests check the answer against what was drawn, and the remote reward example scores with it.
@@ -15,11 +18,15 @@ import { Rng } from '../util/rng.ts';
 /** 8-bit RGB, row-major (height × width × 3): the same layout as lib/data/images.ts ImagePixels. */
 export interface RgbImage { width: number; height: number; data: Uint8Array }
 
-/** Image size: both sides multiples of Qwen2-VL's 28-pixel grid, so smart_resize keeps it as is. */
-export const VISION_GAME_WIDTH = 112;
-export const VISION_GAME_HEIGHT = 56;
+/** Image size: three 28-px cells, on Qwen2-VL's 28-pixel grid, so smart_resize keeps it as is. */
+export const VISION_GAME_CELL = 28;
+export const VISION_GAME_WIDTH = 3 * VISION_GAME_CELL;
+export const VISION_GAME_HEIGHT = VISION_GAME_CELL;
 const GLYPH_W = 5, GLYPH_H = 7;
-const SCALES = [2, 3, 4] as const;
+/** px per font pixel: a glyph is 10×14 or 15×21 px, so it fits its cell with room to move. */
+const SCALES = [2, 3] as const;
+/** Offsets per axis around the centred position (0 … JITTER − 1 px). */
+const JITTER = 4;
 /** Ink is at most 95 and background at least 175 (after noise): 135 separates them. */
 const THRESHOLD = 135;
 
@@ -63,7 +70,7 @@ export function drawVisionGameSample(rng: Rng): VisionGameSample {
     const v = rng.int(10);
     if (!numbers.includes(v)) numbers.push(v);
   }
-  const W = VISION_GAME_WIDTH, H = VISION_GAME_HEIGHT, slot = Math.floor(W / 3);
+  const W = VISION_GAME_WIDTH, H = VISION_GAME_HEIGHT, slot = VISION_GAME_CELL;
   const paper = 200 + rng.int(31);               // 200–230, noise ±25 keeps it ≥ 175
   const data = new Uint8Array(W * H * 3);
   for (let k = 0; k < data.length; k++) data[k] = clamp8(paper + rng.int(51) - 25);
@@ -71,9 +78,9 @@ export function drawVisionGameSample(rng: Rng): VisionGameSample {
   for (let i = 0; i < 3; i++) {
     const scale = SCALES[rng.int(SCALES.length)];
     const gw = GLYPH_W * scale, gh = GLYPH_H * scale;
-    // one pixel of margin to the column edges and the image border
-    const x = i * slot + 1 + rng.int(slot - gw - 1);
-    const y = 1 + rng.int(H - gh - 1);
+    // one pixel of margin to the cell's edges; the JITTER offsets centred in the room left
+    const x = i * slot + 1 + ((slot - gw - 1 - JITTER) >> 1) + rng.int(JITTER);
+    const y = 1 + ((H - gh - 1 - JITTER) >> 1) + rng.int(JITTER);
     const ink = 20 + rng.int(51);                // 20–70, noise ±25 keeps it ≤ 95
     const rows = FONT[numbers[i]];
     for (let gy = 0; gy < GLYPH_H; gy++) {

@@ -169,7 +169,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const initialWeights = async (): Promise<Weights> => {
     if (lora) return baseWeights();
     const dir = opts.initialWeightsDir ?? cfg.actor.model.path;
-    return dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed);
+    return dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : initWeights(model, cfg.actor.model.init_seed, { visionStd: cfg.actor.model.vision.init_std });
   };
   /** A trainer holding a stored policy version (weights or, with LoRA, the base + the version's adapter) and its AdamW state. */
   async function trainerFromVersion(dir: string): Promise<{ trainer: Trainer; sha: string }> {
@@ -250,7 +250,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       // critic.model.path, else the actor's model directory (a causal LM gets a fresh score head), else a fresh model
       const cpath = resolveCriticModel(cfg).path ?? cfg.actor.model.path;
       const cseed = cfg.critic.model.init_seed ?? cfg.actor.model.init_seed + 1;
-      critic = createTrainer({ ...copts, ...(cpath ? { weights: valueModelFrom(await loadCheckpoint(cpath, { optimizer: false }), cseed).weights } : { seed: cseed }) });
+      critic = createTrainer({ ...copts, ...(cpath ? { weights: valueModelFrom(await loadCheckpoint(cpath, { optimizer: false }), cseed).weights } : { weights: initWeights(cm, cseed, { visionStd: cfg.actor.model.vision.init_std }) }) });
       await storeVersion('critic', state.version, cm, critic.getWeights(), { optimizer: critic.getOptimizerState() });
     }
   }

@@ -1,6 +1,6 @@
 /**
  * VPPO end to end (issue 16): a tiny fresh vision-language policy plays the vision number game
- * (data.task number_game_vision, 112×56 images → 8 image tokens) with algorithm.vppo.enable for 3
+ * (data.task number_game_vision, 84×28 images → 3 image tokens) with algorithm.vppo.enable for 3
  * GRPO steps, entropy filtering on. On the stored rows, every trained sample's vppo_token_mask and
  * vppo_scaling_factor equal lib/rl/vppo.ts's reference functions (tokenVisualDependency and the
  * stored vppo_entropies → tokenGradientMask,
@@ -42,8 +42,8 @@ after(async () => {
 const overrides = (dir: string) => [
   `trainer.run_dir=${dir}`, `pipeline.run_id=${RUN_ID}`, `trainer.max_steps=${STEPS}`, 'trainer.save_freq=1', 'trainer.total_epochs=1',
   'data.task=number_game_vision', 'reward.reward_fn=number_game_vision', 'data.task_size.train=16', 'data.task_size.val=0',
-  // the generated 112×56 images as drawn, on the 28-px grid (patch 14 × merge 2): 4 × 2 = 8 image tokens
-  'data.min_pixels=3136', 'data.max_pixels=12544', 'data.image_factor=28', 'data.max_prompt_length=48', 'data.max_response_length=4', 'actor.model.max_seq_len=56',
+  // the generated 84×28 images as drawn, on the 28-px grid (patch 14 × merge 2): 3 × 1 = 3 image tokens
+  'data.min_pixels=784', 'data.max_pixels=12544', 'data.image_factor=28', 'data.max_prompt_length=48', 'data.max_response_length=4', 'actor.model.max_seq_len=56',
   'actor.model.vision.enable=true', 'actor.model.vision.depth=1', 'actor.model.vision.hidden_size=16', 'actor.model.vision.num_heads=2', 'actor.model.vision.intermediate_size=32',
   'algorithm.vppo.enable=true', 'algorithm.vppo.top_p_perception_tokens=0.4', 'algorithm.vppo.advantage_scaling_min=0.8',
   'algorithm.vppo.enable_entropy_filtering=true', 'algorithm.vppo.top_p_entropy_tokens=0.25',

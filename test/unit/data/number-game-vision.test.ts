@@ -5,7 +5,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { loadDataset } from '../../../lib/data/dataset.ts';
 import { writeVisionGameDataset } from '../../../examples/number-game-vision-data.ts';
-import { drawVisionGameSample, generateVisionGame, readNumberGameImage, VISION_GAME_HEIGHT, VISION_GAME_WIDTH } from '../../../lib/tasks/number-game-vision.ts';
+import { drawVisionGameSample, generateVisionGame, readNumberGameImage, VISION_GAME_CELL, VISION_GAME_HEIGHT, VISION_GAME_WIDTH } from '../../../lib/tasks/number-game-vision.ts';
 import { numberGameVision, tasks } from '../../../lib/tasks/index.ts';
 import { applyRewardFn, rewardFns } from '../../../lib/reward-fns/index.ts';
 import { decodePixels, encodeRgbPng } from '../../../lib/data/images.ts';
@@ -31,15 +31,15 @@ test('vision game: three distinct digits, the answer is the largest one\'s index
     answers[s.answer]++;
     assert.equal(s.image.width, VISION_GAME_WIDTH);
     assert.equal(s.image.height, VISION_GAME_HEIGHT);
-    // digits stay inside their third of the image, left to right
+    // digits stay inside their 28-px cell (one merge window = one image token), left to right
     s.placements.forEach((p, i) => {
-      assert.ok(p.x >= i * 37 && p.x + 5 * p.scale <= (i + 1) * 37, `digit ${i} at x=${p.x} scale ${p.scale}`);
+      assert.ok(p.x >= i * VISION_GAME_CELL && p.x + 5 * p.scale <= (i + 1) * VISION_GAME_CELL, `digit ${i} at x=${p.x} scale ${p.scale}`);
       assert.ok(p.y >= 1 && p.y + 7 * p.scale <= VISION_GAME_HEIGHT);
       scales.add(p.scale);
     });
     assert.deepEqual(readNumberGameImage(s.image), s.numbers);
   }
-  assert.deepEqual([...scales].sort(), [2, 3, 4]);
+  assert.deepEqual([...scales].sort(), [2, 3]);
   assert.ok(answers.every((n) => n > 90), `answers roughly balanced: ${answers}`);
 });
 
@@ -75,8 +75,8 @@ test('the PNG round trip keeps the pixels; the built-in task goes through data.*
   for (let i = 0; i < 6; i++) {
     const row = data.train[i];
     assert.equal(row.images.length, 1);
-    assert.equal(row.images[0].width, 112);
-    assert.equal(row.images[0].height, 56);
+    assert.equal(row.images[0].width, 84);
+    assert.equal(row.images[0].height, 28);
     const seen = readNumberGameImage(await decodePixels(row.images[0].png));
     assert.deepEqual(seen, JSON.parse(row.extraInfo!).numbers, 'the stored image shows the recorded digits (min/max pixels keep its size)');
     assert.equal(row.answer, gen[i].answer);
@@ -94,7 +94,7 @@ test('the game as JSONL + PNG files loads through data.image_key as the built-in
   const dir = mkdtempSync(join(tmpdir(), 'vision-game-files-'));
   try {
     const { file } = await writeVisionGameDataset(dir, 12, 5);
-    const { rows, bad } = await loadDataset([file], { prompt_key: 'prompt', answer_key: 'answer', image_key: 'images', image: { factor: 28, minPixels: 3136, maxPixels: 12544, resample: 'bicubic' } });
+    const { rows, bad } = await loadDataset([file], { prompt_key: 'prompt', answer_key: 'answer', image_key: 'images', image: { factor: 28, minPixels: 784, maxPixels: 12544, resample: 'bicubic' } });
     assert.deepEqual(bad, []);
     const task = numberGameVision.generate(12, 5);
     assert.equal(rows.length, 12);

@@ -57,6 +57,13 @@ describe('vision config', () => {
     const w = initWeights(c, 1);
     assert.ok(w.get('visual.blocks.0.norm1.weight')!.every((v) => v === 1) && w.get('visual.merger.ln_q.weight')!.every((v) => v === 1));
     assert.ok(w.get('visual.blocks.0.attn.qkv.bias')!.every((v) => v === 0));
+    // visionStd scales the tower's draws only (same streams): the decoder's weights stay as they were
+    const wide = initWeights(c, 1, { visionStd: 0.3 });
+    for (const [name, a] of w) {
+      const b = wide.get(name)!;
+      if (!name.startsWith('visual.') || /norm\d?\.weight$|ln_q\.weight$|\.bias$/.test(name)) assert.deepEqual(b, a, name);
+      else b.forEach((v, i) => assert.ok(Math.abs(v - 15 * a[i]!) <= 1e-6 * Math.abs(v) + 1e-7, `${name}[${i}]: 0.3 / 0.02 = 15 × the default draw`));
+    }
   });
 
   it('expands one <|image_pad|> per image to its merged patch count', () => {
