@@ -212,27 +212,25 @@ export async function loraRows(rows: Row[], nThreads: number): Promise<void> {
   const iters = Number(process.env.RLSTREAM_BENCH_LORA_ITERS) || 2;
   const c = realConfig('smollm2_135m');
   const tag = `smollm2_135m${c.numHiddenLayers !== 30 ? `_l${c.numHiddenLayers}` : ''}_b${B}_t${T}_r16_all`;
+  // with gradient checkpointing first (its rows carry _ckpt / ckpt_), then without; only the run
+  // without it goes on to the version bytes and the sampling trade-off
   const modes = ckptModes();
-  if (modes.includes(true)) {
-    const full = await runChild({ kind: 'train_lora', lora: false, ckpt: true, B, T, threads: nThreads, warmup: 1, iters });
-    const lora = await runChild({ kind: 'train_lora', lora: true, ckpt: true, B, T, threads: nThreads, warmup: 1, iters });
-    rows.push({ name: `model/lora/${tag}/full_ckpt_ms`, value: round(full.ms), unit: 'ms' });
-    rows.push({ name: `model/lora/${tag}/lora_ckpt_ms`, value: round(lora.ms), unit: 'ms' });
-    rows.push({ name: `model/lora/${tag}/full_ckpt_peak_rss`, value: Math.round(full.peak_rss_mb), unit: 'MB' });
-    rows.push({ name: `model/lora/${tag}/lora_ckpt_peak_rss`, value: Math.round(lora.peak_rss_mb), unit: 'MB' });
-    rows.push({ name: `model/lora/${tag}/ckpt_rss_ratio`, value: round(lora.peak_rss_mb / full.peak_rss_mb), unit: 'ratio', goal: 0.5, better: 'lower' });
-    rows.push({ name: `model/lora/${tag}/ckpt_step_time_ratio`, value: round(lora.ms / full.ms), unit: 'ratio', goal: 0.8, better: 'lower' });
+  let plain: { full: Record<string, number>; lora: Record<string, number> } | null = null;
+  for (const ckpt of [true, false].filter((m) => modes.includes(m))) {
+    const full = await runChild({ kind: 'train_lora', lora: false, ckpt, B, T, threads: nThreads, warmup: 1, iters });
+    const lora = await runChild({ kind: 'train_lora', lora: true, ckpt, B, T, threads: nThreads, warmup: 1, iters });
+    const sfx = ckpt ? '_ckpt' : '', pre = ckpt ? 'ckpt_' : '';
+    rows.push({ name: `model/lora/${tag}/full${sfx}_ms`, value: round(full.ms), unit: 'ms' });
+    rows.push({ name: `model/lora/${tag}/lora${sfx}_ms`, value: round(lora.ms), unit: 'ms' });
+    rows.push({ name: `model/lora/${tag}/full${sfx}_peak_rss`, value: Math.round(full.peak_rss_mb), unit: 'MB' });
+    rows.push({ name: `model/lora/${tag}/lora${sfx}_peak_rss`, value: Math.round(lora.peak_rss_mb), unit: 'MB' });
+    if (!ckpt) rows.push({ name: `model/lora/${tag}/trained_params`, value: lora.params, unit: 'params' });
+    rows.push({ name: `model/lora/${tag}/${pre}rss_ratio`, value: round(lora.peak_rss_mb / full.peak_rss_mb), unit: 'ratio', goal: 0.5, better: 'lower' });
+    rows.push({ name: `model/lora/${tag}/${pre}step_time_ratio`, value: round(lora.ms / full.ms), unit: 'ratio', goal: 0.8, better: 'lower' });
+    if (!ckpt) plain = { full, lora };
   }
-  if (!modes.includes(false)) return;
-  const full = await runChild({ kind: 'train_lora', lora: false, ckpt: false, B, T, threads: nThreads, warmup: 1, iters });
-  const lora = await runChild({ kind: 'train_lora', lora: true, ckpt: false, B, T, threads: nThreads, warmup: 1, iters });
-  rows.push({ name: `model/lora/${tag}/full_ms`, value: round(full.ms), unit: 'ms' });
-  rows.push({ name: `model/lora/${tag}/lora_ms`, value: round(lora.ms), unit: 'ms' });
-  rows.push({ name: `model/lora/${tag}/full_peak_rss`, value: Math.round(full.peak_rss_mb), unit: 'MB' });
-  rows.push({ name: `model/lora/${tag}/lora_peak_rss`, value: Math.round(lora.peak_rss_mb), unit: 'MB' });
-  rows.push({ name: `model/lora/${tag}/trained_params`, value: lora.params, unit: 'params' });
-  rows.push({ name: `model/lora/${tag}/rss_ratio`, value: round(lora.peak_rss_mb / full.peak_rss_mb), unit: 'ratio', goal: 0.5, better: 'lower' });
-  rows.push({ name: `model/lora/${tag}/step_time_ratio`, value: round(lora.ms / full.ms), unit: 'ratio', goal: 0.8, better: 'lower' });
+  if (!plain) return;
+  const { full, lora } = plain;
   rows.push({ name: `model/lora/${tag}/version_bytes_ratio`, value: round(lora.version_bytes / full.version_bytes), unit: 'ratio', goal: 0.05, better: 'lower' });
   const s = await runChild({ kind: 'lora_sampling', threads: nThreads });
   rows.push({ name: 'model/lora/smollm2_135m_r16_all/merge_ms', value: round(s.merge_ms), unit: 'ms' });
