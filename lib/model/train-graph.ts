@@ -76,6 +76,15 @@ export interface TrainGraphSpec {
    * effect on `eval`.
    */
   gradientCheckpointing?: boolean;
+  /**
+   * The LM head only where the loss reads it (`grad` and step modes of the token losses): inputs
+   * `head_index` int64 [N] (the flat B·T positions with a non-zero loss mask, ascending) and
+   * `head_inverse` int64 [B, T] (k + 1 at the k-th of them, 0 elsewhere). The head runs on the N
+   * gathered hidden states; its per-token results are placed back at their positions, and the
+   * other positions read the old log-probs (ratio 1) and zero entropy, which the loss masks out.
+   * A GRPO batch's prompt quarter, or an SFT row's prompt, then costs no vocabulary-sized work.
+   */
+  headIndex?: boolean;
 }
 
 /**
@@ -148,16 +157,20 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     perPosition = t.vpred;
   } else {
     // the LM head fused with log-softmax / entropy over vocabulary chunks: [B·T, V] never exists
-    const r = b.scope('head', () => chunkedLmHeadLogprob(b, hidden, lmHeadWeight(model, p), flat(targets), {
+    const at = spec.headIndex && mode !== 'eval' ? headPositions(b, hidden, flat(targets)) : null;
+    const r = b.scope('head', () => chunkedLmHeadLogprob(b, at?.hidden ?? hidden, lmHeadWeight(model, p), at?.targets ?? flat(targets), {
       entropy: loss.type === 'policy', temperature: loss.temperature, chunk: spec.headChunk ?? HEAD_CHUNK, correct: loss.type === 'sft',
       logitBias: logitBiasOf(model), // the sampler's mask (tok, issue 14): one distribution for behaviour, old and new log-probs
     }));
-    t.logprob = r.logprob;
+    const logprob = at ? at.place(r.logprob, t.oldLogprobs ?? 0) : r.logprob;
+    const entropy = r.entropy && at ? at.place(r.entropy, 0) : r.entropy;
+    const correct = r.correct && at ? at.place(r.correct, 0) : r.correct;
+    t.logprob = logprob;
     // the entropy is always reported; it only carries a gradient when it is in the loss
-    t.entropy = r.entropy && loss.type === 'policy' && loss.entropyCoeff === 0 ? b.stopGradient(r.entropy) : r.entropy;
+    t.entropy = entropy && loss.type === 'policy' && loss.entropyCoeff === 0 ? b.stopGradient(entropy) : entropy;
     if (loss.type === 'policy') lg = policyLossGraph(b, t, loss);
-    else lg = sftLossGraph(b, t, r.correct!);
-    perPosition = r.logprob;
+    else lg = sftLossGraph(b, t, correct!);
+    perPosition = logprob;
   }
   const metricNames = Object.keys(lg.sums);
   b.output(b.concat(metricNames.map((k) => b.reshape(lg.sums[k], [1])), 0), 'metrics');
@@ -214,6 +227,24 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     }
   });
   return { builder: b, metricNames, batchInputs };
+}
+
+/**
+ * The loss positions of a [B·T] batch (TrainGraphSpec.headIndex): hidden [B·T, D] → [N, D] and
+ * targets [B·T] → [N] gathered at `head_index`; `place(v [N], outside)` puts a per-position result
+ * back on [B·T] through `head_inverse` (a Gather from [outside-row; v], whose gradient is a
+ * scatter-add: no duplicate-index hazard), `outside` where the inverse is 0.
+ */
+function headPositions(b: GraphBuilder, hidden: Var, targets: Var): { hidden: Var; targets: Var; place: (v: Var, outside: Var | number) => Var } {
+  const idx = b.input('head_index', 'int64', ['N']);
+  const inv = b.reshape(b.input('head_inverse', 'int64', ['B', 'T']), ['B*T']);
+  const inside = b.greater(inv, b.const(0, 'int64'));
+  const place = (v: Var, outside: Var | number): Var => {
+    if (v.dtype === 'bool') return b.cast(place(b.cast(v, 'float32'), outside), 'bool'); // onnxruntime's CPU Where takes no bool
+    const zero = b.const([0], v.dtype); // [1]: the row every outside position reads
+    return b.where(inside, b.gather(b.concat([zero, v], 0), inv), typeof outside === 'number' ? b.const(outside, v.dtype) : outside);
+  };
+  return { hidden: b.gather(hidden, idx), targets: b.gather(targets, idx), place };
 }
 
 /** Every tensor flattened and concatenated, in order: one [Σ numel] vector. */

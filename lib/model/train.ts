@@ -119,6 +119,11 @@ export interface TrainerOptions {
   adapter?: Weights;
   /** Recompute each decoder layer's forward in the backward instead of keeping its activations (train-graph.ts gradientCheckpointing). */
   gradientCheckpointing?: boolean;
+  /**
+   * Run the LM head only at the positions in the loss (train-graph.ts headIndex; default on for
+   * the policy and SFT losses): the prompt positions then cost no vocabulary-sized work.
+   */
+  headAtLossPositions?: boolean;
 }
 
 export const DEFAULT_OPTIM: OptimConfig = { betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01, maxGradNorm: 1.0 };
@@ -209,6 +214,8 @@ export class Trainer {
     validateWeights(this.model, s.expAvgSq, 'optimizer state exp_avg_sq', this.specs);
   }
 
+  private get headIndex(): boolean { return this.loss.type !== 'value' && this.opts.headAtLossPositions !== false; }
+
   private readonly graphs = new Map<string, { key: string; metricNames: string[]; build: () => Uint8Array }>();
 
   /** `adapters` false: the base model alone (LoRA's reference policy), an eval graph without the adapter path. */
@@ -217,7 +224,7 @@ export class Trainer {
     const id = `${mode}:${lossWeights}:${!!lora}`;
     let g = this.graphs.get(id);
     if (!g) {
-      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.opts.freezeVisionTower && this.model.vision ? { freezeVisionTower: true } : {}), ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}), ...(lora ? { lora } : {}), ...(this.opts.gradientCheckpointing && mode !== 'eval' ? { gradientCheckpointing: true } : {}) };
+      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.opts.freezeVisionTower && this.model.vision ? { freezeVisionTower: true } : {}), ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}), ...(lora ? { lora } : {}), ...(this.opts.gradientCheckpointing && mode !== 'eval' ? { gradientCheckpointing: true } : {}), ...(this.headIndex && mode !== 'eval' ? { headIndex: true } : {}) };
       const built = buildTrainGraph(spec);
       g = { key: `train:${keyOf(spec)}`, metricNames: built.metricNames, build: () => built.builder.toBytes() };
       this.graphs.set(id, g);
@@ -385,7 +392,7 @@ export class Trainer {
     const f: Record<string, ort.Tensor> = {};
     for (const name of sess.inputNames) {
       const d = m.feeds[name];
-      if (d) f[name] = tensor(d instanceof BigInt64Array ? 'int64' : 'float32', d, [m.B, m.T]);
+      if (d) f[name] = tensor(d instanceof BigInt64Array ? 'int64' : 'float32', d, name === 'head_index' ? [d.length] : [m.B, m.T]);
     }
     if (this.base) {
       // LoRA: the frozen base (the same arrays every run), and the adapters when the graph has them
@@ -498,11 +505,24 @@ export class Trainer {
         if (rows * Tk > 2 ** 24) throw new ConfigError(`train batch: clip_cov needs at most 2^24 tokens per micro-batch (its priorities are exact in float32), got ${rows}×${Tk}; lower the micro-batch size`);
         feeds.clip_cov_priority = Float32Array.from(clipCovPriorities(rows * Tk, Rng.fromSeed(`clip_cov:${this.opts.seed ?? 0}:${this.opt.step}:${out.length}`)));
       }
+      if (this.headIndex) Object.assign(feeds, headFeeds(feeds.loss_mask as Float32Array));
       const vision = this.model.vision ? visionFeeds(this.model, feeds.input_ids, rows, Tk, batch.images?.slice(r0, r0 + rows), 'train batch') : undefined;
       out.push({ B: rows, T: Tk, feeds, maskSum: ms, extra, ...(vision ? { vision } : {}) });
     }
     return out;
   }
+}
+
+/**
+ * train-graph.ts headIndex's inputs from a micro-batch's flat loss mask: `head_index` the positions
+ * with a non-zero mask (ascending), `head_inverse` k + 1 at the k-th of them and 0 elsewhere. A
+ * micro-batch without loss positions runs the head at position 0 alone, placed nowhere.
+ */
+export function headFeeds(lossMask: ArrayLike<number>): { head_index: BigInt64Array; head_inverse: BigInt64Array } {
+  const inverse = new BigInt64Array(lossMask.length);
+  const index: bigint[] = [];
+  for (let i = 0; i < lossMask.length; i++) if (lossMask[i] !== 0) { index.push(BigInt(i)); inverse[i] = BigInt(index.length); }
+  return { head_index: index.length ? BigInt64Array.from(index) : BigInt64Array.of(0n), head_inverse: inverse };
 }
 
 /** HF-style position ids: cumsum(mask) − 1, clamped at 0 (so left padding works). */
