@@ -147,7 +147,7 @@ export async function sftRun(cfg: Config, log: Logger, opts: { bar?: ProgressBar
     const o = cfg.actor.optim;
     const trainer = createTrainer({
       model, weights, optimizerState, ...(lora ? { lora: lora.config, adapter } : {}), threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
-      gradientCheckpointing: cfg.actor.model.enable_gradient_checkpointing, recomputeGranularity: cfg.actor.model.recompute_granularity,
+      gradientCheckpointing: cfg.actor.model.enable_gradient_checkpointing,
       optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
       loss: { type: 'sft', lossAggMode: cfg.actor.loss_agg_mode },
     });

@@ -134,13 +134,6 @@ export interface LlamaForwardOptions {
    * the backward, which recomputes the layer's forward. Training graphs only (no KV cache).
    */
   checkpointLayers?: boolean;
-  /**
-   * Selective recomputation (Megatron-LM's `recompute_granularity: selective`, Korthikanti et al.
-   * 2022): only the core attention — QKᵀ, mask, softmax, ·V — is recomputed in the backward, from
-   * q, k and v; its [B, H, T, S] scores and probabilities, most of a long sequence's activations,
-   * are not kept. Ignored when checkpointLayers (which recomputes the whole layer) is on.
-   */
-  checkpointAttention?: boolean;
 }
 
 export interface LlamaForwardResult {
@@ -190,7 +183,7 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
     return b.scope(`lora.${module}`, () => b.add(y, b.gemm(linear(b, x, P(`${path}.lora_A.weight`)), P(`${path}.lora_B.weight`), { transB: true, alpha: loraS })));
   };
 
-  if ((o.checkpointLayers || o.checkpointAttention) && o.past) throw new GraphError('llama: checkpointing is for training graphs (no KV cache)');
+  if (o.checkpointLayers && o.past) throw new GraphError('llama: checkpointLayers is for training graphs (no KV cache)');
   for (let l = 0; l < c.numHiddenLayers; l++) {
     const pre = `model.layers.${l}`;
     /** One decoder layer: x0 [N, D] → [x0 + attn, + mlp, and the layer's keys / values]; weights through P. */
@@ -220,17 +213,16 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
         let v4 = b.transpose(v, [0, 2, 1, 3]);
         if (o.past) { k4 = b.concat([o.past.keys[l], k4], 2); v4 = b.concat([o.past.values[l], v4], 2); }
         kv = [k4, v4];
-        const core = ([qc, kc, vc]: Var[]): Var[] => {
-          if (G === 1) {
-            const q4 = b.transpose(qc, [0, 2, 1, 3]); // [B, H, T, hd]
-            const probs = b.softmax(b.add(b.matmul(q4, b.transposeLast2(kc)), bias!), -1); // [B, H, T, S]
-            return [b.transpose(b.matmul(probs, vc), [0, 2, 1, 3])]; // [B, T, H, hd]
-          }
-          const q5 = b.transpose(b.reshape(qc, [B, T, KVH, G, hd]), [0, 2, 3, 1, 4]); // [B, KVH, G, T, hd]
-          const probs = b.softmax(b.add(b.matmul(q5, b.unsqueeze(b.transposeLast2(kc), [2])), bias5), -1); // [B, KVH, G, T, S]
-          return [b.transpose(b.matmul(probs, b.unsqueeze(vc, [2])), [0, 3, 1, 2, 4])]; // [B, T, KVH, G, hd]
-        };
-        const [ctx] = o.checkpointAttention && !o.checkpointLayers ? b.checkpoint([q, k4, v4], core) : core([q, k4, v4]);
+        let ctx: Var;
+        if (G === 1) {
+          const q4 = b.transpose(q, [0, 2, 1, 3]); // [B, H, T, hd]
+          const probs = b.softmax(b.add(b.matmul(q4, b.transposeLast2(k4)), bias!), -1); // [B, H, T, S]
+          ctx = b.transpose(b.matmul(probs, v4), [0, 2, 1, 3]); // [B, T, H, hd]
+        } else {
+          const q5 = b.transpose(b.reshape(q, [B, T, KVH, G, hd]), [0, 2, 3, 1, 4]); // [B, KVH, G, T, hd]
+          const probs = b.softmax(b.add(b.matmul(q5, b.unsqueeze(b.transposeLast2(k4), [2])), bias5), -1); // [B, KVH, G, T, S]
+          ctx = b.transpose(b.matmul(probs, b.unsqueeze(v4, [2])), [0, 3, 1, 2, 4]); // [B, T, KVH, G, hd]
+        }
         const ctx2 = b.reshape(ctx, [N, H * hd]);
         return adapt(linear(b, ctx2, P(`${pre}.self_attn.o_proj.weight`)), ctx2, 'o_proj', `${pre}.self_attn.o_proj`);
       });

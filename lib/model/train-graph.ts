@@ -77,11 +77,6 @@ export interface TrainGraphSpec {
    */
   gradientCheckpointing?: boolean;
   /**
-   * What gradientCheckpointing recomputes: `full` (default) every decoder layer (and trainable
-   * ViT block); `selective` only each layer's core attention (llama.ts checkpointAttention).
-   */
-  recomputeGranularity?: 'full' | 'selective';
-  /**
    * The LM head only where the loss reads it (`grad` and step modes of the token losses): inputs
    * `head_index` int64 [N] (the flat B·T positions with a non-zero loss mask, ascending) and
    * `head_inverse` int64 [B, T] (k + 1 at the k-th of them, 0 elsewhere). The head runs on the N
@@ -150,9 +145,9 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   if (spec.lora) for (const s of trained) pl.set(s.name, b.input(s.name, F, s.shape));
   const { hidden } = llamaForward(b, model, p, {
     ids, positions, attentionMask: attn,
-    ...(model.vision ? { placeImages: (x: Var, N: Dim) => placeImageTokens(b, model, p, x, N, { freeze, checkpoint: !!spec.gradientCheckpointing && spec.recomputeGranularity !== 'selective' && mode !== 'eval' }) } : {}),
+    ...(model.vision ? { placeImages: (x: Var, N: Dim) => placeImageTokens(b, model, p, x, N, { freeze, checkpoint: !!spec.gradientCheckpointing && mode !== 'eval' }) } : {}),
     ...(spec.lora ? { lora: { config: spec.lora, p: pl } } : {}),
-    ...(spec.gradientCheckpointing && mode !== 'eval' ? (spec.recomputeGranularity === 'selective' ? { checkpointAttention: true } : { checkpointLayers: true }) : {}),
+    ...(spec.gradientCheckpointing && mode !== 'eval' ? { checkpointLayers: true } : {}),
   });
   let lg: LossGraph;
   let perPosition: Var;

@@ -119,8 +119,6 @@ export interface TrainerOptions {
   adapter?: Weights;
   /** Recompute each decoder layer's forward in the backward instead of keeping its activations (train-graph.ts gradientCheckpointing). */
   gradientCheckpointing?: boolean;
-  /** What gradient checkpointing recomputes (train-graph.ts recomputeGranularity; default full). */
-  recomputeGranularity?: 'full' | 'selective';
   /**
    * Run the LM head only at the positions in the loss (train-graph.ts headIndex; default on for
    * the policy and SFT losses): the prompt positions then cost no vocabulary-sized work.
@@ -226,7 +224,7 @@ export class Trainer {
     const id = `${mode}:${lossWeights}:${!!lora}`;
     let g = this.graphs.get(id);
     if (!g) {
-      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.opts.freezeVisionTower && this.model.vision ? { freezeVisionTower: true } : {}), ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}), ...(lora ? { lora } : {}), ...(this.opts.gradientCheckpointing && mode !== 'eval' ? { gradientCheckpointing: true, ...(this.opts.recomputeGranularity === 'selective' ? { recomputeGranularity: 'selective' as const } : {}) } : {}), ...(this.headIndex && mode !== 'eval' ? { headIndex: true } : {}) };
+      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.opts.freezeVisionTower && this.model.vision ? { freezeVisionTower: true } : {}), ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}), ...(lora ? { lora } : {}), ...(this.opts.gradientCheckpointing && mode !== 'eval' ? { gradientCheckpointing: true } : {}), ...(this.headIndex && mode !== 'eval' ? { headIndex: true } : {}) };
       const built = buildTrainGraph(spec);
       g = { key: `train:${keyOf(spec)}`, metricNames: built.metricNames, build: () => built.builder.toBytes() };
       this.graphs.set(id, g);

@@ -38,7 +38,7 @@ const VARIANTS: [string, ModelConfigInput][] = [
 ];
 
 /** Every grad.* output of the grad graph, with checkpointing off and on, on one random batch (left padding in row 1). */
-async function gradsBoth(mc: ModelConfigInput, lc: LossConfigInput, lora?: LoraConfig, granularity: 'full' | 'selective' = 'full'): Promise<{ off: Map<string, Float32Array>; on: Map<string, Float32Array> }> {
+async function gradsBoth(mc: ModelConfigInput, lc: LossConfigInput, lora?: LoraConfig): Promise<{ off: Map<string, Float32Array>; on: Map<string, Float32Array> }> {
   const model = modelConfig(mc);
   const loss = lossConfig(lc);
   const B = 2, T = 7, n = B * T;
@@ -62,7 +62,7 @@ async function gradsBoth(mc: ModelConfigInput, lc: LossConfigInput, lora?: LoraC
   if (lora) for (const s of loraSpecs(model, lora)) w.set(s.name, Float32Array.from(randn(s.shape[0] * s.shape[1], s.name.length + 7), (v) => 0.3 * v));
   const out: Map<string, Float32Array>[] = [];
   for (const ckpt of [false, true]) {
-    const g = buildTrainGraph({ model, loss, optim: OPTIM, mode: 'grad', lossWeights: loss.type === 'policy', gradientCheckpointing: ckpt, recomputeGranularity: granularity, ...(lora ? { lora } : {}) });
+    const g = buildTrainGraph({ model, loss, optim: OPTIM, mode: 'grad', lossWeights: loss.type === 'policy', gradientCheckpointing: ckpt, ...(lora ? { lora } : {}) });
     const sess = await createSession(g.builder.toBytes(), { threads: 2 });
     const feeds: Record<string, ReturnType<typeof tensor>> = {};
     for (const name of sess.inputNames) {
@@ -109,28 +109,6 @@ describe('gradient checkpointing: the same gradients, bit for bit', () => {
   it('value head (critic)', async () => {
     const { off, on } = await gradsBoth({ ...VARIANTS[0][1], head: 'value' }, { type: 'value' });
     assertSameGrads(off, on, 'value');
-  });
-});
-
-describe('selective recomputation (core attention only): the same gradients, bit for bit', () => {
-  for (const [name, mc] of VARIANTS) {
-    it(`${name}, PPO loss with entropy`, async () => {
-      const { off, on } = await gradsBoth(mc, { type: 'policy', entropyCoeff: 0.01 }, undefined, 'selective');
-      assertSameGrads(off, on, `${name} (selective)`);
-    });
-  }
-  it('LoRA rank 4 on all linear layers (qwen2)', async () => {
-    const lora = loraConfig({ rank: 4, alpha: 8, targetModules: 'all-linear' });
-    const { off, on } = await gradsBoth(VARIANTS[1][1], { type: 'policy' }, lora, 'selective');
-    assertSameGrads(off, on, 'lora (selective)');
-  });
-  it('keeps no [B, H, T, S] attention probabilities for the backward: the recomputed softmax is in the backward', () => {
-    const model = modelConfig(VARIANTS[0][1]);
-    const g = buildTrainGraph({ model, loss: lossConfig({ type: 'policy' }), optim: OPTIM, mode: 'grad', gradientCheckpointing: true, recomputeGranularity: 'selective' });
-    const graph = onnxProto.onnx.ModelProto.decode(g.builder.toBytes()).graph!;
-    const softmaxes = graph.node!.filter((n) => n.opType === 'Softmax');
-    assert.equal(softmaxes.length, 2 * model.numHiddenLayers, 'each layer\'s softmax twice: the forward and its recomputation');
-    assert.equal(softmaxes.filter((n) => (n.name ?? '').includes('recompute')).length, model.numHiddenLayers);
   });
 });
 
