@@ -353,9 +353,12 @@ class EmbeddedConsumer implements Consumer {
     this.done = new Promise((r) => { release = r; });
     const heartbeats = { stop: false, loop: Promise.resolve() };
     try {
-      for (const t of this.opts.topics) { await this.bus.partitionsOf(this.bus.db, t); await this.bus.loadTopic(t); }
-      if (this.opts.deadLetter) await this.bus.partitionsOf(this.bus.db, this.opts.deadLetter.topic);
-      await this.join();
+      const joined = await this.retryingLostConnection('joining', async () => {
+        for (const t of this.opts.topics) { await this.bus.partitionsOf(this.bus.db, t); await this.bus.loadTopic(t); }
+        if (this.opts.deadLetter) await this.bus.partitionsOf(this.bus.db, this.opts.deadLetter.topic);
+        await this.join();
+      });
+      if (!joined) return;
       // PGlite: members live in memory (no other process can join), so there is nothing to refresh
       if (!this.bus.local) heartbeats.loop = this.heartbeatLoop();
       await this.pollLoop(handler);
@@ -379,7 +382,9 @@ class EmbeddedConsumer implements Consumer {
     const { group, topics } = this.opts;
     const local = this.bus.local;
     await this.bus.db.transaction().execute(async (tx) => {
-      if (!local) await sql`insert into bus_members (group_id, member_id, topics) values (${group}, ${this.memberId}, ${topics}::text[])`.execute(tx);
+      // idempotent: a join retried after a lost connection may find its row committed
+      if (!local) await sql`insert into bus_members (group_id, member_id, topics) values (${group}, ${this.memberId}, ${topics}::text[])
+        on conflict (group_id, member_id) do update set heartbeat_at = now(), topics = excluded.topics`.execute(tx);
       if (!this.opts.fromBeginning) {
         // A new group starts at the end as of joining (Kafka's fromBeginning: false).
         await sql`insert into bus_offsets (group_id, topic, partition, next_offset)
@@ -453,6 +458,25 @@ class EmbeddedConsumer implements Consumer {
       this.assigned = next;
       this.waker.wake?.();
     }
+  }
+
+  /**
+   * `fn` until it succeeds, retrying a lost connection (a database restart, a terminated backend)
+   * with the consumer's backoff, as the poll loop does; false when stopped meanwhile.
+   */
+  private async retryingLostConnection(what: string, fn: () => Promise<void>): Promise<boolean> {
+    const signal = this.abort.signal;
+    for (let failures = 0; !signal.aborted;) {
+      try { await fn(); return true; } catch (e) {
+        const err = retriableDbError(e, `consumer group ${this.opts.group}: ${what}`);
+        if (signal.aborted) return false;
+        if (!isRetriable(err)) throw err;
+        const ms = backoffMs(failures++, this.opts.retry.initialMs, this.opts.retry.maxMs);
+        this.log.warn({ err: e, retry_in_ms: Math.round(ms) }, `embedded log ${what} failed, retrying: ${errorMessage(e)}`);
+        await sleep(ms, signal);
+      }
+    }
+    return false;
   }
 
   private async pollLoop(handler: BatchHandler): Promise<void> {

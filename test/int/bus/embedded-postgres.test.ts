@@ -80,6 +80,40 @@ describe('embedded log on PostgreSQL: atomicity and several processes', () => {
     }
   });
 
+  test('a consumer whose connection is terminated while it joins its group retries the join (server restart at start-up)', async () => {
+    const ns = uniqueName('joinconn');
+    prefixes.push(ns);
+    const own = await openDatabase({ kind: 'postgres', url, poolSize: 1 }, { migrate: false });
+    const obus = createEmbeddedBus({ database: own, heartbeatIntervalMs: 200, sessionTimeoutMs: 5000 });
+    try {
+      const input = `${ns}.in`;
+      await obus.ensureTopics([{ name: input, partitions: 1 }]);
+      await obus.produce(range(0, 10).map((i) => ({ topic: input, key: 'j', value: Buffer.from(String(i)) })));
+      const processed: number[] = [];
+      let running: Promise<void> | null = null;
+      const c = obus.consumer({ group: `${ns}-g`, topics: [input], fromBeginning: true, retry: { initialMs: 10, maxMs: 50 } });
+      // hold bus_members so the join blocks, then terminate the joining backend while it waits
+      await database.db.transaction().execute(async (tx) => {
+        await sql`lock table bus_members in access exclusive mode`.execute(tx);
+        running = c.run(async (batch) => { processed.push(...batch.map((m) => m.offset)); });
+        let pid = 0;
+        await waitFor('the join to wait on the lock', async () => {
+          const r = await sql<{ pid: number }>`select pid from pg_stat_activity where wait_event_type = 'Lock' and query like '%insert into bus_members%'`.execute(database.db);
+          pid = r.rows[0]?.pid ?? 0;
+          return pid !== 0;
+        });
+        await sql`select pg_terminate_backend(${pid})`.execute(database.db);
+      });
+      await waitFor('all 10 committed after the join was retried', async () => (await committedOf(database, `${ns}-g`, input, 1))[0] === 10);
+      await c.stop();
+      await running;
+      assert.deepEqual(processed, range(0, 10));
+    } finally {
+      await obus.close();
+      await own.close();
+    }
+  });
+
   test('two processes share a group; one killed with -9, the other takes over; every input output exactly once', async () => {
     const ns = uniqueName('mp');
     prefixes.push(ns);
