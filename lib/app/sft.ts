@@ -148,7 +148,7 @@ export async function sftRun(cfg: Config, log: Logger, opts: { bar?: ProgressBar
     const trainer = createTrainer({
       model, weights, optimizerState, ...(lora ? { lora: lora.config, adapter } : {}), threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
       gradientCheckpointing: cfg.actor.model.enable_gradient_checkpointing,
-      optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
+      optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm, visionLrScale: o.vision_lr_scale },
       loss: { type: 'sft', lossAggMode: cfg.actor.loss_agg_mode },
     });
     const schedule = { lr: o.lr, scheduler: o.lr_scheduler, warmupSteps: o.lr_warmup_steps, warmupRatio: o.lr_warmup_ratio, minLrRatio: o.min_lr_ratio };

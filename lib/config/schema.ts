@@ -230,6 +230,7 @@ function optimSchema(lr: number, description: string) {
     lr_scheduler: z.enum(['constant', 'cosine']).default('constant').describe('Schedule after warmup.'),
     min_lr_ratio: probability().default(0).describe('Cosine schedule: final lr as a fraction of lr.'),
     max_grad_norm: z.number().gt(0).default(1.0).describe('Clip the global gradient norm to this value.'),
+    vision_lr_scale: z.number().gt(0).default(1).describe('Learning-rate multiplier of a vision-language model\'s vision tower (its visual.* parameters): their AdamW step and weight decay use lr × vision_lr_scale at every point of the schedule; 1 = one lr for all. No effect on a text-only model (README "Vision number game and VPPO").'),
   }, description);
 }
 

@@ -18,6 +18,7 @@
  *
  * AdamW (Loshchilov & Hutter 2019, torch.optim.AdamW): g ← g·min(1, max_norm / (‖g‖ + 1e-6));
  * m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²; p ← p·(1 − lr·λ) − lr/(1−β₁ᵗ) · m / (√v / √(1−β₂ᵗ) + ε).
+ * A vision parameter with optim.visionLrScale = k ≠ 1 uses lr·k: step_size·k and 1 − k·(1 − decay).
  */
 import { GraphBuilder, type Dim, type FloatDType, type Var } from '../onnx/builder.ts';
 import { numel } from '../onnx/dims.ts';
@@ -36,6 +37,12 @@ export interface OptimConfig {
   weightDecay: number;
   /** Global-norm clip; null = no clipping (the norm is still reported). */
   maxGradNorm: number | null;
+  /**
+   * Learning-rate multiplier of a VLM's vision tower (`visual.*`): its AdamW step and decoupled
+   * decay use lr · visionLrScale (default 1). A tower trained from scratch under a larger init
+   * than the decoder's moves relatively slower at one lr (README "Vision number game and VPPO").
+   */
+  visionLrScale?: number;
 }
 
 export type TrainGraphMode = 'eval' | 'grad' | 'step' | 'step_acc';
@@ -212,8 +219,9 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
         const m2 = b.add(b.mul(m, b1), b.mul(g, 1 - b1));
         const v2 = b.add(b.mul(v, b2), b.mul(b.mul(g, g), 1 - b2));
         const denom = b.add(b.div(b.sqrt(v2), bc2Sqrt), optim.eps);
-        const upd = b.mul(b.div(m2, denom), stepSize);
-        const w = optim.weightDecay !== 0 ? b.mul(pv[i], decay) : pv[i];
+        const k = isVisionParam(s.name) ? optim.visionLrScale ?? 1 : 1;
+        const upd = b.mul(b.div(m2, denom), k === 1 ? stepSize : b.mul(stepSize, k));
+        const w = optim.weightDecay !== 0 ? b.mul(pv[i], k === 1 ? decay : b.sub(1, b.mul(b.sub(1, decay), k))) : pv[i];
         outW.push(b.sub(w, upd)); outM.push(m2); outV.push(v2);
       });
     });

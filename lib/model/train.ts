@@ -163,6 +163,7 @@ export class Trainer {
     const [b1, b2] = this.optim.betas;
     if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1)) throw new ConfigError(`optim: betas must be in [0, 1), got [${this.optim.betas}]`);
     if (this.optim.maxGradNorm !== null && !(this.optim.maxGradNorm > 0)) throw new ConfigError(`optim: maxGradNorm must be > 0 or null, got ${this.optim.maxGradNorm}`);
+    if (this.optim.visionLrScale !== undefined && !(this.optim.visionLrScale > 0)) throw new ConfigError(`optim: visionLrScale must be > 0, got ${this.optim.visionLrScale}`);
     if (opts.microBatchSize !== undefined && !(Number.isInteger(opts.microBatchSize) && opts.microBatchSize > 0)) throw new ConfigError(`trainer: microBatchSize must be a positive integer, got ${opts.microBatchSize}`);
     this.lora = opts.lora ?? null;
     if (this.lora) {
@@ -319,14 +320,17 @@ export class Trainer {
       const [b1, b2] = this.optim.betas;
       const coef = this.optim.maxGradNorm === null ? 1 : Math.min(this.optim.maxGradNorm / (gradNorm + 1e-6), 1);
       const adam = await this.cache.get(`adamw:${keyOf({ betas: this.optim.betas, eps: this.optim.eps })}`, () => buildAdamWGraph(this.optim), this.sessOpts);
-      const scalars = {
+      // lr · k for the vision tower's parameters (optim.visionLrScale = k)
+      const scalarsAt = (k: number) => ({
         [ADAMW_IO.gradScale]: tensor('float32', [coef], []),
-        [ADAMW_IO.stepSize]: tensor('float32', [lr / (1 - Math.pow(b1, t))], []),
+        [ADAMW_IO.stepSize]: tensor('float32', [(lr * k) / (1 - Math.pow(b1, t))], []),
         [ADAMW_IO.bc2Sqrt]: tensor('float32', [Math.sqrt(1 - Math.pow(b2, t))], []),
-        [ADAMW_IO.decay]: tensor('float32', [1 - lr * this.optim.weightDecay], []),
-      };
+        [ADAMW_IO.decay]: tensor('float32', [1 - lr * k * this.optim.weightDecay], []),
+      });
+      const base = scalarsAt(1), vk = this.optim.visionLrScale ?? 1, vision = vk === 1 ? base : scalarsAt(vk);
       for (const s of this.specs) {
         if (this.opts.freezeVisionTower && isVisionParam(s.name)) continue; // frozen tower: no update, no decay
+        const scalars = isVisionParam(s.name) ? vision : base;
         const w = this.weights.get(s.name)!, g = this.gradBuf.get(s.name)!, m = this.opt.expAvg.get(s.name)!, v = this.opt.expAvgSq.get(s.name)!;
         const slice = this.opts.optimizerSlice ?? ADAMW_SLICE;
         for (let o = 0; o < w.length; o += slice) {

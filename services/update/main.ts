@@ -153,7 +153,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const trainerOpts = {
     model, ...(lora ? { lora: lora.config } : {}), threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, seed: cfg.data.seed,
     freezeVisionTower: cfg.actor.model.freeze_vision_tower, gradientCheckpointing: cfg.actor.model.enable_gradient_checkpointing,
-    optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm },
+    optim: { betas: o.betas as [number, number], eps: o.eps, weightDecay: o.weight_decay, maxGradNorm: o.max_grad_norm, visionLrScale: o.vision_lr_scale },
     loss: {
       // nft with neg_weight < 0 is NVlabs NFT's DAPO-like variant: the PPO clipped loss on the (GRPO) advantages
       type: 'policy' as const, lossMode: dapoLikeNft ? 'vanilla' : cfg.algorithm.policy_loss, clipRatioLow: cfg.actor.clip_ratio_low, clipRatioHigh: cfg.actor.clip_ratio_high,
@@ -240,7 +240,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   if (cfg.critic.enable) {
     const cm = criticModelConfig(cfg, tok);
     const co = cfg.critic.optim;
-    const copts = criticOpts = { model: cm, threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, gradientCheckpointing: cfg.critic.model.enable_gradient_checkpointing ?? cfg.actor.model.enable_gradient_checkpointing, optim: { betas: co.betas as [number, number], eps: co.eps, weightDecay: co.weight_decay, maxGradNorm: co.max_grad_norm }, loss: { type: 'value' as const, cliprangeValue: cfg.critic.cliprange_value, lossAggMode: cfg.actor.loss_agg_mode } };
+    const copts = criticOpts = { model: cm, threads: cfg.actor.threads, device: cfg.actor.device, microBatchSize: cfg.actor.micro_batch_size_per_device_for_update, gradientCheckpointing: cfg.critic.model.enable_gradient_checkpointing ?? cfg.actor.model.enable_gradient_checkpointing, optim: { betas: co.betas as [number, number], eps: co.eps, weightDecay: co.weight_decay, maxGradNorm: co.max_grad_norm, visionLrScale: co.vision_lr_scale }, loss: { type: 'value' as const, cliprangeValue: cfg.critic.cliprange_value, lossAggMode: cfg.actor.loss_agg_mode } };
     // this run's critic version (a resume, or one restored from trainer.load_checkpoint_path); a
     // missing one means a first start (or critic.enable turned on for a run that had none)
     const savedDir = await storedDir('critic', state.version);

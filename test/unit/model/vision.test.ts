@@ -230,6 +230,38 @@ describe('images in scoring, sampling and training', () => {
     }
   });
 
+  it('optim.visionLrScale = k moves the tower k times as far (AdamW step and decay at lr·k), the decoder as at k = 1', async () => {
+    const T = prompt.length + 3;
+    const tokens = Int32Array.from([...prompt, 7, 8, 9, 1, 5, 6, 7, 8, 9, ...new Array(T - 6).fill(0)]);
+    const responseMask = new Float32Array(2 * T);
+    for (let t = prompt.length; t < T; t++) responseMask[t] = 1;
+    responseMask[T + 3] = responseMask[T + 4] = responseMask[T + 5] = 1;
+    const attentionMask = Float32Array.from({ length: 2 * T }, (_, i) => (i >= T + 6 ? 0 : 1));
+    for (const packOutputs of [false, true]) {
+      const moved = async (k: number | undefined) => {
+        const tr = new Trainer({ model: c, loss: { type: 'sft' }, weights: w, threads: 1, packOutputs, optim: { weightDecay: 0.1, ...(k === undefined ? {} : { visionLrScale: k }) } });
+        await tr.step({ batchSize: 2, seqLen: T, tokens, responseMask, attentionMask, images: [[a], undefined] }, 1e-2);
+        const nw = tr.getWeights();
+        return new Map(paramSpecs(c).map((s) => [s.name, nw.get(s.name)!.map((v, i) => v - w.get(s.name)![i])]));
+      };
+      const d1 = await moved(undefined), d4 = await moved(4), same = await moved(1);
+      let vision = 0;
+      for (const s of paramSpecs(c)) {
+        const a1 = d1.get(s.name)!, a4 = d4.get(s.name)!;
+        assert.deepEqual(same.get(s.name), a1, `${s.name}: visionLrScale 1 is the default`);
+        if (!s.name.startsWith('visual.')) { assert.deepEqual(a4, a1, `${s.name} (packed ${packOutputs}): the decoder's update does not change`); continue; }
+        for (let i = 0; i < a1.length; i++) {
+          if (a1[i] === 0) { assert.equal(a4[i], 0); continue; }
+          // the first AdamW step: Δ = −lr·(m̂/(√v̂+ε) + λ·w), linear in lr
+          assert.ok(Math.abs(a4[i] - 4 * a1[i]) <= 1e-4 * Math.abs(a1[i]) + 3e-7, `${s.name}[${i}] (packed ${packOutputs}): ${a4[i]} vs 4 × ${a1[i]}`);
+          vision++;
+        }
+      }
+      assert.ok(vision > 100, 'the tower was updated');
+    }
+    assert.throws(() => new Trainer({ model: c, loss: { type: 'sft' }, weights: w, optim: { visionLrScale: 0 } }), /visionLrScale must be > 0, got 0/);
+  });
+
   it('learns to answer from the picture: two prompts identical but for their image, told apart after training', async () => {
     const red: ImagePixels = { width: 4, height: 4, data: Uint8Array.from({ length: 48 }, (_, i) => (i % 3 === 0 ? 230 : 20)) };
     const blue: ImagePixels = { width: 4, height: 4, data: Uint8Array.from({ length: 48 }, (_, i) => (i % 3 === 2 ? 230 : 20)) };
