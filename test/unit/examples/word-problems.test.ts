@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { generateProblems, splitOf, TEMPLATE_TEXTS } from '../../../examples/word-problems/problems.ts';
+import { generateProblems, splitOf, stepFacts, TEMPLATE_TEXTS } from '../../../examples/word-problems/problems.ts';
 
 /** Evaluates the solution's lines "x op y = z" and returns z of the last one. */
 function checkSolution(solution: string): number {
@@ -38,6 +38,22 @@ test('the held-out split uses other templates and other operand tuples than the 
   const held = generateProblems('heldout', 300, 1).map((p) => `${p.solution.split('\n')[0].match(/[+\-*]/)![0]}:${nums(p.prompt)}`);
   assert.equal(held.filter((k) => train.has(k)).length, 0);
   assert.equal(splitOf('add', [3, 4]), splitOf('add', [3, 4]));
-  const heldFrac = Array.from({ length: 400 }, (_, i) => splitOf('mul', [i % 20, Math.floor(i / 20)])).filter((s) => s === 'heldout').length / 400;
+  const tuples = Array.from({ length: 729 }, (_, i) => [1 + (i % 9), 1 + (Math.floor(i / 9) % 9), 1 + Math.floor(i / 81)]).filter(([a, b, c]) => c < a + b);
+  const heldFrac = tuples.filter((t) => splitOf('add_sub', t) === 'heldout').length / tuples.length;
   assert.ok(heldFrac > 0.1 && heldFrac < 0.3, `about one tuple in five is held out (${heldFrac})`);
+});
+
+test('each single arithmetic fact of a held-out solution (a line "x op y = z") occurs in the training split', () => {
+  const facts = (n: number) => new Set(generateProblems('train', n, 1).flatMap((p) => stepFacts(p.solution)));
+  const trainFacts = facts(40000);
+  const held = generateProblems('heldout', 300, 1);
+  const missing = held.flatMap((p) => stepFacts(p.solution)).filter((f) => !trainFacts.has(f));
+  assert.deepEqual(missing, []);
+  // the prepared SFT file's 8192 training problems hold nearly all of them (a fact like 17 - 5 = 12 arises from few tuples)
+  const sftFacts = facts(8192);
+  assert.ok(held.filter((p) => stepFacts(p.solution).every((f) => sftFacts.has(f))).length >= 0.98 * held.length);
+  assert.ok(held.some((p) => p.solution.includes('*')) && held.some((p) => p.solution.includes('-')) && held.some((p) => p.solution.includes('+')));
+  // a tuple its hash holds out whose arithmetic no training tuple has is in neither split (products of 10..59 and 7 are outside mul's range)
+  const outside = Array.from({ length: 50 }, (_, i) => splitOf('mul', [10 + i, 7]));
+  assert.ok(outside.includes(null) && !outside.includes('heldout'), String(outside));
 });
