@@ -53,7 +53,8 @@ test('rlstream train with actor.model.lora: PEFT adapters as policy versions, th
     overrides: [
       `data.train_files=${data}`, 'data.max_prompt_length=48', 'data.max_response_length=6', 'data.rollout_batch_size=4',
       'algorithm.adv_estimator=grpo', 'algorithm.use_kl_loss=true', 'algorithm.kl_coef=0.1', 'rollout.n=2', `actor.model.path=${src}`, 'actor.model.max_seq_len=64',
-      'actor.model.lora={rank: 4, alpha: 8, target_modules: all-linear}', 'actor.optim.lr=5e-2',
+      // an entropy bonus: a gradient whatever the rewards (a random policy's exact-match rewards are all 0, so its GRPO advantages are too)
+      'actor.model.lora={rank: 4, alpha: 8, target_modules: all-linear}', 'actor.optim.lr=5e-2', 'actor.entropy_coeff=0.01',
       'actor.global_batch_size=8', 'actor.micro_batch_size_per_device_for_update=4', 'actor.micro_batch_size_per_device_for_experience=8',
       'reward.reward_fn=exact_match', `trainer.run_dir=${runDir}`, `pipeline.run_id=${RUN_ID}`, 'trainer.max_steps=2', 'trainer.total_epochs=2',
       'trainer.val_before_train=false', 'trainer.val_freq=-1', 'trainer.save_freq=2',
