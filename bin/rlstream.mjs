@@ -5,3 +5,7 @@ register();
 const { main } = await import('../lib/cli/main.ts');
 const code = await main(process.argv.slice(2));
 if (typeof code === 'number') process.exitCode = code;
+// The command has finished: exit when the event loop drains, and at the latest after 5 s. A handle
+// left open under load (seen rarely after Ctrl-C stopped a run: the stop message printed, then no
+// exit, with SIGTERM caught by the run's own handler) must not keep a finished command alive.
+setTimeout(() => process.exit(), 5000).unref();
