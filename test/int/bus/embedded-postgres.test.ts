@@ -41,6 +41,18 @@ runBusContract('embedded log on PostgreSQL', async ({ namespace }) => {
   return { bus, async cleanup() { /* dropped after the file */ } };
 });
 
+/** A bus over its own one-connection pool (so its connection can be terminated) and a topic `<ns>.in` holding `count` messages. */
+async function ownBus(name: string, count: number): Promise<{ ns: string; own: Database; obus: EmbeddedBus; input: string }> {
+  const ns = uniqueName(name);
+  prefixes.push(ns);
+  const own = await openDatabase({ kind: 'postgres', url, poolSize: 1 }, { migrate: false });
+  const obus = createEmbeddedBus({ database: own, heartbeatIntervalMs: 200, sessionTimeoutMs: 5000 });
+  const input = `${ns}.in`;
+  await obus.ensureTopics([{ name: input, partitions: 1 }]);
+  await obus.produce(range(0, count).map((i) => ({ topic: input, key: 'k', value: Buffer.from(String(i)) })));
+  return { ns, own, obus, input };
+}
+
 describe('embedded log on PostgreSQL: atomicity and several processes', () => {
   test('outputs, store writes and the offset commit of a batch are one transaction', async () => {
     const ns = uniqueName('atomic');
@@ -49,14 +61,8 @@ describe('embedded log on PostgreSQL: atomicity and several processes', () => {
   });
 
   test('a consumer survives its database connection being terminated mid-batch (server restart)', async () => {
-    const ns = uniqueName('conn');
-    prefixes.push(ns);
-    const own = await openDatabase({ kind: 'postgres', url, poolSize: 1 }, { migrate: false });
-    const obus = createEmbeddedBus({ database: own, heartbeatIntervalMs: 200, sessionTimeoutMs: 5000 });
+    const { ns, own, obus, input } = await ownBus('conn', 30);
     try {
-      const input = `${ns}.in`;
-      await obus.ensureTopics([{ name: input, partitions: 1 }]);
-      await obus.produce(range(0, 30).map((i) => ({ topic: input, key: 'c', value: Buffer.from(String(i)) })));
       let terminated = 0;
       const processed: number[] = [];
       const c = obus.consumer({ group: `${ns}-g`, topics: [input], maxBatchMessages: 5, retry: { initialMs: 10, maxMs: 50 } });
@@ -81,14 +87,8 @@ describe('embedded log on PostgreSQL: atomicity and several processes', () => {
   });
 
   test('a consumer whose connection is terminated while it joins its group retries the join (server restart at start-up)', async () => {
-    const ns = uniqueName('joinconn');
-    prefixes.push(ns);
-    const own = await openDatabase({ kind: 'postgres', url, poolSize: 1 }, { migrate: false });
-    const obus = createEmbeddedBus({ database: own, heartbeatIntervalMs: 200, sessionTimeoutMs: 5000 });
+    const { ns, own, obus, input } = await ownBus('joinconn', 10);
     try {
-      const input = `${ns}.in`;
-      await obus.ensureTopics([{ name: input, partitions: 1 }]);
-      await obus.produce(range(0, 10).map((i) => ({ topic: input, key: 'j', value: Buffer.from(String(i)) })));
       const processed: number[] = [];
       let running: Promise<void> | null = null;
       const c = obus.consumer({ group: `${ns}-g`, topics: [input], fromBeginning: true, retry: { initialMs: 10, maxMs: 50 } });

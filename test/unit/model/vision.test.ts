@@ -206,13 +206,19 @@ describe('images in scoring, sampling and training', () => {
     assert.ok(!body.node!.some((n) => n.name!.startsWith('visual/') || n.input!.some((i) => i.startsWith('visual.') || i === 'pixel_patches')), 'the decode step does not touch the tower');
   });
 
-  it('training updates the tower unless freezeVisionTower', async () => {
+  /** Two SFT rows: the image prompt with a 3-token answer, and a text row of 6 tokens with the last 3 trained. */
+  const sftRows = () => {
     const T = prompt.length + 3;
     const tokens = Int32Array.from([...prompt, 7, 8, 9, 1, 5, 6, 7, 8, 9, ...new Array(T - 6).fill(0)]);
     const responseMask = new Float32Array(2 * T);
     for (let t = prompt.length; t < T; t++) responseMask[t] = 1;
     responseMask[T + 3] = responseMask[T + 4] = responseMask[T + 5] = 1;
     const attentionMask = Float32Array.from({ length: 2 * T }, (_, i) => (i >= T + 6 ? 0 : 1));
+    return { T, tokens, responseMask, attentionMask };
+  };
+
+  it('training updates the tower unless freezeVisionTower', async () => {
+    const { T, tokens, responseMask, attentionMask } = sftRows();
     for (const packOutputs of [false, true]) {
       for (const freeze of [false, true]) {
         const tr = new Trainer({ model: c, loss: { type: 'sft' }, weights: w, threads: 1, freezeVisionTower: freeze, packOutputs, optim: { weightDecay: 0.1 } });
@@ -231,12 +237,7 @@ describe('images in scoring, sampling and training', () => {
   });
 
   it('optim.visionLrScale = k moves the tower k times as far (AdamW step and decay at lr·k), the decoder as at k = 1', async () => {
-    const T = prompt.length + 3;
-    const tokens = Int32Array.from([...prompt, 7, 8, 9, 1, 5, 6, 7, 8, 9, ...new Array(T - 6).fill(0)]);
-    const responseMask = new Float32Array(2 * T);
-    for (let t = prompt.length; t < T; t++) responseMask[t] = 1;
-    responseMask[T + 3] = responseMask[T + 4] = responseMask[T + 5] = 1;
-    const attentionMask = Float32Array.from({ length: 2 * T }, (_, i) => (i >= T + 6 ? 0 : 1));
+    const { T, tokens, responseMask, attentionMask } = sftRows();
     for (const packOutputs of [false, true]) {
       const moved = async (k: number | undefined) => {
         const tr = new Trainer({ model: c, loss: { type: 'sft' }, weights: w, threads: 1, packOutputs, optim: { weightDecay: 0.1, ...(k === undefined ? {} : { visionLrScale: k }) } });
