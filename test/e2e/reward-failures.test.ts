@@ -51,8 +51,12 @@ for (const c of cases) {
     assert.match(msg, new RegExp(`${runId}/[^ ]*n\\d`), `names a sample id: ${msg}`);
     assert.doesNotMatch(msg, /online filtering|filter_low|reward servers/, msg);
     const f = await failures(dir, runId);
-    // every training sample of the failed groups is stored with its failure: the first draw of 4 groups × 4 samples at least
-    assert.ok((f.byKind.train ?? 0) >= 16, `train failures stored: ${JSON.stringify(f)}`);
+    // every training sample of the failed groups the advantage stage consumed is stored with its
+    // failure, whole groups of 4: the first draw's 4 groups at least, except that on_failure=stop
+    // can end the run before the advantage stage has consumed all of them (the rest stay unread
+    // in the scored topic; seen in CI: 3 groups stored)
+    const stored = f.byKind.train ?? 0;
+    assert.ok(stored >= (c.onFailure === 'stop' ? 4 : 16) && stored % 4 === 0, `train failures stored: ${JSON.stringify(f)}`);
   });
 }
 
