@@ -24,6 +24,9 @@
  *  - Gradient checkpointing (TrainerOptions.gradientCheckpointing) in the real-shape and LoRA rows:
  *    each configuration also runs with it (`…_ckpt` rows; RLSTREAM_BENCH_CKPT=off skips those,
  *    =only runs just those, e.g. the 0.5B shape at full depth, whose run without it does not fit).
+ *  - Causal attention by query blocks (TrainerOptions.queryBlocks; llama.ts queryBlocksFor: 4
+ *    blocks from 256 tokens a row): RLSTREAM_BENCH_QUERY_BLOCKS=n sets the ORT train rows' block
+ *    count (1: the full T × T scores) for an A/B.
  *
  * Run: `node --import tsx bench/model.ts` (prints a table). Torch rows are left out, with a
  * message, when PyTorch is not installed.
@@ -149,7 +152,7 @@ const BENCH_LORA = loraConfig({ rank: 16, alpha: 32, targetModules: 'all-linear'
 
 async function childTrain(s: Pick<Shape, 'B' | 'T'> & Partial<Shape>, nThreads: number, warmup: number, iters: number, config?: ModelConfig, lora = false, ckpt = false): Promise<object> {
   const c = config ?? configFor(s as Shape);
-  const trainer = new Trainer({ model: c, loss: { type: 'policy' }, threads: nThreads, seed: 0, optim: { weightDecay: 0.01, maxGradNorm: 1 }, ...(lora ? { lora: BENCH_LORA } : {}), ...(ckpt ? { gradientCheckpointing: true } : {}) });
+  const trainer = new Trainer({ model: c, loss: { type: 'policy' }, threads: nThreads, seed: 0, optim: { weightDecay: 0.01, maxGradNorm: 1 }, ...(lora ? { lora: BENCH_LORA } : {}), ...(ckpt ? { gradientCheckpointing: true } : {}), ...(process.env.RLSTREAM_BENCH_QUERY_BLOCKS ? { queryBlocks: Number(process.env.RLSTREAM_BENCH_QUERY_BLOCKS) } : {}) });
   const rng = Rng.fromSeed('bench:train');
   const n = s.B * s.T;
   const tokens = Int32Array.from({ length: n }, () => rng.int(c.vocabSize));

@@ -141,6 +141,23 @@ export async function prepareImage(bytes: Buffer, o: ImageOptions): Promise<Prom
   return { hash: imageHash(png), width: raw.info.width, height: raw.info.height, png };
 }
 
+/**
+ * A generated image (raw RGB) as prepareImage would make it from its PNG: when smartResize keeps
+ * its size, one PNG encode (the same bytes and hash prepareImage gives, without its three further
+ * libvips passes: decode, no-op resize, re-encode); otherwise through prepareImage.
+ */
+export async function prepareRgbImage(img: ImagePixels, o: ImageOptions): Promise<PromptImage> {
+  if (img.height >= o.factor && img.width >= o.factor) {
+    let size: [number, number] | null = null;
+    try { size = smartResize(img.height, img.width, o); } catch { /* prepareImage reports it */ }
+    if (size && size[0] === img.height && size[1] === img.width) {
+      const png = await encodeRgbPng(img);
+      return { hash: imageHash(png), width: img.width, height: img.height, png };
+    }
+  }
+  return await prepareImage(await encodeRgbPng(img), o);
+}
+
 /** Raw 8-bit RGB (height × width × 3) → PNG bytes (a generated image, before prepareImage). */
 export async function encodeRgbPng(img: ImagePixels): Promise<Buffer> {
   if (img.data.length !== img.width * img.height * 3) throw new RangeError(`RGB data has ${img.data.length} bytes, expected ${img.width}×${img.height}×3`);

@@ -20,7 +20,7 @@ import { chunkedLmHeadLogprob } from '../onnx/nn.ts';
 import { ort, tensor, type Device } from '../onnx/runtime.ts';
 import { ConfigError } from '../errors.ts';
 import type { ModelConfig } from './config.ts';
-import { declareParams, llamaForward, valueHead } from './llama.ts';
+import { declareParams, llamaForward, queryBlocksFor, valueHead } from './llama.ts';
 import { HEAD_CHUNK, lmHeadWeight } from './train-graph.ts';
 import { logitBiasOf } from './decode-graph.ts';
 import { validateWeights, type Weights } from './params.ts';
@@ -39,13 +39,13 @@ export const SCORE_IO = {
 } as const;
 
 /** The scoring model: log-probs (+ entropy) for a policy config, values for a value config. */
-export function buildScoreModel(c: ModelConfig, opts: { entropy: boolean; headChunk?: number }): Uint8Array {
+export function buildScoreModel(c: ModelConfig, opts: { entropy: boolean; headChunk?: number; queryBlocks?: number }): Uint8Array {
   const b = new GraphBuilder({ name: c.head === 'value' ? 'values' : 'score' });
   const p = declareParams(b, c, 'inputs');
   const ids = b.input(SCORE_IO.inputIds, 'int64', ['B', 'T']);
   const rows = b.input(SCORE_IO.gatherRows, 'int64', ['M']);
   // a VLM places its image tokens at the <|image_pad|> positions (vision.ts)
-  const { hidden } = llamaForward(b, c, p, { ids, ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}) });
+  const { hidden } = llamaForward(b, c, p, { ids, ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}), ...(opts.queryBlocks && opts.queryBlocks > 1 ? { queryBlocks: opts.queryBlocks } : {}) });
   const h = b.gather(hidden, rows); // [M, D]
   if (c.head === 'value') {
     b.output(valueHead(b, c, p, h), SCORE_IO.values);
@@ -147,9 +147,10 @@ export class Scorer {
     validateWeights(this.config, weights, 'Scorer weights');
     const out: TokenScores[] = reqs.map((r) => ({ logprobs: new Float32Array(r.response.length), entropy: wantEnt ? new Float32Array(r.response.length) : null }));
     if (reqs.length === 0) return out;
-    const session = await this.cache.get(`score|${keyOf(this.config)}|ent=${wantEnt}|chunk=${this.opts.headChunk ?? HEAD_CHUNK}`, () => buildScoreModel(this.config, { entropy: wantEnt, headChunk: this.opts.headChunk }), { threads: this.opts.threads, device: this.opts.device });
     const wf = weightTensors(this.config, weights);
     await forEachBucket(this.config, reqs, this.opts, async (batch, f) => {
+      const qb = queryBlocksFor(f.T); // one graph per block count (llama.ts causalBlocks)
+      const session = await this.cache.get(`score|${keyOf(this.config)}|ent=${wantEnt}|chunk=${this.opts.headChunk ?? HEAD_CHUNK}|qb=${qb}`, () => buildScoreModel(this.config, { entropy: wantEnt, headChunk: this.opts.headChunk, queryBlocks: qb }), { threads: this.opts.threads, device: this.opts.device });
       const res = await session.run({ ...wf, ...f.vision, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows, [SCORE_IO.targets]: f.targets, [SCORE_IO.temperature]: tensor('float32', [temperature], []) });
       const lp = res[SCORE_IO.logprobs].data as Float32Array;
       const ent = wantEnt ? (res[SCORE_IO.entropy].data as Float32Array) : null;

@@ -83,6 +83,8 @@ export interface TrainGraphSpec {
    * effect on `eval`.
    */
   gradientCheckpointing?: boolean;
+  /** Causal attention by query blocks (llama.ts causalBlocks): the masked score blocks are not computed. Default 1. */
+  queryBlocks?: number;
   /**
    * The LM head only where the loss reads it (`grad` and step modes of the token losses): inputs
    * `head_index` int64 [N] (the flat B·T positions with a non-zero loss mask, ascending) and
@@ -155,6 +157,7 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     ...(model.vision ? { placeImages: (x: Var, N: Dim) => placeImageTokens(b, model, p, x, N, { freeze, checkpoint: !!spec.gradientCheckpointing && mode !== 'eval' }) } : {}),
     ...(spec.lora ? { lora: { config: spec.lora, p: pl } } : {}),
     ...(spec.gradientCheckpointing && mode !== 'eval' ? { checkpointLayers: true } : {}),
+    ...(spec.queryBlocks && spec.queryBlocks > 1 ? { queryBlocks: spec.queryBlocks } : {}),
   });
   let lg: LossGraph;
   let perPosition: Var;

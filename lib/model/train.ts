@@ -17,6 +17,7 @@ import { Rng } from '../util/rng.ts';
 import { ort, tensor, type Device, type SessionOptions } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
+import { queryBlocksFor } from './llama.ts';
 import { initLora, loraSpecs, validateAdapter, type LoraConfig } from './lora.ts';
 import { mergeLoraOnnx } from './lora-merge.ts';
 import { finalizeMetrics, lossConfig, pgAggWeights, policyLossNeeds, type LossConfig, type LossConfigInput } from './loss.ts';
@@ -124,6 +125,11 @@ export interface TrainerOptions {
    * the policy and SFT losses): the prompt positions then cost no vocabulary-sized work.
    */
   headAtLossPositions?: boolean;
+  /**
+   * Causal attention by query blocks (llama.ts queryBlocksFor) for batches of at least
+   * QUERY_BLOCKS_MIN_T tokens a row: default QUERY_BLOCKS; 1 turns it off.
+   */
+  queryBlocks?: number;
 }
 
 export const DEFAULT_OPTIM: OptimConfig = { betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0.01, maxGradNorm: 1.0 };
@@ -220,12 +226,13 @@ export class Trainer {
   private readonly graphs = new Map<string, { key: string; metricNames: string[]; build: () => Uint8Array }>();
 
   /** `adapters` false: the base model alone (LoRA's reference policy), an eval graph without the adapter path. */
-  private async session(mode: TrainGraphMode, lossWeights: boolean, adapters = true): Promise<{ sess: ort.InferenceSession; names: string[] }> {
+  private async session(mode: TrainGraphMode, lossWeights: boolean, T: number, adapters = true): Promise<{ sess: ort.InferenceSession; names: string[] }> {
     const lora = adapters && this.lora ? this.lora : null;
-    const id = `${mode}:${lossWeights}:${!!lora}`;
+    const queryBlocks = queryBlocksFor(T, this.opts.queryBlocks); // each count is its own graph
+    const id = `${mode}:${lossWeights}:${!!lora}:${queryBlocks}`;
     let g = this.graphs.get(id);
     if (!g) {
-      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.opts.freezeVisionTower && this.model.vision ? { freezeVisionTower: true } : {}), ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}), ...(lora ? { lora } : {}), ...(this.opts.gradientCheckpointing && mode !== 'eval' ? { gradientCheckpointing: true } : {}), ...(this.headIndex && mode !== 'eval' ? { headIndex: true } : {}) };
+      const spec = { model: this.model, loss: this.loss, optim: this.optim, mode, lossWeights, ...(this.opts.freezeVisionTower && this.model.vision ? { freezeVisionTower: true } : {}), ...(this.packed && mode !== 'eval' ? { packed: true } : {}), ...(this.opts.headChunk ? { headChunk: this.opts.headChunk } : {}), ...(lora ? { lora } : {}), ...(this.opts.gradientCheckpointing && mode !== 'eval' ? { gradientCheckpointing: true } : {}), ...(this.headIndex && mode !== 'eval' ? { headIndex: true } : {}), ...(queryBlocks > 1 ? { queryBlocks } : {}) };
       const built = buildTrainGraph(spec);
       g = { key: `train:${keyOf(spec)}`, metricNames: built.metricNames, build: () => built.builder.toBytes() };
       this.graphs.set(id, g);
@@ -242,13 +249,13 @@ export class Trainer {
     const sums: Record<string, number> = {};
     let acc: Map<string, Float32Array> | null = null;
     for (let k = 0; k < micro.length - 1; k++) {
-      const { sess, names } = await this.session('grad', useLw);
+      const { sess, names } = await this.session('grad', useLw, batch.seqLen);
       const r = await sess.run(this.feeds(micro[k], sess));
       addMetrics(sums, r.metrics.data as Float32Array, names);
       acc = accumulate(acc, r, this.specs, this.packed);
     }
     const last = micro[micro.length - 1];
-    const { sess, names } = await this.session(acc ? 'step_acc' : 'step', useLw);
+    const { sess, names } = await this.session(acc ? 'step_acc' : 'step', useLw, batch.seqLen);
     const t = this.opt.step + 1;
     const [b1, b2] = this.optim.betas;
     const feeds = this.feeds(last, sess);
@@ -299,7 +306,7 @@ export class Trainer {
    */
   private async stepInPlace(micro: Prepared[], useLw: boolean, lr: number): Promise<StepResult> {
     const sums: Record<string, number> = {};
-    const { sess, names } = await this.session('grad', useLw);
+    const { sess, names } = await this.session('grad', useLw, micro[0].T);
     this.gradBuf ??= zerosLikeWeights(this.model, this.specs);
     let scratch: Weights | null = null;
     for (let k = 0; k < micro.length; k++) {
@@ -354,7 +361,7 @@ export class Trainer {
   async evaluate(batch: TrainBatch, opts: { adapters?: boolean } = {}): Promise<{ metrics: Record<string, number>; perToken: Float32Array }> {
     const micro = this.prepare(batch);
     const useLw = !!batch.lossWeights && this.loss.type === 'policy';
-    const { sess, names } = await this.session('eval', useLw, opts.adapters ?? true);
+    const { sess, names } = await this.session('eval', useLw, batch.seqLen, opts.adapters ?? true);
     const sums: Record<string, number> = {};
     const B = batch.batchSize, T = batch.seqLen;
     const perToken = new Float32Array(B * T);
@@ -373,7 +380,7 @@ export class Trainer {
   async computeGradients(batch: TrainBatch): Promise<{ grads: Weights; metrics: Record<string, number> }> {
     const micro = this.prepare(batch);
     const useLw = !!batch.lossWeights && this.loss.type === 'policy';
-    const { sess, names } = await this.session('grad', useLw);
+    const { sess, names } = await this.session('grad', useLw, batch.seqLen);
     const sums: Record<string, number> = {};
     let acc: Map<string, Float32Array> | null = null;
     for (const m of micro) {

@@ -147,6 +147,7 @@ export class GraphBuilder {
   private constCache = new Map<string, Var>();
   private dimSources = new Map<string, { v: Var; axis: number }>();
   private dimTensorCache = new Map<string, Var>();
+  private namedDims = new Set<string>();
   private extraDomains = new Map<string, number>();
   /** The gradients the last checkpoint's backward returned (see `checkpoint`). */
   private ckptDone: Var[] = [];
@@ -326,6 +327,21 @@ export class GraphBuilder {
         return acc;
       }
     }
+  }
+
+  /**
+   * Name the runtime value of an int64 [1] tensor as the symbolic dim `name` (an atom), so that
+   * shapes can use it (a split's sizes, a slice's end). Names are global to the graph: a second
+   * call with the same name returns it unchanged and must mean the same value.
+   */
+  namedDim(value: Var, name: string): string {
+    if (!isAtom(name) || name.startsWith('?')) throw new GraphError(`namedDim: "${name}" is not a dim name`);
+    if (value.dtype !== 'int64' || value.rank !== 1 || value.shape[0] !== 1) throw new GraphError(`namedDim: ${value.name} must be int64 [1], got ${value.dtype}${fmtShape(value.shape)}`);
+    if (this.dimSources.has(name)) return name;
+    this.scopeRoot(() => this.emit1('ConstantOfShape', [value], { dtype: 'float32', shape: [name] }));
+    this.dimTensorCache.set(name, value);
+    this.namedDims.add(name);
+    return name;
   }
 
   /** An int64 [rank] tensor holding the runtime shape. */
@@ -620,7 +636,8 @@ export class GraphBuilder {
     return y;
   }
 
-  concat(xs: Var[], axis: number): Var {
+  /** Concatenate along `axis`; `size`: the result's dim there, where the inputs' sizes are named dims (namedDim) known to add up to it. */
+  concat(xs: Var[], axis: number, size?: Dim): Var {
     if (xs.length === 0) throw new GraphError('Concat: no inputs');
     const rank = xs[0].rank, a = normAxis(axis, rank, 'Concat');
     for (const x of xs) {
@@ -629,6 +646,10 @@ export class GraphBuilder {
     }
     const shape = [...xs[0].shape];
     shape[a] = xs.slice(1).reduce<Dim>((s, x) => dimAdd(s, x.shape[a]), xs[0].shape[a]);
+    if (size !== undefined && !dimEq(size, shape[a])) {
+      if (!xs.some((x) => this.namedDims.has(String(x.shape[a])))) throw new GraphError(`Concat on axis ${a}: sizes add up to ${shape[a]}, not ${size}`);
+      shape[a] = size;
+    }
     const y = this.emit1('Concat', xs, { dtype: xs[0].dtype, shape }, { axis: a });
     this.record(xs, [y], ([g]) => this.split(g!, a, xs.map((x) => x.shape[a])));
     return y;
@@ -638,11 +659,12 @@ export class GraphBuilder {
   split(x: Var, axis: number, sizes: Dim[]): Var[] {
     const a = normAxis(axis, x.rank, 'Split');
     const total = sizes.reduce<Dim>((s, d) => dimAdd(s, d), 0);
-    if (isKnown(total) && isKnown(x.shape[a]) && !dimEq(total, x.shape[a])) throw new GraphError(`Split ${x.name}: sizes [${sizes}] do not add up to dim ${x.shape[a]}`);
+    // sizes named by namedDim are runtime values: their sum cannot be checked here
+    if (isKnown(total) && isKnown(x.shape[a]) && !sizes.some((d) => this.namedDims.has(String(d))) && !dimEq(total, x.shape[a])) throw new GraphError(`Split ${x.name}: sizes [${sizes}] do not add up to dim ${x.shape[a]}`);
     const ys = this.emit('Split', [x, this.shapeTensor(sizes)], sizes.map((s) => ({ dtype: x.dtype, shape: x.shape.map((d, i) => (i === a ? s : d)) })), { axis: a });
     this.record([x, null], ys, (gs) => {
       const parts = gs.map((g, i) => g ?? this.zerosLike(ys[i]));
-      return [parts.length === 1 ? parts[0] : this.concat(parts, a), null];
+      return [parts.length === 1 ? parts[0] : this.concat(parts, a, x.shape[a]), null];
     });
     return ys;
   }

@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import { Template } from '@huggingface/jinja';
 import type { Config } from '../config/index.ts';
 import { loadDataset, type DatasetRow } from '../data/dataset.ts';
-import { ImageError, encodeRgbPng, prepareImage, type ImageOptions, type PromptImage } from '../data/images.ts';
+import { ImageError, prepareRgbImage, type ImageOptions, type PromptImage } from '../data/images.ts';
 import { tasks, type TaskRow } from '../tasks/index.ts';
 import type { Tokenizer } from '../model/index.ts';
 import { promptMessages, type ChatMessage } from '../model/chat-template.ts';
@@ -115,7 +115,7 @@ async function taskRows(gen: readonly TaskRow[], file: string, imageOpts: ImageO
     const r = gen[i]!;
     const images: PromptImage[] = [];
     if (r.image) {
-      try { images.push(await prepareImage(await encodeRgbPng(r.image), imageOpts)); } catch (e) {
+      try { images.push(await prepareRgbImage(r.image, imageOpts)); } catch (e) {
         if (!(e instanceof ImageError)) throw e;
         throw new ConfigError(`${file}:${i + 1}: the task's ${r.image.width}×${r.image.height} image ${e.message}; check data.min_pixels / max_pixels / image_factor`);
       }

@@ -16,6 +16,7 @@ import { Scorer } from '../../../lib/model/score.ts';
 import { ValueScorer } from '../../../lib/model/value.ts';
 import { SessionCache } from '../../../lib/model/session-cache.ts';
 import { Trainer, type TrainBatch } from '../../../lib/model/train.ts';
+import { queryBlocksFor } from '../../../lib/model/llama.ts';
 import { Rng } from '../../../lib/util/rng.ts';
 import { f32, i64, readTensors, runTorch, tempDir, torchPython, writeTensors } from './torch-ref.ts';
 
@@ -142,11 +143,12 @@ test('generation: sampled tokens and behaviour log-probs match torch KV-cache de
   }
 });
 
-/** A PPO batch in token positions: row 0 left-padded, row 2 right-padded. */
-function ppoBatch(c: ModelConfig, seed: number): { batch: TrainBatch; torchIn: Record<string, ReturnType<typeof f32>> } {
-  const B = 4, T = 14, rng = Rng.fromSeed(`ppo:${seed}`);
+/** A PPO batch in token positions: row 0 left-padded, row 2 right-padded; T ≥ 14 stretches the layout. */
+function ppoBatch(c: ModelConfig, seed: number, T = 14): { batch: TrainBatch; torchIn: Record<string, ReturnType<typeof f32>> } {
+  const B = 4, rng = Rng.fromSeed(`ppo:${seed}`), k = Math.floor(T / 14);
   const tokens = new Int32Array(B * T), attn = new Float32Array(B * T), resp = new Float32Array(B * T);
-  const layout = [{ pad: 3, prompt: 4, right: 0 }, { pad: 0, prompt: 5, right: 0 }, { pad: 0, prompt: 3, right: 4 }, { pad: 0, prompt: 6, right: 0 }];
+  const layout = [{ pad: 3, prompt: 4, right: 0 }, { pad: 0, prompt: 5, right: 0 }, { pad: 0, prompt: 3, right: 4 }, { pad: 0, prompt: 6, right: 0 }]
+    .map((l) => ({ pad: l.pad * k, prompt: l.prompt * k, right: l.right * k }));
   layout.forEach((l, r) => {
     for (let t = 0; t < T; t++) {
       const real = t >= l.pad && t < T - l.right;
@@ -203,6 +205,32 @@ test('gradients: PPO and cross-entropy training-graph gradients match torch with
       assert.ok(relErr(g, t) < 1e-4, `${loss} grad ${s.name}: relative error ${relErr(g, t)}`);
     }
   }
+});
+
+test('causal attention by query blocks (rows of 300 tokens: 4 blocks): PPO gradients and scorer log-probs match torch', { skip }, async () => {
+  const { c, w, dir } = await model('qblocks', { ...qwenLike, maxPositionEmbeddings: 512 }, 7);
+  const T = 300;
+  assert.equal(queryBlocksFor(T), 4, 'this length runs in query blocks');
+  const { batch, torchIn } = ppoBatch(c, 4, T);
+  const inp = join(dir, 'q-in.safetensors'), out = join(dir, 'q-grad.safetensors');
+  writeTensors(inp, torchIn);
+  const { grads, metrics } = await new Trainer({ model: c, loss: { type: 'policy' }, weights: w, threads: 1, cache }).computeGradients(batch);
+  const r = await runTorch('grads.py', [...drv(dir), '--inputs', inp, '--out', out, '--loss', 'ppo']);
+  assert.ok(Math.abs(metrics.loss - r.loss) < 1e-5 * Math.max(1, Math.abs(r.loss)), `loss ${metrics.loss} vs torch ${r.loss}`);
+  const ref = readTensors(out);
+  for (const s of paramSpecs(c)) assert.ok(relErr(grads.get(s.name)!, ref.get(`grad.${s.name}`)!.data as Float32Array) < 1e-4, `grad ${s.name}`);
+  // the scorer (right-padded rows, one block count per length bucket) against torch's forward
+  const ps = [Array.from({ length: 120 }, (_, i) => 1 + (i * 7) % 39), [1, 5, 9]], rs = [Array.from({ length: 180 }, (_, i) => 1 + (i * 11) % 39), Array.from({ length: 290 }, (_, i) => 1 + (i * 5) % 39)];
+  const scores = await new Scorer(c, { threads: 1, cache }).score(w, ps.map((p, i) => ({ prompt: p, response: rs[i] })));
+  const rp = rightPadded(c, ps, rs);
+  const fin = join(dir, 'q-fin.safetensors'), fout = join(dir, 'q-fout.safetensors');
+  writeTensors(fin, { input_ids: i64(rp.ids, [ps.length, rp.T]), attention_mask: i64(rp.mask, [ps.length, rp.T]) });
+  await runTorch('forward.py', [...drv(dir), '--inputs', fin, '--out', fout]);
+  const lp = readTensors(fout).get('logprobs')!.data as Float32Array;
+  ps.forEach((p, i) => rs[i].forEach((_, j) => {
+    const want = lp[i * (rp.T - 1) + p.length - 1 + j];
+    assert.ok(Math.abs(scores[i].logprobs[j] - want) < 2e-5, `row ${i} response token ${j}: ${scores[i].logprobs[j]} vs torch ${want}`);
+  }));
 });
 
 test('AdamW: three clipped steps give torch\'s losses to 5 significant digits and its weights', { skip }, async () => {

@@ -5,7 +5,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import sharp from 'sharp';
-import { ImageError, RESAMPLE_KERNELS, decodePixels, imageBytes, prepareImage, smartResize, type ImageOptions } from '../../../lib/data/images.ts';
+import { ImageError, RESAMPLE_KERNELS, decodePixels, encodeRgbPng, imageBytes, prepareImage, prepareRgbImage, smartResize, type ImageOptions } from '../../../lib/data/images.ts';
 import { LruCache, PixelCache } from '../../../lib/data/pixel-cache.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'rl-images-'));
@@ -74,6 +74,19 @@ test('a PNG is decoded, resized to the grid and re-encoded as RGB PNG; its hash 
   assert.equal((await prepareImage(src, small)).hash, img.hash);
   const px = await decodePixels(img.png);
   assert.deepEqual([px.width, px.height, px.data.length], [308, 196, 308 * 196 * 3]);
+});
+
+test('a generated RGB image: the same PNG bytes and hash as prepareImage of its PNG, whether it keeps its size or is resized', async () => {
+  for (const [w, h] of [[84, 28], [308, 196], [300, 200]]) {
+    const data = new Uint8Array(w * h * 3);
+    for (let i = 0; i < data.length; i++) data[i] = (i * 37 + (i % 7) * 91) & 255;
+    const img = { width: w, height: h, data };
+    const fast = await prepareRgbImage(img, { ...small, minPixels: 784 });
+    const ref = await prepareImage(await encodeRgbPng(img), { ...small, minPixels: 784 });
+    assert.deepEqual([fast.width, fast.height, fast.hash], [ref.width, ref.height, ref.hash], `${w}×${h}`);
+    assert.ok(Buffer.from(fast.png).equals(Buffer.from(ref.png)), `${w}×${h}: the same PNG bytes`);
+  }
+  await assert.rejects(prepareRgbImage({ width: 20, height: 20, data: new Uint8Array(1200) }, small), /smaller than the 28-pixel/);
 });
 
 test('JPEG, grayscale, grayscale+alpha, 16-bit and EXIF-rotated inputs all come out as upright 8-bit RGB', async () => {
