@@ -50,16 +50,23 @@ function hashSplit(kind: Kind, nums: readonly number[]): Split {
   return fnv1a(`${kind}:${nums.join(',')}`) % 5 === 0 ? 'heldout' : 'train';
 }
 
-/** Every operand tuple a kind can draw (operands() draws uniformly among the second operand's range). */
+/**
+ * Each operand's inclusive range, given the operands before it: operands() draws uniformly in
+ * each in turn, allTuples() lists every tuple.
+ */
+const OPERAND_RANGES: Record<Kind, Array<(prev: readonly number[]) => [number, number]>> = {
+  add: [() => [1, 9], () => [1, 9]],
+  sub: [() => [2, 18], ([a]) => [1, Math.min(9, a - 1)]],
+  mul: [() => [2, 5], () => [2, 5]],
+  mul_sub: [() => [2, 5], () => [2, 5], ([a, b]) => [1, Math.min(9, a * b - 1)]],
+  add_sub: [() => [1, 9], () => [1, 9], ([a, b]) => [1, Math.min(9, a + b - 1)]],
+};
+
+/** Every operand tuple a kind can draw. */
 function allTuples(kind: Kind): number[][] {
-  const out: number[][] = [];
-  const range = (lo: number, hi: number) => Array.from({ length: hi - lo + 1 }, (_, i) => lo + i);
-  switch (kind) {
-    case 'add': for (const a of range(1, 9)) for (const b of range(1, 9)) out.push([a, b]); break;
-    case 'sub': for (const a of range(2, 18)) for (const b of range(1, Math.min(9, a - 1))) out.push([a, b]); break;
-    case 'mul': for (const a of range(2, 5)) for (const b of range(2, 5)) out.push([a, b]); break;
-    case 'mul_sub': for (const a of range(2, 5)) for (const b of range(2, 5)) for (const c of range(1, Math.min(9, a * b - 1))) out.push([a, b, c]); break;
-    case 'add_sub': for (const a of range(1, 9)) for (const b of range(1, 9)) for (const c of range(1, Math.min(9, a + b - 1))) out.push([a, b, c]); break;
+  let out: number[][] = [[]];
+  for (const range of OPERAND_RANGES[kind]) {
+    out = out.flatMap((prev) => { const [lo, hi] = range(prev); return Array.from({ length: hi - lo + 1 }, (_, i) => [...prev, lo + i]); });
   }
   return out;
 }
@@ -83,14 +90,9 @@ export function splitOf(kind: Kind, nums: readonly number[]): Split | null {
 }
 
 function operands(kind: Kind, rng: Rng): number[] {
-  const r = (lo: number, hi: number) => lo + rng.int(hi - lo + 1);
-  switch (kind) {
-    case 'add': return [r(1, 9), r(1, 9)];
-    case 'sub': { const a = r(2, 18); return [a, r(1, Math.min(9, a - 1))]; }
-    case 'mul': return [r(2, 5), r(2, 5)];
-    case 'mul_sub': { const a = r(2, 5), b = r(2, 5); return [a, b, r(1, Math.min(9, a * b - 1))]; }
-    case 'add_sub': { const a = r(1, 9), b = r(1, 9); return [a, b, r(1, Math.min(9, a + b - 1))]; }
-  }
+  const out: number[] = [];
+  for (const range of OPERAND_RANGES[kind]) { const [lo, hi] = range(out); out.push(lo + rng.int(hi - lo + 1)); }
+  return out;
 }
 
 /** The worked solution: one line per step, then `#### answer`. */

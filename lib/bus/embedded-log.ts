@@ -353,7 +353,7 @@ class EmbeddedConsumer implements Consumer {
     this.done = new Promise((r) => { release = r; });
     const heartbeats = { stop: false, loop: Promise.resolve() };
     try {
-      const joined = await this.retryingLostConnection('joining', async () => {
+      const joined = await this.retryingLostConnection('join', async () => {
         for (const t of this.opts.topics) { await this.bus.partitionsOf(this.bus.db, t); await this.bus.loadTopic(t); }
         if (this.opts.deadLetter) await this.bus.partitionsOf(this.bus.db, this.opts.deadLetter.topic);
         await this.join();
@@ -462,21 +462,22 @@ class EmbeddedConsumer implements Consumer {
 
   /**
    * `fn` until it succeeds, retrying a lost connection (a database restart, a terminated backend)
-   * with the consumer's backoff, as the poll loop does; false when stopped meanwhile.
+   * with the consumer's backoff; anything else is thrown (it stops the consumer). Its value, or
+   * null when stopped meanwhile. Joining and every poll go through here.
    */
-  private async retryingLostConnection(what: string, fn: () => Promise<void>): Promise<boolean> {
+  private async retryingLostConnection<T>(what: string, fn: () => Promise<T>): Promise<{ value: T } | null> {
     const signal = this.abort.signal;
     for (let failures = 0; !signal.aborted;) {
-      try { await fn(); return true; } catch (e) {
+      try { return { value: await fn() }; } catch (e) {
         const err = retriableDbError(e, `consumer group ${this.opts.group}: ${what}`);
-        if (signal.aborted) return false;
+        if (signal.aborted) return null;
         if (!isRetriable(err)) throw err;
         const ms = backoffMs(failures++, this.opts.retry.initialMs, this.opts.retry.maxMs);
         this.log.warn({ err: e, retry_in_ms: Math.round(ms) }, `embedded log ${what} failed, retrying: ${errorMessage(e)}`);
         await sleep(ms, signal);
       }
     }
-    return false;
+    return null;
   }
 
   private async pollLoop(handler: BatchHandler): Promise<void> {
@@ -484,24 +485,12 @@ class EmbeddedConsumer implements Consumer {
     const signal = this.abort.signal;
     let idleMs = this.bus.minPollMs;
     let rotate = 0;
-    let failures = 0;
     while (!signal.aborted) {
-      let progressed = false;
       this.dirty = false;
-      try {
-        progressed = await this.pollOnce(handler, rotate++);
-        failures = 0;
-      } catch (e) {
-        // A lost connection (database restart) is retried; anything else stops the consumer.
-        const err = retriableDbError(e, `consumer group ${opts.group}: polling`);
-        if (signal.aborted) return;
-        if (!isRetriable(err)) throw err;
-        const ms = backoffMs(failures++, opts.retry.initialMs, opts.retry.maxMs);
-        this.log.warn({ err: e, retry_in_ms: Math.round(ms) }, `embedded log poll failed, retrying: ${errorMessage(e)}`);
-        await sleep(ms, signal);
-        continue;
-      }
-      if (progressed) { idleMs = this.bus.minPollMs; continue; }
+      // a lost connection (database restart) is retried; anything else stops the consumer
+      const polled = await this.retryingLostConnection('poll', () => this.pollOnce(handler, rotate++));
+      if (!polled) return;
+      if (polled.value) { idleMs = this.bus.minPollMs; continue; }
       // something was appended here while this poll ran: look again at once
       if (this.dirty) continue;
       await this.bus.waitFor(this.topicSet, idleMs, signal, this.waker);
