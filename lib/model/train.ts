@@ -225,7 +225,11 @@ export class Trainer {
 
   private readonly graphs = new Map<string, { key: string; metricNames: string[]; build: () => Uint8Array }>();
 
-  /** `adapters` false: the base model alone (LoRA's reference policy), an eval graph without the adapter path. */
+  /**
+   * The graph for a micro-batch of rows of T tokens (its query blocks depend on T: llama.ts
+   * queryBlocksFor). `adapters` false: the base model alone (LoRA's reference policy), an eval
+   * graph without the adapter path.
+   */
   private async session(mode: TrainGraphMode, lossWeights: boolean, T: number, adapters = true): Promise<{ sess: ort.InferenceSession; names: string[] }> {
     const lora = adapters && this.lora ? this.lora : null;
     const queryBlocks = queryBlocksFor(T, this.opts.queryBlocks); // each count is its own graph
@@ -249,13 +253,13 @@ export class Trainer {
     const sums: Record<string, number> = {};
     let acc: Map<string, Float32Array> | null = null;
     for (let k = 0; k < micro.length - 1; k++) {
-      const { sess, names } = await this.session('grad', useLw, batch.seqLen);
+      const { sess, names } = await this.session('grad', useLw, micro[k].T);
       const r = await sess.run(this.feeds(micro[k], sess));
       addMetrics(sums, r.metrics.data as Float32Array, names);
       acc = accumulate(acc, r, this.specs, this.packed);
     }
     const last = micro[micro.length - 1];
-    const { sess, names } = await this.session(acc ? 'step_acc' : 'step', useLw, batch.seqLen);
+    const { sess, names } = await this.session(acc ? 'step_acc' : 'step', useLw, last.T);
     const t = this.opt.step + 1;
     const [b1, b2] = this.optim.betas;
     const feeds = this.feeds(last, sess);
@@ -306,10 +310,10 @@ export class Trainer {
    */
   private async stepInPlace(micro: Prepared[], useLw: boolean, lr: number): Promise<StepResult> {
     const sums: Record<string, number> = {};
-    const { sess, names } = await this.session('grad', useLw, micro[0].T);
     this.gradBuf ??= zerosLikeWeights(this.model, this.specs);
     let scratch: Weights | null = null;
     for (let k = 0; k < micro.length; k++) {
+      const { sess, names } = await this.session('grad', useLw, micro[k].T);
       const target = k === 0 ? this.gradBuf : (scratch ??= zerosLikeWeights(this.model, this.specs));
       const fetches: Record<string, ort.Tensor | null> = { metrics: null };
       for (const s of this.specs) fetches[`grad.${s.name}`] = tensor('float32', target.get(s.name)!, s.shape);
@@ -361,12 +365,12 @@ export class Trainer {
   async evaluate(batch: TrainBatch, opts: { adapters?: boolean } = {}): Promise<{ metrics: Record<string, number>; perToken: Float32Array }> {
     const micro = this.prepare(batch);
     const useLw = !!batch.lossWeights && this.loss.type === 'policy';
-    const { sess, names } = await this.session('eval', useLw, batch.seqLen, opts.adapters ?? true);
     const sums: Record<string, number> = {};
     const B = batch.batchSize, T = batch.seqLen;
     const perToken = new Float32Array(B * T);
     let row = 0;
     for (const m of micro) {
+      const { sess, names } = await this.session('eval', useLw, m.T, opts.adapters ?? true);
       const r = await sess.run(this.feeds(m, sess));
       addMetrics(sums, r.metrics.data as Float32Array, names);
       const out = (r.log_probs ?? r.values_out).data as Float32Array;
@@ -380,10 +384,10 @@ export class Trainer {
   async computeGradients(batch: TrainBatch): Promise<{ grads: Weights; metrics: Record<string, number> }> {
     const micro = this.prepare(batch);
     const useLw = !!batch.lossWeights && this.loss.type === 'policy';
-    const { sess, names } = await this.session('grad', useLw, batch.seqLen);
     const sums: Record<string, number> = {};
     let acc: Map<string, Float32Array> | null = null;
     for (const m of micro) {
+      const { sess, names } = await this.session('grad', useLw, m.T);
       const r = await sess.run(this.feeds(m, sess));
       addMetrics(sums, r.metrics.data as Float32Array, names);
       acc = accumulate(acc, r, this.specs, this.packed);

@@ -18,15 +18,18 @@ import { Rng } from '../../../lib/util/rng.ts';
 
 const base = { modelType: 'qwen2' as const, attentionBias: true, tieWordEmbeddings: true, hiddenSize: 32, intermediateSize: 48, numHiddenLayers: 2, numAttentionHeads: 4, vocabSize: 37, maxPositionEmbeddings: 512, bosTokenId: 1, eosTokenId: 2, padTokenId: 0 };
 
-/** 3 rows of T = 258 (blocks of 64 / 65 rows): row 1 left-padded by 70 (past the first block), row 2 right-padded by 30. */
-function batch(): TrainBatch {
+/**
+ * 3 rows of T = 258 (blocks of 64 / 65 rows): row 1 left-padded by 70 (past the first block), row 2
+ * right-padded by 30; `short`: a 4th row of 2 real tokens (alone in a micro-batch it is trimmed to 2).
+ */
+function batch(short = false): TrainBatch {
   const rng = Rng.fromSeed('query-blocks');
-  const B = 3, T = 258, n = B * T;
-  const real = (i: number) => { const r = Math.floor(i / T), t = i % T; return !(r === 1 && t < 70) && !(r === 2 && t >= T - 30); };
+  const B = short ? 4 : 3, T = 258, n = B * T;
+  const real = (i: number) => { const r = Math.floor(i / T), t = i % T; return !(r === 1 && t < 70) && !(r === 2 && t >= T - 30) && !(r === 3 && t >= 2); };
   return {
     batchSize: B, seqLen: T,
     attentionMask: Float32Array.from({ length: n }, (_, i) => (real(i) ? 1 : 0)),
-    responseMask: Float32Array.from({ length: n }, (_, i) => (real(i) && i % T >= 100 ? 1 : 0)),
+    responseMask: Float32Array.from({ length: n }, (_, i) => (real(i) && (i % T >= 100 || (Math.floor(i / T) === 3 && i % T >= 1)) ? 1 : 0)),
     tokens: Int32Array.from({ length: n }, (_, i) => (real(i) ? 3 + rng.int(34) : 0)),
     advantages: Float32Array.from({ length: n }, () => rng.next() * 2 - 1),
     oldLogprobs: Float32Array.from({ length: n }, () => -3.6 + 0.4 * rng.next()),
@@ -61,13 +64,15 @@ describe('causal attention by query blocks', () => {
     assert.throws(() => causalBlocks(b, b.input('past_bias', 'float32', ['B', 1, 'T', 'S']), 'T', 2), /no KV cache/);
   });
 
-  for (const [name, kvh, ckpt] of [['grouped-query attention', 2, false], ['multi-head attention', 4, false], ['grouped-query attention, gradient checkpointing', 2, true]] as const) {
+  const cases = [['grouped-query attention', 2, false, false], ['multi-head attention', 4, false, false], ['grouped-query attention, gradient checkpointing', 2, true, false],
+    ['micro-batches of one row, one of them trimmed to 2 tokens (each micro-batch picks its own block count)', 2, false, true]] as const;
+  for (const [name, kvh, ckpt, short] of cases) {
     it(`${name}: gradients, metrics and evaluate log-probs equal one block's`, async () => {
       const model = modelConfig({ ...base, numKeyValueHeads: kvh });
       const run = async (queryBlocks: number) => {
-        const tr = createTrainer({ model, loss: { type: 'policy', entropyCoeff: 0.01 }, threads: 2, seed: 3, cache: new SessionCache(), queryBlocks, ...(ckpt ? { gradientCheckpointing: true } : {}) });
-        const g = await tr.computeGradients(batch());
-        const e = await tr.evaluate(batch());
+        const tr = createTrainer({ model, loss: { type: 'policy', entropyCoeff: 0.01 }, threads: 2, seed: 3, cache: new SessionCache(), queryBlocks, ...(ckpt ? { gradientCheckpointing: true } : {}), ...(short ? { microBatchSize: 1 } : {}) });
+        const g = await tr.computeGradients(batch(short));
+        const e = await tr.evaluate(batch(short));
         return { g, e };
       };
       const one = await run(1), four = await run(QUERY_BLOCKS);
