@@ -263,22 +263,22 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
         let ctx: Var;
         // softmax(q·kᵀ + bias)·v over the queries' last-but-one axis; by query blocks when `blocks`
         const core = (qh: Var, kT: Var, vh: Var, bs: Var): Var => b.matmul(b.softmax(b.add(b.matmul(qh, kT), bs), -1), vh);
-        const attend = (qh: Var, kh: Var, vh: Var, kvAxis: number): Var => {
+        const attend = (qh: Var, kh: Var, vh: Var): Var => {
           const kT = (x: Var) => (G === 1 ? b.transposeLast2(x) : b.unsqueeze(b.transposeLast2(x), [2]));
           const vv = (x: Var) => (G === 1 ? x : b.unsqueeze(x, [2]));
           if (!blocks) return core(qh, kT(kh), vv(vh), G === 1 ? bias! : bias5);
           const qAxis = qh.rank - 2, qs = b.split(qh, qAxis, blocks.map((x) => x.rows));
           return b.concat(blocks.map((blk, i) => {
             const last = i === blocks.length - 1; // the last block attends every key
-            return core(qs[i], kT(last ? kh : b.slice(kh, kvAxis, 0, blk.keys)), vv(last ? vh : b.slice(vh, kvAxis, 0, blk.keys)), blk.bias);
+            return core(qs[i], kT(last ? kh : b.slice(kh, 2, 0, blk.keys)), vv(last ? vh : b.slice(vh, 2, 0, blk.keys)), blk.bias); // keys on axis 2
           }), qAxis, T);
         };
         if (G === 1) {
           const q4 = b.transpose(q, [0, 2, 1, 3]); // [B, H, T, hd]
-          ctx = b.transpose(attend(q4, k4, v4, 2), [0, 2, 1, 3]); // [B, T, H, hd]
+          ctx = b.transpose(attend(q4, k4, v4), [0, 2, 1, 3]); // [B, T, H, hd]
         } else {
           const q5 = b.transpose(b.reshape(q, [B, T, KVH, G, hd]), [0, 2, 3, 1, 4]); // [B, KVH, G, T, hd]
-          ctx = b.transpose(attend(q5, k4, v4, 2), [0, 3, 1, 2, 4]); // [B, T, KVH, G, hd]
+          ctx = b.transpose(attend(q5, k4, v4), [0, 3, 1, 2, 4]); // [B, T, KVH, G, hd]
         }
         const ctx2 = b.reshape(ctx, [N, H * hd]);
         return adapt(linear(b, ctx2, P(`${pre}.self_attn.o_proj.weight`)), ctx2, 'o_proj', `${pre}.self_attn.o_proj`);

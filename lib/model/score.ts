@@ -45,7 +45,7 @@ export function buildScoreModel(c: ModelConfig, opts: { entropy: boolean; headCh
   const ids = b.input(SCORE_IO.inputIds, 'int64', ['B', 'T']);
   const rows = b.input(SCORE_IO.gatherRows, 'int64', ['M']);
   // a VLM places its image tokens at the <|image_pad|> positions (vision.ts)
-  const { hidden } = llamaForward(b, c, p, { ids, ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}), ...(opts.queryBlocks && opts.queryBlocks > 1 ? { queryBlocks: opts.queryBlocks } : {}) });
+  const { hidden } = llamaForward(b, c, p, { ids, ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}), queryBlocks: opts.queryBlocks });
   const h = b.gather(hidden, rows); // [M, D]
   if (c.head === 'value') {
     b.output(valueHead(b, c, p, h), SCORE_IO.values);
@@ -92,7 +92,7 @@ export async function forEachBucket(
   c: ModelConfig,
   reqs: readonly ScoreRequest[],
   opts: ScorerOptions,
-  fn: (batch: number[], feeds: { ids: ort.Tensor; rows: ort.Tensor; targets: ort.Tensor; M: number; T: number; vision: Record<string, ort.Tensor> }) => Promise<void>,
+  fn: (batch: number[], feeds: { ids: ort.Tensor; rows: ort.Tensor; targets: ort.Tensor; M: number; T: number; queryBlocks: number; vision: Record<string, ort.Tensor> }) => Promise<void>,
 ): Promise<void> {
   if (!c.vision && hasImages(reqs.map((r) => r.images))) throw new ConfigError('score requests carry images but the model is text-only (no vision config)');
   reqs.forEach((r, i) => {
@@ -127,7 +127,8 @@ export async function forEachBucket(
       }
     });
     const vision = c.vision ? visionFeeds(c, ids, B, T, batch.map((i) => reqs[i].images), 'score batch') : {};
-    await fn(batch, { ids: tensor('int64', ids, [B, T]), rows: tensor('int64', rows, [M]), targets: tensor('int64', targets, [M]), M, T, vision });
+    // the bucket's causal query blocks (llama.ts queryBlocksFor): one scoring graph per block count
+    await fn(batch, { ids: tensor('int64', ids, [B, T]), rows: tensor('int64', rows, [M]), targets: tensor('int64', targets, [M]), M, T, queryBlocks: queryBlocksFor(T), vision });
   }
 }
 
@@ -149,8 +150,7 @@ export class Scorer {
     if (reqs.length === 0) return out;
     const wf = weightTensors(this.config, weights);
     await forEachBucket(this.config, reqs, this.opts, async (batch, f) => {
-      const qb = queryBlocksFor(f.T); // one graph per block count (llama.ts causalBlocks)
-      const session = await this.cache.get(`score|${keyOf(this.config)}|ent=${wantEnt}|chunk=${this.opts.headChunk ?? HEAD_CHUNK}|qb=${qb}`, () => buildScoreModel(this.config, { entropy: wantEnt, headChunk: this.opts.headChunk, queryBlocks: qb }), { threads: this.opts.threads, device: this.opts.device });
+      const session = await this.cache.get(`score|${keyOf(this.config)}|ent=${wantEnt}|chunk=${this.opts.headChunk ?? HEAD_CHUNK}|qb=${f.queryBlocks}`, () => buildScoreModel(this.config, { entropy: wantEnt, headChunk: this.opts.headChunk, queryBlocks: f.queryBlocks }), { threads: this.opts.threads, device: this.opts.device });
       const res = await session.run({ ...wf, ...f.vision, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows, [SCORE_IO.targets]: f.targets, [SCORE_IO.temperature]: tensor('float32', [temperature], []) });
       const lp = res[SCORE_IO.logprobs].data as Float32Array;
       const ent = wantEnt ? (res[SCORE_IO.entropy].data as Float32Array) : null;

@@ -157,7 +157,7 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     ...(model.vision ? { placeImages: (x: Var, N: Dim) => placeImageTokens(b, model, p, x, N, { freeze, checkpoint: !!spec.gradientCheckpointing && mode !== 'eval' }) } : {}),
     ...(spec.lora ? { lora: { config: spec.lora, p: pl } } : {}),
     ...(spec.gradientCheckpointing && mode !== 'eval' ? { checkpointLayers: true } : {}),
-    ...(spec.queryBlocks && spec.queryBlocks > 1 ? { queryBlocks: spec.queryBlocks } : {}),
+    queryBlocks: spec.queryBlocks,
   });
   let lg: LossGraph;
   let perPosition: Var;

@@ -8,7 +8,6 @@ import { ConfigError } from '../errors.ts';
 import type { ModelConfig } from './config.ts';
 import { validateWeights, type Weights } from './params.ts';
 import { weightTensors } from './sample.ts';
-import { queryBlocksFor } from './llama.ts';
 import { buildScoreModel, forEachBucket, SCORE_IO, type ScoreRequest, type ScorerOptions } from './score.ts';
 import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.ts';
 
@@ -27,8 +26,7 @@ export class ValueScorer {
     if (reqs.length === 0) return out;
     const wf = weightTensors(this.config, weights);
     await forEachBucket(this.config, reqs, this.opts, async (batch, f) => {
-      const qb = queryBlocksFor(f.T); // one graph per block count (llama.ts causalBlocks)
-      const session = await this.cache.get(`values|${keyOf(this.config)}|qb=${qb}`, () => buildScoreModel(this.config, { entropy: false, queryBlocks: qb }), { threads: this.opts.threads, device: this.opts.device });
+      const session = await this.cache.get(`values|${keyOf(this.config)}|qb=${f.queryBlocks}`, () => buildScoreModel(this.config, { entropy: false, queryBlocks: f.queryBlocks }), { threads: this.opts.threads, device: this.opts.device });
       const res = await session.run({ ...wf, ...f.vision, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows });
       const v = res[SCORE_IO.values].data as Float32Array;
       let m = 0;
