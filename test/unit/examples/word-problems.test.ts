@@ -57,3 +57,24 @@ test('each single arithmetic fact of a held-out solution (a line "x op y = z") o
   const outside = Array.from({ length: 50 }, (_, i) => splitOf('mul', [10 + i, 7]));
   assert.ok(outside.includes(null) && !outside.includes('heldout'), String(outside));
 });
+
+test('the wide template set adds training phrasings but no word that only the held-out templates have', () => {
+  const words = (ts: string[]) => new Set(ts.join(' ').replace(/\{\w+\}/g, ' ').toLowerCase().match(/[a-z]+/g));
+  const base = words(TEMPLATE_TEXTS.train), extra = words(TEMPLATE_TEXTS.wideExtra);
+  const heldOnly = [...words(TEMPLATE_TEXTS.heldout)].filter((w) => !base.has(w));
+  assert.ok(heldOnly.includes('basket') && heldOnly.includes('altogether'), heldOnly.join(' '));
+  assert.deepEqual(heldOnly.filter((w) => extra.has(w)), []);
+  assert.equal(TEMPLATE_TEXTS.wideExtra.length, 24);
+  assert.equal(TEMPLATE_TEXTS.wideExtra.filter((t) => TEMPLATE_TEXTS.heldout.includes(t) || TEMPLATE_TEXTS.train.includes(t)).length, 0);
+  // base is the default and unchanged; wide draws from all 36 templates, and only training tuples
+  assert.deepEqual(generateProblems('train', 200, 5, 'base'), generateProblems('train', 200, 5));
+  const asPattern = (t: string) => new RegExp(`^${t.replace(/[.?]/g, '\\$&').replace(/\{\w+\}/g, '\\w+')}$`);
+  const extraPatterns = TEMPLATE_TEXTS.wideExtra.map(asPattern);
+  const wide = generateProblems('train', 2000, 5, 'wide');
+  const fromExtra = wide.filter((p) => extraPatterns.some((re) => re.test(p.prompt))).length;
+  assert.ok(fromExtra > 0.55 * wide.length && fromExtra < 0.8 * wide.length, `${fromExtra} of ${wide.length} from the 24 added templates`);
+  for (const p of wide) assert.equal(String(checkSolution(p.solution)), p.answer);
+  // a solution names its operation and operand tuple: no held-out one is a training one
+  const held = new Set(generateProblems('heldout', 300, 1).map((p) => p.solution));
+  assert.equal(wide.filter((p) => held.has(p.solution)).length, 0);
+});
