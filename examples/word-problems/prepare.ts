@@ -14,7 +14,7 @@
 import { mkdirSync, writeFileSync, existsSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { CHAT_TEMPLATE, generateProblems } from './problems.ts';
+import { CHAT_TEMPLATE, TEMPLATE_SETS, generateProblems, type TemplateSet } from './problems.ts';
 import { initWeights, modelConfig, saveCheckpoint } from '../../lib/model/index.ts';
 import { loadTokenizerDir } from '../../lib/model/hf-tokenizer.ts';
 
@@ -30,9 +30,9 @@ const { values } = parseArgs({ options: {
 } });
 const out = resolve(values.out);
 const seed = Number(values.seed);
-const templates = values.templates;
-if (templates !== 'base' && templates !== 'wide') {
-  console.error(`prepare.ts: --templates must be base or wide, not "${templates}"`);
+const templates = values.templates as TemplateSet;
+if (!TEMPLATE_SETS.includes(templates)) {
+  console.error(`prepare.ts: --templates must be one of ${TEMPLATE_SETS.join(', ')}, not "${templates}"`);
   process.exit(2);
 }
 mkdirSync(out, { recursive: true });

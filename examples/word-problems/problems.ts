@@ -13,8 +13,6 @@ import { Rng, fnv1a } from '../../lib/util/rng.ts';
 
 export interface WordProblem { prompt: string; solution: string; answer: string }
 export type Split = 'train' | 'heldout';
-/** Which training templates the training split draws from: the 12 base ones, or those and 24 more (wide). */
-export type TemplateSet = 'base' | 'wide';
 type Kind = 'add' | 'sub' | 'mul' | 'mul_sub' | 'add_sub';
 
 interface Template { kind: Kind; text: string }
@@ -36,8 +34,8 @@ const TRAIN_TEMPLATES: Template[] = [
 
 /**
  * 24 more training phrasings (`prepare.ts --templates wide`: the training split draws from all 36).
- * None uses a word that only the held-out templates have (basket, jar, children, brings, altogether,
- * fills, Monday, Tuesday, out): a unit test checks it.
+ * None uses a word that only the held-out templates have (basket, jar, children, altogether, …): a
+ * unit test checks it.
  */
 const WIDE_EXTRA_TEMPLATES: Template[] = [
   { kind: 'add', text: '{name} saw {a} {items} at school and {b} {items} at home. How many {items} did {name} see?' },
@@ -65,6 +63,11 @@ const WIDE_EXTRA_TEMPLATES: Template[] = [
   { kind: 'add_sub', text: 'A bag had {a} {items}. {b} were added and {c} were taken. How many {items} are in the bag?' },
   { kind: 'add_sub', text: '{name} scored {a} {items} and then {b} more, but lost {c}. How many {items} does {name} have?' },
 ];
+
+/** The training templates of each template set: the 12 base ones, or those and 24 more (wide). */
+const TRAINING_TEMPLATES = { base: TRAIN_TEMPLATES, wide: [...TRAIN_TEMPLATES, ...WIDE_EXTRA_TEMPLATES] };
+export type TemplateSet = keyof typeof TRAINING_TEMPLATES;
+export const TEMPLATE_SETS = Object.keys(TRAINING_TEMPLATES) as TemplateSet[];
 
 const HELDOUT_TEMPLATES: Template[] = [
   { kind: 'add', text: 'A basket has {a} {items} and {name} puts in {b} more. How many {items} are in the basket?' },
@@ -143,7 +146,7 @@ function solve(kind: Kind, [a, b, c]: number[]): { steps: string[]; answer: numb
 /** `count` problems of a split, seeded by (seed, split); the training split from `templateSet`'s templates. */
 export function generateProblems(split: Split, count: number, seed: number, templateSet: TemplateSet = 'base'): WordProblem[] {
   const rng = Rng.fromSeed(`word-problems:${split}:${seed}`);
-  const templates = split === 'heldout' ? HELDOUT_TEMPLATES : templateSet === 'wide' ? [...TRAIN_TEMPLATES, ...WIDE_EXTRA_TEMPLATES] : TRAIN_TEMPLATES;
+  const templates = split === 'heldout' ? HELDOUT_TEMPLATES : TRAINING_TEMPLATES[templateSet];
   const out: WordProblem[] = [];
   while (out.length < count) {
     const t = templates[rng.int(templates.length)];
