@@ -8,18 +8,49 @@ const crossService = (stage) => ({
   group: stages.filter((s) => s !== stage).flatMap((s) => [`../${s}`, `../${s}/*`, `**/services/${s}/**`]),
   message: 'A service must not import another service; move shared code to lib/.',
 });
-const ioModules = ['node:fs', 'fs', 'node:fs/promises', 'node:net', 'node:http', 'node:child_process', 'pg', 'kafkajs', '@electric-sql/pglite', 'onnxruntime-node']
-  .map((name) => ({ name, message: 'logic.ts is pure: no I/O; do it in main.ts and pass the result in.' }));
+const ioModules = [
+  'node:fs',
+  'fs',
+  'node:fs/promises',
+  'node:net',
+  'node:http',
+  'node:child_process',
+  'pg',
+  'kafkajs',
+  '@electric-sql/pglite',
+  'onnxruntime-node',
+].map((name) => ({ name, message: 'logic.ts is pure: no I/O; do it in main.ts and pass the result in.' }));
 
 export default tseslint.config(
   { ignores: ['node_modules/**', 'dist/**', 'runs/**', 'bench/out/**', 'test/.tmp/**'] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {
-    languageOptions: { globals: { process: 'readonly', console: 'readonly', Buffer: 'readonly', setTimeout: 'readonly', clearTimeout: 'readonly', setInterval: 'readonly', clearInterval: 'readonly', URL: 'readonly', performance: 'readonly', queueMicrotask: 'readonly', setImmediate: 'readonly', AbortController: 'readonly', fetch: 'readonly', TextEncoder: 'readonly', TextDecoder: 'readonly' } },
+    languageOptions: {
+      globals: {
+        process: 'readonly',
+        console: 'readonly',
+        Buffer: 'readonly',
+        setTimeout: 'readonly',
+        clearTimeout: 'readonly',
+        setInterval: 'readonly',
+        clearInterval: 'readonly',
+        URL: 'readonly',
+        performance: 'readonly',
+        queueMicrotask: 'readonly',
+        setImmediate: 'readonly',
+        AbortController: 'readonly',
+        fetch: 'readonly',
+        TextEncoder: 'readonly',
+        TextDecoder: 'readonly',
+      },
+    },
     rules: {
       '@typescript-eslint/no-explicit-any': 'off',
-      '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_', caughtErrors: 'none' }],
+      '@typescript-eslint/no-unused-vars': [
+        'error',
+        { argsIgnorePattern: '^_', varsIgnorePattern: '^_', caughtErrors: 'none' },
+      ],
       '@typescript-eslint/no-non-null-assertion': 'off',
       'no-constant-condition': ['error', { checkLoops: false }],
     },
@@ -35,9 +66,11 @@ export default tseslint.config(
   {
     files: ['services/*/logic.ts'],
     rules: {
-      'no-restricted-properties': ['error',
+      'no-restricted-properties': [
+        'error',
         { object: 'Date', property: 'now', message: 'logic.ts is pure: pass the clock in.' },
-        { object: 'Math', property: 'random', message: 'logic.ts is pure: pass a seeded RNG in.' }],
+        { object: 'Math', property: 'random', message: 'logic.ts is pure: pass a seeded RNG in.' },
+      ],
     },
   },
 );

@@ -42,23 +42,35 @@ const PARTITIONS = 8;
 
 const round = (x: number) => (x >= 100 ? Math.round(x) : Math.round(x * 10) / 10);
 
-const debug = (...a: unknown[]) => { if (process.env.RLSTREAM_BENCH_DEBUG) console.error(...a); };
+const debug = (...a: unknown[]) => {
+  if (process.env.RLSTREAM_BENCH_DEBUG) console.error(...a);
+};
 
-async function consumeAll(bus: EventBus, group: string, topic: string, total: number, handler?: BatchHandler): Promise<{ seconds: number; batches: number; bytes: number }> {
+async function consumeAll(
+  bus: EventBus,
+  group: string,
+  topic: string,
+  total: number,
+  handler?: BatchHandler,
+): Promise<{ seconds: number; batches: number; bytes: number }> {
   const c = bus.consumer({ group, topics: [topic], maxBatchMessages: BATCH, maxBatchBytes: BATCH * MESSAGE_BYTES });
   let count = 0;
   let batches = 0;
   let bytes = 0;
   let t0 = 0;
   let failed: unknown;
-  const running = c.run(async (batch, ctx) => {
-    if (!t0) t0 = performance.now();
-    if (handler) await handler(batch, ctx);
-    batches++;
-    count += batch.length;
-    for (const m of batch) bytes += m.value.length;
-    if (batches % 50 === 0) debug(group, 'batches', batches, 'messages', count, '/', total);
-  }).catch((e) => { failed = e; });
+  const running = c
+    .run(async (batch, ctx) => {
+      if (!t0) t0 = performance.now();
+      if (handler) await handler(batch, ctx);
+      batches++;
+      count += batch.length;
+      for (const m of batch) bytes += m.value.length;
+      if (batches % 50 === 0) debug(group, 'batches', batches, 'messages', count, '/', total);
+    })
+    .catch((e) => {
+      failed = e;
+    });
   // Done when the group has committed everything (the last commit follows the last handler).
   while (!failed) {
     const committed = (await c.committed()).reduce((a, x) => a + x.offset, 0);
@@ -76,20 +88,33 @@ async function consumeAll(bus: EventBus, group: string, topic: string, total: nu
 async function measure(label: string, bus: EventBus, prefix: string, megabytes: number): Promise<Row[]> {
   const total = Math.max(BATCH, Math.floor((megabytes * 1024 * 1024) / MESSAGE_BYTES / BATCH) * BATCH);
   const [input, output] = [`${prefix}.in`, `${prefix}.out`];
-  await bus.ensureTopics([{ name: input, partitions: PARTITIONS }, { name: output, partitions: PARTITIONS }]);
+  await bus.ensureTopics([
+    { name: input, partitions: PARTITIONS },
+    { name: output, partitions: PARTITIONS },
+  ]);
   const payload = randomBytes(MESSAGE_BYTES);
   // Produce: one call per 1 MB batch.
   const t = performance.now();
   for (let i = 0; i < total; i += BATCH) {
     // A batch is two prompt groups of 8 samples; batches go round-robin over the partitions.
-    await bus.produce(Array.from({ length: BATCH }, (_, j) => ({ topic: input, key: `prompt-${(i + j) >> 3}`, partition: (i / BATCH) % PARTITIONS, value: payload })));
+    await bus.produce(
+      Array.from({ length: BATCH }, (_, j) => ({
+        topic: input,
+        key: `prompt-${(i + j) >> 3}`,
+        partition: (i / BATCH) % PARTITIONS,
+        value: payload,
+      })),
+    );
   }
   const produceS = (performance.now() - t) / 1000;
   debug(label, 'produced', total, await bus.endOffsets(input));
   const produced = await bus.endOffsets(input);
   for (let p = 0; p < PARTITIONS; p++) {
     const first = await bus.read(input, p, 0, 1);
-    if (produced[p] > 0 && first[0]?.offset !== 0) throw new Error(`${label}: partition ${p} does not start at offset 0: the broker dropped old messages (the mock keeps ~5 MB per partition); lower RLSTREAM_BENCH_BUS_MB`);
+    if (produced[p] > 0 && first[0]?.offset !== 0)
+      throw new Error(
+        `${label}: partition ${p} does not start at offset 0: the broker dropped old messages (the mock keeps ~5 MB per partition); lower RLSTREAM_BENCH_BUS_MB`,
+      );
   }
   const mb = (total * MESSAGE_BYTES) / 1e6;
   const consume = await consumeAll(bus, `${prefix}-consume`, input, total);
@@ -97,13 +122,22 @@ async function measure(label: string, bus: EventBus, prefix: string, megabytes: 
     ctx.send(batch.map((m) => ({ topic: output, key: m.key ?? '', value: m.value })));
   });
   const ends = await bus.endOffsets(output);
-  if (ends.reduce((a, b) => a + b, 0) !== total) throw new Error(`${label}: the stage wrote ${ends.reduce((a, b) => a + b, 0)} outputs, expected ${total}`);
+  if (ends.reduce((a, b) => a + b, 0) !== total)
+    throw new Error(`${label}: the stage wrote ${ends.reduce((a, b) => a + b, 0)} outputs, expected ${total}`);
   return [
     { name: `bus/${label}/produce (64 KB msgs, 1 MB calls)`, value: round(mb / produceS), unit: 'MB/s' },
     { name: `bus/${label}/produce`, value: round(total / BATCH / produceS), unit: 'batch/s' },
-    { name: `bus/${label}/consume+commit (1 MB batches)`, value: round(consume.bytes / 1e6 / consume.seconds), unit: 'MB/s' },
+    {
+      name: `bus/${label}/consume+commit (1 MB batches)`,
+      value: round(consume.bytes / 1e6 / consume.seconds),
+      unit: 'MB/s',
+    },
     { name: `bus/${label}/consume+commit`, value: round(consume.batches / consume.seconds), unit: 'batch/s' },
-    { name: `bus/${label}/stage (consume, send 1:1, commit)`, value: round(stage.bytes / 1e6 / stage.seconds), unit: 'MB/s' },
+    {
+      name: `bus/${label}/stage (consume, send 1:1, commit)`,
+      value: round(stage.bytes / 1e6 / stage.seconds),
+      unit: 'MB/s',
+    },
     { name: `bus/${label}/stage`, value: round(stage.batches / stage.seconds), unit: 'batch/s' },
   ];
 }
@@ -117,7 +151,12 @@ async function dropPrefix(database: Database, prefix: string): Promise<void> {
 }
 
 export async function run(): Promise<Row[]> {
-  const skip = new Set((process.env.RLSTREAM_BENCH_SKIP ?? '').split(',').map((s) => s.trim()).filter(Boolean));
+  const skip = new Set(
+    (process.env.RLSTREAM_BENCH_SKIP ?? '')
+      .split(',')
+      .map((s) => s.trim())
+      .filter(Boolean),
+  );
   const mb = Number(process.env.RLSTREAM_BENCH_BUS_MB ?? 24);
   const prefix = `bench-bus-${Date.now().toString(36)}`;
   const rows: Row[] = [];
@@ -136,7 +175,10 @@ export async function run(): Promise<Row[]> {
   }
 
   if (!skip.has('postgres')) {
-    const url = process.env.RLSTREAM_BENCH_PG_URL ?? process.env.RLSTREAM_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+    const url =
+      process.env.RLSTREAM_BENCH_PG_URL ??
+      process.env.RLSTREAM_TEST_PG_URL ??
+      'postgres://postgres@127.0.0.1:5432/test';
     let database: Database | undefined;
     try {
       database = await openDatabase({ kind: 'postgres', url });
@@ -157,7 +199,9 @@ export async function run(): Promise<Row[]> {
 
   if (!skip.has('kafka')) {
     const kafkaPrefix = `${prefix}-kafka`;
-    const kafka = await startKafka({ topics: [`${kafkaPrefix}.in`, `${kafkaPrefix}.out`].map((name) => ({ name, partitions: PARTITIONS })) });
+    const kafka = await startKafka({
+      topics: [`${kafkaPrefix}.in`, `${kafkaPrefix}.out`].map((name) => ({ name, partitions: PARTITIONS })),
+    });
     const bus = createKafkaBus({ brokers: kafka.brokers, clientId: 'rlstream-bench' });
     try {
       rows.push(...(await measure(kafka.external ? 'kafka' : 'kafka-mock', bus, kafkaPrefix, mb)));

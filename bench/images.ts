@@ -12,20 +12,35 @@ import sharp from 'sharp';
 import { IMAGE_RESAMPLES, prepareImage } from '../lib/data/images.ts';
 import { PixelCache } from '../lib/data/pixel-cache.ts';
 
-export interface Row { name: string; value: number; unit: string; goal?: number | string; better?: 'higher' | 'lower' }
+export interface Row {
+  name: string;
+  value: number;
+  unit: string;
+  goal?: number | string;
+  better?: 'higher' | 'lower';
+}
 
 async function photo(w: number, h: number): Promise<Buffer> {
   const px = Buffer.alloc(w * h * 3);
-  for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) for (let c = 0; c < 3; c++) {
-    px[(y * w + x) * 3 + c] = (Math.sin(x / (9 + c * 4)) * 60 + Math.cos(y / 13) * 60 + 128 + ((x * 131 + y * 71 + c * 29) % 23)) & 255;
-  }
-  return sharp(px, { raw: { width: w, height: h, channels: 3 } }).jpeg({ quality: 88 }).toBuffer();
+  for (let y = 0; y < h; y++)
+    for (let x = 0; x < w; x++)
+      for (let c = 0; c < 3; c++) {
+        px[(y * w + x) * 3 + c] =
+          (Math.sin(x / (9 + c * 4)) * 60 + Math.cos(y / 13) * 60 + 128 + ((x * 131 + y * 71 + c * 29) % 23)) & 255;
+      }
+  return sharp(px, { raw: { width: w, height: h, channels: 3 } })
+    .jpeg({ quality: 88 })
+    .toBuffer();
 }
 
 async function medianMs(reps: number, f: () => Promise<unknown>): Promise<number> {
   await f(); // warm-up
   const ts: number[] = [];
-  for (let i = 0; i < reps; i++) { const t0 = performance.now(); await f(); ts.push(performance.now() - t0); }
+  for (let i = 0; i < reps; i++) {
+    const t0 = performance.now();
+    await f();
+    ts.push(performance.now() - t0);
+  }
   ts.sort((a, b) => a - b);
   return ts[Math.floor(ts.length / 2)]!;
 }
@@ -34,8 +49,14 @@ export async function run(): Promise<Row[]> {
   const jpg = await photo(1024, 768);
   const rows: Row[] = [];
   for (const resample of IMAGE_RESAMPLES) {
-    const ms = await medianMs(15, () => prepareImage(jpg, { factor: 28, minPixels: 262144, maxPixels: 4194304, resample }));
-    rows.push({ name: `images: decode + resize + PNG, 1024×768 JPEG → 1036×756, ${resample}`, value: Number(ms.toFixed(2)), unit: 'ms' });
+    const ms = await medianMs(15, () =>
+      prepareImage(jpg, { factor: 28, minPixels: 262144, maxPixels: 4194304, resample }),
+    );
+    rows.push({
+      name: `images: decode + resize + PNG, 1024×768 JPEG → 1036×756, ${resample}`,
+      value: Number(ms.toFixed(2)),
+      unit: 'ms',
+    });
   }
   const img = await prepareImage(jpg, { factor: 28, minPixels: 262144, maxPixels: 4194304, resample: 'bicubic' });
   rows.push({ name: 'images: PNG bytes per image (1036×756 RGB)', value: img.png.length, unit: 'bytes' });
@@ -43,7 +64,11 @@ export async function run(): Promise<Row[]> {
   const cache = new PixelCache();
   await cache.get(img.hash, img.png);
   const hit = await medianMs(50, () => cache.get(img.hash, img.png));
-  rows.push({ name: 'images: pixels by hash, cache miss (sha256 check + PNG decode)', value: Number(miss.toFixed(2)), unit: 'ms' });
+  rows.push({
+    name: 'images: pixels by hash, cache miss (sha256 check + PNG decode)',
+    value: Number(miss.toFixed(2)),
+    unit: 'ms',
+  });
   rows.push({ name: 'images: pixels by hash, cache hit', value: Number(hit.toFixed(4)), unit: 'ms' });
   return rows;
 }

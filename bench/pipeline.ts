@@ -109,7 +109,11 @@ export async function readTimeline(p: Pipeline): Promise<RunTimeline> {
 }
 
 /** Seconds from `startMs` to the first validation round at or above `target` (null: never). */
-export function timeToAccuracy(t: RunTimeline, startMs: number, target: number): { seconds: number; version: number } | null {
+export function timeToAccuracy(
+  t: RunTimeline,
+  startMs: number,
+  target: number,
+): { seconds: number; version: number } | null {
   const hit = t.val.find((v) => v.accuracy >= target);
   return hit ? { seconds: (hit.timeMs - startMs) / 1000, version: hit.version } : null;
 }
@@ -130,23 +134,37 @@ export interface StepOverhead {
 export function stepOverhead(t: RunTimeline, fromStep = 2): StepOverhead {
   const versions = [...t.policyMs.keys()].sort((a, b) => a - b);
   const last = versions[versions.length - 1] ?? 0;
-  let wall = 0, steps = 0;
+  let wall = 0,
+    steps = 0;
   const phases: Record<string, number> = {};
   for (let s = Math.max(1, fromStep); s <= last; s++) {
-    const a = t.policyMs.get(s - 1), b = t.policyMs.get(s);
+    const a = t.policyMs.get(s - 1),
+      b = t.policyMs.get(s);
     if (a === undefined || b === undefined) continue;
     wall += (b - a) / 1000;
     steps++;
     for (const [k, v] of Object.entries(t.timing.get(s) ?? {})) phases[k] = (phases[k] ?? 0) + v;
   }
   const mean = (x: number) => (steps ? x / steps : NaN);
-  const phasesS = Object.fromEntries(Object.entries(phases).sort().map(([k, v]) => [k, mean(v)]));
+  const phasesS = Object.fromEntries(
+    Object.entries(phases)
+      .sort()
+      .map(([k, v]) => [k, mean(v)]),
+  );
   const computeS = COMPUTE_PHASES.reduce((a, k) => a + (phasesS[k] ?? 0), 0);
   const stepWallS = mean(wall);
   return { steps, stepWallS, phasesS, computeS, fraction: (stepWallS - computeS) / stepWallS };
 }
 
-export interface MeasuredRun { cfg: Config; startMs: number; endMs: number; cpuS: number; exitCode: number; output: string; timeline: RunTimeline }
+export interface MeasuredRun {
+  cfg: Config;
+  startMs: number;
+  endMs: number;
+  cpuS: number;
+  exitCode: number;
+  output: string;
+  timeline: RunTimeline;
+}
 
 /** User + system CPU seconds of a live process, all threads (/proc/<pid>/stat; NaN when unreadable). */
 function procCpuSeconds(pid: number | undefined): number {
@@ -156,7 +174,9 @@ function procCpuSeconds(pid: number | undefined): number {
     const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     // fields[11], fields[12]: utime, stime in clock ticks (USER_HZ, 100 on Linux)
     return (Number(fields[11]) + Number(fields[12])) / 100;
-  } catch { return NaN; }
+  } catch {
+    return NaN;
+  }
 }
 
 /** Runs `rlstream train <config> <overrides…>` in a child process and reads its timeline back. */
@@ -164,13 +184,23 @@ export async function trainAndMeasure(configFile: string, overrides: string[]): 
   const cfg = loadConfig({ file: configFile, overrides });
   if (cfg.trainer.run_dir) rmSync(cfg.trainer.run_dir, { recursive: true, force: true });
   const startMs = Date.now();
-  const child = spawn(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), 'train', configFile, ...overrides], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), 'train', configFile, ...overrides], {
+    cwd: ROOT,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let output = '';
-  child.stdout.on('data', (d: Buffer) => { output = (output + d.toString()).slice(-20000); });
-  child.stderr.on('data', (d: Buffer) => { output = (output + d.toString()).slice(-20000); });
+  child.stdout.on('data', (d: Buffer) => {
+    output = (output + d.toString()).slice(-20000);
+  });
+  child.stderr.on('data', (d: Buffer) => {
+    output = (output + d.toString()).slice(-20000);
+  });
   // the child's CPU time (all threads), sampled from /proc while it runs (Linux; NaN elsewhere)
   let cpuS = NaN;
-  const sampleCpu = () => { const c = procCpuSeconds(child.pid); if (Number.isFinite(c)) cpuS = c; };
+  const sampleCpu = () => {
+    const c = procCpuSeconds(child.pid);
+    if (Number.isFinite(c)) cpuS = c;
+  };
   const sampler = setInterval(sampleCpu, 200);
   child.on('exit', sampleCpu);
   const exitCode = await new Promise<number>((r) => child.on('close', (c) => r(c ?? 1)));
@@ -179,7 +209,9 @@ export async function trainAndMeasure(configFile: string, overrides: string[]): 
   const p = await openPipeline(cfg);
   try {
     return { cfg, startMs, endMs, cpuS, exitCode, output, timeline: await readTimeline(p) };
-  } finally { await p.close(); }
+  } finally {
+    await p.close();
+  }
 }
 
 /** How a stage phase counts: compute, overhead, or the stage's idle wait for its input (part of other stages' time). */
@@ -195,14 +227,25 @@ const DIST_STEPS = 12;
  * Runs the config as five `rlstream serve` processes over the Kafka mock and a fresh PostgreSQL
  * database, then reads the timeline back through the same bus port.
  */
-export async function distributedAndMeasure(configFile: string, overrides: string[], name: string): Promise<MeasuredRun> {
+export async function distributedAndMeasure(
+  configFile: string,
+  overrides: string[],
+  name: string,
+): Promise<MeasuredRun> {
   const runId = `bench-${name}`;
   const db = await freshDatabase(`rl_bench_${name.replace(/[^a-z0-9_]/g, '_')}_${process.pid}`);
   const kafka = await kafkaForRun(name, runId, 2);
   overrides = [...overrides, 'pipeline.partitions=2'];
   try {
-    const all = [...overrides, `pipeline.run_id=${runId}`, `pipeline.topic_prefix=${name}`, 'pipeline.bus=kafka',
-      `pipeline.brokers=[${kafka.brokers.join(',')}]`, 'pipeline.store=postgres', `pipeline.database_url=${db.url}`];
+    const all = [
+      ...overrides,
+      `pipeline.run_id=${runId}`,
+      `pipeline.topic_prefix=${name}`,
+      'pipeline.bus=kafka',
+      `pipeline.brokers=[${kafka.brokers.join(',')}]`,
+      'pipeline.store=postgres',
+      `pipeline.database_url=${db.url}`,
+    ];
     const cfg = loadConfig({ file: configFile, overrides: all });
     if (cfg.trainer.run_dir) rmSync(cfg.trainer.run_dir, { recursive: true, force: true });
     const startMs = Date.now();
@@ -212,8 +255,18 @@ export async function distributedAndMeasure(configFile: string, overrides: strin
     const output = procs.map((x) => `--- ${x.stage}#${x.replica}\n${x.output().slice(-2000)}`).join('\n');
     const p = await openPipeline(cfg);
     try {
-      return { cfg, startMs, endMs, cpuS: NaN, exitCode: bad ? (bad.child.exitCode ?? 1) : 0, output, timeline: await readTimeline(p) };
-    } finally { await p.close(); }
+      return {
+        cfg,
+        startMs,
+        endMs,
+        cpuS: NaN,
+        exitCode: bad ? (bad.child.exitCode ?? 1) : 0,
+        output,
+        timeline: await readTimeline(p),
+      };
+    } finally {
+      await p.close();
+    }
   } finally {
     await kafka.stop();
     await db.drop().catch(() => undefined);
@@ -224,18 +277,34 @@ export async function distributedAndMeasure(configFile: string, overrides: strin
 export function throughput(t: RunTimeline, samplesPerStep: number): number {
   const versions = [...t.policyMs.keys()].sort((a, b) => a - b);
   const last = versions[versions.length - 1] ?? 0;
-  const a = t.policyMs.get(1), b = t.policyMs.get(last);
+  const a = t.policyMs.get(1),
+    b = t.policyMs.get(last);
   if (a === undefined || b === undefined || last <= 1) return NaN;
   return ((last - 1) * samplesPerStep) / ((b - a) / 1000);
 }
 
 async function distributedRows(configFile: string, extra: string[]): Promise<Row[]> {
-  const common = [...extra, `trainer.max_steps=${DIST_STEPS}`, 'trainer.val_freq=-1', 'trainer.val_before_train=false', 'trainer.save_freq=-1'];
+  const common = [
+    ...extra,
+    `trainer.max_steps=${DIST_STEPS}`,
+    'trainer.val_freq=-1',
+    'trainer.val_before_train=false',
+    'trainer.save_freq=-1',
+  ];
   const rows: Row[] = [];
   const results: Record<number, MeasuredRun> = {};
   for (const staleness of [0, 1]) {
-    const m = await distributedAndMeasure(configFile, [...common, `pipeline.max_staleness=${staleness}`, `trainer.run_dir=${join(ROOT, `bench/out/pipeline-dist-s${staleness}`)}`], `dist-s${staleness}`);
-    if (m.exitCode !== 0) throw new Error(`distributed run (max_staleness ${staleness}) failed:\n${m.output.slice(-4000)}`);
+    const m = await distributedAndMeasure(
+      configFile,
+      [
+        ...common,
+        `pipeline.max_staleness=${staleness}`,
+        `trainer.run_dir=${join(ROOT, `bench/out/pipeline-dist-s${staleness}`)}`,
+      ],
+      `dist-s${staleness}`,
+    );
+    if (m.exitCode !== 0)
+      throw new Error(`distributed run (max_staleness ${staleness}) failed:\n${m.output.slice(-4000)}`);
     results[staleness] = m;
   }
   const o = stepOverhead(results[0].timeline);
@@ -243,10 +312,17 @@ async function distributedRows(configFile: string, extra: string[]): Promise<Row
   const sync = throughput(results[0].timeline, samples);
   const async1 = throughput(results[1].timeline, samples);
   rows.push(
-    { name: `multi-process Kafka pipeline overhead: (step wall − compute) ÷ step wall, steps 2–${o.steps + 1}`, value: 100 * o.fraction, unit: '%', goal: 10, better: 'lower' },
+    {
+      name: `multi-process Kafka pipeline overhead: (step wall − compute) ÷ step wall, steps 2–${o.steps + 1}`,
+      value: 100 * o.fraction,
+      unit: '%',
+      goal: 10,
+      better: 'lower',
+    },
     { name: 'multi-process step wall time (mean, max_staleness 0)', value: o.stepWallS * 1000, unit: 'ms' },
   );
-  for (const [k, v] of Object.entries(o.phasesS)) rows.push({ name: `  per step (multi-process): timing/${k}_s ${phaseLabel(k)}`, value: v * 1000, unit: 'ms' });
+  for (const [k, v] of Object.entries(o.phasesS))
+    rows.push({ name: `  per step (multi-process): timing/${k}_s ${phaseLabel(k)}`, value: v * 1000, unit: 'ms' });
   rows.push(
     { name: 'multi-process throughput, max_staleness 0 (sync)', value: sync, unit: 'samples/s' },
     { name: 'multi-process throughput, max_staleness 1', value: async1, unit: 'samples/s' },
@@ -266,28 +342,67 @@ export async function run(): Promise<Row[]> {
   const o = stepOverhead(m.timeline);
   const rows: Row[] = [
     // never reaching the target reports the whole run's time (and fails the goal)
-    { name: `number game: wall time to val accuracy ≥ ${TARGET_ACCURACY}${hit ? '' : ' (NOT REACHED: whole run)'}`, value: hit ? hit.seconds : Infinity, unit: 's', goal: 600, better: 'lower' },
-    { name: 'number game: policy version first at val accuracy ≥ 0.95', value: hit ? hit.version : NaN, unit: 'version' },
-    { name: 'number game: best val accuracy', value: Math.max(...m.timeline.val.map((v) => v.accuracy)), unit: 'fraction' },
+    {
+      name: `number game: wall time to val accuracy ≥ ${TARGET_ACCURACY}${hit ? '' : ' (NOT REACHED: whole run)'}`,
+      value: hit ? hit.seconds : Infinity,
+      unit: 's',
+      goal: 600,
+      better: 'lower',
+    },
+    {
+      name: 'number game: policy version first at val accuracy ≥ 0.95',
+      value: hit ? hit.version : NaN,
+      unit: 'version',
+    },
+    {
+      name: 'number game: best val accuracy',
+      value: Math.max(...m.timeline.val.map((v) => v.accuracy)),
+      unit: 'fraction',
+    },
     { name: 'number game: whole run (process start to exit)', value: (m.endMs - m.startMs) / 1000, unit: 's' },
     { name: 'number game: whole run CPU time (user + system, all threads)', value: m.cpuS, unit: 's' },
-    { name: `embedded pipeline overhead: (step wall − compute) ÷ step wall, steps 2–${o.steps + 1}`, value: 100 * o.fraction, unit: '%', goal: 5, better: 'lower' },
+    {
+      name: `embedded pipeline overhead: (step wall − compute) ÷ step wall, steps 2–${o.steps + 1}`,
+      value: 100 * o.fraction,
+      unit: '%',
+      goal: 5,
+      better: 'lower',
+    },
     { name: 'embedded step wall time (mean)', value: o.stepWallS * 1000, unit: 'ms' },
   ];
-  for (const [k, v] of Object.entries(o.phasesS)) rows.push({ name: `  per step: timing/${k}_s ${phaseLabel(k)}`, value: v * 1000, unit: 'ms' });
+  for (const [k, v] of Object.entries(o.phasesS))
+    rows.push({ name: `  per step: timing/${k}_s ${phaseLabel(k)}`, value: v * 1000, unit: 'ms' });
   if (process.env.RLSTREAM_BENCH_PIPELINE_DISTRIBUTED === '0') return rows;
   try {
-    rows.push(...await distributedRows(configFile, extra));
+    rows.push(...(await distributedRows(configFile, extra)));
   } catch (e) {
     // a machine without the mock broker's build tools or PostgreSQL: say so in the table
     console.error(`# pipeline: distributed rows skipped: ${(e as Error).message.slice(0, 2000)}`);
-    rows.push({ name: `multi-process Kafka rows NOT MEASURED: ${(e as Error).message.split('\n')[0].slice(0, 120)}`, value: NaN, unit: '' });
+    rows.push({
+      name: `multi-process Kafka rows NOT MEASURED: ${(e as Error).message.split('\n')[0].slice(0, 120)}`,
+      value: NaN,
+      unit: '',
+    });
   }
   return rows;
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   const rows = await run();
-  console.log(`load average ${loadavg().map((x) => x.toFixed(1)).join(' ')}`);
-  console.log(formatTable([['measure', 'value', 'unit', 'goal'], ...rows.map((r) => [r.name, r.value, r.unit, r.goal === undefined ? '' : `${r.better === 'lower' ? '≤' : '≥'} ${r.goal}`])]));
+  console.log(
+    `load average ${loadavg()
+      .map((x) => x.toFixed(1))
+      .join(' ')}`,
+  );
+  console.log(
+    formatTable([
+      ['measure', 'value', 'unit', 'goal'],
+      ...rows.map((r) => [
+        r.name,
+        r.value,
+        r.unit,
+        r.goal === undefined ? '' : `${r.better === 'lower' ? '≤' : '≥'} ${r.goal}`,
+      ]),
+    ]),
+  );
 }

@@ -38,21 +38,37 @@ const LATENCY_N = 400;
 const GOAL_TPS = 1000;
 
 const round = (x: number, d = 1) => Math.round(x * 10 ** d) / 10 ** d;
-const p50 = (xs: number[]) => { const s = [...xs].sort((a, b) => a - b); return s[Math.floor(s.length / 2)]; };
+const p50 = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)];
+};
 
 function items(prefix: string, n: number): RewardRequestItem[] {
   const png = makePng(64, 64, 7);
   return Array.from({ length: n }, (_, i) => ({
-    id: `${prefix}-${i}`, step: 0, prompt_text: `draw the word ${i % 10 ? 'apple' : 'pear'} in red`, response_text: 'ok', ground_truth: 'apple', images: [png],
+    id: `${prefix}-${i}`,
+    step: 0,
+    prompt_text: `draw the word ${i % 10 ? 'apple' : 'pear'} in red`,
+    response_text: 'ok',
+    ground_truth: 'apple',
+    images: [png],
   }));
 }
 
 function rawPost(agent: http.Agent, url: string, body: string): Promise<void> {
   return new Promise((resolve, reject) => {
-    const req = http.request(url, { method: 'POST', agent, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
-      res.on('data', () => {});
-      res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`HTTP ${res.statusCode}`))));
-    });
+    const req = http.request(
+      url,
+      {
+        method: 'POST',
+        agent,
+        headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
+      },
+      (res) => {
+        res.on('data', () => {});
+        res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`HTTP ${res.statusCode}`))));
+      },
+    );
     req.on('error', reject);
     req.end(body);
   });
@@ -79,9 +95,18 @@ export async function run(): Promise<Row[]> {
       const failed = outs.flat().filter((o) => !o.ok).length;
       if (failed > 0) throw new Error(`bench/reward: ${failed} trajectories failed to score`);
       clients.forEach((c) => c.close());
-      rows.push({ name: `reward/http/4_servers_2_replicas/batch_${batch_size}/scored_trajectories_per_s`, value: round((2 * PER_REPLICA) / s, 0), unit: 'traj/s', goal: GOAL_TPS });
+      rows.push({
+        name: `reward/http/4_servers_2_replicas/batch_${batch_size}/scored_trajectories_per_s`,
+        value: round((2 * PER_REPLICA) / s, 0),
+        unit: 'traj/s',
+        goal: GOAL_TPS,
+      });
       // the client's own CPU (this process: both replicas, request building, parsing, routing)
-      rows.push({ name: `reward/http/4_servers_2_replicas/batch_${batch_size}/client_cpu_per_trajectory`, value: round((cpu.user + cpu.system) / (2 * PER_REPLICA), 0), unit: 'µs' });
+      rows.push({
+        name: `reward/http/4_servers_2_replicas/batch_${batch_size}/client_cpu_per_trajectory`,
+        value: round((cpu.user + cpu.system) / (2 * PER_REPLICA), 0),
+        unit: 'µs',
+      });
     }
 
     // added latency over a raw request to the same server, one request at a time; the three
@@ -90,8 +115,13 @@ export async function run(): Promise<Row[]> {
     const body = JSON.stringify({ image: item.images![0].toString('base64'), prompt: item.prompt_text });
     const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
     const target = `${urls[0]}/score`;
-    const variants = [['node_http', undefined], ['fetch', globalFetch]] as const;
-    const latClients = variants.map(([, fetchImpl]) => createRemoteRewardClient(withRemoteDefaults({ enabled: true, urls: [urls[0]] }), { replicaIndex: 0, fetchImpl }));
+    const variants = [
+      ['node_http', undefined],
+      ['fetch', globalFetch],
+    ] as const;
+    const latClients = variants.map(([, fetchImpl]) =>
+      createRemoteRewardClient(withRemoteDefaults({ enabled: true, urls: [urls[0]] }), { replicaIndex: 0, fetchImpl }),
+    );
     const rawMs: number[] = [];
     const clientMs: number[][] = variants.map(() => []);
     // one step = one request by one variant (-1 = raw); the order rotates every round so that no
@@ -113,10 +143,18 @@ export async function run(): Promise<Row[]> {
     latClients.forEach((c) => c.close());
     rows.push({ name: 'reward/http/raw_request/latency_p50', value: round(p50(rawMs) * 1000, 0), unit: 'µs' });
     for (const [v, [name]] of variants.entries()) {
-      rows.push({ name: `reward/http/client_${name}/latency_p50`, value: round(p50(clientMs[v]) * 1000, 0), unit: 'µs' });
+      rows.push({
+        name: `reward/http/client_${name}/latency_p50`,
+        value: round(p50(clientMs[v]) * 1000, 0),
+        unit: 'µs',
+      });
       // p50 of the paired differences: robust to slow phases of the machine
       const diffs = clientMs[v].map((x, i) => x - rawMs[i]);
-      rows.push({ name: `reward/http/client_${name}/added_latency_p50`, value: round(p50(diffs) * 1000, 0), unit: 'µs' });
+      rows.push({
+        name: `reward/http/client_${name}/added_latency_p50`,
+        value: round(p50(diffs) * 1000, 0),
+        unit: 'µs',
+      });
     }
   } finally {
     await group.stop();

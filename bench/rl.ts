@@ -9,24 +9,47 @@
 import { pathToFileURL } from 'node:url';
 import { Rng } from '../lib/util/rng.ts';
 import {
-  aggLoss, computeGaeAdvantageReturn, computeGrpoOutcomeAdvantage, computePolicyLossVanilla, klPenalty,
-  type FloatArray, type Mask2D, type Tensor2D,
+  aggLoss,
+  computeGaeAdvantageReturn,
+  computeGrpoOutcomeAdvantage,
+  computePolicyLossVanilla,
+  klPenalty,
+  type FloatArray,
+  type Mask2D,
+  type Tensor2D,
 } from '../lib/rl/index.ts';
 
-export interface Row { name: string; value: number; unit: string; goal?: string }
+export interface Row {
+  name: string;
+  value: number;
+  unit: string;
+  goal?: string;
+}
 
-const BS = 512, T = 1024, GROUP = 8;
+const BS = 512,
+  T = 1024,
+  GROUP = 8;
 
 interface Batch {
-  rewards: Tensor2D; mask: Mask2D; index: string[]; values: Tensor2D;
-  logProb: Tensor2D; oldLogProb: Tensor2D; refLogProb: Tensor2D;
+  rewards: Tensor2D;
+  mask: Mask2D;
+  index: string[];
+  values: Tensor2D;
+  logProb: Tensor2D;
+  oldLogProb: Tensor2D;
+  refLogProb: Tensor2D;
 }
 
 function makeBatch(dtype: 'float32' | 'float64', seed: number): Batch {
   const rng = Rng.fromSeed(seed);
   const n = BS * T;
   const arr = (): FloatArray => (dtype === 'float32' ? new Float32Array(n) : new Float64Array(n));
-  const rewards = arr(), mask = arr(), values = arr(), lp = arr(), old = arr(), ref = arr();
+  const rewards = arr(),
+    mask = arr(),
+    values = arr(),
+    lp = arr(),
+    old = arr(),
+    ref = arr();
   const index: string[] = [];
   for (let i = 0; i < BS; i++) {
     index.push(`p${Math.floor(i / GROUP)}`);
@@ -42,7 +65,15 @@ function makeBatch(dtype: 'float32' | 'float64', seed: number): Batch {
     rewards[i * T + len - 1] = rng.next() < 0.5 ? 1 : 0;
   }
   const t2 = (data: FloatArray) => ({ data, bs: BS, T });
-  return { rewards: t2(rewards), mask: t2(mask), index, values: t2(values), logProb: t2(lp), oldLogProb: t2(old), refLogProb: t2(ref) };
+  return {
+    rewards: t2(rewards),
+    mask: t2(mask),
+    index,
+    values: t2(values),
+    logProb: t2(lp),
+    oldLogProb: t2(old),
+    refLogProb: t2(ref),
+  };
 }
 
 /** Median seconds per call over `reps` timed calls after `warmup` untimed ones (JIT warm-up). */
@@ -59,7 +90,11 @@ function time(fn: () => unknown, reps = 9, warmup = 3): number {
 }
 
 function grpoPpoStep(b: Batch): number {
-  const { advantages } = computeGrpoOutcomeAdvantage({ token_level_rewards: b.rewards as Tensor2D, response_mask: b.mask, index: b.index });
+  const { advantages } = computeGrpoOutcomeAdvantage({
+    token_level_rewards: b.rewards as Tensor2D,
+    response_mask: b.mask,
+    index: b.index,
+  });
   const kl = klPenalty(b.logProb, b.refLogProb, 'low_var_kl');
   const pg = computePolicyLossVanilla(
     { old_log_prob: b.oldLogProb, log_prob: b.logProb, advantages, response_mask: b.mask },
@@ -75,9 +110,24 @@ export async function run(): Promise<Row[]> {
   for (const dtype of ['float32', 'float64'] as const) {
     const b = makeBatch(dtype, 1);
     const s1 = time(() => grpoPpoStep(b));
-    rows.push({ name: `rl: GRPO adv + low_var_kl + PPO loss + token-mean, ${BS}×${T} ${dtype}`, value: Math.round(tokens / s1), unit: 'tokens/s', goal: '≥ 5e6' });
-    const s2 = time(() => computeGaeAdvantageReturn({ token_level_rewards: b.rewards, response_mask: b.mask, values: b.values }, { gamma: 0.99, lam: 0.95 }));
-    rows.push({ name: `rl: GAE advantages + returns, ${BS}×${T} ${dtype}`, value: Math.round(tokens / s2), unit: 'tokens/s', goal: '≥ 5e6' });
+    rows.push({
+      name: `rl: GRPO adv + low_var_kl + PPO loss + token-mean, ${BS}×${T} ${dtype}`,
+      value: Math.round(tokens / s1),
+      unit: 'tokens/s',
+      goal: '≥ 5e6',
+    });
+    const s2 = time(() =>
+      computeGaeAdvantageReturn(
+        { token_level_rewards: b.rewards, response_mask: b.mask, values: b.values },
+        { gamma: 0.99, lam: 0.95 },
+      ),
+    );
+    rows.push({
+      name: `rl: GAE advantages + returns, ${BS}×${T} ${dtype}`,
+      value: Math.round(tokens / s2),
+      unit: 'tokens/s',
+      goal: '≥ 5e6',
+    });
   }
   return rows;
 }
@@ -85,7 +135,8 @@ export async function run(): Promise<Row[]> {
 function printTable(rows: Row[]): void {
   const w = Math.max(...rows.map((r) => r.name.length));
   console.log(`${'benchmark'.padEnd(w)}  ${'value'.padStart(14)}  unit       goal`);
-  for (const r of rows) console.log(`${r.name.padEnd(w)}  ${r.value.toExponential(3).padStart(14)}  ${r.unit.padEnd(9)}  ${r.goal ?? ''}`);
+  for (const r of rows)
+    console.log(`${r.name.padEnd(w)}  ${r.value.toExponential(3).padStart(14)}  ${r.unit.padEnd(9)}  ${r.goal ?? ''}`);
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {

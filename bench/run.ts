@@ -7,7 +7,13 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import { formatTable } from '../lib/cli/progress.ts';
 
-interface AnyRow { name: string; value: number; unit: string; goal?: number | string; better?: 'higher' | 'lower' }
+interface AnyRow {
+  name: string;
+  value: number;
+  unit: string;
+  goal?: number | string;
+  better?: 'higher' | 'lower';
+}
 const MODULES = ['avro', 'bus', 'store', 'rl', 'model', 'reward', 'pipeline', 'images', 'vision'] as const;
 
 function goalText(r: AnyRow): string {
@@ -24,7 +30,11 @@ function met(r: AnyRow): string {
 const args = process.argv.slice(2);
 const markdown = args.includes('--markdown');
 const wanted = args.filter((a) => !a.startsWith('--'));
-for (const w of wanted) if (!(MODULES as readonly string[]).includes(w)) { console.error(`unknown benchmark "${w}" — valid: ${MODULES.join(', ')}`); process.exit(2); }
+for (const w of wanted)
+  if (!(MODULES as readonly string[]).includes(w)) {
+    console.error(`unknown benchmark "${w}" — valid: ${MODULES.join(', ')}`);
+    process.exit(2);
+  }
 const rows: Array<[string, AnyRow]> = [];
 for (const m of MODULES) {
   if (wanted.length && !wanted.includes(m)) continue;
@@ -36,10 +46,26 @@ for (const m of MODULES) {
 }
 const header = `${cpus().length} cores (${cpus()[0]?.model ?? '?'}), load average ${loadavg()[0].toFixed(1)}, Node ${process.version}`;
 console.log(header);
-console.log(formatTable([['bench', 'measure', 'value', 'unit', 'goal', 'met'], ...rows.map(([m, r]) => [m, r.name, r.value, r.unit, goalText(r), met(r)])]));
+console.log(
+  formatTable([
+    ['bench', 'measure', 'value', 'unit', 'goal', 'met'],
+    ...rows.map(([m, r]) => [m, r.name, r.value, r.unit, goalText(r), met(r)]),
+  ]),
+);
 if (markdown) {
   mkdirSync(new URL('./out/', import.meta.url), { recursive: true });
-  const fmt = (v: number) => (Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-2) ? v.toExponential(2) : Number.isInteger(v) ? String(v) : v.toFixed(3));
-  const md = [`_${header}_`, '', '| bench | measure | value | unit | goal | met |', '|---|---|---|---|---|---|', ...rows.map(([m, r]) => `| ${m} | ${r.name} | ${fmt(r.value)} | ${r.unit} | ${goalText(r)} | ${met(r)} |`)].join('\n');
+  const fmt = (v: number) =>
+    Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-2)
+      ? v.toExponential(2)
+      : Number.isInteger(v)
+        ? String(v)
+        : v.toFixed(3);
+  const md = [
+    `_${header}_`,
+    '',
+    '| bench | measure | value | unit | goal | met |',
+    '|---|---|---|---|---|---|',
+    ...rows.map(([m, r]) => `| ${m} | ${r.name} | ${fmt(r.value)} | ${r.unit} | ${goalText(r)} | ${met(r)} |`),
+  ].join('\n');
   writeFileSync(new URL('./out/results.md', import.meta.url), `${md}\n`);
 }

@@ -37,12 +37,35 @@ const PROMPT_TOKENS = 64;
 const RESPONSE_TOKENS = 256;
 const BATCH = 1024;
 const POSTGRES_GOAL = 25_000;
-const WORDS = ['the', 'answer', 'is', 'therefore', 'we', 'compute', 'sum', 'of', 'and', 'so', 'step', 'first', 'then', '=', '+', '42', '7', 'x'];
+const WORDS = [
+  'the',
+  'answer',
+  'is',
+  'therefore',
+  'we',
+  'compute',
+  'sum',
+  'of',
+  'and',
+  'so',
+  'step',
+  'first',
+  'then',
+  '=',
+  '+',
+  '42',
+  '7',
+  'x',
+];
 
 function sentence(rng: Rng, chars: number): string {
   const parts: string[] = [];
   let n = 0;
-  while (n < chars) { const w = WORDS[rng.int(WORDS.length)]!; parts.push(w); n += w.length + 1; }
+  while (n < chars) {
+    const w = WORDS[rng.int(WORDS.length)]!;
+    parts.push(w);
+    n += w.length + 1;
+  }
   return parts.join(' ');
 }
 
@@ -61,15 +84,32 @@ export function makeRows(runId: string, count: number, seed = 1): TrajectoryRow[
     const reward = rng.next() < 0.5 ? 1 : 0;
     rows.push({
       id: `${runId}/s${Math.floor(prompt / 128)}/p${prompt}/${i % 8}`,
-      runId, step: Math.floor(prompt / 128), epoch: 0, kind: 'train', groupUid: `g${prompt}`,
-      promptIndex: prompt, sampleIndex: i % 8, policyVersion: Math.floor(prompt / 128),
+      runId,
+      step: Math.floor(prompt / 128),
+      epoch: 0,
+      kind: 'train',
+      groupUid: `g${prompt}`,
+      promptIndex: prompt,
+      sampleIndex: i % 8,
+      policyVersion: Math.floor(prompt / 128),
       promptTokens: Int32Array.from({ length: PROMPT_TOKENS }, () => rng.int(32000)),
       responseTokens: Int32Array.from({ length: RESPONSE_TOKENS }, () => rng.int(32000)),
-      promptText: sentence(rng, 250), responseText: sentence(rng, 1000), groundTruth: '42',
-      behaviourLogprobs: behaviour, refLogprobs: ref, oldLogprobs: null,
-      advantages: new Float32Array(RESPONSE_TOKENS).fill(advantage), advantage, returns: null,
-      reward, rewardDetails: { correct: reward === 1, format: 1 }, rewardFailure: null,
-      finishReason: 'stop', filtered: false, filterReason: null, staleness: 0,
+      promptText: sentence(rng, 250),
+      responseText: sentence(rng, 1000),
+      groundTruth: '42',
+      behaviourLogprobs: behaviour,
+      refLogprobs: ref,
+      oldLogprobs: null,
+      advantages: new Float32Array(RESPONSE_TOKENS).fill(advantage),
+      advantage,
+      returns: null,
+      reward,
+      rewardDetails: { correct: reward === 1, format: 1 },
+      rewardFailure: null,
+      finishReason: 'stop',
+      filtered: false,
+      filterReason: null,
+      staleness: 0,
     });
   }
   return rows;
@@ -77,9 +117,19 @@ export function makeRows(runId: string, count: number, seed = 1): TrajectoryRow[
 
 type Method = (batch: TrajectoryRow[]) => Promise<unknown>;
 
-interface Rate { rowsPerSecond: number; clientCpuMicrosPerRow: number }
+interface Rate {
+  rowsPerSecond: number;
+  clientCpuMicrosPerRow: number;
+}
 
-async function rate(store: Store, database: Database, label: string, count: number, method: (s: Store, db: Database) => Method, concurrency = 1): Promise<Rate> {
+async function rate(
+  store: Store,
+  database: Database,
+  label: string,
+  count: number,
+  method: (s: Store, db: Database) => Method,
+  concurrency = 1,
+): Promise<Rate> {
   const runId = `bench-store-${label}-${process.pid}-${Date.now()}`;
   await store.upsertRun({ runId, project: 'bench', experiment: 'store', config: {} });
   const rows = makeRows(runId, count + 256);
@@ -90,9 +140,11 @@ async function rate(store: Store, database: Database, label: string, count: numb
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
   let next = 0;
-  await Promise.all(Array.from({ length: concurrency }, async () => {
-    while (next < batches.length) await insert(batches[next++]!);
-  }));
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (next < batches.length) await insert(batches[next++]!);
+    }),
+  );
   const seconds = (performance.now() - t0) / 1000;
   const cpu = process.cpuUsage(cpu0);
   const stored = await store.countTrajectories(runId);
@@ -101,15 +153,27 @@ async function rate(store: Store, database: Database, label: string, count: numb
   return { rowsPerSecond: count / seconds, clientCpuMicrosPerRow: (cpu.user + cpu.system) / count };
 }
 
-const copyPath = (s: Store): Method => (b) => s.insertTrajectories(b);
-const copyInTx = (s: Store, d: Database): Method => (b) => d.db.transaction().execute((tx) => s.insertTrajectories(b, { tx }));
-const unnestPath = (_s: Store, d: Database): Method => (b) => d.db.transaction().execute((tx) => unnestTrajectories(tx, b));
-const valuesPath = (_s: Store, d: Database): Method => (b) => d.db.transaction().execute(async (tx: Tx) => {
-  for (let i = 0; i < b.length; i += VALUES_ROWS_PER_STATEMENT) {
-    const q = valuesInsert(b.slice(i, i + VALUES_ROWS_PER_STATEMENT));
-    await tx.executeQuery(CompiledQuery.raw(q.text, q.values));
-  }
-});
+const copyPath =
+  (s: Store): Method =>
+  (b) =>
+    s.insertTrajectories(b);
+const copyInTx =
+  (s: Store, d: Database): Method =>
+  (b) =>
+    d.db.transaction().execute((tx) => s.insertTrajectories(b, { tx }));
+const unnestPath =
+  (_s: Store, d: Database): Method =>
+  (b) =>
+    d.db.transaction().execute((tx) => unnestTrajectories(tx, b));
+const valuesPath =
+  (_s: Store, d: Database): Method =>
+  (b) =>
+    d.db.transaction().execute(async (tx: Tx) => {
+      for (let i = 0; i < b.length; i += VALUES_ROWS_PER_STATEMENT) {
+        const q = valuesInsert(b.slice(i, i + VALUES_ROWS_PER_STATEMENT));
+        await tx.executeQuery(CompiledQuery.raw(q.text, q.values));
+      }
+    });
 /** Re-delivery of rows already stored: every row a duplicate. */
 async function duplicateRate(store: Store, database: Database, count: number): Promise<number> {
   const runId = `bench-store-dup-${process.pid}-${Date.now()}`;
@@ -130,20 +194,33 @@ async function benchBackend(kind: 'pglite' | 'postgres', database: Database): Pr
   const store = createStore(database);
   const out: BenchRow[] = [];
   const scale = kind === 'pglite' ? 0.5 : 1;
-  const n = (x: number) => Math.max(BATCH, Math.round(x * scale / BATCH) * BATCH);
+  const n = (x: number) => Math.max(BATCH, Math.round((x * scale) / BATCH) * BATCH);
   const push = (label: string, r: Rate, goal?: number) => {
-    out.push({ name: `store/${kind}/${label}`, value: Math.round(r.rowsPerSecond), unit: 'rows/s', ...(goal === undefined ? {} : { goal }) });
+    out.push({
+      name: `store/${kind}/${label}`,
+      value: Math.round(r.rowsPerSecond),
+      unit: 'rows/s',
+      ...(goal === undefined ? {} : { goal }),
+    });
   };
   try {
     const copy = await rate(store, database, 'copy', n(16 * BATCH), copyPath);
     push('copy', copy, kind === 'postgres' ? POSTGRES_GOAL : undefined);
     // CPU of this process per row: for PGlite the whole database engine, for PostgreSQL the client side.
-    out.push({ name: `store/${kind}/copy_${kind === 'pglite' ? 'engine' : 'client'}_cpu_per_row`, value: Math.round(copy.clientCpuMicrosPerRow), unit: 'µs' });
+    out.push({
+      name: `store/${kind}/copy_${kind === 'pglite' ? 'engine' : 'client'}_cpu_per_row`,
+      value: Math.round(copy.clientCpuMicrosPerRow),
+      unit: 'µs',
+    });
     push('copy_in_caller_tx', await rate(store, database, 'copytx', n(8 * BATCH), copyInTx));
     if (kind === 'postgres') push('copy_2_writers', await rate(store, database, 'copy2', n(16 * BATCH), copyPath, 2));
     push('unnest_insert', await rate(store, database, 'unnest', n(4 * BATCH), unnestPath));
     push('multirow_values_insert', await rate(store, database, 'values', n(4 * BATCH), valuesPath));
-    out.push({ name: `store/${kind}/redelivery_all_duplicates`, value: Math.round(await duplicateRate(store, database, n(4 * BATCH))), unit: 'rows/s' });
+    out.push({
+      name: `store/${kind}/redelivery_all_duplicates`,
+      value: Math.round(await duplicateRate(store, database, n(4 * BATCH))),
+      unit: 'rows/s',
+    });
   } finally {
     await store.close();
   }
@@ -157,13 +234,20 @@ export async function run(): Promise<BenchRow[]> {
     const dir = mkdtempSync(join(tmpdir(), 'rlstream-bench-store-'));
     try {
       const database = await openDatabase({ kind: 'pglite', dir });
-      try { rows.push(...await benchBackend('pglite', database)); } finally { await database.close(); }
+      try {
+        rows.push(...(await benchBackend('pglite', database)));
+      } finally {
+        await database.close();
+      }
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
   }
   if (!skip.includes('postgres')) {
-    const url = process.env.RLSTREAM_BENCH_PG_URL ?? process.env.RLSTREAM_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+    const url =
+      process.env.RLSTREAM_BENCH_PG_URL ??
+      process.env.RLSTREAM_TEST_PG_URL ??
+      'postgres://postgres@127.0.0.1:5432/test';
     let database: Database | undefined;
     try {
       database = await openDatabase({ kind: 'postgres', url });
@@ -171,7 +255,11 @@ export async function run(): Promise<BenchRow[]> {
       console.error(`bench/store: PostgreSQL skipped: ${errorMessage(e)}`);
     }
     if (database) {
-      try { rows.push(...await benchBackend('postgres', database)); } finally { await database.close(); }
+      try {
+        rows.push(...(await benchBackend('postgres', database)));
+      } finally {
+        await database.close();
+      }
     }
   }
   return rows;

@@ -17,7 +17,11 @@ import { encodeRgbPng } from '../lib/data/images.ts';
 import { generateVisionGame } from '../lib/tasks/number-game-vision.ts';
 import { VISION_GAME_PROMPT } from '../lib/tasks/index.ts';
 
-export async function writeVisionGameDataset(dir: string, count: number, seed: number): Promise<{ file: string; rows: number }> {
+export async function writeVisionGameDataset(
+  dir: string,
+  count: number,
+  seed: number,
+): Promise<{ file: string; rows: number }> {
   mkdirSync(join(dir, 'images'), { recursive: true });
   const lines: string[] = [];
   const samples = generateVisionGame(count, seed);
@@ -25,7 +29,15 @@ export async function writeVisionGameDataset(dir: string, count: number, seed: n
   for (const [i, s] of samples.entries()) {
     const name = `images/${String(i).padStart(width, '0')}.png`;
     writeFileSync(join(dir, name), await encodeRgbPng(s.image));
-    lines.push(JSON.stringify({ prompt: VISION_GAME_PROMPT, answer: String(s.answer), images: name, data_source: 'number_game_vision', extra_info: { numbers: s.numbers } }));
+    lines.push(
+      JSON.stringify({
+        prompt: VISION_GAME_PROMPT,
+        answer: String(s.answer),
+        images: name,
+        data_source: 'number_game_vision',
+        extra_info: { numbers: s.numbers },
+      }),
+    );
   }
   const file = join(dir, 'data.jsonl');
   writeFileSync(file, `${lines.join('\n')}\n`);

@@ -7,7 +7,10 @@ export class RlError extends Error {
   readonly retriable: boolean;
   readonly code: string;
   readonly details?: Record<string, unknown>;
-  constructor(message: string, opts: { retriable?: boolean; code?: string; cause?: unknown; details?: Record<string, unknown> } = {}) {
+  constructor(
+    message: string,
+    opts: { retriable?: boolean; code?: string; cause?: unknown; details?: Record<string, unknown> } = {},
+  ) {
     super(message, opts.cause !== undefined ? { cause: opts.cause } : undefined);
     this.name = 'RlError';
     this.retriable = opts.retriable ?? false;
@@ -59,7 +62,10 @@ export class StorageError extends RlError {
   readonly stopsStage = true;
   readonly path: string;
   constructor(path: string, errno: string, cause?: unknown) {
-    super(`cannot write ${path}: ${STORAGE_CODES[errno] ?? errno} (${errno}); free space on (or fix) that file system, then run the same command again: the run continues where it stopped, nothing was committed past this point`, { retriable: false, code: 'ERR_STORAGE', cause, details: { path, errno } });
+    super(
+      `cannot write ${path}: ${STORAGE_CODES[errno] ?? errno} (${errno}); free space on (or fix) that file system, then run the same command again: the run continues where it stopped, nothing was committed past this point`,
+      { retriable: false, code: 'ERR_STORAGE', cause, details: { path, errno } },
+    );
     this.name = 'StorageError';
     this.path = path;
   }
@@ -74,9 +80,13 @@ export function storageFault(err: unknown, path?: string): StorageError | null {
     if (e instanceof StorageError) return e;
     const x = e as { code?: unknown; path?: unknown; dest?: unknown; name?: unknown; errno?: unknown };
     // PGlite (Emscripten) throws {name: 'ErrnoError', errno} with WASI numbers and no path
-    if (x.name === 'ErrnoError' && typeof x.errno === 'number' && WASI_ERRNO[x.errno]) return new StorageError(path ?? 'the embedded database', WASI_ERRNO[x.errno], err);
+    if (x.name === 'ErrnoError' && typeof x.errno === 'number' && WASI_ERRNO[x.errno])
+      return new StorageError(path ?? 'the embedded database', WASI_ERRNO[x.errno], err);
     if (typeof x.code === 'string' && x.code in STORAGE_CODES) {
-      const where = path ?? (typeof x.dest === 'string' ? x.dest : typeof x.path === 'string' ? x.path : null) ?? `a file (${errorMessage(e)})`;
+      const where =
+        path ??
+        (typeof x.dest === 'string' ? x.dest : typeof x.path === 'string' ? x.path : null) ??
+        `a file (${errorMessage(e)})`;
       return new StorageError(where, x.code, err);
     }
   }
@@ -88,7 +98,26 @@ export function withStoragePath(err: unknown, path: string): unknown {
   return storageFault(err, path) ?? err;
 }
 
-const TRANSIENT_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EAI_AGAIN', 'ENOTFOUND', 'EHOSTUNREACH', '57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004', '40001', '40P01', '53300']);
+const TRANSIENT_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ETIMEDOUT',
+  'EPIPE',
+  'EAI_AGAIN',
+  'ENOTFOUND',
+  'EHOSTUNREACH',
+  '57P01',
+  '57P02',
+  '57P03',
+  '08000',
+  '08003',
+  '08006',
+  '08001',
+  '08004',
+  '40001',
+  '40P01',
+  '53300',
+]);
 
 /** Whether an arbitrary thrown value is worth retrying. Reads only the `retriable` flag when present. */
 export function isRetriable(err: unknown): boolean {
@@ -107,7 +136,11 @@ export function errorMessage(err: unknown): string {
   if (err && typeof err === 'object') {
     const m = (err as { message?: unknown }).message;
     if (typeof m === 'string' && m) return m;
-    try { return JSON.stringify(err) ?? String(err); } catch { return String(err); }
+    try {
+      return JSON.stringify(err) ?? String(err);
+    } catch {
+      return String(err);
+    }
   }
   return String(err);
 }

@@ -27,15 +27,26 @@ export function createLogger(opts: LogOptions): Logger {
   const level = opts.level ?? process.env.RLSTREAM_LOG_LEVEL ?? 'info';
   const pretty = opts.pretty ?? (process.stderr.isTTY === true && !process.env.RLSTREAM_LOG_JSON);
   const base = opts.stage ? { run_id: opts.runId, stage: opts.stage } : { run_id: opts.runId };
-  const redact = { paths: ['*.password', '*.token', '*.authorization', 'config.pipeline.database_url', '*.database_url'], censor: '[redacted]' };
+  const redact = {
+    paths: ['*.password', '*.token', '*.authorization', 'config.pipeline.database_url', '*.database_url'],
+    censor: '[redacted]',
+  };
   if (opts.sink) {
     const sink = opts.sink;
-    const format = pretty ? prettyFactory({ colorize: true, ignore: 'pid,hostname', translateTime: 'HH:MM:ss', singleLine: true }) : null;
+    const format = pretty
+      ? prettyFactory({ colorize: true, ignore: 'pid,hostname', translateTime: 'HH:MM:ss', singleLine: true })
+      : null;
     const stream = { write: (line: string) => sink.write(format ? format(line) : line) };
-    return pino(pretty ? { level, base, redact } : { level, base, redact, timestamp: pino.stdTimeFunctions.isoTime }, stream);
+    return pino(
+      pretty ? { level, base, redact } : { level, base, redact, timestamp: pino.stdTimeFunctions.isoTime },
+      stream,
+    );
   }
   if (pretty) {
-    const stream = pino.transport({ target: 'pino-pretty', options: { destination: 2, colorize: true, ignore: 'pid,hostname', translateTime: 'HH:MM:ss' } });
+    const stream = pino.transport({
+      target: 'pino-pretty',
+      options: { destination: 2, colorize: true, ignore: 'pid,hostname', translateTime: 'HH:MM:ss' },
+    });
     return pino({ level, base, redact }, stream);
   }
   const dest = pino.destination({ dest: opts.destination ?? 2, sync: true });

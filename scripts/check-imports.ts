@@ -24,7 +24,8 @@ function walk(dir: string, out: string[] = []): string[] {
 }
 
 const files = roots.flatMap((r) => walk(join(root, r)));
-const importRe = /(?:import|export)\s[^'"]*?from\s*['"]([^'"]+)['"]|import\s*\(\s*['"]([^'"]+)['"]\s*\)|import\s+['"]([^'"]+)['"]/g;
+const importRe =
+  /(?:import|export)\s[^'"]*?from\s*['"]([^'"]+)['"]|import\s*\(\s*['"]([^'"]+)['"]\s*\)|import\s+['"]([^'"]+)['"]/g;
 
 function resolveSpec(from: string, spec: string): string | null {
   if (!spec.startsWith('.')) return null;
@@ -38,7 +39,9 @@ function resolveSpec(from: string, spec: string): string | null {
 const graph = new Map<string, string[]>();
 const problems: string[] = [];
 for (const f of files) {
-  const src = readFileSync(f, 'utf8').replace(/\/\*[\s\S]*?\*\//g, '').replace(/^\s*\/\/.*$/gm, '');
+  const src = readFileSync(f, 'utf8')
+    .replace(/\/\*[\s\S]*?\*\//g, '')
+    .replace(/^\s*\/\/.*$/gm, '');
   const deps: string[] = [];
   for (const m of src.matchAll(importRe)) {
     const spec = m[1] ?? m[2] ?? m[3];
@@ -49,9 +52,19 @@ for (const f of files) {
     const svcFrom = /^services\/([^/]+)\//.exec(relFrom)?.[1];
     if (svcFrom && target) {
       const svcTo = /^services\/([^/]+)\//.exec(relative(root, target))?.[1];
-      if (svcTo && svcTo !== svcFrom) problems.push(`${relFrom}: imports ${relative(root, target)} — a service must not import another service; move shared code to lib/`);
+      if (svcTo && svcTo !== svcFrom)
+        problems.push(
+          `${relFrom}: imports ${relative(root, target)} — a service must not import another service; move shared code to lib/`,
+        );
     }
-    if (svcFrom && relFrom.endsWith('/logic.ts') && !target && /^(node:)?(fs|net|http|https|child_process|dgram)(\/|$)|^(pg|kafkajs|@electric-sql\/pglite|onnxruntime-node)$/.test(spec)) {
+    if (
+      svcFrom &&
+      relFrom.endsWith('/logic.ts') &&
+      !target &&
+      /^(node:)?(fs|net|http|https|child_process|dgram)(\/|$)|^(pg|kafkajs|@electric-sql\/pglite|onnxruntime-node)$/.test(
+        spec,
+      )
+    ) {
       problems.push(`${relFrom}: imports '${spec}' — logic.ts must be pure (no I/O)`);
     }
   }
@@ -60,18 +73,31 @@ for (const f of files) {
 
 // Tarjan's SCC to report every cycle once.
 let index = 0;
-const idx = new Map<string, number>(), low = new Map<string, number>(), onStack = new Set<string>(), stack: string[] = [];
+const idx = new Map<string, number>(),
+  low = new Map<string, number>(),
+  onStack = new Set<string>(),
+  stack: string[] = [];
 function strong(v: string): void {
-  idx.set(v, index); low.set(v, index); index++; stack.push(v); onStack.add(v);
+  idx.set(v, index);
+  low.set(v, index);
+  index++;
+  stack.push(v);
+  onStack.add(v);
   for (const w of graph.get(v) ?? []) {
     if (!graph.has(w)) continue;
-    if (!idx.has(w)) { strong(w); low.set(v, Math.min(low.get(v)!, low.get(w)!)); }
-    else if (onStack.has(w)) low.set(v, Math.min(low.get(v)!, idx.get(w)!));
+    if (!idx.has(w)) {
+      strong(w);
+      low.set(v, Math.min(low.get(v)!, low.get(w)!));
+    } else if (onStack.has(w)) low.set(v, Math.min(low.get(v)!, idx.get(w)!));
   }
   if (low.get(v) === idx.get(v)) {
     const comp: string[] = [];
     let w: string;
-    do { w = stack.pop()!; onStack.delete(w); comp.push(w); } while (w !== v);
+    do {
+      w = stack.pop()!;
+      onStack.delete(w);
+      comp.push(w);
+    } while (w !== v);
     const selfLoop = comp.length === 1 && (graph.get(v) ?? []).includes(v);
     if (comp.length > 1 || selfLoop) problems.push(`import cycle: ${comp.map((c) => relative(root, c)).join(' → ')}`);
   }
@@ -83,4 +109,6 @@ if (problems.length) {
   console.error(`check-imports: ${problems.length} problem(s) in ${files.length} files`);
   process.exit(1);
 }
-console.log(`check-imports: ${files.length} files, no cycles${cyclesOnly ? '' : ', no cross-service imports, pure logic.ts'}`);
+console.log(
+  `check-imports: ${files.length} files, no cycles${cyclesOnly ? '' : ', no cross-service imports, pure logic.ts'}`,
+);

@@ -24,11 +24,23 @@ export const GENERATED_FILE = join(root, 'lib', 'contracts', 'generated.ts');
 export const ASSERTIONS_FILE = join(root, 'lib', 'contracts', 'type-assertions.ts');
 
 const PRIMITIVE_TS: Record<string, string> = {
-  null: 'null', boolean: 'boolean', int: 'number', long: 'number', float: 'number', double: 'number', string: 'string', bytes: 'Buffer',
+  null: 'null',
+  boolean: 'boolean',
+  int: 'number',
+  long: 'number',
+  float: 'number',
+  double: 'number',
+  string: 'string',
+  bytes: 'Buffer',
 };
 const LOGICAL_TS: Record<string, string> = { 'int32-le': 'Int32Array', 'float32-le': 'Float32Array' };
 
-const pascal = (s: string) => s.split(/[^A-Za-z0-9]+/).filter(Boolean).map((p) => p[0].toUpperCase() + p.slice(1)).join('');
+const pascal = (s: string) =>
+  s
+    .split(/[^A-Za-z0-9]+/)
+    .filter(Boolean)
+    .map((p) => p[0].toUpperCase() + p.slice(1))
+    .join('');
 
 function docComment(doc: unknown, indent: string): string {
   if (typeof doc !== 'string' || doc === '') return '';
@@ -64,12 +76,20 @@ function generateOne(ref: string, schema: Record<string, unknown>): string {
       return LOGICAL_TS[o.logicalType];
     }
     switch (o.type) {
-      case 'record': case 'error': {
-        const itsNs = typeof o.namespace === 'string' ? o.namespace : o.name.includes('.') ? o.name.slice(0, o.name.lastIndexOf('.')) : ns;
+      case 'record':
+      case 'error': {
+        const itsNs =
+          typeof o.namespace === 'string'
+            ? o.namespace
+            : o.name.includes('.')
+              ? o.name.slice(0, o.name.lastIndexOf('.'))
+              : ns;
         const q = qualify(o.name, itsNs);
         const tsName = prefix + pascal(q.slice(q.lastIndexOf('.') + 1));
         named.set(q, tsName);
-        const lines = (o.fields as Array<Record<string, any>>).map((f) => `${docComment(f.doc, '  ')}  ${f.name}: ${tsType(f.type, itsNs, `${where}.${f.name}`)};`);
+        const lines = (o.fields as Array<Record<string, any>>).map(
+          (f) => `${docComment(f.doc, '  ')}  ${f.name}: ${tsType(f.type, itsNs, `${where}.${f.name}`)};`,
+        );
         decls.push(`${docComment(o.doc, '')}export interface ${tsName} {\n${lines.join('\n')}\n}`);
         return tsName;
       }
@@ -78,7 +98,9 @@ function generateOne(ref: string, schema: Record<string, unknown>): string {
         const q = qualify(o.name, itsNs);
         const tsName = prefix + pascal(q.slice(q.lastIndexOf('.') + 1));
         named.set(q, tsName);
-        decls.push(`${docComment(o.doc, '')}export type ${tsName} = ${(o.symbols as string[]).map((x) => JSON.stringify(x)).join(' | ')};`);
+        decls.push(
+          `${docComment(o.doc, '')}export type ${tsName} = ${(o.symbols as string[]).map((x) => JSON.stringify(x)).join(' | ')};`,
+        );
         return tsName;
       }
       case 'fixed': {
@@ -139,41 +161,65 @@ export function lineDiff(expected: string, actual: string, max = 40): string {
   while (tail < e.length - head && tail < a.length - head && e[e.length - 1 - tail] === a[a.length - 1 - tail]) tail++;
   const em = e.slice(head, e.length - tail);
   const am = a.slice(head, a.length - tail);
-  if (em.length * am.length > 4_000_000) return `${am.length} lines from line ${head + 1} differ (too many to align); regenerate the file`;
+  if (em.length * am.length > 4_000_000)
+    return `${am.length} lines from line ${head + 1} differ (too many to align); regenerate the file`;
   // lcs[i][j] = LCS length of am[i..], em[j..]
   const w = em.length + 1;
   const lcs = new Int32Array((am.length + 1) * w);
   for (let i = am.length - 1; i >= 0; i--) {
     for (let j = em.length - 1; j >= 0; j--) {
-      lcs[i * w + j] = am[i] === em[j] ? lcs[(i + 1) * w + j + 1] + 1 : Math.max(lcs[(i + 1) * w + j], lcs[i * w + j + 1]);
+      lcs[i * w + j] =
+        am[i] === em[j] ? lcs[(i + 1) * w + j + 1] + 1 : Math.max(lcs[(i + 1) * w + j], lcs[i * w + j + 1]);
     }
   }
   const out: string[] = [];
   let i = 0;
   let j = 0;
   while ((i < am.length || j < em.length) && out.length < max) {
-    if (i < am.length && j < em.length && am[i] === em[j]) { i++; j++; continue; }
-    if (j < em.length && (i === am.length || lcs[i * w + j + 1] >= lcs[(i + 1) * w + j])) { out.push(`${head + i + 1}: + ${em[j]}`); j++; }
-    else { out.push(`${head + i + 1}: - ${am[i]}`); i++; }
+    if (i < am.length && j < em.length && am[i] === em[j]) {
+      i++;
+      j++;
+      continue;
+    }
+    if (j < em.length && (i === am.length || lcs[i * w + j + 1] >= lcs[(i + 1) * w + j])) {
+      out.push(`${head + i + 1}: + ${em[j]}`);
+      j++;
+    } else {
+      out.push(`${head + i + 1}: - ${am[i]}`);
+      i++;
+    }
   }
   return out.join('\n');
 }
 
 /** Compares (or with write = true, rewrites) the generated file. */
-export function checkGenerated(opts: { write?: boolean; dir?: string; file?: string } = {}): { ok: boolean; diff: string } {
+export function checkGenerated(opts: { write?: boolean; dir?: string; file?: string } = {}): {
+  ok: boolean;
+  diff: string;
+} {
   const file = opts.file ?? GENERATED_FILE;
   const expected = generateTypes(opts.dir ?? SCHEMA_DIR);
   const actual = existsSync(file) ? readFileSync(file, 'utf8') : '';
   if (expected === actual) return { ok: true, diff: '' };
-  if (opts.write) { writeFileSync(file, expected); return { ok: true, diff: '' }; }
+  if (opts.write) {
+    writeFileSync(file, expected);
+    return { ok: true, diff: '' };
+  }
   return { ok: false, diff: actual === '' ? `${file} is missing` : lineDiff(expected, actual) };
 }
 
 /** Compiles the type assertions (and what they import); returns the diagnostics as text lines. */
 export function checkTypeAssertions(files: string[] = [ASSERTIONS_FILE]): string[] {
   const program = ts.createProgram(files, {
-    strict: true, noEmit: true, skipLibCheck: true, target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.NodeNext,
-    moduleResolution: ts.ModuleResolutionKind.NodeNext, allowImportingTsExtensions: true, types: ['node'], lib: ['lib.es2023.d.ts'],
+    strict: true,
+    noEmit: true,
+    skipLibCheck: true,
+    target: ts.ScriptTarget.ES2022,
+    module: ts.ModuleKind.NodeNext,
+    moduleResolution: ts.ModuleResolutionKind.NodeNext,
+    allowImportingTsExtensions: true,
+    types: ['node'],
+    lib: ['lib.es2023.d.ts'],
   });
   return ts.getPreEmitDiagnostics(program).map((d) => {
     const msg = ts.flattenDiagnosticMessageText(d.messageText, '\n');
@@ -195,11 +241,24 @@ export function checkEvolution(dir = SCHEMA_DIR, evolutionDir = EVOLUTION_DIR): 
     }
   }
   if (existsSync(evolutionDir)) {
-    for (const name of readdirSync(evolutionDir).filter((n) => n.endsWith('.avsc')).sort()) {
-      const fixture = new SchemaCatalogue().add(name.slice(0, -5), readFileSync(join(evolutionDir, name), 'utf8'), join(evolutionDir, name));
-      const prev = cat.versions(fixture.family).filter((v) => v.version < fixture.version).pop();
-      if (!prev) { problems.push(`evolution/${name}: no older version of ${fixture.family} in schemas/`); continue; }
-      for (const e of checkCompatibility(prev.type, fixture.type).errors) problems.push(`evolution/${name} cannot read ${prev.ref}: ${e}`);
+    for (const name of readdirSync(evolutionDir)
+      .filter((n) => n.endsWith('.avsc'))
+      .sort()) {
+      const fixture = new SchemaCatalogue().add(
+        name.slice(0, -5),
+        readFileSync(join(evolutionDir, name), 'utf8'),
+        join(evolutionDir, name),
+      );
+      const prev = cat
+        .versions(fixture.family)
+        .filter((v) => v.version < fixture.version)
+        .pop();
+      if (!prev) {
+        problems.push(`evolution/${name}: no older version of ${fixture.family} in schemas/`);
+        continue;
+      }
+      for (const e of checkCompatibility(prev.type, fixture.type).errors)
+        problems.push(`evolution/${name} cannot read ${prev.ref}: ${e}`);
     }
   }
   return problems;
@@ -211,14 +270,18 @@ export function main(argv: string[]): number {
   const gen = checkGenerated({ write });
   if (!gen.ok) {
     failed = true;
-    console.error(`lib/contracts/generated.ts is stale (the .avsc files changed). Run: node --import tsx scripts/check-schema-types.ts --write\n${gen.diff}`);
+    console.error(
+      `lib/contracts/generated.ts is stale (the .avsc files changed). Run: node --import tsx scripts/check-schema-types.ts --write\n${gen.diff}`,
+    );
   } else if (write) {
     console.log('lib/contracts/generated.ts is up to date');
   }
   const diags = checkTypeAssertions();
   if (diags.length) {
     failed = true;
-    console.error(`lib/contracts/types.ts does not match the schemas (lib/contracts/type-assertions.ts):\n${diags.join('\n')}`);
+    console.error(
+      `lib/contracts/types.ts does not match the schemas (lib/contracts/type-assertions.ts):\n${diags.join('\n')}`,
+    );
   }
   const evo = checkEvolution();
   if (evo.length) {

@@ -30,5 +30,17 @@ if (files.length === 0) {
   process.exit(1);
 }
 const concurrency = tier === 'unit' ? '2' : '1';
-const r = spawnSync(process.execPath, ['--import', 'tsx', '--test', '--test-force-exit', `--test-concurrency=${concurrency}`, '--test-timeout=600000', ...files], { cwd: root, stdio: 'inherit' });
+const r = spawnSync(
+  process.execPath,
+  [
+    '--import',
+    'tsx',
+    '--test',
+    '--test-force-exit',
+    `--test-concurrency=${concurrency}`,
+    '--test-timeout=600000',
+    ...files,
+  ],
+  { cwd: root, stdio: 'inherit' },
+);
 process.exit(r.status ?? 1);

@@ -15,25 +15,36 @@ import { ConfigError } from '../lib/errors.ts';
 export const STAGES = ['controller', 'rollout', 'reward', 'advantage', 'update'] as const;
 export type StageName = (typeof STAGES)[number];
 
-export interface StartedStage { name: string; run: StageRun; close(): Promise<void> }
+export interface StartedStage {
+  name: string;
+  run: StageRun;
+  close(): Promise<void>;
+}
 
-export async function startStage(p: Pipeline, name: string, opts: { replica?: number; replay?: boolean } = {}): Promise<StartedStage> {
+export async function startStage(
+  p: Pipeline,
+  name: string,
+  opts: { replica?: number; replay?: boolean } = {},
+): Promise<StartedStage> {
   const replica = opts.replica ?? 0;
   switch (name) {
     case 'controller': {
       const data = await loadRunData(p.cfg, tokenizerFor(p.cfg));
       return { name, run: startController(p, data, { replay: opts.replay }), close: async () => {} };
     }
-    case 'rollout': return { name, run: startRollout(p, { replica: String(replica) }), close: async () => {} };
+    case 'rollout':
+      return { name, run: startRollout(p, { replica: String(replica) }), close: async () => {} };
     case 'reward': {
       const backend = await createRewardBackend(p, replica);
       return { name, run: startReward(p, backend, { replica: String(replica) }), close: () => backend.close() };
     }
-    case 'advantage': return { name, run: startAdvantage(p), close: async () => {} };
+    case 'advantage':
+      return { name, run: startAdvantage(p), close: async () => {} };
     case 'update': {
       const data = await loadRunData(p.cfg, tokenizerFor(p.cfg));
       return { name, run: await startUpdate(p, { trainSize: data.train.length }), close: async () => {} };
     }
-    default: throw new ConfigError(`unknown stage "${name}" — valid: ${STAGES.join(', ')}`);
+    default:
+      throw new ConfigError(`unknown stage "${name}" — valid: ${STAGES.join(', ')}`);
   }
 }

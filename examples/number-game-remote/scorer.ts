@@ -29,7 +29,13 @@ export function formatScore(response: string): number {
 export default function score(req: ScoreRequest): ScoreResult {
   if (req.response === undefined || req.ground_truth === undefined) {
     // The seed's {image, prompt} body carries neither: use request_preset: text.
-    throw new Error('number-game scorer needs "response" and "ground_truth" in the request (set reward.remote.request_preset: text)');
+    throw new Error(
+      'number-game scorer needs "response" and "ground_truth" in the request (set reward.remote.request_preset: text)',
+    );
   }
-  return { accuracy: accuracy(req.response, req.ground_truth), format: formatScore(req.response), server_pid: process.pid };
+  return {
+    accuracy: accuracy(req.response, req.ground_truth),
+    format: formatScore(req.response),
+    server_pid: process.pid,
+  };
 }

@@ -27,10 +27,20 @@ export function formatScore(response: string): number {
 }
 
 export default async function score(req: ScoreRequest): Promise<ScoreResult> {
-  if (!req.image) throw new Error('vision number-game scorer needs the prompt image: map "image" to image_base64_png in reward.remote.request_template (or use request_preset: seed_image_prompt plus response)');
-  if (req.response === undefined) throw new Error('vision number-game scorer needs "response" in the request (map it to response_text in reward.remote.request_template)');
+  if (!req.image)
+    throw new Error(
+      'vision number-game scorer needs the prompt image: map "image" to image_base64_png in reward.remote.request_template (or use request_preset: seed_image_prompt plus response)',
+    );
+  if (req.response === undefined)
+    throw new Error(
+      'vision number-game scorer needs "response" in the request (map it to response_text in reward.remote.request_template)',
+    );
   const { data, info } = await sharp(req.image).removeAlpha().raw().toBuffer({ resolveWithObject: true });
-  const digits = readNumberGameDigits({ width: info.width, height: info.height, data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength) });
+  const digits = readNumberGameDigits({
+    width: info.width,
+    height: info.height,
+    data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength),
+  });
   const read = digits.filter((d) => d !== null).length;
   const answer = read === 3 ? digits.indexOf(Math.max(...(digits as number[]))) : null;
   const response = req.response.trim();
@@ -38,7 +48,8 @@ export default async function score(req: ScoreRequest): Promise<ScoreResult> {
     vlm_score: answer !== null && response === String(answer) ? 1 : 0,
     ocr_confidence: read / 3,
     format: formatScore(response),
-    agrees_with_ground_truth: answer !== null && req.ground_truth !== undefined && req.ground_truth.trim() === String(answer) ? 1 : 0,
+    agrees_with_ground_truth:
+      answer !== null && req.ground_truth !== undefined && req.ground_truth.trim() === String(answer) ? 1 : 0,
     server_pid: process.pid,
   };
 }

@@ -13,22 +13,30 @@
 import type { ScoreRequest, ScoreResult } from '../../lib/reward/scorer.ts';
 
 function words(s: string): string[] {
-  return s.toLowerCase().split(/[^\p{L}\p{N}]+/u).filter(Boolean);
+  return s
+    .toLowerCase()
+    .split(/[^\p{L}\p{N}]+/u)
+    .filter(Boolean);
 }
 
 /** Word-level F1 (bag of words, clipped counts), as used for SQuAD-style answer overlap. */
 export function wordF1(candidate: string, reference: string): number {
-  const c = words(candidate), r = words(reference);
+  const c = words(candidate),
+    r = words(reference);
   if (c.length === 0 || r.length === 0) return c.length === r.length ? 1 : 0;
   const counts = new Map<string, number>();
   for (const w of r) counts.set(w, (counts.get(w) ?? 0) + 1);
   let common = 0;
   for (const w of c) {
     const n = counts.get(w) ?? 0;
-    if (n > 0) { common++; counts.set(w, n - 1); }
+    if (n > 0) {
+      common++;
+      counts.set(w, n - 1);
+    }
   }
   if (common === 0) return 0;
-  const precision = common / c.length, recall = common / r.length;
+  const precision = common / c.length,
+    recall = common / r.length;
   return (2 * precision * recall) / (precision + recall);
 }
 

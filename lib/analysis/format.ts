@@ -42,9 +42,13 @@ function numberText(v: number, compact: boolean): string {
 /** A compact rendering of an array: `[1, 2.5, …(+120)]` in table mode, JSON-like in full mode. */
 function arrayText(a: unknown[], compact: boolean, maxArray: number): string {
   const shown = compact && a.length > maxArray ? a.slice(0, maxArray) : a;
-  const parts = shown.map((x) => (Array.isArray(x) ? arrayText(x, compact, maxArray)
-    : compact && typeof x === 'number' && Number.isFinite(x) && !Number.isSafeInteger(x) ? String(Number(x.toPrecision(4)))
-      : scalarText(x, compact, true)));
+  const parts = shown.map((x) =>
+    Array.isArray(x)
+      ? arrayText(x, compact, maxArray)
+      : compact && typeof x === 'number' && Number.isFinite(x) && !Number.isSafeInteger(x)
+        ? String(Number(x.toPrecision(4)))
+        : scalarText(x, compact, true),
+  );
   if (shown.length < a.length) parts.push(`…(+${a.length - shown.length})`);
   return `[${parts.join(compact ? ', ' : ',')}]`;
 }
@@ -64,12 +68,15 @@ function scalarText(v: unknown, compact: boolean, inArray = false): string {
 /** One cell as text: `compact` for the table (shortened), full otherwise (CSV). */
 export function cellText(v: unknown, opts: TableOptions & { compact: boolean }): string {
   const maxArray = opts.maxArray ?? 8;
-  let s = Array.isArray(v) ? arrayText(v, opts.compact, opts.compact ? maxArray : Number.POSITIVE_INFINITY) : scalarText(v, opts.compact);
+  let s = Array.isArray(v)
+    ? arrayText(v, opts.compact, opts.compact ? maxArray : Number.POSITIVE_INFINITY)
+    : scalarText(v, opts.compact);
   if (!opts.compact) return s;
   s = s.replace(/\r?\n/g, '↵').replace(/\t/g, ' ');
   const maxWidth = opts.maxWidth ?? 60;
   // Arrays are already bounded by maxArray; text is cut at maxWidth.
-  if (!Array.isArray(v) && maxWidth > 0 && [...s].length > maxWidth) s = [...s].slice(0, Math.max(1, maxWidth - 1)).join('') + '…';
+  if (!Array.isArray(v) && maxWidth > 0 && [...s].length > maxWidth)
+    s = [...s].slice(0, Math.max(1, maxWidth - 1)).join('') + '…';
   return s;
 }
 
@@ -79,7 +86,11 @@ const displayWidth = (s: string) => [...s].length;
 export function formatResultTable(res: QueryResult, opts: TableOptions = {}): string {
   const header = res.columns.map((c) => c.name);
   const body = res.rows.map((r) => r.map((v) => cellText(v, { ...opts, compact: true })));
-  const numeric = res.columns.map((_, i) => res.rows.length > 0 && res.rows.every((r) => r[i] === null || typeof r[i] === 'number' || typeof r[i] === 'bigint'));
+  const numeric = res.columns.map(
+    (_, i) =>
+      res.rows.length > 0 &&
+      res.rows.every((r) => r[i] === null || typeof r[i] === 'number' || typeof r[i] === 'bigint'),
+  );
   const widths = header.map((h, i) => Math.max(displayWidth(h), ...body.map((r) => displayWidth(r[i]))));
   const pad = (s: string, i: number) => {
     const fill = ' '.repeat(Math.max(0, widths[i] - displayWidth(s)));
@@ -119,7 +130,8 @@ export function uniqueColumnNames(columns: readonly ResultColumn[]): string[] {
     const k = (seen.get(c.name) ?? 0) + 1;
     seen.set(c.name, k);
     if (k === 1) return c.name;
-    let n = k, name = `${c.name}_${n}`;
+    let n = k,
+      name = `${c.name}_${n}`;
     while (taken.has(name)) name = `${c.name}_${++n}`;
     taken.add(name);
     return name;

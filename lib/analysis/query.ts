@@ -21,7 +21,11 @@ const INT8 = 20;
 
 function getTypeParser(oid: number, format?: 'text' | 'binary') {
   if (RAW_TEXT_TYPES.has(oid)) return (v: string) => v;
-  if (oid === INT8) return (v: string) => { const n = Number(v); return Number.isSafeInteger(n) ? n : v; };
+  if (oid === INT8)
+    return (v: string) => {
+      const n = Number(v);
+      return Number.isSafeInteger(n) ? n : v;
+    };
   return (pg.types.getTypeParser as (oid: number, format?: 'text' | 'binary') => unknown)(oid, format ?? 'text');
 }
 
@@ -48,22 +52,40 @@ export function queryError(err: unknown, where: string): RlError {
   const at = e?.position ? ` at character ${e.position}` : '';
   switch (e?.code) {
     case '25006':
-      return new RlError(`the query must only read: ${msg} — rlstream sql runs every query in a read-only transaction and rolls it back`, { code: 'ERR_READ_ONLY', cause: err });
+      return new RlError(
+        `the query must only read: ${msg} — rlstream sql runs every query in a read-only transaction and rolls it back`,
+        { code: 'ERR_READ_ONLY', cause: err },
+      );
     case '42601':
-      if (/multiple commands/.test(msg)) return new RlError('give one SQL statement per call (several statements separated by ";" are refused, so the read-only transaction cannot be ended early)', { code: 'ERR_SQL', cause: err });
+      if (/multiple commands/.test(msg))
+        return new RlError(
+          'give one SQL statement per call (several statements separated by ";" are refused, so the read-only transaction cannot be ended early)',
+          { code: 'ERR_SQL', cause: err },
+        );
       return new RlError(`syntax error${at}: ${msg}${hint}`, { code: 'ERR_SQL', cause: err });
     case '42P01':
-      return new RlError(`${msg}${at} in ${where}; the analysis views are v_step_metrics_wide, v_step_times, v_reward_by_prompt, v_response_length, v_kl_entropy, v_filtered_groups, v_reward_failures, v_staleness, v_checkpoint_lineage, v_dead_letters, v_runs (list them with --views; on a PostgreSQL they exist once a stage of this version has migrated it)`, { code: 'ERR_SQL', cause: err });
+      return new RlError(
+        `${msg}${at} in ${where}; the analysis views are v_step_metrics_wide, v_step_times, v_reward_by_prompt, v_response_length, v_kl_entropy, v_filtered_groups, v_reward_failures, v_staleness, v_checkpoint_lineage, v_dead_letters, v_runs (list them with --views; on a PostgreSQL they exist once a stage of this version has migrated it)`,
+        { code: 'ERR_SQL', cause: err },
+      );
     case '57014':
-      return new RlError(`the query was cancelled: ${msg} (raise --timeout-s, or narrow the query with where run_id = … and a step range)`, { code: 'ERR_SQL', retriable: false, cause: err });
+      return new RlError(
+        `the query was cancelled: ${msg} (raise --timeout-s, or narrow the query with where run_id = … and a step range)`,
+        { code: 'ERR_SQL', retriable: false, cause: err },
+      );
     default:
-      if (typeof e?.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code)) return new RlError(`${msg}${at}${hint} [SQLSTATE ${e.code}]`, { code: 'ERR_SQL', cause: err });
+      if (typeof e?.code === 'string' && /^[0-9A-Z]{5}$/.test(e.code))
+        return new RlError(`${msg}${at}${hint} [SQLSTATE ${e.code}]`, { code: 'ERR_SQL', cause: err });
       return new RlError(`query failed on ${where}: ${msg}`, { code: 'ERR_SQL', cause: err });
   }
 }
 
 /** Runs one statement read-only and returns its columns and rows; the transaction is rolled back. */
-export async function runReadOnlyQuery(database: Database, text: string, opts: ReadOnlyOptions = {}): Promise<QueryResult> {
+export async function runReadOnlyQuery(
+  database: Database,
+  text: string,
+  opts: ReadOnlyOptions = {},
+): Promise<QueryResult> {
   if (text.trim().length === 0) throw new RlError('the query is empty', { code: 'ERR_SQL' });
   assertPlainRead(text); // a read-only transaction does not stop copy … to program, pg_read_file, lock in do $$ … $$
   const client = await database.pool.connect();
@@ -90,7 +112,9 @@ export async function runReadOnlyQuery(database: Database, text: string, opts: R
     } catch (e) {
       throw queryError(e, database.where);
     } finally {
-      await client.query('rollback').catch((re: Error) => { broken = re; });
+      await client.query('rollback').catch((re: Error) => {
+        broken = re;
+      });
     }
   } finally {
     client.release(broken);
@@ -100,13 +124,17 @@ export async function runReadOnlyQuery(database: Database, text: string, opts: R
 /** The role's name when the connection is a PostgreSQL superuser (rlstream sql warns then), else null. */
 export async function superuserRole(database: Database): Promise<string | null> {
   if (database.kind !== 'postgres') return null;
-  const r = await database.pool.query<{ u: string; s: string }>("select current_user as u, current_setting('is_superuser') as s");
+  const r = await database.pool.query<{ u: string; s: string }>(
+    "select current_user as u, current_setting('is_superuser') as s",
+  );
   return r.rows[0]?.s === 'on' ? r.rows[0].u : null;
 }
 
 /** The views and tables a user can query, with their columns (for `rlstream sql --views`). */
 export async function describeRelations(database: Database): Promise<QueryResult> {
-  return runReadOnlyQuery(database, `
+  return runReadOnlyQuery(
+    database,
+    `
     select c.table_name as relation,
            case when t.table_type = 'VIEW' then 'view' else 'table' end as kind,
            string_agg(c.column_name, ', ' order by c.ordinal_position) as columns
@@ -115,11 +143,16 @@ export async function describeRelations(database: Database): Promise<QueryResult
     where c.table_schema = current_schema()
       and (c.table_name like 'v\\_%' or c.table_name in ('runs', 'trajectories', 'step_metrics', 'step_metric_parts', 'checkpoints', 'val_generations', 'dead_letters'))
     group by c.table_name, t.table_type
-    order by (t.table_type <> 'VIEW'), c.table_name`);
+    order by (t.table_type <> 'VIEW'), c.table_name`,
+  );
 }
 
 /** A read-only query's rows as objects keyed by column name (for programmatic readers). */
-export async function queryObjects<T extends Record<string, unknown> = Record<string, any>>(database: Database, text: string, params: readonly unknown[] = []): Promise<T[]> {
+export async function queryObjects<T extends Record<string, unknown> = Record<string, any>>(
+  database: Database,
+  text: string,
+  params: readonly unknown[] = [],
+): Promise<T[]> {
   const res = await runReadOnlyQuery(database, text, { params });
   return res.rows.map((r) => Object.fromEntries(res.columns.map((c, i) => [c.name, r[i]])) as T);
 }
@@ -129,12 +162,32 @@ export async function queryObjects<T extends Record<string, unknown> = Record<st
  * Several runs without `requested` is an error that lists them.
  */
 export async function resolveRunId(database: Database, requested?: string): Promise<string> {
-  const runs = await queryObjects<{ run_id: string; status: string }>(database, 'select run_id, status from runs order by created_at desc, run_id');
+  const runs = await queryObjects<{ run_id: string; status: string }>(
+    database,
+    'select run_id, status from runs order by created_at desc, run_id',
+  );
   if (requested !== undefined) {
     if (runs.some((r) => r.run_id === requested)) return requested;
-    throw new RlError(`run ${JSON.stringify(requested)} is not in ${database.where}${runs.length ? `; runs there: ${runs.slice(0, 20).map((r) => r.run_id).join(', ')}${runs.length > 20 ? ', …' : ''}` : ' (it has no runs)'}`, { code: 'ERR_UNKNOWN_RUN' });
+    throw new RlError(
+      `run ${JSON.stringify(requested)} is not in ${database.where}${
+        runs.length
+          ? `; runs there: ${runs
+              .slice(0, 20)
+              .map((r) => r.run_id)
+              .join(', ')}${runs.length > 20 ? ', …' : ''}`
+          : ' (it has no runs)'
+      }`,
+      { code: 'ERR_UNKNOWN_RUN' },
+    );
   }
   if (runs.length === 1) return runs[0].run_id;
-  if (runs.length === 0) throw new RlError(`${database.where} has no runs yet (the runs table is empty)`, { code: 'ERR_UNKNOWN_RUN' });
-  throw new RlError(`${database.where} holds ${runs.length} runs; choose one with --run <run_id>: ${runs.slice(0, 20).map((r) => r.run_id).join(', ')}${runs.length > 20 ? ', …' : ''}`, { code: 'ERR_UNKNOWN_RUN' });
+  if (runs.length === 0)
+    throw new RlError(`${database.where} has no runs yet (the runs table is empty)`, { code: 'ERR_UNKNOWN_RUN' });
+  throw new RlError(
+    `${database.where} holds ${runs.length} runs; choose one with --run <run_id>: ${runs
+      .slice(0, 20)
+      .map((r) => r.run_id)
+      .join(', ')}${runs.length > 20 ? ', …' : ''}`,
+    { code: 'ERR_UNKNOWN_RUN' },
+  );
 }

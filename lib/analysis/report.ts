@@ -22,15 +22,38 @@ export interface ReportData {
   metrics: Map<string, Points>;
   /** Train response length per step (v_response_length). */
   responseLength: Array<{ step: number; p50: number; p90: number; max: number; mean: number; truncated: number }>;
-  checkpoints: Array<{ step: number; policyVersion: number; sha256: string; path: string; createdAt: string; matchesParent: boolean | null }>;
+  checkpoints: Array<{
+    step: number;
+    policyVersion: number;
+    sha256: string;
+    path: string;
+    createdAt: string;
+    matchesParent: boolean | null;
+  }>;
   rewardFailures: Array<{ reason: string; n: number }>;
   rewardFailuresTotal: number;
   filtered: Array<{ reason: string; groups: number }>;
-  deadLetters: Array<{ stage: string; topic: string; partition: number; offset: number; reason: string; createdAt: string }>;
+  deadLetters: Array<{
+    stage: string;
+    topic: string;
+    partition: number;
+    offset: number;
+    reason: string;
+    createdAt: string;
+  }>;
   deadLettersTotal: number;
   staleness: { mean: number | null; max: number | null };
   /** Up to VAL_IMAGES validation samples of the last validation round with a prompt image: the image (PNG, base64) and the answer. */
-  valImages: Array<{ step: number; promptIndex: number; width: number; height: number; pngBase64: string; response: string; groundTruth: string | null; reward: number | null }>;
+  valImages: Array<{
+    step: number;
+    promptIndex: number;
+    width: number;
+    height: number;
+    pngBase64: string;
+    response: string;
+    groundTruth: string | null;
+    reward: number | null;
+  }>;
 }
 
 /** How many validation images the report shows. */
@@ -49,8 +72,19 @@ export const REPORT_PLOTS = [
 
 export type ReportPlotId = (typeof REPORT_PLOTS)[number]['id'];
 
-const PLOTTED = ['reward/mean', 'reward/max', 'reward/min', 'val/accuracy', 'val/reward_score', 'kl/mean',
-  'actor/approx_kl', 'actor/ppo_kl', 'actor/entropy', 'response_length/mean', 'actor/clipfrac'];
+const PLOTTED = [
+  'reward/mean',
+  'reward/max',
+  'reward/min',
+  'val/accuracy',
+  'val/reward_score',
+  'kl/mean',
+  'actor/approx_kl',
+  'actor/ppo_kl',
+  'actor/entropy',
+  'response_length/mean',
+  'actor/clipfrac',
+];
 const STEP_TIME_PREFIX = 'perf/step_time_s/';
 const STAGE_ORDER = ['controller', 'rollout', 'reward', 'advantage', 'update'];
 const stageRank = (s: string) => (STAGE_ORDER.includes(s) ? STAGE_ORDER.indexOf(s) : STAGE_ORDER.length);
@@ -62,48 +96,121 @@ export async function loadReportData(database: Database, runId: string): Promise
   const [run] = await listRunsInDatabase(database, null, runId);
   if (!run) throw new RlError(`run ${JSON.stringify(runId)} is not in ${database.where}`, { code: 'ERR_UNKNOWN_RUN' });
   const metrics = new Map<string, Points>();
-  const rows = await queryObjects<{ name: string; step: number; value: number }>(database,
+  const rows = await queryObjects<{ name: string; step: number; value: number }>(
+    database,
     `select name, step, value from step_metrics
      where run_id = $1 and (name = any($2::text[]) or name like 'perf/step\\_time\\_s/%' or name like 'timing/%')
-     order by name, step`, [runId, PLOTTED]);
+     order by name, step`,
+    [runId, PLOTTED],
+  );
   for (const r of rows) {
     let pts = metrics.get(r.name);
     if (!pts) metrics.set(r.name, (pts = []));
     pts.push([r.step, r.value]);
   }
-  const responseLength = (await queryObjects<any>(database,
-    `select step, p50_len, p90_len, max_len, mean_len, n_truncated from v_response_length
-     where run_id = $1 and kind = 'train' order by step`, [runId]))
-    .map((r) => ({ step: r.step, p50: r.p50_len, p90: r.p90_len, max: r.max_len, mean: r.mean_len, truncated: r.n_truncated }));
-  const checkpoints = (await queryObjects<any>(database,
-    `select step, policy_version, sha256, path, to_char(created_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as created_at, matches_parent
-     from v_checkpoint_lineage where run_id = $1 order by step`, [runId]))
-    .map((r) => ({ step: r.step, policyVersion: r.policy_version, sha256: r.sha256, path: r.path, createdAt: r.created_at, matchesParent: r.matches_parent }));
-  const rewardFailures = (await queryObjects<any>(database,
-    `select reward_failure as reason, count(*) as n from v_reward_failures where run_id = $1
-     group by reward_failure order by count(*) desc, reward_failure limit 20`, [runId])).map((r) => ({ reason: r.reason, n: r.n }));
-  const [fc] = await queryObjects<any>(database, 'select count(*) as n from v_reward_failures where run_id = $1', [runId]);
-  const filtered = (await queryObjects<any>(database,
-    `select coalesce(filter_reason, '(no reason recorded)') as reason, count(*) as groups from v_filtered_groups
-     where run_id = $1 group by 1 order by 2 desc, 1 limit 20`, [runId])).map((r) => ({ reason: r.reason, groups: r.groups }));
-  const deadLetters = (await queryObjects<any>(database,
-    `select stage, source_topic, source_partition, source_offset, reason, to_char(created_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as created_at
-     from v_dead_letters where run_id = $1 order by created_at, source_topic, source_partition, source_offset limit 50`, [runId]))
-    .map((r) => ({ stage: r.stage, topic: r.source_topic, partition: r.source_partition, offset: r.source_offset, reason: r.reason, createdAt: r.created_at }));
+  const responseLength = (
+    await queryObjects<any>(
+      database,
+      `select step, p50_len, p90_len, max_len, mean_len, n_truncated from v_response_length
+     where run_id = $1 and kind = 'train' order by step`,
+      [runId],
+    )
+  ).map((r) => ({
+    step: r.step,
+    p50: r.p50_len,
+    p90: r.p90_len,
+    max: r.max_len,
+    mean: r.mean_len,
+    truncated: r.n_truncated,
+  }));
+  const checkpoints = (
+    await queryObjects<any>(
+      database,
+      `select step, policy_version, sha256, path, to_char(created_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as created_at, matches_parent
+     from v_checkpoint_lineage where run_id = $1 order by step`,
+      [runId],
+    )
+  ).map((r) => ({
+    step: r.step,
+    policyVersion: r.policy_version,
+    sha256: r.sha256,
+    path: r.path,
+    createdAt: r.created_at,
+    matchesParent: r.matches_parent,
+  }));
+  const rewardFailures = (
+    await queryObjects<any>(
+      database,
+      `select reward_failure as reason, count(*) as n from v_reward_failures where run_id = $1
+     group by reward_failure order by count(*) desc, reward_failure limit 20`,
+      [runId],
+    )
+  ).map((r) => ({ reason: r.reason, n: r.n }));
+  const [fc] = await queryObjects<any>(database, 'select count(*) as n from v_reward_failures where run_id = $1', [
+    runId,
+  ]);
+  const filtered = (
+    await queryObjects<any>(
+      database,
+      `select coalesce(filter_reason, '(no reason recorded)') as reason, count(*) as groups from v_filtered_groups
+     where run_id = $1 group by 1 order by 2 desc, 1 limit 20`,
+      [runId],
+    )
+  ).map((r) => ({ reason: r.reason, groups: r.groups }));
+  const deadLetters = (
+    await queryObjects<any>(
+      database,
+      `select stage, source_topic, source_partition, source_offset, reason, to_char(created_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as created_at
+     from v_dead_letters where run_id = $1 order by created_at, source_topic, source_partition, source_offset limit 50`,
+      [runId],
+    )
+  ).map((r) => ({
+    stage: r.stage,
+    topic: r.source_topic,
+    partition: r.source_partition,
+    offset: r.source_offset,
+    reason: r.reason,
+    createdAt: r.created_at,
+  }));
   const [dl] = await queryObjects<any>(database, 'select count(*) as n from v_dead_letters where run_id = $1', [runId]);
-  const [st] = await queryObjects<any>(database,
-    `select avg(staleness)::float8 as mean, max(staleness) as max from trajectories where run_id = $1 and kind = 'train'`, [runId]);
+  const [st] = await queryObjects<any>(
+    database,
+    `select avg(staleness)::float8 as mean, max(staleness) as max from trajectories where run_id = $1 and kind = 'train'`,
+    [runId],
+  );
   // the last validation round that had images; its first prompts, each with its first image
-  const valImages = (await queryObjects<any>(database,
-    `with r as (select max(step) as step from trajectories where run_id = $1 and kind = 'val' and cardinality(image_hashes) > 0)
+  const valImages = (
+    await queryObjects<any>(
+      database,
+      `with r as (select max(step) as step from trajectories where run_id = $1 and kind = 'val' and cardinality(image_hashes) > 0)
      select t.step, t.prompt_index, t.response_text, t.ground_truth, t.reward, i.width, i.height, encode(i.png, 'base64') as png
      from trajectories t join r on t.step = r.step
      join prompt_images i on i.run_id = t.run_id and i.hash = t.image_hashes[1]
-     where t.run_id = $1 and t.kind = 'val' order by t.prompt_index, t.sample_index limit ${VAL_IMAGES}`, [runId]))
-    .map((r) => ({ step: r.step, promptIndex: r.prompt_index, width: r.width, height: r.height, pngBase64: String(r.png).replace(/\s+/g, ''), response: r.response_text, groundTruth: r.ground_truth, reward: r.reward }));
+     where t.run_id = $1 and t.kind = 'val' order by t.prompt_index, t.sample_index limit ${VAL_IMAGES}`,
+      [runId],
+    )
+  ).map((r) => ({
+    step: r.step,
+    promptIndex: r.prompt_index,
+    width: r.width,
+    height: r.height,
+    pngBase64: String(r.png).replace(/\s+/g, ''),
+    response: r.response_text,
+    groundTruth: r.ground_truth,
+    reward: r.reward,
+  }));
   return {
-    run, metrics, responseLength, checkpoints, rewardFailures, rewardFailuresTotal: Number(fc?.n ?? 0), filtered,
-    deadLetters, deadLettersTotal: Number(dl?.n ?? 0), staleness: { mean: st?.mean ?? null, max: st?.max ?? null }, valImages,
+    run,
+    metrics,
+    responseLength,
+    checkpoints,
+    rewardFailures,
+    rewardFailuresTotal: Number(fc?.n ?? 0),
+    filtered,
+    deadLetters,
+    deadLettersTotal: Number(dl?.n ?? 0),
+    staleness: { mean: st?.mean ?? null, max: st?.max ?? null },
+    valImages,
   };
 }
 
@@ -116,7 +223,11 @@ function series(data: ReportData, name: string, label = name, dashed = false): P
 export function plotSeries(data: ReportData, id: ReportPlotId): PlotSeries[] {
   switch (id) {
     case 'reward':
-      return [...series(data, 'reward/mean'), ...series(data, 'reward/max', 'reward/max', true), ...series(data, 'reward/min', 'reward/min', true)];
+      return [
+        ...series(data, 'reward/mean'),
+        ...series(data, 'reward/max', 'reward/max', true),
+        ...series(data, 'reward/min', 'reward/min', true),
+      ];
     case 'val_accuracy':
       return [...series(data, 'val/accuracy'), ...series(data, 'val/reward_score', 'val/reward_score', true)];
     case 'kl':
@@ -137,7 +248,10 @@ export function plotSeries(data: ReportData, id: ReportPlotId): PlotSeries[] {
     case 'clipfrac':
       return series(data, 'actor/clipfrac');
     case 'step_time': {
-      const stages = [...data.metrics.keys()].filter((n) => n.startsWith(STEP_TIME_PREFIX)).map((n) => n.slice(STEP_TIME_PREFIX.length)).sort(stageOrder);
+      const stages = [...data.metrics.keys()]
+        .filter((n) => n.startsWith(STEP_TIME_PREFIX))
+        .map((n) => n.slice(STEP_TIME_PREFIX.length))
+        .sort(stageOrder);
       if (stages.length) return stages.map((s) => ({ name: s, points: data.metrics.get(STEP_TIME_PREFIX + s)! }));
       return stageBusyTime(data.metrics);
     }
@@ -157,14 +271,20 @@ export function stageBusyTime(metrics: ReadonlyMap<string, Points>): PlotSeries[
     if (!steps) byStage.set(m[1], (steps = new Map()));
     for (const [step, v] of pts) steps.set(step, (steps.get(step) ?? 0) + v);
   }
-  return [...byStage].sort((a, b) => stageOrder(a[0], b[0])).map(([stage, steps]) => ({
-    name: `${stage} (sum of timing phases)`,
-    points: [...steps].sort((a, b) => a[0] - b[0]),
-  }));
+  return [...byStage]
+    .sort((a, b) => stageOrder(a[0], b[0]))
+    .map(([stage, steps]) => ({
+      name: `${stage} (sum of timing phases)`,
+      points: [...steps].sort((a, b) => a[0] - b[0]),
+    }));
 }
 
 const num = (v: number | null | undefined, digits?: number) =>
-  v === null || v === undefined ? '—' : digits !== undefined && Number.isFinite(v) && !Number.isInteger(v) ? v.toFixed(digits) : formatNumber(v);
+  v === null || v === undefined
+    ? '—'
+    : digits !== undefined && Number.isFinite(v) && !Number.isInteger(v)
+      ? v.toFixed(digits)
+      : formatNumber(v);
 
 function table(header: string[] | null, rows: string[][], cls = ''): string {
   const th = header ? `<thead><tr>${header.map((h) => `<th>${escapeXml(h)}</th>`).join('')}</tr></thead>` : '';
@@ -190,11 +310,22 @@ export function summaryRows(data: ReportData): Array<[string, string]> {
     ...(r.parentRunId ? [['parent run (replay/fork)', r.parentRunId] as [string, string]] : []),
     ['steps (last step)', `${num(r.steps)} (${num(r.lastStep)})`],
     ['final reward (mean)', fr ? `${num(fr[1], 4)} at step ${fr[0]}` : '—'],
-    ['best validation accuracy', r.bestValAccuracy !== null ? `${num(r.bestValAccuracy, 4)} at step ${r.bestValStep}` : '—'],
+    [
+      'best validation accuracy',
+      r.bestValAccuracy !== null ? `${num(r.bestValAccuracy, 4)} at step ${r.bestValStep}` : '—',
+    ],
     ['final validation accuracy', fv ? `${num(fv[1], 4)} at step ${fv[0]}` : '—'],
-    ['checkpoints', lastCk ? `${data.checkpoints.length} (latest: step ${lastCk.step}, policy v${lastCk.policyVersion}, sha256 ${lastCk.sha256.slice(0, 12)}…)` : '0'],
+    [
+      'checkpoints',
+      lastCk
+        ? `${data.checkpoints.length} (latest: step ${lastCk.step}, policy v${lastCk.policyVersion}, sha256 ${lastCk.sha256.slice(0, 12)}…)`
+        : '0',
+    ],
     ['trajectories', num(r.trajectories)],
-    ['staleness (mean / max)', data.staleness.mean === null ? '—' : `${num(data.staleness.mean, 3)} / ${num(data.staleness.max)}`],
+    [
+      'staleness (mean / max)',
+      data.staleness.mean === null ? '—' : `${num(data.staleness.mean, 3)} / ${num(data.staleness.max)}`,
+    ],
     ['filtered groups', String(data.filtered.reduce((s, f) => s + f.groups, 0))],
     ['reward failures', String(data.rewardFailuresTotal)],
     ['dead letters', String(data.deadLettersTotal)],
@@ -219,43 +350,101 @@ footer { margin-top: 32px; color: #888; font-size: 12px; }
 /** The whole HTML document. `generatedAt` is printed in the footer (pass it for reproducible output). */
 export function renderReport(data: ReportData, opts: { generatedAt?: Date } = {}): string {
   const r = data.run;
-  const plots = REPORT_PLOTS.map((p) => `<figure id="fig-${p.id}">${renderLinePlot({ id: p.id, title: p.title, xLabel: 'step', yLabel: p.yLabel, series: plotSeries(data, p.id) })}</figure>`);
+  const plots = REPORT_PLOTS.map(
+    (p) =>
+      `<figure id="fig-${p.id}">${renderLinePlot({ id: p.id, title: p.title, xLabel: 'step', yLabel: p.yLabel, series: plotSeries(data, p.id) })}</figure>`,
+  );
   const o: string[] = [];
-  o.push('<!DOCTYPE html>', '<html lang="en">', '<head>', '<meta charset="utf-8">',
-    `<title>rlstream report — ${escapeXml(r.runId ?? '')}</title>`, `<style>${STYLE}</style>`, '</head>', '<body>');
+  o.push(
+    '<!DOCTYPE html>',
+    '<html lang="en">',
+    '<head>',
+    '<meta charset="utf-8">',
+    `<title>rlstream report — ${escapeXml(r.runId ?? '')}</title>`,
+    `<style>${STYLE}</style>`,
+    '</head>',
+    '<body>',
+  );
   o.push(`<h1>rlstream report: ${escapeXml(r.runId ?? '')}</h1>`);
   o.push(`<div class="sub">${escapeXml(`${r.project ?? ''} / ${r.experiment ?? ''} — status ${r.status}`)}</div>`);
-  o.push('<h2>Summary</h2>', table(null, summaryRows(data).map(([k, v]) => [k, v]), 'summary'));
+  o.push(
+    '<h2>Summary</h2>',
+    table(
+      null,
+      summaryRows(data).map(([k, v]) => [k, v]),
+      'summary',
+    ),
+  );
   o.push('<h2>Plots</h2>', `<div class="plots">\n${plots.join('\n')}\n</div>`);
   if (data.valImages.length) {
     // shown at 3× with nearest-neighbour scaling, so small images stay legible
-    const figs = data.valImages.map((v) => `<figure class="val-image"><img src="data:image/png;base64,${v.pngBase64}" width="${3 * v.width}" height="${3 * v.height}" alt="validation prompt ${v.promptIndex}" style="image-rendering: pixelated">`
-      + `<figcaption>prompt ${v.promptIndex}: answered <span class="mono">${escapeXml(v.response)}</span>${v.groundTruth === null ? '' : `, expected <span class="mono">${escapeXml(v.groundTruth)}</span>`}, reward ${v.reward === null ? 'failed' : escapeXml(formatNumber(v.reward))}</figcaption></figure>`);
-    o.push(`<h2>Validation images (round ${data.valImages[0]!.step})</h2>`, `<div class="plots">\n${figs.join('\n')}\n</div>`);
+    const figs = data.valImages.map(
+      (v) =>
+        `<figure class="val-image"><img src="data:image/png;base64,${v.pngBase64}" width="${3 * v.width}" height="${3 * v.height}" alt="validation prompt ${v.promptIndex}" style="image-rendering: pixelated">` +
+        `<figcaption>prompt ${v.promptIndex}: answered <span class="mono">${escapeXml(v.response)}</span>${v.groundTruth === null ? '' : `, expected <span class="mono">${escapeXml(v.groundTruth)}</span>`}, reward ${v.reward === null ? 'failed' : escapeXml(formatNumber(v.reward))}</figcaption></figure>`,
+    );
+    o.push(
+      `<h2>Validation images (round ${data.valImages[0]!.step})</h2>`,
+      `<div class="plots">\n${figs.join('\n')}\n</div>`,
+    );
   }
   o.push('<h2>Checkpoints</h2>');
-  o.push(data.checkpoints.length
-    ? table(['step', 'policy version', 'sha256', 'path', 'created (UTC)', 'matches parent'],
-      data.checkpoints.map((c) => [String(c.step), String(c.policyVersion), c.sha256, c.path, c.createdAt, c.matchesParent === null ? '—' : c.matchesParent ? 'yes' : 'NO']))
-    : '<p>No checkpoints recorded.</p>');
+  o.push(
+    data.checkpoints.length
+      ? table(
+          ['step', 'policy version', 'sha256', 'path', 'created (UTC)', 'matches parent'],
+          data.checkpoints.map((c) => [
+            String(c.step),
+            String(c.policyVersion),
+            c.sha256,
+            c.path,
+            c.createdAt,
+            c.matchesParent === null ? '—' : c.matchesParent ? 'yes' : 'NO',
+          ]),
+        )
+      : '<p>No checkpoints recorded.</p>',
+  );
   o.push('<h2>Filtered groups</h2>');
-  o.push(data.filtered.length ? table(['filter reason', 'groups'], data.filtered.map((f) => [f.reason, String(f.groups)])) : '<p>No groups were filtered.</p>');
+  o.push(
+    data.filtered.length
+      ? table(
+          ['filter reason', 'groups'],
+          data.filtered.map((f) => [f.reason, String(f.groups)]),
+        )
+      : '<p>No groups were filtered.</p>',
+  );
   o.push('<h2>Reward failures</h2>');
-  o.push(data.rewardFailures.length
-    ? table(['reason', 'count'], data.rewardFailures.map((f) => [f.reason, String(f.n)]))
-    : '<p>No reward failures.</p>');
+  o.push(
+    data.rewardFailures.length
+      ? table(
+          ['reason', 'count'],
+          data.rewardFailures.map((f) => [f.reason, String(f.n)]),
+        )
+      : '<p>No reward failures.</p>',
+  );
   o.push('<h2>Dead letters</h2>');
-  o.push(data.deadLetters.length
-    ? `${data.deadLettersTotal > data.deadLetters.length ? `<p>First ${data.deadLetters.length} of ${data.deadLettersTotal}.</p>` : ''}${table(['stage', 'topic', 'partition', 'offset', 'reason', 'created (UTC)'],
-      data.deadLetters.map((d) => [d.stage, d.topic, String(d.partition), String(d.offset), d.reason, d.createdAt]))}`
-    : '<p>No dead letters.</p>');
-  o.push(`<footer>Generated by rlstream report${opts.generatedAt ? ` at ${escapeXml(opts.generatedAt.toISOString())}` : ''}. Query the same data with <span class="mono">rlstream sql &lt;run&gt; "select * from v_step_metrics_wide"</span>.</footer>`);
+  o.push(
+    data.deadLetters.length
+      ? `${data.deadLettersTotal > data.deadLetters.length ? `<p>First ${data.deadLetters.length} of ${data.deadLettersTotal}.</p>` : ''}${table(
+          ['stage', 'topic', 'partition', 'offset', 'reason', 'created (UTC)'],
+          data.deadLetters.map((d) => [d.stage, d.topic, String(d.partition), String(d.offset), d.reason, d.createdAt]),
+        )}`
+      : '<p>No dead letters.</p>',
+  );
+  o.push(
+    `<footer>Generated by rlstream report${opts.generatedAt ? ` at ${escapeXml(opts.generatedAt.toISOString())}` : ''}. Query the same data with <span class="mono">rlstream sql &lt;run&gt; "select * from v_step_metrics_wide"</span>.</footer>`,
+  );
   o.push('</body>', '</html>', '');
   return o.join('\n');
 }
 
 /** Loads, renders and writes the report (atomically: temp file then rename). */
-export async function writeReport(database: Database, runId: string, outPath: string, opts: { generatedAt?: Date } = {}): Promise<{ path: string; plots: Array<{ id: ReportPlotId; series: number }> }> {
+export async function writeReport(
+  database: Database,
+  runId: string,
+  outPath: string,
+  opts: { generatedAt?: Date } = {},
+): Promise<{ path: string; plots: Array<{ id: ReportPlotId; series: number }> }> {
   const data = await loadReportData(database, runId);
   const html = renderReport(data, opts);
   mkdirSync(dirname(outPath), { recursive: true });

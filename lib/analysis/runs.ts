@@ -46,27 +46,68 @@ function toSummary(dir: string | null, cols: string[], row: unknown[]): RunSumma
   const r = Object.fromEntries(cols.map((c, i) => [c, row[i]])) as Record<string, any>;
   const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
   return {
-    dir, runId: r.run_id, project: r.project, experiment: r.experiment, status: r.status, parentRunId: r.parent_run_id,
-    steps: num(r.steps), lastStep: num(r.last_step), finalRewardMean: num(r.final_reward_mean),
-    bestValAccuracy: num(r.best_val_accuracy), bestValStep: num(r.best_val_step), checkpoints: num(r.checkpoints),
-    lastCheckpointStep: num(r.last_checkpoint_step), trajectories: num(r.trajectories), deadLetters: num(r.dead_letters),
-    createdAt: r.created_at, updatedAt: r.updated_at, error: r.error ?? null,
+    dir,
+    runId: r.run_id,
+    project: r.project,
+    experiment: r.experiment,
+    status: r.status,
+    parentRunId: r.parent_run_id,
+    steps: num(r.steps),
+    lastStep: num(r.last_step),
+    finalRewardMean: num(r.final_reward_mean),
+    bestValAccuracy: num(r.best_val_accuracy),
+    bestValStep: num(r.best_val_step),
+    checkpoints: num(r.checkpoints),
+    lastCheckpointStep: num(r.last_checkpoint_step),
+    trajectories: num(r.trajectories),
+    deadLetters: num(r.dead_letters),
+    createdAt: r.created_at,
+    updatedAt: r.updated_at,
+    error: r.error ?? null,
   };
 }
 
 /** Runs of an open database, newest first (optionally only `runId`). */
-export async function listRunsInDatabase(database: Database, dir: string | null = null, runId?: string): Promise<RunSummary[]> {
-  const res = await runReadOnlyQuery(database,
+export async function listRunsInDatabase(
+  database: Database,
+  dir: string | null = null,
+  runId?: string,
+): Promise<RunSummary[]> {
+  const res = await runReadOnlyQuery(
+    database,
     `select ${RUN_COLUMNS} from v_runs v join runs r on r.run_id = v.run_id ${runId !== undefined ? 'where v.run_id = $1' : ''} order by v.created_at desc, v.run_id`,
-    { params: runId !== undefined ? [runId] : [] });
-  return res.rows.map((row) => toSummary(dir, res.columns.map((c) => c.name), row));
+    { params: runId !== undefined ? [runId] : [] },
+  );
+  return res.rows.map((row) =>
+    toSummary(
+      dir,
+      res.columns.map((c) => c.name),
+      row,
+    ),
+  );
 }
 
 function emptySummary(dir: string, status: string, note: string): RunSummary {
   return {
-    dir, runId: null, project: null, experiment: null, status, parentRunId: null, steps: null, lastStep: null,
-    finalRewardMean: null, bestValAccuracy: null, bestValStep: null, checkpoints: null, lastCheckpointStep: null,
-    trajectories: null, deadLetters: null, createdAt: null, updatedAt: null, error: null, note,
+    dir,
+    runId: null,
+    project: null,
+    experiment: null,
+    status,
+    parentRunId: null,
+    steps: null,
+    lastStep: null,
+    finalRewardMean: null,
+    bestValAccuracy: null,
+    bestValStep: null,
+    checkpoints: null,
+    lastCheckpointStep: null,
+    trajectories: null,
+    deadLetters: null,
+    createdAt: null,
+    updatedAt: null,
+    error: null,
+    note,
   };
 }
 
@@ -74,11 +115,19 @@ function emptySummary(dir: string, status: string, note: string): RunSummary {
 export function findRunDirs(runsDir: string): string[] {
   const abs = resolve(runsDir);
   if (!existsSync(abs) || !statSync(abs).isDirectory()) {
-    throw new RlError(`no runs directory at ${abs}; pass --runs-dir DIR (the parent of the run directories) or --db postgres://…`, { code: 'ERR_NO_RUN' });
+    throw new RlError(
+      `no runs directory at ${abs}; pass --runs-dir DIR (the parent of the run directories) or --db postgres://…`,
+      { code: 'ERR_NO_RUN' },
+    );
   }
-  return readdirSync(abs).sort()
+  return readdirSync(abs)
+    .sort()
     .map((name) => join(abs, name))
-    .filter((d) => statSync(d).isDirectory() && (existsSync(join(d, 'db', 'pgdata', 'PG_VERSION')) || existsSync(join(d, 'pgdata', 'PG_VERSION'))));
+    .filter(
+      (d) =>
+        statSync(d).isDirectory() &&
+        (existsSync(join(d, 'db', 'pgdata', 'PG_VERSION')) || existsSync(join(d, 'pgdata', 'PG_VERSION'))),
+    );
 }
 
 /**
@@ -90,7 +139,10 @@ export async function listRunsInDir(runsDir: string): Promise<RunSummary[]> {
   for (const dir of findRunDirs(runsDir)) {
     let database: Database | undefined;
     try {
-      database = await openDatabaseOrSnapshot({ kind: 'pglite', dir: existsSync(join(dir, 'db', 'pgdata', 'PG_VERSION')) ? join(dir, 'db') : dir });
+      database = await openDatabaseOrSnapshot({
+        kind: 'pglite',
+        dir: existsSync(join(dir, 'db', 'pgdata', 'PG_VERSION')) ? join(dir, 'db') : dir,
+      });
       const runs = await listRunsInDatabase(database, dir);
       out.push(...(runs.length ? runs : [emptySummary(dir, 'empty', 'the store has no run row yet')]));
     } catch (e) {

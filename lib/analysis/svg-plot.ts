@@ -38,31 +38,61 @@ export interface PlotLayout {
   yTicks: number[];
 }
 
-export const PALETTE = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf', '#7f7f7f', '#bcbd22'];
+export const PALETTE = [
+  '#1f77b4',
+  '#d62728',
+  '#2ca02c',
+  '#ff7f0e',
+  '#9467bd',
+  '#8c564b',
+  '#e377c2',
+  '#17becf',
+  '#7f7f7f',
+  '#bcbd22',
+];
 
 const MARGIN = { left: 64, right: 16, bottom: 46 };
-const TITLE_H = 26, LEGEND_ROW_H = 14;
+const TITLE_H = 26,
+  LEGEND_ROW_H = 14;
 
-interface LegendItem { name: string; label: string; color: string; dashed: boolean; x: number; row: number }
+interface LegendItem {
+  name: string;
+  label: string;
+  color: string;
+  dashed: boolean;
+  x: number;
+  row: number;
+}
 
 /** Legend entries laid out in rows above the plot area (the plot area starts below them). */
 function legendLayout(spec: LinePlotSpec, width: number): { items: LegendItem[]; rows: number } {
   const items: LegendItem[] = [];
   const maxX = width - MARGIN.right;
-  let x = MARGIN.left, row = 0;
+  let x = MARGIN.left,
+    row = 0;
   spec.series.forEach((s, i) => {
     const nonFinite = s.points.filter(([px, py]) => !Number.isFinite(px) || !Number.isFinite(py)).length;
     const label = nonFinite > 0 ? `${s.name} (${nonFinite} non-finite)` : s.name;
     const w = 26 + label.length * 6.2;
-    if (x + w > maxX && x > MARGIN.left) { x = MARGIN.left; row++; }
-    items.push({ name: s.name, label, color: s.color ?? PALETTE[i % PALETTE.length], dashed: s.dashed ?? false, x, row });
+    if (x + w > maxX && x > MARGIN.left) {
+      x = MARGIN.left;
+      row++;
+    }
+    items.push({
+      name: s.name,
+      label,
+      color: s.color ?? PALETTE[i % PALETTE.length],
+      dashed: s.dashed ?? false,
+      x,
+      row,
+    });
     x += w + 10;
   });
   return { items, rows: items.length ? row + 1 : 0 };
 }
 
 export function escapeXml(s: string): string {
-  return s.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]!));
+  return s.replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]!);
 }
 
 /** A "nice" step near `raw`: 1, 2, 2.5 or 5 times a power of ten. */
@@ -79,12 +109,21 @@ export function niceStep(raw: number): number {
  * outer ticks. A degenerate range (lo = hi) is widened around the value first. `integer` keeps
  * the step ≥ 1 (training steps).
  */
-export function niceTicks(lo: number, hi: number, count = 5, integer = false): { ticks: number[]; domain: [number, number] } {
-  if (!Number.isFinite(lo) || !Number.isFinite(hi)) { lo = 0; hi = 1; }
+export function niceTicks(
+  lo: number,
+  hi: number,
+  count = 5,
+  integer = false,
+): { ticks: number[]; domain: [number, number] } {
+  if (!Number.isFinite(lo) || !Number.isFinite(hi)) {
+    lo = 0;
+    hi = 1;
+  }
   if (hi < lo) [lo, hi] = [hi, lo];
   if (hi === lo) {
     const pad = integer ? 1 : Math.abs(lo) * 0.1 || 1;
-    lo -= pad; hi += pad;
+    lo -= pad;
+    hi += pad;
   }
   let step = niceStep((hi - lo) / Math.max(1, count));
   if (integer) step = Math.max(1, Math.round(step) === step ? step : Math.ceil(step));
@@ -121,19 +160,32 @@ export function tickLabel(v: number, step: number): string {
 const fmt = (v: number) => String(Math.round(v * 100) / 100);
 
 export function plotLayout(spec: LinePlotSpec): PlotLayout {
-  const width = spec.width ?? 640, height = spec.height ?? 320;
+  const width = spec.width ?? 640,
+    height = spec.height ?? 320;
   const top = TITLE_H + legendLayout(spec, width).rows * LEGEND_ROW_H + 8;
-  const xs: number[] = [], ys: number[] = [];
-  for (const s of spec.series) for (const [x, y] of s.points) {
-    if (Number.isFinite(x) && Number.isFinite(y)) { xs.push(x); ys.push(y); }
-  }
+  const xs: number[] = [],
+    ys: number[] = [];
+  for (const s of spec.series)
+    for (const [x, y] of s.points) {
+      if (Number.isFinite(x) && Number.isFinite(y)) {
+        xs.push(x);
+        ys.push(y);
+      }
+    }
   const allIntX = xs.every((x) => Number.isInteger(x));
   const xr = xs.length ? niceTicks(Math.min(...xs), Math.max(...xs), 6, allIntX) : niceTicks(0, 1, 5);
   const yr = ys.length ? niceTicks(Math.min(...ys), Math.max(...ys), 5) : niceTicks(0, 1, 5);
   return {
-    width, height,
-    left: MARGIN.left, right: width - MARGIN.right, top, bottom: height - MARGIN.bottom,
-    xDomain: xr.domain, yDomain: yr.domain, xTicks: xr.ticks, yTicks: yr.ticks,
+    width,
+    height,
+    left: MARGIN.left,
+    right: width - MARGIN.right,
+    top,
+    bottom: height - MARGIN.bottom,
+    xDomain: xr.domain,
+    yDomain: yr.domain,
+    xTicks: xr.ticks,
+    yTicks: yr.ticks,
   };
 }
 
@@ -147,12 +199,18 @@ export function scaleY(l: PlotLayout, y: number): number {
 
 /** Splits a series into runs of finite points (a non-finite y ends a run). */
 function segments(points: ReadonlyArray<readonly [number, number]>): Array<Array<readonly [number, number]>> {
-  const sorted = points.filter(([x]) => Number.isFinite(x)).slice().sort((a, b) => a[0] - b[0]);
+  const sorted = points
+    .filter(([x]) => Number.isFinite(x))
+    .slice()
+    .sort((a, b) => a[0] - b[0]);
   const out: Array<Array<readonly [number, number]>> = [];
   let cur: Array<readonly [number, number]> = [];
   for (const p of sorted) {
     if (Number.isFinite(p[1])) cur.push(p);
-    else if (cur.length) { out.push(cur); cur = []; }
+    else if (cur.length) {
+      out.push(cur);
+      cur = [];
+    }
   }
   if (cur.length) out.push(cur);
   return out;
@@ -163,55 +221,85 @@ export function renderLinePlot(spec: LinePlotSpec): string {
   const l = plotLayout(spec);
   const o: string[] = [];
   const hasData = spec.series.some((s) => s.points.some(([x, y]) => Number.isFinite(x) && Number.isFinite(y)));
-  o.push(`<svg xmlns="http://www.w3.org/2000/svg" id="plot-${escapeXml(spec.id)}" data-plot="${escapeXml(spec.id)}" class="plot" width="${l.width}" height="${l.height}" viewBox="0 0 ${l.width} ${l.height}" role="img" aria-label="${escapeXml(spec.title)}">`);
+  o.push(
+    `<svg xmlns="http://www.w3.org/2000/svg" id="plot-${escapeXml(spec.id)}" data-plot="${escapeXml(spec.id)}" class="plot" width="${l.width}" height="${l.height}" viewBox="0 0 ${l.width} ${l.height}" role="img" aria-label="${escapeXml(spec.title)}">`,
+  );
   o.push(`<title>${escapeXml(spec.title)}</title>`);
   o.push(`<rect x="0" y="0" width="${l.width}" height="${l.height}" fill="#ffffff"/>`);
-  o.push(`<text class="plot-title" x="${fmt(l.width / 2)}" y="18" text-anchor="middle" font-size="14" font-weight="bold">${escapeXml(spec.title)}</text>`);
+  o.push(
+    `<text class="plot-title" x="${fmt(l.width / 2)}" y="18" text-anchor="middle" font-size="14" font-weight="bold">${escapeXml(spec.title)}</text>`,
+  );
 
   // Grid and ticks.
   const xStep = l.xTicks.length > 1 ? l.xTicks[1] - l.xTicks[0] : 1;
   const yStep = l.yTicks.length > 1 ? l.yTicks[1] - l.yTicks[0] : 1;
   o.push('<g class="grid" stroke="#e5e5e5" stroke-width="1">');
-  for (const t of l.yTicks) o.push(`<line x1="${fmt(l.left)}" x2="${fmt(l.right)}" y1="${fmt(scaleY(l, t))}" y2="${fmt(scaleY(l, t))}"/>`);
-  for (const t of l.xTicks) o.push(`<line x1="${fmt(scaleX(l, t))}" x2="${fmt(scaleX(l, t))}" y1="${fmt(l.top)}" y2="${fmt(l.bottom)}"/>`);
+  for (const t of l.yTicks)
+    o.push(`<line x1="${fmt(l.left)}" x2="${fmt(l.right)}" y1="${fmt(scaleY(l, t))}" y2="${fmt(scaleY(l, t))}"/>`);
+  for (const t of l.xTicks)
+    o.push(`<line x1="${fmt(scaleX(l, t))}" x2="${fmt(scaleX(l, t))}" y1="${fmt(l.top)}" y2="${fmt(l.bottom)}"/>`);
   o.push('</g>');
-  o.push(`<g class="axes" stroke="#333333" stroke-width="1"><line class="x-axis" x1="${fmt(l.left)}" x2="${fmt(l.right)}" y1="${fmt(l.bottom)}" y2="${fmt(l.bottom)}"/><line class="y-axis" x1="${fmt(l.left)}" x2="${fmt(l.left)}" y1="${fmt(l.top)}" y2="${fmt(l.bottom)}"/></g>`);
+  o.push(
+    `<g class="axes" stroke="#333333" stroke-width="1"><line class="x-axis" x1="${fmt(l.left)}" x2="${fmt(l.right)}" y1="${fmt(l.bottom)}" y2="${fmt(l.bottom)}"/><line class="y-axis" x1="${fmt(l.left)}" x2="${fmt(l.left)}" y1="${fmt(l.top)}" y2="${fmt(l.bottom)}"/></g>`,
+  );
   o.push('<g class="x-ticks" font-size="11" fill="#333333" text-anchor="middle">');
   for (const t of l.xTicks) {
     const x = fmt(scaleX(l, t));
-    o.push(`<line x1="${x}" x2="${x}" y1="${fmt(l.bottom)}" y2="${fmt(l.bottom + 4)}" stroke="#333333"/><text class="tick x-tick" x="${x}" y="${fmt(l.bottom + 16)}">${escapeXml(tickLabel(t, xStep))}</text>`);
+    o.push(
+      `<line x1="${x}" x2="${x}" y1="${fmt(l.bottom)}" y2="${fmt(l.bottom + 4)}" stroke="#333333"/><text class="tick x-tick" x="${x}" y="${fmt(l.bottom + 16)}">${escapeXml(tickLabel(t, xStep))}</text>`,
+    );
   }
   o.push('</g>');
   o.push('<g class="y-ticks" font-size="11" fill="#333333" text-anchor="end">');
   for (const t of l.yTicks) {
     const y = fmt(scaleY(l, t));
-    o.push(`<line x1="${fmt(l.left - 4)}" x2="${fmt(l.left)}" y1="${y}" y2="${y}" stroke="#333333"/><text class="tick y-tick" x="${fmt(l.left - 7)}" y="${fmt(scaleY(l, t) + 4)}">${escapeXml(tickLabel(t, yStep))}</text>`);
+    o.push(
+      `<line x1="${fmt(l.left - 4)}" x2="${fmt(l.left)}" y1="${y}" y2="${y}" stroke="#333333"/><text class="tick y-tick" x="${fmt(l.left - 7)}" y="${fmt(scaleY(l, t) + 4)}">${escapeXml(tickLabel(t, yStep))}</text>`,
+    );
   }
   o.push('</g>');
-  o.push(`<text class="x-label" x="${fmt((l.left + l.right) / 2)}" y="${fmt(l.height - 8)}" text-anchor="middle" font-size="12">${escapeXml(spec.xLabel)}</text>`);
-  o.push(`<text class="y-label" x="14" y="${fmt((l.top + l.bottom) / 2)}" text-anchor="middle" font-size="12" transform="rotate(-90 14 ${fmt((l.top + l.bottom) / 2)})">${escapeXml(spec.yLabel)}</text>`);
+  o.push(
+    `<text class="x-label" x="${fmt((l.left + l.right) / 2)}" y="${fmt(l.height - 8)}" text-anchor="middle" font-size="12">${escapeXml(spec.xLabel)}</text>`,
+  );
+  o.push(
+    `<text class="y-label" x="14" y="${fmt((l.top + l.bottom) / 2)}" text-anchor="middle" font-size="12" transform="rotate(-90 14 ${fmt((l.top + l.bottom) / 2)})">${escapeXml(spec.yLabel)}</text>`,
+  );
 
   // Series.
-  o.push(`<g class="series-group" fill="none" stroke-width="1.8"><clipPath id="clip-${escapeXml(spec.id)}"><rect x="${fmt(l.left)}" y="${fmt(l.top)}" width="${fmt(l.right - l.left)}" height="${fmt(l.bottom - l.top)}"/></clipPath>`);
+  o.push(
+    `<g class="series-group" fill="none" stroke-width="1.8"><clipPath id="clip-${escapeXml(spec.id)}"><rect x="${fmt(l.left)}" y="${fmt(l.top)}" width="${fmt(l.right - l.left)}" height="${fmt(l.bottom - l.top)}"/></clipPath>`,
+  );
   spec.series.forEach((s, i) => {
     const color = s.color ?? PALETTE[i % PALETTE.length];
     const segs = segments(s.points);
-    const d = segs.map((seg) => seg.map(([x, y], k) => `${k === 0 ? 'M' : 'L'}${fmt(scaleX(l, x))} ${fmt(scaleY(l, y))}`).join(' ')).join(' ');
-    if (d) o.push(`<path class="series" data-series="${escapeXml(s.name)}" d="${d}" stroke="${color}"${s.dashed ? ' stroke-dasharray="5 3"' : ''} clip-path="url(#clip-${escapeXml(spec.id)})"/>`);
+    const d = segs
+      .map((seg) => seg.map(([x, y], k) => `${k === 0 ? 'M' : 'L'}${fmt(scaleX(l, x))} ${fmt(scaleY(l, y))}`).join(' '))
+      .join(' ');
+    if (d)
+      o.push(
+        `<path class="series" data-series="${escapeXml(s.name)}" d="${d}" stroke="${color}"${s.dashed ? ' stroke-dasharray="5 3"' : ''} clip-path="url(#clip-${escapeXml(spec.id)})"/>`,
+      );
     for (const seg of segs) {
-      if (seg.length === 1) o.push(`<circle class="marker" data-series="${escapeXml(s.name)}" cx="${fmt(scaleX(l, seg[0][0]))}" cy="${fmt(scaleY(l, seg[0][1]))}" r="2.5" fill="${color}" stroke="none"/>`);
+      if (seg.length === 1)
+        o.push(
+          `<circle class="marker" data-series="${escapeXml(s.name)}" cx="${fmt(scaleX(l, seg[0][0]))}" cy="${fmt(scaleY(l, seg[0][1]))}" r="2.5" fill="${color}" stroke="none"/>`,
+        );
     }
   });
   o.push('</g>');
   if (!hasData) {
-    o.push(`<text class="no-data" x="${fmt((l.left + l.right) / 2)}" y="${fmt((l.top + l.bottom) / 2)}" text-anchor="middle" font-size="13" fill="#888888">no data logged</text>`);
+    o.push(
+      `<text class="no-data" x="${fmt((l.left + l.right) / 2)}" y="${fmt((l.top + l.bottom) / 2)}" text-anchor="middle" font-size="13" fill="#888888">no data logged</text>`,
+    );
   }
 
   // Legend: rows between the title and the plot area.
   o.push('<g class="legend" font-size="11" fill="#333333">');
   for (const it of legendLayout(spec, l.width).items) {
     const y = TITLE_H + 10 + it.row * LEGEND_ROW_H;
-    o.push(`<g class="legend-item" data-series="${escapeXml(it.name)}"><line x1="${fmt(it.x)}" x2="${fmt(it.x + 18)}" y1="${fmt(y - 4)}" y2="${fmt(y - 4)}" stroke="${it.color}" stroke-width="2"${it.dashed ? ' stroke-dasharray="5 3"' : ''}/><text x="${fmt(it.x + 22)}" y="${fmt(y)}">${escapeXml(it.label)}</text></g>`);
+    o.push(
+      `<g class="legend-item" data-series="${escapeXml(it.name)}"><line x1="${fmt(it.x)}" x2="${fmt(it.x + 18)}" y1="${fmt(y - 4)}" y2="${fmt(y - 4)}" stroke="${it.color}" stroke-width="2"${it.dashed ? ' stroke-dasharray="5 3"' : ''}/><text x="${fmt(it.x + 22)}" y="${fmt(y)}">${escapeXml(it.label)}</text></g>`,
+    );
   }
   o.push('</g>');
   o.push('</svg>');

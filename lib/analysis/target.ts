@@ -36,7 +36,10 @@ const isPgData = (p: string) => isDir(p) && existsSync(join(p, 'PG_VERSION'));
  * directory itself; or a name under `runsDir` (default `runs`). Throws a clear error otherwise.
  */
 export function locateRun(spec: string, opts: { cwd?: string; runsDir?: string } = {}): RunLocation {
-  if (!spec) throw new RlError('no run given: pass a run directory (containing db/pgdata/) or a postgres:// URL', { code: 'ERR_NO_RUN' });
+  if (!spec)
+    throw new RlError('no run given: pass a run directory (containing db/pgdata/) or a postgres:// URL', {
+      code: 'ERR_NO_RUN',
+    });
   if (isDatabaseUrl(spec)) return { target: { kind: 'postgres', url: spec, poolSize: 2 }, label: redactUrl(spec) };
   const cwd = opts.cwd ?? process.cwd();
   const abs = resolve(cwd, spec);
@@ -44,7 +47,8 @@ export function locateRun(spec: string, opts: { cwd?: string; runsDir?: string }
   if (!spec.includes('/') && !spec.includes('\\')) candidates.push(resolve(cwd, opts.runsDir ?? 'runs', spec));
   for (const dir of candidates) {
     // a training run's directory keeps its embedded database in <run_dir>/db (pipeline layout)
-    if (isPgData(join(dir, 'db', 'pgdata'))) return { target: { kind: 'pglite', dir: join(dir, 'db') }, runDir: dir, label: dir };
+    if (isPgData(join(dir, 'db', 'pgdata')))
+      return { target: { kind: 'pglite', dir: join(dir, 'db') }, runDir: dir, label: dir };
     if (isPgData(join(dir, 'pgdata'))) return { target: { kind: 'pglite', dir }, runDir: dir, label: dir };
     if (basename(dir) === 'pgdata' && isPgData(dir)) {
       const runDir = dirname(dir);
@@ -52,9 +56,15 @@ export function locateRun(spec: string, opts: { cwd?: string; runsDir?: string }
     }
   }
   if (isDir(abs)) {
-    throw new RlError(`${abs} is not a run directory: it has no db/pgdata/ (the embedded store a run writes); pass a run directory such as runs/<experiment>, or a postgres:// URL`, { code: 'ERR_NO_RUN' });
+    throw new RlError(
+      `${abs} is not a run directory: it has no db/pgdata/ (the embedded store a run writes); pass a run directory such as runs/<experiment>, or a postgres:// URL`,
+      { code: 'ERR_NO_RUN' },
+    );
   }
-  throw new RlError(`no run directory at ${abs}${candidates.length > 1 ? ` or ${candidates[1]}` : ''}; pass a run directory (containing db/pgdata/) or a postgres:// URL`, { code: 'ERR_NO_RUN' });
+  throw new RlError(
+    `no run directory at ${abs}${candidates.length > 1 ? ` or ${candidates[1]}` : ''}; pass a run directory (containing db/pgdata/) or a postgres:// URL`,
+    { code: 'ERR_NO_RUN' },
+  );
 }
 
 /**
@@ -67,7 +77,10 @@ export async function openRun(loc: RunLocation, opts: { onSnapshot?: (note: stri
 }
 
 /** openDatabase, or for a PGlite held by a live process its snapshot (see openRun). */
-export async function openDatabaseOrSnapshot(target: DatabaseTarget, opts: { onSnapshot?: (note: string) => void } = {}): Promise<Database> {
+export async function openDatabaseOrSnapshot(
+  target: DatabaseTarget,
+  opts: { onSnapshot?: (note: string) => void } = {},
+): Promise<Database> {
   try {
     return await openDatabase(target, { migrate: target.kind === 'pglite' });
   } catch (e) {
@@ -80,10 +93,16 @@ export async function openDatabaseOrSnapshot(target: DatabaseTarget, opts: { onS
         opts.onSnapshot?.(`${target.dir} is in use by a live process (PID ${pid}): reading a snapshot taken now`);
         return db;
       } catch (s) {
-        throw new RlError(`${errorMessage(e)}; a snapshot could not be read either (${errorMessage(s)}) — wait for that process to finish, then run this command again`, { code: 'ERR_LOCKED', details: (e as RlError).details, cause: e });
+        throw new RlError(
+          `${errorMessage(e)}; a snapshot could not be read either (${errorMessage(s)}) — wait for that process to finish, then run this command again`,
+          { code: 'ERR_LOCKED', details: (e as RlError).details, cause: e },
+        );
       }
     }
-    throw new RlError(`${errorMessage(e)}; that process serves no snapshots (an older rlstream, or a run directory path too long for a Unix socket) — wait for it to finish, or stop it (Ctrl-C; the same command resumes it), then run this command again`, { code: 'ERR_LOCKED', details: (e as RlError).details, cause: e });
+    throw new RlError(
+      `${errorMessage(e)}; that process serves no snapshots (an older rlstream, or a run directory path too long for a Unix socket) — wait for it to finish, or stop it (Ctrl-C; the same command resumes it), then run this command again`,
+      { code: 'ERR_LOCKED', details: (e as RlError).details, cause: e },
+    );
   }
 }
 
@@ -99,12 +118,21 @@ async function openSnapshot(dir: string): Promise<Database> {
   const pool = new pg.Pool(createPgConfig(pglite) as unknown as pg.PoolConfig);
   const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
   const database: Database = {
-    kind: 'pglite', db, pool, pglite, where: `snapshot of the live embedded database ${dir}`,
+    kind: 'pglite',
+    db,
+    pool,
+    pglite,
+    where: `snapshot of the live embedded database ${dir}`,
     async close() {
       await db.destroy().catch(() => undefined);
       await pglite.close().catch(() => undefined);
     },
   };
-  try { await migrate(db); } catch (e) { await database.close(); throw e; }
+  try {
+    await migrate(db);
+  } catch (e) {
+    await database.close();
+    throw e;
+  }
   return database;
 }

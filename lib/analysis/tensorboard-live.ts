@@ -25,7 +25,13 @@ export function tensorboardDir(runDir: string): string {
   return join(runDir, 'tensorboard');
 }
 
-interface Row { step: number; name: string; value: number; stage: string | null; wall: number }
+interface Row {
+  step: number;
+  name: string;
+  value: number;
+  stage: string | null;
+  wall: number;
+}
 
 export interface LiveTensorBoardOptions {
   /** How often the store is polled for new steps (default 1000 ms); null: never — the caller calls sync() when a step settles. */
@@ -46,7 +52,12 @@ export class LiveTensorBoard {
   /** Scalars appended since opening (the opening rewrite included). */
   written = 0;
 
-  private constructor(private readonly db: Db, private readonly runId: string, readonly dir: string, readonly path: string) {}
+  private constructor(
+    private readonly db: Db,
+    private readonly runId: string,
+    readonly dir: string,
+    readonly path: string,
+  ) {}
 
   /** Rewrites the run's event file from the store's settled steps and starts polling (needs the run's row). */
   static async open(db: Db, runId: string, dir: string, opts: LiveTensorBoardOptions = {}): Promise<LiveTensorBoard> {
@@ -66,9 +77,15 @@ export class LiveTensorBoard {
     const interval = opts.intervalMs ?? 1000;
     const tick = () => {
       live.timer = undefined;
-      void live.sync().catch((e: unknown) => opts.onError?.(e)).finally(() => {
-        if (!live.closed) { live.timer = setTimeout(tick, interval); live.timer.unref(); }
-      });
+      void live
+        .sync()
+        .catch((e: unknown) => opts.onError?.(e))
+        .finally(() => {
+          if (!live.closed) {
+            live.timer = setTimeout(tick, interval);
+            live.timer.unref();
+          }
+        });
     };
     live.timer = setTimeout(tick, interval);
     live.timer.unref();
@@ -94,7 +111,9 @@ export class LiveTensorBoard {
       if (!w) return;
       try {
         if (!completed) await this.syncInto(w);
-      } finally { w.close(); }
+      } finally {
+        w.close();
+      }
       if (completed) await exportRunToTensorBoard(this.db, this.runId, this.dir);
     });
   }
@@ -107,20 +126,27 @@ export class LiveTensorBoard {
 
   private async syncInto(w: TensorBoardWriter): Promise<number> {
     const floor = this.trainUpTo;
-    const rows = (await sql<Row>`
+    const rows = (
+      await sql<Row>`
       select step, name, value, stage, extract(epoch from created_at)::float8 as wall
       from step_metrics
       where run_id = ${this.runId} and (step > ${floor} or name like 'val/%')
-      order by step, name`.execute(this.db)).rows;
+      order by step, name`.execute(this.db)
+    ).rows;
     let upTo = floor;
     for (const r of rows) {
-      if (r.step > upTo && !r.name.startsWith('val/') && (r.stage ?? '').split(',').some((st) => st === 'update' || st === 'sft')) upTo = r.step;
+      if (
+        r.step > upTo &&
+        !r.name.startsWith('val/') &&
+        (r.stage ?? '').split(',').some((st) => st === 'update' || st === 'sft')
+      )
+        upTo = r.step;
     }
     const newVal = new Set<number>();
     let n = 0;
     for (const r of rows) {
       const isVal = r.name.startsWith('val/');
-      if (isVal ? this.valSteps.has(r.step) : (r.step <= floor || r.step > upTo)) continue;
+      if (isVal ? this.valSteps.has(r.step) : r.step <= floor || r.step > upTo) continue;
       w.scalar(r.name, r.step, r.value, r.wall);
       if (isVal) newVal.add(r.step);
       n++;

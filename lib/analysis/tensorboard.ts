@@ -17,7 +17,17 @@
  * completes). Both write `<run_dir>/tensorboard/<runEventFileName>`, so a report export after a
  * live run replaces the live file instead of adding a second copy of every scalar.
  */
-import { closeSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync, rmSync, statSync, writeSync } from 'node:fs';
+import {
+  closeSync,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  readdirSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeSync,
+} from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { sql } from 'kysely';
@@ -29,7 +39,10 @@ export const FILE_VERSION = 'brain.Event:2';
 
 // ---- protobuf wire format (only what Event needs) ---------------------------------------------
 
-const WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5;
+const WT_VARINT = 0,
+  WT_I64 = 1,
+  WT_LEN = 2,
+  WT_I32 = 5;
 
 /** Base-128 varint; negative int64 values take 10 bytes (two's complement), as protobuf does. */
 export function encodeVarint(v: number | bigint): number[] {
@@ -77,17 +90,28 @@ export function encodeFileVersionEvent(wallTime: number): Uint8Array {
 export function encodeScalarEvent(e: ScalarEvent): Uint8Array {
   const value = Uint8Array.from([...lenField(1, Buffer.from(e.tag, 'utf8')), ...floatField(2, e.value)]);
   const summary = Uint8Array.from(lenField(1, value));
-  return Uint8Array.from([...doubleField(1, e.wallTime), ...key(2, WT_VARINT), ...encodeVarint(e.step), ...lenField(5, summary)]);
+  return Uint8Array.from([
+    ...doubleField(1, e.wallTime),
+    ...key(2, WT_VARINT),
+    ...encodeVarint(e.step),
+    ...lenField(5, summary),
+  ]);
 }
 
-interface RawField { field: number; wireType: number; varint?: bigint; bytes?: Buffer }
+interface RawField {
+  field: number;
+  wireType: number;
+  varint?: bigint;
+  bytes?: Buffer;
+}
 
 /** Splits a protobuf message into fields (unknown fields are returned too, and skipped by callers). */
 function parseFields(buf: Buffer, what: string): RawField[] {
   const out: RawField[] = [];
   let off = 0;
   const varint = (): bigint => {
-    let result = 0n, shift = 0n;
+    let result = 0n,
+      shift = 0n;
     for (;;) {
       if (off >= buf.length) throw new RlError(`${what}: truncated varint`, { code: 'ERR_TFRECORD' });
       const b = buf[off++];
@@ -98,14 +122,16 @@ function parseFields(buf: Buffer, what: string): RawField[] {
     }
   };
   const take = (n: number): Buffer => {
-    if (off + n > buf.length) throw new RlError(`${what}: field runs past the end of the message`, { code: 'ERR_TFRECORD' });
+    if (off + n > buf.length)
+      throw new RlError(`${what}: field runs past the end of the message`, { code: 'ERR_TFRECORD' });
     const b = buf.subarray(off, off + n);
     off += n;
     return b;
   };
   while (off < buf.length) {
     const k = Number(varint());
-    const field = k >>> 3, wireType = k & 7;
+    const field = k >>> 3,
+      wireType = k & 7;
     if (wireType === WT_VARINT) out.push({ field, wireType, varint: varint() });
     else if (wireType === WT_I64) out.push({ field, wireType, bytes: take(8) });
     else if (wireType === WT_I32) out.push({ field, wireType, bytes: take(4) });
@@ -133,7 +159,8 @@ export function decodeEvent(data: Uint8Array): DecodedEvent {
     else if (f.field === 5 && f.wireType === WT_LEN) {
       for (const v of parseFields(f.bytes!, 'Summary')) {
         if (v.field !== 1 || v.wireType !== WT_LEN) continue;
-        let tag = '', value: number | undefined;
+        let tag = '',
+          value: number | undefined;
         for (const x of parseFields(v.bytes!, 'Summary.Value')) {
           if (x.field === 1 && x.wireType === WT_LEN) tag = x.bytes!.toString('utf8');
           else if (x.field === 2 && x.wireType === WT_I32) value = x.bytes!.readFloatLE(0);
@@ -160,7 +187,10 @@ export function readEventFile(path: string): { events: DecodedEvent[]; truncated
 /** All scalars in an event file or in every event file of a directory (name order). */
 export function readScalars(pathOrDir: string): ScalarEvent[] {
   const files = statSync(pathOrDir).isDirectory()
-    ? readdirSync(pathOrDir).filter(isEventFileName).sort().map((f) => join(pathOrDir, f))
+    ? readdirSync(pathOrDir)
+        .filter(isEventFileName)
+        .sort()
+        .map((f) => join(pathOrDir, f))
     : [pathOrDir];
   const out: ScalarEvent[] = [];
   for (const f of files) {
@@ -195,27 +225,46 @@ export class TensorBoardWriter {
   private pending: Buffer[] = [];
   private readonly flushEvery: number;
 
-  constructor(readonly dir: string, opts: TensorBoardWriterOptions = {}) {
+  constructor(
+    readonly dir: string,
+    opts: TensorBoardWriterOptions = {},
+  ) {
     const wallTime = opts.wallTime ?? Date.now() / 1000;
-    if (!Number.isFinite(wallTime)) throw new RlError(`TensorBoard writer: wallTime must be finite, got ${wallTime}`, { code: 'ERR_BAD_INPUT' });
-    const name = opts.filename ?? `events.out.tfevents.${Math.floor(wallTime)}.${hostname().replace(/[^A-Za-z0-9._-]/g, '_')}.${process.pid}.${writerCounter++}`;
-    if (!isEventFileName(name) || name.includes('/')) throw new RlError(`TensorBoard event file name must contain "tfevents" and no "/", got ${JSON.stringify(name)}`, { code: 'ERR_BAD_INPUT' });
+    if (!Number.isFinite(wallTime))
+      throw new RlError(`TensorBoard writer: wallTime must be finite, got ${wallTime}`, { code: 'ERR_BAD_INPUT' });
+    const name =
+      opts.filename ??
+      `events.out.tfevents.${Math.floor(wallTime)}.${hostname().replace(/[^A-Za-z0-9._-]/g, '_')}.${process.pid}.${writerCounter++}`;
+    if (!isEventFileName(name) || name.includes('/'))
+      throw new RlError(`TensorBoard event file name must contain "tfevents" and no "/", got ${JSON.stringify(name)}`, {
+        code: 'ERR_BAD_INPUT',
+      });
     mkdirSync(dir, { recursive: true });
     this.path = join(dir, name);
     this.writePath = opts.atomic ? join(dir, `.${name.replace('tfevents', 'tmp')}.${process.pid}.partial`) : this.path;
     this.flushEvery = opts.flushEvery ?? 256;
     this.fd = openSync(this.writePath, opts.atomic ? 'w' : 'a');
-    if (opts.atomic || statSync(this.writePath).size === 0) this.pending.push(encodeRecord(encodeFileVersionEvent(wallTime)));
+    if (opts.atomic || statSync(this.writePath).size === 0)
+      this.pending.push(encodeRecord(encodeFileVersionEvent(wallTime)));
     this.flush();
   }
 
   /** Buffers one scalar. `wallTime` in seconds since the epoch (default now). */
   scalar(tag: string, step: number, value: number, wallTime: number = Date.now() / 1000): void {
-    if (this.fd === undefined) throw new RlError(`TensorBoard writer for ${this.path} is closed`, { code: 'ERR_CLOSED' });
-    if (typeof tag !== 'string' || tag.length === 0) throw new RlError('TensorBoard scalar: tag must be a non-empty string', { code: 'ERR_BAD_INPUT' });
-    if (!Number.isSafeInteger(step)) throw new RlError(`TensorBoard scalar ${tag}: step must be an integer, got ${step}`, { code: 'ERR_BAD_INPUT' });
-    if (typeof value !== 'number') throw new RlError(`TensorBoard scalar ${tag}: value must be a number, got ${typeof value}`, { code: 'ERR_BAD_INPUT' });
-    if (!Number.isFinite(wallTime)) throw new RlError(`TensorBoard scalar ${tag}: wallTime must be finite, got ${wallTime}`, { code: 'ERR_BAD_INPUT' });
+    if (this.fd === undefined)
+      throw new RlError(`TensorBoard writer for ${this.path} is closed`, { code: 'ERR_CLOSED' });
+    if (typeof tag !== 'string' || tag.length === 0)
+      throw new RlError('TensorBoard scalar: tag must be a non-empty string', { code: 'ERR_BAD_INPUT' });
+    if (!Number.isSafeInteger(step))
+      throw new RlError(`TensorBoard scalar ${tag}: step must be an integer, got ${step}`, { code: 'ERR_BAD_INPUT' });
+    if (typeof value !== 'number')
+      throw new RlError(`TensorBoard scalar ${tag}: value must be a number, got ${typeof value}`, {
+        code: 'ERR_BAD_INPUT',
+      });
+    if (!Number.isFinite(wallTime))
+      throw new RlError(`TensorBoard scalar ${tag}: wallTime must be finite, got ${wallTime}`, {
+        code: 'ERR_BAD_INPUT',
+      });
     this.pending.push(encodeRecord(encodeScalarEvent({ tag, step, value, wallTime })));
     if (this.pending.length >= this.flushEvery) this.flush();
   }
@@ -257,8 +306,15 @@ export function runEventFileName(runId: string, createdSeconds: number): string 
 
 /** When the run's row was created, in seconds since the epoch (the wall time of its file_version event). */
 export async function runCreatedSeconds(db: Db, runId: string): Promise<number> {
-  const run = (await sql<{ created: number }>`select extract(epoch from created_at)::float8 as created from runs where run_id = ${runId}`.execute(db)).rows[0];
-  if (!run) throw new RlError(`run ${JSON.stringify(runId)} is not in this database; nothing to export to TensorBoard`, { code: 'ERR_UNKNOWN_RUN' });
+  const run = (
+    await sql<{
+      created: number;
+    }>`select extract(epoch from created_at)::float8 as created from runs where run_id = ${runId}`.execute(db)
+  ).rows[0];
+  if (!run)
+    throw new RlError(`run ${JSON.stringify(runId)} is not in this database; nothing to export to TensorBoard`, {
+      code: 'ERR_UNKNOWN_RUN',
+    });
   return run.created;
 }
 
@@ -266,12 +322,22 @@ export async function runCreatedSeconds(db: Db, runId: string): Promise<number> 
  * Writes every step metric of a run to `<dir>/events.out.tfevents.<run created>.rlstream-export.<run>`
  * (tag = metric name, wall time = when the row was written). Re-exporting replaces that file.
  */
-export async function exportRunToTensorBoard(db: Db, runId: string, dir: string): Promise<{ path: string; scalars: number; tags: string[] }> {
+export async function exportRunToTensorBoard(
+  db: Db,
+  runId: string,
+  dir: string,
+): Promise<{ path: string; scalars: number; tags: string[] }> {
   const created = await runCreatedSeconds(db, runId);
-  const rows = (await sql<{ step: number; name: string; value: number; wall: number }>`
+  const rows = (
+    await sql<{ step: number; name: string; value: number; wall: number }>`
     select step, name, value, extract(epoch from created_at)::float8 as wall
-    from step_metrics where run_id = ${runId} order by step, name`.execute(db)).rows;
-  const writer = new TensorBoardWriter(dir, { filename: runEventFileName(runId, created), atomic: true, wallTime: created });
+    from step_metrics where run_id = ${runId} order by step, name`.execute(db)
+  ).rows;
+  const writer = new TensorBoardWriter(dir, {
+    filename: runEventFileName(runId, created),
+    atomic: true,
+    wallTime: created,
+  });
   const tags = new Set<string>();
   try {
     for (const r of rows) {

@@ -7,9 +7,21 @@ import type { Logger } from 'pino';
 import { openPipeline, type Pipeline } from '../pipeline/runtime.ts';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { formatResolvedConfig, redactSecrets, resumeConfigDiff, resumeConfigProblem, type Config } from '../config/index.ts';
+import {
+  formatResolvedConfig,
+  redactSecrets,
+  resumeConfigDiff,
+  resumeConfigProblem,
+  type Config,
+} from '../config/index.ts';
 import { startStage, STAGES, type StartedStage } from '../../services/index.ts';
-import { controlId, parseTopicName, type ControlEvent, type DeadLetter, type MetricsRecord } from '../contracts/index.ts';
+import {
+  controlId,
+  parseTopicName,
+  type ControlEvent,
+  type DeadLetter,
+  type MetricsRecord,
+} from '../contracts/index.ts';
 import { ProgressBar, formatTable } from '../cli/progress.ts';
 import { ConfigError, errorMessage, isRetriable } from '../errors.ts';
 import { isConnectionError } from '../db/errors.ts';
@@ -18,23 +30,39 @@ import { checkDevice, type Device } from '../onnx/runtime.ts';
 import type { RunRow } from '../store/index.ts';
 import { experienceScorerOptions, samplerOptions } from '../pipeline/policy.ts';
 
-export interface RunOutcome { status: 'completed' | 'failed' | 'stopped'; message?: string; runId: string; runDir: string; finalVersion?: number }
+export interface RunOutcome {
+  status: 'completed' | 'failed' | 'stopped';
+  message?: string;
+  runId: string;
+  runDir: string;
+  finalVersion?: number;
+}
 
-interface Watch { outcome: Promise<RunOutcome>; stop(): Promise<void> }
+interface Watch {
+  outcome: Promise<RunOutcome>;
+  stop(): Promise<void>;
+}
 
 /**
  * Why an embedded (PGlite) run stops when a stage dead-lettered one of its messages (see
  * watchRun): one it could not decode (a damaged log, or one written by another version), or one
  * its handler failed on (`attempts` > 0: the stage's own error, named as such).
  */
-export function deadLetterFailure(d: Pick<DeadLetter, 'stage' | 'source_topic' | 'source_partition' | 'source_offset' | 'reason' | 'attempts'>, logical: string | null, runDir: string): string {
+export function deadLetterFailure(
+  d: Pick<DeadLetter, 'stage' | 'source_topic' | 'source_partition' | 'source_offset' | 'reason' | 'attempts'>,
+  logical: string | null,
+  runDir: string,
+): string {
   const what = logical ? `a ${logical} message` : 'a message';
   const at = `${d.source_topic}[${d.source_partition}]@${d.source_offset}`;
   const kept = `The message is kept: rlstream sql ${runDir} "select * from v_dead_letters"`;
-  const never = 'Only this process writes the run\'s embedded log, so the message was the run\'s own and the step that needs it can never finish; the run stops instead of waiting.';
+  const never =
+    "Only this process writes the run's embedded log, so the message was the run's own and the step that needs it can never finish; the run stops instead of waiting.";
   if (d.attempts > 0) return `${d.stage} failed on ${what} (${at}) and dead-lettered it: ${d.reason}. ${never} ${kept}`;
-  return `${d.stage} could not read ${what} (${at}: ${d.reason}) and dead-lettered it. ${never} ` +
-    `Was the run directory written by another rlstream version, or damaged? ${kept}`;
+  return (
+    `${d.stage} could not read ${what} (${at}: ${d.reason}) and dead-lettered it. ${never} ` +
+    `Was the run directory written by another rlstream version, or damaged? ${kept}`
+  );
 }
 
 /**
@@ -53,18 +81,33 @@ export function deadLetterFailure(d: Pick<DeadLetter, 'stage' | 'source_topic' |
  * dead-letters foreign or garbled messages and goes on), so there a dead letter is only logged by
  * the stage that wrote it.
  */
-export function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () => number, onSettled?: () => void): Watch {
+export function watchRun(
+  p: Pipeline,
+  bar: ProgressBar | null,
+  totalSteps: () => number,
+  onSettled?: () => void,
+): Watch {
   let resolveOutcome!: (o: RunOutcome) => void;
   let settled = false;
-  const outcome = new Promise<RunOutcome>((r) => { resolveOutcome = (o) => { settled = true; r(o); }; });
-  let reward: number | undefined, valAcc: number | undefined, step = 0;
+  const outcome = new Promise<RunOutcome>((r) => {
+    resolveOutcome = (o) => {
+      settled = true;
+      r(o);
+    };
+  });
+  let reward: number | undefined,
+    valAcc: number | undefined,
+    step = 0;
   let stopped = false;
   const pos = { control: 0, metrics: 0, deadletter: 0 };
   const ownLog = p.db.kind === 'pglite';
   let lost = 0; // consecutive reads that lost the database connection (PostgreSQL restarting, a terminated backend)
   const loop = (async () => {
     while (!stopped && !settled) {
-      try { await watchOnce(); lost = 0; } catch (e) {
+      try {
+        await watchOnce();
+        lost = 0;
+      } catch (e) {
         if (!(isRetriable(e) || isConnectionError(e))) throw e;
         const ms = Math.min(10_000, 100 * 2 ** Math.min(lost++, 7));
         p.log.warn({ err: e, retry_in_ms: ms }, `run watcher: ${errorMessage(e)}; retrying`);
@@ -74,28 +117,52 @@ export function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () =>
   })();
   async function watchOnce(): Promise<void> {
     {
-      let got = 0, settledSteps = 0;
+      let got = 0,
+        settledSteps = 0;
       for (const m of await p.bus.read(p.topic('control'), 0, pos.control, 200)) {
-        pos.control = m.offset + 1; got++;
+        pos.control = m.offset + 1;
+        got++;
         const c = (await p.codecs.control.decode(m.value, m.headers)) as ControlEvent;
         // an extended run has the run_done of its first end too: only the one at the current end counts
-        if (c.type === 'run_done' && c.run_done.final_version >= totalSteps()) resolveOutcome({ status: 'completed', runId: p.runId, runDir: p.runDir, finalVersion: c.run_done.final_version });
-        if (c.type === 'run_failed') resolveOutcome({ status: 'failed', message: `${c.run_failed.stage}: ${c.run_failed.message}`, runId: p.runId, runDir: p.runDir });
+        if (c.type === 'run_done' && c.run_done.final_version >= totalSteps())
+          resolveOutcome({
+            status: 'completed',
+            runId: p.runId,
+            runDir: p.runDir,
+            finalVersion: c.run_done.final_version,
+          });
+        if (c.type === 'run_failed')
+          resolveOutcome({
+            status: 'failed',
+            message: `${c.run_failed.stage}: ${c.run_failed.message}`,
+            runId: p.runId,
+            runDir: p.runDir,
+          });
       }
       for (const m of await p.bus.read(p.topic('metrics'), 0, pos.metrics, 500)) {
-        pos.metrics = m.offset + 1; got++;
+        pos.metrics = m.offset + 1;
+        got++;
         const r = (await p.codecs.metrics.decode(m.value, m.headers)) as MetricsRecord;
-        if (r.stage === 'update' && r.kind === 'train') { step = Math.max(step, r.step); settledSteps++; }
+        if (r.stage === 'update' && r.kind === 'train') {
+          step = Math.max(step, r.step);
+          settledSteps++;
+        }
         if (r.kind === 'val') settledSteps++;
         if (r.values['reward/mean'] !== undefined && r.kind === 'train') reward = r.values['reward/mean'];
         if (r.values['val/accuracy'] !== undefined) valAcc = r.values['val/accuracy'];
       }
       if (ownLog) {
         for (const m of await p.bus.read(p.topic('deadletter'), 0, pos.deadletter, 100)) {
-          pos.deadletter = m.offset + 1; got++;
+          pos.deadletter = m.offset + 1;
+          got++;
           const d = (await p.codecs.deadletter.decode(m.value, m.headers)) as DeadLetter;
           const logical = parseTopicName(p.cfg.pipeline.topic_prefix, p.runId, d.source_topic);
-          resolveOutcome({ status: 'failed', message: deadLetterFailure(d, logical, p.runDir), runId: p.runId, runDir: p.runDir });
+          resolveOutcome({
+            status: 'failed',
+            message: deadLetterFailure(d, logical, p.runDir),
+            runId: p.runId,
+            runDir: p.runDir,
+          });
         }
       }
       if (settledSteps) onSettled?.();
@@ -103,15 +170,33 @@ export function watchRun(p: Pipeline, bar: ProgressBar | null, totalSteps: () =>
       else await new Promise((r) => setTimeout(r, 100));
     }
   }
-  loop.catch((e) => resolveOutcome({ status: 'failed', message: `run watcher: ${(e as Error).message}`, runId: p.runId, runDir: p.runDir }));
-  return { outcome, stop: async () => { stopped = true; await loop.catch(() => undefined); } };
+  loop.catch((e) =>
+    resolveOutcome({
+      status: 'failed',
+      message: `run watcher: ${(e as Error).message}`,
+      runId: p.runId,
+      runDir: p.runDir,
+    }),
+  );
+  return {
+    outcome,
+    stop: async () => {
+      stopped = true;
+      await loop.catch(() => undefined);
+    },
+  };
 }
 
 /**
  * `trainer.logger` includes `tensorboard`: event files under `<run_dir>/tensorboard`, appended as
  * steps settle (lib/analysis/tensorboard-live.ts). Needs the run's row (upsertRun first).
  */
-export async function openTensorBoard(cfg: Config, p: Pipeline, log: Logger, poll: boolean): Promise<LiveTensorBoard | null> {
+export async function openTensorBoard(
+  cfg: Config,
+  p: Pipeline,
+  log: Logger,
+  poll: boolean,
+): Promise<LiveTensorBoard | null> {
   if (!cfg.trainer.logger.includes('tensorboard')) return null;
   return LiveTensorBoard.open(p.db.db, p.runId, tensorboardDir(p.runDir), {
     onError: (e) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}; retrying`),
@@ -121,10 +206,26 @@ export async function openTensorBoard(cfg: Config, p: Pipeline, log: Logger, pol
 }
 
 export async function summaryTable(p: Pipeline): Promise<string> {
-  const ms = await p.store.getMetrics(p.runId, ['reward/mean', 'val/accuracy', 'val/reward_score', 'actor/pg_loss', 'actor/ppo_kl', 'actor/entropy', 'response_length/mean']);
+  const ms = await p.store.getMetrics(p.runId, [
+    'reward/mean',
+    'val/accuracy',
+    'val/reward_score',
+    'actor/pg_loss',
+    'actor/ppo_kl',
+    'actor/entropy',
+    'response_length/mean',
+  ]);
   const by = (name: string) => ms.filter((m) => m.name === name).sort((a, b) => a.step - b.step);
   const rows: Array<Array<string | number>> = [['metric', 'first', 'last', 'best', 'steps']];
-  for (const name of ['reward/mean', 'val/accuracy', 'val/reward_score', 'actor/pg_loss', 'actor/ppo_kl', 'actor/entropy', 'response_length/mean']) {
+  for (const name of [
+    'reward/mean',
+    'val/accuracy',
+    'val/reward_score',
+    'actor/pg_loss',
+    'actor/ppo_kl',
+    'actor/entropy',
+    'response_length/mean',
+  ]) {
     const s = by(name);
     if (!s.length) continue;
     const best = name.startsWith('actor/') || name.startsWith('response') ? NaN : Math.max(...s.map((x) => x.value));
@@ -142,25 +243,49 @@ export async function summaryTable(p: Pipeline): Promise<string> {
  * state another meaning (lib/config/checks.ts resumeConfigDiff), and answers "already complete"
  * for a finished run that the config does not extend.
  */
-async function resumeCheck(cfg: Config, p: Pipeline, prev: RunRow | undefined): Promise<{ total: number; done?: RunOutcome; extendFrom?: number }> {
+async function resumeCheck(
+  cfg: Config,
+  p: Pipeline,
+  prev: RunRow | undefined,
+): Promise<{ total: number; done?: RunOutcome; extendFrom?: number }> {
   const { planFromConfig, totalSteps } = await import('../pipeline/plan.ts');
   const { loadRunData } = await import('../pipeline/data.ts');
   const { tokenizerFor } = await import('../pipeline/policy.ts');
   const data = await loadRunData(cfg, tokenizerFor(cfg));
   const total = totalSteps(planFromConfig(cfg, p.runId, data.train.length, data.val.length));
   // find_last_checkpoint=false or another load_checkpoint_path: the update stage refuses the existing state itself
-  const storedLoad = (prev?.config as { trainer?: { load_checkpoint_path?: string | null } } | undefined)?.trainer?.load_checkpoint_path ?? null;
-  if (prev?.status !== 'completed' || !cfg.trainer.find_last_checkpoint || storedLoad !== cfg.trainer.load_checkpoint_path) return { total };
+  const storedLoad =
+    (prev?.config as { trainer?: { load_checkpoint_path?: string | null } } | undefined)?.trainer
+      ?.load_checkpoint_path ?? null;
+  if (
+    prev?.status !== 'completed' ||
+    !cfg.trainer.find_last_checkpoint ||
+    storedLoad !== cfg.trainer.load_checkpoint_path
+  )
+    return { total };
   const last = (await p.store.latestCheckpoint(p.runId))?.step ?? 0;
   if (total > last) return { total, extendFrom: last };
-  return { total, done: { status: 'completed', message: `run ${p.runId} already complete (step ${last}); nothing to do — raise trainer.total_epochs or trainer.max_steps to train further`, runId: p.runId, runDir: p.runDir, finalVersion: last } };
+  return {
+    total,
+    done: {
+      status: 'completed',
+      message: `run ${p.runId} already complete (step ${last}); nothing to do — raise trainer.total_epochs or trainer.max_steps to train further`,
+      runId: p.runId,
+      runDir: p.runDir,
+      finalVersion: last,
+    },
+  };
 }
 
 /** Refuses a run started again with a config that changes what its stored state means; returns its row. */
 export async function refuseChangedConfig(cfg: Config, p: Pipeline): Promise<RunRow | undefined> {
   const prev = await p.store.getRun(p.runId);
   if (prev) {
-    const problem = resumeConfigProblem(p.runId, resumeConfigDiff(prev.config, cfg), cfg.trainer.resume_with_changed_config);
+    const problem = resumeConfigProblem(
+      p.runId,
+      resumeConfigDiff(prev.config, cfg),
+      cfg.trainer.resume_with_changed_config,
+    );
     if (problem) throw new ConfigError(problem);
   }
   return prev;
@@ -169,30 +294,64 @@ export async function refuseChangedConfig(cfg: Config, p: Pipeline): Promise<Run
 /** The control event that tells the controller a finished run goes on to `total` steps. */
 function extendEvent(runId: string, from: number, total: number, seed: number): ControlEvent {
   return {
-    run_id: runId, id: controlId(runId, 'run_started', `extend-${total}`), step: from, policy_version: from, type: 'run_started', time_ms: Date.now(),
-    run_started: { config_json: '{}', config_sha256: '', seed, total_steps: total, steps_per_epoch: 0, resumed_from: null },
-    epoch_started: null, refill_request: null, val_round_done: null, run_done: null, run_failed: null,
+    run_id: runId,
+    id: controlId(runId, 'run_started', `extend-${total}`),
+    step: from,
+    policy_version: from,
+    type: 'run_started',
+    time_ms: Date.now(),
+    run_started: {
+      config_json: '{}',
+      config_sha256: '',
+      seed,
+      total_steps: total,
+      steps_per_epoch: 0,
+      resumed_from: null,
+    },
+    epoch_started: null,
+    refill_request: null,
+    val_round_done: null,
+    run_done: null,
+    run_failed: null,
   } as unknown as ControlEvent;
 }
 
 /** Trains in one process (all stages); resolves when the run is done or failed. */
-export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?: boolean | ProgressBar; signal?: AbortSignal; breakLock?: boolean } = {}): Promise<RunOutcome & { summary: string }> {
+export async function trainEmbedded(
+  cfg: Config,
+  log: Logger,
+  opts: { progress?: boolean | ProgressBar; signal?: AbortSignal; breakLock?: boolean } = {},
+): Promise<RunOutcome & { summary: string }> {
   await checkDevices(cfg, ['rollout', 'advantage', 'update']); // before opening anything
   const p = await openPipeline(cfg, { log, breakLock: opts.breakLock });
   const stages: StartedStage[] = [];
   let tb: LiveTensorBoard | null = null;
   let started = false;
-  const upsertRun = () => p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
+  const upsertRun = () =>
+    p.store.upsertRun({
+      runId: p.runId,
+      project: cfg.trainer.project_name,
+      experiment: cfg.trainer.experiment_name,
+      config: redactSecrets(cfg) as never,
+    });
   // a resume whose config changed the meaning of the stored state is refused before anything is written
   let prev: RunRow | undefined;
-  try { prev = await refuseChangedConfig(cfg, p); } catch (e) { await p.close(); throw e; }
+  try {
+    prev = await refuseChangedConfig(cfg, p);
+  } catch (e) {
+    await p.close();
+    throw e;
+  }
   try {
     let resume: Awaited<ReturnType<typeof resumeCheck>>;
     try {
       resume = await resumeCheck(cfg, p, prev);
     } catch (e) {
       // the data or the model directory cannot be read (bad weights, a missing model path): the run is failed with its reason
-      if (prev?.status !== 'completed') { await upsertRun().catch(() => undefined); started = true; }
+      if (prev?.status !== 'completed') {
+        await upsertRun().catch(() => undefined);
+        started = true;
+      }
       throw e;
     }
     if (resume.done) return { ...resume.done, summary: await summaryTable(p) };
@@ -204,35 +363,70 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
     // the CLI passes its bar (the logger prints above it); true: a bar on stderr
     const bar = opts.progress instanceof ProgressBar ? opts.progress : opts.progress ? new ProgressBar() : null;
     const total = resume.total;
-    const watch = watchRun(p, bar, () => total, () => {
-      void tb?.sync().catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}; retrying`));
-    });
+    const watch = watchRun(
+      p,
+      bar,
+      () => total,
+      () => {
+        void tb?.sync().catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}; retrying`));
+      },
+    );
     // update first: it publishes policy version 0 the controller waits for
     for (const name of ['update', ...STAGES.filter((s) => s !== 'update')]) stages.push(await startStage(p, name));
     if (resume.extendFrom !== undefined) {
       // a finished run given more steps: the controller goes on from its last policy version
-      log.info({ from_step: resume.extendFrom, total_steps: total }, `run ${p.runId} was complete at step ${resume.extendFrom}; extending it to step ${total}`);
+      log.info(
+        { from_step: resume.extendFrom, total_steps: total },
+        `run ${p.runId} was complete at step ${resume.extendFrom}; extending it to step ${total}`,
+      );
       await p.bus.produce([p.message('control', extendEvent(p.runId, resume.extendFrom, total, cfg.data.seed))]);
     }
-    const failures = stages.map((s) => s.run.done.then(() => null, (e: unknown) => ({ status: 'failed' as const, message: `${s.name}: ${(e as Error).message}`, runId: p.runId, runDir: p.runDir })));
+    const failures = stages.map((s) =>
+      s.run.done.then(
+        () => null,
+        (e: unknown) => ({
+          status: 'failed' as const,
+          message: `${s.name}: ${(e as Error).message}`,
+          runId: p.runId,
+          runDir: p.runDir,
+        }),
+      ),
+    );
     const aborted = new Promise<RunOutcome>((r) => {
       const stop = () => r({ status: 'stopped', message: 'interrupted', runId: p.runId, runDir: p.runDir });
-      if (opts.signal?.aborted) stop(); else opts.signal?.addEventListener('abort', stop, { once: true });
+      if (opts.signal?.aborted) stop();
+      else opts.signal?.addEventListener('abort', stop, { once: true });
     });
-    const outcome = await Promise.race([watch.outcome, aborted, ...failures.map((f) => f.then((x) => x ?? new Promise<RunOutcome>(() => undefined)))]);
+    const outcome = await Promise.race([
+      watch.outcome,
+      aborted,
+      ...failures.map((f) => f.then((x) => x ?? new Promise<RunOutcome>(() => undefined))),
+    ]);
     await watch.stop(); // its last round draws the bar's final state
     bar?.finish();
     // stop every stage at once: on PGlite a stage in the middle of a batch holds the only connection
     await Promise.all(stages.map((s) => s.run.consumer.stop().catch(() => undefined)));
     await Promise.all(stages.map((s) => s.run.done.catch(() => undefined)));
     for (const s of stages) await s.close().catch(() => undefined);
-    if (outcome.status !== 'stopped') await p.store.setRunStatus(p.runId, outcome.status, outcome.status === 'failed' ? { error: outcome.message ?? '' } : undefined).catch(() => undefined);
-    await tb?.finish(outcome.status === 'completed').catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
+    if (outcome.status !== 'stopped')
+      await p.store
+        .setRunStatus(
+          p.runId,
+          outcome.status,
+          outcome.status === 'failed' ? { error: outcome.message ?? '' } : undefined,
+        )
+        .catch(() => undefined);
+    await tb
+      ?.finish(outcome.status === 'completed')
+      .catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
     const summary = await summaryTable(p);
     return { ...outcome, summary };
   } catch (e) {
     // a run that fails at start (bad weights, a missing model path) is marked failed with its reason
-    for (const s of stages) { await s.run.consumer.stop().catch(() => undefined); await s.close().catch(() => undefined); }
+    for (const s of stages) {
+      await s.run.consumer.stop().catch(() => undefined);
+      await s.close().catch(() => undefined);
+    }
     if (started) await p.store.setRunStatus(p.runId, 'failed', { error: errorMessage(e) }).catch(() => undefined);
     throw e;
   } finally {
@@ -248,8 +442,10 @@ export async function trainEmbedded(cfg: Config, log: Logger, opts: { progress?:
  */
 export async function checkDevices(cfg: Config, stages: readonly string[]): Promise<void> {
   const wanted = new Map<Device, string>();
-  if (stages.includes('advantage') || stages.includes('update')) wanted.set(experienceScorerOptions(cfg).device, 'actor.device');
+  if (stages.includes('advantage') || stages.includes('update'))
+    wanted.set(experienceScorerOptions(cfg).device, 'actor.device');
   const sampling = samplerOptions(cfg).device;
-  if (stages.includes('rollout') && !wanted.has(sampling)) wanted.set(sampling, cfg.rollout.device ? 'rollout.device' : 'actor.device');
+  if (stages.includes('rollout') && !wanted.has(sampling))
+    wanted.set(sampling, cfg.rollout.device ? 'rollout.device' : 'actor.device');
   for (const [device, setting] of wanted) await checkDevice(device, setting);
 }

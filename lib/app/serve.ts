@@ -46,7 +46,8 @@ class ReadyState {
   joined: (() => boolean) | null = null;
   notReadyReason(): string | null {
     if (this.reason !== null) return this.reason;
-    if (this.joined && !this.joined()) return 'consumer not joined to its group (no partition assigned yet; a replica beyond pipeline.partitions never gets one)';
+    if (this.joined && !this.joined())
+      return 'consumer not joined to its group (no partition assigned yet; a replica beyond pipeline.partitions never gets one)';
     return null;
   }
 }
@@ -56,17 +57,33 @@ class ReadyState {
  * `graceMs` later, or a second signal, exits the process at once with 143. The exit code of a
  * graceful stop is the caller's (0).
  */
-export function gracefulStop(graceMs: number, log: Logger, exit: (code: number) => void = (c) => process.exit(c)): AbortSignal {
+export function gracefulStop(
+  graceMs: number,
+  log: Logger,
+  exit: (code: number) => void = (c) => process.exit(c),
+): AbortSignal {
   const ac = new AbortController();
   const onSignal = (sig: NodeJS.Signals) => {
     if (ac.signal.aborted) {
-      log.warn({ signal: sig }, `second ${sig}: exiting now (the batch in hand is not committed and will be redelivered)`);
+      log.warn(
+        { signal: sig },
+        `second ${sig}: exiting now (the batch in hand is not committed and will be redelivered)`,
+      );
       exit(143);
       return;
     }
-    log.info({ signal: sig, grace_s: graceMs / 1000 }, `${sig}: stopping (stop fetching, abandon the batch in hand uncommitted, leave the consumer group, close bus and store); exiting at once after ${graceMs / 1000} s or on a second signal`);
+    log.info(
+      { signal: sig, grace_s: graceMs / 1000 },
+      `${sig}: stopping (stop fetching, abandon the batch in hand uncommitted, leave the consumer group, close bus and store); exiting at once after ${graceMs / 1000} s or on a second signal`,
+    );
     ac.abort();
-    setTimeout(() => { log.warn({ grace_s: graceMs / 1000 }, `still stopping after ${graceMs / 1000} s: exiting now (nothing committed is lost; the batch in hand is redelivered)`); exit(143); }, graceMs).unref();
+    setTimeout(() => {
+      log.warn(
+        { grace_s: graceMs / 1000 },
+        `still stopping after ${graceMs / 1000} s: exiting now (nothing committed is lost; the batch in hand is redelivered)`,
+      );
+      exit(143);
+    }, graceMs).unref();
   };
   process.on('SIGTERM', onSignal);
   process.on('SIGINT', onSignal);
@@ -83,7 +100,9 @@ export async function serve(cfg: Config, stage: string, log: Logger, opts: Serve
     try {
       server = await startHealthServer({ port, readiness: ready, metrics: telemetry });
     } catch (e) {
-      throw new RlError(`cannot serve HTTP on port ${port} (${errorMessage(e)}); give another with --http-port`, { code: 'ERR_HTTP_PORT' });
+      throw new RlError(`cannot serve HTTP on port ${port} (${errorMessage(e)}); give another with --http-port`, {
+        code: 'ERR_HTTP_PORT',
+      });
     }
     log.info({ http_port: server.port }, `serving /healthz, /readyz and /metrics on port ${server.port}`);
     opts.onListening?.(server.port);
@@ -95,8 +114,12 @@ export async function serve(cfg: Config, stage: string, log: Logger, opts: Serve
     telemetry.setFinished(outcome.status);
     telemetry.setReady(false);
     ready.reason = `run ${outcome.runId} ${outcome.status}${outcome.message ? `: ${outcome.message}` : ''}; this stage is idle (pipeline.on_run_end = idle)`;
-    log.info({ status: outcome.status }, `run ${outcome.runId} has ${outcome.status === 'completed' ? 'finished' : 'failed'}; ${stage} stays up idle until stopped (pipeline.on_run_end = idle; delete the Deployment, or start a new run)`);
-    if (!opts.signal?.aborted) await new Promise<void>((r) => opts.signal?.addEventListener('abort', () => r(), { once: true }));
+    log.info(
+      { status: outcome.status },
+      `run ${outcome.runId} has ${outcome.status === 'completed' ? 'finished' : 'failed'}; ${stage} stays up idle until stopped (pipeline.on_run_end = idle; delete the Deployment, or start a new run)`,
+    );
+    if (!opts.signal?.aborted)
+      await new Promise<void>((r) => opts.signal?.addEventListener('abort', () => r(), { once: true }));
     // stopped while idle: a graceful stop (exit 0) whatever the run's outcome, which the log, /readyz and the metric told
     return { ...outcome, status: 'stopped', message: `stopped while idle after the run ${outcome.status}` };
   } finally {
@@ -108,19 +131,37 @@ export async function serve(cfg: Config, stage: string, log: Logger, opts: Serve
  * A stage that cannot start because the database or broker is unreachable (a PostgreSQL
  * restart) backs off and tries again, for about five minutes, instead of exiting.
  */
-async function serveWithRetries(cfg: Config, stage: string, log: Logger, opts: ServeOptions, telemetry: PrometheusTelemetry, ready: ReadyState): Promise<RunOutcome> {
+async function serveWithRetries(
+  cfg: Config,
+  stage: string,
+  log: Logger,
+  opts: ServeOptions,
+  telemetry: PrometheusTelemetry,
+  ready: ReadyState,
+): Promise<RunOutcome> {
   for (let attempt = 1; ; attempt++) {
     try {
       return await serveOnce(cfg, stage, log, opts, telemetry, ready);
     } catch (e) {
-      if (opts.signal?.aborted && e instanceof StartError) return { status: 'stopped', message: 'interrupted', runId: resolveRunId(cfg), runDir: '' };
+      if (opts.signal?.aborted && e instanceof StartError)
+        return { status: 'stopped', message: 'interrupted', runId: resolveRunId(cfg), runDir: '' };
       if (e instanceof StartError && (isRetriable(e.cause) || isConnectionError(e.cause)) && attempt < 40) {
         const ms = Math.min(10_000, 250 * 2 ** attempt);
         ready.reason = `cannot start yet: ${errorMessage(e.cause)}`;
-        log.warn({ stage, attempt, retry_in_ms: ms, err: e.cause }, `${stage} cannot start yet (${errorMessage(e.cause)}); retrying`);
+        log.warn(
+          { stage, attempt, retry_in_ms: ms, err: e.cause },
+          `${stage} cannot start yet (${errorMessage(e.cause)}); retrying`,
+        );
         await new Promise<void>((r) => {
           const t = setTimeout(r, ms);
-          opts.signal?.addEventListener('abort', () => { clearTimeout(t); r(); }, { once: true });
+          opts.signal?.addEventListener(
+            'abort',
+            () => {
+              clearTimeout(t);
+              r();
+            },
+            { once: true },
+          );
         });
         continue;
       }
@@ -131,61 +172,106 @@ async function serveWithRetries(cfg: Config, stage: string, log: Logger, opts: S
 
 /** A failure before the stage consumed anything (opening the bus and store, starting the stage). */
 class StartError extends Error {
-  constructor(override readonly cause: unknown) { super(errorMessage(cause)); }
+  constructor(override readonly cause: unknown) {
+    super(errorMessage(cause));
+  }
 }
 
-async function serveOnce(cfg: Config, stage: string, log: Logger, opts: ServeOptions, telemetry: PrometheusTelemetry, ready: ReadyState): Promise<RunOutcome> {
+async function serveOnce(
+  cfg: Config,
+  stage: string,
+  log: Logger,
+  opts: ServeOptions,
+  telemetry: PrometheusTelemetry,
+  ready: ReadyState,
+): Promise<RunOutcome> {
   await checkDevices(cfg, [stage]);
   let p: Pipeline;
   ready.reason = 'connecting to bus and store';
   try {
     p = await openPipeline(cfg, {
-      log, telemetry, clientId: `rlstream-${stage}-${opts.replica ?? 0}`,
-      waitForMigrations: cfg.pipeline.migrate_on_start ? undefined : {
-        signal: opts.signal,
-        onWait: (pending) => {
-          ready.reason = `waiting for migrations ${pending.join(', ')} (run \`rlstream migrate\`)`;
-          log.info({ pending }, `waiting for the database schema: ${pending.length} migration(s) not applied (${pending.join(', ')}); run \`rlstream migrate <config>\` (a Job or init container)`);
-        },
-      },
+      log,
+      telemetry,
+      clientId: `rlstream-${stage}-${opts.replica ?? 0}`,
+      waitForMigrations: cfg.pipeline.migrate_on_start
+        ? undefined
+        : {
+            signal: opts.signal,
+            onWait: (pending) => {
+              ready.reason = `waiting for migrations ${pending.join(', ')} (run \`rlstream migrate\`)`;
+              log.info(
+                { pending },
+                `waiting for the database schema: ${pending.length} migration(s) not applied (${pending.join(', ')}); run \`rlstream migrate <config>\` (a Job or init container)`,
+              );
+            },
+          },
     });
-  } catch (e) { throw new StartError(e); }
+  } catch (e) {
+    throw new StartError(e);
+  }
   let tb: LiveTensorBoard | null = null;
   let s: StartedStage | null = null;
   try {
     try {
       if (stage === 'controller') await refuseChangedConfig(cfg, p);
-      if (stage === 'controller') await p.store.upsertRun({ runId: p.runId, project: cfg.trainer.project_name, experiment: cfg.trainer.experiment_name, config: redactSecrets(cfg) as never });
+      if (stage === 'controller')
+        await p.store.upsertRun({
+          runId: p.runId,
+          project: cfg.trainer.project_name,
+          experiment: cfg.trainer.experiment_name,
+          config: redactSecrets(cfg) as never,
+        });
       ready.reason = `starting the ${stage} stage`;
       s = await startStage(p, stage, { replica: opts.replica });
     } catch (e) {
       // a stage that cannot start for a reason no retry mends (bad weights, a missing model path, a
       // refused config) fails its run, with the reason, so `rlstream runs` and the report say so
-      if (!(isRetriable(e) || isConnectionError(e))) await p.store.setRunStatus(p.runId, 'failed', { error: `${stage}: ${errorMessage(e)}` }).catch(() => undefined);
+      if (!(isRetriable(e) || isConnectionError(e)))
+        await p.store.setRunStatus(p.runId, 'failed', { error: `${stage}: ${errorMessage(e)}` }).catch(() => undefined);
       throw new StartError(e);
     }
     const started = s;
     const topics = started.run.topics ?? [];
     telemetry.setLagSource({
       async lag() {
-        const committed = new Map((await started.run.consumer.committed()).map((c) => [`${c.topic}/${c.partition}`, c.offset]));
+        const committed = new Map(
+          (await started.run.consumer.committed()).map((c) => [`${c.topic}/${c.partition}`, c.offset]),
+        );
         const out: Array<{ topic: string; partition: number; lag: number }> = [];
-        for (const t of topics) (await p.bus.endOffsets(t)).forEach((end, partition) => out.push({ topic: t, partition, lag: Math.max(0, end - (committed.get(`${t}/${partition}`) ?? 0)) }));
+        for (const t of topics)
+          (await p.bus.endOffsets(t)).forEach((end, partition) =>
+            out.push({ topic: t, partition, lag: Math.max(0, end - (committed.get(`${t}/${partition}`) ?? 0)) }),
+          );
         return out;
       },
     });
     ready.joined = () => started.run.consumer.assignment().length > 0;
     ready.reason = null;
     telemetry.setReady(true);
-    log.info({ replica: opts.replica ?? 0 }, `${stage} started: connected to bus and store, schema up to date; /readyz answers 200 once the consumer has joined its group`);
+    log.info(
+      { replica: opts.replica ?? 0 },
+      `${stage} started: connected to bus and store, schema up to date; /readyz answers 200 once the consumer has joined its group`,
+    );
     // distributed mode: the controller process (one per run) writes the TensorBoard files
-    tb = stage === 'controller' ? await openTensorBoard(cfg, p, log, true).catch((e: unknown) => { log.warn({ err: e }, `tensorboard logger not started: ${errorMessage(e)}`); return null; }) : null;
+    tb =
+      stage === 'controller'
+        ? await openTensorBoard(cfg, p, log, true).catch((e: unknown) => {
+            log.warn({ err: e }, `tensorboard logger not started: ${errorMessage(e)}`);
+            return null;
+          })
+        : null;
     const watch = watchRun(p, null, () => 0);
     const aborted = new Promise<RunOutcome>((r) => {
       const stop = () => r({ status: 'stopped', message: 'interrupted', runId: p.runId, runDir: p.runDir });
-      if (opts.signal?.aborted) stop(); else opts.signal?.addEventListener('abort', stop, { once: true });
+      if (opts.signal?.aborted) stop();
+      else opts.signal?.addEventListener('abort', stop, { once: true });
     });
-    const failed = started.run.done.then(() => new Promise<RunOutcome>(() => undefined), (e: unknown) => { throw new RlError(`${stage}: ${(e as Error).message}`, { cause: e }); });
+    const failed = started.run.done.then(
+      () => new Promise<RunOutcome>(() => undefined),
+      (e: unknown) => {
+        throw new RlError(`${stage}: ${(e as Error).message}`, { cause: e });
+      },
+    );
     const outcome = await Promise.race([watch.outcome, aborted, failed]);
     ready.reason = outcome.status === 'stopped' ? 'stopping' : `run ${outcome.status}`;
     ready.joined = null;
@@ -195,7 +281,9 @@ async function serveOnce(cfg: Config, stage: string, log: Logger, opts: ServeOpt
     await started.run.consumer.stop().catch(() => undefined);
     await started.run.done.catch(() => undefined);
     await started.close();
-    await tb?.finish(outcome.status === 'completed').catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
+    await tb
+      ?.finish(outcome.status === 'completed')
+      .catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
     if (outcome.status === 'stopped') log.info(`${stage} stopped: consumer left its group, closing bus and store`);
     return outcome;
   } finally {

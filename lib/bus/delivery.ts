@@ -17,7 +17,15 @@
  */
 import type { Logger } from 'pino';
 import { RlError, errorMessage, isRetriable, storageFault } from '../errors.ts';
-import type { BatchContext, BatchHandler, BusMessage, ConsumerOptions, DeadLetterInfo, DeadLetterOptions, OutMessage } from './port.ts';
+import type {
+  BatchContext,
+  BatchHandler,
+  BusMessage,
+  ConsumerOptions,
+  DeadLetterInfo,
+  DeadLetterOptions,
+  OutMessage,
+} from './port.ts';
 import type { Tx } from '../db/database.ts';
 import { isConnectionError } from '../db/errors.ts';
 
@@ -33,8 +41,10 @@ export interface ResolvedConsumerOptions {
 }
 
 export function resolveConsumerOptions(opts: ConsumerOptions): ResolvedConsumerOptions {
-  if (!opts.group) throw new RlError('consumer: `group` is required (one consumer group per stage)', { code: 'ERR_CONFIG' });
-  if (!opts.topics?.length) throw new RlError(`consumer ${opts.group}: \`topics\` must name at least one topic`, { code: 'ERR_CONFIG' });
+  if (!opts.group)
+    throw new RlError('consumer: `group` is required (one consumer group per stage)', { code: 'ERR_CONFIG' });
+  if (!opts.topics?.length)
+    throw new RlError(`consumer ${opts.group}: \`topics\` must name at least one topic`, { code: 'ERR_CONFIG' });
   const positive = (name: string, v: number | undefined, dflt: number): number => {
     const x = v ?? dflt;
     if (!(x > 0)) throw new RlError(`consumer ${opts.group}: ${name} must be > 0, got ${v}`, { code: 'ERR_CONFIG' });
@@ -84,13 +94,20 @@ export function backoffMs(attempt: number, initialMs: number, maxMs: number): nu
 export function sleep(ms: number, signal?: AbortSignal): Promise<boolean> {
   return new Promise((resolve) => {
     if (signal?.aborted) return resolve(false);
-    const onAbort = () => { clearTimeout(t); resolve(false); };
-    const t = setTimeout(() => { signal?.removeEventListener('abort', onAbort); resolve(true); }, ms);
+    const onAbort = () => {
+      clearTimeout(t);
+      resolve(false);
+    };
+    const t = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve(true);
+    }, ms);
     signal?.addEventListener('abort', onAbort, { once: true });
   });
 }
 
-const sameMessage = (a: BusMessage, b: BusMessage) => a.topic === b.topic && a.partition === b.partition && a.offset === b.offset;
+const sameMessage = (a: BusMessage, b: BusMessage) =>
+  a.topic === b.topic && a.partition === b.partition && a.offset === b.offset;
 
 export class DeliveryContext implements BatchContext {
   readonly outputs: OutMessage[] = [];
@@ -110,29 +127,51 @@ export class DeliveryContext implements BatchContext {
 
   deadLetter(message: BusMessage, reason: string, error?: unknown): void {
     if (!this.batch.some((m) => sameMessage(m, message))) {
-      throw new RlError(`ctx.deadLetter: ${message.topic}[${message.partition}]@${message.offset} is not in this batch`, { code: 'ERR_BUS_USAGE' });
+      throw new RlError(
+        `ctx.deadLetter: ${message.topic}[${message.partition}]@${message.offset} is not in this batch`,
+        { code: 'ERR_BUS_USAGE' },
+      );
     }
     if (!this.hasDeadLetter) {
-      throw new RlError(`consumer group ${this.group} has no dead-letter topic configured; cannot dead-letter ${message.topic}[${message.partition}]@${message.offset} (${reason})`, { code: 'ERR_NO_DEAD_LETTER' });
+      throw new RlError(
+        `consumer group ${this.group} has no dead-letter topic configured; cannot dead-letter ${message.topic}[${message.partition}]@${message.offset} (${reason})`,
+        { code: 'ERR_NO_DEAD_LETTER' },
+      );
     }
-    if (!this.deadLetters.some((d) => sameMessage(d.message, message))) this.deadLetters.push({ message, group: this.group, reason, error, attempts: 0 });
+    if (!this.deadLetters.some((d) => sameMessage(d.message, message)))
+      this.deadLetters.push({ message, group: this.group, reason, error, attempts: 0 });
   }
 }
 
 export function validateOutMessage(m: OutMessage): void {
-  if (!m || typeof m.topic !== 'string' || !m.topic) throw new RlError('out message needs a topic', { code: 'ERR_BUS_USAGE' });
-  if (typeof m.key !== 'string') throw new RlError(`out message to ${m.topic} needs a string key (the partitioning key), got ${typeof m.key}`, { code: 'ERR_BUS_USAGE' });
-  if (!Buffer.isBuffer(m.value)) throw new RlError(`out message to ${m.topic} (key ${m.key}) needs a Buffer value`, { code: 'ERR_BUS_USAGE' });
-  if (m.partition !== undefined && !(Number.isInteger(m.partition) && m.partition >= 0)) throw new RlError(`out message to ${m.topic}: partition must be a non-negative integer, got ${m.partition}`, { code: 'ERR_BUS_USAGE' });
-  if (m.headers) for (const [k, v] of Object.entries(m.headers)) {
-    if (typeof v !== 'string') throw new RlError(`out message to ${m.topic}: header ${k} must be a string`, { code: 'ERR_BUS_USAGE' });
-  }
+  if (!m || typeof m.topic !== 'string' || !m.topic)
+    throw new RlError('out message needs a topic', { code: 'ERR_BUS_USAGE' });
+  if (typeof m.key !== 'string')
+    throw new RlError(`out message to ${m.topic} needs a string key (the partitioning key), got ${typeof m.key}`, {
+      code: 'ERR_BUS_USAGE',
+    });
+  if (!Buffer.isBuffer(m.value))
+    throw new RlError(`out message to ${m.topic} (key ${m.key}) needs a Buffer value`, { code: 'ERR_BUS_USAGE' });
+  if (m.partition !== undefined && !(Number.isInteger(m.partition) && m.partition >= 0))
+    throw new RlError(`out message to ${m.topic}: partition must be a non-negative integer, got ${m.partition}`, {
+      code: 'ERR_BUS_USAGE',
+    });
+  if (m.headers)
+    for (const [k, v] of Object.entries(m.headers)) {
+      if (typeof v !== 'string')
+        throw new RlError(`out message to ${m.topic}: header ${k} must be a string`, { code: 'ERR_BUS_USAGE' });
+    }
 }
 
 /** Encodes dead letters with the consumer's encoder, routed to its dead-letter topic. */
-export function encodeDeadLetters(infos: DeadLetterInfo[], dl: DeadLetterOptions | undefined, group: string): OutMessage[] {
+export function encodeDeadLetters(
+  infos: DeadLetterInfo[],
+  dl: DeadLetterOptions | undefined,
+  group: string,
+): OutMessage[] {
   if (!infos.length) return [];
-  if (!dl) throw new RlError(`consumer group ${group} has no dead-letter topic configured`, { code: 'ERR_NO_DEAD_LETTER' });
+  if (!dl)
+    throw new RlError(`consumer group ${group} has no dead-letter topic configured`, { code: 'ERR_NO_DEAD_LETTER' });
   return infos.map((info) => {
     const out = dl.encode(info);
     const msg = { ...out, topic: dl.topic };
@@ -151,14 +190,22 @@ export class HandlerFailure extends Error {
 
 /** The consumer stopped while the handler ran: nothing was committed. */
 export class Aborted extends Error {
-  constructor() { super('consumer stopped'); this.name = 'Aborted'; }
+  constructor() {
+    super('consumer stopped');
+    this.name = 'Aborted';
+  }
 }
 
 /**
  * Runs the handler; its error becomes a HandlerFailure. If `signal` aborts first, throws Aborted
  * at once (the handler's late result is ignored and the batch is not committed).
  */
-export async function runHandler(handler: BatchHandler, batch: BusMessage[], ctx: DeliveryContext, signal: AbortSignal): Promise<void> {
+export async function runHandler(
+  handler: BatchHandler,
+  batch: BusMessage[],
+  ctx: DeliveryContext,
+  signal: AbortSignal,
+): Promise<void> {
   if (signal.aborted) throw new Aborted();
   let onAbort: (() => void) | undefined;
   const aborted = new Promise<never>((_, reject) => {
@@ -166,7 +213,11 @@ export async function runHandler(handler: BatchHandler, batch: BusMessage[], ctx
     signal.addEventListener('abort', onAbort, { once: true });
   });
   const work = (async () => {
-    try { await handler(batch, ctx); } catch (e) { throw new HandlerFailure(e); }
+    try {
+      await handler(batch, ctx);
+    } catch (e) {
+      throw new HandlerFailure(e);
+    }
   })();
   work.catch(() => undefined); // a handler abandoned on stop may still fail later
   try {
@@ -199,10 +250,16 @@ async function pause(ms: number, deps: DeliveryDeps): Promise<'ok' | DeliveryRes
   return deps.signal.aborted ? 'aborted' : 'stale';
 }
 
-const where = (b: BusMessage[]) => `${b[0].topic}[${b[0].partition}]@${b[0].offset}${b.length > 1 ? `..${b[b.length - 1].offset}` : ''}`;
+const where = (b: BusMessage[]) =>
+  `${b[0].topic}[${b[0].partition}]@${b[0].offset}${b.length > 1 ? `..${b[b.length - 1].offset}` : ''}`;
 
 /** Delivers one batch with the retry / split / dead-letter policy (see the file comment). Throws only fatal errors. */
-export async function deliver(batch: BusMessage[], handler: BatchHandler, deps: DeliveryDeps, priorRuns = 0): Promise<DeliveryResult> {
+export async function deliver(
+  batch: BusMessage[],
+  handler: BatchHandler,
+  deps: DeliveryDeps,
+  priorRuns = 0,
+): Promise<DeliveryResult> {
   const { opts, log, signal } = deps;
   let handlerRuns = priorRuns;
   let retriableFailures = 0;
@@ -216,23 +273,41 @@ export async function deliver(batch: BusMessage[], handler: BatchHandler, deps: 
       if (e instanceof Aborted || signal.aborted) return 'aborted';
       const fault = storageFault(e instanceof HandlerFailure ? e.error : e);
       if (fault) {
-        log.error({ group: opts.group, batch: where(batch), path: fault.path, err: e instanceof HandlerFailure ? e.error : e }, `stopping with ${where(batch)} uncommitted: ${fault.message}`);
+        log.error(
+          { group: opts.group, batch: where(batch), path: fault.path, err: e instanceof HandlerFailure ? e.error : e },
+          `stopping with ${where(batch)} uncommitted: ${fault.message}`,
+        );
         throw fault;
       }
       if (e instanceof HandlerFailure) {
         if (isRetriable(e.error)) {
           retriableFailures++;
           if (retriableFailures >= opts.retry.maxAttempts) {
-            throw new RlError(`consumer group ${opts.group}: batch ${where(batch)} still failing after ${retriableFailures} attempts: ${e.message}`, { retriable: true, code: 'ERR_RETRIES_EXHAUSTED', cause: e.error });
+            throw new RlError(
+              `consumer group ${opts.group}: batch ${where(batch)} still failing after ${retriableFailures} attempts: ${e.message}`,
+              { retriable: true, code: 'ERR_RETRIES_EXHAUSTED', cause: e.error },
+            );
           }
           const ms = backoffMs(retriableFailures - 1, opts.retry.initialMs, opts.retry.maxMs);
-          log.warn({ group: opts.group, batch: where(batch), attempt: retriableFailures, retry_in_ms: Math.round(ms), err: e.error }, `retriable handler error, redelivering: ${e.message}`);
+          log.warn(
+            {
+              group: opts.group,
+              batch: where(batch),
+              attempt: retriableFailures,
+              retry_in_ms: Math.round(ms),
+              err: e.error,
+            },
+            `retriable handler error, redelivering: ${e.message}`,
+          );
           const p = await pause(ms, deps);
           if (p !== 'ok') return p;
           continue;
         }
         if (batch.length > 1) {
-          log.warn({ group: opts.group, batch: where(batch), err: e.error }, `handler failed (not retriable) on a batch of ${batch.length}; retrying its messages one by one: ${e.message}`);
+          log.warn(
+            { group: opts.group, batch: where(batch), err: e.error },
+            `handler failed (not retriable) on a batch of ${batch.length}; retrying its messages one by one: ${e.message}`,
+          );
           for (const m of batch) {
             const r = await deliver([m], handler, deps, handlerRuns);
             if (r !== 'committed') return r;
@@ -240,15 +315,24 @@ export async function deliver(batch: BusMessage[], handler: BatchHandler, deps: 
           return 'committed';
         }
         const reason = e.message || (e.error as Error)?.name || 'handler failed';
-        log.warn({ group: opts.group, message: where(batch), reason }, 'dead-lettering a message that cannot be processed');
+        log.warn(
+          { group: opts.group, message: where(batch), reason },
+          'dead-lettering a message that cannot be processed',
+        );
         if (!opts.deadLetter) {
-          throw new RlError(`consumer group ${opts.group}: message ${where(batch)} cannot be processed (${reason}) and no dead-letter topic is configured; stopping with its offset uncommitted`, { code: 'ERR_NO_DEAD_LETTER', cause: e.error });
+          throw new RlError(
+            `consumer group ${opts.group}: message ${where(batch)} cannot be processed (${reason}) and no dead-letter topic is configured; stopping with its offset uncommitted`,
+            { code: 'ERR_NO_DEAD_LETTER', cause: e.error },
+          );
         }
         return await deadLetterOnly(batch[0], reason, e.error, handlerRuns, deps);
       }
       if (isRetriable(e) || isConnectionError(e)) {
         const ms = backoffMs(infraFailures++, opts.retry.initialMs, opts.retry.maxMs);
-        log.warn({ group: opts.group, batch: where(batch), retry_in_ms: Math.round(ms), err: e }, `bus error, retrying the batch: ${errorMessage(e)}`);
+        log.warn(
+          { group: opts.group, batch: where(batch), retry_in_ms: Math.round(ms), err: e },
+          `bus error, retrying the batch: ${errorMessage(e)}`,
+        );
         const p = await pause(ms, deps);
         if (p !== 'ok') return p;
         continue;
@@ -258,7 +342,13 @@ export async function deliver(batch: BusMessage[], handler: BatchHandler, deps: 
   }
 }
 
-async function deadLetterOnly(message: BusMessage, reason: string, error: unknown, attempts: number, deps: DeliveryDeps): Promise<DeliveryResult> {
+async function deadLetterOnly(
+  message: BusMessage,
+  reason: string,
+  error: unknown,
+  attempts: number,
+  deps: DeliveryDeps,
+): Promise<DeliveryResult> {
   const { opts, log, signal } = deps;
   let failures = 0;
   while (true) {
@@ -269,7 +359,10 @@ async function deadLetterOnly(message: BusMessage, reason: string, error: unknow
       if (e instanceof Aborted || signal.aborted) return 'aborted';
       if (!isRetriable(e) && !isConnectionError(e)) throw e;
       const ms = backoffMs(failures++, opts.retry.initialMs, opts.retry.maxMs);
-      log.warn({ group: opts.group, message: where([message]), err: e }, `could not write the dead letter yet: ${errorMessage(e)}`);
+      log.warn(
+        { group: opts.group, message: where([message]), err: e },
+        `could not write the dead letter yet: ${errorMessage(e)}`,
+      );
       const p = await pause(ms, deps);
       if (p !== 'ok') return p;
     }

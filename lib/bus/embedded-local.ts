@@ -18,7 +18,11 @@ import type { Database } from '../db/database.ts';
 import type { BusMessage } from './port.ts';
 
 /** A partition's most recent messages: offsets base … base + msgs.length − 1. */
-interface Tail { base: number; msgs: BusMessage[]; bytes: number }
+interface Tail {
+  base: number;
+  msgs: BusMessage[];
+  bytes: number;
+}
 
 /** Per partition, at most this many messages and bytes of values are kept (oldest dropped first). */
 const TAIL_MAX_MESSAGES = 256;
@@ -28,7 +32,12 @@ const tp = (topic: string, partition: number) => `${topic}\u0000${partition}`;
 const gtp = (group: string, topic: string, partition: number) => `${group}\u0000${topic}\u0000${partition}`;
 
 /** A committed append to one partition: its messages, first at `base`. */
-export interface Appended { topic: string; partition: number; base: number; msgs: BusMessage[] }
+export interface Appended {
+  topic: string;
+  partition: number;
+  base: number;
+  msgs: BusMessage[];
+}
 
 export class LocalLog {
   private readonly ends = new Map<string, number>();
@@ -45,7 +54,9 @@ export class LocalLog {
     m.set(memberId, [...topics]);
   }
 
-  leave(group: string, memberId: string): void { this.members.get(group)?.delete(memberId); }
+  leave(group: string, memberId: string): void {
+    this.members.get(group)?.delete(memberId);
+  }
 
   /** The group's members, as bus_members rows would list them. */
   membersOf(group: string): Array<{ member_id: string; topics: string[] }> {
@@ -53,7 +64,9 @@ export class LocalLog {
   }
 
   /** Whether the topic's ends were read from the table (appends alone do not tell of older partitions). */
-  hasTopic(topic: string): boolean { return this.loadedTopics.has(topic); }
+  hasTopic(topic: string): boolean {
+    return this.loadedTopics.has(topic);
+  }
 
   /**
    * Records a topic's end offsets as read from bus_partitions. Ends only grow, and an append that
@@ -69,10 +82,14 @@ export class LocalLog {
     if (cur === undefined || v > cur) map.set(k, v);
   }
 
-  end(topic: string, partition: number): number { return this.ends.get(tp(topic, partition)) ?? 0; }
+  end(topic: string, partition: number): number {
+    return this.ends.get(tp(topic, partition)) ?? 0;
+  }
 
   /** The group's committed position (0 when it has none), as mirrored. */
-  position(group: string, topic: string, partition: number): number { return this.positions.get(gtp(group, topic, partition)) ?? 0; }
+  position(group: string, topic: string, partition: number): number {
+    return this.positions.get(gtp(group, topic, partition)) ?? 0;
+  }
 
   /** A position read from bus_offsets or committed here: positions only move forward (seek: `force`). */
   setPosition(group: string, topic: string, partition: number, offset: number, force = false): void {
@@ -93,13 +110,19 @@ export class LocalLog {
         t = { base: a.base, msgs: [], bytes: 0 };
         this.tails.set(k, t);
       }
-      for (const m of a.msgs) { t.msgs.push(m); t.bytes += m.value.length; }
+      for (const m of a.msgs) {
+        t.msgs.push(m);
+        t.bytes += m.value.length;
+      }
       let drop = 0;
       while (t.msgs.length - drop > 1 && (t.msgs.length - drop > TAIL_MAX_MESSAGES || t.bytes > TAIL_MAX_BYTES)) {
         t.bytes -= t.msgs[drop]!.value.length;
         drop++;
       }
-      if (drop) { t.msgs.splice(0, drop); t.base += drop; }
+      if (drop) {
+        t.msgs.splice(0, drop);
+        t.base += drop;
+      }
     }
   }
 

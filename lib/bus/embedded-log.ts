@@ -43,11 +43,30 @@ import { localLogOf, type Appended, type LocalLog } from './embedded-local.ts';
 import { partitionFor } from './partitioner.ts';
 import { validateTopicName, validateTopicSpecs } from './topics.ts';
 import {
-  Aborted, DeliveryContext, HandlerFailure, backoffMs, deliver, encodeDeadLetters, resolveConsumerOptions, runHandler, sleep, validateOutMessage,
-  type AttemptResult, type ResolvedConsumerOptions,
+  Aborted,
+  DeliveryContext,
+  HandlerFailure,
+  backoffMs,
+  deliver,
+  encodeDeadLetters,
+  resolveConsumerOptions,
+  runHandler,
+  sleep,
+  validateOutMessage,
+  type AttemptResult,
+  type ResolvedConsumerOptions,
 } from './delivery.ts';
 import type {
-  BatchHandler, BusMessage, Consumer, ConsumerOptions, DeadLetterInfo, EventBus, OutMessage, TopicPartition, TopicPartitionOffset, TopicSpec,
+  BatchHandler,
+  BusMessage,
+  Consumer,
+  ConsumerOptions,
+  DeadLetterInfo,
+  EventBus,
+  OutMessage,
+  TopicPartition,
+  TopicPartitionOffset,
+  TopicSpec,
 } from './port.ts';
 
 export interface EmbeddedBusOptions {
@@ -63,13 +82,19 @@ export interface EmbeddedBusOptions {
   closeDatabase?: boolean;
 }
 
-interface Member { member_id: string; topics: string[] }
+interface Member {
+  member_id: string;
+  topics: string[];
+}
 
 /**
  * Deterministic assignment: topic-partitions sorted by (topic, partition), each given round-robin
  * to the next member (sorted by id) subscribed to its topic. Every member computes the same map.
  */
-export function assignPartitions(members: Member[], partitionsOf: ReadonlyMap<string, number>): Map<string, TopicPartition[]> {
+export function assignPartitions(
+  members: Member[],
+  partitionsOf: ReadonlyMap<string, number>,
+): Map<string, TopicPartition[]> {
   const sorted = [...members].sort((a, b) => (a.member_id < b.member_id ? -1 : a.member_id > b.member_id ? 1 : 0));
   const out = new Map<string, TopicPartition[]>(sorted.map((m) => [m.member_id, []]));
   const topics = [...new Set(sorted.flatMap((m) => m.topics))].sort();
@@ -82,10 +107,24 @@ export function assignPartitions(members: Member[], partitionsOf: ReadonlyMap<st
   return out;
 }
 
-interface MessageRow { topic: string; partition: number; msg_offset: number; key: string | null; value: Buffer; headers: Record<string, string> | null; ts_ms: number }
+interface MessageRow {
+  topic: string;
+  partition: number;
+  msg_offset: number;
+  key: string | null;
+  value: Buffer;
+  headers: Record<string, string> | null;
+  ts_ms: number;
+}
 
 const toBusMessage = (r: MessageRow): BusMessage => ({
-  topic: r.topic, partition: r.partition, offset: Number(r.msg_offset), key: r.key, value: r.value, headers: r.headers ?? {}, timestamp: Number(r.ts_ms),
+  topic: r.topic,
+  partition: r.partition,
+  offset: Number(r.msg_offset),
+  key: r.key,
+  value: r.value,
+  headers: r.headers ?? {},
+  timestamp: Number(r.ts_ms),
 });
 
 const INSERT_MAX_ROWS = 500;
@@ -117,21 +156,30 @@ export class EmbeddedBus implements EventBus {
     this.closeDatabase = opts.closeDatabase ?? false;
     if (this.database.kind === 'pglite') this.local = localLogOf(this.database);
     if (this.heartbeatIntervalMs * 2 > this.sessionTimeoutMs) {
-      throw new ConfigError(`embedded bus: heartbeatIntervalMs (${this.heartbeatIntervalMs}) must be at most half of sessionTimeoutMs (${this.sessionTimeoutMs})`);
+      throw new ConfigError(
+        `embedded bus: heartbeatIntervalMs (${this.heartbeatIntervalMs}) must be at most half of sessionTimeoutMs (${this.sessionTimeoutMs})`,
+      );
     }
   }
 
-  get db(): Kysely<any> { return this.database.db; }
+  get db(): Kysely<any> {
+    return this.database.db;
+  }
 
   /** True when no other process can append to this log (PGlite: one process holds the run directory). */
-  get localOnly(): boolean { return this.database.kind === 'pglite'; }
+  get localOnly(): boolean {
+    return this.database.kind === 'pglite';
+  }
 
   /** Refuses direct database use from inside a handler on PGlite, which would deadlock on its single connection. */
   guard(op: string): void {
     if (this.closed) throw new RlError(`embedded bus: ${op} after close()`, { code: 'ERR_BUS_CLOSED' });
     const group = this.inHandler.getStore();
     if (group !== undefined && this.database.kind === 'pglite') {
-      throw new RlError(`embedded bus: ${op} called inside a batch handler of group ${group}; PGlite has one connection, held by the batch's transaction — use ctx.send(...) for outputs and ctx.tx for reads and writes`, { code: 'ERR_BUS_USAGE' });
+      throw new RlError(
+        `embedded bus: ${op} called inside a batch handler of group ${group}; PGlite has one connection, held by the batch's transaction — use ctx.send(...) for outputs and ctx.tx for reads and writes`,
+        { code: 'ERR_BUS_USAGE' },
+      );
     }
   }
 
@@ -140,12 +188,21 @@ export class EmbeddedBus implements EventBus {
     validateTopicSpecs(specs);
     await this.db.transaction().execute(async (tx) => {
       for (const s of specs) {
-        await sql`insert into bus_topics (name, partitions) values (${s.name}, ${s.partitions}) on conflict (name) do nothing`.execute(tx);
-        const have = Number((await sql<{ partitions: number }>`select partitions from bus_topics where name = ${s.name}`.execute(tx)).rows[0].partitions);
+        await sql`insert into bus_topics (name, partitions) values (${s.name}, ${s.partitions}) on conflict (name) do nothing`.execute(
+          tx,
+        );
+        const have = Number(
+          (await sql<{ partitions: number }>`select partitions from bus_topics where name = ${s.name}`.execute(tx))
+            .rows[0].partitions,
+        );
         if (have !== s.partitions) {
-          throw new ConfigError(`topic ${s.name} already exists with ${have} partitions, not ${s.partitions}; keyed routing depends on the count — use the existing count or a new topic`);
+          throw new ConfigError(
+            `topic ${s.name} already exists with ${have} partitions, not ${s.partitions}; keyed routing depends on the count — use the existing count or a new topic`,
+          );
         }
-        await sql`insert into bus_partitions (topic, partition) select ${s.name}, g from generate_series(0, ${s.partitions - 1}::int) g on conflict do nothing`.execute(tx);
+        await sql`insert into bus_partitions (topic, partition) select ${s.name}, g from generate_series(0, ${s.partitions - 1}::int) g on conflict do nothing`.execute(
+          tx,
+        );
       }
     });
     for (const s of specs) this.partitionCounts.set(s.name, s.partitions);
@@ -157,7 +214,10 @@ export class EmbeddedBus implements EventBus {
     if (cached !== undefined) return cached;
     validateTopicName(topic);
     const r = await sql<{ partitions: number }>`select partitions from bus_topics where name = ${topic}`.execute(q);
-    if (!r.rows.length) throw new ConfigError(`topic ${topic} does not exist in the embedded log; create it first with ensureTopics([{ name: '${topic}', partitions: N }])`);
+    if (!r.rows.length)
+      throw new ConfigError(
+        `topic ${topic} does not exist in the embedded log; create it first with ensureTopics([{ name: '${topic}', partitions: N }])`,
+      );
     const n = Number(r.rows[0].partitions);
     this.partitionCounts.set(topic, n);
     return n;
@@ -179,32 +239,64 @@ export class EmbeddedBus implements EventBus {
       validateOutMessage(m);
       const n = await this.partitionsOf(tx, m.topic);
       const partition = m.partition ?? partitionFor(m.key, n);
-      if (partition >= n) throw new ConfigError(`message to ${m.topic} names partition ${partition}, but the topic has ${n} partitions (0..${n - 1})`);
+      if (partition >= n)
+        throw new ConfigError(
+          `message to ${m.topic} names partition ${partition}, but the topic has ${n} partitions (0..${n - 1})`,
+        );
       const k = `${m.topic}\u0000${partition}`;
       let g = groups.get(k);
       if (!g) groups.set(k, (g = { topic: m.topic, partition, msgs: [] }));
       g.msgs.push(m);
     }
-    const ordered = [...groups.values()].sort((a, b) => (a.topic < b.topic ? -1 : a.topic > b.topic ? 1 : a.partition - b.partition));
+    const ordered = [...groups.values()].sort((a, b) =>
+      a.topic < b.topic ? -1 : a.topic > b.topic ? 1 : a.partition - b.partition,
+    );
     for (const g of ordered) {
-      const r = await sql<{ next_offset: number }>`update bus_partitions set next_offset = next_offset + ${g.msgs.length} where topic = ${g.topic} and partition = ${g.partition} returning next_offset`.execute(tx);
-      if (!r.rows.length) throw new RlError(`embedded log: partition ${g.topic}[${g.partition}] has no row in bus_partitions`, { code: 'ERR_BUS_CORRUPT' });
+      const r = await sql<{
+        next_offset: number;
+      }>`update bus_partitions set next_offset = next_offset + ${g.msgs.length} where topic = ${g.topic} and partition = ${g.partition} returning next_offset`.execute(
+        tx,
+      );
+      if (!r.rows.length)
+        throw new RlError(`embedded log: partition ${g.topic}[${g.partition}] has no row in bus_partitions`, {
+          code: 'ERR_BUS_CORRUPT',
+        });
       let offset = Number(r.rows[0].next_offset) - g.msgs.length;
       if (this.local) {
         appended.push({
-          topic: g.topic, partition: g.partition, base: offset,
+          topic: g.topic,
+          partition: g.partition,
+          base: offset,
           msgs: g.msgs.map((m, i) => ({
-            topic: g.topic, partition: g.partition, offset: offset + i, key: m.key, value: Buffer.from(m.value), headers: { ...(m.headers ?? {}) }, timestamp: nowMs,
+            topic: g.topic,
+            partition: g.partition,
+            offset: offset + i,
+            key: m.key,
+            value: Buffer.from(m.value),
+            headers: { ...(m.headers ?? {}) },
+            timestamp: nowMs,
           })),
         });
       }
       for (let i = 0; i < g.msgs.length;) {
         const rows: Array<Record<string, unknown>> = [];
         let bytes = 0;
-        while (i < g.msgs.length && rows.length < INSERT_MAX_ROWS && (rows.length === 0 || bytes + g.msgs[i].value.length <= INSERT_MAX_BYTES)) {
+        while (
+          i < g.msgs.length &&
+          rows.length < INSERT_MAX_ROWS &&
+          (rows.length === 0 || bytes + g.msgs[i].value.length <= INSERT_MAX_BYTES)
+        ) {
           const m = g.msgs[i++];
           bytes += m.value.length;
-          rows.push({ topic: g.topic, partition: g.partition, msg_offset: offset++, key: m.key, value: m.value, headers: JSON.stringify(m.headers ?? {}), ts });
+          rows.push({
+            topic: g.topic,
+            partition: g.partition,
+            msg_offset: offset++,
+            key: m.key,
+            value: m.value,
+            headers: JSON.stringify(m.headers ?? {}),
+            ts,
+          });
         }
         await tx.insertInto('bus_messages').values(rows).execute();
       }
@@ -213,7 +305,9 @@ export class EmbeddedBus implements EventBus {
   }
 
   /** After the transaction that appended `appended` committed: advance the mirror. */
-  committed(appended: readonly Appended[]): void { this.local?.committed(appended); }
+  committed(appended: readonly Appended[]): void {
+    this.local?.committed(appended);
+  }
 
   async produce(messages: OutMessage[]): Promise<void> {
     this.guard('produce');
@@ -226,7 +320,10 @@ export class EmbeddedBus implements EventBus {
   /** PGlite: reads a topic's end offsets into the mirror the first time it is needed. */
   async loadTopic(topic: string): Promise<void> {
     if (!this.local || this.local.hasTopic(topic)) return;
-    const r = await sql<{ partition: number; next_offset: number }>`select partition, next_offset from bus_partitions where topic = ${topic}`.execute(this.db);
+    const r = await sql<{
+      partition: number;
+      next_offset: number;
+    }>`select partition, next_offset from bus_partitions where topic = ${topic}`.execute(this.db);
     this.local.loadTopic(topic, r.rows);
   }
 
@@ -265,7 +362,9 @@ export class EmbeddedBus implements EventBus {
     return c;
   }
 
-  forget(c: EmbeddedConsumer): void { this.consumers.delete(c); }
+  forget(c: EmbeddedConsumer): void {
+    this.consumers.delete(c);
+  }
 
   /** PGlite: a member joined or left — every consumer of the group here recomputes its partitions. */
   async refreshGroup(group: string): Promise<void> {
@@ -279,7 +378,10 @@ export class EmbeddedBus implements EventBus {
       await this.loadTopic(topic);
       return Array.from({ length: n }, (_, p) => this.local!.end(topic, p));
     }
-    const r = await sql<{ partition: number; next_offset: number }>`select partition, next_offset from bus_partitions where topic = ${topic} order by partition`.execute(this.db);
+    const r = await sql<{
+      partition: number;
+      next_offset: number;
+    }>`select partition, next_offset from bus_partitions where topic = ${topic} order by partition`.execute(this.db);
     const out = new Array<number>(n).fill(0);
     for (const row of r.rows) out[row.partition] = Number(row.next_offset);
     return out;
@@ -288,7 +390,8 @@ export class EmbeddedBus implements EventBus {
   async read(topic: string, partition: number, fromOffset: number, max: number): Promise<BusMessage[]> {
     this.guard('read');
     const n = await this.partitionsOf(this.db, topic);
-    if (!Number.isInteger(partition) || partition < 0 || partition >= n) throw new ConfigError(`read: topic ${topic} has partitions 0..${n - 1}, not ${partition}`);
+    if (!Number.isInteger(partition) || partition < 0 || partition >= n)
+      throw new ConfigError(`read: topic ${topic} has partitions 0..${n - 1}, not ${partition}`);
     if (max <= 0) return [];
     const tail = this.local?.fromTail(topic, partition, Math.max(0, fromOffset), Math.floor(max));
     if (tail) return tail;
@@ -303,7 +406,13 @@ export class EmbeddedBus implements EventBus {
    * One partition's next batch from `from`: at most `maxMessages`, and at most `maxBytes` of
    * values unless the first message alone is larger. Sizes are read without loading values.
    */
-  async fetchBatch(topic: string, partition: number, from: number, maxMessages: number, maxBytes: number): Promise<BusMessage[]> {
+  async fetchBatch(
+    topic: string,
+    partition: number,
+    from: number,
+    maxMessages: number,
+    maxBytes: number,
+  ): Promise<BusMessage[]> {
     const tail = this.local?.fromTail(topic, partition, from, maxMessages, maxBytes);
     if (tail) return tail;
     const r = await sql<MessageRow>`
@@ -336,25 +445,41 @@ class EmbeddedConsumer implements Consumer {
   /** Set when this process appended to a consumed topic since the current poll began. */
   private dirty = false;
 
-  constructor(private readonly bus: EmbeddedBus, readonly opts: ResolvedConsumerOptions) {
+  constructor(
+    private readonly bus: EmbeddedBus,
+    readonly opts: ResolvedConsumerOptions,
+  ) {
     this.topicSet = new Set(opts.topics);
     this.log = bus.log.child({ group: opts.group, member: this.memberId.slice(0, 8) });
   }
 
-  assignment(): TopicPartition[] { return this.assigned.map((a) => ({ ...a })); }
+  assignment(): TopicPartition[] {
+    return this.assigned.map((a) => ({ ...a }));
+  }
 
-  markDirty(topics: string[]): void { if (topics.some((t) => this.topicSet.has(t))) this.dirty = true; }
+  markDirty(topics: string[]): void {
+    if (topics.some((t) => this.topicSet.has(t))) this.dirty = true;
+  }
 
   async run(handler: BatchHandler): Promise<void> {
-    if (this.state !== 'new') throw new RlError(`consumer of group ${this.opts.group} was already ${this.state === 'running' ? 'started' : 'stopped'}; create a new one`, { code: 'ERR_BUS_USAGE' });
+    if (this.state !== 'new')
+      throw new RlError(
+        `consumer of group ${this.opts.group} was already ${this.state === 'running' ? 'started' : 'stopped'}; create a new one`,
+        { code: 'ERR_BUS_USAGE' },
+      );
     this.bus.guard('consumer.run');
     this.state = 'running';
     let release!: () => void;
-    this.done = new Promise((r) => { release = r; });
+    this.done = new Promise((r) => {
+      release = r;
+    });
     const heartbeats = { stop: false, loop: Promise.resolve() };
     try {
       const joined = await this.retryingLostConnection('join', async () => {
-        for (const t of this.opts.topics) { await this.bus.partitionsOf(this.bus.db, t); await this.bus.loadTopic(t); }
+        for (const t of this.opts.topics) {
+          await this.bus.partitionsOf(this.bus.db, t);
+          await this.bus.loadTopic(t);
+        }
         if (this.opts.deadLetter) await this.bus.partitionsOf(this.bus.db, this.opts.deadLetter.topic);
         await this.join();
       });
@@ -365,7 +490,9 @@ class EmbeddedConsumer implements Consumer {
     } finally {
       this.abort.abort();
       await heartbeats.loop.catch(() => undefined);
-      await this.leave().catch((e) => this.log.warn({ err: e }, 'could not remove the group member row (it expires after the session timeout)'));
+      await this.leave().catch((e) =>
+        this.log.warn({ err: e }, 'could not remove the group member row (it expires after the session timeout)'),
+      );
       this.state = 'stopped';
       this.bus.forget(this);
       release();
@@ -373,7 +500,11 @@ class EmbeddedConsumer implements Consumer {
   }
 
   async stop(): Promise<void> {
-    if (this.state === 'new') { this.state = 'stopped'; this.bus.forget(this); return; }
+    if (this.state === 'new') {
+      this.state = 'stopped';
+      this.bus.forget(this);
+      return;
+    }
     this.abort.abort();
     await this.done;
   }
@@ -383,7 +514,8 @@ class EmbeddedConsumer implements Consumer {
     const local = this.bus.local;
     await this.bus.db.transaction().execute(async (tx) => {
       // idempotent: a join retried after a lost connection may find its row committed
-      if (!local) await sql`insert into bus_members (group_id, member_id, topics) values (${group}, ${this.memberId}, ${topics}::text[])
+      if (!local)
+        await sql`insert into bus_members (group_id, member_id, topics) values (${group}, ${this.memberId}, ${topics}::text[])
         on conflict (group_id, member_id) do update set heartbeat_at = now(), topics = excluded.topics`.execute(tx);
       if (!this.opts.fromBeginning) {
         // A new group starts at the end as of joining (Kafka's fromBeginning: false).
@@ -393,7 +525,11 @@ class EmbeddedConsumer implements Consumer {
       }
     });
     if (local) {
-      const r = await sql<{ topic: string; partition: number; next_offset: number }>`select topic, partition, next_offset from bus_offsets
+      const r = await sql<{
+        topic: string;
+        partition: number;
+        next_offset: number;
+      }>`select topic, partition, next_offset from bus_offsets
         where group_id = ${group} and topic = any(${topics}::text[])`.execute(this.bus.db);
       for (const row of r.rows) local.setPosition(group, row.topic, row.partition, Number(row.next_offset));
       local.join(group, this.memberId, topics);
@@ -411,7 +547,9 @@ class EmbeddedConsumer implements Consumer {
       await this.bus.refreshGroup(this.opts.group);
       return;
     }
-    await sql`delete from bus_members where group_id = ${this.opts.group} and member_id = ${this.memberId}`.execute(this.bus.db);
+    await sql`delete from bus_members where group_id = ${this.opts.group} and member_id = ${this.memberId}`.execute(
+      this.bus.db,
+    );
   }
 
   private async heartbeatLoop(): Promise<void> {
@@ -429,15 +567,21 @@ class EmbeddedConsumer implements Consumer {
   private async heartbeat(): Promise<void> {
     const { group, topics } = this.opts;
     await sql`insert into bus_members (group_id, member_id, topics) values (${group}, ${this.memberId}, ${topics}::text[])
-      on conflict (group_id, member_id) do update set heartbeat_at = now(), topics = excluded.topics`.execute(this.bus.db);
-    await sql`delete from bus_members where group_id = ${group} and heartbeat_at < now() - ${this.bus.sessionTimeoutMs} * interval '1 millisecond'`.execute(this.bus.db);
+      on conflict (group_id, member_id) do update set heartbeat_at = now(), topics = excluded.topics`.execute(
+      this.bus.db,
+    );
+    await sql`delete from bus_members where group_id = ${group} and heartbeat_at < now() - ${this.bus.sessionTimeoutMs} * interval '1 millisecond'`.execute(
+      this.bus.db,
+    );
     await this.refreshAssignment();
   }
 
   private async liveMembers(q: Kysely<any>): Promise<Member[]> {
     if (this.bus.local) return this.bus.local.membersOf(this.opts.group);
     const r = await sql<Member>`select member_id, topics from bus_members
-      where group_id = ${this.opts.group} and heartbeat_at >= now() - ${this.bus.sessionTimeoutMs} * interval '1 millisecond'`.execute(q);
+      where group_id = ${this.opts.group} and heartbeat_at >= now() - ${this.bus.sessionTimeoutMs} * interval '1 millisecond'`.execute(
+      q,
+    );
     return r.rows;
   }
 
@@ -445,7 +589,11 @@ class EmbeddedConsumer implements Consumer {
     const members = await this.liveMembers(q);
     const counts = new Map<string, number>();
     for (const t of new Set(members.flatMap((m) => m.topics))) {
-      try { counts.set(t, await this.bus.partitionsOf(q, t)); } catch { /* a member subscribed to a topic that does not exist: it gets nothing of it */ }
+      try {
+        counts.set(t, await this.bus.partitionsOf(q, t));
+      } catch {
+        /* a member subscribed to a topic that does not exist: it gets nothing of it */
+      }
     }
     return assignPartitions(members, counts).get(this.memberId) ?? [];
   }
@@ -468,12 +616,17 @@ class EmbeddedConsumer implements Consumer {
   private async retryingLostConnection<T>(what: string, fn: () => Promise<T>): Promise<{ value: T } | null> {
     const signal = this.abort.signal;
     for (let failures = 0; !signal.aborted;) {
-      try { return { value: await fn() }; } catch (e) {
+      try {
+        return { value: await fn() };
+      } catch (e) {
         const err = retriableDbError(e, `consumer group ${this.opts.group}: ${what}`);
         if (signal.aborted) return null;
         if (!isRetriable(err)) throw err;
         const ms = backoffMs(failures++, this.opts.retry.initialMs, this.opts.retry.maxMs);
-        this.log.warn({ err: e, retry_in_ms: Math.round(ms) }, `embedded log ${what} failed, retrying: ${errorMessage(e)}`);
+        this.log.warn(
+          { err: e, retry_in_ms: Math.round(ms) },
+          `embedded log ${what} failed, retrying: ${errorMessage(e)}`,
+        );
         await sleep(ms, signal);
       }
     }
@@ -490,7 +643,10 @@ class EmbeddedConsumer implements Consumer {
       // a lost connection (database restart) is retried; anything else stops the consumer
       const polled = await this.retryingLostConnection('poll', () => this.pollOnce(handler, rotate++));
       if (!polled) return;
-      if (polled.value) { idleMs = this.bus.minPollMs; continue; }
+      if (polled.value) {
+        idleMs = this.bus.minPollMs;
+        continue;
+      }
       // something was appended here while this poll ran: look again at once
       if (this.dirty) continue;
       await this.bus.waitFor(this.topicSet, idleMs, signal, this.waker);
@@ -508,28 +664,55 @@ class EmbeddedConsumer implements Consumer {
     if (!mine.size) return false;
     const local = this.bus.local;
     const rows = local
-      ? this.assigned.map((a) => ({ topic: a.topic, partition: a.partition, end: local.end(a.topic, a.partition), position: local.position(opts.group, a.topic, a.partition) }))
-      : (await sql<{ topic: string; partition: number; end_offset: number; position: number | null }>`
+      ? this.assigned.map((a) => ({
+          topic: a.topic,
+          partition: a.partition,
+          end: local.end(a.topic, a.partition),
+          position: local.position(opts.group, a.topic, a.partition),
+        }))
+      : (
+          await sql<{ topic: string; partition: number; end_offset: number; position: number | null }>`
       select p.topic, p.partition, p.next_offset as end_offset, o.next_offset as position
       from bus_partitions p left join bus_offsets o on o.group_id = ${opts.group} and o.topic = p.topic and o.partition = p.partition
-      where p.topic = any(${opts.topics}::text[])`.execute(this.bus.db)).rows
-        .filter((row) => mine.has(`${row.topic}\u0000${row.partition}`))
-        .map((row) => ({ topic: row.topic, partition: row.partition, end: Number(row.end_offset), position: row.position === null ? 0 : Number(row.position) }));
+      where p.topic = any(${opts.topics}::text[])`.execute(this.bus.db)
+        ).rows
+          .filter((row) => mine.has(`${row.topic}\u0000${row.partition}`))
+          .map((row) => ({
+            topic: row.topic,
+            partition: row.partition,
+            end: Number(row.end_offset),
+            position: row.position === null ? 0 : Number(row.position),
+          }));
     const work = rows
       .filter((row) => row.end > row.position)
       .sort((a, b) => (a.topic < b.topic ? -1 : a.topic > b.topic ? 1 : a.partition - b.partition));
     let progressed = false;
     for (let i = 0; i < work.length && !signal.aborted; i++) {
       const w = work[(i + rotate) % work.length];
-      const batch = await this.bus.fetchBatch(w.topic, w.partition, w.position, opts.maxBatchMessages, opts.maxBatchBytes);
+      const batch = await this.bus.fetchBatch(
+        w.topic,
+        w.partition,
+        w.position,
+        opts.maxBatchMessages,
+        opts.maxBatchBytes,
+      );
       if (!batch.length) continue;
-      const res = await deliver(batch, handler, { opts, log: this.log, signal, attempt: (b, h, dl) => this.attempt(b, h, dl) });
+      const res = await deliver(batch, handler, {
+        opts,
+        log: this.log,
+        signal,
+        attempt: (b, h, dl) => this.attempt(b, h, dl),
+      });
       if (res === 'committed') progressed = true;
     }
     return progressed;
   }
 
-  private async attempt(batch: BusMessage[], handler: BatchHandler | null, extraDeadLetters: DeadLetterInfo[]): Promise<AttemptResult> {
+  private async attempt(
+    batch: BusMessage[],
+    handler: BatchHandler | null,
+    extraDeadLetters: DeadLetterInfo[],
+  ): Promise<AttemptResult> {
     const { group, deadLetter } = this.opts;
     const { topic, partition } = batch[0];
     const first = batch[0].offset;
@@ -538,35 +721,48 @@ class EmbeddedConsumer implements Consumer {
     let written: string[] = [];
     let appended: Appended[] = [];
     let committedAt: number | undefined;
-    const result = await this.bus.db.transaction().execute(async (tx): Promise<AttemptResult> => {
-      const lockRow = () => sql<{ next_offset: number }>`select next_offset from bus_offsets
+    const result = await this.bus.db
+      .transaction()
+      .execute(async (tx): Promise<AttemptResult> => {
+        const lockRow = () =>
+          sql<{ next_offset: number }>`select next_offset from bus_offsets
         where group_id = ${group} and topic = ${topic} and partition = ${partition} for update`.execute(tx);
-      let row = (await lockRow()).rows[0];
-      if (!row) {
-        await sql`insert into bus_offsets (group_id, topic, partition, next_offset) values (${group}, ${topic}, ${partition}, 0) on conflict do nothing`.execute(tx);
-        row = (await lockRow()).rows[0];
-      }
-      committedAt = Number(row.next_offset);
-      if (committedAt !== first) return 'stale';
-      const owners = await this.assignmentFrom(tx);
-      if (!owners.some((a) => a.topic === topic && a.partition === partition)) return 'stale';
-      const ctx = new DeliveryContext(batch, group, !!deadLetter, signal, tx);
-      if (handler) await this.bus.inHandler.run(group, () => runHandler(handler, batch, ctx, signal));
-      const out = [...ctx.outputs, ...encodeDeadLetters([...ctx.deadLetters, ...extraDeadLetters], deadLetter, group)];
-      for (const d of extraDeadLetters) await deadLetter?.record?.(d, tx);
-      ({ topics: written, appended } = await this.bus.append(tx, out));
-      await sql`update bus_offsets set next_offset = ${last + 1}, updated_at = now()
+        let row = (await lockRow()).rows[0];
+        if (!row) {
+          await sql`insert into bus_offsets (group_id, topic, partition, next_offset) values (${group}, ${topic}, ${partition}, 0) on conflict do nothing`.execute(
+            tx,
+          );
+          row = (await lockRow()).rows[0];
+        }
+        committedAt = Number(row.next_offset);
+        if (committedAt !== first) return 'stale';
+        const owners = await this.assignmentFrom(tx);
+        if (!owners.some((a) => a.topic === topic && a.partition === partition)) return 'stale';
+        const ctx = new DeliveryContext(batch, group, !!deadLetter, signal, tx);
+        if (handler) await this.bus.inHandler.run(group, () => runHandler(handler, batch, ctx, signal));
+        const out = [
+          ...ctx.outputs,
+          ...encodeDeadLetters([...ctx.deadLetters, ...extraDeadLetters], deadLetter, group),
+        ];
+        for (const d of extraDeadLetters) await deadLetter?.record?.(d, tx);
+        ({ topics: written, appended } = await this.bus.append(tx, out));
+        await sql`update bus_offsets set next_offset = ${last + 1}, updated_at = now()
         where group_id = ${group} and topic = ${topic} and partition = ${partition}`.execute(tx);
-      return 'committed';
-    }).catch((e) => {
-      // A lost connection is retriable, whether the bus's statements or the handler's (through
-      // ctx.tx) saw it: the transaction is gone, the batch is redone. Other errors keep their flag.
-      const what = `consumer group ${group}: batch ${topic}[${partition}]@${first}`;
-      if (e instanceof Aborted) throw e;
-      if (e instanceof HandlerFailure) throw new HandlerFailure(retriableDbError(e.error, what));
-      throw retriableDbError(e, what);
-    });
-    if (result === 'stale') this.log.debug({ topic, partition, first }, 'batch is stale (partition moved or offset changed); dropped uncommitted');
+        return 'committed';
+      })
+      .catch((e) => {
+        // A lost connection is retriable, whether the bus's statements or the handler's (through
+        // ctx.tx) saw it: the transaction is gone, the batch is redone. Other errors keep their flag.
+        const what = `consumer group ${group}: batch ${topic}[${partition}]@${first}`;
+        if (e instanceof Aborted) throw e;
+        if (e instanceof HandlerFailure) throw new HandlerFailure(retriableDbError(e.error, what));
+        throw retriableDbError(e, what);
+      });
+    if (result === 'stale')
+      this.log.debug(
+        { topic, partition, first },
+        'batch is stale (partition moved or offset changed); dropped uncommitted',
+      );
     if (result === 'committed') {
       this.bus.local?.setPosition(group, topic, partition, last + 1);
       this.bus.committed(appended);
@@ -580,20 +776,33 @@ class EmbeddedConsumer implements Consumer {
 
   async seek(topic: string, partition: number, offset: number): Promise<void> {
     this.bus.guard('seek');
-    if (!this.topicSet.has(topic)) throw new ConfigError(`seek: group ${this.opts.group} does not consume topic ${topic} (it consumes ${this.opts.topics.join(', ')})`);
+    if (!this.topicSet.has(topic))
+      throw new ConfigError(
+        `seek: group ${this.opts.group} does not consume topic ${topic} (it consumes ${this.opts.topics.join(', ')})`,
+      );
     const ends = await this.bus.endOffsets(topic);
-    if (!Number.isInteger(partition) || partition < 0 || partition >= ends.length) throw new ConfigError(`seek: topic ${topic} has partitions 0..${ends.length - 1}, not ${partition}`);
-    if (!Number.isInteger(offset) || offset < 0 || offset > ends[partition]) throw new ConfigError(`seek: offset ${offset} is outside ${topic}[${partition}] (0..${ends[partition]})`);
+    if (!Number.isInteger(partition) || partition < 0 || partition >= ends.length)
+      throw new ConfigError(`seek: topic ${topic} has partitions 0..${ends.length - 1}, not ${partition}`);
+    if (!Number.isInteger(offset) || offset < 0 || offset > ends[partition])
+      throw new ConfigError(`seek: offset ${offset} is outside ${topic}[${partition}] (0..${ends[partition]})`);
     await sql`insert into bus_offsets (group_id, topic, partition, next_offset) values (${this.opts.group}, ${topic}, ${partition}, ${offset})
-      on conflict (group_id, topic, partition) do update set next_offset = excluded.next_offset, updated_at = now()`.execute(this.bus.db);
+      on conflict (group_id, topic, partition) do update set next_offset = excluded.next_offset, updated_at = now()`.execute(
+      this.bus.db,
+    );
     this.bus.local?.setPosition(this.opts.group, topic, partition, offset, true);
     this.waker.wake?.();
   }
 
   async committed(): Promise<TopicPartitionOffset[]> {
     this.bus.guard('committed');
-    const r = await sql<{ topic: string; partition: number; next_offset: number }>`select topic, partition, next_offset from bus_offsets
-      where group_id = ${this.opts.group} and topic = any(${this.opts.topics}::text[]) order by topic, partition`.execute(this.bus.db);
+    const r = await sql<{
+      topic: string;
+      partition: number;
+      next_offset: number;
+    }>`select topic, partition, next_offset from bus_offsets
+      where group_id = ${this.opts.group} and topic = any(${this.opts.topics}::text[]) order by topic, partition`.execute(
+      this.bus.db,
+    );
     return r.rows.map((x) => ({ topic: x.topic, partition: x.partition, offset: Number(x.next_offset) }));
   }
 }

@@ -18,17 +18,46 @@
  * `read()` (replay without a group) sends Fetch requests itself through kafkajs' internal cluster
  * object, since kafkajs has no public API for reading without joining a group.
  */
-import { Kafka, Partitioners, logLevel as KafkaLogLevel, type Admin, type Consumer as KjsConsumer, type EachBatchPayload, type KafkaConfig, type KafkaMessage, type Producer, type LogEntry } from 'kafkajs';
+import {
+  Kafka,
+  Partitioners,
+  logLevel as KafkaLogLevel,
+  type Admin,
+  type Consumer as KjsConsumer,
+  type EachBatchPayload,
+  type KafkaConfig,
+  type KafkaMessage,
+  type Producer,
+  type LogEntry,
+} from 'kafkajs';
 import type { Logger } from 'pino';
 import { ConfigError, RlError, errorMessage, isRetriable } from '../errors.ts';
 import { silentLogger } from '../log.ts';
 import { validateTopicName, validateTopicSpecs } from './topics.ts';
 import {
-  DeliveryContext, backoffMs, chunkMessages, deliver, encodeDeadLetters, resolveConsumerOptions, runHandler, sleep, validateOutMessage,
-  type AttemptResult, type ResolvedConsumerOptions,
+  DeliveryContext,
+  backoffMs,
+  chunkMessages,
+  deliver,
+  encodeDeadLetters,
+  resolveConsumerOptions,
+  runHandler,
+  sleep,
+  validateOutMessage,
+  type AttemptResult,
+  type ResolvedConsumerOptions,
 } from './delivery.ts';
 import type {
-  BatchHandler, BusMessage, Consumer, ConsumerOptions, DeadLetterInfo, EventBus, OutMessage, TopicPartition, TopicPartitionOffset, TopicSpec,
+  BatchHandler,
+  BusMessage,
+  Consumer,
+  ConsumerOptions,
+  DeadLetterInfo,
+  EventBus,
+  OutMessage,
+  TopicPartition,
+  TopicPartitionOffset,
+  TopicSpec,
 } from './port.ts';
 
 export interface KafkaBusOptions {
@@ -55,7 +84,13 @@ export interface KafkaBusOptions {
   kafka?: Omit<KafkaConfig, 'brokers' | 'clientId' | 'logCreator'>;
 }
 
-const REJOIN_TYPES = new Set(['REBALANCE_IN_PROGRESS', 'ILLEGAL_GENERATION', 'UNKNOWN_MEMBER_ID', 'NOT_COORDINATOR_FOR_GROUP', 'NOT_COORDINATOR']);
+const REJOIN_TYPES = new Set([
+  'REBALANCE_IN_PROGRESS',
+  'ILLEGAL_GENERATION',
+  'UNKNOWN_MEMBER_ID',
+  'NOT_COORDINATOR_FOR_GROUP',
+  'NOT_COORDINATOR',
+]);
 
 /** A group error after which kafkajs must rejoin (the partition may have moved). */
 function needsRejoin(e: unknown): boolean {
@@ -69,7 +104,14 @@ function needsRejoin(e: unknown): boolean {
 /** Most consecutive rejoins after group glitches before the consumer fails. */
 const MAX_GROUP_REJOINS = 8;
 /** Coordinator answers during a join/sync that a fresh join gets past (besides kafkajs' own retriable ones). */
-const GLITCH_TYPES = new Set(['INVALID_REQUEST', ...REJOIN_TYPES, 'COORDINATOR_NOT_AVAILABLE', 'COORDINATOR_LOAD_IN_PROGRESS', 'MEMBER_ID_REQUIRED', 'GROUP_COORDINATOR_NOT_AVAILABLE']);
+const GLITCH_TYPES = new Set([
+  'INVALID_REQUEST',
+  ...REJOIN_TYPES,
+  'COORDINATOR_NOT_AVAILABLE',
+  'COORDINATOR_LOAD_IN_PROGRESS',
+  'MEMBER_ID_REQUIRED',
+  'GROUP_COORDINATOR_NOT_AVAILABLE',
+]);
 
 /** A non-retriable kafkajs crash that is a group-membership glitch rather than a real fault (auth, config). */
 function groupGlitch(e: unknown): boolean {
@@ -82,38 +124,64 @@ function groupGlitch(e: unknown): boolean {
 
 function unsupportedApi(e: unknown): boolean {
   const err = e as { name?: string; type?: string; message?: string };
-  return err?.name === 'KafkaJSServerDoesNotSupportApiKey' || err?.type === 'UNSUPPORTED_VERSION' || /does not support/i.test(err?.message ?? '');
+  return (
+    err?.name === 'KafkaJSServerDoesNotSupportApiKey' ||
+    err?.type === 'UNSUPPORTED_VERSION' ||
+    /does not support/i.test(err?.message ?? '')
+  );
 }
 
 function toHeaders(h: KafkaMessage['headers']): Record<string, string> {
   const out: Record<string, string> = {};
-  if (h) for (const [k, v] of Object.entries(h)) {
-    if (v === undefined) continue;
-    out[k] = Array.isArray(v) ? v.map((x) => x.toString()).join(',') : v.toString();
-  }
+  if (h)
+    for (const [k, v] of Object.entries(h)) {
+      if (v === undefined) continue;
+      out[k] = Array.isArray(v) ? v.map((x) => x.toString()).join(',') : v.toString();
+    }
   return out;
 }
 
 function toBusMessage(topic: string, partition: number, m: KafkaMessage): BusMessage {
   return {
-    topic, partition, offset: Number(m.offset), key: m.key ? m.key.toString('utf8') : null,
-    value: m.value ?? Buffer.alloc(0), headers: toHeaders(m.headers), timestamp: Number(m.timestamp),
+    topic,
+    partition,
+    offset: Number(m.offset),
+    key: m.key ? m.key.toString('utf8') : null,
+    value: m.value ?? Buffer.alloc(0),
+    headers: toHeaders(m.headers),
+    timestamp: Number(m.timestamp),
   };
 }
 
 function pinoLogCreator(log: Logger) {
-  return () => ({ namespace, level, log: entry }: LogEntry) => {
-    const { message, timestamp: _ts, logger: _l, ...extra } = entry as LogEntry['log'] & { logger?: string };
-    const fields = { kafkajs: namespace, ...extra };
-    if (level === KafkaLogLevel.ERROR) log.error(fields, message);
-    else if (level === KafkaLogLevel.WARN) log.warn(fields, message);
-    else if (level === KafkaLogLevel.INFO) log.info(fields, message);
-    else log.debug(fields, message);
-  };
+  return () =>
+    ({ namespace, level, log: entry }: LogEntry) => {
+      const { message, timestamp: _ts, logger: _l, ...extra } = entry as LogEntry['log'] & { logger?: string };
+      const fields = { kafkajs: namespace, ...extra };
+      if (level === KafkaLogLevel.ERROR) log.error(fields, message);
+      else if (level === KafkaLogLevel.WARN) log.warn(fields, message);
+      else if (level === KafkaLogLevel.INFO) log.info(fields, message);
+      else log.debug(fields, message);
+    };
 }
 
 interface InternalBroker {
-  fetch(req: { maxWaitTime: number; minBytes: number; maxBytes: number; isolationLevel: number; topics: Array<{ topic: string; partitions: Array<{ partition: number; fetchOffset: string; maxBytes: number }> }> }): Promise<{ responses: Array<{ topicName: string; partitions: Array<{ partition: number; highWatermark: string; messages: Array<KafkaMessage & { isControlRecord?: boolean }> }> }> }>;
+  fetch(req: {
+    maxWaitTime: number;
+    minBytes: number;
+    maxBytes: number;
+    isolationLevel: number;
+    topics: Array<{ topic: string; partitions: Array<{ partition: number; fetchOffset: string; maxBytes: number }> }>;
+  }): Promise<{
+    responses: Array<{
+      topicName: string;
+      partitions: Array<{
+        partition: number;
+        highWatermark: string;
+        messages: Array<KafkaMessage & { isControlRecord?: boolean }>;
+      }>;
+    }>;
+  }>;
 }
 interface InternalCluster {
   connect(): Promise<void>;
@@ -128,7 +196,12 @@ export class KafkaBus implements EventBus {
   readonly kind = 'kafka' as const;
   readonly kafka: Kafka;
   readonly log: Logger;
-  readonly opts: Required<Pick<KafkaBusOptions, 'idempotent' | 'acks' | 'sessionTimeoutMs' | 'heartbeatIntervalMs' | 'rebalanceTimeoutMs' | 'maxProduceBytes'>>;
+  readonly opts: Required<
+    Pick<
+      KafkaBusOptions,
+      'idempotent' | 'acks' | 'sessionTimeoutMs' | 'heartbeatIntervalMs' | 'rebalanceTimeoutMs' | 'maxProduceBytes'
+    >
+  >;
   private producer?: Promise<Producer>;
   private admin?: Promise<Admin>;
   private cluster?: Promise<InternalCluster>;
@@ -137,8 +210,10 @@ export class KafkaBus implements EventBus {
 
   constructor(o: KafkaBusOptions) {
     if (!o.brokers?.length) throw new ConfigError('kafka bus: `brokers` must list at least one host:port');
-    if (o.acks !== undefined && ![-1, 0, 1].includes(o.acks)) throw new ConfigError(`kafka bus: acks must be -1 (all), 0 or 1, got ${String(o.acks)}`);
-    if (o.idempotent && o.acks !== undefined && o.acks !== -1) throw new ConfigError(`kafka bus: an idempotent producer needs acks = -1 (all), got ${o.acks}`);
+    if (o.acks !== undefined && ![-1, 0, 1].includes(o.acks))
+      throw new ConfigError(`kafka bus: acks must be -1 (all), 0 or 1, got ${String(o.acks)}`);
+    if (o.idempotent && o.acks !== undefined && o.acks !== -1)
+      throw new ConfigError(`kafka bus: an idempotent producer needs acks = -1 (all), got ${o.acks}`);
     this.log = (o.logger ?? silentLogger()).child({ component: 'bus', bus: 'kafka' });
     this.opts = {
       idempotent: o.idempotent ?? false,
@@ -172,7 +247,10 @@ export class KafkaBus implements EventBus {
       });
       await p.connect();
       return p;
-    })().catch((e) => { this.producer = undefined; throw e; });
+    })().catch((e) => {
+      this.producer = undefined;
+      throw e;
+    });
     return this.producer;
   }
 
@@ -181,19 +259,29 @@ export class KafkaBus implements EventBus {
       const a = this.kafka.admin();
       await a.connect();
       return a;
-    })().catch((e) => { this.admin = undefined; throw e; });
+    })().catch((e) => {
+      this.admin = undefined;
+      throw e;
+    });
     return this.admin;
   }
 
   private getCluster(): Promise<InternalCluster> {
     this.cluster ??= (async () => {
       const sym = Object.getOwnPropertySymbols(this.kafka).find((s) => s.description === 'private:Kafka:createCluster');
-      if (!sym) throw new RlError('kafka bus: read() uses kafkajs 2.2 internals (private:Kafka:createCluster) that this kafkajs version does not have', { code: 'ERR_KAFKAJS_INTERNALS' });
+      if (!sym)
+        throw new RlError(
+          'kafka bus: read() uses kafkajs 2.2 internals (private:Kafka:createCluster) that this kafkajs version does not have',
+          { code: 'ERR_KAFKAJS_INTERNALS' },
+        );
       const create = (this.kafka as unknown as Record<symbol, (o: object) => InternalCluster>)[sym];
       const cluster = create({ allowAutoTopicCreation: false });
       await cluster.connect();
       return cluster;
-    })().catch((e) => { this.cluster = undefined; throw e; });
+    })().catch((e) => {
+      this.cluster = undefined;
+      throw e;
+    });
     return this.cluster;
   }
 
@@ -203,17 +291,25 @@ export class KafkaBus implements EventBus {
     if (!specs.length) return;
     const admin = await this.getAdmin();
     try {
-      await admin.createTopics({ topics: specs.map((s) => ({ topic: s.name, numPartitions: s.partitions })), waitForLeaders: true });
+      await admin.createTopics({
+        topics: specs.map((s) => ({ topic: s.name, numPartitions: s.partitions })),
+        waitForLeaders: true,
+      });
     } catch (e) {
       if (!unsupportedApi(e)) throw e;
-      this.log.info({ topics: specs.map((s) => s.name) }, `broker has no CreateTopics API (${errorMessage(e)}); relying on topic auto-creation`);
+      this.log.info(
+        { topics: specs.map((s) => s.name) },
+        `broker has no CreateTopics API (${errorMessage(e)}); relying on topic auto-creation`,
+      );
     }
     const md = await admin.fetchTopicMetadata({ topics: specs.map((s) => s.name) });
     for (const s of specs) {
       const have = md.topics.find((t) => t.name === s.name)?.partitions.length ?? 0;
       if (have !== s.partitions) {
-        throw new ConfigError(`topic ${s.name} has ${have} partitions on the broker, not ${s.partitions}; keyed routing depends on the count. `
-          + 'Create it with the right count (kafka-topics --create, or the mock broker\'s topic:partitions argument) or use a new topic name');
+        throw new ConfigError(
+          `topic ${s.name} has ${have} partitions on the broker, not ${s.partitions}; keyed routing depends on the count. ` +
+            "Create it with the right count (kafka-topics --create, or the mock broker's topic:partitions argument) or use a new topic name",
+        );
       }
     }
   }
@@ -259,7 +355,9 @@ export class KafkaBus implements EventBus {
     return c;
   }
 
-  forget(c: KafkaConsumer): void { this.consumers.delete(c); }
+  forget(c: KafkaConsumer): void {
+    this.consumers.delete(c);
+  }
 
   async endOffsets(topic: string): Promise<number[]> {
     this.check('endOffsets');
@@ -299,7 +397,10 @@ export class KafkaBus implements EventBus {
       let res;
       try {
         res = await broker.fetch({
-          maxWaitTime: 0, minBytes: 1, maxBytes: 64 * 1024 * 1024, isolationLevel: 1,
+          maxWaitTime: 0,
+          minBytes: 1,
+          maxBytes: 64 * 1024 * 1024,
+          isolationLevel: 1,
           topics: [{ topic, partitions: [{ partition, fetchOffset: String(offset), maxBytes: 16 * 1024 * 1024 }] }],
         });
       } catch (e) {
@@ -323,7 +424,11 @@ export class KafkaBus implements EventBus {
     this.closed = true;
     const settle = async <T>(p: Promise<T> | undefined, f: (x: T) => Promise<void>) => {
       if (!p) return;
-      try { await f(await p); } catch { /* never connected */ }
+      try {
+        await f(await p);
+      } catch {
+        /* never connected */
+      }
     };
     await Promise.all([
       settle(this.producer, (p) => p.disconnect()),
@@ -333,7 +438,13 @@ export class KafkaBus implements EventBus {
   }
 
   /** Retries a broker call on retriable errors with backoff until it succeeds, `stopWhen` holds, or the signal aborts. */
-  async withRetry<T>(what: string, fn: () => Promise<T>, signal: AbortSignal, retry: ResolvedConsumerOptions['retry'], stopWhen: (e: unknown) => boolean = () => false): Promise<T> {
+  async withRetry<T>(
+    what: string,
+    fn: () => Promise<T>,
+    signal: AbortSignal,
+    retry: ResolvedConsumerOptions['retry'],
+    stopWhen: (e: unknown) => boolean = () => false,
+  ): Promise<T> {
     for (let attempt = 0; ; attempt++) {
       try {
         return await fn();
@@ -360,14 +471,23 @@ class KafkaConsumer implements Consumer {
   private rejoins = 0;
   private readonly log: Logger;
 
-  constructor(private readonly bus: KafkaBus, readonly opts: ResolvedConsumerOptions) {
+  constructor(
+    private readonly bus: KafkaBus,
+    readonly opts: ResolvedConsumerOptions,
+  ) {
     this.log = bus.log.child({ group: opts.group });
   }
 
-  assignment(): TopicPartition[] { return this.assigned.map((a) => ({ ...a })); }
+  assignment(): TopicPartition[] {
+    return this.assigned.map((a) => ({ ...a }));
+  }
 
   async run(handler: BatchHandler): Promise<void> {
-    if (this.state !== 'new') throw new RlError(`consumer of group ${this.opts.group} was already ${this.state === 'running' ? 'started' : 'stopped'}; create a new one`, { code: 'ERR_BUS_USAGE' });
+    if (this.state !== 'new')
+      throw new RlError(
+        `consumer of group ${this.opts.group} was already ${this.state === 'running' ? 'started' : 'stopped'}; create a new one`,
+        { code: 'ERR_BUS_USAGE' },
+      );
     this.state = 'running';
     this.done = new Promise<void>((resolve, reject) => {
       this.finish = (err) => (err === undefined ? resolve() : reject(err));
@@ -396,31 +516,53 @@ class KafkaConsumer implements Consumer {
         .sort((a, b) => (a.topic < b.topic ? -1 : a.topic > b.topic ? 1 : a.partition - b.partition));
       this.log.debug({ assignment: this.assigned }, 'joined the group');
     });
-    kc.on(kc.events.REBALANCING, () => { this.assigned = []; });
+    kc.on(kc.events.REBALANCING, () => {
+      this.assigned = [];
+    });
     kc.on(kc.events.CRASH, (e) => {
       const err = e.payload.error;
       if (e.payload.restart) {
         this.log.warn({ err }, `kafka consumer crashed, restarting: ${errorMessage(err)}`);
-      } else if (this.kc === kc && this.state === 'running' && !this.abort.signal.aborted && groupGlitch(err) && this.rejoins < MAX_GROUP_REJOINS) {
+      } else if (
+        this.kc === kc &&
+        this.state === 'running' &&
+        !this.abort.signal.aborted &&
+        groupGlitch(err) &&
+        this.rejoins < MAX_GROUP_REJOINS
+      ) {
         // kafkajs gives up on a coordinator answer it does not expect while joining (the
         // librdkafka mock answers INVALID_REQUEST to a SyncGroup that races another member's
         // join). kafkajs has already left the group; join again with a fresh consumer. Nothing
         // uncommitted is lost: it is redelivered, and processing is idempotent by id.
         const ms = backoffMs(this.rejoins++, 200, 5_000);
         this.assigned = [];
-        this.log.warn({ err, attempt: this.rejoins, retry_in_ms: Math.round(ms) }, `kafka consumer of group ${opts.group} left the group (${errorMessage(err)}); joining again`);
-        void sleep(ms, this.abort.signal).then(async (slept) => {
-          if (!slept || this.kc !== kc || this.state !== 'running') return;
-          await this.inflight;
-          await this.start(handler);
-        }).catch((x: unknown) => this.fail(x));
+        this.log.warn(
+          { err, attempt: this.rejoins, retry_in_ms: Math.round(ms) },
+          `kafka consumer of group ${opts.group} left the group (${errorMessage(err)}); joining again`,
+        );
+        void sleep(ms, this.abort.signal)
+          .then(async (slept) => {
+            if (!slept || this.kc !== kc || this.state !== 'running') return;
+            await this.inflight;
+            await this.start(handler);
+          })
+          .catch((x: unknown) => this.fail(x));
       } else {
-        this.fail(new RlError(`kafka consumer of group ${opts.group} crashed: ${errorMessage(err)}`, { retriable: isRetriable(err), code: 'ERR_KAFKA_CONSUMER', cause: err }));
+        this.fail(
+          new RlError(`kafka consumer of group ${opts.group} crashed: ${errorMessage(err)}`, {
+            retriable: isRetriable(err),
+            code: 'ERR_KAFKA_CONSUMER',
+            cause: err,
+          }),
+        );
       }
     });
     try {
       await kc.connect();
-      if (this.abort.signal.aborted) { await kc.disconnect(); return; }
+      if (this.abort.signal.aborted) {
+        await kc.disconnect();
+        return;
+      }
       await kc.subscribe({ topics: opts.topics, fromBeginning: opts.fromBeginning });
       await kc.run({
         autoCommit: false,
@@ -459,7 +601,10 @@ class KafkaConsumer implements Consumer {
       for (const chunk of chunkMessages(messages, this.opts.maxBatchMessages, this.opts.maxBatchBytes)) {
         if (signal.aborted || !p.isRunning() || p.isStale() || rejoin) break;
         const r = await deliver(chunk, handler, {
-          opts: this.opts, log: this.log, signal, yieldSignal: yieldNow.signal,
+          opts: this.opts,
+          log: this.log,
+          signal,
+          yieldSignal: yieldNow.signal,
           attempt: async (b, h, dl) => {
             try {
               return await this.attempt(b, h, dl, p);
@@ -482,7 +627,12 @@ class KafkaConsumer implements Consumer {
     if (rejoin) throw rejoin;
   }
 
-  private async attempt(batch: BusMessage[], handler: BatchHandler | null, extraDeadLetters: DeadLetterInfo[], p: EachBatchPayload): Promise<AttemptResult> {
+  private async attempt(
+    batch: BusMessage[],
+    handler: BatchHandler | null,
+    extraDeadLetters: DeadLetterInfo[],
+    p: EachBatchPayload,
+  ): Promise<AttemptResult> {
     const { group, deadLetter, retry } = this.opts;
     const signal = this.abort.signal;
     const ctx = new DeliveryContext(batch, group, !!deadLetter, signal);
@@ -490,14 +640,30 @@ class KafkaConsumer implements Consumer {
     // The handler finished: make its outputs durable and commit even if stop() was called
     // meanwhile (only the retries give up once stopping; the batch then stays uncommitted).
     const out = [...ctx.outputs, ...encodeDeadLetters([...ctx.deadLetters, ...extraDeadLetters], deadLetter, group)];
-    for (const d of extraDeadLetters) await this.bus.withRetry(`recording a dead letter of ${group}`, () => deadLetter!.record?.(d) ?? Promise.resolve(), signal, retry);
-    if (out.length) await this.bus.withRetry(`producing ${out.length} outputs of ${group}`, () => this.bus.produce(out), signal, retry);
+    for (const d of extraDeadLetters)
+      await this.bus.withRetry(
+        `recording a dead letter of ${group}`,
+        () => deadLetter!.record?.(d) ?? Promise.resolve(),
+        signal,
+        retry,
+      );
+    if (out.length)
+      await this.bus.withRetry(
+        `producing ${out.length} outputs of ${group}`,
+        () => this.bus.produce(out),
+        signal,
+        retry,
+      );
     if (p.isStale()) return 'stale';
     const { topic, partition } = batch[0];
     const last = batch[batch.length - 1].offset;
-    await this.bus.withRetry(`committing ${topic}[${partition}]@${last + 1} for ${group}`,
+    await this.bus.withRetry(
+      `committing ${topic}[${partition}]@${last + 1} for ${group}`,
       () => p.commitOffsetsIfNecessary({ topics: [{ topic, partitions: [{ partition, offset: String(last + 1) }] }] }),
-      signal, retry, needsRejoin);
+      signal,
+      retry,
+      needsRejoin,
+    );
     p.resolveOffset(String(last));
     return 'committed';
   }
@@ -509,7 +675,11 @@ class KafkaConsumer implements Consumer {
   }
 
   async stop(): Promise<void> {
-    if (this.state === 'new') { this.state = 'stopped'; this.bus.forget(this); return; }
+    if (this.state === 'new') {
+      this.state = 'stopped';
+      this.bus.forget(this);
+      return;
+    }
     await this.shutdown();
     this.finish?.();
     await this.done?.catch(() => undefined);
@@ -520,7 +690,11 @@ class KafkaConsumer implements Consumer {
       this.abort.abort();
       // Let the in-flight batch finish committing (or give up) before leaving the group.
       await this.inflight;
-      try { await this.kc?.disconnect(); } catch (e) { this.log.warn({ err: e }, 'kafka consumer disconnect failed'); }
+      try {
+        await this.kc?.disconnect();
+      } catch (e) {
+        this.log.warn({ err: e }, 'kafka consumer disconnect failed');
+      }
       this.assigned = [];
       this.state = 'stopped';
       this.bus.forget(this);
@@ -529,10 +703,17 @@ class KafkaConsumer implements Consumer {
   }
 
   async seek(topic: string, partition: number, offset: number): Promise<void> {
-    if (this.state !== 'running' || !this.kc) throw new RlError(`seek: the consumer of group ${this.opts.group} is not running; call run() first`, { code: 'ERR_BUS_USAGE' });
-    if (!Number.isInteger(offset) || offset < 0) throw new ConfigError(`seek: offset must be a non-negative integer, got ${offset}`);
+    if (this.state !== 'running' || !this.kc)
+      throw new RlError(`seek: the consumer of group ${this.opts.group} is not running; call run() first`, {
+        code: 'ERR_BUS_USAGE',
+      });
+    if (!Number.isInteger(offset) || offset < 0)
+      throw new ConfigError(`seek: offset must be a non-negative integer, got ${offset}`);
     if (!this.assigned.some((a) => a.topic === topic && a.partition === partition)) {
-      throw new RlError(`seek: ${topic}[${partition}] is not assigned to this member of group ${this.opts.group} (assigned: ${this.assigned.map((a) => `${a.topic}[${a.partition}]`).join(', ') || 'none'})`, { code: 'ERR_NOT_ASSIGNED', retriable: true });
+      throw new RlError(
+        `seek: ${topic}[${partition}] is not assigned to this member of group ${this.opts.group} (assigned: ${this.assigned.map((a) => `${a.topic}[${a.partition}]`).join(', ') || 'none'})`,
+        { code: 'ERR_NOT_ASSIGNED', retriable: true },
+      );
     }
     this.kc.seek({ topic, partition, offset: String(offset) });
     // The in-flight batch sees the seek (isStale) and does not commit; then commit the new

@@ -23,7 +23,10 @@ export function murmur2(data: Uint8Array): number {
   const rest = length & 3;
   if (rest === 3) h ^= data[whole + 2] << 16;
   if (rest >= 2) h ^= data[whole + 1] << 8;
-  if (rest >= 1) { h ^= data[whole]; h = Math.imul(h, M); }
+  if (rest >= 1) {
+    h ^= data[whole];
+    h = Math.imul(h, M);
+  }
   h ^= h >>> 13;
   h = Math.imul(h, M);
   h ^= h >>> 15;
@@ -32,6 +35,7 @@ export function murmur2(data: Uint8Array): number {
 
 /** Partition of `key` among `partitions` (Kafka's `toPositive(murmur2(key)) % partitions`). */
 export function partitionFor(key: string, partitions: number): number {
-  if (!Number.isInteger(partitions) || partitions < 1) throw new RangeError(`partition count must be a positive integer, got ${partitions}`);
+  if (!Number.isInteger(partitions) || partitions < 1)
+    throw new RangeError(`partition count must be a positive integer, got ${partitions}`);
   return (murmur2(Buffer.from(key, 'utf8')) & 0x7fffffff) % partitions;
 }

@@ -43,7 +43,10 @@ export interface BusMessage {
   timestamp: number;
 }
 
-export interface TopicSpec { name: string; partitions: number }
+export interface TopicSpec {
+  name: string;
+  partitions: number;
+}
 
 export interface DeadLetterInfo {
   message: BusMessage;
@@ -105,8 +108,13 @@ export interface BatchContext {
 
 export type BatchHandler = (batch: BusMessage[], ctx: BatchContext) => Promise<void>;
 
-export interface TopicPartition { topic: string; partition: number }
-export interface TopicPartitionOffset extends TopicPartition { offset: number }
+export interface TopicPartition {
+  topic: string;
+  partition: number;
+}
+export interface TopicPartitionOffset extends TopicPartition {
+  offset: number;
+}
 
 export interface Consumer {
   /** Consumes until `stop()`; resolves then. Rejects on a fatal error (the consumer has stopped, nothing uncommitted was lost). */

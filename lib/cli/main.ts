@@ -18,7 +18,7 @@ function topHelp(): string {
     'commands:',
     ...commands.map((c) => `  ${c.name.padEnd(width)}  ${c.summary}`),
     '',
-    'Run `rlstream <command> --help` for a command\'s options.',
+    "Run `rlstream <command> --help` for a command's options.",
   ].join('\n');
 }
 

@@ -18,8 +18,12 @@ export interface ProgressState {
 export function formatDuration(seconds: number): string {
   if (!Number.isFinite(seconds) || seconds < 0) return '--:--';
   const s = Math.round(seconds);
-  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
-  return h > 0 ? `${h}:${String(m).padStart(2, '0')}:${String(sec).padStart(2, '0')}` : `${String(m).padStart(2, '0')}:${String(sec).padStart(2, '0')}`;
+  const h = Math.floor(s / 3600),
+    m = Math.floor((s % 3600) / 60),
+    sec = s % 60;
+  return h > 0
+    ? `${h}:${String(m).padStart(2, '0')}:${String(sec).padStart(2, '0')}`
+    : `${String(m).padStart(2, '0')}:${String(sec).padStart(2, '0')}`;
 }
 
 /** One progress line (without the carriage return), `width` columns for the bar. */
@@ -37,7 +41,10 @@ export function renderProgress(p: ProgressState, elapsedS: number, width = 24): 
 }
 
 /** Where the bar is drawn: a TTY stream (tests pass a collector). */
-export interface BarStream { isTTY?: boolean; write(text: string): unknown }
+export interface BarStream {
+  isTTY?: boolean;
+  write(text: string): unknown;
+}
 
 export class ProgressBar {
   private readonly start: number;
@@ -46,7 +53,10 @@ export class ProgressBar {
   /** The bar is on screen (its line holds no newline yet). */
   private drawn = false;
   private finished = false;
-  constructor(private readonly stream: BarStream = process.stderr, now: () => number = () => performance.now()) {
+  constructor(
+    private readonly stream: BarStream = process.stderr,
+    now: () => number = () => performance.now(),
+  ) {
     this.now = now;
     this.start = now();
     this.enabled = stream.isTTY === true;
@@ -61,7 +71,10 @@ export class ProgressBar {
   }
   /** Clears the bar's line so a log line can be printed there, then redraws the bar below it. */
   interrupt(fn: () => void): void {
-    if (this.enabled && this.drawn) { this.stream.write('\r\x1b[2K'); this.drawn = false; }
+    if (this.enabled && this.drawn) {
+      this.stream.write('\r\x1b[2K');
+      this.drawn = false;
+    }
     fn();
     if (this.enabled && !this.finished && this.state.totalSteps > 0) this.update({});
   }
@@ -80,13 +93,20 @@ export class ProgressBar {
  */
 export class ConsoleSink {
   private muted = false;
-  constructor(private readonly bar: ProgressBar | null, private readonly out: (text: string) => void = (t) => { writeSync(2, t); }) {}
+  constructor(
+    private readonly bar: ProgressBar | null,
+    private readonly out: (text: string) => void = (t) => {
+      writeSync(2, t);
+    },
+  ) {}
   write(line: string): void {
     if (this.muted) return;
     if (this.bar) this.bar.interrupt(() => this.out(line));
     else this.out(line);
   }
-  mute(): void { this.muted = true; }
+  mute(): void {
+    this.muted = true;
+  }
 }
 
 /** A plain text table: first row is the header. Numbers are right-aligned. */
@@ -95,7 +115,11 @@ export function formatTable(rows: Array<Array<string | number>>): string {
   const cells = rows.map((r) => r.map((c) => (typeof c === 'number' ? formatNumber(c) : c)));
   const widths = cells[0].map((_, i) => Math.max(...cells.map((r) => (r[i] ?? '').length)));
   const numeric = rows[0].map((_, i) => rows.slice(1).every((r) => typeof r[i] === 'number'));
-  const line = (r: string[]) => r.map((c, i) => (numeric[i] ? c.padStart(widths[i]) : c.padEnd(widths[i]))).join('  ').trimEnd();
+  const line = (r: string[]) =>
+    r
+      .map((c, i) => (numeric[i] ? c.padStart(widths[i]) : c.padEnd(widths[i])))
+      .join('  ')
+      .trimEnd();
   return [line(cells[0]), widths.map((w) => '-'.repeat(w)).join('  '), ...cells.slice(1).map(line)].join('\n');
 }
 

@@ -67,7 +67,10 @@ export function renderConfigDocs(): string {
     for (const e of schemaEntries(schema)) {
       const key = `\`${e.path.join('.')}\``;
       if (e.section) out.push(`| ${key} | section | | ${esc(e.description ?? '')} |`);
-      else out.push(`| ${key} | ${esc(e.type)} | ${esc(fmtDefault(e.defaultValue, e.hasDefault))} | ${esc(e.description ?? '')} |`);
+      else
+        out.push(
+          `| ${key} | ${esc(e.type)} | ${esc(fmtDefault(e.defaultValue, e.hasDefault))} | ${esc(e.description ?? '')} |`,
+        );
     }
     out.push('');
   }

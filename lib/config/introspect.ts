@@ -6,7 +6,10 @@
 import { globalRegistry, type z } from 'zod';
 
 type Schema = z.ZodType;
-interface Def { type: string; [k: string]: any }
+interface Def {
+  type: string;
+  [k: string]: any;
+}
 
 const defOf = (s: Schema): Def => (s as any)._zod.def as Def;
 
@@ -22,16 +25,23 @@ export interface Unwrapped {
 /** Peels wrappers, keeping the outermost description and default. */
 export function unwrap(schema: Schema): Unwrapped {
   let cur = schema;
-  let nullable = false, hasDefault = false, defaultValue: unknown;
+  let nullable = false,
+    hasDefault = false,
+    defaultValue: unknown;
   let description: string | undefined;
   for (;;) {
     description ??= cur.description;
     const def = defOf(cur);
     if (def.type === 'default' || def.type === 'prefault') {
-      if (!hasDefault) { hasDefault = true; defaultValue = def.defaultValue; }
+      if (!hasDefault) {
+        hasDefault = true;
+        defaultValue = def.defaultValue;
+      }
       cur = def.innerType;
-    } else if (def.type === 'nullable') { nullable = true; cur = def.innerType; }
-    else if (def.type === 'optional' || def.type === 'readonly' || def.type === 'nonoptional') cur = def.innerType;
+    } else if (def.type === 'nullable') {
+      nullable = true;
+      cur = def.innerType;
+    } else if (def.type === 'optional' || def.type === 'readonly' || def.type === 'nonoptional') cur = def.innerType;
     else if (def.type === 'pipe') cur = defOf(def.in).type === 'transform' ? def.out : def.in;
     else break;
   }
@@ -87,13 +97,18 @@ function describeCore(core: Schema): string {
   if (typeof label === 'string') return label;
   const def = defOf(core);
   switch (def.type) {
-    case 'string': return 'string';
-    case 'boolean': return 'boolean';
-    case 'unknown': case 'any': return 'any';
+    case 'string':
+      return 'string';
+    case 'boolean':
+      return 'boolean';
+    case 'unknown':
+    case 'any':
+      return 'any';
     case 'number': {
       const checks: Def[] = [def, ...((def.checks ?? []) as any[]).map((c) => c._zod.def as Def)];
       const isInt = checks.some((c) => c.check === 'number_format' && /int/.test(String(c.format)));
-      let lo: string | null = null, hi: string | null = null;
+      let lo: string | null = null,
+        hi: string | null = null;
       for (const c of checks) {
         if (c.check === 'greater_than') lo = `${c.inclusive ? '≥' : '>'} ${fmtNum(c.value)}`;
         if (c.check === 'less_than') hi = `${c.inclusive ? '≤' : '<'} ${fmtNum(c.value)}`;
@@ -101,14 +116,24 @@ function describeCore(core: Schema): string {
       const bounds = [lo, hi].filter(Boolean).join(', ');
       return `${isInt ? 'integer' : 'number'}${bounds ? ' ' + bounds : ''}`;
     }
-    case 'enum': return Object.values(def.entries as Record<string, string>).map((v) => JSON.stringify(v)).join(' | ');
-    case 'literal': return (def.values as unknown[]).map((v) => JSON.stringify(v)).join(' | ');
-    case 'union': return (def.options as Schema[]).map((o) => describeType(o)).join(' | ');
-    case 'array': return `list of ${describeType(def.element)}`;
-    case 'tuple': return `[${(def.items as Schema[]).map((i) => describeType(i)).join(', ')}]`;
-    case 'record': return `map of string → ${describeType(def.valueType)}`;
-    case 'object': return 'section';
-    default: return def.type;
+    case 'enum':
+      return Object.values(def.entries as Record<string, string>)
+        .map((v) => JSON.stringify(v))
+        .join(' | ');
+    case 'literal':
+      return (def.values as unknown[]).map((v) => JSON.stringify(v)).join(' | ');
+    case 'union':
+      return (def.options as Schema[]).map((o) => describeType(o)).join(' | ');
+    case 'array':
+      return `list of ${describeType(def.element)}`;
+    case 'tuple':
+      return `[${(def.items as Schema[]).map((i) => describeType(i)).join(', ')}]`;
+    case 'record':
+      return `map of string → ${describeType(def.valueType)}`;
+    case 'object':
+      return 'section';
+    default:
+      return def.type;
   }
 }
 
@@ -149,7 +174,15 @@ export function schemaEntries(root: Schema, prefix: string[] = []): SchemaEntry[
     const path = [...prefix, key];
     const u = unwrap(child);
     const isSection = defOf(u.core).type === 'object';
-    out.push({ path, schema: child, section: isSection, type: describeType(child), hasDefault: u.hasDefault, defaultValue: u.defaultValue, description: u.description });
+    out.push({
+      path,
+      schema: child,
+      section: isSection,
+      type: describeType(child),
+      hasDefault: u.hasDefault,
+      defaultValue: u.defaultValue,
+      description: u.description,
+    });
     if (isSection) out.push(...schemaEntries(child, path));
   }
   return out;

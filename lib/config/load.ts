@@ -39,9 +39,10 @@ const dotted = (path: Path) => path.map(String).join('.');
 
 /** A ConfigError listing every problem, one per line. */
 export function configProblems(problems: string[]): ConfigError {
-  const msg = problems.length === 1
-    ? `invalid configuration: ${problems[0]}`
-    : `invalid configuration (${problems.length} problems):\n  ${problems.join('\n  ')}`;
+  const msg =
+    problems.length === 1
+      ? `invalid configuration: ${problems[0]}`
+      : `invalid configuration (${problems.length} problems):\n  ${problems.join('\n  ')}`;
   return new ConfigError(msg, { problems });
 }
 
@@ -55,10 +56,19 @@ function show(value: unknown, path: Path): string {
   let kind: string;
   if (value === undefined) return 'nothing';
   if (value === null) return 'null';
-  if (typeof value === 'string') { text = JSON.stringify(redactString(value)); kind = 'a string'; }
-  else if (Array.isArray(value)) { text = JSON.stringify(value); kind = 'a list'; }
-  else if (typeof value === 'object') { text = JSON.stringify(value); kind = 'a mapping'; }
-  else { text = String(value); kind = typeof value === 'number' ? 'a number' : typeof value === 'boolean' ? 'a boolean' : typeof value; }
+  if (typeof value === 'string') {
+    text = JSON.stringify(redactString(value));
+    kind = 'a string';
+  } else if (Array.isArray(value)) {
+    text = JSON.stringify(value);
+    kind = 'a list';
+  } else if (typeof value === 'object') {
+    text = JSON.stringify(value);
+    kind = 'a mapping';
+  } else {
+    text = String(value);
+    kind = typeof value === 'number' ? 'a number' : typeof value === 'boolean' ? 'a boolean' : typeof value;
+  }
   if (typeof value !== 'string' && typeof value === 'object') text = redactString(text);
   if (text.length > 80) text = `${text.slice(0, 77)}...`;
   return `${text} (${kind})`;
@@ -110,7 +120,10 @@ function expected(path: Path): string {
   return describeType(s);
 }
 
-interface Problem { text: string; order: Source['order'] }
+interface Problem {
+  text: string;
+  order: Source['order'];
+}
 const NO_SOURCE: Source['order'] = [2, 0, 0];
 
 /** One zod issue → problems, each prefixed with where its value came from. */
@@ -135,7 +148,12 @@ function issueLines(issue: z.core.$ZodIssue, path: Array<string | number>, raw: 
       if (values) {
         const names = values.map(String);
         const hint = typeof given === 'string' ? closest(given, names) : null;
-        return [[`${p}: ${show(given, path)} is not one of: ${names.join(', ')}${hint ? ` — did you mean "${hint}"?` : ''}`, path]];
+        return [
+          [
+            `${p}: ${show(given, path)} is not one of: ${names.join(', ')}${hint ? ` — did you mean "${hint}"?` : ''}`,
+            path,
+          ],
+        ];
       }
       return [[`${p}: expected ${expected(path)}, got ${show(given, path)}`, path]];
     }
@@ -160,7 +178,11 @@ function issueLines(issue: z.core.$ZodIssue, path: Array<string | number>, raw: 
 // ---------------------------------------------------------------------------------------------
 // Overrides
 
-export interface ParsedOverride { path: string[]; value: unknown; text: string }
+export interface ParsedOverride {
+  path: string[];
+  value: unknown;
+  text: string;
+}
 
 const SEGMENT = /^[A-Za-z0-9_-]+$/;
 
@@ -168,7 +190,8 @@ const SEGMENT = /^[A-Za-z0-9_-]+$/;
 export function parseOverride(text: string): ParsedOverride | string {
   const eq = text.indexOf('=');
   const keyText = eq > 0 ? text.slice(0, eq).trim() : '';
-  const safeText = eq > 0 && isSecretKey(keyText.split('.').pop() ?? '') ? `${keyText}=${REDACTED}` : redactString(text);
+  const safeText =
+    eq > 0 && isSecretKey(keyText.split('.').pop() ?? '') ? `${keyText}=${REDACTED}` : redactString(text);
   if (eq <= 0) return `override "${safeText}": expected key.path=value (e.g. actor.optim.lr=1e-5)`;
   const path = keyText.split('.');
   if (!path.every((s) => SEGMENT.test(s))) {
@@ -188,7 +211,10 @@ export function parseOverride(text: string): ParsedOverride | string {
 function assign(target: Obj, key: string, value: unknown, path: string[], sources: Sources, where: Source): void {
   const s = schemaAt(configSchema, path);
   if (s && kindOf(s) === 'object' && isPlainObject(value)) {
-    if (!isPlainObject(target[key])) { target[key] = {}; sources.clear(path); }
+    if (!isPlainObject(target[key])) {
+      target[key] = {};
+      sources.clear(path);
+    }
     for (const [k, v] of Object.entries(value)) assign(target[key] as Obj, k, v, [...path, k], sources, where);
     if (Object.keys(value).length === 0) sources.set(path, where);
     return;
@@ -199,21 +225,38 @@ function assign(target: Obj, key: string, value: unknown, path: string[], source
 }
 
 /** Applies the index-th override to the raw object; problems are appended. */
-function applyOverride(raw: Obj, text: string, index: number, sources: Sources, problems: Problem[], source?: Source, orderOf: Source['order'] = [1, index, 0]): void {
+function applyOverride(
+  raw: Obj,
+  text: string,
+  index: number,
+  sources: Sources,
+  problems: Problem[],
+  source?: Source,
+  orderOf: Source['order'] = [1, index, 0],
+): void {
   const order: Source['order'] = source?.order ?? orderOf;
   const o = parseOverride(text);
-  if (typeof o === 'string') { problems.push({ text: source ? `${source.where}: ${o.replace(/^override "[^"]*": /, '')}` : o, order }); return; }
+  if (typeof o === 'string') {
+    problems.push({ text: source ? `${source.where}: ${o.replace(/^override "[^"]*": /, '')}` : o, order });
+    return;
+  }
   const where: Source = source ?? { where: `override "${o.text}"`, order };
   for (let i = 0; i < o.path.length; i++) {
     const parent = schemaAt(configSchema, o.path.slice(0, i))!;
     const kind = kindOf(parent);
     if (kind === 'object') {
       if (!objectShape(parent)![o.path[i]]) {
-        problems.push({ text: `${where.where}: ${unknownKeyMessage(o.path.slice(0, i + 1), o.path.slice(i + 1))}`, order });
+        problems.push({
+          text: `${where.where}: ${unknownKeyMessage(o.path.slice(0, i + 1), o.path.slice(i + 1))}`,
+          order,
+        });
         return;
       }
     } else if (kind !== 'record') {
-      problems.push({ text: `${where.where}: "${o.path.slice(0, i).join('.')}" is ${describeType(parent)}, not a section, so it has no key "${o.path[i]}"`, order });
+      problems.push({
+        text: `${where.where}: "${o.path.slice(0, i).join('.')}" is ${describeType(parent)}, not a section, so it has no key "${o.path[i]}"`,
+        order,
+      });
       return;
     }
     if (kind === 'record' && i < o.path.length - 1) {
@@ -224,7 +267,10 @@ function applyOverride(raw: Obj, text: string, index: number, sources: Sources, 
   let cur = raw;
   for (let i = 0; i < o.path.length - 1; i++) {
     const seg = o.path[i];
-    if (!isPlainObject(cur[seg])) { cur[seg] = {}; sources.clear(o.path.slice(0, i + 1)); }
+    if (!isPlainObject(cur[seg])) {
+      cur[seg] = {};
+      sources.clear(o.path.slice(0, i + 1));
+    }
     cur = cur[seg] as Obj;
   }
   assign(cur, o.path[o.path.length - 1], o.value, o.path, sources, where);
@@ -241,9 +287,13 @@ function applyOverride(raw: Obj, text: string, index: number, sources: Sources, 
  * relative to the working directory.
  */
 export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
-  ['data', 'train_files'], ['data', 'val_files'], ['data', 'image_dir'],
-  ['actor', 'model', 'path'], ['critic', 'model', 'path'],
-  ['reward', 'reward_fn_path'], ['reward', 'model', 'path'],
+  ['data', 'train_files'],
+  ['data', 'val_files'],
+  ['data', 'image_dir'],
+  ['actor', 'model', 'path'],
+  ['critic', 'model', 'path'],
+  ['reward', 'reward_fn_path'],
+  ['reward', 'model', 'path'],
   ['trainer', 'load_checkpoint_path'],
 ];
 
@@ -320,10 +370,13 @@ export function loadPipelineSection(overrides: readonly string[]): Config['pipel
   const sources = new Sources();
   const problems: Problem[] = [];
   const raw: Obj = {};
-  overrides.forEach((text, i) => { if (text.startsWith('pipeline.')) applyOverride(raw, text, i, sources, problems); });
+  overrides.forEach((text, i) => {
+    if (text.startsWith('pipeline.')) applyOverride(raw, text, i, sources, problems);
+  });
   const parsed = configSchema.shape.pipeline.safeParse(raw.pipeline ?? {});
   if (!parsed.success) {
-    for (const issue of parsed.error.issues) problems.push(...formatIssue({ ...issue, path: ['pipeline', ...issue.path] } as z.core.$ZodIssue, raw, sources));
+    for (const issue of parsed.error.issues)
+      problems.push(...formatIssue({ ...issue, path: ['pipeline', ...issue.path] } as z.core.$ZodIssue, raw, sources));
   }
   if (problems.length > 0 || !parsed.success) throw configProblems(problems.map((x) => x.text));
   return parsed.data;
@@ -350,7 +403,8 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
     for (const issue of parsed.error.issues) problems.push(...formatIssue(issue, raw, sources));
   }
   if (problems.length > 0 || !parsed.success) {
-    const cmp = (a: Problem, b: Problem) => a.order[0] - b.order[0] || a.order[1] - b.order[1] || a.order[2] - b.order[2];
+    const cmp = (a: Problem, b: Problem) =>
+      a.order[0] - b.order[0] || a.order[1] - b.order[1] || a.order[2] - b.order[2];
     throw configProblems([...problems].sort(cmp).map((p) => p.text));
   }
   const cfg = parsed.data;
@@ -372,7 +426,8 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
 function valOnlyCheckpointActor(cfg: Config): void {
   const p = cfg.trainer.load_checkpoint_path;
   if (!cfg.trainer.val_only || !p) return;
-  if (existsSync(join(p, 'trainer_state.json')) && existsSync(join(p, 'actor', 'model.safetensors'))) cfg.trainer.load_checkpoint_path = join(p, 'actor');
+  if (existsSync(join(p, 'trainer_state.json')) && existsSync(join(p, 'actor', 'model.safetensors')))
+    cfg.trainer.load_checkpoint_path = join(p, 'actor');
 }
 
 /** The defaults with derived values filled (no file, no overrides, no checks). */

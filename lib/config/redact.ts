@@ -13,7 +13,8 @@ import type { Config } from './schema.ts';
 export const REDACTED = '***';
 
 const SECRET_KEY = /(password|passwd|pwd|secret|token|api[_-]?key|apikey|credentials?|private[_-]?key)$/i;
-const SECRET_PARAM = /^(password|sslpassword|passwd|pwd|token|access_token|secret|api[_-]?key|apikey|key|sig|signature)$/i;
+const SECRET_PARAM =
+  /^(password|sslpassword|passwd|pwd|token|access_token|secret|api[_-]?key|apikey|key|sig|signature)$/i;
 
 /** Whether a key names a secret value (and not an environment variable's name). */
 export function isSecretKey(key: string): boolean {
@@ -26,12 +27,15 @@ export function redactString(s: string): string {
   // The password runs to the last '@' of the token, so an unescaped '@' inside it is covered too.
   let out = s.replace(/([a-z][a-z0-9+.-]*:\/\/[^\s/@:]*):(\S*)@/gi, (_m, pre: string) => `${pre}:${REDACTED}@`);
   // ?password=… &token=… and libpq-style "password=…" pairs.
-  out = out.replace(/(^|[?&;\s])([^=&;#\s?/]+)=([^&;#\s]*)/g, (m, sep: string, name: string) => (SECRET_PARAM.test(name) ? `${sep}${name}=${REDACTED}` : m));
+  out = out.replace(/(^|[?&;\s])([^=&;#\s?/]+)=([^&;#\s]*)/g, (m, sep: string, name: string) =>
+    SECRET_PARAM.test(name) ? `${sep}${name}=${REDACTED}` : m,
+  );
   return out;
 }
 
 function redactValue(value: unknown, key: string | null): unknown {
-  if (key !== null && isSecretKey(key) && value !== null && value !== undefined && typeof value !== 'object') return REDACTED;
+  if (key !== null && isSecretKey(key) && value !== null && value !== undefined && typeof value !== 'object')
+    return REDACTED;
   if (typeof value === 'string') return redactString(value);
   if (Array.isArray(value)) return value.map((v) => redactValue(v, null));
   if (value && typeof value === 'object') {

@@ -19,23 +19,65 @@ import { DEVICES } from '../onnx/devices.ts';
 
 /** Advantage estimators (verl's `AdvantageEstimator` names). */
 export const ADV_ESTIMATORS = [
-  'gae', 'grpo', 'grpo_vectorized', 'grpo_passk', 'rloo', 'rloo_vectorized', 'reinforce_plus_plus',
-  'reinforce_plus_plus_baseline', 'remax', 'opo', 'gpg', 'optimal_token_baseline', 'tir_optimal_token_baseline',
+  'gae',
+  'grpo',
+  'grpo_vectorized',
+  'grpo_passk',
+  'rloo',
+  'rloo_vectorized',
+  'reinforce_plus_plus',
+  'reinforce_plus_plus_baseline',
+  'remax',
+  'opo',
+  'gpg',
+  'optimal_token_baseline',
+  'tir_optimal_token_baseline',
 ] as const;
 
 /** Estimators whose baseline is the group of rollout.n responses to one prompt: they need n ≥ 2. */
 export const GROUP_ADV_ESTIMATORS: ReadonlySet<string> = new Set([
-  'grpo', 'grpo_vectorized', 'grpo_passk', 'rloo', 'rloo_vectorized', 'reinforce_plus_plus_baseline',
-  'opo', 'gpg', 'optimal_token_baseline', 'tir_optimal_token_baseline',
+  'grpo',
+  'grpo_vectorized',
+  'grpo_passk',
+  'rloo',
+  'rloo_vectorized',
+  'reinforce_plus_plus_baseline',
+  'opo',
+  'gpg',
+  'optimal_token_baseline',
+  'tir_optimal_token_baseline',
 ]);
 
 export const KL_PENALTIES = ['kl', 'abs', 'mse', 'low_var_kl', 'full'] as const;
 /** algorithm.vppo.perturbation: the names of lib/data/perturb.ts's registry (a unit test keeps them equal). */
 export const PERTURBATIONS = ['patch_blackening', 'gaussian_noise', 'blackout'] as const;
-export const POLICY_LOSSES = ['vanilla', 'gspo', 'sapo', 'gpg', 'cispo', 'reinforce', 'geo_mean', 'clip_cov', 'kl_cov', 'nft'] as const;
-export const LOSS_AGG_MODES = ['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'] as const;
+export const POLICY_LOSSES = [
+  'vanilla',
+  'gspo',
+  'sapo',
+  'gpg',
+  'cispo',
+  'reinforce',
+  'geo_mean',
+  'clip_cov',
+  'kl_cov',
+  'nft',
+] as const;
+export const LOSS_AGG_MODES = [
+  'token-mean',
+  'seq-mean-token-sum',
+  'seq-mean-token-mean',
+  'seq-mean-token-sum-norm',
+] as const;
 /** Trajectory fields a remote reward request body may be built from. */
-export const TRAJECTORY_FIELDS = ['prompt_text', 'response_text', 'ground_truth', 'image_base64_png', 'id', 'step'] as const;
+export const TRAJECTORY_FIELDS = [
+  'prompt_text',
+  'response_text',
+  'ground_truth',
+  'image_base64_png',
+  'id',
+  'step',
+] as const;
 
 // ---------------------------------------------------------------------------------------------
 // Small builders
@@ -50,357 +92,1072 @@ function section<T extends z.ZodRawShape>(shape: T, description: string) {
 const posInt = () => z.int().gte(1);
 const nonNegInt = () => z.int().gte(0);
 /** -1 disables; otherwise ≥ 1. */
-const offOrPosInt = () => z.int().refine((v) => v === -1 || v >= 1, { message: 'must be -1 (off) or an integer ≥ 1' }).meta({ typeLabel: '-1 or integer ≥ 1' });
+const offOrPosInt = () =>
+  z
+    .int()
+    .refine((v) => v === -1 || v >= 1, { message: 'must be -1 (off) or an integer ≥ 1' })
+    .meta({ typeLabel: '-1 or integer ≥ 1' });
 const probability = () => z.number().gte(0).lte(1);
 /** A list of strings; a single string is accepted as a one-element list (verl accepts both). */
 const stringList = () => z.preprocess((v) => (typeof v === 'string' ? [v] : v), z.array(z.string().min(1)));
 /** Names used in paths and ids. */
 const NAME_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
-const safeName = () => z.string().regex(NAME_RE, { message: "may contain only letters, digits, '.', '_' and '-' and must start with a letter or digit" });
+const safeName = () =>
+  z.string().regex(NAME_RE, {
+    message: "may contain only letters, digits, '.', '_' and '-' and must start with a letter or digit",
+  });
 
 // ---------------------------------------------------------------------------------------------
 // data
 
-const dataSchema = section({
-  train_files: stringList().default([]).describe('Training data files (JSONL or verl/EasyR1 parquet); a single path or a list. Empty when data.task generates the rows. Relative paths in the config file resolve against the file\'s directory (on the command line: against the working directory), as do the other input paths (val_files, model paths, reward_fn_path, load_checkpoint_path). A row\'s data_source and extra_info fields are passed to the reward function.'),
-  val_files: stringList().default([]).describe('Validation data files (same formats as train_files). Needed when validation runs (trainer.val_before_train, val_freq > 0 or val_only).'),
-  format: z.enum(['auto', 'jsonl', 'parquet']).default('auto').describe('File format; auto picks by extension (.jsonl/.json → jsonl, .parquet → parquet).'),
-  prompt_key: z.string().min(1).default('prompt').describe('Field holding the prompt: a string, or chat messages [{role, content}] (verl parquet). Dotted paths reach nested fields.'),
-  answer_key: z.string().min(1).default('answer').describe('Field holding the ground truth passed to the reward (verl parquet: reward_model.ground_truth).'),
-  image_key: z.string().min(1).default('images').describe('Field holding a row\'s images: one or a list of file paths (a string ending in an extension, relative to data.image_dir), base64, data URLs (data:image/...;base64,...), bytes, or {bytes}/{path} objects (parquet); absent or null = no images. Each is decoded and resized (data.min_pixels, max_pixels, image_factor, image_resample) and stored once per run in prompt_images; a missing, unreadable or too-small image makes its row a bad row (data.on_bad_row). A vision-language policy (actor.model.vision, or a model directory with a vision_config) sees them: each image\'s <|vision_start|><|image_pad|>…<|vision_end|> block goes where the prompt has an <image> marker (one per image), else before the text, and the stages pass the pixels; a text-only policy only stores them.'),
-  image_dir: z.string().min(1).nullable().default(null).describe('Directory that relative image paths in the data resolve against; null = the directory of the data file that names them.'),
-  limit_images: z.int().gte(0).default(1).describe('Most images one prompt may carry (EasyR1: limit_images); a row with more is a bad row.'),
-  min_pixels: posInt().default(262144).describe('Smallest pixel count (height × width) an image is resized to (Qwen2-VL smart_resize; EasyR1 default 262144 = 512²).'),
-  max_pixels: posInt().default(4194304).describe('Largest pixel count an image is resized to (Qwen2-VL smart_resize; EasyR1 default 4194304 = 2048²).'),
-  image_factor: posInt().default(28).describe('Image sides are multiples of this: the vision encoder\'s patch_size × merge_size (Qwen2-VL: 14 × 2 = 28). A side shorter than it is a too-small image (a bad row).'),
-  image_resample: z.enum(['nearest', 'bilinear', 'bicubic', 'mitchell', 'lanczos2', 'lanczos3']).default('bicubic').describe('Resampling kernel for resizing images (sharp/libvips: bilinear = linear, bicubic = cubic, mitchell, lanczos2/3); bicubic as Qwen2-VL\'s image processor.'),
-  video_key: z.string().min(1).default('videos').describe('Field holding videos for multimodal prompts; absent field = no videos.'),
-  apply_chat_template: z.boolean().default(true).describe("Render each prompt with the tokenizer's chat template (chat messages as given; a string prompt as one user message), the generation prompt added, as verl/TRL do; ignored for a tokenizer without a template (byte, alphabet: BOS + prompt text). false = the prompt text as is, with the tokenizer's own specials."),
-  system_prompt: z.string().nullable().default(null).describe('A system message put first in every prompt that has none (needs a chat template); null = none.'),
-  format_prompt: z.string().min(1).nullable().default(null).describe("EasyR1's format_prompt: a Jinja file applied to each string prompt before the chat template (its variable is `content`, e.g. `{{ content }} Put the final answer in \\boxed{}.`); chat-message prompts are left as they are. null = none."),
-  chat_template_kwargs: z.record(z.string(), z.unknown()).default({}).describe("Extra variables for the chat template, as transformers' apply_chat_template(**kwargs), e.g. {enable_thinking: false} for Qwen3."),
-  max_prompt_length: posInt().default(512).describe('Maximum prompt length in tokens, counted after the chat template.'),
-  max_response_length: posInt().default(512).describe('Maximum response length in tokens (generation stops there).'),
-  rollout_batch_size: posInt().default(512).describe('Prompts per training step; each is sampled rollout.n times (verl: data.train_batch_size).'),
-  val_batch_size: offOrPosInt().default(-1).describe('Prompts per validation batch; -1 = the whole validation set in one batch.'),
-  shuffle: z.boolean().default(true).describe('Shuffle the training rows each epoch (a permutation seeded by data.seed and the epoch).'),
-  seed: z.int().default(1).describe('Seed for shuffling and for the built-in task generators.'),
-  filter_overlong_prompts: z.boolean().default(true).describe('Drop rows whose prompt is longer than max_prompt_length tokens (reported, never silent); false = a bad row (see on_bad_row).'),
-  on_bad_row: z.enum(['stop', 'skip']).default('stop').describe('A row that fails validation: stop the load with its file:line, or skip it and report it.'),
-  max_rows: posInt().nullable().default(null).describe('Load at most this many rows per split (after validation); null = all.'),
-  task: z.string().min(1).nullable().default(null).describe('Built-in data generator instead of files (number_game, number_game_vision — its prompts carry an image, resized by data.min_pixels / max_pixels —, arithmetic); its rows are seeded by data.seed.'),
-  task_size: section({
-    train: posInt().default(1024).describe('Training rows generated by data.task.'),
-    val: nonNegInt().default(128).describe('Validation rows generated by data.task (0 = none).'),
-  }, 'Row counts for data.task.'),
-}, 'Datasets: files or a built-in task, keys, lengths and batch sizes.');
+const dataSchema = section(
+  {
+    train_files: stringList()
+      .default([])
+      .describe(
+        "Training data files (JSONL or verl/EasyR1 parquet); a single path or a list. Empty when data.task generates the rows. Relative paths in the config file resolve against the file's directory (on the command line: against the working directory), as do the other input paths (val_files, model paths, reward_fn_path, load_checkpoint_path). A row's data_source and extra_info fields are passed to the reward function.",
+      ),
+    val_files: stringList()
+      .default([])
+      .describe(
+        'Validation data files (same formats as train_files). Needed when validation runs (trainer.val_before_train, val_freq > 0 or val_only).',
+      ),
+    format: z
+      .enum(['auto', 'jsonl', 'parquet'])
+      .default('auto')
+      .describe('File format; auto picks by extension (.jsonl/.json → jsonl, .parquet → parquet).'),
+    prompt_key: z
+      .string()
+      .min(1)
+      .default('prompt')
+      .describe(
+        'Field holding the prompt: a string, or chat messages [{role, content}] (verl parquet). Dotted paths reach nested fields.',
+      ),
+    answer_key: z
+      .string()
+      .min(1)
+      .default('answer')
+      .describe('Field holding the ground truth passed to the reward (verl parquet: reward_model.ground_truth).'),
+    image_key: z
+      .string()
+      .min(1)
+      .default('images')
+      .describe(
+        "Field holding a row's images: one or a list of file paths (a string ending in an extension, relative to data.image_dir), base64, data URLs (data:image/...;base64,...), bytes, or {bytes}/{path} objects (parquet); absent or null = no images. Each is decoded and resized (data.min_pixels, max_pixels, image_factor, image_resample) and stored once per run in prompt_images; a missing, unreadable or too-small image makes its row a bad row (data.on_bad_row). A vision-language policy (actor.model.vision, or a model directory with a vision_config) sees them: each image's <|vision_start|><|image_pad|>…<|vision_end|> block goes where the prompt has an <image> marker (one per image), else before the text, and the stages pass the pixels; a text-only policy only stores them.",
+      ),
+    image_dir: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        'Directory that relative image paths in the data resolve against; null = the directory of the data file that names them.',
+      ),
+    limit_images: z
+      .int()
+      .gte(0)
+      .default(1)
+      .describe('Most images one prompt may carry (EasyR1: limit_images); a row with more is a bad row.'),
+    min_pixels: posInt()
+      .default(262144)
+      .describe(
+        'Smallest pixel count (height × width) an image is resized to (Qwen2-VL smart_resize; EasyR1 default 262144 = 512²).',
+      ),
+    max_pixels: posInt()
+      .default(4194304)
+      .describe('Largest pixel count an image is resized to (Qwen2-VL smart_resize; EasyR1 default 4194304 = 2048²).'),
+    image_factor: posInt()
+      .default(28)
+      .describe(
+        "Image sides are multiples of this: the vision encoder's patch_size × merge_size (Qwen2-VL: 14 × 2 = 28). A side shorter than it is a too-small image (a bad row).",
+      ),
+    image_resample: z
+      .enum(['nearest', 'bilinear', 'bicubic', 'mitchell', 'lanczos2', 'lanczos3'])
+      .default('bicubic')
+      .describe(
+        "Resampling kernel for resizing images (sharp/libvips: bilinear = linear, bicubic = cubic, mitchell, lanczos2/3); bicubic as Qwen2-VL's image processor.",
+      ),
+    video_key: z
+      .string()
+      .min(1)
+      .default('videos')
+      .describe('Field holding videos for multimodal prompts; absent field = no videos.'),
+    apply_chat_template: z
+      .boolean()
+      .default(true)
+      .describe(
+        "Render each prompt with the tokenizer's chat template (chat messages as given; a string prompt as one user message), the generation prompt added, as verl/TRL do; ignored for a tokenizer without a template (byte, alphabet: BOS + prompt text). false = the prompt text as is, with the tokenizer's own specials.",
+      ),
+    system_prompt: z
+      .string()
+      .nullable()
+      .default(null)
+      .describe('A system message put first in every prompt that has none (needs a chat template); null = none.'),
+    format_prompt: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        "EasyR1's format_prompt: a Jinja file applied to each string prompt before the chat template (its variable is `content`, e.g. `{{ content }} Put the final answer in \\boxed{}.`); chat-message prompts are left as they are. null = none.",
+      ),
+    chat_template_kwargs: z
+      .record(z.string(), z.unknown())
+      .default({})
+      .describe(
+        "Extra variables for the chat template, as transformers' apply_chat_template(**kwargs), e.g. {enable_thinking: false} for Qwen3.",
+      ),
+    max_prompt_length: posInt()
+      .default(512)
+      .describe('Maximum prompt length in tokens, counted after the chat template.'),
+    max_response_length: posInt().default(512).describe('Maximum response length in tokens (generation stops there).'),
+    rollout_batch_size: posInt()
+      .default(512)
+      .describe('Prompts per training step; each is sampled rollout.n times (verl: data.train_batch_size).'),
+    val_batch_size: offOrPosInt()
+      .default(-1)
+      .describe('Prompts per validation batch; -1 = the whole validation set in one batch.'),
+    shuffle: z
+      .boolean()
+      .default(true)
+      .describe('Shuffle the training rows each epoch (a permutation seeded by data.seed and the epoch).'),
+    seed: z.int().default(1).describe('Seed for shuffling and for the built-in task generators.'),
+    filter_overlong_prompts: z
+      .boolean()
+      .default(true)
+      .describe(
+        'Drop rows whose prompt is longer than max_prompt_length tokens (reported, never silent); false = a bad row (see on_bad_row).',
+      ),
+    on_bad_row: z
+      .enum(['stop', 'skip'])
+      .default('stop')
+      .describe('A row that fails validation: stop the load with its file:line, or skip it and report it.'),
+    max_rows: posInt()
+      .nullable()
+      .default(null)
+      .describe('Load at most this many rows per split (after validation); null = all.'),
+    task: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        'Built-in data generator instead of files (number_game, number_game_vision — its prompts carry an image, resized by data.min_pixels / max_pixels —, arithmetic); its rows are seeded by data.seed.',
+      ),
+    task_size: section(
+      {
+        train: posInt().default(1024).describe('Training rows generated by data.task.'),
+        val: nonNegInt().default(128).describe('Validation rows generated by data.task (0 = none).'),
+      },
+      'Row counts for data.task.',
+    ),
+  },
+  'Datasets: files or a built-in task, keys, lengths and batch sizes.',
+);
 
 // ---------------------------------------------------------------------------------------------
 // algorithm
 
-const algorithmSchema = section({
-  adv_estimator: z.enum(ADV_ESTIMATORS).default('grpo').describe('Advantage estimator. gae needs the critic; group estimators (grpo, rloo, …) need rollout.n ≥ 2; remax also samples one greedy response per training prompt as the baseline (not trained on). optimal_token_baseline and tir_optimal_token_baseline are in lib/rl only: the pipeline refuses them (they need full-vocabulary Σπ² per position).'),
-  norm_adv_by_std_in_grpo: z.boolean().default(true).describe('GRPO: divide group-centred rewards by the group std (false = Dr. GRPO).'),
-  gamma: probability().default(1.0).describe('Discount factor γ (gae, reinforce_plus_plus).'),
-  lam: probability().default(1.0).describe('GAE λ (bias–variance trade-off of the advantage).'),
-  use_kl_in_reward: z.boolean().default(false).describe('Subtract kl_coef · KL(π‖π_ref) from the token rewards (verl use_kl_in_reward).'),
-  kl_penalty: z.enum(KL_PENALTIES).default('low_var_kl').describe('KL estimator for the in-reward penalty (and the KL loss when kl_loss_type is null): kl (k1), abs, mse (k2), low_var_kl (k3), full (lib/rl only: the pipeline refuses it, it needs full vocabulary distributions).'),
-  kl_coef: z.number().gte(0).default(1e-3).describe('KL coefficient, used both for the KL loss and the in-reward penalty (EasyR1 convention); the initial value when kl_type = adaptive.'),
-  kl_type: z.enum(['fixed', 'adaptive']).default('fixed').describe('KL controller for the in-reward coefficient: fixed, or adaptive (Ziegler et al. 2019) towards kl_target.'),
-  kl_target: z.number().gt(0).default(0.1).describe('Adaptive KL controller: target KL.'),
-  kl_horizon: posInt().default(10000).describe('Adaptive KL controller: horizon in samples.'),
-  use_kl_loss: z.boolean().default(true).describe('Add kl_coef · KL(π‖π_ref) to the actor loss (GRPO style).'),
-  kl_loss_type: z.enum(KL_PENALTIES).nullable().default(null).describe('KL estimator for the KL loss; null → algorithm.kl_penalty.'),
-  online_filtering: z.boolean().default(false).describe('Drop prompt groups whose filter_key mean lies outside [filter_low, filter_high] and refill the batch (DAPO dynamic sampling).'),
-  filter_semantics: z.enum(['easyr1', 'dapo']).default('easyr1').describe('easyr1: keep groups with filter_low < mean < filter_high; dapo: keep groups whose filter_key values are not all equal (std > 0).'),
-  filter_key: z.string().min(1).default('overall').describe('Reward metric the filter reads (e.g. overall, accuracy); overall is the total score (the built-in rewards report it as EasyR1 does; for a reward that does not, the scalar reward).'),
-  filter_low: probability().default(0.01).describe('Online filtering: lower bound on the group mean.'),
-  filter_high: probability().default(0.99).describe('Online filtering: upper bound on the group mean.'),
-  max_try_make_batch: posInt().default(10).describe('Online filtering: refill attempts per step before the run stops with an error.'),
-  policy_loss: z.enum(POLICY_LOSSES).default('vanilla').describe('Policy loss: vanilla (PPO clip with dual clip), gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft. The update stage trains all of them (gspo and sapo aggregate their policy-gradient term seq-mean-token-mean and geo_mean as a plain mean over sequences, whatever actor.loss_agg_mode says, as verl; clip_cov and kl_cov select their tokens per micro-batch, see algorithm.clip_cov / kl_cov; nft needs a binary correctness per response, see algorithm.nft).'),
-  overlong: section({
-    enable: z.boolean().default(false).describe('Soft overlong punishment (DAPO): a linear penalty for responses longer than max_length − buffer_length.'),
-    max_length: posInt().nullable().default(null).describe('Expected maximum response length; null → data.max_response_length.'),
-    buffer_length: nonNegInt().default(0).describe('Length of the penalty ramp before max_length (must be > 0 when enabled).'),
-    penalty_factor: z.number().gte(0).default(1.0).describe('Penalty at max_length (it grows linearly over the buffer).'),
-  }, 'DAPO overlong reward shaping.'),
-  entropy_penalty_coef: z.number().default(0).describe('Entropy penalty: adds entropy_penalty_coef · agg(−log π(token)) over response tokens (the sampled-token entropy estimate, in actor.loss_agg_mode) to the actor loss; > 0 sharpens the policy, < 0 rewards exploration (0 = off). Logged as actor/entropy_penalty. Unlike actor.entropy_coeff it needs no full-vocabulary entropy.'),
-  vppo: section({
-    enable: z.boolean().default(false).describe('VPPO token perception RL (arXiv 2510.09285): the advantage stage scores each response again under a perturbed copy of its image, keeps the gradient of the most image-dependent (and, with enable_entropy_filtering, the highest-entropy) tokens and scales each trajectory\'s advantage by its mean visual dependency. Needs a vision-language actor (an actor model with a vision tower); with a text-only actor true is refused. The math is lib/rl/vppo.ts, the stage logic lib/rl/vppo-stage.ts.'),
-    top_p_perception_tokens: z.number().gt(0).lte(1).default(0.2).describe('Per response, the fraction ⌈n·p⌉ of valid tokens with the largest visual dependency S_t = clamp(eᵈ − d − 1, 0, 10), d = clamp(log π_aug − log π_old, ±20), whose gradient is kept (VPPO: 0.2).'),
-    enable_entropy_filtering: z.boolean().default(false).describe('Also keep the gradient of the top_p_entropy_tokens highest-entropy tokens of each response (the union with the perception tokens; MTRL\'s enable_entropy_filtering). Needs per-token entropies from the scorer.'),
-    top_p_entropy_tokens: z.number().gt(0).lte(1).default(0.2).describe('Fraction of each response\'s valid tokens kept by entropy when enable_entropy_filtering is on.'),
-    advantage_scaling_min: probability().default(0.8).describe('β_min of the trajectory advantage shaping: the least image-dependent trajectory of a batch gets α = β_min, the batch mean of α is 1 (VPPO\'s trajectory_scaling_min).'),
-    perturbation: z.enum(PERTURBATIONS).default('patch_blackening').describe('How the image is perturbed for log π_aug (registry lib/data/perturb.ts, seeded by the sample id so replays reproduce it): patch_blackening (VPPO: each patch_size-pixel cell blackened with probability mask_prob), gaussian_noise (N(0, (noise_std·255)²) per channel value), blackout (the whole image black).'),
-    patch_size: posInt().default(14).describe('patch_blackening: cell side in pixels of the resized image (VPPO: 14, the ViT patch).'),
-    mask_prob: probability().default(0.5).describe('patch_blackening: probability that a cell is blackened (VPPO: 0.5).'),
-    noise_std: z.number().gte(0).default(0.1).describe('gaussian_noise: standard deviation as a fraction of the 0–255 pixel range.'),
-  }, 'VPPO token perception RL (multimodal; arXiv 2510.09285, huaixuheqing/VPPO-RL).'),
-  sapo: section({
-    tau_pos: z.number().gt(0).default(1.0).describe('SAPO gate temperature τ for tokens with a positive advantage.'),
-    tau_neg: z.number().gt(0).default(1.05).describe('SAPO gate temperature τ for tokens with a zero or negative advantage.'),
-  }, 'Soft adaptive policy optimization settings (policy_loss = sapo): loss = −σ(τ(r − 1))·4/τ·A.'),
-  clip_cov: section({
-    ratio: z.number().gt(0).default(0.0002).describe('At most max(⌊ratio·n⌋, 1) of a micro-batch\'s n response tokens get no gradient; when more are candidates, a random subset (seeded by data.seed, the optimizer step and the micro-batch) is taken.'),
-    lb: z.number().default(1.0).describe('Lower bound (exclusive) of the covariance (A − mean A)·(log π − mean log π) of a candidate token.'),
-    ub: z.number().default(5.0).describe('Upper bound (exclusive) of that covariance.'),
-  }, 'Clip-Cov settings (policy_loss = clip_cov; Cui et al. 2025, arXiv 2505.22617; verl clip_cov_ratio/lb/ub): PPO clip with actor.clip_ratio_low/high (no dual clip) whose unclipped tokens of high advantage–log-prob covariance are candidates to get no gradient. Means and the selection are over one micro-batch (actor.micro_batch_size_per_device_for_update), as verl.'),
-  kl_cov: section({
-    ratio: z.number().gt(0).default(0.0002).describe('The max(⌊ratio·n⌋, 1) response tokens of a micro-batch with the largest covariance get the KL penalty (ties to the earlier token).'),
-    ppo_kl_coef: z.number().gte(0).default(0.1).describe('Coefficient of the |log π − log π_old| penalty on those tokens.'),
-  }, 'KL-Cov settings (policy_loss = kl_cov; Cui et al. 2025, arXiv 2505.22617; verl kl_cov_ratio, ppo_kl_coef): unclipped −A·π/π_old, plus ppo_kl_coef·|log π − log π_old| on the tokens of largest advantage–log-prob covariance. Means and the selection are over one micro-batch, as verl.'),
-  nft: section({
-    neg_weight: z.number().default(1.0).describe('NFT policy loss: weight of the negative-sample term (1 = NFT, 0 = RFT: positives only; < 0 = the DAPO-like variant of NVlabs NFT, i.e. the PPO clipped loss on the advantages, as policy_loss vanilla).'),
-    correct_key: z.string().min(1).default('accuracy').describe('Reward metric that says whether a response is correct: reward_details[correct_key] must be 1 (correct) or 0 / −1 (incorrect); "accuracy" and "overall" fall back to the scalar reward when the reward reports no such metric (a verifier returning a bare 1/0). The built-in rewards report accuracy (0/1) and overall (the total score, with the format bonus, as EasyR1). A non-binary value stops the run with an error naming the sample.'),
-  }, 'Negative-aware fine-tuning loss settings (policy_loss = nft; Chen et al. 2025, arXiv 2505.18116). NFT trains on each response\'s binary correctness and its group\'s accuracy r̂ (clamped to [0.02, 0.98]), not on advantages: correct responses maximise log π/π_old, incorrect ones the implicit negative policy (1 − r̂·π/π_old)/(1 − r̂); every token weighted by 1 − r̂, the policy-gradient term summed over tokens whatever actor.loss_agg_mode says (as NVlabs/NFT). adv_estimator still computes the logged advantages.'),
-  ema: section({
-    enable: z.boolean().default(false).describe('Keep an exponential moving average of the policy weights (used as the reference/eval policy).'),
-    decay: z.number().gt(0).lt(1).default(0.999).describe('EMA decay per update.'),
-  }, 'Exponential moving average of the weights.'),
-}, 'Advantage estimation, KL control, online filtering and loss shaping.');
+const algorithmSchema = section(
+  {
+    adv_estimator: z
+      .enum(ADV_ESTIMATORS)
+      .default('grpo')
+      .describe(
+        'Advantage estimator. gae needs the critic; group estimators (grpo, rloo, …) need rollout.n ≥ 2; remax also samples one greedy response per training prompt as the baseline (not trained on). optimal_token_baseline and tir_optimal_token_baseline are in lib/rl only: the pipeline refuses them (they need full-vocabulary Σπ² per position).',
+      ),
+    norm_adv_by_std_in_grpo: z
+      .boolean()
+      .default(true)
+      .describe('GRPO: divide group-centred rewards by the group std (false = Dr. GRPO).'),
+    gamma: probability().default(1.0).describe('Discount factor γ (gae, reinforce_plus_plus).'),
+    lam: probability().default(1.0).describe('GAE λ (bias–variance trade-off of the advantage).'),
+    use_kl_in_reward: z
+      .boolean()
+      .default(false)
+      .describe('Subtract kl_coef · KL(π‖π_ref) from the token rewards (verl use_kl_in_reward).'),
+    kl_penalty: z
+      .enum(KL_PENALTIES)
+      .default('low_var_kl')
+      .describe(
+        'KL estimator for the in-reward penalty (and the KL loss when kl_loss_type is null): kl (k1), abs, mse (k2), low_var_kl (k3), full (lib/rl only: the pipeline refuses it, it needs full vocabulary distributions).',
+      ),
+    kl_coef: z
+      .number()
+      .gte(0)
+      .default(1e-3)
+      .describe(
+        'KL coefficient, used both for the KL loss and the in-reward penalty (EasyR1 convention); the initial value when kl_type = adaptive.',
+      ),
+    kl_type: z
+      .enum(['fixed', 'adaptive'])
+      .default('fixed')
+      .describe(
+        'KL controller for the in-reward coefficient: fixed, or adaptive (Ziegler et al. 2019) towards kl_target.',
+      ),
+    kl_target: z.number().gt(0).default(0.1).describe('Adaptive KL controller: target KL.'),
+    kl_horizon: posInt().default(10000).describe('Adaptive KL controller: horizon in samples.'),
+    use_kl_loss: z.boolean().default(true).describe('Add kl_coef · KL(π‖π_ref) to the actor loss (GRPO style).'),
+    kl_loss_type: z
+      .enum(KL_PENALTIES)
+      .nullable()
+      .default(null)
+      .describe('KL estimator for the KL loss; null → algorithm.kl_penalty.'),
+    online_filtering: z
+      .boolean()
+      .default(false)
+      .describe(
+        'Drop prompt groups whose filter_key mean lies outside [filter_low, filter_high] and refill the batch (DAPO dynamic sampling).',
+      ),
+    filter_semantics: z
+      .enum(['easyr1', 'dapo'])
+      .default('easyr1')
+      .describe(
+        'easyr1: keep groups with filter_low < mean < filter_high; dapo: keep groups whose filter_key values are not all equal (std > 0).',
+      ),
+    filter_key: z
+      .string()
+      .min(1)
+      .default('overall')
+      .describe(
+        'Reward metric the filter reads (e.g. overall, accuracy); overall is the total score (the built-in rewards report it as EasyR1 does; for a reward that does not, the scalar reward).',
+      ),
+    filter_low: probability().default(0.01).describe('Online filtering: lower bound on the group mean.'),
+    filter_high: probability().default(0.99).describe('Online filtering: upper bound on the group mean.'),
+    max_try_make_batch: posInt()
+      .default(10)
+      .describe('Online filtering: refill attempts per step before the run stops with an error.'),
+    policy_loss: z
+      .enum(POLICY_LOSSES)
+      .default('vanilla')
+      .describe(
+        'Policy loss: vanilla (PPO clip with dual clip), gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft. The update stage trains all of them (gspo and sapo aggregate their policy-gradient term seq-mean-token-mean and geo_mean as a plain mean over sequences, whatever actor.loss_agg_mode says, as verl; clip_cov and kl_cov select their tokens per micro-batch, see algorithm.clip_cov / kl_cov; nft needs a binary correctness per response, see algorithm.nft).',
+      ),
+    overlong: section(
+      {
+        enable: z
+          .boolean()
+          .default(false)
+          .describe(
+            'Soft overlong punishment (DAPO): a linear penalty for responses longer than max_length − buffer_length.',
+          ),
+        max_length: posInt()
+          .nullable()
+          .default(null)
+          .describe('Expected maximum response length; null → data.max_response_length.'),
+        buffer_length: nonNegInt()
+          .default(0)
+          .describe('Length of the penalty ramp before max_length (must be > 0 when enabled).'),
+        penalty_factor: z
+          .number()
+          .gte(0)
+          .default(1.0)
+          .describe('Penalty at max_length (it grows linearly over the buffer).'),
+      },
+      'DAPO overlong reward shaping.',
+    ),
+    entropy_penalty_coef: z
+      .number()
+      .default(0)
+      .describe(
+        'Entropy penalty: adds entropy_penalty_coef · agg(−log π(token)) over response tokens (the sampled-token entropy estimate, in actor.loss_agg_mode) to the actor loss; > 0 sharpens the policy, < 0 rewards exploration (0 = off). Logged as actor/entropy_penalty. Unlike actor.entropy_coeff it needs no full-vocabulary entropy.',
+      ),
+    vppo: section(
+      {
+        enable: z
+          .boolean()
+          .default(false)
+          .describe(
+            "VPPO token perception RL (arXiv 2510.09285): the advantage stage scores each response again under a perturbed copy of its image, keeps the gradient of the most image-dependent (and, with enable_entropy_filtering, the highest-entropy) tokens and scales each trajectory's advantage by its mean visual dependency. Needs a vision-language actor (an actor model with a vision tower); with a text-only actor true is refused. The math is lib/rl/vppo.ts, the stage logic lib/rl/vppo-stage.ts.",
+          ),
+        top_p_perception_tokens: z
+          .number()
+          .gt(0)
+          .lte(1)
+          .default(0.2)
+          .describe(
+            'Per response, the fraction ⌈n·p⌉ of valid tokens with the largest visual dependency S_t = clamp(eᵈ − d − 1, 0, 10), d = clamp(log π_aug − log π_old, ±20), whose gradient is kept (VPPO: 0.2).',
+          ),
+        enable_entropy_filtering: z
+          .boolean()
+          .default(false)
+          .describe(
+            "Also keep the gradient of the top_p_entropy_tokens highest-entropy tokens of each response (the union with the perception tokens; MTRL's enable_entropy_filtering). Needs per-token entropies from the scorer.",
+          ),
+        top_p_entropy_tokens: z
+          .number()
+          .gt(0)
+          .lte(1)
+          .default(0.2)
+          .describe("Fraction of each response's valid tokens kept by entropy when enable_entropy_filtering is on."),
+        advantage_scaling_min: probability()
+          .default(0.8)
+          .describe(
+            "β_min of the trajectory advantage shaping: the least image-dependent trajectory of a batch gets α = β_min, the batch mean of α is 1 (VPPO's trajectory_scaling_min).",
+          ),
+        perturbation: z
+          .enum(PERTURBATIONS)
+          .default('patch_blackening')
+          .describe(
+            'How the image is perturbed for log π_aug (registry lib/data/perturb.ts, seeded by the sample id so replays reproduce it): patch_blackening (VPPO: each patch_size-pixel cell blackened with probability mask_prob), gaussian_noise (N(0, (noise_std·255)²) per channel value), blackout (the whole image black).',
+          ),
+        patch_size: posInt()
+          .default(14)
+          .describe('patch_blackening: cell side in pixels of the resized image (VPPO: 14, the ViT patch).'),
+        mask_prob: probability()
+          .default(0.5)
+          .describe('patch_blackening: probability that a cell is blackened (VPPO: 0.5).'),
+        noise_std: z
+          .number()
+          .gte(0)
+          .default(0.1)
+          .describe('gaussian_noise: standard deviation as a fraction of the 0–255 pixel range.'),
+      },
+      'VPPO token perception RL (multimodal; arXiv 2510.09285, huaixuheqing/VPPO-RL).',
+    ),
+    sapo: section(
+      {
+        tau_pos: z
+          .number()
+          .gt(0)
+          .default(1.0)
+          .describe('SAPO gate temperature τ for tokens with a positive advantage.'),
+        tau_neg: z
+          .number()
+          .gt(0)
+          .default(1.05)
+          .describe('SAPO gate temperature τ for tokens with a zero or negative advantage.'),
+      },
+      'Soft adaptive policy optimization settings (policy_loss = sapo): loss = −σ(τ(r − 1))·4/τ·A.',
+    ),
+    clip_cov: section(
+      {
+        ratio: z
+          .number()
+          .gt(0)
+          .default(0.0002)
+          .describe(
+            "At most max(⌊ratio·n⌋, 1) of a micro-batch's n response tokens get no gradient; when more are candidates, a random subset (seeded by data.seed, the optimizer step and the micro-batch) is taken.",
+          ),
+        lb: z
+          .number()
+          .default(1.0)
+          .describe(
+            'Lower bound (exclusive) of the covariance (A − mean A)·(log π − mean log π) of a candidate token.',
+          ),
+        ub: z.number().default(5.0).describe('Upper bound (exclusive) of that covariance.'),
+      },
+      'Clip-Cov settings (policy_loss = clip_cov; Cui et al. 2025, arXiv 2505.22617; verl clip_cov_ratio/lb/ub): PPO clip with actor.clip_ratio_low/high (no dual clip) whose unclipped tokens of high advantage–log-prob covariance are candidates to get no gradient. Means and the selection are over one micro-batch (actor.micro_batch_size_per_device_for_update), as verl.',
+    ),
+    kl_cov: section(
+      {
+        ratio: z
+          .number()
+          .gt(0)
+          .default(0.0002)
+          .describe(
+            'The max(⌊ratio·n⌋, 1) response tokens of a micro-batch with the largest covariance get the KL penalty (ties to the earlier token).',
+          ),
+        ppo_kl_coef: z
+          .number()
+          .gte(0)
+          .default(0.1)
+          .describe('Coefficient of the |log π − log π_old| penalty on those tokens.'),
+      },
+      'KL-Cov settings (policy_loss = kl_cov; Cui et al. 2025, arXiv 2505.22617; verl kl_cov_ratio, ppo_kl_coef): unclipped −A·π/π_old, plus ppo_kl_coef·|log π − log π_old| on the tokens of largest advantage–log-prob covariance. Means and the selection are over one micro-batch, as verl.',
+    ),
+    nft: section(
+      {
+        neg_weight: z
+          .number()
+          .default(1.0)
+          .describe(
+            'NFT policy loss: weight of the negative-sample term (1 = NFT, 0 = RFT: positives only; < 0 = the DAPO-like variant of NVlabs NFT, i.e. the PPO clipped loss on the advantages, as policy_loss vanilla).',
+          ),
+        correct_key: z
+          .string()
+          .min(1)
+          .default('accuracy')
+          .describe(
+            'Reward metric that says whether a response is correct: reward_details[correct_key] must be 1 (correct) or 0 / −1 (incorrect); "accuracy" and "overall" fall back to the scalar reward when the reward reports no such metric (a verifier returning a bare 1/0). The built-in rewards report accuracy (0/1) and overall (the total score, with the format bonus, as EasyR1). A non-binary value stops the run with an error naming the sample.',
+          ),
+      },
+      "Negative-aware fine-tuning loss settings (policy_loss = nft; Chen et al. 2025, arXiv 2505.18116). NFT trains on each response's binary correctness and its group's accuracy r̂ (clamped to [0.02, 0.98]), not on advantages: correct responses maximise log π/π_old, incorrect ones the implicit negative policy (1 − r̂·π/π_old)/(1 − r̂); every token weighted by 1 − r̂, the policy-gradient term summed over tokens whatever actor.loss_agg_mode says (as NVlabs/NFT). adv_estimator still computes the logged advantages.",
+    ),
+    ema: section(
+      {
+        enable: z
+          .boolean()
+          .default(false)
+          .describe('Keep an exponential moving average of the policy weights (used as the reference/eval policy).'),
+        decay: z.number().gt(0).lt(1).default(0.999).describe('EMA decay per update.'),
+      },
+      'Exponential moving average of the weights.',
+    ),
+  },
+  'Advantage estimation, KL control, online filtering and loss shaping.',
+);
 
 // ---------------------------------------------------------------------------------------------
 // rollout
 
-const rolloutSchema = section({
-  n: posInt().default(5).describe('Responses sampled per prompt (the group size).'),
-  temperature: z.number().gt(0).default(1.0).describe('Sampling temperature for training rollouts.'),
-  top_p: z.number().gt(0).lte(1).default(1.0).describe('Nucleus sampling threshold (1 = off).'),
-  top_k: offOrPosInt().default(-1).describe('Top-k sampling (-1 = off).'),
-  val_override: section({
-    temperature: z.number().gte(0).default(0.6).describe('Validation sampling temperature (0 = greedy).'),
-    top_p: z.number().gt(0).lte(1).default(0.95).describe('Validation nucleus threshold.'),
-    n: posInt().default(1).describe('Responses per validation prompt.'),
-    top_k: offOrPosInt().nullable().default(null).describe('Validation top-k; null → rollout.top_k.'),
-  }, 'Sampling settings for validation (verl: rollout.val_kwargs).'),
-  replicas: posInt().default(1).describe('Rollout workers (processes or pods) sharing the prompts.'),
-  batch_size: posInt().nullable().default(null).describe('Sequences generated per forward batch; null = 64 (a batch is also capped at 262144 prompt + response tokens).'),
-  device: z.enum(DEVICES).nullable().default(null).describe('onnxruntime execution provider for sampling; null = actor.device. Token-by-token sampling is one small session.run per token, which a GPU EP makes slower (measured on an H100 over WebGPU: 4–16× slower than 2 CPU threads), so actor.device=webgpu with rollout.device=cpu is usually the faster pair.'),
-}, 'Sampling of responses.');
+const rolloutSchema = section(
+  {
+    n: posInt().default(5).describe('Responses sampled per prompt (the group size).'),
+    temperature: z.number().gt(0).default(1.0).describe('Sampling temperature for training rollouts.'),
+    top_p: z.number().gt(0).lte(1).default(1.0).describe('Nucleus sampling threshold (1 = off).'),
+    top_k: offOrPosInt().default(-1).describe('Top-k sampling (-1 = off).'),
+    val_override: section(
+      {
+        temperature: z.number().gte(0).default(0.6).describe('Validation sampling temperature (0 = greedy).'),
+        top_p: z.number().gt(0).lte(1).default(0.95).describe('Validation nucleus threshold.'),
+        n: posInt().default(1).describe('Responses per validation prompt.'),
+        top_k: offOrPosInt().nullable().default(null).describe('Validation top-k; null → rollout.top_k.'),
+      },
+      'Sampling settings for validation (verl: rollout.val_kwargs).',
+    ),
+    replicas: posInt().default(1).describe('Rollout workers (processes or pods) sharing the prompts.'),
+    batch_size: posInt()
+      .nullable()
+      .default(null)
+      .describe(
+        'Sequences generated per forward batch; null = 64 (a batch is also capped at 262144 prompt + response tokens).',
+      ),
+    device: z
+      .enum(DEVICES)
+      .nullable()
+      .default(null)
+      .describe(
+        'onnxruntime execution provider for sampling; null = actor.device. Token-by-token sampling is one small session.run per token, which a GPU EP makes slower (measured on an H100 over WebGPU: 4–16× slower than 2 CPU threads), so actor.device=webgpu with rollout.device=cpu is usually the faster pair.',
+      ),
+  },
+  'Sampling of responses.',
+);
 
 // ---------------------------------------------------------------------------------------------
 // actor
 
-const modelSchema = section({
-  path: z.string().min(1).nullable().default(null).describe('Start from this model directory: a Hugging Face one (config.json with model_type llama, mistral, qwen2 or qwen3; generation_config.json; model.safetensors or sharded with model.safetensors.index.json, bf16/f16/f32; tokenizer.json + tokenizer_config.json) or an rlstream policy version / checkpoint actor/. Its config.json sets the architecture (the architecture keys below are then not used) and its tokenizer replaces actor.model.tokenizer; every policy version and checkpoint is written back in the same layout. null = initialise from the keys below.'),
-  d_model: posInt().default(64).describe('Hidden size.'),
-  n_layers: posInt().default(2).describe('Transformer layers.'),
-  n_heads: posInt().default(4).describe('Attention heads (must divide d_model; the head size d_model / n_heads must be even for rotary embeddings).'),
-  n_kv_heads: posInt().default(4).describe('Key/value heads (grouped-query attention; must divide n_heads).'),
-  ffn: posInt().default(256).describe('Feed-forward hidden size.'),
-  max_seq_len: posInt().default(1024).describe('Longest sequence (prompt + response) the model handles.'),
-  qkv_bias: z.boolean().default(false).describe('Bias terms on the query/key/value projections (Qwen2 style).'),
-  rope_theta: z.number().gt(0).default(10000).describe('Rotary position embedding base.'),
-  rms_norm_eps: z.number().gt(0).default(1e-6).describe('RMSNorm ε.'),
-  tie_embeddings: z.boolean().default(true).describe('Share the input embedding and output projection.'),
-  init_seed: z.int().default(1).describe('Seed of the random initialisation (ignored with path).'),
-  tokenizer: z.enum(['byte', 'alphabet']).default('byte').describe('byte: 256 byte tokens + specials; alphabet: one token per character of actor.model.alphabet.'),
-  alphabet: z.string().min(1).nullable().default(null).describe('Characters of the alphabet tokenizer; null → the alphabet of data.task.'),
-  vision: section({
-    enable: z.boolean().default(false).describe('Make the fresh policy (and critic) vision-language models: a Qwen2-VL vision tower whose image tokens replace the <|image_pad|> embeddings of the prompt (README "Vision-language policies"). Three token ids are added after the tokenizer\'s: <|image_pad|>, <|vision_start|>, <|vision_end|> (never sampled). With actor.model.path the directory\'s config.json vision_config decides instead.'),
-    depth: posInt().default(2).describe('ViT blocks.'),
-    hidden_size: posInt().default(64).describe('ViT width (Qwen2-VL embed_dim); its head size hidden_size / num_heads must be a multiple of 4 for 2-D rotary positions (2 for 1-D).'),
-    intermediate_size: posInt().default(128).describe('ViT MLP hidden width.'),
-    num_heads: posInt().default(4).describe('ViT attention heads.'),
-    patch_size: posInt().default(14).describe('Patch side in pixels; data.image_factor must be patch_size × spatial_merge_size.'),
-    temporal_patch_size: posInt().default(2).describe('Frames per patch (an image is repeated over them, as Qwen2-VL).'),
-    spatial_merge_size: z.union([z.literal(1), z.literal(2)]).default(2).describe('2: each 2×2 patch window becomes one decoder token (Qwen2-VL merger); 1: one token per patch.'),
-    rope: z.enum(['2d', '1d']).default('2d').describe('Rotary positions in the ViT: 2d = patch (row, column) (Qwen2-VL), 1d = patch index.'),
-    init_std: z.number().positive().default(0.02).describe('Standard deviation of the fresh tower\'s weight init (its linear layers and patch embedding ~ N(0, init_std); norms 1, biases 0). 0.02 is Hugging Face\'s; a tower trained from scratch by RL may need larger (the vision number game uses 0.3: README "Vision number game and VPPO").'),
-  }, 'Vision tower of a fresh vision-language policy (Qwen2-VL layout).'),
-  enable_gradient_checkpointing: z.boolean().default(false).describe('Gradient (activation) checkpointing in the training graph (verl: model.enable_gradient_checkpointing): each decoder layer keeps only its input for the backward and recomputes its forward there, so activation memory is one layer\'s instead of all layers\' (SmolLM2-135M, 2 × 1024 tokens: README "Benchmarks") for about one more forward pass of compute; gradients are bit-identical. Applies to rlstream train (policy, and the critic unless critic.model says otherwise) and sft, with or without LoRA.'),
-  freeze_vision_tower: z.boolean().default(false).describe('Do not train a vision-language policy\'s vision tower: no gradient reaches it and its weights and optimizer moments stay as loaded (no weight decay either).'),
-  lora: z.strictObject({
-    rank: z.int().default(16).describe('Adapter rank r (≥ 1).'),
-    alpha: z.number().default(32).describe('Scale numerator: the update is (alpha / rank)·B·A (PEFT lora_alpha).'),
-    dropout: z.number().default(0).describe('LoRA dropout; only 0 is accepted (dropout on the adapter input is not implemented).'),
-    target_modules: z.union([z.literal('all-linear'), z.array(z.string().min(1))]).default('all-linear')
-      .describe('Adapted linear layers: a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear (all seven; the LM head is never adapted).'),
-  }).nullable().default(null).describe('LoRA (Hu et al. 2021, PEFT conventions): train low-rank adapters A [r, in] (Kaiming-uniform) and B [out, r] (zeros) on the chosen linear layers while the base weights stay frozen (no gradients, no AdamW state). The reference policy is the base with the adapters off; policy versions and checkpoints carry only the adapter in PEFT layout (adapter_config.json + adapter_model.safetensors); `rlstream export --merge` writes the merged model. null = full fine-tuning.'),
-}, 'Policy model: a checkpoint to load or the architecture of a fresh one.');
+const modelSchema = section(
+  {
+    path: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        'Start from this model directory: a Hugging Face one (config.json with model_type llama, mistral, qwen2 or qwen3; generation_config.json; model.safetensors or sharded with model.safetensors.index.json, bf16/f16/f32; tokenizer.json + tokenizer_config.json) or an rlstream policy version / checkpoint actor/. Its config.json sets the architecture (the architecture keys below are then not used) and its tokenizer replaces actor.model.tokenizer; every policy version and checkpoint is written back in the same layout. null = initialise from the keys below.',
+      ),
+    d_model: posInt().default(64).describe('Hidden size.'),
+    n_layers: posInt().default(2).describe('Transformer layers.'),
+    n_heads: posInt()
+      .default(4)
+      .describe(
+        'Attention heads (must divide d_model; the head size d_model / n_heads must be even for rotary embeddings).',
+      ),
+    n_kv_heads: posInt().default(4).describe('Key/value heads (grouped-query attention; must divide n_heads).'),
+    ffn: posInt().default(256).describe('Feed-forward hidden size.'),
+    max_seq_len: posInt().default(1024).describe('Longest sequence (prompt + response) the model handles.'),
+    qkv_bias: z.boolean().default(false).describe('Bias terms on the query/key/value projections (Qwen2 style).'),
+    rope_theta: z.number().gt(0).default(10000).describe('Rotary position embedding base.'),
+    rms_norm_eps: z.number().gt(0).default(1e-6).describe('RMSNorm ε.'),
+    tie_embeddings: z.boolean().default(true).describe('Share the input embedding and output projection.'),
+    init_seed: z.int().default(1).describe('Seed of the random initialisation (ignored with path).'),
+    tokenizer: z
+      .enum(['byte', 'alphabet'])
+      .default('byte')
+      .describe('byte: 256 byte tokens + specials; alphabet: one token per character of actor.model.alphabet.'),
+    alphabet: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe('Characters of the alphabet tokenizer; null → the alphabet of data.task.'),
+    vision: section(
+      {
+        enable: z
+          .boolean()
+          .default(false)
+          .describe(
+            'Make the fresh policy (and critic) vision-language models: a Qwen2-VL vision tower whose image tokens replace the <|image_pad|> embeddings of the prompt (README "Vision-language policies"). Three token ids are added after the tokenizer\'s: <|image_pad|>, <|vision_start|>, <|vision_end|> (never sampled). With actor.model.path the directory\'s config.json vision_config decides instead.',
+          ),
+        depth: posInt().default(2).describe('ViT blocks.'),
+        hidden_size: posInt()
+          .default(64)
+          .describe(
+            'ViT width (Qwen2-VL embed_dim); its head size hidden_size / num_heads must be a multiple of 4 for 2-D rotary positions (2 for 1-D).',
+          ),
+        intermediate_size: posInt().default(128).describe('ViT MLP hidden width.'),
+        num_heads: posInt().default(4).describe('ViT attention heads.'),
+        patch_size: posInt()
+          .default(14)
+          .describe('Patch side in pixels; data.image_factor must be patch_size × spatial_merge_size.'),
+        temporal_patch_size: posInt()
+          .default(2)
+          .describe('Frames per patch (an image is repeated over them, as Qwen2-VL).'),
+        spatial_merge_size: z
+          .union([z.literal(1), z.literal(2)])
+          .default(2)
+          .describe('2: each 2×2 patch window becomes one decoder token (Qwen2-VL merger); 1: one token per patch.'),
+        rope: z
+          .enum(['2d', '1d'])
+          .default('2d')
+          .describe('Rotary positions in the ViT: 2d = patch (row, column) (Qwen2-VL), 1d = patch index.'),
+        init_std: z
+          .number()
+          .positive()
+          .default(0.02)
+          .describe(
+            'Standard deviation of the fresh tower\'s weight init (its linear layers and patch embedding ~ N(0, init_std); norms 1, biases 0). 0.02 is Hugging Face\'s; a tower trained from scratch by RL may need larger (the vision number game uses 0.3: README "Vision number game and VPPO").',
+          ),
+      },
+      'Vision tower of a fresh vision-language policy (Qwen2-VL layout).',
+    ),
+    enable_gradient_checkpointing: z
+      .boolean()
+      .default(false)
+      .describe(
+        'Gradient (activation) checkpointing in the training graph (verl: model.enable_gradient_checkpointing): each decoder layer keeps only its input for the backward and recomputes its forward there, so activation memory is one layer\'s instead of all layers\' (SmolLM2-135M, 2 × 1024 tokens: README "Benchmarks") for about one more forward pass of compute; gradients are bit-identical. Applies to rlstream train (policy, and the critic unless critic.model says otherwise) and sft, with or without LoRA.',
+      ),
+    freeze_vision_tower: z
+      .boolean()
+      .default(false)
+      .describe(
+        "Do not train a vision-language policy's vision tower: no gradient reaches it and its weights and optimizer moments stay as loaded (no weight decay either).",
+      ),
+    lora: z
+      .strictObject({
+        rank: z.int().default(16).describe('Adapter rank r (≥ 1).'),
+        alpha: z.number().default(32).describe('Scale numerator: the update is (alpha / rank)·B·A (PEFT lora_alpha).'),
+        dropout: z
+          .number()
+          .default(0)
+          .describe('LoRA dropout; only 0 is accepted (dropout on the adapter input is not implemented).'),
+        target_modules: z
+          .union([z.literal('all-linear'), z.array(z.string().min(1))])
+          .default('all-linear')
+          .describe(
+            'Adapted linear layers: a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear (all seven; the LM head is never adapted).',
+          ),
+      })
+      .nullable()
+      .default(null)
+      .describe(
+        'LoRA (Hu et al. 2021, PEFT conventions): train low-rank adapters A [r, in] (Kaiming-uniform) and B [out, r] (zeros) on the chosen linear layers while the base weights stay frozen (no gradients, no AdamW state). The reference policy is the base with the adapters off; policy versions and checkpoints carry only the adapter in PEFT layout (adapter_config.json + adapter_model.safetensors); `rlstream export --merge` writes the merged model. null = full fine-tuning.',
+      ),
+  },
+  'Policy model: a checkpoint to load or the architecture of a fresh one.',
+);
 
 function optimSchema(lr: number, description: string) {
-  return section({
-    lr: z.number().gt(0).default(lr).describe('Peak learning rate.'),
-    weight_decay: z.number().gte(0).default(1e-2).describe('AdamW decoupled weight decay.'),
-    betas: z.tuple([z.number().gte(0).lt(1), z.number().gte(0).lt(1)]).default([0.9, 0.999]).describe('AdamW β1, β2.'),
-    eps: z.number().gt(0).default(1e-8).describe('AdamW ε.'),
-    lr_warmup_ratio: probability().default(0).describe('Linear warmup over this fraction of the total optimizer steps.'),
-    lr_warmup_steps: nonNegInt().nullable().default(null).describe('Linear warmup over this many optimizer steps; overrides lr_warmup_ratio when set.'),
-    lr_scheduler: z.enum(['constant', 'cosine']).default('constant').describe('Schedule after warmup.'),
-    min_lr_ratio: probability().default(0).describe('Cosine schedule: final lr as a fraction of lr.'),
-    max_grad_norm: z.number().gt(0).default(1.0).describe('Clip the global gradient norm to this value.'),
-    vision_lr_scale: z.number().gt(0).default(1).describe('Learning-rate multiplier of a vision-language model\'s vision tower (its visual.* parameters): their AdamW step and weight decay use lr × vision_lr_scale at every point of the schedule; 1 = one lr for all. No effect on a text-only model (README "Vision number game and VPPO").'),
-  }, description);
+  return section(
+    {
+      lr: z.number().gt(0).default(lr).describe('Peak learning rate.'),
+      weight_decay: z.number().gte(0).default(1e-2).describe('AdamW decoupled weight decay.'),
+      betas: z
+        .tuple([z.number().gte(0).lt(1), z.number().gte(0).lt(1)])
+        .default([0.9, 0.999])
+        .describe('AdamW β1, β2.'),
+      eps: z.number().gt(0).default(1e-8).describe('AdamW ε.'),
+      lr_warmup_ratio: probability()
+        .default(0)
+        .describe('Linear warmup over this fraction of the total optimizer steps.'),
+      lr_warmup_steps: nonNegInt()
+        .nullable()
+        .default(null)
+        .describe('Linear warmup over this many optimizer steps; overrides lr_warmup_ratio when set.'),
+      lr_scheduler: z.enum(['constant', 'cosine']).default('constant').describe('Schedule after warmup.'),
+      min_lr_ratio: probability().default(0).describe('Cosine schedule: final lr as a fraction of lr.'),
+      max_grad_norm: z.number().gt(0).default(1.0).describe('Clip the global gradient norm to this value.'),
+      vision_lr_scale: z
+        .number()
+        .gt(0)
+        .default(1)
+        .describe(
+          'Learning-rate multiplier of a vision-language model\'s vision tower (its visual.* parameters): their AdamW step and weight decay use lr × vision_lr_scale at every point of the schedule; 1 = one lr for all. No effect on a text-only model (README "Vision number game and VPPO").',
+        ),
+    },
+    description,
+  );
 }
 
-const actorSchema = section({
-  model: modelSchema,
-  optim: optimSchema(1e-6, 'Actor optimizer (AdamW) and learning-rate schedule.'),
-  global_batch_size: posInt().default(128).describe('Samples per optimizer update (verl: ppo_mini_batch_size × n); must divide data.rollout_batch_size × rollout.n.'),
-  micro_batch_size_per_device_for_update: posInt().default(4).describe('Samples per forward/backward pass in the update (gradient accumulation); must divide global_batch_size.'),
-  micro_batch_size_per_device_for_experience: posInt().default(16).describe('Samples per forward pass when computing reference and old log-probs and critic values (verl: log_prob_micro_batch_size_per_gpu); the results do not depend on it beyond float rounding (rows are padded to the longest row of their pass, which changes summation order by ulps), speed and peak memory do (CPU: larger is faster); must divide global_batch_size.'),
-  ppo_epochs: posInt().default(1).describe('Passes over each step’s samples.'),
-  clip_ratio_low: z.number().gte(0).default(0.2).describe('PPO clip: lower ratio bound 1 − clip_ratio_low.'),
-  clip_ratio_high: z.number().gte(0).default(0.3).describe('PPO clip: upper ratio bound 1 + clip_ratio_high (DAPO clip-higher).'),
-  clip_ratio_dual: z.number().default(3.0).describe('Dual-clip bound c for negative advantages (Ye et al. 2020); must be > 1.'),
-  loss_agg_mode: z.enum(LOSS_AGG_MODES).default('token-mean').describe('How token losses are aggregated into the batch loss.'),
-  entropy_coeff: z.number().default(0).describe('Entropy bonus coefficient in the actor loss (0 = off).'),
-  threads: posInt().default(2).describe('onnxruntime intra-op threads for the actor.'),
-  device: z.enum(DEVICES).default('cpu').describe('onnxruntime execution provider for every policy and critic session (sampling, scoring, values, training; rollout.device can move sampling elsewhere). cuda: the CUDA EP, which `npm ci` skips: on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node`. webgpu: the WebGPU EP shipped in onnxruntime-node, on any GPU with a Vulkan driver (Linux: libvulkan1). A device that cannot start stops the run at start saying why.'),
-}, 'The policy: model, optimizer and PPO update settings.');
+const actorSchema = section(
+  {
+    model: modelSchema,
+    optim: optimSchema(1e-6, 'Actor optimizer (AdamW) and learning-rate schedule.'),
+    global_batch_size: posInt()
+      .default(128)
+      .describe(
+        'Samples per optimizer update (verl: ppo_mini_batch_size × n); must divide data.rollout_batch_size × rollout.n.',
+      ),
+    micro_batch_size_per_device_for_update: posInt()
+      .default(4)
+      .describe(
+        'Samples per forward/backward pass in the update (gradient accumulation); must divide global_batch_size.',
+      ),
+    micro_batch_size_per_device_for_experience: posInt()
+      .default(16)
+      .describe(
+        'Samples per forward pass when computing reference and old log-probs and critic values (verl: log_prob_micro_batch_size_per_gpu); the results do not depend on it beyond float rounding (rows are padded to the longest row of their pass, which changes summation order by ulps), speed and peak memory do (CPU: larger is faster); must divide global_batch_size.',
+      ),
+    ppo_epochs: posInt().default(1).describe('Passes over each step’s samples.'),
+    clip_ratio_low: z.number().gte(0).default(0.2).describe('PPO clip: lower ratio bound 1 − clip_ratio_low.'),
+    clip_ratio_high: z
+      .number()
+      .gte(0)
+      .default(0.3)
+      .describe('PPO clip: upper ratio bound 1 + clip_ratio_high (DAPO clip-higher).'),
+    clip_ratio_dual: z
+      .number()
+      .default(3.0)
+      .describe('Dual-clip bound c for negative advantages (Ye et al. 2020); must be > 1.'),
+    loss_agg_mode: z
+      .enum(LOSS_AGG_MODES)
+      .default('token-mean')
+      .describe('How token losses are aggregated into the batch loss.'),
+    entropy_coeff: z.number().default(0).describe('Entropy bonus coefficient in the actor loss (0 = off).'),
+    threads: posInt().default(2).describe('onnxruntime intra-op threads for the actor.'),
+    device: z
+      .enum(DEVICES)
+      .default('cpu')
+      .describe(
+        'onnxruntime execution provider for every policy and critic session (sampling, scoring, values, training; rollout.device can move sampling elsewhere). cuda: the CUDA EP, which `npm ci` skips: on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node`. webgpu: the WebGPU EP shipped in onnxruntime-node, on any GPU with a Vulkan driver (Linux: libvulkan1). A device that cannot start stops the run at start saying why.',
+      ),
+  },
+  'The policy: model, optimizer and PPO update settings.',
+);
 
 // ---------------------------------------------------------------------------------------------
 // critic
 
-const criticModelSchema = section({
-  path: z.string().min(1).nullable().default(null).describe('Start the critic from this model directory (a value model, or a causal-LM Hugging Face directory whose trunk is used with a fresh score head); null → actor.model.path the same way when set (as verl does), else a fresh model from the keys below.'),
-  d_model: posInt().nullable().default(null).describe('Hidden size; null → actor.model.d_model.'),
-  n_layers: posInt().nullable().default(null).describe('Layers; null → actor.model.n_layers.'),
-  n_heads: posInt().nullable().default(null).describe('Attention heads; null → actor.model.n_heads.'),
-  n_kv_heads: posInt().nullable().default(null).describe('Key/value heads; null → actor.model.n_kv_heads.'),
-  ffn: posInt().nullable().default(null).describe('Feed-forward size; null → actor.model.ffn.'),
-  max_seq_len: posInt().nullable().default(null).describe('Longest sequence; null → actor.model.max_seq_len.'),
-  init_seed: z.int().nullable().default(null).describe('Initialisation seed; null → actor.model.init_seed + 1.'),
-  enable_gradient_checkpointing: z.boolean().nullable().default(null).describe('Gradient checkpointing in the critic\'s training graph (see actor.model.enable_gradient_checkpointing); null → the actor\'s setting.'),
-}, 'Critic model: overrides of actor.model (null = same as the actor).');
+const criticModelSchema = section(
+  {
+    path: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        'Start the critic from this model directory (a value model, or a causal-LM Hugging Face directory whose trunk is used with a fresh score head); null → actor.model.path the same way when set (as verl does), else a fresh model from the keys below.',
+      ),
+    d_model: posInt().nullable().default(null).describe('Hidden size; null → actor.model.d_model.'),
+    n_layers: posInt().nullable().default(null).describe('Layers; null → actor.model.n_layers.'),
+    n_heads: posInt().nullable().default(null).describe('Attention heads; null → actor.model.n_heads.'),
+    n_kv_heads: posInt().nullable().default(null).describe('Key/value heads; null → actor.model.n_kv_heads.'),
+    ffn: posInt().nullable().default(null).describe('Feed-forward size; null → actor.model.ffn.'),
+    max_seq_len: posInt().nullable().default(null).describe('Longest sequence; null → actor.model.max_seq_len.'),
+    init_seed: z.int().nullable().default(null).describe('Initialisation seed; null → actor.model.init_seed + 1.'),
+    enable_gradient_checkpointing: z
+      .boolean()
+      .nullable()
+      .default(null)
+      .describe(
+        "Gradient checkpointing in the critic's training graph (see actor.model.enable_gradient_checkpointing); null → the actor's setting.",
+      ),
+  },
+  'Critic model: overrides of actor.model (null = same as the actor).',
+);
 
-const criticSchema = section({
-  enable: z.boolean().nullable().default(null).describe('Train a value function; null → true exactly when algorithm.adv_estimator = gae.'),
-  model: criticModelSchema,
-  optim: optimSchema(1e-5, 'Critic optimizer (AdamW).'),
-  cliprange_value: z.number().gt(0).default(0.5).describe('Value clipping range around the old values.'),
-  ppo_epochs: posInt().nullable().default(null).describe('Passes over each step’s samples; null → actor.ppo_epochs.'),
-}, 'Value function for GAE.');
+const criticSchema = section(
+  {
+    enable: z
+      .boolean()
+      .nullable()
+      .default(null)
+      .describe('Train a value function; null → true exactly when algorithm.adv_estimator = gae.'),
+    model: criticModelSchema,
+    optim: optimSchema(1e-5, 'Critic optimizer (AdamW).'),
+    cliprange_value: z.number().gt(0).default(0.5).describe('Value clipping range around the old values.'),
+    ppo_epochs: posInt().nullable().default(null).describe('Passes over each step’s samples; null → actor.ppo_epochs.'),
+  },
+  'Value function for GAE.',
+);
 
 // ---------------------------------------------------------------------------------------------
 // reward
 
-const remoteSchema = section({
-  enabled: z.boolean().nullable().default(null).describe('Call the reward servers; null → true when reward.type = remote. DISABLE_RL_REWARD_MODEL=true sets it to false (rewards then come from reward.reward_fn).'),
-  urls: z.array(z.string().min(1)).nullable().default(null).describe('Reward server URLs (http/https); alternatively host + start_port + count.'),
-  host: z.string().min(1).nullable().default(null).describe('Seed-style endpoints: http://host:(start_port + i) for i < count.'),
-  start_port: z.int().gte(1).lte(65535).default(8000).describe('First port of the seed-style endpoints.'),
-  count: posInt().default(1).describe('Number of seed-style endpoints.'),
-  request_preset: z.enum(['seed_image_prompt', 'text']).default('seed_image_prompt').describe("Request body: seed_image_prompt = {image, prompt} (image as base64 PNG); text = {prompt, response, ground_truth}."),
-  request_template: z.record(z.string().min(1), z.enum(TRAJECTORY_FIELDS)).nullable().default(null).describe(`Custom request body: body field → trajectory field (${TRAJECTORY_FIELDS.join(', ')}); overrides request_preset.`),
-  response_mapping: section({
-    weights: z.record(z.string().min(1), z.number().gte(0)).default(() => ({ vlm_score: 0.5, ocr_confidence: 0.5 })).describe('Reward = Σ weight · response[field]; each listed field must be a number in range.'),
-    range: z.tuple([z.number(), z.number()]).default([0, 1]).describe('Allowed [low, high] of each mapped response field; a value outside is a failed reward.'),
-  }, 'How a server response becomes a scalar reward.'),
-  auth_header: z.string().min(1).default('Authorization').describe('Header carrying the token.'),
-  auth_scheme: z.string().default('Bearer').describe('Prefix before the token in auth_header ("" = the bare token).'),
-  auth_token_env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, { message: 'must be an environment variable name' }).nullable().default(null).describe('Name of the environment variable holding the token (the token itself is never in the config); null = no auth.'),
-  timeout_ms: posInt().default(30000).describe('Per-request timeout.'),
-  max_retries: nonNegInt().default(5).describe('Retries of a failed request (exponential backoff with jitter).'),
-  backoff_initial_ms: posInt().default(200).describe('First retry delay.'),
-  backoff_max_ms: posInt().default(10000).describe('Largest retry delay.'),
-  concurrency_per_server: posInt().default(4).describe('In-flight requests per server.'),
-  batch_size: posInt().default(1).describe('Trajectories per request (1 = the server does not accept batches).'),
-  breaker: section({
-    failure_threshold: posInt().default(5).describe('Consecutive failures that open a server’s circuit.'),
-    reset_timeout_ms: posInt().default(10000).describe('Time an open circuit waits before probing.'),
-    probe_interval_ms: posInt().default(2000).describe('Interval between probes of an open circuit.'),
-  }, 'Per-server circuit breaker.'),
-  batch_budget_ms: posInt().default(600000).describe('Time budget to score one step’s batch before reward.on_failure applies to the rest.'),
-}, 'HTTP reward servers.');
+const remoteSchema = section(
+  {
+    enabled: z
+      .boolean()
+      .nullable()
+      .default(null)
+      .describe(
+        'Call the reward servers; null → true when reward.type = remote. DISABLE_RL_REWARD_MODEL=true sets it to false (rewards then come from reward.reward_fn).',
+      ),
+    urls: z
+      .array(z.string().min(1))
+      .nullable()
+      .default(null)
+      .describe('Reward server URLs (http/https); alternatively host + start_port + count.'),
+    host: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe('Seed-style endpoints: http://host:(start_port + i) for i < count.'),
+    start_port: z.int().gte(1).lte(65535).default(8000).describe('First port of the seed-style endpoints.'),
+    count: posInt().default(1).describe('Number of seed-style endpoints.'),
+    request_preset: z
+      .enum(['seed_image_prompt', 'text'])
+      .default('seed_image_prompt')
+      .describe(
+        'Request body: seed_image_prompt = {image, prompt} (image as base64 PNG); text = {prompt, response, ground_truth}.',
+      ),
+    request_template: z
+      .record(z.string().min(1), z.enum(TRAJECTORY_FIELDS))
+      .nullable()
+      .default(null)
+      .describe(
+        `Custom request body: body field → trajectory field (${TRAJECTORY_FIELDS.join(', ')}); overrides request_preset.`,
+      ),
+    response_mapping: section(
+      {
+        weights: z
+          .record(z.string().min(1), z.number().gte(0))
+          .default(() => ({ vlm_score: 0.5, ocr_confidence: 0.5 }))
+          .describe('Reward = Σ weight · response[field]; each listed field must be a number in range.'),
+        range: z
+          .tuple([z.number(), z.number()])
+          .default([0, 1])
+          .describe('Allowed [low, high] of each mapped response field; a value outside is a failed reward.'),
+      },
+      'How a server response becomes a scalar reward.',
+    ),
+    auth_header: z.string().min(1).default('Authorization').describe('Header carrying the token.'),
+    auth_scheme: z.string().default('Bearer').describe('Prefix before the token in auth_header ("" = the bare token).'),
+    auth_token_env: z
+      .string()
+      .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, { message: 'must be an environment variable name' })
+      .nullable()
+      .default(null)
+      .describe(
+        'Name of the environment variable holding the token (the token itself is never in the config); null = no auth.',
+      ),
+    timeout_ms: posInt().default(30000).describe('Per-request timeout.'),
+    max_retries: nonNegInt().default(5).describe('Retries of a failed request (exponential backoff with jitter).'),
+    backoff_initial_ms: posInt().default(200).describe('First retry delay.'),
+    backoff_max_ms: posInt().default(10000).describe('Largest retry delay.'),
+    concurrency_per_server: posInt().default(4).describe('In-flight requests per server.'),
+    batch_size: posInt().default(1).describe('Trajectories per request (1 = the server does not accept batches).'),
+    breaker: section(
+      {
+        failure_threshold: posInt().default(5).describe('Consecutive failures that open a server’s circuit.'),
+        reset_timeout_ms: posInt().default(10000).describe('Time an open circuit waits before probing.'),
+        probe_interval_ms: posInt().default(2000).describe('Interval between probes of an open circuit.'),
+      },
+      'Per-server circuit breaker.',
+    ),
+    batch_budget_ms: posInt()
+      .default(600000)
+      .describe('Time budget to score one step’s batch before reward.on_failure applies to the rest.'),
+  },
+  'HTTP reward servers.',
+);
 
-const rewardModelSchema = section({
-  path: z.string().min(1).nullable().default(null).describe('ONNX reward model (scorer) file; required when reward.type = model.'),
-  transform: z.enum(['none', 'sigmoid']).default('none').describe('Transform applied to the raw score.'),
-  scale: z.number().default(1.0).describe('Reward = scale · transform(score).'),
-  threshold: z.number().nullable().default(null).describe('If set, reward = 1 when scale · transform(score) ≥ threshold, else 0.'),
-}, 'ONNX reward model.');
+const rewardModelSchema = section(
+  {
+    path: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe('ONNX reward model (scorer) file; required when reward.type = model.'),
+    transform: z.enum(['none', 'sigmoid']).default('none').describe('Transform applied to the raw score.'),
+    scale: z.number().default(1.0).describe('Reward = scale · transform(score).'),
+    threshold: z
+      .number()
+      .nullable()
+      .default(null)
+      .describe('If set, reward = 1 when scale · transform(score) ≥ threshold, else 0.'),
+  },
+  'ONNX reward model.',
+);
 
-const rewardSchema = section({
-  type: z.enum(['function', 'remote', 'model']).default('function').describe('function: a built-in or user function; remote: HTTP reward servers; model: an ONNX scorer.'),
-  reward_fn: z.string().min(1).nullable().default(null).describe('Built-in reward function (e.g. number_game, exact_match, format, arithmetic, gsm8k); null → data.task’s reward when data.task is set.'),
-  reward_fn_path: z.string().min(1).nullable().default(null).describe('User reward module (JS/TS), instead of reward_fn: its default (or `reward`) export is called with {prompt, response, ground_truth, data_source, extra_info, kwargs}, or else its `compute_score` export verl-style as compute_score(data_source, solution_str, ground_truth, extra_info, kwargs); it returns a number, {score, …} or {reward, metrics} (docs/rewards.md). A relative path in the config file resolves against the file\'s directory.'),
-  reward_fn_kwargs: z.record(z.string(), z.unknown()).default(() => ({})).describe('Keyword arguments passed to the reward function.'),
-  timeout_s: z.number().positive().default(30).describe('Time limit per sample of a reward function (reward_fn, reward_fn_path), which runs in a worker thread: a sample that takes longer is a recorded reward failure (HTTP servers: reward.remote.timeout_ms).'),
-  on_failure: z.enum(['retry', 'drop_group', 'stop']).default('retry').describe('A trajectory whose reward failed: retry it later, drop its prompt group, or stop the run.'),
-  max_retries_later: nonNegInt().default(3).describe('on_failure = retry: later attempts before the group is dropped.'),
-  remote: remoteSchema,
-  model: rewardModelSchema,
-}, 'Reward computation.');
+const rewardSchema = section(
+  {
+    type: z
+      .enum(['function', 'remote', 'model'])
+      .default('function')
+      .describe('function: a built-in or user function; remote: HTTP reward servers; model: an ONNX scorer.'),
+    reward_fn: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        'Built-in reward function (e.g. number_game, exact_match, format, arithmetic, gsm8k); null → data.task’s reward when data.task is set.',
+      ),
+    reward_fn_path: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        "User reward module (JS/TS), instead of reward_fn: its default (or `reward`) export is called with {prompt, response, ground_truth, data_source, extra_info, kwargs}, or else its `compute_score` export verl-style as compute_score(data_source, solution_str, ground_truth, extra_info, kwargs); it returns a number, {score, …} or {reward, metrics} (docs/rewards.md). A relative path in the config file resolves against the file's directory.",
+      ),
+    reward_fn_kwargs: z
+      .record(z.string(), z.unknown())
+      .default(() => ({}))
+      .describe('Keyword arguments passed to the reward function.'),
+    timeout_s: z
+      .number()
+      .positive()
+      .default(30)
+      .describe(
+        'Time limit per sample of a reward function (reward_fn, reward_fn_path), which runs in a worker thread: a sample that takes longer is a recorded reward failure (HTTP servers: reward.remote.timeout_ms).',
+      ),
+    on_failure: z
+      .enum(['retry', 'drop_group', 'stop'])
+      .default('retry')
+      .describe('A trajectory whose reward failed: retry it later, drop its prompt group, or stop the run.'),
+    max_retries_later: nonNegInt()
+      .default(3)
+      .describe('on_failure = retry: later attempts before the group is dropped.'),
+    remote: remoteSchema,
+    model: rewardModelSchema,
+  },
+  'Reward computation.',
+);
 
 // ---------------------------------------------------------------------------------------------
 // trainer
 
-const trainerSchema = section({
-  total_epochs: posInt().default(1).describe('Passes over the training data.'),
-  max_steps: posInt().nullable().default(null).describe('Stop after this many steps (verl total_training_steps); null = total_epochs.'),
-  val_freq: offOrPosInt().default(-1).describe('Validate every val_freq steps (-1 = off).'),
-  val_before_train: z.boolean().default(true).describe('Validate the initial policy before the first step.'),
-  val_only: z.boolean().default(false).describe('Only validate, do not train: one validation round of the initial policy (actor.model.path, or trainer.load_checkpoint_path: a model directory, or a checkpoint global_step_N, whose actor/ is evaluated).'),
-  val_generations_to_log: nonNegInt().default(3).describe('Validation samples (prompt, response, reward) logged per validation round.'),
-  save_freq: offOrPosInt().default(-1).describe('Save a checkpoint every save_freq steps; -1 = only the final checkpoint at the end of training (the final one is always saved).'),
-  save_limit: offOrPosInt().default(-1).describe('Keep at most this many checkpoints (oldest removed first); -1 = unlimited.'),
-  keep_policy_versions: nonNegInt().default(0).describe('Policy versions (weights + AdamW state, and the critic and EMA versions beside them) kept beyond those still needed. The update stage prunes every version that is not: the newest two, the reference (v0), one a kept checkpoint links, one a validation round still evaluates, or one within pipeline.max_staleness of the newest (a rollout may still sample with it); 0 keeps only those. Raise it to keep the last N versions as well.'),
-  find_last_checkpoint: z.boolean().default(true).describe('Resume from the newest checkpoint in run_dir when there is one.'),
-  resume_with_changed_config: z.boolean().default(false).describe('Resuming a run whose config differs from the one it was started with is refused, listing the keys; true accepts the changes that keep the stored state meaningful (e.g. actor.optim.lr, rollout.temperature, algorithm.kl_coef). Changes of the dataset position (data.rollout_batch_size, train_files, seed, shuffle), rollout.n, the model architecture or tokenizer, the advantage estimator or the log layout are refused either way. Run length, validation and save frequency, logging, threads and devices may always change (a finished run is extended by raising trainer.total_epochs or max_steps).'),
-  load_checkpoint_path: z.string().min(1).nullable().default(null).describe('Start a new run from this checkpoint (<run_dir>/checkpoints/global_step_N: policy weights + AdamW state, step, dataset position, LR and KL state; wins over find_last_checkpoint), or from a plain model directory (weights only, step 0). With critic.enable (e.g. adv_estimator gae) the critic\'s weights and AdamW state are restored from the checkpoint\'s critic/ too; a checkpoint without a critic is refused unless critic.model.path names a value model to start the critic from.'),
-  project_name: safeName().default('rlstream').describe('Project name (logs, run id).'),
-  experiment_name: safeName().default('default').describe('Experiment name (logs, run id, run_dir).'),
-  logger: z.array(z.enum(['console', 'tensorboard'])).default(['console']).describe('Metric sinks: console (progress bar or JSON lines, and the summary) and tensorboard (event files under <run_dir>/tensorboard/, appended live as steps finish — by the controller process in distributed mode — and identical to `rlstream report --tensorboard` at the end of a completed run).'),
-  run_dir: z.string().min(1).nullable().default(null).describe('Directory for checkpoints, logs and the embedded store; null → runs/<experiment_name>.'),
-  seed: z.int().default(1).describe('Seed for everything not seeded elsewhere (sampling, dropout of groups, ids).'),
-}, 'Training loop, validation, checkpoints and naming.');
+const trainerSchema = section(
+  {
+    total_epochs: posInt().default(1).describe('Passes over the training data.'),
+    max_steps: posInt()
+      .nullable()
+      .default(null)
+      .describe('Stop after this many steps (verl total_training_steps); null = total_epochs.'),
+    val_freq: offOrPosInt().default(-1).describe('Validate every val_freq steps (-1 = off).'),
+    val_before_train: z.boolean().default(true).describe('Validate the initial policy before the first step.'),
+    val_only: z
+      .boolean()
+      .default(false)
+      .describe(
+        'Only validate, do not train: one validation round of the initial policy (actor.model.path, or trainer.load_checkpoint_path: a model directory, or a checkpoint global_step_N, whose actor/ is evaluated).',
+      ),
+    val_generations_to_log: nonNegInt()
+      .default(3)
+      .describe('Validation samples (prompt, response, reward) logged per validation round.'),
+    save_freq: offOrPosInt()
+      .default(-1)
+      .describe(
+        'Save a checkpoint every save_freq steps; -1 = only the final checkpoint at the end of training (the final one is always saved).',
+      ),
+    save_limit: offOrPosInt()
+      .default(-1)
+      .describe('Keep at most this many checkpoints (oldest removed first); -1 = unlimited.'),
+    keep_policy_versions: nonNegInt()
+      .default(0)
+      .describe(
+        'Policy versions (weights + AdamW state, and the critic and EMA versions beside them) kept beyond those still needed. The update stage prunes every version that is not: the newest two, the reference (v0), one a kept checkpoint links, one a validation round still evaluates, or one within pipeline.max_staleness of the newest (a rollout may still sample with it); 0 keeps only those. Raise it to keep the last N versions as well.',
+      ),
+    find_last_checkpoint: z
+      .boolean()
+      .default(true)
+      .describe('Resume from the newest checkpoint in run_dir when there is one.'),
+    resume_with_changed_config: z
+      .boolean()
+      .default(false)
+      .describe(
+        'Resuming a run whose config differs from the one it was started with is refused, listing the keys; true accepts the changes that keep the stored state meaningful (e.g. actor.optim.lr, rollout.temperature, algorithm.kl_coef). Changes of the dataset position (data.rollout_batch_size, train_files, seed, shuffle), rollout.n, the model architecture or tokenizer, the advantage estimator or the log layout are refused either way. Run length, validation and save frequency, logging, threads and devices may always change (a finished run is extended by raising trainer.total_epochs or max_steps).',
+      ),
+    load_checkpoint_path: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        "Start a new run from this checkpoint (<run_dir>/checkpoints/global_step_N: policy weights + AdamW state, step, dataset position, LR and KL state; wins over find_last_checkpoint), or from a plain model directory (weights only, step 0). With critic.enable (e.g. adv_estimator gae) the critic's weights and AdamW state are restored from the checkpoint's critic/ too; a checkpoint without a critic is refused unless critic.model.path names a value model to start the critic from.",
+      ),
+    project_name: safeName().default('rlstream').describe('Project name (logs, run id).'),
+    experiment_name: safeName().default('default').describe('Experiment name (logs, run id, run_dir).'),
+    logger: z
+      .array(z.enum(['console', 'tensorboard']))
+      .default(['console'])
+      .describe(
+        'Metric sinks: console (progress bar or JSON lines, and the summary) and tensorboard (event files under <run_dir>/tensorboard/, appended live as steps finish — by the controller process in distributed mode — and identical to `rlstream report --tensorboard` at the end of a completed run).',
+      ),
+    run_dir: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe('Directory for checkpoints, logs and the embedded store; null → runs/<experiment_name>.'),
+    seed: z.int().default(1).describe('Seed for everything not seeded elsewhere (sampling, dropout of groups, ids).'),
+  },
+  'Training loop, validation, checkpoints and naming.',
+);
 
 // ---------------------------------------------------------------------------------------------
 // sft
 
-const sftSchema = section({
-  epochs: posInt().default(1).describe('`rlstream sft`: passes over the training rows (data.train_files); trainer.max_steps caps the steps.'),
-  max_length: posInt().default(1024).describe('`rlstream sft`: longest example (prompt + response tokens, after the chat template); a longer row is a bad row (data.on_bad_row: stop names its file:line, skip reports it). With packing, the length of a packed row.'),
-  packing: z.boolean().default(false).describe('`rlstream sft`: concatenate examples (in the epoch\'s order) into rows of at most max_length tokens instead of one padded example per row. Positions run on across the row and a token attends to the earlier examples of its row (the training graph has no block-diagonal mask); each example\'s loss is still on its own response tokens. actor.global_batch_size then counts packed rows.'),
-  prompt_key: z.string().min(1).default('prompt').describe('`rlstream sft`: field holding the prompt (a string, or chat messages [{role, content}]); dotted paths reach nested fields.'),
-  response_key: z.string().min(1).default('response').describe('`rlstream sft`: field holding the response (a string) the loss is on, for prompt + response rows.'),
-  messages_key: z.string().min(1).default('messages').describe('`rlstream sft`: field holding a conversation [{role, content}] (a row with it needs no prompt/response); the loss is on every assistant turn.'),
-}, 'Supervised fine-tuning (`rlstream sft`): data keys, epochs, lengths and packing. The model, optimizer, LR schedule and batch sizes are actor.* (actor.global_batch_size examples per optimizer step, actor.micro_batch_size_per_device_for_update per forward/backward pass), the data files, shuffling and rendering data.*, checkpoints and logging trainer.*.');
+const sftSchema = section(
+  {
+    epochs: posInt()
+      .default(1)
+      .describe('`rlstream sft`: passes over the training rows (data.train_files); trainer.max_steps caps the steps.'),
+    max_length: posInt()
+      .default(1024)
+      .describe(
+        '`rlstream sft`: longest example (prompt + response tokens, after the chat template); a longer row is a bad row (data.on_bad_row: stop names its file:line, skip reports it). With packing, the length of a packed row.',
+      ),
+    packing: z
+      .boolean()
+      .default(false)
+      .describe(
+        "`rlstream sft`: concatenate examples (in the epoch's order) into rows of at most max_length tokens instead of one padded example per row. Positions run on across the row and a token attends to the earlier examples of its row (the training graph has no block-diagonal mask); each example's loss is still on its own response tokens. actor.global_batch_size then counts packed rows.",
+      ),
+    prompt_key: z
+      .string()
+      .min(1)
+      .default('prompt')
+      .describe(
+        '`rlstream sft`: field holding the prompt (a string, or chat messages [{role, content}]); dotted paths reach nested fields.',
+      ),
+    response_key: z
+      .string()
+      .min(1)
+      .default('response')
+      .describe('`rlstream sft`: field holding the response (a string) the loss is on, for prompt + response rows.'),
+    messages_key: z
+      .string()
+      .min(1)
+      .default('messages')
+      .describe(
+        '`rlstream sft`: field holding a conversation [{role, content}] (a row with it needs no prompt/response); the loss is on every assistant turn.',
+      ),
+  },
+  'Supervised fine-tuning (`rlstream sft`): data keys, epochs, lengths and packing. The model, optimizer, LR schedule and batch sizes are actor.* (actor.global_batch_size examples per optimizer step, actor.micro_batch_size_per_device_for_update per forward/backward pass), the data files, shuffling and rendering data.*, checkpoints and logging trainer.*.',
+);
 
 // ---------------------------------------------------------------------------------------------
 // pipeline
 
-const pipelineSchema = section({
-  bus: z.enum(['embedded', 'kafka']).default('embedded').describe('Event transport: embedded (in-process log in the store) or kafka.'),
-  brokers: z.array(z.string().min(1)).default([]).describe('Kafka brokers host:port; required when bus = kafka.'),
-  topic_prefix: z.string().regex(/^[A-Za-z0-9._-]+$/, { message: "may contain only letters, digits, '.', '_' and '-'" }).default('rlstream').describe('Prefix of every topic name.'),
-  partitions: posInt().default(1).describe('Partitions per topic when topics are created.'),
-  store: z.enum(['embedded', 'postgres']).default('embedded').describe('Tables and event log: embedded (PGlite under run_dir) or postgres.'),
-  database_url: z.string().min(1).nullable().default(null).describe('postgres:// URL; required when store = postgres. A secret: its password is never printed.'),
-  max_staleness: nonNegInt().default(0).describe('Policy versions a rollout may lag behind (0 = strictly on-policy).'),
-  schema_wire_format: z.enum(['plain', 'confluent']).default('plain').describe('Avro framing on Kafka: plain, or confluent (magic byte + schema id; needs schema_registry_url).'),
-  schema_registry_url: z.string().min(1).nullable().default(null).describe('Confluent schema registry URL (schema_wire_format = confluent).'),
-  kafka: section({
-    idempotent: z.boolean().default(true).describe('Idempotent producer (requires acks = all).'),
-    acks: z.union([z.literal('all'), z.literal(-1), z.literal(0), z.literal(1)]).default('all').describe('Producer acknowledgements: all (= -1), 1 (leader) or 0 (none).'),
-    session_timeout_ms: posInt().default(6000).describe('Consumer group session timeout.'),
-    heartbeat_interval_ms: posInt().default(500).describe('Consumer heartbeat interval (below session_timeout_ms).'),
-    max_wait_ms: nonNegInt().default(25).describe('Longest a fetch waits for data. A broker answers a waiting fetch as soon as data arrives, but one that does not (librdkafka\'s mock) holds it this long, and a training step crosses six topics, so keep it short; raise it to cut idle fetch requests.'),
-  }, 'Kafka client settings.'),
-  policy_store: z.enum(['filesystem', 'postgres']).default('filesystem').describe('Where policy versions (and critic and EMA versions) live: filesystem (<run_dir>/policy/vNNNNNN; in distributed mode run_dir must be a volume shared by the stages) or postgres (bytea chunks in the run\'s database, pipeline.store = postgres; each process keeps a local cache under pipeline.policy_cache_dir, so no stage needs a shared volume).'),
-  policy_cache_dir: z.string().min(1).nullable().default(null).describe('policy_store = postgres: local directory where a process caches the versions it read (verified by sha256; safe to lose, e.g. a Kubernetes emptyDir); null → <run_dir>/policy-cache.'),
-  on_run_end: z.enum(['idle', 'exit']).default('idle').describe('`rlstream serve`: what a stage does when its run has finished or failed (also when started after that): idle (stay up, say so in the log, /readyz answers 503 "run finished", metric rlstream_run_finished = 1; for Deployments, which restart exited pods) or exit (exit 0, or 1 when the run failed).'),
-  migrate_on_start: z.boolean().default(false).describe('`rlstream serve` over PostgreSQL: apply missing migrations at start (under an advisory lock, safe from several processes) instead of waiting for `rlstream migrate` to apply them (a Job or init container). `rlstream train` always applies them.'),
-  http_port: z.int().gte(0).lte(65535).default(9464).describe('`rlstream serve`: port of GET /healthz, /readyz and /metrics (0 = any free port, logged at start). --http-port overrides it.'),
-  grace_seconds: z.number().gt(0).default(25).describe('`rlstream serve`: after SIGTERM, the most seconds a stage takes to stop (stop fetching, abandon the batch in hand uncommitted, leave the consumer group, close bus and store) before it exits anyway; keep it below the pod\'s terminationGracePeriodSeconds (default 30). --grace-seconds overrides it.'),
-  run_id: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, { message: "must be 1–128 letters, digits, '.', '_' or '-'" }).nullable().default(null).describe('Run id on every event, row and log line; null → derived from trainer.project_name and experiment_name (deterministic, never random).'),
-}, 'Event bus, store and staleness.');
+const pipelineSchema = section(
+  {
+    bus: z
+      .enum(['embedded', 'kafka'])
+      .default('embedded')
+      .describe('Event transport: embedded (in-process log in the store) or kafka.'),
+    brokers: z.array(z.string().min(1)).default([]).describe('Kafka brokers host:port; required when bus = kafka.'),
+    topic_prefix: z
+      .string()
+      .regex(/^[A-Za-z0-9._-]+$/, { message: "may contain only letters, digits, '.', '_' and '-'" })
+      .default('rlstream')
+      .describe('Prefix of every topic name.'),
+    partitions: posInt().default(1).describe('Partitions per topic when topics are created.'),
+    store: z
+      .enum(['embedded', 'postgres'])
+      .default('embedded')
+      .describe('Tables and event log: embedded (PGlite under run_dir) or postgres.'),
+    database_url: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe('postgres:// URL; required when store = postgres. A secret: its password is never printed.'),
+    max_staleness: nonNegInt()
+      .default(0)
+      .describe('Policy versions a rollout may lag behind (0 = strictly on-policy).'),
+    schema_wire_format: z
+      .enum(['plain', 'confluent'])
+      .default('plain')
+      .describe('Avro framing on Kafka: plain, or confluent (magic byte + schema id; needs schema_registry_url).'),
+    schema_registry_url: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe('Confluent schema registry URL (schema_wire_format = confluent).'),
+    kafka: section(
+      {
+        idempotent: z.boolean().default(true).describe('Idempotent producer (requires acks = all).'),
+        acks: z
+          .union([z.literal('all'), z.literal(-1), z.literal(0), z.literal(1)])
+          .default('all')
+          .describe('Producer acknowledgements: all (= -1), 1 (leader) or 0 (none).'),
+        session_timeout_ms: posInt().default(6000).describe('Consumer group session timeout.'),
+        heartbeat_interval_ms: posInt()
+          .default(500)
+          .describe('Consumer heartbeat interval (below session_timeout_ms).'),
+        max_wait_ms: nonNegInt()
+          .default(25)
+          .describe(
+            "Longest a fetch waits for data. A broker answers a waiting fetch as soon as data arrives, but one that does not (librdkafka's mock) holds it this long, and a training step crosses six topics, so keep it short; raise it to cut idle fetch requests.",
+          ),
+      },
+      'Kafka client settings.',
+    ),
+    policy_store: z
+      .enum(['filesystem', 'postgres'])
+      .default('filesystem')
+      .describe(
+        "Where policy versions (and critic and EMA versions) live: filesystem (<run_dir>/policy/vNNNNNN; in distributed mode run_dir must be a volume shared by the stages) or postgres (bytea chunks in the run's database, pipeline.store = postgres; each process keeps a local cache under pipeline.policy_cache_dir, so no stage needs a shared volume).",
+      ),
+    policy_cache_dir: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        'policy_store = postgres: local directory where a process caches the versions it read (verified by sha256; safe to lose, e.g. a Kubernetes emptyDir); null → <run_dir>/policy-cache.',
+      ),
+    on_run_end: z
+      .enum(['idle', 'exit'])
+      .default('idle')
+      .describe(
+        '`rlstream serve`: what a stage does when its run has finished or failed (also when started after that): idle (stay up, say so in the log, /readyz answers 503 "run finished", metric rlstream_run_finished = 1; for Deployments, which restart exited pods) or exit (exit 0, or 1 when the run failed).',
+      ),
+    migrate_on_start: z
+      .boolean()
+      .default(false)
+      .describe(
+        '`rlstream serve` over PostgreSQL: apply missing migrations at start (under an advisory lock, safe from several processes) instead of waiting for `rlstream migrate` to apply them (a Job or init container). `rlstream train` always applies them.',
+      ),
+    http_port: z
+      .int()
+      .gte(0)
+      .lte(65535)
+      .default(9464)
+      .describe(
+        '`rlstream serve`: port of GET /healthz, /readyz and /metrics (0 = any free port, logged at start). --http-port overrides it.',
+      ),
+    grace_seconds: z
+      .number()
+      .gt(0)
+      .default(25)
+      .describe(
+        "`rlstream serve`: after SIGTERM, the most seconds a stage takes to stop (stop fetching, abandon the batch in hand uncommitted, leave the consumer group, close bus and store) before it exits anyway; keep it below the pod's terminationGracePeriodSeconds (default 30). --grace-seconds overrides it.",
+      ),
+    run_id: z
+      .string()
+      .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, { message: "must be 1–128 letters, digits, '.', '_' or '-'" })
+      .nullable()
+      .default(null)
+      .describe(
+        'Run id on every event, row and log line; null → derived from trainer.project_name and experiment_name (deterministic, never random).',
+      ),
+  },
+  'Event bus, store and staleness.',
+);
 
 // ---------------------------------------------------------------------------------------------
 
-export const configSchema = z.strictObject({
-  data: dataSchema,
-  algorithm: algorithmSchema,
-  rollout: rolloutSchema,
-  actor: actorSchema,
-  critic: criticSchema,
-  reward: rewardSchema,
-  trainer: trainerSchema,
-  sft: sftSchema,
-  pipeline: pipelineSchema,
-}).describe('rlstream run configuration');
+export const configSchema = z
+  .strictObject({
+    data: dataSchema,
+    algorithm: algorithmSchema,
+    rollout: rolloutSchema,
+    actor: actorSchema,
+    critic: criticSchema,
+    reward: rewardSchema,
+    trainer: trainerSchema,
+    sft: sftSchema,
+    pipeline: pipelineSchema,
+  })
+  .describe('rlstream run configuration');
 
 export type Config = z.infer<typeof configSchema>;
 export type ConfigInput = z.input<typeof configSchema>;

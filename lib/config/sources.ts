@@ -22,7 +22,9 @@ export interface Source {
 export class Sources {
   private readonly map = new Map<string, Source>();
 
-  set(path: Path, source: Source): void { this.map.set(keyOf(path), source); }
+  set(path: Path, source: Source): void {
+    this.map.set(keyOf(path), source);
+  }
 
   /** Forget a path and everything under it (its value was replaced). */
   clear(path: Path): void {
@@ -49,7 +51,11 @@ export function readYamlFile(file: string, sources: Sources): unknown {
     text = readFileSync(file, 'utf8');
   } catch (err) {
     const code = (err as { code?: string }).code;
-    throw new ConfigError(code === 'ENOENT' ? `config file not found: ${file}` : `cannot read config file ${file}: ${(err as Error).message}`);
+    throw new ConfigError(
+      code === 'ENOENT'
+        ? `config file not found: ${file}`
+        : `cannot read config file ${file}: ${(err as Error).message}`,
+    );
   }
   return parseYamlText(text, file, sources);
 }
@@ -62,7 +68,12 @@ export function parseYamlText(text: string, file: string, sources: Sources): unk
       const pos = e.linePos?.[0] ?? lc.linePos(e.pos[0]);
       return `${file}:${pos.line}:${pos.col}: YAML syntax error: ${e.message.split('\n')[0]}`;
     });
-    throw new ConfigError(lines.length === 1 ? `invalid configuration: ${lines[0]}` : `invalid configuration (${lines.length} problems):\n  ${lines.join('\n  ')}`, { problems: lines });
+    throw new ConfigError(
+      lines.length === 1
+        ? `invalid configuration: ${lines[0]}`
+        : `invalid configuration (${lines.length} problems):\n  ${lines.join('\n  ')}`,
+      { problems: lines },
+    );
   }
   const at = (offset: number): Source => {
     const p = lc.linePos(offset);
@@ -91,7 +102,9 @@ export function parseYamlText(text: string, file: string, sources: Sources): unk
   const value = doc.toJS({ maxAliasCount: 1000 }) as unknown;
   if (value === null || value === undefined) return {};
   if (typeof value !== 'object' || Array.isArray(value)) {
-    throw new ConfigError(`invalid configuration: ${file}: the top level must be a mapping of sections (data, algorithm, rollout, actor, critic, reward, trainer, pipeline), got ${Array.isArray(value) ? 'a list' : typeof value}`);
+    throw new ConfigError(
+      `invalid configuration: ${file}: the top level must be a mapping of sections (data, algorithm, rollout, actor, critic, reward, trainer, pipeline), got ${Array.isArray(value) ? 'a list' : typeof value}`,
+    );
   }
   return value;
 }

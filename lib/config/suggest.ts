@@ -6,7 +6,8 @@
 
 /** Edit distance with insertions, deletions, substitutions and adjacent transpositions. */
 export function editDistance(a: string, b: string): number {
-  const m = a.length, n = b.length;
+  const m = a.length,
+    n = b.length;
   if (m === 0) return n;
   if (n === 0) return m;
   const d: number[][] = Array.from({ length: m + 1 }, (_, i) => {
@@ -19,7 +20,8 @@ export function editDistance(a: string, b: string): number {
     for (let j = 1; j <= n; j++) {
       const cost = a[i - 1] === b[j - 1] ? 0 : 1;
       d[i][j] = Math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost);
-      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) d[i][j] = Math.min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1])
+        d[i][j] = Math.min(d[i][j], d[i - 2][j - 2] + 1);
     }
   }
   return d[m][n];
@@ -35,10 +37,14 @@ function tolerance(word: string): number {
  * Case differences count as half an edit, so `LR` finds `lr`.
  */
 export function closest(word: string, candidates: readonly string[]): string | null {
-  let best: string | null = null, bestD = Infinity;
+  let best: string | null = null,
+    bestD = Infinity;
   for (const c of candidates) {
     const d = c.toLowerCase() === word.toLowerCase() ? 0.5 : editDistance(word.toLowerCase(), c.toLowerCase());
-    if (d < bestD) { best = c; bestD = d; }
+    if (d < bestD) {
+      best = c;
+      bestD = d;
+    }
   }
   return best !== null && bestD <= tolerance(word) ? best : null;
 }

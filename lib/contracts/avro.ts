@@ -18,9 +18,17 @@ import avro from 'avsc';
 import { copyFloat32, copyInt32, packFloat32, packInt32 } from './packing.ts';
 
 /** avsc's internal cursor (utils.Tap); only the members used here. */
-interface Tap { buf: Buffer; pos: number; readLong(): number; skipLong(): void; readString(): string }
+interface Tap {
+  buf: Buffer;
+  pos: number;
+  readLong(): number;
+  skipLong(): void;
+  readString(): string;
+}
 
-function invalidate(tap: Tap): void { tap.pos = tap.buf.length + 1; }
+function invalidate(tap: Tap): void {
+  tap.pos = tap.buf.length + 1;
+}
 
 function describe(v: unknown): string {
   if (v === null) return 'null';
@@ -33,7 +41,10 @@ function describe(v: unknown): string {
 function readPacked<A extends Int32Array | Float32Array>(tap: Tap, make: (n: number) => A, what: string): A {
   const len = tap.readLong();
   const start = tap.pos;
-  if (len < 0 || start + len > tap.buf.length) { invalidate(tap); return make(0); }
+  if (len < 0 || start + len > tap.buf.length) {
+    invalidate(tap);
+    return make(0);
+  }
   if (len % 4 !== 0) throw new Error(`${what} field holds ${len} bytes, not a multiple of 4`);
   const out = make(len / 4);
   new Uint8Array(out.buffer).set(tap.buf.subarray(start, start + len));
@@ -43,8 +54,12 @@ function readPacked<A extends Int32Array | Float32Array>(tap: Tap, make: (n: num
 
 /** `bytes` holding int32 little-endian ⇄ `Int32Array`. */
 export class Int32LeType extends avro.types.LogicalType {
-  _read(tap: Tap): Int32Array { return readPacked(tap, (n) => new Int32Array(n), 'int32-le'); }
-  protected override _fromValue(val: Buffer): Int32Array { return copyInt32(val); }
+  _read(tap: Tap): Int32Array {
+    return readPacked(tap, (n) => new Int32Array(n), 'int32-le');
+  }
+  protected override _fromValue(val: Buffer): Int32Array {
+    return copyInt32(val);
+  }
   protected override _toValue(val: unknown): Buffer | undefined {
     return val instanceof Int32Array ? packInt32(val) : undefined;
   }
@@ -61,13 +76,18 @@ export class Int32LeType extends avro.types.LogicalType {
 
 /** `bytes` holding float32 little-endian ⇄ `Float32Array`. */
 export class Float32LeType extends avro.types.LogicalType {
-  _read(tap: Tap): Float32Array { return readPacked(tap, (n) => new Float32Array(n), 'float32-le'); }
-  protected override _fromValue(val: Buffer): Float32Array { return copyFloat32(val); }
+  _read(tap: Tap): Float32Array {
+    return readPacked(tap, (n) => new Float32Array(n), 'float32-le');
+  }
+  protected override _fromValue(val: Buffer): Float32Array {
+    return copyFloat32(val);
+  }
   protected override _toValue(val: unknown): Buffer | undefined {
     return val instanceof Float32Array ? packFloat32(val) : undefined;
   }
   _write(tap: Tap, val: unknown): void {
-    if (!(val instanceof Float32Array)) throw new Error(`expected a Float32Array (float32-le bytes), got ${describe(val)}`);
+    if (!(val instanceof Float32Array))
+      throw new Error(`expected a Float32Array (float32-le bytes), got ${describe(val)}`);
     (this.underlyingType as unknown as { _write(t: Tap, b: Buffer): void })._write(tap, packFloat32(val));
   }
   protected override _resolve(type: avro.Type): ((v: any) => Float32Array) | undefined {
@@ -94,11 +114,17 @@ class GuardedArrayType extends ArrayBase {
     let i = 0;
     let n: number;
     while ((n = tap.readLong())) {
-      if (n < 0) { n = -n; tap.skipLong(); }
+      if (n < 0) {
+        n = -n;
+        tap.skipLong();
+      }
       if (!val) val = new Array(Math.min(n, end - tap.pos + 1));
       while (n--) {
         val[i++] = items._read(tap);
-        if (tap.pos > end) { invalidate(tap); return val; }
+        if (tap.pos > end) {
+          invalidate(tap);
+          return val;
+        }
       }
     }
     return val ?? [];
@@ -113,12 +139,19 @@ class GuardedMapType extends MapBase {
     const val: Record<string, unknown> = {};
     let n: number;
     while ((n = tap.readLong())) {
-      if (n < 0) { n = -n; tap.skipLong(); }
+      if (n < 0) {
+        n = -n;
+        tap.skipLong();
+      }
       while (n--) {
         const key = tap.readString();
         const v = values._read(tap);
-        if (tap.pos > end) { invalidate(tap); return val; }
-        if (key === '__proto__') Object.defineProperty(val, key, { value: v, enumerable: true, writable: true, configurable: true });
+        if (tap.pos > end) {
+          invalidate(tap);
+          return val;
+        }
+        if (key === '__proto__')
+          Object.defineProperty(val, key, { value: v, enumerable: true, writable: true, configurable: true });
         else val[key] = v;
       }
     }

@@ -8,10 +8,21 @@ import { SCHEMA_HEADER, headerValue, type MessageHeaders } from './codec.ts';
 import { deadLetterId } from './ids.ts';
 import type { ControlEventOf, ControlPayloads, ControlType, DeadLetter, RecordHeader } from './types.ts';
 
-const NO_PAYLOADS = { run_started: null, epoch_started: null, refill_request: null, val_round_done: null, run_done: null, run_failed: null } as const;
+const NO_PAYLOADS = {
+  run_started: null,
+  epoch_started: null,
+  refill_request: null,
+  val_round_done: null,
+  run_done: null,
+  run_failed: null,
+} as const;
 
 /** A control event of `type` with its payload; every other payload is null. */
-export function controlEvent<T extends ControlType>(type: T, payload: ControlPayloads[T], header: RecordHeader & { time_ms: number }): ControlEventOf<T> {
+export function controlEvent<T extends ControlType>(
+  type: T,
+  payload: ControlPayloads[T],
+  header: RecordHeader & { time_ms: number },
+): ControlEventOf<T> {
   return { ...header, ...NO_PAYLOADS, type, [type]: payload } as unknown as ControlEventOf<T>;
 }
 
@@ -47,13 +58,17 @@ export function deadLetter(opts: {
 }): DeadLetter {
   const m = opts.message;
   const offset = typeof m.offset === 'bigint' ? Number(m.offset) : Number(m.offset);
-  if (!Number.isSafeInteger(offset) || offset < 0) throw new RangeError(`dead letter: offset ${String(m.offset)} is not a non-negative integer`);
+  if (!Number.isSafeInteger(offset) || offset < 0)
+    throw new RangeError(`dead letter: offset ${String(m.offset)} is not a non-negative integer`);
   const headers: Record<string, Buffer> = {};
   for (const [k, v] of Object.entries(m.headers ?? {})) {
     const first = Array.isArray(v) ? v[0] : v;
     if (first !== undefined) headers[k] = typeof first === 'string' ? Buffer.from(first) : Buffer.from(first);
   }
-  const code = opts.error && typeof opts.error === 'object' && typeof (opts.error as { code?: unknown }).code === 'string' ? (opts.error as { code: string }).code : 'ERR_UNKNOWN';
+  const code =
+    opts.error && typeof opts.error === 'object' && typeof (opts.error as { code?: unknown }).code === 'string'
+      ? (opts.error as { code: string }).code
+      : 'ERR_UNKNOWN';
   const reason = errorMessage(opts.error);
   return {
     run_id: opts.runId,
@@ -67,7 +82,7 @@ export function deadLetter(opts: {
     key: m.key === null ? null : typeof m.key === 'string' ? Buffer.from(m.key) : Buffer.from(m.key),
     headers,
     payload: m.value === null ? null : Buffer.from(m.value),
-    schema: opts.schema !== undefined ? opts.schema : headerValue(m.headers, SCHEMA_HEADER) ?? null,
+    schema: opts.schema !== undefined ? opts.schema : (headerValue(m.headers, SCHEMA_HEADER) ?? null),
     reason: reason.length > MAX_REASON ? `${reason.slice(0, MAX_REASON)}… (${reason.length} chars)` : reason,
     error_code: code,
     retriable: isRetriable(opts.error),
@@ -81,6 +96,9 @@ export function deadLetter(opts: {
  * scored.v3 on, the text ones, in one object (their keys never collide: the reward stage split
  * one object into the two maps).
  */
-export function storedRewardDetails(numbers: Readonly<Record<string, number>>, text: Readonly<Record<string, string>> | undefined): Record<string, number | string> {
+export function storedRewardDetails(
+  numbers: Readonly<Record<string, number>>,
+  text: Readonly<Record<string, string>> | undefined,
+): Record<string, number | string> {
   return text && Object.keys(text).length ? { ...numbers, ...text } : { ...numbers };
 }

@@ -59,7 +59,8 @@ function describeValue(v: unknown): string {
   if (v === undefined) return 'undefined (missing)';
   if (v === null) return 'null';
   if (Array.isArray(v)) return `an array of length ${v.length}`;
-  if (ArrayBuffer.isView(v)) return `a ${v.constructor.name} of length ${(v as unknown as { length?: number }).length ?? v.byteLength}`;
+  if (ArrayBuffer.isView(v))
+    return `a ${v.constructor.name} of length ${(v as unknown as { length?: number }).length ?? v.byteLength}`;
   if (typeof v === 'object') return `a ${(v as object).constructor?.name ?? 'object'}`;
   const s = JSON.stringify(v);
   return `${typeof v} ${s && s.length > 60 ? `${s.slice(0, 60)}…` : s}`;
@@ -88,7 +89,10 @@ export class Codec<T> {
     this.catalogue = opts.catalogue ?? schemaCatalogue();
     this.family = family;
     const sv = opts.ref ? this.catalogue.get(opts.ref) : this.catalogue.latest(family);
-    if (!sv) throw new RlError(`unknown schema ${opts.ref}; known: ${this.catalogue.refs().join(', ')}`, { code: 'ERR_CONFIG' });
+    if (!sv)
+      throw new RlError(`unknown schema ${opts.ref}; known: ${this.catalogue.refs().join(', ')}`, {
+        code: 'ERR_CONFIG',
+      });
     if (sv.family !== family) throw new RlError(`schema ${sv.ref} is not of family ${family}`, { code: 'ERR_CONFIG' });
     this.schema = sv;
     this.type = sv.type;
@@ -97,10 +101,14 @@ export class Codec<T> {
   }
 
   /** `<family>.v<N>`: the schema this codec writes. */
-  get ref(): string { return this.schema.ref; }
+  get ref(): string {
+    return this.schema.ref;
+  }
 
   /** Headers to put on a plain-format message. */
-  headers(): Record<string, string> { return { [SCHEMA_HEADER]: this.schema.ref }; }
+  headers(): Record<string, string> {
+    return { [SCHEMA_HEADER]: this.schema.ref };
+  }
 
   /**
    * The Avro bytes of `value`. `reuse`: return a view of the codec's buffer, valid until its next
@@ -128,7 +136,11 @@ export class Codec<T> {
       }
       if (pos >= 0) {
         const problems = recordProblems(this.family as SchemaFamily, value);
-        if (problems.length) throw new EncodeError(`${this.label}: cannot encode a ${this.schema.ref} record: ${problems.slice(0, 8).join('; ')}${problems.length > 8 ? ` (and ${problems.length - 8} more)` : ''}`, { schema: this.schema.ref, problems });
+        if (problems.length)
+          throw new EncodeError(
+            `${this.label}: cannot encode a ${this.schema.ref} record: ${problems.slice(0, 8).join('; ')}${problems.length > 8 ? ` (and ${problems.length - 8} more)` : ''}`,
+            { schema: this.schema.ref, problems },
+          );
         return pos;
       }
       // pos = -(bytes missing)
@@ -141,11 +153,15 @@ export class Codec<T> {
     const problems: string[] = [];
     this.type.isValid(value, {
       errorHook: (path: string[], v: unknown, t: AvroType) => {
-        if (problems.length < 8) problems.push(`${path.join('.') || '(record)'}: expected ${describeType(t)}, got ${describeValue(v)}`);
+        if (problems.length < 8)
+          problems.push(`${path.join('.') || '(record)'}: expected ${describeType(t)}, got ${describeValue(v)}`);
       },
     });
-    const what = problems.length ? problems.join('; ') : (cause as Error)?.message ?? String(cause);
-    const e = new EncodeError(`${this.label}: cannot encode a ${this.schema.ref} record: ${what}`, { schema: this.schema.ref, problems });
+    const what = problems.length ? problems.join('; ') : ((cause as Error)?.message ?? String(cause));
+    const e = new EncodeError(`${this.label}: cannot encode a ${this.schema.ref} record: ${what}`, {
+      schema: this.schema.ref,
+      problems,
+    });
     (e as { cause?: unknown }).cause = cause;
     return e;
   }
@@ -171,10 +187,16 @@ export class Codec<T> {
     } catch (e) {
       throw this.poison(writerLabel, `invalid Avro data: ${(e as Error).message}`, e);
     }
-    if (res.offset < 0) throw this.poison(writerLabel, `truncated: the ${bytes.length} bytes end before the record does`);
-    if (res.offset !== bytes.length) throw this.poison(writerLabel, `${bytes.length - res.offset} unexpected bytes after the record (${res.offset} of ${bytes.length} bytes read)`);
+    if (res.offset < 0)
+      throw this.poison(writerLabel, `truncated: the ${bytes.length} bytes end before the record does`);
+    if (res.offset !== bytes.length)
+      throw this.poison(
+        writerLabel,
+        `${bytes.length - res.offset} unexpected bytes after the record (${res.offset} of ${bytes.length} bytes read)`,
+      );
     const problems = recordProblems(this.family as SchemaFamily, res.value);
-    if (problems.length) throw this.poison(writerLabel, `the record breaks the ${this.family} rules: ${problems.slice(0, 8).join('; ')}`);
+    if (problems.length)
+      throw this.poison(writerLabel, `the record breaks the ${this.family} rules: ${problems.slice(0, 8).join('; ')}`);
     return res.value as T;
   }
 
@@ -186,19 +208,34 @@ export class Codec<T> {
     const parsed = parseRef(writerRef);
     let out: Resolver | PoisonMessageError;
     if (!parsed) {
-      out = this.poison(writerRef, `the ${SCHEMA_HEADER} header ${JSON.stringify(writerRef)} is not a schema name like ${this.schema.ref}`);
+      out = this.poison(
+        writerRef,
+        `the ${SCHEMA_HEADER} header ${JSON.stringify(writerRef)} is not a schema name like ${this.schema.ref}`,
+      );
     } else if (parsed.family !== this.family) {
-      out = this.poison(writerRef, `the message was written with schema ${writerRef} (family ${parsed.family}), but ${this.label} carries ${this.family} records`);
+      out = this.poison(
+        writerRef,
+        `the message was written with schema ${writerRef} (family ${parsed.family}), but ${this.label} carries ${this.family} records`,
+      );
     } else {
       const sv = this.catalogue.get(writerRef);
       if (!sv) {
-        const known = this.catalogue.versions(this.family).map((v) => v.ref).join(', ');
-        out = this.poison(writerRef, `unknown schema version ${writerRef} (this build knows ${known}); a newer producer wrote it — upgrade this consumer and replay from the dead-letter topic`);
+        const known = this.catalogue
+          .versions(this.family)
+          .map((v) => v.ref)
+          .join(', ');
+        out = this.poison(
+          writerRef,
+          `unknown schema version ${writerRef} (this build knows ${known}); a newer producer wrote it — upgrade this consumer and replay from the dead-letter topic`,
+        );
       } else {
         out = this.resolverForType(sv.type, writerRef);
       }
     }
-    if (out instanceof PoisonMessageError) { this.resolvers.set(writerRef, out); throw out; }
+    if (out instanceof PoisonMessageError) {
+      this.resolvers.set(writerRef, out);
+      throw out;
+    }
     this.resolvers.set(writerRef, out);
     return out;
   }
@@ -213,9 +250,13 @@ export class Codec<T> {
   }
 
   poison(writerLabel: string, what: string, cause?: unknown): PoisonMessageError {
-    return new PoisonMessageError(`${this.label}: cannot decode a ${this.family} message (writer schema ${writerLabel}, reader schema ${this.schema.ref}): ${what}`, {
-      cause, details: { family: this.family, writer: writerLabel, reader: this.schema.ref, topic: this.label },
-    });
+    return new PoisonMessageError(
+      `${this.label}: cannot decode a ${this.family} message (writer schema ${writerLabel}, reader schema ${this.schema.ref}): ${what}`,
+      {
+        cause,
+        details: { family: this.family, writer: writerLabel, reader: this.schema.ref, topic: this.label },
+      },
+    );
   }
 }
 
@@ -258,7 +299,9 @@ export interface MessageCodec<T> {
 export class PlainMessageCodec<T> implements MessageCodec<T> {
   readonly format = 'plain' as const;
   private readonly hdrs: Record<string, string>;
-  constructor(readonly codec: Codec<T>) { this.hdrs = codec.headers(); }
+  constructor(readonly codec: Codec<T>) {
+    this.hdrs = codec.headers();
+  }
   async ready(): Promise<void> {}
   encode(value: T, reuse = false): EncodedMessage {
     return { value: this.codec.encode(value, reuse), headers: this.hdrs };
@@ -279,15 +322,24 @@ export class ConfluentMessageCodec<T> implements MessageCodec<T> {
   private readonly writers = new Map<number, Promise<Resolver | null>>();
 
   /** `subject`: the registry subject, `<full topic name>-value` by the TopicNameStrategy. */
-  constructor(readonly codec: Codec<T>, private readonly registry: SchemaRegistry, readonly subject: string) {}
+  constructor(
+    readonly codec: Codec<T>,
+    private readonly registry: SchemaRegistry,
+    readonly subject: string,
+  ) {}
 
   /** The registered schema id (after ready()). */
-  get schemaId(): number | null { return this.id; }
+  get schemaId(): number | null {
+    return this.id;
+  }
 
   ready(): Promise<void> {
     if (!this.readyPromise) {
       this.readyPromise = this.registry.register(this.subject, this.codec.schema.text).then((id) => {
-        if (!Number.isInteger(id) || id < 0 || id > 0x7fffffff) throw new RlError(`schema registry returned an invalid id ${id} for subject ${this.subject}`, { code: 'ERR_SCHEMA_REGISTRY_PROTOCOL' });
+        if (!Number.isInteger(id) || id < 0 || id > 0x7fffffff)
+          throw new RlError(`schema registry returned an invalid id ${id} for subject ${this.subject}`, {
+            code: 'ERR_SCHEMA_REGISTRY_PROTOCOL',
+          });
         this.id = id;
         const p = Buffer.alloc(CONFLUENT_HEADER_BYTES);
         p[0] = CONFLUENT_MAGIC;
@@ -295,22 +347,35 @@ export class ConfluentMessageCodec<T> implements MessageCodec<T> {
         this.prefix = p;
         this.writers.set(id, Promise.resolve(null));
       });
-      this.readyPromise.catch(() => { this.readyPromise = null; });
+      this.readyPromise.catch(() => {
+        this.readyPromise = null;
+      });
     }
     return this.readyPromise;
   }
 
   encode(value: T, reuse = false): EncodedMessage {
-    if (!this.prefix) throw new RlError(`${this.codec.label}: the Confluent codec is not ready: await ready() (it registers ${this.codec.ref} under subject ${this.subject}) before encoding`, { code: 'ERR_NOT_READY' });
+    if (!this.prefix)
+      throw new RlError(
+        `${this.codec.label}: the Confluent codec is not ready: await ready() (it registers ${this.codec.ref} under subject ${this.subject}) before encoding`,
+        { code: 'ERR_NOT_READY' },
+      );
     return { value: this.codec.encodeWithPrefix(value, this.prefix, reuse), headers: {} };
   }
 
   async decode(value: Buffer | null, _headers?: MessageHeaders): Promise<T> {
     const c = this.codec;
     if (value === null) throw c.poison('confluent:?', 'the message has no value (a tombstone)');
-    if (value.length < CONFLUENT_HEADER_BYTES) throw c.poison('confluent:?', `${value.length} bytes is shorter than the 5-byte Confluent header (magic byte + schema id)`);
+    if (value.length < CONFLUENT_HEADER_BYTES)
+      throw c.poison(
+        'confluent:?',
+        `${value.length} bytes is shorter than the 5-byte Confluent header (magic byte + schema id)`,
+      );
     if (value[0] !== CONFLUENT_MAGIC) {
-      throw c.poison('confluent:?', `the first byte is ${value[0]}, not the Confluent magic byte 0: the message is not in the Confluent wire format (was it written with schema_wire_format = plain?)`);
+      throw c.poison(
+        'confluent:?',
+        `the first byte is ${value[0]}, not the Confluent magic byte 0: the message is not in the Confluent wire format (was it written with schema_wire_format = plain?)`,
+      );
     }
     const id = value.readUInt32BE(1);
     const label = `confluent:${id}`;
@@ -319,7 +384,9 @@ export class ConfluentMessageCodec<T> implements MessageCodec<T> {
       p = this.loadWriter(id, label);
       this.writers.set(id, p);
       // transient failures are not cached: the next message retries the registry
-      p.catch((e) => { if (isRetriable(e)) this.writers.delete(id); });
+      p.catch((e) => {
+        if (isRetriable(e)) this.writers.delete(id);
+      });
     }
     const resolver = await p;
     return c.decodeResolved(value.subarray(CONFLUENT_HEADER_BYTES), resolver ?? undefined, label);
@@ -336,14 +403,27 @@ export class ConfluentMessageCodec<T> implements MessageCodec<T> {
     try {
       text = await this.registry.getSchema(id);
     } catch (e) {
-      if (e instanceof SchemaRegistryError && e.code === 'ERR_SCHEMA_NOT_FOUND') throw this.codec.poison(label, `schema id ${id} is unknown to the schema registry (${e.message})`, e);
+      if (e instanceof SchemaRegistryError && e.code === 'ERR_SCHEMA_NOT_FOUND')
+        throw this.codec.poison(label, `schema id ${id} is unknown to the schema registry (${e.message})`, e);
       throw e;
     }
     let json: unknown;
-    try { json = JSON.parse(text); } catch (e) { throw this.codec.poison(label, `the registry's schema ${id} is not JSON`, e); }
+    try {
+      json = JSON.parse(text);
+    } catch (e) {
+      throw this.codec.poison(label, `the registry's schema ${id} is not JSON`, e);
+    }
     if (JSON.stringify(json) === this.codec.schema.text) return null;
     let writer: AvroType;
-    try { writer = parseSchema(json as object); } catch (e) { throw this.codec.poison(label, `the registry's schema ${id} is not a valid Avro schema: ${(e as Error).message}`, e); }
+    try {
+      writer = parseSchema(json as object);
+    } catch (e) {
+      throw this.codec.poison(
+        label,
+        `the registry's schema ${id} is not a valid Avro schema: ${(e as Error).message}`,
+        e,
+      );
+    }
     const r = this.codec.resolverForType(writer, label);
     if (r instanceof PoisonMessageError) throw r;
     return r;
@@ -351,11 +431,16 @@ export class ConfluentMessageCodec<T> implements MessageCodec<T> {
 }
 
 export type MessageCodecOptions =
-  | { format: 'plain' }
-  | { format: 'confluent'; registry: SchemaRegistry; subject: string };
+  { format: 'plain' } | { format: 'confluent'; registry: SchemaRegistry; subject: string };
 
 /** A message codec for a family in the chosen wire format. */
-export function createMessageCodec<F extends SchemaFamily>(family: F, wire: MessageCodecOptions, opts: CodecOptions = {}): MessageCodec<SchemaValues[F]> {
+export function createMessageCodec<F extends SchemaFamily>(
+  family: F,
+  wire: MessageCodecOptions,
+  opts: CodecOptions = {},
+): MessageCodec<SchemaValues[F]> {
   const codec = createCodec(family, opts);
-  return wire.format === 'confluent' ? new ConfluentMessageCodec(codec, wire.registry, wire.subject) : new PlainMessageCodec(codec);
+  return wire.format === 'confluent'
+    ? new ConfluentMessageCodec(codec, wire.registry, wire.subject)
+    : new PlainMessageCodec(codec);
 }

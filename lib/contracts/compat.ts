@@ -73,7 +73,9 @@ function check(w: AnyType, r: AnyType, path: string, errors: string[], seen: Set
   const wl = w.typeName.startsWith('logical:') ? w.typeName.slice(8) : null;
   const rl = r.typeName.startsWith('logical:') ? r.typeName.slice(8) : null;
   if (wl !== null && rl !== null && wl !== rl) {
-    errors.push(`${path}: logical type changed from ${wl} to ${rl}; the bytes would be reinterpreted — add a new field instead`);
+    errors.push(
+      `${path}: logical type changed from ${wl} to ${rl}; the bytes would be reinterpreted — add a new field instead`,
+    );
     return;
   }
   if (wl !== null) w = w.underlyingType!;
@@ -85,26 +87,38 @@ function check(w: AnyType, r: AnyType, path: string, errors: string[], seen: Set
     for (const wb of w.types!) {
       const sub: string[] = [];
       check(wb, r, path, sub, seen);
-      if (sub.length) errors.push(`${path}: the writer's union branch ${describe(wb)} cannot be read as ${describe(r)}`);
+      if (sub.length)
+        errors.push(`${path}: the writer's union branch ${describe(wb)} cannot be read as ${describe(r)}`);
     }
     return;
   }
   if (rUnion) {
-    const ok = r.types!.some((rb) => { const sub: string[] = []; check(w, rb, path, sub, seen); return sub.length === 0; });
+    const ok = r.types!.some((rb) => {
+      const sub: string[] = [];
+      check(w, rb, path, sub, seen);
+      return sub.length === 0;
+    });
     if (!ok) errors.push(`${path}: ${describe(w)} matches no branch of the reader's ${describe(r)}`);
     return;
   }
 
   if (w.typeName !== r.typeName) {
     if (!(PROMOTIONS[w.typeName] ?? []).includes(r.typeName)) {
-      errors.push(`${path}: type changed from ${describe(w)} to ${describe(r)}, which Avro cannot convert; add a new field instead`);
+      errors.push(
+        `${path}: type changed from ${describe(w)} to ${describe(r)}, which Avro cannot convert; add a new field instead`,
+      );
     }
     return;
   }
   switch (r.typeName) {
     case 'record':
     case 'error': {
-      if (!namesMatch(w, r)) { errors.push(`${path}: record ${unqualify(w.name)} cannot be read as record ${unqualify(r.name)} (names differ; add an alias)`); return; }
+      if (!namesMatch(w, r)) {
+        errors.push(
+          `${path}: record ${unqualify(w.name)} cannot be read as record ${unqualify(r.name)} (names differ; add an alias)`,
+        );
+        return;
+      }
       const key = `${w.name}|${r.name}`;
       if (seen.has(key)) return;
       seen.add(key);
@@ -114,18 +128,26 @@ function check(w: AnyType, r: AnyType, path: string, errors: string[], seen: Set
         const wf = names.map((n) => wFields.get(n)).find((f) => f !== undefined);
         const fpath = `${path}.${rf.name}`;
         if (wf) check(wf.type, rf.type, fpath, errors, seen);
-        else if (rf.defaultValue() === undefined) errors.push(`${fpath}: field is new in the reader and has no default, so older records cannot be read; give it a default`);
+        else if (rf.defaultValue() === undefined)
+          errors.push(
+            `${fpath}: field is new in the reader and has no default, so older records cannot be read; give it a default`,
+          );
       }
       return;
     }
     case 'enum': {
-      if (!namesMatch(w, r)) { errors.push(`${path}: enum ${unqualify(w.name)} cannot be read as enum ${unqualify(r.name)} (names differ)`); return; }
+      if (!namesMatch(w, r)) {
+        errors.push(`${path}: enum ${unqualify(w.name)} cannot be read as enum ${unqualify(r.name)} (names differ)`);
+        return;
+      }
       const missing = w.symbols!.filter((s) => !r.symbols!.includes(s));
-      if (missing.length && r.default === undefined) errors.push(`${path}: enum symbol(s) ${missing.join(', ')} were removed and the reader's enum has no default`);
+      if (missing.length && r.default === undefined)
+        errors.push(`${path}: enum symbol(s) ${missing.join(', ')} were removed and the reader's enum has no default`);
       return;
     }
     case 'fixed':
-      if (!namesMatch(w, r)) errors.push(`${path}: fixed ${unqualify(w.name)} cannot be read as fixed ${unqualify(r.name)} (names differ)`);
+      if (!namesMatch(w, r))
+        errors.push(`${path}: fixed ${unqualify(w.name)} cannot be read as fixed ${unqualify(r.name)} (names differ)`);
       else if (w.size !== r.size) errors.push(`${path}: fixed size changed from ${w.size} to ${r.size}`);
       return;
     case 'array':
@@ -149,7 +171,11 @@ export function checkCompatibility(writer: SchemaLike, reader: SchemaLike): Comp
 }
 
 /** Throws SchemaIncompatibleError (naming both schemas and every failing field) unless compatible. */
-export function assertCompatible(writer: SchemaLike, reader: SchemaLike, labels: { writer?: string; reader?: string } = {}): void {
+export function assertCompatible(
+  writer: SchemaLike,
+  reader: SchemaLike,
+  labels: { writer?: string; reader?: string } = {},
+): void {
   const res = checkCompatibility(writer, reader);
   if (!res.compatible) {
     const wl = labels.writer ?? 'the writer schema';
@@ -162,7 +188,11 @@ export function assertCompatible(writer: SchemaLike, reader: SchemaLike, labels:
  * A resolver reading `writer` data as `reader` values, after checking compatibility (so a
  * failure names the field). Namespaces are ignored, as in checkCompatibility.
  */
-export function createCheckedResolver(writer: AvroType, reader: AvroType, labels: { writer?: string; reader?: string } = {}): ReturnType<AvroType['createResolver']> {
+export function createCheckedResolver(
+  writer: AvroType,
+  reader: AvroType,
+  labels: { writer?: string; reader?: string } = {},
+): ReturnType<AvroType['createResolver']> {
   assertCompatible(writer, reader, labels);
   try {
     return reader.createResolver(writer, { ignoreNamespaces: true });

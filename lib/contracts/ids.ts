@@ -24,7 +24,9 @@ export const RUN_ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
 export function assertRunId(runId: string): void {
   if (typeof runId !== 'string' || !RUN_ID_RE.test(runId)) {
-    throw new RangeError(`invalid run id ${JSON.stringify(runId)}: use 1–128 letters, digits, '.', '_' or '-', starting with a letter or digit`);
+    throw new RangeError(
+      `invalid run id ${JSON.stringify(runId)}: use 1–128 letters, digits, '.', '_' or '-', starting with a letter or digit`,
+    );
   }
 }
 
@@ -34,7 +36,8 @@ function nat(name: string, v: number): number {
 }
 
 function label(name: string, v: string): string {
-  if (typeof v !== 'string' || !/^[A-Za-z0-9._-]+$/.test(v)) throw new RangeError(`${name} must be letters, digits, '.', '_' or '-', got ${JSON.stringify(v)}`);
+  if (typeof v !== 'string' || !/^[A-Za-z0-9._-]+$/.test(v))
+    throw new RangeError(`${name} must be letters, digits, '.', '_' or '-', got ${JSON.stringify(v)}`);
   return v;
 }
 
@@ -64,12 +67,24 @@ export function groupIdFor(kind: Kind, runId: string, stepOrRound: number, promp
   return kind === 'val' ? valGroupId(runId, stepOrRound, promptIndex) : groupId(runId, stepOrRound, promptIndex);
 }
 
-export function sampleIdFor(kind: Kind, runId: string, stepOrRound: number, promptIndex: number, sampleIndex: number): string {
+export function sampleIdFor(
+  kind: Kind,
+  runId: string,
+  stepOrRound: number,
+  promptIndex: number,
+  sampleIndex: number,
+): string {
   return `${groupIdFor(kind, runId, stepOrRound, promptIndex)}/n${nat('sampleIndex', sampleIndex)}`;
 }
 
 /** Id of a prompt batch holding `count` groups with consecutive prompt indexes from `firstPromptIndex`. */
-export function chunkId(kind: Kind, runId: string, stepOrRound: number, firstPromptIndex: number, count: number): string {
+export function chunkId(
+  kind: Kind,
+  runId: string,
+  stepOrRound: number,
+  firstPromptIndex: number,
+  count: number,
+): string {
   const first = groupIdFor(kind, runId, stepOrRound, firstPromptIndex);
   if (!Number.isSafeInteger(count) || count < 1) throw new RangeError(`count must be a positive integer, got ${count}`);
   return count === 1 ? first : `${first}+${count}`;
@@ -98,7 +113,13 @@ export function refillId(runId: string, step: number, request: number): string {
 }
 
 /** Id of the dead letter of the message at (topic, partition, offset) given up by `stage`. */
-export function deadLetterId(runId: string, stage: string, topic: string, partition: number, offset: number | bigint | string): string {
+export function deadLetterId(
+  runId: string,
+  stage: string,
+  topic: string,
+  partition: number,
+  offset: number | bigint | string,
+): string {
   assertRunId(runId);
   const off = String(offset);
   if (!/^\d+$/.test(off)) throw new RangeError(`offset must be a non-negative integer, got ${off}`);
@@ -121,7 +142,13 @@ const GROUP_OR_SAMPLE_RE = /^([A-Za-z0-9][A-Za-z0-9._-]{0,127})\/(train\/s|val\/
 export function parseId(id: string): ParsedId | null {
   const m = GROUP_OR_SAMPLE_RE.exec(id);
   if (!m) return null;
-  return { runId: m[1], kind: m[2] === 'val/r' ? 'val' : 'train', step: Number(m[3]), promptIndex: Number(m[4]), sampleIndex: m[5] === undefined ? null : Number(m[5]) };
+  return {
+    runId: m[1],
+    kind: m[2] === 'val/r' ? 'val' : 'train',
+    step: Number(m[3]),
+    promptIndex: Number(m[4]),
+    sampleIndex: m[5] === undefined ? null : Number(m[5]),
+  };
 }
 
 function digest(id: string, salt: string): Buffer {

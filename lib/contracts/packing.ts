@@ -11,7 +11,9 @@
 import { endianness } from 'node:os';
 
 if (endianness() !== 'LE') {
-  throw new Error('rlstream packs token ids and floats as little-endian typed arrays; this host is big-endian, which is not supported');
+  throw new Error(
+    'rlstream packs token ids and floats as little-endian typed arrays; this host is big-endian, which is not supported',
+  );
 }
 
 /** A Buffer view of `a`'s bytes (no copy). */
@@ -25,7 +27,8 @@ export function packFloat32(a: Float32Array): Buffer {
 }
 
 function checkLength(b: Uint8Array, what: string): void {
-  if (b.byteLength % 4 !== 0) throw new RangeError(`${what}: ${b.byteLength} bytes is not a multiple of 4 (4 bytes per element)`);
+  if (b.byteLength % 4 !== 0)
+    throw new RangeError(`${what}: ${b.byteLength} bytes is not a multiple of 4 (4 bytes per element)`);
 }
 
 /** Int32 little-endian bytes → Int32Array: a view when 4-aligned, else a copy. */

@@ -44,7 +44,11 @@ export interface HttpSchemaRegistryOptions {
 const CONTENT_TYPE = 'application/vnd.schemaregistry.v1+json';
 
 function canonicalText(schema: string): string {
-  try { return JSON.stringify(JSON.parse(schema)); } catch { return schema; }
+  try {
+    return JSON.stringify(JSON.parse(schema));
+  } catch {
+    return schema;
+  }
 }
 
 export class HttpSchemaRegistry implements SchemaRegistry {
@@ -59,8 +63,16 @@ export class HttpSchemaRegistry implements SchemaRegistry {
 
   constructor(opts: HttpSchemaRegistryOptions) {
     let u: URL;
-    try { u = new URL(opts.url); } catch { throw new RlError(`schema registry URL ${JSON.stringify(opts.url)} is not a valid URL (e.g. http://localhost:8081)`, { code: 'ERR_CONFIG' }); }
-    if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new RlError(`schema registry URL must be http(s), got ${u.protocol}`, { code: 'ERR_CONFIG' });
+    try {
+      u = new URL(opts.url);
+    } catch {
+      throw new RlError(
+        `schema registry URL ${JSON.stringify(opts.url)} is not a valid URL (e.g. http://localhost:8081)`,
+        { code: 'ERR_CONFIG' },
+      );
+    }
+    if (u.protocol !== 'http:' && u.protocol !== 'https:')
+      throw new RlError(`schema registry URL must be http(s), got ${u.protocol}`, { code: 'ERR_CONFIG' });
     const username = opts.username ?? decodeURIComponent(u.username);
     const password = opts.password ?? decodeURIComponent(u.password);
     u.username = '';
@@ -78,9 +90,18 @@ export class HttpSchemaRegistry implements SchemaRegistry {
     const key = `${subject}\0${text}`;
     let p = this.ids.get(key);
     if (!p) {
-      p = this.request('POST', `/subjects/${encodeURIComponent(subject)}/versions`, { schema: text }, `registering the schema under subject "${subject}"`).then((body) => {
+      p = this.request(
+        'POST',
+        `/subjects/${encodeURIComponent(subject)}/versions`,
+        { schema: text },
+        `registering the schema under subject "${subject}"`,
+      ).then((body) => {
         const id = (body as { id?: unknown }).id;
-        if (!Number.isSafeInteger(id)) throw new SchemaRegistryError(`schema registry ${this.displayUrl}: the answer to registering subject "${subject}" has no integer id: ${JSON.stringify(body).slice(0, 200)}`, { status: 200, code: 'ERR_SCHEMA_REGISTRY_PROTOCOL' });
+        if (!Number.isSafeInteger(id))
+          throw new SchemaRegistryError(
+            `schema registry ${this.displayUrl}: the answer to registering subject "${subject}" has no integer id: ${JSON.stringify(body).slice(0, 200)}`,
+            { status: 200, code: 'ERR_SCHEMA_REGISTRY_PROTOCOL' },
+          );
         this.schemas.set(id as number, Promise.resolve(text));
         return id as number;
       });
@@ -91,13 +112,24 @@ export class HttpSchemaRegistry implements SchemaRegistry {
   }
 
   getSchema(id: number): Promise<string> {
-    if (!Number.isSafeInteger(id) || id < 0) return Promise.reject(new SchemaRegistryError(`schema id ${id} is not a valid id`, { status: 0, code: 'ERR_SCHEMA_NOT_FOUND' }));
+    if (!Number.isSafeInteger(id) || id < 0)
+      return Promise.reject(
+        new SchemaRegistryError(`schema id ${id} is not a valid id`, { status: 0, code: 'ERR_SCHEMA_NOT_FOUND' }),
+      );
     let p = this.schemas.get(id);
     if (!p) {
       p = this.request('GET', `/schemas/ids/${id}`, undefined, `fetching schema id ${id}`).then((body) => {
         const b = body as { schema?: unknown; schemaType?: unknown };
-        if (b.schemaType !== undefined && b.schemaType !== 'AVRO') throw new SchemaRegistryError(`schema id ${id} is a ${String(b.schemaType)} schema, not Avro`, { status: 200, code: 'ERR_SCHEMA_NOT_AVRO' });
-        if (typeof b.schema !== 'string') throw new SchemaRegistryError(`schema registry ${this.displayUrl}: the answer for schema id ${id} has no schema text`, { status: 200, code: 'ERR_SCHEMA_REGISTRY_PROTOCOL' });
+        if (b.schemaType !== undefined && b.schemaType !== 'AVRO')
+          throw new SchemaRegistryError(`schema id ${id} is a ${String(b.schemaType)} schema, not Avro`, {
+            status: 200,
+            code: 'ERR_SCHEMA_NOT_AVRO',
+          });
+        if (typeof b.schema !== 'string')
+          throw new SchemaRegistryError(
+            `schema registry ${this.displayUrl}: the answer for schema id ${id} has no schema text`,
+            { status: 200, code: 'ERR_SCHEMA_REGISTRY_PROTOCOL' },
+          );
         return b.schema;
       });
       this.schemas.set(id, p);
@@ -117,21 +149,44 @@ export class HttpSchemaRegistry implements SchemaRegistry {
         signal: AbortSignal.timeout(this.timeoutMs),
       });
     } catch (e) {
-      throw new TransientError(`schema registry ${this.displayUrl} unreachable while ${what}: ${(e as Error).message}`, { cause: e, code: 'ERR_SCHEMA_REGISTRY_UNAVAILABLE' });
+      throw new TransientError(
+        `schema registry ${this.displayUrl} unreachable while ${what}: ${(e as Error).message}`,
+        { cause: e, code: 'ERR_SCHEMA_REGISTRY_UNAVAILABLE' },
+      );
     }
     const text = await res.text().catch(() => '');
     let json: unknown = undefined;
-    try { json = text === '' ? undefined : JSON.parse(text); } catch { /* not JSON */ }
+    try {
+      json = text === '' ? undefined : JSON.parse(text);
+    } catch {
+      /* not JSON */
+    }
     if (res.ok) {
-      if (json === undefined || typeof json !== 'object') throw new SchemaRegistryError(`schema registry ${this.displayUrl}: non-JSON answer while ${what}: ${text.slice(0, 200)}`, { status: res.status, code: 'ERR_SCHEMA_REGISTRY_PROTOCOL' });
+      if (json === undefined || typeof json !== 'object')
+        throw new SchemaRegistryError(
+          `schema registry ${this.displayUrl}: non-JSON answer while ${what}: ${text.slice(0, 200)}`,
+          { status: res.status, code: 'ERR_SCHEMA_REGISTRY_PROTOCOL' },
+        );
       return json;
     }
-    const detail = json && typeof json === 'object' && typeof (json as { message?: unknown }).message === 'string' ? (json as { message: string }).message : text.slice(0, 200);
+    const detail =
+      json && typeof json === 'object' && typeof (json as { message?: unknown }).message === 'string'
+        ? (json as { message: string }).message
+        : text.slice(0, 200);
     const msg = `schema registry ${this.displayUrl} answered ${res.status} while ${what}: ${detail}`;
-    if (res.status >= 500 || res.status === 408 || res.status === 429) throw new TransientError(msg, { code: 'ERR_SCHEMA_REGISTRY_UNAVAILABLE' });
-    if (res.status === 401 || res.status === 403) throw new SchemaRegistryError(`${msg} — check the registry credentials`, { status: res.status, code: 'ERR_SCHEMA_REGISTRY_AUTH' });
+    if (res.status >= 500 || res.status === 408 || res.status === 429)
+      throw new TransientError(msg, { code: 'ERR_SCHEMA_REGISTRY_UNAVAILABLE' });
+    if (res.status === 401 || res.status === 403)
+      throw new SchemaRegistryError(`${msg} — check the registry credentials`, {
+        status: res.status,
+        code: 'ERR_SCHEMA_REGISTRY_AUTH',
+      });
     if (res.status === 404) throw new SchemaRegistryError(msg, { status: 404, code: 'ERR_SCHEMA_NOT_FOUND' });
-    if (res.status === 409) throw new SchemaRegistryError(`${msg} — the schema breaks the subject's compatibility rule; evolve it compatibly (see schemas/README.md)`, { status: 409, code: 'ERR_SCHEMA_INCOMPATIBLE' });
+    if (res.status === 409)
+      throw new SchemaRegistryError(
+        `${msg} — the schema breaks the subject's compatibility rule; evolve it compatibly (see schemas/README.md)`,
+        { status: 409, code: 'ERR_SCHEMA_INCOMPATIBLE' },
+      );
     throw new SchemaRegistryError(msg, { status: res.status, code: 'ERR_SCHEMA_REGISTRY' });
   }
 }
@@ -158,10 +213,13 @@ export class InMemorySchemaRegistry implements SchemaRegistry {
 
   async getSchema(id: number): Promise<string> {
     const text = this.byId.get(id);
-    if (text === undefined) throw new SchemaRegistryError(`schema id ${id} is not registered`, { status: 404, code: 'ERR_SCHEMA_NOT_FOUND' });
+    if (text === undefined)
+      throw new SchemaRegistryError(`schema id ${id} is not registered`, { status: 404, code: 'ERR_SCHEMA_NOT_FOUND' });
     return text;
   }
 
   /** Ids registered under a subject, oldest first. */
-  versions(subject: string): number[] { return [...(this.subjects.get(subject) ?? [])]; }
+  versions(subject: string): number[] {
+    return [...(this.subjects.get(subject) ?? [])];
+  }
 }

@@ -14,7 +14,16 @@ import { fileURLToPath } from 'node:url';
 import { parseSchema, type AvroType } from './avro.ts';
 
 /** The schema families of the topics, in pipeline order. */
-export const SCHEMA_FAMILIES = ['prompts', 'trajectories', 'scored', 'updates', 'policy', 'metrics', 'control', 'deadletter'] as const;
+export const SCHEMA_FAMILIES = [
+  'prompts',
+  'trajectories',
+  'scored',
+  'updates',
+  'policy',
+  'metrics',
+  'control',
+  'deadletter',
+] as const;
 export type SchemaFamily = (typeof SCHEMA_FAMILIES)[number];
 
 export interface SchemaVersion {
@@ -79,15 +88,25 @@ export class SchemaCatalogue {
     }
     if (json.type !== 'record') throw new Error(`${source}: the top-level schema must be a record`);
     const ns = `rlstream.${parsed.family}.v${parsed.version}`;
-    if (json.namespace !== ns) throw new Error(`${source}: namespace must be "${ns}", found ${JSON.stringify(json.namespace)}`);
+    if (json.namespace !== ns)
+      throw new Error(`${source}: namespace must be "${ns}", found ${JSON.stringify(json.namespace)}`);
     let type: AvroType;
     try {
       type = parseSchema(json);
     } catch (e) {
       throw new Error(`${source}: invalid Avro schema: ${(e as Error).message}`);
     }
-    if (this.byRef.has(ref)) throw new Error(`${source}: schema ${ref} is defined twice (also in ${this.byRef.get(ref)!.source})`);
-    const sv: SchemaVersion = { family: parsed.family, version: parsed.version, ref, text: JSON.stringify(json), json, type, source };
+    if (this.byRef.has(ref))
+      throw new Error(`${source}: schema ${ref} is defined twice (also in ${this.byRef.get(ref)!.source})`);
+    const sv: SchemaVersion = {
+      family: parsed.family,
+      version: parsed.version,
+      ref,
+      text: JSON.stringify(json),
+      json,
+      type,
+      source,
+    };
     this.byRef.set(ref, sv);
     const list = this.byFamily.get(parsed.family) ?? [];
     list.push(sv);
@@ -96,20 +115,29 @@ export class SchemaCatalogue {
     return sv;
   }
 
-  get(ref: string): SchemaVersion | undefined { return this.byRef.get(ref); }
+  get(ref: string): SchemaVersion | undefined {
+    return this.byRef.get(ref);
+  }
 
   /** The newest version of a family; throws listing the known families when unknown. */
   latest(family: string): SchemaVersion {
     const list = this.byFamily.get(family);
-    if (!list || list.length === 0) throw new Error(`no schema for "${family}"; known: ${[...this.byFamily.keys()].sort().join(', ')}`);
+    if (!list || list.length === 0)
+      throw new Error(`no schema for "${family}"; known: ${[...this.byFamily.keys()].sort().join(', ')}`);
     return list[list.length - 1];
   }
 
-  versions(family: string): SchemaVersion[] { return [...(this.byFamily.get(family) ?? [])]; }
+  versions(family: string): SchemaVersion[] {
+    return [...(this.byFamily.get(family) ?? [])];
+  }
 
-  families(): string[] { return [...this.byFamily.keys()].sort(); }
+  families(): string[] {
+    return [...this.byFamily.keys()].sort();
+  }
 
-  refs(): string[] { return [...this.byRef.keys()].sort(); }
+  refs(): string[] {
+    return [...this.byRef.keys()].sort();
+  }
 }
 
 let defaultCatalogue: SchemaCatalogue | null = null;

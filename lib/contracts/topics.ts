@@ -23,7 +23,17 @@ import { HttpSchemaRegistry, type SchemaRegistry } from './registry.ts';
 import type { SchemaFamily } from './schemas.ts';
 import type { SchemaValues } from './types.ts';
 
-export const LOGICAL_TOPICS = ['prompts', 'trajectories', 'scored', 'validation', 'updates', 'policy', 'metrics', 'control', 'deadletter'] as const;
+export const LOGICAL_TOPICS = [
+  'prompts',
+  'trajectories',
+  'scored',
+  'validation',
+  'updates',
+  'policy',
+  'metrics',
+  'control',
+  'deadletter',
+] as const;
 export type LogicalTopic = (typeof LOGICAL_TOPICS)[number];
 
 /** Schema family of each topic. */
@@ -56,15 +66,69 @@ const byId = (v: { id: string }) => v.id;
 const byGroup = (v: { group_uid: string }) => v.group_uid;
 
 export const TOPICS: { [K in LogicalTopic]: TopicSpec<K> } = {
-  prompts: { name: 'prompts', family: 'prompts', partitions: 4, key: (v) => hashId(v.id), description: 'controller → rollout: prompt groups to sample' },
-  trajectories: { name: 'trajectories', family: 'trajectories', partitions: 6, key: byGroup, description: 'rollout → reward: a group with its n samples and behaviour log-probs' },
-  scored: { name: 'scored', family: 'scored', partitions: 6, key: byGroup, description: 'reward → advantage: a training group with a reward or failure per sample' },
-  validation: { name: 'validation', family: 'scored', partitions: 2, key: byGroup, description: 'reward → controller: a scored validation group' },
-  updates: { name: 'updates', family: 'updates', partitions: 6, key: byGroup, description: 'advantage → update: a group with per-token advantages, returns, ref log-probs and loss weights' },
-  policy: { name: 'policy', family: 'policy', partitions: 1, key: byId, description: 'update → all: new policy versions and checkpoints' },
-  metrics: { name: 'metrics', family: 'metrics', partitions: 1, key: byId, description: 'any → store: metrics of a stage for a step' },
-  control: { name: 'control', family: 'control', partitions: 1, key: byId, description: 'run lifecycle and refill requests' },
-  deadletter: { name: 'deadletter', family: 'deadletter', partitions: 1, key: byId, description: 'messages a stage gave up on, with why' },
+  prompts: {
+    name: 'prompts',
+    family: 'prompts',
+    partitions: 4,
+    key: (v) => hashId(v.id),
+    description: 'controller → rollout: prompt groups to sample',
+  },
+  trajectories: {
+    name: 'trajectories',
+    family: 'trajectories',
+    partitions: 6,
+    key: byGroup,
+    description: 'rollout → reward: a group with its n samples and behaviour log-probs',
+  },
+  scored: {
+    name: 'scored',
+    family: 'scored',
+    partitions: 6,
+    key: byGroup,
+    description: 'reward → advantage: a training group with a reward or failure per sample',
+  },
+  validation: {
+    name: 'validation',
+    family: 'scored',
+    partitions: 2,
+    key: byGroup,
+    description: 'reward → controller: a scored validation group',
+  },
+  updates: {
+    name: 'updates',
+    family: 'updates',
+    partitions: 6,
+    key: byGroup,
+    description: 'advantage → update: a group with per-token advantages, returns, ref log-probs and loss weights',
+  },
+  policy: {
+    name: 'policy',
+    family: 'policy',
+    partitions: 1,
+    key: byId,
+    description: 'update → all: new policy versions and checkpoints',
+  },
+  metrics: {
+    name: 'metrics',
+    family: 'metrics',
+    partitions: 1,
+    key: byId,
+    description: 'any → store: metrics of a stage for a step',
+  },
+  control: {
+    name: 'control',
+    family: 'control',
+    partitions: 1,
+    key: byId,
+    description: 'run lifecycle and refill requests',
+  },
+  deadletter: {
+    name: 'deadletter',
+    family: 'deadletter',
+    partitions: 1,
+    key: byId,
+    description: 'messages a stage gave up on, with why',
+  },
 };
 
 const PREFIX_RE = /^[A-Za-z0-9._-]+$/;
@@ -73,11 +137,18 @@ export const MAX_TOPIC_NAME = 249;
 
 /** The Kafka topic of a logical topic in a run: `<prefix>.<runId>.<logical>`. */
 export function topicName(prefix: string, runId: string, logical: LogicalTopic): string {
-  if (!PREFIX_RE.test(prefix)) throw new ConfigError(`pipeline.topic_prefix ${JSON.stringify(prefix)} may contain only letters, digits, '.', '_' and '-'`);
+  if (!PREFIX_RE.test(prefix))
+    throw new ConfigError(
+      `pipeline.topic_prefix ${JSON.stringify(prefix)} may contain only letters, digits, '.', '_' and '-'`,
+    );
   assertRunId(runId);
-  if (!(LOGICAL_TOPICS as readonly string[]).includes(logical)) throw new ConfigError(`unknown topic "${logical}"; topics: ${LOGICAL_TOPICS.join(', ')}`);
+  if (!(LOGICAL_TOPICS as readonly string[]).includes(logical))
+    throw new ConfigError(`unknown topic "${logical}"; topics: ${LOGICAL_TOPICS.join(', ')}`);
   const name = `${prefix}.${runId}.${logical}`;
-  if (name.length > MAX_TOPIC_NAME) throw new ConfigError(`topic name ${name.slice(0, 60)}… is ${name.length} characters, over Kafka's ${MAX_TOPIC_NAME}; shorten pipeline.topic_prefix or the run id`);
+  if (name.length > MAX_TOPIC_NAME)
+    throw new ConfigError(
+      `topic name ${name.slice(0, 60)}… is ${name.length} characters, over Kafka's ${MAX_TOPIC_NAME}; shorten pipeline.topic_prefix or the run id`,
+    );
   return name;
 }
 
@@ -102,19 +173,33 @@ export type TopicCodecs = { [K in LogicalTopic]: MessageCodec<TopicValue<K>> };
  * `<topic name>-value` on `ready()` (call `readyAll`). `registry` overrides the HTTP client built
  * from schema_registry_url (e.g. an InMemorySchemaRegistry).
  */
-export function topicCodecs(wire: WireSettings, prefix: string, runId: string, opts: { registry?: SchemaRegistry; codec?: CodecOptions } = {}): TopicCodecs {
+export function topicCodecs(
+  wire: WireSettings,
+  prefix: string,
+  runId: string,
+  opts: { registry?: SchemaRegistry; codec?: CodecOptions } = {},
+): TopicCodecs {
   let registry: SchemaRegistry | undefined = opts.registry;
   if (wire.schema_wire_format === 'confluent' && !registry) {
-    if (!wire.schema_registry_url) throw new ConfigError('pipeline.schema_registry_url is required when pipeline.schema_wire_format = confluent (e.g. http://localhost:8081)');
+    if (!wire.schema_registry_url)
+      throw new ConfigError(
+        'pipeline.schema_registry_url is required when pipeline.schema_wire_format = confluent (e.g. http://localhost:8081)',
+      );
     registry = new HttpSchemaRegistry({ url: wire.schema_registry_url });
   }
   const out: Partial<Record<LogicalTopic, MessageCodec<unknown>>> = {};
   for (const t of LOGICAL_TOPICS) {
     const name = topicName(prefix, runId, t);
     const codecOpts = { ...opts.codec, label: name };
-    out[t] = (wire.schema_wire_format === 'confluent'
-      ? createMessageCodec(TOPIC_FAMILY[t], { format: 'confluent', registry: registry!, subject: `${name}-value` }, codecOpts)
-      : createMessageCodec(TOPIC_FAMILY[t], { format: 'plain' }, codecOpts)) as MessageCodec<unknown>;
+    out[t] = (
+      wire.schema_wire_format === 'confluent'
+        ? createMessageCodec(
+            TOPIC_FAMILY[t],
+            { format: 'confluent', registry: registry!, subject: `${name}-value` },
+            codecOpts,
+          )
+        : createMessageCodec(TOPIC_FAMILY[t], { format: 'plain' }, codecOpts)
+    ) as MessageCodec<unknown>;
   }
   return out as TopicCodecs;
 }

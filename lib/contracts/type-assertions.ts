@@ -58,4 +58,9 @@ export type Checks = [
   Expect<PerFamily[keyof PerFamily]>,
 ];
 
-type PerFamily = { [K in Exclude<keyof T.SchemaValues, 'control'>]: Mutual<T.SchemaValues[K], G.GeneratedSchemaValues[K & keyof G.GeneratedSchemaValues]> };
+type PerFamily = {
+  [K in Exclude<keyof T.SchemaValues, 'control'>]: Mutual<
+    T.SchemaValues[K],
+    G.GeneratedSchemaValues[K & keyof G.GeneratedSchemaValues]
+  >;
+};

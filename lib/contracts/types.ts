@@ -278,7 +278,10 @@ export interface RunStarted {
   /** Run id this run replays or resumes; null for a fresh run. */
   resumed_from: string | null;
 }
-export interface EpochStarted { epoch: number; first_step: number }
+export interface EpochStarted {
+  epoch: number;
+  first_step: number;
+}
 /** Online filtering dropped groups of step (the record's step): ask for `needed` more. */
 export interface RefillRequest {
   /** 1-based number of this request for the step. */
@@ -287,11 +290,24 @@ export interface RefillRequest {
   filtered_group_ids: string[];
   reason: string;
 }
-export interface ValRoundDone { round: number; groups: number; samples: number; failures: number }
-export interface RunDone { final_version: number; steps: number }
-export interface RunFailed { stage: string; code: string; message: string }
+export interface ValRoundDone {
+  round: number;
+  groups: number;
+  samples: number;
+  failures: number;
+}
+export interface RunDone {
+  final_version: number;
+  steps: number;
+}
+export interface RunFailed {
+  stage: string;
+  code: string;
+  message: string;
+}
 
-export type ControlType = 'run_started' | 'epoch_started' | 'refill_request' | 'val_round_done' | 'run_done' | 'run_failed';
+export type ControlType =
+  'run_started' | 'epoch_started' | 'refill_request' | 'val_round_done' | 'run_done' | 'run_failed';
 
 /** Payload record of each control type. */
 export interface ControlPayloads {
@@ -304,7 +320,9 @@ export interface ControlPayloads {
 }
 
 /** The control event of one type: its payload field set, every other payload null. */
-export type ControlEventOf<T extends ControlType> = RecordHeader & { type: T; time_ms: number } & { [K in ControlType]: K extends T ? ControlPayloads[K] : null };
+export type ControlEventOf<T extends ControlType> = RecordHeader & { type: T; time_ms: number } & {
+  [K in ControlType]: K extends T ? ControlPayloads[K] : null;
+};
 
 /**
  * Topic `control`: a discriminated union on `type` (narrowing gives the payload). The codec

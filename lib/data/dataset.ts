@@ -29,7 +29,11 @@ export interface DatasetRow {
   extraInfo?: string;
 }
 
-export interface BadRow { file: string; line: number; reason: string }
+export interface BadRow {
+  file: string;
+  line: number;
+  reason: string;
+}
 
 export interface DatasetOptions {
   prompt_key: string;
@@ -47,9 +51,17 @@ export interface DatasetOptions {
 }
 
 /** EasyR1's defaults: min_pixels 262144, max_pixels 4194304, Qwen2-VL's 28-pixel grid, bicubic. */
-export const DEFAULT_IMAGE_OPTIONS: ImageOptions = { factor: 28, minPixels: 262144, maxPixels: 4194304, resample: 'bicubic' };
+export const DEFAULT_IMAGE_OPTIONS: ImageOptions = {
+  factor: 28,
+  minPixels: 262144,
+  maxPixels: 4194304,
+  resample: 'bicubic',
+};
 
-export interface LoadedDataset { rows: DatasetRow[]; bad: BadRow[] }
+export interface LoadedDataset {
+  rows: DatasetRow[];
+  bad: BadRow[];
+}
 
 /** A field by dotted path (`a.b.c`); undefined when any part is missing. */
 export function getPath(obj: unknown, path: string): unknown {
@@ -77,18 +89,33 @@ export function chatToText(messages: unknown): string | null {
 }
 
 /** A record's fields before its images are decoded: `images` are the image field's raw values. */
-export interface ValidatedRecord { prompt: string; messages: DatasetRow['messages']; answer: string; images: unknown[]; dataSource?: string; extraInfo?: string }
+export interface ValidatedRecord {
+  prompt: string;
+  messages: DatasetRow['messages'];
+  answer: string;
+  images: unknown[];
+  dataSource?: string;
+  extraInfo?: string;
+}
 
 /** Validates one raw record; returns the row fields (images still raw) or a reason. */
-export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: boolean): ValidatedRecord | { reason: string } {
+export function validateRecord(
+  rec: unknown,
+  opts: DatasetOptions,
+  parquet: boolean,
+): ValidatedRecord | { reason: string } {
   if (!rec || typeof rec !== 'object' || Array.isArray(rec)) return { reason: 'row is not a JSON object' };
   let promptRaw = getPath(rec, opts.prompt_key);
   if (promptRaw === undefined) return { reason: `missing prompt field "${opts.prompt_key}" (set data.prompt_key)` };
   let messages: DatasetRow['messages'] = null;
   if (typeof promptRaw !== 'string') {
     const t = chatToText(promptRaw);
-    if (t === null) return { reason: `prompt field "${opts.prompt_key}" must be a string or a list of {role, content} messages` };
-    messages = (promptRaw as Array<Record<string, unknown>>).map((m) => ({ role: m.role as string, content: m.content as string }));
+    if (t === null)
+      return { reason: `prompt field "${opts.prompt_key}" must be a string or a list of {role, content} messages` };
+    messages = (promptRaw as Array<Record<string, unknown>>).map((m) => ({
+      role: m.role as string,
+      content: m.content as string,
+    }));
     promptRaw = t;
   }
   const prompt = promptRaw as string;
@@ -96,24 +123,39 @@ export function validateRecord(rec: unknown, opts: DatasetOptions, parquet: bool
   let answerRaw = getPath(rec, opts.answer_key);
   if (answerRaw === undefined && parquet) answerRaw = getPath(rec, 'reward_model.ground_truth');
   if (answerRaw === undefined) return { reason: `missing answer field "${opts.answer_key}" (set data.answer_key)` };
-  if (typeof answerRaw === 'number' || typeof answerRaw === 'bigint' || typeof answerRaw === 'boolean') answerRaw = String(answerRaw);
+  if (typeof answerRaw === 'number' || typeof answerRaw === 'bigint' || typeof answerRaw === 'boolean')
+    answerRaw = String(answerRaw);
   if (typeof answerRaw !== 'string') return { reason: `answer field "${opts.answer_key}" must be a string or number` };
   let images: unknown[] = [];
   const imgRaw = getPath(rec, opts.image_key);
   if (imgRaw !== undefined && imgRaw !== null) {
     images = Array.isArray(imgRaw) ? imgRaw : [imgRaw];
     const limit = opts.limit_images ?? 1;
-    if (images.length > limit) return { reason: `${images.length} images in "${opts.image_key}", over data.limit_images = ${limit} (raise it, or drop images from the row)` };
+    if (images.length > limit)
+      return {
+        reason: `${images.length} images in "${opts.image_key}", over data.limit_images = ${limit} (raise it, or drop images from the row)`,
+      };
   }
   // verl's per-row data_source and extra_info, passed to the reward function
   const ds = getPath(rec, 'data_source');
-  if (ds !== undefined && ds !== null && typeof ds !== 'string') return { reason: 'field "data_source" must be a string' };
+  if (ds !== undefined && ds !== null && typeof ds !== 'string')
+    return { reason: 'field "data_source" must be a string' };
   const extra = getPath(rec, 'extra_info');
-  if (extra !== undefined && extra !== null && (typeof extra !== 'object' || Array.isArray(extra))) return { reason: 'field "extra_info" must be an object' };
+  if (extra !== undefined && extra !== null && (typeof extra !== 'object' || Array.isArray(extra)))
+    return { reason: 'field "extra_info" must be an object' };
   return {
-    prompt, messages, answer: answerRaw, images,
+    prompt,
+    messages,
+    answer: answerRaw,
+    images,
     ...(typeof ds === 'string' ? { dataSource: ds } : {}),
-    ...(extra ? { extraInfo: JSON.stringify(extra, (_k, v: unknown) => (typeof v === 'bigint' ? Number(v) : v instanceof Uint8Array ? Buffer.from(v).toString('base64') : v)) } : {}),
+    ...(extra
+      ? {
+          extraInfo: JSON.stringify(extra, (_k, v: unknown) =>
+            typeof v === 'bigint' ? Number(v) : v instanceof Uint8Array ? Buffer.from(v).toString('base64') : v,
+          ),
+        }
+      : {}),
   };
 }
 
@@ -122,7 +164,9 @@ function detectFormat(file: string, format: DatasetOptions['format']): 'jsonl' |
   const ext = extname(file).toLowerCase();
   if (ext === '.parquet') return 'parquet';
   if (ext === '.jsonl' || ext === '.json' || ext === '.ndjson') return 'jsonl';
-  throw new ConfigError(`cannot tell the format of data file ${file} from its extension; use .jsonl or .parquet, or set data.format`);
+  throw new ConfigError(
+    `cannot tell the format of data file ${file} from its extension; use .jsonl or .parquet, or set data.format`,
+  );
 }
 
 async function readParquet(file: string): Promise<unknown[]> {
@@ -146,7 +190,11 @@ export async function readRecords(file: string, format: DatasetOptions['format']
     for (let i = 0; i < lines.length; i++) {
       const text = lines[i].trim();
       if (!text) continue;
-      try { records.push({ line: i + 1, rec: JSON.parse(text) }); } catch (e) { records.push({ line: i + 1, error: `not valid JSON (${(e as Error).message})` }); }
+      try {
+        records.push({ line: i + 1, rec: JSON.parse(text) });
+      } catch (e) {
+        records.push({ line: i + 1, error: `not valid JSON (${(e as Error).message})` });
+      }
     }
   } else {
     const objs = await readParquet(file);
@@ -161,7 +209,8 @@ export async function loadDataset(files: string[], opts: DatasetOptions): Promis
   const onBad = opts.on_bad_row ?? 'stop';
   const imageOpts = opts.image ?? DEFAULT_IMAGE_OPTIONS;
   const report = (b: BadRow) => {
-    if (onBad === 'stop') throw new ConfigError(`bad row at ${b.file}:${b.line}: ${b.reason} (set data.on_bad_row=skip to skip bad rows)`);
+    if (onBad === 'stop')
+      throw new ConfigError(`bad row at ${b.file}:${b.line}: ${b.reason} (set data.on_bad_row=skip to skip bad rows)`);
     bad.push(b);
   };
   for (const file of files) {
@@ -171,9 +220,15 @@ export async function loadDataset(files: string[], opts: DatasetOptions): Promis
     const records = await readRecords(file, fmt);
     for (const r of records) {
       if (opts.max_rows && rows.length >= opts.max_rows) break;
-      if ('error' in r) { report({ file, line: r.line, reason: r.error }); continue; }
+      if ('error' in r) {
+        report({ file, line: r.line, reason: r.error });
+        continue;
+      }
       const v = validateRecord(r.rec, opts, fmt === 'parquet');
-      if ('reason' in v) { report({ file, line: r.line, reason: v.reason }); continue; }
+      if ('reason' in v) {
+        report({ file, line: r.line, reason: v.reason });
+        continue;
+      }
       const images: PromptImage[] = [];
       let imageFailure: string | null = null;
       for (let i = 0; i < v.images.length && imageFailure === null; i++) {
@@ -184,10 +239,16 @@ export async function loadDataset(files: string[], opts: DatasetOptions): Promis
           imageFailure = `image ${i} in "${opts.image_key}" ${e.message}`;
         }
       }
-      if (imageFailure !== null) { report({ file, line: r.line, reason: imageFailure }); continue; }
+      if (imageFailure !== null) {
+        report({ file, line: r.line, reason: imageFailure });
+        continue;
+      }
       rows.push({ index: rows.length, ...v, images, source: { file, line: r.line } });
     }
   }
-  if (rows.length === 0) throw new ConfigError(`no usable rows in ${files.join(', ')}${bad.length ? ` (${bad.length} bad rows skipped; first: ${bad[0].file}:${bad[0].line}: ${bad[0].reason})` : ''}`);
+  if (rows.length === 0)
+    throw new ConfigError(
+      `no usable rows in ${files.join(', ')}${bad.length ? ` (${bad.length} bad rows skipped; first: ${bad[0].file}:${bad[0].line}: ${bad[0].reason})` : ''}`,
+    );
   return { rows, bad };
 }

@@ -14,6 +14,9 @@ const memo = new WeakMap<Uint8Array, string>();
 /** imageHash, remembered per buffer (a group's n samples share their prompt's image buffers). */
 export function imageHashOf(png: Uint8Array): string {
   let h = memo.get(png);
-  if (h === undefined) { h = imageHash(png); memo.set(png, h); }
+  if (h === undefined) {
+    h = imageHash(png);
+    memo.set(png, h);
+  }
   return h;
 }

@@ -44,8 +44,12 @@ function roundHalfEven(x: number): number {
  */
 export function smartResize(height: number, width: number, o: SmartResizeOptions): [number, number] {
   const { factor, minPixels, maxPixels } = o;
-  if (!(Number.isInteger(height) && Number.isInteger(width) && height >= 1 && width >= 1)) throw new RangeError(`image size must be positive integers, got ${height}×${width}`);
-  if (Math.max(height, width) / Math.min(height, width) > MAX_ASPECT_RATIO) throw new RangeError(`aspect ratio ${(Math.max(height, width) / Math.min(height, width)).toFixed(1)} is over ${MAX_ASPECT_RATIO}`);
+  if (!(Number.isInteger(height) && Number.isInteger(width) && height >= 1 && width >= 1))
+    throw new RangeError(`image size must be positive integers, got ${height}×${width}`);
+  if (Math.max(height, width) / Math.min(height, width) > MAX_ASPECT_RATIO)
+    throw new RangeError(
+      `aspect ratio ${(Math.max(height, width) / Math.min(height, width)).toFixed(1)} is over ${MAX_ASPECT_RATIO}`,
+    );
   let h = roundHalfEven(height / factor) * factor;
   let w = roundHalfEven(width / factor) * factor;
   if (h * w > maxPixels) {
@@ -62,7 +66,12 @@ export function smartResize(height: number, width: number, o: SmartResizeOptions
 
 /** data.image_resample names → sharp's kernels (Qwen2-VL's processor resamples bicubic). */
 export const RESAMPLE_KERNELS = {
-  nearest: 'nearest', bilinear: 'linear', bicubic: 'cubic', mitchell: 'mitchell', lanczos2: 'lanczos2', lanczos3: 'lanczos3',
+  nearest: 'nearest',
+  bilinear: 'linear',
+  bicubic: 'cubic',
+  mitchell: 'mitchell',
+  lanczos2: 'lanczos2',
+  lanczos3: 'lanczos3',
 } as const satisfies Record<string, keyof KernelEnum>;
 export type ImageResample = keyof typeof RESAMPLE_KERNELS;
 export const IMAGE_RESAMPLES = Object.keys(RESAMPLE_KERNELS) as ImageResample[];
@@ -82,7 +91,6 @@ export interface PromptImage {
 /** Why an image cannot be used; the dataset loader turns it into a bad row with its file:line. */
 export class ImageError extends Error {}
 
-
 const FILE_RE = /\.[A-Za-z0-9]{2,5}$/;
 
 /**
@@ -98,18 +106,25 @@ export function imageBytes(v: unknown, imageDir: string): Buffer {
     if (typeof o.path === 'string') return imageBytes(o.path, imageDir);
     throw new ImageError('is an object without "bytes" or "path"');
   }
-  if (typeof v !== 'string') throw new ImageError(`must be a file path, base64, a data URL or bytes, got ${v === null ? 'null' : typeof v}`);
+  if (typeof v !== 'string')
+    throw new ImageError(`must be a file path, base64, a data URL or bytes, got ${v === null ? 'null' : typeof v}`);
   if (v.startsWith('data:')) {
     const comma = v.indexOf(',');
-    if (comma < 0 || !/;base64$/i.test(v.slice(0, comma))) throw new ImageError('is a data URL that is not base64 (data:image/...;base64,...)');
+    if (comma < 0 || !/;base64$/i.test(v.slice(0, comma)))
+      throw new ImageError('is a data URL that is not base64 (data:image/...;base64,...)');
     return Buffer.from(v.slice(comma + 1), 'base64');
   }
   if (FILE_RE.test(v)) {
     const file = isAbsolute(v) ? v : join(imageDir, v);
     if (!existsSync(file)) throw new ImageError(`file not found: ${file} (paths are relative to data.image_dir)`);
-    try { return readFileSync(file); } catch (e) { throw new ImageError(`cannot read ${file} (${(e as Error).message})`); }
+    try {
+      return readFileSync(file);
+    } catch (e) {
+      throw new ImageError(`cannot read ${file} (${(e as Error).message})`);
+    }
   }
-  if (!/^[A-Za-z0-9+/=\s]+$/.test(v)) throw new ImageError('is neither a file path (with an extension), a data URL nor base64');
+  if (!/^[A-Za-z0-9+/=\s]+$/.test(v))
+    throw new ImageError('is neither a file path (with an extension), a data URL nor base64');
   return Buffer.from(v, 'base64');
 }
 
@@ -121,23 +136,45 @@ export function imageBytes(v: unknown, imageDir: string): Buffer {
 export async function prepareImage(bytes: Buffer, o: ImageOptions): Promise<PromptImage> {
   if (bytes.length === 0) throw new ImageError('is empty');
   let meta: Metadata;
-  try { meta = await sharp(bytes).metadata(); } catch (e) { throw new ImageError(`cannot be decoded (${(e as Error).message})`); }
+  try {
+    meta = await sharp(bytes).metadata();
+  } catch (e) {
+    throw new ImageError(`cannot be decoded (${(e as Error).message})`);
+  }
   if (!meta.width || !meta.height) throw new ImageError('has no size (not an image)');
   // orientations 5–8 swap the sides
   const swap = (meta.orientation ?? 1) >= 5;
   const height = swap ? meta.width : meta.height;
   const width = swap ? meta.height : meta.width;
-  if (height < o.factor || width < o.factor) throw new ImageError(`is ${width}×${height}, smaller than the ${o.factor}-pixel patch grid (data.image_factor) on a side`);
+  if (height < o.factor || width < o.factor)
+    throw new ImageError(
+      `is ${width}×${height}, smaller than the ${o.factor}-pixel patch grid (data.image_factor) on a side`,
+    );
   let size: [number, number];
-  try { size = smartResize(height, width, o); } catch (e) { throw new ImageError(`is ${width}×${height}: ${(e as Error).message}`); }
+  try {
+    size = smartResize(height, width, o);
+  } catch (e) {
+    throw new ImageError(`is ${width}×${height}: ${(e as Error).message}`);
+  }
   const [h, w] = size;
   let raw: { data: Buffer; info: OutputInfo };
   try {
-    raw = await sharp(bytes).rotate().removeAlpha().toColourspace('srgb')
-      .resize(w, h, { fit: 'fill', kernel: RESAMPLE_KERNELS[o.resample] }).raw().toBuffer({ resolveWithObject: true });
-  } catch (e) { throw new ImageError(`cannot be decoded (${(e as Error).message})`); }
+    raw = await sharp(bytes)
+      .rotate()
+      .removeAlpha()
+      .toColourspace('srgb')
+      .resize(w, h, { fit: 'fill', kernel: RESAMPLE_KERNELS[o.resample] })
+      .raw()
+      .toBuffer({ resolveWithObject: true });
+  } catch (e) {
+    throw new ImageError(`cannot be decoded (${(e as Error).message})`);
+  }
   // zlib level 3: as small as the default 6 on photos in the benchmark (bench/images.ts), faster
-  const png = await sharp(raw.data, { raw: { width: raw.info.width, height: raw.info.height, channels: raw.info.channels } }).png({ compressionLevel: 3 }).toBuffer();
+  const png = await sharp(raw.data, {
+    raw: { width: raw.info.width, height: raw.info.height, channels: raw.info.channels },
+  })
+    .png({ compressionLevel: 3 })
+    .toBuffer();
   return { hash: imageHash(png), width: raw.info.width, height: raw.info.height, png };
 }
 
@@ -149,7 +186,11 @@ export async function prepareImage(bytes: Buffer, o: ImageOptions): Promise<Prom
 export async function prepareRgbImage(img: ImagePixels, o: ImageOptions): Promise<PromptImage> {
   if (img.height >= o.factor && img.width >= o.factor) {
     let size: [number, number] | null = null;
-    try { size = smartResize(img.height, img.width, o); } catch { /* prepareImage reports it */ }
+    try {
+      size = smartResize(img.height, img.width, o);
+    } catch {
+      /* prepareImage reports it */
+    }
     if (size && size[0] === img.height && size[1] === img.width) {
       const png = await encodeRgbPng(img);
       return { hash: imageHash(png), width: img.width, height: img.height, png };
@@ -160,14 +201,25 @@ export async function prepareRgbImage(img: ImagePixels, o: ImageOptions): Promis
 
 /** Raw 8-bit RGB (height × width × 3) → PNG bytes (a generated image, before prepareImage). */
 export async function encodeRgbPng(img: ImagePixels): Promise<Buffer> {
-  if (img.data.length !== img.width * img.height * 3) throw new RangeError(`RGB data has ${img.data.length} bytes, expected ${img.width}×${img.height}×3`);
-  return await sharp(img.data, { raw: { width: img.width, height: img.height, channels: 3 } }).png({ compressionLevel: 3 }).toBuffer();
+  if (img.data.length !== img.width * img.height * 3)
+    throw new RangeError(`RGB data has ${img.data.length} bytes, expected ${img.width}×${img.height}×3`);
+  return await sharp(img.data, { raw: { width: img.width, height: img.height, channels: 3 } })
+    .png({ compressionLevel: 3 })
+    .toBuffer();
 }
 
 /** Decoded pixels of a normalised PNG: 8-bit RGB, row-major (height × width × 3). */
-export interface ImagePixels { width: number; height: number; data: Uint8Array }
+export interface ImagePixels {
+  width: number;
+  height: number;
+  data: Uint8Array;
+}
 
 export async function decodePixels(png: Uint8Array): Promise<ImagePixels> {
   const { data, info } = await sharp(png).removeAlpha().raw().toBuffer({ resolveWithObject: true });
-  return { width: info.width, height: info.height, data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength) };
+  return {
+    width: info.width,
+    height: info.height,
+    data: new Uint8Array(data.buffer, data.byteOffset, data.byteLength),
+  };
 }

@@ -14,8 +14,12 @@ export class LruCache<V> {
   constructor(readonly maxSize: number) {
     if (!(maxSize > 0)) throw new RangeError(`LRU size limit must be positive, got ${maxSize}`);
   }
-  get size(): number { return this.used; }
-  get count(): number { return this.map.size; }
+  get size(): number {
+    return this.used;
+  }
+  get count(): number {
+    return this.map.size;
+  }
   get(key: string): V | undefined {
     const e = this.map.get(key);
     if (!e) return undefined;
@@ -26,7 +30,10 @@ export class LruCache<V> {
   /** Adds (or replaces) `key`, evicting the least recently used entries until it fits; a value larger than the limit is not kept. */
   set(key: string, value: V, size: number): void {
     const old = this.map.get(key);
-    if (old) { this.used -= old.size; this.map.delete(key); }
+    if (old) {
+      this.used -= old.size;
+      this.map.delete(key);
+    }
     if (size > this.maxSize) return;
     for (const [k, e] of this.map) {
       if (this.used + size <= this.maxSize) break;
@@ -42,7 +49,9 @@ export class PixelCache {
   private readonly lru: LruCache<Promise<ImagePixels>>;
   /** Decodes done (cache misses), for tests and metrics. */
   decodes = 0;
-  constructor(maxBytes = 256 << 20) { this.lru = new LruCache(maxBytes); }
+  constructor(maxBytes = 256 << 20) {
+    this.lru = new LruCache(maxBytes);
+  }
 
   /** The pixels of `png`, whose hash is `hash` (checked on a miss: a mismatch is a programming error). */
   async get(hash: string, png: Uint8Array): Promise<ImagePixels> {

@@ -14,8 +14,7 @@ import { serveSnapshots, type SnapshotServer } from './snapshot.ts';
 import { RlError, errorMessage, storageFault } from '../errors.ts';
 
 export type DatabaseTarget =
-  | { kind: 'pglite'; dir: string; breakLock?: boolean }
-  | { kind: 'postgres'; url: string; poolSize?: number };
+  { kind: 'pglite'; dir: string; breakLock?: boolean } | { kind: 'postgres'; url: string; poolSize?: number };
 
 /** Kysely over our tables. Rows are typed where they are used (lib/store, lib/bus). */
 export type Db = Kysely<any>;
@@ -42,7 +41,9 @@ export function redactUrl(url: string): string {
     const u = new URL(url);
     if (u.password) u.password = '***';
     return u.toString();
-  } catch { return '<unparseable database url>'; }
+  } catch {
+    return '<unparseable database url>';
+  }
 }
 
 /**
@@ -55,11 +56,22 @@ export function embeddedOpenError(e: unknown, pgdata: string): unknown {
   if (storage) return storage;
   const msg = errorMessage(e);
   const code = (e as { code?: unknown })?.code;
-  if (code === 'XX001' || code === 'XX002' || /Aborted\(|RuntimeError|unreachable|could not (open|read) file|could not read blocks? |invalid page|pg_control/i.test(msg)) {
-    return new RlError(`the embedded database ${pgdata} cannot be opened: its files are damaged or incomplete (${/Aborted\(/.test(msg) ? 'PGlite aborted reading them, e.g. global/pg_control is missing' : msg.split('\n')[0].slice(0, 200)}). `
-      + 'Restore the run directory from a copy, or continue in a new run directory from the last complete checkpoint: trainer.run_dir=<new dir> trainer.load_checkpoint_path=<this run dir>/checkpoints/global_step_N', { code: 'ERR_DB_DAMAGED', cause: e });
+  if (
+    code === 'XX001' ||
+    code === 'XX002' ||
+    /Aborted\(|RuntimeError|unreachable|could not (open|read) file|could not read blocks? |invalid page|pg_control/i.test(
+      msg,
+    )
+  ) {
+    return new RlError(
+      `the embedded database ${pgdata} cannot be opened: its files are damaged or incomplete (${/Aborted\(/.test(msg) ? 'PGlite aborted reading them, e.g. global/pg_control is missing' : msg.split('\n')[0].slice(0, 200)}). ` +
+        'Restore the run directory from a copy, or continue in a new run directory from the last complete checkpoint: trainer.run_dir=<new dir> trainer.load_checkpoint_path=<this run dir>/checkpoints/global_step_N',
+      { code: 'ERR_DB_DAMAGED', cause: e },
+    );
   }
-  return e instanceof Error ? e : new RlError(`cannot open the embedded database ${pgdata}: ${msg}`, { code: 'ERR_DB_OPEN', cause: e });
+  return e instanceof Error
+    ? e
+    : new RlError(`cannot open the embedded database ${pgdata}: ${msg}`, { code: 'ERR_DB_OPEN', cause: e });
 }
 
 export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boolean } = {}): Promise<Database> {
@@ -70,12 +82,18 @@ export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boo
     try {
       const { PGlite } = await import('@electric-sql/pglite');
       const { createPgConfig } = await import('@electric-sql/pglite/node-postgres');
-      const pglite = await PGlite.create(`${target.dir}/pgdata`).catch((e: unknown) => { throw embeddedOpenError(e, `${target.dir}/pgdata`); });
+      const pglite = await PGlite.create(`${target.dir}/pgdata`).catch((e: unknown) => {
+        throw embeddedOpenError(e, `${target.dir}/pgdata`);
+      });
       const pool = new pg.Pool(createPgConfig(pglite) as unknown as pg.PoolConfig);
       const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
       let snapshots: SnapshotServer | null = null;
       const database: Database = {
-        kind: 'pglite', db, pool, pglite, where: `embedded database ${target.dir}`,
+        kind: 'pglite',
+        db,
+        pool,
+        pglite,
+        where: `embedded database ${target.dir}`,
         async close() {
           await snapshots?.close().catch(() => undefined);
           await db.destroy().catch(() => undefined);
@@ -83,7 +101,11 @@ export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boo
           lock.release();
         },
       };
-      if (doMigrate) await migrate(db).catch(async (e: unknown) => { await database.close(); throw embeddedOpenError(e, `${target.dir}/pgdata`); });
+      if (doMigrate)
+        await migrate(db).catch(async (e: unknown) => {
+          await database.close();
+          throw embeddedOpenError(e, `${target.dir}/pgdata`);
+        });
       // other processes (rlstream sql / runs / report) read this database through snapshots
       snapshots = await serveSnapshots(pglite, target.dir).catch(() => null);
       return database;
@@ -92,21 +114,41 @@ export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boo
       throw e;
     }
   }
-  const pool = new pg.Pool({ connectionString: target.url, max: target.poolSize ?? 8, connectionTimeoutMillis: 10_000 });
-  pool.on('error', () => { /* idle client lost (server restart): the next query reconnects */ });
+  const pool = new pg.Pool({
+    connectionString: target.url,
+    max: target.poolSize ?? 8,
+    connectionTimeoutMillis: 10_000,
+  });
+  pool.on('error', () => {
+    /* idle client lost (server restart): the next query reconnects */
+  });
   // A client checked out when its connection dies emits 'error' too, and pg-pool only listens on
   // idle ones: without this, a server restart mid-query crashed the process with an uncaught
   // 'Connection terminated unexpectedly'. The failure still reaches the caller as the rejected
   // query, and the pool discards the broken client when it is released.
-  pool.on('connect', (client) => { client.on('error', () => undefined); });
+  pool.on('connect', (client) => {
+    client.on('error', () => undefined);
+  });
   const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
   const where = `PostgreSQL ${redactUrl(target.url)}`;
   try {
     await sql`select 1`.execute(db);
   } catch (e) {
     await db.destroy().catch(() => undefined);
-    throw new RlError(`cannot connect to ${where}: ${(e as Error).message}`, { retriable: true, code: 'ERR_DB_CONNECT', cause: e });
+    throw new RlError(`cannot connect to ${where}: ${(e as Error).message}`, {
+      retriable: true,
+      code: 'ERR_DB_CONNECT',
+      cause: e,
+    });
   }
   if (doMigrate) await migrate(db);
-  return { kind: 'postgres', db, pool, where, async close() { await db.destroy(); } };
+  return {
+    kind: 'postgres',
+    db,
+    pool,
+    where,
+    async close() {
+      await db.destroy();
+    },
+  };
 }

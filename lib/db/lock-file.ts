@@ -11,42 +11,78 @@
  * only if it is still the same stale one. A lock held on another host is never judged stale (we
  * cannot see its processes): only `breakLock` (`rlstream train --break-lock`) takes it over.
  */
-import { openSync, writeSync, closeSync, readFileSync, unlinkSync, mkdirSync, fsyncSync, linkSync, statSync } from 'node:fs';
+import {
+  openSync,
+  writeSync,
+  closeSync,
+  readFileSync,
+  unlinkSync,
+  mkdirSync,
+  fsyncSync,
+  linkSync,
+  statSync,
+} from 'node:fs';
 import { join } from 'node:path';
 import { hostname } from 'node:os';
 import { randomBytes } from 'node:crypto';
 import { RlError, storageFault } from '../errors.ts';
 
-export interface LockHandle { path: string; release(): void }
+export interface LockHandle {
+  path: string;
+  release(): void;
+}
 export interface LockOptions {
   /** Take over a lock held on another host (the user says no process there uses the directory). */
   breakLock?: boolean;
 }
 
-interface Holder { pid?: number; host?: string; since?: string; nonce?: string }
+interface Holder {
+  pid?: number;
+  host?: string;
+  since?: string;
+  nonce?: string;
+}
 
 function alive(pid: number): boolean {
-  try { process.kill(pid, 0); } catch (e) { return (e as NodeJS.ErrnoException).code === 'EPERM'; }
+  try {
+    process.kill(pid, 0);
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
   // a killed process whose parent has not reaped it yet (a zombie) holds nothing
-  try { return !/^\d+ \(.*\) Z /.test(readFileSync(`/proc/${pid}/stat`, 'utf8')); } catch { return true; }
+  try {
+    return !/^\d+ \(.*\) Z /.test(readFileSync(`/proc/${pid}/stat`, 'utf8'));
+  } catch {
+    return true;
+  }
 }
 
 const pause = (ms: number) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
 
 function readRaw(path: string): string | null {
-  try { return readFileSync(path, 'utf8'); } catch (e) {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT') return null;
     throw e;
   }
 }
 
 function parse(raw: string): Holder | null {
-  try { const h = JSON.parse(raw) as Holder; return h && typeof h === 'object' && typeof h.pid === 'number' ? h : null; } catch { return null; }
+  try {
+    const h = JSON.parse(raw) as Holder;
+    return h && typeof h === 'object' && typeof h.pid === 'number' ? h : null;
+  } catch {
+    return null;
+  }
 }
 
 /** Links `src` to `dst`: true when this call created `dst`, false when it already existed. */
 function tryLink(src: string, dst: string): boolean {
-  try { linkSync(src, dst); return true; } catch (e) {
+  try {
+    linkSync(src, dst);
+    return true;
+  } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'EEXIST') return false;
     throw e;
   }
@@ -54,22 +90,41 @@ function tryLink(src: string, dst: string): boolean {
 
 /** Age in ms of `path`'s last change, or null when it is gone. */
 function ageMs(path: string): number | null {
-  try { return Date.now() - statSync(path).mtimeMs; } catch { return null; }
+  try {
+    return Date.now() - statSync(path).mtimeMs;
+  } catch {
+    return null;
+  }
 }
 
 export function acquireLock(dir: string, what = 'embedded database', opts: LockOptions = {}): LockHandle {
   const path = join(dir, 'rlstream.lock');
   const breakPath = `${path}.break`;
-  const me: Holder = { pid: process.pid, host: hostname(), since: new Date().toISOString(), nonce: randomBytes(8).toString('hex') };
+  const me: Holder = {
+    pid: process.pid,
+    host: hostname(),
+    since: new Date().toISOString(),
+    nonce: randomBytes(8).toString('hex'),
+  };
   const mine = JSON.stringify(me);
   const candidate = join(dir, `.rlstream.lock.${process.pid}.${me.nonce}`);
   try {
     mkdirSync(dir, { recursive: true });
     const fd = openSync(candidate, 'wx');
-    try { writeSync(fd, mine); fsyncSync(fd); } finally { closeSync(fd); }
+    try {
+      writeSync(fd, mine);
+      fsyncSync(fd);
+    } finally {
+      closeSync(fd);
+    }
   } catch (e) {
     const fault = storageFault(e, dir);
-    if (fault) throw new RlError(`cannot take the lock of the ${what} at ${dir}: ${fault.message}`, { code: 'ERR_LOCK_IO', cause: e, details: { path: dir } });
+    if (fault)
+      throw new RlError(`cannot take the lock of the ${what} at ${dir}: ${fault.message}`, {
+        code: 'ERR_LOCK_IO',
+        cause: e,
+        details: { path: dir },
+      });
     throw e;
   }
   try {
@@ -81,38 +136,70 @@ export function acquireLock(dir: string, what = 'embedded database', opts: LockO
       if (holder === null) {
         // not written by this version's atomic acquisition (an older one wrote it in place): its
         // writer may be between open and write for an instant; an old empty or garbled one is stale
-        if ((ageMs(path) ?? 0) < 2000) { pause(20); continue; }
+        if ((ageMs(path) ?? 0) < 2000) {
+          pause(20);
+          continue;
+        }
       } else if (holder.host !== undefined && holder.host !== hostname()) {
         if (!opts.breakLock) {
-          throw new RlError(`${what} at ${dir} is locked by PID ${holder.pid} on host ${holder.host} (since ${holder.since ?? '?'}), which this host cannot check; stop that process, or if none on ${holder.host} uses the directory any more, run again with --break-lock`, { code: 'ERR_LOCKED', details: { pid: holder.pid, host: holder.host } });
+          throw new RlError(
+            `${what} at ${dir} is locked by PID ${holder.pid} on host ${holder.host} (since ${holder.since ?? '?'}), which this host cannot check; stop that process, or if none on ${holder.host} uses the directory any more, run again with --break-lock`,
+            { code: 'ERR_LOCKED', details: { pid: holder.pid, host: holder.host } },
+          );
         }
       } else if (holder.pid === process.pid) {
-        throw new RlError(`${what} at ${dir} is already open in this process (PID ${process.pid}); close it first`, { code: 'ERR_LOCKED' });
+        throw new RlError(`${what} at ${dir} is already open in this process (PID ${process.pid}); close it first`, {
+          code: 'ERR_LOCKED',
+        });
       } else if (alive(holder.pid!)) {
-        throw new RlError(`${what} at ${dir} is in use by another process (PID ${holder.pid}, since ${holder.since ?? '?'}); stop that process or use another run directory`, { retriable: false, code: 'ERR_LOCKED', details: { pid: holder.pid } });
+        throw new RlError(
+          `${what} at ${dir} is in use by another process (PID ${holder.pid}, since ${holder.since ?? '?'}); stop that process or use another run directory`,
+          { retriable: false, code: 'ERR_LOCKED', details: { pid: holder.pid } },
+        );
       }
       // stale: replace it, one taker at a time, and only if it is still the lock judged stale
       if (!tryLink(candidate, breakPath)) {
         const breaker = parse(readRaw(breakPath) ?? '');
         // a taker that died while breaking (a double fault) leaves the break file: clear it
         if (breaker?.pid && breaker.host === hostname() && !alive(breaker.pid) && (ageMs(breakPath) ?? 0) > 1000) {
-          if (readRaw(breakPath) === JSON.stringify(breaker)) { try { unlinkSync(breakPath); } catch { /* another did */ } }
+          if (readRaw(breakPath) === JSON.stringify(breaker)) {
+            try {
+              unlinkSync(breakPath);
+            } catch {
+              /* another did */
+            }
+          }
         }
         pause(5 + Math.random() * 10);
         continue;
       }
       try {
         if (readRaw(path) === raw) {
-          try { unlinkSync(path); } catch { /* gone already */ }
+          try {
+            unlinkSync(path);
+          } catch {
+            /* gone already */
+          }
           if (tryLink(candidate, path)) return handle(path, me.nonce!);
         }
       } finally {
-        try { unlinkSync(breakPath); } catch { /* gone */ }
+        try {
+          unlinkSync(breakPath);
+        } catch {
+          /* gone */
+        }
       }
     }
-    throw new RlError(`could not take the lock ${path}: other processes kept taking and releasing it; stop them and try again`, { retriable: true, code: 'ERR_LOCKED' });
+    throw new RlError(
+      `could not take the lock ${path}: other processes kept taking and releasing it; stop them and try again`,
+      { retriable: true, code: 'ERR_LOCKED' },
+    );
   } finally {
-    try { unlinkSync(candidate); } catch { /* gone */ }
+    try {
+      unlinkSync(candidate);
+    } catch {
+      /* gone */
+    }
   }
 }
 
@@ -123,7 +210,13 @@ function handle(path: string, nonce: string): LockHandle {
     released = true;
     process.off('exit', release);
     const held = parse(readRaw(path) ?? '');
-    if (held?.nonce === nonce) { try { unlinkSync(path); } catch { /* already gone */ } }
+    if (held?.nonce === nonce) {
+      try {
+        unlinkSync(path);
+      } catch {
+        /* already gone */
+      }
+    }
   };
   process.once('exit', release);
   return { path, release };

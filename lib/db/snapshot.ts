@@ -21,7 +21,9 @@ export function snapshotSocket(dir: string): string {
 /** Unix socket paths are limited to about 107 bytes (sockaddr_un). */
 const MAX_SOCKET_PATH = 100;
 
-export interface SnapshotServer { close(): Promise<void> }
+export interface SnapshotServer {
+  close(): Promise<void>;
+}
 
 /**
  * Serves snapshots of `pglite` on `<dir>/snapshot.sock` until closed. The caller holds the
@@ -52,7 +54,13 @@ export async function serveSnapshots(pglite: PGlite, dir: string): Promise<Snaps
   if (!ok) return null;
   server.unref(); // never keeps the process alive
   return {
-    close: () => new Promise<void>((resolve) => server.close(() => { rmSync(path, { force: true }); resolve(); })),
+    close: () =>
+      new Promise<void>((resolve) =>
+        server.close(() => {
+          rmSync(path, { force: true });
+          resolve();
+        }),
+      ),
   };
 }
 
@@ -68,10 +76,19 @@ export function fetchSnapshot(dir: string, timeoutMs = 120_000): Promise<Buffer>
     sock.on('end', () => {
       clearTimeout(timer);
       const buf = Buffer.concat(chunks);
-      if (buf.length === 0) reject(new RlError(`the process holding ${dir} sent an empty snapshot`, { code: 'ERR_SNAPSHOT' }));
+      if (buf.length === 0)
+        reject(new RlError(`the process holding ${dir} sent an empty snapshot`, { code: 'ERR_SNAPSHOT' }));
       else resolve(buf);
     });
-    sock.on('error', (e) => { clearTimeout(timer); reject(new RlError(`cannot get a snapshot from the process holding ${dir}: ${errorMessage(e)}`, { code: 'ERR_SNAPSHOT', cause: e })); });
+    sock.on('error', (e) => {
+      clearTimeout(timer);
+      reject(
+        new RlError(`cannot get a snapshot from the process holding ${dir}: ${errorMessage(e)}`, {
+          code: 'ERR_SNAPSHOT',
+          cause: e,
+        }),
+      );
+    });
   });
 }
 

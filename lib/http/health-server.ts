@@ -28,18 +28,33 @@ export interface HealthServer {
   close(): Promise<void>;
 }
 
-export async function startHealthServer(opts: { port: number; host?: string; readiness: Readiness; metrics: MetricsSource }): Promise<HealthServer> {
+export async function startHealthServer(opts: {
+  port: number;
+  host?: string;
+  readiness: Readiness;
+  metrics: MetricsSource;
+}): Promise<HealthServer> {
   const server: Server = createServer((req, res) => {
     const path = (req.url ?? '/').split('?')[0];
     const send = (code: number, type: string, body: string) => {
       res.writeHead(code, { 'content-type': type, 'cache-control': 'no-store' });
       res.end(req.method === 'HEAD' ? undefined : body);
     };
-    if (req.method !== 'GET' && req.method !== 'HEAD') { send(405, 'application/json', JSON.stringify({ error: 'method not allowed' })); return; }
-    if (path === '/healthz') { send(200, 'application/json', JSON.stringify({ status: 'ok' })); return; }
+    if (req.method !== 'GET' && req.method !== 'HEAD') {
+      send(405, 'application/json', JSON.stringify({ error: 'method not allowed' }));
+      return;
+    }
+    if (path === '/healthz') {
+      send(200, 'application/json', JSON.stringify({ status: 'ok' }));
+      return;
+    }
     if (path === '/readyz') {
       const reason = opts.readiness.notReadyReason();
-      send(reason === null ? 200 : 503, 'application/json', JSON.stringify(reason === null ? { ready: true } : { ready: false, reason }));
+      send(
+        reason === null ? 200 : 503,
+        'application/json',
+        JSON.stringify(reason === null ? { ready: true } : { ready: false, reason }),
+      );
       return;
     }
     if (path === '/metrics') {
@@ -49,15 +64,26 @@ export async function startHealthServer(opts: { port: number; host?: string; rea
       );
       return;
     }
-    send(404, 'application/json', JSON.stringify({ error: 'not found', endpoints: ['/healthz', '/readyz', '/metrics'] }));
+    send(
+      404,
+      'application/json',
+      JSON.stringify({ error: 'not found', endpoints: ['/healthz', '/readyz', '/metrics'] }),
+    );
   });
   server.keepAliveTimeout = 5000;
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
-    server.listen(opts.port, opts.host ?? '0.0.0.0', () => { server.off('error', reject); resolve(); });
+    server.listen(opts.port, opts.host ?? '0.0.0.0', () => {
+      server.off('error', reject);
+      resolve();
+    });
   });
   return {
     port: (server.address() as AddressInfo).port,
-    close: () => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); }),
+    close: () =>
+      new Promise<void>((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
   };
 }

@@ -24,7 +24,16 @@ import path from 'node:path';
 import { ConfigError, withStoragePath } from '../errors.ts';
 import { fromHfConfig, modelConfig, stopTokenIds, toHfConfig, type HfDtype, type ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
-import { ADAPTER_CONFIG_FILE, ADAPTER_MODEL_FILE, PEFT_PREFIX, loraFromPeftConfig, loraSpecs, peftAdapterConfig, validateAdapter, type LoraConfig } from './lora.ts';
+import {
+  ADAPTER_CONFIG_FILE,
+  ADAPTER_MODEL_FILE,
+  PEFT_PREFIX,
+  loraFromPeftConfig,
+  loraSpecs,
+  peftAdapterConfig,
+  validateAdapter,
+  type LoraConfig,
+} from './lora.ts';
 import { numel, paramSpecs, type ParamSpec, type Weights } from './params.ts';
 import { decodeSafetensors, encodeSafetensors, fromFloat32, toFloat32, type StTensor } from './safetensors.ts';
 import type { OptimizerState } from './train.ts';
@@ -35,7 +44,17 @@ export const OPTIMIZER_FILE = 'optimizer.safetensors';
 export const CONFIG_FILE = 'config.json';
 export const GENERATION_CONFIG_FILE = 'generation_config.json';
 /** Tokenizer files of a Hugging Face model directory, copied along with the weights. */
-export const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'added_tokens.json', 'chat_template.jinja', 'chat_template.json', 'vocab.json', 'merges.txt', 'tokenizer.model'];
+export const TOKENIZER_FILES = [
+  'tokenizer.json',
+  'tokenizer_config.json',
+  'special_tokens_map.json',
+  'added_tokens.json',
+  'chat_template.jinja',
+  'chat_template.json',
+  'vocab.json',
+  'merges.txt',
+  'tokenizer.model',
+];
 /** Every file of a model directory besides the weights and optimizer state. */
 export const MODEL_SIDE_FILES = [CONFIG_FILE, GENERATION_CONFIG_FILE, ...TOKENIZER_FILES];
 
@@ -65,28 +84,60 @@ export interface SaveOptions {
 async function writeSynced(file: string, data: Uint8Array | string): Promise<void> {
   try {
     const fh = await fs.open(file, 'w');
-    try { await fh.writeFile(data); await fh.sync(); } finally { await fh.close(); }
-  } catch (e) { throw withStoragePath(e, file); } // a write's ENOSPC does not name its file
+    try {
+      await fh.writeFile(data);
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+  } catch (e) {
+    throw withStoragePath(e, file);
+  } // a write's ENOSPC does not name its file
 }
 
 async function syncDir(dir: string): Promise<void> {
   const fh = await fs.open(dir, 'r');
-  try { await fh.sync(); } catch { /* some filesystems do not support directory fsync */ } finally { await fh.close(); }
+  try {
+    await fh.sync();
+  } catch {
+    /* some filesystems do not support directory fsync */
+  } finally {
+    await fh.close();
+  }
 }
 
-export function sha256(data: Uint8Array): string { return createHash('sha256').update(data).digest('hex'); }
+export function sha256(data: Uint8Array): string {
+  return createHash('sha256').update(data).digest('hex');
+}
 
 /** generation_config.json and the tokenizer files of `assetsFrom` (a generation config from `config` when it has none). */
 async function sideFiles(config: ModelConfig, assetsFrom: string | null): Promise<Map<string, Buffer>> {
   const side = new Map<string, Buffer>();
   if (assetsFrom) {
     for (const f of [GENERATION_CONFIG_FILE, ...TOKENIZER_FILES]) {
-      try { side.set(f, await fs.readFile(path.join(assetsFrom, f))); } catch (e) { if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e; }
+      try {
+        side.set(f, await fs.readFile(path.join(assetsFrom, f)));
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+      }
     }
   }
   if (!side.has(GENERATION_CONFIG_FILE)) {
     const eos = stopTokenIds(config);
-    side.set(GENERATION_CONFIG_FILE, Buffer.from(JSON.stringify({ bos_token_id: config.bosTokenId, eos_token_id: eos.length === 1 ? eos[0] : eos, pad_token_id: config.padTokenId }, null, 2) + '\n'));
+    side.set(
+      GENERATION_CONFIG_FILE,
+      Buffer.from(
+        JSON.stringify(
+          {
+            bos_token_id: config.bosTokenId,
+            eos_token_id: eos.length === 1 ? eos[0] : eos,
+            pad_token_id: config.padTokenId,
+          },
+          null,
+          2,
+        ) + '\n',
+      ),
+    );
   }
   return side;
 }
@@ -95,9 +146,13 @@ async function sideFiles(config: ModelConfig, assetsFrom: string | null): Promis
 function optimizerFile(specs: ParamSpec[], o: OptimizerState): Buffer {
   const entries: [string, { shape: number[]; data: Float32Array }][] = [];
   for (const s of specs) {
-    const m = o.expAvg.get(s.name), v = o.expAvgSq.get(s.name);
+    const m = o.expAvg.get(s.name),
+      v = o.expAvgSq.get(s.name);
     if (!m || !v) throw new ConfigError(`saveCheckpoint: optimizer state lacks moments for ${s.name}`);
-    entries.push([`${s.name}.exp_avg`, { shape: s.shape, data: m }], [`${s.name}.exp_avg_sq`, { shape: s.shape, data: v }]);
+    entries.push(
+      [`${s.name}.exp_avg`, { shape: s.shape, data: m }],
+      [`${s.name}.exp_avg_sq`, { shape: s.shape, data: v }],
+    );
   }
   return encodeSafetensors(entries, { step: String(o.step), optimizer: 'adamw' });
 }
@@ -106,7 +161,11 @@ function optimizerFile(specs: ParamSpec[], o: OptimizerState): Buffer {
  * Writes `files` as directory `dir`: under a temporary name, every file fsynced, then renamed into
  * place (an existing `dir` is replaced only with `overwrite`), so a half-written directory never looks valid.
  */
-async function writeDirAtomic(dir: string, files: ReadonlyMap<string, Uint8Array | string>, overwrite: boolean): Promise<void> {
+async function writeDirAtomic(
+  dir: string,
+  files: ReadonlyMap<string, Uint8Array | string>,
+  overwrite: boolean,
+): Promise<void> {
   const parent = path.dirname(path.resolve(dir));
   await fs.mkdir(parent, { recursive: true });
   const tmp = path.join(parent, `.${path.basename(dir)}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
@@ -117,7 +176,8 @@ async function writeDirAtomic(dir: string, files: ReadonlyMap<string, Uint8Array
     let old: string | null = null;
     try {
       await fs.access(dir);
-      if (!overwrite) throw new ConfigError(`saveCheckpoint: ${dir} already exists (pass overwrite: true to replace it)`);
+      if (!overwrite)
+        throw new ConfigError(`saveCheckpoint: ${dir} already exists (pass overwrite: true to replace it)`);
       old = `${tmp}.old`;
       await fs.rename(dir, old);
     } catch (e) {
@@ -133,15 +193,24 @@ async function writeDirAtomic(dir: string, files: ReadonlyMap<string, Uint8Array
 }
 
 /** Write a checkpoint directory atomically; returns the sha256 of model.safetensors. */
-export async function saveCheckpoint(dir: string, config: ModelConfig, weights: Weights, opts: SaveOptions = {}): Promise<{ weightsSha256: string }> {
+export async function saveCheckpoint(
+  dir: string,
+  config: ModelConfig,
+  weights: Weights,
+  opts: SaveOptions = {},
+): Promise<{ weightsSha256: string }> {
   const specs = paramSpecs(config);
   for (const s of specs) {
     const w = weights.get(s.name);
     if (!w) throw new ConfigError(`saveCheckpoint: weights lack ${s.name}`);
-    if (w.length !== numel(s.shape)) throw new ConfigError(`saveCheckpoint: ${s.name} has ${w.length} values, expected [${s.shape}]`);
+    if (w.length !== numel(s.shape))
+      throw new ConfigError(`saveCheckpoint: ${s.name} has ${w.length} values, expected [${s.shape}]`);
   }
   const dtype = opts.dtype ?? 'float32';
-  const model = encodeSafetensors(specs.map((s) => [s.name, fromFloat32(weights.get(s.name)!, s.shape, dtype)]), { format: 'pt', ...(opts.metadata ?? {}) });
+  const model = encodeSafetensors(
+    specs.map((s) => [s.name, fromFloat32(weights.get(s.name)!, s.shape, dtype)]),
+    { format: 'pt', ...(opts.metadata ?? {}) },
+  );
   // the source's generation config and tokenizer files (read before the temporary directory exists)
   const side = await sideFiles(config, opts.assetsFrom ?? null);
   const files = new Map<string, Uint8Array | string>([[MODEL_FILE, model]]);
@@ -153,25 +222,38 @@ export async function saveCheckpoint(dir: string, config: ModelConfig, weights: 
 }
 
 async function readFile(file: string, what: string): Promise<Buffer> {
-  try { return await fs.readFile(file); } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') throw new ConfigError(`checkpoint: ${what} not found at ${file}`);
+  try {
+    return await fs.readFile(file);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT')
+      throw new ConfigError(`checkpoint: ${what} not found at ${file}`);
     throw e;
   }
 }
 
 /** Check a decoded tensor map against the config's parameter specs; returns float32 weights. */
-export function weightsFromTensors(config: ModelConfig, tensors: Map<string, StTensor>, source: string, suffix = ''): Weights {
+export function weightsFromTensors(
+  config: ModelConfig,
+  tensors: Map<string, StTensor>,
+  source: string,
+  suffix = '',
+): Weights {
   const specs = paramSpecs(config);
   const want = new Set(specs.map((s) => s.name + suffix));
-  const ignorable = (k: string) => (config.tieWordEmbeddings && k === 'lm_head.weight' + suffix) || k.endsWith('rotary_emb.inv_freq' + suffix);
+  const ignorable = (k: string) =>
+    (config.tieWordEmbeddings && k === 'lm_head.weight' + suffix) || k.endsWith('rotary_emb.inv_freq' + suffix);
   const extra = [...tensors.keys()].filter((k) => !want.has(k) && !ignorable(k));
-  if (extra.length) throw new ConfigError(`${source}: unexpected tensor(s) ${extra.slice(0, 5).join(', ')}${extra.length > 5 ? ` (+${extra.length - 5} more)` : ''} for this config.json (${config.modelType}, ${config.numHiddenLayers} layers, head "${config.head}")`);
+  if (extra.length)
+    throw new ConfigError(
+      `${source}: unexpected tensor(s) ${extra.slice(0, 5).join(', ')}${extra.length > 5 ? ` (+${extra.length - 5} more)` : ''} for this config.json (${config.modelType}, ${config.numHiddenLayers} layers, head "${config.head}")`,
+    );
   const w: Weights = new Map();
   for (const s of specs) {
     const name = s.name + suffix;
     const t = tensors.get(name);
     if (!t) throw new ConfigError(`${source}: missing tensor ${name} (expected shape [${s.shape}])`);
-    if (t.shape.length !== s.shape.length || t.shape.some((d, i) => d !== s.shape[i])) throw new ConfigError(`${source}: tensor ${name} has shape [${t.shape}], expected [${s.shape}] from config.json`);
+    if (t.shape.length !== s.shape.length || t.shape.some((d, i) => d !== s.shape[i]))
+      throw new ConfigError(`${source}: tensor ${name} has shape [${t.shape}], expected [${s.shape}] from config.json`);
     w.set(s.name, toFloat32(t, name, source));
   }
   return w;
@@ -181,7 +263,9 @@ async function readJson(file: string, what: string, optional: true): Promise<Rec
 async function readJson(file: string, what: string, optional?: false): Promise<Record<string, unknown>>;
 async function readJson(file: string, what: string, optional = false): Promise<Record<string, unknown> | null> {
   let text: string;
-  try { text = (await fs.readFile(file)).toString('utf8'); } catch (e) {
+  try {
+    text = (await fs.readFile(file)).toString('utf8');
+  } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT') {
       if (optional) return null;
       throw new ConfigError(`${path.dirname(file)} is not a model directory: ${what} not found`);
@@ -189,13 +273,19 @@ async function readJson(file: string, what: string, optional = false): Promise<R
     throw e;
   }
   let j: unknown;
-  try { j = JSON.parse(text); } catch (e) { throw new ConfigError(`${file} is not valid JSON (${(e as Error).message})`); }
+  try {
+    j = JSON.parse(text);
+  } catch (e) {
+    throw new ConfigError(`${file} is not valid JSON (${(e as Error).message})`);
+  }
   if (!j || typeof j !== 'object' || Array.isArray(j)) throw new ConfigError(`${file} must hold a JSON object`);
   return j as Record<string, unknown>;
 }
 
 /** The model config of a directory (config.json + generation_config.json), without reading weights. */
-export async function readModelDirConfig(dir: string): Promise<{ config: ModelConfig; generation: Record<string, unknown> | null }> {
+export async function readModelDirConfig(
+  dir: string,
+): Promise<{ config: ModelConfig; generation: Record<string, unknown> | null }> {
   const cfgJson = await readJson(path.join(dir, CONFIG_FILE), CONFIG_FILE);
   const generation = await readJson(path.join(dir, GENERATION_CONFIG_FILE), GENERATION_CONFIG_FILE, true);
   return { config: fromHfConfig(cfgJson, generation), generation };
@@ -208,11 +298,18 @@ export function readModelDirConfigSync(dir: string): ModelConfig {
     if (!existsSync(file)) {
       if (optional) return null;
       // a LoRA checkpoint's actor/ (PEFT layout) holds the adapter only: its base lives elsewhere
-      if (isAdapterDir(dir)) throw new ConfigError(`${dir} is a LoRA adapter (PEFT adapter_config.json, no ${CONFIG_FILE}), not a full model; merge it into its base with \`rlstream export ${dir} --merge --out DIR\` and give DIR as actor.model.path (with actor.model.lora to train a new adapter on the merged model)`);
+      if (isAdapterDir(dir))
+        throw new ConfigError(
+          `${dir} is a LoRA adapter (PEFT adapter_config.json, no ${CONFIG_FILE}), not a full model; merge it into its base with \`rlstream export ${dir} --merge --out DIR\` and give DIR as actor.model.path (with actor.model.lora to train a new adapter on the merged model)`,
+        );
       throw new ConfigError(`${dir} is not a model directory: ${f} not found`);
     }
     let j: unknown;
-    try { j = JSON.parse(readFileSync(file, 'utf8')); } catch (e) { throw new ConfigError(`${file} is not valid JSON (${(e as Error).message})`); }
+    try {
+      j = JSON.parse(readFileSync(file, 'utf8'));
+    } catch (e) {
+      throw new ConfigError(`${file} is not valid JSON (${(e as Error).message})`);
+    }
     if (!j || typeof j !== 'object' || Array.isArray(j)) throw new ConfigError(`${file} must hold a JSON object`);
     return j as Record<string, unknown>;
   };
@@ -224,12 +321,16 @@ export function readModelDirConfigSync(dir: string): ModelConfig {
  * fresh `score.weight` [1, D] ~ N(0, 0.02) seeded by `seed` (as transformers initialises the head
  * of AutoModelForTokenClassification loaded from an LM).
  */
-export function valueModelFrom(ck: Pick<Checkpoint, 'config' | 'weights'>, seed: number): { config: ModelConfig; weights: Weights } {
+export function valueModelFrom(
+  ck: Pick<Checkpoint, 'config' | 'weights'>,
+  seed: number,
+): { config: ModelConfig; weights: Weights } {
   if (ck.config.head === 'value') return ck;
   const config = modelConfig({ ...ck.config, head: 'value', tieWordEmbeddings: false });
   const fresh = initWeights(config, seed);
   const weights: Weights = new Map();
-  for (const s of paramSpecs(config)) weights.set(s.name, s.name === 'score.weight' ? fresh.get(s.name)! : ck.weights.get(s.name)!);
+  for (const s of paramSpecs(config))
+    weights.set(s.name, s.name === 'score.weight' ? fresh.get(s.name)! : ck.weights.get(s.name)!);
   return { config, weights };
 }
 
@@ -238,10 +339,19 @@ export function valueModelFrom(ck: Pick<Checkpoint, 'config' | 'weights'>, seed:
  * model.safetensors.index.json (each tensor must come from the shard the index names). Returns the
  * tensors and the sha256 of the weight bytes (of the file, or of the shards in index order).
  */
-async function readWeightTensors(dir: string): Promise<{ tensors: Map<string, StTensor>; metadata: Record<string, string>; sha: string; source: string }> {
-  const single = path.join(dir, MODEL_FILE), indexFile = path.join(dir, MODEL_INDEX_FILE);
-  if (!existsSync(single) && !existsSync(indexFile) && (existsSync(path.join(dir, 'pytorch_model.bin')) || existsSync(path.join(dir, 'pytorch_model.bin.index.json')))) {
-    throw new ConfigError(`${dir} has only PyTorch pickle weights (pytorch_model.bin); download the model's safetensors files, or convert once with transformers: AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`);
+async function readWeightTensors(
+  dir: string,
+): Promise<{ tensors: Map<string, StTensor>; metadata: Record<string, string>; sha: string; source: string }> {
+  const single = path.join(dir, MODEL_FILE),
+    indexFile = path.join(dir, MODEL_INDEX_FILE);
+  if (
+    !existsSync(single) &&
+    !existsSync(indexFile) &&
+    (existsSync(path.join(dir, 'pytorch_model.bin')) || existsSync(path.join(dir, 'pytorch_model.bin.index.json')))
+  ) {
+    throw new ConfigError(
+      `${dir} has only PyTorch pickle weights (pytorch_model.bin); download the model's safetensors files, or convert once with transformers: AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`,
+    );
   }
   const index = existsSync(single) ? null : await readJson(indexFile, `${MODEL_FILE} (or ${MODEL_INDEX_FILE})`);
   if (!index) {
@@ -250,12 +360,15 @@ async function readWeightTensors(dir: string): Promise<{ tensors: Map<string, St
     return { tensors, metadata, sha: sha256(buf), source: single };
   }
   const map = index.weight_map;
-  if (!map || typeof map !== 'object' || Array.isArray(map)) throw new ConfigError(`${indexFile}: "weight_map" must be an object {tensor name: shard file}`);
+  if (!map || typeof map !== 'object' || Array.isArray(map))
+    throw new ConfigError(`${indexFile}: "weight_map" must be an object {tensor name: shard file}`);
   const entries = Object.entries(map as Record<string, unknown>);
   const shards = [...new Set(entries.map(([, f]) => String(f)))];
   for (const f of shards) {
-    if (f.includes('/') || f.includes('\\') || f.startsWith('.')) throw new ConfigError(`${indexFile}: shard name ${JSON.stringify(f)} must be a file name in the same directory`);
-    if (!existsSync(path.join(dir, f))) throw new ConfigError(`${indexFile} names shard ${f}, which is missing from ${dir}`);
+    if (f.includes('/') || f.includes('\\') || f.startsWith('.'))
+      throw new ConfigError(`${indexFile}: shard name ${JSON.stringify(f)} must be a file name in the same directory`);
+    if (!existsSync(path.join(dir, f)))
+      throw new ConfigError(`${indexFile} names shard ${f}, which is missing from ${dir}`);
   }
   const tensors = new Map<string, StTensor>();
   const hash = createHash('sha256');
@@ -273,7 +386,9 @@ async function readWeightTensors(dir: string): Promise<{ tensors: Map<string, St
       tensors.set(name, t);
     }
   }
-  for (const [name, f] of entries) if (!tensors.has(name)) throw new ConfigError(`${indexFile} puts tensor ${name} in ${String(f)}, which does not contain it`);
+  for (const [name, f] of entries)
+    if (!tensors.has(name))
+      throw new ConfigError(`${indexFile} puts tensor ${name} in ${String(f)}, which does not contain it`);
   return { tensors, metadata, sha: hash.digest('hex'), source: `${dir} (${shards.length} shards)` };
 }
 
@@ -287,18 +402,30 @@ export async function loadCheckpoint(dir: string, opts: { optimizer?: boolean } 
   if (opts.optimizer !== false) {
     const ofile = path.join(dir, OPTIMIZER_FILE);
     let obuf: Buffer | null = null;
-    try { obuf = await fs.readFile(ofile); } catch (e) { if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e; }
+    try {
+      obuf = await fs.readFile(ofile);
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+    }
     if (obuf) {
       const od = decodeSafetensors(obuf, ofile);
       const step = Number(od.metadata.step);
-      if (!Number.isInteger(step) || step < 0) throw new ConfigError(`${ofile}: metadata "step" must be a non-negative integer, got ${JSON.stringify(od.metadata.step)}`);
-      const m = new Map<string, StTensor>(), v = new Map<string, StTensor>();
+      if (!Number.isInteger(step) || step < 0)
+        throw new ConfigError(
+          `${ofile}: metadata "step" must be a non-negative integer, got ${JSON.stringify(od.metadata.step)}`,
+        );
+      const m = new Map<string, StTensor>(),
+        v = new Map<string, StTensor>();
       for (const [k, t] of od.tensors) {
         if (k.endsWith('.exp_avg')) m.set(k, t);
         else if (k.endsWith('.exp_avg_sq')) v.set(k, t);
         else throw new ConfigError(`${ofile}: unexpected tensor ${k} (expected <param>.exp_avg / <param>.exp_avg_sq)`);
       }
-      out.optimizer = { step, expAvg: weightsFromTensors(config, m, ofile, '.exp_avg'), expAvgSq: weightsFromTensors(config, v, ofile, '.exp_avg_sq') };
+      out.optimizer = {
+        step,
+        expAvg: weightsFromTensors(config, m, ofile, '.exp_avg'),
+        expAvgSq: weightsFromTensors(config, v, ofile, '.exp_avg_sq'),
+      };
     } else if (opts.optimizer === true) {
       throw new ConfigError(`checkpoint: ${OPTIMIZER_FILE} not found in ${dir}`);
     }
@@ -307,7 +434,9 @@ export async function loadCheckpoint(dir: string, opts: { optimizer?: boolean } 
 }
 
 /** The weights file of a model directory: adapter_model.safetensors for a LoRA adapter, else model.safetensors. */
-export function weightsFileOf(dir: string): string { return isAdapterDir(dir) ? ADAPTER_MODEL_FILE : MODEL_FILE; }
+export function weightsFileOf(dir: string): string {
+  return isAdapterDir(dir) ? ADAPTER_MODEL_FILE : MODEL_FILE;
+}
 
 /** sha256 of a checkpoint's model.safetensors (a LoRA adapter's adapter_model.safetensors). */
 export async function checkpointSha256(dir: string): Promise<string> {
@@ -338,7 +467,9 @@ export interface AdapterCheckpoint {
 }
 
 /** Whether `dir` holds a PEFT adapter (adapter_config.json) rather than a full model. */
-export function isAdapterDir(dir: string): boolean { return existsSync(path.join(dir, ADAPTER_CONFIG_FILE)); }
+export function isAdapterDir(dir: string): boolean {
+  return existsSync(path.join(dir, ADAPTER_CONFIG_FILE));
+}
 
 /**
  * Write a PEFT adapter directory atomically: adapter_config.json, adapter_model.safetensors
@@ -347,10 +478,19 @@ export function isAdapterDir(dir: string): boolean { return existsSync(path.join
  * and tokenizer files. No config.json: transformers and peft load the base from
  * base_model_name_or_path and apply the adapter. Returns the sha256 of adapter_model.safetensors.
  */
-export async function saveAdapter(dir: string, config: ModelConfig, lora: LoraConfig, adapter: Weights, opts: AdapterSaveOptions): Promise<{ weightsSha256: string }> {
+export async function saveAdapter(
+  dir: string,
+  config: ModelConfig,
+  lora: LoraConfig,
+  adapter: Weights,
+  opts: AdapterSaveOptions,
+): Promise<{ weightsSha256: string }> {
   validateAdapter(config, lora, adapter, 'saveAdapter');
   const specs = loraSpecs(config, lora);
-  const model = encodeSafetensors(specs.map((s) => [PEFT_PREFIX + s.name, { shape: s.shape, data: adapter.get(s.name)! }]), { format: 'pt', ...(opts.metadata ?? {}) });
+  const model = encodeSafetensors(
+    specs.map((s) => [PEFT_PREFIX + s.name, { shape: s.shape, data: adapter.get(s.name)! }]),
+    { format: 'pt', ...(opts.metadata ?? {}) },
+  );
   const files = new Map<string, Uint8Array | string>([[ADAPTER_MODEL_FILE, model]]);
   if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
   files.set(ADAPTER_CONFIG_FILE, JSON.stringify(peftAdapterConfig(lora, opts.basePath), null, 2) + '\n');
@@ -364,13 +504,19 @@ export async function saveAdapter(dir: string, config: ModelConfig, lora: LoraCo
  * base (another architecture, width or depth; target modules it lacks) is one line naming the
  * tensor and both shapes; `expect` (the run's LoRA config) must match rank, alpha and targets.
  */
-export async function loadAdapter(dir: string, config: ModelConfig, opts: { optimizer?: boolean; expect?: LoraConfig } = {}): Promise<AdapterCheckpoint> {
+export async function loadAdapter(
+  dir: string,
+  config: ModelConfig,
+  opts: { optimizer?: boolean; expect?: LoraConfig } = {},
+): Promise<AdapterCheckpoint> {
   const cfgFile = path.join(dir, ADAPTER_CONFIG_FILE);
   const lora = loraFromPeftConfig(await readJson(cfgFile, ADAPTER_CONFIG_FILE), cfgFile);
   if (opts.expect) {
     const e = opts.expect;
     if (e.rank !== lora.rank || e.alpha !== lora.alpha || e.targetModules.join() !== lora.targetModules.join()) {
-      throw new ConfigError(`${cfgFile}: the adapter (rank ${lora.rank}, alpha ${lora.alpha}, target modules ${lora.targetModules.join(', ')}) is not actor.model.lora (rank ${e.rank}, alpha ${e.alpha}, target modules ${e.targetModules.join(', ')}); set actor.model.lora to the adapter's values`);
+      throw new ConfigError(
+        `${cfgFile}: the adapter (rank ${lora.rank}, alpha ${lora.alpha}, target modules ${lora.targetModules.join(', ')}) is not actor.model.lora (rank ${e.rank}, alpha ${e.alpha}, target modules ${e.targetModules.join(', ')}); set actor.model.lora to the adapter's values`,
+      );
     }
   }
   const file = path.join(dir, ADAPTER_MODEL_FILE);
@@ -380,28 +526,50 @@ export async function loadAdapter(dir: string, config: ModelConfig, opts: { opti
   const known = new Set(specs.map((s) => PEFT_PREFIX + s.name));
   const base = `the base model (${config.modelType}, ${config.numHiddenLayers} layers, hidden ${config.hiddenSize}, ffn ${config.intermediateSize})`;
   for (const k of tensors.keys()) {
-    if (!known.has(k)) throw new ConfigError(`${file}: tensor ${k} has no module in ${base}; the adapter was trained on another base model`);
+    if (!known.has(k))
+      throw new ConfigError(
+        `${file}: tensor ${k} has no module in ${base}; the adapter was trained on another base model`,
+      );
   }
   const adapter: Weights = new Map();
   for (const s of specs) {
     const t = tensors.get(PEFT_PREFIX + s.name);
-    if (!t) throw new ConfigError(`${file}: tensor ${PEFT_PREFIX + s.name} is missing (target modules ${lora.targetModules.join(', ')} on ${base})`);
-    if (t.shape.join() !== s.shape.join()) throw new ConfigError(`${file}: tensor ${PEFT_PREFIX + s.name} has shape [${t.shape}], ${base} needs [${s.shape}]; the adapter was trained on another base model`);
+    if (!t)
+      throw new ConfigError(
+        `${file}: tensor ${PEFT_PREFIX + s.name} is missing (target modules ${lora.targetModules.join(', ')} on ${base})`,
+      );
+    if (t.shape.join() !== s.shape.join())
+      throw new ConfigError(
+        `${file}: tensor ${PEFT_PREFIX + s.name} has shape [${t.shape}], ${base} needs [${s.shape}]; the adapter was trained on another base model`,
+      );
     adapter.set(s.name, toFloat32(t, s.name, file));
   }
   const cfgJson = await readJson(cfgFile, ADAPTER_CONFIG_FILE);
-  const out: AdapterCheckpoint = { lora, adapter, weightsSha256: sha256(buf), metadata, basePath: typeof cfgJson.base_model_name_or_path === 'string' ? cfgJson.base_model_name_or_path : null };
+  const out: AdapterCheckpoint = {
+    lora,
+    adapter,
+    weightsSha256: sha256(buf),
+    metadata,
+    basePath: typeof cfgJson.base_model_name_or_path === 'string' ? cfgJson.base_model_name_or_path : null,
+  };
   if (opts.optimizer !== false) {
     const ofile = path.join(dir, OPTIMIZER_FILE);
     if (existsSync(ofile)) {
       const od = decodeSafetensors(await fs.readFile(ofile), ofile);
       const step = Number(od.metadata.step);
-      if (!Number.isInteger(step) || step < 0) throw new ConfigError(`${ofile}: metadata "step" must be a non-negative integer, got ${JSON.stringify(od.metadata.step)}`);
-      const pick = (suffix: string): Weights => new Map(specs.map((s) => {
-        const t = od.tensors.get(s.name + suffix);
-        if (!t || t.shape.join() !== s.shape.join()) throw new ConfigError(`${ofile}: ${s.name + suffix} is missing or not [${s.shape}]`);
-        return [s.name, toFloat32(t, s.name + suffix, ofile)];
-      }));
+      if (!Number.isInteger(step) || step < 0)
+        throw new ConfigError(
+          `${ofile}: metadata "step" must be a non-negative integer, got ${JSON.stringify(od.metadata.step)}`,
+        );
+      const pick = (suffix: string): Weights =>
+        new Map(
+          specs.map((s) => {
+            const t = od.tensors.get(s.name + suffix);
+            if (!t || t.shape.join() !== s.shape.join())
+              throw new ConfigError(`${ofile}: ${s.name + suffix} is missing or not [${s.shape}]`);
+            return [s.name, toFloat32(t, s.name + suffix, ofile)];
+          }),
+        );
       out.optimizer = { step, expAvg: pick('.exp_avg'), expAvgSq: pick('.exp_avg_sq') };
     } else if (opts.optimizer === true) throw new ConfigError(`checkpoint: ${OPTIMIZER_FILE} not found in ${dir}`);
   }

@@ -8,10 +8,15 @@ import { ConfigError } from '../errors.ts';
 
 const ropeScalingSchema = z.discriminatedUnion('type', [
   z.object({ type: z.literal('linear'), factor: z.number().positive() }).strict(),
-  z.object({
-    type: z.literal('llama3'), factor: z.number().positive(), lowFreqFactor: z.number().positive(), highFreqFactor: z.number().positive(),
-    originalMaxPositionEmbeddings: z.number().int().positive(),
-  }).strict(),
+  z
+    .object({
+      type: z.literal('llama3'),
+      factor: z.number().positive(),
+      lowFreqFactor: z.number().positive(),
+      highFreqFactor: z.number().positive(),
+      originalMaxPositionEmbeddings: z.number().int().positive(),
+    })
+    .strict(),
 ]);
 export type RopeScaling = z.infer<typeof ropeScalingSchema>;
 
@@ -25,51 +30,114 @@ export const MODEL_TYPES = ['llama', 'mistral', 'qwen2', 'qwen3'] as const;
  * outHiddenSize = the decoder's hiddenSize). Written to config.json as `vision_config` (snake case)
  * with the three token ids at the top level (`image_token_id`, `vision_start_token_id`, `vision_end_token_id`).
  */
-export const visionConfigSchema = z.object({
-  depth: z.number().int().positive().describe('ViT blocks'),
-  hiddenSize: z.number().int().positive().describe('ViT width (Qwen2-VL embed_dim)'),
-  intermediateSize: z.number().int().positive().describe('ViT MLP hidden width (Qwen2-VL embed_dim × mlp_ratio)'),
-  numHeads: z.number().int().positive().describe('ViT attention heads'),
-  outHiddenSize: z.number().int().positive().describe('merger output width: must equal the decoder hiddenSize'),
-  patchSize: z.number().int().positive().default(14).describe('patch side in pixels'),
-  temporalPatchSize: z.number().int().positive().default(2).describe('frames per patch (an image is repeated over them, as Qwen2-VL\'s processor does)'),
-  spatialMergeSize: z.union([z.literal(1), z.literal(2)]).default(2).describe('merger window side: 2 = each 2×2 patch window becomes one decoder token; 1 = one token per patch'),
-  layerNormEps: z.number().positive().default(1e-6).describe('LayerNorm epsilon of the blocks and the merger'),
-  rope: z.enum(['2d', '1d']).default('2d').describe('rotary positions in the ViT: 2d = (row, column) of the patch on half the rotary frequencies each (Qwen2-VL), 1d = the patch index'),
-  ropeTheta: z.number().positive().default(10000).describe('rotary base of the ViT'),
-  imageTokenId: z.number().int().nonnegative().describe('<|image_pad|>: one per merged patch, its embedding replaced by the image token'),
-  visionStartTokenId: z.number().int().nonnegative().describe('<|vision_start|> (before the pads)'),
-  visionEndTokenId: z.number().int().nonnegative().describe('<|vision_end|> (after the pads)'),
-}).strict();
+export const visionConfigSchema = z
+  .object({
+    depth: z.number().int().positive().describe('ViT blocks'),
+    hiddenSize: z.number().int().positive().describe('ViT width (Qwen2-VL embed_dim)'),
+    intermediateSize: z.number().int().positive().describe('ViT MLP hidden width (Qwen2-VL embed_dim × mlp_ratio)'),
+    numHeads: z.number().int().positive().describe('ViT attention heads'),
+    outHiddenSize: z.number().int().positive().describe('merger output width: must equal the decoder hiddenSize'),
+    patchSize: z.number().int().positive().default(14).describe('patch side in pixels'),
+    temporalPatchSize: z
+      .number()
+      .int()
+      .positive()
+      .default(2)
+      .describe("frames per patch (an image is repeated over them, as Qwen2-VL's processor does)"),
+    spatialMergeSize: z
+      .union([z.literal(1), z.literal(2)])
+      .default(2)
+      .describe('merger window side: 2 = each 2×2 patch window becomes one decoder token; 1 = one token per patch'),
+    layerNormEps: z.number().positive().default(1e-6).describe('LayerNorm epsilon of the blocks and the merger'),
+    rope: z
+      .enum(['2d', '1d'])
+      .default('2d')
+      .describe(
+        'rotary positions in the ViT: 2d = (row, column) of the patch on half the rotary frequencies each (Qwen2-VL), 1d = the patch index',
+      ),
+    ropeTheta: z.number().positive().default(10000).describe('rotary base of the ViT'),
+    imageTokenId: z
+      .number()
+      .int()
+      .nonnegative()
+      .describe('<|image_pad|>: one per merged patch, its embedding replaced by the image token'),
+    visionStartTokenId: z.number().int().nonnegative().describe('<|vision_start|> (before the pads)'),
+    visionEndTokenId: z.number().int().nonnegative().describe('<|vision_end|> (after the pads)'),
+  })
+  .strict();
 export type VisionConfig = z.output<typeof visionConfigSchema>;
 export type VisionConfigInput = z.input<typeof visionConfigSchema>;
 
-export const modelConfigSchema = z.object({
-  modelType: z.enum(MODEL_TYPES).default('llama').describe('llama (also SmolLM2), mistral, qwen2 (q/k/v biases) or qwen3 (per-head q/k RMSNorm)'),
-  head: z.enum(['lm', 'value']).default('lm').describe('lm: causal-LM policy head; value: scalar critic head (score.weight)'),
-  hiddenSize: z.number().int().positive().describe('d_model'),
-  intermediateSize: z.number().int().positive().describe('SwiGLU hidden width (ffn)'),
-  numHiddenLayers: z.number().int().positive().describe('decoder layers'),
-  numAttentionHeads: z.number().int().positive().describe('query heads'),
-  numKeyValueHeads: z.number().int().positive().describe('key/value heads (grouped-query attention when fewer than query heads)'),
-  headDim: z.number().int().positive().optional().describe('per-head width; default hiddenSize / numAttentionHeads (Qwen3 sets it independently)'),
-  vocabSize: z.number().int().positive().describe('vocabulary size, specials included (may exceed the tokenizer\'s: padding rows)'),
-  maxPositionEmbeddings: z.number().int().positive().describe('maximum sequence length (prompt + response)'),
-  rmsNormEps: z.number().positive().default(1e-6).describe('RMSNorm epsilon'),
-  ropeTheta: z.number().positive().default(10000).describe('rotary base'),
-  ropeScaling: ropeScalingSchema.nullable().default(null).describe('rotary frequency scaling (HF rope_scaling types linear, llama3); null = none'),
-  tieWordEmbeddings: z.boolean().default(false).describe('LM head shares the token embedding'),
-  attentionBias: z.boolean().default(false).describe('q/k/v projection biases (true for Qwen2)'),
-  bosTokenId: z.number().int().nonnegative().describe('begin-of-sequence token id'),
-  eosTokenId: z.number().int().nonnegative().describe('end-of-sequence token id (the first stop token)'),
-  eosTokenIds: z.array(z.number().int().nonnegative()).min(1).optional().describe('every stop token (config.json list + generation_config.json); default [eosTokenId]'),
-  padTokenId: z.number().int().nonnegative().describe('padding token id'),
-  // added by tok (issue 14): one mask for every LM-head distribution, so sampler and scorer/trainer agree
-  suppressTokenIds: z.array(z.number().int().nonnegative()).optional().describe('ids that get a −1e9 logit bias in every LM-head distribution — sampling, scoring, training (HF generation_config suppress_tokens, applied everywhere so behaviour and trainer log-probs agree); not written to config.json'),
-  slidingWindow: z.number().int().positive().nullable().default(null).describe('Mistral sliding-window size; sequences must fit inside it (null = full attention)'),
-  vision: visionConfigSchema.optional().describe('vision tower of a vision-language policy (Qwen2-VL layout); absent = text-only'),
-  extra: z.record(z.string(), z.unknown()).optional().describe('config.json keys of the source model not modelled here, written back unchanged'),
-}).strict();
+export const modelConfigSchema = z
+  .object({
+    modelType: z
+      .enum(MODEL_TYPES)
+      .default('llama')
+      .describe('llama (also SmolLM2), mistral, qwen2 (q/k/v biases) or qwen3 (per-head q/k RMSNorm)'),
+    head: z
+      .enum(['lm', 'value'])
+      .default('lm')
+      .describe('lm: causal-LM policy head; value: scalar critic head (score.weight)'),
+    hiddenSize: z.number().int().positive().describe('d_model'),
+    intermediateSize: z.number().int().positive().describe('SwiGLU hidden width (ffn)'),
+    numHiddenLayers: z.number().int().positive().describe('decoder layers'),
+    numAttentionHeads: z.number().int().positive().describe('query heads'),
+    numKeyValueHeads: z
+      .number()
+      .int()
+      .positive()
+      .describe('key/value heads (grouped-query attention when fewer than query heads)'),
+    headDim: z
+      .number()
+      .int()
+      .positive()
+      .optional()
+      .describe('per-head width; default hiddenSize / numAttentionHeads (Qwen3 sets it independently)'),
+    vocabSize: z
+      .number()
+      .int()
+      .positive()
+      .describe("vocabulary size, specials included (may exceed the tokenizer's: padding rows)"),
+    maxPositionEmbeddings: z.number().int().positive().describe('maximum sequence length (prompt + response)'),
+    rmsNormEps: z.number().positive().default(1e-6).describe('RMSNorm epsilon'),
+    ropeTheta: z.number().positive().default(10000).describe('rotary base'),
+    ropeScaling: ropeScalingSchema
+      .nullable()
+      .default(null)
+      .describe('rotary frequency scaling (HF rope_scaling types linear, llama3); null = none'),
+    tieWordEmbeddings: z.boolean().default(false).describe('LM head shares the token embedding'),
+    attentionBias: z.boolean().default(false).describe('q/k/v projection biases (true for Qwen2)'),
+    bosTokenId: z.number().int().nonnegative().describe('begin-of-sequence token id'),
+    eosTokenId: z.number().int().nonnegative().describe('end-of-sequence token id (the first stop token)'),
+    eosTokenIds: z
+      .array(z.number().int().nonnegative())
+      .min(1)
+      .optional()
+      .describe('every stop token (config.json list + generation_config.json); default [eosTokenId]'),
+    padTokenId: z.number().int().nonnegative().describe('padding token id'),
+    // added by tok (issue 14): one mask for every LM-head distribution, so sampler and scorer/trainer agree
+    suppressTokenIds: z
+      .array(z.number().int().nonnegative())
+      .optional()
+      .describe(
+        'ids that get a −1e9 logit bias in every LM-head distribution — sampling, scoring, training (HF generation_config suppress_tokens, applied everywhere so behaviour and trainer log-probs agree); not written to config.json',
+      ),
+    slidingWindow: z
+      .number()
+      .int()
+      .positive()
+      .nullable()
+      .default(null)
+      .describe('Mistral sliding-window size; sequences must fit inside it (null = full attention)'),
+    vision: visionConfigSchema
+      .optional()
+      .describe('vision tower of a vision-language policy (Qwen2-VL layout); absent = text-only'),
+    extra: z
+      .record(z.string(), z.unknown())
+      .optional()
+      .describe('config.json keys of the source model not modelled here, written back unchanged'),
+  })
+  .strict();
 
 export type ModelConfigInput = z.input<typeof modelConfigSchema>;
 export type ModelConfig = Omit<z.output<typeof modelConfigSchema>, 'headDim'> & { readonly headDim: number };
@@ -77,54 +145,133 @@ export type ModelConfig = Omit<z.output<typeof modelConfigSchema>, 'headDim'> & 
 /** Validate and complete a model config; errors name the field and what to fix. */
 export function modelConfig(input: ModelConfigInput | ModelConfig): ModelConfig {
   const r = modelConfigSchema.safeParse(input);
-  if (!r.success) throw new ConfigError(`model config: ${r.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`);
+  if (!r.success)
+    throw new ConfigError(
+      `model config: ${r.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`,
+    );
   const c = r.data;
-  if (c.headDim === undefined && c.hiddenSize % c.numAttentionHeads !== 0) throw new ConfigError(`model config: hiddenSize ${c.hiddenSize} must be divisible by numAttentionHeads ${c.numAttentionHeads} (or give headDim)`);
-  if (c.numAttentionHeads % c.numKeyValueHeads !== 0) throw new ConfigError(`model config: numAttentionHeads ${c.numAttentionHeads} must be a multiple of numKeyValueHeads ${c.numKeyValueHeads}`);
+  if (c.headDim === undefined && c.hiddenSize % c.numAttentionHeads !== 0)
+    throw new ConfigError(
+      `model config: hiddenSize ${c.hiddenSize} must be divisible by numAttentionHeads ${c.numAttentionHeads} (or give headDim)`,
+    );
+  if (c.numAttentionHeads % c.numKeyValueHeads !== 0)
+    throw new ConfigError(
+      `model config: numAttentionHeads ${c.numAttentionHeads} must be a multiple of numKeyValueHeads ${c.numKeyValueHeads}`,
+    );
   const headDim = c.headDim ?? c.hiddenSize / c.numAttentionHeads;
   if (headDim % 2 !== 0) throw new ConfigError(`model config: head dim ${headDim} must be even for rotary embeddings`);
   for (const k of ['bosTokenId', 'eosTokenId', 'padTokenId'] as const) {
-    if (c[k] >= c.vocabSize) throw new ConfigError(`model config: ${k} ${c[k]} is outside the vocabulary (vocabSize ${c.vocabSize})`);
+    if (c[k] >= c.vocabSize)
+      throw new ConfigError(`model config: ${k} ${c[k]} is outside the vocabulary (vocabSize ${c.vocabSize})`);
   }
-  for (const e of c.eosTokenIds ?? []) if (e >= c.vocabSize) throw new ConfigError(`model config: eosTokenIds ${e} is outside the vocabulary (vocabSize ${c.vocabSize})`);
-  for (const e of c.suppressTokenIds ?? []) if (e >= c.vocabSize) throw new ConfigError(`model config: suppressTokenIds ${e} is outside the vocabulary (vocabSize ${c.vocabSize})`);
-  if (c.head === 'value' && c.tieWordEmbeddings) throw new ConfigError('model config: a value model has no LM head to tie; set tieWordEmbeddings false');
-  if (c.ropeScaling?.type === 'llama3' && c.ropeScaling.highFreqFactor <= c.ropeScaling.lowFreqFactor) throw new ConfigError(`model config: rope scaling llama3 needs highFreqFactor (${c.ropeScaling.highFreqFactor}) > lowFreqFactor (${c.ropeScaling.lowFreqFactor})`);
+  for (const e of c.eosTokenIds ?? [])
+    if (e >= c.vocabSize)
+      throw new ConfigError(`model config: eosTokenIds ${e} is outside the vocabulary (vocabSize ${c.vocabSize})`);
+  for (const e of c.suppressTokenIds ?? [])
+    if (e >= c.vocabSize)
+      throw new ConfigError(`model config: suppressTokenIds ${e} is outside the vocabulary (vocabSize ${c.vocabSize})`);
+  if (c.head === 'value' && c.tieWordEmbeddings)
+    throw new ConfigError('model config: a value model has no LM head to tie; set tieWordEmbeddings false');
+  if (c.ropeScaling?.type === 'llama3' && c.ropeScaling.highFreqFactor <= c.ropeScaling.lowFreqFactor)
+    throw new ConfigError(
+      `model config: rope scaling llama3 needs highFreqFactor (${c.ropeScaling.highFreqFactor}) > lowFreqFactor (${c.ropeScaling.lowFreqFactor})`,
+    );
   const v = c.vision;
   if (v) {
-    if (v.outHiddenSize !== c.hiddenSize) throw new ConfigError(`model config: vision.outHiddenSize ${v.outHiddenSize} must equal the decoder hiddenSize ${c.hiddenSize}`);
-    if (v.hiddenSize % v.numHeads !== 0) throw new ConfigError(`model config: vision.hiddenSize ${v.hiddenSize} must be divisible by vision.numHeads ${v.numHeads}`);
+    if (v.outHiddenSize !== c.hiddenSize)
+      throw new ConfigError(
+        `model config: vision.outHiddenSize ${v.outHiddenSize} must equal the decoder hiddenSize ${c.hiddenSize}`,
+      );
+    if (v.hiddenSize % v.numHeads !== 0)
+      throw new ConfigError(
+        `model config: vision.hiddenSize ${v.hiddenSize} must be divisible by vision.numHeads ${v.numHeads}`,
+      );
     const vhd = v.hiddenSize / v.numHeads;
-    if (vhd % (v.rope === '2d' ? 4 : 2) !== 0) throw new ConfigError(`model config: vision head dim ${vhd} must be a multiple of ${v.rope === '2d' ? 4 : 2} for ${v.rope} rotary embeddings`);
+    if (vhd % (v.rope === '2d' ? 4 : 2) !== 0)
+      throw new ConfigError(
+        `model config: vision head dim ${vhd} must be a multiple of ${v.rope === '2d' ? 4 : 2} for ${v.rope} rotary embeddings`,
+      );
     for (const k of ['imageTokenId', 'visionStartTokenId', 'visionEndTokenId'] as const) {
-      if (v[k] >= c.vocabSize) throw new ConfigError(`model config: vision.${k} ${v[k]} is outside the vocabulary (vocabSize ${c.vocabSize})`);
+      if (v[k] >= c.vocabSize)
+        throw new ConfigError(`model config: vision.${k} ${v[k]} is outside the vocabulary (vocabSize ${c.vocabSize})`);
     }
-    if (new Set([v.imageTokenId, v.visionStartTokenId, v.visionEndTokenId]).size !== 3) throw new ConfigError('model config: vision.imageTokenId, visionStartTokenId and visionEndTokenId must be three different tokens');
+    if (new Set([v.imageTokenId, v.visionStartTokenId, v.visionEndTokenId]).size !== 3)
+      throw new ConfigError(
+        'model config: vision.imageTokenId, visionStartTokenId and visionEndTokenId must be three different tokens',
+      );
   }
   const out: Record<string, unknown> = { ...c, headDim };
-  for (const k of ['eosTokenIds', 'suppressTokenIds', 'extra', 'vision'] as const) if (out[k] === undefined) delete out[k];
+  for (const k of ['eosTokenIds', 'suppressTokenIds', 'extra', 'vision'] as const)
+    if (out[k] === undefined) delete out[k];
   return Object.freeze(out) as ModelConfig;
 }
 
 /** Every stop token of the model: eosTokenIds, or [eosTokenId]. */
-export function stopTokenIds(c: ModelConfig): number[] { return c.eosTokenIds ? [...c.eosTokenIds] : [c.eosTokenId]; }
+export function stopTokenIds(c: ModelConfig): number[] {
+  return c.eosTokenIds ? [...c.eosTokenIds] : [c.eosTokenId];
+}
 
 /** Whether the architecture has Qwen3's per-head RMSNorm on queries and keys (q_norm / k_norm, before RoPE). */
-export function hasQkNorm(c: ModelConfig): boolean { return c.modelType === 'qwen3'; }
+export function hasQkNorm(c: ModelConfig): boolean {
+  return c.modelType === 'qwen3';
+}
 
-const ARCH: Record<ModelConfig['modelType'], string> = { llama: 'Llama', mistral: 'Mistral', qwen2: 'Qwen2', qwen3: 'Qwen3' };
+const ARCH: Record<ModelConfig['modelType'], string> = {
+  llama: 'Llama',
+  mistral: 'Mistral',
+  qwen2: 'Qwen2',
+  qwen3: 'Qwen3',
+};
 
 /** config.json keys this module reads or writes; every other key of a source config is kept in `extra`. */
-const MODELLED = new Set(['architectures', 'model_type', 'hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads', 'num_key_value_heads',
-  'head_dim', 'vocab_size', 'max_position_embeddings', 'rms_norm_eps', 'rope_theta', 'rope_scaling', 'rope_parameters', 'hidden_act', 'tie_word_embeddings',
-  'attention_bias', 'torch_dtype', 'dtype', 'bos_token_id', 'eos_token_id', 'pad_token_id', 'num_labels', 'id2label', 'label2id',
-  'vision_config', 'image_token_id', 'vision_start_token_id', 'vision_end_token_id']);
+const MODELLED = new Set([
+  'architectures',
+  'model_type',
+  'hidden_size',
+  'intermediate_size',
+  'num_hidden_layers',
+  'num_attention_heads',
+  'num_key_value_heads',
+  'head_dim',
+  'vocab_size',
+  'max_position_embeddings',
+  'rms_norm_eps',
+  'rope_theta',
+  'rope_scaling',
+  'rope_parameters',
+  'hidden_act',
+  'tie_word_embeddings',
+  'attention_bias',
+  'torch_dtype',
+  'dtype',
+  'bos_token_id',
+  'eos_token_id',
+  'pad_token_id',
+  'num_labels',
+  'id2label',
+  'label2id',
+  'vision_config',
+  'image_token_id',
+  'vision_start_token_id',
+  'vision_end_token_id',
+]);
 
 /** vision_config keys (snake case) ↔ VisionConfig fields; any other vision_config key is refused. */
-const VISION_KEYS: Record<string, Exclude<keyof VisionConfig, 'imageTokenId' | 'visionStartTokenId' | 'visionEndTokenId'>> = {
-  depth: 'depth', hidden_size: 'hiddenSize', intermediate_size: 'intermediateSize', num_heads: 'numHeads', out_hidden_size: 'outHiddenSize',
-  patch_size: 'patchSize', temporal_patch_size: 'temporalPatchSize', spatial_merge_size: 'spatialMergeSize', layer_norm_eps: 'layerNormEps',
-  rope: 'rope', rope_theta: 'ropeTheta',
+const VISION_KEYS: Record<
+  string,
+  Exclude<keyof VisionConfig, 'imageTokenId' | 'visionStartTokenId' | 'visionEndTokenId'>
+> = {
+  depth: 'depth',
+  hidden_size: 'hiddenSize',
+  intermediate_size: 'intermediateSize',
+  num_heads: 'numHeads',
+  out_hidden_size: 'outHiddenSize',
+  patch_size: 'patchSize',
+  temporal_patch_size: 'temporalPatchSize',
+  spatial_merge_size: 'spatialMergeSize',
+  layer_norm_eps: 'layerNormEps',
+  rope: 'rope',
+  rope_theta: 'ropeTheta',
 };
 /** vision_config keys accepted when they state what this engine computes anyway. */
 const VISION_FIXED: Record<string, unknown> = { in_channels: 3, in_chans: 3, hidden_act: 'quick_gelu' };
@@ -139,12 +286,25 @@ function visionToHf(v: VisionConfig): Record<string, unknown> {
 function visionFromHf(j: Record<string, unknown>): VisionConfigInput | null {
   const vc = j.vision_config;
   if (vc === undefined || vc === null) return null;
-  if (typeof vc !== 'object' || Array.isArray(vc)) throw new ConfigError(`config.json: "vision_config" must be an object, got ${JSON.stringify(vc)}`);
-  const bad = Object.keys(vc).filter((k) => !(k in VISION_KEYS) && !VISION_IGNORED.has(k) && !(k in VISION_FIXED && (vc as Record<string, unknown>)[k] === VISION_FIXED[k]));
-  if (bad.length) throw unsupported(`vision_config ${bad.map((k) => `${k}=${JSON.stringify((vc as Record<string, unknown>)[k])}`).join(', ')}`, `supported keys: ${Object.keys(VISION_KEYS).join(', ')}; in_channels 3, hidden_act quick_gelu`);
+  if (typeof vc !== 'object' || Array.isArray(vc))
+    throw new ConfigError(`config.json: "vision_config" must be an object, got ${JSON.stringify(vc)}`);
+  const bad = Object.keys(vc).filter(
+    (k) =>
+      !(k in VISION_KEYS) &&
+      !VISION_IGNORED.has(k) &&
+      !(k in VISION_FIXED && (vc as Record<string, unknown>)[k] === VISION_FIXED[k]),
+  );
+  if (bad.length)
+    throw unsupported(
+      `vision_config ${bad.map((k) => `${k}=${JSON.stringify((vc as Record<string, unknown>)[k])}`).join(', ')}`,
+      `supported keys: ${Object.keys(VISION_KEYS).join(', ')}; in_channels 3, hidden_act quick_gelu`,
+    );
   const out: Record<string, unknown> = {};
-  for (const [k, f] of Object.entries(VISION_KEYS)) if ((vc as Record<string, unknown>)[k] !== undefined) out[f] = (vc as Record<string, unknown>)[k];
-  out.imageTokenId = j.image_token_id; out.visionStartTokenId = j.vision_start_token_id; out.visionEndTokenId = j.vision_end_token_id;
+  for (const [k, f] of Object.entries(VISION_KEYS))
+    if ((vc as Record<string, unknown>)[k] !== undefined) out[f] = (vc as Record<string, unknown>)[k];
+  out.imageTokenId = j.image_token_id;
+  out.visionStartTokenId = j.vision_start_token_id;
+  out.visionEndTokenId = j.vision_end_token_id;
   return out as VisionConfigInput;
 }
 
@@ -184,32 +344,68 @@ export function toHfConfig(c: ModelConfig, dtype: HfDtype = 'float32'): Record<s
   });
   const rs = c.ropeScaling;
   if (rs?.type === 'linear') out.rope_scaling = { rope_type: 'linear', factor: rs.factor };
-  else if (rs?.type === 'llama3') out.rope_scaling = { rope_type: 'llama3', factor: rs.factor, low_freq_factor: rs.lowFreqFactor, high_freq_factor: rs.highFreqFactor, original_max_position_embeddings: rs.originalMaxPositionEmbeddings };
+  else if (rs?.type === 'llama3')
+    out.rope_scaling = {
+      rope_type: 'llama3',
+      factor: rs.factor,
+      low_freq_factor: rs.lowFreqFactor,
+      high_freq_factor: rs.highFreqFactor,
+      original_max_position_embeddings: rs.originalMaxPositionEmbeddings,
+    };
   if (c.modelType === 'mistral') out.sliding_window = c.slidingWindow;
   if (c.vision) {
     out.vision_config = visionToHf(c.vision);
-    out.image_token_id = c.vision.imageTokenId; out.vision_start_token_id = c.vision.visionStartTokenId; out.vision_end_token_id = c.vision.visionEndTokenId;
+    out.image_token_id = c.vision.imageTokenId;
+    out.vision_start_token_id = c.vision.visionStartTokenId;
+    out.vision_end_token_id = c.vision.visionEndTokenId;
   }
-  if (c.head === 'value') { out.num_labels = 1; out.id2label = { 0: 'LABEL_0' }; out.label2id = { LABEL_0: 0 }; }
+  if (c.head === 'value') {
+    out.num_labels = 1;
+    out.id2label = { 0: 'LABEL_0' };
+    out.label2id = { LABEL_0: 0 };
+  }
   return out;
 }
 
-const unsupported = (what: string, hint = ''): ConfigError => new ConfigError(`config.json: ${what} is not supported${hint ? ` (${hint})` : ''}`);
+const unsupported = (what: string, hint = ''): ConfigError =>
+  new ConfigError(`config.json: ${what} is not supported${hint ? ` (${hint})` : ''}`);
 
 function ropeScalingFrom(j: Record<string, unknown>): { theta: number | undefined; scaling: RopeScaling | null } {
   // transformers ≥ 5 writes rope_parameters {rope_type, rope_theta, ...}; 4.x rope_theta + rope_scaling {rope_type | type, ...}
-  const params = j.rope_parameters && typeof j.rope_parameters === 'object' ? j.rope_parameters as Record<string, unknown> : null;
-  const rs = (j.rope_scaling && typeof j.rope_scaling === 'object' ? j.rope_scaling : params) as Record<string, unknown> | null;
-  const theta = typeof j.rope_theta === 'number' ? j.rope_theta : typeof params?.rope_theta === 'number' ? params.rope_theta : undefined;
+  const params =
+    j.rope_parameters && typeof j.rope_parameters === 'object' ? (j.rope_parameters as Record<string, unknown>) : null;
+  const rs = (j.rope_scaling && typeof j.rope_scaling === 'object' ? j.rope_scaling : params) as Record<
+    string,
+    unknown
+  > | null;
+  const theta =
+    typeof j.rope_theta === 'number'
+      ? j.rope_theta
+      : typeof params?.rope_theta === 'number'
+        ? params.rope_theta
+        : undefined;
   if (!rs) return { theta, scaling: null };
   const type = rs.rope_type ?? rs.type ?? 'default';
   const num = (k: string): number => {
-    if (typeof rs[k] !== 'number') throw new ConfigError(`config.json: rope_scaling ${JSON.stringify(type)} needs a number "${k}", got ${JSON.stringify(rs[k])}`);
+    if (typeof rs[k] !== 'number')
+      throw new ConfigError(
+        `config.json: rope_scaling ${JSON.stringify(type)} needs a number "${k}", got ${JSON.stringify(rs[k])}`,
+      );
     return rs[k] as number;
   };
   if (type === 'default') return { theta, scaling: null };
   if (type === 'linear') return { theta, scaling: { type: 'linear', factor: num('factor') } };
-  if (type === 'llama3') return { theta, scaling: { type: 'llama3', factor: num('factor'), lowFreqFactor: num('low_freq_factor'), highFreqFactor: num('high_freq_factor'), originalMaxPositionEmbeddings: num('original_max_position_embeddings') } };
+  if (type === 'llama3')
+    return {
+      theta,
+      scaling: {
+        type: 'llama3',
+        factor: num('factor'),
+        lowFreqFactor: num('low_freq_factor'),
+        highFreqFactor: num('high_freq_factor'),
+        originalMaxPositionEmbeddings: num('original_max_position_embeddings'),
+      },
+    };
   throw unsupported(`rope_scaling type ${JSON.stringify(type)}`, 'supported: linear, llama3');
 }
 
@@ -226,30 +422,58 @@ export function fromHfConfig(j: Record<string, unknown>, generation?: Record<str
     return v;
   };
   const modelType = j.model_type;
-  if (typeof modelType === 'string' && /^qwen2(_5)?_vl$/.test(modelType)) throw unsupported(`model_type ${JSON.stringify(modelType)}`, 'its M-RoPE decoder positions (and Qwen2.5-VL\'s window attention) are not modelled; a vision-language policy here is a llama/qwen2 decoder with a vision_config (README "Vision-language policies")');
-  if (!(MODEL_TYPES as readonly unknown[]).includes(modelType)) throw unsupported(`model_type ${JSON.stringify(modelType)}`, `supported: ${MODEL_TYPES.join(', ')}`);
+  if (typeof modelType === 'string' && /^qwen2(_5)?_vl$/.test(modelType))
+    throw unsupported(
+      `model_type ${JSON.stringify(modelType)}`,
+      'its M-RoPE decoder positions (and Qwen2.5-VL\'s window attention) are not modelled; a vision-language policy here is a llama/qwen2 decoder with a vision_config (README "Vision-language policies")',
+    );
+  if (!(MODEL_TYPES as readonly unknown[]).includes(modelType))
+    throw unsupported(`model_type ${JSON.stringify(modelType)}`, `supported: ${MODEL_TYPES.join(', ')}`);
   const mt = modelType as ModelConfig['modelType'];
-  if (j.hidden_act !== undefined && j.hidden_act !== 'silu') throw unsupported(`hidden_act ${JSON.stringify(j.hidden_act)}`, 'only "silu"');
+  if (j.hidden_act !== undefined && j.hidden_act !== 'silu')
+    throw unsupported(`hidden_act ${JSON.stringify(j.hidden_act)}`, 'only "silu"');
   if (j.mlp_bias === true) throw unsupported('mlp_bias true');
-  if (j.attention_bias === true && mt !== 'qwen2') throw unsupported(`attention_bias true for model_type ${mt}`, 'it adds an o_proj bias');
-  if (j.quantization_config !== undefined && j.quantization_config !== null) throw unsupported('quantization_config', 'a quantized model; use the unquantized bf16/f16/f32 weights');
+  if (j.attention_bias === true && mt !== 'qwen2')
+    throw unsupported(`attention_bias true for model_type ${mt}`, 'it adds an o_proj bias');
+  if (j.quantization_config !== undefined && j.quantization_config !== null)
+    throw unsupported('quantization_config', 'a quantized model; use the unquantized bf16/f16/f32 weights');
   if (j.use_sliding_window === true) throw unsupported('use_sliding_window true');
-  if (Array.isArray(j.layer_types) && j.layer_types.some((t) => t !== 'full_attention')) throw unsupported(`layer_types ${JSON.stringify([...new Set(j.layer_types)])}`, 'only "full_attention"');
-  if (typeof j.pretraining_tp === 'number' && j.pretraining_tp !== 1) throw unsupported(`pretraining_tp ${j.pretraining_tp}`, 'only 1');
+  if (Array.isArray(j.layer_types) && j.layer_types.some((t) => t !== 'full_attention'))
+    throw unsupported(`layer_types ${JSON.stringify([...new Set(j.layer_types)])}`, 'only "full_attention"');
+  if (typeof j.pretraining_tp === 'number' && j.pretraining_tp !== 1)
+    throw unsupported(`pretraining_tp ${j.pretraining_tp}`, 'only 1');
   const archs = Array.isArray(j.architectures) ? (j.architectures as unknown[]).map(String) : [];
-  const head = archs.some((a) => a.endsWith('ForTokenClassification') || a.endsWith('ForSequenceClassification')) ? 'value' : 'lm';
-  const hidden = need('hidden_size'), heads = need('num_attention_heads');
+  const head = archs.some((a) => a.endsWith('ForTokenClassification') || a.endsWith('ForSequenceClassification'))
+    ? 'value'
+    : 'lm';
+  const hidden = need('hidden_size'),
+    heads = need('num_attention_heads');
   const headDim = typeof j.head_dim === 'number' ? j.head_dim : mt === 'qwen3' ? 128 : undefined;
   const { theta, scaling } = ropeScalingFrom(j);
-  const idList = (v: unknown): number[] => (Array.isArray(v) ? v : typeof v === 'number' ? [v] : []).filter((x): x is number => typeof x === 'number');
+  const idList = (v: unknown): number[] =>
+    (Array.isArray(v) ? v : typeof v === 'number' ? [v] : []).filter((x): x is number => typeof x === 'number');
   const eosList = idList(j.eos_token_id);
-  if (!eosList.length) throw new ConfigError(`config.json: "eos_token_id" must be a number or a list of numbers, got ${JSON.stringify(j.eos_token_id)}`);
+  if (!eosList.length)
+    throw new ConfigError(
+      `config.json: "eos_token_id" must be a number or a list of numbers, got ${JSON.stringify(j.eos_token_id)}`,
+    );
   const allEos = [...new Set([...eosList, ...idList(generation?.eos_token_id)])];
-  const bos = typeof j.bos_token_id === 'number' ? j.bos_token_id : typeof generation?.bos_token_id === 'number' ? generation.bos_token_id : eosList[0];
-  const pad = typeof j.pad_token_id === 'number' ? j.pad_token_id : typeof generation?.pad_token_id === 'number' ? generation.pad_token_id : eosList[0];
+  const bos =
+    typeof j.bos_token_id === 'number'
+      ? j.bos_token_id
+      : typeof generation?.bos_token_id === 'number'
+        ? generation.bos_token_id
+        : eosList[0];
+  const pad =
+    typeof j.pad_token_id === 'number'
+      ? j.pad_token_id
+      : typeof generation?.pad_token_id === 'number'
+        ? generation.pad_token_id
+        : eosList[0];
   const extra: Record<string, unknown> = {};
   const vision = visionFromHf(j);
-  for (const [k, v] of Object.entries(j)) if (!MODELLED.has(k) && !(mt === 'mistral' && k === 'sliding_window')) extra[k] = v;
+  for (const [k, v] of Object.entries(j))
+    if (!MODELLED.has(k) && !(mt === 'mistral' && k === 'sliding_window')) extra[k] = v;
   return modelConfig({
     modelType: mt,
     head,

@@ -70,7 +70,10 @@ const NEG_INF = -Infinity;
  */
 export function logitBiasOf(c: ModelConfig): Float32Array | null {
   // a VLM never emits its vision tokens: a sampled <|image_pad|> would have no image to show
-  const ids = [...(c.suppressTokenIds ?? []), ...(c.vision ? [c.vision.imageTokenId, c.vision.visionStartTokenId, c.vision.visionEndTokenId] : [])];
+  const ids = [
+    ...(c.suppressTokenIds ?? []),
+    ...(c.vision ? [c.vision.imageTokenId, c.vision.visionStartTokenId, c.vision.visionEndTokenId] : []),
+  ];
   if (ids.length === 0) return null;
   const bias = new Float32Array(c.vocabSize);
   for (const id of ids) bias[id] = MASK_NEG;
@@ -83,7 +86,14 @@ export function logitBiasOf(c: ModelConfig): Float32Array | null {
  * Returns token [B] int64 and its log-prob [B] under the masked, temperature-scaled, untruncated
  * distribution.
  */
-export function sampleTokens(b: GraphBuilder, logitsIn: Var, u: Var, temperature: Var, trunc: { topP: Var; topK: Var } | null, bias: Var | null = null): { token: Var; logprob: Var } {
+export function sampleTokens(
+  b: GraphBuilder,
+  logitsIn: Var,
+  u: Var,
+  temperature: Var,
+  trunc: { topP: Var; topK: Var } | null,
+  bias: Var | null = null,
+): { token: Var; logprob: Var } {
   const [B, V] = logitsIn.shape;
   if (typeof V !== 'number') throw new GraphError('sampleTokens: vocabulary size must be static');
   return b.scope('sample', () => {
@@ -95,9 +105,15 @@ export function sampleTokens(b: GraphBuilder, logitsIn: Var, u: Var, temperature
     let zt = z;
     if (trunc) {
       // sorted descending: TopK with k = V
-      const [sorted] = b.op('TopK', [z, b.const([V], 'int64')], { axis: 1, largest: 1, sorted: 1 }, [{ dtype: z.dtype, shape: [B, V] }, { dtype: 'int64', shape: [B, V] }]);
+      const [sorted] = b.op('TopK', [z, b.const([V], 'int64')], { axis: 1, largest: 1, sorted: 1 }, [
+        { dtype: z.dtype, shape: [B, V] },
+        { dtype: 'int64', shape: [B, V] },
+      ]);
       const rank = b.unsqueeze(b.range(V), [0]); // [1, V]
-      const k = b.unsqueeze(b.where(b.or(b.lessOrEqual(trunc.topK, 0), b.greater(trunc.topK, V)), b.const(V, 'int64'), trunc.topK), [1]); // [B, 1]
+      const k = b.unsqueeze(
+        b.where(b.or(b.lessOrEqual(trunc.topK, 0), b.greater(trunc.topK, V)), b.const(V, 'int64'), trunc.topK),
+        [1],
+      ); // [B, 1]
       const keepK = b.less(rank, k); // [B, V] over sorted ranks
       const ps = b.softmax(b.where(keepK, sorted, NEG_INF), -1);
       const before = b.op('CumSum', [ps, b.const(1, 'int64')], { exclusive: 1 }, { dtype: ps.dtype, shape: ps.shape }); // mass ranked above
@@ -121,7 +137,10 @@ export function sampleTokens(b: GraphBuilder, logitsIn: Var, u: Var, temperature
 /** The serialised generation model (see the file comment for inputs and outputs). */
 export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): Uint8Array {
   if (c.head !== 'lm') throw new GraphError('buildGenerateModel: needs a policy (head "lm") config');
-  const L = c.numHiddenLayers, KVH = c.numKeyValueHeads, hd = c.headDim, V = c.vocabSize;
+  const L = c.numHiddenLayers,
+    KVH = c.numKeyValueHeads,
+    hd = c.headDim,
+    V = c.vocabSize;
 
   // ── outer graph: prefill ──
   const b = new GraphBuilder({ name: 'generate' });
@@ -133,7 +152,10 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const uniforms = b.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
   // read only by the loop body, through the outer scope
   b.input(GEN_IO.temperature, 'float32', ['B']);
-  if (opts.truncation) { b.input(GEN_IO.topP, 'float32', ['B']); b.input(GEN_IO.topK, 'int64', ['B']); }
+  if (opts.truncation) {
+    b.input(GEN_IO.topP, 'float32', ['B']);
+    b.input(GEN_IO.topK, 'int64', ['B']);
+  }
   b.input(GEN_IO.eosIds, 'int64', ['E']);
 
   // prefill each distinct prompt once ([U, P]), then expand the last logits, positions, key bias
@@ -141,13 +163,28 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const cum = b.op('CumSum', [mask, b.const(1, 'int64')], {}, { dtype: 'int64', shape: ['U', 'P'] });
   const positions = b.max(b.sub(cum, b.const(1, 'int64')), b.const(0, 'int64'));
   // a VLM's image tokens enter in the prefill only: the tower runs once per prompt (vision.ts)
-  const pre = llamaForward(b, c, p, { ids, positions, attentionMask: mask, ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}) });
+  const pre = llamaForward(b, c, p, {
+    ids,
+    positions,
+    attentionMask: mask,
+    ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}),
+  });
   const lastIdx = b.sub(b.dimTensor('P'), b.const([1], 'int64')); // [1]
   // only the last position goes through the LM head
-  const hLast = b.reshape(b.op('Gather', [b.reshape(pre.hidden, ['U', 'P', c.hiddenSize]), lastIdx], { axis: 1 }, { dtype: 'float32', shape: ['U', 1, c.hiddenSize] }), ['U', c.hiddenSize]);
+  const hLast = b.reshape(
+    b.op(
+      'Gather',
+      [b.reshape(pre.hidden, ['U', 'P', c.hiddenSize]), lastIdx],
+      { axis: 1 },
+      { dtype: 'float32', shape: ['U', 1, c.hiddenSize] },
+    ),
+    ['U', c.hiddenSize],
+  );
   const expand = (v: Var): Var => b.gather(v, rows); // [U, …] → [B, …]
   const logits0 = expand(lmHead(b, c, p, hLast)); // [B, V]
-  const pos0 = expand(b.add(b.op('Gather', [positions, lastIdx], { axis: 1 }, { dtype: 'int64', shape: ['U', 1] }), b.const(1, 'int64'))); // [B, 1]
+  const pos0 = expand(
+    b.add(b.op('Gather', [positions, lastIdx], { axis: 1 }, { dtype: 'int64', shape: ['U', 1] }), b.const(1, 'int64')),
+  ); // [B, 1]
   const bias0 = expand(b.reshape(b.where(b.cast(mask, 'bool'), b.const(0), b.const(MASK_NEG)), ['U', 1, 1, 'P']));
   const done0 = b.less(rows, b.const(0, 'int64')); // [B] all false (shape from the batch)
   const trip = b.op('Gather', [b.shape(uniforms), b.const(1, 'int64')], { axis: 0 }, { dtype: 'int64', shape: [] });
@@ -157,13 +194,36 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const fusedNames: string[] = [];
   for (let l = 0; l < L; l++) {
     const pre = `model.layers.${l}`;
-    const cat = (parts: string[], name: string) => { b.output(b.concat(parts.map((n) => p.get(n)!), 0), name); fusedNames.push(name); };
-    cat([`${pre}.self_attn.q_proj.weight`, `${pre}.self_attn.k_proj.weight`, `${pre}.self_attn.v_proj.weight`], fusedName(l, 'qkv_w'));
-    if (c.attentionBias) cat([`${pre}.self_attn.q_proj.bias`, `${pre}.self_attn.k_proj.bias`, `${pre}.self_attn.v_proj.bias`], fusedName(l, 'qkv_b'));
+    const cat = (parts: string[], name: string) => {
+      b.output(
+        b.concat(
+          parts.map((n) => p.get(n)!),
+          0,
+        ),
+        name,
+      );
+      fusedNames.push(name);
+    };
+    cat(
+      [`${pre}.self_attn.q_proj.weight`, `${pre}.self_attn.k_proj.weight`, `${pre}.self_attn.v_proj.weight`],
+      fusedName(l, 'qkv_w'),
+    );
+    if (c.attentionBias)
+      cat(
+        [`${pre}.self_attn.q_proj.bias`, `${pre}.self_attn.k_proj.bias`, `${pre}.self_attn.v_proj.bias`],
+        fusedName(l, 'qkv_b'),
+      );
     cat([`${pre}.mlp.gate_proj.weight`, `${pre}.mlp.up_proj.weight`], fusedName(l, 'gate_up_w'));
   }
 
-  const carried: Var[] = [logits0, pos0, bias0, done0, ...pre.presentKeys.map(expand), ...pre.presentValues.map(expand)];
+  const carried: Var[] = [
+    logits0,
+    pos0,
+    bias0,
+    done0,
+    ...pre.presentKeys.map(expand),
+    ...pre.presentValues.map(expand),
+  ];
   const loopOuts = b.op('Loop', [trip, cond0, ...carried], {}, [
     ...carried.map((v) => ({ dtype: v.dtype, shape: v.shape.map(() => b.unknownDim()) })), // final state (unused)
     { dtype: 'int64', shape: ['steps', 'B'] },
@@ -195,7 +255,14 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const u = g.op('Gather', [gU, iter], { axis: 1 }, { dtype: 'float32', shape: ['B'] });
   const biasData = logitBiasOf(c);
   const logitBias = biasData ? g.initializer('sample.logit_bias', biasData, [V]) : null;
-  const { token, logprob } = sampleTokens(g, logits, u, gT, gTopP && gTopK ? { topP: gTopP, topK: gTopK } : null, logitBias);
+  const { token, logprob } = sampleTokens(
+    g,
+    logits,
+    u,
+    gT,
+    gTopP && gTopK ? { topP: gTopP, topK: gTopK } : null,
+    logitBias,
+  );
   const hit = g.reduceMax(g.cast(g.equal(g.unsqueeze(token, [1]), g.unsqueeze(gEos, [0])), 'int32'), [1]); // [B]
   const doneOut = g.or(done, g.cast(hit, 'bool'));
   const condOut = g.equal(g.reduceMax(g.cast(g.not(doneOut), 'int32'), [0]), g.const(1, 'int32'));
@@ -205,9 +272,30 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const step = decodeStep(g, c, gp, fused, token, g.squeeze(pos, [1]), biasOut, keys, values);
   const logitsOut = lmHead(g, c, gp, step.hidden);
   const posOut = g.add(pos, g.const(1, 'int64'));
-  for (const v of [condOut, logitsOut, posOut, biasOut, doneOut, ...step.presentKeys, ...step.presentValues, token, logprob]) g.output(v);
+  for (const v of [
+    condOut,
+    logitsOut,
+    posOut,
+    biasOut,
+    doneOut,
+    ...step.presentKeys,
+    ...step.presentValues,
+    token,
+    logprob,
+  ])
+    g.output(v);
   const body = g.toModelProto().graph!;
-  const outerRefs = new Set<string>([...paramSpecs(c).map((s) => s.name), ...fusedNames, GEN_IO.uniforms, GEN_IO.temperature, GEN_IO.topP, GEN_IO.topK, GEN_IO.eosIds, 'rope.cos', 'rope.sin']);
+  const outerRefs = new Set<string>([
+    ...paramSpecs(c).map((s) => s.name),
+    ...fusedNames,
+    GEN_IO.uniforms,
+    GEN_IO.temperature,
+    GEN_IO.topP,
+    GEN_IO.topK,
+    GEN_IO.eosIds,
+    'rope.cos',
+    'rope.sin',
+  ]);
 
   const model = b.toModelProto();
   // the fused weights were graph outputs only to keep them alive through pruning
@@ -216,7 +304,9 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   return onnx.ModelProto.encode(model).finish();
 }
 
-function fusedName(layer: number, what: 'qkv_w' | 'qkv_b' | 'gate_up_w'): string { return `decode.layers.${layer}.${what}`; }
+function fusedName(layer: number, what: 'qkv_w' | 'qkv_b' | 'gate_up_w'): string {
+  return `decode.layers.${layer}.${what}`;
+}
 
 function fusedShape(c: ModelConfig, name: string): number[] {
   const qkv = (c.numAttentionHeads + 2 * c.numKeyValueHeads) * c.headDim;
@@ -231,22 +321,45 @@ function fusedShape(c: ModelConfig, name: string): number[] {
  * caches [B, KVH, S, hd] per layer. Returns the final-norm hidden states [B, D] and the caches
  * with this token appended. Grouped-query attention runs as [B, KVH, G, ·] so K/V are not repeated.
  */
-export function decodeStep(g: GraphBuilder, c: ModelConfig, p: ParamVars, fused: Map<string, Var>, token: Var, pos: Var, bias: Var, keys: Var[], values: Var[]): { hidden: Var; presentKeys: Var[]; presentValues: Var[] } {
-  const H = c.numAttentionHeads, KVH = c.numKeyValueHeads, G = H / KVH, hd = c.headDim, D = c.hiddenSize, F = c.intermediateSize;
-  const qd = H * hd, kvd = KVH * hd;
-  const w = (name: string): Var => { const v = p.get(name) ?? fused.get(name); if (!v) throw new GraphError(`decodeStep: missing ${name}`); return v; };
+export function decodeStep(
+  g: GraphBuilder,
+  c: ModelConfig,
+  p: ParamVars,
+  fused: Map<string, Var>,
+  token: Var,
+  pos: Var,
+  bias: Var,
+  keys: Var[],
+  values: Var[],
+): { hidden: Var; presentKeys: Var[]; presentValues: Var[] } {
+  const H = c.numAttentionHeads,
+    KVH = c.numKeyValueHeads,
+    G = H / KVH,
+    hd = c.headDim,
+    D = c.hiddenSize,
+    F = c.intermediateSize;
+  const qd = H * hd,
+    kvd = KVH * hd;
+  const w = (name: string): Var => {
+    const v = p.get(name) ?? fused.get(name);
+    if (!v) throw new GraphError(`decodeStep: missing ${name}`);
+    return v;
+  };
   const cos = g.unsqueeze(g.gather(w('rope.cos'), pos), [1]); // [B, 1, hd]
   const sin = g.unsqueeze(g.gather(w('rope.sin'), pos), [1]);
   let x = g.gather(w('model.embed_tokens.weight'), token); // [B, D]
-  const presentKeys: Var[] = [], presentValues: Var[] = [];
+  const presentKeys: Var[] = [],
+    presentValues: Var[] = [];
   for (let l = 0; l < c.numHiddenLayers; l++) {
     const pre = `model.layers.${l}`;
     g.scope(`step.layers.${l}`, () => {
       const h = rmsNorm(g, x, w(`${pre}.input_layernorm.weight`), c.rmsNormEps);
       const qkv = linear(g, h, w(fusedName(l, 'qkv_w')), c.attentionBias ? w(fusedName(l, 'qkv_b')) : null); // [B, qd + 2·kvd]
       const [q0, k0, v0] = g.split(qkv, 1, [qd, kvd, kvd]);
-      let qh = g.reshape(q0, ['B', H, hd]), kh = g.reshape(k0, ['B', KVH, hd]);
-      if (hasQkNorm(c)) { // Qwen3: per-head RMSNorm of q and k before RoPE (as in llama.ts)
+      let qh = g.reshape(q0, ['B', H, hd]),
+        kh = g.reshape(k0, ['B', KVH, hd]);
+      if (hasQkNorm(c)) {
+        // Qwen3: per-head RMSNorm of q and k before RoPE (as in llama.ts)
         qh = rmsNorm(g, qh, w(`${pre}.self_attn.q_norm.weight`), c.rmsNormEps);
         kh = rmsNorm(g, kh, w(`${pre}.self_attn.k_norm.weight`), c.rmsNormEps);
       }
@@ -254,7 +367,8 @@ export function decodeStep(g: GraphBuilder, c: ModelConfig, p: ParamVars, fused:
       const k = rope(g, kh, cos, sin);
       const K = g.concat([keys[l], g.unsqueeze(k, [2])], 2); // [B, KVH, S+1, hd]
       const V = g.concat([values[l], g.reshape(v0, ['B', KVH, 1, hd])], 2);
-      presentKeys.push(K); presentValues.push(V);
+      presentKeys.push(K);
+      presentValues.push(V);
       const scores = g.add(g.matmul(g.reshape(q, ['B', KVH, G, hd]), g.transposeLast2(K)), bias); // [B, KVH, G, S+1]
       const ctx = g.matmul(g.softmax(scores, -1), V); // [B, KVH, G, hd]
       x = g.add(x, linear(g, g.reshape(ctx, ['B', qd]), w(`${pre}.self_attn.o_proj.weight`)));
@@ -274,18 +388,28 @@ export function decodeStep(g: GraphBuilder, c: ModelConfig, p: ParamVars, fused:
  * any initializer named in `outerRefs` are dropped so those names resolve to the outer graph's
  * values. Every other body value is renamed under `loop/` so no name shadows an outer one.
  */
-export function attachLoopBody(model: onnxProto.onnx.ModelProto, loopName: string, body: onnxProto.onnx.IGraphProto, nInputs: number, outerRefs: Set<string>): void {
+export function attachLoopBody(
+  model: onnxProto.onnx.ModelProto,
+  loopName: string,
+  body: onnxProto.onnx.IGraphProto,
+  nInputs: number,
+  outerRefs: Set<string>,
+): void {
   const node = model.graph!.node!.find((n) => n.name === loopName);
   if (!node || node.opType !== 'Loop') throw new GraphError(`attachLoopBody: no Loop node named ${loopName}`);
   const bodyInputs = body.input!.slice(0, nInputs);
-  for (const i of body.input!.slice(nInputs)) if (!outerRefs.has(i.name!)) throw new GraphError(`attachLoopBody: body input ${i.name} is neither loop state nor an outer value`);
+  for (const i of body.input!.slice(nInputs))
+    if (!outerRefs.has(i.name!))
+      throw new GraphError(`attachLoopBody: body input ${i.name} is neither loop state nor an outer value`);
   const rn = (s: string): string => (s === '' || outerRefs.has(s) ? s : `loop/${s}`);
   const renameVi = (v: onnxProto.onnx.IValueInfoProto) => ({ ...v, name: rn(v.name!) });
   const g: onnxProto.onnx.IGraphProto = {
     name: body.name,
     input: bodyInputs.map(renameVi),
     output: body.output!.map(renameVi),
-    initializer: (body.initializer ?? []).filter((t) => !outerRefs.has(t.name!)).map((t) => ({ ...t, name: rn(t.name!) })),
+    initializer: (body.initializer ?? [])
+      .filter((t) => !outerRefs.has(t.name!))
+      .map((t) => ({ ...t, name: rn(t.name!) })),
     node: body.node!.map((n) => ({ ...n, name: `loop/${n.name}`, input: n.input!.map(rn), output: n.output!.map(rn) })),
   };
   node.attribute = [...(node.attribute ?? []), { name: 'body', type: onnx.AttributeProto.AttributeType.GRAPH, g }];

@@ -18,6 +18,9 @@ export interface ModelTokenizer extends Tokenizer {
   applyChatTemplate?(messages: ChatMessage[], kwargs?: Record<string, unknown>): string;
 }
 
-export function loadModelDirTokenizer(dir: string, fallback: { bos: number; eos: number; pad: number; stopIds?: readonly number[] }): ModelTokenizer {
+export function loadModelDirTokenizer(
+  dir: string,
+  fallback: { bos: number; eos: number; pad: number; stopIds?: readonly number[] },
+): ModelTokenizer {
   return loadTokenizerDir(dir, fallback);
 }

@@ -27,24 +27,36 @@ export const TOKENIZER_CONFIG_FILE = 'tokenizer_config.json';
 export const CHAT_TEMPLATE_FILE = 'chat_template.jinja';
 
 /** Ids from the model's config.json / generation_config.json, used where tokenizer_config.json is silent. */
-export interface TokenizerFallback { bos?: number | null; eos?: number | null; pad?: number | null; stopIds?: readonly number[] }
+export interface TokenizerFallback {
+  bos?: number | null;
+  eos?: number | null;
+  pad?: number | null;
+  stopIds?: readonly number[];
+}
 
 type Json = Record<string, unknown>;
 
 function readJson(file: string): Json {
   let text: string;
-  try { text = readFileSync(file, 'utf8'); } catch (e) { throw new ConfigError(`${file}: cannot read it (${(e as Error).message})`); }
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new ConfigError(`${file}: cannot read it (${(e as Error).message})`);
+  }
   try {
     const v = JSON.parse(text) as unknown;
     if (!v || typeof v !== 'object' || Array.isArray(v)) throw new Error('not a JSON object');
     return v as Json;
-  } catch (e) { throw new ConfigError(`${file}: not valid JSON (${(e as Error).message}); copy the model's original file`); }
+  } catch (e) {
+    throw new ConfigError(`${file}: not valid JSON (${(e as Error).message}); copy the model's original file`);
+  }
 }
 
 /** A special-token entry of tokenizer_config.json: a string or an AddedToken object {content}. */
 function tokenText(t: unknown): string | null {
   if (typeof t === 'string') return t;
-  if (t && typeof t === 'object' && typeof (t as { content?: unknown }).content === 'string') return (t as { content: string }).content;
+  if (t && typeof t === 'object' && typeof (t as { content?: unknown }).content === 'string')
+    return (t as { content: string }).content;
   return null;
 }
 
@@ -57,7 +69,8 @@ function chatTemplateSource(dir: string, config: Json): { source: string; where:
   if (typeof t === 'string') return { source: t, where };
   if (Array.isArray(t)) {
     // the older list form: [{name, template}], transformers uses the one named "default"
-    const d = t.find((x) => x && typeof x === 'object' && (x as { name?: unknown }).name === 'default') as { template?: unknown } | undefined;
+    const d = t.find((x) => x && typeof x === 'object' && (x as { name?: unknown }).name === 'default') as
+      { template?: unknown } | undefined;
     if (d && typeof d.template === 'string') return { source: d.template, where };
   }
   return null;
@@ -75,7 +88,12 @@ export class HfTokenizer implements Tokenizer {
   /** The special-token strings (bos_token, eos_token, …) as transformers' special_tokens_map. */
   readonly specialTokens: Readonly<Record<string, string | string[]>>;
 
-  constructor(private readonly js: JsTokenizer, config: Json, fallback: TokenizerFallback, readonly dir: string) {
+  constructor(
+    private readonly js: JsTokenizer,
+    config: Json,
+    fallback: TokenizerFallback,
+    readonly dir: string,
+  ) {
     const vocab = js.get_vocab(true);
     let max = -1;
     for (const id of vocab.values()) if (id > max) max = id;
@@ -85,11 +103,15 @@ export class HfTokenizer implements Tokenizer {
       const t = tokenText(config[key]);
       if (t === null) return null;
       const id = js.token_to_id(t);
-      if (id === undefined) throw new ConfigError(`${where}: ${key} ${JSON.stringify(t)} is not a token of ${join(dir, TOKENIZER_FILE)}`);
+      if (id === undefined)
+        throw new ConfigError(`${where}: ${key} ${JSON.stringify(t)} is not a token of ${join(dir, TOKENIZER_FILE)}`);
       return id;
     };
     const eos = idOf('eos_token') ?? fallback.eos ?? null;
-    if (eos === null) throw new ConfigError(`${where}: no eos_token (and the model's config.json has no eos_token_id); set eos_token to the model's end-of-text token`);
+    if (eos === null)
+      throw new ConfigError(
+        `${where}: no eos_token (and the model's config.json has no eos_token_id); set eos_token to the model's end-of-text token`,
+      );
     this.eos = eos;
     this.pad = idOf('pad_token') ?? fallback.pad ?? eos;
     this.bos = idOf('bos_token') ?? fallback.bos ?? this.pad;
@@ -102,7 +124,8 @@ export class HfTokenizer implements Tokenizer {
     const textless: number[] = [];
     for (const [token, id] of vocab) {
       if (specials.has(id) || !(token.includes('\u0100') || token.includes('<0x00>') || token.includes('\0'))) continue;
-      if (js.decode([id], { skip_special_tokens: false, clean_up_tokenization_spaces: false }).includes('\0')) textless.push(id);
+      if (js.decode([id], { skip_special_tokens: false, clean_up_tokenization_spaces: false }).includes('\0'))
+        textless.push(id);
     }
     this.textlessIds = textless.sort((a, b) => a - b);
     const map: Record<string, string | string[]> = {};
@@ -110,7 +133,10 @@ export class HfTokenizer implements Tokenizer {
       const t = tokenText(config[k]);
       if (t !== null) map[k] = t;
     }
-    if (Array.isArray(config.additional_special_tokens)) map.additional_special_tokens = config.additional_special_tokens.map(tokenText).filter((t): t is string => t !== null);
+    if (Array.isArray(config.additional_special_tokens))
+      map.additional_special_tokens = config.additional_special_tokens
+        .map(tokenText)
+        .filter((t): t is string => t !== null);
     this.specialTokens = map;
     const tpl = chatTemplateSource(dir, config);
     this.chatTemplate = tpl ? new ChatTemplate(tpl.source, map, tpl.where) : null;
@@ -124,37 +150,56 @@ export class HfTokenizer implements Tokenizer {
     const list = Array.from(ids);
     for (let i = 0; i < list.length; i++) {
       const id = list[i];
-      if (!(Number.isInteger(id) && id >= 0 && id < this.vocabSize)) throw new ConfigError(`HfTokenizer.decode: id ${id} at position ${i} is outside [0, ${this.vocabSize}) of ${join(this.dir, TOKENIZER_FILE)}`);
+      if (!(Number.isInteger(id) && id >= 0 && id < this.vocabSize))
+        throw new ConfigError(
+          `HfTokenizer.decode: id ${id} at position ${i} is outside [0, ${this.vocabSize}) of ${join(this.dir, TOKENIZER_FILE)}`,
+        );
     }
     if (list.length === 0) return ''; // the library refuses an empty list
     return this.js.decode(list, { skip_special_tokens: true, clean_up_tokenization_spaces: false });
   }
 
   /** The token string of an id (specials included), or undefined. */
-  idToToken(id: number): string | undefined { return this.js.id_to_token(id); }
+  idToToken(id: number): string | undefined {
+    return this.js.id_to_token(id);
+  }
 
   /**
    * The chat template rendered with the generation prompt (transformers'
    * apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)).
    */
   applyChatTemplate(messages: ChatMessage[], kwargs: Record<string, unknown> = {}): string {
-    if (!this.chatTemplate) throw new ConfigError(`${join(this.dir, TOKENIZER_CONFIG_FILE)} has no chat_template (nor is there a ${CHAT_TEMPLATE_FILE}); use the prompt without a chat template (data.apply_chat_template=false, or generate without --chat)`);
+    if (!this.chatTemplate)
+      throw new ConfigError(
+        `${join(this.dir, TOKENIZER_CONFIG_FILE)} has no chat_template (nor is there a ${CHAT_TEMPLATE_FILE}); use the prompt without a chat template (data.apply_chat_template=false, or generate without --chat)`,
+      );
     return this.chatTemplate.render(messages, { addGenerationPrompt: true, kwargs });
   }
 }
 
 /** Whether `dir` holds a Hugging Face tokenizer (tokenizer.json). */
-export function hasTokenizerFiles(dir: string): boolean { return existsSync(join(dir, TOKENIZER_FILE)); }
+export function hasTokenizerFiles(dir: string): boolean {
+  return existsSync(join(dir, TOKENIZER_FILE));
+}
 
 /**
  * Loads the tokenizer of a model directory (tokenizer.json, tokenizer_config.json optional,
  * chat_template.jinja optional). A missing or unreadable file is one ConfigError naming it.
  */
 export function loadTokenizerDir(dir: string, fallback: TokenizerFallback = {}): HfTokenizer {
-  const tj = join(dir, TOKENIZER_FILE), tc = join(dir, TOKENIZER_CONFIG_FILE);
-  if (!existsSync(tj)) throw new ConfigError(`${dir} has no ${TOKENIZER_FILE}; copy the model's tokenizer files (${TOKENIZER_FILE}, ${TOKENIZER_CONFIG_FILE}) into it`);
-  const json = readJson(tj), config = existsSync(tc) ? readJson(tc) : {};
+  const tj = join(dir, TOKENIZER_FILE),
+    tc = join(dir, TOKENIZER_CONFIG_FILE);
+  if (!existsSync(tj))
+    throw new ConfigError(
+      `${dir} has no ${TOKENIZER_FILE}; copy the model's tokenizer files (${TOKENIZER_FILE}, ${TOKENIZER_CONFIG_FILE}) into it`,
+    );
+  const json = readJson(tj),
+    config = existsSync(tc) ? readJson(tc) : {};
   let js: JsTokenizer;
-  try { js = new JsTokenizer(json, config); } catch (e) { throw new ConfigError(`${tj}: not a tokenizer @huggingface/tokenizers can read (${(e as Error).message})`); }
+  try {
+    js = new JsTokenizer(json, config);
+  } catch (e) {
+    throw new ConfigError(`${tj}: not a tokenizer @huggingface/tokenizers can read (${(e as Error).message})`);
+  }
   return new HfTokenizer(js, config, fallback, dir);
 }

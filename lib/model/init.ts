@@ -10,12 +10,15 @@ import type { ModelConfig } from './config.ts';
 import { numel, paramSpecs, type Weights } from './params.ts';
 
 export function initWeights(c: ModelConfig, seed: number, opts: { std?: number; visionStd?: number } = {}): Weights {
-  const std = opts.std ?? 0.02, visionStd = opts.visionStd ?? std;
+  const std = opts.std ?? 0.02,
+    visionStd = opts.visionStd ?? std;
   const w: Weights = new Map();
   for (const s of paramSpecs(c)) {
     const a = new Float32Array(numel(s.shape));
-    if (/norm\d?\.weight$|\.ln_q\.weight$/.test(s.name)) a.fill(1); // RMSNorm / LayerNorm gains (incl. Qwen3 q_norm / k_norm, ViT norm1 / norm2, merger ln_q)
-    else if (!s.name.endsWith('.bias')) fillNormal(a, Rng.fromSeed(`init:${seed}:${s.name}`), s.name.startsWith('visual.') ? visionStd : std);
+    if (/norm\d?\.weight$|\.ln_q\.weight$/.test(s.name))
+      a.fill(1); // RMSNorm / LayerNorm gains (incl. Qwen3 q_norm / k_norm, ViT norm1 / norm2, merger ln_q)
+    else if (!s.name.endsWith('.bias'))
+      fillNormal(a, Rng.fromSeed(`init:${seed}:${s.name}`), s.name.startsWith('visual.') ? visionStd : std);
     w.set(s.name, a);
   }
   return w;

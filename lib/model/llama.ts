@@ -51,7 +51,8 @@ function param(p: ParamVars, name: string): Var {
  * between with s = (original / wavelength − low) / (high − low): (1 − s)·f/factor + s·f.
  */
 export function ropeInvFreq(c: ModelConfig): Float64Array {
-  const hd = c.headDim, half = hd / 2;
+  const hd = c.headDim,
+    half = hd / 2;
   const inv = new Float64Array(half);
   const rs = c.ropeScaling;
   for (let i = 0; i < half; i++) {
@@ -60,10 +61,12 @@ export function ropeInvFreq(c: ModelConfig): Float64Array {
     if (rs?.type === 'linear') f = Math.fround(f / rs.factor);
     else if (rs?.type === 'llama3') {
       const wavelen = (2 * Math.PI) / f;
-      const lowWl = rs.originalMaxPositionEmbeddings / rs.lowFreqFactor, highWl = rs.originalMaxPositionEmbeddings / rs.highFreqFactor;
+      const lowWl = rs.originalMaxPositionEmbeddings / rs.lowFreqFactor,
+        highWl = rs.originalMaxPositionEmbeddings / rs.highFreqFactor;
       if (wavelen > lowWl) f = Math.fround(f / rs.factor);
       else if (wavelen >= highWl) {
-        const s = (rs.originalMaxPositionEmbeddings / wavelen - rs.lowFreqFactor) / (rs.highFreqFactor - rs.lowFreqFactor);
+        const s =
+          (rs.originalMaxPositionEmbeddings / wavelen - rs.lowFreqFactor) / (rs.highFreqFactor - rs.lowFreqFactor);
         f = Math.fround((1 - s) * (f / rs.factor) + s * f);
       }
     }
@@ -74,20 +77,27 @@ export function ropeInvFreq(c: ModelConfig): Float64Array {
 
 /** cos/sin tables [maxPositionEmbeddings, headDim] (HF layout: frequencies repeated over both halves). */
 export function ropeTables(b: GraphBuilder, c: ModelConfig): { cos: Var; sin: Var } {
-  const hd = c.headDim, half = hd / 2, P = c.maxPositionEmbeddings;
+  const hd = c.headDim,
+    half = hd / 2,
+    P = c.maxPositionEmbeddings;
   const invFreq = ropeInvFreq(c);
-  const cos = new Float64Array(P * hd), sin = new Float64Array(P * hd);
+  const cos = new Float64Array(P * hd),
+    sin = new Float64Array(P * hd);
   for (let pos = 0; pos < P; pos++) {
     for (let i = 0; i < half; i++) {
       // HF computes the angle in float32
       const ang = Math.fround(pos * invFreq[i]);
-      const cv = Math.cos(ang), sv = Math.sin(ang);
+      const cv = Math.cos(ang),
+        sv = Math.sin(ang);
       cos[pos * hd + i] = cos[pos * hd + half + i] = cv;
       sin[pos * hd + i] = sin[pos * hd + half + i] = sv;
     }
   }
   const cast = (a: Float64Array) => (b.float === 'float64' ? a : Float32Array.from(a));
-  return { cos: b.initializer('rope.cos', cast(cos), [P, hd], b.float), sin: b.initializer('rope.sin', cast(sin), [P, hd], b.float) };
+  return {
+    cos: b.initializer('rope.cos', cast(cos), [P, hd], b.float),
+    sin: b.initializer('rope.sin', cast(sin), [P, hd], b.float),
+  };
 }
 
 /**
@@ -97,15 +107,23 @@ export function ropeTables(b: GraphBuilder, c: ModelConfig): { cos: Var; sin: Va
  * With `keyMask` null: the plain causal bias [T, T].
  */
 export function causalBias(b: GraphBuilder, keyMask: Var | null, T: Dim): Var {
-  if (keyMask && keyMask.rank !== 2) throw new GraphError(`causalBias: key mask ${keyMask.name} must be [B, S], got ${fmtShape(keyMask.shape)}`);
+  if (keyMask && keyMask.rank !== 2)
+    throw new GraphError(`causalBias: key mask ${keyMask.name} must be [B, S], got ${fmtShape(keyMask.shape)}`);
   return b.scope('mask', () => {
     const S = keyMask ? keyMask.shape[1] : T;
     const kidx = b.unsqueeze(b.range(S), [0]); // [1, S]
     let qidx = b.range(T); // [T]
-    if (!dimEq(S, T)) qidx = b.op('Add', [qidx, b.op('Sub', [b.dimTensor(S), b.dimTensor(T)], {}, { dtype: 'int64', shape: [1] })], {}, { dtype: 'int64', shape: [T] });
+    if (!dimEq(S, T))
+      qidx = b.op(
+        'Add',
+        [qidx, b.op('Sub', [b.dimTensor(S), b.dimTensor(T)], {}, { dtype: 'int64', shape: [1] })],
+        {},
+        { dtype: 'int64', shape: [T] },
+      );
     const causal = b.lessOrEqual(kidx, b.unsqueeze(qidx, [1])); // [T, S]
     if (!keyMask) return b.where(causal, b.const(0), b.const(MASK_NEG)); // [T, S]
-    const km = keyMask.dtype === 'bool' ? keyMask : b.op('Cast', [keyMask], { to: 9 }, { dtype: 'bool', shape: keyMask.shape });
+    const km =
+      keyMask.dtype === 'bool' ? keyMask : b.op('Cast', [keyMask], { to: 9 }, { dtype: 'bool', shape: keyMask.shape });
     // a padding query (all of its keys masked) attends to itself only, so its output does not
     // depend on how much padding the batch has
     const diag = b.equal(kidx, b.unsqueeze(qidx, [1])); // [T, S]
@@ -115,7 +133,11 @@ export function causalBias(b: GraphBuilder, keyMask: Var | null, T: Dim): Var {
 }
 
 /** One query block of causal attention: its query rows, the keys it attends ([0, keys)), and its bias [.., rows, keys]. */
-export interface CausalBlock { rows: Dim; keys: Dim; bias: Var }
+export interface CausalBlock {
+  rows: Dim;
+  keys: Dim;
+  bias: Var;
+}
 
 /**
  * Causal attention by query blocks (the causal block skipping of FlashAttention, Dao et al. 2022,
@@ -128,12 +150,24 @@ export interface CausalBlock { rows: Dim; keys: Dim; bias: Var }
 export function causalBlocks(b: GraphBuilder, bias: Var, T: Dim, n: number): CausalBlock[] {
   if (!Number.isInteger(n) || n < 2) throw new GraphError(`causalBlocks: need an integer n ≥ 2, got ${n}`);
   const [rowsDim, keysDim] = bias.shape.slice(-2);
-  if (!dimEq(rowsDim, T) || !dimEq(keysDim, T)) throw new GraphError(`causalBlocks: bias ${fmtShape(bias.shape)} must end in [${T}, ${T}] (no KV cache)`);
+  if (!dimEq(rowsDim, T) || !dimEq(keysDim, T))
+    throw new GraphError(`causalBlocks: bias ${fmtShape(bias.shape)} must end in [${T}, ${T}] (no KV cache)`);
   return b.scope('mask', () => {
-    const t = b.dimTensor(T), tag = String(T).replace(/[^A-Za-z0-9_]/g, '_');
+    const t = b.dimTensor(T),
+      tag = String(T).replace(/[^A-Za-z0-9_]/g, '_');
     const ends = Array.from({ length: n }, (_, i) =>
-      i === n - 1 ? t : b.op('Div', [b.op('Mul', [t, b.const([i + 1], 'int64')], {}, { dtype: 'int64', shape: [1] }), b.const([n], 'int64')], {}, { dtype: 'int64', shape: [1] }));
-    const rows = ends.map((e, i) => b.namedDim(i === 0 ? e : b.op('Sub', [e, ends[i - 1]], {}, { dtype: 'int64', shape: [1] }), `${tag}_q${n}_${i}`));
+      i === n - 1
+        ? t
+        : b.op(
+            'Div',
+            [b.op('Mul', [t, b.const([i + 1], 'int64')], {}, { dtype: 'int64', shape: [1] }), b.const([n], 'int64')],
+            {},
+            { dtype: 'int64', shape: [1] },
+          ),
+    );
+    const rows = ends.map((e, i) =>
+      b.namedDim(i === 0 ? e : b.op('Sub', [e, ends[i - 1]], {}, { dtype: 'int64', shape: [1] }), `${tag}_q${n}_${i}`),
+    );
     const rowBias = b.split(bias, bias.rank - 2, rows);
     let keys: Dim = 0;
     return rows.map((r, i) => {
@@ -149,8 +183,11 @@ export function causalBlocks(b: GraphBuilder, bias: Var, T: Dim, n: number): Cau
  * every block non-empty). SmolLM2-135M training step, 2 × 1024 tokens, 2 threads: 13.4 s with 4
  * blocks against 17.7 s with one (README "Benchmarks"); 2 and 8 blocks were slower than 4.
  */
-export const QUERY_BLOCKS = 4, QUERY_BLOCKS_MIN_T = 256;
-export function queryBlocksFor(T: number, n = QUERY_BLOCKS): number { return T >= Math.max(QUERY_BLOCKS_MIN_T, n) ? n : 1; }
+export const QUERY_BLOCKS = 4,
+  QUERY_BLOCKS_MIN_T = 256;
+export function queryBlocksFor(T: number, n = QUERY_BLOCKS): number {
+  return T >= Math.max(QUERY_BLOCKS_MIN_T, n) ? n : 1;
+}
 
 export interface LlamaForwardOptions {
   /** Token ids [B, T] int64. */
@@ -189,19 +226,30 @@ export interface LlamaForwardResult {
 }
 
 /** The decoder trunk. */
-export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: LlamaForwardOptions): LlamaForwardResult {
+export function llamaForward(
+  b: GraphBuilder,
+  c: ModelConfig,
+  p: ParamVars,
+  o: LlamaForwardOptions,
+): LlamaForwardResult {
   const { ids } = o;
-  if (ids.rank !== 2 || (ids.dtype !== 'int64' && ids.dtype !== 'int32')) throw new GraphError(`llama: ids must be int64 [B, T], got ${ids}`);
+  if (ids.rank !== 2 || (ids.dtype !== 'int64' && ids.dtype !== 'int32'))
+    throw new GraphError(`llama: ids must be int64 [B, T], got ${ids}`);
   const [B, T] = ids.shape;
   const N = `${B}*${T}`;
-  const H = c.numAttentionHeads, KVH = c.numKeyValueHeads, G = H / KVH, hd = c.headDim, D = c.hiddenSize;
+  const H = c.numAttentionHeads,
+    KVH = c.numKeyValueHeads,
+    G = H / KVH,
+    hd = c.headDim,
+    D = c.hiddenSize;
   if (o.past && (o.past.keys.length !== c.numHiddenLayers || o.past.values.length !== c.numHiddenLayers))
     throw new GraphError(`llama: past must have ${c.numHiddenLayers} keys and values`);
 
   const { cos, sin } = b.scope('rope', () => ropeTables(b, c));
   const [cosT, sinT] = b.scope('rope', () => {
     if (o.positions) {
-      if (!dimEq(o.positions.shape[0], B) || !dimEq(o.positions.shape[1], T)) throw new GraphError(`llama: positions ${fmtShape(o.positions.shape)} must match ids ${fmtShape(ids.shape)}`);
+      if (!dimEq(o.positions.shape[0], B) || !dimEq(o.positions.shape[1], T))
+        throw new GraphError(`llama: positions ${fmtShape(o.positions.shape)} must match ids ${fmtShape(ids.shape)}`);
       return [b.unsqueeze(b.gather(cos, o.positions), [2]), b.unsqueeze(b.gather(sin, o.positions), [2])]; // [B, T, 1, hd]
     }
     return [b.unsqueeze(b.slice(cos, 0, 0, T), [1]), b.unsqueeze(b.slice(sin, 0, 0, T), [1])]; // [T, 1, hd]
@@ -218,19 +266,32 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
   if (nq > 1 && o.past) throw new GraphError('llama: queryBlocks is for graphs without a KV cache');
   const blocks = nq > 1 ? causalBlocks(b, bias5, T, nq) : null;
 
-  let x = b.scope('embed', () => embedding(b, param(p, 'model.embed_tokens.weight'), b.reshape(ids.dtype === 'int64' ? ids : b.cast(ids, 'int64'), [N])));
+  let x = b.scope('embed', () =>
+    embedding(
+      b,
+      param(p, 'model.embed_tokens.weight'),
+      b.reshape(ids.dtype === 'int64' ? ids : b.cast(ids, 'int64'), [N]),
+    ),
+  );
   if (o.placeImages) x = o.placeImages(x, N);
-  const presentKeys: Var[] = [], presentValues: Var[] = [];
+  const presentKeys: Var[] = [],
+    presentValues: Var[] = [];
   const scale = 1 / Math.sqrt(hd);
   const lora = o.lora ?? null;
   const loraS = lora ? loraScale(lora.config) : 0;
   /** y + s·(x·Aᵀ)·Bᵀ for an adapted module (Hu et al. 2021): x [N, in], A [r, in], B [out, r] → [N, out]; y unchanged otherwise. */
   const adaptWith = (y: Var, x: Var, module: string, path: string, P: (name: string) => Var): Var => {
     if (!lora || !lora.config.targetModules.includes(module as never)) return y;
-    return b.scope(`lora.${module}`, () => b.add(y, b.gemm(linear(b, x, P(`${path}.lora_A.weight`)), P(`${path}.lora_B.weight`), { transB: true, alpha: loraS })));
+    return b.scope(`lora.${module}`, () =>
+      b.add(
+        y,
+        b.gemm(linear(b, x, P(`${path}.lora_A.weight`)), P(`${path}.lora_B.weight`), { transB: true, alpha: loraS }),
+      ),
+    );
   };
 
-  if (o.checkpointLayers && o.past) throw new GraphError('llama: checkpointLayers is for training graphs (no KV cache)');
+  if (o.checkpointLayers && o.past)
+    throw new GraphError('llama: checkpointLayers is for training graphs (no KV cache)');
   for (let l = 0; l < c.numHiddenLayers; l++) {
     const pre = `model.layers.${l}`;
     /** One decoder layer: x0 [N, D] → [x0 + attn, + mlp, and the layer's keys / values]; weights through P. */
@@ -241,11 +302,26 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
         const h = rmsNorm(b, x0, P(`${pre}.input_layernorm.weight`), c.rmsNormEps);
         // q, k, v in one Gemm against the row-concatenated weights (fewer, larger GEMMs; the
         // weight gradient is one Gemm too, split back by the Concat's backward rule)
-        const qd = H * hd, kvd = KVH * hd;
-        const wqkv = b.concat([P(`${pre}.self_attn.q_proj.weight`), P(`${pre}.self_attn.k_proj.weight`), P(`${pre}.self_attn.v_proj.weight`)], 0);
-        const bqkv = c.attentionBias ? b.concat([P(`${pre}.self_attn.q_proj.bias`), P(`${pre}.self_attn.k_proj.bias`), P(`${pre}.self_attn.v_proj.bias`)], 0) : null;
+        const qd = H * hd,
+          kvd = KVH * hd;
+        const wqkv = b.concat(
+          [
+            P(`${pre}.self_attn.q_proj.weight`),
+            P(`${pre}.self_attn.k_proj.weight`),
+            P(`${pre}.self_attn.v_proj.weight`),
+          ],
+          0,
+        );
+        const bqkv = c.attentionBias
+          ? b.concat(
+              [P(`${pre}.self_attn.q_proj.bias`), P(`${pre}.self_attn.k_proj.bias`), P(`${pre}.self_attn.v_proj.bias`)],
+              0,
+            )
+          : null;
         const [q00, k00, v00] = b.split(linear(b, h, wqkv, bqkv), 1, [qd, kvd, kvd]);
-        const q0 = adapt(q00, h, 'q_proj', `${pre}.self_attn.q_proj`), k0 = adapt(k00, h, 'k_proj', `${pre}.self_attn.k_proj`), v0 = adapt(v00, h, 'v_proj', `${pre}.self_attn.v_proj`);
+        const q0 = adapt(q00, h, 'q_proj', `${pre}.self_attn.q_proj`),
+          k0 = adapt(k00, h, 'k_proj', `${pre}.self_attn.k_proj`),
+          v0 = adapt(v00, h, 'v_proj', `${pre}.self_attn.v_proj`);
         let q = b.reshape(q0, [B, T, H, hd]);
         let k = b.reshape(k0, [B, T, KVH, hd]);
         if (hasQkNorm(c)) {
@@ -258,20 +334,38 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
         k = rope(b, k, cosT, sinT);
         let k4 = b.transpose(k, [0, 2, 1, 3]); // [B, KVH, T, hd]
         let v4 = b.transpose(v, [0, 2, 1, 3]);
-        if (o.past) { k4 = b.concat([o.past.keys[l], k4], 2); v4 = b.concat([o.past.values[l], v4], 2); }
+        if (o.past) {
+          k4 = b.concat([o.past.keys[l], k4], 2);
+          v4 = b.concat([o.past.values[l], v4], 2);
+        }
         kv = [k4, v4];
         let ctx: Var;
         // softmax(q·kᵀ + bias)·v over the queries' last-but-one axis; by query blocks when `blocks`
-        const core = (qh: Var, kT: Var, vh: Var, bs: Var): Var => b.matmul(b.softmax(b.add(b.matmul(qh, kT), bs), -1), vh);
+        const core = (qh: Var, kT: Var, vh: Var, bs: Var): Var =>
+          b.matmul(b.softmax(b.add(b.matmul(qh, kT), bs), -1), vh);
         const attend = (qh: Var, kh: Var, vh: Var): Var => {
           const kT = (x: Var) => (G === 1 ? b.transposeLast2(x) : b.unsqueeze(b.transposeLast2(x), [2]));
           const vv = (x: Var) => (G === 1 ? x : b.unsqueeze(x, [2]));
           if (!blocks) return core(qh, kT(kh), vv(vh), G === 1 ? bias! : bias5);
-          const qAxis = qh.rank - 2, qs = b.split(qh, qAxis, blocks.map((x) => x.rows));
-          return b.concat(blocks.map((blk, i) => {
-            const last = i === blocks.length - 1; // the last block attends every key
-            return core(qs[i], kT(last ? kh : b.slice(kh, 2, 0, blk.keys)), vv(last ? vh : b.slice(vh, 2, 0, blk.keys)), blk.bias); // keys on axis 2
-          }), qAxis, T);
+          const qAxis = qh.rank - 2,
+            qs = b.split(
+              qh,
+              qAxis,
+              blocks.map((x) => x.rows),
+            );
+          return b.concat(
+            blocks.map((blk, i) => {
+              const last = i === blocks.length - 1; // the last block attends every key
+              return core(
+                qs[i],
+                kT(last ? kh : b.slice(kh, 2, 0, blk.keys)),
+                vv(last ? vh : b.slice(vh, 2, 0, blk.keys)),
+                blk.bias,
+              ); // keys on axis 2
+            }),
+            qAxis,
+            T,
+          );
         };
         if (G === 1) {
           const q4 = b.transpose(q, [0, 2, 1, 3]); // [B, H, T, hd]
@@ -287,8 +381,16 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
       const mlpOut = b.scope('mlp', () => {
         const h = rmsNorm(b, x1, P(`${pre}.post_attention_layernorm.weight`), c.rmsNormEps);
         const F = c.intermediateSize;
-        const [gate0, up0] = b.split(linear(b, h, b.concat([P(`${pre}.mlp.gate_proj.weight`), P(`${pre}.mlp.up_proj.weight`)], 0)), 1, [F, F]);
-        const act = swiglu(b, adapt(gate0, h, 'gate_proj', `${pre}.mlp.gate_proj`), adapt(up0, h, 'up_proj', `${pre}.mlp.up_proj`));
+        const [gate0, up0] = b.split(
+          linear(b, h, b.concat([P(`${pre}.mlp.gate_proj.weight`), P(`${pre}.mlp.up_proj.weight`)], 0)),
+          1,
+          [F, F],
+        );
+        const act = swiglu(
+          b,
+          adapt(gate0, h, 'gate_proj', `${pre}.mlp.gate_proj`),
+          adapt(up0, h, 'up_proj', `${pre}.mlp.up_proj`),
+        );
         return adapt(linear(b, act, P(`${pre}.mlp.down_proj.weight`)), act, 'down_proj', `${pre}.mlp.down_proj`);
       });
       return [b.add(x1, mlpOut), ...kv];
@@ -302,13 +404,18 @@ export function llamaForward(b: GraphBuilder, c: ModelConfig, p: ParamVars, o: L
         const all = new Map<string, Var>([...p, ...(lora ? lora.p : [])]);
         out = b.checkpoint([x, ...names.map((n) => all.get(n)!)], ([x0, ...ws]) => {
           const byName = new Map(names.map((n, i) => [n, ws[i]]));
-          return layer(x0, (n) => { const v = byName.get(n); if (!v) throw new GraphError(`llama: missing parameter ${n}`); return v; });
+          return layer(x0, (n) => {
+            const v = byName.get(n);
+            if (!v) throw new GraphError(`llama: missing parameter ${n}`);
+            return v;
+          });
         });
       } else {
         out = layer(x, (n) => param(lora && n.includes('.lora_') ? lora.p : p, n));
       }
       x = out[0];
-      presentKeys.push(out[1]); presentValues.push(out[2]);
+      presentKeys.push(out[1]);
+      presentValues.push(out[2]);
     });
   }
   const hidden = b.scope('final_norm', () => rmsNorm(b, x, param(p, 'model.norm.weight'), c.rmsNormEps));

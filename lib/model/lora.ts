@@ -17,7 +17,7 @@ import { numel, validateWeights, type ParamSpec, type Weights } from './params.t
 
 /** The linear modules of a decoder layer LoRA can adapt (PEFT target_modules names). */
 export const LORA_MODULES = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
-export type LoraModule = typeof LORA_MODULES[number];
+export type LoraModule = (typeof LORA_MODULES)[number];
 
 export interface LoraConfig {
   rank: number;
@@ -41,28 +41,55 @@ export const ADAPTER_MODEL_FILE = 'adapter_model.safetensors';
 
 /** Validate a LoRA config; errors are one line naming the key (`key` is how the caller spells it). */
 export function loraConfig(input: LoraConfigInput, key = 'lora'): LoraConfig {
-  if (!(Number.isInteger(input.rank) && input.rank >= 1)) throw new ConfigError(`${key}.rank must be an integer ≥ 1 (the adapter width r), got ${input.rank}; remove ${key} to train every weight`);
-  if (!(Number.isFinite(input.alpha) && input.alpha > 0)) throw new ConfigError(`${key}.alpha must be a number > 0 (the update is scaled by alpha / rank), got ${input.alpha}`);
-  if ((input.dropout ?? 0) !== 0) throw new ConfigError(`${key}.dropout must be 0: LoRA dropout is not implemented (got ${input.dropout})`);
+  if (!(Number.isInteger(input.rank) && input.rank >= 1))
+    throw new ConfigError(
+      `${key}.rank must be an integer ≥ 1 (the adapter width r), got ${input.rank}; remove ${key} to train every weight`,
+    );
+  if (!(Number.isFinite(input.alpha) && input.alpha > 0))
+    throw new ConfigError(
+      `${key}.alpha must be a number > 0 (the update is scaled by alpha / rank), got ${input.alpha}`,
+    );
+  if ((input.dropout ?? 0) !== 0)
+    throw new ConfigError(`${key}.dropout must be 0: LoRA dropout is not implemented (got ${input.dropout})`);
   const raw = input.targetModules === 'all-linear' ? [...LORA_MODULES] : [...input.targetModules];
-  if (!raw.length) throw new ConfigError(`${key}.target_modules is empty; list some of ${LORA_MODULES.join(', ')} or give all-linear`);
+  if (!raw.length)
+    throw new ConfigError(`${key}.target_modules is empty; list some of ${LORA_MODULES.join(', ')} or give all-linear`);
   for (const m of raw) {
-    if (!(LORA_MODULES as readonly string[]).includes(m)) throw new ConfigError(`${key}.target_modules: "${m}" matches no module of the model; valid module names: ${LORA_MODULES.join(', ')} (or all-linear)`);
+    if (!(LORA_MODULES as readonly string[]).includes(m))
+      throw new ConfigError(
+        `${key}.target_modules: "${m}" matches no module of the model; valid module names: ${LORA_MODULES.join(', ')} (or all-linear)`,
+      );
   }
   return { rank: input.rank, alpha: input.alpha, targetModules: LORA_MODULES.filter((m) => raw.includes(m)) };
 }
 
 /** s = alpha / r (PEFT `scaling`, without rsLoRA). */
-export function loraScale(l: LoraConfig): number { return l.alpha / l.rank; }
+export function loraScale(l: LoraConfig): number {
+  return l.alpha / l.rank;
+}
 
-export interface LoraSite { module: LoraModule; layer: number; path: string; inFeatures: number; outFeatures: number }
+export interface LoraSite {
+  module: LoraModule;
+  layer: number;
+  path: string;
+  inFeatures: number;
+  outFeatures: number;
+}
 
 /** Every adapted linear layer of the model, layer by layer, modules in LORA_MODULES order. */
 export function loraSites(c: ModelConfig, l: LoraConfig): LoraSite[] {
-  const D = c.hiddenSize, F = c.intermediateSize, qd = c.numAttentionHeads * c.headDim, kvd = c.numKeyValueHeads * c.headDim;
+  const D = c.hiddenSize,
+    F = c.intermediateSize,
+    qd = c.numAttentionHeads * c.headDim,
+    kvd = c.numKeyValueHeads * c.headDim;
   const dims: Record<LoraModule, [string, number, number]> = {
-    q_proj: ['self_attn', D, qd], k_proj: ['self_attn', D, kvd], v_proj: ['self_attn', D, kvd], o_proj: ['self_attn', qd, D],
-    gate_proj: ['mlp', D, F], up_proj: ['mlp', D, F], down_proj: ['mlp', F, D],
+    q_proj: ['self_attn', D, qd],
+    k_proj: ['self_attn', D, kvd],
+    v_proj: ['self_attn', D, kvd],
+    o_proj: ['self_attn', qd, D],
+    gate_proj: ['mlp', D, F],
+    up_proj: ['mlp', D, F],
+    down_proj: ['mlp', F, D],
   };
   const out: LoraSite[] = [];
   for (let i = 0; i < c.numHiddenLayers; i++) {
@@ -106,14 +133,23 @@ export function validateAdapter(c: ModelConfig, l: LoraConfig, w: Weights, what:
  * Merged weights W' = W + s·B·A for every adapted module ([out, r]·[r, in] → [out, in], float64
  * accumulation); the other tensors are the base's arrays (not copied).
  */
-export function mergeLora(c: ModelConfig, l: LoraConfig, base: ReadonlyMap<string, Float32Array>, adapter: ReadonlyMap<string, Float32Array>): Weights {
+export function mergeLora(
+  c: ModelConfig,
+  l: LoraConfig,
+  base: ReadonlyMap<string, Float32Array>,
+  adapter: ReadonlyMap<string, Float32Array>,
+): Weights {
   const out: Weights = new Map(base);
-  const s = loraScale(l), r = l.rank;
+  const s = loraScale(l),
+    r = l.rank;
   const acc = new Float64Array(Math.max(...loraSites(c, l).map((x) => x.inFeatures)));
   for (const site of loraSites(c, l)) {
-    const W = base.get(`${site.path}.weight`), A = adapter.get(`${site.path}.lora_A.weight`), B = adapter.get(`${site.path}.lora_B.weight`);
+    const W = base.get(`${site.path}.weight`),
+      A = adapter.get(`${site.path}.lora_A.weight`),
+      B = adapter.get(`${site.path}.lora_B.weight`);
     if (!W || !A || !B) throw new ConfigError(`mergeLora: ${site.path} lacks its base weight or adapter`);
-    const I = site.inFeatures, O = site.outFeatures;
+    const I = site.inFeatures,
+      O = site.outFeatures;
     const M = Float32Array.from(W);
     for (let o = 0; o < O; o++) {
       acc.fill(0, 0, I);
@@ -132,27 +168,52 @@ export function mergeLora(c: ModelConfig, l: LoraConfig, base: ReadonlyMap<strin
 /** PEFT adapter_config.json for (l) on a causal LM whose base model is `basePath` (null: unknown). */
 export function peftAdapterConfig(l: LoraConfig, basePath: string | null): Record<string, unknown> {
   return {
-    peft_type: 'LORA', task_type: 'CAUSAL_LM', base_model_name_or_path: basePath, revision: null, inference_mode: true,
-    r: l.rank, lora_alpha: l.alpha, lora_dropout: 0, target_modules: [...l.targetModules], bias: 'none', fan_in_fan_out: false,
-    init_lora_weights: true, use_rslora: false, use_dora: false, modules_to_save: null, layers_to_transform: null, layers_pattern: null,
-    rank_pattern: {}, alpha_pattern: {},
+    peft_type: 'LORA',
+    task_type: 'CAUSAL_LM',
+    base_model_name_or_path: basePath,
+    revision: null,
+    inference_mode: true,
+    r: l.rank,
+    lora_alpha: l.alpha,
+    lora_dropout: 0,
+    target_modules: [...l.targetModules],
+    bias: 'none',
+    fan_in_fan_out: false,
+    init_lora_weights: true,
+    use_rslora: false,
+    use_dora: false,
+    modules_to_save: null,
+    layers_to_transform: null,
+    layers_pattern: null,
+    rank_pattern: {},
+    alpha_pattern: {},
   };
 }
 
 /** A LoRA config from a PEFT adapter_config.json; what this engine cannot reproduce is refused with one line. */
 export function loraFromPeftConfig(j: Record<string, unknown>, source: string): LoraConfig {
-  if (j.peft_type !== 'LORA') throw new ConfigError(`${source}: peft_type ${JSON.stringify(j.peft_type)} is not supported (only LORA)`);
-  for (const k of ['use_rslora', 'use_dora', 'fan_in_fan_out'] as const) if (j[k] === true) throw new ConfigError(`${source}: ${k} true is not supported`);
-  if (j.bias !== undefined && j.bias !== 'none') throw new ConfigError(`${source}: bias ${JSON.stringify(j.bias)} is not supported (only "none")`);
+  if (j.peft_type !== 'LORA')
+    throw new ConfigError(`${source}: peft_type ${JSON.stringify(j.peft_type)} is not supported (only LORA)`);
+  for (const k of ['use_rslora', 'use_dora', 'fan_in_fan_out'] as const)
+    if (j[k] === true) throw new ConfigError(`${source}: ${k} true is not supported`);
+  if (j.bias !== undefined && j.bias !== 'none')
+    throw new ConfigError(`${source}: bias ${JSON.stringify(j.bias)} is not supported (only "none")`);
   for (const k of ['rank_pattern', 'alpha_pattern'] as const) {
     const v = j[k];
-    if (v && typeof v === 'object' && Object.keys(v).length) throw new ConfigError(`${source}: ${k} is not supported (one rank and alpha for every module)`);
+    if (v && typeof v === 'object' && Object.keys(v).length)
+      throw new ConfigError(`${source}: ${k} is not supported (one rank and alpha for every module)`);
   }
-  if (j.modules_to_save != null && !(Array.isArray(j.modules_to_save) && !j.modules_to_save.length)) throw new ConfigError(`${source}: modules_to_save is not supported`);
-  if (j.layers_to_transform != null) throw new ConfigError(`${source}: layers_to_transform is not supported (every layer is adapted)`);
+  if (j.modules_to_save != null && !(Array.isArray(j.modules_to_save) && !j.modules_to_save.length))
+    throw new ConfigError(`${source}: modules_to_save is not supported`);
+  if (j.layers_to_transform != null)
+    throw new ConfigError(`${source}: layers_to_transform is not supported (every layer is adapted)`);
   const tm = j.target_modules;
-  const targets = tm === 'all-linear' ? 'all-linear' : Array.isArray(tm) ? tm.map(String) : typeof tm === 'string' ? [tm] : null;
-  if (!targets) throw new ConfigError(`${source}: target_modules must be a list of module names or "all-linear", got ${JSON.stringify(tm)}`);
+  const targets =
+    tm === 'all-linear' ? 'all-linear' : Array.isArray(tm) ? tm.map(String) : typeof tm === 'string' ? [tm] : null;
+  if (!targets)
+    throw new ConfigError(
+      `${source}: target_modules must be a list of module names or "all-linear", got ${JSON.stringify(tm)}`,
+    );
   // lora_dropout only acts while training; loading an adapter trained with it is fine
   return loraConfig({ rank: Number(j.r), alpha: Number(j.lora_alpha), targetModules: targets }, source);
 }

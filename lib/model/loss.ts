@@ -31,51 +31,96 @@ export const MASKED_EPS = 1e-8;
 
 const aggMode = z.enum(['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm']);
 
-export const policyLossSchema = z.object({
-  type: z.literal('policy'),
-  lossMode: z.string().default('vanilla').describe('policy loss registry name (vanilla, gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft)'),
-  clipRatio: z.number().positive().default(0.2).describe('PPO clip ε (fallback for low/high)'),
-  clipRatioLow: z.number().nonnegative().nullable().default(null).describe('ε_low; null = clipRatio'),
-  clipRatioHigh: z.number().nonnegative().nullable().default(null).describe('ε_high; null = clipRatio'),
-  clipRatioC: z.number().default(3.0).describe('dual-clip constant c (> 1)'),
-  tauPos: z.number().positive().default(1.0).describe('SAPO gate temperature τ for tokens with A > 0'),
-  tauNeg: z.number().positive().default(1.05).describe('SAPO gate temperature τ for tokens with A ≤ 0'),
-  clipCovRatio: z.number().positive().default(0.0002).describe('Clip-Cov: at most max(⌊ratio·ΣM⌋, 1) tokens per micro-batch get their gradient zeroed'),
-  clipCovLb: z.number().default(1.0).describe('Clip-Cov: lower bound (exclusive) of the covariance of a token that may be zeroed'),
-  clipCovUb: z.number().default(5.0).describe('Clip-Cov: upper bound (exclusive) of that covariance'),
-  klCovRatio: z.number().positive().default(0.0002).describe('KL-Cov: the max(⌊ratio·n_valid⌋, 1) tokens of largest covariance per micro-batch get the KL penalty'),
-  ppoKlCoef: z.number().default(0.1).describe('KL-Cov: coefficient of the |log π − log π_old| penalty on the selected tokens'),
-  lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
-  entropyCoeff: z.number().default(0).describe('entropy bonus coefficient'),
-  entropyPenaltyCoef: z.number().default(0).describe('entropy penalty coefficient: adds coef · agg(−log π(token)) (the sampled-token entropy estimate; lib/rl entropyPenalty)'),
-  useKlLoss: z.boolean().default(false).describe('add a KL(π‖π_ref) loss term'),
-  klLossCoef: z.number().nonnegative().default(0.001).describe('KL loss coefficient'),
-  klLossType: z.string().default('low_var_kl').describe('kl_loss_type registry name'),
-  temperature: z.number().positive().default(1).describe('logits are divided by this before log-probs (as in verl)'),
-  nft: z.object({
-    negWeight: z.number().min(0).default(1).describe('1 = NFT, 0 = RFT (positives only); for the DAPO-like variant use lossMode vanilla'),
-    clampNegative: z.number().positive().default(1).describe('ε of the straight-through clamp max((1 − r̂R)/(1 − r̂), ε) on negatives'),
-    clampPositive: z.number().min(0).default(0).describe('straight-through lower clamp of R on positives'),
-    maxLogRatio: z.number().default(10).describe('upper clamp of the per-token log-ratio'),
-    rHatMin: z.number().gt(0).lt(1).default(0.02).describe('lower clamp of the group accuracy r̂'),
-    rHatMax: z.number().gt(0).lt(1).default(0.98).describe('upper clamp of r̂'),
-    normalize: z.boolean().default(true).describe('weight every token by (1 − r̂)'),
-    lossAggMode: z.enum(['sum', 'token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm']).default('sum').describe('"sum" = Σ tokens ÷ lossScaleFactor (the NFT objective), or a verl loss_agg_mode'),
-    lossScaleFactor: z.number().positive().default(1).describe('divisor of the "sum" aggregation'),
-  }).strict().prefault({}).describe('NFT options (lossMode "nft")'),
-}).strict();
+export const policyLossSchema = z
+  .object({
+    type: z.literal('policy'),
+    lossMode: z
+      .string()
+      .default('vanilla')
+      .describe(
+        'policy loss registry name (vanilla, gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft)',
+      ),
+    clipRatio: z.number().positive().default(0.2).describe('PPO clip ε (fallback for low/high)'),
+    clipRatioLow: z.number().nonnegative().nullable().default(null).describe('ε_low; null = clipRatio'),
+    clipRatioHigh: z.number().nonnegative().nullable().default(null).describe('ε_high; null = clipRatio'),
+    clipRatioC: z.number().default(3.0).describe('dual-clip constant c (> 1)'),
+    tauPos: z.number().positive().default(1.0).describe('SAPO gate temperature τ for tokens with A > 0'),
+    tauNeg: z.number().positive().default(1.05).describe('SAPO gate temperature τ for tokens with A ≤ 0'),
+    clipCovRatio: z
+      .number()
+      .positive()
+      .default(0.0002)
+      .describe('Clip-Cov: at most max(⌊ratio·ΣM⌋, 1) tokens per micro-batch get their gradient zeroed'),
+    clipCovLb: z
+      .number()
+      .default(1.0)
+      .describe('Clip-Cov: lower bound (exclusive) of the covariance of a token that may be zeroed'),
+    clipCovUb: z.number().default(5.0).describe('Clip-Cov: upper bound (exclusive) of that covariance'),
+    klCovRatio: z
+      .number()
+      .positive()
+      .default(0.0002)
+      .describe('KL-Cov: the max(⌊ratio·n_valid⌋, 1) tokens of largest covariance per micro-batch get the KL penalty'),
+    ppoKlCoef: z
+      .number()
+      .default(0.1)
+      .describe('KL-Cov: coefficient of the |log π − log π_old| penalty on the selected tokens'),
+    lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
+    entropyCoeff: z.number().default(0).describe('entropy bonus coefficient'),
+    entropyPenaltyCoef: z
+      .number()
+      .default(0)
+      .describe(
+        'entropy penalty coefficient: adds coef · agg(−log π(token)) (the sampled-token entropy estimate; lib/rl entropyPenalty)',
+      ),
+    useKlLoss: z.boolean().default(false).describe('add a KL(π‖π_ref) loss term'),
+    klLossCoef: z.number().nonnegative().default(0.001).describe('KL loss coefficient'),
+    klLossType: z.string().default('low_var_kl').describe('kl_loss_type registry name'),
+    temperature: z.number().positive().default(1).describe('logits are divided by this before log-probs (as in verl)'),
+    nft: z
+      .object({
+        negWeight: z
+          .number()
+          .min(0)
+          .default(1)
+          .describe('1 = NFT, 0 = RFT (positives only); for the DAPO-like variant use lossMode vanilla'),
+        clampNegative: z
+          .number()
+          .positive()
+          .default(1)
+          .describe('ε of the straight-through clamp max((1 − r̂R)/(1 − r̂), ε) on negatives'),
+        clampPositive: z.number().min(0).default(0).describe('straight-through lower clamp of R on positives'),
+        maxLogRatio: z.number().default(10).describe('upper clamp of the per-token log-ratio'),
+        rHatMin: z.number().gt(0).lt(1).default(0.02).describe('lower clamp of the group accuracy r̂'),
+        rHatMax: z.number().gt(0).lt(1).default(0.98).describe('upper clamp of r̂'),
+        normalize: z.boolean().default(true).describe('weight every token by (1 − r̂)'),
+        lossAggMode: z
+          .enum(['sum', 'token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'])
+          .default('sum')
+          .describe('"sum" = Σ tokens ÷ lossScaleFactor (the NFT objective), or a verl loss_agg_mode'),
+        lossScaleFactor: z.number().positive().default(1).describe('divisor of the "sum" aggregation'),
+      })
+      .strict()
+      .prefault({})
+      .describe('NFT options (lossMode "nft")'),
+  })
+  .strict();
 
-export const valueLossSchema = z.object({
-  type: z.literal('value'),
-  cliprangeValue: z.number().nonnegative().default(0.5).describe('value clip range'),
-  lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
-}).strict();
+export const valueLossSchema = z
+  .object({
+    type: z.literal('value'),
+    cliprangeValue: z.number().nonnegative().default(0.5).describe('value clip range'),
+    lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
+  })
+  .strict();
 
-export const sftLossSchema = z.object({
-  type: z.literal('sft'),
-  lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
-  temperature: z.number().positive().default(1).describe('logits are divided by this before log-probs'),
-}).strict();
+export const sftLossSchema = z
+  .object({
+    type: z.literal('sft'),
+    lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
+    temperature: z.number().positive().default(1).describe('logits are divided by this before log-probs'),
+  })
+  .strict();
 
 export const lossConfigSchema = z.discriminatedUnion('type', [policyLossSchema, valueLossSchema, sftLossSchema]);
 export type LossConfigInput = z.input<typeof lossConfigSchema>;
@@ -85,12 +130,16 @@ export type ValueLossConfig = z.output<typeof valueLossSchema>;
 
 export function lossConfig(input: LossConfigInput): LossConfig {
   const r = lossConfigSchema.safeParse(input);
-  if (!r.success) throw new ConfigError(`loss config: ${r.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`);
+  if (!r.success)
+    throw new ConfigError(
+      `loss config: ${r.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`,
+    );
   const c = r.data;
   if (c.type === 'policy') {
     policyLosses.get(c.lossMode);
     if (c.useKlLoss) klLossTypes.get(c.klLossType);
-    if (c.lossMode === 'vanilla' && !(c.clipRatioC > 1)) throw new ConfigError(`loss config: clipRatioC must be > 1 for dual clip, got ${c.clipRatioC}`);
+    if (c.lossMode === 'vanilla' && !(c.clipRatioC > 1))
+      throw new ConfigError(`loss config: clipRatioC must be > 1 for dual clip, got ${c.clipRatioC}`);
   }
   return c;
 }
@@ -164,8 +213,11 @@ export interface PolicyLossFn {
  * L3 = −A c; loss = min(L3, Lc) where A < 0, else Lc; × loss weights.
  */
 const vanilla: PolicyLossFn = (b, t, c) => {
-  const lp = need(t, 'logprob', 'vanilla PPO'), old = need(t, 'oldLogprobs', 'vanilla PPO'), A = need(t, 'advantages', 'vanilla PPO');
-  const lo = c.clipRatioLow ?? c.clipRatio, hi = c.clipRatioHigh ?? c.clipRatio;
+  const lp = need(t, 'logprob', 'vanilla PPO'),
+    old = need(t, 'oldLogprobs', 'vanilla PPO'),
+    A = need(t, 'advantages', 'vanilla PPO');
+  const lo = c.clipRatioLow ?? c.clipRatio,
+    hi = c.clipRatioHigh ?? c.clipRatio;
   const logRatio = b.clip(b.sub(lp, old), -20, 20);
   const ratio = b.exp(logRatio);
   const negA = b.neg(A);
@@ -206,7 +258,10 @@ const reinforce: PolicyLossFn = (b, t) => {
 
 /** The flat [N] tensor x as [B, T] rows. */
 function rows(b: GraphBuilder, t: TokenTensors, x: Var, what: string): Var {
-  if (!t.rowShape) throw new ConfigError(`${what} is a sequence-level loss and needs the batch's [B, T] row layout (TokenTensors.rowShape)`);
+  if (!t.rowShape)
+    throw new ConfigError(
+      `${what} is a sequence-level loss and needs the batch's [B, T] row layout (TokenTensors.rowShape)`,
+    );
   return b.reshape(x, t.rowShape);
 }
 
@@ -223,8 +278,11 @@ function rowMaskedSum(b: GraphBuilder, x2: Var, m2: Var): Var {
  * always aggregated seq-mean-token-mean. ppo_kl = mean(−ℓ) (unclamped); pg_clipfrac_lower = 0.
  */
 const gspo: PolicyLossFn = (b, t, c) => {
-  const lp = need(t, 'logprob', 'gspo'), old = need(t, 'oldLogprobs', 'gspo'), A = need(t, 'advantages', 'gspo');
-  const lo = c.clipRatioLow ?? c.clipRatio, hi = c.clipRatioHigh ?? c.clipRatio;
+  const lp = need(t, 'logprob', 'gspo'),
+    old = need(t, 'oldLogprobs', 'gspo'),
+    A = need(t, 'advantages', 'gspo');
+  const lo = c.clipRatioLow ?? c.clipRatio,
+    hi = c.clipRatioHigh ?? c.clipRatio;
   const logRatio = b.sub(lp, old);
   const m2 = rows(b, t, t.mask, 'gspo');
   const seqLen = b.max(b.reduceSum(m2, [1], true), 1);
@@ -254,14 +312,19 @@ const gspo: PolicyLossFn = (b, t, c) => {
  * fractions are 0.
  */
 const sapo: PolicyLossFn = (b, t, c) => {
-  const lp = need(t, 'logprob', 'sapo'), old = need(t, 'oldLogprobs', 'sapo'), A = need(t, 'advantages', 'sapo');
+  const lp = need(t, 'logprob', 'sapo'),
+    old = need(t, 'oldLogprobs', 'sapo'),
+    A = need(t, 'advantages', 'sapo');
   const logRatio = b.clip(b.sub(lp, old), -20, 20);
   const ratio = b.exp(logRatio);
   const gate = (tau: number) => b.mul(b.sigmoid(b.mul(b.sub(ratio, 1), tau)), 4 / tau);
   let perToken = b.neg(b.mul(b.where(b.greater(A, 0), gate(c.tauPos), gate(c.tauNeg)), A));
   if (t.lossWeights) perToken = b.mul(perToken, t.lossWeights);
   const zero = b.const(0, t.mask.dtype);
-  return { perToken, sums: { pg_clipfrac: zero, pg_clipfrac_lower: zero, ppo_kl: maskedSum(b, b.neg(logRatio), t.mask) } };
+  return {
+    perToken,
+    sums: { pg_clipfrac: zero, pg_clipfrac_lower: zero, ppo_kl: maskedSum(b, b.neg(logRatio), t.mask) },
+  };
 };
 
 /**
@@ -270,8 +333,11 @@ const sapo: PolicyLossFn = (b, t, c) => {
  * (gradient −sg(clip(r))·A per token). pg_clipfrac = mean[r outside the clip range]; ppo_kl = mean(−ℓ).
  */
 const cispo: PolicyLossFn = (b, t, c) => {
-  const lp = need(t, 'logprob', 'cispo'), old = need(t, 'oldLogprobs', 'cispo'), A = need(t, 'advantages', 'cispo');
-  const lo = c.clipRatioLow ?? c.clipRatio, hi = c.clipRatioHigh ?? c.clipRatio;
+  const lp = need(t, 'logprob', 'cispo'),
+    old = need(t, 'oldLogprobs', 'cispo'),
+    A = need(t, 'advantages', 'cispo');
+  const lo = c.clipRatioLow ?? c.clipRatio,
+    hi = c.clipRatioHigh ?? c.clipRatio;
   const logRatio = b.clip(b.sub(lp, old), -20, 20);
   const ratio = b.exp(logRatio);
   const clipped = b.stopGradient(b.clip(ratio, 1 - lo, 1 + hi));
@@ -297,8 +363,11 @@ const cispo: PolicyLossFn = (b, t, c) => {
  * term the plain mean over the mini-batch's sequences. pg_clipfrac / _lower = mean[ℓ clamped ∧ A ≷ 0].
  */
 const geoMean: PolicyLossFn = (b, t, c) => {
-  const lp = need(t, 'logprob', 'geo_mean'), old = need(t, 'oldLogprobs', 'geo_mean'), A = need(t, 'advantages', 'geo_mean');
-  const lo = c.clipRatioLow ?? c.clipRatio, hi = c.clipRatioHigh ?? c.clipRatio;
+  const lp = need(t, 'logprob', 'geo_mean'),
+    old = need(t, 'oldLogprobs', 'geo_mean'),
+    A = need(t, 'advantages', 'geo_mean');
+  const lo = c.clipRatioLow ?? c.clipRatio,
+    hi = c.clipRatioHigh ?? c.clipRatio;
   const logRatio = b.sub(lp, old);
   const clamped = b.clip(logRatio, -lo, hi);
   const sgn = b.sign(A);
@@ -308,7 +377,11 @@ const geoMean: PolicyLossFn = (b, t, c) => {
   const ratio = b.exp(b.div(rowMaskedSum(b, rows(b, t, m, 'geo_mean'), m2), denom));
   const aBar = b.div(rowMaskedSum(b, rows(b, t, A, 'geo_mean'), m2), denom);
   let row = b.neg(b.mul(aBar, ratio));
-  if (t.lossWeights) row = b.mul(row, b.exp(b.div(rowMaskedSum(b, rows(b, t, b.log(b.add(t.lossWeights, 1e-10)), 'geo_mean'), m2), denom)));
+  if (t.lossWeights)
+    row = b.mul(
+      row,
+      b.exp(b.div(rowMaskedSum(b, rows(b, t, b.log(b.add(t.lossWeights, 1e-10)), 'geo_mean'), m2), denom)),
+    );
   const perToken = b.reshape(b.expand(row, m2.shape), t.mask.shape);
   const isClipped = b.not(b.equal(logRatio, clamped));
   return {
@@ -330,7 +403,9 @@ const geoMean: PolicyLossFn = (b, t, c) => {
  */
 const nft: PolicyLossFn = (b, t, c) => {
   const o = c.nft;
-  const old = need(t, 'oldLogprobs', 'nft'), rhat = need(t, 'nftRHat', 'nft'), pos = need(t, 'nftPositive', 'nft');
+  const old = need(t, 'oldLogprobs', 'nft'),
+    rhat = need(t, 'nftRHat', 'nft'),
+    pos = need(t, 'nftPositive', 'nft');
   // masked positions (padding) get ratio 1: their target is often a token the sampling mask removes
   // (log-prob ≈ −1e9), and R = 0 there makes −log R infinite, which 0 · ∞ turns into a NaN loss and gradient
   const lp = b.where(b.greater(t.mask, 0), need(t, 'logprob', 'nft'), old);
@@ -360,9 +435,15 @@ const nft: PolicyLossFn = (b, t, c) => {
  */
 function topKMask(b: GraphBuilder, x: Var, k: Var, largest: boolean): Var {
   const K = b.unknownDim();
-  const [, idx] = b.op('TopK', [x, k], { axis: 0, largest: largest ? 1 : 0, sorted: 1 }, [{ dtype: x.dtype, shape: [K] }, { dtype: 'int64', shape: [K] }]);
+  const [, idx] = b.op('TopK', [x, k], { axis: 0, largest: largest ? 1 : 0, sorted: 1 }, [
+    { dtype: x.dtype, shape: [K] },
+    { dtype: 'int64', shape: [K] },
+  ]);
   const ones = b.op('Expand', [b.const(1, x.dtype), b.shape(idx)], {}, { dtype: x.dtype, shape: [K] });
-  return b.greater(b.op('ScatterElements', [b.zerosLike(x), idx, ones], { axis: 0 }, { dtype: x.dtype, shape: x.shape }), 0);
+  return b.greater(
+    b.op('ScatterElements', [b.zerosLike(x), idx, ones], { axis: 0 }, { dtype: x.dtype, shape: x.shape }),
+    0,
+  );
 }
 
 /**
@@ -384,19 +465,26 @@ function selectCount(b: GraphBuilder, count: Var, ratio: number, x: Var): Var {
  * get corr = 0; loss = max(L1, L2)·corr × loss weights. pg_clipfrac = mean[corr = 0].
  */
 const clipCov: PolicyLossFn = (b, t, c) => {
-  const lp = need(t, 'logprob', 'clip_cov'), old = need(t, 'oldLogprobs', 'clip_cov'), A = need(t, 'advantages', 'clip_cov');
+  const lp = need(t, 'logprob', 'clip_cov'),
+    old = need(t, 'oldLogprobs', 'clip_cov'),
+    A = need(t, 'advantages', 'clip_cov');
   const prio = need(t, 'clipCovPriority', 'clip_cov');
-  const lo = c.clipRatioLow ?? c.clipRatio, hi = c.clipRatioHigh ?? c.clipRatio;
+  const lo = c.clipRatioLow ?? c.clipRatio,
+    hi = c.clipRatioHigh ?? c.clipRatio;
   const logRatio = b.sub(lp, old);
   const ratio = b.exp(logRatio);
   const negA = b.neg(A);
   const l1 = b.mul(negA, ratio);
   const l2 = b.mul(negA, b.clip(ratio, 1 - lo, 1 + hi));
-  const M = t.mask, lpd = b.stopGradient(lp);
+  const M = t.mask,
+    lpd = b.stopGradient(lp);
   const mSum = b.reduceSum(b.where(b.equal(M, 0), 0, M), [0]);
   const denom = b.add(mSum, MASKED_EPS);
   const cov = b.mul(b.sub(A, b.div(maskedSum(b, A, M), denom)), b.sub(lpd, b.div(maskedSum(b, lpd, M), denom)));
-  const cand = b.and(b.and(b.greater(M, 0), b.not(b.greater(l2, l1))), b.and(b.greater(cov, c.clipCovLb), b.less(cov, c.clipCovUb)));
+  const cand = b.and(
+    b.and(b.greater(M, 0), b.not(b.greater(l2, l1))),
+    b.and(b.greater(cov, c.clipCovLb), b.less(cov, c.clipCovUb)),
+  );
   const candPrio = b.where(cand, b.stopGradient(prio), Infinity);
   const zeroed = b.and(cand, topKMask(b, candPrio, selectCount(b, mSum, c.clipCovRatio, candPrio), false));
   let perToken = b.where(zeroed, 0, b.max(l1, l2));
@@ -412,10 +500,13 @@ const clipCov: PolicyLossFn = (b, t, c) => {
  * (no clipping) × loss weights. ppo_kl = mean |ℓ|.
  */
 const klCov: PolicyLossFn = (b, t, c) => {
-  const lp = need(t, 'logprob', 'kl_cov'), old = need(t, 'oldLogprobs', 'kl_cov'), A = need(t, 'advantages', 'kl_cov');
+  const lp = need(t, 'logprob', 'kl_cov'),
+    old = need(t, 'oldLogprobs', 'kl_cov'),
+    A = need(t, 'advantages', 'kl_cov');
   const logRatio = b.sub(lp, old);
   const absKl = b.abs(logRatio);
-  const M = t.mask, lpd = b.stopGradient(lp);
+  const M = t.mask,
+    lpd = b.stopGradient(lp);
   const valid = b.greater(M, 0);
   const nValid = b.reduceSum(b.cast(valid, M.dtype), [0]);
   const mean = (x: Var) => b.div(b.reduceSum(b.where(valid, x, 0), [0]), nValid);
@@ -428,7 +519,18 @@ const klCov: PolicyLossFn = (b, t, c) => {
   return { perToken, sums: { ppo_kl: maskedSum(b, absKl, M) } };
 };
 
-export const policyLosses = new Registry<PolicyLossFn>('policy_loss.loss_mode', { vanilla, gspo, sapo, gpg, cispo, reinforce, geo_mean: geoMean, clip_cov: clipCov, kl_cov: klCov, nft });
+export const policyLosses = new Registry<PolicyLossFn>('policy_loss.loss_mode', {
+  vanilla,
+  gspo,
+  sapo,
+  gpg,
+  cispo,
+  reinforce,
+  geo_mean: geoMean,
+  clip_cov: clipCov,
+  kl_cov: klCov,
+  nft,
+});
 
 /**
  * The aggregation a policy loss fixes for its pg term whatever lossAggMode says (verl): gspo and
@@ -447,7 +549,13 @@ export function fixedPgAggMode(c: PolicyLossConfig): 'seq-mean-token-mean' | 'se
  * "seq-mean" weights are M / (ΣM_i · B), so Σ_t w·row_i = row_i / B for every non-empty row
  * (an empty row's value is 0 in geo_mean).
  */
-export function pgAggWeights(c: PolicyLossConfig, M: Float64Array, B: number, T: number, info: GlobalBatchInfo): Float64Array | null {
+export function pgAggWeights(
+  c: PolicyLossConfig,
+  M: Float64Array,
+  B: number,
+  T: number,
+  info: GlobalBatchInfo,
+): Float64Array | null {
   const mode = fixedPgAggMode(c);
   if (mode === null || mode === c.lossAggMode) return null;
   if (mode === 'seq-mean-token-mean') return lossAggModes.get(mode).weights(M, B, T, info);
@@ -461,9 +569,21 @@ export function pgAggWeights(c: PolicyLossConfig, M: Float64Array, B: number, T:
 }
 
 /** Which per-token batch fields a policy loss reads (besides log-probs and masks). */
-export function policyLossNeeds(c: PolicyLossConfig): { advantages: boolean; oldLogprobs: boolean; nft: boolean; pgAggWeights: boolean; clipCovPriority: boolean } {
+export function policyLossNeeds(c: PolicyLossConfig): {
+  advantages: boolean;
+  oldLogprobs: boolean;
+  nft: boolean;
+  pgAggWeights: boolean;
+  clipCovPriority: boolean;
+} {
   const fixed = fixedPgAggMode(c);
-  return { advantages: c.lossMode !== 'nft', oldLogprobs: true, nft: c.lossMode === 'nft', pgAggWeights: fixed !== null && fixed !== c.lossAggMode, clipCovPriority: c.lossMode === 'clip_cov' };
+  return {
+    advantages: c.lossMode !== 'nft',
+    oldLogprobs: true,
+    nft: c.lossMode === 'nft',
+    pgAggWeights: fixed !== null && fixed !== c.lossAggMode,
+    clipCovPriority: c.lossMode === 'clip_cov',
+  };
 }
 
 // ─────────────────────────── KL loss estimators ───────────────────────────
@@ -472,12 +592,23 @@ export type KlFn = (b: GraphBuilder, lp: Var, ref: Var) => Var;
 /** k1 = lp − ref; abs = |lp − ref|; k2 = ½(lp − ref)²; k3 = clamp(eˣ − x − 1, ±10), x = clamp(ref − lp, ±20) (Schulman 2020). */
 const k1: KlFn = (b, lp, ref) => b.sub(lp, ref);
 const absKl: KlFn = (b, lp, ref) => b.abs(b.sub(lp, ref));
-const k2: KlFn = (b, lp, ref) => { const d = b.sub(lp, ref); return b.mul(b.mul(d, d), 0.5); };
+const k2: KlFn = (b, lp, ref) => {
+  const d = b.sub(lp, ref);
+  return b.mul(b.mul(d, d), 0.5);
+};
 const k3: KlFn = (b, lp, ref) => {
   const x = b.clip(b.sub(ref, lp), -20, 20);
   return b.clip(b.sub(b.sub(b.exp(x), x), 1), -10, 10);
 };
-export const klLossTypes = new Registry<KlFn>('kl_loss_type', { kl: k1, k1, abs: absKl, mse: k2, k2, low_var_kl: k3, k3 });
+export const klLossTypes = new Registry<KlFn>('kl_loss_type', {
+  kl: k1,
+  k1,
+  abs: absKl,
+  mse: k2,
+  k2,
+  low_var_kl: k3,
+  k3,
+});
 
 // ─────────────────────────── full losses ───────────────────────────
 
@@ -494,7 +625,11 @@ export function policyLossGraph(b: GraphBuilder, t: TokenTensors, c: PolicyLossC
       if (c.entropyCoeff !== 0) loss = b.sub(loss, b.mul(ent, c.entropyCoeff));
     }
     if (c.useKlLoss) {
-      const kl = aggregate(b, klLossTypes.get(c.klLossType)(b, need(t, 'logprob', 'KL loss'), need(t, 'refLogprobs', 'KL loss')), t);
+      const kl = aggregate(
+        b,
+        klLossTypes.get(c.klLossType)(b, need(t, 'logprob', 'KL loss'), need(t, 'refLogprobs', 'KL loss')),
+        t,
+      );
       out.kl_loss = kl;
       loss = b.add(loss, b.mul(kl, c.klLossCoef));
     }
@@ -512,12 +647,24 @@ export function policyLossGraph(b: GraphBuilder, t: TokenTensors, c: PolicyLossC
 /** Critic loss: ½·agg(max((v − R)², (clip(v, V ± c) − R)²)) (verl compute_value_loss). */
 export function valueLossGraph(b: GraphBuilder, t: TokenTensors, c: ValueLossConfig): LossGraph {
   return b.scope('loss', () => {
-    const v = need(t, 'vpred', 'value loss'), R = need(t, 'returns', 'value loss'), V = need(t, 'values', 'value loss');
+    const v = need(t, 'vpred', 'value loss'),
+      R = need(t, 'returns', 'value loss'),
+      V = need(t, 'values', 'value loss');
     const clipped = b.max(b.min(v, b.add(V, c.cliprangeValue)), b.sub(V, c.cliprangeValue));
-    const d1 = b.sub(v, R), d2 = b.sub(clipped, R);
-    const l1 = b.mul(d1, d1), l2 = b.mul(d2, d2);
+    const d1 = b.sub(v, R),
+      d2 = b.sub(clipped, R);
+    const l1 = b.mul(d1, d1),
+      l2 = b.mul(d2, d2);
     const vf = b.mul(aggregate(b, b.max(l1, l2), t), 0.5);
-    return { loss: vf, sums: { vf_loss: vf, vf_clipfrac: boolSum(b, b.greater(l2, l1), t.mask), vpred_mean: maskedSum(b, v, t.mask), loss: vf } };
+    return {
+      loss: vf,
+      sums: {
+        vf_loss: vf,
+        vf_clipfrac: boolSum(b, b.greater(l2, l1), t.mask),
+        vpred_mean: maskedSum(b, v, t.mask),
+        loss: vf,
+      },
+    };
   });
 }
 
@@ -532,7 +679,14 @@ export function sftLossGraph(b: GraphBuilder, t: TokenTensors, correct: Var | nu
 }
 
 /** Metrics that are masked means (Σ f·M over the mini-batch, divided by ΣM + 1e-8 in JS). */
-const MASKED_MEAN_METRICS = new Set(['pg_clipfrac', 'pg_clipfrac_lower', 'ppo_kl', 'vf_clipfrac', 'vpred_mean', 'token_acc']);
+const MASKED_MEAN_METRICS = new Set([
+  'pg_clipfrac',
+  'pg_clipfrac_lower',
+  'ppo_kl',
+  'vf_clipfrac',
+  'vpred_mean',
+  'token_acc',
+]);
 
 /** Turn additive sums (over micro-batches) into metrics. */
 export function finalizeMetrics(sums: Record<string, number>, maskSum: number): Record<string, number> {

@@ -6,13 +6,19 @@
 import { ConfigError } from '../errors.ts';
 import { hasQkNorm, type ModelConfig } from './config.ts';
 
-export interface ParamSpec { name: string; shape: number[] }
+export interface ParamSpec {
+  name: string;
+  shape: number[];
+}
 /** Weights by HF parameter name, float32, row-major. */
 export type Weights = Map<string, Float32Array>;
 
 export function paramSpecs(c: ModelConfig): ParamSpec[] {
-  const D = c.hiddenSize, F = c.intermediateSize, hd = c.headDim;
-  const qd = c.numAttentionHeads * hd, kvd = c.numKeyValueHeads * hd;
+  const D = c.hiddenSize,
+    F = c.intermediateSize,
+    hd = c.headDim;
+  const qd = c.numAttentionHeads * hd,
+    kvd = c.numKeyValueHeads * hd;
   const out: ParamSpec[] = [{ name: 'model.embed_tokens.weight', shape: [c.vocabSize, D] }];
   for (let i = 0; i < c.numHiddenLayers; i++) {
     const p = `model.layers.${i}`;
@@ -44,7 +50,9 @@ export function paramSpecs(c: ModelConfig): ParamSpec[] {
 export const VISION_PREFIX = 'visual.';
 
 /** Whether a parameter belongs to the vision tower (frozen by actor.model.freeze_vision_tower). */
-export function isVisionParam(name: string): boolean { return name.startsWith(VISION_PREFIX); }
+export function isVisionParam(name: string): boolean {
+  return name.startsWith(VISION_PREFIX);
+}
 
 /**
  * The vision tower's parameters, Qwen2-VL's HF names and torch layouts: the patch embedding is the
@@ -55,7 +63,10 @@ export function isVisionParam(name: string): boolean { return name.startsWith(VI
 export function visionParamSpecs(c: ModelConfig): ParamSpec[] {
   const v = c.vision;
   if (!v) return [];
-  const E = v.hiddenSize, F = v.intermediateSize, ps = v.patchSize, M = E * v.spatialMergeSize * v.spatialMergeSize;
+  const E = v.hiddenSize,
+    F = v.intermediateSize,
+    ps = v.patchSize,
+    M = E * v.spatialMergeSize * v.spatialMergeSize;
   const out: ParamSpec[] = [{ name: 'visual.patch_embed.proj.weight', shape: [E, 3, v.temporalPatchSize, ps, ps] }];
   for (let i = 0; i < v.depth; i++) {
     const p = `visual.blocks.${i}`;
@@ -68,26 +79,43 @@ export function visionParamSpecs(c: ModelConfig): ParamSpec[] {
   }
   out.push({ name: 'visual.merger.ln_q.weight', shape: [E] }, { name: 'visual.merger.ln_q.bias', shape: [E] });
   out.push({ name: 'visual.merger.mlp.0.weight', shape: [M, M] }, { name: 'visual.merger.mlp.0.bias', shape: [M] });
-  out.push({ name: 'visual.merger.mlp.2.weight', shape: [v.outHiddenSize, M] }, { name: 'visual.merger.mlp.2.bias', shape: [v.outHiddenSize] });
+  out.push(
+    { name: 'visual.merger.mlp.2.weight', shape: [v.outHiddenSize, M] },
+    { name: 'visual.merger.mlp.2.bias', shape: [v.outHiddenSize] },
+  );
   return out;
 }
 
-export function numel(shape: readonly number[]): number { return shape.reduce((a, b) => a * b, 1); }
+export function numel(shape: readonly number[]): number {
+  return shape.reduce((a, b) => a * b, 1);
+}
 
-export function paramCount(c: ModelConfig): number { return paramSpecs(c).reduce((s, p) => s + numel(p.shape), 0); }
+export function paramCount(c: ModelConfig): number {
+  return paramSpecs(c).reduce((s, p) => s + numel(p.shape), 0);
+}
 
 /** Check that `w` has exactly the config's parameters (or `specs`, e.g. LoRA adapters) with the right sizes. */
-export function validateWeights(c: ModelConfig, w: Weights, what = 'weights', specs: ParamSpec[] = paramSpecs(c)): void {
+export function validateWeights(
+  c: ModelConfig,
+  w: Weights,
+  what = 'weights',
+  specs: ParamSpec[] = paramSpecs(c),
+): void {
   const expected = new Set(specs.map((s) => s.name));
   const missing = specs.filter((s) => !w.has(s.name)).map((s) => s.name);
   const extra = [...w.keys()].filter((k) => !expected.has(k));
   if (missing.length || extra.length) {
-    throw new ConfigError(`${what}: ${missing.length ? `missing ${missing.slice(0, 5).join(', ')}${missing.length > 5 ? ` (+${missing.length - 5} more)` : ''}` : ''}${missing.length && extra.length ? '; ' : ''}${extra.length ? `unexpected ${extra.slice(0, 5).join(', ')}${extra.length > 5 ? ` (+${extra.length - 5} more)` : ''}` : ''}`);
+    throw new ConfigError(
+      `${what}: ${missing.length ? `missing ${missing.slice(0, 5).join(', ')}${missing.length > 5 ? ` (+${missing.length - 5} more)` : ''}` : ''}${missing.length && extra.length ? '; ' : ''}${extra.length ? `unexpected ${extra.slice(0, 5).join(', ')}${extra.length > 5 ? ` (+${extra.length - 5} more)` : ''}` : ''}`,
+    );
   }
   for (const s of specs) {
     const a = w.get(s.name)!;
     if (!(a instanceof Float32Array)) throw new ConfigError(`${what}: ${s.name} must be a Float32Array`);
-    if (a.length !== numel(s.shape)) throw new ConfigError(`${what}: ${s.name} has ${a.length} values, expected shape [${s.shape}] (${numel(s.shape)})`);
+    if (a.length !== numel(s.shape))
+      throw new ConfigError(
+        `${what}: ${s.name} has ${a.length} values, expected shape [${s.shape}] (${numel(s.shape)})`,
+      );
   }
 }
 

@@ -35,17 +35,44 @@ const imageIds = new WeakMap<ImagePixels, number>();
 let nextImageId = 0;
 function imageKey(images: readonly ImagePixels[] | undefined): string {
   if (!images || images.length === 0) return '';
-  return `|img:${images.map((im) => { let k = imageIds.get(im); if (k === undefined) { k = nextImageId++; imageIds.set(im, k); } return k; }).join(',')}`;
+  return `|img:${images
+    .map((im) => {
+      let k = imageIds.get(im);
+      if (k === undefined) {
+        k = nextImageId++;
+        imageIds.set(im, k);
+      }
+      return k;
+    })
+    .join(',')}`;
 }
 
-export const samplingParamsSchema = z.object({
-  temperature: z.number().min(0).default(1).describe('logits are divided by this; 0 = greedy (argmax)'),
-  topP: z.number().gt(0).max(1).default(1).describe('nucleus sampling: keep the smallest top set with mass ≥ topP (1 = off)'),
-  topK: z.number().int().min(0).default(0).describe('keep the topK most likely tokens (0 = off); applied before topP'),
-  maxNewTokens: z.number().int().positive().describe('response length cap (max_response_length)'),
-  eosTokenIds: z.array(z.number().int().nonnegative()).optional().describe('stop tokens (default: the model config eosTokenId; [] = never stop early)'),
-  seed: z.union([z.number().int(), z.string()]).default(0).describe('run-level seed; each sequence draws from PRNG(seed, sequence id)'),
-}).strict();
+export const samplingParamsSchema = z
+  .object({
+    temperature: z.number().min(0).default(1).describe('logits are divided by this; 0 = greedy (argmax)'),
+    topP: z
+      .number()
+      .gt(0)
+      .max(1)
+      .default(1)
+      .describe('nucleus sampling: keep the smallest top set with mass ≥ topP (1 = off)'),
+    topK: z
+      .number()
+      .int()
+      .min(0)
+      .default(0)
+      .describe('keep the topK most likely tokens (0 = off); applied before topP'),
+    maxNewTokens: z.number().int().positive().describe('response length cap (max_response_length)'),
+    eosTokenIds: z
+      .array(z.number().int().nonnegative())
+      .optional()
+      .describe('stop tokens (default: the model config eosTokenId; [] = never stop early)'),
+    seed: z
+      .union([z.number().int(), z.string()])
+      .default(0)
+      .describe('run-level seed; each sequence draws from PRNG(seed, sequence id)'),
+  })
+  .strict();
 
 export type SamplingParamsInput = z.input<typeof samplingParamsSchema>;
 export type SamplingParams = z.output<typeof samplingParamsSchema>;
@@ -93,12 +120,20 @@ export function sequenceUniforms(seed: number | string, id: string, n: number): 
 
 export function samplingParams(input: SamplingParamsInput): SamplingParams {
   const r = samplingParamsSchema.safeParse(input);
-  if (!r.success) throw new ConfigError(`sampling params: ${r.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`);
+  if (!r.success)
+    throw new ConfigError(
+      `sampling params: ${r.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`,
+    );
   return r.data;
 }
 
 /** Split row indices (already ordered) into batches of at most maxRows and maxTokens (rows × width). */
-export function planBatches(widths: readonly number[], order: readonly number[], maxRows: number, maxTokens: number): number[][] {
+export function planBatches(
+  widths: readonly number[],
+  order: readonly number[],
+  maxRows: number,
+  maxTokens: number,
+): number[][] {
   const batches: number[][] = [];
   let cur: number[] = [];
   let curMax = 0;
@@ -121,55 +156,97 @@ export class Sampler {
   private readonly maxBatchSize: number;
   private readonly maxBatchTokens: number;
 
-  constructor(readonly config: ModelConfig, private readonly opts: SamplerOptions = {}) {
+  constructor(
+    readonly config: ModelConfig,
+    private readonly opts: SamplerOptions = {},
+  ) {
     if (config.head !== 'lm') throw new ConfigError('Sampler: needs a policy model (head "lm"), got a value model');
     this.cache = opts.cache ?? defaultSessionCache;
     this.maxBatchSize = opts.maxBatchSize ?? 64;
     this.maxBatchTokens = opts.maxBatchTokens ?? 262144;
-    if (!(this.maxBatchSize >= 1) || !(this.maxBatchTokens >= 1)) throw new ConfigError('Sampler: maxBatchSize and maxBatchTokens must be ≥ 1');
+    if (!(this.maxBatchSize >= 1) || !(this.maxBatchTokens >= 1))
+      throw new ConfigError('Sampler: maxBatchSize and maxBatchTokens must be ≥ 1');
   }
 
   private session(truncation: boolean): Promise<ort.InferenceSession> {
     const key = `generate|${keyOf(this.config)}|trunc=${truncation}`;
-    return this.cache.get(key, () => buildGenerateModel(this.config, { truncation }), { threads: this.opts.threads, device: this.opts.device });
+    return this.cache.get(key, () => buildGenerateModel(this.config, { truncation }), {
+      threads: this.opts.threads,
+      device: this.opts.device,
+    });
   }
 
   /** Generate one response per request (results in request order). */
-  async generate(weights: Weights, requests: readonly GenerationRequest[], paramsIn: SamplingParamsInput): Promise<Generation[]> {
+  async generate(
+    weights: Weights,
+    requests: readonly GenerationRequest[],
+    paramsIn: SamplingParamsInput,
+  ): Promise<Generation[]> {
     const params = samplingParams(paramsIn);
     const c = this.config;
     const N = params.maxNewTokens;
     const eos = params.eosTokenIds ?? [c.eosTokenId];
-    for (const e of eos) if (e >= c.vocabSize) throw new ConfigError(`sampling params: eos token ${e} is outside the vocabulary (vocabSize ${c.vocabSize})`);
+    for (const e of eos)
+      if (e >= c.vocabSize)
+        throw new ConfigError(`sampling params: eos token ${e} is outside the vocabulary (vocabSize ${c.vocabSize})`);
     validateWeights(c, weights, 'Sampler weights');
     const seen = new Set<string>();
     requests.forEach((r, i) => {
       if (r.prompt.length === 0) throw new ConfigError(`generation request ${i} (${r.id}): empty prompt`);
-      if (r.prompt.length + N > c.maxPositionEmbeddings) throw new ConfigError(`generation request ${i} (${r.id}): prompt length ${r.prompt.length} + maxNewTokens ${N} exceeds maxPositionEmbeddings ${c.maxPositionEmbeddings}`);
+      if (r.prompt.length + N > c.maxPositionEmbeddings)
+        throw new ConfigError(
+          `generation request ${i} (${r.id}): prompt length ${r.prompt.length} + maxNewTokens ${N} exceeds maxPositionEmbeddings ${c.maxPositionEmbeddings}`,
+        );
       for (let t = 0; t < r.prompt.length; t++) {
         const v = r.prompt[t];
-        if (!Number.isInteger(v) || v < 0 || v >= c.vocabSize) throw new ConfigError(`generation request ${i} (${r.id}): token ${v} at ${t} is outside the vocabulary (vocabSize ${c.vocabSize})`);
+        if (!Number.isInteger(v) || v < 0 || v >= c.vocabSize)
+          throw new ConfigError(
+            `generation request ${i} (${r.id}): token ${v} at ${t} is outside the vocabulary (vocabSize ${c.vocabSize})`,
+          );
       }
-      if (seen.has(r.id)) throw new ConfigError(`generation request ${i}: duplicate sequence id ${r.id} (ids key the randomness; give each sequence its own)`);
+      if (seen.has(r.id))
+        throw new ConfigError(
+          `generation request ${i}: duplicate sequence id ${r.id} (ids key the randomness; give each sequence its own)`,
+        );
       seen.add(r.id);
     });
     if (requests.length === 0) return [];
-    if (!c.vision && hasImages(requests.map((r) => r.images))) throw new ConfigError('generation requests carry images but the model is text-only (no vision config)');
+    if (!c.vision && hasImages(requests.map((r) => r.images)))
+      throw new ConfigError('generation requests carry images but the model is text-only (no vision config)');
     const truncation = params.topK > 0 || params.topP < 1;
     const session = await this.session(truncation);
     const weightFeeds = weightTensors(c, weights);
-    const order = requests.map((_, i) => i).sort((a, b) => requests[b].prompt.length - requests[a].prompt.length || a - b);
+    const order = requests
+      .map((_, i) => i)
+      .sort((a, b) => requests[b].prompt.length - requests[a].prompt.length || a - b);
     const widths = requests.map((r) => r.prompt.length + N);
     const out = new Array<Generation>(requests.length);
     for (const batch of planBatches(widths, order, this.maxBatchSize, this.maxBatchTokens)) {
-      const res = await this.runBatch(session, weightFeeds, batch.map((i) => requests[i]), params, eos, truncation);
-      batch.forEach((i, k) => { out[i] = res[k]; });
+      const res = await this.runBatch(
+        session,
+        weightFeeds,
+        batch.map((i) => requests[i]),
+        params,
+        eos,
+        truncation,
+      );
+      batch.forEach((i, k) => {
+        out[i] = res[k];
+      });
     }
     return out;
   }
 
-  private async runBatch(session: ort.InferenceSession, weightFeeds: Record<string, ort.Tensor>, reqs: GenerationRequest[], params: SamplingParams, eos: number[], truncation: boolean): Promise<Generation[]> {
-    const B = reqs.length, N = params.maxNewTokens;
+  private async runBatch(
+    session: ort.InferenceSession,
+    weightFeeds: Record<string, ort.Tensor>,
+    reqs: GenerationRequest[],
+    params: SamplingParams,
+    eos: number[],
+    truncation: boolean,
+  ): Promise<Generation[]> {
+    const B = reqs.length,
+      N = params.maxNewTokens;
     const P = Math.max(...reqs.map((r) => r.prompt.length));
     // each distinct prompt is prefilled once; its rows continue from the shared KV cache
     const uniq = new Map<string, number>();
@@ -179,7 +256,12 @@ export class Sampler {
     reqs.forEach((r, b) => {
       const key = Array.prototype.join.call(r.prompt, ',') + imageKey(r.images);
       let k = uniq.get(key);
-      if (k === undefined) { k = prompts.length; uniq.set(key, k); prompts.push(r.prompt); promptImages.push(r.images); }
+      if (k === undefined) {
+        k = prompts.length;
+        uniq.set(key, k);
+        prompts.push(r.prompt);
+        promptImages.push(r.images);
+      }
       rows[b] = BigInt(k);
     });
     const U = prompts.length;
@@ -187,7 +269,10 @@ export class Sampler {
     const mask = new BigInt64Array(U * P);
     prompts.forEach((pr, k) => {
       const off = k * P + P - pr.length;
-      for (let t = 0; t < pr.length; t++) { ids[off + t] = BigInt(pr[t]); mask[off + t] = 1n; }
+      for (let t = 0; t < pr.length; t++) {
+        ids[off + t] = BigInt(pr[t]);
+        mask[off + t] = 1n;
+      }
     });
     const u = new Float32Array(B * N);
     reqs.forEach((r, b) => u.set(sequenceUniforms(params.seed, r.id, N), b * N));
@@ -214,14 +299,26 @@ export class Sampler {
       let len = steps;
       let reason: FinishReason = 'length';
       for (let t = 0; t < steps; t++) {
-        if (eosSet.has(Number(toks[t * B + b]))) { len = t + 1; reason = 'eos'; break; }
+        if (eosSet.has(Number(toks[t * B + b]))) {
+          len = t + 1;
+          reason = 'eos';
+          break;
+        }
       }
-      if (reason === 'length' && steps !== N) throw new Error(`internal: generation stopped after ${steps} of ${N} steps but ${r.id} has no EOS`);
+      if (reason === 'length' && steps !== N)
+        throw new Error(`internal: generation stopped after ${steps} of ${N} steps but ${r.id} has no EOS`);
       const tokens = new Int32Array(len);
       const logprobs = new Float32Array(len);
-      for (let t = 0; t < len; t++) { tokens[t] = Number(toks[t * B + b]); logprobs[t] = lps[t * B + b]; }
+      for (let t = 0; t < len; t++) {
+        tokens[t] = Number(toks[t * B + b]);
+        logprobs[t] = lps[t * B + b];
+      }
       const bad = logprobs.findIndex((v) => Number.isNaN(v));
-      if (bad >= 0) throw new RlError(`generation for ${r.id}: the model's logits are not finite at response token ${bad} (diverged weights?)`, { retriable: false, code: 'ERR_NONFINITE_LOGITS' });
+      if (bad >= 0)
+        throw new RlError(
+          `generation for ${r.id}: the model's logits are not finite at response token ${bad} (diverged weights?)`,
+          { retriable: false, code: 'ERR_NONFINITE_LOGITS' },
+        );
       return { id: r.id, tokens, logprobs, finishReason: reason };
     });
   }

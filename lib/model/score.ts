@@ -39,13 +39,20 @@ export const SCORE_IO = {
 } as const;
 
 /** The scoring model: log-probs (+ entropy) for a policy config, values for a value config. */
-export function buildScoreModel(c: ModelConfig, opts: { entropy: boolean; headChunk?: number; queryBlocks?: number }): Uint8Array {
+export function buildScoreModel(
+  c: ModelConfig,
+  opts: { entropy: boolean; headChunk?: number; queryBlocks?: number },
+): Uint8Array {
   const b = new GraphBuilder({ name: c.head === 'value' ? 'values' : 'score' });
   const p = declareParams(b, c, 'inputs');
   const ids = b.input(SCORE_IO.inputIds, 'int64', ['B', 'T']);
   const rows = b.input(SCORE_IO.gatherRows, 'int64', ['M']);
   // a VLM places its image tokens at the <|image_pad|> positions (vision.ts)
-  const { hidden } = llamaForward(b, c, p, { ids, ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}), queryBlocks: opts.queryBlocks });
+  const { hidden } = llamaForward(b, c, p, {
+    ids,
+    ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}),
+    queryBlocks: opts.queryBlocks,
+  });
   const h = b.gather(hidden, rows); // [M, D]
   if (c.head === 'value') {
     b.output(valueHead(b, c, p, h), SCORE_IO.values);
@@ -53,7 +60,12 @@ export function buildScoreModel(c: ModelConfig, opts: { entropy: boolean; headCh
     const targets = b.input(SCORE_IO.targets, 'int64', ['M']);
     const temperature = b.input(SCORE_IO.temperature, 'float32', []);
     // LM head + log-softmax over vocabulary chunks: the [M, V] logits never exist at once
-    const r = chunkedLmHeadLogprob(b, h, lmHeadWeight(c, p), targets, { entropy: opts.entropy, temperature, chunk: opts.headChunk ?? HEAD_CHUNK, logitBias: logitBiasOf(c) }); // logitBias: the sampler's mask (tok)
+    const r = chunkedLmHeadLogprob(b, h, lmHeadWeight(c, p), targets, {
+      entropy: opts.entropy,
+      temperature,
+      chunk: opts.headChunk ?? HEAD_CHUNK,
+      logitBias: logitBiasOf(c),
+    }); // logitBias: the sampler's mask (tok)
     b.output(r.logprob, SCORE_IO.logprobs);
     if (r.entropy) b.output(r.entropy, SCORE_IO.entropy);
   }
@@ -92,22 +104,47 @@ export async function forEachBucket(
   c: ModelConfig,
   reqs: readonly ScoreRequest[],
   opts: ScorerOptions,
-  fn: (batch: number[], feeds: { ids: ort.Tensor; rows: ort.Tensor; targets: ort.Tensor; M: number; T: number; queryBlocks: number; vision: Record<string, ort.Tensor> }) => Promise<void>,
+  fn: (
+    batch: number[],
+    feeds: {
+      ids: ort.Tensor;
+      rows: ort.Tensor;
+      targets: ort.Tensor;
+      M: number;
+      T: number;
+      queryBlocks: number;
+      vision: Record<string, ort.Tensor>;
+    },
+  ) => Promise<void>,
 ): Promise<void> {
-  if (!c.vision && hasImages(reqs.map((r) => r.images))) throw new ConfigError('score requests carry images but the model is text-only (no vision config)');
+  if (!c.vision && hasImages(reqs.map((r) => r.images)))
+    throw new ConfigError('score requests carry images but the model is text-only (no vision config)');
   reqs.forEach((r, i) => {
     const T = r.prompt.length + r.response.length;
-    if (r.prompt.length === 0) throw new ConfigError(`score request ${i}: empty prompt (the first response token needs a preceding position)`);
-    if (T > c.maxPositionEmbeddings) throw new ConfigError(`score request ${i}: prompt + response length ${T} exceeds maxPositionEmbeddings ${c.maxPositionEmbeddings}`);
-    for (const [what, a] of [['prompt', r.prompt], ['response', r.response]] as const) {
+    if (r.prompt.length === 0)
+      throw new ConfigError(`score request ${i}: empty prompt (the first response token needs a preceding position)`);
+    if (T > c.maxPositionEmbeddings)
+      throw new ConfigError(
+        `score request ${i}: prompt + response length ${T} exceeds maxPositionEmbeddings ${c.maxPositionEmbeddings}`,
+      );
+    for (const [what, a] of [
+      ['prompt', r.prompt],
+      ['response', r.response],
+    ] as const) {
       for (let t = 0; t < a.length; t++) {
         const v = a[t];
-        if (!Number.isInteger(v) || v < 0 || v >= c.vocabSize) throw new ConfigError(`score request ${i}: ${what} token ${v} at ${t} is outside the vocabulary (vocabSize ${c.vocabSize})`);
+        if (!Number.isInteger(v) || v < 0 || v >= c.vocabSize)
+          throw new ConfigError(
+            `score request ${i}: ${what} token ${v} at ${t} is outside the vocabulary (vocabSize ${c.vocabSize})`,
+          );
       }
     }
   });
   const widths = reqs.map((r) => r.prompt.length + r.response.length);
-  const order = reqs.map((_, i) => i).filter((i) => reqs[i].response.length > 0).sort((a, b) => widths[b] - widths[a] || a - b);
+  const order = reqs
+    .map((_, i) => i)
+    .filter((i) => reqs[i].response.length > 0)
+    .sort((a, b) => widths[b] - widths[a] || a - b);
   for (const batch of planBatches(widths, order, opts.maxBatchSize ?? 64, opts.maxBatchTokens ?? 65536)) {
     const B = batch.length;
     const T = Math.max(...batch.map((i) => widths[i]));
@@ -126,32 +163,76 @@ export async function forEachBucket(
         targets[m++] = BigInt(response[j]);
       }
     });
-    const vision = c.vision ? visionFeeds(c, ids, B, T, batch.map((i) => reqs[i].images), 'score batch') : {};
+    const vision = c.vision
+      ? visionFeeds(
+          c,
+          ids,
+          B,
+          T,
+          batch.map((i) => reqs[i].images),
+          'score batch',
+        )
+      : {};
     // the bucket's causal query blocks (llama.ts queryBlocksFor): one scoring graph per block count
-    await fn(batch, { ids: tensor('int64', ids, [B, T]), rows: tensor('int64', rows, [M]), targets: tensor('int64', targets, [M]), M, T, queryBlocks: queryBlocksFor(T), vision });
+    await fn(batch, {
+      ids: tensor('int64', ids, [B, T]),
+      rows: tensor('int64', rows, [M]),
+      targets: tensor('int64', targets, [M]),
+      M,
+      T,
+      queryBlocks: queryBlocksFor(T),
+      vision,
+    });
   }
 }
 
 export class Scorer {
   private readonly cache: SessionCache;
 
-  constructor(readonly config: ModelConfig, private readonly opts: ScorerOptions = {}) {
-    if (config.head !== 'lm') throw new ConfigError('Scorer: needs a policy model (head "lm"); use ValueScorer for a value model');
+  constructor(
+    readonly config: ModelConfig,
+    private readonly opts: ScorerOptions = {},
+  ) {
+    if (config.head !== 'lm')
+      throw new ConfigError('Scorer: needs a policy model (head "lm"); use ValueScorer for a value model');
     this.cache = opts.cache ?? defaultSessionCache;
   }
 
   /** Per-token log-probs (and entropies unless `entropy: false`) of each response, in request order. */
-  async score(weights: Weights, reqs: readonly ScoreRequest[], o: { temperature?: number; entropy?: boolean } = {}): Promise<TokenScores[]> {
+  async score(
+    weights: Weights,
+    reqs: readonly ScoreRequest[],
+    o: { temperature?: number; entropy?: boolean } = {},
+  ): Promise<TokenScores[]> {
     const temperature = o.temperature ?? 1;
     const wantEnt = o.entropy ?? true;
     if (!(temperature > 0)) throw new ConfigError(`Scorer: temperature must be > 0, got ${temperature}`);
     validateWeights(this.config, weights, 'Scorer weights');
-    const out: TokenScores[] = reqs.map((r) => ({ logprobs: new Float32Array(r.response.length), entropy: wantEnt ? new Float32Array(r.response.length) : null }));
+    const out: TokenScores[] = reqs.map((r) => ({
+      logprobs: new Float32Array(r.response.length),
+      entropy: wantEnt ? new Float32Array(r.response.length) : null,
+    }));
     if (reqs.length === 0) return out;
     const wf = weightTensors(this.config, weights);
     await forEachBucket(this.config, reqs, this.opts, async (batch, f) => {
-      const session = await this.cache.get(`score|${keyOf(this.config)}|ent=${wantEnt}|chunk=${this.opts.headChunk ?? HEAD_CHUNK}|qb=${f.queryBlocks}`, () => buildScoreModel(this.config, { entropy: wantEnt, headChunk: this.opts.headChunk, queryBlocks: f.queryBlocks }), { threads: this.opts.threads, device: this.opts.device });
-      const res = await session.run({ ...wf, ...f.vision, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows, [SCORE_IO.targets]: f.targets, [SCORE_IO.temperature]: tensor('float32', [temperature], []) });
+      const session = await this.cache.get(
+        `score|${keyOf(this.config)}|ent=${wantEnt}|chunk=${this.opts.headChunk ?? HEAD_CHUNK}|qb=${f.queryBlocks}`,
+        () =>
+          buildScoreModel(this.config, {
+            entropy: wantEnt,
+            headChunk: this.opts.headChunk,
+            queryBlocks: f.queryBlocks,
+          }),
+        { threads: this.opts.threads, device: this.opts.device },
+      );
+      const res = await session.run({
+        ...wf,
+        ...f.vision,
+        [SCORE_IO.inputIds]: f.ids,
+        [SCORE_IO.gatherRows]: f.rows,
+        [SCORE_IO.targets]: f.targets,
+        [SCORE_IO.temperature]: tensor('float32', [temperature], []),
+      });
       const lp = res[SCORE_IO.logprobs].data as Float32Array;
       const ent = wantEnt ? (res[SCORE_IO.entropy].data as Float32Array) : null;
       let m = 0;

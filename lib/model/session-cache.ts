@@ -36,8 +36,12 @@ export class SessionCache {
   }
 
   /** Number of sessions created so far (for tests and logs). */
-  get sessionsBuilt(): number { return this.builds; }
-  get size(): number { return this.entries.size; }
+  get sessionsBuilt(): number {
+    return this.builds;
+  }
+  get size(): number {
+    return this.entries.size;
+  }
 
   async clear(): Promise<void> {
     const all = [...this.entries.values()];

@@ -38,7 +38,11 @@ export interface Tokenizer {
  * than the stop ids, ids without storable text (NUL), and the padding rows of a model whose
  * vocabulary is larger than its tokenizer's. Sorted, distinct.
  */
-export function samplingMaskIds(tok: Tokenizer, vocabSize: number = tok.vocabSize, stopIds: readonly number[] = tok.stopIds): Int32Array {
+export function samplingMaskIds(
+  tok: Tokenizer,
+  vocabSize: number = tok.vocabSize,
+  stopIds: readonly number[] = tok.stopIds,
+): Int32Array {
   const stop = new Set(stopIds);
   const out = new Set<number>();
   for (const id of [...tok.specialIds, ...tok.textlessIds]) if (id < vocabSize && !stop.has(id)) out.add(id);
@@ -73,13 +77,16 @@ export class ByteTokenizer implements Tokenizer {
     const bytes: number[] = [];
     for (let i = 0; i < ids.length; i++) {
       const id = ids[i];
-      if (!(Number.isInteger(id) && id >= 0 && id < this.vocabSize)) throw new ConfigError(`ByteTokenizer.decode: id ${id} at position ${i} is outside [0, ${this.vocabSize})`);
+      if (!(Number.isInteger(id) && id >= 0 && id < this.vocabSize))
+        throw new ConfigError(`ByteTokenizer.decode: id ${id} at position ${i} is outside [0, ${this.vocabSize})`);
       if (id < 256) bytes.push(id);
     }
     return this.dec.decode(Uint8Array.from(bytes));
   }
 
-  spec(): TokenizerSpec { return { type: 'byte' }; }
+  spec(): TokenizerSpec {
+    return { type: 'byte' };
+  }
 }
 
 export class AlphabetTokenizer implements Tokenizer {
@@ -98,7 +105,10 @@ export class AlphabetTokenizer implements Tokenizer {
     this.chars = [...alphabet];
     if (this.chars.length === 0) throw new ConfigError('AlphabetTokenizer: the alphabet is empty');
     this.chars.forEach((ch, i) => {
-      if (this.index.has(ch)) throw new ConfigError(`AlphabetTokenizer: character ${JSON.stringify(ch)} appears twice in the alphabet ${JSON.stringify(alphabet)}`);
+      if (this.index.has(ch))
+        throw new ConfigError(
+          `AlphabetTokenizer: character ${JSON.stringify(ch)} appears twice in the alphabet ${JSON.stringify(alphabet)}`,
+        );
       this.index.set(ch, i + 3);
     });
     this.vocabSize = this.chars.length + 3;
@@ -110,7 +120,10 @@ export class AlphabetTokenizer implements Tokenizer {
     let pos = 0;
     for (const ch of text) {
       const id = this.index.get(ch);
-      if (id === undefined) throw new ConfigError(`AlphabetTokenizer: character ${JSON.stringify(ch)} at position ${pos} of ${JSON.stringify(text.length > 60 ? text.slice(0, 60) + '…' : text)} is not in the alphabet ${JSON.stringify(this.alphabet)}`);
+      if (id === undefined)
+        throw new ConfigError(
+          `AlphabetTokenizer: character ${JSON.stringify(ch)} at position ${pos} of ${JSON.stringify(text.length > 60 ? text.slice(0, 60) + '…' : text)} is not in the alphabet ${JSON.stringify(this.alphabet)}`,
+        );
       out.push(id);
       pos++;
     }
@@ -121,19 +134,27 @@ export class AlphabetTokenizer implements Tokenizer {
     let s = '';
     for (let i = 0; i < ids.length; i++) {
       const id = ids[i];
-      if (!(Number.isInteger(id) && id >= 0 && id < this.vocabSize)) throw new ConfigError(`AlphabetTokenizer.decode: id ${id} at position ${i} is outside [0, ${this.vocabSize})`);
+      if (!(Number.isInteger(id) && id >= 0 && id < this.vocabSize))
+        throw new ConfigError(`AlphabetTokenizer.decode: id ${id} at position ${i} is outside [0, ${this.vocabSize})`);
       if (id >= 3) s += this.chars[id - 3];
     }
     return s;
   }
 
-  spec(): TokenizerSpec { return { type: 'alphabet', alphabet: this.alphabet }; }
+  spec(): TokenizerSpec {
+    return { type: 'alphabet', alphabet: this.alphabet };
+  }
 }
 
 export function createTokenizer(spec: TokenizerSpec): Tokenizer & { spec(): TokenizerSpec } {
   switch (spec.type) {
-    case 'byte': return new ByteTokenizer();
-    case 'alphabet': return new AlphabetTokenizer(spec.alphabet);
-    default: throw new ConfigError(`unknown tokenizer type ${JSON.stringify((spec as { type: unknown }).type)} — valid: alphabet, byte`);
+    case 'byte':
+      return new ByteTokenizer();
+    case 'alphabet':
+      return new AlphabetTokenizer(spec.alphabet);
+    default:
+      throw new ConfigError(
+        `unknown tokenizer type ${JSON.stringify((spec as { type: unknown }).type)} — valid: alphabet, byte`,
+      );
   }
 }

@@ -25,7 +25,15 @@ import { numel } from '../onnx/dims.ts';
 import { chunkedLmHeadLogprob } from '../onnx/nn.ts';
 import type { ModelConfig } from './config.ts';
 import { declareParams, llamaForward, valueHead, type ParamVars } from './llama.ts';
-import { policyLossGraph, policyLossNeeds, sftLossGraph, valueLossGraph, type LossConfig, type LossGraph, type TokenTensors } from './loss.ts';
+import {
+  policyLossGraph,
+  policyLossNeeds,
+  sftLossGraph,
+  valueLossGraph,
+  type LossConfig,
+  type LossGraph,
+  type TokenTensors,
+} from './loss.ts';
 import { isVisionParam, paramSpecs } from './params.ts';
 import { placeImageTokens } from './vision.ts';
 import { loraSpecs, type LoraConfig } from './lora.ts';
@@ -126,7 +134,10 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   const positions = b.input('position_ids', 'int64', BT);
   const attn = b.input('attention_mask', F, BT);
   const batchInputs: string[] = [];
-  const tok = (name: string, dtype: 'int64' | FloatDType = F): Var => { batchInputs.push(name); return b.input(name, dtype, BT); };
+  const tok = (name: string, dtype: 'int64' | FloatDType = F): Var => {
+    batchInputs.push(name);
+    return b.input(name, dtype, BT);
+  };
   const flat = (v: Var) => b.reshape(v, ['B*T']);
   const targets = tok('targets', 'int64');
   const t: TokenTensors = { mask: flat(tok('loss_mask')), aggWeights: flat(tok('agg_weights')) };
@@ -134,7 +145,10 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     const needs = policyLossNeeds(loss);
     if (needs.advantages) t.advantages = flat(tok('advantages'));
     t.oldLogprobs = flat(tok('old_log_probs'));
-    if (needs.nft) { t.nftRHat = flat(tok('nft_rhat')); t.nftPositive = flat(tok('nft_positive')); }
+    if (needs.nft) {
+      t.nftRHat = flat(tok('nft_rhat'));
+      t.nftPositive = flat(tok('nft_positive'));
+    }
     if (needs.pgAggWeights) t.pgAggWeights = flat(tok('pg_agg_weights'));
     if (needs.clipCovPriority) t.clipCovPriority = flat(tok('clip_cov_priority'));
     t.rowShape = ['B', 'T'];
@@ -153,8 +167,18 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   const pl: ParamVars = new Map();
   if (spec.lora) for (const s of trained) pl.set(s.name, b.input(s.name, F, s.shape));
   const { hidden } = llamaForward(b, model, p, {
-    ids, positions, attentionMask: attn,
-    ...(model.vision ? { placeImages: (x: Var, N: Dim) => placeImageTokens(b, model, p, x, N, { freeze, checkpoint: !!spec.gradientCheckpointing && mode !== 'eval' }) } : {}),
+    ids,
+    positions,
+    attentionMask: attn,
+    ...(model.vision
+      ? {
+          placeImages: (x: Var, N: Dim) =>
+            placeImageTokens(b, model, p, x, N, {
+              freeze,
+              checkpoint: !!spec.gradientCheckpointing && mode !== 'eval',
+            }),
+        }
+      : {}),
     ...(spec.lora ? { lora: { config: spec.lora, p: pl } } : {}),
     ...(spec.gradientCheckpointing && mode !== 'eval' ? { checkpointLayers: true } : {}),
     queryBlocks: spec.queryBlocks,
@@ -168,10 +192,15 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   } else {
     // the LM head fused with log-softmax / entropy over vocabulary chunks: [B·T, V] never exists
     const at = spec.headIndex && mode !== 'eval' ? headPositions(b, hidden, flat(targets)) : null;
-    const r = b.scope('head', () => chunkedLmHeadLogprob(b, at?.hidden ?? hidden, lmHeadWeight(model, p), at?.targets ?? flat(targets), {
-      entropy: loss.type === 'policy', temperature: loss.temperature, chunk: spec.headChunk ?? HEAD_CHUNK, correct: loss.type === 'sft',
-      logitBias: logitBiasOf(model), // the sampler's mask (tok, issue 14): one distribution for behaviour, old and new log-probs
-    }));
+    const r = b.scope('head', () =>
+      chunkedLmHeadLogprob(b, at?.hidden ?? hidden, lmHeadWeight(model, p), at?.targets ?? flat(targets), {
+        entropy: loss.type === 'policy',
+        temperature: loss.temperature,
+        chunk: spec.headChunk ?? HEAD_CHUNK,
+        correct: loss.type === 'sft',
+        logitBias: logitBiasOf(model), // the sampler's mask (tok, issue 14): one distribution for behaviour, old and new log-probs
+      }),
+    );
     const logprob = at ? at.place(r.logprob, t.oldLogprobs ?? 0) : r.logprob;
     const entropy = r.entropy && at ? at.place(r.entropy, 0) : r.entropy;
     const correct = r.correct && at ? at.place(r.correct, 0) : r.correct;
@@ -183,7 +212,13 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     perPosition = logprob;
   }
   const metricNames = Object.keys(lg.sums);
-  b.output(b.concat(metricNames.map((k) => b.reshape(lg.sums[k], [1])), 0), 'metrics');
+  b.output(
+    b.concat(
+      metricNames.map((k) => b.reshape(lg.sums[k], [1])),
+      0,
+    ),
+    'metrics',
+  );
   if (mode === 'eval') {
     b.output(b.reshape(perPosition, BT), loss.type === 'value' ? 'values_out' : 'log_probs');
     return { builder: b, metricNames, batchInputs };
@@ -199,7 +234,12 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   }
   b.scope('optim', () => {
     if (mode === 'step_acc') grads = grads.map((g, i) => b.add(g, b.input(`acc.${specs[i].name}`, F, specs[i].shape)));
-    const sq = grads.map((g) => b.reduceSum(b.mul(g, g), g.shape.map((_, i) => i)));
+    const sq = grads.map((g) =>
+      b.reduceSum(
+        b.mul(g, g),
+        g.shape.map((_, i) => i),
+      ),
+    );
     const total = sq.slice(1).reduce((a, s) => b.add(a, s), sq[0]);
     const norm = b.sqrt(total);
     b.output(norm, 'grad_norm');
@@ -208,12 +248,16 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     const bc2Sqrt = b.input('adam_bc2_sqrt', F, []);
     const decay = b.input('adam_decay', F, []);
     const [b1, b2] = optim.betas;
-    const outW: Var[] = [], outM: Var[] = [], outV: Var[] = [];
+    const outW: Var[] = [],
+      outM: Var[] = [],
+      outV: Var[] = [];
     specs.forEach((s, i) => {
       b.scope(s.name, () => {
         if (freeze && isVisionParam(s.name)) {
           // frozen: weights and moments unchanged (the moment inputs are still declared, so feeds stay uniform)
-          outW.push(pv[i]); outM.push(b.input(`${s.name}.exp_avg`, F, s.shape)); outV.push(b.input(`${s.name}.exp_avg_sq`, F, s.shape));
+          outW.push(pv[i]);
+          outM.push(b.input(`${s.name}.exp_avg`, F, s.shape));
+          outV.push(b.input(`${s.name}.exp_avg_sq`, F, s.shape));
           return;
         }
         const g = coef ? b.mul(grads[i], coef) : grads[i];
@@ -222,10 +266,12 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
         const m2 = b.add(b.mul(m, b1), b.mul(g, 1 - b1));
         const v2 = b.add(b.mul(v, b2), b.mul(b.mul(g, g), 1 - b2));
         const denom = b.add(b.div(b.sqrt(v2), bc2Sqrt), optim.eps);
-        const k = isVisionParam(s.name) ? optim.visionLrScale ?? 1 : 1;
+        const k = isVisionParam(s.name) ? (optim.visionLrScale ?? 1) : 1;
         const upd = b.mul(b.div(m2, denom), k === 1 ? stepSize : b.mul(stepSize, k));
         const w = optim.weightDecay !== 0 ? b.mul(pv[i], k === 1 ? decay : b.sub(1, b.mul(b.sub(1, decay), k))) : pv[i];
-        outW.push(b.sub(w, upd)); outM.push(m2); outV.push(v2);
+        outW.push(b.sub(w, upd));
+        outM.push(m2);
+        outV.push(v2);
       });
     });
     if (spec.packed) b.output(packFlat(b, [...outW, ...outM, ...outV]), 'new.packed');
@@ -246,28 +292,47 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
  * back on [B·T] through `head_inverse` (a Gather from [outside-row; v], whose gradient is a
  * scatter-add: no duplicate-index hazard), `outside` where the inverse is 0.
  */
-function headPositions(b: GraphBuilder, hidden: Var, targets: Var): { hidden: Var; targets: Var; place: (v: Var, outside: Var | number) => Var } {
+function headPositions(
+  b: GraphBuilder,
+  hidden: Var,
+  targets: Var,
+): { hidden: Var; targets: Var; place: (v: Var, outside: Var | number) => Var } {
   const idx = b.input('head_index', 'int64', ['N']);
   const inv = b.reshape(b.input('head_inverse', 'int64', ['B', 'T']), ['B*T']);
   const inside = b.greater(inv, b.const(0, 'int64'));
   const place = (v: Var, outside: Var | number): Var => {
     if (v.dtype === 'bool') return b.cast(place(b.cast(v, 'float32'), outside), 'bool'); // onnxruntime's CPU Where takes no bool
     const zero = b.const([0], v.dtype); // [1]: the row every outside position reads
-    return b.where(inside, b.gather(b.concat([zero, v], 0), inv), typeof outside === 'number' ? b.const(outside, v.dtype) : outside);
+    return b.where(
+      inside,
+      b.gather(b.concat([zero, v], 0), inv),
+      typeof outside === 'number' ? b.const(outside, v.dtype) : outside,
+    );
   };
   return { hidden: b.gather(hidden, idx), targets: b.gather(targets, idx), place };
 }
 
 /** Every tensor flattened and concatenated, in order: one [Σ numel] vector. */
 function packFlat(b: GraphBuilder, vs: readonly Var[]): Var {
-  return b.concat(vs.map((v) => b.reshape(v, [numel(v.shape)])), 0);
+  return b.concat(
+    vs.map((v) => b.reshape(v, [numel(v.shape)])),
+    0,
+  );
 }
 
 /** Names of the AdamW graph's inputs / outputs (every tensor a flat [n] slice of one parameter). */
 export const ADAMW_IO = {
-  w: 'w', g: 'g', m: 'm', v: 'v',
-  gradScale: 'grad_scale', stepSize: 'adam_step_size', bc2Sqrt: 'adam_bc2_sqrt', decay: 'adam_decay',
-  newW: 'new_w', newM: 'new_m', newV: 'new_v',
+  w: 'w',
+  g: 'g',
+  m: 'm',
+  v: 'v',
+  gradScale: 'grad_scale',
+  stepSize: 'adam_step_size',
+  bc2Sqrt: 'adam_bc2_sqrt',
+  decay: 'adam_decay',
+  newW: 'new_w',
+  newM: 'new_m',
+  newV: 'new_v',
 } as const;
 
 /**
@@ -281,10 +346,14 @@ export const ADAMW_IO = {
 export function buildAdamWGraph(optim: Pick<OptimConfig, 'betas' | 'eps'>): Uint8Array {
   const b = new GraphBuilder({ name: 'adamw', float: 'float32' });
   const n = ['n'];
-  const w = b.input(ADAMW_IO.w, 'float32', n), g0 = b.input(ADAMW_IO.g, 'float32', n);
-  const m = b.input(ADAMW_IO.m, 'float32', n), v = b.input(ADAMW_IO.v, 'float32', n);
-  const scale = b.input(ADAMW_IO.gradScale, 'float32', []), stepSize = b.input(ADAMW_IO.stepSize, 'float32', []);
-  const bc2Sqrt = b.input(ADAMW_IO.bc2Sqrt, 'float32', []), decay = b.input(ADAMW_IO.decay, 'float32', []);
+  const w = b.input(ADAMW_IO.w, 'float32', n),
+    g0 = b.input(ADAMW_IO.g, 'float32', n);
+  const m = b.input(ADAMW_IO.m, 'float32', n),
+    v = b.input(ADAMW_IO.v, 'float32', n);
+  const scale = b.input(ADAMW_IO.gradScale, 'float32', []),
+    stepSize = b.input(ADAMW_IO.stepSize, 'float32', []);
+  const bc2Sqrt = b.input(ADAMW_IO.bc2Sqrt, 'float32', []),
+    decay = b.input(ADAMW_IO.decay, 'float32', []);
   const [b1, b2] = optim.betas;
   const g = b.mul(g0, scale);
   const m2 = b.add(b.mul(m, b1), b.mul(g, 1 - b1));

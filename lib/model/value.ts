@@ -14,8 +14,12 @@ import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.t
 export class ValueScorer {
   private readonly cache: SessionCache;
 
-  constructor(readonly config: ModelConfig, private readonly opts: ScorerOptions = {}) {
-    if (config.head !== 'value') throw new ConfigError('ValueScorer: needs a value model (head "value"); use Scorer for a policy');
+  constructor(
+    readonly config: ModelConfig,
+    private readonly opts: ScorerOptions = {},
+  ) {
+    if (config.head !== 'value')
+      throw new ConfigError('ValueScorer: needs a value model (head "value"); use Scorer for a policy');
     this.cache = opts.cache ?? defaultSessionCache;
   }
 
@@ -26,7 +30,11 @@ export class ValueScorer {
     if (reqs.length === 0) return out;
     const wf = weightTensors(this.config, weights);
     await forEachBucket(this.config, reqs, this.opts, async (batch, f) => {
-      const session = await this.cache.get(`values|${keyOf(this.config)}|qb=${f.queryBlocks}`, () => buildScoreModel(this.config, { entropy: false, queryBlocks: f.queryBlocks }), { threads: this.opts.threads, device: this.opts.device });
+      const session = await this.cache.get(
+        `values|${keyOf(this.config)}|qb=${f.queryBlocks}`,
+        () => buildScoreModel(this.config, { entropy: false, queryBlocks: f.queryBlocks }),
+        { threads: this.opts.threads, device: this.opts.device },
+      );
       const res = await session.run({ ...wf, ...f.vision, [SCORE_IO.inputIds]: f.ids, [SCORE_IO.gatherRows]: f.rows });
       const v = res[SCORE_IO.values].data as Float32Array;
       let m = 0;

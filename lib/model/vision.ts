@@ -68,8 +68,13 @@ function visionOf(c: ModelConfig, what: string): VisionConfig {
 export function patchGrid(v: VisionConfig, img: ImagePixels): [number, number] {
   const f = v.patchSize * v.spatialMergeSize;
   if (!(img.height > 0 && img.width > 0 && img.height % f === 0 && img.width % f === 0))
-    throw new ConfigError(`image ${img.width}×${img.height}: sides must be positive multiples of patchSize × spatialMergeSize = ${f} (set data.image_factor to ${f})`);
-  if (img.data.length !== img.width * img.height * 3) throw new ConfigError(`image ${img.width}×${img.height}: expected ${img.width * img.height * 3} RGB bytes, got ${img.data.length}`);
+    throw new ConfigError(
+      `image ${img.width}×${img.height}: sides must be positive multiples of patchSize × spatialMergeSize = ${f} (set data.image_factor to ${f})`,
+    );
+  if (img.data.length !== img.width * img.height * 3)
+    throw new ConfigError(
+      `image ${img.width}×${img.height}: expected ${img.width * img.height * 3} RGB bytes, got ${img.data.length}`,
+    );
   return [img.height / v.patchSize, img.width / v.patchSize];
 }
 
@@ -89,31 +94,49 @@ export function patchify(v: VisionConfig, img: ImagePixels): { patches: Float32A
   const hit = patchCache.get(img);
   if (hit && hit.key === key) return hit.value;
   const [gh, gw] = patchGrid(v, img);
-  const ps = v.patchSize, m = v.spatialMergeSize, W = img.width, px = img.data;
-  const C = 3 * ps * ps, P = gh * gw;
-  const patches = new Float32Array(P * C), pos = new Int32Array(P * 2);
+  const ps = v.patchSize,
+    m = v.spatialMergeSize,
+    W = img.width,
+    px = img.data;
+  const C = 3 * ps * ps,
+    P = gh * gw;
+  const patches = new Float32Array(P * C),
+    pos = new Int32Array(P * 2);
   // (x/255 − mean_c)/std_c as x·scale_c + offset_c
-  const scale = IMAGE_STD.map((sd) => 1 / (255 * sd)), offset = IMAGE_MEAN.map((mu, c) => -mu / IMAGE_STD[c]);
-  let r = 0, o = 0;
-  for (let bh = 0; bh < gh / m; bh++) for (let bw = 0; bw < gw / m; bw++) for (let ih = 0; ih < m; ih++) for (let iw = 0; iw < m; iw++) {
-    const ph = bh * m + ih, pw = bw * m + iw;
-    if (v.rope === '2d') { pos[2 * r] = ph; pos[2 * r + 1] = pw; } else pos[2 * r] = r; // 1-D: the patch index (merge-window order)
-    for (let c = 0; c < 3; c++) {
-      const sc = scale[c], of = offset[c];
-      for (let y = 0; y < ps; y++) {
-        let q = ((ph * ps + y) * W + pw * ps) * 3 + c;
-        for (let x = 0; x < ps; x++, q += 3) patches[o++] = px[q] * sc + of;
-      }
-    }
-    r++;
-  }
+  const scale = IMAGE_STD.map((sd) => 1 / (255 * sd)),
+    offset = IMAGE_MEAN.map((mu, c) => -mu / IMAGE_STD[c]);
+  let r = 0,
+    o = 0;
+  for (let bh = 0; bh < gh / m; bh++)
+    for (let bw = 0; bw < gw / m; bw++)
+      for (let ih = 0; ih < m; ih++)
+        for (let iw = 0; iw < m; iw++) {
+          const ph = bh * m + ih,
+            pw = bw * m + iw;
+          if (v.rope === '2d') {
+            pos[2 * r] = ph;
+            pos[2 * r + 1] = pw;
+          } else pos[2 * r] = r; // 1-D: the patch index (merge-window order)
+          for (let c = 0; c < 3; c++) {
+            const sc = scale[c],
+              of = offset[c];
+            for (let y = 0; y < ps; y++) {
+              let q = ((ph * ps + y) * W + pw * ps) * 3 + c;
+              for (let x = 0; x < ps; x++, q += 3) patches[o++] = px[q] * sc + of;
+            }
+          }
+          r++;
+        }
   const value = { patches, pos, count: P };
   patchCache.set(img, { key, value });
   return value;
 }
 
 /** Patches by image object: an image is scored several times (samples, old / reference log-probs, updates). */
-const patchCache = new WeakMap<ImagePixels, { key: string; value: { patches: Float32Array; pos: Int32Array; count: number } }>();
+const patchCache = new WeakMap<
+  ImagePixels,
+  { key: string; value: { patches: Float32Array; pos: Int32Array; count: number } }
+>();
 
 /**
  * Prompt ids with each `<|image_pad|>` repeated to its image's token count (Qwen2-VL's processor
@@ -124,12 +147,21 @@ export function expandImagePads(c: ModelConfig, ids: ArrayLike<number>, images: 
   const out: number[] = [];
   let k = 0;
   for (let i = 0; i < ids.length; i++) {
-    if (ids[i] !== v.imageTokenId) { out.push(ids[i]); continue; }
-    if (k >= images.length) throw new ConfigError(`expandImagePads: the prompt has more <|image_pad|> tokens (id ${v.imageTokenId}) than images (${images.length})`);
+    if (ids[i] !== v.imageTokenId) {
+      out.push(ids[i]);
+      continue;
+    }
+    if (k >= images.length)
+      throw new ConfigError(
+        `expandImagePads: the prompt has more <|image_pad|> tokens (id ${v.imageTokenId}) than images (${images.length})`,
+      );
     const n = imageTokenCount(v, images[k++]);
     for (let j = 0; j < n; j++) out.push(v.imageTokenId);
   }
-  if (k !== images.length) throw new ConfigError(`expandImagePads: ${images.length} images but ${k} <|image_pad|> tokens (id ${v.imageTokenId}) in the prompt; put <|vision_start|><|image_pad|><|vision_end|> once per image`);
+  if (k !== images.length)
+    throw new ConfigError(
+      `expandImagePads: ${images.length} images but ${k} <|image_pad|> tokens (id ${v.imageTokenId}) in the prompt; put <|vision_start|><|image_pad|><|vision_end|> once per image`,
+    );
   return out;
 }
 
@@ -140,9 +172,17 @@ export type RowImages = readonly (readonly ImagePixels[] | undefined | null)[];
  * The vision inputs of a batch whose token ids are `ids` [B·T] (row-major, any integer array):
  * see the file comment. The k-th `<|image_pad|>` of row b takes the k-th token of row b's images.
  */
-export function visionFeeds(c: ModelConfig, ids: ArrayLike<number | bigint>, B: number, T: number, images: RowImages | undefined, what = 'batch'): Record<string, ort.Tensor> {
+export function visionFeeds(
+  c: ModelConfig,
+  ids: ArrayLike<number | bigint>,
+  B: number,
+  T: number,
+  images: RowImages | undefined,
+  what = 'batch',
+): Record<string, ort.Tensor> {
   const v = visionOf(c, what);
-  if (images && images.length !== B) throw new ConfigError(`${what}: images has ${images.length} rows, expected one entry per row (${B})`);
+  if (images && images.length !== B)
+    throw new ConfigError(`${what}: images has ${images.length} rows, expected one entry per row (${B})`);
   const m2 = v.spatialMergeSize * v.spatialMergeSize;
   const all: { patches: Float32Array; pos: Int32Array; count: number }[] = [];
   const rowStart: number[] = [];
@@ -155,29 +195,46 @@ export function visionFeeds(c: ModelConfig, ids: ArrayLike<number | bigint>, B: 
   const C = 3 * v.patchSize * v.patchSize;
   const I = dummy ? 1 : all.length;
   const P = dummy ? m2 : Math.max(...all.map((a) => a.count));
-  const patches = new Float32Array(I * P * C), pos = new BigInt64Array(I * P * 2), mask = new Float32Array(I * P);
+  const patches = new Float32Array(I * P * C),
+    pos = new BigInt64Array(I * P * 2),
+    mask = new Float32Array(I * P);
   if (dummy) mask.fill(1);
   all.forEach((a, i) => {
     patches.set(a.patches, i * P * C);
     for (let j = 0; j < a.count * 2; j++) pos[i * P * 2 + j] = BigInt(a.pos[j]);
     mask.fill(1, i * P, i * P + a.count);
   });
-  const N = B * T, Pm = P / m2;
+  const N = B * T,
+    Pm = P / m2;
   const index = new BigInt64Array(N);
   for (let b = 0; b < B; b++) {
-    let img = rowStart[b], j = 0;
+    let img = rowStart[b],
+      j = 0;
     const tokensOf = (i: number) => all[i].count / m2;
     let seen = 0;
     const expected = all.slice(rowStart[b], rowStart[b + 1]).reduce((s, a) => s + a.count / m2, 0);
     for (let t = 0; t < T; t++) {
       const n = b * T + t;
-      if (Number(ids[n]) !== v.imageTokenId) { index[n] = BigInt(n); continue; }
-      if (seen >= expected) throw new ConfigError(`${what}: row ${b} has more <|image_pad|> tokens than its ${rowStart[b + 1] - rowStart[b]} image(s) give (${expected}); expand each placeholder with expandImagePads`);
-      while (j >= tokensOf(img)) { img++; j = 0; }
+      if (Number(ids[n]) !== v.imageTokenId) {
+        index[n] = BigInt(n);
+        continue;
+      }
+      if (seen >= expected)
+        throw new ConfigError(
+          `${what}: row ${b} has more <|image_pad|> tokens than its ${rowStart[b + 1] - rowStart[b]} image(s) give (${expected}); expand each placeholder with expandImagePads`,
+        );
+      while (j >= tokensOf(img)) {
+        img++;
+        j = 0;
+      }
       index[n] = BigInt(N + img * Pm + j);
-      j++; seen++;
+      j++;
+      seen++;
     }
-    if (seen !== expected) throw new ConfigError(`${what}: row ${b} has ${seen} <|image_pad|> tokens but its ${rowStart[b + 1] - rowStart[b]} image(s) give ${expected}; expand each placeholder with expandImagePads`);
+    if (seen !== expected)
+      throw new ConfigError(
+        `${what}: row ${b} has ${seen} <|image_pad|> tokens but its ${rowStart[b + 1] - rowStart[b]} image(s) give ${expected}; expand each placeholder with expandImagePads`,
+      );
   }
   return {
     [VISION_IO.patches]: tensor('float32', patches, [I, P, C]),
@@ -208,7 +265,12 @@ function visionRope(b: GraphBuilder, v: VisionConfig, pos: Var): { cos: Var; sin
   const nf = v.rope === '2d' ? hd / 4 : hd / 2;
   const dim = v.rope === '2d' ? hd / 2 : hd;
   const inv = Array.from({ length: nf }, (_, i) => Math.fround(1 / Math.fround(Math.pow(v.ropeTheta, (2 * i) / dim))));
-  const invV = b.initializer('vision_rope.inv_freq', b.float === 'float64' ? Float64Array.from(inv) : Float32Array.from(inv), [nf], b.float);
+  const invV = b.initializer(
+    'vision_rope.inv_freq',
+    b.float === 'float64' ? Float64Array.from(inv) : Float32Array.from(inv),
+    [nf],
+    b.float,
+  );
   const posF = b.cast(pos, b.float); // [I, P, 2]
   const ang = (col: number) => b.mul(b.slice(posF, 2, col, col + 1), invV); // [I, P, nf]
   const half = v.rope === '2d' ? b.concat([ang(0), ang(1)], -1) : ang(0); // [I, P, hd/2]
@@ -229,8 +291,13 @@ function visionRope(b: GraphBuilder, v: VisionConfig, pos: Var): { cos: Var; sin
  */
 export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts: { checkpoint?: boolean } = {}): Var {
   const v = visionOf(c, 'visionTower');
-  const E = v.hiddenSize, H = v.numHeads, hd = E / H, ps = v.patchSize;
-  const C = 3 * ps * ps, m2 = v.spatialMergeSize * v.spatialMergeSize, tp = v.temporalPatchSize;
+  const E = v.hiddenSize,
+    H = v.numHeads,
+    hd = E / H,
+    ps = v.patchSize;
+  const C = 3 * ps * ps,
+    m2 = v.spatialMergeSize * v.spatialMergeSize,
+    tp = v.temporalPatchSize;
   // P = m²·Pm patches per image (Pm merged tokens), so the merge reshape checks statically
   const P: Dim = m2 === 1 ? 'Pm' : `${m2}*Pm`;
   const patches = b.input(VISION_IO.patches, b.float, ['I', P, C]);
@@ -256,10 +323,15 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
       const block = (x0: Var, W: (name: string) => Var): Var => {
         const att = b.scope('attn', () => {
           const h = layerNorm(b, x0, W(`${pre}.norm1.weight`), W(`${pre}.norm1.bias`), v.layerNormEps);
-          const [q0, k0, v0] = b.split(linear(b, h, W(`${pre}.attn.qkv.weight`), W(`${pre}.attn.qkv.bias`)), 1, [E, E, E]);
+          const [q0, k0, v0] = b.split(linear(b, h, W(`${pre}.attn.qkv.weight`), W(`${pre}.attn.qkv.bias`)), 1, [
+            E,
+            E,
+            E,
+          ]);
           const q = b.mul(rope(b, b.reshape(q0, ['I', P, H, hd]), cos, sin), scale);
           const k = rope(b, b.reshape(k0, ['I', P, H, hd]), cos, sin);
-          const q4 = b.transpose(q, [0, 2, 1, 3]), k4 = b.transpose(k, [0, 2, 1, 3]); // [I, H, P, hd]
+          const q4 = b.transpose(q, [0, 2, 1, 3]),
+            k4 = b.transpose(k, [0, 2, 1, 3]); // [I, H, P, hd]
           const v4 = b.transpose(b.reshape(v0, ['I', P, H, hd]), [0, 2, 1, 3]);
           const probs = b.softmax(b.add(b.matmul(q4, b.transposeLast2(k4)), bias), -1); // [I, H, P, P]
           const ctx = b.transpose(b.matmul(probs, v4), [0, 2, 1, 3]); // [I, P, H, hd]
@@ -268,12 +340,20 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
         const x1 = b.add(x0, att);
         const mlp = b.scope('mlp', () => {
           const h = layerNorm(b, x1, W(`${pre}.norm2.weight`), W(`${pre}.norm2.bias`), v.layerNormEps);
-          return linear(b, quickGelu(b, linear(b, h, W(`${pre}.mlp.fc1.weight`), W(`${pre}.mlp.fc1.bias`))), W(`${pre}.mlp.fc2.weight`), W(`${pre}.mlp.fc2.bias`));
+          return linear(
+            b,
+            quickGelu(b, linear(b, h, W(`${pre}.mlp.fc1.weight`), W(`${pre}.mlp.fc1.bias`))),
+            W(`${pre}.mlp.fc2.weight`),
+            W(`${pre}.mlp.fc2.bias`),
+          );
         });
         return b.add(x1, mlp);
       };
       b.scope(`blocks.${l}`, () => {
-        if (!opts.checkpoint) { x = block(x, (n) => param(p, n)); return; }
+        if (!opts.checkpoint) {
+          x = block(x, (n) => param(p, n));
+          return;
+        }
         // gradient checkpointing (builder.ts checkpoint): the block's input and weights are kept, the rest recomputed
         const names = [...p.keys()].filter((k) => k.startsWith(`${pre}.`));
         x = b.checkpoint([x, ...names.map((n) => param(p, n))], ([x0, ...ws]) => {
@@ -283,7 +363,10 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
       });
     }
     return b.scope('merger', () => {
-      const h = b.reshape(layerNorm(b, x, param(p, 'visual.merger.ln_q.weight'), param(p, 'visual.merger.ln_q.bias'), v.layerNormEps), ['I*Pm', m2 * E]);
+      const h = b.reshape(
+        layerNorm(b, x, param(p, 'visual.merger.ln_q.weight'), param(p, 'visual.merger.ln_q.bias'), v.layerNormEps),
+        ['I*Pm', m2 * E],
+      );
       const h1 = gelu(b, linear(b, h, param(p, 'visual.merger.mlp.0.weight'), param(p, 'visual.merger.mlp.0.bias')));
       return linear(b, h1, param(p, 'visual.merger.mlp.2.weight'), param(p, 'visual.merger.mlp.2.bias')); // [I·P/m², D]
     });
@@ -296,7 +379,14 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
  * With `freeze`, no gradient flows into the tower; with `checkpoint`, each ViT block recomputes its
  * forward in the backward (gradient checkpointing).
  */
-export function placeImageTokens(b: GraphBuilder, c: ModelConfig, p: ParamVars, tokens: Var, N: Dim, opts: { freeze?: boolean; checkpoint?: boolean } = {}): Var {
+export function placeImageTokens(
+  b: GraphBuilder,
+  c: ModelConfig,
+  p: ParamVars,
+  tokens: Var,
+  N: Dim,
+  opts: { freeze?: boolean; checkpoint?: boolean } = {},
+): Var {
   const index = b.input(VISION_IO.embedIndex, 'int64', [N]);
   let img = visionTower(b, c, p, { checkpoint: !!opts.checkpoint && !opts.freeze });
   if (opts.freeze) img = b.stopGradient(img);

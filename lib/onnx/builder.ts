@@ -54,7 +54,21 @@
  * ```
  */
 import onnxProto from 'onnx-proto';
-import { canonDim, dimAdd, dimEq, dimMul, fmtShape, isAtom, isKnown, numel, parseDim, shapeEq, type Dim, type DimExpr, type Shape } from './dims.ts';
+import {
+  canonDim,
+  dimAdd,
+  dimEq,
+  dimMul,
+  fmtShape,
+  isAtom,
+  isKnown,
+  numel,
+  parseDim,
+  shapeEq,
+  type Dim,
+  type DimExpr,
+  type Shape,
+} from './dims.ts';
 
 export { type Dim, type Shape, dimEq, dimMul, dimAdd, dimDiv, numel, shapeEq, fmtShape } from './dims.ts';
 
@@ -63,16 +77,40 @@ const { onnx } = onnxProto;
 export type DType = 'float32' | 'float64' | 'float16' | 'int64' | 'int32' | 'int8' | 'uint8' | 'bool';
 export type FloatDType = 'float32' | 'float64';
 
-const ONNX_DTYPE: Record<DType, number> = { float32: 1, uint8: 2, int8: 3, int32: 6, int64: 7, bool: 9, float16: 10, float64: 11 };
-const BYTES: Record<DType, number> = { float32: 4, uint8: 1, int8: 1, int32: 4, int64: 8, bool: 1, float16: 2, float64: 8 };
+const ONNX_DTYPE: Record<DType, number> = {
+  float32: 1,
+  uint8: 2,
+  int8: 3,
+  int32: 6,
+  int64: 7,
+  bool: 9,
+  float16: 10,
+  float64: 11,
+};
+const BYTES: Record<DType, number> = {
+  float32: 4,
+  uint8: 1,
+  int8: 1,
+  int32: 4,
+  int64: 8,
+  bool: 1,
+  float16: 2,
+  float64: 8,
+};
 
-export function isFloatType(d: DType): boolean { return d === 'float32' || d === 'float64' || d === 'float16'; }
-
-export class GraphError extends Error {
-  constructor(message: string) { super(message); this.name = 'GraphError'; }
+export function isFloatType(d: DType): boolean {
+  return d === 'float32' || d === 'float64' || d === 'float16';
 }
 
-export type TensorData = Float32Array | Float64Array | BigInt64Array | Int32Array | Int8Array | Uint8Array | Uint16Array;
+export class GraphError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'GraphError';
+  }
+}
+
+export type TensorData =
+  Float32Array | Float64Array | BigInt64Array | Int32Array | Int8Array | Uint8Array | Uint16Array;
 
 /** A value in the graph. */
 export class Var {
@@ -83,11 +121,18 @@ export class Var {
     readonly dtype: DType,
     readonly shape: Shape,
   ) {}
-  get rank(): number { return this.shape.length; }
-  toString(): string { return `${this.name}: ${this.dtype}${fmtShape(this.shape)}`; }
+  get rank(): number {
+    return this.shape.length;
+  }
+  toString(): string {
+    return `${this.name}: ${this.dtype}${fmtShape(this.shape)}`;
+  }
 }
 
-export interface OutSpec { dtype: DType; shape: Shape }
+export interface OutSpec {
+  dtype: DType;
+  shape: Shape;
+}
 export type Operand = Var | number;
 /**
  * Given the output gradients (null = zero), return one gradient per input (null = none).
@@ -95,16 +140,45 @@ export type Operand = Var | number;
  */
 export type Vjp = (gOut: (Var | null)[], wanted: boolean[]) => (Var | null)[];
 
-class FloatAttr { constructor(readonly v: number | number[]) {} }
-class TensorAttr { constructor(readonly data: TensorData, readonly shape: number[], readonly dtype: DType) {} }
+class FloatAttr {
+  constructor(readonly v: number | number[]) {}
+}
+class TensorAttr {
+  constructor(
+    readonly data: TensorData,
+    readonly shape: number[],
+    readonly dtype: DType,
+  ) {}
+}
 /** Force a FLOAT/FLOATS attribute in `b.op` (plain integer numbers become INT). */
-export function floatAttr(v: number | number[]): FloatAttr { return new FloatAttr(v); }
-export function tensorAttr(data: TensorData, shape: number[], dtype: DType): TensorAttr { return new TensorAttr(data, shape, dtype); }
+export function floatAttr(v: number | number[]): FloatAttr {
+  return new FloatAttr(v);
+}
+export function tensorAttr(data: TensorData, shape: number[], dtype: DType): TensorAttr {
+  return new TensorAttr(data, shape, dtype);
+}
 export type AttrValue = number | number[] | string | string[] | FloatAttr | TensorAttr;
 
-interface NodeRec { opType: string; name: string; inputs: string[]; outputs: string[]; attrs: Record<string, AttrValue>; domain: string }
-interface TapeEntry { inputs: (Var | null)[]; outputs: Var[]; vjp: Vjp; scope: string }
-interface InitRec { name: string; dtype: DType; shape: number[]; data: TensorData }
+interface NodeRec {
+  opType: string;
+  name: string;
+  inputs: string[];
+  outputs: string[];
+  attrs: Record<string, AttrValue>;
+  domain: string;
+}
+interface TapeEntry {
+  inputs: (Var | null)[];
+  outputs: Var[];
+  vjp: Vjp;
+  scope: string;
+}
+interface InitRec {
+  name: string;
+  dtype: DType;
+  shape: number[];
+  data: TensorData;
+}
 
 export interface BuilderOptions {
   name?: string;
@@ -115,13 +189,21 @@ export interface BuilderOptions {
 
 function typedFor(dtype: DType, values: number[]): TensorData {
   switch (dtype) {
-    case 'float32': return Float32Array.from(values);
-    case 'float64': return Float64Array.from(values);
-    case 'int64': return BigInt64Array.from(values.map((v) => BigInt(Math.trunc(v))));
-    case 'int32': return Int32Array.from(values);
-    case 'int8': return Int8Array.from(values);
-    case 'uint8': case 'bool': return Uint8Array.from(values.map((v) => (dtype === 'bool' ? (v ? 1 : 0) : v)));
-    default: throw new GraphError(`constants of dtype ${dtype} are not supported`);
+    case 'float32':
+      return Float32Array.from(values);
+    case 'float64':
+      return Float64Array.from(values);
+    case 'int64':
+      return BigInt64Array.from(values.map((v) => BigInt(Math.trunc(v))));
+    case 'int32':
+      return Int32Array.from(values);
+    case 'int8':
+      return Int8Array.from(values);
+    case 'uint8':
+    case 'bool':
+      return Uint8Array.from(values.map((v) => (dtype === 'bool' ? (v ? 1 : 0) : v)));
+    default:
+      throw new GraphError(`constants of dtype ${dtype} are not supported`);
   }
 }
 
@@ -163,10 +245,16 @@ export class GraphBuilder {
   /** Run `fn` with `name` appended to the node-name prefix. */
   scope<R>(name: string, fn: () => R): R {
     this.scopes.push(name);
-    try { return fn(); } finally { this.scopes.pop(); }
+    try {
+      return fn();
+    } finally {
+      this.scopes.pop();
+    }
   }
 
-  get currentScope(): string { return this.scopes.join('/'); }
+  get currentScope(): string {
+    return this.scopes.join('/');
+  }
 
   private uniqueName(base: string): string {
     const prefix = this.currentScope;
@@ -182,7 +270,8 @@ export class GraphBuilder {
   private newVar(name: string, dtype: DType, shape: Shape): Var {
     const cshape = shape.map((d) => canonDim(d));
     for (const d of cshape) {
-      if (typeof d === 'number' && (!Number.isInteger(d) || d < 0)) throw new GraphError(`${name}: invalid dimension ${d} in ${fmtShape(shape)}`);
+      if (typeof d === 'number' && (!Number.isInteger(d) || d < 0))
+        throw new GraphError(`${name}: invalid dimension ${d} in ${fmtShape(shape)}`);
     }
     const v = new Var(this, this.nextId++, name, dtype, cshape);
     cshape.forEach((d, axis) => {
@@ -192,7 +281,9 @@ export class GraphBuilder {
   }
 
   /** A fresh unknown dim (not materialisable at runtime). */
-  unknownDim(): string { return `?${this.nextId++}`; }
+  unknownDim(): string {
+    return `?${this.nextId++}`;
+  }
 
   // ───────────────────────────── sources and sinks ─────────────────────────────
 
@@ -206,10 +297,25 @@ export class GraphBuilder {
 
   initializer(name: string, data: TensorData | number[], shape: number[], dtype?: DType): Var {
     if (this.usedNames.has(name)) throw new GraphError(`initializer "${name}" is already defined`);
-    const dt: DType = dtype ?? (data instanceof Float64Array ? 'float64' : data instanceof BigInt64Array ? 'int64' : data instanceof Int32Array ? 'int32' : data instanceof Uint8Array ? 'uint8' : data instanceof Int8Array ? 'int8' : data instanceof Uint16Array ? 'float16' : 'float32');
+    const dt: DType =
+      dtype ??
+      (data instanceof Float64Array
+        ? 'float64'
+        : data instanceof BigInt64Array
+          ? 'int64'
+          : data instanceof Int32Array
+            ? 'int32'
+            : data instanceof Uint8Array
+              ? 'uint8'
+              : data instanceof Int8Array
+                ? 'int8'
+                : data instanceof Uint16Array
+                  ? 'float16'
+                  : 'float32');
     const arr = Array.isArray(data) ? typedFor(dt, data) : data;
     const n = shape.reduce((a, b) => a * b, 1);
-    if (arr.length !== n) throw new GraphError(`initializer "${name}": ${arr.length} values for shape ${fmtShape(shape)} (${n} expected)`);
+    if (arr.length !== n)
+      throw new GraphError(`initializer "${name}": ${arr.length} values for shape ${fmtShape(shape)} (${n} expected)`);
     this.usedNames.add(name);
     this.inits.push({ name, dtype: dt, shape, data: arr });
     return this.newVar(name, dt, shape);
@@ -222,7 +328,9 @@ export class GraphBuilder {
     if (hit) return hit;
     const vals = Array.isArray(value) ? value : [value];
     const shape = Array.isArray(value) ? [value.length] : [];
-    const name = this.uniqueNameGlobal(`const/${dtype}_${Array.isArray(value) ? 'vec' : String(value).replace(/[^0-9a-zA-Z.-]/g, '_')}`);
+    const name = this.uniqueNameGlobal(
+      `const/${dtype}_${Array.isArray(value) ? 'vec' : String(value).replace(/[^0-9a-zA-Z.-]/g, '_')}`,
+    );
     this.inits.push({ name, dtype, shape, data: typedFor(dtype, vals) });
     const v = this.newVar(name, dtype, shape);
     this.constCache.set(key, v);
@@ -230,7 +338,8 @@ export class GraphBuilder {
   }
 
   private uniqueNameGlobal(base: string): string {
-    let name = base, i = 1;
+    let name = base,
+      i = 1;
     while (this.usedNames.has(name)) name = `${base}_${i++}`;
     this.usedNames.add(name);
     return name;
@@ -243,28 +352,56 @@ export class GraphBuilder {
       this.usedNames.add(name);
       out = this.newVar(name, v.dtype, v.shape);
       // a unique node name: an output "loss" must not collide with a node of scope "loss"
-      this.nodes.push({ opType: 'Identity', name: this.uniqueNameGlobal(`${name}/identity`), inputs: [v.name], outputs: [name], attrs: {}, domain: '' });
+      this.nodes.push({
+        opType: 'Identity',
+        name: this.uniqueNameGlobal(`${name}/identity`),
+        inputs: [v.name],
+        outputs: [name],
+        attrs: {},
+        domain: '',
+      });
     }
     if (this.outputs.some((o) => o.name === out.name)) throw new GraphError(`"${out.name}" is already an output`);
     this.outputs.push(out);
     return out;
   }
 
-  get inputVars(): readonly Var[] { return this.inputs; }
-  get outputVars(): readonly Var[] { return this.outputs; }
-  get nodeCount(): number { return this.nodes.length; }
+  get inputVars(): readonly Var[] {
+    return this.inputs;
+  }
+  get outputVars(): readonly Var[] {
+    return this.outputs;
+  }
+  get nodeCount(): number {
+    return this.nodes.length;
+  }
 
   // ───────────────────────────── core emission ─────────────────────────────
 
-  private emit(opType: string, inputs: (Var | null)[], outs: OutSpec[], attrs: Record<string, AttrValue> = {}, domain = '', label?: string): Var[] {
-    for (const i of inputs) if (i && i.builder !== this) throw new GraphError(`${opType}: input ${i.name} belongs to another builder`);
+  private emit(
+    opType: string,
+    inputs: (Var | null)[],
+    outs: OutSpec[],
+    attrs: Record<string, AttrValue> = {},
+    domain = '',
+    label?: string,
+  ): Var[] {
+    for (const i of inputs)
+      if (i && i.builder !== this) throw new GraphError(`${opType}: input ${i.name} belongs to another builder`);
     const nodeName = this.uniqueName(label ?? opType.toLowerCase());
     const outVars = outs.map((o, k) => {
       const vname = outs.length === 1 ? nodeName : `${nodeName}:${k}`;
       if (k > 0 || outs.length > 1) this.usedNames.add(vname);
       return this.newVar(vname, o.dtype, o.shape);
     });
-    this.nodes.push({ opType, name: nodeName, inputs: inputs.map((i) => (i ? i.name : '')), outputs: outVars.map((v) => v.name), attrs, domain });
+    this.nodes.push({
+      opType,
+      name: nodeName,
+      inputs: inputs.map((i) => (i ? i.name : '')),
+      outputs: outVars.map((v) => v.name),
+      attrs,
+      domain,
+    });
     if (domain && domain !== 'ai.onnx' && !this.extraDomains.has(domain)) this.extraDomains.set(domain, 1);
     return outVars;
   }
@@ -282,13 +419,21 @@ export class GraphBuilder {
   op(type: string, inputs: (Var | null)[], attrs: Record<string, AttrValue>, outs: OutSpec): Var;
   op(type: string, inputs: (Var | null)[], attrs: Record<string, AttrValue>, outs: OutSpec[], domain?: string): Var[];
   op(type: string, inputs: (Var | null)[], attrs: Record<string, AttrValue>, outs: OutSpec, domain?: string): Var;
-  op(type: string, inputs: (Var | null)[], attrs: Record<string, AttrValue>, outs: OutSpec | OutSpec[], domain = ''): Var | Var[] {
+  op(
+    type: string,
+    inputs: (Var | null)[],
+    attrs: Record<string, AttrValue>,
+    outs: OutSpec | OutSpec[],
+    domain = '',
+  ): Var | Var[] {
     const r = this.emit(type, inputs, Array.isArray(outs) ? outs : [outs], attrs, domain);
     return Array.isArray(outs) ? r : r[0];
   }
 
   /** Set the opset version of a non-default domain used by `op(..., domain)` (default 1). */
-  useDomain(domain: string, version: number): void { this.extraDomains.set(domain, version); }
+  useDomain(domain: string, version: number): void {
+    this.extraDomains.set(domain, version);
+  }
 
   private lift(x: Operand, like: Var): Var {
     return typeof x === 'number' ? this.const(x, like.dtype) : x;
@@ -310,20 +455,33 @@ export class GraphBuilder {
   private scopeRoot<R>(fn: () => R): R {
     const saved = this.scopes;
     this.scopes = ['dims'];
-    try { return fn(); } finally { this.scopes = saved; }
+    try {
+      return fn();
+    } finally {
+      this.scopes = saved;
+    }
   }
 
   private buildDim(e: DimExpr, orig: Dim): Var {
     switch (e.kind) {
-      case 'num': return this.const([e.v], 'int64');
+      case 'num':
+        return this.const([e.v], 'int64');
       case 'atom': {
         const src = this.dimSources.get(e.name);
-        if (!src) throw new GraphError(`dimension "${e.name}" (in ${orig}) is not the dimension of any input or op output, so it cannot be computed at runtime`);
+        if (!src)
+          throw new GraphError(
+            `dimension "${e.name}" (in ${orig}) is not the dimension of any input or op output, so it cannot be computed at runtime`,
+          );
         return this.emit1('Shape', [src.v], { dtype: 'int64', shape: [1] }, { start: src.axis, end: src.axis + 1 });
       }
-      case 'mul': case 'add': {
+      case 'mul':
+      case 'add': {
         let acc = this.buildDim(e.args[0], orig);
-        for (const a of e.args.slice(1)) acc = this.emit1(e.kind === 'mul' ? 'Mul' : 'Add', [acc, this.buildDim(a, orig)], { dtype: 'int64', shape: [1] });
+        for (const a of e.args.slice(1))
+          acc = this.emit1(e.kind === 'mul' ? 'Mul' : 'Add', [acc, this.buildDim(a, orig)], {
+            dtype: 'int64',
+            shape: [1],
+          });
         return acc;
       }
     }
@@ -336,7 +494,8 @@ export class GraphBuilder {
    */
   namedDim(value: Var, name: string): string {
     if (!isAtom(name) || name.startsWith('?')) throw new GraphError(`namedDim: "${name}" is not a dim name`);
-    if (value.dtype !== 'int64' || value.rank !== 1 || value.shape[0] !== 1) throw new GraphError(`namedDim: ${value.name} must be int64 [1], got ${value.dtype}${fmtShape(value.shape)}`);
+    if (value.dtype !== 'int64' || value.rank !== 1 || value.shape[0] !== 1)
+      throw new GraphError(`namedDim: ${value.name} must be int64 [1], got ${value.dtype}${fmtShape(value.shape)}`);
     if (this.dimSources.has(name)) return name;
     this.scopeRoot(() => this.emit1('ConstantOfShape', [value], { dtype: 'float32', shape: [name] }));
     this.dimTensorCache.set(name, value);
@@ -347,7 +506,14 @@ export class GraphBuilder {
   /** An int64 [rank] tensor holding the runtime shape. */
   shapeTensor(shape: Shape): Var {
     if (shape.every((d) => typeof d === 'number')) return this.const(shape as number[], 'int64');
-    return this.scopeRoot(() => this.emit1('Concat', shape.map((d) => this.dimTensor(d)), { dtype: 'int64', shape: [shape.length] }, { axis: 0 }));
+    return this.scopeRoot(() =>
+      this.emit1(
+        'Concat',
+        shape.map((d) => this.dimTensor(d)),
+        { dtype: 'int64', shape: [shape.length] },
+        { axis: 0 },
+      ),
+    );
   }
 
   // ───────────────────────────── broadcasting helpers ─────────────────────────────
@@ -356,11 +522,15 @@ export class GraphBuilder {
     const n = Math.max(a.length, b.length);
     const out: Dim[] = [];
     for (let i = 0; i < n; i++) {
-      const da = a[a.length - n + i] ?? 1, db = b[b.length - n + i] ?? 1;
+      const da = a[a.length - n + i] ?? 1,
+        db = b[b.length - n + i] ?? 1;
       if (dimEq(da, db)) out.push(da);
       else if (da === 1) out.push(db);
       else if (db === 1) out.push(da);
-      else throw new GraphError(`${what}: cannot broadcast ${fmtShape(a)} with ${fmtShape(b)} (in scope "${this.currentScope}")`);
+      else
+        throw new GraphError(
+          `${what}: cannot broadcast ${fmtShape(a)} with ${fmtShape(b)} (in scope "${this.currentScope}")`,
+        );
     }
     return out;
   }
@@ -379,7 +549,11 @@ export class GraphBuilder {
       }
     }
     let r = axes.length ? this.reduceSum(g, axes, true) : g;
-    if (k > 0) r = this.squeeze(r, Array.from({ length: k }, (_, i) => i));
+    if (k > 0)
+      r = this.squeeze(
+        r,
+        Array.from({ length: k }, (_, i) => i),
+      );
     return r;
   }
 
@@ -392,8 +566,12 @@ export class GraphBuilder {
   private binary3(opType: string, a: Operand, b: Operand, outDtype?: DType): [Var, Var, Var] {
     const like = typeof a === 'number' ? (b as Var) : a;
     if (typeof like === 'number') throw new GraphError(`${opType}: at least one operand must be a Var`);
-    const A = this.lift(a, like), B = this.lift(b, like);
-    if (A.dtype !== B.dtype) throw new GraphError(`${opType}: dtype mismatch ${A.name} ${A.dtype} vs ${B.name} ${B.dtype} (in scope "${this.currentScope}")`);
+    const A = this.lift(a, like),
+      B = this.lift(b, like);
+    if (A.dtype !== B.dtype)
+      throw new GraphError(
+        `${opType}: dtype mismatch ${A.name} ${A.dtype} vs ${B.name} ${B.dtype} (in scope "${this.currentScope}")`,
+      );
     const shape = this.broadcastShapes(A.shape, B.shape, opType);
     return [this.emit1(opType, [A, B], { dtype: outDtype ?? A.dtype, shape }), A, B];
   }
@@ -418,7 +596,10 @@ export class GraphBuilder {
 
   mul(a: Operand, b: Operand): Var {
     const [y, x0, x1] = this.binary3('Mul', a, b);
-    this.record([x0, x1], [y], ([g]) => [this.sumTo(this.mul(g!, x1), x0.shape), this.sumTo(this.mul(g!, x0), x1.shape)]);
+    this.record([x0, x1], [y], ([g]) => [
+      this.sumTo(this.mul(g!, x1), x0.shape),
+      this.sumTo(this.mul(g!, x0), x1.shape),
+    ]);
     return y;
   }
 
@@ -431,16 +612,50 @@ export class GraphBuilder {
     return y;
   }
 
-  neg(x: Var): Var { const y = this.unary('Neg', x); this.record([x], [y], ([g]) => [this.neg(g!)]); return y; }
-  exp(x: Var): Var { const y = this.unary('Exp', x); this.record([x], [y], ([g]) => [this.mul(g!, y)]); return y; }
-  log(x: Var): Var { const y = this.unary('Log', x); this.record([x], [y], ([g]) => [this.div(g!, x)]); return y; }
-  sqrt(x: Var): Var { const y = this.unary('Sqrt', x); this.record([x], [y], ([g]) => [this.div(this.mul(g!, 0.5), y)]); return y; }
-  reciprocal(x: Var): Var { const y = this.unary('Reciprocal', x); this.record([x], [y], ([g]) => [this.neg(this.mul(g!, this.mul(y, y)))]); return y; }
-  tanh(x: Var): Var { const y = this.unary('Tanh', x); this.record([x], [y], ([g]) => [this.mul(g!, this.sub(1, this.mul(y, y)))]); return y; }
-  sigmoid(x: Var): Var { const y = this.unary('Sigmoid', x); this.record([x], [y], ([g]) => [this.mul(g!, this.mul(y, this.sub(1, y)))]); return y; }
+  neg(x: Var): Var {
+    const y = this.unary('Neg', x);
+    this.record([x], [y], ([g]) => [this.neg(g!)]);
+    return y;
+  }
+  exp(x: Var): Var {
+    const y = this.unary('Exp', x);
+    this.record([x], [y], ([g]) => [this.mul(g!, y)]);
+    return y;
+  }
+  log(x: Var): Var {
+    const y = this.unary('Log', x);
+    this.record([x], [y], ([g]) => [this.div(g!, x)]);
+    return y;
+  }
+  sqrt(x: Var): Var {
+    const y = this.unary('Sqrt', x);
+    this.record([x], [y], ([g]) => [this.div(this.mul(g!, 0.5), y)]);
+    return y;
+  }
+  reciprocal(x: Var): Var {
+    const y = this.unary('Reciprocal', x);
+    this.record([x], [y], ([g]) => [this.neg(this.mul(g!, this.mul(y, y)))]);
+    return y;
+  }
+  tanh(x: Var): Var {
+    const y = this.unary('Tanh', x);
+    this.record([x], [y], ([g]) => [this.mul(g!, this.sub(1, this.mul(y, y)))]);
+    return y;
+  }
+  sigmoid(x: Var): Var {
+    const y = this.unary('Sigmoid', x);
+    this.record([x], [y], ([g]) => [this.mul(g!, this.mul(y, this.sub(1, y)))]);
+    return y;
+  }
   /** |x|; gradient sign(x) (0 at 0, as torch). */
-  abs(x: Var): Var { const y = this.unary('Abs', x); this.record([x], [y], ([g]) => [this.mul(g!, this.sign(x))]); return y; }
-  square(x: Var): Var { return this.mul(x, x); }
+  abs(x: Var): Var {
+    const y = this.unary('Abs', x);
+    this.record([x], [y], ([g]) => [this.mul(g!, this.sign(x))]);
+    return y;
+  }
+  square(x: Var): Var {
+    return this.mul(x, x);
+  }
 
   /** x^p for a constant exponent p. */
   pow(x: Var, p: number): Var {
@@ -473,11 +688,18 @@ export class GraphBuilder {
 
   /** clamp(x, lo, hi) with constant bounds; the gradient passes where lo ≤ x ≤ hi (torch.clamp). */
   clip(x: Var, lo?: number, hi?: number): Var {
-    const y = this.emit1('Clip', [x, lo === undefined ? null : this.const(lo, x.dtype), hi === undefined ? null : this.const(hi, x.dtype)], { dtype: x.dtype, shape: x.shape });
+    const y = this.emit1(
+      'Clip',
+      [x, lo === undefined ? null : this.const(lo, x.dtype), hi === undefined ? null : this.const(hi, x.dtype)],
+      { dtype: x.dtype, shape: x.shape },
+    );
     this.record([x], [y], ([g]) => {
       let m: Var | null = null;
       if (lo !== undefined) m = this.greaterOrEqual(x, lo);
-      if (hi !== undefined) { const m2 = this.lessOrEqual(x, hi); m = m ? this.and(m, m2) : m2; }
+      if (hi !== undefined) {
+        const m2 = this.lessOrEqual(x, hi);
+        m = m ? this.and(m, m2) : m2;
+      }
       return [m ? this.where(m, g!, this.const(0, g!.dtype)) : g];
     });
     return y;
@@ -487,7 +709,8 @@ export class GraphBuilder {
     if (cond.dtype !== 'bool') throw new GraphError(`Where: condition ${cond.name} must be bool, got ${cond.dtype}`);
     const like = typeof a === 'number' ? (b as Var) : a;
     if (typeof like === 'number') throw new GraphError('Where: at least one branch must be a Var');
-    const A = this.lift(a, like), B = this.lift(b, like);
+    const A = this.lift(a, like),
+      B = this.lift(b, like);
     if (A.dtype !== B.dtype) throw new GraphError(`Where: dtype mismatch ${A.dtype} vs ${B.dtype}`);
     const shape = this.broadcastShapes(this.broadcastShapes(cond.shape, A.shape, 'Where'), B.shape, 'Where');
     const y = this.emit1('Where', [cond, A, B], { dtype: A.dtype, shape });
@@ -499,17 +722,39 @@ export class GraphBuilder {
   }
 
   // comparisons and logic (no gradient)
-  equal(a: Operand, b: Operand): Var { return this.binary('Equal', a, b, 'bool'); }
-  less(a: Operand, b: Operand): Var { return this.binary('Less', a, b, 'bool'); }
-  lessOrEqual(a: Operand, b: Operand): Var { return this.binary('LessOrEqual', a, b, 'bool'); }
-  greater(a: Operand, b: Operand): Var { return this.binary('Greater', a, b, 'bool'); }
-  greaterOrEqual(a: Operand, b: Operand): Var { return this.binary('GreaterOrEqual', a, b, 'bool'); }
-  and(a: Var, b: Var): Var { return this.binary('And', a, b, 'bool'); }
-  or(a: Var, b: Var): Var { return this.binary('Or', a, b, 'bool'); }
-  not(x: Var): Var { return this.emit1('Not', [x], { dtype: 'bool', shape: x.shape }); }
-  isNaN(x: Var): Var { return this.emit1('IsNaN', [x], { dtype: 'bool', shape: x.shape }); }
-  isInf(x: Var): Var { return this.emit1('IsInf', [x], { dtype: 'bool', shape: x.shape }); }
-  sign(x: Var): Var { return this.unary('Sign', x); }
+  equal(a: Operand, b: Operand): Var {
+    return this.binary('Equal', a, b, 'bool');
+  }
+  less(a: Operand, b: Operand): Var {
+    return this.binary('Less', a, b, 'bool');
+  }
+  lessOrEqual(a: Operand, b: Operand): Var {
+    return this.binary('LessOrEqual', a, b, 'bool');
+  }
+  greater(a: Operand, b: Operand): Var {
+    return this.binary('Greater', a, b, 'bool');
+  }
+  greaterOrEqual(a: Operand, b: Operand): Var {
+    return this.binary('GreaterOrEqual', a, b, 'bool');
+  }
+  and(a: Var, b: Var): Var {
+    return this.binary('And', a, b, 'bool');
+  }
+  or(a: Var, b: Var): Var {
+    return this.binary('Or', a, b, 'bool');
+  }
+  not(x: Var): Var {
+    return this.emit1('Not', [x], { dtype: 'bool', shape: x.shape });
+  }
+  isNaN(x: Var): Var {
+    return this.emit1('IsNaN', [x], { dtype: 'bool', shape: x.shape });
+  }
+  isInf(x: Var): Var {
+    return this.emit1('IsInf', [x], { dtype: 'bool', shape: x.shape });
+  }
+  sign(x: Var): Var {
+    return this.unary('Sign', x);
+  }
 
   cast(x: Var, to: DType): Var {
     if (x.dtype === to) return x;
@@ -518,19 +763,30 @@ export class GraphBuilder {
     return y;
   }
 
-  identity(x: Var): Var { const y = this.unary('Identity', x); this.record([x], [y], ([g]) => [g]); return y; }
+  identity(x: Var): Var {
+    const y = this.unary('Identity', x);
+    this.record([x], [y], ([g]) => [g]);
+    return y;
+  }
 
   /** The same value with no gradient flowing back through it. */
-  stopGradient(x: Var): Var { return this.unary('Identity', x); }
+  stopGradient(x: Var): Var {
+    return this.unary('Identity', x);
+  }
 
   // ───────────────────────────── linear algebra ─────────────────────────────
 
   /** numpy-style matmul of rank ≥ 2 operands with broadcast batch dims. */
   matmul(a: Var, b: Var): Var {
-    if (a.rank < 2 || b.rank < 2) throw new GraphError(`MatMul: operands must have rank ≥ 2, got ${fmtShape(a.shape)} and ${fmtShape(b.shape)}`);
+    if (a.rank < 2 || b.rank < 2)
+      throw new GraphError(`MatMul: operands must have rank ≥ 2, got ${fmtShape(a.shape)} and ${fmtShape(b.shape)}`);
     if (a.dtype !== b.dtype) throw new GraphError(`MatMul: dtype mismatch ${a.dtype} vs ${b.dtype}`);
-    const [m, k1] = a.shape.slice(-2), [k2, n] = b.shape.slice(-2);
-    if (!dimEq(k1, k2)) throw new GraphError(`MatMul: inner dims differ: ${a.name} ${fmtShape(a.shape)} @ ${b.name} ${fmtShape(b.shape)} (in scope "${this.currentScope}")`);
+    const [m, k1] = a.shape.slice(-2),
+      [k2, n] = b.shape.slice(-2);
+    if (!dimEq(k1, k2))
+      throw new GraphError(
+        `MatMul: inner dims differ: ${a.name} ${fmtShape(a.shape)} @ ${b.name} ${fmtShape(b.shape)} (in scope "${this.currentScope}")`,
+      );
     const batch = this.broadcastShapes(a.shape.slice(0, -2), b.shape.slice(0, -2), 'MatMul batch');
     const y = this.emit1('MatMul', [a, b], { dtype: a.dtype, shape: [...batch, m, n] });
     this.record([a, b], [y], ([g]) => {
@@ -559,11 +815,19 @@ export class GraphBuilder {
 
   /** 2-D Gemm: alpha · op(a) @ op(b) (+ c, broadcast to [M, N]). */
   gemm(a: Var, b: Var, opts: { transA?: boolean; transB?: boolean; alpha?: number; c?: Var } = {}): Var {
-    if (a.rank !== 2 || b.rank !== 2) throw new GraphError(`Gemm: operands must be 2-D, got ${fmtShape(a.shape)} and ${fmtShape(b.shape)} (in scope "${this.currentScope}")`);
-    const tA = !!opts.transA, tB = !!opts.transB, alpha = opts.alpha ?? 1;
+    if (a.rank !== 2 || b.rank !== 2)
+      throw new GraphError(
+        `Gemm: operands must be 2-D, got ${fmtShape(a.shape)} and ${fmtShape(b.shape)} (in scope "${this.currentScope}")`,
+      );
+    const tA = !!opts.transA,
+      tB = !!opts.transB,
+      alpha = opts.alpha ?? 1;
     const [m, k1] = tA ? [a.shape[1], a.shape[0]] : a.shape;
     const [k2, n] = tB ? [b.shape[1], b.shape[0]] : b.shape;
-    if (!dimEq(k1, k2)) throw new GraphError(`Gemm: inner dims differ: ${a.name} ${fmtShape(a.shape)}${tA ? 'ᵀ' : ''} · ${b.name} ${fmtShape(b.shape)}${tB ? 'ᵀ' : ''} (in scope "${this.currentScope}")`);
+    if (!dimEq(k1, k2))
+      throw new GraphError(
+        `Gemm: inner dims differ: ${a.name} ${fmtShape(a.shape)}${tA ? 'ᵀ' : ''} · ${b.name} ${fmtShape(b.shape)}${tB ? 'ᵀ' : ''} (in scope "${this.currentScope}")`,
+      );
     const attrs: Record<string, AttrValue> = {};
     if (tA) attrs.transA = 1;
     if (tB) attrs.transB = 1;
@@ -589,18 +853,31 @@ export class GraphBuilder {
   reshape(x: Var, shape: Shape): Var {
     const target = shape.map(canonDim);
     if (shapeEq(x.shape, target)) return x;
-    const nIn = numel(x.shape), nOut = numel(target);
+    const nIn = numel(x.shape),
+      nOut = numel(target);
     if (isKnown(nIn) && isKnown(nOut) && !dimEq(nIn, nOut) && !String(nIn).includes('+') && !String(nOut).includes('+'))
-      throw new GraphError(`Reshape ${x.name}: ${fmtShape(x.shape)} (${nIn} elements) cannot become ${fmtShape(target)} (${nOut} elements)`);
+      throw new GraphError(
+        `Reshape ${x.name}: ${fmtShape(x.shape)} (${nIn} elements) cannot become ${fmtShape(target)} (${nOut} elements)`,
+      );
     const symbolic = target.map((d, i) => (typeof d === 'number' ? -1 : i)).filter((i) => i >= 0);
     let shapeVar: Var;
     if (symbolic.length === 0) shapeVar = this.const(target as number[], 'int64');
-    else if (symbolic.length === 1) shapeVar = this.const(target.map((d) => (typeof d === 'number' ? d : -1)), 'int64');
+    else if (symbolic.length === 1)
+      shapeVar = this.const(
+        target.map((d) => (typeof d === 'number' ? d : -1)),
+        'int64',
+      );
     else {
       // reuse dims of x that stay in place (0 = copy from input), infer at most one with -1
-      const vals: (number | null)[] = target.map((d, i) => (typeof d === 'number' ? d : i < x.rank && dimEq(x.shape[i], d) ? 0 : null));
+      const vals: (number | null)[] = target.map((d, i) =>
+        typeof d === 'number' ? d : i < x.rank && dimEq(x.shape[i], d) ? 0 : null,
+      );
       const unresolved = vals.filter((v) => v === null).length;
-      if (unresolved <= 1) shapeVar = this.const(vals.map((v) => (v === null ? -1 : v)), 'int64');
+      if (unresolved <= 1)
+        shapeVar = this.const(
+          vals.map((v) => (v === null ? -1 : v)),
+          'int64',
+        );
       else shapeVar = this.shapeTensor(target);
     }
     const y = this.emit1('Reshape', [x, shapeVar], { dtype: x.dtype, shape: target });
@@ -609,7 +886,8 @@ export class GraphBuilder {
   }
 
   transpose(x: Var, perm: number[]): Var {
-    if (perm.length !== x.rank || [...perm].sort((a, b) => a - b).some((p, i) => p !== i)) throw new GraphError(`Transpose ${x.name}: perm [${perm}] is not a permutation of rank ${x.rank}`);
+    if (perm.length !== x.rank || [...perm].sort((a, b) => a - b).some((p, i) => p !== i))
+      throw new GraphError(`Transpose ${x.name}: perm [${perm}] is not a permutation of rank ${x.rank}`);
     const y = this.emit1('Transpose', [x], { dtype: x.dtype, shape: perm.map((p) => x.shape[p]) }, { perm });
     const inv = perm.map((_, i) => perm.indexOf(i));
     this.record([x], [y], ([g]) => [this.transpose(g!, inv)]);
@@ -629,7 +907,8 @@ export class GraphBuilder {
 
   squeeze(x: Var, axes: number[]): Var {
     const ax = axes.map((a) => normAxis(a, x.rank, 'Squeeze'));
-    for (const a of ax) if (x.shape[a] !== 1) throw new GraphError(`Squeeze ${x.name}: axis ${a} has size ${x.shape[a]}, not 1`);
+    for (const a of ax)
+      if (x.shape[a] !== 1) throw new GraphError(`Squeeze ${x.name}: axis ${a} has size ${x.shape[a]}, not 1`);
     const shape = x.shape.filter((_, i) => !ax.includes(i));
     const y = this.emit1('Squeeze', [x, this.const(ax, 'int64')], { dtype: x.dtype, shape });
     this.record([x, null], [y], ([g]) => [this.unsqueeze(g!, ax), null]);
@@ -639,19 +918,29 @@ export class GraphBuilder {
   /** Concatenate along `axis`; `size`: the result's dim there, where the inputs' sizes are named dims (namedDim) known to add up to it. */
   concat(xs: Var[], axis: number, size?: Dim): Var {
     if (xs.length === 0) throw new GraphError('Concat: no inputs');
-    const rank = xs[0].rank, a = normAxis(axis, rank, 'Concat');
+    const rank = xs[0].rank,
+      a = normAxis(axis, rank, 'Concat');
     for (const x of xs) {
       if (x.rank !== rank || x.dtype !== xs[0].dtype || x.shape.some((d, i) => i !== a && !dimEq(d, xs[0].shape[i])))
-        throw new GraphError(`Concat on axis ${a}: incompatible ${xs.map((v) => `${v.name} ${v.dtype}${fmtShape(v.shape)}`).join(', ')}`);
+        throw new GraphError(
+          `Concat on axis ${a}: incompatible ${xs.map((v) => `${v.name} ${v.dtype}${fmtShape(v.shape)}`).join(', ')}`,
+        );
     }
     const shape = [...xs[0].shape];
     shape[a] = xs.slice(1).reduce<Dim>((s, x) => dimAdd(s, x.shape[a]), xs[0].shape[a]);
     if (size !== undefined && !dimEq(size, shape[a])) {
-      if (!xs.some((x) => this.namedDims.has(String(x.shape[a])))) throw new GraphError(`Concat on axis ${a}: sizes add up to ${shape[a]}, not ${size}`);
+      if (!xs.some((x) => this.namedDims.has(String(x.shape[a]))))
+        throw new GraphError(`Concat on axis ${a}: sizes add up to ${shape[a]}, not ${size}`);
       shape[a] = size;
     }
     const y = this.emit1('Concat', xs, { dtype: xs[0].dtype, shape }, { axis: a });
-    this.record(xs, [y], ([g]) => this.split(g!, a, xs.map((x) => x.shape[a])));
+    this.record(xs, [y], ([g]) =>
+      this.split(
+        g!,
+        a,
+        xs.map((x) => x.shape[a]),
+      ),
+    );
     return y;
   }
 
@@ -660,8 +949,19 @@ export class GraphBuilder {
     const a = normAxis(axis, x.rank, 'Split');
     const total = sizes.reduce<Dim>((s, d) => dimAdd(s, d), 0);
     // sizes named by namedDim are runtime values: their sum cannot be checked here
-    if (isKnown(total) && isKnown(x.shape[a]) && !sizes.some((d) => this.namedDims.has(String(d))) && !dimEq(total, x.shape[a])) throw new GraphError(`Split ${x.name}: sizes [${sizes}] do not add up to dim ${x.shape[a]}`);
-    const ys = this.emit('Split', [x, this.shapeTensor(sizes)], sizes.map((s) => ({ dtype: x.dtype, shape: x.shape.map((d, i) => (i === a ? s : d)) })), { axis: a });
+    if (
+      isKnown(total) &&
+      isKnown(x.shape[a]) &&
+      !sizes.some((d) => this.namedDims.has(String(d))) &&
+      !dimEq(total, x.shape[a])
+    )
+      throw new GraphError(`Split ${x.name}: sizes [${sizes}] do not add up to dim ${x.shape[a]}`);
+    const ys = this.emit(
+      'Split',
+      [x, this.shapeTensor(sizes)],
+      sizes.map((s) => ({ dtype: x.dtype, shape: x.shape.map((d, i) => (i === a ? s : d)) })),
+      { axis: a },
+    );
     this.record([x, null], ys, (gs) => {
       const parts = gs.map((g, i) => g ?? this.zerosLike(ys[i]));
       return [parts.length === 1 ? parts[0] : this.concat(parts, a, x.shape[a]), null];
@@ -673,8 +973,10 @@ export class GraphBuilder {
   slice(x: Var, axis: number, start: number, end?: Dim): Var {
     const a = normAxis(axis, x.rank, 'Slice');
     const dim = x.shape[a];
-    if (start < 0 || (typeof end === 'number' && end < start)) throw new GraphError(`Slice ${x.name}: need 0 ≤ start ≤ end, got ${start}:${end}`);
-    if (typeof dim === 'number' && typeof end === 'number' && end > dim) throw new GraphError(`Slice ${x.name}: end ${end} beyond dim ${dim}`);
+    if (start < 0 || (typeof end === 'number' && end < start))
+      throw new GraphError(`Slice ${x.name}: need 0 ≤ start ≤ end, got ${start}:${end}`);
+    if (typeof dim === 'number' && typeof end === 'number' && end > dim)
+      throw new GraphError(`Slice ${x.name}: end ${end} beyond dim ${dim}`);
     const endDim: Dim = end ?? dim;
     let outDim: Dim;
     if (start === 0) outDim = endDim;
@@ -682,12 +984,18 @@ export class GraphBuilder {
     else outDim = this.unknownDim();
     const shape = x.shape.map((d, i) => (i === a ? outDim : d));
     const endT = end === undefined ? this.const([2 ** 62], 'int64') : this.dimTensor(end);
-    const y = this.emit1('Slice', [x, this.const([start], 'int64'), endT, this.const([a], 'int64')], { dtype: x.dtype, shape });
+    const y = this.emit1('Slice', [x, this.const([start], 'int64'), endT, this.const([a], 'int64')], {
+      dtype: x.dtype,
+      shape,
+    });
     this.record([x, null, null, null], [y], ([g]) => {
       const pads = new Array<Var>(2 * x.rank).fill(this.const([0], 'int64'));
       pads[a] = this.const([start], 'int64');
       if (end !== undefined && !dimEq(end, dim)) {
-        pads[x.rank + a] = typeof dim === 'number' && typeof end === 'number' ? this.const([dim - end], 'int64') : this.emit1('Sub', [this.dimTensor(dim), this.dimTensor(end)], { dtype: 'int64', shape: [1] });
+        pads[x.rank + a] =
+          typeof dim === 'number' && typeof end === 'number'
+            ? this.const([dim - end], 'int64')
+            : this.emit1('Sub', [this.dimTensor(dim), this.dimTensor(end)], { dtype: 'int64', shape: [1] });
       }
       const padsT = this.emit1('Concat', pads, { dtype: 'int64', shape: [2 * x.rank] }, { axis: 0 });
       return [this.emit1('Pad', [g!, padsT], { dtype: g!.dtype, shape: x.shape }), null, null, null];
@@ -697,7 +1005,8 @@ export class GraphBuilder {
 
   /** Gather along axis 0 of `data` (gradient by ScatterElements with reduction=add; safe with threads). */
   gather(data: Var, indices: Var, axis = 0): Var {
-    if (indices.dtype !== 'int64' && indices.dtype !== 'int32') throw new GraphError(`Gather: indices ${indices.name} must be int32/int64, got ${indices.dtype}`);
+    if (indices.dtype !== 'int64' && indices.dtype !== 'int32')
+      throw new GraphError(`Gather: indices ${indices.name} must be int32/int64, got ${indices.dtype}`);
     const a = normAxis(axis, data.rank, 'Gather');
     const shape = [...data.shape.slice(0, a), ...indices.shape, ...data.shape.slice(a + 1)];
     const y = this.emit1('Gather', [data, indices], { dtype: data.dtype, shape }, { axis: a });
@@ -710,7 +1019,12 @@ export class GraphBuilder {
       const g2 = this.reshape(g!, [n, width]);
       const idx2 = this.emit1('Expand', [idx, this.shapeTensor([n, width])], { dtype: 'int64', shape: [n, width] });
       const zeros = this.zeros([data.shape[0], width], data.dtype);
-      const acc = this.emit1('ScatterElements', [zeros, idx2, g2], { dtype: data.dtype, shape: [data.shape[0], width] }, { axis: 0, reduction: 'add' });
+      const acc = this.emit1(
+        'ScatterElements',
+        [zeros, idx2, g2],
+        { dtype: data.dtype, shape: [data.shape[0], width] },
+        { axis: 0, reduction: 'add' },
+      );
       return [this.reshape(acc, data.shape), null];
     });
     return y;
@@ -719,9 +1033,18 @@ export class GraphBuilder {
   /** GatherElements (indices same rank as data). Gradient: ScatterElements(add) into zeros. */
   gatherElements(data: Var, indices: Var, axis: number): Var {
     const a = normAxis(axis, data.rank, 'GatherElements');
-    if (indices.rank !== data.rank) throw new GraphError(`GatherElements: indices rank ${indices.rank} ≠ data rank ${data.rank}`);
+    if (indices.rank !== data.rank)
+      throw new GraphError(`GatherElements: indices rank ${indices.rank} ≠ data rank ${data.rank}`);
     const y = this.emit1('GatherElements', [data, indices], { dtype: data.dtype, shape: indices.shape }, { axis: a });
-    this.record([data, null], [y], ([g]) => [this.emit1('ScatterElements', [this.zerosLike(data), indices, g!], { dtype: data.dtype, shape: data.shape }, { axis: a, reduction: 'add' }), null]);
+    this.record([data, null], [y], ([g]) => [
+      this.emit1(
+        'ScatterElements',
+        [this.zerosLike(data), indices, g!],
+        { dtype: data.dtype, shape: data.shape },
+        { axis: a, reduction: 'add' },
+      ),
+      null,
+    ]);
     return y;
   }
 
@@ -734,15 +1057,27 @@ export class GraphBuilder {
 
   /** Zeros of a (possibly symbolic) shape. */
   zeros(shape: Shape, dtype: DType = this.float): Var {
-    return this.emit1('ConstantOfShape', [this.shapeTensor(shape)], { dtype, shape }, { value: tensorAttr(typedFor(dtype, [0]), [1], dtype) });
+    return this.emit1(
+      'ConstantOfShape',
+      [this.shapeTensor(shape)],
+      { dtype, shape },
+      { value: tensorAttr(typedFor(dtype, [0]), [1], dtype) },
+    );
   }
 
   zerosLike(x: Var): Var {
     const s = this.emit1('Shape', [x], { dtype: 'int64', shape: [x.rank] });
-    return this.emit1('ConstantOfShape', [s], { dtype: x.dtype, shape: x.shape }, { value: tensorAttr(typedFor(x.dtype, [0]), [1], x.dtype) });
+    return this.emit1(
+      'ConstantOfShape',
+      [s],
+      { dtype: x.dtype, shape: x.shape },
+      { value: tensorAttr(typedFor(x.dtype, [0]), [1], x.dtype) },
+    );
   }
 
-  shape(x: Var): Var { return this.emit1('Shape', [x], { dtype: 'int64', shape: [x.rank] }); }
+  shape(x: Var): Var {
+    return this.emit1('Shape', [x], { dtype: 'int64', shape: [x.rank] });
+  }
 
   /** int64 range [0, n) where n is a static or symbolic dim. */
   range(n: Dim, dtype: DType = 'int64'): Var {
@@ -756,13 +1091,21 @@ export class GraphBuilder {
   private reducedShape(x: Var, axes: number[], keepdims: boolean): { ax: number[]; shape: Dim[] } {
     const ax = axes.map((a) => normAxis(a, x.rank, 'Reduce')).sort((a, b) => a - b);
     const shape: Dim[] = [];
-    x.shape.forEach((d, i) => { if (!ax.includes(i)) shape.push(d); else if (keepdims) shape.push(1); });
+    x.shape.forEach((d, i) => {
+      if (!ax.includes(i)) shape.push(d);
+      else if (keepdims) shape.push(1);
+    });
     return { ax, shape };
   }
 
   reduceSum(x: Var, axes: number[], keepdims = false): Var {
     const { ax, shape } = this.reducedShape(x, axes, keepdims);
-    const y = this.emit1('ReduceSum', [x, this.const(ax, 'int64')], { dtype: x.dtype, shape }, { keepdims: keepdims ? 1 : 0 });
+    const y = this.emit1(
+      'ReduceSum',
+      [x, this.const(ax, 'int64')],
+      { dtype: x.dtype, shape },
+      { keepdims: keepdims ? 1 : 0 },
+    );
     this.record([x, null], [y], ([g]) => {
       const gk = keepdims ? g! : this.unsqueeze(g!, ax);
       return [this.expand(gk, x.shape), null];
@@ -775,7 +1118,10 @@ export class GraphBuilder {
     const y = this.emit1('ReduceMean', [x], { dtype: x.dtype, shape }, { axes: ax, keepdims: keepdims ? 1 : 0 });
     this.record([x], [y], ([g]) => {
       const count = ax.reduce<Dim>((p, a) => dimMul(p, x.shape[a]), 1);
-      const c: Var = typeof count === 'number' ? this.const(count, g!.dtype) : this.emit1('Cast', [this.dimTensor(count)], { dtype: g!.dtype, shape: [1] }, { to: ONNX_DTYPE[g!.dtype] });
+      const c: Var =
+        typeof count === 'number'
+          ? this.const(count, g!.dtype)
+          : this.emit1('Cast', [this.dimTensor(count)], { dtype: g!.dtype, shape: [1] }, { to: ONNX_DTYPE[g!.dtype] });
       const gk = keepdims ? g! : this.unsqueeze(g!, ax);
       return [this.expand(this.div(gk, c), x.shape)];
     });
@@ -790,7 +1136,12 @@ export class GraphBuilder {
 
   argMax(x: Var, axis: number, keepdims = false): Var {
     const { shape } = this.reducedShape(x, [axis], keepdims);
-    return this.emit1('ArgMax', [x], { dtype: 'int64', shape }, { axis: normAxis(axis, x.rank, 'ArgMax'), keepdims: keepdims ? 1 : 0 });
+    return this.emit1(
+      'ArgMax',
+      [x],
+      { dtype: 'int64', shape },
+      { axis: normAxis(axis, x.rank, 'ArgMax'), keepdims: keepdims ? 1 : 0 },
+    );
   }
 
   softmax(x: Var, axis = -1): Var {
@@ -821,7 +1172,8 @@ export class GraphBuilder {
    */
   grad(y: Var, wrt: Var[], dy?: Var): Var[] {
     if (!dy) {
-      if (!y.shape.every((d) => d === 1)) throw new GraphError(`grad: ${y.name} ${fmtShape(y.shape)} is not a scalar; pass dy`);
+      if (!y.shape.every((d) => d === 1))
+        throw new GraphError(`grad: ${y.name} ${fmtShape(y.shape)} is not a scalar; pass dy`);
       dy = y.rank === 0 ? this.const(1, y.dtype) : this.reshape(this.const([1], y.dtype), y.shape);
     } else if (!shapeEq(dy.shape, y.shape)) {
       throw new GraphError(`grad: dy ${fmtShape(dy.shape)} does not match y ${fmtShape(y.shape)}`);
@@ -853,11 +1205,16 @@ export class GraphBuilder {
         e.inputs.forEach((inp, i) => {
           const g = gIn[i];
           if (!inp || !g || !wanted[i]) return;
-          if (!shapeEq(g.shape, inp.shape)) throw new GraphError(`internal: gradient for ${inp.name} has shape ${fmtShape(g.shape)}, expected ${fmtShape(inp.shape)}`);
+          if (!shapeEq(g.shape, inp.shape))
+            throw new GraphError(
+              `internal: gradient for ${inp.name} has shape ${fmtShape(g.shape)}, expected ${fmtShape(inp.shape)}`,
+            );
           const prev = grads.get(inp.id);
           grads.set(inp.id, prev ? this.add(prev, g) : g);
         });
-      } finally { this.scopes = saved; }
+      } finally {
+        this.scopes = saved;
+      }
     }
     return wrt.map((w) => grads.get(w.id) ?? null);
   }
@@ -890,16 +1247,28 @@ export class GraphBuilder {
     for (const e of inner) {
       for (const i of e.inputs) {
         if (i && isFloatType(i.dtype) && graphInputs.has(i.id) && !taken.has(i.id) && !produced.has(i.id))
-          throw new GraphError(`checkpoint (scope "${this.currentScope}"): fn reads graph input ${i.name} that is not among its inputs, so it would get no gradient`);
+          throw new GraphError(
+            `checkpoint (scope "${this.currentScope}"): fn reads graph input ${i.name} that is not among its inputs, so it would get no gradient`,
+          );
       }
     }
     this.customVjp(xs, ys, (gOut, wanted) => {
       const g0 = gOut.find((g) => g !== null)!;
       // z = 0·(g₀[0] + Σ d[0]) as a scalar: a data dependency on the backward that adds nothing
       const first = (v: Var): Var => {
-        const one = this.emit1('Slice', [this.emit1('Reshape', [v, this.const([-1], 'int64')], { dtype: v.dtype, shape: [this.unknownDim()] }), this.const([0], 'int64'), this.const([1], 'int64')], { dtype: v.dtype, shape: [1] });
+        const one = this.emit1(
+          'Slice',
+          [
+            this.emit1('Reshape', [v, this.const([-1], 'int64')], { dtype: v.dtype, shape: [this.unknownDim()] }),
+            this.const([0], 'int64'),
+            this.const([1], 'int64'),
+          ],
+          { dtype: v.dtype, shape: [1] },
+        );
         const s = this.emit1('Squeeze', [one, this.const([0], 'int64')], { dtype: v.dtype, shape: [] });
-        return v.dtype === g0.dtype ? s : this.emit1('Cast', [s], { dtype: g0.dtype, shape: [] }, { to: ONNX_DTYPE[g0.dtype] });
+        return v.dtype === g0.dtype
+          ? s
+          : this.emit1('Cast', [s], { dtype: g0.dtype, shape: [] }, { to: ONNX_DTYPE[g0.dtype] });
       };
       const deps = [g0, ...this.ckptDone].map(first);
       const sum = deps.slice(1).reduce((a, d) => this.emit1('Add', [a, d], { dtype: g0.dtype, shape: [] }), deps[0]);
@@ -908,15 +1277,22 @@ export class GraphBuilder {
       const copies = xs.map((x) => {
         if (!isFloatType(x.dtype)) return x;
         let zx = zOf.get(x.dtype);
-        if (!zx) { zx = this.emit1('Cast', [z], { dtype: x.dtype, shape: [] }, { to: ONNX_DTYPE[x.dtype] }); zOf.set(x.dtype, zx); }
+        if (!zx) {
+          zx = this.emit1('Cast', [z], { dtype: x.dtype, shape: [] }, { to: ONNX_DTYPE[x.dtype] });
+          zOf.set(x.dtype, zx);
+        }
         return this.emit1('Add', [x, zx], { dtype: x.dtype, shape: x.shape }, {});
       });
       const start2 = this.tape.length;
       const ys2 = this.scope('recompute', () => fn(copies));
       const inner2 = this.tape.splice(start2);
-      if (ys2.length !== ys.length) throw new GraphError(`checkpoint: fn returned ${ys2.length} values on recomputation, ${ys.length} before`);
+      if (ys2.length !== ys.length)
+        throw new GraphError(`checkpoint: fn returned ${ys2.length} values on recomputation, ${ys.length} before`);
       const seeds = new Map<number, Var>();
-      ys2.forEach((y, i) => { const g = gOut[i]; if (g) seeds.set(y.id, seeds.has(y.id) ? this.add(seeds.get(y.id)!, g) : g); });
+      ys2.forEach((y, i) => {
+        const g = gOut[i];
+        if (g) seeds.set(y.id, seeds.has(y.id) ? this.add(seeds.get(y.id)!, g) : g);
+      });
       const want = copies.filter((_, i) => wanted[i]);
       const got = this.backprop(inner2, seeds, want);
       this.ckptDone = got.filter((g): g is Var => g !== null && isFloatType(g.dtype));
@@ -935,25 +1311,47 @@ export class GraphBuilder {
     const keep: NodeRec[] = [];
     for (let i = this.nodes.length - 1; i >= 0; i--) {
       const n = this.nodes[i];
-      if (n.outputs.some((o) => live.has(o))) { keep.push(n); for (const x of n.inputs) if (x) live.add(x); }
+      if (n.outputs.some((o) => live.has(o))) {
+        keep.push(n);
+        for (const x of n.inputs) if (x) live.add(x);
+      }
     }
     keep.reverse();
     const vi = (v: Var) => ({
       name: v.name,
-      type: { tensorType: { elemType: ONNX_DTYPE[v.dtype], shape: { dim: v.shape.map((d) => (typeof d === 'number' ? { dimValue: d } : isKnown(d) ? { dimParam: d } : {})) } } },
+      type: {
+        tensorType: {
+          elemType: ONNX_DTYPE[v.dtype],
+          shape: {
+            dim: v.shape.map((d) => (typeof d === 'number' ? { dimValue: d } : isKnown(d) ? { dimParam: d } : {})),
+          },
+        },
+      },
     });
     const graph = {
       name: this.name,
-      node: keep.map((n) => ({ opType: n.opType, name: n.name, input: n.inputs, output: n.outputs, domain: n.domain || undefined, attribute: Object.entries(n.attrs).map(([k, v]) => encodeAttr(k, v)) })),
+      node: keep.map((n) => ({
+        opType: n.opType,
+        name: n.name,
+        input: n.inputs,
+        output: n.outputs,
+        domain: n.domain || undefined,
+        attribute: Object.entries(n.attrs).map(([k, v]) => encodeAttr(k, v)),
+      })),
       initializer: this.inits.filter((t) => live.has(t.name)).map((t) => tensorProto(t.name, t.data, t.shape, t.dtype)),
       input: this.inputs.map(vi),
       output: this.outputs.map(vi),
     };
-    const opsetImport = [{ domain: '', version: this.opset }, ...[...this.extraDomains].map(([domain, version]) => ({ domain, version }))];
+    const opsetImport = [
+      { domain: '', version: this.opset },
+      ...[...this.extraDomains].map(([domain, version]) => ({ domain, version })),
+    ];
     return onnx.ModelProto.create({ irVersion: 8, producerName: 'rlstream', opsetImport, graph });
   }
 
-  toBytes(): Uint8Array { return onnx.ModelProto.encode(this.toModelProto()).finish(); }
+  toBytes(): Uint8Array {
+    return onnx.ModelProto.encode(this.toModelProto()).finish();
+  }
 }
 
 function tensorProto(name: string, data: TensorData, shape: number[], dtype: DType): onnxProto.onnx.ITensorProto {
@@ -963,11 +1361,13 @@ function tensorProto(name: string, data: TensorData, shape: number[], dtype: DTy
 
 function encodeAttr(name: string, v: AttrValue): onnxProto.onnx.IAttributeProto {
   const T = onnx.AttributeProto.AttributeType;
-  if (v instanceof FloatAttr) return Array.isArray(v.v) ? { name, type: T.FLOATS, floats: v.v } : { name, type: T.FLOAT, f: v.v };
+  if (v instanceof FloatAttr)
+    return Array.isArray(v.v) ? { name, type: T.FLOATS, floats: v.v } : { name, type: T.FLOAT, f: v.v };
   if (v instanceof TensorAttr) return { name, type: T.TENSOR, t: tensorProto('', v.data, v.shape, v.dtype) };
   if (typeof v === 'string') return { name, type: T.STRING, s: new TextEncoder().encode(v) };
   if (typeof v === 'number') return Number.isInteger(v) ? { name, type: T.INT, i: v } : { name, type: T.FLOAT, f: v };
-  if (v.length > 0 && typeof v[0] === 'string') return { name, type: T.STRINGS, strings: (v as string[]).map((s) => new TextEncoder().encode(s)) };
+  if (v.length > 0 && typeof v[0] === 'string')
+    return { name, type: T.STRINGS, strings: (v as string[]).map((s) => new TextEncoder().encode(s)) };
   const nums = v as number[];
   return nums.every(Number.isInteger) ? { name, type: T.INTS, ints: nums } : { name, type: T.FLOATS, floats: nums };
 }

@@ -10,12 +10,16 @@ export type Shape = readonly Dim[];
 /** Split `s` at top-level (not parenthesised) occurrences of `sep`. */
 function splitTop(s: string, sep: string): string[] {
   const out: string[] = [];
-  let depth = 0, start = 0;
+  let depth = 0,
+    start = 0;
   for (let i = 0; i < s.length; i++) {
     const c = s[i];
     if (c === '(') depth++;
     else if (c === ')') depth--;
-    else if (c === sep && depth === 0) { out.push(s.slice(start, i)); start = i + 1; }
+    else if (c === sep && depth === 0) {
+      out.push(s.slice(start, i));
+      start = i + 1;
+    }
   }
   out.push(s.slice(start));
   return out;
@@ -23,11 +27,15 @@ function splitTop(s: string, sep: string): string[] {
 
 function stripParens(s: string): string {
   while (s.startsWith('(') && s.endsWith(')')) {
-    let depth = 0, wraps = true;
+    let depth = 0,
+      wraps = true;
     for (let i = 0; i < s.length - 1; i++) {
       if (s[i] === '(') depth++;
       else if (s[i] === ')') depth--;
-      if (depth === 0) { wraps = false; break; }
+      if (depth === 0) {
+        wraps = false;
+        break;
+      }
     }
     if (!wraps) break;
     s = s.slice(1, -1);
@@ -45,7 +53,8 @@ export function canonDim(d: Dim): Dim {
     const names: string[] = [];
     for (const t of terms) {
       const ct = canonDim(t);
-      if (typeof ct === 'number') c += ct; else names.push(String(ct));
+      if (typeof ct === 'number') c += ct;
+      else names.push(String(ct));
     }
     names.sort();
     if (names.length === 0) return c;
@@ -65,8 +74,11 @@ function factors(d: Dim): { coef: number; names: string[] } {
     const p = stripParens(part);
     if (/^\d+$/.test(p)) coef *= Number(p);
     else if (splitTop(p, '+').length > 1) names.push(`(${canonDim(p)})`);
-    else if (splitTop(p, '*').length > 1) { const f = factors(p); coef *= f.coef; names.push(...f.names); }
-    else names.push(p);
+    else if (splitTop(p, '*').length > 1) {
+      const f = factors(p);
+      coef *= f.coef;
+      names.push(...f.names);
+    } else names.push(p);
   }
   return { coef, names };
 }
@@ -79,7 +91,8 @@ function fromFactors(coef: number, names: string[]): Dim {
 
 export function dimMul(a: Dim, b: Dim): Dim {
   if (typeof a === 'number' && typeof b === 'number') return a * b;
-  const fa = factors(canonDim(a)), fb = factors(canonDim(b));
+  const fa = factors(canonDim(a)),
+    fb = factors(canonDim(b));
   return fromFactors(fa.coef * fb.coef, [...fa.names, ...fb.names]);
 }
 
@@ -94,7 +107,8 @@ export function dimAdd(a: Dim, b: Dim): Dim {
 /** Exact division where it is visible from the factors (e.g. `'4*B*T' / 4`, `'B*T' / 'T'`), else undefined. */
 export function dimDiv(a: Dim, b: Dim): Dim | undefined {
   if (typeof a === 'number' && typeof b === 'number') return a % b === 0 ? a / b : undefined;
-  const fa = factors(canonDim(a)), fb = factors(canonDim(b));
+  const fa = factors(canonDim(a)),
+    fb = factors(canonDim(b));
   if (fb.coef === 0 || fa.coef % fb.coef !== 0) return undefined;
   const names = [...fa.names];
   for (const n of fb.names) {
@@ -105,15 +119,21 @@ export function dimDiv(a: Dim, b: Dim): Dim | undefined {
   return fromFactors(fa.coef / fb.coef, names);
 }
 
-export function dimEq(a: Dim, b: Dim): boolean { return canonDim(a) === canonDim(b); }
+export function dimEq(a: Dim, b: Dim): boolean {
+  return canonDim(a) === canonDim(b);
+}
 
-export function numel(shape: Shape): Dim { return shape.reduce<Dim>((p, d) => dimMul(p, d), 1); }
+export function numel(shape: Shape): Dim {
+  return shape.reduce<Dim>((p, d) => dimMul(p, d), 1);
+}
 
 export function shapeEq(a: Shape, b: Shape): boolean {
   return a.length === b.length && a.every((d, i) => dimEq(d, b[i]));
 }
 
-export function fmtShape(s: Shape): string { return `[${s.join(', ')}]`; }
+export function fmtShape(s: Shape): string {
+  return `[${s.join(', ')}]`;
+}
 
 /** True for a single symbolic name (not a product or sum). */
 export function isAtom(d: Dim): d is string {
@@ -126,7 +146,8 @@ export function isKnown(d: Dim): boolean {
 }
 
 /** Parsed structure used to materialise a dim at runtime. */
-export type DimExpr = { kind: 'num'; v: number } | { kind: 'atom'; name: string } | { kind: 'mul' | 'add'; args: DimExpr[] };
+export type DimExpr =
+  { kind: 'num'; v: number } | { kind: 'atom'; name: string } | { kind: 'mul' | 'add'; args: DimExpr[] };
 
 export function parseDim(d: Dim): DimExpr {
   const c = canonDim(d);

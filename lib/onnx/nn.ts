@@ -17,7 +17,10 @@ export function linear(b: GraphBuilder, x: Var, w: Var, bias?: Var | null): Var 
  */
 export function rmsNorm(b: GraphBuilder, x: Var, w: Var, eps: number): Var {
   const D = x.shape[x.rank - 1];
-  if (w.rank !== 1 || !dimEq(w.shape[0], D)) throw new GraphError(`rmsNorm: weight ${w.name} ${fmtShape(w.shape)} does not match last dim of ${x.name} ${fmtShape(x.shape)}`);
+  if (w.rank !== 1 || !dimEq(w.shape[0], D))
+    throw new GraphError(
+      `rmsNorm: weight ${w.name} ${fmtShape(w.shape)} does not match last dim of ${x.name} ${fmtShape(x.shape)}`,
+    );
   const { y, xhat, r } = b.scope('rmsnorm', () => {
     const ms = b.stopGradient(b.reduceMean(b.mul(x, x), [-1], true));
     const r = b.stopGradient(b.reciprocal(b.sqrt(b.add(ms, eps))));
@@ -67,7 +70,8 @@ export function swiglu(b: GraphBuilder, gate: Var, up: Var): Var {
  */
 export function rope(b: GraphBuilder, x: Var, cos: Var, sin: Var): Var {
   const hd = x.shape[x.rank - 1];
-  if (typeof hd !== 'number' || hd % 2 !== 0) throw new GraphError(`rope: head dim of ${x.name} ${fmtShape(x.shape)} must be a static even number`);
+  if (typeof hd !== 'number' || hd % 2 !== 0)
+    throw new GraphError(`rope: head dim of ${x.name} ${fmtShape(x.shape)} must be a static even number`);
   const half = hd / 2;
   const y = b.scope('rope', () => {
     const [x1, x2] = b.split(x, -1, [half, half]);
@@ -87,17 +91,26 @@ export function rope(b: GraphBuilder, x: Var, cos: Var, sin: Var): Var {
  * (int64). lp = z_t − lse(z); H = lse(z) − Σ p·z. Backward (one fused rule):
  * dz = g_lp·(onehot(t) − p) − g_H·p·(log p + H).
  */
-export function tokenLogprobEntropy(b: GraphBuilder, logits: Var, targets: Var, opts: { entropy?: boolean } = {}): { logprob: Var; entropy: Var | null } {
+export function tokenLogprobEntropy(
+  b: GraphBuilder,
+  logits: Var,
+  targets: Var,
+  opts: { entropy?: boolean } = {},
+): { logprob: Var; entropy: Var | null } {
   if (logits.rank !== 2 || targets.rank !== 1 || !dimEq(logits.shape[0], targets.shape[0]))
-    throw new GraphError(`tokenLogprobEntropy: need logits [N, V] and targets [N], got ${fmtShape(logits.shape)} and ${fmtShape(targets.shape)}`);
+    throw new GraphError(
+      `tokenLogprobEntropy: need logits [N, V] and targets [N], got ${fmtShape(logits.shape)} and ${fmtShape(targets.shape)}`,
+    );
   if (targets.dtype !== 'int64') throw new GraphError(`tokenLogprobEntropy: targets ${targets.name} must be int64`);
   const wantEnt = opts.entropy ?? true;
-  const N = logits.shape[0], V = logits.shape[1];
+  const N = logits.shape[0],
+    V = logits.shape[1];
   const { logprob, entropy, lsm, p, tcol } = b.scope('logprob', () => {
     const lsm = b.stopGradient(b.logSoftmax(logits, -1));
     const tcol = b.unsqueeze(targets, [1]);
     const logprob = b.stopGradient(b.squeeze(b.gatherElements(lsm, tcol, 1), [1]));
-    let entropy: Var | null = null, p: Var | null = null;
+    let entropy: Var | null = null,
+      p: Var | null = null;
     if (wantEnt) {
       p = b.stopGradient(b.exp(lsm));
       entropy = b.stopGradient(b.neg(b.reduceSum(b.mul(p, lsm), [1])));
@@ -128,8 +141,10 @@ export function tokenLogprobEntropy(b: GraphBuilder, logits: Var, targets: Var, 
  * safe); above it a ScatterElements(add) (never ScatterND, which loses duplicates with threads).
  */
 export function embedding(b: GraphBuilder, table: Var, ids: Var, opts: { oneHotMaxVocab?: number } = {}): Var {
-  if (table.rank !== 2) throw new GraphError(`embedding: table ${table.name} must be [V, D], got ${fmtShape(table.shape)}`);
-  const V = table.shape[0], D = table.shape[1];
+  if (table.rank !== 2)
+    throw new GraphError(`embedding: table ${table.name} must be [V, D], got ${fmtShape(table.shape)}`);
+  const V = table.shape[0],
+    D = table.shape[1];
   if (typeof V !== 'number' || V > (opts.oneHotMaxVocab ?? 4096)) return b.gather(table, ids);
   const y = b.stopGradient(b.gather(table, ids));
   b.customVjp([table, null], [y], ([g]) => {
@@ -159,7 +174,8 @@ export interface ChunkedHeadOptions {
 
 /** Near-equal vocabulary chunk boundaries [lo, hi) covering 0..V. */
 export function vocabChunks(V: number, chunk: number): [number, number][] {
-  if (!(Number.isInteger(chunk) && chunk > 0)) throw new GraphError(`vocabChunks: chunk must be a positive integer, got ${chunk}`);
+  if (!(Number.isInteger(chunk) && chunk > 0))
+    throw new GraphError(`vocabChunks: chunk must be a positive integer, got ${chunk}`);
   const k = Math.max(1, Math.ceil(V / chunk));
   const out: [number, number][] = [];
   for (let i = 0; i < k; i++) out.push([Math.floor((i * V) / k), Math.floor(((i + 1) * V) / k)]);
@@ -176,19 +192,42 @@ export function vocabChunks(V: number, chunk: number): [number, number][] {
  * p_c = e^{z_c − lse}, dz_c = (g_lp·(onehot_c(t) − p_c) − g_H·p_c·(z_c − lse + H)) / τ;
  * dh = Σ_c dz_c·W_c, dW_c = dz_cᵀ·h — the same gradient as `tokenLogprobEntropy(h·Wᵀ/τ, t)`.
  */
-export function chunkedLmHeadLogprob(b: GraphBuilder, h: Var, w: Var, targets: Var, opts: ChunkedHeadOptions = {}): { logprob: Var; entropy: Var | null; correct: Var | null } {
-  if (h.rank !== 2 || w.rank !== 2 || targets.rank !== 1 || !dimEq(h.shape[0], targets.shape[0]) || !dimEq(h.shape[1], w.shape[1]))
-    throw new GraphError(`chunkedLmHeadLogprob: need hidden [N, D], weight [V, D] and targets [N], got ${fmtShape(h.shape)}, ${fmtShape(w.shape)} and ${fmtShape(targets.shape)}`);
+export function chunkedLmHeadLogprob(
+  b: GraphBuilder,
+  h: Var,
+  w: Var,
+  targets: Var,
+  opts: ChunkedHeadOptions = {},
+): { logprob: Var; entropy: Var | null; correct: Var | null } {
+  if (
+    h.rank !== 2 ||
+    w.rank !== 2 ||
+    targets.rank !== 1 ||
+    !dimEq(h.shape[0], targets.shape[0]) ||
+    !dimEq(h.shape[1], w.shape[1])
+  )
+    throw new GraphError(
+      `chunkedLmHeadLogprob: need hidden [N, D], weight [V, D] and targets [N], got ${fmtShape(h.shape)}, ${fmtShape(w.shape)} and ${fmtShape(targets.shape)}`,
+    );
   if (targets.dtype !== 'int64') throw new GraphError(`chunkedLmHeadLogprob: targets ${targets.name} must be int64`);
   const V = w.shape[0];
-  if (typeof V !== 'number') throw new GraphError(`chunkedLmHeadLogprob: vocabulary size of ${w.name} must be static, got ${fmtShape(w.shape)}`);
+  if (typeof V !== 'number')
+    throw new GraphError(`chunkedLmHeadLogprob: vocabulary size of ${w.name} must be static, got ${fmtShape(w.shape)}`);
   const wantEnt = opts.entropy ?? true;
   const tau = opts.temperature ?? 1;
   const chunks = vocabChunks(V, opts.chunk ?? 8192);
   const tcol = b.unsqueeze(targets, [1]); // [N, 1]
   const bias = opts.logitBias ?? null;
-  if (bias && bias.length !== V) throw new GraphError(`chunkedLmHeadLogprob: logitBias has ${bias.length} values for a vocabulary of ${V}`);
-  const biasVar = bias ? b.initializer(`${h.name.replace(/:\d+$/, '')}/logit_bias`, h.dtype === 'float64' ? Float64Array.from(bias) : bias, [1, V], h.dtype) : null; // [1, V], h's float type
+  if (bias && bias.length !== V)
+    throw new GraphError(`chunkedLmHeadLogprob: logitBias has ${bias.length} values for a vocabulary of ${V}`);
+  const biasVar = bias
+    ? b.initializer(
+        `${h.name.replace(/:\d+$/, '')}/logit_bias`,
+        h.dtype === 'float64' ? Float64Array.from(bias) : bias,
+        [1, V],
+        h.dtype,
+      )
+    : null; // [1, V], h's float type
   // ORT runs nodes in a topological order of its own choosing and would otherwise start every
   // chunk's Gemm before finishing any chunk, keeping all the [N, V_c] tensors alive: chunk c + 1
   // reads h + 0·(one element of each of chunk c's results), a data dependency that costs one
@@ -206,29 +245,38 @@ export function chunkedLmHeadLogprob(b: GraphBuilder, h: Var, w: Var, targets: V
   };
   const chunkW = (lo: number, hi: number): Var => (chunks.length === 1 ? w : b.slice(w, 0, lo, hi));
   const fwd = b.scope('chunked_head', () => {
-    const ms: Var[] = [], ss: Var[] = [], ts: Var[] = [], zts: Var[] = [];
-    chunks.forEach(([lo, hi], i) => b.scope(`c${i}`, () => {
-      const prev = i === 0 ? [] : [ms[i - 1], ss[i - 1], zts[i - 1], ...(wantEnt ? [ts[i - 1]] : [])];
-      const z = b.stopGradient(logitsOf(chunkW(lo, hi), lo, hi, after(h, prev)));
-      const m = b.reduceMax(z, [1], true); // [N, 1]
-      const e = b.exp(b.sub(z, m));
-      ms.push(m);
-      ss.push(b.reduceSum(e, [1], true));
-      if (wantEnt) ts.push(b.reduceSum(b.mul(e, z), [1], true));
-      // z at the target when it falls in [lo, hi)
-      const rel = b.sub(tcol, b.const(lo, 'int64'));
-      const inside = b.and(b.greaterOrEqual(rel, b.const(0, 'int64')), b.less(rel, b.const(hi - lo, 'int64')));
-      const idx = b.where(inside, rel, b.const(0, 'int64'));
-      zts.push(b.where(inside, b.gatherElements(z, idx, 1), 0));
-    }));
+    const ms: Var[] = [],
+      ss: Var[] = [],
+      ts: Var[] = [],
+      zts: Var[] = [];
+    chunks.forEach(([lo, hi], i) =>
+      b.scope(`c${i}`, () => {
+        const prev = i === 0 ? [] : [ms[i - 1], ss[i - 1], zts[i - 1], ...(wantEnt ? [ts[i - 1]] : [])];
+        const z = b.stopGradient(logitsOf(chunkW(lo, hi), lo, hi, after(h, prev)));
+        const m = b.reduceMax(z, [1], true); // [N, 1]
+        const e = b.exp(b.sub(z, m));
+        ms.push(m);
+        ss.push(b.reduceSum(e, [1], true));
+        if (wantEnt) ts.push(b.reduceSum(b.mul(e, z), [1], true));
+        // z at the target when it falls in [lo, hi)
+        const rel = b.sub(tcol, b.const(lo, 'int64'));
+        const inside = b.and(b.greaterOrEqual(rel, b.const(0, 'int64')), b.less(rel, b.const(hi - lo, 'int64')));
+        const idx = b.where(inside, rel, b.const(0, 'int64'));
+        zts.push(b.where(inside, b.gatherElements(z, idx, 1), 0));
+      }),
+    );
     const cat = (xs: Var[]) => (xs.length === 1 ? xs[0] : b.concat(xs, 1)); // [N, K]
-    const m = cat(ms), M = b.reduceMax(m, [1], true);
+    const m = cat(ms),
+      M = b.reduceMax(m, [1], true);
     const scale = b.exp(b.sub(m, M)); // [N, K]
     const lse = b.stopGradient(b.add(M, b.log(b.reduceSum(b.mul(cat(ss), scale), [1], true)))); // [N, 1]
     const zt = b.reduceSum(cat(zts), [1], true);
     const logprob = b.stopGradient(b.squeeze(b.sub(zt, lse), [1]));
     let entropy: Var | null = null;
-    if (wantEnt) entropy = b.stopGradient(b.squeeze(b.sub(lse, b.reduceSum(b.mul(cat(ts), b.exp(b.sub(m, lse))), [1], true)), [1]));
+    if (wantEnt)
+      entropy = b.stopGradient(
+        b.squeeze(b.sub(lse, b.reduceSum(b.mul(cat(ts), b.exp(b.sub(m, lse))), [1], true)), [1]),
+      );
     const correct = opts.correct ? b.squeeze(b.greaterOrEqual(zt, M), [1]) : null;
     return { logprob, entropy, lse, correct };
   });
@@ -239,24 +287,29 @@ export function chunkedLmHeadLogprob(b: GraphBuilder, h: Var, w: Var, targets: V
     const Hcol = entropy ? b.unsqueeze(entropy, [1]) : null;
     let dh: Var | null = null;
     const dws: Var[] = [];
-    chunks.forEach(([lo, hi], i) => b.scope(`c${i}`, () => {
-      const wc = chunkW(lo, hi);
-      const hc = after(h, dh ? [dh, dws[dws.length - 1]] : []);
-      const zl = b.sub(logitsOf(wc, lo, hi, hc), lse); // log p_c [N, V_c]
-      const p = b.exp(zl);
-      let dz: Var | null = null;
-      if (gLp) {
-        const onehot = b.cast(b.equal(b.sub(tcol, b.const(lo, 'int64')), b.unsqueeze(b.range(hi - lo), [0])), h.dtype);
-        dz = b.mul(b.unsqueeze(gLp, [1]), b.sub(onehot, p));
-      }
-      if (gEnt && Hcol) {
-        const t = b.mul(b.neg(b.unsqueeze(gEnt, [1])), b.mul(p, b.add(zl, Hcol)));
-        dz = dz ? b.add(dz, t) : t;
-      }
-      if (tau !== 1) dz = b.div(dz!, tau);
-      dh = b.gemm(dz!, wc, dh ? { c: dh } : {}); // [N, D]
-      dws.push(b.gemm(dz!, hc, { transA: true })); // [V_c, D]
-    }));
+    chunks.forEach(([lo, hi], i) =>
+      b.scope(`c${i}`, () => {
+        const wc = chunkW(lo, hi);
+        const hc = after(h, dh ? [dh, dws[dws.length - 1]] : []);
+        const zl = b.sub(logitsOf(wc, lo, hi, hc), lse); // log p_c [N, V_c]
+        const p = b.exp(zl);
+        let dz: Var | null = null;
+        if (gLp) {
+          const onehot = b.cast(
+            b.equal(b.sub(tcol, b.const(lo, 'int64')), b.unsqueeze(b.range(hi - lo), [0])),
+            h.dtype,
+          );
+          dz = b.mul(b.unsqueeze(gLp, [1]), b.sub(onehot, p));
+        }
+        if (gEnt && Hcol) {
+          const t = b.mul(b.neg(b.unsqueeze(gEnt, [1])), b.mul(p, b.add(zl, Hcol)));
+          dz = dz ? b.add(dz, t) : t;
+        }
+        if (tau !== 1) dz = b.div(dz!, tau);
+        dh = b.gemm(dz!, wc, dh ? { c: dh } : {}); // [N, D]
+        dws.push(b.gemm(dz!, hc, { transA: true })); // [V_c, D]
+      }),
+    );
     return [dh!, dws.length === 1 ? dws[0] : b.concat(dws, 0), null];
   });
   return { logprob, entropy, correct: fwd.correct };
@@ -269,7 +322,11 @@ export function chunkedLmHeadLogprob(b: GraphBuilder, h: Var, w: Var, targets: V
  */
 export function layerNorm(b: GraphBuilder, x: Var, w: Var, bias: Var, eps: number): Var {
   const D = x.shape[x.rank - 1];
-  for (const p of [w, bias]) if (p.rank !== 1 || !dimEq(p.shape[0], D)) throw new GraphError(`layerNorm: ${p.name} ${fmtShape(p.shape)} does not match last dim of ${x.name} ${fmtShape(x.shape)}`);
+  for (const p of [w, bias])
+    if (p.rank !== 1 || !dimEq(p.shape[0], D))
+      throw new GraphError(
+        `layerNorm: ${p.name} ${fmtShape(p.shape)} does not match last dim of ${x.name} ${fmtShape(x.shape)}`,
+      );
   const { y, xhat, r } = b.scope('layernorm', () => {
     const xc = b.stopGradient(b.sub(x, b.reduceMean(x, [-1], true)));
     const r = b.stopGradient(b.reciprocal(b.sqrt(b.add(b.reduceMean(b.mul(xc, xc), [-1], true), eps))));
@@ -322,7 +379,10 @@ function erf64(b: GraphBuilder, z: Var): Var {
   const u = b.mul(z, z);
   let fact = 1;
   const coef: number[] = [];
-  for (let n = 0; n <= N; n++) { if (n > 0) fact *= n; coef.push((n % 2 ? -1 : 1) / (fact * (2 * n + 1))); }
+  for (let n = 0; n <= N; n++) {
+    if (n > 0) fact *= n;
+    coef.push((n % 2 ? -1 : 1) / (fact * (2 * n + 1)));
+  }
   let p = b.const(coef[N], 'float64');
   for (let n = N - 1; n >= 0; n--) p = b.add(b.mul(p, u), coef[n]);
   const series = b.mul(b.mul(z, p), 2 / Math.sqrt(Math.PI));

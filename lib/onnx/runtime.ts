@@ -35,8 +35,10 @@ export function defaultThreads(): number {
 
 export { DEVICES, type Device } from './devices.ts';
 
-const CUDA_INSTALL = 'on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node` (npm ci skips that download: .npmrc onnxruntime-node-install=skip)';
-const WEBGPU_NEEDS = 'webgpu needs a GPU whose driver provides Vulkan (Linux: the driver\'s Vulkan ICD and the loader, Debian package libvulkan1)';
+const CUDA_INSTALL =
+  'on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node` (npm ci skips that download: .npmrc onnxruntime-node-install=skip)';
+const WEBGPU_NEEDS =
+  "webgpu needs a GPU whose driver provides Vulkan (Linux: the driver's Vulkan ICD and the loader, Debian package libvulkan1)";
 
 /**
  * Where onnxruntime-node's native binding and its provider libraries live, e.g.
@@ -45,7 +47,10 @@ const WEBGPU_NEEDS = 'webgpu needs a GPU whose driver provides Vulkan (Linux: th
 export function ortBinaryDir(): string | null {
   const bin = join(dirname(createRequire(import.meta.url).resolve('onnxruntime-node')), '..', 'bin');
   if (!existsSync(bin)) return null;
-  for (const napi of readdirSync(bin).filter((d) => d.startsWith('napi-v')).sort().reverse()) {
+  for (const napi of readdirSync(bin)
+    .filter((d) => d.startsWith('napi-v'))
+    .sort()
+    .reverse()) {
     const dir = join(bin, napi, process.platform, process.arch);
     if (existsSync(dir)) return dir;
   }
@@ -80,7 +85,9 @@ export async function checkDevice(device: Device, setting = 'actor.device'): Pro
   try {
     await (await createSessionRaw(b.toBytes(), { device, threads: 1 })).release();
   } catch (e) {
-    throw new ConfigError(`${setting}=${device}: ${deviceProblem(device, e) ?? errorMessage(e)}; or set ${setting}=cpu`);
+    throw new ConfigError(
+      `${setting}=${device}: ${deviceProblem(device, e) ?? errorMessage(e)}; or set ${setting}=cpu`,
+    );
   }
 }
 
@@ -101,8 +108,10 @@ function deviceProblem(device: Device, e: unknown): string | null {
   // ORT's message leads with a source location and may span lines; keep its reason
   const flat = msg.replace(/\s+/g, ' ').trim();
   const reason = /(Failed to .*)$/.exec(flat)?.[1] ?? flat;
-  if (device === 'cuda' && /providers?_(shared|cuda)|Failed to load|CUDA/i.test(msg)) return `onnxruntime could not start its CUDA execution provider (${reason}); ${CUDA_INSTALL}`;
-  if (device === 'webgpu' && /webgpu|adapter|dawn|vulkan/i.test(msg)) return `onnxruntime could not start its WebGPU execution provider (${reason}); ${WEBGPU_NEEDS}`;
+  if (device === 'cuda' && /providers?_(shared|cuda)|Failed to load|CUDA/i.test(msg))
+    return `onnxruntime could not start its CUDA execution provider (${reason}); ${CUDA_INSTALL}`;
+  if (device === 'webgpu' && /webgpu|adapter|dawn|vulkan/i.test(msg))
+    return `onnxruntime could not start its WebGPU execution provider (${reason}); ${WEBGPU_NEEDS}`;
   return null;
 }
 
@@ -121,7 +130,9 @@ function createSessionRaw(model: Uint8Array, opts: SessionOptions): Promise<ort.
     // malloc/free, so what is freed goes back to the system
     ...(opts.lowMemory ? { enableCpuMemArena: false, enableMemPattern: false } : {}),
     // RLSTREAM_ORT_PROFILE=<prefix>: ORT's per-node profile (chrome trace JSON, written when the session is released)
-    ...(process.env.RLSTREAM_ORT_PROFILE ? { enableProfiling: true, profileFilePrefix: process.env.RLSTREAM_ORT_PROFILE } : {}),
+    ...(process.env.RLSTREAM_ORT_PROFILE
+      ? { enableProfiling: true, profileFilePrefix: process.env.RLSTREAM_ORT_PROFILE }
+      : {}),
   });
 }
 
@@ -132,10 +143,19 @@ export function tensor(dtype: DType, data: TensorData | number[], dims: readonly
   if (dtype === 'int64' && !(data instanceof BigInt64Array)) {
     arr = BigInt64Array.from(Array.from(data as ArrayLike<number>, (v) => BigInt(v)));
   } else if (Array.isArray(data)) {
-    arr = dtype === 'float64' ? Float64Array.from(data) : dtype === 'int32' ? Int32Array.from(data) : dtype === 'bool' || dtype === 'uint8' ? Uint8Array.from(data) : Float32Array.from(data);
+    arr =
+      dtype === 'float64'
+        ? Float64Array.from(data)
+        : dtype === 'int32'
+          ? Int32Array.from(data)
+          : dtype === 'bool' || dtype === 'uint8'
+            ? Uint8Array.from(data)
+            : Float32Array.from(data);
   } else arr = data;
   if (arr.length !== n) throw new Error(`tensor: ${arr.length} values for dims [${dims}] (${n} expected)`);
   return new ort.Tensor(dtype === 'bool' ? 'bool' : dtype, arr as any, dims as number[]);
 }
 
-export function scalar(dtype: DType, v: number): ort.Tensor { return tensor(dtype, [v], []); }
+export function scalar(dtype: DType, v: number): ort.Tensor {
+  return tensor(dtype, [v], []);
+}

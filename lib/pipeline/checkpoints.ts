@@ -32,7 +32,13 @@ export const TRAINER_STATE_FILE = 'trainer_state.json';
 export const TRAINER_STATE_FORMAT = 'rlstream.trainer_state.v1';
 // a policy directory is a complete Hugging Face model directory: its generation config and tokenizer files go along
 // (a LoRA run's policy directory is a PEFT adapter: adapter_config.json + adapter_model.safetensors)
-const MODEL_FILES = ['model.safetensors', 'optimizer.safetensors', 'adapter_config.json', 'adapter_model.safetensors', ...MODEL_SIDE_FILES];
+const MODEL_FILES = [
+  'model.safetensors',
+  'optimizer.safetensors',
+  'adapter_config.json',
+  'adapter_model.safetensors',
+  ...MODEL_SIDE_FILES,
+];
 
 /** Where the dataset stands after `step` (the next step's epoch and first prompt). */
 export interface DatasetPosition {
@@ -51,12 +57,22 @@ export interface DatasetPosition {
   shuffle_seed: string | null;
 }
 
-export function datasetPosition(plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatchSize' | 'shuffle' | 'seed'>, step: number): DatasetPosition {
+export function datasetPosition(
+  plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatchSize' | 'shuffle' | 'seed'>,
+  step: number,
+): DatasetPosition {
   const spe = Math.max(1, stepsPerEpoch(plan));
   const epoch = Math.floor(step / spe);
   return {
-    step, epoch, index: (step % spe) * plan.rolloutBatchSize, train_size: plan.trainSize, rollout_batch_size: plan.rolloutBatchSize,
-    steps_per_epoch: stepsPerEpoch(plan), shuffle: plan.shuffle, seed: plan.seed, shuffle_seed: plan.shuffle ? `${plan.seed}:epoch:${epoch}` : null,
+    step,
+    epoch,
+    index: (step % spe) * plan.rolloutBatchSize,
+    train_size: plan.trainSize,
+    rollout_batch_size: plan.rolloutBatchSize,
+    steps_per_epoch: stepsPerEpoch(plan),
+    shuffle: plan.shuffle,
+    seed: plan.seed,
+    shuffle_seed: plan.shuffle ? `${plan.seed}:epoch:${epoch}` : null,
   };
 }
 
@@ -87,12 +103,22 @@ export interface TrainerState {
   files_sha256?: Record<string, string>;
 }
 
-export function checkpointsRoot(runDir: string): string { return join(runDir, 'checkpoints'); }
-export function checkpointDir(runDir: string, step: number): string { return join(checkpointsRoot(runDir), `global_step_${step}`); }
+export function checkpointsRoot(runDir: string): string {
+  return join(runDir, 'checkpoints');
+}
+export function checkpointDir(runDir: string, step: number): string {
+  return join(checkpointsRoot(runDir), `global_step_${step}`);
+}
 
 async function syncPath(p: string): Promise<void> {
   const fh = await fs.open(p, 'r');
-  try { await fh.sync(); } catch { /* directory fsync unsupported here */ } finally { await fh.close(); }
+  try {
+    await fh.sync();
+  } catch {
+    /* directory fsync unsupported here */
+  } finally {
+    await fh.close();
+  }
 }
 
 async function linkFiles(fromDir: string, toDir: string, files: string[]): Promise<void> {
@@ -100,7 +126,9 @@ async function linkFiles(fromDir: string, toDir: string, files: string[]): Promi
   for (const f of files) {
     const src = join(fromDir, f);
     if (!existsSync(src)) continue;
-    try { await fs.link(src, join(toDir, f)); } catch (e) {
+    try {
+      await fs.link(src, join(toDir, f));
+    } catch (e) {
       if (!['EXDEV', 'EPERM', 'ENOTSUP', 'EMLINK'].includes((e as NodeJS.ErrnoException).code ?? '')) throw e;
       await fs.copyFile(src, join(toDir, f));
       await syncPath(join(toDir, f));
@@ -113,7 +141,13 @@ async function linkFiles(fromDir: string, toDir: string, files: string[]): Promi
  * Builds checkpoints/global_step_<step> from the policy directories `actorDir` (weights + AdamW
  * state) and `referenceDir` (the initial policy): temporary name, fsync, rename. Returns its path.
  */
-export async function writeCheckpointDir(runDir: string, state: TrainerState, actorDir: string, referenceDir: string, criticDir: string | null = null): Promise<string> {
+export async function writeCheckpointDir(
+  runDir: string,
+  state: TrainerState,
+  actorDir: string,
+  referenceDir: string,
+  criticDir: string | null = null,
+): Promise<string> {
   const root = checkpointsRoot(runDir);
   await fs.mkdir(root, { recursive: true });
   const dir = checkpointDir(runDir, state.step);
@@ -122,20 +156,35 @@ export async function writeCheckpointDir(runDir: string, state: TrainerState, ac
   try {
     await linkFiles(actorDir, join(tmp, 'actor'), MODEL_FILES);
     crashPoint('checkpoint:half-written');
-    await linkFiles(referenceDir, join(tmp, 'reference'), MODEL_FILES.filter((f) => f !== 'optimizer.safetensors'));
+    await linkFiles(
+      referenceDir,
+      join(tmp, 'reference'),
+      MODEL_FILES.filter((f) => f !== 'optimizer.safetensors'),
+    );
     if (criticDir) await linkFiles(criticDir, join(tmp, 'critic'), MODEL_FILES);
     const files_sha256: Record<string, string> = {};
     for (const sub of ['actor', 'reference', 'critic']) {
       if (!existsSync(join(tmp, sub))) continue;
-      for (const f of (await fs.readdir(join(tmp, sub))).sort()) files_sha256[`${sub}/${f}`] = await sha256File(join(tmp, sub, f));
+      for (const f of (await fs.readdir(join(tmp, sub))).sort())
+        files_sha256[`${sub}/${f}`] = await sha256File(join(tmp, sub, f));
     }
     try {
       const fh = await fs.open(join(tmp, TRAINER_STATE_FILE), 'w');
-      try { await fh.writeFile(JSON.stringify({ ...state, files_sha256 }, null, 2) + '\n'); await fh.sync(); } finally { await fh.close(); }
-    } catch (e) { throw withStoragePath(e, join(tmp, TRAINER_STATE_FILE)); }
+      try {
+        await fh.writeFile(JSON.stringify({ ...state, files_sha256 }, null, 2) + '\n');
+        await fh.sync();
+      } finally {
+        await fh.close();
+      }
+    } catch (e) {
+      throw withStoragePath(e, join(tmp, TRAINER_STATE_FILE));
+    }
     await syncPath(tmp);
     let old: string | null = null;
-    if (existsSync(dir)) { old = `${tmp}.old`; await fs.rename(dir, old); }
+    if (existsSync(dir)) {
+      old = `${tmp}.old`;
+      await fs.rename(dir, old);
+    }
     await fs.rename(tmp, dir);
     await syncPath(root);
     if (old) await fs.rm(old, { recursive: true, force: true });
@@ -150,8 +199,16 @@ export async function writeCheckpointDir(runDir: string, state: TrainerState, ac
 /** Steps of the complete checkpoints in run_dir (temporary names are not checkpoints). */
 export async function listCheckpointSteps(runDir: string): Promise<number[]> {
   let names: string[];
-  try { names = await fs.readdir(checkpointsRoot(runDir)); } catch { return []; }
-  return names.map((n) => /^global_step_(\d+)$/.exec(n)).filter((m): m is RegExpExecArray => m !== null).map((m) => Number(m[1])).sort((a, b) => a - b);
+  try {
+    names = await fs.readdir(checkpointsRoot(runDir));
+  } catch {
+    return [];
+  }
+  return names
+    .map((n) => /^global_step_(\d+)$/.exec(n))
+    .filter((m): m is RegExpExecArray => m !== null)
+    .map((m) => Number(m[1]))
+    .sort((a, b) => a - b);
 }
 
 export async function removeCheckpointDir(runDir: string, step: number): Promise<void> {
@@ -166,7 +223,11 @@ export async function removeTempCheckpoints(runDir: string): Promise<string[]> {
   const removed: string[] = [];
   for (const sub of ['checkpoints', 'policy']) {
     let names: string[];
-    try { names = await fs.readdir(join(runDir, sub)); } catch { continue; }
+    try {
+      names = await fs.readdir(join(runDir, sub));
+    } catch {
+      continue;
+    }
     for (const n of names) {
       if (!/^\.(global_step_\d+|v\d+)\.tmp-/.test(n)) continue;
       await fs.rm(join(runDir, sub, n), { recursive: true, force: true });
@@ -198,28 +259,46 @@ export interface LoadedCheckpointPath {
  */
 export function readCheckpointPath(path: string): LoadedCheckpointPath {
   const dir = resolve(path);
-  if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new ConfigError(`trainer.load_checkpoint_path: ${dir} is not a directory; give a checkpoint directory such as <run_dir>/checkpoints/global_step_40`);
+  if (!existsSync(dir) || !statSync(dir).isDirectory())
+    throw new ConfigError(
+      `trainer.load_checkpoint_path: ${dir} is not a directory; give a checkpoint directory such as <run_dir>/checkpoints/global_step_40`,
+    );
   const stateFile = join(dir, TRAINER_STATE_FILE);
   if (existsSync(stateFile)) {
     let state: TrainerState;
-    try { state = JSON.parse(readFileSync(stateFile, 'utf8')) as TrainerState; } catch (e) {
+    try {
+      state = JSON.parse(readFileSync(stateFile, 'utf8')) as TrainerState;
+    } catch (e) {
       throw new ConfigError(`trainer.load_checkpoint_path: ${stateFile} is not valid JSON (${(e as Error).message})`);
     }
     if (state.format !== TRAINER_STATE_FORMAT || !Number.isInteger(state.step) || !state.dataset_position) {
-      throw new ConfigError(`trainer.load_checkpoint_path: ${stateFile} is not an rlstream trainer state (format ${JSON.stringify(state.format)}, expected ${TRAINER_STATE_FORMAT})`);
+      throw new ConfigError(
+        `trainer.load_checkpoint_path: ${stateFile} is not an rlstream trainer state (format ${JSON.stringify(state.format)}, expected ${TRAINER_STATE_FORMAT})`,
+      );
     }
     const actorDir = join(dir, 'actor');
     // a LoRA run's actor/ is a PEFT adapter (adapter_model.safetensors)
-    const weightsFile = existsSync(join(actorDir, 'adapter_config.json')) ? 'adapter_model.safetensors' : 'model.safetensors';
-    if (!existsSync(join(actorDir, weightsFile))) throw new ConfigError(`trainer.load_checkpoint_path: ${actorDir}/${weightsFile} is missing; the checkpoint is incomplete`);
+    const weightsFile = existsSync(join(actorDir, 'adapter_config.json'))
+      ? 'adapter_model.safetensors'
+      : 'model.safetensors';
+    if (!existsSync(join(actorDir, weightsFile)))
+      throw new ConfigError(
+        `trainer.load_checkpoint_path: ${actorDir}/${weightsFile} is missing; the checkpoint is incomplete`,
+      );
     const referenceDir = existsSync(join(dir, 'reference', 'model.safetensors')) ? join(dir, 'reference') : null;
     const sibling = join(dir, '..', '..', 'critic', `v${String(state.step).padStart(6, '0')}`);
-    const criticDir = existsSync(join(dir, 'critic', 'model.safetensors')) ? join(dir, 'critic')
-      : basename(dirname(dir)) === 'checkpoints' && existsSync(join(sibling, 'model.safetensors')) ? resolve(sibling) : null;
+    const criticDir = existsSync(join(dir, 'critic', 'model.safetensors'))
+      ? join(dir, 'critic')
+      : basename(dirname(dir)) === 'checkpoints' && existsSync(join(sibling, 'model.safetensors'))
+        ? resolve(sibling)
+        : null;
     return { actorDir, referenceDir, state, criticDir };
   }
-  if (existsSync(join(dir, 'model.safetensors')) || existsSync(join(dir, 'model.safetensors.index.json'))) return { actorDir: dir, referenceDir: null, state: null, criticDir: null };
-  throw new ConfigError(`trainer.load_checkpoint_path: ${dir} has neither ${TRAINER_STATE_FILE} (an rlstream checkpoint, <run_dir>/checkpoints/global_step_N) nor model.safetensors / model.safetensors.index.json (a model directory)`);
+  if (existsSync(join(dir, 'model.safetensors')) || existsSync(join(dir, 'model.safetensors.index.json')))
+    return { actorDir: dir, referenceDir: null, state: null, criticDir: null };
+  throw new ConfigError(
+    `trainer.load_checkpoint_path: ${dir} has neither ${TRAINER_STATE_FILE} (an rlstream checkpoint, <run_dir>/checkpoints/global_step_N) nor model.safetensors / model.safetensors.index.json (a model directory)`,
+  );
 }
 
 /**
@@ -227,7 +306,10 @@ export function readCheckpointPath(path: string): LoadedCheckpointPath {
  * a check that the dataset position carries over: same training-set size, batch size, seed and
  * shuffling as when the checkpoint was taken.
  */
-export function startStepFromCheckpoint(path: string | null, plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatchSize' | 'shuffle' | 'seed'>): { step: number; state: TrainerState | null } {
+export function startStepFromCheckpoint(
+  path: string | null,
+  plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatchSize' | 'shuffle' | 'seed'>,
+): { step: number; state: TrainerState | null } {
   if (!path) return { step: 0, state: null };
   const { state } = readCheckpointPath(path);
   if (!state) return { step: 0, state: null };
@@ -235,7 +317,9 @@ export function startStepFromCheckpoint(path: string | null, plan: Pick<Controll
   const now = datasetPosition(plan, state.step);
   const diff = (['train_size', 'rollout_batch_size', 'shuffle', 'seed'] as const).filter((k) => was[k] !== now[k]);
   if (diff.length) {
-    throw new ConfigError(`trainer.load_checkpoint_path: the checkpoint at step ${state.step} was taken with ${diff.map((k) => `${k} = ${String(was[k])}`).join(', ')}, but this run has ${diff.map((k) => `${k} = ${String(now[k])}`).join(', ')}; its dataset position (${describePosition(was)}) cannot carry over — use the same data settings (data.task_size.train / data.train_files, data.rollout_batch_size, data.seed, data.shuffle)`);
+    throw new ConfigError(
+      `trainer.load_checkpoint_path: the checkpoint at step ${state.step} was taken with ${diff.map((k) => `${k} = ${String(was[k])}`).join(', ')}, but this run has ${diff.map((k) => `${k} = ${String(now[k])}`).join(', ')}; its dataset position (${describePosition(was)}) cannot carry over — use the same data settings (data.task_size.train / data.train_files, data.rollout_batch_size, data.seed, data.shuffle)`,
+    );
   }
   return { step: state.step, state };
 }
@@ -249,8 +333,14 @@ export async function verifyCheckpointFiles(dir: string, state: TrainerState): P
   const want = state.files_sha256 ?? (state.sha256 ? { 'actor/model.safetensors': state.sha256 } : {});
   for (const [rel, sha] of Object.entries(want)) {
     const file = join(dir, rel);
-    if (!existsSync(file)) throw new ConfigError(`trainer.load_checkpoint_path: ${file} is missing, but ${join(dir, TRAINER_STATE_FILE)} records it (sha256 ${sha}) — the checkpoint is damaged; use an earlier checkpoint (another global_step_N) as trainer.load_checkpoint_path`);
+    if (!existsSync(file))
+      throw new ConfigError(
+        `trainer.load_checkpoint_path: ${file} is missing, but ${join(dir, TRAINER_STATE_FILE)} records it (sha256 ${sha}) — the checkpoint is damaged; use an earlier checkpoint (another global_step_N) as trainer.load_checkpoint_path`,
+      );
     const found = await sha256File(file);
-    if (found !== sha) throw new ConfigError(`trainer.load_checkpoint_path: ${file} has sha256 ${found}, but ${sha} was recorded in ${join(dir, TRAINER_STATE_FILE)} — the checkpoint is damaged; use an earlier checkpoint (another global_step_N) as trainer.load_checkpoint_path`);
+    if (found !== sha)
+      throw new ConfigError(
+        `trainer.load_checkpoint_path: ${file} has sha256 ${found}, but ${sha} was recorded in ${join(dir, TRAINER_STATE_FILE)} — the checkpoint is damaged; use an earlier checkpoint (another global_step_N) as trainer.load_checkpoint_path`,
+      );
   }
 }

@@ -6,9 +6,17 @@
  * log redelivers them and the collector is rebuilt — in-flight work lives in the log, not only
  * in memory.
  */
-export interface SourceRef { topic: string; partition: number; offset: number }
+export interface SourceRef {
+  topic: string;
+  partition: number;
+  offset: number;
+}
 
-export interface Collected<G> { id: string; value: G; source: SourceRef }
+export interface Collected<G> {
+  id: string;
+  value: G;
+  source: SourceRef;
+}
 
 export class StepCollector<G> {
   private readonly steps = new Map<string, Map<string, Collected<G>>>();
@@ -16,13 +24,18 @@ export class StepCollector<G> {
   /** Adds a group; returns false for a duplicate id (already collected for that key). */
   add(key: string, id: string, value: G, source: SourceRef): boolean {
     let m = this.steps.get(key);
-    if (!m) { m = new Map(); this.steps.set(key, m); }
+    if (!m) {
+      m = new Map();
+      this.steps.set(key, m);
+    }
     if (m.has(id)) return false;
     m.set(id, { id, value, source });
     return true;
   }
 
-  count(key: string): number { return this.steps.get(key)?.size ?? 0; }
+  count(key: string): number {
+    return this.steps.get(key)?.size ?? 0;
+  }
 
   /** The collected groups of a key, ordered by id (deterministic whatever the arrival order). */
   groups(key: string): Collected<G>[] {
@@ -37,7 +50,9 @@ export class StepCollector<G> {
     return g;
   }
 
-  keys(): string[] { return [...this.steps.keys()]; }
+  keys(): string[] {
+    return [...this.steps.keys()];
+  }
 
   /**
    * Per (topic, partition): the lowest offset still held by an unfinished key — the consumer

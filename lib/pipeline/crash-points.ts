@@ -17,12 +17,24 @@ import { writeSync } from 'node:fs';
 import { ConfigError } from '../errors.ts';
 
 export const CRASH_POINTS = [
-  'rollout:start', 'rollout:generated',
-  'reward:start', 'reward:scored',
-  'advantage:start', 'advantage:computed',
-  'update:start', 'update:trained', 'update:version-written',
-  'checkpoint:start', 'checkpoint:half-written', 'checkpoint:renamed', 'checkpoint:recorded',
-  'controller:handled', 'rollout:handled', 'reward:handled', 'advantage:handled', 'update:handled',
+  'rollout:start',
+  'rollout:generated',
+  'reward:start',
+  'reward:scored',
+  'advantage:start',
+  'advantage:computed',
+  'update:start',
+  'update:trained',
+  'update:version-written',
+  'checkpoint:start',
+  'checkpoint:half-written',
+  'checkpoint:renamed',
+  'checkpoint:recorded',
+  'controller:handled',
+  'rollout:handled',
+  'reward:handled',
+  'advantage:handled',
+  'update:handled',
   // rlstream sft: after a step's update and metrics rows, before its checkpoint (if any)
   'sft:trained',
 ] as const;
@@ -32,10 +44,15 @@ export type CrashPointName = (typeof CRASH_POINTS)[number];
 export function parseCrashSpec(spec: string | undefined): Map<string, number> {
   const out = new Map<string, number>();
   if (!spec) return out;
-  for (const part of spec.split(',').map((s) => s.trim()).filter(Boolean)) {
+  for (const part of spec
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean)) {
     const m = /^([a-z]+:[a-z-]+)(?:@(\d+))?$/.exec(part);
     if (!m || !(CRASH_POINTS as readonly string[]).includes(m[1]) || (m[2] !== undefined && Number(m[2]) < 1)) {
-      throw new ConfigError(`RLSTREAM_CRASH_AT: "${part}" is not <point>[@n] with n ≥ 1; points: ${CRASH_POINTS.join(', ')}`);
+      throw new ConfigError(
+        `RLSTREAM_CRASH_AT: "${part}" is not <point>[@n] with n ≥ 1; points: ${CRASH_POINTS.join(', ')}`,
+      );
     }
     out.set(m[1], m[2] === undefined ? 1 : Number(m[2]));
   }

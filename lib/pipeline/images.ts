@@ -22,9 +22,11 @@ export const IMAGE_MARK = '<image>';
 export function imageTokensOf(v: VisionConfig, size: { width: number; height: number }): number {
   const f = v.patchSize * v.spatialMergeSize;
   if (size.width % f !== 0 || size.height % f !== 0) {
-    throw new ConfigError(`image ${size.width}×${size.height}: sides must be multiples of the vision tower's patch_size × spatial_merge_size = ${f} (set data.image_factor to ${f})`);
+    throw new ConfigError(
+      `image ${size.width}×${size.height}: sides must be multiples of the vision tower's patch_size × spatial_merge_size = ${f} (set data.image_factor to ${f})`,
+    );
   }
-  return (size.height / v.patchSize) * (size.width / v.patchSize) / (v.spatialMergeSize * v.spatialMergeSize);
+  return ((size.height / v.patchSize) * (size.width / v.patchSize)) / (v.spatialMergeSize * v.spatialMergeSize);
 }
 
 /** `text` with one IMAGE_MARK per image before it when it has no mark (Qwen-VL puts images first). */
@@ -37,10 +39,18 @@ export function withImageMarks(text: string, images: number): string {
  * its own (the first piece with `addSpecialTokens`, as a whole prompt would be), each mark
  * replaced by the image's block with its pads expanded.
  */
-export function imagePromptIds(tok: Tokenizer, text: string, addSpecialTokens: boolean, v: VisionConfig, sizes: readonly { width: number; height: number }[]): Int32Array {
+export function imagePromptIds(
+  tok: Tokenizer,
+  text: string,
+  addSpecialTokens: boolean,
+  v: VisionConfig,
+  sizes: readonly { width: number; height: number }[],
+): Int32Array {
   const pieces = text.split(IMAGE_MARK);
   if (pieces.length - 1 !== sizes.length) {
-    throw new ConfigError(`the prompt has ${pieces.length - 1} ${IMAGE_MARK} markers for ${sizes.length} images; write one per image, or none to put the images before the text`);
+    throw new ConfigError(
+      `the prompt has ${pieces.length - 1} ${IMAGE_MARK} markers for ${sizes.length} images; write one per image, or none to put the images before the text`,
+    );
   }
   const out: number[] = [];
   pieces.forEach((piece, i) => {
@@ -49,7 +59,8 @@ export function imagePromptIds(tok: Tokenizer, text: string, addSpecialTokens: b
       for (let k = imageTokensOf(v, sizes[i - 1]); k > 0; k--) out.push(v.imageTokenId);
       out.push(v.visionEndTokenId);
     }
-    if (piece.length > 0 || (i === 0 && addSpecialTokens)) for (const id of tok.encode(piece, { addSpecialTokens: i === 0 && addSpecialTokens })) out.push(id);
+    if (piece.length > 0 || (i === 0 && addSpecialTokens))
+      for (const id of tok.encode(piece, { addSpecialTokens: i === 0 && addSpecialTokens })) out.push(id);
   });
   return Int32Array.from(out);
 }
@@ -60,7 +71,10 @@ export function imagePromptIds(tok: Tokenizer, text: string, addSpecialTokens: b
  */
 export class PolicyImages {
   readonly enabled: boolean;
-  constructor(model: Pick<ModelConfig, 'vision'>, private readonly cache = new PixelCache()) {
+  constructor(
+    model: Pick<ModelConfig, 'vision'>,
+    private readonly cache = new PixelCache(),
+  ) {
     this.enabled = Boolean(model.vision);
   }
 

@@ -55,16 +55,28 @@ export function weightOf(name: string, values: Readonly<Record<string, number>>)
 }
 
 /** The store rows of one step's pending changes (pure; see StageMetrics.flush). */
-export function metricRows(runId: string, stage: string, replica: string, step: number, pending: { sums: Record<string, number>; timingMs: Record<string, number>; sets: Record<string, number> }): MetricRow[] {
+export function metricRows(
+  runId: string,
+  stage: string,
+  replica: string,
+  step: number,
+  pending: { sums: Record<string, number>; timingMs: Record<string, number>; sets: Record<string, number> },
+): MetricRow[] {
   const base = { runId, step, stage, replica };
   const rows: MetricRow[] = [];
-  for (const [name, value] of Object.entries(pending.sets)) rows.push({ ...base, name, value, agg: metricAgg(name), weight: weightOf(name, pending.sets) });
-  for (const [name, value] of Object.entries(pending.sums)) rows.push({ ...base, name, value, agg: 'sum', increment: true });
-  let total = 0, busy = 0;
+  for (const [name, value] of Object.entries(pending.sets))
+    rows.push({ ...base, name, value, agg: metricAgg(name), weight: weightOf(name, pending.sets) });
+  for (const [name, value] of Object.entries(pending.sums))
+    rows.push({ ...base, name, value, agg: 'sum', increment: true });
+  let total = 0,
+    busy = 0;
   for (const [phase, ms] of Object.entries(pending.timingMs)) {
     rows.push({ ...base, name: `timing/${stage}/${phase}_s`, value: ms / 1000, agg: 'max', increment: true });
     // the time a stage spent on the step: its phases, not the idle wait before it
-    if (phase !== WAIT_PHASE) { total += ms; busy++; }
+    if (phase !== WAIT_PHASE) {
+      total += ms;
+      busy++;
+    }
   }
   if (busy) rows.push({ ...base, name: `perf/step_time_s/${stage}`, value: total / 1000, agg: 'max', increment: true });
   return rows;
@@ -77,10 +89,16 @@ export class StageMetrics {
   private readonly steps = new Map<string, StepAcc>();
   /** The idle time before the current batch, not yet attributed to a step. */
   private pendingWaitMs: number | null = null;
-  constructor(private readonly p: Pipeline, private readonly stage: string, private readonly replica = '') {}
+  constructor(
+    private readonly p: Pipeline,
+    private readonly stage: string,
+    private readonly replica = '',
+  ) {}
 
   /** A batch begins after `waitedMs` idle (StageContext.waitedMs): logged as the wait phase of the batch's first step that gets timings. */
-  beginBatch(waitedMs: number): void { this.pendingWaitMs = waitedMs; }
+  beginBatch(waitedMs: number): void {
+    this.pendingWaitMs = waitedMs;
+  }
 
   /** Adds counters (summed, also across replicas) and phase timings in ms (summed; the slowest replica's total is the stage's) for a step. */
   add(step: number, sums: Record<string, number>, timingMs: Record<string, number> = {}, kind: Kind = 'train'): void {
@@ -89,8 +107,14 @@ export class StageMetrics {
       this.pendingWaitMs = null;
     }
     const a = this.acc(step, kind);
-    for (const [k, v] of Object.entries(sums)) { a.values[k] = (a.values[k] ?? 0) + v; a.sums[k] = (a.sums[k] ?? 0) + v; }
-    for (const [k, v] of Object.entries(timingMs)) { a.timing[k] = (a.timing[k] ?? 0) + v; a.timingMs[k] = (a.timingMs[k] ?? 0) + v; }
+    for (const [k, v] of Object.entries(sums)) {
+      a.values[k] = (a.values[k] ?? 0) + v;
+      a.sums[k] = (a.sums[k] ?? 0) + v;
+    }
+    for (const [k, v] of Object.entries(timingMs)) {
+      a.timing[k] = (a.timing[k] ?? 0) + v;
+      a.timingMs[k] = (a.timingMs[k] ?? 0) + v;
+    }
     a.dirty = true;
   }
 
@@ -105,7 +129,10 @@ export class StageMetrics {
   private acc(step: number, kind: Kind): StepAcc {
     const key = `${kind}:${step}`;
     let a = this.steps.get(key);
-    if (!a) { a = { kind, values: {}, timing: {}, sums: {}, timingMs: {}, sets: {}, dirty: false }; this.steps.set(key, a); }
+    if (!a) {
+      a = { kind, values: {}, timing: {}, sums: {}, timingMs: {}, sets: {}, dirty: false };
+      this.steps.set(key, a);
+    }
     return a;
   }
 
@@ -122,19 +149,32 @@ export class StageMetrics {
       a.dirty = false;
       const step = Number(key.slice(key.indexOf(':') + 1));
       const pending = { sums: a.sums, timingMs: a.timingMs, sets: a.sets };
-      a.sums = {}; a.timingMs = {}; a.sets = {};
-      const stepRows = metricRows(this.p.runId, this.stage, this.replica, step, pending).filter((r) => a.kind === 'train' || r.name.startsWith('val/'));
+      a.sums = {};
+      a.timingMs = {};
+      a.sets = {};
+      const stepRows = metricRows(this.p.runId, this.stage, this.replica, step, pending).filter(
+        (r) => a.kind === 'train' || r.name.startsWith('val/'),
+      );
       rows.push(...stepRows);
       observed.push([a.kind, step, stepRows]);
       ctx.emit('metrics', {
-        run_id: this.p.runId, id: metricsId(this.p.runId, this.stage + (this.replica ? `.${this.replica}` : ''), a.kind, step), step, policy_version: step,
-        kind: a.kind, stage: this.stage, replica: this.replica, values: { ...a.values }, timing_ms: { ...a.timing }, time_ms: nowMs,
+        run_id: this.p.runId,
+        id: metricsId(this.p.runId, this.stage + (this.replica ? `.${this.replica}` : ''), a.kind, step),
+        step,
+        policy_version: step,
+        kind: a.kind,
+        stage: this.stage,
+        replica: this.replica,
+        values: { ...a.values },
+        timing_ms: { ...a.timing },
+        time_ms: nowMs,
       });
     }
     if (rows.length) await this.p.store.insertMetrics(rows, { tx: ctx.tx });
     // live observers see the rows the store was given (counted again if the batch is retried: Prometheus counters are per process)
     for (const [kind, step, r] of observed) this.p.telemetry?.metricRows(this.stage, kind, step, r);
     // keep memory bounded: forget old steps (their totals are in the store)
-    if (this.steps.size > 64) for (const k of [...this.steps.keys()].slice(0, this.steps.size - 64)) this.steps.delete(k);
+    if (this.steps.size > 64)
+      for (const k of [...this.steps.keys()].slice(0, this.steps.size - 64)) this.steps.delete(k);
   }
 }

@@ -30,11 +30,22 @@ export interface ControllerPlan {
 
 export function planFromConfig(cfg: Config, runId: string, trainSize: number, valSize: number): ControllerPlan {
   return {
-    runId, trainSize, valSize, rolloutBatchSize: cfg.data.rollout_batch_size, valBatchSize: cfg.data.val_batch_size,
-    totalEpochs: cfg.trainer.total_epochs, maxSteps: cfg.trainer.max_steps, maxStaleness: cfg.pipeline.max_staleness,
-    valFreq: cfg.trainer.val_freq, valBeforeTrain: cfg.trainer.val_before_train, valOnly: cfg.trainer.val_only,
-    shuffle: cfg.data.shuffle, seed: cfg.data.seed, maxTryMakeBatch: cfg.algorithm.max_try_make_batch,
-    filterSemantics: cfg.algorithm.filter_semantics, filterKey: cfg.algorithm.filter_key,
+    runId,
+    trainSize,
+    valSize,
+    rolloutBatchSize: cfg.data.rollout_batch_size,
+    valBatchSize: cfg.data.val_batch_size,
+    totalEpochs: cfg.trainer.total_epochs,
+    maxSteps: cfg.trainer.max_steps,
+    maxStaleness: cfg.pipeline.max_staleness,
+    valFreq: cfg.trainer.val_freq,
+    valBeforeTrain: cfg.trainer.val_before_train,
+    valOnly: cfg.trainer.val_only,
+    shuffle: cfg.data.shuffle,
+    seed: cfg.data.seed,
+    maxTryMakeBatch: cfg.algorithm.max_try_make_batch,
+    filterSemantics: cfg.algorithm.filter_semantics,
+    filterKey: cfg.algorithm.filter_key,
   };
 }
 
@@ -42,7 +53,9 @@ export function stepsPerEpoch(plan: Pick<ControllerPlan, 'trainSize' | 'rolloutB
   return Math.floor(plan.trainSize / plan.rolloutBatchSize);
 }
 
-export function totalSteps(plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatchSize' | 'totalEpochs' | 'maxSteps' | 'valOnly'>): number {
+export function totalSteps(
+  plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatchSize' | 'totalEpochs' | 'maxSteps' | 'valOnly'>,
+): number {
   if (plan.valOnly) return 0;
   const full = stepsPerEpoch(plan) * plan.totalEpochs;
   return plan.maxSteps != null ? Math.min(plan.maxSteps, full) : full;
@@ -52,13 +65,16 @@ export function totalSteps(plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatc
  * The line said at start when trainer.max_steps asks for more steps than trainer.total_epochs
  * gives (the run stops at the smaller), naming both numbers and the key to change; null otherwise.
  */
-export function stepCapNotice(plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatchSize' | 'totalEpochs' | 'maxSteps' | 'valOnly'>): string | null {
+export function stepCapNotice(
+  plan: Pick<ControllerPlan, 'trainSize' | 'rolloutBatchSize' | 'totalEpochs' | 'maxSteps' | 'valOnly'>,
+): string | null {
   if (plan.valOnly || plan.maxSteps == null) return null;
   const per = stepsPerEpoch(plan);
   const full = per * plan.totalEpochs;
   if (plan.maxSteps <= full) return null;
   const why = `${plan.trainSize} training rows / data.rollout_batch_size ${plan.rolloutBatchSize} = ${per} step${per === 1 ? '' : 's'} per epoch`;
-  if (per === 0) return `trainer.max_steps = ${plan.maxSteps}, but an epoch has no full batch (${why}), so the run trains 0 steps: lower data.rollout_batch_size or add rows`;
+  if (per === 0)
+    return `trainer.max_steps = ${plan.maxSteps}, but an epoch has no full batch (${why}), so the run trains 0 steps: lower data.rollout_batch_size or add rows`;
   const need = Math.ceil(plan.maxSteps / per);
   return `trainer.max_steps = ${plan.maxSteps}, but trainer.total_epochs = ${plan.totalEpochs} gives only ${full} steps (${why}), so the run stops at step ${full}: set trainer.total_epochs=${need} to train ${plan.maxSteps} steps`;
 }

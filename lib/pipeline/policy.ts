@@ -6,7 +6,17 @@
  * with a local cache).
  */
 import { join, resolve } from 'node:path';
-import { createTokenizer, modelConfig, loadCheckpoint, readModelDirConfigSync, samplingMaskIds, stopTokenIds, type ModelConfig, type Tokenizer, type Weights } from '../model/index.ts';
+import {
+  createTokenizer,
+  modelConfig,
+  loadCheckpoint,
+  readModelDirConfigSync,
+  samplingMaskIds,
+  stopTokenIds,
+  type ModelConfig,
+  type Tokenizer,
+  type Weights,
+} from '../model/index.ts';
 import type { VisionConfigInput } from '../model/config.ts';
 import { isAdapterDir, loadAdapter } from '../model/checkpoint.ts';
 import { loraConfig, type LoraConfig } from '../model/lora.ts';
@@ -23,11 +33,23 @@ export function tokenizerFor(cfg: Config): Tokenizer {
   // a model directory with a tokenizer.json brings its own tokenizer
   if (m.path && existsSync(join(m.path, 'tokenizer.json'))) {
     let c: ModelConfig;
-    try { c = readModelDirConfigSync(m.path); } catch (e) { throw new ConfigError(`actor.model.path: ${(e as Error).message}`); }
-    return loadModelDirTokenizer(m.path, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId, stopIds: stopTokenIds(c) });
+    try {
+      c = readModelDirConfigSync(m.path);
+    } catch (e) {
+      throw new ConfigError(`actor.model.path: ${(e as Error).message}`);
+    }
+    return loadModelDirTokenizer(m.path, {
+      bos: c.bosTokenId,
+      eos: c.eosTokenId,
+      pad: c.padTokenId,
+      stopIds: stopTokenIds(c),
+    });
   }
   if (m.tokenizer === 'alphabet') {
-    if (!m.alphabet) throw new ConfigError('actor.model.tokenizer = alphabet needs actor.model.alphabet (or data.task, whose alphabet is used)');
+    if (!m.alphabet)
+      throw new ConfigError(
+        'actor.model.tokenizer = alphabet needs actor.model.alphabet (or data.task, whose alphabet is used)',
+      );
     return createTokenizer({ type: 'alphabet', alphabet: m.alphabet });
   }
   return createTokenizer({ type: 'byte' });
@@ -40,11 +62,23 @@ export type { ModelTokenizer };
  * byte tokenizer when the vocabulary is the byte tokenizer's (259 ids).
  */
 export function modelDirTokenizer(dir: string, c: ModelConfig): ModelTokenizer {
-  if (existsSync(join(dir, 'tokenizer.json'))) return loadModelDirTokenizer(dir, { bos: c.bosTokenId, eos: c.eosTokenId, pad: c.padTokenId, stopIds: stopTokenIds(c) });
+  if (existsSync(join(dir, 'tokenizer.json')))
+    return loadModelDirTokenizer(dir, {
+      bos: c.bosTokenId,
+      eos: c.eosTokenId,
+      pad: c.padTokenId,
+      stopIds: stopTokenIds(c),
+    });
   const byte = createTokenizer({ type: 'byte' });
   // a fresh VLM's vocabulary is the byte tokenizer's then its three vision tokens (freshVision)
-  if (c.vocabSize === byte.vocabSize || (c.vision && c.vocabSize === byte.vocabSize + 3 && c.vision.imageTokenId === byte.vocabSize)) return byte;
-  throw new ConfigError(`${dir} has no tokenizer.json (and its vocabulary of ${c.vocabSize} ids is not the byte tokenizer's ${byte.vocabSize}); copy the model's tokenizer files into it`);
+  if (
+    c.vocabSize === byte.vocabSize ||
+    (c.vision && c.vocabSize === byte.vocabSize + 3 && c.vision.imageTokenId === byte.vocabSize)
+  )
+    return byte;
+  throw new ConfigError(
+    `${dir} has no tokenizer.json (and its vocabulary of ${c.vocabSize} ids is not the byte tokenizer's ${byte.vocabSize}); copy the model's tokenizer files into it`,
+  );
 }
 
 /**
@@ -70,16 +104,29 @@ export function withSamplingMask(c: ModelConfig, tok: Tokenizer): ModelConfig {
  * A fresh model's vision tower from actor.model.vision (null when not enabled) and its vocabulary:
  * the tokenizer's ids, then <|image_pad|>, <|vision_start|>, <|vision_end|> (vision.ts).
  */
-export function freshVision(cfg: Config, tok: Tokenizer, hiddenSize: number): { vision?: VisionConfigInput; vocabSize: number } {
+export function freshVision(
+  cfg: Config,
+  tok: Tokenizer,
+  hiddenSize: number,
+): { vision?: VisionConfigInput; vocabSize: number } {
   const v = cfg.actor.model.vision;
   if (!v.enable) return { vocabSize: tok.vocabSize };
   const base = tok.vocabSize;
   return {
     vocabSize: base + 3,
     vision: {
-      depth: v.depth, hiddenSize: v.hidden_size, intermediateSize: v.intermediate_size, numHeads: v.num_heads, outHiddenSize: hiddenSize,
-      patchSize: v.patch_size, temporalPatchSize: v.temporal_patch_size, spatialMergeSize: v.spatial_merge_size, rope: v.rope,
-      imageTokenId: base, visionStartTokenId: base + 1, visionEndTokenId: base + 2,
+      depth: v.depth,
+      hiddenSize: v.hidden_size,
+      intermediateSize: v.intermediate_size,
+      numHeads: v.num_heads,
+      outHiddenSize: hiddenSize,
+      patchSize: v.patch_size,
+      temporalPatchSize: v.temporal_patch_size,
+      spatialMergeSize: v.spatial_merge_size,
+      rope: v.rope,
+      imageTokenId: base,
+      visionStartTokenId: base + 1,
+      visionEndTokenId: base + 2,
     },
   };
 }
@@ -90,21 +137,46 @@ function policyModelConfigUnmasked(cfg: Config, tok: Tokenizer): ModelConfig {
   const { vision, vocabSize } = freshVision(cfg, tok, m.d_model);
   return modelConfig({
     ...(vision ? { vision } : {}),
-    modelType: m.qkv_bias ? 'qwen2' : 'llama', head: 'lm', hiddenSize: m.d_model, intermediateSize: m.ffn, numHiddenLayers: m.n_layers,
-    numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize, maxPositionEmbeddings: m.max_seq_len,
-    rmsNormEps: m.rms_norm_eps, ropeTheta: m.rope_theta, tieWordEmbeddings: m.tie_embeddings, attentionBias: m.qkv_bias,
-    bosTokenId: tok.bos, eosTokenId: tok.eos, padTokenId: tok.pad,
+    modelType: m.qkv_bias ? 'qwen2' : 'llama',
+    head: 'lm',
+    hiddenSize: m.d_model,
+    intermediateSize: m.ffn,
+    numHiddenLayers: m.n_layers,
+    numAttentionHeads: m.n_heads,
+    numKeyValueHeads: m.n_kv_heads,
+    vocabSize,
+    maxPositionEmbeddings: m.max_seq_len,
+    rmsNormEps: m.rms_norm_eps,
+    ropeTheta: m.rope_theta,
+    tieWordEmbeddings: m.tie_embeddings,
+    attentionBias: m.qkv_bias,
+    bosTokenId: tok.bos,
+    eosTokenId: tok.eos,
+    padTokenId: tok.pad,
   });
 }
 
 /** A model directory's config, checked against the run's tokenizer and sequence lengths. */
 function checkedDirConfig(cfg: Config, key: string, dir: string, tok: Tokenizer): ModelConfig {
   let c: ModelConfig;
-  try { c = readModelDirConfigSync(dir); } catch (e) { throw new ConfigError(`${key}: ${(e as Error).message}`); }
-  if (tok.vocabSize > c.vocabSize) throw new ConfigError(`${key}: the tokenizer has ${tok.vocabSize} ids but the model's vocab_size is ${c.vocabSize}; use the tokenizer the model was trained with`);
+  try {
+    c = readModelDirConfigSync(dir);
+  } catch (e) {
+    throw new ConfigError(`${key}: ${(e as Error).message}`);
+  }
+  if (tok.vocabSize > c.vocabSize)
+    throw new ConfigError(
+      `${key}: the tokenizer has ${tok.vocabSize} ids but the model's vocab_size is ${c.vocabSize}; use the tokenizer the model was trained with`,
+    );
   const total = cfg.data.max_prompt_length + cfg.data.max_response_length;
-  if (total > c.maxPositionEmbeddings) throw new ConfigError(`${key}: data.max_prompt_length + data.max_response_length = ${cfg.data.max_prompt_length} + ${cfg.data.max_response_length} = ${total} exceeds the model's max_position_embeddings ${c.maxPositionEmbeddings}; shorten them`);
-  if (c.slidingWindow !== null && total > c.slidingWindow) throw new ConfigError(`${key}: data.max_prompt_length + data.max_response_length = ${cfg.data.max_prompt_length} + ${cfg.data.max_response_length} = ${total} exceeds the model's sliding_window ${c.slidingWindow} (sliding-window attention is not implemented); shorten them to at most ${c.slidingWindow}`);
+  if (total > c.maxPositionEmbeddings)
+    throw new ConfigError(
+      `${key}: data.max_prompt_length + data.max_response_length = ${cfg.data.max_prompt_length} + ${cfg.data.max_response_length} = ${total} exceeds the model's max_position_embeddings ${c.maxPositionEmbeddings}; shorten them`,
+    );
+  if (c.slidingWindow !== null && total > c.slidingWindow)
+    throw new ConfigError(
+      `${key}: data.max_prompt_length + data.max_response_length = ${cfg.data.max_prompt_length} + ${cfg.data.max_response_length} = ${total} exceeds the model's sliding_window ${c.slidingWindow} (sliding-window attention is not implemented); shorten them to at most ${c.slidingWindow}`,
+    );
   return c;
 }
 
@@ -123,10 +195,22 @@ export function criticModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
   const { vision, vocabSize } = freshVision(cfg, tok, m.d_model);
   return modelConfig({
     ...(vision ? { vision } : {}),
-    modelType: m.qkv_bias ? 'qwen2' : 'llama', head: 'value', hiddenSize: m.d_model, intermediateSize: m.ffn, numHiddenLayers: m.n_layers,
-    numAttentionHeads: m.n_heads, numKeyValueHeads: m.n_kv_heads, vocabSize, maxPositionEmbeddings: m.max_seq_len,
-    rmsNormEps: m.rms_norm_eps, ropeTheta: m.rope_theta, tieWordEmbeddings: false, attentionBias: m.qkv_bias,
-    bosTokenId: tok.bos, eosTokenId: tok.eos, padTokenId: tok.pad,
+    modelType: m.qkv_bias ? 'qwen2' : 'llama',
+    head: 'value',
+    hiddenSize: m.d_model,
+    intermediateSize: m.ffn,
+    numHiddenLayers: m.n_layers,
+    numAttentionHeads: m.n_heads,
+    numKeyValueHeads: m.n_kv_heads,
+    vocabSize,
+    maxPositionEmbeddings: m.max_seq_len,
+    rmsNormEps: m.rms_norm_eps,
+    ropeTheta: m.rope_theta,
+    tieWordEmbeddings: false,
+    attentionBias: m.qkv_bias,
+    bosTokenId: tok.bos,
+    eosTokenId: tok.eos,
+    padTokenId: tok.pad,
   });
 }
 
@@ -136,16 +220,32 @@ export function criticModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
  * `session.run` (verl's log_prob_micro_batch_size_per_gpu), on `actor.threads` threads. The
  * result does not depend on it (test/e2e/estimators.test.ts); the speed and peak memory do.
  */
-export function experienceScorerOptions(cfg: Config): { threads: number; device: Config['actor']['device']; maxBatchSize: number } {
-  return { threads: cfg.actor.threads, device: cfg.actor.device, maxBatchSize: cfg.actor.micro_batch_size_per_device_for_experience };
+export function experienceScorerOptions(cfg: Config): {
+  threads: number;
+  device: Config['actor']['device'];
+  maxBatchSize: number;
+} {
+  return {
+    threads: cfg.actor.threads,
+    device: cfg.actor.device,
+    maxBatchSize: cfg.actor.micro_batch_size_per_device_for_experience,
+  };
 }
 
 /**
  * Options of the rollout's Sampler: `rollout.batch_size` rows per generation batch (null: 64), on
  * `rollout.device` (null: `actor.device`) with `actor.threads` threads.
  */
-export function samplerOptions(cfg: Config): { threads: number; device: Config['actor']['device']; maxBatchSize: number } {
-  return { threads: cfg.actor.threads, device: cfg.rollout.device ?? cfg.actor.device, maxBatchSize: cfg.rollout.batch_size ?? 64 };
+export function samplerOptions(cfg: Config): {
+  threads: number;
+  device: Config['actor']['device'];
+  maxBatchSize: number;
+} {
+  return {
+    threads: cfg.actor.threads,
+    device: cfg.rollout.device ?? cfg.actor.device,
+    maxBatchSize: cfg.rollout.batch_size ?? 64,
+  };
 }
 
 export function policyDir(runDir: string, version: number): string {
@@ -158,14 +258,26 @@ export function criticDir(runDir: string, version: number): string {
 }
 
 /** A LoRA run's policy: adapters (actor.model.lora) on the frozen base model at actor.model.path. */
-export interface PolicyLora { config: LoraConfig; baseDir: string }
+export interface PolicyLora {
+  config: LoraConfig;
+  baseDir: string;
+}
 
 /** actor.model.lora with its base model directory, or null for full fine-tuning. */
 export function policyLora(cfg: Config): PolicyLora | null {
   const l = cfg.actor.model.lora;
   if (!l) return null;
-  if (!cfg.actor.model.path) throw new ConfigError('actor.model.lora needs actor.model.path: the base model directory the adapters are trained on');
-  return { config: loraConfig({ rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules }, 'actor.model.lora'), baseDir: cfg.actor.model.path };
+  if (!cfg.actor.model.path)
+    throw new ConfigError(
+      'actor.model.lora needs actor.model.path: the base model directory the adapters are trained on',
+    );
+  return {
+    config: loraConfig(
+      { rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules },
+      'actor.model.lora',
+    ),
+    baseDir: cfg.actor.model.path,
+  };
 }
 
 const sharedBases = new Map<string, Promise<Weights>>();
@@ -197,7 +309,12 @@ export class PolicyCache {
   private version = -1;
   private weights: Weights | null = null;
   private base: Weights | null = null;
-  constructor(private readonly store: PolicyStore, private readonly expect: ModelConfig, private readonly onLoad?: (version: number) => void, private readonly lora: PolicyLora | null = null) {}
+  constructor(
+    private readonly store: PolicyStore,
+    private readonly expect: ModelConfig,
+    private readonly onLoad?: (version: number) => void,
+    private readonly lora: PolicyLora | null = null,
+  ) {}
   /** `db`: the batch's executor (PGlite has one connection, held by the batch's transaction). */
   async get(version: number, db?: Executor): Promise<Weights> {
     if (version === this.version && this.weights) return this.weights;
@@ -205,22 +322,39 @@ export class PolicyCache {
     // for an instant while a restarted update stage rewrites it (same bytes), or until a shared
     // volume shows it: retry rather than dead-letter the batch
     const dir = await this.store.get('policy', version, db);
-    const where = this.store.kind === 'filesystem' ? this.store.writeDir('policy', version) : `the run's database (pipeline.policy_store = postgres)`;
+    const where =
+      this.store.kind === 'filesystem'
+        ? this.store.writeDir('policy', version)
+        : `the run's database (pipeline.policy_store = postgres)`;
     if (!dir) {
       // versions are written in order: a missing one below the newest was pruned, and waiting cannot bring it back
       const newest = Math.max(-1, ...(await this.store.versions('policy', db)));
       if (newest > version) {
-        throw new RlError(`policy version ${version} is no longer in ${where}: the update stage pruned it (it is at version ${newest}, and this batch was made for version ${version}); raise trainer.keep_policy_versions to keep more versions`, { code: 'ERR_POLICY_PRUNED' });
+        throw new RlError(
+          `policy version ${version} is no longer in ${where}: the update stage pruned it (it is at version ${newest}, and this batch was made for version ${version}); raise trainer.keep_policy_versions to keep more versions`,
+          { code: 'ERR_POLICY_PRUNED' },
+        );
       }
-      throw new TransientError(`policy version ${version} is not in ${where} (yet); retrying${this.store.kind === 'filesystem' ? ' — in distributed mode trainer.run_dir must be a volume shared by the stages, or use pipeline.policy_store=postgres' : ''}`);
+      throw new TransientError(
+        `policy version ${version} is not in ${where} (yet); retrying${this.store.kind === 'filesystem' ? ' — in distributed mode trainer.run_dir must be a volume shared by the stages, or use pipeline.policy_store=postgres' : ''}`,
+      );
     }
     if (this.lora && isAdapterDir(dir)) return this.adapted(version, dir);
     const ck = await loadCheckpoint(dir, { optimizer: false }).catch((e: unknown) => {
       if (existsSync(join(dir, 'model.safetensors'))) throw e;
-      throw new TransientError(`policy version ${version} at ${dir} went away while loading (being rewritten); retrying`, { cause: e });
+      throw new TransientError(
+        `policy version ${version} at ${dir} went away while loading (being rewritten); retrying`,
+        { cause: e },
+      );
     });
-    if (ck.config.vocabSize !== this.expect.vocabSize || ck.config.hiddenSize !== this.expect.hiddenSize || ck.config.numHiddenLayers !== this.expect.numHiddenLayers) {
-      throw new ConfigError(`policy version ${version} at ${dir} does not match actor.model (vocab ${ck.config.vocabSize}/${this.expect.vocabSize}, d_model ${ck.config.hiddenSize}/${this.expect.hiddenSize}, layers ${ck.config.numHiddenLayers}/${this.expect.numHiddenLayers})`);
+    if (
+      ck.config.vocabSize !== this.expect.vocabSize ||
+      ck.config.hiddenSize !== this.expect.hiddenSize ||
+      ck.config.numHiddenLayers !== this.expect.numHiddenLayers
+    ) {
+      throw new ConfigError(
+        `policy version ${version} at ${dir} does not match actor.model (vocab ${ck.config.vocabSize}/${this.expect.vocabSize}, d_model ${ck.config.hiddenSize}/${this.expect.hiddenSize}, layers ${ck.config.numHiddenLayers}/${this.expect.numHiddenLayers})`,
+      );
     }
     this.version = version;
     this.weights = ck.weights;
@@ -234,7 +368,10 @@ export class PolicyCache {
     this.weights = null; // the previous merge may go before the next is made
     const ad = await loadAdapter(dir, this.expect, { optimizer: false, expect: l.config }).catch((e: unknown) => {
       if (existsSync(join(dir, 'adapter_model.safetensors'))) throw e;
-      throw new TransientError(`policy version ${version} at ${dir} went away while loading (being rewritten); retrying`, { cause: e });
+      throw new TransientError(
+        `policy version ${version} at ${dir} went away while loading (being rewritten); retrying`,
+        { cause: e },
+      );
     });
     const off = [...ad.adapter].every(([k, v]) => !k.endsWith('.lora_B.weight') || v.every((x) => x === 0));
     this.weights = off ? this.base : await mergeLoraOnnx(this.expect, l.config, this.base, ad.adapter);

@@ -15,8 +15,16 @@ import type { BatchContext, BusMessage, Consumer, EventBus, OutMessage } from '.
 import { createStore } from '../store/index.ts';
 import type { Store } from '../store/port.ts';
 import {
-  TOPICS, LOGICAL_TOPICS, topicName, parseTopicName, topicCodecs, readyAll, deadLetterId,
-  type LogicalTopic, type TopicValue, type TopicCodecs,
+  TOPICS,
+  LOGICAL_TOPICS,
+  topicName,
+  parseTopicName,
+  topicCodecs,
+  readyAll,
+  deadLetterId,
+  type LogicalTopic,
+  type TopicValue,
+  type TopicCodecs,
 } from '../contracts/index.ts';
 import { resolveRunDir, resolveRunId, type Config } from '../config/index.ts';
 import { ConfigError, PoisonMessageError, errorMessage, isRetriable } from '../errors.ts';
@@ -68,37 +76,89 @@ export async function openPipeline(cfg: Config, opts: OpenOptions = {}): Promise
   mkdirSync(runDir, { recursive: true });
   const log = opts.log ?? silentLogger(runId, 'pipeline');
   const p = cfg.pipeline;
-  if (p.bus === 'kafka' && p.brokers.length === 0) throw new ConfigError('pipeline.bus = kafka needs pipeline.brokers (e.g. [localhost:9092])');
-  if (p.store === 'postgres' && !p.database_url) throw new ConfigError('pipeline.store = postgres needs pipeline.database_url');
+  if (p.bus === 'kafka' && p.brokers.length === 0)
+    throw new ConfigError('pipeline.bus = kafka needs pipeline.brokers (e.g. [localhost:9092])');
+  if (p.store === 'postgres' && !p.database_url)
+    throw new ConfigError('pipeline.store = postgres needs pipeline.database_url');
   const waitMigrations = p.store === 'postgres' ? opts.waitForMigrations : undefined;
-  const db = p.store === 'postgres'
-    ? await openDatabase({ kind: 'postgres', url: p.database_url! }, { migrate: !waitMigrations })
-    : await openDatabase({ kind: 'pglite', dir: join(runDir, 'db'), breakLock: opts.breakLock });
+  const db =
+    p.store === 'postgres'
+      ? await openDatabase({ kind: 'postgres', url: p.database_url! }, { migrate: !waitMigrations })
+      : await openDatabase({ kind: 'pglite', dir: join(runDir, 'db'), breakLock: opts.breakLock });
   if (waitMigrations) {
     try {
-      await waitForMigrations(db.db, { signal: waitMigrations.signal, onWait: (s) => waitMigrations.onWait?.(s.pending) });
-    } catch (e) { await db.close(); throw e; }
+      await waitForMigrations(db.db, {
+        signal: waitMigrations.signal,
+        onWait: (s) => waitMigrations.onWait?.(s.pending),
+      });
+    } catch (e) {
+      await db.close();
+      throw e;
+    }
   }
   let bus: EventBus;
   try {
-    bus = p.bus === 'kafka'
-      ? createKafkaBus({ brokers: p.brokers, clientId: opts.clientId ?? `rlstream-${runId}`, logger: forStage(log, 'bus'), idempotent: p.kafka.idempotent, acks: p.kafka.acks === 'all' ? -1 : p.kafka.acks, sessionTimeoutMs: p.kafka.session_timeout_ms, heartbeatIntervalMs: p.kafka.heartbeat_interval_ms })
-      : createEmbeddedBus({ database: db, logger: forStage(log, 'bus') });
-  } catch (e) { await db.close(); throw e; }
+    bus =
+      p.bus === 'kafka'
+        ? createKafkaBus({
+            brokers: p.brokers,
+            clientId: opts.clientId ?? `rlstream-${runId}`,
+            logger: forStage(log, 'bus'),
+            idempotent: p.kafka.idempotent,
+            acks: p.kafka.acks === 'all' ? -1 : p.kafka.acks,
+            sessionTimeoutMs: p.kafka.session_timeout_ms,
+            heartbeatIntervalMs: p.kafka.heartbeat_interval_ms,
+          })
+        : createEmbeddedBus({ database: db, logger: forStage(log, 'bus') });
+  } catch (e) {
+    await db.close();
+    throw e;
+  }
   const store = createStore(db);
-  const codecs = topicCodecs({ schema_wire_format: p.schema_wire_format, schema_registry_url: p.schema_registry_url }, p.topic_prefix, runId);
-  const names = Object.fromEntries(LOGICAL_TOPICS.map((t) => [t, topicName(p.topic_prefix, runId, t)])) as Record<LogicalTopic, string>;
+  const codecs = topicCodecs(
+    { schema_wire_format: p.schema_wire_format, schema_registry_url: p.schema_registry_url },
+    p.topic_prefix,
+    runId,
+  );
+  const names = Object.fromEntries(LOGICAL_TOPICS.map((t) => [t, topicName(p.topic_prefix, runId, t)])) as Record<
+    LogicalTopic,
+    string
+  >;
   try {
     await readyAll(codecs);
-    await bus.ensureTopics(LOGICAL_TOPICS.map((t) => ({ name: names[t], partitions: Math.max(1, partitionsFor(cfg, t)) })));
-  } catch (e) { await bus.close().catch(() => undefined); await db.close(); throw e; }
+    await bus.ensureTopics(
+      LOGICAL_TOPICS.map((t) => ({ name: names[t], partitions: Math.max(1, partitionsFor(cfg, t)) })),
+    );
+  } catch (e) {
+    await bus.close().catch(() => undefined);
+    await db.close();
+    throw e;
+  }
   return {
-    cfg, runId, runDir, bus, store, db, codecs, log, telemetry: opts.telemetry ?? NO_TELEMETRY,
-    policies: createPolicyStore(p.policy_store, { runDir, runId, db: db.db, cacheDir: p.policy_cache_dir ? resolve(p.policy_cache_dir) : null }),
+    cfg,
+    runId,
+    runDir,
+    bus,
+    store,
+    db,
+    codecs,
+    log,
+    telemetry: opts.telemetry ?? NO_TELEMETRY,
+    policies: createPolicyStore(p.policy_store, {
+      runDir,
+      runId,
+      db: db.db,
+      cacheDir: p.policy_cache_dir ? resolve(p.policy_cache_dir) : null,
+    }),
     topic: (t) => names[t],
     message(t, value) {
       const enc = codecs[t].encode(value as never);
-      return { topic: names[t], key: (TOPICS[t].key as (v: unknown) => string)(value), value: enc.value, headers: enc.headers };
+      return {
+        topic: names[t],
+        key: (TOPICS[t].key as (v: unknown) => string)(value),
+        value: enc.value,
+        headers: enc.headers,
+      };
     },
     async close() {
       await bus.close().catch(() => undefined);
@@ -113,7 +173,11 @@ export function partitionsFor(cfg: Config, t: LogicalTopic): number {
   return cfg.pipeline.partitions;
 }
 
-export interface Decoded<K extends LogicalTopic = LogicalTopic> { topic: K; value: TopicValue<K>; message: BusMessage }
+export interface Decoded<K extends LogicalTopic = LogicalTopic> {
+  topic: K;
+  value: TopicValue<K>;
+  message: BusMessage;
+}
 
 export interface StageContext {
   readonly tx?: Tx;
@@ -148,7 +212,13 @@ export interface StageRun {
  * undecodable one, or one of another run, is dead-lettered with its reason and recorded in the
  * store; the stage goes on) and hands the records to `handler`.
  */
-export function runStage(p: Pipeline, stage: string, inputs: LogicalTopic[], handler: StageHandler, opts: { maxBatchMessages?: number; group?: string } = {}): StageRun {
+export function runStage(
+  p: Pipeline,
+  stage: string,
+  inputs: LogicalTopic[],
+  handler: StageHandler,
+  opts: { maxBatchMessages?: number; group?: string } = {},
+): StageRun {
   const consumer = p.bus.consumer({
     group: opts.group ?? `${p.runId}.${stage}`,
     topics: inputs.map((t) => p.topic(t)),
@@ -164,10 +234,26 @@ export function runStage(p: Pipeline, stage: string, inputs: LogicalTopic[], han
       encode: (info) => {
         // the bus dead-letters a message the handler failed on alone (a stage's own deadLetter() below is counted there)
         if (info.attempts > 0) p.telemetry?.deadLetter(stage);
-        return p.message('deadletter', deadLetterRecord(p, stage, info.message, info.reason, info.error, info.attempts));
+        return p.message(
+          'deadletter',
+          deadLetterRecord(p, stage, info.message, info.reason, info.error, info.attempts),
+        );
       },
       // a message the handler failed on (dead-lettered by the delivery policy) is kept in the store too
-      record: (info, tx) => p.store.recordDeadLetter({ stage, topic: info.message.topic, partition: info.message.partition, offset: info.message.offset, runId: p.runId, reason: info.reason, errorCode: errorCodeOf(info.error), payload: info.message.value }, { tx }),
+      record: (info, tx) =>
+        p.store.recordDeadLetter(
+          {
+            stage,
+            topic: info.message.topic,
+            partition: info.message.partition,
+            offset: info.message.offset,
+            runId: p.runId,
+            reason: info.reason,
+            errorCode: errorCodeOf(info.error),
+            payload: info.message.value,
+          },
+          { tx },
+        ),
     },
   });
   let lastDoneMs: number | null = null;
@@ -176,14 +262,23 @@ export function runStage(p: Pipeline, stage: string, inputs: LogicalTopic[], han
     const records: Decoded[] = [];
     for (const m of batch) {
       const logical = parseTopicName(p.cfg.pipeline.topic_prefix, p.runId, m.topic);
-      if (!logical) { await deadLetter(p, stage, bctx, m, `topic ${m.topic} is not one of run ${p.runId}'s topics`); continue; }
+      if (!logical) {
+        await deadLetter(p, stage, bctx, m, `topic ${m.topic} is not one of run ${p.runId}'s topics`);
+        continue;
+      }
       try {
         const value = await p.codecs[logical].decode(m.value, m.headers);
         const rid = (value as { run_id?: string }).run_id;
-        if (rid !== undefined && rid !== p.runId) { await deadLetter(p, stage, bctx, m, `record of unknown run ${rid} (this stage serves run ${p.runId})`); continue; }
+        if (rid !== undefined && rid !== p.runId) {
+          await deadLetter(p, stage, bctx, m, `record of unknown run ${rid} (this stage serves run ${p.runId})`);
+          continue;
+        }
         records.push({ topic: logical, value, message: m } as Decoded);
       } catch (e) {
-        if (e instanceof PoisonMessageError) { await deadLetter(p, stage, bctx, m, errorMessage(e), e); continue; }
+        if (e instanceof PoisonMessageError) {
+          await deadLetter(p, stage, bctx, m, errorMessage(e), e);
+          continue;
+        }
         throw e;
       }
     }
@@ -196,16 +291,24 @@ export function runStage(p: Pipeline, stage: string, inputs: LogicalTopic[], han
       waitedMs: lastDoneMs === null ? 0 : Math.max(0, startMs - lastDoneMs),
       emit(t, value) {
         const m = p.message(t, value);
-        if (bctx.tx) bctx.send([m]); else pending.push(m);
+        if (bctx.tx) bctx.send([m]);
+        else pending.push(m);
       },
       async flush() {
-        if (pending.length) { const out = pending.splice(0); await p.bus.produce(out); }
+        if (pending.length) {
+          const out = pending.splice(0);
+          await p.bus.produce(out);
+        }
       },
     };
     try {
       await handler(records, ctx);
       await ctx.flush();
-      p.telemetry?.batch(stage, records.length, records.reduce((n, r) => n + ((r.value as { samples?: unknown[] }).samples?.length ?? 1), 0));
+      p.telemetry?.batch(
+        stage,
+        records.length,
+        records.reduce((n, r) => n + ((r.value as { samples?: unknown[] }).samples?.length ?? 1), 0),
+      );
     } catch (e) {
       // a lost database connection (PostgreSQL restarting) is retried with backoff, never dead-lettered
       const err = retriableDbError(e, `${stage} batch`);
@@ -224,22 +327,64 @@ function errorCodeOf(error: unknown): string {
   return typeof code === 'string' ? code : 'ERR_HANDLER';
 }
 
-function deadLetterRecord(p: Pipeline, stage: string, m: BusMessage, reason: string, error: unknown, attempts: number): TopicValue<'deadletter'> {
+function deadLetterRecord(
+  p: Pipeline,
+  stage: string,
+  m: BusMessage,
+  reason: string,
+  error: unknown,
+  attempts: number,
+): TopicValue<'deadletter'> {
   const headers: Record<string, Buffer> = {};
   for (const [k, v] of Object.entries(m.headers)) headers[k] = Buffer.from(v);
   const code = (error as { code?: unknown })?.code;
   return {
-    run_id: p.runId, id: deadLetterId(p.runId, stage, m.topic, m.partition, m.offset), step: null, policy_version: null, stage,
-    source_topic: m.topic, source_partition: m.partition, source_offset: m.offset, key: m.key === null ? null : Buffer.from(m.key),
-    headers, payload: m.value, schema: m.headers['rl-schema'] ?? null, reason: reason.slice(0, 4000),
-    error_code: typeof code === 'string' ? code : 'ERR_POISON', retriable: false, attempts, time_ms: m.timestamp,
+    run_id: p.runId,
+    id: deadLetterId(p.runId, stage, m.topic, m.partition, m.offset),
+    step: null,
+    policy_version: null,
+    stage,
+    source_topic: m.topic,
+    source_partition: m.partition,
+    source_offset: m.offset,
+    key: m.key === null ? null : Buffer.from(m.key),
+    headers,
+    payload: m.value,
+    schema: m.headers['rl-schema'] ?? null,
+    reason: reason.slice(0, 4000),
+    error_code: typeof code === 'string' ? code : 'ERR_POISON',
+    retriable: false,
+    attempts,
+    time_ms: m.timestamp,
   };
 }
 
-async function deadLetter(p: Pipeline, stage: string, bctx: BatchContext, m: BusMessage, reason: string, error?: unknown): Promise<void> {
-  forStage(p.log, stage).warn({ topic: m.topic, partition: m.partition, offset: m.offset, reason }, 'dead-lettering a message');
+async function deadLetter(
+  p: Pipeline,
+  stage: string,
+  bctx: BatchContext,
+  m: BusMessage,
+  reason: string,
+  error?: unknown,
+): Promise<void> {
+  forStage(p.log, stage).warn(
+    { topic: m.topic, partition: m.partition, offset: m.offset, reason },
+    'dead-lettering a message',
+  );
   p.telemetry?.error(stage, 'poison');
   p.telemetry?.deadLetter(stage);
   bctx.deadLetter(m, reason, error);
-  await p.store.recordDeadLetter({ stage, topic: m.topic, partition: m.partition, offset: m.offset, runId: p.runId, reason, errorCode: (error as { code?: string })?.code ?? 'ERR_POISON', payload: m.value }, { tx: bctx.tx });
+  await p.store.recordDeadLetter(
+    {
+      stage,
+      topic: m.topic,
+      partition: m.partition,
+      offset: m.offset,
+      runId: p.runId,
+      reason,
+      errorCode: (error as { code?: string })?.code ?? 'ERR_POISON',
+      payload: m.value,
+    },
+    { tx: bctx.tx },
+  );
 }

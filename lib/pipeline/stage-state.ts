@@ -9,7 +9,9 @@ import type { Db, Tx } from '../db/database.ts';
 export type Executor = Db | Tx;
 
 export async function loadStageState<S>(db: Executor, runId: string, stage: string): Promise<S | undefined> {
-  const r = await sql<{ state: S }>`select state from stage_state where run_id = ${runId} and stage = ${stage}`.execute(db);
+  const r = await sql<{ state: S }>`select state from stage_state where run_id = ${runId} and stage = ${stage}`.execute(
+    db,
+  );
   return r.rows[0]?.state;
 }
 
@@ -18,7 +20,12 @@ export async function saveStageState<S>(db: Executor, runId: string, stage: stri
             on conflict (run_id, stage) do update set state = excluded.state, updated_at = now()`.execute(db);
 }
 
-export interface PendingItem { bucket: string; id: string; payload: Buffer; headers: Record<string, string> }
+export interface PendingItem {
+  bucket: string;
+  id: string;
+  payload: Buffer;
+  headers: Record<string, string>;
+}
 
 /** Rows per insert statement (6 parameters each; PostgreSQL allows 65535 parameters). */
 const PENDING_ROWS_PER_INSERT = 500;
@@ -38,20 +45,32 @@ export async function addPending(db: Executor, runId: string, stage: string, ite
   });
   for (let i = 0; i < rows.length; i += PENDING_ROWS_PER_INSERT) {
     const chunk = rows.slice(i, i + PENDING_ROWS_PER_INSERT);
-    const values = sql.join(chunk.map((it) => sql`(${runId}, ${stage}, ${it.bucket}, ${it.id}, ${it.payload}, ${JSON.stringify(it.headers)}::jsonb)`));
-    await sql`insert into stage_pending (run_id, stage, bucket, id, payload, headers) values ${values} on conflict do nothing`.execute(db);
+    const values = sql.join(
+      chunk.map(
+        (it) => sql`(${runId}, ${stage}, ${it.bucket}, ${it.id}, ${it.payload}, ${JSON.stringify(it.headers)}::jsonb)`,
+      ),
+    );
+    await sql`insert into stage_pending (run_id, stage, bucket, id, payload, headers) values ${values} on conflict do nothing`.execute(
+      db,
+    );
   }
 }
 
 /** Pending items of a bucket, ordered by id. */
 export async function listPending(db: Executor, runId: string, stage: string, bucket: string): Promise<PendingItem[]> {
   const r = await sql<{ bucket: string; id: string; payload: Buffer; headers: Record<string, string> }>`
-    select bucket, id, payload, headers from stage_pending where run_id = ${runId} and stage = ${stage} and bucket = ${bucket} order by id`.execute(db);
+    select bucket, id, payload, headers from stage_pending where run_id = ${runId} and stage = ${stage} and bucket = ${bucket} order by id`.execute(
+    db,
+  );
   return r.rows.map((x) => ({ ...x, payload: Buffer.from(x.payload) }));
 }
 
 export async function pendingBuckets(db: Executor, runId: string, stage: string): Promise<string[]> {
-  const r = await sql<{ bucket: string }>`select distinct bucket from stage_pending where run_id = ${runId} and stage = ${stage} order by bucket`.execute(db);
+  const r = await sql<{
+    bucket: string;
+  }>`select distinct bucket from stage_pending where run_id = ${runId} and stage = ${stage} order by bucket`.execute(
+    db,
+  );
   return r.rows.map((x) => x.bucket);
 }
 
@@ -61,7 +80,9 @@ export async function deletePending(db: Executor, runId: string, stage: string, 
 
 /** The stages that have saved state for the run (empty for a run that never started). */
 export async function stagesWithState(db: Executor, runId: string): Promise<string[]> {
-  const r = await sql<{ stage: string }>`select stage from stage_state where run_id = ${runId} order by stage`.execute(db);
+  const r = await sql<{ stage: string }>`select stage from stage_state where run_id = ${runId} order by stage`.execute(
+    db,
+  );
   return r.rows.map((x) => x.stage);
 }
 
@@ -81,7 +102,11 @@ export class PendingBatch {
   private readonly stored = new Set<string>();
   private readonly settled = new Set<string>();
 
-  constructor(private readonly db: Executor, private readonly runId: string, private readonly stage: string) {}
+  constructor(
+    private readonly db: Executor,
+    private readonly runId: string,
+    private readonly stage: string,
+  ) {}
 
   /** This batch's items; an (bucket, id) repeated within the batch keeps its first occurrence. */
   add(items: PendingItem[]): void {
@@ -90,7 +115,8 @@ export class PendingBatch {
       if (this.freshIds.has(key)) continue;
       this.freshIds.add(key);
       const list = this.fresh.get(it.bucket);
-      if (list) list.push(it); else this.fresh.set(it.bucket, [it]);
+      if (list) list.push(it);
+      else this.fresh.set(it.bucket, [it]);
     }
   }
 
@@ -104,7 +130,9 @@ export class PendingBatch {
   }
 
   /** The bucket is done: its items are never needed again. */
-  settle(bucket: string): void { this.settled.add(bucket); }
+  settle(bucket: string): void {
+    this.settled.add(bucket);
+  }
 
   /** Deletes settled buckets' stored rows and stores this batch's items of the others. */
   async persist(): Promise<void> {

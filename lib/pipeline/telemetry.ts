@@ -24,5 +24,9 @@ export interface Telemetry {
 }
 
 export const NO_TELEMETRY: Telemetry = {
-  batch() {}, error() {}, deadLetter() {}, metricRows() {}, policyVersion() {},
+  batch() {},
+  error() {},
+  deadLetter() {},
+  metricRows() {},
+  policyVersion() {},
 };

@@ -17,17 +17,34 @@ import { imageHashOf } from '../data/image-hash.ts';
 import type { PixelCache } from '../data/pixel-cache.ts';
 import type { VppoStageConfig } from '../rl/vppo-stage.ts';
 
-export interface ImageScoreRequest { prompt: Int32Array; response: Int32Array; images: readonly Pixels[] }
-export interface ImageTokenScores { logprobs: Float32Array; entropy: Float32Array | null }
+export interface ImageScoreRequest {
+  prompt: Int32Array;
+  response: Int32Array;
+  images: readonly Pixels[];
+}
+export interface ImageTokenScores {
+  logprobs: Float32Array;
+  entropy: Float32Array | null;
+}
 export interface ImageScorer<W> {
-  score(weights: W, reqs: readonly ImageScoreRequest[], o: { temperature: number; entropy: boolean }): Promise<ImageTokenScores[]>;
+  score(
+    weights: W,
+    reqs: readonly ImageScoreRequest[],
+    o: { temperature: number; entropy: boolean },
+  ): Promise<ImageTokenScores[]>;
 }
 
 /**
  * One sample to score: its id, the key seeding its perturbation (perturbationKey: the id without
  * the run id), prompt and response ids, and its prompt's PNGs.
  */
-export interface VppoSample { id: string; seedKey: string; prompt: Int32Array; response: Int32Array; images: readonly Uint8Array[] }
+export interface VppoSample {
+  id: string;
+  seedKey: string;
+  prompt: Int32Array;
+  response: Int32Array;
+  images: readonly Uint8Array[];
+}
 
 /**
  * The perturbation seed of a sample: its id relative to the run (`train/s3/p1/n2`). A replay
@@ -54,7 +71,12 @@ export interface VppoSettings {
 export function vppoSettings(cfg: Config): VppoSettings {
   const v = cfg.algorithm.vppo;
   return {
-    stage: { top_p_perception_tokens: v.top_p_perception_tokens, enable_entropy_filtering: v.enable_entropy_filtering, top_p_entropy_tokens: v.top_p_entropy_tokens, advantage_scaling_min: v.advantage_scaling_min },
+    stage: {
+      top_p_perception_tokens: v.top_p_perception_tokens,
+      enable_entropy_filtering: v.enable_entropy_filtering,
+      top_p_entropy_tokens: v.top_p_entropy_tokens,
+      advantage_scaling_min: v.advantage_scaling_min,
+    },
     perturbation: v.perturbation,
     perturb: { patch_size: v.patch_size, mask_prob: v.mask_prob, noise_std: v.noise_std },
   };
@@ -64,13 +86,35 @@ export function vppoSettings(cfg: Config): VppoSettings {
  * Scores `samples` with their real and their perturbed images (two scorer calls, in the same
  * order). A sample without an image is refused: VPPO has no visual dependency to measure there.
  */
-export async function vppoScores<W>(scorer: ImageScorer<W>, weights: W, samples: readonly VppoSample[], pixels: PixelCache, s: VppoSettings, temperature: number): Promise<VppoScores> {
+export async function vppoScores<W>(
+  scorer: ImageScorer<W>,
+  weights: W,
+  samples: readonly VppoSample[],
+  pixels: PixelCache,
+  s: VppoSettings,
+  temperature: number,
+): Promise<VppoScores> {
   const noImage = samples.find((x) => x.images.length === 0);
-  if (noImage) throw new ConfigError(`algorithm.vppo.enable: sample ${noImage.id} has no prompt image, so it has no visual dependency to measure; VPPO needs every training prompt to carry an image (data.image_key)`);
-  const real = await Promise.all(samples.map((x) => Promise.all(x.images.map((png) => pixels.get(imageHashOf(png), png)))));
-  const perturbed = samples.map((x, i) => real[i]!.map((px, k) => perturbImage(s.perturbation, px, x.seedKey, k, s.perturb)));
-  const base = await scorer.score(weights, samples.map((x, i) => ({ prompt: x.prompt, response: x.response, images: real[i]! })), { temperature, entropy: s.stage.enable_entropy_filtering });
-  const aug = await scorer.score(weights, samples.map((x, i) => ({ prompt: x.prompt, response: x.response, images: perturbed[i]! })), { temperature, entropy: false });
+  if (noImage)
+    throw new ConfigError(
+      `algorithm.vppo.enable: sample ${noImage.id} has no prompt image, so it has no visual dependency to measure; VPPO needs every training prompt to carry an image (data.image_key)`,
+    );
+  const real = await Promise.all(
+    samples.map((x) => Promise.all(x.images.map((png) => pixels.get(imageHashOf(png), png)))),
+  );
+  const perturbed = samples.map((x, i) =>
+    real[i]!.map((px, k) => perturbImage(s.perturbation, px, x.seedKey, k, s.perturb)),
+  );
+  const base = await scorer.score(
+    weights,
+    samples.map((x, i) => ({ prompt: x.prompt, response: x.response, images: real[i]! })),
+    { temperature, entropy: s.stage.enable_entropy_filtering },
+  );
+  const aug = await scorer.score(
+    weights,
+    samples.map((x, i) => ({ prompt: x.prompt, response: x.response, images: perturbed[i]! })),
+    { temperature, entropy: false },
+  );
   const out: VppoScores = { old: new Map(), perturbed: new Map() };
   samples.forEach((x, i) => {
     out.old.set(x.id, base[i]!.logprobs);

@@ -8,30 +8,57 @@
 import { promises as fs, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Db } from '../db/database.ts';
-import { IntegrityError, versionDirName, type ArtifactFile, type ArtifactKind, type Executor, type PolicyStore } from './port.ts';
+import {
+  IntegrityError,
+  versionDirName,
+  type ArtifactFile,
+  type ArtifactKind,
+  type Executor,
+  type PolicyStore,
+} from './port.ts';
 import { describeDir, sha256File } from './hash.ts';
 import { deleteManifest, readManifest, writeManifest } from './manifest.ts';
 
 /** Checks the files of `dir` against `recorded` (an empty record checks nothing: a version written before manifests existed). */
-export async function verifyDir(dir: string, kind: ArtifactKind, version: number, recorded: readonly ArtifactFile[]): Promise<void> {
+export async function verifyDir(
+  dir: string,
+  kind: ArtifactKind,
+  version: number,
+  recorded: readonly ArtifactFile[],
+): Promise<void> {
   for (const f of recorded) {
     const path = join(dir, f.name);
-    if (!existsSync(path)) throw new IntegrityError(`${kind} version ${version}: ${path} is missing, but it was recorded (sha256 ${f.sha256}) when the version was written`, { path, expected: f.sha256, actual: 'missing' });
+    if (!existsSync(path))
+      throw new IntegrityError(
+        `${kind} version ${version}: ${path} is missing, but it was recorded (sha256 ${f.sha256}) when the version was written`,
+        { path, expected: f.sha256, actual: 'missing' },
+      );
     const actual = await sha256File(path);
     if (actual !== f.sha256) {
-      throw new IntegrityError(`${kind} version ${version}: ${path} has sha256 ${actual}, but ${f.sha256} was recorded when it was written — the file is damaged or was replaced`, { path, expected: f.sha256, actual });
+      throw new IntegrityError(
+        `${kind} version ${version}: ${path} has sha256 ${actual}, but ${f.sha256} was recorded when it was written — the file is damaged or was replaced`,
+        { path, expected: f.sha256, actual },
+      );
     }
   }
 }
 
 /** A version directory is there once its weights are: model.safetensors, or a LoRA run's adapter_model.safetensors. */
-function hasWeights(dir: string): boolean { return existsSync(join(dir, 'model.safetensors')) || existsSync(join(dir, 'adapter_model.safetensors')); }
+function hasWeights(dir: string): boolean {
+  return existsSync(join(dir, 'model.safetensors')) || existsSync(join(dir, 'adapter_model.safetensors'));
+}
 
 export class FilesystemPolicyStore implements PolicyStore {
   readonly kind = 'filesystem' as const;
-  constructor(private readonly runDir: string, private readonly runId: string, private readonly db: Db) {}
+  constructor(
+    private readonly runDir: string,
+    private readonly runId: string,
+    private readonly db: Db,
+  ) {}
 
-  writeDir(kind: ArtifactKind, version: number): string { return join(this.runDir, kind, versionDirName(version)); }
+  writeDir(kind: ArtifactKind, version: number): string {
+    return join(this.runDir, kind, versionDirName(version));
+  }
 
   async put(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<ArtifactFile[]> {
     const files = await describeDir(this.writeDir(kind, version));
@@ -47,14 +74,26 @@ export class FilesystemPolicyStore implements PolicyStore {
   }
 
   async files(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<ArtifactFile[]> {
-    return (await readManifest(db, this.runId, kind, version)).map(({ name, sha256, sizeBytes }) => ({ name, sha256, sizeBytes }));
+    return (await readManifest(db, this.runId, kind, version)).map(({ name, sha256, sizeBytes }) => ({
+      name,
+      sha256,
+      sizeBytes,
+    }));
   }
 
   async versions(kind: ArtifactKind): Promise<number[]> {
     let names: string[];
-    try { names = await fs.readdir(join(this.runDir, kind)); } catch { return []; }
-    return names.map((n) => /^v(\d+)$/.exec(n)).filter((m): m is RegExpExecArray => m !== null)
-      .filter((m) => hasWeights(join(this.runDir, kind, m[0]))).map((m) => Number(m[1])).sort((a, b) => a - b);
+    try {
+      names = await fs.readdir(join(this.runDir, kind));
+    } catch {
+      return [];
+    }
+    return names
+      .map((n) => /^v(\d+)$/.exec(n))
+      .filter((m): m is RegExpExecArray => m !== null)
+      .filter((m) => hasWeights(join(this.runDir, kind, m[0])))
+      .map((m) => Number(m[1]))
+      .sort((a, b) => a - b);
   }
 
   async remove(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<void> {

@@ -11,10 +11,15 @@ export { PostgresPolicyStore } from './postgres-store.ts';
 
 export const POLICY_STORES = ['filesystem', 'postgres'] as const;
 
-export function createPolicyStore(kind: (typeof POLICY_STORES)[number], opts: { runDir: string; runId: string; db: Db; cacheDir?: string | null }): PolicyStore {
+export function createPolicyStore(
+  kind: (typeof POLICY_STORES)[number],
+  opts: { runDir: string; runId: string; db: Db; cacheDir?: string | null },
+): PolicyStore {
   switch (kind) {
-    case 'filesystem': return new FilesystemPolicyStore(opts.runDir, opts.runId, opts.db);
-    case 'postgres': return new PostgresPolicyStore(opts.cacheDir ?? join(opts.runDir, 'policy-cache'), opts.runId, opts.db);
+    case 'filesystem':
+      return new FilesystemPolicyStore(opts.runDir, opts.runId, opts.db);
+    case 'postgres':
+      return new PostgresPolicyStore(opts.cacheDir ?? join(opts.runDir, 'policy-cache'), opts.runId, opts.db);
   }
 }
 export { versionsToPrune, neededVersions, keptCheckpointSteps } from './retention.ts';

@@ -2,15 +2,38 @@
 import { sql } from 'kysely';
 import type { ArtifactFile, ArtifactKind, Executor } from './port.ts';
 
-export async function writeManifest(db: Executor, runId: string, kind: ArtifactKind, version: number, files: readonly ArtifactFile[], chunks: (f: ArtifactFile) => number): Promise<void> {
+export async function writeManifest(
+  db: Executor,
+  runId: string,
+  kind: ArtifactKind,
+  version: number,
+  files: readonly ArtifactFile[],
+  chunks: (f: ArtifactFile) => number,
+): Promise<void> {
   await sql`delete from policy_files where run_id = ${runId} and kind = ${kind} and version = ${version}`.execute(db);
   for (const f of files) {
-    await sql`insert into policy_files (run_id, kind, version, name, size_bytes, sha256, chunks) values (${runId}, ${kind}, ${version}, ${f.name}, ${f.sizeBytes}, ${f.sha256}, ${chunks(f)})`.execute(db);
+    await sql`insert into policy_files (run_id, kind, version, name, size_bytes, sha256, chunks) values (${runId}, ${kind}, ${version}, ${f.name}, ${f.sizeBytes}, ${f.sha256}, ${chunks(f)})`.execute(
+      db,
+    );
   }
 }
 
-export async function readManifest(db: Executor, runId: string, kind: ArtifactKind, version: number): Promise<Array<ArtifactFile & { chunks: number }>> {
-  const rows = (await sql<{ name: string; sha256: string; size_bytes: number; chunks: number }>`select name, sha256, size_bytes, chunks from policy_files where run_id = ${runId} and kind = ${kind} and version = ${version} order by name`.execute(db)).rows;
+export async function readManifest(
+  db: Executor,
+  runId: string,
+  kind: ArtifactKind,
+  version: number,
+): Promise<Array<ArtifactFile & { chunks: number }>> {
+  const rows = (
+    await sql<{
+      name: string;
+      sha256: string;
+      size_bytes: number;
+      chunks: number;
+    }>`select name, sha256, size_bytes, chunks from policy_files where run_id = ${runId} and kind = ${kind} and version = ${version} order by name`.execute(
+      db,
+    )
+  ).rows;
   return rows.map((r) => ({ name: r.name, sha256: r.sha256, sizeBytes: Number(r.size_bytes), chunks: r.chunks }));
 }
 

@@ -23,7 +23,11 @@ import { RlError } from '../errors.ts';
 export type ArtifactKind = 'policy' | 'critic' | 'ema';
 export const ARTIFACT_KINDS: readonly ArtifactKind[] = ['policy', 'critic', 'ema'];
 
-export interface ArtifactFile { name: string; sha256: string; sizeBytes: number }
+export interface ArtifactFile {
+  name: string;
+  sha256: string;
+  sizeBytes: number;
+}
 
 export type Executor = Db | Tx;
 
@@ -57,4 +61,6 @@ export class IntegrityError extends RlError {
   }
 }
 
-export function versionDirName(version: number): string { return `v${String(version).padStart(6, '0')}`; }
+export function versionDirName(version: number): string {
+  return `v${String(version).padStart(6, '0')}`;
+}

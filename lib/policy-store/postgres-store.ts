@@ -13,7 +13,14 @@ import { randomBytes, createHash } from 'node:crypto';
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import type { Db } from '../db/database.ts';
-import { IntegrityError, versionDirName, type ArtifactFile, type ArtifactKind, type Executor, type PolicyStore } from './port.ts';
+import {
+  IntegrityError,
+  versionDirName,
+  type ArtifactFile,
+  type ArtifactKind,
+  type Executor,
+  type PolicyStore,
+} from './port.ts';
 import { describeDir, sha256File } from './hash.ts';
 import { deleteManifest, readManifest, writeManifest } from './manifest.ts';
 
@@ -22,9 +29,16 @@ export const CHUNK_BYTES = 8 * 1024 * 1024;
 
 export class PostgresPolicyStore implements PolicyStore {
   readonly kind = 'postgres' as const;
-  constructor(private readonly cacheDir: string, private readonly runId: string, private readonly db: Db, private readonly chunkBytes = CHUNK_BYTES) {}
+  constructor(
+    private readonly cacheDir: string,
+    private readonly runId: string,
+    private readonly db: Db,
+    private readonly chunkBytes = CHUNK_BYTES,
+  ) {}
 
-  writeDir(kind: ArtifactKind, version: number): string { return join(this.cacheDir, this.runId, kind, versionDirName(version)); }
+  writeDir(kind: ArtifactKind, version: number): string {
+    return join(this.cacheDir, this.runId, kind, versionDirName(version));
+  }
 
   async put(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<ArtifactFile[]> {
     const dir = this.writeDir(kind, version);
@@ -41,25 +55,44 @@ export class PostgresPolicyStore implements PolicyStore {
             const { bytesRead } = await fh.read(buf, 0, Math.min(buf.length, f.sizeBytes - pos), pos);
             const data = Buffer.from(buf.subarray(0, bytesRead));
             h.update(data);
-            await sql`insert into policy_chunks (run_id, kind, version, name, seq, data) values (${this.runId}, ${kind}, ${version}, ${f.name}, ${seq}, ${data})`.execute(tx);
+            await sql`insert into policy_chunks (run_id, kind, version, name, seq, data) values (${this.runId}, ${kind}, ${version}, ${f.name}, ${seq}, ${data})`.execute(
+              tx,
+            );
             pos += bytesRead;
             if (bytesRead === 0) break;
           }
           // the bytes stored are the bytes hashed (the file did not change under us)
           const stored = h.digest('hex');
-          if (stored !== f.sha256) throw new IntegrityError(`${kind} version ${version}: ${join(dir, f.name)} changed while it was being stored (sha256 ${f.sha256}, then ${stored})`, { path: join(dir, f.name), expected: f.sha256, actual: stored });
-        } finally { await fh.close(); }
+          if (stored !== f.sha256)
+            throw new IntegrityError(
+              `${kind} version ${version}: ${join(dir, f.name)} changed while it was being stored (sha256 ${f.sha256}, then ${stored})`,
+              { path: join(dir, f.name), expected: f.sha256, actual: stored },
+            );
+        } finally {
+          await fh.close();
+        }
         total += f.sizeBytes;
       }
-      await writeManifest(tx, this.runId, kind, version, files, (f) => Math.max(1, Math.ceil(f.sizeBytes / this.chunkBytes)));
-      await sql`insert into policy_artifacts (run_id, kind, version, files, size_bytes) values (${this.runId}, ${kind}, ${version}, ${files.length}, ${total})`.execute(tx);
+      await writeManifest(tx, this.runId, kind, version, files, (f) =>
+        Math.max(1, Math.ceil(f.sizeBytes / this.chunkBytes)),
+      );
+      await sql`insert into policy_artifacts (run_id, kind, version, files, size_bytes) values (${this.runId}, ${kind}, ${version}, ${files.length}, ${total})`.execute(
+        tx,
+      );
     };
-    if (db.isTransaction) await write(db); else await (db as Db).transaction().execute(write);
+    if (db.isTransaction) await write(db);
+    else await (db as Db).transaction().execute(write);
     return files;
   }
 
   async get(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<string | null> {
-    const listed = (await sql<{ n: number }>`select count(*)::int as n from policy_artifacts where run_id = ${this.runId} and kind = ${kind} and version = ${version}`.execute(db)).rows[0].n;
+    const listed = (
+      await sql<{
+        n: number;
+      }>`select count(*)::int as n from policy_artifacts where run_id = ${this.runId} and kind = ${kind} and version = ${version}`.execute(
+        db,
+      )
+    ).rows[0].n;
     if (!listed) return null;
     const recorded = await readManifest(db, this.runId, kind, version);
     const dir = this.writeDir(kind, version);
@@ -73,16 +106,31 @@ export class PostgresPolicyStore implements PolicyStore {
         const h = createHash('sha256');
         try {
           for (let seq = 0; seq < f.chunks; seq++) {
-            const row = (await sql<{ data: Buffer }>`select data from policy_chunks where run_id = ${this.runId} and kind = ${kind} and version = ${version} and name = ${f.name} and seq = ${seq}`.execute(db)).rows[0];
-            if (!row) throw new IntegrityError(`${kind} version ${version}: chunk ${seq} of ${f.name} is missing from policy_chunks in the run's database`, { path: `policy_chunks/${kind}/${version}/${f.name}#${seq}`, expected: f.sha256, actual: 'missing' });
+            const row = (
+              await sql<{
+                data: Buffer;
+              }>`select data from policy_chunks where run_id = ${this.runId} and kind = ${kind} and version = ${version} and name = ${f.name} and seq = ${seq}`.execute(
+                db,
+              )
+            ).rows[0];
+            if (!row)
+              throw new IntegrityError(
+                `${kind} version ${version}: chunk ${seq} of ${f.name} is missing from policy_chunks in the run's database`,
+                { path: `policy_chunks/${kind}/${version}/${f.name}#${seq}`, expected: f.sha256, actual: 'missing' },
+              );
             h.update(row.data);
             await fh.write(row.data);
           }
           await fh.sync();
-        } finally { await fh.close(); }
+        } finally {
+          await fh.close();
+        }
         const actual = h.digest('hex');
         if (actual !== f.sha256) {
-          throw new IntegrityError(`${kind} version ${version}: ${f.name} stored in the run's database (policy_chunks) has sha256 ${actual}, but ${f.sha256} was recorded when it was written — the stored bytes are damaged`, { path: `policy_chunks/${kind}/${version}/${f.name}`, expected: f.sha256, actual });
+          throw new IntegrityError(
+            `${kind} version ${version}: ${f.name} stored in the run's database (policy_chunks) has sha256 ${actual}, but ${f.sha256} was recorded when it was written — the stored bytes are damaged`,
+            { path: `policy_chunks/${kind}/${version}/${f.name}`, expected: f.sha256, actual },
+          );
         }
       }
       await fs.rm(dir, { recursive: true, force: true });
@@ -105,11 +153,21 @@ export class PostgresPolicyStore implements PolicyStore {
   }
 
   async files(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<ArtifactFile[]> {
-    return (await readManifest(db, this.runId, kind, version)).map(({ name, sha256, sizeBytes }) => ({ name, sha256, sizeBytes }));
+    return (await readManifest(db, this.runId, kind, version)).map(({ name, sha256, sizeBytes }) => ({
+      name,
+      sha256,
+      sizeBytes,
+    }));
   }
 
   async versions(kind: ArtifactKind, db: Executor = this.db): Promise<number[]> {
-    return (await sql<{ version: number }>`select version from policy_artifacts where run_id = ${this.runId} and kind = ${kind} order by version`.execute(db)).rows.map((r) => r.version);
+    return (
+      await sql<{
+        version: number;
+      }>`select version from policy_artifacts where run_id = ${this.runId} and kind = ${kind} order by version`.execute(
+        db,
+      )
+    ).rows.map((r) => r.version);
   }
 
   async remove(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<void> {
@@ -118,8 +176,12 @@ export class PostgresPolicyStore implements PolicyStore {
   }
 
   private async deleteRows(db: Executor, kind: ArtifactKind, version: number): Promise<void> {
-    await sql`delete from policy_artifacts where run_id = ${this.runId} and kind = ${kind} and version = ${version}`.execute(db);
+    await sql`delete from policy_artifacts where run_id = ${this.runId} and kind = ${kind} and version = ${version}`.execute(
+      db,
+    );
     await deleteManifest(db, this.runId, kind, version);
-    await sql`delete from policy_chunks where run_id = ${this.runId} and kind = ${kind} and version = ${version}`.execute(db);
+    await sql`delete from policy_chunks where run_id = ${this.runId} and kind = ${kind} and version = ${version}`.execute(
+      db,
+    );
   }
 }

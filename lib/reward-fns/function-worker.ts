@@ -8,7 +8,10 @@ import { Worker } from 'node:worker_threads';
 import { ConfigError, errorMessage } from '../errors.ts';
 import type { RewardInput, RewardOutcome } from './index.ts';
 
-export interface FunctionRewardSpec { path: string | null; name: string | null }
+export interface FunctionRewardSpec {
+  path: string | null;
+  name: string | null;
+}
 
 type Reply = { ready: true } | { loadError: string } | { seq: number; outcome: RewardOutcome };
 
@@ -30,9 +33,14 @@ export class FunctionRewardWorker {
   private waiting = new Map<number, (r: RewardOutcome) => void>();
   private failure: ((e: Error) => void) | null = null;
 
-  constructor(private readonly spec: FunctionRewardSpec, private readonly timeoutMs: number) {}
+  constructor(
+    private readonly spec: FunctionRewardSpec,
+    private readonly timeoutMs: number,
+  ) {}
 
-  private what(): string { return this.spec.path ?? this.spec.name ?? 'reward function'; }
+  private what(): string {
+    return this.spec.path ?? this.spec.name ?? 'reward function';
+  }
 
   /** Starts the worker (loads the function); rejects with a ConfigError when the module cannot be loaded. */
   start(): Promise<void> {
@@ -43,11 +51,18 @@ export class FunctionRewardWorker {
       w.on('message', (m: Reply) => {
         if ('ready' in m) resolve();
         else if ('loadError' in m) reject(new ConfigError(m.loadError));
-        else { const r = this.waiting.get(m.seq); this.waiting.delete(m.seq); r?.(m.outcome); }
+        else {
+          const r = this.waiting.get(m.seq);
+          this.waiting.delete(m.seq);
+          r?.(m.outcome);
+        }
       });
       const lost = (e: Error) => {
         reject(e);
-        if (this.worker === w) { this.worker = null; this.started = null; }
+        if (this.worker === w) {
+          this.worker = null;
+          this.started = null;
+        }
         this.failure?.(e);
       };
       w.on('error', (e) => lost(new Error(`reward function ${this.what()} crashed its worker: ${errorMessage(e)}`)));
@@ -63,9 +78,17 @@ export class FunctionRewardWorker {
     const w = this.worker!;
     const seq = ++this.seq;
     return new Promise<RewardOutcome>((resolve) => {
-      const done = (o: RewardOutcome) => { clearTimeout(timer); this.waiting.delete(seq); this.failure = null; resolve(o); };
+      const done = (o: RewardOutcome) => {
+        clearTimeout(timer);
+        this.waiting.delete(seq);
+        this.failure = null;
+        resolve(o);
+      };
       const timer = setTimeout(() => {
-        done({ ok: false, reason: `reward function did not return within reward.timeout_s = ${this.timeoutMs / 1000} s (a busy loop, or a wait that never ends); its worker was stopped` });
+        done({
+          ok: false,
+          reason: `reward function did not return within reward.timeout_s = ${this.timeoutMs / 1000} s (a busy loop, or a wait that never ends); its worker was stopped`,
+        });
         this.stop();
       }, this.timeoutMs);
       this.waiting.set(seq, done);
@@ -78,8 +101,15 @@ export class FunctionRewardWorker {
     const w = this.worker;
     this.worker = null;
     this.started = null;
-    if (w) { w.removeAllListeners('exit'); w.removeAllListeners('error'); w.on('error', () => undefined); void w.terminate(); }
+    if (w) {
+      w.removeAllListeners('exit');
+      w.removeAllListeners('error');
+      w.on('error', () => undefined);
+      void w.terminate();
+    }
   }
 
-  async close(): Promise<void> { this.stop(); }
+  async close(): Promise<void> {
+    this.stop();
+  }
 }

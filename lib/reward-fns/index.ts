@@ -32,12 +32,21 @@ export interface RewardInput {
  * `metrics`: numbers (finite) are logged as reward/<name> and can drive filters; booleans count as
  * 1/0; strings (e.g. the extracted answer) are stored with the trajectory's reward_details.
  */
-export interface RewardResult { reward: number; metrics?: Record<string, number | boolean | string> }
+export interface RewardResult {
+  reward: number;
+  metrics?: Record<string, number | boolean | string>;
+}
 /** What a user function may return: {reward, metrics?}, a bare number or boolean, or verl's {score, …}. */
 export type RewardReturn = RewardResult | number | boolean | ({ score: number | boolean } & Record<string, unknown>);
 export type RewardFn = (input: RewardInput) => RewardReturn | Promise<RewardReturn>;
 /** verl's shape: compute_score(data_source, solution_str, ground_truth, extra_info, kwargs). */
-export type VerlComputeScore = (dataSource: string, solutionStr: string, groundTruth: string, extraInfo: Record<string, unknown>, kwargs: Record<string, unknown>) => unknown;
+export type VerlComputeScore = (
+  dataSource: string,
+  solutionStr: string,
+  groundTruth: string,
+  extraInfo: Record<string, unknown>,
+  kwargs: Record<string, unknown>,
+) => unknown;
 
 /** extra_info as the trajectories carry it (JSON object text, "{}" when none) → an object. */
 export function parseExtraInfo(text: string | undefined | null): Record<string, unknown> {
@@ -45,12 +54,13 @@ export function parseExtraInfo(text: string | undefined | null): Record<string, 
   try {
     const v: unknown = JSON.parse(text);
     return v && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : {};
-  } catch { return {}; }
+  } catch {
+    return {};
+  }
 }
 
 export type RewardOutcome =
-  | { ok: true; reward: number; metrics: Record<string, number | string> }
-  | { ok: false; reason: string };
+  { ok: true; reward: number; metrics: Record<string, number | string> } | { ok: false; reason: string };
 
 const normalise = (s: string) => s.trim();
 
@@ -75,7 +85,8 @@ export const accuracyWithFormat: RewardFn = (input) => {
   const acc = exactMatch(input) as RewardResult;
   const fmt = integerFormat(input) as RewardResult;
   const w = typeof input.kwargs.format_weight === 'number' ? input.kwargs.format_weight : 0.1;
-  const a = acc.metrics!.accuracy as number, f = fmt.metrics!.format as number;
+  const a = acc.metrics!.accuracy as number,
+    f = fmt.metrics!.format as number;
   return { reward: a + w * f, metrics: { overall: a + w * f, accuracy: a, format: f } };
 };
 
@@ -114,7 +125,9 @@ export async function loadRewardModule(path: string): Promise<RewardFn> {
   const abs = resolve(path);
   if (!existsSync(abs)) throw new ConfigError(`reward.reward_fn_path: file not found: ${abs}`);
   let mod: Record<string, unknown>;
-  try { mod = await import(pathToFileURL(abs).href); } catch (e) {
+  try {
+    mod = await import(pathToFileURL(abs).href);
+  } catch (e) {
     throw new ConfigError(`reward.reward_fn_path: cannot load ${abs}: ${(e as Error).message}`);
   }
   const fn = (typeof mod.default === 'function' ? mod.default : mod.reward) as RewardFn | undefined;
@@ -124,7 +137,9 @@ export async function loadRewardModule(path: string): Promise<RewardFn> {
     return (i) => verl(i.data_source ?? '', i.response, i.ground_truth, i.extra_info ?? {}, i.kwargs) as RewardReturn;
   }
   const has = Object.keys(mod).filter((k) => k !== 'default');
-  throw new ConfigError(`reward.reward_fn_path: ${abs} must export a function: \`export default function ({prompt, response, ground_truth, data_source, extra_info, kwargs})\` (or \`export function reward\`), or verl's \`export function compute_score(data_source, solution_str, ground_truth, extra_info)\`; it exports ${has.length ? has.join(', ') : 'nothing'}`);
+  throw new ConfigError(
+    `reward.reward_fn_path: ${abs} must export a function: \`export default function ({prompt, response, ground_truth, data_source, extra_info, kwargs})\` (or \`export function reward\`), or verl's \`export function compute_score(data_source, solution_str, ground_truth, extra_info)\`; it exports ${has.length ? has.join(', ') : 'nothing'}`,
+  );
 }
 
 /** A function's return value → {reward, metrics}, or why it is not one. */
@@ -138,7 +153,11 @@ function normaliseReturn(out: unknown): RewardResult | string {
       // verl: {score, ...extra}: the other keys are reported like metrics
       const { score, ...rest } = o;
       const metrics: Record<string, number | boolean | string> = {};
-      for (const [k, v] of Object.entries(rest)) metrics[k] = typeof v === 'number' || typeof v === 'boolean' || typeof v === 'string' ? v : (JSON.stringify(v) ?? String(v));
+      for (const [k, v] of Object.entries(rest))
+        metrics[k] =
+          typeof v === 'number' || typeof v === 'boolean' || typeof v === 'string'
+            ? v
+            : (JSON.stringify(v) ?? String(v));
       return { reward: typeof score === 'boolean' ? (score ? 1 : 0) : score, metrics };
     }
   }
@@ -148,17 +167,24 @@ function normaliseReturn(out: unknown): RewardResult | string {
 /** Runs a reward function for one trajectory; throws and non-finite rewards become failures. */
 export async function applyRewardFn(fn: RewardFn, input: RewardInput): Promise<RewardOutcome> {
   let raw: unknown;
-  try { raw = await fn(input); } catch (e) {
+  try {
+    raw = await fn(input);
+  } catch (e) {
     return { ok: false, reason: `reward function threw: ${(e as Error)?.message ?? String(e)}` };
   }
   const out = normaliseReturn(raw);
   if (typeof out === 'string') return { ok: false, reason: out };
-  if (!Number.isFinite(out.reward)) return { ok: false, reason: `reward function returned a non-finite reward (${out.reward})` };
+  if (!Number.isFinite(out.reward))
+    return { ok: false, reason: `reward function returned a non-finite reward (${out.reward})` };
   const metrics: Record<string, number | string> = {};
   for (const [k, v] of Object.entries(out.metrics ?? {})) {
     if (typeof v === 'boolean') metrics[k] = v ? 1 : 0;
     else if (typeof v === 'string') metrics[k] = v;
-    else if (typeof v !== 'number' || !Number.isFinite(v)) return { ok: false, reason: `reward function returned metric ${k}=${typeof v === 'number' ? v : JSON.stringify(v)?.slice(0, 100)}; a metric is a finite number, a boolean or a string` };
+    else if (typeof v !== 'number' || !Number.isFinite(v))
+      return {
+        ok: false,
+        reason: `reward function returned metric ${k}=${typeof v === 'number' ? v : JSON.stringify(v)?.slice(0, 100)}; a metric is a finite number, a boolean or a string`,
+      };
     else metrics[k] = v;
   }
   if (metrics.overall === undefined) metrics.overall = out.reward;

@@ -18,6 +18,7 @@ try {
 port.on('message', (m: { seq: number; input: RewardInput }) => {
   void applyRewardFn(fn!, m.input).then(
     (outcome) => port.postMessage({ seq: m.seq, outcome }),
-    (e: unknown) => port.postMessage({ seq: m.seq, outcome: { ok: false, reason: `reward function failed: ${errorMessage(e)}` } }),
+    (e: unknown) =>
+      port.postMessage({ seq: m.seq, outcome: { ok: false, reason: `reward function failed: ${errorMessage(e)}` } }),
   );
 });

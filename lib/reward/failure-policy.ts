@@ -22,7 +22,13 @@ export interface GroupInfo {
   max_attempts: number;
 }
 
-export interface FailedTrajectory { id: string; reason: string; retriable: boolean; server?: string; body?: string }
+export interface FailedTrajectory {
+  id: string;
+  reason: string;
+  retriable: boolean;
+  server?: string;
+  body?: string;
+}
 
 export interface FailureDecision {
   action: 'emit' | 'retry_later' | 'drop_group' | 'stop';
@@ -34,7 +40,9 @@ export interface FailureDecision {
 const LISTED = 3;
 
 function describe(failed: FailedTrajectory[]): string {
-  const parts = failed.slice(0, LISTED).map((f) => `${f.id}${f.server && !f.reason.includes(f.server) ? ` on ${f.server}` : ''}: ${f.reason}`);
+  const parts = failed
+    .slice(0, LISTED)
+    .map((f) => `${f.id}${f.server && !f.reason.includes(f.server) ? ` on ${f.server}` : ''}: ${f.reason}`);
   if (failed.length > LISTED) parts.push(`… and ${failed.length - LISTED} more`);
   return parts.join('; ');
 }
@@ -47,12 +55,19 @@ function whatToFix(failed: FailedTrajectory[]): string {
   return 'the reward servers';
 }
 
-export function decideOnFailures(outcomes: readonly RewardOutcome[], group: GroupInfo, policy: OnFailurePolicy): FailureDecision {
+export function decideOnFailures(
+  outcomes: readonly RewardOutcome[],
+  group: GroupInfo,
+  policy: OnFailurePolicy,
+): FailureDecision {
   const expected = new Set(group.expected_ids);
   const best = new Map<string, RewardOutcome>();
   const unexpected: string[] = [];
   for (const o of outcomes) {
-    if (!expected.has(o.id)) { unexpected.push(o.id); continue; }
+    if (!expected.has(o.id)) {
+      unexpected.push(o.id);
+      continue;
+    }
     const prev = best.get(o.id);
     if (!prev || (!prev.ok && o.ok)) best.set(o.id, o);
   }
@@ -68,7 +83,8 @@ export function decideOnFailures(outcomes: readonly RewardOutcome[], group: Grou
     const o = best.get(id);
     if (!o) failed.push({ id, reason: 'no reward outcome was produced for this trajectory', retriable: true });
     else if (!o.ok) failed.push({ id, reason: o.reason, retriable: o.retriable, server: o.server, body: o.body });
-    else if (!Number.isFinite(o.reward)) failed.push({ id, reason: `reward is not finite (${o.reward})`, retriable: false, server: o.server });
+    else if (!Number.isFinite(o.reward))
+      failed.push({ id, reason: `reward is not finite (${o.reward})`, retriable: false, server: o.server });
   }
   if (failed.length === 0) return { action: 'emit', failed };
 
@@ -77,16 +93,32 @@ export function decideOnFailures(outcomes: readonly RewardOutcome[], group: Grou
     case 'drop_group':
       return { action: 'drop_group', message: `${head}; dropping the group (reward.on_failure: drop_group)`, failed };
     case 'stop':
-      return { action: 'stop', message: `${head}; stopping the run (reward.on_failure: stop) — fix ${whatToFix(failed)}, or set reward.on_failure to retry or drop_group`, failed };
+      return {
+        action: 'stop',
+        message: `${head}; stopping the run (reward.on_failure: stop) — fix ${whatToFix(failed)}, or set reward.on_failure to retry or drop_group`,
+        failed,
+      };
     case 'retry': {
       const permanent = failed.filter((f) => !f.retriable);
       if (permanent.length > 0) {
-        return { action: 'drop_group', message: `${head}; dropping the group: ${permanent.length} of these failures cannot succeed on retry (${describe(permanent)})`, failed };
+        return {
+          action: 'drop_group',
+          message: `${head}; dropping the group: ${permanent.length} of these failures cannot succeed on retry (${describe(permanent)})`,
+          failed,
+        };
       }
       if (group.attempt >= group.max_attempts) {
-        return { action: 'drop_group', message: `${head}; dropping the group after ${group.attempt} later attempts (reward.max_retries_later = ${group.max_attempts})`, failed };
+        return {
+          action: 'drop_group',
+          message: `${head}; dropping the group after ${group.attempt} later attempts (reward.max_retries_later = ${group.max_attempts})`,
+          failed,
+        };
       }
-      return { action: 'retry_later', message: `${head}; will retry the group (attempt ${group.attempt + 1} of ${group.max_attempts})`, failed };
+      return {
+        action: 'retry_later',
+        message: `${head}; will retry the group (attempt ${group.attempt + 1} of ${group.max_attempts})`,
+        failed,
+      };
     }
     default: {
       const never: never = policy;

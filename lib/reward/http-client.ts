@@ -25,8 +25,15 @@ import { ConfigError, RlError } from '../errors.ts';
 import { silentLogger } from '../log.ts';
 import { fetchTransport, nodeHttpTransport, type FetchLike, type Transport } from './transport.ts';
 import {
-  REQUEST_PRESETS, TRAJECTORY_FIELDS, resolveServerEndpoints, truncateBody,
-  type RemoteRewardOptions, type RewardOutcome, type RewardRequestItem, type ServerEndpoint, type TrajectoryField,
+  REQUEST_PRESETS,
+  TRAJECTORY_FIELDS,
+  resolveServerEndpoints,
+  truncateBody,
+  type RemoteRewardOptions,
+  type RewardOutcome,
+  type RewardRequestItem,
+  type ServerEndpoint,
+  type TrajectoryField,
 } from './types.ts';
 
 export interface Clock {
@@ -63,7 +70,11 @@ export interface RemoteRewardClientDeps {
 
 type BreakerState = 'closed' | 'open' | 'half_open';
 
-interface Sample { t: number; ms: number; ok: boolean }
+interface Sample {
+  t: number;
+  ms: number;
+  ok: boolean;
+}
 const SAMPLES = 2048;
 const RATE_WINDOW_MS = 10_000;
 
@@ -103,18 +114,27 @@ interface AttemptError {
   retryAfterMs?: number;
 }
 
-interface Job { items: RewardRequestItem[]; bodies: Record<string, unknown>[] }
+interface Job {
+  items: RewardRequestItem[];
+  bodies: Record<string, unknown>[];
+}
 
 const MAX_BODY_KEPT = 512;
 
 function fieldValue(item: RewardRequestItem, f: TrajectoryField): unknown {
   switch (f) {
-    case 'prompt_text': return item.prompt_text;
-    case 'response_text': return item.response_text;
-    case 'ground_truth': return item.ground_truth;
-    case 'image_base64_png': return item.images && item.images.length > 0 ? item.images[0].toString('base64') : undefined;
-    case 'id': return item.id;
-    case 'step': return item.step;
+    case 'prompt_text':
+      return item.prompt_text;
+    case 'response_text':
+      return item.response_text;
+    case 'ground_truth':
+      return item.ground_truth;
+    case 'image_base64_png':
+      return item.images && item.images.length > 0 ? item.images[0].toString('base64') : undefined;
+    case 'id':
+      return item.id;
+    case 'step':
+      return item.step;
   }
 }
 
@@ -132,22 +152,44 @@ function quantile(sorted: number[], q: number): number {
 }
 
 /** Checks `reward.remote` and the request/response mapping; ConfigErrors say what to change. */
-function validateOptions(opts: RemoteRewardOptions): { template: Record<string, TrajectoryField>; weights: [string, number][]; range: readonly [number, number] } {
+function validateOptions(opts: RemoteRewardOptions): {
+  template: Record<string, TrajectoryField>;
+  weights: [string, number][];
+  range: readonly [number, number];
+} {
   const template = opts.request_template ?? REQUEST_PRESETS[opts.request_preset];
-  if (!template) throw new ConfigError(`reward.remote.request_preset: unknown preset "${opts.request_preset}" — valid: ${Object.keys(REQUEST_PRESETS).join(', ')}`);
+  if (!template)
+    throw new ConfigError(
+      `reward.remote.request_preset: unknown preset "${opts.request_preset}" — valid: ${Object.keys(REQUEST_PRESETS).join(', ')}`,
+    );
   const fields = Object.entries(template);
-  if (fields.length === 0) throw new ConfigError('reward.remote.request_template: maps no field — give at least one body field, e.g. {prompt: prompt_text}');
+  if (fields.length === 0)
+    throw new ConfigError(
+      'reward.remote.request_template: maps no field — give at least one body field, e.g. {prompt: prompt_text}',
+    );
   for (const [k, f] of fields) {
-    if (!(TRAJECTORY_FIELDS as readonly string[]).includes(f)) throw new ConfigError(`reward.remote.request_template.${k}: unknown trajectory field "${f}" — valid: ${TRAJECTORY_FIELDS.join(', ')}`);
+    if (!(TRAJECTORY_FIELDS as readonly string[]).includes(f))
+      throw new ConfigError(
+        `reward.remote.request_template.${k}: unknown trajectory field "${f}" — valid: ${TRAJECTORY_FIELDS.join(', ')}`,
+      );
   }
   const weights = Object.entries(opts.response_mapping?.weights ?? {});
-  if (weights.length === 0) throw new ConfigError('reward.remote.response_mapping.weights: empty — name at least one response field, e.g. {vlm_score: 1}');
-  for (const [k, w] of weights) if (typeof w !== 'number' || !Number.isFinite(w)) throw new ConfigError(`reward.remote.response_mapping.weights.${k}: ${w} is not a finite number`);
+  if (weights.length === 0)
+    throw new ConfigError(
+      'reward.remote.response_mapping.weights: empty — name at least one response field, e.g. {vlm_score: 1}',
+    );
+  for (const [k, w] of weights)
+    if (typeof w !== 'number' || !Number.isFinite(w))
+      throw new ConfigError(`reward.remote.response_mapping.weights.${k}: ${w} is not a finite number`);
   const positive = (name: string, v: number, min = 1) => {
-    if (typeof v !== 'number' || !Number.isFinite(v) || v < min) throw new ConfigError(`reward.remote.${name}: ${v} must be a number ≥ ${min}`);
+    if (typeof v !== 'number' || !Number.isFinite(v) || v < min)
+      throw new ConfigError(`reward.remote.${name}: ${v} must be a number ≥ ${min}`);
   };
   const range = opts.response_mapping.range ?? [0, 1];
-  if (range.length !== 2 || !range.every(Number.isFinite) || range[0] > range[1]) throw new ConfigError(`reward.remote.response_mapping.range: [${range.join(', ')}] must be [low, high] with low ≤ high`);
+  if (range.length !== 2 || !range.every(Number.isFinite) || range[0] > range[1])
+    throw new ConfigError(
+      `reward.remote.response_mapping.range: [${range.join(', ')}] must be [low, high] with low ≤ high`,
+    );
   positive('timeout_ms', opts.timeout_ms);
   positive('max_retries', opts.max_retries, 0);
   positive('backoff_initial_ms', opts.backoff_initial_ms, 0);
@@ -166,15 +208,32 @@ function validateOptions(opts: RemoteRewardOptions): { template: Record<string, 
  * be a finite number within `range` (default [0, 1]); anything else makes the response malformed
  * (reason returned). `details` keeps every returned field.
  */
-export function mapResponse(value: unknown, weights: readonly [string, number][], range: readonly [number, number] = [0, 1]): { ok: true; reward: number; details: Record<string, unknown> } | { ok: false; reason: string } {
-  if (value === null || typeof value !== 'object' || Array.isArray(value)) return { ok: false, reason: `expected a JSON object with ${weights.map(([k]) => k).join(', ')}, got ${Array.isArray(value) ? 'an array' : JSON.stringify(value)?.slice(0, 60)}` };
+export function mapResponse(
+  value: unknown,
+  weights: readonly [string, number][],
+  range: readonly [number, number] = [0, 1],
+): { ok: true; reward: number; details: Record<string, unknown> } | { ok: false; reason: string } {
+  if (value === null || typeof value !== 'object' || Array.isArray(value))
+    return {
+      ok: false,
+      reason: `expected a JSON object with ${weights.map(([k]) => k).join(', ')}, got ${Array.isArray(value) ? 'an array' : JSON.stringify(value)?.slice(0, 60)}`,
+    };
   const obj = value as Record<string, unknown>;
   let reward = 0;
   for (const [k, w] of weights) {
     const v = obj[k];
-    if (v === undefined) return { ok: false, reason: `field "${k}" is missing (returned fields: ${Object.keys(obj).join(', ') || 'none'})` };
-    if (typeof v !== 'number') return { ok: false, reason: `field "${k}" is ${JSON.stringify(v)?.slice(0, 40)}, expected a number in [${range[0]}, ${range[1]}]` };
-    if (!Number.isFinite(v) || v < range[0] || v > range[1]) return { ok: false, reason: `field "${k}" is ${v}, outside [${range[0]}, ${range[1]}]` };
+    if (v === undefined)
+      return {
+        ok: false,
+        reason: `field "${k}" is missing (returned fields: ${Object.keys(obj).join(', ') || 'none'})`,
+      };
+    if (typeof v !== 'number')
+      return {
+        ok: false,
+        reason: `field "${k}" is ${JSON.stringify(v)?.slice(0, 40)}, expected a number in [${range[0]}, ${range[1]}]`,
+      };
+    if (!Number.isFinite(v) || v < range[0] || v > range[1])
+      return { ok: false, reason: `field "${k}" is ${v}, outside [${range[0]}, ${range[1]}]` };
     reward += w * v;
   }
   return { ok: true, reward, details: { ...obj } };
@@ -184,7 +243,8 @@ function parseJson(body: string): { ok: true; value: unknown } | { ok: false; re
   try {
     return { ok: true, value: JSON.parse(body) };
   } catch (e) {
-    if (/(^|[^A-Za-z"])-?(NaN|Infinity)([^A-Za-z"]|$)/.test(body)) return { ok: false, reason: 'response contains NaN/Infinity (not valid JSON; scores must be finite numbers)' };
+    if (/(^|[^A-Za-z"])-?(NaN|Infinity)([^A-Za-z"]|$)/.test(body))
+      return { ok: false, reason: 'response contains NaN/Infinity (not valid JSON; scores must be finite numbers)' };
     return { ok: false, reason: `response is not valid JSON (${(e as Error).message})` };
   }
 }
@@ -201,22 +261,45 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
   const authHeaders: Record<string, string> = {};
   if (opts.auth_token_env) {
     const token = env[opts.auth_token_env]?.trim();
-    if (!token) throw new ConfigError(`reward.remote.auth_token_env: environment variable ${opts.auth_token_env} is not set (it should hold the reward servers' auth token)`);
-    if (!/^[A-Za-z0-9-]+$/.test(opts.auth_header)) throw new ConfigError(`reward.remote.auth_header: "${opts.auth_header}" is not a valid header name`);
+    if (!token)
+      throw new ConfigError(
+        `reward.remote.auth_token_env: environment variable ${opts.auth_token_env} is not set (it should hold the reward servers' auth token)`,
+      );
+    if (!/^[A-Za-z0-9-]+$/.test(opts.auth_header))
+      throw new ConfigError(`reward.remote.auth_header: "${opts.auth_header}" is not a valid header name`);
     const scheme = (opts.auth_scheme ?? 'Bearer').trim();
     authHeaders[opts.auth_header.toLowerCase()] = scheme ? `${scheme} ${token}` : token;
   }
-  const headers: Record<string, string> = { 'content-type': 'application/json', accept: 'application/json', ...authHeaders };
+  const headers: Record<string, string> = {
+    'content-type': 'application/json',
+    accept: 'application/json',
+    ...authHeaders,
+  };
 
   const servers: ServerState[] = endpoints.map((ep, index) => ({
-    ep, index, outstanding: 0, state: 'closed', consecutiveFailures: 0, openedAt: 0, trialInFlight: false,
-    probing: false, lastFailureAt: 0, samples: [], sampleNext: 0, requests: 0, errors: 0, failingInputs: new Set<string>(), lastSuccess: -1,
+    ep,
+    index,
+    outstanding: 0,
+    state: 'closed',
+    consecutiveFailures: 0,
+    openedAt: 0,
+    trialInFlight: false,
+    probing: false,
+    lastFailureAt: 0,
+    samples: [],
+    sampleNext: 0,
+    requests: 0,
+    errors: 0,
+    failingInputs: new Set<string>(),
+    lastSuccess: -1,
   }));
   // inputs that had a server fault once (anywhere), and those whose fault repeated: their own (bounded memory)
   const faultedAt = new Map<string, number>(); // input → `results` count at its first server fault
   const ownFault = new Set<string>();
   let results = 0;
-  const bound = (m: { size: number; delete(k: string): boolean; keys(): IterableIterator<string> }) => { if (m.size > 4096) m.delete(m.keys().next().value!); };
+  const bound = (m: { size: number; delete(k: string): boolean; keys(): IterableIterator<string> }) => {
+    if (m.size > 4096) m.delete(m.keys().next().value!);
+  };
   const preferred = ((deps.replicaIndex % servers.length) + servers.length) % servers.length;
   const counters = { failures: 0, scored: 0, retries: 0, requests: 0 };
   const startedAt = clock.now();
@@ -225,12 +308,17 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
   // ---- waiting for a free server --------------------------------------------------------------
   // FIFO of jobs waiting for a server slot: an array with a moving head (O(1) per hand-out even
   // with thousands waiting); a waiter that timed out is only marked and skipped.
-  interface Waiter { exclude: Set<number>; resolve: (s: ServerState | null) => void; cancelled: boolean }
+  interface Waiter {
+    exclude: Set<number>;
+    resolve: (s: ServerState | null) => void;
+    cancelled: boolean;
+  }
   let waiters: Waiter[] = [];
   let head = 0;
 
-  const usable = (s: ServerState) => s.outstanding < opts.concurrency_per_server
-    && (s.state === 'closed' || (s.state === 'half_open' && !s.trialInFlight));
+  const usable = (s: ServerState) =>
+    s.outstanding < opts.concurrency_per_server &&
+    (s.state === 'closed' || (s.state === 'half_open' && !s.trialInFlight));
   const healthy = (s: ServerState) => s.state !== 'open';
 
   /**
@@ -238,8 +326,10 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
    * schedule), so a fast-failing server does not attract traffic under least-outstanding routing
    * before its breaker opens; afterwards it is an ordinary candidate again (affinity restored).
    */
-  const cooling = (s: ServerState) => s.consecutiveFailures > 0
-    && clock.now() - s.lastFailureAt < Math.min(opts.backoff_max_ms, opts.backoff_initial_ms * 2 ** (s.consecutiveFailures - 1));
+  const cooling = (s: ServerState) =>
+    s.consecutiveFailures > 0 &&
+    clock.now() - s.lastFailureAt <
+      Math.min(opts.backoff_max_ms, opts.backoff_initial_ms * 2 ** (s.consecutiveFailures - 1));
 
   /** Affinity first, then least outstanding; servers that failed this item or are cooling down sort last. */
   function pick(exclude: Set<number>): ServerState | null {
@@ -253,7 +343,14 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       if (!usable(s)) continue;
       if (anyHealthyUnexcluded && exclude.has(s.index)) continue;
       const key = [cooling(s) ? 1 : 0, s.outstanding, k];
-      if (!best || key[0] < bestKey[0] || (key[0] === bestKey[0] && (key[1] < bestKey[1] || (key[1] === bestKey[1] && key[2] < bestKey[2])))) { best = s; bestKey = key; }
+      if (
+        !best ||
+        key[0] < bestKey[0] ||
+        (key[0] === bestKey[0] && (key[1] < bestKey[1] || (key[1] === bestKey[1] && key[2] < bestKey[2])))
+      ) {
+        best = s;
+        bestKey = key;
+      }
     }
     return best;
   }
@@ -268,17 +365,28 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
     const skipped: Waiter[] = [];
     while (head < waiters.length) {
       const w = waiters[head];
-      if (w.cancelled) { head++; continue; }
-      if (closed) { head++; w.resolve(null); continue; }
+      if (w.cancelled) {
+        head++;
+        continue;
+      }
+      if (closed) {
+        head++;
+        w.resolve(null);
+        continue;
+      }
       if (!servers.some(usable)) break;
       head++;
       const s = pick(w.exclude);
-      if (s) w.resolve(take(s)); else skipped.push(w);
+      if (s) w.resolve(take(s));
+      else skipped.push(w);
     }
     // waiters that could not use the free servers (they already failed there) keep their places
     head -= skipped.length;
     for (let k = 0; k < skipped.length; k++) waiters[head + k] = skipped[k];
-    if (head > 1024 && head * 2 > waiters.length) { waiters = waiters.slice(head); head = 0; }
+    if (head > 1024 && head * 2 > waiters.length) {
+      waiters = waiters.slice(head);
+      head = 0;
+    }
   }
 
   /**
@@ -292,12 +400,30 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       if (s) return take(s);
       const allOpen = servers.every((x) => x.state === 'open');
       const waitUntil = allOpen
-        ? Math.min(deadline, Math.max(...servers.map((x) => x.openedAt)) + opts.breaker.reset_timeout_ms + 2 * opts.breaker.probe_interval_ms)
+        ? Math.min(
+            deadline,
+            Math.max(...servers.map((x) => x.openedAt)) +
+              opts.breaker.reset_timeout_ms +
+              2 * opts.breaker.probe_interval_ms,
+          )
         : deadline;
       if (allOpen && clock.now() >= waitUntil) return 'all_open';
       const got = await new Promise<ServerState | null>((resolve) => {
-        const timer = setTimeout(() => { waiter.cancelled = true; resolve(null); }, Math.max(1, waitUntil - clock.now()));
-        const waiter: Waiter = { exclude, cancelled: false, resolve: (x) => { clearTimeout(timer); resolve(x); } };
+        const timer = setTimeout(
+          () => {
+            waiter.cancelled = true;
+            resolve(null);
+          },
+          Math.max(1, waitUntil - clock.now()),
+        );
+        const waiter: Waiter = {
+          exclude,
+          cancelled: false,
+          resolve: (x) => {
+            clearTimeout(timer);
+            resolve(x);
+          },
+        };
         waiters.push(waiter);
       });
       if (got) return got;
@@ -310,34 +436,61 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
     const wasOpen = s.state === 'open';
     s.state = 'open';
     s.openedAt = clock.now();
-    if (!wasOpen) log.warn({ server: s.ep.key, failures: s.consecutiveFailures, last_error: s.lastError }, `reward server ${s.ep.key}: circuit breaker open after ${s.consecutiveFailures} consecutive failures (last: ${s.lastError}); probing ${s.ep.healthUrl} every ${opts.breaker.probe_interval_ms} ms`);
+    if (!wasOpen)
+      log.warn(
+        { server: s.ep.key, failures: s.consecutiveFailures, last_error: s.lastError },
+        `reward server ${s.ep.key}: circuit breaker open after ${s.consecutiveFailures} consecutive failures (last: ${s.lastError}); probing ${s.ep.healthUrl} every ${opts.breaker.probe_interval_ms} ms`,
+      );
     if (!s.probeTimer && !closed) {
-      s.probeTimer = setInterval(() => { void probe(s); }, opts.breaker.probe_interval_ms);
+      s.probeTimer = setInterval(() => {
+        void probe(s);
+      }, opts.breaker.probe_interval_ms);
       s.probeTimer.unref?.();
     }
     // Every server is open now: waiters (which may be waiting for a half-open trial) re-check,
     // so that they wait at most the bounded all-open time, not the whole batch budget.
     if (servers.every((x) => x.state === 'open')) {
-      for (let i = head; i < waiters.length; i++) if (!waiters[i].cancelled) { waiters[i].cancelled = true; waiters[i].resolve(null); }
+      for (let i = head; i < waiters.length; i++)
+        if (!waiters[i].cancelled) {
+          waiters[i].cancelled = true;
+          waiters[i].resolve(null);
+        }
       waiters = [];
       head = 0;
     }
   }
 
   function stopProbes(s: ServerState): void {
-    if (s.probeTimer) { clearInterval(s.probeTimer); s.probeTimer = undefined; }
+    if (s.probeTimer) {
+      clearInterval(s.probeTimer);
+      s.probeTimer = undefined;
+    }
   }
 
   async function probe(s: ServerState): Promise<void> {
     if (s.probing || s.state !== 'open' || closed) return;
     s.probing = true;
     try {
-      const res = await transport.request({ url: s.ep.healthUrl, method: 'GET', headers: { accept: 'application/json', ...authHeaders }, timeoutMs: Math.min(opts.timeout_ms, Math.max(opts.breaker.probe_interval_ms, 1000)) });
-      if (res.status >= 200 && res.status < 300 && s.state === 'open' && clock.now() - s.openedAt >= opts.breaker.reset_timeout_ms && !closed) {
+      const res = await transport.request({
+        url: s.ep.healthUrl,
+        method: 'GET',
+        headers: { accept: 'application/json', ...authHeaders },
+        timeoutMs: Math.min(opts.timeout_ms, Math.max(opts.breaker.probe_interval_ms, 1000)),
+      });
+      if (
+        res.status >= 200 &&
+        res.status < 300 &&
+        s.state === 'open' &&
+        clock.now() - s.openedAt >= opts.breaker.reset_timeout_ms &&
+        !closed
+      ) {
         s.state = 'half_open';
         s.trialInFlight = false;
         stopProbes(s);
-        log.info({ server: s.ep.key }, `reward server ${s.ep.key}: health probe ok; circuit breaker half-open (next request is a trial)`);
+        log.info(
+          { server: s.ep.key },
+          `reward server ${s.ep.key}: health probe ok; circuit breaker half-open (next request is a trial)`,
+        );
         pump();
       }
     } catch {
@@ -364,11 +517,15 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       const first = faultedAt.get(input);
       if (first !== undefined && s.lastSuccess > first) {
         // the same input failed again on a server that has answered other inputs since: the fault is the input's
-        ownFault.add(input); bound(ownFault);
+        ownFault.add(input);
+        bound(ownFault);
         for (const x of servers) x.failingInputs.delete(input);
       } else if (!ownFault.has(input)) {
         s.failingInputs.add(input);
-        if (first === undefined) { faultedAt.set(input, results); bound(faultedAt); }
+        if (first === undefined) {
+          faultedAt.set(input, results);
+          bound(faultedAt);
+        }
       }
       s.consecutiveFailures = s.failingInputs.size;
       if (s.state === 'half_open' && wasTrial) openBreaker(s);
@@ -386,7 +543,9 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
   }
 
   // ---- one attempt -----------------------------------------------------------------------------
-  type AttemptResult = { results: ({ ok: true; reward: number; details: Record<string, unknown> } | { ok: false; err: AttemptError })[] } | { err: AttemptError };
+  type AttemptResult =
+    | { results: ({ ok: true; reward: number; details: Record<string, unknown> } | { ok: false; err: AttemptError })[] }
+    | { err: AttemptError };
 
   async function attempt(s: ServerState, job: Job, timeoutMs: number): Promise<AttemptResult> {
     const batch = opts.batch_size > 1;
@@ -397,30 +556,51 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       res = await transport.request({ url: s.ep.scoreUrl, method: 'POST', headers, body, timeoutMs });
     } catch (e) {
       const retriable = e instanceof RlError ? e.retriable : true;
-      return { err: { reason: `${where}: ${(e as Error).message}`, retriable, finalRetriable: retriable, serverFault: true, server: where } };
+      return {
+        err: {
+          reason: `${where}: ${(e as Error).message}`,
+          retriable,
+          finalRetriable: retriable,
+          serverFault: true,
+          server: where,
+        },
+      };
     }
     const kept = truncateBody(res.body, MAX_BODY_KEPT);
     if (res.status < 200 || res.status >= 300) {
       const retriable = res.status === 408 || res.status === 429 || res.status >= 500;
       let detail = res.body.trim().slice(0, 200);
       const parsed = parseJson(res.body);
-      if (parsed.ok && parsed.value && typeof (parsed.value as { error?: unknown }).error === 'string') detail = (parsed.value as { error: string }).error;
+      if (parsed.ok && parsed.value && typeof (parsed.value as { error?: unknown }).error === 'string')
+        detail = (parsed.value as { error: string }).error;
       return {
         err: {
-          reason: `${where}: HTTP ${res.status}${detail ? `: ${detail}` : ''}`, retriable, finalRetriable: retriable,
-          serverFault: res.status >= 500 || res.status === 429 || res.status === 408, server: where, body: kept,
+          reason: `${where}: HTTP ${res.status}${detail ? `: ${detail}` : ''}`,
+          retriable,
+          finalRetriable: retriable,
+          serverFault: res.status >= 500 || res.status === 429 || res.status === 408,
+          server: where,
+          body: kept,
           retryAfterMs: parseRetryAfter(res.retryAfter, Date.now()),
         },
       };
     }
-    const malformed = (reason: string): AttemptError => ({ reason: `${where}: malformed response: ${reason}`, retriable: true, finalRetriable: false, serverFault: true, server: where, body: kept });
+    const malformed = (reason: string): AttemptError => ({
+      reason: `${where}: malformed response: ${reason}`,
+      retriable: true,
+      finalRetriable: false,
+      serverFault: true,
+      server: where,
+      body: kept,
+    });
     const parsed = parseJson(res.body);
     if (!parsed.ok) return { err: malformed(parsed.reason) };
     let values: unknown[];
     if (batch) {
       const r = (parsed.value as { results?: unknown } | null)?.results;
       if (!Array.isArray(r)) return { err: malformed('batch response must be {"results": [...]}') };
-      if (r.length !== job.items.length) return { err: malformed(`batch response has ${r.length} results for ${job.items.length} items`) };
+      if (r.length !== job.items.length)
+        return { err: malformed(`batch response has ${r.length} results for ${job.items.length} items`) };
       values = r;
     } else {
       values = [parsed.value];
@@ -435,7 +615,7 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
   function backoffMs(attemptNo: number, retryAfterMs?: number): number {
     if (retryAfterMs !== undefined) return Math.min(opts.backoff_max_ms, retryAfterMs);
     const cap = Math.min(opts.backoff_max_ms, opts.backoff_initial_ms * 2 ** Math.max(0, attemptNo - 1));
-    return cap / 2 + clock.random() * cap / 2; // "equal jitter": at least half the step, spread over the rest
+    return cap / 2 + (clock.random() * cap) / 2; // "equal jitter": at least half the step, spread over the rest
   }
 
   // ---- a job: one request's items, retried until scored, failed for good, or out of budget ---------
@@ -446,7 +626,14 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
     const exclude = new Set<number>();
     const failAll = (items: RewardRequestItem[], reason: string, retriable: boolean, err?: AttemptError) => {
       for (const it of items) {
-        out.set(it.id, { id: it.id, ok: false, reason, retriable, ...(err?.server ? { server: err.server } : {}), ...(err?.body !== undefined ? { body: err.body } : {}) });
+        out.set(it.id, {
+          id: it.id,
+          ok: false,
+          reason,
+          retriable,
+          ...(err?.server ? { server: err.server } : {}),
+          ...(err?.body !== undefined ? { body: err.body } : {}),
+        });
         counters.failures++;
       }
     };
@@ -461,13 +648,21 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       let err: AttemptError;
       if (s === 'all_open') {
         const detail = servers.map((x) => x.lastError ?? `${x.ep.key}: unavailable`).join('; ');
-        err = { reason: `no reward server available: all ${servers.length} circuit breakers open (${detail})`, retriable: true, finalRetriable: true, serverFault: false, server: lastErr?.server, body: lastErr?.body };
+        err = {
+          reason: `no reward server available: all ${servers.length} circuit breakers open (${detail})`,
+          retriable: true,
+          finalRetriable: true,
+          serverFault: false,
+          server: lastErr?.server,
+          body: lastErr?.body,
+        };
       } else {
         const t0 = clock.now();
         const timeout = Math.max(1, Math.min(opts.timeout_ms, deadline - t0));
         const r = await attempt(s, job, timeout);
         // a malformed item in an otherwise good batch response also counts against the server
-        const fault = 'err' in r ? r.err : (r.results.find((x) => !x.ok) as { err: AttemptError } | undefined)?.err ?? null;
+        const fault =
+          'err' in r ? r.err : ((r.results.find((x) => !x.ok) as { err: AttemptError } | undefined)?.err ?? null);
         recordResult(s, clock.now() - t0, fault, job.items.map((it) => it.id).join('\u0000'));
         if ('err' in r) {
           err = r.err;
@@ -475,8 +670,10 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
           const failed: number[] = [];
           r.results.forEach((x, i) => {
             const it = job.items[i];
-            if (x.ok) { out.set(it.id, { id: it.id, ok: true, reward: x.reward, details: x.details, server: s.ep.key }); counters.scored++; }
-            else failed.push(i);
+            if (x.ok) {
+              out.set(it.id, { id: it.id, ok: true, reward: x.reward, details: x.details, server: s.ep.key });
+              counters.scored++;
+            } else failed.push(i);
           });
           if (failed.length === 0) return;
           err = fault!;
@@ -485,8 +682,14 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
         exclude.add(s.index);
       }
       lastErr = err!;
-      if (!err!.retriable) { failAll(job.items, err!.reason, err!.finalRetriable, err!); return; }
-      if (attempts > opts.max_retries) { failAll(job.items, `${err!.reason} (gave up after ${attempts} attempts)`, err!.finalRetriable, err!); return; }
+      if (!err!.retriable) {
+        failAll(job.items, err!.reason, err!.finalRetriable, err!);
+        return;
+      }
+      if (attempts > opts.max_retries) {
+        failAll(job.items, `${err!.reason} (gave up after ${attempts} attempts)`, err!.finalRetriable, err!);
+        return;
+      }
       if (job.items.length > 1) {
         // one bad item can fail a whole request: retry each item alone, so the others are scored
         const rest = job;
@@ -495,8 +698,19 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       }
       counters.retries++;
       const delay = backoffMs(attempts, err!.retryAfterMs);
-      log.debug({ ids: job.items.map((i) => i.id), attempt: attempts, delay_ms: Math.round(delay), reason: err!.reason }, 'reward: retrying');
-      if (clock.now() + delay >= deadline) { failAll(job.items, `batch time budget of ${opts.batch_budget_ms} ms exceeded (last error: ${err!.reason})`, true, err!); return; }
+      log.debug(
+        { ids: job.items.map((i) => i.id), attempt: attempts, delay_ms: Math.round(delay), reason: err!.reason },
+        'reward: retrying',
+      );
+      if (clock.now() + delay >= deadline) {
+        failAll(
+          job.items,
+          `batch time budget of ${opts.batch_budget_ms} ms exceeded (last error: ${err!.reason})`,
+          true,
+          err!,
+        );
+        return;
+      }
       await clock.sleep(delay);
       if (exclude.size >= servers.length) exclude.clear();
     }
@@ -507,7 +721,10 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       if (closed) throw new RlError('reward client is closed', { retriable: false });
       const seen = new Set<string>();
       for (const it of items) {
-        if (seen.has(it.id)) throw new RlError(`reward: trajectory id ${it.id} appears twice in one scoreBatch call`, { retriable: false });
+        if (seen.has(it.id))
+          throw new RlError(`reward: trajectory id ${it.id} appears twice in one scoreBatch call`, {
+            retriable: false,
+          });
         seen.add(it.id);
       }
       const deadline = clock.now() + opts.batch_budget_ms;
@@ -515,15 +732,35 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       const jobs: Job[] = [];
       for (let i = 0; i < items.length; i += opts.batch_size) {
         const chunk = items.slice(i, i + opts.batch_size);
-        jobs.push({ items: chunk, bodies: chunk.map((it) => Object.fromEntries(Object.entries(template).map(([k, f]) => [k, fieldValue(it, f)]).filter(([, v]) => v !== undefined))) });
+        jobs.push({
+          items: chunk,
+          bodies: chunk.map((it) =>
+            Object.fromEntries(
+              Object.entries(template)
+                .map(([k, f]) => [k, fieldValue(it, f)])
+                .filter(([, v]) => v !== undefined),
+            ),
+          ),
+        });
       }
       await Promise.all(jobs.map((j) => runJob(j, deadline, out)));
-      const outcomes = items.map((it): RewardOutcome => out.get(it.id) ?? { id: it.id, ok: false, reason: 'internal error: no outcome recorded', retriable: true });
+      const outcomes = items.map(
+        (it): RewardOutcome =>
+          out.get(it.id) ?? { id: it.id, ok: false, reason: 'internal error: no outcome recorded', retriable: true },
+      );
       // one summary line per call, not one per trajectory
       const failed = outcomes.filter((o): o is Extract<RewardOutcome, { ok: false }> => !o.ok);
       if (failed.length > 0) {
         const reasons = [...new Set(failed.map((f) => f.reason))];
-        log.warn({ failed: failed.length, of: items.length, ids: failed.slice(0, 10).map((f) => f.id), reasons: reasons.slice(0, 5) }, `reward: ${failed.length} of ${items.length} trajectories could not be scored (${reasons[0]}${reasons.length > 1 ? `; and ${reasons.length - 1} other reason(s)` : ''})`);
+        log.warn(
+          {
+            failed: failed.length,
+            of: items.length,
+            ids: failed.slice(0, 10).map((f) => f.id),
+            reasons: reasons.slice(0, 5),
+          },
+          `reward: ${failed.length} of ${items.length} trajectories could not be scored (${reasons[0]}${reasons.length > 1 ? `; and ${reasons.length - 1} other reason(s)` : ''})`,
+        );
       }
       return outcomes;
     },

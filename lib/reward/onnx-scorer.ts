@@ -85,7 +85,10 @@ export function byteTokenize(text: string): number[] {
   return Array.from(bytes.encode(text));
 }
 
-export function applyTransform(raw: number, t: { transform?: 'none' | 'sigmoid'; scale?: number; threshold?: number | null }): number {
+export function applyTransform(
+  raw: number,
+  t: { transform?: 'none' | 'sigmoid'; scale?: number; threshold?: number | null },
+): number {
   let v = t.transform === 'sigmoid' ? 1 / (1 + Math.exp(-raw)) : raw;
   v *= t.scale ?? 1;
   if (t.threshold !== undefined && t.threshold !== null && Number.isFinite(v)) v = v >= t.threshold ? 1 : 0;
@@ -93,12 +96,18 @@ export function applyTransform(raw: number, t: { transform?: 'none' | 'sigmoid';
 }
 
 /** Metadata keys a scorer model may declare (ModelProto.metadata_props, string values). */
-export const SCORER_METADATA_KEYS = { vocabSize: 'vocab_size', maxSequenceLength: 'max_sequence_length', padTokenId: 'pad_token_id' } as const;
+export const SCORER_METADATA_KEYS = {
+  vocabSize: 'vocab_size',
+  maxSequenceLength: 'max_sequence_length',
+  padTokenId: 'pad_token_id',
+} as const;
 
 /** The string entries of an ONNX file's `metadata_props` (decoded with onnx-proto, as the graph builder writes them). */
 export function readOnnxMetadata(model: Uint8Array): Record<string, string> {
   let decoded: onnxProto.onnx.ModelProto;
-  try { decoded = onnxProto.onnx.ModelProto.decode(model); } catch (e) {
+  try {
+    decoded = onnxProto.onnx.ModelProto.decode(model);
+  } catch (e) {
     throw new Error(`truncated or invalid ONNX model: ${(e as Error).message}`);
   }
   return Object.fromEntries((decoded.metadataProps ?? []).map((m) => [m.key ?? '', m.value ?? '']));
@@ -112,13 +121,18 @@ function fixedLength(idsShape?: ReadonlyArray<number | string>): number | null {
 /** The limits a scorer declares: metadata_props entries and a fixed T of input_ids' shape. */
 export function readScorerLimits(path: string, idsShape?: ReadonlyArray<number | string>): ScorerLimits {
   let meta: Record<string, string>;
-  try { meta = readOnnxMetadata(readFileSync(path)); } catch (e) {
+  try {
+    meta = readOnnxMetadata(readFileSync(path));
+  } catch (e) {
     throw new ConfigError(`reward model ${path}: not a readable ONNX model (${(e as Error).message})`);
   }
   const int = (key: string, min: number): number | null => {
     if (!(key in meta)) return null;
     const v = Number(meta[key]);
-    if (!Number.isInteger(v) || v < min) throw new ConfigError(`reward model ${path}: metadata ${key} = ${JSON.stringify(meta[key])} is not an integer ≥ ${min}`);
+    if (!Number.isInteger(v) || v < min)
+      throw new ConfigError(
+        `reward model ${path}: metadata ${key} = ${JSON.stringify(meta[key])} is not an integer ≥ ${min}`,
+      );
     return v;
   };
   const vocabSize = int(SCORER_METADATA_KEYS.vocabSize, 1);
@@ -136,11 +150,18 @@ function kindOf(meta: ort.InferenceSession.ValueMetadata | undefined, name: stri
   const t = meta.type;
   if (t === 'int64' || t === 'int32') return t;
   if (t === 'float32') return 'float32';
-  throw new ConfigError(`${path}: input ${name} has type ${t}; a sequence scorer's input_ids/attention_mask must be int64, int32 or float32`);
+  throw new ConfigError(
+    `${path}: input ${name} has type ${t}; a sequence scorer's input_ids/attention_mask must be int64, int32 or float32`,
+  );
 }
 
 function makeTensor(kind: IntKind, data: number[], dims: number[]): ort.Tensor {
-  if (kind === 'int64') return new ort.Tensor('int64', BigInt64Array.from(data, (x) => BigInt(x)), dims);
+  if (kind === 'int64')
+    return new ort.Tensor(
+      'int64',
+      BigInt64Array.from(data, (x) => BigInt(x)),
+      dims,
+    );
   if (kind === 'int32') return new ort.Tensor('int32', Int32Array.from(data), dims);
   return new ort.Tensor('float32', Float32Array.from(data), dims);
 }
@@ -151,14 +172,20 @@ export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): P
   const tokenize = opts.tokenize ?? byteTokenize;
   let session: ort.InferenceSession;
   try {
-    session = await ort.InferenceSession.create(opts.path, { intraOpNumThreads: opts.threads ?? 1, interOpNumThreads: 1, graphOptimizationLevel: 'all' });
+    session = await ort.InferenceSession.create(opts.path, {
+      intraOpNumThreads: opts.threads ?? 1,
+      interOpNumThreads: 1,
+      graphOptimizationLevel: 'all',
+    });
   } catch (e) {
     throw new ConfigError(`reward model ${opts.path}: onnxruntime cannot load it: ${(e as Error).message}`);
   }
   const inputs = session.inputNames;
   if (!inputs.includes('input_ids') || !inputs.includes('attention_mask') || inputs.length !== 2) {
     await session.release();
-    throw new ConfigError(`reward model ${opts.path}: inputs are [${inputs.join(', ')}]; a sequence scorer needs exactly input_ids and attention_mask`);
+    throw new ConfigError(
+      `reward model ${opts.path}: inputs are [${inputs.join(', ')}]; a sequence scorer needs exactly input_ids and attention_mask`,
+    );
   }
   const meta = (n: string) => session.inputMetadata[inputs.indexOf(n)];
   const idsMeta = meta('input_ids');
@@ -168,11 +195,16 @@ export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): P
   let declared: ScorerLimits;
   try {
     declared = readScorerLimits(opts.path, idsMeta && idsMeta.isTensor ? idsMeta.shape : undefined);
-  } catch (e) { await session.release(); throw e; }
+  } catch (e) {
+    await session.release();
+    throw e;
+  }
   const padId = declared.padTokenId ?? opts.padId ?? 0;
   if (!Number.isInteger(padId) || padId < 0 || (declared.vocabSize !== null && padId >= declared.vocabSize)) {
     await session.release();
-    throw new ConfigError(`reward model ${opts.path}: pad id ${padId} is outside the model's vocabulary [0, ${declared.vocabSize ?? '∞'}); declare pad_token_id in the model's metadata or pass the right pad id`);
+    throw new ConfigError(
+      `reward model ${opts.path}: pad id ${padId} is outside the model's vocabulary [0, ${declared.vocabSize ?? '∞'}); declare pad_token_id in the model's metadata or pass the right pad id`,
+    );
   }
   const maxLength = Math.min(opts.maxLength ?? 1024, declared.maxSequenceLength ?? Infinity);
   // a model whose input_ids has a fixed T takes every batch padded to exactly T
@@ -197,14 +229,27 @@ export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): P
     const T = fixedT ?? Math.max(1, ...seqs.map((s) => s.length));
     const ids = new Array<number>(B * T).fill(padId);
     const mask = new Array<number>(B * T).fill(0);
-    seqs.forEach((s, b) => { for (let t = 0; t < s.length; t++) { ids[b * T + t] = s[t]; mask[b * T + t] = 1; } });
-    const out = await session.run({ input_ids: makeTensor(idKind, ids, [B, T]), attention_mask: makeTensor(maskKind, mask, [B, T]) });
+    seqs.forEach((s, b) => {
+      for (let t = 0; t < s.length; t++) {
+        ids[b * T + t] = s[t];
+        mask[b * T + t] = 1;
+      }
+    });
+    const out = await session.run({
+      input_ids: makeTensor(idKind, ids, [B, T]),
+      attention_mask: makeTensor(maskKind, mask, [B, T]),
+    });
     const y = out[outName];
     const data = y.data as Float32Array | Float64Array;
     let scores: number[];
     if (data.length === B) scores = Array.from(data, Number);
-    else if (data.length === B * T && y.dims.length === 2) scores = seqs.map((s, b) => Number(data[b * T + Math.max(0, s.length - 1)]));
-    else throw new RlError(`reward model ${opts.path}: output ${outName} has shape [${y.dims.join(', ')}] for ${B} sequences of length ${T}; expected [B], [B, 1] or [B, T]`, { retriable: false });
+    else if (data.length === B * T && y.dims.length === 2)
+      scores = seqs.map((s, b) => Number(data[b * T + Math.max(0, s.length - 1)]));
+    else
+      throw new RlError(
+        `reward model ${opts.path}: output ${outName} has shape [${y.dims.join(', ')}] for ${B} sequences of length ${T}; expected [B], [B, 1] or [B, T]`,
+        { retriable: false },
+      );
     // An empty sequence has nothing to score: NaN, which callers report as a failure.
     return scores.map((x, b) => (Number.isFinite(x) && seqs[b].length > 0 ? x : Number.NaN));
   }
@@ -236,11 +281,21 @@ export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): P
       const why = problem(s);
       if (why) throw new RlError(`reward model ${opts.path}: sequence ${i}: ${why}`, { retriable: false });
     });
-    return Promise.all(seqs.map((seq) => new Promise<number>((resolve, reject) => {
-      queue.push({ seq, resolve, reject });
-      if (queue.length >= maxBatch) flush();
-      else if (!scheduled) { scheduled = true; setImmediate(() => { if (scheduled) flush(); }); }
-    })));
+    return Promise.all(
+      seqs.map(
+        (seq) =>
+          new Promise<number>((resolve, reject) => {
+            queue.push({ seq, resolve, reject });
+            if (queue.length >= maxBatch) flush();
+            else if (!scheduled) {
+              scheduled = true;
+              setImmediate(() => {
+                if (scheduled) flush();
+              });
+            }
+          }),
+      ),
+    );
   };
 
   const tokenizePair = (prompt: string, response: string) => [...tokenize(prompt), ...tokenize(response)];
@@ -257,7 +312,10 @@ export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): P
     tokenizePair,
     textIds,
     scoreTexts: (pairs) => scoreTokens(pairs.map((p) => textIds(p.prompt, p.response))),
-    async close() { await running; await session.release(); },
+    async close() {
+      await running;
+      await session.release();
+    },
   };
 }
 
@@ -288,7 +346,9 @@ export interface ModelRewardScorer {
 
 function lengths(it: TokenRewardItem | RewardRequestItem, seq: number[]): string {
   const t = it as Partial<TokenRewardItem>;
-  return t.prompt_ids && t.response_ids ? `prompt ${t.prompt_ids.length} + response ${t.response_ids.length} tokens` : `${seq.length} tokens from its text`;
+  return t.prompt_ids && t.response_ids
+    ? `prompt ${t.prompt_ids.length} + response ${t.response_ids.length} tokens`
+    : `${seq.length} tokens from its text`;
 }
 
 /** prompt ids ⧺ response ids as one sequence. */
@@ -301,9 +361,21 @@ export function trajectoryIds(it: Pick<TokenRewardItem, 'prompt_ids' | 'response
  * token ids (prompt ⧺ response, the run's tokenizer); `extra.padId` should be that tokenizer's pad.
  * `extra.tokenize` / `extra.maxLength` apply only to items without token ids (see scoreBatch).
  */
-export async function createModelRewardScorer(opts: RewardModelOptions, extra: Omit<OnnxSequenceScorerOptions, 'path' | 'transform' | 'scale' | 'threshold'> = {}): Promise<ModelRewardScorer> {
-  if (!opts.path) throw new ConfigError('reward.model.path: required when reward.type = model (an ONNX sequence scorer with inputs input_ids and attention_mask)');
-  const scorer = await loadOnnxSequenceScorer({ ...extra, path: opts.path, transform: opts.transform, scale: opts.scale, threshold: opts.threshold });
+export async function createModelRewardScorer(
+  opts: RewardModelOptions,
+  extra: Omit<OnnxSequenceScorerOptions, 'path' | 'transform' | 'scale' | 'threshold'> = {},
+): Promise<ModelRewardScorer> {
+  if (!opts.path)
+    throw new ConfigError(
+      'reward.model.path: required when reward.type = model (an ONNX sequence scorer with inputs input_ids and attention_mask)',
+    );
+  const scorer = await loadOnnxSequenceScorer({
+    ...extra,
+    path: opts.path,
+    transform: opts.transform,
+    scale: opts.scale,
+    threshold: opts.threshold,
+  });
   const name = `model:${basename(opts.path)}`;
   return {
     limits: scorer.limits,
@@ -313,13 +385,26 @@ export async function createModelRewardScorer(opts: RewardModelOptions, extra: O
         const t = it as Partial<TokenRewardItem>;
         problems[i] = null;
         if (t.prompt_ids && t.response_ids) return trajectoryIds(t as TokenRewardItem);
-        if (t.prompt_ids || t.response_ids) { problems[i] = `carries ${t.prompt_ids ? 'prompt_ids but no response_ids' : 'response_ids but no prompt_ids'}`; return []; }
-        try { return scorer.textIds(it.prompt_text, it.response_text); } catch (e) { problems[i] = `cannot tokenize its text: ${(e as Error).message}`; return []; }
+        if (t.prompt_ids || t.response_ids) {
+          problems[i] = `carries ${t.prompt_ids ? 'prompt_ids but no response_ids' : 'response_ids but no prompt_ids'}`;
+          return [];
+        }
+        try {
+          return scorer.textIds(it.prompt_text, it.response_text);
+        } catch (e) {
+          problems[i] = `cannot tokenize its text: ${(e as Error).message}`;
+          return [];
+        }
       });
-      seqs.forEach((q, i) => { problems[i] ??= scorer.problem(q); });
+      seqs.forEach((q, i) => {
+        problems[i] ??= scorer.problem(q);
+      });
       const ok = seqs.map((_, i) => i).filter((i) => problems[i] === null);
       const refused = (i: number, why: string): RewardOutcome => ({
-        id: items[i].id, ok: false, server: name, retriable: false,
+        id: items[i].id,
+        ok: false,
+        server: name,
+        retriable: false,
         reason: `reward model ${opts.path}: trajectory ${items[i].id} (${lengths(items[i], seqs[i])}): ${why}`,
       });
       let raw: number[];
@@ -328,13 +413,24 @@ export async function createModelRewardScorer(opts: RewardModelOptions, extra: O
       } catch (e) {
         const reason = `reward model ${opts.path} failed: ${(e as Error)?.message ?? String(e)}`;
         const retriable = e instanceof RlError ? e.retriable : false;
-        return items.map((it, i) => (problems[i] !== null ? refused(i, problems[i]!) : { id: it.id, ok: false as const, reason, retriable, server: name }));
+        return items.map((it, i) =>
+          problems[i] !== null
+            ? refused(i, problems[i]!)
+            : { id: it.id, ok: false as const, reason, retriable, server: name },
+        );
       }
       const rawOf = new Map(ok.map((i, j) => [i, raw[j]]));
       return items.map((it, i): RewardOutcome => {
         if (problems[i] !== null) return refused(i, problems[i]!);
         const r = rawOf.get(i)!;
-        if (!Number.isFinite(r)) return { id: it.id, ok: false, reason: `reward model ${opts.path} produced a non-finite score${seqs[i].length === 0 ? ' (empty sequence: no prompt or response tokens)' : ''}`, retriable: false, server: name };
+        if (!Number.isFinite(r))
+          return {
+            id: it.id,
+            ok: false,
+            reason: `reward model ${opts.path} produced a non-finite score${seqs[i].length === 0 ? ' (empty sequence: no prompt or response tokens)' : ''}`,
+            retriable: false,
+            server: name,
+          };
         const reward = applyTransform(r, opts);
         return { id: it.id, ok: true, reward, details: { score_raw: r, score: reward }, server: name };
       });

@@ -58,11 +58,21 @@ export function functionScorer(name: string, fn: ScoreFn): Scorer {
 /** Loads `--scorer <module.js|module.ts|model.onnx>`. */
 export async function loadScorer(spec: string, onnx: OnnxScorerFlags): Promise<Scorer> {
   const abs = resolve(spec);
-  if (!existsSync(abs)) throw new ConfigError(`--scorer: file not found: ${abs} (a scorer module such as examples/reward-server/overlap-scorer.ts, or an .onnx model)`);
+  if (!existsSync(abs))
+    throw new ConfigError(
+      `--scorer: file not found: ${abs} (a scorer module such as examples/reward-server/overlap-scorer.ts, or an .onnx model)`,
+    );
   if (extname(abs).toLowerCase() === '.onnx') {
     // Loaded lazily so that function-module servers do not pay for onnxruntime-node.
     const { loadOnnxSequenceScorer } = await import('./onnx-scorer.ts');
-    const model = await loadOnnxSequenceScorer({ path: abs, transform: onnx.transform, scale: onnx.scale, threshold: onnx.threshold, maxLength: onnx.maxLength, threads: onnx.threads });
+    const model = await loadOnnxSequenceScorer({
+      path: abs,
+      transform: onnx.transform,
+      scale: onnx.scale,
+      threshold: onnx.threshold,
+      maxLength: onnx.maxLength,
+      threads: onnx.threads,
+    });
     return {
       name: `onnx:${abs}`,
       async score(reqs) {
@@ -73,11 +83,16 @@ export async function loadScorer(spec: string, onnx: OnnxScorerFlags): Promise<S
     };
   }
   let mod: Record<string, unknown>;
-  try { mod = await import(pathToFileURL(abs).href); } catch (e) {
+  try {
+    mod = await import(pathToFileURL(abs).href);
+  } catch (e) {
     throw new ConfigError(`--scorer: cannot load ${abs}: ${(e as Error).message}`);
   }
   const fn = (typeof mod.default === 'function' ? mod.default : mod.score) as ScoreFn | undefined;
-  if (typeof fn !== 'function') throw new ConfigError(`--scorer: ${abs} must export a function (default export or \`export function score\`) taking {prompt, response?, ground_truth?, image?} and returning e.g. {vlm_score, ocr_confidence}`);
+  if (typeof fn !== 'function')
+    throw new ConfigError(
+      `--scorer: ${abs} must export a function (default export or \`export function score\`) taking {prompt, response?, ground_truth?, image?} and returning e.g. {vlm_score, ocr_confidence}`,
+    );
   return functionScorer(`module:${abs}`, fn);
 }
 
@@ -86,7 +101,8 @@ export async function loadScorer(spec: string, onnx: OnnxScorerFlags): Promise<S
  * unusable, or null. (Range checks belong to the client's response mapping.)
  */
 export function invalidResult(r: unknown): string | null {
-  if (r === null || typeof r !== 'object' || Array.isArray(r)) return `expected an object such as {vlm_score, ocr_confidence}, got ${Array.isArray(r) ? 'an array' : JSON.stringify(r) ?? String(r)}`;
+  if (r === null || typeof r !== 'object' || Array.isArray(r))
+    return `expected an object such as {vlm_score, ocr_confidence}, got ${Array.isArray(r) ? 'an array' : (JSON.stringify(r) ?? String(r))}`;
   let numbers = 0;
   for (const [k, v] of Object.entries(r)) {
     if (typeof v === 'number') {

@@ -25,7 +25,8 @@ import { loadScorer } from './scorer.ts';
 import { startRewardServer, type RewardServer } from './server.ts';
 import type { Logger } from 'pino';
 
-export const REWARD_SERVER_USAGE = 'rlstream reward-server --scorer <module.js|module.ts|model.onnx> [--count N] [--port P] [--host H] [--log-dir D]';
+export const REWARD_SERVER_USAGE =
+  'rlstream reward-server --scorer <module.js|module.ts|model.onnx> [--count N] [--port P] [--host H] [--log-dir D]';
 
 export const REWARD_SERVER_HELP = `Serves POST /score ({"image": "<base64 PNG>", "prompt": "...", "response"?, "ground_truth"?} →
 {"vlm_score": …, "ocr_confidence": …}; batch form {"items": [...]} → {"results": [...]}) and GET /healthz.
@@ -77,10 +78,20 @@ function parseFlags(argv: string[]): Flags {
       strict: true,
       allowPositionals: false,
       options: {
-        scorer: { type: 'string' }, count: { type: 'string' }, port: { type: 'string' }, host: { type: 'string' },
-        'log-dir': { type: 'string' }, 'max-body-bytes': { type: 'string' }, 'max-batch': { type: 'string' },
-        'shutdown-grace-ms': { type: 'string' }, 'score-field': { type: 'string' }, transform: { type: 'string' },
-        scale: { type: 'string' }, threshold: { type: 'string' }, 'max-length': { type: 'string' }, threads: { type: 'string' },
+        scorer: { type: 'string' },
+        count: { type: 'string' },
+        port: { type: 'string' },
+        host: { type: 'string' },
+        'log-dir': { type: 'string' },
+        'max-body-bytes': { type: 'string' },
+        'max-batch': { type: 'string' },
+        'shutdown-grace-ms': { type: 'string' },
+        'score-field': { type: 'string' },
+        transform: { type: 'string' },
+        scale: { type: 'string' },
+        threshold: { type: 'string' },
+        'max-length': { type: 'string' },
+        threads: { type: 'string' },
       },
     }));
   } catch (e) {
@@ -91,7 +102,8 @@ function parseFlags(argv: string[]): Flags {
     const v = str(k);
     if (v === undefined) return def;
     const n = Number(v);
-    if (!Number.isInteger(n) || n < min || n > max) throw new UsageProblem(`--${k} ${v}: expected an integer in [${min}, ${max}]`);
+    if (!Number.isInteger(n) || n < min || n > max)
+      throw new UsageProblem(`--${k} ${v}: expected an integer in [${min}, ${max}]`);
     return n;
   };
   const num = (k: string, def: number | null) => {
@@ -102,14 +114,21 @@ function parseFlags(argv: string[]): Flags {
     return n;
   };
   const scorer = str('scorer');
-  if (!scorer) throw new UsageProblem('--scorer is required: a scorer module (e.g. examples/reward-server/overlap-scorer.ts) or an .onnx model');
+  if (!scorer)
+    throw new UsageProblem(
+      '--scorer is required: a scorer module (e.g. examples/reward-server/overlap-scorer.ts) or an .onnx model',
+    );
   const transform = str('transform') ?? 'none';
-  if (transform !== 'none' && transform !== 'sigmoid') throw new UsageProblem(`--transform ${transform}: valid values are none, sigmoid`);
+  if (transform !== 'none' && transform !== 'sigmoid')
+    throw new UsageProblem(`--transform ${transform}: valid values are none, sigmoid`);
   const count = int('count', 1, 1, 1024);
   const port = int('port', 8000, 0, 65535);
-  if (port !== 0 && port + count - 1 > 65535) throw new UsageProblem(`--port ${port} with --count ${count} runs past port 65535`);
+  if (port !== 0 && port + count - 1 > 65535)
+    throw new UsageProblem(`--port ${port} with --count ${count} runs past port 65535`);
   return {
-    scorer, count, port,
+    scorer,
+    count,
+    port,
     host: str('host') ?? '127.0.0.1',
     logDir: str('log-dir') ?? 'runs/reward-server',
     maxBodyBytes: int('max-body-bytes', 16 * 1024 * 1024, 1024),
@@ -126,28 +145,48 @@ function parseFlags(argv: string[]): Flags {
 
 /** Runs one server in this process until SIGTERM/SIGINT; resolves the exit code. */
 async function serveOne(f: Flags): Promise<number> {
-  const scorer = await loadScorer(f.scorer, { transform: f.transform, scale: f.scale, threshold: f.threshold, scoreField: f.scoreField, maxLength: f.maxLength, threads: f.threads });
+  const scorer = await loadScorer(f.scorer, {
+    transform: f.transform,
+    scale: f.scale,
+    threshold: f.threshold,
+    scoreField: f.scoreField,
+    maxLength: f.maxLength,
+    threads: f.threads,
+  });
   mkdirSync(f.logDir, { recursive: true });
   let logFile = '';
   let log!: Logger;
   let live: RewardServer;
   try {
     live = await startRewardServer({
-      scorer, host: f.host, port: f.port, maxBodyBytes: f.maxBodyBytes, maxBatch: f.maxBatch,
+      scorer,
+      host: f.host,
+      port: f.port,
+      maxBodyBytes: f.maxBodyBytes,
+      maxBatch: f.maxBatch,
       log: (port) => {
         logFile = join(f.logDir, `reward-server-${port}.log`);
-        log = createLogger({ runId: process.env.RLSTREAM_RUN_ID ?? 'reward-server', stage: 'reward-server', destination: logFile, pretty: false });
+        log = createLogger({
+          runId: process.env.RLSTREAM_RUN_ID ?? 'reward-server',
+          stage: 'reward-server',
+          destination: logFile,
+          pretty: false,
+        });
         return log;
       },
     });
   } catch (e) {
     await scorer.close?.();
     const err = e as NodeJS.ErrnoException;
-    if (err.code === 'EADDRINUSE') throw new Error(`port ${f.port} on ${f.host} is already in use — pick another --port`);
+    if (err.code === 'EADDRINUSE')
+      throw new Error(`port ${f.port} on ${f.host} is already in use — pick another --port`);
     if (err.code === 'EACCES') throw new Error(`no permission to listen on ${f.host}:${f.port} — use a port ≥ 1024`);
     throw e;
   }
-  log.info({ url: live.url, scorer: scorer.name, pid: process.pid, max_body_bytes: f.maxBodyBytes, max_batch: f.maxBatch }, 'reward server listening');
+  log.info(
+    { url: live.url, scorer: scorer.name, pid: process.pid, max_body_bytes: f.maxBodyBytes, max_batch: f.maxBatch },
+    'reward server listening',
+  );
   process.stdout.write(`reward-server listening on ${live.url} pid=${process.pid} log=${logFile}\n`);
   let stopping = false;
   let onSignal: (sig: NodeJS.Signals) => void = () => {};
@@ -155,13 +194,22 @@ async function serveOne(f: Flags): Promise<number> {
     return await new Promise<number>((resolveExit) => {
       onSignal = (sig) => {
         // A repeated signal (e.g. to the whole process group and forwarded by the launcher) is not a second request.
-        if (stopping) { log.info({ signal: sig }, 'already shutting down'); return; }
+        if (stopping) {
+          log.info({ signal: sig }, 'already shutting down');
+          return;
+        }
         stopping = true;
         log.info({ signal: sig }, 'shutting down: no new connections, finishing in-flight requests');
-        live.close(f.graceMs).then((clean) => {
-          log.info({ clean }, 'reward server stopped');
-          resolveExit(clean ? 0 : 1);
-        }, (e) => { log.error({ err: e }, 'error while shutting down'); resolveExit(1); });
+        live.close(f.graceMs).then(
+          (clean) => {
+            log.info({ clean }, 'reward server stopped');
+            resolveExit(clean ? 0 : 1);
+          },
+          (e) => {
+            log.error({ err: e }, 'error while shutting down');
+            resolveExit(1);
+          },
+        );
       };
       process.on('SIGTERM', onSignal);
       process.on('SIGINT', onSignal);
@@ -184,11 +232,29 @@ async function launch(f: Flags): Promise<number> {
   const self = fileURLToPath(import.meta.url);
   const children: { port: number; proc: ChildProcess; code: number | null }[] = [];
   const base = [
-    '--scorer', resolve(f.scorer), '--host', f.host, '--log-dir', resolve(f.logDir),
-    '--max-body-bytes', String(f.maxBodyBytes), '--max-batch', String(f.maxBatch), '--shutdown-grace-ms', String(f.graceMs),
-    '--score-field', f.scoreField, '--transform', f.transform, '--scale', String(f.scale),
+    '--scorer',
+    resolve(f.scorer),
+    '--host',
+    f.host,
+    '--log-dir',
+    resolve(f.logDir),
+    '--max-body-bytes',
+    String(f.maxBodyBytes),
+    '--max-batch',
+    String(f.maxBatch),
+    '--shutdown-grace-ms',
+    String(f.graceMs),
+    '--score-field',
+    f.scoreField,
+    '--transform',
+    f.transform,
+    '--scale',
+    String(f.scale),
     ...(f.threshold !== null ? ['--threshold', String(f.threshold)] : []),
-    '--max-length', String(f.maxLength), '--threads', String(f.threads),
+    '--max-length',
+    String(f.maxLength),
+    '--threads',
+    String(f.threads),
   ];
   let stopping = false;
   const exited = new Promise<void>((resolveAll) => {
@@ -196,12 +262,19 @@ async function launch(f: Flags): Promise<number> {
     for (let i = 0; i < f.count; i++) {
       const port = f.port === 0 ? 0 : f.port + i;
       // Own process group: a signal to the launcher's group reaches each server exactly once (forwarded below).
-      const proc = spawn(process.execPath, [...childNodeArgs(self), self, '--count', '1', '--port', String(port), ...base], { stdio: ['ignore', 'inherit', 'inherit'], detached: true });
+      const proc = spawn(
+        process.execPath,
+        [...childNodeArgs(self), self, '--count', '1', '--port', String(port), ...base],
+        { stdio: ['ignore', 'inherit', 'inherit'], detached: true },
+      );
       const entry = { port, proc, code: null as number | null };
       children.push(entry);
       proc.on('exit', (code, signal) => {
         entry.code = code ?? (signal ? 128 : 1);
-        if (!stopping) process.stderr.write(`reward-server: server #${i} (port ${port || 'ephemeral'}, pid ${proc.pid}) exited unexpectedly (${signal ?? `code ${code}`}); the others keep serving\n`);
+        if (!stopping)
+          process.stderr.write(
+            `reward-server: server #${i} (port ${port || 'ephemeral'}, pid ${proc.pid}) exited unexpectedly (${signal ?? `code ${code}`}); the others keep serving\n`,
+          );
         if (--left === 0) resolveAll();
       });
     }
@@ -212,7 +285,9 @@ async function launch(f: Flags): Promise<number> {
     for (const c of children) if (c.code === null) c.proc.kill(sig);
   };
   // If the launcher exits for any other reason, take the servers down with it.
-  const onExit = () => { for (const c of children) if (c.code === null) c.proc.kill('SIGTERM'); };
+  const onExit = () => {
+    for (const c of children) if (c.code === null) c.proc.kill('SIGTERM');
+  };
   process.on('SIGTERM', onSignal);
   process.on('SIGINT', onSignal);
   process.on('exit', onExit);
@@ -251,5 +326,7 @@ export async function main(argv: string[]): Promise<number> {
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
-  main(process.argv.slice(2)).then((code) => { process.exitCode = code; });
+  main(process.argv.slice(2)).then((code) => {
+    process.exitCode = code;
+  });
 }

@@ -41,7 +41,9 @@ export interface RewardServer {
 const PNG_SIGNATURE = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
 
 const itemSchema = z.looseObject({
-  prompt: z.string({ error: (iss) => (iss.input === undefined ? 'is required (a string)' : `must be a string, got ${typeof iss.input}`) }),
+  prompt: z.string({
+    error: (iss) => (iss.input === undefined ? 'is required (a string)' : `must be a string, got ${typeof iss.input}`),
+  }),
   image: z.string({ error: 'must be a base64-encoded PNG string' }).optional(),
   response: z.string({ error: 'must be a string' }).optional(),
   ground_truth: z.string({ error: 'must be a string' }).optional(),
@@ -51,7 +53,10 @@ type Item = z.infer<typeof itemSchema>;
 
 function batchSchema(maxBatch: number) {
   return z.strictObject({
-    items: z.array(itemSchema, { error: 'must be an array of requests' }).min(1, { error: 'must not be empty' }).max(maxBatch, { error: `has more than ${maxBatch} requests (the server's --max-batch)` }),
+    items: z
+      .array(itemSchema, { error: 'must be an array of requests' })
+      .min(1, { error: 'must not be empty' })
+      .max(maxBatch, { error: `has more than ${maxBatch} requests (the server's --max-batch)` }),
   });
 }
 
@@ -63,14 +68,22 @@ export function decodeBase64Strict(s: string): Buffer | null {
 }
 
 function zodReason(err: z.ZodError, prefix: string): string {
-  return err.issues.slice(0, 5).map((i) => {
-    const path = [prefix, ...i.path.map(String)].filter(Boolean).join('.');
-    return `${path || 'body'}: ${i.message}`;
-  }).join('; ');
+  return err.issues
+    .slice(0, 5)
+    .map((i) => {
+      const path = [prefix, ...i.path.map(String)].filter(Boolean).join('.');
+      return `${path || 'body'}: ${i.message}`;
+    })
+    .join('; ');
 }
 
 class BadRequest extends Error {
-  constructor(readonly status: number, message: string) { super(message); }
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message);
+  }
 }
 
 /** The client closed the connection before sending the whole body (e.g. it timed out). */
@@ -81,8 +94,16 @@ function toScoreRequest(item: Item, where: string): ScoreRequest {
   let png: Buffer | undefined;
   if (image !== undefined) {
     const bytes = decodeBase64Strict(image);
-    if (!bytes) throw new BadRequest(400, `${where}image: not valid base64 (expected the standard alphabet A–Z a–z 0–9 + / with = padding)`);
-    if (bytes.length < PNG_SIGNATURE.length || !bytes.subarray(0, PNG_SIGNATURE.length).equals(PNG_SIGNATURE)) throw new BadRequest(400, `${where}image: decodes to ${bytes.length} bytes that are not a PNG (missing the PNG signature)`);
+    if (!bytes)
+      throw new BadRequest(
+        400,
+        `${where}image: not valid base64 (expected the standard alphabet A–Z a–z 0–9 + / with = padding)`,
+      );
+    if (bytes.length < PNG_SIGNATURE.length || !bytes.subarray(0, PNG_SIGNATURE.length).equals(PNG_SIGNATURE))
+      throw new BadRequest(
+        400,
+        `${where}image: decodes to ${bytes.length} bytes that are not a PNG (missing the PNG signature)`,
+      );
     png = bytes;
   }
   return { prompt, response, ground_truth, id, image: png, extra };
@@ -92,20 +113,32 @@ function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const declared = Number(req.headers['content-length']);
     if (Number.isFinite(declared) && declared > limit) {
-      reject(new BadRequest(413, `request body of ${declared} bytes exceeds the limit of ${limit} bytes (--max-body-bytes)`));
+      reject(
+        new BadRequest(413, `request body of ${declared} bytes exceeds the limit of ${limit} bytes (--max-body-bytes)`),
+      );
       return;
     }
     const chunks: Buffer[] = [];
-    let size = 0, over = false;
+    let size = 0,
+      over = false;
     req.on('data', (c: Buffer) => {
       if (over) return;
       size += c.length;
-      if (size > limit) { over = true; chunks.length = 0; reject(new BadRequest(413, `request body exceeds the limit of ${limit} bytes (--max-body-bytes)`)); return; }
+      if (size > limit) {
+        over = true;
+        chunks.length = 0;
+        reject(new BadRequest(413, `request body exceeds the limit of ${limit} bytes (--max-body-bytes)`));
+        return;
+      }
       chunks.push(c);
     });
-    req.on('end', () => { if (!over) resolve(Buffer.concat(chunks)); });
+    req.on('end', () => {
+      if (!over) resolve(Buffer.concat(chunks));
+    });
     req.on('error', () => reject(new ClientGone('connection closed while the request body was being read')));
-    req.on('close', () => { if (!req.complete) reject(new ClientGone('connection closed while the request body was being read')); });
+    req.on('close', () => {
+      if (!req.complete) reject(new ClientGone('connection closed while the request body was being read'));
+    });
   });
 }
 
@@ -121,7 +154,12 @@ export async function startRewardServer(opts: RewardServerOptions): Promise<Rewa
   const send = (res: http.ServerResponse, status: number, body: unknown, extraHeaders: Record<string, string> = {}) => {
     if (res.headersSent || res.destroyed) return;
     const text = JSON.stringify(body);
-    res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...(draining ? { connection: 'close' } : {}), ...extraHeaders });
+    res.writeHead(status, {
+      'content-type': 'application/json',
+      'content-length': Buffer.byteLength(text),
+      ...(draining ? { connection: 'close' } : {}),
+      ...extraHeaders,
+    });
     res.end(text);
   };
 
@@ -139,15 +177,26 @@ export async function startRewardServer(opts: RewardServerOptions): Promise<Rewa
         req.resume();
         return;
       }
-      if (e instanceof ClientGone) { log.info({ reason: e.message }, 'client went away'); return; }
+      if (e instanceof ClientGone) {
+        log.info({ reason: e.message }, 'client went away');
+        return;
+      }
       throw e;
     }
     let reqs: ScoreRequest[];
     let isBatch: boolean;
     try {
       let value: unknown;
-      try { value = JSON.parse(raw.toString('utf8')); } catch (e) { throw new BadRequest(400, `body is not valid JSON: ${(e as Error).message}`); }
-      if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new BadRequest(400, 'body must be a JSON object like {"prompt": "...", "image": "<base64 PNG>"} or {"items": [...]}');
+      try {
+        value = JSON.parse(raw.toString('utf8'));
+      } catch (e) {
+        throw new BadRequest(400, `body is not valid JSON: ${(e as Error).message}`);
+      }
+      if (value === null || typeof value !== 'object' || Array.isArray(value))
+        throw new BadRequest(
+          400,
+          'body must be a JSON object like {"prompt": "...", "image": "<base64 PNG>"} or {"items": [...]}',
+        );
       isBatch = 'items' in value;
       if (isBatch) {
         const p = batch.safeParse(value);
@@ -168,7 +217,10 @@ export async function startRewardServer(opts: RewardServerOptions): Promise<Rewa
     let results: unknown[];
     try {
       results = await scorer.score(reqs);
-      if (!Array.isArray(results) || results.length !== reqs.length) throw new Error(`returned ${Array.isArray(results) ? results.length : typeof results} results for ${reqs.length} requests`);
+      if (!Array.isArray(results) || results.length !== reqs.length)
+        throw new Error(
+          `returned ${Array.isArray(results) ? results.length : typeof results} results for ${reqs.length} requests`,
+        );
       for (let i = 0; i < results.length; i++) {
         const why = invalidResult(results[i]);
         if (why) throw new Error(`invalid result${isBatch ? ` for items.${i}` : ''}: ${why}`);
@@ -180,7 +232,8 @@ export async function startRewardServer(opts: RewardServerOptions): Promise<Rewa
       send(res, 500, { error: msg });
       return;
     }
-    if (res.destroyed) log.info({ ms: performance.now() - t0 }, 'client went away before the result was sent (timed out?)');
+    if (res.destroyed)
+      log.info({ ms: performance.now() - t0 }, 'client went away before the result was sent (timed out?)');
     send(res, 200, isBatch ? { results } : results[0]);
     log.debug({ ms: Math.round((performance.now() - t0) * 100) / 100, count: reqs.length }, 'scored');
   }
@@ -189,22 +242,52 @@ export async function startRewardServer(opts: RewardServerOptions): Promise<Rewa
     stats.requests++;
     const path = (req.url ?? '/').split('?')[0];
     if (path === '/healthz') {
-      if (req.method !== 'GET' && req.method !== 'HEAD') { send(res, 405, { error: `${req.method} /healthz is not supported; use GET` }, { allow: 'GET, HEAD' }); return; }
-      if (draining) { send(res, 503, { status: 'draining', in_flight: inFlight }); return; }
-      send(res, 200, { status: 'ok', scorer: scorer.name, in_flight: inFlight, batch: true, max_batch: opts.maxBatch, max_body_bytes: opts.maxBodyBytes, ...stats });
+      if (req.method !== 'GET' && req.method !== 'HEAD') {
+        send(res, 405, { error: `${req.method} /healthz is not supported; use GET` }, { allow: 'GET, HEAD' });
+        return;
+      }
+      if (draining) {
+        send(res, 503, { status: 'draining', in_flight: inFlight });
+        return;
+      }
+      send(res, 200, {
+        status: 'ok',
+        scorer: scorer.name,
+        in_flight: inFlight,
+        batch: true,
+        max_batch: opts.maxBatch,
+        max_body_bytes: opts.maxBodyBytes,
+        ...stats,
+      });
       return;
     }
-    if (path !== '/score') { send(res, 404, { error: `no such endpoint ${path}; use POST /score or GET /healthz` }); return; }
-    if (req.method !== 'POST') { send(res, 405, { error: `${req.method} /score is not supported; use POST` }, { allow: 'POST' }); return; }
-    if (draining) { send(res, 503, { error: 'server is shutting down' }, { 'retry-after': '1' }); req.resume(); return; }
+    if (path !== '/score') {
+      send(res, 404, { error: `no such endpoint ${path}; use POST /score or GET /healthz` });
+      return;
+    }
+    if (req.method !== 'POST') {
+      send(res, 405, { error: `${req.method} /score is not supported; use POST` }, { allow: 'POST' });
+      return;
+    }
+    if (draining) {
+      send(res, 503, { error: 'server is shutting down' }, { 'retry-after': '1' });
+      req.resume();
+      return;
+    }
     inFlight++;
-    handleScore(req, res).catch((e) => {
-      log.error({ err: e }, 'unexpected error while handling /score');
-      send(res, 500, { error: `internal error: ${(e as Error)?.message ?? String(e)}` });
-    }).finally(() => {
-      inFlight--;
-      if (inFlight === 0) { const w = idleWaiters; idleWaiters = []; w.forEach((f) => f()); }
-    });
+    handleScore(req, res)
+      .catch((e) => {
+        log.error({ err: e }, 'unexpected error while handling /score');
+        send(res, 500, { error: `internal error: ${(e as Error)?.message ?? String(e)}` });
+      })
+      .finally(() => {
+        inFlight--;
+        if (inFlight === 0) {
+          const w = idleWaiters;
+          idleWaiters = [];
+          w.forEach((f) => f());
+        }
+      });
   });
   server.keepAliveTimeout = 65_000;
   server.headersTimeout = 66_000;
@@ -212,7 +295,10 @@ export async function startRewardServer(opts: RewardServerOptions): Promise<Rewa
   await new Promise<void>((resolve, reject) => {
     const onError = (e: Error) => reject(e);
     server.once('error', onError);
-    server.listen(opts.port, opts.host, () => { server.off('error', onError); resolve(); });
+    server.listen(opts.port, opts.host, () => {
+      server.off('error', onError);
+      resolve();
+    });
   });
   server.on('error', (e) => log.error({ err: e }, 'server error'));
   const port = (server.address() as AddressInfo).port;
@@ -233,9 +319,16 @@ export async function startRewardServer(opts: RewardServerOptions): Promise<Rewa
         log.info({ in_flight: inFlight, grace_ms: graceMs }, 'draining: waiting for in-flight requests');
         clean = await new Promise<boolean>((resolve) => {
           const t = setTimeout(() => resolve(false), graceMs);
-          idleWaiters.push(() => { clearTimeout(t); resolve(true); });
+          idleWaiters.push(() => {
+            clearTimeout(t);
+            resolve(true);
+          });
         });
-        if (!clean) log.warn({ in_flight: inFlight }, `draining: ${inFlight} request(s) still in flight after ${graceMs} ms; closing their connections`);
+        if (!clean)
+          log.warn(
+            { in_flight: inFlight },
+            `draining: ${inFlight} request(s) still in flight after ${graceMs} ms; closing their connections`,
+          );
       }
       // Responses just sent have been flushed to their sockets; drop what is left.
       server.closeIdleConnections();

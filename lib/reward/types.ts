@@ -9,7 +9,14 @@
 import { ConfigError } from '../errors.ts';
 
 /** Trajectory fields a request template may map to a JSON body field. */
-export const TRAJECTORY_FIELDS = ['prompt_text', 'response_text', 'ground_truth', 'image_base64_png', 'id', 'step'] as const;
+export const TRAJECTORY_FIELDS = [
+  'prompt_text',
+  'response_text',
+  'ground_truth',
+  'image_base64_png',
+  'id',
+  'step',
+] as const;
 export type TrajectoryField = (typeof TRAJECTORY_FIELDS)[number];
 
 /** Built-in request shapes. `seed_image_prompt` is the seed's `{image, prompt}` body. */
@@ -97,7 +104,9 @@ export const REMOTE_REWARD_DEFAULTS: RemoteRewardOptions = {
 };
 
 /** Fills defaults into a partial `reward.remote` (tests, benchmarks, programmatic use). */
-export function withRemoteDefaults(partial: Partial<Omit<RemoteRewardOptions, 'breaker'>> & { breaker?: Partial<BreakerOptions> }): RemoteRewardOptions {
+export function withRemoteDefaults(
+  partial: Partial<Omit<RemoteRewardOptions, 'breaker'>> & { breaker?: Partial<BreakerOptions> },
+): RemoteRewardOptions {
   return {
     ...REMOTE_REWARD_DEFAULTS,
     ...partial,
@@ -127,35 +136,59 @@ export type RewardOutcome =
  * by the seed's `DISABLE_RL_REWARD_MODEL=true` (or `1`/`yes`) environment variable — debug mode,
  * rewards then come from the reward function only.
  */
-export function isRemoteRewardEnabled(opts: Pick<RemoteRewardOptions, 'enabled'> | undefined | null, env: NodeJS.ProcessEnv = process.env): boolean {
+export function isRemoteRewardEnabled(
+  opts: Pick<RemoteRewardOptions, 'enabled'> | undefined | null,
+  env: NodeJS.ProcessEnv = process.env,
+): boolean {
   if (!opts || opts.enabled === false) return false;
   const v = (env.DISABLE_RL_REWARD_MODEL ?? '').trim().toLowerCase();
   return !(v === 'true' || v === '1' || v === 'yes');
 }
 
 /** A reward server: its key (`host:port`, used in metric names), `/score` and `/healthz` URLs. */
-export interface ServerEndpoint { key: string; scoreUrl: string; healthUrl: string }
+export interface ServerEndpoint {
+  key: string;
+  scoreUrl: string;
+  healthUrl: string;
+}
 
 /** Server list from `urls` or `host` + `start_port` + `count`; a ConfigError says what to set. */
-export function resolveServerEndpoints(opts: Pick<RemoteRewardOptions, 'urls' | 'host' | 'start_port' | 'count'>): ServerEndpoint[] {
+export function resolveServerEndpoints(
+  opts: Pick<RemoteRewardOptions, 'urls' | 'host' | 'start_port' | 'count'>,
+): ServerEndpoint[] {
   let bases: string[];
   if (opts.urls && opts.urls.length > 0) {
-    if (opts.host) throw new ConfigError('reward.remote: `urls` and `host` are both set — use either the URL list or host + start_port + count');
+    if (opts.host)
+      throw new ConfigError(
+        'reward.remote: `urls` and `host` are both set — use either the URL list or host + start_port + count',
+      );
     bases = opts.urls;
   } else if (opts.host) {
-    const start = opts.start_port ?? 8000, count = opts.count ?? 1;
-    if (!Number.isInteger(count) || count < 1) throw new ConfigError(`reward.remote.count: ${count} must be a positive integer`);
-    if (!Number.isInteger(start) || start < 1 || start + count - 1 > 65535) throw new ConfigError(`reward.remote.start_port: ${start} (+ count ${count}) does not give valid ports (1–65535)`);
+    const start = opts.start_port ?? 8000,
+      count = opts.count ?? 1;
+    if (!Number.isInteger(count) || count < 1)
+      throw new ConfigError(`reward.remote.count: ${count} must be a positive integer`);
+    if (!Number.isInteger(start) || start < 1 || start + count - 1 > 65535)
+      throw new ConfigError(
+        `reward.remote.start_port: ${start} (+ count ${count}) does not give valid ports (1–65535)`,
+      );
     const h = opts.host.includes(':') && !opts.host.startsWith('[') ? `[${opts.host}]` : opts.host;
     bases = Array.from({ length: count }, (_, i) => `http://${h}:${start + i}`);
   } else {
-    throw new ConfigError('reward.remote: no reward servers configured — set `urls: [http://host:port, …]` or `host` (with start_port and count), or switch remote rewards off (reward.remote.enabled: false / DISABLE_RL_REWARD_MODEL=true)');
+    throw new ConfigError(
+      'reward.remote: no reward servers configured — set `urls: [http://host:port, …]` or `host` (with start_port and count), or switch remote rewards off (reward.remote.enabled: false / DISABLE_RL_REWARD_MODEL=true)',
+    );
   }
   const seen = new Set<string>();
   return bases.map((raw, i) => {
     let u: URL;
-    try { u = new URL(raw); } catch { throw new ConfigError(`reward.remote.urls[${i}]: "${raw}" is not a URL (expected http://host:port)`); }
-    if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new ConfigError(`reward.remote.urls[${i}]: "${raw}" must be http:// or https://`);
+    try {
+      u = new URL(raw);
+    } catch {
+      throw new ConfigError(`reward.remote.urls[${i}]: "${raw}" is not a URL (expected http://host:port)`);
+    }
+    if (u.protocol !== 'http:' && u.protocol !== 'https:')
+      throw new ConfigError(`reward.remote.urls[${i}]: "${raw}" must be http:// or https://`);
     let path = u.pathname.replace(/\/+$/, '');
     if (path.endsWith('/score')) path = path.slice(0, -'/score'.length);
     const base = `${u.protocol}//${u.host}${path}`;

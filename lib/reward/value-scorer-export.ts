@@ -25,7 +25,10 @@ import { validateWeights, type Weights } from '../model/params.ts';
 import { loadCheckpoint } from '../model/checkpoint.ts';
 
 export function buildValueSequenceScorer(c: ModelConfig, weights: Weights): Uint8Array {
-  if (c.head !== 'value') throw new ConfigError('value scorer export: needs a value model (head "value"); a policy (head "lm") has no score head');
+  if (c.head !== 'value')
+    throw new ConfigError(
+      'value scorer export: needs a value model (head "value"); a policy (head "lm") has no score head',
+    );
   validateWeights(c, weights, 'value scorer export weights');
   const b = new GraphBuilder({ name: 'value_sequence_scorer' });
   const p = declareParams(b, c, weights);

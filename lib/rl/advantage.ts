@@ -19,8 +19,16 @@
 import { ConfigError } from '../errors.ts';
 import { Registry } from './registry.ts';
 import {
-  checkScalar, groupRows, outTensor, readMask, readTensor, readVector,
-  type FloatArray, type GroupLabel, type Mask2D, type Tensor2D,
+  checkScalar,
+  groupRows,
+  outTensor,
+  readMask,
+  readTensor,
+  readVector,
+  type FloatArray,
+  type GroupLabel,
+  type Mask2D,
+  type Tensor2D,
 } from './tensor.ts';
 import { rawMaskedWhiten } from './masked.ts';
 import { torchMeanF32, torchSumF32 } from './f32.ts';
@@ -64,13 +72,19 @@ export interface AdvantageOutput<A extends FloatArray = FloatArray> {
   returns: Tensor2D<A>;
 }
 
-export type AdvantageEstimator = <A extends FloatArray>(input: AdvantageInput<A>, config?: AdvantageConfig) => AdvantageOutput<A>;
+export type AdvantageEstimator = <A extends FloatArray>(
+  input: AdvantageInput<A>,
+  config?: AdvantageConfig,
+) => AdvantageOutput<A>;
 
 // ---- shared helpers --------------------------------------------------------------------------
 
 interface Base<A extends FloatArray> {
   /** token_level_rewards and response_mask as float64 (kernels see one array type). */
-  R: Float64Array; M: Float64Array; bs: number; T: number;
+  R: Float64Array;
+  M: Float64Array;
+  bs: number;
+  T: number;
   /** The caller's rewards array: outputs take its dtype. */
   like: A;
   /** float32 inputs: reproduce torch's float32 rounding where it decides the result's structure. */
@@ -78,7 +92,8 @@ interface Base<A extends FloatArray> {
 }
 
 function base<A extends FloatArray>(name: string, input: AdvantageInput<A>): Base<A> {
-  if (!input || !input.token_level_rewards) throw new ConfigError(`adv_estimator "${name}": token_level_rewards is required`);
+  if (!input || !input.token_level_rewards)
+    throw new ConfigError(`adv_estimator "${name}": token_level_rewards is required`);
   const { bs, T } = input.token_level_rewards;
   const R = readTensor(`${name}: token_level_rewards`, input.token_level_rewards, bs, T);
   const M = readMask(`${name}: response_mask`, input.response_mask, bs, T);
@@ -92,7 +107,10 @@ const id = (x: number) => x;
 function scoresOf(R: Float64Array, bs: number, T: number, f32: boolean): Float64Array {
   const s = new Float64Array(bs);
   for (let i = 0; i < bs; i++) {
-    if (f32) { s[i] = torchSumF32(R, i * T, T); continue; }
+    if (f32) {
+      s[i] = torchSumF32(R, i * T, T);
+      continue;
+    }
     let acc = 0;
     for (let k = i * T, e = k + T; k < e; k++) acc += R[k];
     s[i] = acc;
@@ -101,7 +119,13 @@ function scoresOf(R: Float64Array, bs: number, T: number, f32: boolean): Float64
 }
 
 /** adv_i · M_it as a (bs, T) tensor in the dtype of `like`; returns is the same tensor (verl). */
-function outcome<A extends FloatArray>(like: A, adv: Float64Array, M: Float64Array, bs: number, T: number): AdvantageOutput<A> {
+function outcome<A extends FloatArray>(
+  like: A,
+  adv: Float64Array,
+  M: Float64Array,
+  bs: number,
+  T: number,
+): AdvantageOutput<A> {
   const out = new Float64Array(bs * T);
   for (let i = 0; i < bs; i++) {
     const a = adv[i];
@@ -138,7 +162,10 @@ function groupStd(s: Float64Array, order: Int32Array, a: number, b: number, f32:
   const n = b - a;
   const mean = groupMean(s, order, a, b, f32);
   let v = 0;
-  for (let j = a; j < b; j++) { const d = s[order[j]] - mean; v += d * d; }
+  for (let j = a; j < b; j++) {
+    const d = s[order[j]] - mean;
+    v += d * d;
+  }
   const std = Math.sqrt(v / (n - 1));
   return f32 ? Math.fround(std) : std;
 }
@@ -159,12 +186,17 @@ export const computeGaeAdvantageReturn: AdvantageEstimator = (input, cfg = {}) =
   const adv = new Float64Array(bs * T);
   if (f32) {
     // float32 recursion, op by op as the reference (python scalars are cast to float32)
-    const fr = Math.fround, g32 = fr(gamma), gl32 = fr(gamma * lam);
+    const fr = Math.fround,
+      g32 = fr(gamma),
+      gl32 = fr(gamma * lam);
     for (let i = 0; i < bs; i++) {
-      let nextValue = 0, lastGae = 0;
+      let nextValue = 0,
+        lastGae = 0;
       for (let t = T - 1; t >= 0; t--) {
         const k = i * T + t;
-        const v = V[k], m = M[k], om = fr(1 - m);
+        const v = V[k],
+          m = M[k],
+          om = fr(1 - m);
         const delta = fr(fr(R[k] + fr(g32 * nextValue)) - v);
         const g = fr(delta + fr(gl32 * lastGae));
         nextValue = fr(fr(v * m) + fr(om * nextValue));
@@ -175,10 +207,12 @@ export const computeGaeAdvantageReturn: AdvantageEstimator = (input, cfg = {}) =
   } else {
     const gl = gamma * lam;
     for (let i = 0; i < bs; i++) {
-      let nextValue = 0, lastGae = 0;
+      let nextValue = 0,
+        lastGae = 0;
       for (let t = T - 1; t >= 0; t--) {
         const k = i * T + t;
-        const v = V[k], m = M[k];
+        const v = V[k],
+          m = M[k];
         const delta = R[k] + gamma * nextValue - v;
         const g = delta + gl * lastGae;
         nextValue = v * m + (1 - m) * nextValue;
@@ -212,12 +246,17 @@ export const computeGrpoOutcomeAdvantage: AdvantageEstimator = (input, cfg = {})
   const adv = new Float64Array(bs);
   const singletonDivisor = Math.fround(1 + Math.fround(e));
   for (let g = 0; g < nGroups; g++) {
-    const a = start[g], b = start[g + 1];
+    const a = start[g],
+      b = start[g + 1];
     let mean: number, divisor: number;
-    if (b - a === 1) { mean = 0; divisor = singletonDivisor; }
-    else {
+    if (b - a === 1) {
+      mean = 0;
+      divisor = singletonDivisor;
+    } else {
       mean = groupMean(s, order, a, b, f32);
-      divisor = f32 ? Math.fround(groupStd(s, order, a, b, true) + Math.fround(e)) : groupStd(s, order, a, b, false) + e;
+      divisor = f32
+        ? Math.fround(groupStd(s, order, a, b, true) + Math.fround(e))
+        : groupStd(s, order, a, b, false) + e;
     }
     for (let j = a; j < b; j++) {
       const i = order[j];
@@ -241,17 +280,26 @@ export const computeGrpoVectorizedOutcomeAdvantage: AdvantageEstimator = (input,
   const fr = Math.fround;
   const s = scoresOf(R, bs, T, f32);
   const { gid, nGroups } = groupRows(input.index, bs, 'grpo_vectorized: index');
-  const count = new Float64Array(nGroups), s1 = new Float64Array(nGroups), s2 = new Float64Array(nGroups);
-  for (let i = 0; i < bs; i++) { // index_add_ in float32, batch order
-    const g = gid[i], x = fr(s[i]);
+  const count = new Float64Array(nGroups),
+    s1 = new Float64Array(nGroups),
+    s2 = new Float64Array(nGroups);
+  for (let i = 0; i < bs; i++) {
+    // index_add_ in float32, batch order
+    const g = gid[i],
+      x = fr(s[i]);
     count[g] += 1;
     s1[g] = fr(s1[g] + x);
     s2[g] = fr(s2[g] + fr(x * x));
   }
-  const mean = new Float64Array(nGroups), std = new Float64Array(nGroups);
+  const mean = new Float64Array(nGroups),
+    std = new Float64Array(nGroups);
   const e32 = fr(e);
   for (let g = 0; g < nGroups; g++) {
-    if (count[g] <= 1) { mean[g] = 0; std[g] = 1; continue; }
+    if (count[g] <= 1) {
+      mean[g] = 0;
+      std[g] = 1;
+      continue;
+    }
     const c = count[g];
     mean[g] = fr(s1[g] / c);
     const varNum = fr(s2[g] - fr(fr(s1[g] * s1[g]) / c));
@@ -282,15 +330,29 @@ export const computeGrpoPasskOutcomeAdvantage: AdvantageEstimator = (input, cfg 
   const { order, start, nGroups, labels } = groupRows(input.index, bs, 'grpo_passk: index');
   const adv = new Float64Array(bs);
   for (let g = 0; g < nGroups; g++) {
-    const a = start[g], b = start[g + 1];
-    if (b - a < 2) throw new ConfigError(`grpo_passk: pass@k requires at least 2 samples per group; group "${String(labels[g])}" has ${b - a}`);
-    let iMax = order[a], rMax = -Infinity, r2 = -Infinity;
+    const a = start[g],
+      b = start[g + 1];
+    if (b - a < 2)
+      throw new ConfigError(
+        `grpo_passk: pass@k requires at least 2 samples per group; group "${String(labels[g])}" has ${b - a}`,
+      );
+    let iMax = order[a],
+      rMax = -Infinity,
+      r2 = -Infinity;
     for (let j = a; j < b; j++) {
       const v = s[order[j]];
-      if (v > rMax) { r2 = rMax; rMax = v; iMax = order[j]; } else if (v > r2) r2 = v;
+      if (v > rMax) {
+        r2 = rMax;
+        rMax = v;
+        iMax = order[j];
+      } else if (v > r2) r2 = v;
     }
     let advantage = r(rMax - r2);
-    if (norm) advantage = r(advantage / (f32 ? Math.fround(groupStd(s, order, a, b, true) + Math.fround(e)) : groupStd(s, order, a, b, false) + e));
+    if (norm)
+      advantage = r(
+        advantage /
+          (f32 ? Math.fround(groupStd(s, order, a, b, true) + Math.fround(e)) : groupStd(s, order, a, b, false) + e),
+      );
     adv[iMax] = advantage;
   }
   return outcome(like, adv, M, bs, T);
@@ -309,11 +371,19 @@ export const computeRlooOutcomeAdvantage: AdvantageEstimator = (input) => {
   const { order, start, nGroups } = groupRows(input.index, bs, 'rloo: index');
   const adv = new Float64Array(bs);
   for (let g = 0; g < nGroups; g++) {
-    const a = start[g], b = start[g + 1], n = b - a;
-    if (n === 1) { adv[order[a]] = s[order[a]]; continue; }
+    const a = start[g],
+      b = start[g + 1],
+      n = b - a;
+    if (n === 1) {
+      adv[order[a]] = s[order[a]];
+      continue;
+    }
     const mean = groupMean(s, order, a, b, f32);
     const meanTerm = r(r(mean * n) / (n - 1));
-    for (let j = a; j < b; j++) { const i = order[j]; adv[i] = r(r(r(s[i] * n) / (n - 1)) - meanTerm); }
+    for (let j = a; j < b; j++) {
+      const i = order[j];
+      adv[i] = r(r(r(s[i] * n) / (n - 1)) - meanTerm);
+    }
   }
   return outcome(like, adv, M, bs, T);
 };
@@ -327,8 +397,12 @@ export const computeRlooVectorizedOutcomeAdvantage: AdvantageEstimator = (input)
   const s = scoresOf(R, bs, T, f32);
   const { gid, nGroups } = groupRows(input.index, bs, 'rloo_vectorized: index');
   const r = f32 ? Math.fround : id;
-  const c = new Float64Array(nGroups), sum = new Float64Array(nGroups);
-  for (let i = 0; i < bs; i++) { c[gid[i]] += 1; sum[gid[i]] = r(sum[gid[i]] + s[i]); } // bincount: batch order
+  const c = new Float64Array(nGroups),
+    sum = new Float64Array(nGroups);
+  for (let i = 0; i < bs; i++) {
+    c[gid[i]] += 1;
+    sum[gid[i]] = r(sum[gid[i]] + s[i]);
+  } // bincount: batch order
   const adv = new Float64Array(bs);
   for (let i = 0; i < bs; i++) {
     const n = c[gid[i]];
@@ -375,7 +449,8 @@ export const computeReinforcePlusPlusBaselineOutcomeAdvantage: AdvantageEstimato
   const r = f32 ? Math.fround : id;
   const centred = new Float64Array(bs);
   for (let g = 0; g < nGroups; g++) {
-    const a = start[g], b = start[g + 1];
+    const a = start[g],
+      b = start[g + 1];
     const mean = b - a === 1 ? 0 : groupMean(s, order, a, b, f32);
     for (let j = a; j < b; j++) centred[order[j]] = r(s[order[j]] - mean);
   }
@@ -396,7 +471,8 @@ export const computeReinforcePlusPlusBaselineOutcomeAdvantage: AdvantageEstimato
 export const computeRemaxOutcomeAdvantage: AdvantageEstimator = (input) => {
   const { R, M, bs, T, like, f32 } = base('remax', input);
   const b = readVector('remax: reward_baselines (reward of the greedy rollout)', input.reward_baselines, bs);
-  const returns = new Float64Array(bs * T), advantages = new Float64Array(bs * T);
+  const returns = new Float64Array(bs * T),
+    advantages = new Float64Array(bs * T);
   const r = f32 ? Math.fround : id;
   for (let i = 0; i < bs; i++) {
     let G = 0; // torch's cumsum accumulates in double and rounds each output
@@ -419,21 +495,37 @@ export const computeOpoOutcomeAdvantage: AdvantageEstimator = (input) => {
   const { R, M, bs, T, like, f32 } = base('opo', input);
   const s = scoresOf(R, bs, T, f32);
   const len = new Float64Array(bs);
-  for (let i = 0; i < bs; i++) { let n = 0; for (let k = i * T, e = k + T; k < e; k++) n += M[k]; len[i] = n; }
+  for (let i = 0; i < bs; i++) {
+    let n = 0;
+    for (let k = i * T, e = k + T; k < e; k++) n += M[k];
+    len[i] = n;
+  }
   const { order, start, nGroups } = groupRows(input.index, bs, 'opo: index');
   const r = f32 ? Math.fround : id;
   const adv = new Float64Array(bs);
   for (let g = 0; g < nGroups; g++) {
-    const a = start[g], b = start[g + 1];
+    const a = start[g],
+      b = start[g + 1];
     let baseline = 0;
     if (b - a > 1) {
-      let num = 0, den = 0;
+      let num = 0,
+        den = 0;
       if (f32) {
-        const prod = new Float64Array(b - a), lens = new Float64Array(b - a);
-        for (let j = a; j < b; j++) { const i = order[j]; prod[j - a] = r(len[i] * s[i]); lens[j - a] = len[i]; }
-        num = torchSumF32(prod); den = torchSumF32(lens);
+        const prod = new Float64Array(b - a),
+          lens = new Float64Array(b - a);
+        for (let j = a; j < b; j++) {
+          const i = order[j];
+          prod[j - a] = r(len[i] * s[i]);
+          lens[j - a] = len[i];
+        }
+        num = torchSumF32(prod);
+        den = torchSumF32(lens);
       } else {
-        for (let j = a; j < b; j++) { const i = order[j]; num += len[i] * s[i]; den += len[i]; }
+        for (let j = a; j < b; j++) {
+          const i = order[j];
+          num += len[i] * s[i];
+          den += len[i];
+        }
       }
       baseline = den > 0 ? r(num / den) : 0;
     }
@@ -460,26 +552,47 @@ export const computeGpgOutcomeAdvantage: AdvantageEstimator = (input, cfg = {}) 
   const adv = new Float64Array(bs);
   const r = f32 ? Math.fround : id;
   for (let g = 0; g < nGroups; g++) {
-    const a = start[g], b = start[g + 1];
+    const a = start[g],
+      b = start[g + 1];
     const mean = b - a === 1 ? 0 : groupMean(s, order, a, b, f32);
-    for (let j = a; j < b; j++) { const i = order[j]; adv[i] = r(r(alpha * r(s[i] - mean)) / fNorm); }
+    for (let j = a; j < b; j++) {
+      const i = order[j];
+      adv[i] = r(r(alpha * r(s[i] - mean)) / fNorm);
+    }
   }
   return outcome(like, adv, M, bs, T);
 };
 
 // ---- optimal token baseline --------------------------------------------------------------------
 
-interface OtbParts { G: Float64Array; W: Float64Array }
+interface OtbParts {
+  G: Float64Array;
+  W: Float64Array;
+}
 
 /** G = reverse-cumsum(r·M); w_t = (1 − 2·e^{logπ_t} + Σπ²_t)·ρ_t²; W = cumsum(w·M). */
-function otbParts(name: string, input: AdvantageInput, bs: number, T: number, R: Float64Array, M: Float64Array): OtbParts {
+function otbParts(
+  name: string,
+  input: AdvantageInput,
+  bs: number,
+  T: number,
+  R: Float64Array,
+  M: Float64Array,
+): OtbParts {
   const lp = readTensor(`${name}: old_log_probs`, input.old_log_probs, bs, T);
   const sp = readTensor(`${name}: sum_pi_squared`, input.sum_pi_squared, bs, T);
-  const rho = input.rollout_is_weights ? readTensor(`${name}: rollout_is_weights`, input.rollout_is_weights, bs, T) : null;
-  const G = new Float64Array(bs * T), W = new Float64Array(bs * T);
+  const rho = input.rollout_is_weights
+    ? readTensor(`${name}: rollout_is_weights`, input.rollout_is_weights, bs, T)
+    : null;
+  const G = new Float64Array(bs * T),
+    W = new Float64Array(bs * T);
   for (let i = 0; i < bs; i++) {
     let g = 0;
-    for (let t = T - 1; t >= 0; t--) { const k = i * T + t; g += R[k] * M[k]; G[k] = g; }
+    for (let t = T - 1; t >= 0; t--) {
+      const k = i * T + t;
+      g += R[k] * M[k];
+      G[k] = g;
+    }
     let w = 0;
     for (let t = 0; t < T; t++) {
       const k = i * T + t;
@@ -505,10 +618,21 @@ function otbRatio(num: number, den: number, e: number, f32: boolean): number {
 
 /** Index (within `members`) of the unique longest member if it is strictly longer than the 2nd; else −1. */
 function zeroTailOwner(lengths: ArrayLike<number>): { owner: number; second: number } {
-  let max = -Infinity, second = -Infinity, owner = -1, ties = 0;
+  let max = -Infinity,
+    second = -Infinity,
+    owner = -1,
+    ties = 0;
   for (let j = 0; j < lengths.length; j++) {
     const L = lengths[j];
-    if (L > max) { second = max; max = L; owner = j; ties = 1; } else if (L === max) { ties++; second = L; } else if (L > second) second = L;
+    if (L > max) {
+      second = max;
+      max = L;
+      owner = j;
+      ties = 1;
+    } else if (L === max) {
+      ties++;
+      second = L;
+    } else if (L > second) second = L;
   }
   return ties === 1 && max > second ? { owner, second: Math.trunc(second) } : { owner: -1, second: 0 };
 }
@@ -527,22 +651,41 @@ export const computeOptimalTokenBaselineAdvantage: AdvantageEstimator = (input, 
   const { G, W } = otbParts('optimal_token_baseline', input, bs, T, R, M);
   const { order, start, nGroups } = groupRows(input.index, bs, 'optimal_token_baseline: index');
   const baseline = new Float64Array(bs * T);
-  const num = new Float64Array(T), den = new Float64Array(T);
+  const num = new Float64Array(T),
+    den = new Float64Array(T);
   for (let g = 0; g < nGroups; g++) {
-    const a = start[g], b = start[g + 1];
+    const a = start[g],
+      b = start[g + 1];
     if (b - a === 1) continue;
-    num.fill(0); den.fill(0);
+    num.fill(0);
+    den.fill(0);
     for (let j = a; j < b; j++) {
       const i = order[j];
-      for (let t = 0; t < T; t++) { const k = i * T + t; const wm = W[k] * M[k]; num[t] += G[k] * wm; den[t] += wm; }
+      for (let t = 0; t < T; t++) {
+        const k = i * T + t;
+        const wm = W[k] * M[k];
+        num[t] += G[k] * wm;
+        den[t] += wm;
+      }
     }
     for (let t = 0; t < T; t++) num[t] = otbRatio(num[t], den[t], e, f32);
-    for (let j = a; j < b; j++) { const i = order[j]; baseline.set(num, i * T); }
+    for (let j = a; j < b; j++) {
+      const i = order[j];
+      baseline.set(num, i * T);
+    }
     if (zeroTail) {
       const lengths = new Float64Array(b - a);
-      for (let j = a; j < b; j++) { const i = order[j]; let n = 0; for (let t = 0; t < T; t++) n += M[i * T + t]; lengths[j - a] = n; }
+      for (let j = a; j < b; j++) {
+        const i = order[j];
+        let n = 0;
+        for (let t = 0; t < T; t++) n += M[i * T + t];
+        lengths[j - a] = n;
+      }
       const { owner, second } = zeroTailOwner(lengths);
-      if (owner >= 0) { const i = order[a + owner]; baseline.fill(0, i * T + second, (i + 1) * T); }
+      if (owner >= 0) {
+        const i = order[a + owner];
+        baseline.fill(0, i * T + second, (i + 1) * T);
+      }
     }
   }
   const advantages = new Float64Array(bs * T);
@@ -573,34 +716,53 @@ export const computeMultiTurnOptimalTokenBaselineAdvantage: AdvantageEstimator =
     if (n > Lmax) Lmax = n;
   }
   const index = input.index;
-  const rows: number[] = [], labels: GroupLabel[] = [];
+  const rows: number[] = [],
+    labels: GroupLabel[] = [];
   if (!index || index.length !== bs) groupRows(index, bs, 'tir_optimal_token_baseline: index'); // throws the clear error
-  for (let i = 0; i < bs; i++) if (len[i] > 0) { rows.push(i); labels.push(index![i]); }
+  for (let i = 0; i < bs; i++)
+    if (len[i] > 0) {
+      rows.push(i);
+      labels.push(index![i]);
+    }
   const { order, start, nGroups } = groupRows(labels, rows.length, 'tir_optimal_token_baseline: index');
   const baseline = new Float64Array(bs * Lmax); // per row, per ordinal
-  const num = new Float64Array(Lmax), den = new Float64Array(Lmax);
+  const num = new Float64Array(Lmax),
+    den = new Float64Array(Lmax);
   for (let g = 0; g < nGroups; g++) {
-    const a = start[g], b = start[g + 1];
+    const a = start[g],
+      b = start[g + 1];
     if (b - a === 1) continue;
-    num.fill(0); den.fill(0);
+    num.fill(0);
+    den.fill(0);
     for (let j = a; j < b; j++) {
       const i = rows[order[j]];
-      for (let k = 0; k < len[i]; k++) { const p = i * T + pos[i * T + k]; num[k] += G[p] * W[p]; den[k] += W[p]; }
+      for (let k = 0; k < len[i]; k++) {
+        const p = i * T + pos[i * T + k];
+        num[k] += G[p] * W[p];
+        den[k] += W[p];
+      }
     }
     for (let k = 0; k < Lmax; k++) num[k] = otbRatio(num[k], den[k], e, f32);
-    for (let j = a; j < b; j++) { const i = rows[order[j]]; baseline.set(num, i * Lmax); }
+    for (let j = a; j < b; j++) {
+      const i = rows[order[j]];
+      baseline.set(num, i * Lmax);
+    }
     if (zeroTail) {
       const lengths = new Float64Array(b - a);
       for (let j = a; j < b; j++) lengths[j - a] = len[rows[order[j]]];
       const { owner, second } = zeroTailOwner(lengths);
-      if (owner >= 0) { const i = rows[order[a + owner]]; baseline.fill(0, i * Lmax + second, (i + 1) * Lmax); }
+      if (owner >= 0) {
+        const i = rows[order[a + owner]];
+        baseline.fill(0, i * Lmax + second, (i + 1) * Lmax);
+      }
     }
   }
   const advantages = new Float64Array(bs * T);
   for (let i = 0; i < bs; i++) {
     for (let k = 0; k < len[i]; k++) {
       const p = i * T + pos[i * T + k];
-      advantages[p] = (f32 ? Math.fround(Math.fround(G[p]) - baseline[i * Lmax + k]) : G[p] - baseline[i * Lmax + k]) * M[p];
+      advantages[p] =
+        (f32 ? Math.fround(Math.fround(G[p]) - baseline[i * Lmax + k]) : G[p] - baseline[i * Lmax + k]) * M[p];
     }
   }
   return { advantages: outTensor(like, advantages, bs, T), returns: outTensor(like, G, bs, T) };
@@ -626,6 +788,10 @@ export const advEstimators = new Registry<AdvantageEstimator>('adv_estimator', {
 });
 
 /** Looks the estimator up by config name and runs it. */
-export function computeAdvantage<A extends FloatArray>(name: string, input: AdvantageInput<A>, config: AdvantageConfig = {}): AdvantageOutput<A> {
+export function computeAdvantage<A extends FloatArray>(
+  name: string,
+  input: AdvantageInput<A>,
+  config: AdvantageConfig = {},
+): AdvantageOutput<A> {
   return advEstimators.get(name)(input, config);
 }

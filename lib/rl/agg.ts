@@ -34,12 +34,14 @@ export interface LossAggregator {
 
 function dpSize(info: GlobalBatchInfo): number {
   const dp = info.dp_size ?? 1;
-  if (!Number.isFinite(dp) || dp <= 0) throw new ConfigError(`global_batch_info.dp_size must be a positive number, got ${dp}`);
+  if (!Number.isFinite(dp) || dp <= 0)
+    throw new ConfigError(`global_batch_info.dp_size must be a positive number, got ${dp}`);
   return dp;
 }
 function optPositive(name: string, v: number | null | undefined): number | undefined {
   if (v === undefined || v === null) return undefined;
-  if (!Number.isFinite(v) || v <= 0) throw new ConfigError(`global_batch_info.${name} must be a positive number or null, got ${v}`);
+  if (!Number.isFinite(v) || v <= 0)
+    throw new ConfigError(`global_batch_info.${name} must be a positive number or null, got ${v}`);
   return v;
 }
 
@@ -52,8 +54,15 @@ function sumOf(M: Float64Array): number {
 const tokenMean: LossAggregator = {
   value(L, M, _bs, _T, info) {
     const dp = dpSize(info);
-    let s = 0, n = 0;
-    for (let k = 0; k < M.length; k++) { const m = M[k]; if (m !== 0) { s += L[k] * m; n += m; } }
+    let s = 0,
+      n = 0;
+    for (let k = 0; k < M.length; k++) {
+      const m = M[k];
+      if (m !== 0) {
+        s += L[k] * m;
+        n += m;
+      }
+    }
     const denom = optPositive('batch_num_tokens', info.batch_num_tokens) ?? n;
     return (s / denom) * dp;
   },
@@ -70,11 +79,19 @@ function seqMean(tokenMeanInRow: boolean): LossAggregator {
   return {
     value(L, M, bs, T, info) {
       const dp = dpSize(info);
-      let total = 0, nonEmpty = 0;
+      let total = 0,
+        nonEmpty = 0;
       for (let i = 0; i < bs; i++) {
-        let s = 0, n = 0;
-        for (let k = i * T, e = k + T; k < e; k++) { s += L[k] * M[k]; n += M[k]; }
-        if (n > 0) { total += tokenMeanInRow ? s / (n + MASKED_EPS) : s; nonEmpty++; }
+        let s = 0,
+          n = 0;
+        for (let k = i * T, e = k + T; k < e; k++) {
+          s += L[k] * M[k];
+          n += M[k];
+        }
+        if (n > 0) {
+          total += tokenMeanInRow ? s / (n + MASKED_EPS) : s;
+          nonEmpty++;
+        }
       }
       const denom = optPositive('global_batch_size', info.global_batch_size) ?? nonEmpty;
       return (total / denom) * dp;

@@ -15,8 +15,12 @@ const scratch = new Float64Array(4 * ILP * LANES);
 
 function ceilLog2(n: number): number {
   if (n <= 1) return 0;
-  let l = 0, v = 1;
-  while (v < n) { v *= 2; l++; }
+  let l = 0,
+    v = 1;
+  while (v < n) {
+    v *= 2;
+    l++;
+  }
   return l;
 }
 
@@ -36,8 +40,12 @@ function multiRowSum(x: Float64Array, off: number, size: number, W: number, acc:
       for (let k = 0; k < W; k++) acc[k] = fr(acc[k] + x[b + k]);
     }
     for (let j = 1; j < 4; j++) {
-      const cur = j * W, prev = cur - W;
-      for (let k = 0; k < W; k++) { acc[cur + k] = fr(acc[cur + k] + acc[prev + k]); acc[prev + k] = 0; }
+      const cur = j * W,
+        prev = cur - W;
+      for (let k = 0; k < W; k++) {
+        acc[cur + k] = fr(acc[cur + k] + acc[prev + k]);
+        acc[prev + k] = 0;
+      }
       if ((i & (mask << (j * levelPower))) !== 0) break;
     }
   }

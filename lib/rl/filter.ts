@@ -29,7 +29,8 @@ export interface GroupFilterConfig {
 export type GroupFilter = (values: Float64Array, cfg: GroupFilterConfig) => boolean;
 
 const easyr1: GroupFilter = (values, cfg) => {
-  const lo = cfg.filter_low ?? 0.01, hi = cfg.filter_high ?? 0.99;
+  const lo = cfg.filter_low ?? 0.01,
+    hi = cfg.filter_high ?? 0.99;
   let s = 0;
   for (let i = 0; i < values.length; i++) s += values[i];
   const mean = s / values.length;
@@ -68,16 +69,26 @@ function checkFilterConfig(semantics: string, cfg: GroupFilterConfig): GroupFilt
  * Applies one filter semantics to a batch: `metric[i]` is the filter metric of row i (e.g.
  * reward_metrics["overall"] or "acc"), `index[i]` its group label.
  */
-export function filterGroups(index: readonly GroupLabel[], metric: ArrayLike<number>, semantics: string, cfg: GroupFilterConfig = {}): FilterGroupsResult {
+export function filterGroups(
+  index: readonly GroupLabel[],
+  metric: ArrayLike<number>,
+  semantics: string,
+  cfg: GroupFilterConfig = {},
+): FilterGroupsResult {
   const filter = checkFilterConfig(semantics, cfg);
   const bs = index.length;
-  if (metric.length !== bs) throw new ConfigError(`online filtering: the metric has ${metric.length} values for ${bs} responses`);
+  if (metric.length !== bs)
+    throw new ConfigError(`online filtering: the metric has ${metric.length} values for ${bs} responses`);
   for (let i = 0; i < bs; i++) {
-    if (typeof metric[i] !== 'number' || !Number.isFinite(metric[i])) throw new ConfigError(`online filtering: metric value of response ${i} is ${metric[i]}; filter metrics must be finite numbers`);
+    if (typeof metric[i] !== 'number' || !Number.isFinite(metric[i]))
+      throw new ConfigError(
+        `online filtering: metric value of response ${i} is ${metric[i]}; filter metrics must be finite numbers`,
+      );
   }
   const { order, start, nGroups, labels, gid } = groupRows(index, bs, 'online filtering: index');
   const keptGroup = new Uint8Array(nGroups);
-  const kept_groups: GroupLabel[] = [], dropped_groups: GroupLabel[] = [];
+  const kept_groups: GroupLabel[] = [],
+    dropped_groups: GroupLabel[] = [];
   for (let g = 0; g < nGroups; g++) {
     const vals = new Float64Array(start[g + 1] - start[g]);
     for (let j = start[g]; j < start[g + 1]; j++) vals[j - start[g]] = metric[order[j]];
@@ -86,7 +97,11 @@ export function filterGroups(index: readonly GroupLabel[], metric: ArrayLike<num
   }
   const keep = new Uint8Array(bs);
   const kept_rows: number[] = [];
-  for (let i = 0; i < bs; i++) if (keptGroup[gid[i]]) { keep[i] = 1; kept_rows.push(i); }
+  for (let i = 0; i < bs; i++)
+    if (keptGroup[gid[i]]) {
+      keep[i] = 1;
+      kept_rows.push(i);
+    }
   return { keep, kept_rows, kept_groups, dropped_groups };
 }
 
@@ -110,7 +125,10 @@ export interface DrawnBatch {
 }
 
 /** The rows selected from one drawn batch. */
-export interface BatchSelection { batch: number; rows: number[] }
+export interface BatchSelection {
+  batch: number;
+  rows: number[];
+}
 
 export interface FilterState {
   readonly tries: number;
@@ -125,7 +143,12 @@ export interface FilterStep {
   done: boolean;
   /** When done: the first rollout_batch_size kept groups, per batch. */
   selection?: BatchSelection[];
-  metrics: { 'filter/num_gen_batches': number; 'filter/kept_groups': number; 'filter/dropped_groups': number; 'filter/kept_group_fraction': number };
+  metrics: {
+    'filter/num_gen_batches': number;
+    'filter/kept_groups': number;
+    'filter/dropped_groups': number;
+    'filter/kept_group_fraction': number;
+  };
 }
 
 export function initialFilterState(): FilterState {
@@ -133,9 +156,12 @@ export function initialFilterState(): FilterState {
 }
 
 function checkControllerConfig(cfg: OnlineFilterConfig): void {
-  if (!Number.isInteger(cfg.rollout_batch_size) || cfg.rollout_batch_size < 1) throw new ConfigError(`rollout_batch_size must be a positive integer, got ${cfg.rollout_batch_size}`);
-  if (!Number.isInteger(cfg.max_try_make_batch)) throw new ConfigError(`max_try_make_batch must be an integer (≤ 0 = unlimited), got ${cfg.max_try_make_batch}`);
-  if (typeof cfg.filter_key !== 'string' || cfg.filter_key === '') throw new ConfigError('online filtering needs filter_key (the reward metric to filter on)');
+  if (!Number.isInteger(cfg.rollout_batch_size) || cfg.rollout_batch_size < 1)
+    throw new ConfigError(`rollout_batch_size must be a positive integer, got ${cfg.rollout_batch_size}`);
+  if (!Number.isInteger(cfg.max_try_make_batch))
+    throw new ConfigError(`max_try_make_batch must be an integer (≤ 0 = unlimited), got ${cfg.max_try_make_batch}`);
+  if (typeof cfg.filter_key !== 'string' || cfg.filter_key === '')
+    throw new ConfigError('online filtering needs filter_key (the reward metric to filter on)');
 }
 
 /**
@@ -145,17 +171,29 @@ function checkControllerConfig(cfg: OnlineFilterConfig): void {
 export function offerBatch(state: FilterState, batch: DrawnBatch, cfg: OnlineFilterConfig): FilterStep {
   checkControllerConfig(cfg);
   const values = batch.reward_metrics[cfg.filter_key];
-  if (!values) throw new ConfigError(`online filtering: reward metric "${cfg.filter_key}" is missing — available: ${Object.keys(batch.reward_metrics).sort().join(', ') || '(none)'}`);
+  if (!values)
+    throw new ConfigError(
+      `online filtering: reward metric "${cfg.filter_key}" is missing — available: ${Object.keys(batch.reward_metrics).sort().join(', ') || '(none)'}`,
+    );
   const res = filterGroups(batch.index, values, cfg.semantics, cfg);
   const batchNo = state.tries;
   const byLabel = new Map<GroupLabel, number[]>();
   for (const i of res.kept_rows) {
     const l = batch.index[i];
     const rows = byLabel.get(l);
-    if (rows) rows.push(i); else byLabel.set(l, [i]);
+    if (rows) rows.push(i);
+    else byLabel.set(l, [i]);
   }
-  const kept = [...state.kept, ...res.kept_groups.map((label) => ({ batch: batchNo, label, rows: byLabel.get(label)! }))];
-  const next: FilterState = { tries: state.tries + 1, kept, dropped: state.dropped + res.dropped_groups.length, seen: state.seen + res.kept_groups.length + res.dropped_groups.length };
+  const kept = [
+    ...state.kept,
+    ...res.kept_groups.map((label) => ({ batch: batchNo, label, rows: byLabel.get(label)! })),
+  ];
+  const next: FilterState = {
+    tries: state.tries + 1,
+    kept,
+    dropped: state.dropped + res.dropped_groups.length,
+    seen: state.seen + res.kept_groups.length + res.dropped_groups.length,
+  };
   const metrics = {
     'filter/num_gen_batches': next.tries,
     'filter/kept_groups': next.kept.length,
@@ -166,20 +204,26 @@ export function offerBatch(state: FilterState, batch: DrawnBatch, cfg: OnlineFil
     const selection: BatchSelection[] = [];
     for (const g of kept.slice(0, cfg.rollout_batch_size)) {
       const last = selection[selection.length - 1];
-      if (last && last.batch === g.batch) last.rows.push(...g.rows); else selection.push({ batch: g.batch, rows: [...g.rows] });
+      if (last && last.batch === g.batch) last.rows.push(...g.rows);
+      else selection.push({ batch: g.batch, rows: [...g.rows] });
     }
     for (const s of selection) s.rows.sort((a, b) => a - b);
     return { state: next, done: true, selection, metrics };
   }
   if (cfg.max_try_make_batch > 0 && next.tries >= cfg.max_try_make_batch) {
-    const rule = cfg.semantics === 'easyr1'
-      ? `${cfg.filter_low ?? 0.01} < mean(${cfg.filter_key}) < ${cfg.filter_high ?? 0.99}`
-      : `std(${cfg.filter_key}) > 0`;
+    const rule =
+      cfg.semantics === 'easyr1'
+        ? `${cfg.filter_low ?? 0.01} < mean(${cfg.filter_key}) < ${cfg.filter_high ?? 0.99}`
+        : `std(${cfg.filter_key}) > 0`;
     throw new RlError(
       `online filtering (${cfg.semantics}: keep a group iff ${rule}) kept ${kept.length} of the ${cfg.rollout_batch_size} groups needed after ` +
-      `${next.tries} generated batches (max_try_make_batch = ${cfg.max_try_make_batch}); ${next.dropped} groups were dropped. ` +
-      'Most prompts are solved always or never: widen the filter range, raise max_try_make_batch (≤ 0 = unlimited) or change the dataset.',
-      { retriable: false, code: 'ERR_FILTER_EXHAUSTED', details: { kept: kept.length, needed: cfg.rollout_batch_size, tries: next.tries, dropped: next.dropped } },
+        `${next.tries} generated batches (max_try_make_batch = ${cfg.max_try_make_batch}); ${next.dropped} groups were dropped. ` +
+        'Most prompts are solved always or never: widen the filter range, raise max_try_make_batch (≤ 0 = unlimited) or change the dataset.',
+      {
+        retriable: false,
+        code: 'ERR_FILTER_EXHAUSTED',
+        details: { kept: kept.length, needed: cfg.rollout_batch_size, tries: next.tries, dropped: next.dropped },
+      },
     );
   }
   return { state: next, done: false, metrics };
@@ -189,7 +233,10 @@ export function offerBatch(state: FilterState, batch: DrawnBatch, cfg: OnlineFil
  * Draws batches with `draw(attempt)` (the caller's rollout + reward step) until rollout_batch_size
  * groups pass the filter; returns the drawn batches and the selection to train on.
  */
-export async function makeFilteredBatch<B extends DrawnBatch>(draw: (attempt: number) => B | Promise<B>, cfg: OnlineFilterConfig): Promise<{ batches: B[]; selection: BatchSelection[]; metrics: FilterStep['metrics'] }> {
+export async function makeFilteredBatch<B extends DrawnBatch>(
+  draw: (attempt: number) => B | Promise<B>,
+  cfg: OnlineFilterConfig,
+): Promise<{ batches: B[]; selection: BatchSelection[]; metrics: FilterStep['metrics'] }> {
   checkControllerConfig(cfg);
   onlineFilters.get(cfg.semantics);
   let state = initialFilterState();

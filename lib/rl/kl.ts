@@ -6,7 +6,17 @@
  */
 import { ConfigError } from '../errors.ts';
 import { Registry } from './registry.ts';
-import { asF64, checkScalar, outTensor, readMask, readTensor, type FloatArray, type Mask2D, type Tensor2D, type Tensor3D } from './tensor.ts';
+import {
+  asF64,
+  checkScalar,
+  outTensor,
+  readMask,
+  readTensor,
+  type FloatArray,
+  type Mask2D,
+  type Tensor2D,
+  type Tensor3D,
+} from './tensor.ts';
 import { lossAggModes, type GlobalBatchInfo } from './agg.ts';
 
 /** One per-token estimator of KL(π‖π_ref) from x = log π − log π_ref: its value and ∂value/∂log π. */
@@ -42,22 +52,37 @@ const k3: KlEstimator = {
 };
 const full: KlEstimator = {
   needsDistributions: true,
-  value() { throw fullNeedsDistributions(); },
-  grad() { throw fullNeedsDistributions(); },
+  value() {
+    throw fullNeedsDistributions();
+  },
+  grad() {
+    throw fullNeedsDistributions();
+  },
 };
 
 function fullNeedsDistributions(): ConfigError {
-  return new ConfigError('kl_penalty "full" needs the full vocabulary distributions, not per-token log-probs: call klFull(logp_dist, ref_logp_dist) with (bs, T, V) log-probabilities');
+  return new ConfigError(
+    'kl_penalty "full" needs the full vocabulary distributions, not per-token log-probs: call klFull(logp_dist, ref_logp_dist) with (bs, T, V) log-probabilities',
+  );
 }
 
 /** Registry `kl_penalty` (also used for `kl_loss_type`). */
 export const klPenaltyModes = new Registry<KlEstimator>('kl_penalty', {
-  kl: k1, k1, abs: absKl, mse: k2, k2, low_var_kl: k3, k3, full,
+  kl: k1,
+  k1,
+  abs: absKl,
+  mse: k2,
+  k2,
+  low_var_kl: k3,
+  k3,
+  full,
 });
 
 function estimator(mode: string): KlEstimator {
   if (typeof mode === 'string' && mode.endsWith('+')) {
-    throw new ConfigError(`kl_penalty "${mode}": the straight-through "+" variants (forward = base estimator, gradient = k2) are not available — verl raises NotImplementedError for them at the pinned commit; use "${mode.slice(0, -1)}" (or "k2"/"mse" for the k2 gradient)`);
+    throw new ConfigError(
+      `kl_penalty "${mode}": the straight-through "+" variants (forward = base estimator, gradient = k2) are not available — verl raises NotImplementedError for them at the pinned commit; use "${mode.slice(0, -1)}" (or "k2"/"mse" for the k2 gradient)`,
+    );
   }
   const est = klPenaltyModes.get(mode);
   if (est.needsDistributions) throw fullNeedsDistributions();
@@ -99,7 +124,11 @@ export function klPenalty<A extends FloatArray>(logprob: Tensor2D<A>, refLogprob
 }
 
 /** ∂(Σ kl)/∂log π per token, the gradient the training graph must reproduce. */
-export function klPenaltyGrad<A extends FloatArray>(logprob: Tensor2D<A>, refLogprob: Tensor2D, mode: string): Tensor2D<A> {
+export function klPenaltyGrad<A extends FloatArray>(
+  logprob: Tensor2D<A>,
+  refLogprob: Tensor2D,
+  mode: string,
+): Tensor2D<A> {
   const est = estimator(mode);
   const { lp, ref } = readPair(`kl_penalty "${mode}"`, logprob, refLogprob);
   const out = new Float64Array(lp.length);
@@ -108,7 +137,14 @@ export function klPenaltyGrad<A extends FloatArray>(logprob: Tensor2D<A>, refLog
     const fr = Math.fround;
     for (let k = 0; k < lp.length; k++) {
       const d = fr(ref[k] - lp[k]);
-      out[k] = d < -20 || d > 20 ? 0 : (() => { const e = fr(Math.exp(d)); const kld = fr(fr(e - d) - 1); return kld > 10 ? 0 : fr(1 - e); })();
+      out[k] =
+        d < -20 || d > 20
+          ? 0
+          : (() => {
+              const e = fr(Math.exp(d));
+              const kld = fr(fr(e - d) - 1);
+              return kld > 10 ? 0 : fr(1 - e);
+            })();
     }
   } else {
     for (let k = 0; k < lp.length; k++) out[k] = est.grad(lp[k], ref[k]);
@@ -123,20 +159,30 @@ export function klPenaltyGrad<A extends FloatArray>(logprob: Tensor2D<A>, refLog
 export function klFull<A extends FloatArray>(logpDist: Tensor3D<A>, refLogpDist: Tensor3D): Tensor2D<A> {
   const { bs, T, V } = logpDist;
   if (refLogpDist.bs !== bs || refLogpDist.T !== T || refLogpDist.V !== V) {
-    throw new ConfigError(`klFull: ref distribution has shape (${refLogpDist.bs}, ${refLogpDist.T}, ${refLogpDist.V}), expected (${bs}, ${T}, ${V})`);
+    throw new ConfigError(
+      `klFull: ref distribution has shape (${refLogpDist.bs}, ${refLogpDist.T}, ${refLogpDist.V}), expected (${bs}, ${T}, ${V})`,
+    );
   }
-  if (logpDist.data.length !== bs * T * V || refLogpDist.data.length !== bs * T * V) throw new ConfigError(`klFull: data length does not match shape (${bs}, ${T}, ${V})`);
-  const p = asF64(logpDist.data), q = asF64(refLogpDist.data);
+  if (logpDist.data.length !== bs * T * V || refLogpDist.data.length !== bs * T * V)
+    throw new ConfigError(`klFull: data length does not match shape (${bs}, ${T}, ${V})`);
+  const p = asF64(logpDist.data),
+    q = asF64(refLogpDist.data);
   const out = new Float64Array(bs * T);
   for (let r = 0, base = 0; r < bs * T; r++, base += V) {
     let kl = 0;
     for (let v = 0; v < V; v++) {
-      const lp = p[base + v], lq = q[base + v];
+      const lp = p[base + v],
+        lq = q[base + v];
       if (Number.isNaN(lp) || Number.isNaN(lq) || lp === Infinity || lq === Infinity) {
-        throw new ConfigError(`klFull: invalid log-probability at [${Math.floor(r / T)}, ${r % T}, ${v}] (${lp}, ${lq})`);
+        throw new ConfigError(
+          `klFull: invalid log-probability at [${Math.floor(r / T)}, ${r % T}, ${v}] (${lp}, ${lq})`,
+        );
       }
       if (lp === -Infinity) continue; // π_v = 0 contributes 0
-      if (lq === -Infinity) throw new ConfigError(`klFull: reference assigns zero probability at [${Math.floor(r / T)}, ${r % T}, ${v}] where the policy does not; KL is infinite`);
+      if (lq === -Infinity)
+        throw new ConfigError(
+          `klFull: reference assigns zero probability at [${Math.floor(r / T)}, ${r % T}, ${v}] where the policy does not; KL is infinite`,
+        );
       kl += Math.exp(lp) * (lp - lq);
     }
     out[r] = kl;
@@ -145,7 +191,12 @@ export function klFull<A extends FloatArray>(logpDist: Tensor3D<A>, refLogpDist:
 }
 
 /** compute_rewards: r_t = score_t − (log π_old − log π_ref)·kl_ratio (verl core_algos.compute_rewards). */
-export function computeRewards<A extends FloatArray>(tokenLevelScores: Tensor2D<A>, oldLogProb: Tensor2D, refLogProb: Tensor2D, klRatio: number): Tensor2D<A> {
+export function computeRewards<A extends FloatArray>(
+  tokenLevelScores: Tensor2D<A>,
+  oldLogProb: Tensor2D,
+  refLogProb: Tensor2D,
+  klRatio: number,
+): Tensor2D<A> {
   if (!tokenLevelScores) throw new ConfigError('compute_rewards: token_level_scores are required');
   const { bs, T } = tokenLevelScores;
   const s = readTensor('compute_rewards: token_level_scores', tokenLevelScores, bs, T);
@@ -154,7 +205,8 @@ export function computeRewards<A extends FloatArray>(tokenLevelScores: Tensor2D<
   checkScalar('kl_ratio', klRatio);
   const out = new Float64Array(s.length);
   if (tokenLevelScores.data instanceof Float32Array) {
-    const fr = Math.fround, k32 = fr(klRatio);
+    const fr = Math.fround,
+      k32 = fr(klRatio);
     for (let k = 0; k < s.length; k++) out[k] = fr(s[k] - fr(fr(o[k] - r[k]) * k32));
   } else {
     for (let k = 0; k < s.length; k++) out[k] = s[k] - (o[k] - r[k]) * klRatio;
@@ -174,9 +226,12 @@ export interface KlController {
 /** Fixed β (verl FixedKLController): update is a no-op. */
 export class FixedKlController implements KlController {
   readonly type = 'fixed' as const;
-  constructor(readonly value: number) { checkScalar('kl_ctrl.kl_coef', value, { min: 0 }); }
+  constructor(readonly value: number) {
+    checkScalar('kl_ctrl.kl_coef', value, { min: 0 });
+  }
   update(currentKl: number, nSteps: number): FixedKlController {
-    checkScalar('current_kl', currentKl); checkScalar('n_steps', nSteps, { min: 0 });
+    checkScalar('current_kl', currentKl);
+    checkScalar('n_steps', nSteps, { min: 0 });
     return this;
   }
 }
@@ -187,13 +242,18 @@ export class FixedKlController implements KlController {
  */
 export class AdaptiveKlController implements KlController {
   readonly type = 'adaptive' as const;
-  constructor(readonly value: number, readonly target: number, readonly horizon: number) {
+  constructor(
+    readonly value: number,
+    readonly target: number,
+    readonly horizon: number,
+  ) {
     checkScalar('kl_ctrl.kl_coef', value, { min: 0 });
     checkScalar('kl_ctrl.target_kl', target, { minExclusive: 0 });
     checkScalar('kl_ctrl.horizon', horizon, { minExclusive: 0 });
   }
   update(currentKl: number, nSteps: number): AdaptiveKlController {
-    checkScalar('current_kl', currentKl); checkScalar('n_steps', nSteps, { min: 0 });
+    checkScalar('current_kl', currentKl);
+    checkScalar('n_steps', nSteps, { min: 0 });
     const err = Math.min(Math.max(currentKl / this.target - 1, -0.2), 0.2);
     const mult = 1 + (err * nSteps) / this.horizon;
     return new AdaptiveKlController(this.value * mult, this.target, this.horizon);
@@ -211,7 +271,8 @@ export interface KlCtrlConfig {
 export function makeKlController(cfg: KlCtrlConfig): KlController {
   if (cfg.type === 'fixed') return new FixedKlController(cfg.kl_coef);
   if (cfg.type === 'adaptive') {
-    if (cfg.target_kl === undefined || cfg.horizon === undefined) throw new ConfigError('kl_ctrl.type "adaptive" needs target_kl and horizon');
+    if (cfg.target_kl === undefined || cfg.horizon === undefined)
+      throw new ConfigError('kl_ctrl.type "adaptive" needs target_kl and horizon');
     return new AdaptiveKlController(cfg.kl_coef, cfg.target_kl, cfg.horizon);
   }
   throw new ConfigError(`unknown kl_ctrl.type "${String((cfg as { type: unknown }).type)}" — valid: adaptive, fixed`);
@@ -243,7 +304,10 @@ export interface KlInRewardOutput<A extends FloatArray = FloatArray> {
  * r_t = score_t − β·kld_t, current_kl = mean_i masked_mean(kld_i, M_i); the controller is then
  * updated with (current_kl, bs).
  */
-export function applyKlPenalty<A extends FloatArray>(input: KlInRewardInput<A>, cfg: { kl_penalty: string; controller: KlController }): KlInRewardOutput<A> {
+export function applyKlPenalty<A extends FloatArray>(
+  input: KlInRewardInput<A>,
+  cfg: { kl_penalty: string; controller: KlController },
+): KlInRewardOutput<A> {
   if (!input || !input.token_level_scores) throw new ConfigError('apply_kl_penalty: token_level_scores are required');
   const { bs, T } = input.token_level_scores;
   const s = readTensor('apply_kl_penalty: token_level_scores', input.token_level_scores, bs, T);
@@ -251,15 +315,20 @@ export function applyKlPenalty<A extends FloatArray>(input: KlInRewardInput<A>, 
   const M = readMask('apply_kl_penalty: response_mask', input.response_mask, bs, T);
   const kl = asF64(klPenalty(input.old_log_probs, input.ref_log_prob, cfg.kl_penalty).data);
   const beta = cfg.controller.value;
-  const kld = new Float64Array(bs * T), rewards = new Float64Array(bs * T);
+  const kld = new Float64Array(bs * T),
+    rewards = new Float64Array(bs * T);
   let sumRowMeans = 0;
   for (let i = 0; i < bs; i++) {
-    let rowSum = 0, n = 0;
+    let rowSum = 0,
+      n = 0;
     for (let k = i * T, e = k + T; k < e; k++) {
       const d = kl[k] * M[k];
       kld[k] = d;
       rewards[k] = s[k] - beta * d;
-      if (M[k] !== 0) { rowSum += d * M[k]; n += M[k]; }
+      if (M[k] !== 0) {
+        rowSum += d * M[k];
+        n += M[k];
+      }
     }
     sumRowMeans += rowSum / (n + 1e-8);
   }
@@ -300,7 +369,10 @@ export interface KlLossOutput {
  * KL as a loss (verl dp_actor, use_kl_loss): L_kl = agg_loss(kl_penalty(log π, log π_ref, kl_loss_type), M),
  * added to the policy loss as kl_loss_coef·L_kl.
  */
-export function computeKlLoss(input: { log_prob: Tensor2D; ref_log_prob: Tensor2D; response_mask: Mask2D }, cfg: KlLossConfig = {}): KlLossOutput {
+export function computeKlLoss(
+  input: { log_prob: Tensor2D; ref_log_prob: Tensor2D; response_mask: Mask2D },
+  cfg: KlLossConfig = {},
+): KlLossOutput {
   if (!input || !input.log_prob) throw new ConfigError('kl_loss: log_prob is required');
   const { bs, T } = input.log_prob;
   const M = readMask('kl_loss: response_mask', input.response_mask, bs, T);

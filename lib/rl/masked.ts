@@ -9,8 +9,15 @@
 import { ConfigError } from '../errors.ts';
 import { torchSumF32 } from './f32.ts';
 import {
-  asF64, outTensor, readMask, readTensor, toDtypeOf,
-  type FloatArray, type Mask2D, type Tensor2D, type Tensor3D,
+  asF64,
+  outTensor,
+  readMask,
+  readTensor,
+  toDtypeOf,
+  type FloatArray,
+  type Mask2D,
+  type Tensor2D,
+  type Tensor3D,
 } from './tensor.ts';
 
 /** verl's epsilon in masked_mean's denominator and masked_whiten's rsqrt. */
@@ -21,24 +28,47 @@ export const MASKED_EPS = 1e-8;
 /** Σ where(M≠0, x, 0)·M over all elements. */
 export function rawMaskedSum(x: Float64Array, M: Float64Array): number {
   let s = 0;
-  for (let k = 0; k < M.length; k++) { const m = M[k]; if (m !== 0) s += x[k] * m; }
+  for (let k = 0; k < M.length; k++) {
+    const m = M[k];
+    if (m !== 0) s += x[k] * m;
+  }
   return s;
 }
 
 /** masked_sum(x, M) / (ΣM + 1e-8). */
 export function rawMaskedMean(x: Float64Array, M: Float64Array): number {
-  let s = 0, n = 0;
-  for (let k = 0; k < M.length; k++) { const m = M[k]; if (m !== 0) { s += x[k] * m; n += m; } }
+  let s = 0,
+    n = 0;
+  for (let k = 0; k < M.length; k++) {
+    const m = M[k];
+    if (m !== 0) {
+      s += x[k] * m;
+      n += m;
+    }
+  }
   return s / (n + MASKED_EPS);
 }
 
 /** verl masked_var over all elements (unbiased: × n/(n−1); an error for ΣM ∈ {0, 1}). */
 export function rawMaskedVar(x: Float64Array, M: Float64Array, unbiased = true): number {
-  let s = 0, n = 0;
-  for (let k = 0; k < M.length; k++) { const m = M[k]; if (m !== 0) { s += x[k] * m; n += m; } }
+  let s = 0,
+    n = 0;
+  for (let k = 0; k < M.length; k++) {
+    const m = M[k];
+    if (m !== 0) {
+      s += x[k] * m;
+      n += m;
+    }
+  }
   const mean = s / (n + MASKED_EPS);
   let v = 0;
-  for (let k = 0; k < M.length; k++) { const m = M[k]; if (m !== 0) { const d = x[k] - mean; v += d * d * m; } }
+  for (let k = 0; k < M.length; k++) {
+    const m = M[k];
+    if (m !== 0) {
+      const d = x[k] - mean;
+      v += d * d * m;
+    }
+  }
   let variance = v / (n + MASKED_EPS);
   if (unbiased) {
     checkUnbiased(n);
@@ -49,7 +79,10 @@ export function rawMaskedVar(x: Float64Array, M: Float64Array, unbiased = true):
 
 function checkUnbiased(n: number): void {
   if (n === 0) throw new ConfigError('masked_var: at least one element in the mask has to be 1 (the mask is empty)');
-  if (n === 1) throw new ConfigError('masked_var: the sum of the mask is one, which makes the unbiased variance a division by zero');
+  if (n === 1)
+    throw new ConfigError(
+      'masked_var: the sum of the mask is one, which makes the unbiased variance a division by zero',
+    );
 }
 
 /**
@@ -57,8 +90,17 @@ function checkUnbiased(n: number): void {
  * With f32 = true the whole computation follows torch's float32 evaluation (reduction order and
  * rounding; see f32.ts), so an element equal to the batch mean whitens to the reference's value.
  */
-export function rawMaskedWhiten(x: Float64Array, M: Float64Array, out: Float64Array, shiftMean = true, f32 = false): void {
-  if (f32) { rawMaskedWhitenF32(x, M, out, shiftMean); return; }
+export function rawMaskedWhiten(
+  x: Float64Array,
+  M: Float64Array,
+  out: Float64Array,
+  shiftMean = true,
+  f32 = false,
+): void {
+  if (f32) {
+    rawMaskedWhitenF32(x, M, out, shiftMean);
+    return;
+  }
   const mean = rawMaskedMean(x, M);
   const variance = rawMaskedVar(x, M, true);
   const inv = 1 / Math.sqrt(variance + MASKED_EPS);
@@ -75,7 +117,10 @@ function rawMaskedWhitenF32(x: Float64Array, M: Float64Array, out: Float64Array,
   checkUnbiased(maskSum);
   const denom = fr(maskSum + fr(MASKED_EPS));
   const mean = fr(torchSumF32(prod) / denom);
-  for (let k = 0; k < n; k++) { const c = fr(fr(x[k]) - mean); prod[k] = M[k] !== 0 ? fr(fr(c * c) * M[k]) : 0; }
+  for (let k = 0; k < n; k++) {
+    const c = fr(fr(x[k]) - mean);
+    prod[k] = M[k] !== 0 ? fr(fr(c * c) * M[k]) : 0;
+  }
   let variance = fr(torchSumF32(prod) / denom);
   variance = fr(variance * fr(maskSum / fr(maskSum - 1)));
   const inv = fr(1 / fr(Math.sqrt(fr(variance + fr(MASKED_EPS)))));
@@ -89,7 +134,10 @@ function rawMaskedWhitenF32(x: Float64Array, M: Float64Array, out: Float64Array,
 
 function read(name: string, values: Tensor2D, mask: Mask2D): { x: Float64Array; M: Float64Array } {
   if (!values) throw new ConfigError(`${name}: values are required`);
-  return { x: readTensor(`${name}: values`, values, values.bs, values.T), M: readMask(`${name}: mask`, mask, values.bs, values.T) };
+  return {
+    x: readTensor(`${name}: values`, values, values.bs, values.T),
+    M: readMask(`${name}: mask`, mask, values.bs, values.T),
+  };
 }
 
 /** masked_sum(x, M) = Σ where(M≠0, x, 0)·M over all elements (verl torch_functional.masked_sum). */
@@ -105,7 +153,10 @@ export function maskedSumRows<A extends FloatArray>(values: Tensor2D<A>, mask: M
   const out = new Float64Array(bs);
   for (let i = 0; i < bs; i++) {
     let s = 0;
-    for (let k = i * T, e = k + T; k < e; k++) { const m = M[k]; if (m !== 0) s += x[k] * m; }
+    for (let k = i * T, e = k + T; k < e; k++) {
+      const m = M[k];
+      if (m !== 0) s += x[k] * m;
+    }
     out[i] = s;
   }
   return toDtypeOf(values.data, out);
@@ -123,8 +174,15 @@ export function maskedMeanRows<A extends FloatArray>(values: Tensor2D<A>, mask: 
   const { bs, T } = values;
   const out = new Float64Array(bs);
   for (let i = 0; i < bs; i++) {
-    let s = 0, n = 0;
-    for (let k = i * T, e = k + T; k < e; k++) { const m = M[k]; if (m !== 0) { s += x[k] * m; n += m; } }
+    let s = 0,
+      n = 0;
+    for (let k = i * T, e = k + T; k < e; k++) {
+      const m = M[k];
+      if (m !== 0) {
+        s += x[k] * m;
+        n += m;
+      }
+    }
     out[i] = s / (n + MASKED_EPS);
   }
   return toDtypeOf(values.data, out);
@@ -162,7 +220,10 @@ export function clipByValue<A extends FloatArray>(x: Tensor2D<A>, lo: Tensor2D, 
 
 function read3(name: string, t: Tensor3D): Float64Array {
   const { bs, T, V, data } = t;
-  if (!data || data.length !== bs * T * V) throw new ConfigError(`${name}: logits have ${data?.length} elements, shape (${bs}, ${T}, ${V}) needs ${bs * T * V}`);
+  if (!data || data.length !== bs * T * V)
+    throw new ConfigError(
+      `${name}: logits have ${data?.length} elements, shape (${bs}, ${T}, ${V}) needs ${bs * T * V}`,
+    );
   return asF64(data);
 }
 
@@ -176,16 +237,26 @@ export function entropyFromLogits<A extends FloatArray>(logits: Tensor3D<A>): Te
   const out = new Float64Array(bs * T);
   for (let r = 0, base = 0; r < bs * T; r++, base += V) {
     let max = -Infinity;
-    for (let v = 0; v < V; v++) { const x = z[base + v]; if (x > max) max = x; }
-    if (!Number.isFinite(max)) throw new ConfigError(`entropy_from_logits: logits row [${Math.floor(r / T)}, ${r % T}] has no finite maximum (${max})`);
+    for (let v = 0; v < V; v++) {
+      const x = z[base + v];
+      if (x > max) max = x;
+    }
+    if (!Number.isFinite(max))
+      throw new ConfigError(
+        `entropy_from_logits: logits row [${Math.floor(r / T)}, ${r % T}] has no finite maximum (${max})`,
+      );
     let s = 0;
     for (let v = 0; v < V; v++) s += Math.exp(z[base + v] - max);
     // H = logsumexp(z) − Σ_v softmax(z)_v·z_v, formed in this order (as verl) so that a one-hot
     // row gives exactly 0 (the tiny probabilities are absorbed by the leading term).
     const lse = max + Math.log(s);
     let pz = 0;
-    for (let v = 0; v < V; v++) { const x = z[base + v]; pz += (Math.exp(x - max) / s) * x; }
-    if (!Number.isFinite(pz)) throw new ConfigError(`entropy_from_logits: non-finite logits at [${Math.floor(r / T)}, ${r % T}]`);
+    for (let v = 0; v < V; v++) {
+      const x = z[base + v];
+      pz += (Math.exp(x - max) / s) * x;
+    }
+    if (!Number.isFinite(pz))
+      throw new ConfigError(`entropy_from_logits: non-finite logits at [${Math.floor(r / T)}, ${r % T}]`);
     out[r] = lse - pz;
   }
   return outTensor(logits.data, out, bs, T);
@@ -198,8 +269,12 @@ export function logSoftmax<A extends FloatArray>(logits: Tensor3D<A>): Tensor3D<
   const out = new Float64Array(z.length);
   for (let r = 0, base = 0; r < bs * T; r++, base += V) {
     let max = -Infinity;
-    for (let v = 0; v < V; v++) { const x = z[base + v]; if (x > max) max = x; }
-    if (!Number.isFinite(max)) throw new ConfigError(`log_softmax: logits row [${Math.floor(r / T)}, ${r % T}] has no finite maximum (${max})`);
+    for (let v = 0; v < V; v++) {
+      const x = z[base + v];
+      if (x > max) max = x;
+    }
+    if (!Number.isFinite(max))
+      throw new ConfigError(`log_softmax: logits row [${Math.floor(r / T)}, ${r % T}] has no finite maximum (${max})`);
     let s = 0;
     for (let v = 0; v < V; v++) s += Math.exp(z[base + v] - max);
     const lse = max + Math.log(s);
@@ -207,4 +282,3 @@ export function logSoftmax<A extends FloatArray>(logits: Tensor3D<A>): Tensor3D<
   }
   return { data: toDtypeOf(logits.data, out), bs, T, V };
 }
-

@@ -19,10 +19,21 @@
 import { ConfigError } from '../errors.ts';
 import { lossAggModes } from './agg.ts';
 import { computeGrpoOutcomeAdvantage } from './advantage.ts';
-import { computePolicyLossVanilla, type NftConfig, type PolicyLossConfig, type PolicyLossMetrics } from './policy-loss.ts';
 import {
-  checkScalar, groupRows, readMask, readTensor,
-  type FloatArray, type GroupLabel, type Mask2D, type Tensor2D,
+  computePolicyLossVanilla,
+  type NftConfig,
+  type PolicyLossConfig,
+  type PolicyLossMetrics,
+} from './policy-loss.ts';
+import {
+  checkScalar,
+  groupRows,
+  readMask,
+  readTensor,
+  type FloatArray,
+  type GroupLabel,
+  type Mask2D,
+  type Tensor2D,
 } from './tensor.ts';
 
 export type { NftConfig } from './policy-loss.ts';
@@ -54,15 +65,23 @@ export interface NftOutput {
 
 function checkRewards(rewards: ArrayLike<number> | undefined, bs: number): ArrayLike<number> {
   if (!rewards) throw new ConfigError('nft: rewards (one ±1 reward per response) are required');
-  if (rewards.length !== bs) throw new ConfigError(`nft: rewards has ${rewards.length} values, expected one per sequence (${bs})`);
+  if (rewards.length !== bs)
+    throw new ConfigError(`nft: rewards has ${rewards.length} values, expected one per sequence (${bs})`);
   for (let i = 0; i < bs; i++) {
-    if (rewards[i] !== 1 && rewards[i] !== -1) throw new ConfigError(`nft: rewards must be +1 (correct) or −1 (incorrect); rewards[${i}] = ${rewards[i]} — map verifier outcomes to ±1 first`);
+    if (rewards[i] !== 1 && rewards[i] !== -1)
+      throw new ConfigError(
+        `nft: rewards must be +1 (correct) or −1 (incorrect); rewards[${i}] = ${rewards[i]} — map verifier outcomes to ±1 first`,
+      );
   }
   return rewards;
 }
 
 /** r̂_i = clamp((mean_{group(i)} reward + 1)/2, r_hat_min, r_hat_max) for ±1 rewards. */
-export function nftRHat(rewards: ArrayLike<number>, index: readonly GroupLabel[], cfg: Pick<NftConfig, 'r_hat_min' | 'r_hat_max'> = {}): Float64Array {
+export function nftRHat(
+  rewards: ArrayLike<number>,
+  index: readonly GroupLabel[],
+  cfg: Pick<NftConfig, 'r_hat_min' | 'r_hat_max'> = {},
+): Float64Array {
   const bs = rewards.length;
   checkRewards(rewards, bs);
   const lo = checkScalar('nft.r_hat_min', cfg.r_hat_min ?? 0.02, { minExclusive: 0, maxExclusive: 1 });
@@ -107,10 +126,27 @@ export function computeNftLoss(input: NftInput, cfg: PolicyLossConfig = {}): Nft
       adv = { data, bs, T };
     }
     const out = computePolicyLossVanilla(
-      { old_log_prob: input.old_log_prob, log_prob: input.log_prob, advantages: adv, response_mask: input.response_mask, rollout_is_weights: input.rollout_is_weights ?? null },
-      { ...cfg, loss_agg_mode: nft.loss_agg_mode && nft.loss_agg_mode !== 'sum' ? nft.loss_agg_mode : (cfg.loss_agg_mode ?? 'token-mean'), with_grad: true },
+      {
+        old_log_prob: input.old_log_prob,
+        log_prob: input.log_prob,
+        advantages: adv,
+        response_mask: input.response_mask,
+        rollout_is_weights: input.rollout_is_weights ?? null,
+      },
+      {
+        ...cfg,
+        loss_agg_mode:
+          nft.loss_agg_mode && nft.loss_agg_mode !== 'sum' ? nft.loss_agg_mode : (cfg.loss_agg_mode ?? 'token-mean'),
+        with_grad: true,
+      },
     );
-    return { pg_loss: out.pg_loss, pg_losses: out.pg_losses, grad_log_prob: out.grad_log_prob!, r_hat: rHat, metrics: { ...out.metrics, r_hat_mean: mean(rHat) } };
+    return {
+      pg_loss: out.pg_loss,
+      pg_losses: out.pg_losses,
+      grad_log_prob: out.grad_log_prob!,
+      r_hat: rHat,
+      metrics: { ...out.metrics, r_hat_mean: mean(rHat) },
+    };
   }
 
   const eps = checkScalar('nft.clamp_negative', nft.clamp_negative ?? 1.0, { minExclusive: 0 });
@@ -120,8 +156,13 @@ export function computeNftLoss(input: NftInput, cfg: PolicyLossConfig = {}): Nft
   const mode = nft.loss_agg_mode ?? 'sum';
   const scale = checkScalar('nft.loss_scale_factor', nft.loss_scale_factor ?? 1, { minExclusive: 0 });
 
-  const L = new Float64Array(bs * T), d = new Float64Array(bs * T);
-  let klSum = 0, mTot = 0, negTok = 0, negClamped = 0, nPos = 0;
+  const L = new Float64Array(bs * T),
+    d = new Float64Array(bs * T);
+  let klSum = 0,
+    mTot = 0,
+    negTok = 0,
+    negClamped = 0,
+    nPos = 0;
   for (let i = 0; i < bs; i++) {
     const r = rHat[i];
     const pos = rewards[i] > 0;
@@ -141,12 +182,18 @@ export function computeNftLoss(input: NftInput, cfg: PolicyLossConfig = {}): Nft
         const y = proxy > eps ? proxy : eps;
         loss = negWeight === 0 ? 0 : negWeight * -Math.log(y);
         g = negWeight === 0 || !pass ? 0 : (negWeight * r * R) / ((1 - r) * y);
-        if (M[k] !== 0) { negTok += M[k]; if (proxy < eps) negClamped += M[k]; }
+        if (M[k] !== 0) {
+          negTok += M[k];
+          if (proxy < eps) negClamped += M[k];
+        }
       }
       const tw = rowW * (w ? w[k] : 1);
       L[k] = loss * tw;
       d[k] = g * tw;
-      if (M[k] !== 0) { mTot += M[k]; klSum += -l * M[k]; }
+      if (M[k] !== 0) {
+        mTot += M[k];
+        klSum += -l * M[k];
+      }
     }
   }
 

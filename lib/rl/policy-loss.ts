@@ -15,7 +15,15 @@ import { Rng } from '../util/rng.ts';
 import { lossAggModes, type GlobalBatchInfo, type LossAggregator } from './agg.ts';
 import { entropyFromLogits } from './masked.ts';
 import {
-  asF64, checkScalar, readMask, readTensor, type FloatArray, type GroupLabel, type Mask2D, type Tensor2D, type Tensor3D,
+  asF64,
+  checkScalar,
+  readMask,
+  readTensor,
+  type FloatArray,
+  type GroupLabel,
+  type Mask2D,
+  type Tensor2D,
+  type Tensor3D,
 } from './tensor.ts';
 
 export interface PolicyLossInput<A extends FloatArray = FloatArray> {
@@ -102,8 +110,13 @@ export type PolicyLossFn = (input: PolicyLossInput, config?: PolicyLossConfig) =
 // ---- shared ------------------------------------------------------------------------------------
 
 interface Prep {
-  old: Float64Array; lp: Float64Array; A: Float64Array; M: Float64Array;
-  w: Float64Array | null; bs: number; T: number;
+  old: Float64Array;
+  lp: Float64Array;
+  A: Float64Array;
+  M: Float64Array;
+  w: Float64Array | null;
+  bs: number;
+  T: number;
 }
 
 function prep(name: string, input: PolicyLossInput): Prep {
@@ -115,7 +128,8 @@ function prep(name: string, input: PolicyLossInput): Prep {
     A: readTensor(`${name}: advantages`, input.advantages, bs, T),
     M: readMask(`${name}: response_mask`, input.response_mask, bs, T),
     w: input.rollout_is_weights ? readTensor(`${name}: rollout_is_weights`, input.rollout_is_weights, bs, T) : null,
-    bs, T,
+    bs,
+    T,
   };
 }
 
@@ -131,7 +145,9 @@ function aggregator(mode: string | undefined): LossAggregator {
 }
 
 /** masked_mean of an indicator/value vector with verl's 1e-8 epsilon. */
-function mm(sum: number, n: number): number { return sum / (n + 1e-8); }
+function mm(sum: number, n: number): number {
+  return sum / (n + 1e-8);
+}
 
 function maskTotal(M: Float64Array): number {
   let n = 0;
@@ -140,7 +156,14 @@ function maskTotal(M: Float64Array): number {
 }
 
 /** Aggregate L and, when asked, scale the per-token derivatives d by the aggregation weights. */
-function finish(p: Prep, agg: LossAggregator, info: GlobalBatchInfo, L: Float64Array, d: Float64Array | null, metrics: PolicyLossMetrics): PolicyLossOutput {
+function finish(
+  p: Prep,
+  agg: LossAggregator,
+  info: GlobalBatchInfo,
+  L: Float64Array,
+  d: Float64Array | null,
+  metrics: PolicyLossMetrics,
+): PolicyLossOutput {
   const pgLoss = agg.value(L, p.M, p.bs, p.T, info);
   const out: PolicyLossOutput = { pg_loss: pgLoss, pg_losses: { data: L, bs: p.bs, T: p.T }, metrics };
   if (d) {
@@ -179,18 +202,23 @@ export const computePolicyLossVanilla: PolicyLossFn = (input, cfg = {}) => {
   if (!(c > 1)) throw new ConfigError(`clip_ratio_c (dual-clip lower bound) must be > 1.0, got ${c}`);
   const agg = aggregator(cfg.loss_agg_mode);
   const { old, lp, A, M, w } = p;
-  const lo = 1 - low, hi = 1 + high;
+  const lo = 1 - low,
+    hi = 1 + high;
   const n = p.bs * p.T;
   const L = new Float64Array(n);
   const d = cfg.with_grad ? new Float64Array(n) : null;
-  let klSum = 0, clipSum = 0, lowerSum = 0, mTot = 0;
+  let klSum = 0,
+    clipSum = 0,
+    lowerSum = 0,
+    mTot = 0;
   for (let k = 0; k < n; k++) {
     const l = lp[k] - old[k];
     const lc = l < -20 ? -20 : l > 20 ? 20 : l;
     const r = Math.exp(lc);
     const a = A[k];
     const rc = r < lo ? lo : r > hi ? hi : r;
-    const L1 = -a * r, L2 = -a * rc;
+    const L1 = -a * r,
+      L2 = -a * rc;
     const Lc = L1 > L2 ? L1 : L2;
     let loss = Lc;
     let lower = false;
@@ -209,14 +237,20 @@ export const computePolicyLossVanilla: PolicyLossFn = (input, cfg = {}) => {
     }
     if (d) {
       const dr = l >= -20 && l <= 20 ? r : 0;
-      const d1 = -a * dr, d2 = r >= lo && r <= hi ? -a * dr : 0;
+      const d1 = -a * dr,
+        d2 = r >= lo && r <= hi ? -a * dr : 0;
       let g = dMax(L1, L2, d1, d2);
-      if (a < 0) { const L3 = -a * c; g = L3 < Lc ? 0 : Lc < L3 ? g : 0.5 * g; }
+      if (a < 0) {
+        const L3 = -a * c;
+        g = L3 < Lc ? 0 : Lc < L3 ? g : 0.5 * g;
+      }
       d[k] = w ? g * w[k] : g;
     }
   }
   return finish(p, agg, cfg.global_batch_info ?? {}, L, d, {
-    pg_clipfrac: mm(clipSum, mTot), ppo_kl: mm(klSum, mTot), pg_clipfrac_lower: mm(lowerSum, mTot),
+    pg_clipfrac: mm(clipSum, mTot),
+    ppo_kl: mm(klSum, mTot),
+    pg_clipfrac_lower: mm(lowerSum, mTot),
   });
 };
 
@@ -230,13 +264,20 @@ export const computePolicyLossGspo: PolicyLossFn = (input, cfg = {}) => {
   const { low, high } = clipRange(cfg);
   const agg = lossAggModes.get('seq-mean-token-mean');
   const { old, lp, A, M, w, bs, T } = p;
-  const lo = 1 - low, hi = 1 + high;
+  const lo = 1 - low,
+    hi = 1 + high;
   const L = new Float64Array(bs * T);
   const d = cfg.with_grad ? new Float64Array(bs * T) : null;
-  let klSum = 0, clipSum = 0, mTot = 0;
+  let klSum = 0,
+    clipSum = 0,
+    mTot = 0;
   for (let i = 0; i < bs; i++) {
-    let s = 0, n = 0;
-    for (let k = i * T, e = k + T; k < e; k++) { s += (lp[k] - old[k]) * M[k]; n += M[k]; }
+    let s = 0,
+      n = 0;
+    for (let k = i * T, e = k + T; k < e; k++) {
+      s += (lp[k] - old[k]) * M[k];
+      n += M[k];
+    }
     const seqLog = s / Math.max(n, 1);
     const logRatio = Math.min(seqLog, 10);
     const passes = seqLog <= 10;
@@ -244,11 +285,16 @@ export const computePolicyLossGspo: PolicyLossFn = (input, cfg = {}) => {
     for (let k = i * T, e = k + T; k < e; k++) {
       const a = A[k];
       const rc = r < lo ? lo : r > hi ? hi : r;
-      const L1 = -a * r, L2 = -a * rc;
+      const L1 = -a * r,
+        L2 = -a * rc;
       const loss = L1 > L2 ? L1 : L2;
       L[k] = w ? loss * w[k] : loss;
       const m = M[k];
-      if (m !== 0) { mTot += m; klSum += -(lp[k] - old[k]) * m; if (L2 > L1) clipSum += m; }
+      if (m !== 0) {
+        mTot += m;
+        klSum += -(lp[k] - old[k]) * m;
+        if (L2 > L1) clipSum += m;
+      }
       if (d) {
         const dr = passes ? r : 0;
         const g = dMax(L1, L2, -a * dr, r >= lo && r <= hi ? -a * dr : 0);
@@ -256,7 +302,11 @@ export const computePolicyLossGspo: PolicyLossFn = (input, cfg = {}) => {
       }
     }
   }
-  return finish(p, agg, cfg.global_batch_info ?? {}, L, d, { pg_clipfrac: mm(clipSum, mTot), ppo_kl: mm(klSum, mTot), pg_clipfrac_lower: 0 });
+  return finish(p, agg, cfg.global_batch_info ?? {}, L, d, {
+    pg_clipfrac: mm(clipSum, mTot),
+    ppo_kl: mm(klSum, mTot),
+    pg_clipfrac_lower: 0,
+  });
 };
 
 /**
@@ -273,7 +323,8 @@ export const computePolicyLossSapo: PolicyLossFn = (input, cfg = {}) => {
   const n = bs * T;
   const L = new Float64Array(n);
   const d = cfg.with_grad ? new Float64Array(n) : null;
-  let klSum = 0, mTot = 0;
+  let klSum = 0,
+    mTot = 0;
   for (let k = 0; k < n; k++) {
     const l = lp[k] - old[k];
     const lc = l < -20 ? -20 : l > 20 ? 20 : l;
@@ -284,14 +335,21 @@ export const computePolicyLossSapo: PolicyLossFn = (input, cfg = {}) => {
     const loss = -(sg * (4 / tau)) * a;
     L[k] = w ? loss * w[k] : loss;
     const m = M[k];
-    if (m !== 0) { mTot += m; klSum += -lc * m; }
+    if (m !== 0) {
+      mTot += m;
+      klSum += -lc * m;
+    }
     if (d) {
       const dr = l >= -20 && l <= 20 ? r : 0;
       const g = -a * 4 * sg * (1 - sg) * dr;
       d[k] = w ? g * w[k] : g;
     }
   }
-  return finish(p, agg, cfg.global_batch_info ?? {}, L, d, { pg_clipfrac: 0, ppo_kl: mm(klSum, mTot), pg_clipfrac_lower: 0 });
+  return finish(p, agg, cfg.global_batch_info ?? {}, L, d, {
+    pg_clipfrac: 0,
+    ppo_kl: mm(klSum, mTot),
+    pg_clipfrac_lower: 0,
+  });
 };
 
 /** GPG (Chu et al. 2025, arXiv 2504.02546; verl compute_policy_loss_gpg): loss = −log π·A (× IS weights). */
@@ -319,11 +377,14 @@ export const computePolicyLossCispo: PolicyLossFn = (input, cfg = {}) => {
   const { low, high } = clipRange(cfg);
   const agg = aggregator(cfg.loss_agg_mode);
   const { old, lp, A, M, w } = p;
-  const lo = 1 - low, hi = 1 + high;
+  const lo = 1 - low,
+    hi = 1 + high;
   const n = p.bs * p.T;
   const L = new Float64Array(n);
   const d = cfg.with_grad ? new Float64Array(n) : null;
-  let klSum = 0, clipSum = 0, mTot = 0;
+  let klSum = 0,
+    clipSum = 0,
+    mTot = 0;
   for (let k = 0; k < n; k++) {
     const l = lp[k] - old[k];
     const lc = l < -20 ? -20 : l > 20 ? 20 : l;
@@ -332,10 +393,18 @@ export const computePolicyLossCispo: PolicyLossFn = (input, cfg = {}) => {
     const loss = -rc * A[k] * lp[k];
     L[k] = w ? loss * w[k] : loss;
     const m = M[k];
-    if (m !== 0) { mTot += m; klSum += -lc * m; if (r !== rc) clipSum += m; }
+    if (m !== 0) {
+      mTot += m;
+      klSum += -lc * m;
+      if (r !== rc) clipSum += m;
+    }
     if (d) d[k] = w ? -rc * A[k] * w[k] : -rc * A[k];
   }
-  return finish(p, agg, cfg.global_batch_info ?? {}, L, d, { pg_clipfrac: mm(clipSum, mTot), ppo_kl: mm(klSum, mTot), pg_clipfrac_lower: 0 });
+  return finish(p, agg, cfg.global_batch_info ?? {}, L, d, {
+    pg_clipfrac: mm(clipSum, mTot),
+    ppo_kl: mm(klSum, mTot),
+    pg_clipfrac_lower: 0,
+  });
 };
 
 /**
@@ -349,11 +418,15 @@ export const computePolicyLossReinforce: PolicyLossFn = (input, cfg = {}) => {
   const n = p.bs * p.T;
   const L = new Float64Array(n);
   const d = cfg.with_grad ? new Float64Array(n) : null;
-  let klSum = 0, mTot = 0;
+  let klSum = 0,
+    mTot = 0;
   for (let k = 0; k < n; k++) {
     L[k] = w ? -A[k] * lp[k] * w[k] : -A[k] * lp[k];
     const m = M[k];
-    if (m !== 0) { mTot += m; klSum += -(lp[k] - old[k]) * m; }
+    if (m !== 0) {
+      mTot += m;
+      klSum += -(lp[k] - old[k]) * m;
+    }
     if (d) d[k] = w ? -A[k] * w[k] : -A[k];
   }
   return finish(p, agg, cfg.global_batch_info ?? {}, L, d, { ppo_kl: mm(klSum, mTot) });
@@ -372,20 +445,35 @@ export const computePolicyLossGeoMean: PolicyLossFn = (input, cfg = {}) => {
   const { old, lp, A, M, w, bs, T } = p;
   const rows = new Float64Array(bs);
   const d = cfg.with_grad ? new Float64Array(bs * T) : null;
-  let klSum = 0, clipSum = 0, lowerSum = 0, mTot = 0;
+  let klSum = 0,
+    clipSum = 0,
+    lowerSum = 0,
+    mTot = 0;
   for (let i = 0; i < bs; i++) {
-    let sm = 0, sa = 0, n = 0, sw = 0;
+    let sm = 0,
+      sa = 0,
+      n = 0,
+      sw = 0;
     for (let k = i * T, e = k + T; k < e; k++) {
-      const l = lp[k] - old[k], a = A[k], m = M[k];
+      const l = lp[k] - old[k],
+        a = A[k],
+        m = M[k];
       const lcl = l < -low ? -low : l > high ? high : l;
       const sgn = Math.sign(a);
-      const u = sgn * l, v = sgn * lcl;
+      const u = sgn * l,
+        v = sgn * lcl;
       const mn = sgn * (u < v ? u : v);
-      sm += mn * m; sa += a * m; n += m;
+      sm += mn * m;
+      sa += a * m;
+      n += m;
       if (w) sw += Math.log(w[k] + 1e-10) * m;
       if (m !== 0) {
-        mTot += m; klSum += -l * m;
-        if (l !== lcl) { if (a > 0) clipSum += m; else if (a < 0) lowerSum += m; }
+        mTot += m;
+        klSum += -l * m;
+        if (l !== lcl) {
+          if (a > 0) clipSum += m;
+          else if (a < 0) lowerSum += m;
+        }
       }
     }
     const ratio = Math.exp(sm / (n + 1e-8));
@@ -397,11 +485,13 @@ export const computePolicyLossGeoMean: PolicyLossFn = (input, cfg = {}) => {
       for (let k = i * T, e = k + T; k < e; k++) {
         const m = M[k];
         if (m === 0) continue;
-        const l = lp[k] - old[k], a = A[k];
+        const l = lp[k] - old[k],
+          a = A[k];
         if (a === 0) continue;
         const inRange = l >= -low && l <= high;
         const lcl = l < -low ? -low : l > high ? high : l;
-        const u = Math.sign(a) * l, v = Math.sign(a) * lcl;
+        const u = Math.sign(a) * l,
+          v = Math.sign(a) * lcl;
         const dm = u < v ? 1 : u > v ? (inRange ? 1 : 0) : (1 + (inRange ? 1 : 0)) / 2;
         d[k] = scale * dm * m;
       }
@@ -430,7 +520,9 @@ export function clipCovPriorities(n: number, rng: { next(): number }): Float64Ar
   for (let k = 0; k < n; k++) p[k] = k;
   for (let i = n - 1; i > 0; i--) {
     const j = Math.floor(rng.next() * (i + 1));
-    const t = p[i]; p[i] = p[j]; p[j] = t;
+    const t = p[i];
+    p[i] = p[j];
+    p[j] = t;
   }
   return p;
 }
@@ -451,19 +543,31 @@ export const computePolicyLossClipCov: PolicyLossFn = (input, cfg = {}) => {
   const agg = aggregator(cfg.loss_agg_mode);
   const { old, lp, A, M, w } = p;
   const n = p.bs * p.T;
-  const lo = 1 - low, hi = 1 + high;
-  let sumA = 0, sumLp = 0, mTot = 0, klSum = 0;
+  const lo = 1 - low,
+    hi = 1 + high;
+  let sumA = 0,
+    sumLp = 0,
+    mTot = 0,
+    klSum = 0;
   for (let k = 0; k < n; k++) {
     const m = M[k];
-    if (m !== 0) { sumA += A[k] * m; sumLp += lp[k] * m; mTot += m; klSum += -(lp[k] - old[k]) * m; }
+    if (m !== 0) {
+      sumA += A[k] * m;
+      sumLp += lp[k] * m;
+      mTot += m;
+      klSum += -(lp[k] - old[k]) * m;
+    }
   }
-  const meanA = mm(sumA, mTot), meanLp = mm(sumLp, mTot);
-  const L1 = new Float64Array(n), L2 = new Float64Array(n);
+  const meanA = mm(sumA, mTot),
+    meanLp = mm(sumLp, mTot);
+  const L1 = new Float64Array(n),
+    L2 = new Float64Array(n);
   const candidates: number[] = [];
   for (let k = 0; k < n; k++) {
     const r = Math.exp(lp[k] - old[k]);
     const rc = r < lo ? lo : r > hi ? hi : r;
-    L1[k] = -A[k] * r; L2[k] = -A[k] * rc;
+    L1[k] = -A[k] * r;
+    L2[k] = -A[k] * rc;
     if (!(M[k] > 0) || L2[k] > L1[k]) continue; // cov = −∞
     const cov = (A[k] - meanA) * (lp[k] - meanLp);
     if (cov < ub && cov > lb) candidates.push(k);
@@ -508,15 +612,26 @@ export const computePolicyLossKlCov: PolicyLossFn = (input, cfg = {}) => {
   const { old, lp, A, M, w } = p;
   const n = p.bs * p.T;
   const valid: number[] = [];
-  let absSum = 0, mTot = 0, sumA = 0, sumLp = 0;
+  let absSum = 0,
+    mTot = 0,
+    sumA = 0,
+    sumLp = 0;
   for (let k = 0; k < n; k++) {
     const m = M[k];
-    if (m !== 0) { mTot += m; absSum += Math.abs(lp[k] - old[k]) * m; }
-    if (m > 0) { valid.push(k); sumA += A[k]; sumLp += lp[k]; }
+    if (m !== 0) {
+      mTot += m;
+      absSum += Math.abs(lp[k] - old[k]) * m;
+    }
+    if (m > 0) {
+      valid.push(k);
+      sumA += A[k];
+      sumLp += lp[k];
+    }
   }
   const selected = new Uint8Array(n);
   if (valid.length > 0) {
-    const meanA = sumA / valid.length, meanLp = sumLp / valid.length;
+    const meanA = sumA / valid.length,
+      meanLp = sumLp / valid.length;
     const cov = new Float64Array(valid.length);
     for (let j = 0; j < valid.length; j++) cov[j] = (A[valid[j]] - meanA) * (lp[valid[j]] - meanLp);
     const kk = Math.max(1, Math.trunc(valid.length * ratio));
@@ -561,7 +676,10 @@ export interface ValueLossOutput {
  * Clipped value loss (PPO; verl compute_value_loss): v̂ = clip(v, V_old − c, V_old + c),
  * vf_loss = ½·agg_loss(max((v − R)², (v̂ − R)²)), vf_clipfrac = mean[(v̂ − R)² > (v − R)²].
  */
-export function computeValueLoss(input: ValueLossInput, cfg: { cliprange_value: number; loss_agg_mode?: string; global_batch_info?: GlobalBatchInfo; with_grad?: boolean }): ValueLossOutput {
+export function computeValueLoss(
+  input: ValueLossInput,
+  cfg: { cliprange_value: number; loss_agg_mode?: string; global_batch_info?: GlobalBatchInfo; with_grad?: boolean },
+): ValueLossOutput {
   if (!input || !input.vpreds) throw new ConfigError('value_loss: vpreds are required');
   const { bs, T } = input.vpreds;
   const v = readTensor('value_loss: vpreds', input.vpreds, bs, T);
@@ -574,13 +692,19 @@ export function computeValueLoss(input: ValueLossInput, cfg: { cliprange_value: 
   const n = bs * T;
   const L = new Float64Array(n);
   const d = cfg.with_grad ? new Float64Array(n) : null;
-  let clipSum = 0, mTot = 0;
+  let clipSum = 0,
+    mTot = 0;
   for (let k = 0; k < n; k++) {
-    const lo = V[k] - c, hi = V[k] + c;
+    const lo = V[k] - c,
+      hi = V[k] + c;
     const vc = Math.max(Math.min(v[k], hi), lo);
-    const l1 = (v[k] - R[k]) ** 2, l2 = (vc - R[k]) ** 2;
+    const l1 = (v[k] - R[k]) ** 2,
+      l2 = (vc - R[k]) ** 2;
     L[k] = l1 > l2 ? l1 : l2;
-    if (M[k] !== 0) { mTot += M[k]; if (l2 > l1) clipSum += M[k]; }
+    if (M[k] !== 0) {
+      mTot += M[k];
+      if (l2 > l1) clipSum += M[k];
+    }
     if (d) {
       const d1 = 2 * (v[k] - R[k]);
       const d2 = v[k] >= lo && v[k] <= hi ? 2 * (vc - R[k]) : 0;
@@ -597,7 +721,12 @@ export function computeValueLoss(input: ValueLossInput, cfg: { cliprange_value: 
 }
 
 /** Entropy loss (verl compute_entropy_loss): agg_loss(entropy_from_logits(z), M, mode). */
-export function computeEntropyLoss(logits: Tensor3D, responseMask: Mask2D, lossAggMode = 'token-mean', info: GlobalBatchInfo = {}): number {
+export function computeEntropyLoss(
+  logits: Tensor3D,
+  responseMask: Mask2D,
+  lossAggMode = 'token-mean',
+  info: GlobalBatchInfo = {},
+): number {
   const agg = aggregator(lossAggMode);
   const M = readMask('entropy_loss: response_mask', responseMask, logits.bs, logits.T);
   const H = entropyFromLogits(logits);

@@ -19,7 +19,9 @@ function checkOverlong(cfg: OverlongConfig): void {
   checkScalar('overlong_buffer_len', cfg.overlong_buffer_len, { minExclusive: 0 });
   checkScalar('overlong_penalty_factor', cfg.overlong_penalty_factor, { min: 0 });
   if (cfg.overlong_buffer_len > cfg.max_response_length) {
-    throw new ConfigError(`overlong_buffer_len (${cfg.overlong_buffer_len}) must not exceed max_response_length (${cfg.max_response_length})`);
+    throw new ConfigError(
+      `overlong_buffer_len (${cfg.overlong_buffer_len}) must not exceed max_response_length (${cfg.max_response_length})`,
+    );
   }
 }
 
@@ -37,23 +39,39 @@ export function overlongPenalty(responseLength: number, cfg: OverlongConfig): nu
 }
 
 /** Adds the overlong penalty to each sequence reward; lengths are valid response lengths. */
-export function applyOverlongShaping(rewards: ArrayLike<number>, lengths: ArrayLike<number>, cfg: OverlongConfig): { rewards: Float64Array; penalties: Float64Array; metrics: { 'reward/overlong_fraction': number; 'reward/overlong_penalty_mean': number } } {
+export function applyOverlongShaping(
+  rewards: ArrayLike<number>,
+  lengths: ArrayLike<number>,
+  cfg: OverlongConfig,
+): {
+  rewards: Float64Array;
+  penalties: Float64Array;
+  metrics: { 'reward/overlong_fraction': number; 'reward/overlong_penalty_mean': number };
+} {
   checkOverlong(cfg);
-  if (rewards.length !== lengths.length) throw new ConfigError(`overlong shaping: ${rewards.length} rewards for ${lengths.length} lengths`);
+  if (rewards.length !== lengths.length)
+    throw new ConfigError(`overlong shaping: ${rewards.length} rewards for ${lengths.length} lengths`);
   const n = rewards.length;
-  const out = new Float64Array(n), pen = new Float64Array(n);
-  let over = 0, sum = 0;
+  const out = new Float64Array(n),
+    pen = new Float64Array(n);
+  let over = 0,
+    sum = 0;
   for (let i = 0; i < n; i++) {
     if (!Number.isFinite(rewards[i])) throw new ConfigError(`overlong shaping: reward ${i} is ${rewards[i]}`);
     const L = lengths[i];
-    if (!Number.isFinite(L) || L < 0) throw new ConfigError(`overlong shaping: response length ${i} is ${L}; lengths must be finite and ≥ 0`);
+    if (!Number.isFinite(L) || L < 0)
+      throw new ConfigError(`overlong shaping: response length ${i} is ${L}; lengths must be finite and ≥ 0`);
     const p = overlongPenalty(L, cfg);
     pen[i] = p;
     out[i] = rewards[i] + p;
     if (p < 0) over++;
     sum += p;
   }
-  return { rewards: out, penalties: pen, metrics: { 'reward/overlong_fraction': n ? over / n : 0, 'reward/overlong_penalty_mean': n ? sum / n : 0 } };
+  return {
+    rewards: out,
+    penalties: pen,
+    metrics: { 'reward/overlong_fraction': n ? over / n : 0, 'reward/overlong_penalty_mean': n ? sum / n : 0 },
+  };
 }
 
 export interface EntropyPenaltyOutput {
@@ -69,7 +87,13 @@ export interface EntropyPenaltyOutput {
  * Entropy penalty: entropy_penalty_coef · mean(−log p) over response tokens (the Monte-Carlo
  * entropy estimate of the sampled tokens); "mean" is token-mean unless another loss_agg_mode is given.
  */
-export function entropyPenalty(logProb: Tensor2D, responseMask: Mask2D, coef: number, lossAggMode = 'token-mean', info: GlobalBatchInfo = {}): EntropyPenaltyOutput {
+export function entropyPenalty(
+  logProb: Tensor2D,
+  responseMask: Mask2D,
+  coef: number,
+  lossAggMode = 'token-mean',
+  info: GlobalBatchInfo = {},
+): EntropyPenaltyOutput {
   if (!logProb) throw new ConfigError('entropy_penalty: log_prob is required');
   const { bs, T } = logProb;
   const lp = readTensor('entropy_penalty: log_prob', logProb, bs, T);

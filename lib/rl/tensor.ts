@@ -42,14 +42,16 @@ export type GroupLabel = string | number;
 /** Wraps a typed array as a (bs, T) tensor; the length must be bs·T. */
 export function tensor2d<A extends FloatArray>(data: A, bs: number, T: number): Tensor2D<A> {
   checkDims('tensor2d', bs, T);
-  if (data.length !== bs * T) throw new ConfigError(`tensor2d: data has ${data.length} elements, shape (${bs}, ${T}) needs ${bs * T}`);
+  if (data.length !== bs * T)
+    throw new ConfigError(`tensor2d: data has ${data.length} elements, shape (${bs}, ${T}) needs ${bs * T}`);
   return { data, bs, T };
 }
 
 /** Wraps a typed array as a (bs, T) mask; the length must be bs·T. */
 export function mask2d(data: MaskArray, bs: number, T: number): Mask2D {
   checkDims('mask2d', bs, T);
-  if (data.length !== bs * T) throw new ConfigError(`mask2d: data has ${data.length} elements, shape (${bs}, ${T}) needs ${bs * T}`);
+  if (data.length !== bs * T)
+    throw new ConfigError(`mask2d: data has ${data.length} elements, shape (${bs}, ${T}) needs ${bs * T}`);
   return { data, bs, T };
 }
 
@@ -57,7 +59,8 @@ export function mask2d(data: MaskArray, bs: number, T: number): Mask2D {
 export function tensor3d<A extends FloatArray>(data: A, bs: number, T: number, V: number): Tensor3D<A> {
   checkDims('tensor3d', bs, T);
   if (!Number.isInteger(V) || V < 1) throw new ConfigError(`tensor3d: V must be a positive integer, got ${V}`);
-  if (data.length !== bs * T * V) throw new ConfigError(`tensor3d: data has ${data.length} elements, shape (${bs}, ${T}, ${V}) needs ${bs * T * V}`);
+  if (data.length !== bs * T * V)
+    throw new ConfigError(`tensor3d: data has ${data.length} elements, shape (${bs}, ${T}, ${V}) needs ${bs * T * V}`);
   return { data, bs, T, V };
 }
 
@@ -110,7 +113,8 @@ export function maskFromLengths(lengths: ArrayLike<number>, T: number, dtype: Dt
   const data = newArray(dtype, bs * T);
   for (let i = 0; i < bs; i++) {
     const n = lengths[i];
-    if (!Number.isInteger(n) || n < 0 || n > T) throw new ConfigError(`maskFromLengths: length ${n} of row ${i} is not an integer in [0, ${T}]`);
+    if (!Number.isInteger(n) || n < 0 || n > T)
+      throw new ConfigError(`maskFromLengths: length ${n} of row ${i} is not an integer in [0, ${T}]`);
     data.fill(1, i * T, i * T + n);
   }
   return { data, bs, T };
@@ -172,27 +176,40 @@ export function readVector(name: string, v: ArrayLike<number> | undefined | null
 export function assertShape(name: string, t: Tensor2D | Mask2D | undefined | null, bs: number, T: number): void {
   if (t === undefined || t === null) throw new ConfigError(`${name} is required (shape (${bs}, ${T}))`);
   if (t.bs !== bs || t.T !== T) throw new ConfigError(`${name} has shape (${t.bs}, ${t.T}), expected (${bs}, ${T})`);
-  if (t.data.length !== bs * T) throw new ConfigError(`${name}: data has ${t.data.length} elements, shape (${bs}, ${T}) needs ${bs * T}`);
+  if (t.data.length !== bs * T)
+    throw new ConfigError(`${name}: data has ${t.data.length} elements, shape (${bs}, ${T}) needs ${bs * T}`);
 }
 
 /** Throws a ConfigError naming the input and the (row, col) of the first NaN/±Inf value. */
 export function assertFinite(name: string, data: ArrayLike<number>, T = 0): void {
   for (let k = 0; k < data.length; k++) {
     const v = data[k];
-    if (v - v !== 0) { // false only for finite v (NaN - NaN and Inf - Inf are NaN)
+    if (v - v !== 0) {
+      // false only for finite v (NaN - NaN and Inf - Inf are NaN)
       const where = T > 0 ? `[${Math.floor(k / T)}, ${k % T}]` : `[${k}]`;
-      throw new ConfigError(`${name} has a non-finite value ${v} at ${where}; RL inputs must be finite`, { input: name, index: k, value: v });
+      throw new ConfigError(`${name} has a non-finite value ${v} at ${where}; RL inputs must be finite`, {
+        input: name,
+        index: k,
+        value: v,
+      });
     }
   }
 }
 
 /** Throws unless `x` is a finite number (a config scalar). */
-export function checkScalar(name: string, x: unknown, opts: { min?: number; max?: number; minExclusive?: number; maxExclusive?: number } = {}): number {
-  if (typeof x !== 'number' || !Number.isFinite(x)) throw new ConfigError(`${name} must be a finite number, got ${String(x)}`);
+export function checkScalar(
+  name: string,
+  x: unknown,
+  opts: { min?: number; max?: number; minExclusive?: number; maxExclusive?: number } = {},
+): number {
+  if (typeof x !== 'number' || !Number.isFinite(x))
+    throw new ConfigError(`${name} must be a finite number, got ${String(x)}`);
   if (opts.min !== undefined && x < opts.min) throw new ConfigError(`${name} must be ≥ ${opts.min}, got ${x}`);
   if (opts.max !== undefined && x > opts.max) throw new ConfigError(`${name} must be ≤ ${opts.max}, got ${x}`);
-  if (opts.minExclusive !== undefined && !(x > opts.minExclusive)) throw new ConfigError(`${name} must be > ${opts.minExclusive}, got ${x}`);
-  if (opts.maxExclusive !== undefined && !(x < opts.maxExclusive)) throw new ConfigError(`${name} must be < ${opts.maxExclusive}, got ${x}`);
+  if (opts.minExclusive !== undefined && !(x > opts.minExclusive))
+    throw new ConfigError(`${name} must be > ${opts.minExclusive}, got ${x}`);
+  if (opts.maxExclusive !== undefined && !(x < opts.maxExclusive))
+    throw new ConfigError(`${name} must be < ${opts.maxExclusive}, got ${x}`);
   return x;
 }
 
@@ -213,8 +230,10 @@ export interface Groups {
 }
 
 export function groupRows(index: readonly GroupLabel[] | undefined | null, bs: number, name = 'index'): Groups {
-  if (index === undefined || index === null) throw new ConfigError(`${name} (one group label per sequence) is required`);
-  if (index.length !== bs) throw new ConfigError(`${name} has ${index.length} labels, expected one per sequence (${bs})`);
+  if (index === undefined || index === null)
+    throw new ConfigError(`${name} (one group label per sequence) is required`);
+  if (index.length !== bs)
+    throw new ConfigError(`${name} has ${index.length} labels, expected one per sequence (${bs})`);
   const ids = new Map<GroupLabel, number>();
   const labels: GroupLabel[] = [];
   const gid = new Int32Array(bs);
@@ -224,7 +243,11 @@ export function groupRows(index: readonly GroupLabel[] | undefined | null, bs: n
       throw new ConfigError(`${name}[${i}] must be a string or finite number group label, got ${String(label)}`);
     }
     let g = ids.get(label);
-    if (g === undefined) { g = labels.length; ids.set(label, g); labels.push(label); }
+    if (g === undefined) {
+      g = labels.length;
+      ids.set(label, g);
+      labels.push(label);
+    }
     gid[i] = g;
   }
   const nGroups = labels.length;

@@ -51,35 +51,57 @@ export interface VppoStageResult {
 export function vppoStage(samples: readonly VppoSampleInput[], cfg: VppoStageConfig): VppoStageResult {
   const bs = samples.length;
   const T = Math.max(1, ...samples.map((s) => s.advantages.length));
-  const mask = new Float64Array(bs * T), adv = new Float64Array(bs * T), old = new Float64Array(bs * T), aug = new Float64Array(bs * T);
+  const mask = new Float64Array(bs * T),
+    adv = new Float64Array(bs * T),
+    old = new Float64Array(bs * T),
+    aug = new Float64Array(bs * T);
   const ent = cfg.enable_entropy_filtering ? new Float64Array(bs * T) : null;
   samples.forEach((s, i) => {
     const L = s.advantages.length;
-    for (const [name, a] of [['old_logprobs', s.old_logprobs], ['perturbed_logprobs', s.perturbed_logprobs]] as const) {
-      if (a.length !== L) throw new ConfigError(`vppo: sample ${s.id} has ${a.length} ${name} for ${L} response tokens`);
+    for (const [name, a] of [
+      ['old_logprobs', s.old_logprobs],
+      ['perturbed_logprobs', s.perturbed_logprobs],
+    ] as const) {
+      if (a.length !== L)
+        throw new ConfigError(`vppo: sample ${s.id} has ${a.length} ${name} for ${L} response tokens`);
     }
     if (ent) {
-      if (!s.entropies || s.entropies.length !== L) throw new ConfigError(`vppo: algorithm.vppo.enable_entropy_filtering needs the token entropies of every response; sample ${s.id} has ${s.entropies ? `${s.entropies.length} for ${L} tokens` : 'none'} (or set enable_entropy_filtering=false)`);
+      if (!s.entropies || s.entropies.length !== L)
+        throw new ConfigError(
+          `vppo: algorithm.vppo.enable_entropy_filtering needs the token entropies of every response; sample ${s.id} has ${s.entropies ? `${s.entropies.length} for ${L} tokens` : 'none'} (or set enable_entropy_filtering=false)`,
+        );
       ent.set(s.entropies, i * T);
     }
     for (let t = 0; t < L; t++) mask[i * T + t] = 1;
-    adv.set(s.advantages, i * T); old.set(s.old_logprobs, i * T); aug.set(s.perturbed_logprobs, i * T);
+    adv.set(s.advantages, i * T);
+    old.set(s.old_logprobs, i * T);
+    aug.set(s.perturbed_logprobs, i * T);
   });
   const vc: VppoConfig = {
     top_p_perception_tokens: cfg.top_p_perception_tokens,
     top_p_entropy_tokens: cfg.enable_entropy_filtering ? cfg.top_p_entropy_tokens : null,
     advantage_scaling_min: cfg.advantage_scaling_min,
   };
-  const r = vppoReweight({
-    advantages: { data: adv, bs, T }, response_mask: { data: mask, bs, T },
-    old_log_prob: { data: old, bs, T }, aug_log_prob: { data: aug, bs, T }, entropy: ent ? { data: ent, bs, T } : null,
-  }, vc);
+  const r = vppoReweight(
+    {
+      advantages: { data: adv, bs, T },
+      response_mask: { data: mask, bs, T },
+      old_log_prob: { data: old, bs, T },
+      aug_log_prob: { data: aug, bs, T },
+      entropy: ent ? { data: ent, bs, T } : null,
+    },
+    vc,
+  );
   const out = new Map<string, VppoSampleOutput>();
   samples.forEach((s, i) => {
     const L = s.advantages.length;
     const keep = new Uint8Array(L);
     for (let t = 0; t < L; t++) keep[t] = r.keep_mask.data[i * T + t] !== 0 ? 1 : 0;
-    out.set(s.id, { token_mask: keep, scaling_factor: r.alpha[i], dependency: Float32Array.from(r.dependency.data.subarray(i * T, i * T + L)) });
+    out.set(s.id, {
+      token_mask: keep,
+      scaling_factor: r.alpha[i],
+      dependency: Float32Array.from(r.dependency.data.subarray(i * T, i * T + L)),
+    });
   });
   return {
     samples: out,

@@ -31,7 +31,10 @@ export interface VppoConfig {
 }
 
 /** S_t = clamp(eᵈ − d − 1, 0, 10), d = clamp(aug − old, ±20), per token. */
-export function tokenVisualDependency<A extends FloatArray>(oldLogProb: Tensor2D<A>, augLogProb: Tensor2D): Tensor2D<A> {
+export function tokenVisualDependency<A extends FloatArray>(
+  oldLogProb: Tensor2D<A>,
+  augLogProb: Tensor2D,
+): Tensor2D<A> {
   if (!oldLogProb) throw new ConfigError('vppo: old_log_prob is required');
   const { bs, T } = oldLogProb;
   const o = readTensor('vppo: old_log_prob', oldLogProb, bs, T);
@@ -65,7 +68,10 @@ function markTopK(score: Float64Array, M: Float64Array, bs: number, T: number, p
     for (let t = 0; t < T; t++) if (M[i * T + t] !== 0) pos.push(t);
     const k = topKCount(pos.length, p);
     if (k === 0) continue;
-    if (k === pos.length) { for (const t of pos) out[i * T + t] = 1; continue; }
+    if (k === pos.length) {
+      for (const t of pos) out[i * T + t] = 1;
+      continue;
+    }
     pos.sort((x, y) => score[i * T + y] - score[i * T + x] || x - y);
     for (let j = 0; j < k; j++) out[i * T + pos[j]] = 1;
   }
@@ -81,30 +87,52 @@ export interface TokenFilterOutput {
  * Token gradient filtering: per row keep the top ⌈n_valid·p⌉ tokens by dependency and/or entropy
  * (union when both are on). With both criteria off every valid token is kept.
  */
-export function tokenGradientMask(responseMask: Mask2D, scores: { dependency?: Tensor2D | null; entropy?: Tensor2D | null }, cfg: VppoConfig = {}): TokenFilterOutput {
+export function tokenGradientMask(
+  responseMask: Mask2D,
+  scores: { dependency?: Tensor2D | null; entropy?: Tensor2D | null },
+  cfg: VppoConfig = {},
+): TokenFilterOutput {
   if (!responseMask) throw new ConfigError('vppo: response_mask is required');
   const { bs, T } = responseMask;
   const M = readMask('vppo: response_mask', responseMask, bs, T);
   const pPer = topP('top_p_perception_tokens', cfg.top_p_perception_tokens, 0.2);
   const pEnt = topP('top_p_entropy_tokens', cfg.top_p_entropy_tokens, 0.2);
-  if (pPer > 0 && !scores.dependency) throw new ConfigError('vppo: top_p_perception_tokens is on but no token dependency was given (compute it with tokenVisualDependency, or set top_p_perception_tokens: null)');
-  if (pEnt > 0 && !scores.entropy) throw new ConfigError('vppo: top_p_entropy_tokens is on but no token entropy was given (set top_p_entropy_tokens: null to disable)');
-  const byPer = new Uint8Array(bs * T), byEnt = new Uint8Array(bs * T);
+  if (pPer > 0 && !scores.dependency)
+    throw new ConfigError(
+      'vppo: top_p_perception_tokens is on but no token dependency was given (compute it with tokenVisualDependency, or set top_p_perception_tokens: null)',
+    );
+  if (pEnt > 0 && !scores.entropy)
+    throw new ConfigError(
+      'vppo: top_p_entropy_tokens is on but no token entropy was given (set top_p_entropy_tokens: null to disable)',
+    );
+  const byPer = new Uint8Array(bs * T),
+    byEnt = new Uint8Array(bs * T);
   if (pPer > 0) markTopK(readTensor('vppo: dependency', scores.dependency, bs, T), M, bs, T, pPer, byPer);
   if (pEnt > 0) markTopK(readTensor('vppo: entropy', scores.entropy, bs, T), M, bs, T, pEnt, byEnt);
   const keep = new Float64Array(bs * T);
-  let nValid = 0, nPer = 0, nEnt = 0, nKeep = 0;
+  let nValid = 0,
+    nPer = 0,
+    nEnt = 0,
+    nKeep = 0;
   const none = pPer === 0 && pEnt === 0;
   for (let k = 0; k < bs * T; k++) {
     if (M[k] === 0) continue;
     nValid++;
-    nPer += byPer[k]; nEnt += byEnt[k];
-    if (none || byPer[k] || byEnt[k]) { keep[k] = 1; nKeep++; }
+    nPer += byPer[k];
+    nEnt += byEnt[k];
+    if (none || byPer[k] || byEnt[k]) {
+      keep[k] = 1;
+      nKeep++;
+    }
   }
   const frac = (x: number) => (nValid > 0 ? x / nValid : 0);
   return {
     keep_mask: { data: keep, bs, T },
-    metrics: { perception_token_fraction: frac(nPer), entropy_token_fraction: frac(nEnt), kept_token_fraction: frac(nKeep) },
+    metrics: {
+      perception_token_fraction: frac(nPer),
+      entropy_token_fraction: frac(nEnt),
+      kept_token_fraction: frac(nKeep),
+    },
   };
 }
 
@@ -118,7 +146,12 @@ export interface TrajectoryScalingOutput<A extends FloatArray = FloatArray> {
 }
 
 /** Trajectory advantage shaping: A_i ← A_i·α_i with α from the batch-normalised mean dependency. */
-export function trajectoryAdvantageScaling<A extends FloatArray>(advantages: Tensor2D<A>, dependency: Tensor2D, responseMask: Mask2D, cfg: VppoConfig = {}): TrajectoryScalingOutput<A> {
+export function trajectoryAdvantageScaling<A extends FloatArray>(
+  advantages: Tensor2D<A>,
+  dependency: Tensor2D,
+  responseMask: Mask2D,
+  cfg: VppoConfig = {},
+): TrajectoryScalingOutput<A> {
   if (!advantages) throw new ConfigError('vppo: advantages are required');
   const { bs, T } = advantages;
   const A = readTensor('vppo: advantages', advantages, bs, T);
@@ -127,11 +160,20 @@ export function trajectoryAdvantageScaling<A extends FloatArray>(advantages: Ten
   const betaMin = checkScalar('advantage_scaling_min', cfg.advantage_scaling_min ?? 0.8, { min: 0, max: 1 });
   const sBar = new Float64Array(bs);
   const valid = new Uint8Array(bs);
-  let min = Infinity, max = -Infinity, sTok = 0, nTok = 0;
+  let min = Infinity,
+    max = -Infinity,
+    sTok = 0,
+    nTok = 0;
   for (let i = 0; i < bs; i++) {
-    let s = 0, n = 0;
-    for (let k = i * T, e = k + T; k < e; k++) if (M[k] !== 0) { s += S[k] * M[k]; n += M[k]; }
-    sTok += s; nTok += n;
+    let s = 0,
+      n = 0;
+    for (let k = i * T, e = k + T; k < e; k++)
+      if (M[k] !== 0) {
+        s += S[k] * M[k];
+        n += M[k];
+      }
+    sTok += s;
+    nTok += n;
     if (n > 0) {
       valid[i] = 1;
       sBar[i] = s / n;
@@ -141,17 +183,27 @@ export function trajectoryAdvantageScaling<A extends FloatArray>(advantages: Ten
   }
   const alpha = new Float64Array(bs).fill(1);
   if (max - min > 1e-6) {
-    let nSum = 0, nRows = 0;
-    for (let i = 0; i < bs; i++) if (valid[i]) { nSum += (sBar[i] - min) / (max - min); nRows++; }
+    let nSum = 0,
+      nRows = 0;
+    for (let i = 0; i < bs; i++)
+      if (valid[i]) {
+        nSum += (sBar[i] - min) / (max - min);
+        nRows++;
+      }
     const meanN = nSum / nRows;
     const betaMax = betaMin + (1 - betaMin) / (meanN + 1e-8);
-    for (let i = 0; i < bs; i++) if (valid[i]) alpha[i] = betaMin + ((sBar[i] - min) / (max - min)) * (betaMax - betaMin);
+    for (let i = 0; i < bs; i++)
+      if (valid[i]) alpha[i] = betaMin + ((sBar[i] - min) / (max - min)) * (betaMax - betaMin);
   }
   const out = new Float64Array(bs * T);
-  let aSum = 0, aRows = 0;
+  let aSum = 0,
+    aRows = 0;
   for (let i = 0; i < bs; i++) {
     for (let k = i * T, e = k + T; k < e; k++) out[k] = A[k] * alpha[i];
-    if (valid[i]) { aSum += alpha[i]; aRows++; }
+    if (valid[i]) {
+      aSum += alpha[i];
+      aRows++;
+    }
   }
   return {
     advantages: outTensor(advantages.data, out, bs, T),
@@ -177,7 +229,13 @@ export interface VppoOutput<A extends FloatArray = FloatArray> {
   keep_mask: Tensor2D<Float64Array>;
   dependency: Tensor2D;
   alpha: Float64Array;
-  metrics: { entropy_token_fraction: number; perception_token_fraction: number; kept_token_fraction: number; sensitivity_score_mean: number; scaling_factor_mean: number };
+  metrics: {
+    entropy_token_fraction: number;
+    perception_token_fraction: number;
+    kept_token_fraction: number;
+    sensitivity_score_mean: number;
+    scaling_factor_mean: number;
+  };
 }
 
 /** The whole VPPO step: dependency → keep mask → shaped advantages, with the paper's metrics. */

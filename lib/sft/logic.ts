@@ -44,9 +44,13 @@ export function sftTotalSteps(p: SftPlan): number {
 /** The units of optimizer step `step` (1-based), in batch order. */
 export function sftBatchIndices(p: SftPlan, step: number): number[] {
   const spe = sftStepsPerEpoch(p);
-  if (spe === 0) throw new ConfigError(`sft: ${p.units} training example(s) is fewer than actor.global_batch_size = ${p.batchSize}; lower actor.global_batch_size or add rows`);
+  if (spe === 0)
+    throw new ConfigError(
+      `sft: ${p.units} training example(s) is fewer than actor.global_batch_size = ${p.batchSize}; lower actor.global_batch_size or add rows`,
+    );
   if (!(Number.isInteger(step) && step >= 1)) throw new ConfigError(`sft: step must be an integer ≥ 1, got ${step}`);
-  const epoch = Math.floor((step - 1) / spe), k = (step - 1) % spe;
+  const epoch = Math.floor((step - 1) / spe),
+    k = (step - 1) % spe;
   const order = p.shuffle ? epochPermutation(p.units, p.seed, epoch) : null;
   const out: number[] = [];
   for (let i = k * p.batchSize; i < (k + 1) * p.batchSize; i++) out.push(order ? order[i] : i);
@@ -66,19 +70,28 @@ export function epochPermutation(n: number, seed: number, epoch: number): Uint32
  */
 export function packExamples(examples: readonly SftExample[], maxLength: number): SftExample[] {
   const rows: SftExample[] = [];
-  let cur: SftExample[] = [], len = 0;
+  let cur: SftExample[] = [],
+    len = 0;
   const flush = () => {
     if (!cur.length) return;
-    const tokens = new Int32Array(len), mask = new Uint8Array(len);
+    const tokens = new Int32Array(len),
+      mask = new Uint8Array(len);
     let o = 0;
-    for (const e of cur) { tokens.set(e.tokens, o); mask.set(e.mask, o); o += e.tokens.length; }
+    for (const e of cur) {
+      tokens.set(e.tokens, o);
+      mask.set(e.mask, o);
+      o += e.tokens.length;
+    }
     rows.push({ tokens, mask, source: cur[0].source });
-    cur = []; len = 0;
+    cur = [];
+    len = 0;
   };
   for (const e of examples) {
-    if (e.tokens.length > maxLength) throw new ConfigError(`${e.source}: example is ${e.tokens.length} tokens, over sft.max_length = ${maxLength}`);
+    if (e.tokens.length > maxLength)
+      throw new ConfigError(`${e.source}: example is ${e.tokens.length} tokens, over sft.max_length = ${maxLength}`);
     if (len + e.tokens.length > maxLength) flush();
-    cur.push(e); len += e.tokens.length;
+    cur.push(e);
+    len += e.tokens.length;
   }
   flush();
   return rows;
@@ -93,17 +106,40 @@ export function collate(examples: readonly SftExample[], padId: number): TrainBa
   const responseMask = new Float32Array(B * T);
   examples.forEach((e, r) => {
     tokens.set(e.tokens, r * T);
-    for (let t = 0; t < e.tokens.length; t++) { attentionMask[r * T + t] = 1; responseMask[r * T + t] = e.mask[t]; }
+    for (let t = 0; t < e.tokens.length; t++) {
+      attentionMask[r * T + t] = 1;
+      responseMask[r * T + t] = e.mask[t];
+    }
   });
   return { batchSize: B, seqLen: T, tokens, attentionMask, responseMask };
 }
 
 /** Where the data stands after `step` optimizer steps (trainer_state.json dataset_position). */
-export function sftPosition(p: SftPlan, step: number): { step: number; epoch: number; index: number; train_size: number; rollout_batch_size: number; steps_per_epoch: number; shuffle: boolean; seed: number; shuffle_seed: string | null } {
+export function sftPosition(
+  p: SftPlan,
+  step: number,
+): {
+  step: number;
+  epoch: number;
+  index: number;
+  train_size: number;
+  rollout_batch_size: number;
+  steps_per_epoch: number;
+  shuffle: boolean;
+  seed: number;
+  shuffle_seed: string | null;
+} {
   const spe = Math.max(1, sftStepsPerEpoch(p));
   const epoch = Math.floor(step / spe);
   return {
-    step, epoch, index: (step % spe) * p.batchSize, train_size: p.units, rollout_batch_size: p.batchSize,
-    steps_per_epoch: sftStepsPerEpoch(p), shuffle: p.shuffle, seed: p.seed, shuffle_seed: p.shuffle ? `${p.seed}:sft:epoch:${epoch}` : null,
+    step,
+    epoch,
+    index: (step % spe) * p.batchSize,
+    train_size: p.units,
+    rollout_batch_size: p.batchSize,
+    steps_per_epoch: sftStepsPerEpoch(p),
+    shuffle: p.shuffle,
+    seed: p.seed,
+    shuffle_seed: p.shuffle ? `${p.seed}:sft:epoch:${epoch}` : null,
   };
 }

@@ -10,11 +10,33 @@ import type { Database } from '../db/database.ts';
 import { RlError, isRetriable, errorMessage } from '../errors.ts';
 import { isConnectionError } from '../db/errors.ts';
 import {
-  RUN_STATUSES, METRIC_AGGS, type MetricAgg,
-  type CheckpointRow, type DeadLetterFilter, type DeadLetterRow, type InsertResult, type Json, type JsonObject,
-  type MetricRow, type NewRun, type RunFilter, type RunRow, type RunStatus, type Store, type StoredCheckpoint,
-  type StoredDeadLetter, type StoredMetric, type StoredTrajectory, type StoredValGeneration, type TrajectoryFilter,
-  type TrajectoryRow, type Tx, type ValGenerationRow, type WriteOptions, type PromptImageRow, type StoredPromptImage,
+  RUN_STATUSES,
+  METRIC_AGGS,
+  type MetricAgg,
+  type CheckpointRow,
+  type DeadLetterFilter,
+  type DeadLetterRow,
+  type InsertResult,
+  type Json,
+  type JsonObject,
+  type MetricRow,
+  type NewRun,
+  type RunFilter,
+  type RunRow,
+  type RunStatus,
+  type Store,
+  type StoredCheckpoint,
+  type StoredDeadLetter,
+  type StoredMetric,
+  type StoredTrajectory,
+  type StoredValGeneration,
+  type TrajectoryFilter,
+  type TrajectoryRow,
+  type Tx,
+  type ValGenerationRow,
+  type WriteOptions,
+  type PromptImageRow,
+  type StoredPromptImage,
 } from './port.ts';
 import { decodeTrajectory, storableText, validateTrajectory } from './trajectory-codec.ts';
 import type { PromptImagesTable, StoreTables } from './tables.ts';
@@ -24,24 +46,43 @@ export function storeError(op: string, err: unknown, where: string): RlError {
   if (err instanceof RlError) return err;
   const e = err as { code?: string; constraint?: string; detail?: string; message?: string };
   if (e?.code === '23503') {
-    return new RlError(`${op}: the run is not registered in ${where} (${e.detail ?? e.constraint ?? 'foreign key'}); call upsertRun first`, {
-      retriable: false, code: 'ERR_UNKNOWN_RUN', cause: err,
-    });
+    return new RlError(
+      `${op}: the run is not registered in ${where} (${e.detail ?? e.constraint ?? 'foreign key'}); call upsertRun first`,
+      {
+        retriable: false,
+        code: 'ERR_UNKNOWN_RUN',
+        cause: err,
+      },
+    );
   }
   if (e?.code === '23514' || e?.code === '22P02' || e?.code === '22003' || e?.code === '23502' || e?.code === '22P05') {
-    return new RlError(`${op}: rejected by ${where}: ${errorMessage(err)}${e.constraint ? ` (constraint ${e.constraint})` : ''}`, {
-      retriable: false, code: 'ERR_BAD_ROW', cause: err,
-    });
+    return new RlError(
+      `${op}: rejected by ${where}: ${errorMessage(err)}${e.constraint ? ` (constraint ${e.constraint})` : ''}`,
+      {
+        retriable: false,
+        code: 'ERR_BAD_ROW',
+        cause: err,
+      },
+    );
   }
   if (e?.code === '42P01') {
-    return new RlError(`${op}: a store table is missing in ${where} (${errorMessage(err)}); open the database with migrations enabled`, {
-      retriable: false, code: 'ERR_SCHEMA', cause: err,
-    });
+    return new RlError(
+      `${op}: a store table is missing in ${where} (${errorMessage(err)}); open the database with migrations enabled`,
+      {
+        retriable: false,
+        code: 'ERR_SCHEMA',
+        cause: err,
+      },
+    );
   }
   // retriable SQLSTATEs (40001, 40P01, 53300, 57P0x, 08xxx) and node-postgres' pool and socket
   // errors, which carry no code: transient
   const transient = isRetriable(err) || isConnectionError(err);
-  return new RlError(`${op} failed on ${where}: ${errorMessage(err)}`, { retriable: transient, code: 'ERR_STORE', cause: err });
+  return new RlError(`${op} failed on ${where}: ${errorMessage(err)}`, {
+    retriable: transient,
+    code: 'ERR_STORE',
+    cause: err,
+  });
 }
 
 function int(v: unknown, what: string, min = 0): number {
@@ -53,13 +94,22 @@ function int(v: unknown, what: string, min = 0): number {
 
 function groupBy<T>(xs: readonly T[], key: (x: T) => string): Map<string, T[]> {
   const m = new Map<string, T[]>();
-  for (const x of xs) { const k = key(x); const a = m.get(k); if (a) a.push(x); else m.set(k, [x]); }
+  for (const x of xs) {
+    const k = key(x);
+    const a = m.get(k);
+    if (a) a.push(x);
+    else m.set(k, [x]);
+  }
   return m;
 }
 
 function nonEmpty(v: unknown, what: string): string {
-  if (typeof v !== 'string' || v.length === 0) throw new RlError(`${what} must be a non-empty string`, { code: 'ERR_BAD_ROW' });
-  if (v.includes('\u0000')) throw new RlError(`${what} contains a NUL character (U+0000), which PostgreSQL text cannot store`, { code: 'ERR_BAD_ROW' });
+  if (typeof v !== 'string' || v.length === 0)
+    throw new RlError(`${what} must be a non-empty string`, { code: 'ERR_BAD_ROW' });
+  if (v.includes('\u0000'))
+    throw new RlError(`${what} contains a NUL character (U+0000), which PostgreSQL text cannot store`, {
+      code: 'ERR_BAD_ROW',
+    });
   return v;
 }
 
@@ -81,26 +131,48 @@ function jsonParam(v: Json | undefined, what: string): string | null {
 function checkReward(reward: unknown, failure: unknown, what: string): void {
   if (reward === null || reward === undefined) {
     if (typeof failure !== 'string' || failure.length === 0) {
-      throw new RlError(`${what}: reward is null but rewardFailure does not say why (a failed score is stored as null plus its reason, never as 0)`, { code: 'ERR_BAD_ROW' });
+      throw new RlError(
+        `${what}: reward is null but rewardFailure does not say why (a failed score is stored as null plus its reason, never as 0)`,
+        { code: 'ERR_BAD_ROW' },
+      );
     }
   } else {
-    if (typeof reward !== 'number' || !Number.isFinite(reward)) throw new RlError(`${what}: reward must be a finite number or null, got ${String(reward)}`, { code: 'ERR_BAD_ROW' });
-    if (failure !== null && failure !== undefined) throw new RlError(`${what}: rewardFailure must be null when a reward is given`, { code: 'ERR_BAD_ROW' });
+    if (typeof reward !== 'number' || !Number.isFinite(reward))
+      throw new RlError(`${what}: reward must be a finite number or null, got ${String(reward)}`, {
+        code: 'ERR_BAD_ROW',
+      });
+    if (failure !== null && failure !== undefined)
+      throw new RlError(`${what}: rewardFailure must be null when a reward is given`, { code: 'ERR_BAD_ROW' });
   }
 }
 
 function decodeRun(r: Record<string, any>): RunRow {
   return {
-    runId: r.run_id, project: r.project, experiment: r.experiment, config: r.config, status: r.status,
-    parentRunId: r.parent_run_id, summary: r.summary, createdAt: r.created_at, updatedAt: r.updated_at,
+    runId: r.run_id,
+    project: r.project,
+    experiment: r.experiment,
+    config: r.config,
+    status: r.status,
+    parentRunId: r.parent_run_id,
+    summary: r.summary,
+    createdAt: r.created_at,
+    updatedAt: r.updated_at,
   };
 }
 
 function decodeCheckpoint(r: Record<string, any>): StoredCheckpoint {
   return {
-    runId: r.run_id, step: r.step, path: r.path, sha256: r.sha256, policyVersion: r.policy_version,
-    consumedOffsets: r.consumed_offsets, datasetPosition: r.dataset_position, rngState: r.rng_state,
-    klCtlState: r.kl_ctl_state, lrState: r.lr_state, createdAt: r.created_at,
+    runId: r.run_id,
+    step: r.step,
+    path: r.path,
+    sha256: r.sha256,
+    policyVersion: r.policy_version,
+    consumedOffsets: r.consumed_offsets,
+    datasetPosition: r.dataset_position,
+    rngState: r.rng_state,
+    klCtlState: r.kl_ctl_state,
+    lrState: r.lr_state,
+    createdAt: r.created_at,
   };
 }
 
@@ -110,7 +182,10 @@ export abstract class KyselyStore implements Store {
   protected readonly db: Kysely<StoreTables>;
   private closed = false;
 
-  protected constructor(protected readonly database: Database, private readonly ownsDatabase: boolean) {
+  protected constructor(
+    protected readonly database: Database,
+    private readonly ownsDatabase: boolean,
+  ) {
     this.db = database.db as Kysely<StoreTables>;
     this.where = database.where;
   }
@@ -152,23 +227,36 @@ export abstract class KyselyStore implements Store {
     nonEmpty(run.project, 'project');
     nonEmpty(run.experiment, 'experiment');
     const status = run.status ?? 'running';
-    if (!RUN_STATUSES.includes(status)) throw new RlError(`run status must be one of ${RUN_STATUSES.join(', ')}, got ${JSON.stringify(status)}`, { code: 'ERR_BAD_ROW' });
-    if (run.config === null || typeof run.config !== 'object' || Array.isArray(run.config)) throw new RlError('run config must be a JSON object', { code: 'ERR_BAD_ROW' });
+    if (!RUN_STATUSES.includes(status))
+      throw new RlError(`run status must be one of ${RUN_STATUSES.join(', ')}, got ${JSON.stringify(status)}`, {
+        code: 'ERR_BAD_ROW',
+      });
+    if (run.config === null || typeof run.config !== 'object' || Array.isArray(run.config))
+      throw new RlError('run config must be a JSON object', { code: 'ERR_BAD_ROW' });
     const values = {
-      run_id: run.runId, project: run.project, experiment: run.experiment,
-      config: jsonParam(run.config, 'run config')!, status, parent_run_id: optText(run.parentRunId, 'parentRunId'),
+      run_id: run.runId,
+      project: run.project,
+      experiment: run.experiment,
+      config: jsonParam(run.config, 'run config')!,
+      status,
+      parent_run_id: optText(run.parentRunId, 'parentRunId'),
     };
     return this.guard(`upsertRun(${run.runId})`, async () => {
-      const row = await this.on(opts.tx).insertInto('runs').values(values)
-        .onConflict((oc) => oc.column('run_id').doUpdateSet({
-          project: (eb) => eb.ref('excluded.project'),
-          experiment: (eb) => eb.ref('excluded.experiment'),
-          config: (eb) => eb.ref('excluded.config'),
-          status: (eb) => eb.ref('excluded.status'),
-          parent_run_id: (eb) => eb.ref('excluded.parent_run_id'),
-          updated_at: sql<Date>`now()`,
-        }))
-        .returningAll().executeTakeFirstOrThrow();
+      const row = await this.on(opts.tx)
+        .insertInto('runs')
+        .values(values)
+        .onConflict((oc) =>
+          oc.column('run_id').doUpdateSet({
+            project: (eb) => eb.ref('excluded.project'),
+            experiment: (eb) => eb.ref('excluded.experiment'),
+            config: (eb) => eb.ref('excluded.config'),
+            status: (eb) => eb.ref('excluded.status'),
+            parent_run_id: (eb) => eb.ref('excluded.parent_run_id'),
+            updated_at: sql<Date>`now()`,
+          }),
+        )
+        .returningAll()
+        .executeTakeFirstOrThrow();
       return decodeRun(row);
     });
   }
@@ -192,12 +280,24 @@ export abstract class KyselyStore implements Store {
   }
 
   async setRunStatus(runId: string, status: RunStatus, summary?: JsonObject, opts: WriteOptions = {}): Promise<RunRow> {
-    if (!RUN_STATUSES.includes(status)) throw new RlError(`run status must be one of ${RUN_STATUSES.join(', ')}, got ${JSON.stringify(status)}`, { code: 'ERR_BAD_ROW' });
+    if (!RUN_STATUSES.includes(status))
+      throw new RlError(`run status must be one of ${RUN_STATUSES.join(', ')}, got ${JSON.stringify(status)}`, {
+        code: 'ERR_BAD_ROW',
+      });
     const set: Record<string, unknown> = { status, updated_at: sql<Date>`now()` };
     if (summary !== undefined) set.summary = jsonParam(summary, 'run summary');
     return this.guard(`setRunStatus(${runId})`, async () => {
-      const row = await this.on(opts.tx).updateTable('runs').set(set).where('run_id', '=', runId).returningAll().executeTakeFirst();
-      if (!row) throw new RlError(`run ${JSON.stringify(runId)} does not exist in ${this.where}; cannot set its status to ${status}`, { code: 'ERR_UNKNOWN_RUN' });
+      const row = await this.on(opts.tx)
+        .updateTable('runs')
+        .set(set)
+        .where('run_id', '=', runId)
+        .returningAll()
+        .executeTakeFirst();
+      if (!row)
+        throw new RlError(
+          `run ${JSON.stringify(runId)} does not exist in ${this.where}; cannot set its status to ${status}`,
+          { code: 'ERR_UNKNOWN_RUN' },
+        );
       return decodeRun(row);
     });
   }
@@ -208,7 +308,9 @@ export abstract class KyselyStore implements Store {
     this.live();
     for (const row of rows) validateTrajectory(row);
     if (rows.length === 0) return { inserted: 0, duplicates: 0 };
-    const inserted = await this.guard(`insertTrajectories(${rows.length} rows, run ${rows[0]!.runId})`, () => this.ingestTrajectories(rows, opts.tx));
+    const inserted = await this.guard(`insertTrajectories(${rows.length} rows, run ${rows[0]!.runId})`, () =>
+      this.ingestTrajectories(rows, opts.tx),
+    );
     return { inserted, duplicates: rows.length - inserted };
   }
 
@@ -229,7 +331,10 @@ export abstract class KyselyStore implements Store {
 
   async countTrajectories(runId: string, filter: Omit<TrajectoryFilter, 'ids'> = {}): Promise<number> {
     return this.guard(`countTrajectories(${runId})`, async () => {
-      let q = this.db.selectFrom('trajectories').select(sql<number>`count(*)::int`.as('n')).where('run_id', '=', runId);
+      let q = this.db
+        .selectFrom('trajectories')
+        .select(sql<number>`count(*)::int`.as('n'))
+        .where('run_id', '=', runId);
       if (filter.step !== undefined) q = q.where('step', '=', filter.step);
       if (filter.kind !== undefined) q = q.where('kind', '=', filter.kind);
       if (filter.filtered !== undefined) q = q.where('filtered', '=', filter.filtered);
@@ -245,18 +350,37 @@ export abstract class KyselyStore implements Store {
     if (rows.length === 0) return;
     // One row per key per statement: ON CONFLICT DO UPDATE cannot touch a row twice. Replacing
     // and incrementing rows go in separate statements (their conflict actions differ).
-    type PartRow = { run_id: string; step: number; name: string; stage: string; replica: string; value: number; agg: MetricAgg; weight: number };
+    type PartRow = {
+      run_id: string;
+      step: number;
+      name: string;
+      stage: string;
+      replica: string;
+      value: number;
+      agg: MetricAgg;
+      weight: number;
+    };
     const set = new Map<string, PartRow>();
     const inc = new Map<string, PartRow>();
     for (const m of rows) {
       nonEmpty(m.runId, 'metric runId');
       nonEmpty(m.name, 'metric name');
       int(m.step, `metric ${m.name} step`);
-      if (typeof m.value !== 'number') throw new RlError(`metric ${m.name} at step ${m.step}: value must be a number, got ${typeof m.value}`, { code: 'ERR_BAD_ROW' });
+      if (typeof m.value !== 'number')
+        throw new RlError(`metric ${m.name} at step ${m.step}: value must be a number, got ${typeof m.value}`, {
+          code: 'ERR_BAD_ROW',
+        });
       const agg = m.agg ?? 'last';
-      if (!METRIC_AGGS.includes(agg)) throw new RlError(`metric ${m.name} at step ${m.step}: agg must be one of ${METRIC_AGGS.join(', ')}, got ${String(agg)}`, { code: 'ERR_BAD_ROW' });
+      if (!METRIC_AGGS.includes(agg))
+        throw new RlError(
+          `metric ${m.name} at step ${m.step}: agg must be one of ${METRIC_AGGS.join(', ')}, got ${String(agg)}`,
+          { code: 'ERR_BAD_ROW' },
+        );
       const weight = m.weight ?? 1;
-      if (!(weight >= 0) || !Number.isFinite(weight)) throw new RlError(`metric ${m.name} at step ${m.step}: weight must be a finite number ≥ 0, got ${weight}`, { code: 'ERR_BAD_ROW' });
+      if (!(weight >= 0) || !Number.isFinite(weight))
+        throw new RlError(`metric ${m.name} at step ${m.step}: weight must be a finite number ≥ 0, got ${weight}`, {
+          code: 'ERR_BAD_ROW',
+        });
       const stage = optText(m.stage, 'metric stage') ?? '';
       const replica = m.replica === undefined || m.replica === '' ? '' : optText(m.replica, 'metric replica')!; // '': the stage's only writer
       const key = `${m.runId}\u0000${m.step}\u0000${m.name}\u0000${stage}\u0000${replica}`;
@@ -267,15 +391,24 @@ export abstract class KyselyStore implements Store {
       } else set.set(key, row);
     }
     await this.guard(`insertMetrics(${set.size + inc.size} rows)`, async () => {
-      for (const [values, increment] of [[[...set.values()], false], [[...inc.values()], true]] as const) {
+      for (const [values, increment] of [
+        [[...set.values()], false],
+        [[...inc.values()], true],
+      ] as const) {
         for (let i = 0; i < values.length; i += 5000) {
-          await this.on(opts.tx).insertInto('step_metric_parts').values(values.slice(i, i + 5000))
-            .onConflict((oc) => oc.columns(['run_id', 'step', 'name', 'stage', 'replica']).doUpdateSet({
-              value: increment ? sql<number>`step_metric_parts.value + excluded.value` : (eb) => eb.ref('excluded.value'),
-              agg: (eb) => eb.ref('excluded.agg'),
-              weight: (eb) => eb.ref('excluded.weight'),
-              updated_at: sql<Date>`now()`,
-            }))
+          await this.on(opts.tx)
+            .insertInto('step_metric_parts')
+            .values(values.slice(i, i + 5000))
+            .onConflict((oc) =>
+              oc.columns(['run_id', 'step', 'name', 'stage', 'replica']).doUpdateSet({
+                value: increment
+                  ? sql<number>`step_metric_parts.value + excluded.value`
+                  : (eb) => eb.ref('excluded.value'),
+                agg: (eb) => eb.ref('excluded.agg'),
+                weight: (eb) => eb.ref('excluded.weight'),
+                updated_at: sql<Date>`now()`,
+              }),
+            )
             .execute();
         }
       }
@@ -290,7 +423,15 @@ export abstract class KyselyStore implements Store {
         q = q.where('name', '=', sql<any>`any(${[...names]}::text[])`);
       }
       const rows = await q.orderBy('name').orderBy('step').execute();
-      return rows.map((r) => ({ runId: r.run_id, step: r.step, name: r.name, value: r.value, stage: r.stage, parts: Number(r.parts), createdAt: r.created_at }));
+      return rows.map((r) => ({
+        runId: r.run_id,
+        step: r.step,
+        name: r.name,
+        value: r.value,
+        stage: r.stage,
+        parts: Number(r.parts),
+        createdAt: r.created_at,
+      }));
     });
   }
 
@@ -303,13 +444,21 @@ export abstract class KyselyStore implements Store {
     nonEmpty(row.path, 'checkpoint path');
     int(row.policyVersion, 'checkpoint policyVersion');
     if (typeof row.sha256 !== 'string' || !/^[0-9a-f]{64}$/.test(row.sha256)) {
-      throw new RlError(`checkpoint sha256 must be 64 lower-case hex digits, got ${JSON.stringify(row.sha256)}`, { code: 'ERR_BAD_ROW' });
+      throw new RlError(`checkpoint sha256 must be 64 lower-case hex digits, got ${JSON.stringify(row.sha256)}`, {
+        code: 'ERR_BAD_ROW',
+      });
     }
     if (row.consumedOffsets === null || typeof row.consumedOffsets !== 'object' || Array.isArray(row.consumedOffsets)) {
-      throw new RlError('checkpoint consumedOffsets must be a JSON object (topic/partition → next offset)', { code: 'ERR_BAD_ROW' });
+      throw new RlError('checkpoint consumedOffsets must be a JSON object (topic/partition → next offset)', {
+        code: 'ERR_BAD_ROW',
+      });
     }
     const values = {
-      run_id: row.runId, step: row.step, path: row.path, sha256: row.sha256, policy_version: row.policyVersion,
+      run_id: row.runId,
+      step: row.step,
+      path: row.path,
+      sha256: row.sha256,
+      policy_version: row.policyVersion,
       consumed_offsets: jsonParam(row.consumedOffsets, 'checkpoint consumedOffsets')!,
       dataset_position: jsonParam(row.datasetPosition, 'checkpoint datasetPosition'),
       rng_state: jsonParam(row.rngState, 'checkpoint rngState'),
@@ -317,32 +466,47 @@ export abstract class KyselyStore implements Store {
       lr_state: jsonParam(row.lrState, 'checkpoint lrState'),
     };
     await this.guard(`recordCheckpoint(${row.runId} step ${row.step})`, async () => {
-      await this.on(opts.tx).insertInto('checkpoints').values(values)
-        .onConflict((oc) => oc.columns(['run_id', 'step']).doUpdateSet({
-          path: (eb) => eb.ref('excluded.path'),
-          sha256: (eb) => eb.ref('excluded.sha256'),
-          policy_version: (eb) => eb.ref('excluded.policy_version'),
-          consumed_offsets: (eb) => eb.ref('excluded.consumed_offsets'),
-          dataset_position: (eb) => eb.ref('excluded.dataset_position'),
-          rng_state: (eb) => eb.ref('excluded.rng_state'),
-          kl_ctl_state: (eb) => eb.ref('excluded.kl_ctl_state'),
-          lr_state: (eb) => eb.ref('excluded.lr_state'),
-          created_at: sql<Date>`now()`,
-        }))
+      await this.on(opts.tx)
+        .insertInto('checkpoints')
+        .values(values)
+        .onConflict((oc) =>
+          oc.columns(['run_id', 'step']).doUpdateSet({
+            path: (eb) => eb.ref('excluded.path'),
+            sha256: (eb) => eb.ref('excluded.sha256'),
+            policy_version: (eb) => eb.ref('excluded.policy_version'),
+            consumed_offsets: (eb) => eb.ref('excluded.consumed_offsets'),
+            dataset_position: (eb) => eb.ref('excluded.dataset_position'),
+            rng_state: (eb) => eb.ref('excluded.rng_state'),
+            kl_ctl_state: (eb) => eb.ref('excluded.kl_ctl_state'),
+            lr_state: (eb) => eb.ref('excluded.lr_state'),
+            created_at: sql<Date>`now()`,
+          }),
+        )
         .execute();
     });
   }
 
   async latestCheckpoint(runId: string): Promise<StoredCheckpoint | undefined> {
     return this.guard(`latestCheckpoint(${runId})`, async () => {
-      const row = await this.db.selectFrom('checkpoints').selectAll().where('run_id', '=', runId).orderBy('step', 'desc').limit(1).executeTakeFirst();
+      const row = await this.db
+        .selectFrom('checkpoints')
+        .selectAll()
+        .where('run_id', '=', runId)
+        .orderBy('step', 'desc')
+        .limit(1)
+        .executeTakeFirst();
       return row ? decodeCheckpoint(row) : undefined;
     });
   }
 
   async listCheckpoints(runId: string): Promise<StoredCheckpoint[]> {
     return this.guard(`listCheckpoints(${runId})`, async () => {
-      const rows = await this.db.selectFrom('checkpoints').selectAll().where('run_id', '=', runId).orderBy('step').execute();
+      const rows = await this.db
+        .selectFrom('checkpoints')
+        .selectAll()
+        .where('run_id', '=', runId)
+        .orderBy('step')
+        .execute();
       return rows.map(decodeCheckpoint);
     });
   }
@@ -357,18 +521,28 @@ export abstract class KyselyStore implements Store {
       nonEmpty(g.runId, 'val generation runId');
       int(g.step, `${what} step`);
       int(g.idx, `${what} idx`);
-      if (typeof g.prompt !== 'string' || typeof g.response !== 'string') throw new RlError(`${what}: prompt and response must be strings`, { code: 'ERR_BAD_ROW' });
+      if (typeof g.prompt !== 'string' || typeof g.response !== 'string')
+        throw new RlError(`${what}: prompt and response must be strings`, { code: 'ERR_BAD_ROW' });
       checkReward(g.reward, g.rewardFailure, what);
       return {
         // decoded text: a NUL is stored as ␀ (see storableText)
-        run_id: g.runId, step: g.step, idx: g.idx, prompt: storableText(g.prompt), response: storableText(g.response),
-        ground_truth: g.groundTruth == null ? null : storableText(g.groundTruth), reward: g.reward ?? null, reward_failure: g.rewardFailure == null ? null : storableText(g.rewardFailure),
+        run_id: g.runId,
+        step: g.step,
+        idx: g.idx,
+        prompt: storableText(g.prompt),
+        response: storableText(g.response),
+        ground_truth: g.groundTruth == null ? null : storableText(g.groundTruth),
+        reward: g.reward ?? null,
+        reward_failure: g.rewardFailure == null ? null : storableText(g.rewardFailure),
       };
     });
     await this.guard(`recordValGenerations(${rows.length} rows)`, async () => {
       for (let i = 0; i < values.length; i += 5000) {
-        await this.on(opts.tx).insertInto('val_generations').values(values.slice(i, i + 5000))
-          .onConflict((oc) => oc.columns(['run_id', 'step', 'idx']).doNothing()).execute();
+        await this.on(opts.tx)
+          .insertInto('val_generations')
+          .values(values.slice(i, i + 5000))
+          .onConflict((oc) => oc.columns(['run_id', 'step', 'idx']).doNothing())
+          .execute();
       }
     });
   }
@@ -379,8 +553,15 @@ export abstract class KyselyStore implements Store {
       if (step !== undefined) q = q.where('step', '=', step);
       const rows = await q.orderBy('step').orderBy('idx').execute();
       return rows.map((r) => ({
-        runId: r.run_id, step: r.step, idx: r.idx, prompt: r.prompt, response: r.response,
-        groundTruth: r.ground_truth, reward: r.reward, rewardFailure: r.reward_failure, createdAt: r.created_at,
+        runId: r.run_id,
+        step: r.step,
+        idx: r.idx,
+        prompt: r.prompt,
+        response: r.response,
+        groundTruth: r.ground_truth,
+        reward: r.reward,
+        rewardFailure: r.reward_failure,
+        createdAt: r.created_at,
       }));
     });
   }
@@ -392,13 +573,18 @@ export abstract class KyselyStore implements Store {
     const values = new Map<string, Insertable<PromptImagesTable>>();
     for (const r of rows) {
       nonEmpty(r.runId, 'prompt image runId');
-      if (typeof r.hash !== 'string' || !/^[0-9a-f]{64}$/.test(r.hash)) throw new RlError(`prompt image hash must be a lower-case hex sha256, got ${JSON.stringify(r.hash)}`, { code: 'ERR_BAD_ROW' });
+      if (typeof r.hash !== 'string' || !/^[0-9a-f]{64}$/.test(r.hash))
+        throw new RlError(`prompt image hash must be a lower-case hex sha256, got ${JSON.stringify(r.hash)}`, {
+          code: 'ERR_BAD_ROW',
+        });
       int(r.width, 'prompt image width', 1);
       int(r.height, 'prompt image height', 1);
-      if (!(r.png instanceof Uint8Array) || r.png.length === 0) throw new RlError(`prompt image ${r.hash}: png must be non-empty bytes`, { code: 'ERR_BAD_ROW' });
+      if (!(r.png instanceof Uint8Array) || r.png.length === 0)
+        throw new RlError(`prompt image ${r.hash}: png must be non-empty bytes`, { code: 'ERR_BAD_ROW' });
       const png = Buffer.from(r.png.buffer, r.png.byteOffset, r.png.byteLength);
       const actual = createHash('sha256').update(png).digest('hex');
-      if (actual !== r.hash) throw new RlError(`prompt image ${r.hash}: its png bytes hash to ${actual}`, { code: 'ERR_BAD_ROW' });
+      if (actual !== r.hash)
+        throw new RlError(`prompt image ${r.hash}: its png bytes hash to ${actual}`, { code: 'ERR_BAD_ROW' });
       values.set(`${r.runId}\u0000${r.hash}`, { run_id: r.runId, hash: r.hash, width: r.width, height: r.height, png });
     }
     if (values.size === 0) return 0;
@@ -408,13 +594,25 @@ export abstract class KyselyStore implements Store {
       // time it emits the prompt); the conflict clause covers a concurrent writer
       const have = new Set<string>();
       for (const [runId, hashes] of groupBy([...values.values()], (v) => v.run_id)) {
-        const rows = await db.selectFrom('prompt_images').select('hash').where('run_id', '=', runId).where('hash', 'in', hashes.map((v) => v.hash)).execute();
+        const rows = await db
+          .selectFrom('prompt_images')
+          .select('hash')
+          .where('run_id', '=', runId)
+          .where(
+            'hash',
+            'in',
+            hashes.map((v) => v.hash),
+          )
+          .execute();
         for (const r of rows) have.add(`${runId}\u0000${r.hash}`);
       }
       const fresh = [...values.entries()].filter(([k]) => !have.has(k)).map(([, v]) => v);
       if (fresh.length === 0) return 0;
-      const res = await db.insertInto('prompt_images').values(fresh)
-        .onConflict((oc) => oc.columns(['run_id', 'hash']).doNothing()).executeTakeFirst();
+      const res = await db
+        .insertInto('prompt_images')
+        .values(fresh)
+        .onConflict((oc) => oc.columns(['run_id', 'hash']).doNothing())
+        .executeTakeFirst();
       return Number(res.numInsertedOrUpdatedRows ?? 0n);
     });
   }
@@ -425,7 +623,14 @@ export abstract class KyselyStore implements Store {
       let q = this.db.selectFrom('prompt_images').selectAll().where('run_id', '=', runId);
       if (hashes !== undefined) q = q.where('hash', 'in', [...hashes]);
       const rows = await q.orderBy('hash').execute();
-      return rows.map((r) => ({ runId: r.run_id, hash: r.hash, width: r.width, height: r.height, png: Buffer.from(r.png), createdAt: r.created_at }));
+      return rows.map((r) => ({
+        runId: r.run_id,
+        hash: r.hash,
+        width: r.width,
+        height: r.height,
+        png: Buffer.from(r.png),
+        createdAt: r.created_at,
+      }));
     });
   }
 
@@ -437,18 +642,29 @@ export abstract class KyselyStore implements Store {
     nonEmpty(row.topic, 'dead letter topic');
     int(row.partition, 'dead letter partition');
     if (typeof row.offset !== 'number' || !Number.isSafeInteger(row.offset) || row.offset < 0) {
-      throw new RlError(`dead letter offset must be a non-negative integer, got ${String(row.offset)}`, { code: 'ERR_BAD_ROW' });
+      throw new RlError(`dead letter offset must be a non-negative integer, got ${String(row.offset)}`, {
+        code: 'ERR_BAD_ROW',
+      });
     }
-    if (typeof row.reason !== 'string' || row.reason.length === 0) throw new RlError('dead letter reason must be a non-empty string', { code: 'ERR_BAD_ROW' });
+    if (typeof row.reason !== 'string' || row.reason.length === 0)
+      throw new RlError('dead letter reason must be a non-empty string', { code: 'ERR_BAD_ROW' });
     const values = {
-      stage: row.stage, topic: row.topic, partition: row.partition, msg_offset: row.offset,
-      run_id: optText(row.runId, 'dead letter runId'), reason: row.reason.replaceAll('\u0000', '\\u0000'),
+      stage: row.stage,
+      topic: row.topic,
+      partition: row.partition,
+      msg_offset: row.offset,
+      run_id: optText(row.runId, 'dead letter runId'),
+      reason: row.reason.replaceAll('\u0000', '\\u0000'),
       error_code: optText(row.errorCode, 'dead letter errorCode'),
-      payload: row.payload == null ? null : Buffer.from(row.payload.buffer, row.payload.byteOffset, row.payload.byteLength),
+      payload:
+        row.payload == null ? null : Buffer.from(row.payload.buffer, row.payload.byteOffset, row.payload.byteLength),
     };
     await this.guard(`recordDeadLetter(${row.stage} ${row.topic}/${row.partition}@${row.offset})`, async () => {
-      await this.on(opts.tx).insertInto('dead_letters').values(values)
-        .onConflict((oc) => oc.columns(['stage', 'topic', 'partition', 'msg_offset']).doNothing()).execute();
+      await this.on(opts.tx)
+        .insertInto('dead_letters')
+        .values(values)
+        .onConflict((oc) => oc.columns(['stage', 'topic', 'partition', 'msg_offset']).doNothing())
+        .execute();
     });
   }
 
@@ -460,8 +676,15 @@ export abstract class KyselyStore implements Store {
       if (filter.topic !== undefined) q = q.where('topic', '=', filter.topic);
       const rows = await q.orderBy('created_at').orderBy('topic').orderBy('partition').orderBy('msg_offset').execute();
       return rows.map((r) => ({
-        stage: r.stage, topic: r.topic, partition: r.partition, offset: Number(r.msg_offset), runId: r.run_id,
-        reason: r.reason, errorCode: r.error_code, payload: r.payload, createdAt: r.created_at,
+        stage: r.stage,
+        topic: r.topic,
+        partition: r.partition,
+        offset: Number(r.msg_offset),
+        runId: r.run_id,
+        reason: r.reason,
+        errorCode: r.error_code,
+        payload: r.payload,
+        createdAt: r.created_at,
       }));
     });
   }

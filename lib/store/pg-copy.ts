@@ -28,7 +28,9 @@ async function drained(stream: Duplex): Promise<void> {
   try {
     await Promise.race([
       once(stream, 'drain', { signal: ac.signal }),
-      once(stream, 'close', { signal: ac.signal }).then(() => { throw new Error('connection closed during COPY'); }),
+      once(stream, 'close', { signal: ac.signal }).then(() => {
+        throw new Error('connection closed during COPY');
+      }),
     ]);
   } finally {
     ac.abort();
@@ -64,9 +66,14 @@ export function copyFromStdin(client: pg.ClientBase, statement: string, chunks: 
       }
     };
     const submittable = {
-      submit(connection: WireConnection) { connection.query(statement); },
+      submit(connection: WireConnection) {
+        connection.query(statement);
+      },
       handleCopyInResponse(connection: WireConnection) {
-        if (started) { connection.sendCopyFail('unexpected second CopyInResponse'); return; }
+        if (started) {
+          connection.sendCopyFail('unexpected second CopyInResponse');
+          return;
+        }
         started = true;
         void pump(connection);
       },
@@ -77,12 +84,24 @@ export function copyFromStdin(client: pg.ClientBase, statement: string, chunks: 
       handleReadyForQuery() {
         settle(started ? undefined : new Error(`statement did not start a COPY FROM STDIN: ${statement.slice(0, 80)}`));
       },
-      handleError(err: unknown) { settle(err); },
-      handleRowDescription() { /* COPY returns no rows */ },
-      handleDataRow() { /* COPY returns no rows */ },
-      handleEmptyQuery() { /* never sent */ },
-      handlePortalSuspended() { /* simple protocol: never */ },
-      handleCopyData() { /* COPY TO only */ },
+      handleError(err: unknown) {
+        settle(err);
+      },
+      handleRowDescription() {
+        /* COPY returns no rows */
+      },
+      handleDataRow() {
+        /* COPY returns no rows */
+      },
+      handleEmptyQuery() {
+        /* never sent */
+      },
+      handlePortalSuspended() {
+        /* simple protocol: never */
+      },
+      handleCopyData() {
+        /* COPY TO only */
+      },
     };
     client.query(submittable as unknown as pg.Submittable);
   });

@@ -38,7 +38,9 @@ export class PgliteStore extends KyselyStore {
 
   constructor(database: Database, opts: { ownsDatabase?: boolean } = {}) {
     if (database.kind !== 'pglite' || !database.pglite) {
-      throw new RlError(`PgliteStore needs an embedded (PGlite) database, got ${database.kind} at ${database.where}`, { code: 'ERR_CONFIG' });
+      throw new RlError(`PgliteStore needs an embedded (PGlite) database, got ${database.kind} at ${database.where}`, {
+        code: 'ERR_CONFIG',
+      });
     }
     super(database, opts.ownsDatabase ?? false);
     this.pglite = database.pglite;

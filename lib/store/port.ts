@@ -115,8 +115,20 @@ export interface TrajectoryRow {
 }
 
 /** A trajectory as read back: arrays as plain number[], plus the derived and server-set columns. */
-export interface StoredTrajectory extends Omit<TrajectoryRow,
-  'promptTokens' | 'responseTokens' | 'behaviourLogprobs' | 'refLogprobs' | 'oldLogprobs' | 'advantages' | 'returns' | 'vppoPerturbedLogprobs' | 'vppoTokenMask' | 'vppoScalingFactor' | 'vppoEntropies'> {
+export interface StoredTrajectory extends Omit<
+  TrajectoryRow,
+  | 'promptTokens'
+  | 'responseTokens'
+  | 'behaviourLogprobs'
+  | 'refLogprobs'
+  | 'oldLogprobs'
+  | 'advantages'
+  | 'returns'
+  | 'vppoPerturbedLogprobs'
+  | 'vppoTokenMask'
+  | 'vppoScalingFactor'
+  | 'vppoEntropies'
+> {
   promptTokens: number[];
   responseTokens: number[];
   behaviourLogprobs: number[];

@@ -47,7 +47,9 @@ export async function copyTrajectories(pool: pg.Pool, rows: readonly TrajectoryR
       await client.query('commit');
       return n;
     } catch (e) {
-      await client.query('rollback').catch((re: Error) => { broken = re; });
+      await client.query('rollback').catch((re: Error) => {
+        broken = re;
+      });
       throw e;
     }
   } finally {
@@ -82,7 +84,9 @@ export class PostgresStore extends KyselyStore {
 
   constructor(database: Database, opts: { ownsDatabase?: boolean } = {}) {
     if (database.kind !== 'postgres') {
-      throw new RlError(`PostgresStore needs a PostgreSQL database, got ${database.kind} at ${database.where}`, { code: 'ERR_CONFIG' });
+      throw new RlError(`PostgresStore needs a PostgreSQL database, got ${database.kind} at ${database.where}`, {
+        code: 'ERR_CONFIG',
+      });
     }
     super(database, opts.ownsDatabase ?? false);
     database.pool.on('acquire', this.onAcquire);

@@ -26,7 +26,8 @@ export function storableText(s: string): string {
   return s.includes('\u0000') ? s.replaceAll('\u0000', NUL_IN_TEXT) : s;
 }
 
-const storableOrNull = (s: string | null | undefined): string | null | undefined => (typeof s === 'string' ? storableText(s) : s);
+const storableOrNull = (s: string | null | undefined): string | null | undefined =>
+  typeof s === 'string' ? storableText(s) : s;
 
 /** JSON text with every escaped NUL (`\\u0000`, which jsonb refuses) written as ␀ instead. */
 export function storableJson(text: string): string {
@@ -101,7 +102,9 @@ const INT32_MAX = 2147483647;
 
 function bad(row: { id?: unknown }, field: string, what: string): RlError {
   return new RlError(`trajectory ${JSON.stringify(row.id)}: ${field} ${what}`, {
-    retriable: false, code: 'ERR_BAD_TRAJECTORY', details: { id: row.id, field },
+    retriable: false,
+    code: 'ERR_BAD_TRAJECTORY',
+    details: { id: row.id, field },
   });
 }
 
@@ -112,7 +115,8 @@ function checkText(row: TrajectoryRow, field: string, v: unknown, nullable: bool
     return;
   }
   if (typeof v !== 'string') throw bad(row, field, `must be a string, got ${typeof v}`);
-  if (!free && v.includes('\u0000')) throw bad(row, field, 'contains a NUL character (U+0000), which an id cannot hold');
+  if (!free && v.includes('\u0000'))
+    throw bad(row, field, 'contains a NUL character (U+0000), which an id cannot hold');
 }
 
 function checkInt(row: TrajectoryRow, field: string, v: unknown, min = 0): void {
@@ -122,12 +126,25 @@ function checkInt(row: TrajectoryRow, field: string, v: unknown, min = 0): void 
 }
 
 function isNumberArray(v: unknown): v is NumberArray {
-  return Array.isArray(v) || (ArrayBuffer.isView(v) && !(v instanceof DataView) && !(v instanceof BigInt64Array) && !(v instanceof BigUint64Array));
+  return (
+    Array.isArray(v) ||
+    (ArrayBuffer.isView(v) &&
+      !(v instanceof DataView) &&
+      !(v instanceof BigInt64Array) &&
+      !(v instanceof BigUint64Array))
+  );
 }
 
 function checkIntArray(row: TrajectoryRow, field: string, v: unknown): void {
   if (!isNumberArray(v)) throw bad(row, field, 'must be an array of int32 token ids');
-  if (v instanceof Int32Array || v instanceof Int16Array || v instanceof Int8Array || v instanceof Uint16Array || v instanceof Uint8Array) return;
+  if (
+    v instanceof Int32Array ||
+    v instanceof Int16Array ||
+    v instanceof Int8Array ||
+    v instanceof Uint16Array ||
+    v instanceof Uint8Array
+  )
+    return;
   for (let i = 0; i < v.length; i++) {
     const x = v[i];
     if (typeof x !== 'number' || !Number.isInteger(x) || x < INT32_MIN || x > INT32_MAX) {
@@ -142,25 +159,29 @@ function checkRealArray(row: TrajectoryRow, field: string, v: unknown, length: n
     return;
   }
   if (!isNumberArray(v)) throw bad(row, field, 'must be an array of numbers');
-  if (v.length !== length) throw bad(row, field, `has ${v.length} values but the response has ${length} tokens (one per response token)`);
+  if (v.length !== length)
+    throw bad(row, field, `has ${v.length} values but the response has ${length} tokens (one per response token)`);
   if (v instanceof Float32Array) return;
   for (let i = 0; i < v.length; i++) {
     const x = v[i];
     if (typeof x !== 'number') throw bad(row, `${field}[${i}]`, `must be a number, got ${typeof x}`);
     // NaN and ±Infinity are stored as such; a finite value beyond float32 would silently become Infinity.
-    if (Number.isFinite(x) && !Number.isFinite(Math.fround(x))) throw bad(row, `${field}[${i}]`, `${x} is outside the range of real (float32)`);
+    if (Number.isFinite(x) && !Number.isFinite(Math.fround(x)))
+      throw bad(row, `${field}[${i}]`, `${x} is outside the range of real (float32)`);
   }
 }
 
 export function validateTrajectory(row: TrajectoryRow): void {
-  if (row === null || typeof row !== 'object') throw new RlError('trajectory must be an object', { code: 'ERR_BAD_TRAJECTORY' });
+  if (row === null || typeof row !== 'object')
+    throw new RlError('trajectory must be an object', { code: 'ERR_BAD_TRAJECTORY' });
   if (typeof row.id !== 'string' || row.id.length === 0) throw bad(row, 'id', 'must be a non-empty string');
   if (typeof row.runId !== 'string' || row.runId.length === 0) throw bad(row, 'runId', 'must be a non-empty string');
   checkText(row, 'id', row.id, false);
   checkText(row, 'runId', row.runId, false);
   checkInt(row, 'step', row.step);
   checkInt(row, 'epoch', row.epoch);
-  if (row.kind !== 'train' && row.kind !== 'val') throw bad(row, 'kind', `must be 'train' or 'val', got ${JSON.stringify(row.kind)}`);
+  if (row.kind !== 'train' && row.kind !== 'val')
+    throw bad(row, 'kind', `must be 'train' or 'val', got ${JSON.stringify(row.kind)}`);
   checkText(row, 'groupUid', row.groupUid, false);
   checkInt(row, 'promptIndex', row.promptIndex);
   checkInt(row, 'sampleIndex', row.sampleIndex);
@@ -177,20 +198,28 @@ export function validateTrajectory(row: TrajectoryRow): void {
   checkRealArray(row, 'oldLogprobs', row.oldLogprobs, n, true);
   checkRealArray(row, 'advantages', row.advantages, n, true);
   checkRealArray(row, 'returns', row.returns, n, true);
-  if (row.advantage !== null && row.advantage !== undefined && typeof row.advantage !== 'number') throw bad(row, 'advantage', 'must be a number or null');
+  if (row.advantage !== null && row.advantage !== undefined && typeof row.advantage !== 'number')
+    throw bad(row, 'advantage', 'must be a number or null');
   if (row.reward === null || row.reward === undefined) {
     if (typeof row.rewardFailure !== 'string' || row.rewardFailure.length === 0) {
-      throw bad(row, 'reward', 'is null but rewardFailure does not say why; a failed score is stored as reward null plus the failure reason (never as 0)');
+      throw bad(
+        row,
+        'reward',
+        'is null but rewardFailure does not say why; a failed score is stored as reward null plus the failure reason (never as 0)',
+      );
     }
   } else {
-    if (typeof row.reward !== 'number' || !Number.isFinite(row.reward)) throw bad(row, 'reward', `must be a finite number or null, got ${String(row.reward)}`);
-    if (row.rewardFailure !== null && row.rewardFailure !== undefined) throw bad(row, 'rewardFailure', 'must be null when a reward is given');
+    if (typeof row.reward !== 'number' || !Number.isFinite(row.reward))
+      throw bad(row, 'reward', `must be a finite number or null, got ${String(row.reward)}`);
+    if (row.rewardFailure !== null && row.rewardFailure !== undefined)
+      throw bad(row, 'rewardFailure', 'must be null when a reward is given');
   }
   checkText(row, 'rewardFailure', row.rewardFailure, true, true);
   if (row.rewardDetails === null || row.rewardDetails === undefined) {
     detailsJson.set(row, null);
   } else {
-    if (typeof row.rewardDetails !== 'object' || Array.isArray(row.rewardDetails)) throw bad(row, 'rewardDetails', 'must be a JSON object or null');
+    if (typeof row.rewardDetails !== 'object' || Array.isArray(row.rewardDetails))
+      throw bad(row, 'rewardDetails', 'must be a JSON object or null');
     let text: string;
     try {
       text = JSON.stringify(row.rewardDetails);
@@ -202,28 +231,39 @@ export function validateTrajectory(row: TrajectoryRow): void {
   }
   checkText(row, 'finishReason', row.finishReason, true, true);
   if (typeof row.filtered !== 'boolean') throw bad(row, 'filtered', 'must be a boolean');
-  if (row.filtered && (typeof row.filterReason !== 'string' || row.filterReason.length === 0)) throw bad(row, 'filterReason', 'is required when filtered is true');
-  if (!row.filtered && row.filterReason !== null && row.filterReason !== undefined) throw bad(row, 'filterReason', 'must be null when filtered is false');
+  if (row.filtered && (typeof row.filterReason !== 'string' || row.filterReason.length === 0))
+    throw bad(row, 'filterReason', 'is required when filtered is true');
+  if (!row.filtered && row.filterReason !== null && row.filterReason !== undefined)
+    throw bad(row, 'filterReason', 'must be null when filtered is false');
   checkText(row, 'filterReason', row.filterReason, true, true);
   if (row.imageHashes !== undefined && row.imageHashes !== null) {
     if (!Array.isArray(row.imageHashes)) throw bad(row, 'imageHashes', 'must be an array of image hashes');
     row.imageHashes.forEach((h, i) => {
-      if (typeof h !== 'string' || !/^[0-9a-f]{64}$/.test(h)) throw bad(row, `imageHashes[${i}]`, `must be a lower-case hex sha256, got ${JSON.stringify(h)}`);
+      if (typeof h !== 'string' || !/^[0-9a-f]{64}$/.test(h))
+        throw bad(row, `imageHashes[${i}]`, `must be a lower-case hex sha256, got ${JSON.stringify(h)}`);
     });
   }
   checkRealArray(row, 'vppoPerturbedLogprobs', row.vppoPerturbedLogprobs, n, true);
   checkRealArray(row, 'vppoEntropies', row.vppoEntropies, n, true);
   const m = row.vppoTokenMask;
   if (m !== undefined && m !== null) {
-    if (!Array.isArray(m) && !(m instanceof Uint8Array)) throw bad(row, 'vppoTokenMask', 'must be an array of booleans (or 0/1)');
-    if (m.length !== n) throw bad(row, 'vppoTokenMask', `has ${m.length} values but the response has ${n} tokens (one per response token)`);
+    if (!Array.isArray(m) && !(m instanceof Uint8Array))
+      throw bad(row, 'vppoTokenMask', 'must be an array of booleans (or 0/1)');
+    if (m.length !== n)
+      throw bad(
+        row,
+        'vppoTokenMask',
+        `has ${m.length} values but the response has ${n} tokens (one per response token)`,
+      );
     for (let i = 0; i < m.length; i++) {
       const x: unknown = m[i];
-      if (x !== true && x !== false && x !== 0 && x !== 1) throw bad(row, `vppoTokenMask[${i}]`, `must be a boolean (or 0/1), got ${String(x)}`);
+      if (x !== true && x !== false && x !== 0 && x !== 1)
+        throw bad(row, `vppoTokenMask[${i}]`, `must be a boolean (or 0/1), got ${String(x)}`);
     }
   }
   const a = row.vppoScalingFactor;
-  if (a !== undefined && a !== null && (typeof a !== 'number' || !Number.isFinite(a) || a < 0)) throw bad(row, 'vppoScalingFactor', `must be a finite number ≥ 0 or null, got ${String(a)}`);
+  if (a !== undefined && a !== null && (typeof a !== 'number' || !Number.isFinite(a) || a < 0))
+    throw bad(row, 'vppoScalingFactor', `must be a finite number ≥ 0 or null, got ${String(a)}`);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -240,25 +280,42 @@ const HEADER_BYTES = 19;
 // Element loops, one per input type so each stays monomorphic (a mixed Array/typed-array loop is
 // several times slower). Each element is int32 length 4, then the value, big-endian.
 function putFloat32Typed(v: DataView, p: number, a: Float32Array): number {
-  for (let i = 0; i < a.length; i++) { v.setInt32(p, 4); v.setFloat32(p + 4, a[i]!); p += 8; }
+  for (let i = 0; i < a.length; i++) {
+    v.setInt32(p, 4);
+    v.setFloat32(p + 4, a[i]!);
+    p += 8;
+  }
   return p;
 }
 function putFloat32Plain(v: DataView, p: number, a: readonly number[]): number {
-  for (let i = 0; i < a.length; i++) { v.setInt32(p, 4); v.setFloat32(p + 4, a[i]!); p += 8; }
+  for (let i = 0; i < a.length; i++) {
+    v.setInt32(p, 4);
+    v.setFloat32(p + 4, a[i]!);
+    p += 8;
+  }
   return p;
 }
 function putInt32Typed(v: DataView, p: number, a: Int32Array): number {
-  for (let i = 0; i < a.length; i++) { v.setInt32(p, 4); v.setInt32(p + 4, a[i]!); p += 8; }
+  for (let i = 0; i < a.length; i++) {
+    v.setInt32(p, 4);
+    v.setInt32(p + 4, a[i]!);
+    p += 8;
+  }
   return p;
 }
 function putInt32Plain(v: DataView, p: number, a: readonly number[]): number {
-  for (let i = 0; i < a.length; i++) { v.setInt32(p, 4); v.setInt32(p + 4, a[i]!); p += 8; }
+  for (let i = 0; i < a.length; i++) {
+    v.setInt32(p, 4);
+    v.setInt32(p + 4, a[i]!);
+    p += 8;
+  }
   return p;
 }
 function putOther(v: DataView, p: number, a: NumberArray, float: boolean): number {
   for (let i = 0; i < a.length; i++) {
     v.setInt32(p, 4);
-    if (float) v.setFloat32(p + 4, a[i]!); else v.setInt32(p + 4, a[i]!);
+    if (float) v.setFloat32(p + 4, a[i]!);
+    else v.setInt32(p + 4, a[i]!);
     p += 8;
   }
   return p;
@@ -269,16 +326,37 @@ function rowBytesBound(row: TrajectoryRow): number {
   let n = 2;
   for (const c of TRAJECTORY_COLUMNS) {
     const v = c.get(row);
-    if (v === null || v === undefined) { n += 4; continue; }
+    if (v === null || v === undefined) {
+      n += 4;
+      continue;
+    }
     switch (c.kind) {
-      case 'text': n += 4 + 3 * (v as string).length; break;
-      case 'jsonb': n += 5 + 3 * (v as string).length; break;
-      case 'int4': n += 8; break;
-      case 'float8': n += 12; break;
-      case 'bool': n += 5; break;
-      case 'int4[]': case 'float4[]': n += 24 + 8 * (v as NumberArray).length; break;
-      case 'text[]': n += 24; for (const x of v as readonly string[]) n += 4 + 3 * x.length; break;
-      case 'bool[]': n += 24 + 5 * (v as ArrayLike<unknown>).length; break;
+      case 'text':
+        n += 4 + 3 * (v as string).length;
+        break;
+      case 'jsonb':
+        n += 5 + 3 * (v as string).length;
+        break;
+      case 'int4':
+        n += 8;
+        break;
+      case 'float8':
+        n += 12;
+        break;
+      case 'bool':
+        n += 5;
+        break;
+      case 'int4[]':
+      case 'float4[]':
+        n += 24 + 8 * (v as NumberArray).length;
+        break;
+      case 'text[]':
+        n += 24;
+        for (const x of v as readonly string[]) n += 4 + 3 * x.length;
+        break;
+      case 'bool[]':
+        n += 24 + 5 * (v as ArrayLike<unknown>).length;
+        break;
     }
   }
   return n;
@@ -297,16 +375,44 @@ function encodeChunk(rows: readonly TrajectoryRow[], bound: number, header: bool
   }
   const fields = TRAJECTORY_COLUMNS.length;
   for (const row of rows) {
-    v.setInt16(p, fields); p += 2;
+    v.setInt16(p, fields);
+    p += 2;
     for (const c of TRAJECTORY_COLUMNS) {
       const x = c.get(row);
-      if (x === null || x === undefined) { v.setInt32(p, -1); p += 4; continue; }
+      if (x === null || x === undefined) {
+        v.setInt32(p, -1);
+        p += 4;
+        continue;
+      }
       switch (c.kind) {
-        case 'text': { const n = buf.write(x as string, p + 4, 'utf8'); v.setInt32(p, n); p += 4 + n; break; }
-        case 'jsonb': { const n = buf.write(x as string, p + 5, 'utf8'); v.setInt32(p, n + 1); buf[p + 4] = 1; p += 5 + n; break; }
-        case 'int4': v.setInt32(p, 4); v.setInt32(p + 4, x as number); p += 8; break;
-        case 'float8': v.setInt32(p, 8); v.setFloat64(p + 4, x as number); p += 12; break;
-        case 'bool': v.setInt32(p, 1); buf[p + 4] = x ? 1 : 0; p += 5; break;
+        case 'text': {
+          const n = buf.write(x as string, p + 4, 'utf8');
+          v.setInt32(p, n);
+          p += 4 + n;
+          break;
+        }
+        case 'jsonb': {
+          const n = buf.write(x as string, p + 5, 'utf8');
+          v.setInt32(p, n + 1);
+          buf[p + 4] = 1;
+          p += 5 + n;
+          break;
+        }
+        case 'int4':
+          v.setInt32(p, 4);
+          v.setInt32(p + 4, x as number);
+          p += 8;
+          break;
+        case 'float8':
+          v.setInt32(p, 8);
+          v.setFloat64(p + 4, x as number);
+          p += 12;
+          break;
+        case 'bool':
+          v.setInt32(p, 1);
+          buf[p + 4] = x ? 1 : 0;
+          p += 5;
+          break;
         case 'text[]': {
           const a = x as readonly string[];
           const start = p;
@@ -315,9 +421,14 @@ function encodeChunk(rows: readonly TrajectoryRow[], bound: number, header: bool
           v.setInt32(p + 12, OID_TEXT);
           p += 16;
           if (a.length > 0) {
-            v.setInt32(p, a.length); v.setInt32(p + 4, 1); // length, lower bound
+            v.setInt32(p, a.length);
+            v.setInt32(p + 4, 1); // length, lower bound
             p += 8;
-            for (const t of a) { const n = buf.write(t, p + 4, 'utf8'); v.setInt32(p, n); p += 4 + n; }
+            for (const t of a) {
+              const n = buf.write(t, p + 4, 'utf8');
+              v.setInt32(p, n);
+              p += 4 + n;
+            }
           }
           v.setInt32(start, p - start - 4);
           break;
@@ -329,13 +440,22 @@ function encodeChunk(rows: readonly TrajectoryRow[], bound: number, header: bool
           v.setInt32(p + 4, n === 0 ? 0 : 1); // dimensions
           v.setInt32(p + 8, 0); // no NULL elements
           v.setInt32(p + 12, OID_BOOL);
-          if (n === 0) { p += 16; break; }
-          v.setInt32(p + 16, n); v.setInt32(p + 20, 1); // length, lower bound
+          if (n === 0) {
+            p += 16;
+            break;
+          }
+          v.setInt32(p + 16, n);
+          v.setInt32(p + 20, 1); // length, lower bound
           p += 24;
-          for (let i = 0; i < n; i++) { v.setInt32(p, 1); buf[p + 4] = a[i] ? 1 : 0; p += 5; }
+          for (let i = 0; i < n; i++) {
+            v.setInt32(p, 1);
+            buf[p + 4] = a[i] ? 1 : 0;
+            p += 5;
+          }
           break;
         }
-        case 'int4[]': case 'float4[]': {
+        case 'int4[]':
+        case 'float4[]': {
           const a = x as NumberArray;
           const float = c.kind === 'float4[]';
           const n = a.length;
@@ -343,8 +463,12 @@ function encodeChunk(rows: readonly TrajectoryRow[], bound: number, header: bool
           v.setInt32(p + 4, n === 0 ? 0 : 1); // dimensions
           v.setInt32(p + 8, 0); // no NULL elements
           v.setInt32(p + 12, float ? OID_FLOAT4 : OID_INT4);
-          if (n === 0) { p += 16; break; }
-          v.setInt32(p + 16, n); v.setInt32(p + 20, 1); // length, lower bound
+          if (n === 0) {
+            p += 16;
+            break;
+          }
+          v.setInt32(p + 16, n);
+          v.setInt32(p + 20, 1); // length, lower bound
           p += 24;
           if (float) {
             if (a instanceof Float32Array) p = putFloat32Typed(v, p, a);
@@ -358,7 +482,10 @@ function encodeChunk(rows: readonly TrajectoryRow[], bound: number, header: bool
       }
     }
   }
-  if (trailer) { v.setInt16(p, -1); p += 2; }
+  if (trailer) {
+    v.setInt16(p, -1);
+    p += 2;
+  }
   return buf.subarray(0, p);
 }
 
@@ -368,7 +495,11 @@ function encodeChunk(rows: readonly TrajectoryRow[], bound: number, header: bool
  * COPY stream (header in the first, trailer in the last) for COPY FROM STDIN; `'per-chunk'`: each
  * chunk is a complete stream of its own, for one COPY statement per chunk (PGlite's blob).
  */
-export function* encodeTrajectoriesBinary(rows: readonly TrajectoryRow[], framing: 'stream' | 'per-chunk', maxBytes = 4 << 20): Generator<Buffer> {
+export function* encodeTrajectoriesBinary(
+  rows: readonly TrajectoryRow[],
+  framing: 'stream' | 'per-chunk',
+  maxBytes = 4 << 20,
+): Generator<Buffer> {
   let start = 0;
   if (rows.length === 0) {
     const empty = encodeChunk([], 0, true, true);
@@ -402,7 +533,15 @@ export function arrayLiteral(a: NumberArray, kind: 'int4[]' | 'float4[]'): strin
 }
 
 const SQL_TYPE: Record<ColumnKind, string> = {
-  text: 'text', int4: 'int4', float8: 'float8', bool: 'bool', jsonb: 'jsonb', 'int4[]': 'int4[]', 'float4[]': 'real[]', 'text[]': 'text[]', 'bool[]': 'bool[]',
+  text: 'text',
+  int4: 'int4',
+  float8: 'float8',
+  bool: 'bool',
+  jsonb: 'jsonb',
+  'int4[]': 'int4[]',
+  'float4[]': 'real[]',
+  'text[]': 'text[]',
+  'bool[]': 'bool[]',
 };
 
 /** A text[] literal, each element double-quoted with `"` and `\` escaped. */
@@ -411,7 +550,8 @@ function textArrayLiteral(a: readonly string[]): string {
 }
 
 /** Columns whose parameters travel as text literals and are cast per row. */
-const viaLiteral = (k: ColumnKind) => k === 'int4[]' || k === 'float4[]' || k === 'jsonb' || k === 'text[]' || k === 'bool[]';
+const viaLiteral = (k: ColumnKind) =>
+  k === 'int4[]' || k === 'float4[]' || k === 'jsonb' || k === 'text[]' || k === 'bool[]';
 
 /** The parameter for one cell: numbers, strings and booleans as node-postgres sends them. */
 function paramValue(c: Column, row: TrajectoryRow): unknown {
@@ -433,7 +573,9 @@ export function unnestInsert(rows: readonly TrajectoryRow[]): { text: string; va
     const carrier = viaLiteral(c.kind) ? 'text' : SQL_TYPE[c.kind];
     return `$${i + 1}::${carrier}[]`;
   });
-  const select = TRAJECTORY_COLUMNS.map((c) => (viaLiteral(c.kind) ? `u.${c.name}::${SQL_TYPE[c.kind]}` : `u.${c.name}`));
+  const select = TRAJECTORY_COLUMNS.map((c) =>
+    viaLiteral(c.kind) ? `u.${c.name}::${SQL_TYPE[c.kind]}` : `u.${c.name}`,
+  );
   const text = `insert into trajectories (${TRAJECTORY_COLUMN_LIST}) select ${select.join(', ')} from unnest(${params.join(', ')}) as u(${TRAJECTORY_COLUMN_LIST}) on conflict (run_id, id) do nothing`;
   return { text, values };
 }
@@ -441,11 +583,17 @@ export function unnestInsert(rows: readonly TrajectoryRow[]): { text: string; va
 /** Plain multi-row `insert … values (…), (…)` — the reference the benchmark compares against. */
 export function valuesInsert(rows: readonly TrajectoryRow[]): { text: string; values: unknown[] } {
   const values: unknown[] = [];
-  const tuples = rows.map((r) => `(${TRAJECTORY_COLUMNS.map((c) => {
-    values.push(paramValue(c, r));
-    return `$${values.length}::${SQL_TYPE[c.kind]}`;
-  }).join(', ')})`);
-  return { text: `insert into trajectories (${TRAJECTORY_COLUMN_LIST}) values ${tuples.join(', ')} on conflict (run_id, id) do nothing`, values };
+  const tuples = rows.map(
+    (r) =>
+      `(${TRAJECTORY_COLUMNS.map((c) => {
+        values.push(paramValue(c, r));
+        return `$${values.length}::${SQL_TYPE[c.kind]}`;
+      }).join(', ')})`,
+  );
+  return {
+    text: `insert into trajectories (${TRAJECTORY_COLUMN_LIST}) values ${tuples.join(', ')} on conflict (run_id, id) do nothing`,
+    values,
+  };
 }
 
 /** Rows per statement for the parameterised paths (bounded by 65535 bind parameters for VALUES). */

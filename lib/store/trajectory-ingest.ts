@@ -16,7 +16,11 @@
 import { RlError } from '../errors.ts';
 import type { TrajectoryRow } from './port.ts';
 import {
-  CLEAR_STAGING_SQL, ENSURE_STAGING_SQL, MOVE_STAGED_SQL, encodeTrajectoriesBinary, type CopyTarget,
+  CLEAR_STAGING_SQL,
+  ENSURE_STAGING_SQL,
+  MOVE_STAGED_SQL,
+  encodeTrajectoriesBinary,
+  type CopyTarget,
 } from './trajectory-codec.ts';
 
 export interface SqlRunner {
@@ -24,7 +28,10 @@ export interface SqlRunner {
 }
 
 /** COPYs binary-encoded rows into `target`; `encode` yields the chunks in the framing the runner wants. */
-export type CopyRunner = (target: CopyTarget, encode: (framing: 'stream' | 'per-chunk') => Iterable<Buffer>) => Promise<number>;
+export type CopyRunner = (
+  target: CopyTarget,
+  encode: (framing: 'stream' | 'per-chunk') => Iterable<Buffer>,
+) => Promise<number>;
 
 const SAVEPOINT = 'rlstream_trajectory_ingest';
 
@@ -48,7 +55,10 @@ async function rowsToCopy(run: SqlRunner, rows: readonly TrajectoryRow[]): Promi
     const ids = [...idSet];
     const probe = ids.length <= 3 ? ids : [ids[0]!, ids[ids.length >> 1]!, ids[ids.length - 1]!];
     if (probe.length < ids.length) {
-      const hit = await run.query('select 1 from trajectories where run_id = $1 and id = any($2::text[]) limit 1', [runId, probe]);
+      const hit = await run.query('select 1 from trajectories where run_id = $1 and id = any($2::text[]) limit 1', [
+        runId,
+        probe,
+      ]);
       if (hit.rows.length === 0) continue; // most likely fresh; a partly stored batch is caught by the COPY's unique violation
     }
     const res = await run.query('select id from trajectories where run_id = $1 and id = any($2::text[])', [runId, ids]);
@@ -66,7 +76,8 @@ export async function ingestByCopy(run: SqlRunner, copy: CopyRunner, rows: reado
   try {
     const n = await copy('trajectories', (framing) => encodeTrajectoriesBinary(fresh, framing));
     await run.query(`release savepoint ${SAVEPOINT}`);
-    if (n !== fresh.length) throw new RlError(`COPY stored ${n} of ${fresh.length} trajectories`, { code: 'ERR_STORE' });
+    if (n !== fresh.length)
+      throw new RlError(`COPY stored ${n} of ${fresh.length} trajectories`, { code: 'ERR_STORE' });
     return n;
   } catch (e) {
     if ((e as { code?: string }).code !== '23505') throw e;

@@ -60,7 +60,8 @@ export const arithmetic: Task = {
     const rng = Rng.fromSeed(`arithmetic:${seed}`);
     const rows: TaskRow[] = [];
     for (let i = 0; i < count; i++) {
-      const a = rng.int(21), b = rng.int(21);
+      const a = rng.int(21),
+        b = rng.int(21);
       const op = rng.int(2) === 0 ? '+' : '-';
       rows.push({ prompt: `${a}${op}${b}=`, answer: String(op === '+' ? a + b : a - b) });
     }
@@ -82,8 +83,17 @@ export const numberGameVision: Task = {
   alphabet: [...new Set(`${VISION_GAME_PROMPT}0123456789`)].join(''),
   images: true,
   generate(count, seed) {
-    return generateVisionGame(count, seed).map((s) => ({ prompt: VISION_GAME_PROMPT, answer: String(s.answer), image: s.image, extraInfo: { numbers: s.numbers } }));
+    return generateVisionGame(count, seed).map((s) => ({
+      prompt: VISION_GAME_PROMPT,
+      answer: String(s.answer),
+      image: s.image,
+      extraInfo: { numbers: s.numbers },
+    }));
   },
 };
 
-export const tasks = new Registry<Task>('data.task', { number_game: numberGame, number_game_vision: numberGameVision, arithmetic });
+export const tasks = new Registry<Task>('data.task', {
+  number_game: numberGame,
+  number_game_vision: numberGameVision,
+  arithmetic,
+});

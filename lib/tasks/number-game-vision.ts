@@ -16,13 +16,18 @@
 import { Rng } from '../util/rng.ts';
 
 /** 8-bit RGB, row-major (height × width × 3): the same layout as lib/data/images.ts ImagePixels. */
-export interface RgbImage { width: number; height: number; data: Uint8Array }
+export interface RgbImage {
+  width: number;
+  height: number;
+  data: Uint8Array;
+}
 
 /** Image size: three 28-px cells, on Qwen2-VL's 28-pixel grid, so smart_resize keeps it as is. */
 export const VISION_GAME_CELL = 28;
 export const VISION_GAME_WIDTH = 3 * VISION_GAME_CELL;
 export const VISION_GAME_HEIGHT = VISION_GAME_CELL;
-const GLYPH_W = 5, GLYPH_H = 7;
+const GLYPH_W = 5,
+  GLYPH_H = 7;
 /** px per font pixel: a glyph is 10×14 or 15×21 px, so it fits its cell with room to move. */
 const SCALES = [2, 3] as const;
 /** Offsets per axis around the centred position (0 … JITTER − 1 px). */
@@ -46,8 +51,14 @@ const FONT: readonly (readonly string[])[] = [
 
 /** Each glyph cropped to its ink columns: [first, last] column with ink. */
 const INK_COLS = FONT.map((rows) => {
-  let lo = GLYPH_W, hi = -1;
-  for (const r of rows) for (let c = 0; c < GLYPH_W; c++) if (r[c] === '#') { lo = Math.min(lo, c); hi = Math.max(hi, c); }
+  let lo = GLYPH_W,
+    hi = -1;
+  for (const r of rows)
+    for (let c = 0; c < GLYPH_W; c++)
+      if (r[c] === '#') {
+        lo = Math.min(lo, c);
+        hi = Math.max(hi, c);
+      }
   return [lo, hi] as const;
 });
 
@@ -70,18 +81,21 @@ export function drawVisionGameSample(rng: Rng): VisionGameSample {
     const v = rng.int(10);
     if (!numbers.includes(v)) numbers.push(v);
   }
-  const W = VISION_GAME_WIDTH, H = VISION_GAME_HEIGHT, slot = VISION_GAME_CELL;
-  const paper = 200 + rng.int(31);               // 200–230, noise ±25 keeps it ≥ 175
+  const W = VISION_GAME_WIDTH,
+    H = VISION_GAME_HEIGHT,
+    slot = VISION_GAME_CELL;
+  const paper = 200 + rng.int(31); // 200–230, noise ±25 keeps it ≥ 175
   const data = new Uint8Array(W * H * 3);
   for (let k = 0; k < data.length; k++) data[k] = clamp8(paper + rng.int(51) - 25);
   const placements: VisionGameSample['placements'] = [];
   for (let i = 0; i < 3; i++) {
     const scale = SCALES[rng.int(SCALES.length)];
-    const gw = GLYPH_W * scale, gh = GLYPH_H * scale;
+    const gw = GLYPH_W * scale,
+      gh = GLYPH_H * scale;
     // one pixel of margin to the cell's edges; the JITTER offsets centred in the room left
     const x = i * slot + 1 + ((slot - gw - 1 - JITTER) >> 1) + rng.int(JITTER);
     const y = 1 + ((H - gh - 1 - JITTER) >> 1) + rng.int(JITTER);
-    const ink = 20 + rng.int(51);                // 20–70, noise ±25 keeps it ≤ 95
+    const ink = 20 + rng.int(51); // 20–70, noise ±25 keeps it ≤ 95
     const rows = FONT[numbers[i]];
     for (let gy = 0; gy < GLYPH_H; gy++) {
       for (let gx = 0; gx < GLYPH_W; gx++) {
@@ -125,15 +139,25 @@ export function readNumberGameDigits(img: RgbImage): Array<number | null> {
   };
   const out: Array<number | null> = [];
   for (let i = 0; i < 3; i++) {
-    let x0 = Infinity, x1 = -1, y0 = Infinity, y1 = -1;
+    let x0 = Infinity,
+      x1 = -1,
+      y0 = Infinity,
+      y1 = -1;
     for (let y = 0; y < H; y++) {
       for (let x = i * slot; x < (i + 1) * slot; x++) {
         if (!ink(x, y)) continue;
-        x0 = Math.min(x0, x); x1 = Math.max(x1, x); y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+        x0 = Math.min(x0, x);
+        x1 = Math.max(x1, x);
+        y0 = Math.min(y0, y);
+        y1 = Math.max(y1, y);
       }
     }
-    const h = y1 - y0 + 1, w = x1 - x0 + 1;
-    if (x1 < 0 || h % GLYPH_H !== 0) { out.push(null); continue; }
+    const h = y1 - y0 + 1,
+      w = x1 - x0 + 1;
+    if (x1 < 0 || h % GLYPH_H !== 0) {
+      out.push(null);
+      continue;
+    }
     const s = h / GLYPH_H;
     let found: number | null = null;
     for (let d = 0; d < 10 && found === null; d++) {
@@ -143,7 +167,8 @@ export function readNumberGameDigits(img: RgbImage): Array<number | null> {
       for (let gy = 0; gy < GLYPH_H && same; gy++) {
         for (let gx = lo; gx <= hi && same; gx++) {
           // the centre pixel of the font cell
-          const px = x0 + (gx - lo) * s + (s >> 1), py = y0 + gy * s + (s >> 1);
+          const px = x0 + (gx - lo) * s + (s >> 1),
+            py = y0 + gy * s + (s >> 1);
           same = ink(px, py) === (FONT[d][gy][gx] === '#');
         }
       }

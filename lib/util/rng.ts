@@ -7,7 +7,9 @@
 export class Rng {
   private s: Uint32Array;
 
-  private constructor(s: Uint32Array) { this.s = s; }
+  private constructor(s: Uint32Array) {
+    this.s = s;
+  }
 
   static fromSeed(seed: number | string): Rng {
     let x = typeof seed === 'number' ? (seed >>> 0) ^ Math.floor(seed / 2 ** 32) : fnv1a(seed);
@@ -29,14 +31,19 @@ export class Rng {
     return new Rng(Uint32Array.from(state));
   }
 
-  state(): number[] { return Array.from(this.s); }
+  state(): number[] {
+    return Array.from(this.s);
+  }
 
   /** Next uint32. */
   nextU32(): number {
     const s = this.s;
     const result = Math.imul(rotl(Math.imul(s[1], 5) >>> 0, 7), 9) >>> 0;
     const t = (s[1] << 9) >>> 0;
-    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
     s[2] ^= t;
     s[3] = rotl(s[3], 11);
     return result;
@@ -57,17 +64,24 @@ export class Rng {
   shuffle<T>(a: T[]): T[] {
     for (let i = a.length - 1; i > 0; i--) {
       const j = this.int(i + 1);
-      const tmp = a[i]; a[i] = a[j]; a[j] = tmp;
+      const tmp = a[i];
+      a[i] = a[j];
+      a[j] = tmp;
     }
     return a;
   }
 }
 
-function rotl(x: number, k: number): number { return ((x << k) | (x >>> (32 - k))) >>> 0; }
+function rotl(x: number, k: number): number {
+  return ((x << k) | (x >>> (32 - k))) >>> 0;
+}
 
 /** 32-bit FNV-1a of a string's UTF-8 bytes. */
 export function fnv1a(str: string): number {
   let h = 0x811c9dc5;
-  for (const b of Buffer.from(str, 'utf8')) { h ^= b; h = Math.imul(h, 0x01000193) >>> 0; }
+  for (const b of Buffer.from(str, 'utf8')) {
+    h ^= b;
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
   return h >>> 0;
 }

@@ -7,14 +7,34 @@
  */
 import type { ScoredGroup, UpdateGroup, UpdateSample } from '../../lib/contracts/index.ts';
 import {
-  computeAdvantage, onlineFilters, applyOverlongShaping, applyKlPenalty, makeKlController, klPenalty, tensor2d, vppoStage,
-  type KlController, type OverlongConfig, type VppoStageConfig,
+  computeAdvantage,
+  onlineFilters,
+  applyOverlongShaping,
+  applyKlPenalty,
+  makeKlController,
+  klPenalty,
+  tensor2d,
+  vppoStage,
+  type KlController,
+  type OverlongConfig,
+  type VppoStageConfig,
 } from '../../lib/rl/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
 
 /** Names the stages log under reward/ themselves; a reward component with one of them is logged as reward/details/<name>. */
 export const RESERVED_REWARD_METRICS: ReadonlySet<string> = new Set([
-  'mean', 'std', 'max', 'min', 'baseline_mean', 'minus_baseline_mean', 'failures', 'scored', 'retries', 'remote_requests', 'remote_failures_total', 'details',
+  'mean',
+  'std',
+  'max',
+  'min',
+  'baseline_mean',
+  'minus_baseline_mean',
+  'failures',
+  'scored',
+  'retries',
+  'remote_requests',
+  'remote_failures_total',
+  'details',
 ]);
 
 export interface AdvantageSettings {
@@ -65,20 +85,32 @@ export function mustDefer(keptVersions: readonly number[], policySeen: number, e
   return earlierDeferred || Math.max(...keptVersions) > policySeen;
 }
 
-export function initialAdvantageState(): AdvantageState { return { done: [], refills: {}, klValue: null }; }
+export function initialAdvantageState(): AdvantageState {
+  return { done: [], refills: {}, klValue: null };
+}
 
 /** Why a group cannot be trained on (reward failure, online filter), or null. */
 export function filterReason(g: ScoredGroup, s: AdvantageSettings): string | null {
   const failed = g.samples.filter((x) => x.failure !== null);
-  if (failed.length) return `reward failed for ${failed.length}/${g.samples.length} samples: ${failed[0].failure!.message}`.slice(0, 500);
-  if (g.baseline?.failure) return `reward failed for the greedy baseline (remax): ${g.baseline.failure.message}`.slice(0, 500);
+  if (failed.length)
+    return `reward failed for ${failed.length}/${g.samples.length} samples: ${failed[0].failure!.message}`.slice(
+      0,
+      500,
+    );
+  if (g.baseline?.failure)
+    return `reward failed for the greedy baseline (remax): ${g.baseline.failure.message}`.slice(0, 500);
   if (!s.onlineFiltering) return null;
-  const values = Float64Array.from(g.samples.map((x) => x.reward_details[s.filterKey] ?? (s.filterKey === 'overall' ? x.reward! : NaN)));
-  if (values.some((v) => !Number.isFinite(v))) return `online filter: reward metric "${s.filterKey}" missing (set algorithm.filter_key to one of: ${Object.keys(g.samples[0]?.reward_details ?? {}).join(', ') || 'overall'})`;
+  const values = Float64Array.from(
+    g.samples.map((x) => x.reward_details[s.filterKey] ?? (s.filterKey === 'overall' ? x.reward! : NaN)),
+  );
+  if (values.some((v) => !Number.isFinite(v)))
+    return `online filter: reward metric "${s.filterKey}" missing (set algorithm.filter_key to one of: ${Object.keys(g.samples[0]?.reward_details ?? {}).join(', ') || 'overall'})`;
   const keep = onlineFilters.get(s.filterSemantics)(values, { filter_low: s.filterLow, filter_high: s.filterHigh });
   if (keep) return null;
   const mean = values.reduce((a, b) => a + b, 0) / values.length;
-  return s.filterSemantics === 'dapo' ? `online filter (dapo): all ${s.filterKey} equal (${values[0]})` : `online filter (easyr1): mean ${s.filterKey} ${mean.toFixed(4)} not in (${s.filterLow}, ${s.filterHigh})`;
+  return s.filterSemantics === 'dapo'
+    ? `online filter (dapo): all ${s.filterKey} equal (${values[0]})`
+    : `online filter (easyr1): mean ${s.filterKey} ${mean.toFixed(4)} not in (${s.filterLow}, ${s.filterHigh})`;
 }
 
 /**
@@ -88,19 +120,28 @@ export function filterReason(g: ScoredGroup, s: AdvantageSettings): string | nul
  */
 export function shortfallReason(groups: readonly ScoredGroup[], s: AdvantageSettings): string {
   const ordered = [...groups].sort((a, b) => a.attempt - b.attempt || a.prompt_index - b.prompt_index);
-  const failed = ordered.flatMap((g) => [...g.samples, ...(g.baseline ? [g.baseline] : [])].filter((x) => x.failure !== null));
+  const failed = ordered.flatMap((g) =>
+    [...g.samples, ...(g.baseline ? [g.baseline] : [])].filter((x) => x.failure !== null),
+  );
   const parts: string[] = [];
   if (failed.length) {
     const last = failed[failed.length - 1];
     const nGroups = ordered.filter((g) => g.samples.some((x) => x.failure) || g.baseline?.failure).length;
     const fn = /^fn:|reward function/.test(last.failure!.message);
-    parts.push(`the reward failed for ${failed.length} samples in ${nGroups} of ${ordered.length} groups (reward.on_failure dropped them); last error: ${last.id}: ${last.failure!.message} — fix the reward ${fn ? 'function' : 'servers or model'}`);
+    parts.push(
+      `the reward failed for ${failed.length} samples in ${nGroups} of ${ordered.length} groups (reward.on_failure dropped them); last error: ${last.id}: ${last.failure!.message} — fix the reward ${fn ? 'function' : 'servers or model'}`,
+    );
   }
   if (s.onlineFiltering) {
-    const byFilter = ordered.map((g) => filterReason(g, s)).filter((r): r is string => r !== null && r.startsWith('online filter'));
+    const byFilter = ordered
+      .map((g) => filterReason(g, s))
+      .filter((r): r is string => r !== null && r.startsWith('online filter'));
     if (byFilter.length) {
-      const fix = s.filterSemantics === 'dapo' ? 'a group needs rewards that differ' : 'widen algorithm.filter_low/filter_high';
-      parts.push(`online filtering removed ${byFilter.length} of ${ordered.length} groups (${byFilter[0]}) — ${fix}, raise algorithm.max_try_make_batch, or turn off algorithm.online_filtering`);
+      const fix =
+        s.filterSemantics === 'dapo' ? 'a group needs rewards that differ' : 'widen algorithm.filter_low/filter_high';
+      parts.push(
+        `online filtering removed ${byFilter.length} of ${ordered.length} groups (${byFilter[0]}) — ${fix}, raise algorithm.max_try_make_batch, or turn off algorithm.online_filtering`,
+      );
     }
   }
   return parts.join('; ') || 'too few groups';
@@ -145,8 +186,17 @@ export interface StepResult {
  * log-probs (needed for KL in reward). Rows are ordered by sample id; outcome rewards sit on the
  * last response token (verl's token_level_scores).
  */
-export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArray<{ group: ScoredGroup; reason: string }>, refLogprobs: ReadonlyMap<string, Float32Array> | null, s: AdvantageSettings, klValue: number | null, values: ReadonlyMap<string, Float32Array> | null = null): StepResult {
-  const rows = kept.flatMap((g) => g.samples.map((x) => ({ g, x }))).sort((a, b) => (a.x.id < b.x.id ? -1 : a.x.id > b.x.id ? 1 : 0));
+export function computeStep(
+  kept: readonly ScoredGroup[],
+  filtered: ReadonlyArray<{ group: ScoredGroup; reason: string }>,
+  refLogprobs: ReadonlyMap<string, Float32Array> | null,
+  s: AdvantageSettings,
+  klValue: number | null,
+  values: ReadonlyMap<string, Float32Array> | null = null,
+): StepResult {
+  const rows = kept
+    .flatMap((g) => g.samples.map((x) => ({ g, x })))
+    .sort((a, b) => (a.x.id < b.x.id ? -1 : a.x.id > b.x.id ? 1 : 0));
   const bs = rows.length;
   const T = Math.max(1, ...rows.map((r) => r.x.response_ids.length));
   const mask = new Float32Array(bs * T);
@@ -154,7 +204,11 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
   let rewards: Float64Array = Float64Array.from(rows.map((r) => r.x.reward!));
   const lengths = rows.map((r) => r.x.response_ids.length);
   const metrics: Record<string, number> = {};
-  const overlong = { max_response_length: s.overlong.maxLength, overlong_buffer_len: s.overlong.bufferLength, overlong_penalty_factor: s.overlong.penaltyFactor };
+  const overlong = {
+    max_response_length: s.overlong.maxLength,
+    overlong_buffer_len: s.overlong.bufferLength,
+    overlong_penalty_factor: s.overlong.penaltyFactor,
+  };
   if (s.overlong.enable) {
     const sh = applyOverlongShaping(rewards, lengths, overlong);
     rewards = sh.rewards;
@@ -171,20 +225,46 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
   let nextKl = klValue;
   if (s.useKlInReward) {
     if (!refLogprobs) throw new Error('KL in reward needs reference log-probs');
-    const old = new Float32Array(bs * T), ref = new Float32Array(bs * T);
-    rows.forEach((r, i) => { old.set(r.x.behaviour_logprobs, i * T); ref.set(refLogprobs.get(r.x.id)!, i * T); });
-    const controller: KlController = makeKlController({ type: s.klType, kl_coef: klValue ?? s.klCoef, target_kl: s.klTarget, horizon: s.klHorizon });
-    const k = applyKlPenalty({ token_level_scores: tokenRewards, old_log_probs: tensor2d(old, bs, T), ref_log_prob: tensor2d(ref, bs, T), response_mask: maskT }, { kl_penalty: s.klPenalty, controller });
+    const old = new Float32Array(bs * T),
+      ref = new Float32Array(bs * T);
+    rows.forEach((r, i) => {
+      old.set(r.x.behaviour_logprobs, i * T);
+      ref.set(refLogprobs.get(r.x.id)!, i * T);
+    });
+    const controller: KlController = makeKlController({
+      type: s.klType,
+      kl_coef: klValue ?? s.klCoef,
+      target_kl: s.klTarget,
+      horizon: s.klHorizon,
+    });
+    const k = applyKlPenalty(
+      {
+        token_level_scores: tokenRewards,
+        old_log_probs: tensor2d(old, bs, T),
+        ref_log_prob: tensor2d(ref, bs, T),
+        response_mask: maskT,
+      },
+      { kl_penalty: s.klPenalty, controller },
+    );
     tokenRewards = k.token_level_rewards;
     metrics['kl/mean'] = k.current_kl;
     metrics['kl/coef'] = k.beta;
     nextKl = k.next_controller.value;
   } else if (refLogprobs) {
-    const old = new Float32Array(bs * T), ref = new Float32Array(bs * T);
-    rows.forEach((r, i) => { old.set(r.x.behaviour_logprobs, i * T); ref.set(refLogprobs.get(r.x.id)!, i * T); });
+    const old = new Float32Array(bs * T),
+      ref = new Float32Array(bs * T);
+    rows.forEach((r, i) => {
+      old.set(r.x.behaviour_logprobs, i * T);
+      ref.set(refLogprobs.get(r.x.id)!, i * T);
+    });
     const kl = klPenalty(tensor2d(old, bs, T), tensor2d(ref, bs, T), s.klPenalty);
-    let sum = 0, n = 0;
-    for (let i = 0; i < bs * T; i++) if (mask[i]) { sum += kl.data[i]; n++; }
+    let sum = 0,
+      n = 0;
+    for (let i = 0; i < bs * T; i++)
+      if (mask[i]) {
+        sum += kl.data[i];
+        n++;
+      }
     metrics['kl/mean'] = n ? sum / n : 0;
     metrics['kl/coef'] = s.klCoef;
   }
@@ -194,14 +274,24 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
     rows.forEach((r, i) => v.set(values.get(r.x.id)!, i * T));
     valuesT = tensor2d(v, bs, T);
   }
-  const out = computeAdvantage(s.estimator, {
-    token_level_rewards: tokenRewards, response_mask: maskT, index: rows.map((r) => r.g.group_uid), values: valuesT,
-    reward_baselines: baselines ? rows.map((r) => baselines.get(r.g.id)!) : undefined,
-  }, { gamma: s.gamma, lam: s.lam, norm_adv_by_std_in_grpo: s.normAdvByStd });
+  const out = computeAdvantage(
+    s.estimator,
+    {
+      token_level_rewards: tokenRewards,
+      response_mask: maskT,
+      index: rows.map((r) => r.g.group_uid),
+      values: valuesT,
+      reward_baselines: baselines ? rows.map((r) => baselines.get(r.g.id)!) : undefined,
+    },
+    { gamma: s.gamma, lam: s.lam, norm_adv_by_std_in_grpo: s.normAdvByStd },
+  );
   const perSample = new Map<string, { adv: Float32Array; ret: Float32Array }>();
   rows.forEach((r, i) => {
     const L = lengths[i];
-    perSample.set(r.x.id, { adv: Float32Array.from(out.advantages.data.subarray(i * T, i * T + L)), ret: Float32Array.from(out.returns.data.subarray(i * T, i * T + L)) });
+    perSample.set(r.x.id, {
+      adv: Float32Array.from(out.advantages.data.subarray(i * T, i * T + L)),
+      ret: Float32Array.from(out.returns.data.subarray(i * T, i * T + L)),
+    });
   });
   const all = rows.map((r) => r.x.reward!);
   const mean = all.reduce((a, b) => a + b, 0) / Math.max(1, all.length);
@@ -215,16 +305,19 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
   for (const r of rows) {
     for (const [k, v] of Object.entries(r.x.reward_details)) {
       const d = parts.get(k) ?? { sum: 0, n: 0 };
-      d.sum += v; d.n++;
+      d.sum += v;
+      d.n++;
       parts.set(k, d);
     }
   }
-  for (const [k, d] of parts) metrics[RESERVED_REWARD_METRICS.has(k) ? `reward/details/${k}` : `reward/${k}`] = d.sum / d.n;
+  for (const [k, d] of parts)
+    metrics[RESERVED_REWARD_METRICS.has(k) ? `reward/details/${k}` : `reward/${k}`] = d.sum / d.n;
   if (baselines) {
     const bs = kept.map((g) => baselines.get(g.id)!);
     metrics['reward/baseline_mean'] = bs.reduce((a, b) => a + b, 0) / Math.max(1, bs.length);
     // how much the sampled responses beat the greedy one, on average (ReMax's advantage before masking)
-    metrics['reward/minus_baseline_mean'] = rows.reduce((a, r, i) => a + rewards[i] - baselines.get(r.g.id)!, 0) / Math.max(1, rows.length);
+    metrics['reward/minus_baseline_mean'] =
+      rows.reduce((a, r, i) => a + rewards[i] - baselines.get(r.g.id)!, 0) / Math.max(1, rows.length);
   }
   metrics['response_length/mean'] = lengths.reduce((a, b) => a + b, 0) / Math.max(1, bs);
   metrics['response_length/max'] = Math.max(...lengths);
@@ -245,8 +338,10 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
       const a = perSample.get(x.id);
       return {
         ...x,
-        advantages: a?.adv ?? new Float32Array(L), returns: a?.ret ?? new Float32Array(L),
-        ref_logprobs: refLogprobs?.get(x.id) ?? new Float32Array(0), values: values?.get(x.id) ?? new Float32Array(0),
+        advantages: a?.adv ?? new Float32Array(L),
+        returns: a?.ret ?? new Float32Array(L),
+        ref_logprobs: refLogprobs?.get(x.id) ?? new Float32Array(0),
+        values: values?.get(x.id) ?? new Float32Array(0),
         loss_weights: isFiltered ? new Float32Array(L) : new Float32Array(L).fill(1),
         // VPPO's mask and scaling are attached afterwards (attachVppo) when algorithm.vppo.enable
         vppo: null,
@@ -255,8 +350,13 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
     // the remax greedy baseline is never trained on: it is not part of the update group
     const { samples: _s, baseline: _b, ...header } = g;
     return {
-      ...header, estimator: s.estimator, filtered: isFiltered, filter_reason: reason, reward_mean: m,
-      reward_std: m === null ? null : Math.sqrt(rs.reduce((a, b) => a + (b - m) ** 2, 0) / rs.length), samples,
+      ...header,
+      estimator: s.estimator,
+      filtered: isFiltered,
+      filter_reason: reason,
+      reward_mean: m,
+      reward_std: m === null ? null : Math.sqrt(rs.reduce((a, b) => a + (b - m) ** 2, 0) / rs.length),
+      samples,
     };
   };
   for (const g of kept) updates.push(toUpdate(g, false, null));
@@ -272,11 +372,18 @@ export function computeStep(kept: readonly ScoredGroup[], filtered: ReadonlyArra
 export function remaxBaselines(kept: readonly ScoredGroup[], overlong: OverlongConfig | null): Map<string, number> {
   const missing = kept.filter((g) => g.baseline == null || g.baseline.reward === null);
   if (missing.length) {
-    throw new ConfigError(`algorithm.adv_estimator = remax needs the reward of a greedy rollout per prompt, but group ${missing[0].id} (and ${missing.length - 1} more) has none: `
-      + 'its trajectories were generated without algorithm.adv_estimator = remax (e.g. a replay of another run); replay such a run with another estimator, or train it anew with remax');
+    throw new ConfigError(
+      `algorithm.adv_estimator = remax needs the reward of a greedy rollout per prompt, but group ${missing[0].id} (and ${missing.length - 1} more) has none: ` +
+        'its trajectories were generated without algorithm.adv_estimator = remax (e.g. a replay of another run); replay such a run with another estimator, or train it anew with remax',
+    );
   }
   let rewards: Float64Array = Float64Array.from(kept.map((g) => g.baseline!.reward!));
-  if (overlong) rewards = applyOverlongShaping(rewards, kept.map((g) => g.baseline!.response_ids.length), overlong).rewards;
+  if (overlong)
+    rewards = applyOverlongShaping(
+      rewards,
+      kept.map((g) => g.baseline!.response_ids.length),
+      overlong,
+    ).rewards;
   return new Map(kept.map((g, i) => [g.id, rewards[i]]));
 }
 
@@ -296,21 +403,49 @@ export interface PerturbedScore {
  * each kept sample's `vppo` set (advantages left unscaled: the update applies the factor) and the
  * actor/* metrics. Filtered groups are not trained on and keep vppo = null.
  */
-export function attachVppo(updates: readonly UpdateGroup[], perturbed: ReadonlyMap<string, PerturbedScore>, cfg: VppoStageConfig, oldLogprobs: ReadonlyMap<string, Float32Array> | null = null): { updates: UpdateGroup[]; metrics: Record<string, number> } {
+export function attachVppo(
+  updates: readonly UpdateGroup[],
+  perturbed: ReadonlyMap<string, PerturbedScore>,
+  cfg: VppoStageConfig,
+  oldLogprobs: ReadonlyMap<string, Float32Array> | null = null,
+): { updates: UpdateGroup[]; metrics: Record<string, number> } {
   const kept = updates.filter((g) => !g.filtered).flatMap((g) => g.samples);
   const missing = kept.filter((x) => !perturbed.has(x.id));
-  if (missing.length) throw new ConfigError(`algorithm.vppo.enable: no perturbed-image log-probs for sample ${missing[0].id}${missing.length > 1 ? ` (and ${missing.length - 1} more)` : ''}; every trained sample needs them`);
+  if (missing.length)
+    throw new ConfigError(
+      `algorithm.vppo.enable: no perturbed-image log-probs for sample ${missing[0].id}${missing.length > 1 ? ` (and ${missing.length - 1} more)` : ''}; every trained sample needs them`,
+    );
   if (kept.length === 0) return { updates: [...updates], metrics: {} };
-  const r = vppoStage(kept.map((x) => {
-    const p = perturbed.get(x.id)!;
-    return { id: x.id, old_logprobs: oldLogprobs?.get(x.id) ?? x.behaviour_logprobs, perturbed_logprobs: p.logprobs, entropies: p.entropies ?? null, advantages: x.advantages };
-  }), cfg);
-  const out = updates.map((g) => (g.filtered ? g : {
-    ...g,
-    samples: g.samples.map((x): UpdateSample => {
-      const v = r.samples.get(x.id)!;
-      return { ...x, vppo: { perturbed_logprobs: perturbed.get(x.id)!.logprobs, token_mask: Buffer.from(v.token_mask), scaling_factor: v.scaling_factor } };
+  const r = vppoStage(
+    kept.map((x) => {
+      const p = perturbed.get(x.id)!;
+      return {
+        id: x.id,
+        old_logprobs: oldLogprobs?.get(x.id) ?? x.behaviour_logprobs,
+        perturbed_logprobs: p.logprobs,
+        entropies: p.entropies ?? null,
+        advantages: x.advantages,
+      };
     }),
-  }));
+    cfg,
+  );
+  const out = updates.map((g) =>
+    g.filtered
+      ? g
+      : {
+          ...g,
+          samples: g.samples.map((x): UpdateSample => {
+            const v = r.samples.get(x.id)!;
+            return {
+              ...x,
+              vppo: {
+                perturbed_logprobs: perturbed.get(x.id)!.logprobs,
+                token_mask: Buffer.from(v.token_mask),
+                scaling_factor: v.scaling_factor,
+              },
+            };
+          }),
+        },
+  );
   return { updates: out, metrics: r.metrics };
 }

@@ -18,7 +18,12 @@ import { stepsPerEpoch, totalSteps, type ControllerPlan } from '../../lib/pipeli
 
 export { stepsPerEpoch, totalSteps, type ControllerPlan };
 
-export interface PolicyRef { version: number; step: number; path: string; sha256: string }
+export interface PolicyRef {
+  version: number;
+  step: number;
+  path: string;
+  sha256: string;
+}
 
 export interface ControllerState {
   /** Highest train step whose prompts were published (0 = none). */
@@ -94,7 +99,10 @@ export function stepPrompts(plan: ControllerPlan, step: number): { epoch: number
 export function refillPrompts(plan: ControllerPlan, step: number, attempt: number, needed: number): PromptRef[] {
   const perm = permutation(plan.trainSize, `${plan.seed}:refill:${step}:${attempt}`);
   const base = plan.rolloutBatchSize * attempt;
-  return Array.from({ length: Math.min(needed, plan.trainSize) }, (_, j) => ({ promptIndex: base + j, datasetIndex: perm[j] }));
+  return Array.from({ length: Math.min(needed, plan.trainSize) }, (_, j) => ({
+    promptIndex: base + j,
+    datasetIndex: perm[j],
+  }));
 }
 
 export function valScheduled(plan: ControllerPlan, version: number): boolean {
@@ -116,7 +124,10 @@ function finished(plan: ControllerPlan, s: ControllerState): boolean {
 }
 
 /** Why a step failed when online filtering ran out of refills, in the terms of its semantics. */
-export function filterExhausted(plan: Pick<ControllerPlan, 'maxTryMakeBatch' | 'filterSemantics' | 'filterKey'>, step: number): string {
+export function filterExhausted(
+  plan: Pick<ControllerPlan, 'maxTryMakeBatch' | 'filterSemantics' | 'filterKey'>,
+  step: number,
+): string {
   const head = `step ${step}: online filtering kept too few groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch)`;
   const key = plan.filterKey ?? 'overall';
   if (plan.filterSemantics === 'dapo') {
@@ -130,13 +141,23 @@ const GENERIC_REFILL_REASON = 'online filtering / reward failures left too few g
 
 /** Why the run stops when a step stays short of usable groups: the advantage stage's reason when it gave one, else online filtering's. */
 function shortfallMessage(plan: ControllerPlan, step: number, reason: string | undefined): string {
-  if (reason && reason !== GENERIC_REFILL_REASON) return `step ${step}: too few usable groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch): ${reason}`;
+  if (reason && reason !== GENERIC_REFILL_REASON)
+    return `step ${step}: too few usable groups after ${plan.maxTryMakeBatch} extra batches (algorithm.max_try_make_batch): ${reason}`;
   return filterExhausted(plan, step);
 }
 
 /** decide: (plan, state, event) → commands and the next state. */
-export function decide(plan: ControllerPlan, state: ControllerState, event: ControllerEvent): { state: ControllerState; commands: ControllerCommand[] } {
-  const s: ControllerState = { ...state, refills: { ...state.refills }, valEmitted: [...state.valEmitted], valDone: [...state.valDone] };
+export function decide(
+  plan: ControllerPlan,
+  state: ControllerState,
+  event: ControllerEvent,
+): { state: ControllerState; commands: ControllerCommand[] } {
+  const s: ControllerState = {
+    ...state,
+    refills: { ...state.refills },
+    valEmitted: [...state.valEmitted],
+    valDone: [...state.valDone],
+  };
   const commands: ControllerCommand[] = [];
   const last = totalSteps(plan);
   // a finished run extended: go on from its last policy version (a failed run stays failed: s.failed)
@@ -149,7 +170,15 @@ export function decide(plan: ControllerPlan, state: ControllerState, event: Cont
   if (plan.trainSize > 0 && stepsPerEpoch(plan) === 0 && !plan.valOnly) {
     s.done = true;
     s.failed = true;
-    return { state: s, commands: [{ type: 'fail', message: `the training set has ${plan.trainSize} usable rows, fewer than data.rollout_batch_size = ${plan.rolloutBatchSize}; add data or lower data.rollout_batch_size` }] };
+    return {
+      state: s,
+      commands: [
+        {
+          type: 'fail',
+          message: `the training set has ${plan.trainSize} usable rows, fewer than data.rollout_batch_size = ${plan.rolloutBatchSize}; add data or lower data.rollout_batch_size`,
+        },
+      ],
+    };
   }
   switch (event.type) {
     case 'policy': {
@@ -182,7 +211,14 @@ export function decide(plan: ControllerPlan, state: ControllerState, event: Cont
       s.refills[event.step] = tries;
       if (!s.latest) break;
       const { epoch } = stepPrompts(plan, event.step);
-      commands.push({ type: 'train_prompts', step: event.step, epoch, attempt: tries, policy: s.latest, prompts: refillPrompts(plan, event.step, tries, event.needed) });
+      commands.push({
+        type: 'train_prompts',
+        step: event.step,
+        epoch,
+        attempt: tries,
+        policy: s.latest,
+        prompts: refillPrompts(plan, event.step, tries, event.needed),
+      });
       break;
     }
     case 'val_done': {

@@ -13,16 +13,54 @@ import { startStepFromCheckpoint } from '../../lib/pipeline/checkpoints.ts';
 import { sampleRow } from '../../lib/pipeline/rows.ts';
 import { dataNotes, type RunData } from '../../lib/pipeline/data.ts';
 import type { PromptImageRow, TrajectoryRow } from '../../lib/store/index.ts';
-import { chunkId, groupIdFor, hashId, controlId, type ControlEvent, type PolicyVersion, type PromptBatch, type ScoredGroup } from '../../lib/contracts/index.ts';
-import { decide, initialState, totalSteps, type ControllerCommand, type ControllerEvent, type ControllerState, type PromptRef } from './logic.ts';
+import {
+  chunkId,
+  groupIdFor,
+  hashId,
+  controlId,
+  type ControlEvent,
+  type PolicyVersion,
+  type PromptBatch,
+  type ScoredGroup,
+} from '../../lib/contracts/index.ts';
+import {
+  decide,
+  initialState,
+  totalSteps,
+  type ControllerCommand,
+  type ControllerEvent,
+  type ControllerState,
+  type PromptRef,
+} from './logic.ts';
 
-interface ValRound { groups: string[]; rewardSum: number; accSum: number; n: number; failures: number; gens: Array<{ idx: number; prompt: string; response: string; gt: string; reward: number | null; failure: string | null }> }
-export interface ControllerStageState { ctl: ControllerState; started: boolean; val: Record<string, ValRound> }
+interface ValRound {
+  groups: string[];
+  rewardSum: number;
+  accSum: number;
+  n: number;
+  failures: number;
+  gens: Array<{
+    idx: number;
+    prompt: string;
+    response: string;
+    gt: string;
+    reward: number | null;
+    failure: string | null;
+  }>;
+}
+export interface ControllerStageState {
+  ctl: ControllerState;
+  started: boolean;
+  val: Record<string, ValRound>;
+}
 
 /** `replay`: validation rounds only, as a replay's policy versions appear (lib/app/replay.ts). */
 export function startController(p: Pipeline, data: RunData, opts: { replay?: boolean } = {}): StageRun {
   const cfg = p.cfg;
-  const plan = { ...planFromConfig(cfg, p.runId, data.train.length, data.val.length), replayValidation: opts.replay === true };
+  const plan = {
+    ...planFromConfig(cfg, p.runId, data.train.length, data.val.length),
+    replayValidation: opts.replay === true,
+  };
   const metrics = new StageMetrics(p, 'controller');
   const log = forStage(p.log, 'controller');
   // a run started from trainer.load_checkpoint_path continues after the checkpoint's step (same dataset position)
@@ -31,81 +69,229 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
   const capped = stepCapNotice(plan);
   if (capped) log.warn({ max_steps: plan.maxSteps, total_epochs: plan.totalEpochs, steps: totalSteps(plan) }, capped);
   const nowMs = () => Date.now();
-  const control = (type: ControlEvent['type'], step: number, version: number, payload: Record<string, unknown>, detail?: string): ControlEvent => ({
-    run_id: p.runId, id: controlId(p.runId, type, detail), step, policy_version: version, type, time_ms: nowMs(),
-    run_started: null, epoch_started: null, refill_request: null, val_round_done: null, run_done: null, run_failed: null, ...payload,
-  } as unknown as ControlEvent);
+  const control = (
+    type: ControlEvent['type'],
+    step: number,
+    version: number,
+    payload: Record<string, unknown>,
+    detail?: string,
+  ): ControlEvent =>
+    ({
+      run_id: p.runId,
+      id: controlId(p.runId, type, detail),
+      step,
+      policy_version: version,
+      type,
+      time_ms: nowMs(),
+      run_started: null,
+      epoch_started: null,
+      refill_request: null,
+      val_round_done: null,
+      run_done: null,
+      run_failed: null,
+      ...payload,
+    }) as unknown as ControlEvent;
 
   // a prompt's images go to prompt_images (once per run: the store skips those it has) in the
   // transaction that emits the prompt, so a trajectory's image_hashes always find their rows
   let batchImages: PromptImageRow[] = [];
   const withImages = data.train.some((r) => r.images.length > 0) || data.val.some((r) => r.images.length > 0);
-  if (withImages && !data.visionPolicy) log.warn('images are stored but the policy is text-only: prompts carry their images (prompt_images, trajectories.image_hashes), the model does not see them');
+  if (withImages && !data.visionPolicy)
+    log.warn(
+      'images are stored but the policy is text-only: prompts carry their images (prompt_images, trajectories.image_hashes), the model does not see them',
+    );
 
   /** One prompt batch of `refs` (a training batch holds one group; a validation batch up to data.val_batch_size). */
-  function promptBatch(kind: 'train' | 'val', step: number, epoch: number, attempt: number, version: number, refs: PromptRef[]): PromptBatch {
+  function promptBatch(
+    kind: 'train' | 'val',
+    step: number,
+    epoch: number,
+    attempt: number,
+    version: number,
+    refs: PromptRef[],
+  ): PromptBatch {
     const rows = kind === 'train' ? data.train : data.val;
-    for (const ref of refs) for (const x of rows[ref.datasetIndex].images) batchImages.push({ runId: p.runId, hash: x.hash, width: x.width, height: x.height, png: x.png });
+    for (const ref of refs)
+      for (const x of rows[ref.datasetIndex].images)
+        batchImages.push({ runId: p.runId, hash: x.hash, width: x.width, height: x.height, png: x.png });
     const v = cfg.rollout.val_override;
-    const sampling = kind === 'train'
-      ? { temperature: cfg.rollout.temperature, top_p: cfg.rollout.top_p, top_k: cfg.rollout.top_k, max_new_tokens: cfg.data.max_response_length }
-      : { temperature: v.temperature, top_p: v.top_p, top_k: v.top_k ?? cfg.rollout.top_k, max_new_tokens: cfg.data.max_response_length };
+    const sampling =
+      kind === 'train'
+        ? {
+            temperature: cfg.rollout.temperature,
+            top_p: cfg.rollout.top_p,
+            top_k: cfg.rollout.top_k,
+            max_new_tokens: cfg.data.max_response_length,
+          }
+        : {
+            temperature: v.temperature,
+            top_p: v.top_p,
+            top_k: v.top_k ?? cfg.rollout.top_k,
+            max_new_tokens: cfg.data.max_response_length,
+          };
     const groups = refs.map((ref) => {
       const row = rows[ref.datasetIndex];
       const id = groupIdFor(kind, p.runId, step, ref.promptIndex);
       return {
-        id, group_uid: hashId(id), n: kind === 'train' ? cfg.rollout.n : v.n, prompt_index: ref.promptIndex, dataset_index: ref.datasetIndex,
-        prompt_ids: row.promptIds, prompt_text: row.prompt, images: row.images.map((x) => x.png),
-        image_refs: row.images.map((x) => ({ hash: x.hash, width: x.width, height: x.height })), data_source: row.dataSource ?? data.dataSource, ground_truth: row.answer, extra_info: row.extraInfo ?? '{}',
+        id,
+        group_uid: hashId(id),
+        n: kind === 'train' ? cfg.rollout.n : v.n,
+        prompt_index: ref.promptIndex,
+        dataset_index: ref.datasetIndex,
+        prompt_ids: row.promptIds,
+        prompt_text: row.prompt,
+        images: row.images.map((x) => x.png),
+        image_refs: row.images.map((x) => ({ hash: x.hash, width: x.width, height: x.height })),
+        data_source: row.dataSource ?? data.dataSource,
+        ground_truth: row.answer,
+        extra_info: row.extraInfo ?? '{}',
       };
     });
-    return { run_id: p.runId, id: chunkId(kind, p.runId, step, refs[0].promptIndex, refs.length), step, policy_version: version, kind, epoch, attempt, sampling, groups };
+    return {
+      run_id: p.runId,
+      id: chunkId(kind, p.runId, step, refs[0].promptIndex, refs.length),
+      step,
+      policy_version: version,
+      kind,
+      epoch,
+      attempt,
+      sampling,
+      groups,
+    };
   }
 
   /** A validation group's samples as trajectory rows (kind 'val', step = the policy version evaluated). */
-  const valRows = (g: ScoredGroup): TrajectoryRow[] => g.samples.map((x) => sampleRow(p.runId, g, x, x.reward_text, { step: g.step }));
+  const valRows = (g: ScoredGroup): TrajectoryRow[] =>
+    g.samples.map((x) => sampleRow(p.runId, g, x, x.reward_text, { step: g.step }));
 
   return runStage(p, 'controller', ['policy', 'control', 'validation'], async (records, ctx) => {
     batchImages = [];
-    const st: ControllerStageState = (await loadStageState<ControllerStageState>(ctx.db, p.runId, 'controller')) ?? { ctl: { ...initialState(), emittedStep: start.step }, started: false, val: {} };
+    const st: ControllerStageState = (await loadStageState<ControllerStageState>(ctx.db, p.runId, 'controller')) ?? {
+      ctl: { ...initialState(), emittedStep: start.step },
+      started: false,
+      val: {},
+    };
     if (!st.started) {
       st.started = true;
-      ctx.emit('control', control('run_started', start.step, start.step, { run_started: { config_json: '{}', config_sha256: '', seed: cfg.data.seed, total_steps: totalSteps(plan), steps_per_epoch: stepsPerEpoch(plan), resumed_from: start.state ? start.state.run_id : null } }));
-      log.info({ train: data.train.length, val: data.val.length, steps: totalSteps(plan), dropped: data.dropped }, 'run started');
+      ctx.emit(
+        'control',
+        control('run_started', start.step, start.step, {
+          run_started: {
+            config_json: '{}',
+            config_sha256: '',
+            seed: cfg.data.seed,
+            total_steps: totalSteps(plan),
+            steps_per_epoch: stepsPerEpoch(plan),
+            resumed_from: start.state ? start.state.run_id : null,
+          },
+        }),
+      );
+      log.info(
+        { train: data.train.length, val: data.val.length, steps: totalSteps(plan), dropped: data.dropped },
+        'run started',
+      );
     }
     const events: ControllerEvent[] = [];
     const valTrajectories: TrajectoryRow[] = [];
     for (const r of records) {
       if (r.topic === 'policy') {
         const v = r.value as PolicyVersion;
-        events.push({ type: 'policy', policy: { version: v.policy_version, step: v.step, path: v.checkpoint_path, sha256: v.sha256 } });
+        events.push({
+          type: 'policy',
+          policy: { version: v.policy_version, step: v.step, path: v.checkpoint_path, sha256: v.sha256 },
+        });
       } else if (r.topic === 'control') {
         const c = r.value as ControlEvent;
-        if (c.type === 'refill_request') events.push({ type: 'refill', step: c.step, needed: c.refill_request.needed, request: c.refill_request.request, reason: c.refill_request.reason });
+        if (c.type === 'refill_request')
+          events.push({
+            type: 'refill',
+            step: c.step,
+            needed: c.refill_request.needed,
+            request: c.refill_request.request,
+            reason: c.refill_request.reason,
+          });
         // rlstream train publishes run_started again when it extends a finished run
         if (c.type === 'run_started' && st.ctl.done) events.push({ type: 'extend' });
       } else if (r.topic === 'validation') {
         const g = r.value as ScoredGroup;
         const key = String(g.step);
-        const round = st.val[key] ?? (st.val[key] = { groups: [], rewardSum: 0, accSum: 0, n: 0, failures: 0, gens: [] });
+        const round =
+          st.val[key] ?? (st.val[key] = { groups: [], rewardSum: 0, accSum: 0, n: 0, failures: 0, gens: [] });
         if (round.groups.includes(g.id)) continue;
         round.groups.push(g.id);
         valTrajectories.push(...valRows(g));
         for (const s of g.samples) {
           if (s.reward === null) round.failures++;
-          else { round.rewardSum += s.reward; round.accSum += s.reward_details.accuracy ?? s.reward; round.n++; }
-          if (round.gens.length < cfg.trainer.val_generations_to_log) round.gens.push({ idx: g.prompt_index * 1000 + s.sample_index, prompt: g.prompt_text, response: s.response_text, gt: g.ground_truth, reward: s.reward, failure: s.failure?.message ?? null });
+          else {
+            round.rewardSum += s.reward;
+            round.accSum += s.reward_details.accuracy ?? s.reward;
+            round.n++;
+          }
+          if (round.gens.length < cfg.trainer.val_generations_to_log)
+            round.gens.push({
+              idx: g.prompt_index * 1000 + s.sample_index,
+              prompt: g.prompt_text,
+              response: s.response_text,
+              gt: g.ground_truth,
+              reward: s.reward,
+              failure: s.failure?.message ?? null,
+            });
         }
         if (round.groups.length === data.val.length) {
           const version = g.step;
-          const values = { 'val/reward_score': round.n ? round.rewardSum / round.n : NaN, 'val/accuracy': round.n ? round.accSum / round.n : NaN, 'val/failures': round.failures };
+          const values = {
+            'val/reward_score': round.n ? round.rewardSum / round.n : NaN,
+            'val/accuracy': round.n ? round.accSum / round.n : NaN,
+            'val/failures': round.failures,
+          };
           metrics.set(version, values, 'val');
-          await p.store.insertMetrics(Object.entries(values).filter(([, x]) => Number.isFinite(x)).map(([name, value]) => ({ runId: p.runId, step: version, name, value, stage: 'controller' })), { tx: ctx.tx });
-          await p.store.recordValGenerations(round.gens.map((x) => ({ runId: p.runId, step: version, idx: x.idx, prompt: x.prompt, response: x.response, groundTruth: x.gt, reward: x.reward, rewardFailure: x.failure })), { tx: ctx.tx });
-          ctx.emit('control', control('val_round_done', version, version, { val_round_done: { round: version, groups: round.groups.length, samples: round.n + round.failures, failures: round.failures } }, String(version)));
+          await p.store.insertMetrics(
+            Object.entries(values)
+              .filter(([, x]) => Number.isFinite(x))
+              .map(([name, value]) => ({ runId: p.runId, step: version, name, value, stage: 'controller' })),
+            { tx: ctx.tx },
+          );
+          await p.store.recordValGenerations(
+            round.gens.map((x) => ({
+              runId: p.runId,
+              step: version,
+              idx: x.idx,
+              prompt: x.prompt,
+              response: x.response,
+              groundTruth: x.gt,
+              reward: x.reward,
+              rewardFailure: x.failure,
+            })),
+            { tx: ctx.tx },
+          );
+          ctx.emit(
+            'control',
+            control(
+              'val_round_done',
+              version,
+              version,
+              {
+                val_round_done: {
+                  round: version,
+                  groups: round.groups.length,
+                  samples: round.n + round.failures,
+                  failures: round.failures,
+                },
+              },
+              String(version),
+            ),
+          );
           // an accuracy over no scored sample is no number: say why instead of printing NaN
-          if (round.n === 0) log.warn({ version, ...values }, `validation at version ${version}: no accuracy — the reward failed for all ${round.failures} samples (last error: ${round.gens.findLast((x) => x.failure)?.failure ?? 'see v_reward_failures'}); they are in v_reward_failures`);
-          else log.info({ version, ...values }, `validation at version ${version}: accuracy ${values['val/accuracy'].toFixed(3)}${round.failures ? ` over ${round.n} samples (the reward failed for ${round.failures} more; see v_reward_failures)` : ''}`);
+          if (round.n === 0)
+            log.warn(
+              { version, ...values },
+              `validation at version ${version}: no accuracy — the reward failed for all ${round.failures} samples (last error: ${round.gens.findLast((x) => x.failure)?.failure ?? 'see v_reward_failures'}); they are in v_reward_failures`,
+            );
+          else
+            log.info(
+              { version, ...values },
+              `validation at version ${version}: accuracy ${values['val/accuracy'].toFixed(3)}${round.failures ? ` over ${round.n} samples (the reward failed for ${round.failures} more; see v_reward_failures)` : ''}`,
+            );
           delete st.val[key];
           events.push({ type: 'val_done', version });
         }
@@ -122,18 +308,44 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
     }
     for (const c of commands) {
       if (c.type === 'train_prompts') {
-        if (c.attempt === 0 && (c.step - 1) % stepsPerEpoch(plan) === 0) ctx.emit('control', control('epoch_started', c.step, c.policy.version, { epoch_started: { epoch: c.epoch, first_step: c.step } }, String(c.epoch)));
-        for (const ref of c.prompts) ctx.emit('prompts', promptBatch('train', c.step, c.epoch, c.attempt, c.policy.version, [ref]));
+        if (c.attempt === 0 && (c.step - 1) % stepsPerEpoch(plan) === 0)
+          ctx.emit(
+            'control',
+            control(
+              'epoch_started',
+              c.step,
+              c.policy.version,
+              { epoch_started: { epoch: c.epoch, first_step: c.step } },
+              String(c.epoch),
+            ),
+          );
+        for (const ref of c.prompts)
+          ctx.emit('prompts', promptBatch('train', c.step, c.epoch, c.attempt, c.policy.version, [ref]));
       } else if (c.type === 'val_prompts') {
         const size = cfg.data.val_batch_size > 0 ? cfg.data.val_batch_size : c.prompts.length;
-        for (let i = 0; i < c.prompts.length; i += size) ctx.emit('prompts', promptBatch('val', c.version, 0, 0, c.version, c.prompts.slice(i, i + size)));
+        for (let i = 0; i < c.prompts.length; i += size)
+          ctx.emit('prompts', promptBatch('val', c.version, 0, 0, c.version, c.prompts.slice(i, i + size)));
       } else if (c.type === 'run_done') {
         // one run_done per final version: an extended run ends with a second one
-        ctx.emit('control', control('run_done', c.finalVersion, c.finalVersion, { run_done: { final_version: c.finalVersion, steps: totalSteps(plan) } }, String(c.finalVersion)));
+        ctx.emit(
+          'control',
+          control(
+            'run_done',
+            c.finalVersion,
+            c.finalVersion,
+            { run_done: { final_version: c.finalVersion, steps: totalSteps(plan) } },
+            String(c.finalVersion),
+          ),
+        );
         await p.store.setRunStatus(p.runId, 'completed', undefined, { tx: ctx.tx });
         log.info({ finalVersion: c.finalVersion }, 'run done');
       } else if (c.type === 'fail') {
-        ctx.emit('control', control('run_failed', st.ctl.emittedStep, st.ctl.latest?.version ?? 0, { run_failed: { stage: 'controller', code: 'ERR_CONTROLLER', message: c.message } }));
+        ctx.emit(
+          'control',
+          control('run_failed', st.ctl.emittedStep, st.ctl.latest?.version ?? 0, {
+            run_failed: { stage: 'controller', code: 'ERR_CONTROLLER', message: c.message },
+          }),
+        );
         await p.store.setRunStatus(p.runId, 'failed', { error: c.message }, { tx: ctx.tx });
         log.error(c.message);
       }

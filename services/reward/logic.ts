@@ -15,8 +15,16 @@ export function samplesToScore(g: TrajectoryGroup): TrajectorySample[] {
 /** One item per sample to score: its texts (functions, HTTP servers) and its token ids (reward models). */
 export function rewardItems(g: TrajectoryGroup): TokenRewardItem[] {
   return samplesToScore(g).map((s) => ({
-    id: s.id, step: g.step, prompt_text: g.prompt_text, response_text: s.response_text, ground_truth: g.ground_truth, images: g.images,
-    prompt_ids: g.prompt_ids, response_ids: s.response_ids, data_source: g.data_source, extra_info: g.extra_info,
+    id: s.id,
+    step: g.step,
+    prompt_text: g.prompt_text,
+    response_text: s.response_text,
+    ground_truth: g.ground_truth,
+    images: g.images,
+    prompt_ids: g.prompt_ids,
+    response_ids: s.response_ids,
+    data_source: g.data_source,
+    extra_info: g.extra_info,
   }));
 }
 
@@ -29,31 +37,79 @@ export const REWARD_TEXT_MAX = 4096;
  * they are, other JSON values (objects, arrays, null) as JSON text, each cut to REWARD_TEXT_MAX.
  * A non-finite number is dropped (NaN is no metric; the reward itself is checked elsewhere).
  */
-export function splitDetails(details: Record<string, unknown>): { numbers: Record<string, number>; text: Record<string, string> } {
+export function splitDetails(details: Record<string, unknown>): {
+  numbers: Record<string, number>;
+  text: Record<string, string>;
+} {
   const numbers: Record<string, number> = {};
   const text: Record<string, string> = {};
   for (const [k, v] of Object.entries(details)) {
-    if (typeof v === 'number') { if (Number.isFinite(v)) numbers[k] = v; continue; }
-    if (typeof v === 'boolean') { numbers[k] = v ? 1 : 0; continue; }
+    if (typeof v === 'number') {
+      if (Number.isFinite(v)) numbers[k] = v;
+      continue;
+    }
+    if (typeof v === 'boolean') {
+      numbers[k] = v ? 1 : 0;
+      continue;
+    }
     if (v === undefined || typeof v === 'function' || typeof v === 'symbol' || typeof v === 'bigint') continue;
     let t: string;
-    try { t = typeof v === 'string' ? v : JSON.stringify(v); } catch { continue; }
+    try {
+      t = typeof v === 'string' ? v : JSON.stringify(v);
+    } catch {
+      continue;
+    }
     if (typeof t !== 'string') continue;
     text[k] = t.length > REWARD_TEXT_MAX ? `${t.slice(0, REWARD_TEXT_MAX - 1)}…` : t;
   }
   return { numbers, text };
 }
 
-export function scoredGroup(g: TrajectoryGroup, outcomes: readonly RewardOutcome[], rewardFn: string, attempts: number): ScoredGroup {
+export function scoredGroup(
+  g: TrajectoryGroup,
+  outcomes: readonly RewardOutcome[],
+  rewardFn: string,
+  attempts: number,
+): ScoredGroup {
   const byId = new Map(outcomes.map((o) => [o.id, o]));
   const scored = (s: TrajectorySample): ScoredSample => {
     const o = byId.get(s.id);
-    if (!o) return { ...s, reward: null, reward_details: {}, reward_text: {}, failure: { code: 'ERR_REWARD_MISSING', message: `no reward outcome for ${s.id}`, retriable: false, attempts } };
-    if (o.ok) { const d = splitDetails(o.details); return { ...s, reward: o.reward, reward_details: d.numbers, reward_text: d.text, failure: null }; }
-    return { ...s, reward: null, reward_details: {}, reward_text: {}, failure: { code: o.retriable ? 'ERR_REWARD_RETRIABLE' : 'ERR_REWARD', message: `${o.server && !o.reason.includes(o.server) ? `${o.server}: ` : ''}${o.reason}${o.body ? ` (body: ${o.body.slice(0, 200)})` : ''}`.slice(0, 2000), retriable: o.retriable, attempts } };
+    if (!o)
+      return {
+        ...s,
+        reward: null,
+        reward_details: {},
+        reward_text: {},
+        failure: { code: 'ERR_REWARD_MISSING', message: `no reward outcome for ${s.id}`, retriable: false, attempts },
+      };
+    if (o.ok) {
+      const d = splitDetails(o.details);
+      return { ...s, reward: o.reward, reward_details: d.numbers, reward_text: d.text, failure: null };
+    }
+    return {
+      ...s,
+      reward: null,
+      reward_details: {},
+      reward_text: {},
+      failure: {
+        code: o.retriable ? 'ERR_REWARD_RETRIABLE' : 'ERR_REWARD',
+        message:
+          `${o.server && !o.reason.includes(o.server) ? `${o.server}: ` : ''}${o.reason}${o.body ? ` (body: ${o.body.slice(0, 200)})` : ''}`.slice(
+            0,
+            2000,
+          ),
+        retriable: o.retriable,
+        attempts,
+      },
+    };
   };
   const { samples: _drop, baseline, ...header } = g;
-  return { ...header, reward_fn: rewardFn, samples: g.samples.map(scored), baseline: baseline ? scored(baseline) : null };
+  return {
+    ...header,
+    reward_fn: rewardFn,
+    samples: g.samples.map(scored),
+    baseline: baseline ? scored(baseline) : null,
+  };
 }
 
 /**

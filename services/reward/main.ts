@@ -38,15 +38,33 @@ export interface RewardBackend {
  * (`reward.remote.enabled: false`, or `DISABLE_RL_REWARD_MODEL=true` in this process's
  * environment — debug mode): rewards then come from the reward function.
  */
-export async function createRewardBackend(p: Pipeline, replicaIndex: number, env: NodeJS.ProcessEnv = process.env): Promise<RewardBackend> {
+export async function createRewardBackend(
+  p: Pipeline,
+  replicaIndex: number,
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<RewardBackend> {
   const r = p.cfg.reward;
   if (r.type === 'remote' && isRemoteRewardEnabled(r.remote, env)) {
-    const client: RemoteRewardClient = createRemoteRewardClient(r.remote as never, { replicaIndex, log: forStage(p.log, 'reward'), env });
+    const client: RemoteRewardClient = createRemoteRewardClient(r.remote as never, {
+      replicaIndex,
+      log: forStage(p.log, 'reward'),
+      env,
+    });
     return {
-      name: 'http:remote', score: (items) => client.scoreBatch(items), async close() { client.close(); },
+      name: 'http:remote',
+      score: (items) => client.scoreBatch(items),
+      async close() {
+        client.close();
+      },
       // the client's reward/failures counts failed outcomes over the whole run; the stage's
       // per-step reward/failures (samples left without a reward) keeps that name
-      metrics: () => Object.fromEntries(Object.entries(client.metrics()).map(([k, v]) => [k === 'reward/failures' ? 'reward/remote_failures_total' : k, v])),
+      metrics: () =>
+        Object.fromEntries(
+          Object.entries(client.metrics()).map(([k, v]) => [
+            k === 'reward/failures' ? 'reward/remote_failures_total' : k,
+            v,
+          ]),
+        ),
     };
   }
   if (r.type === 'model') {
@@ -55,19 +73,34 @@ export async function createRewardBackend(p: Pipeline, replicaIndex: number, env
     const scorer = await createModelRewardScorer(r.model, { padId: tok.pad });
     const { vocabSize } = scorer.limits;
     if (vocabSize !== null && vocabSize !== tok.vocabSize) {
-      forStage(p.log, 'reward').warn({ model: r.model.path, model_vocab_size: vocabSize, tokenizer_vocab_size: tok.vocabSize }, `reward model ${r.model.path} declares a vocabulary of ${vocabSize} ids but the run's tokenizer (actor.model.tokenizer = ${p.cfg.actor.model.tokenizer}) has ${tok.vocabSize}: it was probably built for another tokenizer; ids ≥ ${vocabSize} fail to score`);
+      forStage(p.log, 'reward').warn(
+        { model: r.model.path, model_vocab_size: vocabSize, tokenizer_vocab_size: tok.vocabSize },
+        `reward model ${r.model.path} declares a vocabulary of ${vocabSize} ids but the run's tokenizer (actor.model.tokenizer = ${p.cfg.actor.model.tokenizer}) has ${tok.vocabSize}: it was probably built for another tokenizer; ids ≥ ${vocabSize} fail to score`,
+      );
     }
     return { name: `onnx:${r.model.path}`, score: (items) => scorer.scoreBatch(items), close: () => scorer.close() };
   }
   let fn: FunctionRewardSpec;
   let name: string;
   // remote servers switched off: the reward function (or data.task's reward, as the config loader fills it)
-  const fnName = r.reward_fn ?? (r.type === 'remote' && p.cfg.data.task !== null && rewardFns.has(p.cfg.data.task) ? p.cfg.data.task : null);
-  if (r.reward_fn_path) { fn = { path: r.reward_fn_path, name: null }; name = `fn:${r.reward_fn_path}`; }
-  else if (fnName) { rewardFns.get(fnName); fn = { path: null, name: fnName }; name = `fn:${fnName}`; }
-  else if (r.type === 'remote') {
-    throw new ConfigError(`reward.type = remote with the reward servers switched off (${r.remote.enabled === false ? 'reward.remote.enabled: false' : 'DISABLE_RL_REWARD_MODEL=true'}) needs a reward function: set reward.reward_fn (built-in: ${rewardFns.names().join(', ')}) or reward.reward_fn_path, or turn the servers back on`);
-  } else { fn = { path: null, name: 'exact_match' }; name = 'fn:exact_match'; }
+  const fnName =
+    r.reward_fn ??
+    (r.type === 'remote' && p.cfg.data.task !== null && rewardFns.has(p.cfg.data.task) ? p.cfg.data.task : null);
+  if (r.reward_fn_path) {
+    fn = { path: r.reward_fn_path, name: null };
+    name = `fn:${r.reward_fn_path}`;
+  } else if (fnName) {
+    rewardFns.get(fnName);
+    fn = { path: null, name: fnName };
+    name = `fn:${fnName}`;
+  } else if (r.type === 'remote') {
+    throw new ConfigError(
+      `reward.type = remote with the reward servers switched off (${r.remote.enabled === false ? 'reward.remote.enabled: false' : 'DISABLE_RL_REWARD_MODEL=true'}) needs a reward function: set reward.reward_fn (built-in: ${rewardFns.names().join(', ')}) or reward.reward_fn_path, or turn the servers back on`,
+    );
+  } else {
+    fn = { path: null, name: 'exact_match' };
+    name = 'fn:exact_match';
+  }
   const kwargs = r.reward_fn_kwargs as Record<string, unknown>;
   // in a worker thread with reward.timeout_s per sample: a function that never returns cannot block the stage
   const worker = new FunctionRewardWorker(fn, r.timeout_s * 1000);
@@ -77,8 +110,19 @@ export async function createRewardBackend(p: Pipeline, replicaIndex: number, env
     async score(items) {
       const out: RewardOutcome[] = [];
       for (const it of items) {
-        const o = await worker.score({ prompt: it.prompt_text, response: it.response_text, ground_truth: it.ground_truth ?? '', data_source: it.data_source ?? '', extra_info: parseExtraInfo(it.extra_info), kwargs });
-        out.push(o.ok ? { id: it.id, ok: true, reward: o.reward, details: o.metrics, server: name } : { id: it.id, ok: false, reason: o.reason, retriable: false, server: name });
+        const o = await worker.score({
+          prompt: it.prompt_text,
+          response: it.response_text,
+          ground_truth: it.ground_truth ?? '',
+          data_source: it.data_source ?? '',
+          extra_info: parseExtraInfo(it.extra_info),
+          kwargs,
+        });
+        out.push(
+          o.ok
+            ? { id: it.id, ok: true, reward: o.reward, details: o.metrics, server: name }
+            : { id: it.id, ok: false, reason: o.reason, retriable: false, server: name },
+        );
       }
       return out;
     },
@@ -114,11 +158,33 @@ export function startReward(p: Pipeline, backend: RewardBackend, opts: { replica
     for (const g of groups) {
       const all = samplesToScore(g);
       const gOut = all.map((s) => byId.get(s.id)!).filter(Boolean);
-      const decision = decideOnFailures(gOut, { group_id: g.id, expected_ids: all.map((s) => s.id), attempt: r.max_retries_later, max_attempts: r.max_retries_later }, r.on_failure);
+      const decision = decideOnFailures(
+        gOut,
+        {
+          group_id: g.id,
+          expected_ids: all.map((s) => s.id),
+          attempt: r.max_retries_later,
+          max_attempts: r.max_retries_later,
+        },
+        r.on_failure,
+      );
       if (decision.action === 'stop') {
         ctx.emit('control', {
-          run_id: p.runId, id: controlId(p.runId, 'run_failed', `reward.${g.id.slice(p.runId.length + 1).replace(/[^A-Za-z0-9._-]/g, '.')}`), step: g.step, policy_version: g.policy_version, type: 'run_failed', time_ms: Date.now(),
-          run_started: null, epoch_started: null, refill_request: null, val_round_done: null, run_done: null,
+          run_id: p.runId,
+          id: controlId(
+            p.runId,
+            'run_failed',
+            `reward.${g.id.slice(p.runId.length + 1).replace(/[^A-Za-z0-9._-]/g, '.')}`,
+          ),
+          step: g.step,
+          policy_version: g.policy_version,
+          type: 'run_failed',
+          time_ms: Date.now(),
+          run_started: null,
+          epoch_started: null,
+          refill_request: null,
+          val_round_done: null,
+          run_done: null,
           run_failed: { stage: 'reward', code: 'ERR_REWARD', message: `reward.on_failure = stop: ${decision.message}` },
         });
         log.error({ group: g.id }, `reward.on_failure = stop: ${decision.message}`);
@@ -130,7 +196,11 @@ export function startReward(p: Pipeline, backend: RewardBackend, opts: { replica
     const train = scored.filter((g) => g.kind === 'train');
     const client = backend.metrics?.();
     for (const step of new Set(train.map((g) => g.step))) {
-      metrics.add(step, { 'reward/failures': failedSamples(train.filter((g) => g.step === step)) }, { compute: performance.now() - t0 });
+      metrics.add(
+        step,
+        { 'reward/failures': failedSamples(train.filter((g) => g.step === step)) },
+        { compute: performance.now() - t0 },
+      );
       if (client) metrics.set(step, client);
     }
     log.debug({ groups: groups.length, ms: Math.round(performance.now() - t0) }, 'scored');

@@ -19,7 +19,12 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
   const tok = tokenizerFor(p.cfg);
   const model = policyModelConfig(p.cfg, tok);
   const sampler = new Sampler(model, samplerOptions(p.cfg));
-  const policies = new PolicyCache(p.policies, model, (v) => p.telemetry?.policyVersion('rollout', v), policyLora(p.cfg));
+  const policies = new PolicyCache(
+    p.policies,
+    model,
+    (v) => p.telemetry?.policyVersion('rollout', v),
+    policyLora(p.cfg),
+  );
   const metrics = new StageMetrics(p, 'rollout', opts.replica ?? '');
   const images = new PolicyImages(model); // a vision policy sees each prompt's images
   const log = forStage(p.log, 'rollout');
@@ -53,17 +58,35 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
       });
       for (const idx of bySetting.values()) {
         const s = requestSampling(groups[requests[idx[0]].groupIndex].batch, requests[idx[0]]);
-        const out = await sampler.generate(weights, idx.map((i) => ({ id: requests[i].id, prompt: requests[i].prompt, images: pixels.get(groups[requests[i].groupIndex].group) })), {
-          temperature: s.temperature, topP: s.top_p, topK: s.top_k > 0 ? s.top_k : 0, maxNewTokens: s.max_new_tokens, seed: p.cfg.data.seed,
-          eosTokenIds: stopTokenIds(model), // every eos id of config.json and generation_config.json stops a response
+        const out = await sampler.generate(
+          weights,
+          idx.map((i) => ({
+            id: requests[i].id,
+            prompt: requests[i].prompt,
+            images: pixels.get(groups[requests[i].groupIndex].group),
+          })),
+          {
+            temperature: s.temperature,
+            topP: s.top_p,
+            topK: s.top_k > 0 ? s.top_k : 0,
+            maxNewTokens: s.max_new_tokens,
+            seed: p.cfg.data.seed,
+            eosTokenIds: stopTokenIds(model), // every eos id of config.json and generation_config.json stops a response
+          },
+        );
+        idx.forEach((i, k) => {
+          results[i] = out[k];
         });
-        idx.forEach((i, k) => { results[i] = out[k]; });
       }
       const tGen = performance.now();
       crashPoint('rollout:generated');
       const trajs = trajectoryGroups(groups, requests, results, (ids) => tok.decode(ids), stopTokenIds(model));
       let tokens = 0;
-      for (const g of trajs) { ctx.emit('trajectories', g); for (const s of g.samples) tokens += s.response_ids.length; tokens += g.baseline?.response_ids.length ?? 0; }
+      for (const g of trajs) {
+        ctx.emit('trajectories', g);
+        for (const s of g.samples) tokens += s.response_ids.length;
+        tokens += g.baseline?.response_ids.length ?? 0;
+      }
       const steps = new Set(batches.filter((b) => b.kind === 'train').map((b) => b.step));
       for (const step of steps) {
         metrics.add(step, { 'perf/rollout_tokens': tokens }, { load: tLoad - t0, generate: tGen - tLoad });

@@ -4,19 +4,26 @@
  */
 import { ConfigError } from '../../lib/errors.ts';
 
-export interface SampleKey { id: string }
+export interface SampleKey {
+  id: string;
+}
 
 /**
  * The step's batch: every sample of every kept group, ordered by deterministic id, duplicates
  * (redelivered groups) dropped — so the batch, and therefore the update, does not depend on
  * arrival order, partitioning or the number of rollout replicas.
  */
-export function assembleBatch<S extends SampleKey>(groups: Array<{ samples: S[] }>): { samples: S[]; duplicates: number } {
+export function assembleBatch<S extends SampleKey>(
+  groups: Array<{ samples: S[] }>,
+): { samples: S[]; duplicates: number } {
   const byId = new Map<string, S>();
   let duplicates = 0;
   for (const g of groups) {
     for (const s of g.samples) {
-      if (byId.has(s.id)) { duplicates++; continue; }
+      if (byId.has(s.id)) {
+        duplicates++;
+        continue;
+      }
       byId.set(s.id, s);
     }
   }
@@ -28,13 +35,31 @@ export function assembleBatch<S extends SampleKey>(groups: Array<{ samples: S[] 
  * Explains the batch arithmetic (rollout_batch_size × n samples per step, split into mini-batches
  * of global_batch_size, each accumulated over micro-batches) and rejects inconsistent sizes.
  */
-export function checkBatchArithmetic(a: { rolloutBatchSize: number; n: number; globalBatchSize: number; microBatchSize: number }): { samplesPerStep: number; miniBatches: number; microPerMini: number } {
+export function checkBatchArithmetic(a: {
+  rolloutBatchSize: number;
+  n: number;
+  globalBatchSize: number;
+  microBatchSize: number;
+}): { samplesPerStep: number; miniBatches: number; microPerMini: number } {
   const samplesPerStep = a.rolloutBatchSize * a.n;
   const why = `each step has data.rollout_batch_size × rollout.n = ${a.rolloutBatchSize} × ${a.n} = ${samplesPerStep} samples, split into mini-batches of actor.global_batch_size = ${a.globalBatchSize} samples (one optimizer step each), each accumulated over micro-batches of actor.micro_batch_size_per_device_for_update = ${a.microBatchSize}`;
-  if (a.globalBatchSize > samplesPerStep) throw new ConfigError(`${why}: the mini-batch is larger than the step; lower actor.global_batch_size to at most ${samplesPerStep}`);
-  if (samplesPerStep % a.globalBatchSize !== 0) throw new ConfigError(`${why}: ${samplesPerStep} is not a multiple of ${a.globalBatchSize}; choose a divisor of ${samplesPerStep}`);
-  if (a.globalBatchSize % a.microBatchSize !== 0) throw new ConfigError(`${why}: ${a.globalBatchSize} is not a multiple of ${a.microBatchSize}; choose a divisor of ${a.globalBatchSize}`);
-  return { samplesPerStep, miniBatches: samplesPerStep / a.globalBatchSize, microPerMini: a.globalBatchSize / a.microBatchSize };
+  if (a.globalBatchSize > samplesPerStep)
+    throw new ConfigError(
+      `${why}: the mini-batch is larger than the step; lower actor.global_batch_size to at most ${samplesPerStep}`,
+    );
+  if (samplesPerStep % a.globalBatchSize !== 0)
+    throw new ConfigError(
+      `${why}: ${samplesPerStep} is not a multiple of ${a.globalBatchSize}; choose a divisor of ${samplesPerStep}`,
+    );
+  if (a.globalBatchSize % a.microBatchSize !== 0)
+    throw new ConfigError(
+      `${why}: ${a.globalBatchSize} is not a multiple of ${a.microBatchSize}; choose a divisor of ${a.globalBatchSize}`,
+    );
+  return {
+    samplesPerStep,
+    miniBatches: samplesPerStep / a.globalBatchSize,
+    microPerMini: a.globalBatchSize / a.microBatchSize,
+  };
 }
 
 /** Mini-batches of `size` consecutive samples (in id order), then micro-batches inside each. */
@@ -63,7 +88,9 @@ export function checkpointsToPrune(steps: number[], saveLimit: number): number[]
 }
 
 /** What the update stage reads of the controller's stored stage state (`{ ctl: ControllerState, … }`). */
-export interface ControllerProgress { ctl?: { valEmitted?: number[]; valDone?: number[]; latest?: { version: number } | null } }
+export interface ControllerProgress {
+  ctl?: { valEmitted?: number[]; valDone?: number[]; latest?: { version: number } | null };
+}
 
 /**
  * Policy versions a validation round may still sample with, so pruning must keep them: rounds the
@@ -106,13 +133,17 @@ export function nftTargets(groups: readonly NftGroupInput[], key: string): Map<s
     const outcomes = g.samples.map((x): 1 | -1 => {
       const v = x.reward_details[key] ?? (key === 'overall' || key === 'accuracy' ? x.reward : undefined);
       if (v === undefined || v === null) {
-        throw new ConfigError(`algorithm.policy_loss = nft reads each response's correctness from reward metric "${key}" (algorithm.nft.correct_key), but sample ${x.id} (reward ${g.reward_fn}) has none; `
-          + `its reward reports: ${Object.keys(x.reward_details).join(', ') || '(no metrics; use "overall" for the scalar reward)'}`);
+        throw new ConfigError(
+          `algorithm.policy_loss = nft reads each response's correctness from reward metric "${key}" (algorithm.nft.correct_key), but sample ${x.id} (reward ${g.reward_fn}) has none; ` +
+            `its reward reports: ${Object.keys(x.reward_details).join(', ') || '(no metrics; use "overall" for the scalar reward)'}`,
+        );
       }
       if (v === 1) return 1;
       if (v === 0 || v === -1) return -1;
-      throw new ConfigError(`algorithm.policy_loss = nft needs a binary correctness per response (1 = correct, 0 or −1 = incorrect), but sample ${x.id} has ${key} = ${v} (reward ${g.reward_fn}). `
-        + `Set algorithm.nft.correct_key to a 0/1 metric of the reward (this one reports: ${Object.keys(x.reward_details).join(', ') || 'none'}), or use a verifier reward that returns 1/0 (e.g. reward.reward_fn=exact_match)`);
+      throw new ConfigError(
+        `algorithm.policy_loss = nft needs a binary correctness per response (1 = correct, 0 or −1 = incorrect), but sample ${x.id} has ${key} = ${v} (reward ${g.reward_fn}). ` +
+          `Set algorithm.nft.correct_key to a 0/1 metric of the reward (this one reports: ${Object.keys(x.reward_details).join(', ') || 'none'}), or use a verifier reward that returns 1/0 (e.g. reward.reward_fn=exact_match)`,
+      );
     });
     const acc = outcomes.filter((o) => o === 1).length / outcomes.length;
     g.samples.forEach((x, i) => out.set(x.id, { reward: outcomes[i], groupAccuracy: acc }));
@@ -125,15 +156,24 @@ export function nftTargets(groups: readonly NftGroupInput[], key: string): Map<s
  * masked loss and shaped advantages). A sample without VPPO fields (VPPO off, or a trajectory
  * recorded without them) is returned unchanged.
  */
-export function applyVppoToSample(s: { advantages: Float32Array; loss_weights: Float32Array; vppo_token_mask?: Uint8Array | null; vppo_scaling?: number | null }): { advantages: Float32Array; loss_weights: Float32Array } {
-  if (s.vppo_token_mask == null && s.vppo_scaling == null) return { advantages: s.advantages, loss_weights: s.loss_weights };
+export function applyVppoToSample(s: {
+  advantages: Float32Array;
+  loss_weights: Float32Array;
+  vppo_token_mask?: Uint8Array | null;
+  vppo_scaling?: number | null;
+}): { advantages: Float32Array; loss_weights: Float32Array } {
+  if (s.vppo_token_mask == null && s.vppo_scaling == null)
+    return { advantages: s.advantages, loss_weights: s.loss_weights };
   const L = s.advantages.length;
-  if (s.loss_weights.length !== L) throw new ConfigError(`vppo: ${s.loss_weights.length} loss weights for ${L} advantages`);
+  if (s.loss_weights.length !== L)
+    throw new ConfigError(`vppo: ${s.loss_weights.length} loss weights for ${L} advantages`);
   const m = s.vppo_token_mask;
   if (m != null && m.length !== L) throw new ConfigError(`vppo: token mask of ${m.length} for ${L} response tokens`);
   const alpha = s.vppo_scaling ?? 1;
-  if (!Number.isFinite(alpha) || alpha < 0) throw new ConfigError(`vppo: trajectory scaling factor ${alpha} is not a finite number ≥ 0`);
-  const advantages = new Float32Array(L), loss_weights = new Float32Array(L);
+  if (!Number.isFinite(alpha) || alpha < 0)
+    throw new ConfigError(`vppo: trajectory scaling factor ${alpha} is not a finite number ≥ 0`);
+  const advantages = new Float32Array(L),
+    loss_weights = new Float32Array(L);
   for (let t = 0; t < L; t++) {
     advantages[t] = s.advantages[t] * alpha;
     loss_weights[t] = m != null ? s.loss_weights[t] * m[t] : s.loss_weights[t];

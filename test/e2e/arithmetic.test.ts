@@ -32,20 +32,39 @@ const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
 test('arithmetic: train reward rises well above the format-only level in 25 steps', { timeout: 600_000 }, async () => {
   const cfg = loadConfig({
     file: join(ROOT, 'examples/arithmetic.yaml'),
-    overrides: [`trainer.run_dir=${runDir}`, `pipeline.run_id=${RUN_ID}`, `trainer.max_steps=${STEPS}`, 'trainer.val_before_train=false', 'trainer.val_freq=-1', 'trainer.save_freq=-1'],
+    overrides: [
+      `trainer.run_dir=${runDir}`,
+      `pipeline.run_id=${RUN_ID}`,
+      `trainer.max_steps=${STEPS}`,
+      'trainer.val_before_train=false',
+      'trainer.val_freq=-1',
+      'trainer.save_freq=-1',
+    ],
   });
   const out = await trainEmbedded(cfg, silentLogger(RUN_ID));
   assert.equal(out.status, 'completed', out.message);
   const store = await openStore({ kind: 'pglite', dir: join(runDir, 'db') });
   try {
     const reward = (await store.getMetrics(RUN_ID, ['reward/mean'])).sort((a, b) => a.step - b.step);
-    assert.deepEqual(reward.map((m) => m.step), Array.from({ length: STEPS }, (_, i) => i + 1), 'one reward/mean per step');
+    assert.deepEqual(
+      reward.map((m) => m.step),
+      Array.from({ length: STEPS }, (_, i) => i + 1),
+      'one reward/mean per step',
+    );
     const curve = reward.map((m) => `${m.step}:${m.value.toFixed(3)}`).join(' ');
     const first = mean(reward.slice(0, 5).map((m) => m.value));
     const last = mean(reward.slice(-5).map((m) => m.value));
-    assert.ok(first < 0.1, `untrained policy's reward (mean of steps 1–5) is ${first.toFixed(3)}, expected below the format-only 0.1; curve: ${curve}`);
-    assert.ok(last > 0.15, `reward of the last 5 steps is ${last.toFixed(3)}: no better than writing integers (0.1); curve: ${curve}`);
+    assert.ok(
+      first < 0.1,
+      `untrained policy's reward (mean of steps 1–5) is ${first.toFixed(3)}, expected below the format-only 0.1; curve: ${curve}`,
+    );
+    assert.ok(
+      last > 0.15,
+      `reward of the last 5 steps is ${last.toFixed(3)}: no better than writing integers (0.1); curve: ${curve}`,
+    );
     assert.ok(last > first + 0.08, `reward rises only ${first.toFixed(3)} → ${last.toFixed(3)}; curve: ${curve}`);
     console.log(`# reward/mean first 5 steps ${first.toFixed(3)}, last 5 ${last.toFixed(3)}; curve: ${curve}`);
-  } finally { await store.close(); }
+  } finally {
+    await store.close();
+  }
 });

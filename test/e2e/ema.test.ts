@@ -13,15 +13,29 @@ const dir = join(ROOT, 'test/.tmp', `ema-${process.pid}`);
 after(() => rmSync(dir, { recursive: true, force: true }));
 
 test('EMA weights follow the decay rule across steps', { timeout: 300_000 }, async () => {
-  const cfg = loadConfig({ file: join(ROOT, 'test/e2e/fixtures/tiny.yaml'), overrides: [`trainer.run_dir=${dir}`, 'pipeline.run_id=ema-test', 'trainer.max_steps=2', 'algorithm.ema.enable=true', 'algorithm.ema.decay=0.75'] });
+  const cfg = loadConfig({
+    file: join(ROOT, 'test/e2e/fixtures/tiny.yaml'),
+    overrides: [
+      `trainer.run_dir=${dir}`,
+      'pipeline.run_id=ema-test',
+      'trainer.max_steps=2',
+      'algorithm.ema.enable=true',
+      'algorithm.ema.decay=0.75',
+    ],
+  });
   const out = await trainEmbedded(cfg, silentLogger('ema-test'));
   assert.equal(out.status, 'completed', out.message);
   const v = async (sub: string) => (await loadCheckpoint(join(dir, sub), { optimizer: false })).weights;
-  const [p0, p1, p2, e0, e1, e2] = await Promise.all(['policy/v000000', 'policy/v000001', 'policy/v000002', 'ema/v000000', 'ema/v000001', 'ema/v000002'].map(v));
+  const [p0, p1, p2, e0, e1, e2] = await Promise.all(
+    ['policy/v000000', 'policy/v000001', 'policy/v000002', 'ema/v000000', 'ema/v000001', 'ema/v000002'].map(v),
+  );
   let moved = 0;
   for (const [name, w0] of p0) {
     assert.deepEqual(e0.get(name), w0, `EMA starts at the initial weights (${name})`);
-    const a = e1.get(name)!, b = e2.get(name)!, w1 = p1.get(name)!, w2 = p2.get(name)!;
+    const a = e1.get(name)!,
+      b = e2.get(name)!,
+      w1 = p1.get(name)!,
+      w2 = p2.get(name)!;
     for (let i = 0; i < w0.length; i++) {
       const x1 = 0.75 * w0[i] + 0.25 * w1[i];
       assert.ok(Math.abs(a[i] - x1) <= 1e-6 * (1 + Math.abs(x1)), `${name}[${i}] after step 1: ${a[i]} vs ${x1}`);

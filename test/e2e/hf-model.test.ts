@@ -33,98 +33,247 @@ after(() => rmSync(tmp, { recursive: true, force: true }));
 
 // Qwen3's real config keys at a small size (the real vocabulary: the tokenizer's 151669 ids fit in 151936)
 const config = {
-  architectures: ['Qwen3ForCausalLM'], model_type: 'qwen3', hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 4,
-  num_key_value_heads: 2, head_dim: 16, vocab_size: 151936, max_position_embeddings: 256, rms_norm_eps: 1e-6, rope_theta: 1000000, rope_scaling: null,
-  hidden_act: 'silu', tie_word_embeddings: true, attention_bias: false, attention_dropout: 0.0, bos_token_id: 151643, eos_token_id: 151645,
-  use_cache: true, use_sliding_window: false, sliding_window: null, max_window_layers: 2, initializer_range: 0.02, transformers_version: '4.51.0',
+  architectures: ['Qwen3ForCausalLM'],
+  model_type: 'qwen3',
+  hidden_size: 32,
+  intermediate_size: 64,
+  num_hidden_layers: 2,
+  num_attention_heads: 4,
+  num_key_value_heads: 2,
+  head_dim: 16,
+  vocab_size: 151936,
+  max_position_embeddings: 256,
+  rms_norm_eps: 1e-6,
+  rope_theta: 1000000,
+  rope_scaling: null,
+  hidden_act: 'silu',
+  tie_word_embeddings: true,
+  attention_bias: false,
+  attention_dropout: 0.0,
+  bos_token_id: 151643,
+  eos_token_id: 151645,
+  use_cache: true,
+  use_sliding_window: false,
+  sliding_window: null,
+  max_window_layers: 2,
+  initializer_range: 0.02,
+  transformers_version: '4.51.0',
 };
-const generation = { bos_token_id: 151643, eos_token_id: [151645, 151643], pad_token_id: 151643, do_sample: true, temperature: 0.6, top_p: 0.95, top_k: 20 };
+const generation = {
+  bos_token_id: 151643,
+  eos_token_id: [151645, 151643],
+  pad_token_id: 151643,
+  do_sample: true,
+  temperature: 0.6,
+  top_p: 0.95,
+  top_k: 20,
+};
 
-const cli = (...args: string[]): string => execFileSync(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), ...args], { encoding: 'utf8', cwd: ROOT });
+const cli = (...args: string[]): string =>
+  execFileSync(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), ...args], { encoding: 'utf8', cwd: ROOT });
 
-test('a Hugging Face Qwen3 directory loads, generates, trains two GRPO steps and exports to identical log-probs', { timeout: 300_000 }, async () => {
-  const src = join(tmp, 'Qwen3-tiny');
-  const c0 = fromHfConfig(config);
-  writeHfModelDir(src, { config, generation, tensors: paramSpecs(c0).map((s) => [s.name, s.shape]), weights: initWeights(c0, 5, { std: 0.1 }), dtype: 'bfloat16', shards: 2, tokenizerFrom: QWEN3_TOKENIZER_DIR });
-  assert.ok(existsSync(join(src, 'model-00002-of-00002.safetensors')) && existsSync(join(src, 'model.safetensors.index.json')));
+test(
+  'a Hugging Face Qwen3 directory loads, generates, trains two GRPO steps and exports to identical log-probs',
+  { timeout: 300_000 },
+  async () => {
+    const src = join(tmp, 'Qwen3-tiny');
+    const c0 = fromHfConfig(config);
+    writeHfModelDir(src, {
+      config,
+      generation,
+      tensors: paramSpecs(c0).map((s) => [s.name, s.shape]),
+      weights: initWeights(c0, 5, { std: 0.1 }),
+      dtype: 'bfloat16',
+      shards: 2,
+      tokenizerFrom: QWEN3_TOKENIZER_DIR,
+    });
+    assert.ok(
+      existsSync(join(src, 'model-00002-of-00002.safetensors')) &&
+        existsSync(join(src, 'model.safetensors.index.json')),
+    );
 
-  // ── loads, and generates (generation_config: sampling at T = 0.6; log-probs untempered)
-  const ck = await loadCheckpoint(src);
-  assert.deepEqual([ck.config.modelType, ck.config.headDim, ck.config.tieWordEmbeddings], ['qwen3', 16, true]); // head_dim ≠ hidden / heads
-  const out = cli('generate', src, '--chat', '--system', 'You are terse.', '--prompt', 'What is 2 + 3?', '--max-new-tokens', '6', '--seed', '7', '--json').trim().split('\n');
-  const gen = JSON.parse(out.at(-1)!) as { prompt_ids: number[]; response_ids: number[]; logprobs: number[]; text: string };
-  const tok = modelDirTokenizer(src, ck.config);
-  assert.equal(tok.decode(gen.prompt_ids), '<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n'.replace(/<\|im_(start|end)\|>/g, ''), 'chat-templated prompt (specials dropped by decode)');
-  assert.deepEqual(gen.prompt_ids.slice(0, 3), [151644, 8948, 198], '<|im_start|>system\\n');
-  assert.ok(gen.response_ids.length >= 1 && gen.response_ids.length <= 6);
-  const scorer = new Scorer(ck.config, { threads: 2 });
-  const [ref] = await scorer.score(ck.weights, [{ prompt: gen.prompt_ids, response: gen.response_ids }], { temperature: 1, entropy: false });
-  gen.logprobs.forEach((lp, i) => assert.ok(Math.abs(lp - ref.logprobs[i]) < 1e-5, `logprob ${i}: ${lp} vs ${ref.logprobs[i]}`));
-  const greedy = JSON.parse(cli('generate', src, '--prompt', 'Hello', '--max-new-tokens', '4', '--temperature', '0', '--json').trim().split('\n').at(-1)!);
-  const [gref] = await scorer.score(ck.weights, [{ prompt: greedy.prompt_ids, response: greedy.response_ids }], { temperature: 1, entropy: false });
-  greedy.logprobs.forEach((lp: number, i: number) => assert.ok(Math.abs(lp - gref.logprobs[i]) < 1e-5, `greedy logprob ${i}`));
+    // ── loads, and generates (generation_config: sampling at T = 0.6; log-probs untempered)
+    const ck = await loadCheckpoint(src);
+    assert.deepEqual([ck.config.modelType, ck.config.headDim, ck.config.tieWordEmbeddings], ['qwen3', 16, true]); // head_dim ≠ hidden / heads
+    const out = cli(
+      'generate',
+      src,
+      '--chat',
+      '--system',
+      'You are terse.',
+      '--prompt',
+      'What is 2 + 3?',
+      '--max-new-tokens',
+      '6',
+      '--seed',
+      '7',
+      '--json',
+    )
+      .trim()
+      .split('\n');
+    const gen = JSON.parse(out.at(-1)!) as {
+      prompt_ids: number[];
+      response_ids: number[];
+      logprobs: number[];
+      text: string;
+    };
+    const tok = modelDirTokenizer(src, ck.config);
+    assert.equal(
+      tok.decode(gen.prompt_ids),
+      '<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n'.replace(
+        /<\|im_(start|end)\|>/g,
+        '',
+      ),
+      'chat-templated prompt (specials dropped by decode)',
+    );
+    assert.deepEqual(gen.prompt_ids.slice(0, 3), [151644, 8948, 198], '<|im_start|>system\\n');
+    assert.ok(gen.response_ids.length >= 1 && gen.response_ids.length <= 6);
+    const scorer = new Scorer(ck.config, { threads: 2 });
+    const [ref] = await scorer.score(ck.weights, [{ prompt: gen.prompt_ids, response: gen.response_ids }], {
+      temperature: 1,
+      entropy: false,
+    });
+    gen.logprobs.forEach((lp, i) =>
+      assert.ok(Math.abs(lp - ref.logprobs[i]) < 1e-5, `logprob ${i}: ${lp} vs ${ref.logprobs[i]}`),
+    );
+    const greedy = JSON.parse(
+      cli('generate', src, '--prompt', 'Hello', '--max-new-tokens', '4', '--temperature', '0', '--json')
+        .trim()
+        .split('\n')
+        .at(-1)!,
+    );
+    const [gref] = await scorer.score(ck.weights, [{ prompt: greedy.prompt_ids, response: greedy.response_ids }], {
+      temperature: 1,
+      entropy: false,
+    });
+    greedy.logprobs.forEach((lp: number, i: number) =>
+      assert.ok(Math.abs(lp - gref.logprobs[i]) < 1e-5, `greedy logprob ${i}`),
+    );
 
-  // ── two GRPO steps on chat-templated prompts
-  const data = join(tmp, 'train.jsonl');
-  mkdirSync(tmp, { recursive: true });
-  // string prompts: the data path renders each as one user message through the chat template (data.apply_chat_template, default on)
-  const rows = ['2 + 3', '4 + 1', '7 - 2', '1 + 1'].map((q, i) => ({ prompt: `What is ${q}? Answer with a number.`, answer: String([5, 5, 5, 2][i]) }));
-  writeFileSync(data, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
-  const runDir = join(tmp, 'run');
-  const cfg = loadConfig({
-    overrides: [
-      `data.train_files=${data}`, 'data.max_prompt_length=48', 'data.max_response_length=6', 'data.rollout_batch_size=4',
-      'algorithm.adv_estimator=grpo', 'rollout.n=2', `actor.model.path=${src}`, 'actor.model.max_seq_len=64', 'actor.optim.lr=1e-3',
-      'actor.global_batch_size=8', 'actor.micro_batch_size_per_device_for_update=4', 'actor.micro_batch_size_per_device_for_experience=8',
-      'reward.reward_fn=exact_match', `trainer.run_dir=${runDir}`, `pipeline.run_id=${RUN_ID}`, 'trainer.max_steps=2', 'trainer.total_epochs=2',
-      'trainer.val_before_train=false', 'trainer.val_freq=-1', 'trainer.save_freq=2',
-    ],
-  });
-  const run = await trainEmbedded(cfg, silentLogger(RUN_ID));
-  assert.equal(run.status, 'completed', run.message);
-  const store = await openStore({ kind: 'pglite', dir: join(runDir, 'db') });
-  try {
-    const trajs = await store.getTrajectories(RUN_ID);
-    assert.ok(trajs.length >= 16, `${trajs.length} trajectories`);
-    for (const t of trajs) {
-      assert.match(t.promptText, /^<\|im_start\|>user\nWhat is \d [+-] \d\? Answer with a number\.<\|im_end\|>\n<\|im_start\|>assistant\n/, 'the rendered chat prompt is what the policy saw');
-      assert.deepEqual(t.promptTokens, Array.from(tok.encode(t.promptText)), 'prompt ids are the rendered text\'s');
+    // ── two GRPO steps on chat-templated prompts
+    const data = join(tmp, 'train.jsonl');
+    mkdirSync(tmp, { recursive: true });
+    // string prompts: the data path renders each as one user message through the chat template (data.apply_chat_template, default on)
+    const rows = ['2 + 3', '4 + 1', '7 - 2', '1 + 1'].map((q, i) => ({
+      prompt: `What is ${q}? Answer with a number.`,
+      answer: String([5, 5, 5, 2][i]),
+    }));
+    writeFileSync(data, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    const runDir = join(tmp, 'run');
+    const cfg = loadConfig({
+      overrides: [
+        `data.train_files=${data}`,
+        'data.max_prompt_length=48',
+        'data.max_response_length=6',
+        'data.rollout_batch_size=4',
+        'algorithm.adv_estimator=grpo',
+        'rollout.n=2',
+        `actor.model.path=${src}`,
+        'actor.model.max_seq_len=64',
+        'actor.optim.lr=1e-3',
+        'actor.global_batch_size=8',
+        'actor.micro_batch_size_per_device_for_update=4',
+        'actor.micro_batch_size_per_device_for_experience=8',
+        'reward.reward_fn=exact_match',
+        `trainer.run_dir=${runDir}`,
+        `pipeline.run_id=${RUN_ID}`,
+        'trainer.max_steps=2',
+        'trainer.total_epochs=2',
+        'trainer.val_before_train=false',
+        'trainer.val_freq=-1',
+        'trainer.save_freq=2',
+      ],
+    });
+    const run = await trainEmbedded(cfg, silentLogger(RUN_ID));
+    assert.equal(run.status, 'completed', run.message);
+    const store = await openStore({ kind: 'pglite', dir: join(runDir, 'db') });
+    try {
+      const trajs = await store.getTrajectories(RUN_ID);
+      assert.ok(trajs.length >= 16, `${trajs.length} trajectories`);
+      for (const t of trajs) {
+        assert.match(
+          t.promptText,
+          /^<\|im_start\|>user\nWhat is \d [+-] \d\? Answer with a number\.<\|im_end\|>\n<\|im_start\|>assistant\n/,
+          'the rendered chat prompt is what the policy saw',
+        );
+        assert.deepEqual(t.promptTokens, Array.from(tok.encode(t.promptText)), "prompt ids are the rendered text's");
+      }
+    } finally {
+      await store.close();
     }
-  } finally { await store.close(); }
-  const v2 = join(runDir, 'policy', 'v000002');
-  for (const f of ['config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']) assert.ok(existsSync(join(v2, f)), `policy version 2 has ${f}`);
-  const trained = await loadCheckpoint(v2, { optimizer: false });
-  const moved = [...trained.weights].some(([k, w]) => w.some((x, i) => x !== ck.weights.get(k)![i]));
-  assert.ok(moved, 'two steps changed the weights');
-  const v2cfg = JSON.parse(readFileSync(join(v2, 'config.json'), 'utf8'));
-  assert.equal(v2cfg.transformers_version, '4.51.0', 'source keys kept');
-  assert.equal(v2cfg.torch_dtype, 'float32');
-  assert.deepEqual(JSON.parse(readFileSync(join(v2, 'generation_config.json'), 'utf8')), generation);
+    const v2 = join(runDir, 'policy', 'v000002');
+    for (const f of [
+      'config.json',
+      'generation_config.json',
+      'model.safetensors',
+      'tokenizer.json',
+      'tokenizer_config.json',
+    ])
+      assert.ok(existsSync(join(v2, f)), `policy version 2 has ${f}`);
+    const trained = await loadCheckpoint(v2, { optimizer: false });
+    const moved = [...trained.weights].some(([k, w]) => w.some((x, i) => x !== ck.weights.get(k)![i]));
+    assert.ok(moved, 'two steps changed the weights');
+    const v2cfg = JSON.parse(readFileSync(join(v2, 'config.json'), 'utf8'));
+    assert.equal(v2cfg.transformers_version, '4.51.0', 'source keys kept');
+    assert.equal(v2cfg.torch_dtype, 'float32');
+    assert.deepEqual(JSON.parse(readFileSync(join(v2, 'generation_config.json'), 'utf8')), generation);
 
-  // ── export the final checkpoint: f32 reloads to identical log-probs, bf16 to the rounded weights
-  const ckptDir = join(runDir, 'checkpoints', 'global_step_2');
-  assert.ok(existsSync(join(ckptDir, 'actor', 'tokenizer.json')), 'the checkpoint\'s actor/ is a complete model directory');
-  const f32Dir = join(tmp, 'export-f32'), bf16Dir = join(tmp, 'export-bf16');
-  assert.match(cli('export', ckptDir, '--out', f32Dir), /exported .*qwen3/);
-  cli('export', ckptDir, '--out', bf16Dir, '--dtype', 'bf16');
-  assert.ok(!existsSync(join(f32Dir, 'optimizer.safetensors')));
-  const ex = await loadCheckpoint(f32Dir);
-  const reqs = [{ prompt: gen.prompt_ids, response: gen.response_ids }, { prompt: greedy.prompt_ids, response: greedy.response_ids }];
-  const a = await scorer.score(trained.weights, reqs, { entropy: false }), b = await scorer.score(ex.weights, reqs, { entropy: false });
-  a.forEach((r, i) => assert.deepEqual(Array.from(b[i].logprobs), Array.from(r.logprobs), `row ${i}: exported log-probs`));
-  const bf = await loadCheckpoint(bf16Dir);
-  assert.equal(JSON.parse(readFileSync(join(bf16Dir, 'config.json'), 'utf8')).torch_dtype, 'bfloat16');
-  for (const [k, w] of trained.weights) {
-    const r = fromFloat32(w, [w.length], 'bfloat16').data as Uint16Array, got = new Uint32Array(bf.weights.get(k)!.buffer);
-    for (let i = 0; i < w.length; i += 101) assert.equal(got[i], (r[i] << 16) >>> 0, `${k}[${i}] bf16`);
-  }
-  for (const f of ['tokenizer.json', 'tokenizer_config.json']) assert.equal(readFileSync(join(bf16Dir, f), 'utf8'), readFileSync(join(src, f), 'utf8'));
+    // ── export the final checkpoint: f32 reloads to identical log-probs, bf16 to the rounded weights
+    const ckptDir = join(runDir, 'checkpoints', 'global_step_2');
+    assert.ok(
+      existsSync(join(ckptDir, 'actor', 'tokenizer.json')),
+      "the checkpoint's actor/ is a complete model directory",
+    );
+    const f32Dir = join(tmp, 'export-f32'),
+      bf16Dir = join(tmp, 'export-bf16');
+    assert.match(cli('export', ckptDir, '--out', f32Dir), /exported .*qwen3/);
+    cli('export', ckptDir, '--out', bf16Dir, '--dtype', 'bf16');
+    assert.ok(!existsSync(join(f32Dir, 'optimizer.safetensors')));
+    const ex = await loadCheckpoint(f32Dir);
+    const reqs = [
+      { prompt: gen.prompt_ids, response: gen.response_ids },
+      { prompt: greedy.prompt_ids, response: greedy.response_ids },
+    ];
+    const a = await scorer.score(trained.weights, reqs, { entropy: false }),
+      b = await scorer.score(ex.weights, reqs, { entropy: false });
+    a.forEach((r, i) =>
+      assert.deepEqual(Array.from(b[i].logprobs), Array.from(r.logprobs), `row ${i}: exported log-probs`),
+    );
+    const bf = await loadCheckpoint(bf16Dir);
+    assert.equal(JSON.parse(readFileSync(join(bf16Dir, 'config.json'), 'utf8')).torch_dtype, 'bfloat16');
+    for (const [k, w] of trained.weights) {
+      const r = fromFloat32(w, [w.length], 'bfloat16').data as Uint16Array,
+        got = new Uint32Array(bf.weights.get(k)!.buffer);
+      for (let i = 0; i < w.length; i += 101) assert.equal(got[i], (r[i] << 16) >>> 0, `${k}[${i}] bf16`);
+    }
+    for (const f of ['tokenizer.json', 'tokenizer_config.json'])
+      assert.equal(readFileSync(join(bf16Dir, f), 'utf8'), readFileSync(join(src, f), 'utf8'));
 
-  // generate reads a run checkpoint too; its greedy answer scores as the trained policy's
-  const fromCkpt = JSON.parse(cli('generate', ckptDir, '--prompt', 'Hello', '--max-new-tokens', '3', '--temperature', '0', '--json').trim().split('\n').at(-1)!);
-  const [cref] = await scorer.score(trained.weights, [{ prompt: fromCkpt.prompt_ids, response: fromCkpt.response_ids }], { entropy: false });
-  fromCkpt.logprobs.forEach((lp: number, i: number) => assert.ok(Math.abs(lp - cref.logprobs[i]) < 1e-5, `checkpoint greedy logprob ${i}`));
-  // bad input: one line, non-zero exit
-  assert.throws(() => execFileSync(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), 'generate', join(tmp, 'nope'), '--prompt', 'x'], { encoding: 'utf8', stdio: 'pipe' }),
-    (e: { status: number; stderr: string }) => e.status !== 0 && e.stderr.trim().split('\n').length === 1 && /does not exist/.test(e.stderr));
-});
+    // generate reads a run checkpoint too; its greedy answer scores as the trained policy's
+    const fromCkpt = JSON.parse(
+      cli('generate', ckptDir, '--prompt', 'Hello', '--max-new-tokens', '3', '--temperature', '0', '--json')
+        .trim()
+        .split('\n')
+        .at(-1)!,
+    );
+    const [cref] = await scorer.score(
+      trained.weights,
+      [{ prompt: fromCkpt.prompt_ids, response: fromCkpt.response_ids }],
+      { entropy: false },
+    );
+    fromCkpt.logprobs.forEach((lp: number, i: number) =>
+      assert.ok(Math.abs(lp - cref.logprobs[i]) < 1e-5, `checkpoint greedy logprob ${i}`),
+    );
+    // bad input: one line, non-zero exit
+    assert.throws(
+      () =>
+        execFileSync(
+          process.execPath,
+          [join(ROOT, 'bin/rlstream.mjs'), 'generate', join(tmp, 'nope'), '--prompt', 'x'],
+          { encoding: 'utf8', stdio: 'pipe' },
+        ),
+      (e: { status: number; stderr: string }) =>
+        e.status !== 0 && e.stderr.trim().split('\n').length === 1 && /does not exist/.test(e.stderr),
+    );
+  },
+);

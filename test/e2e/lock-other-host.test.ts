@@ -15,29 +15,52 @@ import { killHard, sleep, spawnCli, type CliProc } from '../support/chaos-procs.
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
 const tmp = join(ROOT, 'test/.tmp', `lock-other-host-${process.pid}`);
 const procs: CliProc[] = [];
-after(async () => { for (const p of procs) await killHard(p); rmSync(tmp, { recursive: true, force: true }); });
-
-const unshareMissing = process.getuid?.() !== 0 || spawnSync('unshare', ['--uts', 'true']).status !== 0 ? 'needs root and unshare --uts' : false;
-
-test('a run held by a process on another host is refused, not taken over as stale', { skip: unshareMissing, timeout: 90_000 }, async () => {
-  const dir = join(tmp, 'run');
-  const args = ['train', CONFIG, `trainer.run_dir=${dir}`, 'pipeline.run_id=otherhost', 'trainer.max_steps=200'];
-  // A: `rlstream train` under the hostname "otherhost" (its own UTS namespace)
-  const child = spawn('unshare', ['--uts', 'sh', '-c', `hostname otherhost && exec "${process.execPath}" "${join(ROOT, 'bin/rlstream.mjs')}" ${args.map((x) => `'${x}'`).join(' ')}`], { cwd: ROOT, stdio: 'ignore', env: { ...process.env, RLSTREAM_LOG_JSON: '1' } });
-  const lock = join(dir, 'db', 'rlstream.lock');
-  try {
-    for (let i = 0; i < 300 && !existsSync(lock); i++) await sleep(100);
-    assert.ok(existsSync(lock), 'A took the lock');
-    assert.equal(JSON.parse(readFileSync(lock, 'utf8')).host, 'otherhost');
-    const b = spawnCli(args);
-    procs.push(b);
-    const ex = await b.exit;
-    assert.equal(ex.code, 1, b.output().slice(-2000));
-    const line = b.output().split('\n').find((l) => l.startsWith('rlstream train: ')) ?? '';
-    assert.match(line, /is locked by PID \d+ on host otherhost .*--break-lock/, line);
-    assert.equal(child.exitCode, null, 'A is still running');
-  } finally {
-    child.kill('SIGKILL');
-    await new Promise((r) => (child.exitCode !== null || child.signalCode !== null ? r(null) : child.on('exit', r)));
-  }
+after(async () => {
+  for (const p of procs) await killHard(p);
+  rmSync(tmp, { recursive: true, force: true });
 });
+
+const unshareMissing =
+  process.getuid?.() !== 0 || spawnSync('unshare', ['--uts', 'true']).status !== 0
+    ? 'needs root and unshare --uts'
+    : false;
+
+test(
+  'a run held by a process on another host is refused, not taken over as stale',
+  { skip: unshareMissing, timeout: 90_000 },
+  async () => {
+    const dir = join(tmp, 'run');
+    const args = ['train', CONFIG, `trainer.run_dir=${dir}`, 'pipeline.run_id=otherhost', 'trainer.max_steps=200'];
+    // A: `rlstream train` under the hostname "otherhost" (its own UTS namespace)
+    const child = spawn(
+      'unshare',
+      [
+        '--uts',
+        'sh',
+        '-c',
+        `hostname otherhost && exec "${process.execPath}" "${join(ROOT, 'bin/rlstream.mjs')}" ${args.map((x) => `'${x}'`).join(' ')}`,
+      ],
+      { cwd: ROOT, stdio: 'ignore', env: { ...process.env, RLSTREAM_LOG_JSON: '1' } },
+    );
+    const lock = join(dir, 'db', 'rlstream.lock');
+    try {
+      for (let i = 0; i < 300 && !existsSync(lock); i++) await sleep(100);
+      assert.ok(existsSync(lock), 'A took the lock');
+      assert.equal(JSON.parse(readFileSync(lock, 'utf8')).host, 'otherhost');
+      const b = spawnCli(args);
+      procs.push(b);
+      const ex = await b.exit;
+      assert.equal(ex.code, 1, b.output().slice(-2000));
+      const line =
+        b
+          .output()
+          .split('\n')
+          .find((l) => l.startsWith('rlstream train: ')) ?? '';
+      assert.match(line, /is locked by PID \d+ on host otherhost .*--break-lock/, line);
+      assert.equal(child.exitCode, null, 'A is still running');
+    } finally {
+      child.kill('SIGKILL');
+      await new Promise((r) => (child.exitCode !== null || child.signalCode !== null ? r(null) : child.on('exit', r)));
+    }
+  },
+);

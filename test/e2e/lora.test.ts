@@ -31,85 +31,192 @@ const tmp = join(ROOT, 'test/.tmp', `lora-${process.pid}`);
 after(() => rmSync(tmp, { recursive: true, force: true }));
 
 const config = {
-  architectures: ['Qwen3ForCausalLM'], model_type: 'qwen3', hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2, num_attention_heads: 4,
-  num_key_value_heads: 2, head_dim: 16, vocab_size: 151936, max_position_embeddings: 256, rms_norm_eps: 1e-6, rope_theta: 1000000,
-  hidden_act: 'silu', tie_word_embeddings: true, attention_bias: false, bos_token_id: 151643, eos_token_id: 151645,
+  architectures: ['Qwen3ForCausalLM'],
+  model_type: 'qwen3',
+  hidden_size: 32,
+  intermediate_size: 64,
+  num_hidden_layers: 2,
+  num_attention_heads: 4,
+  num_key_value_heads: 2,
+  head_dim: 16,
+  vocab_size: 151936,
+  max_position_embeddings: 256,
+  rms_norm_eps: 1e-6,
+  rope_theta: 1000000,
+  hidden_act: 'silu',
+  tie_word_embeddings: true,
+  attention_bias: false,
+  bos_token_id: 151643,
+  eos_token_id: 151645,
 };
 const generation = { bos_token_id: 151643, eos_token_id: [151645, 151643], pad_token_id: 151643 };
 
-const cli = (...args: string[]): string => execFileSync(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), ...args], { encoding: 'utf8', cwd: ROOT });
+const cli = (...args: string[]): string =>
+  execFileSync(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), ...args], { encoding: 'utf8', cwd: ROOT });
 
-test('rlstream train with actor.model.lora: PEFT adapters as policy versions, the base as reference, export --merge', { timeout: 300_000 }, async () => {
-  const src = join(tmp, 'Qwen3-tiny');
-  const c0 = fromHfConfig(config);
-  writeHfModelDir(src, { config, generation, tensors: paramSpecs(c0).map((s) => [s.name, s.shape]), weights: initWeights(c0, 5, { std: 0.1 }), dtype: 'float32', tokenizerFrom: QWEN3_TOKENIZER_DIR });
-  const base = await loadCheckpoint(src, { optimizer: false });
-  mkdirSync(tmp, { recursive: true });
-  const data = join(tmp, 'train.jsonl');
-  const rows = ['2 + 3', '4 + 1', '7 - 2', '1 + 1'].map((q, i) => ({ prompt: `What is ${q}? Answer with a number.`, answer: String([5, 5, 5, 2][i]) }));
-  writeFileSync(data, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
-  const runDir = join(tmp, 'run');
-  const cfg = loadConfig({
-    overrides: [
-      `data.train_files=${data}`, 'data.max_prompt_length=48', 'data.max_response_length=6', 'data.rollout_batch_size=4',
-      'algorithm.adv_estimator=grpo', 'algorithm.use_kl_loss=true', 'algorithm.kl_coef=0.1', 'rollout.n=2', `actor.model.path=${src}`, 'actor.model.max_seq_len=64',
-      // an entropy bonus: a gradient whatever the rewards (a random policy's exact-match rewards are all 0, so its GRPO advantages are too)
-      'actor.model.lora={rank: 4, alpha: 8, target_modules: all-linear}', 'actor.optim.lr=5e-2', 'actor.entropy_coeff=0.01',
-      'actor.global_batch_size=8', 'actor.micro_batch_size_per_device_for_update=4', 'actor.micro_batch_size_per_device_for_experience=8',
-      'reward.reward_fn=exact_match', `trainer.run_dir=${runDir}`, `pipeline.run_id=${RUN_ID}`, 'trainer.max_steps=2', 'trainer.total_epochs=2',
-      'trainer.val_before_train=false', 'trainer.val_freq=-1', 'trainer.save_freq=2',
-    ],
-  });
-  const run = await trainEmbedded(cfg, silentLogger(RUN_ID));
-  assert.equal(run.status, 'completed', run.message);
-  const lora = loraConfig({ rank: 4, alpha: 8, targetModules: 'all-linear' });
+test(
+  'rlstream train with actor.model.lora: PEFT adapters as policy versions, the base as reference, export --merge',
+  { timeout: 300_000 },
+  async () => {
+    const src = join(tmp, 'Qwen3-tiny');
+    const c0 = fromHfConfig(config);
+    writeHfModelDir(src, {
+      config,
+      generation,
+      tensors: paramSpecs(c0).map((s) => [s.name, s.shape]),
+      weights: initWeights(c0, 5, { std: 0.1 }),
+      dtype: 'float32',
+      tokenizerFrom: QWEN3_TOKENIZER_DIR,
+    });
+    const base = await loadCheckpoint(src, { optimizer: false });
+    mkdirSync(tmp, { recursive: true });
+    const data = join(tmp, 'train.jsonl');
+    const rows = ['2 + 3', '4 + 1', '7 - 2', '1 + 1'].map((q, i) => ({
+      prompt: `What is ${q}? Answer with a number.`,
+      answer: String([5, 5, 5, 2][i]),
+    }));
+    writeFileSync(data, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    const runDir = join(tmp, 'run');
+    const cfg = loadConfig({
+      overrides: [
+        `data.train_files=${data}`,
+        'data.max_prompt_length=48',
+        'data.max_response_length=6',
+        'data.rollout_batch_size=4',
+        'algorithm.adv_estimator=grpo',
+        'algorithm.use_kl_loss=true',
+        'algorithm.kl_coef=0.1',
+        'rollout.n=2',
+        `actor.model.path=${src}`,
+        'actor.model.max_seq_len=64',
+        // an entropy bonus: a gradient whatever the rewards (a random policy's exact-match rewards are all 0, so its GRPO advantages are too)
+        'actor.model.lora={rank: 4, alpha: 8, target_modules: all-linear}',
+        'actor.optim.lr=5e-2',
+        'actor.entropy_coeff=0.01',
+        'actor.global_batch_size=8',
+        'actor.micro_batch_size_per_device_for_update=4',
+        'actor.micro_batch_size_per_device_for_experience=8',
+        'reward.reward_fn=exact_match',
+        `trainer.run_dir=${runDir}`,
+        `pipeline.run_id=${RUN_ID}`,
+        'trainer.max_steps=2',
+        'trainer.total_epochs=2',
+        'trainer.val_before_train=false',
+        'trainer.val_freq=-1',
+        'trainer.save_freq=2',
+      ],
+    });
+    const run = await trainEmbedded(cfg, silentLogger(RUN_ID));
+    assert.equal(run.status, 'completed', run.message);
+    const lora = loraConfig({ rank: 4, alpha: 8, targetModules: 'all-linear' });
 
-  // ── policy versions: the adapter only, PEFT layout
-  const v0 = join(runDir, 'policy', 'v000000'), v2 = join(runDir, 'policy', 'v000002');
-  for (const v of [v0, v2]) {
-    assert.ok(existsSync(join(v, 'adapter_config.json')) && existsSync(join(v, 'adapter_model.safetensors')), `${v} is a PEFT adapter`);
-    assert.ok(!existsSync(join(v, 'model.safetensors')) && !existsSync(join(v, 'config.json')), `${v} carries no base weights`);
-  }
-  const names = [...decodeSafetensors(readFileSync(join(v2, 'adapter_model.safetensors'))).tensors.keys()];
-  assert.ok(names.includes('base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight') && names.includes('base_model.model.model.layers.1.mlp.down_proj.lora_B.weight'));
-  assert.equal(names.length, 2 * 7 * 2);
-  const pc = JSON.parse(readFileSync(join(v2, 'adapter_config.json'), 'utf8'));
-  assert.deepEqual([pc.peft_type, pc.r, pc.lora_alpha, pc.base_model_name_or_path], ['LORA', 4, 8, src]);
-  const a0 = await loadAdapter(v0, base.config), a2 = await loadAdapter(v2, base.config, { optimizer: true });
-  assert.ok([...a0.adapter].every(([k, w]) => !k.endsWith('lora_B.weight') || w.every((x) => x === 0)), 'version 0: B = 0 (the base policy)');
-  assert.ok([...a2.adapter].some(([k, w]) => k.endsWith('lora_B.weight') && w.some((x) => x !== 0)), 'two steps trained the adapters');
-  assert.ok(a2.optimizer && a2.optimizer.step > 0 && a2.optimizer.expAvg.size === 28, 'AdamW state for the adapters only');
-  const bytes = readdirSync(v2).filter((f) => f.endsWith('.safetensors') && f !== 'optimizer.safetensors').reduce((s, f) => s + statSync(join(v2, f)).size, 0);
-  assert.ok(bytes < 0.01 * statSync(join(src, 'model.safetensors')).size, `a policy version's weights are ${bytes} bytes`);
+    // ── policy versions: the adapter only, PEFT layout
+    const v0 = join(runDir, 'policy', 'v000000'),
+      v2 = join(runDir, 'policy', 'v000002');
+    for (const v of [v0, v2]) {
+      assert.ok(
+        existsSync(join(v, 'adapter_config.json')) && existsSync(join(v, 'adapter_model.safetensors')),
+        `${v} is a PEFT adapter`,
+      );
+      assert.ok(
+        !existsSync(join(v, 'model.safetensors')) && !existsSync(join(v, 'config.json')),
+        `${v} carries no base weights`,
+      );
+    }
+    const names = [...decodeSafetensors(readFileSync(join(v2, 'adapter_model.safetensors'))).tensors.keys()];
+    assert.ok(
+      names.includes('base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight') &&
+        names.includes('base_model.model.model.layers.1.mlp.down_proj.lora_B.weight'),
+    );
+    assert.equal(names.length, 2 * 7 * 2);
+    const pc = JSON.parse(readFileSync(join(v2, 'adapter_config.json'), 'utf8'));
+    assert.deepEqual([pc.peft_type, pc.r, pc.lora_alpha, pc.base_model_name_or_path], ['LORA', 4, 8, src]);
+    const a0 = await loadAdapter(v0, base.config),
+      a2 = await loadAdapter(v2, base.config, { optimizer: true });
+    assert.ok(
+      [...a0.adapter].every(([k, w]) => !k.endsWith('lora_B.weight') || w.every((x) => x === 0)),
+      'version 0: B = 0 (the base policy)',
+    );
+    assert.ok(
+      [...a2.adapter].some(([k, w]) => k.endsWith('lora_B.weight') && w.some((x) => x !== 0)),
+      'two steps trained the adapters',
+    );
+    assert.ok(
+      a2.optimizer && a2.optimizer.step > 0 && a2.optimizer.expAvg.size === 28,
+      'AdamW state for the adapters only',
+    );
+    const bytes = readdirSync(v2)
+      .filter((f) => f.endsWith('.safetensors') && f !== 'optimizer.safetensors')
+      .reduce((s, f) => s + statSync(join(v2, f)).size, 0);
+    assert.ok(
+      bytes < 0.01 * statSync(join(src, 'model.safetensors')).size,
+      `a policy version's weights are ${bytes} bytes`,
+    );
 
-  // ── the reference log-probs are the base model's (adapters off)
-  // the run's model config (its sampling mask applies to every distribution)
-  const scorer = new Scorer(policyModelConfig(cfg, tokenizerFor(cfg)), { threads: 2 });
-  const store = await openStore({ kind: 'pglite', dir: join(runDir, 'db') });
-  try {
-    const trajs = (await store.getTrajectories(RUN_ID)).filter((t) => t.refLogprobs && t.refLogprobs.length);
-    assert.ok(trajs.length >= 8, `${trajs.length} trajectories with reference log-probs`);
-    const t = trajs.find((x) => x.step === 2) ?? trajs[trajs.length - 1];
-    const [ref] = await scorer.score(base.weights, [{ prompt: t.promptTokens, response: t.responseTokens }], { temperature: cfg.rollout.temperature, entropy: false });
-    Array.from(t.refLogprobs!).forEach((lp, i) => assert.ok(Math.abs(lp - ref.logprobs[i]) < 1e-5, `ref logprob ${i}: ${lp} vs base ${ref.logprobs[i]}`));
-  } finally { await store.close(); }
+    // ── the reference log-probs are the base model's (adapters off)
+    // the run's model config (its sampling mask applies to every distribution)
+    const scorer = new Scorer(policyModelConfig(cfg, tokenizerFor(cfg)), { threads: 2 });
+    const store = await openStore({ kind: 'pglite', dir: join(runDir, 'db') });
+    try {
+      const trajs = (await store.getTrajectories(RUN_ID)).filter((t) => t.refLogprobs && t.refLogprobs.length);
+      assert.ok(trajs.length >= 8, `${trajs.length} trajectories with reference log-probs`);
+      const t = trajs.find((x) => x.step === 2) ?? trajs[trajs.length - 1];
+      const [ref] = await scorer.score(base.weights, [{ prompt: t.promptTokens, response: t.responseTokens }], {
+        temperature: cfg.rollout.temperature,
+        entropy: false,
+      });
+      Array.from(t.refLogprobs!).forEach((lp, i) =>
+        assert.ok(Math.abs(lp - ref.logprobs[i]) < 1e-5, `ref logprob ${i}: ${lp} vs base ${ref.logprobs[i]}`),
+      );
+    } finally {
+      await store.close();
+    }
 
-  // ── the checkpoint carries the adapter; export --merge reloads to base + adapter's log-probs
-  const ckptDir = join(runDir, 'checkpoints', 'global_step_2');
-  assert.ok(existsSync(join(ckptDir, 'actor', 'adapter_model.safetensors')) && existsSync(join(ckptDir, 'actor', 'adapter_config.json')));
-  const out = join(tmp, 'merged');
-  assert.match(cli('export', ckptDir, '--merge', '--out', out), /merged .*LoRA rank 4/);
-  const merged = await loadCheckpoint(out);
-  assert.ok(!existsSync(join(out, 'optimizer.safetensors')) && existsSync(join(out, 'tokenizer.json')));
-  const reqs = [{ prompt: [151644, 872, 198, 17, 488, 18], response: [20, 151645] }, { prompt: [9707, 11], response: [1879, 0, 13] }];
-  const viaExport = await scorer.score(merged.weights, reqs, { entropy: false });
-  const viaAdapter = await scorer.score(await mergeLoraOnnx(base.config, lora, base.weights, a2.adapter), reqs, { entropy: false });
-  viaExport.forEach((r, i) => assert.deepEqual(Array.from(r.logprobs), Array.from(viaAdapter[i].logprobs), `row ${i}: merged export = base + adapter`));
-  const viaBase = await scorer.score(base.weights, reqs, { entropy: false });
-  // generate reads the adapter checkpoint (merged into its base): its greedy answer scores as base + adapter
-  const g = JSON.parse(cli('generate', ckptDir, '--prompt', 'Hello', '--max-new-tokens', '3', '--temperature', '0', '--json').trim().split('\n').at(-1)!);
-  // (generate scores with the directory's own config, as `rlstream generate` on any model directory)
-  const [gref] = await new Scorer(merged.config, { threads: 2 }).score(merged.weights, [{ prompt: g.prompt_ids, response: g.response_ids }], { entropy: false });
-  g.logprobs.forEach((lp: number, i: number) => assert.ok(Math.abs(lp - gref.logprobs[i]) < 1e-4, `adapter greedy logprob ${i}: ${lp} vs ${gref.logprobs[i]}`));
-  assert.ok(viaExport.some((r, i) => r.logprobs.some((x, j) => Math.abs(x - viaBase[i].logprobs[j]) > 1e-4)), 'the merged model is not the base');
-});
+    // ── the checkpoint carries the adapter; export --merge reloads to base + adapter's log-probs
+    const ckptDir = join(runDir, 'checkpoints', 'global_step_2');
+    assert.ok(
+      existsSync(join(ckptDir, 'actor', 'adapter_model.safetensors')) &&
+        existsSync(join(ckptDir, 'actor', 'adapter_config.json')),
+    );
+    const out = join(tmp, 'merged');
+    assert.match(cli('export', ckptDir, '--merge', '--out', out), /merged .*LoRA rank 4/);
+    const merged = await loadCheckpoint(out);
+    assert.ok(!existsSync(join(out, 'optimizer.safetensors')) && existsSync(join(out, 'tokenizer.json')));
+    const reqs = [
+      { prompt: [151644, 872, 198, 17, 488, 18], response: [20, 151645] },
+      { prompt: [9707, 11], response: [1879, 0, 13] },
+    ];
+    const viaExport = await scorer.score(merged.weights, reqs, { entropy: false });
+    const viaAdapter = await scorer.score(await mergeLoraOnnx(base.config, lora, base.weights, a2.adapter), reqs, {
+      entropy: false,
+    });
+    viaExport.forEach((r, i) =>
+      assert.deepEqual(
+        Array.from(r.logprobs),
+        Array.from(viaAdapter[i].logprobs),
+        `row ${i}: merged export = base + adapter`,
+      ),
+    );
+    const viaBase = await scorer.score(base.weights, reqs, { entropy: false });
+    // generate reads the adapter checkpoint (merged into its base): its greedy answer scores as base + adapter
+    const g = JSON.parse(
+      cli('generate', ckptDir, '--prompt', 'Hello', '--max-new-tokens', '3', '--temperature', '0', '--json')
+        .trim()
+        .split('\n')
+        .at(-1)!,
+    );
+    // (generate scores with the directory's own config, as `rlstream generate` on any model directory)
+    const [gref] = await new Scorer(merged.config, { threads: 2 }).score(
+      merged.weights,
+      [{ prompt: g.prompt_ids, response: g.response_ids }],
+      { entropy: false },
+    );
+    g.logprobs.forEach((lp: number, i: number) =>
+      assert.ok(Math.abs(lp - gref.logprobs[i]) < 1e-4, `adapter greedy logprob ${i}: ${lp} vs ${gref.logprobs[i]}`),
+    );
+    assert.ok(
+      viaExport.some((r, i) => r.logprobs.some((x, j) => Math.abs(x - viaBase[i].logprobs[j]) > 1e-4)),
+      'the merged model is not the base',
+    );
+  },
+);

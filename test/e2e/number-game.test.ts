@@ -29,58 +29,114 @@ const RUN_ID = 'e2e-number-game';
 const runDir = join(ROOT, 'test/.tmp', `number-game-${process.pid}`);
 after(() => rmSync(runDir, { recursive: true, force: true }));
 
-test('number game: validation accuracy rises from chance to well above it in 15 steps', { timeout: 600_000 }, async () => {
-  const cfg = loadConfig({
-    file: join(ROOT, 'examples/number-game.yaml'),
-    overrides: [`trainer.run_dir=${runDir}`, `pipeline.run_id=${RUN_ID}`, 'trainer.max_steps=15', 'trainer.val_freq=5', 'trainer.save_freq=-1', 'actor.optim.lr_scheduler=constant'],
-  });
-  const out = await trainEmbedded(cfg, silentLogger(RUN_ID));
-  assert.equal(out.status, 'completed', out.message);
-  const store = await openStore({ kind: 'pglite', dir: join(runDir, 'db') });
-  try {
-    const metrics = await store.getMetrics(RUN_ID, ['val/accuracy', 'reward/mean']);
-    const series = (name: string) => metrics.filter((m) => m.name === name).sort((a, b) => a.step - b.step);
-    const val = series('val/accuracy');
-    assert.deepEqual(val.map((m) => m.step), [0, 5, 10, 15], 'validation before training and every 5 steps');
-    const [first, last] = [val[0].value, val[val.length - 1].value];
-    assert.ok(first <= 0.1, `untrained val accuracy ${first} should be near 0`);
-    assert.ok(last >= 0.6, `val accuracy after 15 steps is ${last}; curve: ${val.map((m) => `${m.step}:${m.value.toFixed(3)}`).join(' ')}`);
-    const reward = series('reward/mean');
-    assert.equal(reward.length, 15);
-    assert.ok(reward[14].value > reward[0].value + 0.4, `train reward rises: ${reward[0].value} → ${reward[14].value}`);
-    assert.equal(await store.countTrajectories(RUN_ID, { kind: 'train' }), 15 * 128 * 5, 'one trajectory row per (step, prompt, sample)');
-    // validation samples are stored too: 4 rounds × 128 prompts × n = 1, one row each, with their rewards
-    assert.equal(await store.countTrajectories(RUN_ID, { kind: 'val' }), 4 * 128, 'one validation row per (round, prompt, sample)');
-    for (const step of [0, 15]) {
-      const { rows } = await sql<{ n: number; acc: number }>`select count(*)::int as n, avg(coalesce((reward_details->>'accuracy')::float8, reward)) filter (where reward is not null) as acc
+test(
+  'number game: validation accuracy rises from chance to well above it in 15 steps',
+  { timeout: 600_000 },
+  async () => {
+    const cfg = loadConfig({
+      file: join(ROOT, 'examples/number-game.yaml'),
+      overrides: [
+        `trainer.run_dir=${runDir}`,
+        `pipeline.run_id=${RUN_ID}`,
+        'trainer.max_steps=15',
+        'trainer.val_freq=5',
+        'trainer.save_freq=-1',
+        'actor.optim.lr_scheduler=constant',
+      ],
+    });
+    const out = await trainEmbedded(cfg, silentLogger(RUN_ID));
+    assert.equal(out.status, 'completed', out.message);
+    const store = await openStore({ kind: 'pglite', dir: join(runDir, 'db') });
+    try {
+      const metrics = await store.getMetrics(RUN_ID, ['val/accuracy', 'reward/mean']);
+      const series = (name: string) => metrics.filter((m) => m.name === name).sort((a, b) => a.step - b.step);
+      const val = series('val/accuracy');
+      assert.deepEqual(
+        val.map((m) => m.step),
+        [0, 5, 10, 15],
+        'validation before training and every 5 steps',
+      );
+      const [first, last] = [val[0].value, val[val.length - 1].value];
+      assert.ok(first <= 0.1, `untrained val accuracy ${first} should be near 0`);
+      assert.ok(
+        last >= 0.6,
+        `val accuracy after 15 steps is ${last}; curve: ${val.map((m) => `${m.step}:${m.value.toFixed(3)}`).join(' ')}`,
+      );
+      const reward = series('reward/mean');
+      assert.equal(reward.length, 15);
+      assert.ok(
+        reward[14].value > reward[0].value + 0.4,
+        `train reward rises: ${reward[0].value} → ${reward[14].value}`,
+      );
+      assert.equal(
+        await store.countTrajectories(RUN_ID, { kind: 'train' }),
+        15 * 128 * 5,
+        'one trajectory row per (step, prompt, sample)',
+      );
+      // validation samples are stored too: 4 rounds × 128 prompts × n = 1, one row each, with their rewards
+      assert.equal(
+        await store.countTrajectories(RUN_ID, { kind: 'val' }),
+        4 * 128,
+        'one validation row per (round, prompt, sample)',
+      );
+      for (const step of [0, 15]) {
+        const { rows } = await sql<{
+          n: number;
+          acc: number;
+        }>`select count(*)::int as n, avg(coalesce((reward_details->>'accuracy')::float8, reward)) filter (where reward is not null) as acc
         from trajectories where run_id = ${RUN_ID} and kind = 'val' and step = ${step}`.execute(store.database.db);
-      const logged = val.find((m) => m.step === step)!.value;
-      assert.ok(Math.abs(rows[0].acc - logged) < 1e-9, `round ${step}: the stored rows' accuracy ${rows[0].acc} is val/accuracy ${logged}`);
+        const logged = val.find((m) => m.step === step)!.value;
+        assert.ok(
+          Math.abs(rows[0].acc - logged) < 1e-9,
+          `round ${step}: the stored rows' accuracy ${rows[0].acc} is val/accuracy ${logged}`,
+        );
+      }
+    } finally {
+      await store.close();
     }
-  } finally { await store.close(); }
-});
+  },
+);
 
-test('KL reference log-probs are taken at the rollout temperature (step 1: reference = behaviour policy)', { timeout: 300_000 }, async () => {
-  const dir = join(runDir, 'temperature');
-  const cfg = loadConfig({
-    file: join(ROOT, 'examples/number-game.yaml'),
-    overrides: [`trainer.run_dir=${dir}`, 'pipeline.run_id=e2e-ref-temperature', 'trainer.max_steps=1', 'trainer.val_before_train=false', 'trainer.val_freq=-1',
-      'rollout.temperature=0.5', 'data.rollout_batch_size=8', 'actor.global_batch_size=40', 'actor.micro_batch_size_per_device_for_update=40', 'actor.micro_batch_size_per_device_for_experience=40', 'actor.ppo_epochs=1'],
-  });
-  const out = await trainEmbedded(cfg, silentLogger('e2e-ref-temperature'));
-  assert.equal(out.status, 'completed', out.message);
-  const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
-  try {
-    const rows = await store.getTrajectories('e2e-ref-temperature', { kind: 'train' });
-    assert.equal(rows.length, 40);
-    // step 1 is sampled from version 0, the reference policy: the sampler's behaviour log-probs
-    // (log softmax(logits / T)) and the reference log-probs must agree token by token
-    let worst = 0;
-    for (const r of rows) {
-      assert.ok(r.refLogprobs, `${r.id} has reference log-probs`);
-      assert.equal(r.refLogprobs!.length, r.behaviourLogprobs.length);
-      r.behaviourLogprobs.forEach((b, t) => { worst = Math.max(worst, Math.abs(b - r.refLogprobs![t])); });
+test(
+  'KL reference log-probs are taken at the rollout temperature (step 1: reference = behaviour policy)',
+  { timeout: 300_000 },
+  async () => {
+    const dir = join(runDir, 'temperature');
+    const cfg = loadConfig({
+      file: join(ROOT, 'examples/number-game.yaml'),
+      overrides: [
+        `trainer.run_dir=${dir}`,
+        'pipeline.run_id=e2e-ref-temperature',
+        'trainer.max_steps=1',
+        'trainer.val_before_train=false',
+        'trainer.val_freq=-1',
+        'rollout.temperature=0.5',
+        'data.rollout_batch_size=8',
+        'actor.global_batch_size=40',
+        'actor.micro_batch_size_per_device_for_update=40',
+        'actor.micro_batch_size_per_device_for_experience=40',
+        'actor.ppo_epochs=1',
+      ],
+    });
+    const out = await trainEmbedded(cfg, silentLogger('e2e-ref-temperature'));
+    assert.equal(out.status, 'completed', out.message);
+    const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
+    try {
+      const rows = await store.getTrajectories('e2e-ref-temperature', { kind: 'train' });
+      assert.equal(rows.length, 40);
+      // step 1 is sampled from version 0, the reference policy: the sampler's behaviour log-probs
+      // (log softmax(logits / T)) and the reference log-probs must agree token by token
+      let worst = 0;
+      for (const r of rows) {
+        assert.ok(r.refLogprobs, `${r.id} has reference log-probs`);
+        assert.equal(r.refLogprobs!.length, r.behaviourLogprobs.length);
+        r.behaviourLogprobs.forEach((b, t) => {
+          worst = Math.max(worst, Math.abs(b - r.refLogprobs![t]));
+        });
+      }
+      assert.ok(worst < 1e-4, `reference and behaviour log-probs of the same policy differ by up to ${worst}`);
+    } finally {
+      await store.close();
     }
-    assert.ok(worst < 1e-4, `reference and behaviour log-probs of the same policy differ by up to ${worst}`);
-  } finally { await store.close(); }
-});
+  },
+);

@@ -23,45 +23,89 @@ const RUN_ID = 'pgterm';
 const STEPS = 8;
 const tmp = join(ROOT, 'test/.tmp', `pg-terminate-${process.pid}`);
 const cleanups: Array<() => Promise<void>> = [];
-after(async () => { for (const c of cleanups.reverse()) await c().catch(() => undefined); rmSync(tmp, { recursive: true, force: true }); });
+after(async () => {
+  for (const c of cleanups.reverse()) await c().catch(() => undefined);
+  rmSync(tmp, { recursive: true, force: true });
+});
 
 const common = [`pipeline.run_id=${RUN_ID}`, `trainer.max_steps=${STEPS}`, 'trainer.save_freq=4'];
 
 async function final(target: { kind: 'pglite'; dir: string } | { kind: 'postgres'; url: string }) {
   const store = await openStore(target);
-  try { return { ck: (await store.latestCheckpoint(RUN_ID))?.sha256, rows: await store.countTrajectories(RUN_ID) }; } finally { await store.close(); }
+  try {
+    return { ck: (await store.latestCheckpoint(RUN_ID))?.sha256, rows: await store.countTrajectories(RUN_ID) };
+  } finally {
+    await store.close();
+  }
 }
 
-test('pg_terminate_backend on every connection of a 5-process run, repeatedly: the run ends with the uninterrupted checkpoint', { timeout: 240_000 }, async () => {
-  const ref = await trainEmbedded(loadConfig({ file: CONFIG, overrides: [...common, `trainer.run_dir=${join(tmp, 'ref')}`] }), silentLogger(RUN_ID));
-  assert.equal(ref.status, 'completed', ref.message);
-  const want = await final({ kind: 'pglite', dir: join(tmp, 'ref', 'db') });
+test(
+  'pg_terminate_backend on every connection of a 5-process run, repeatedly: the run ends with the uninterrupted checkpoint',
+  { timeout: 240_000 },
+  async () => {
+    const ref = await trainEmbedded(
+      loadConfig({ file: CONFIG, overrides: [...common, `trainer.run_dir=${join(tmp, 'ref')}`] }),
+      silentLogger(RUN_ID),
+    );
+    assert.equal(ref.status, 'completed', ref.message);
+    const want = await final({ kind: 'pglite', dir: join(tmp, 'ref', 'db') });
 
-  const name = `rl_e2e_pgterm_${process.pid}`;
-  const db = await freshDatabase(name);
-  cleanups.push(db.drop);
-  const admin = new pg.Client({ connectionString: db.url });
-  await admin.connect();
-  cleanups.push(() => admin.end());
-  let terminated = 0, rounds = 0, stop = false;
-  const killer = (async () => {
-    while (!stop) {
-      await sleep(400);
-      if (stop) break;
-      const started = await admin.query(`select 1 from pg_tables where tablename = 'trajectories'`).then((r) => r.rowCount ?? 0, () => 0);
-      if (!started) continue;
-      const n = await admin.query(`select count(*)::int as n from (select pg_terminate_backend(pid) from pg_stat_activity where datname = $1 and pid <> pg_backend_pid()) t`, [name]);
-      terminated += n.rows[0].n as number;
-      rounds++;
+    const name = `rl_e2e_pgterm_${process.pid}`;
+    const db = await freshDatabase(name);
+    cleanups.push(db.drop);
+    const admin = new pg.Client({ connectionString: db.url });
+    await admin.connect();
+    cleanups.push(() => admin.end());
+    let terminated = 0,
+      rounds = 0,
+      stop = false;
+    const killer = (async () => {
+      while (!stop) {
+        await sleep(400);
+        if (stop) break;
+        const started = await admin.query(`select 1 from pg_tables where tablename = 'trajectories'`).then(
+          (r) => r.rowCount ?? 0,
+          () => 0,
+        );
+        if (!started) continue;
+        const n = await admin.query(
+          `select count(*)::int as n from (select pg_terminate_backend(pid) from pg_stat_activity where datname = $1 and pid <> pg_backend_pid()) t`,
+          [name],
+        );
+        terminated += n.rows[0].n as number;
+        rounds++;
+      }
+    })();
+    let procs;
+    try {
+      procs = await runDistributed(
+        CONFIG,
+        [
+          ...common,
+          `trainer.run_dir=${join(tmp, 'dist')}`,
+          'pipeline.topic_prefix=pgterm',
+          'pipeline.bus=embedded',
+          'pipeline.store=postgres',
+          `pipeline.database_url=${db.url}`,
+        ],
+        { timeoutMs: 180_000 },
+      );
+    } finally {
+      stop = true;
+      await killer;
     }
-  })();
-  let procs;
-  try {
-    procs = await runDistributed(CONFIG, [...common, `trainer.run_dir=${join(tmp, 'dist')}`, 'pipeline.topic_prefix=pgterm', 'pipeline.bus=embedded', 'pipeline.store=postgres', `pipeline.database_url=${db.url}`], { timeoutMs: 180_000 });
-  } finally { stop = true; await killer; }
-  for (const p of procs) assert.equal(await p.exit, 0, `${p.stage} exited 0 (${rounds} rounds, ${terminated} backends terminated):\n${p.output().slice(-3000)}`);
-  console.log(`  ${rounds} rounds, ${terminated} backends terminated`);
-  assert.ok(rounds >= 5 && terminated >= 10, `connections were terminated during the run (${rounds} rounds, ${terminated} backends)`);
-  const got = await final({ kind: 'postgres', url: db.url });
-  assert.deepEqual(got, want, 'the uninterrupted run\'s final checkpoint and one row per sample');
-});
+    for (const p of procs)
+      assert.equal(
+        await p.exit,
+        0,
+        `${p.stage} exited 0 (${rounds} rounds, ${terminated} backends terminated):\n${p.output().slice(-3000)}`,
+      );
+    console.log(`  ${rounds} rounds, ${terminated} backends terminated`);
+    assert.ok(
+      rounds >= 5 && terminated >= 10,
+      `connections were terminated during the run (${rounds} rounds, ${terminated} backends)`,
+    );
+    const got = await final({ kind: 'postgres', url: db.url });
+    assert.deepEqual(got, want, "the uninterrupted run's final checkpoint and one row per sample");
+  },
+);

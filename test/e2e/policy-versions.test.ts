@@ -17,63 +17,107 @@ const run = promisify(execFile);
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
 const tmp = join(ROOT, 'test/.tmp', `policy-versions-${process.pid}`);
 const cleanups: Array<() => Promise<void>> = [];
-after(async () => { for (const c of cleanups.reverse()) await c().catch(() => undefined); rmSync(tmp, { recursive: true, force: true }); });
+after(async () => {
+  for (const c of cleanups.reverse()) await c().catch(() => undefined);
+  rmSync(tmp, { recursive: true, force: true });
+});
 
 async function train(args: string[]): Promise<{ code: number; out: string; sha: string | null }> {
-  const r = await run(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), 'train', CONFIG, ...args], { cwd: ROOT, env: { ...process.env, RLSTREAM_LOG_JSON: '1' }, maxBuffer: 64 << 20 })
-    .then((o) => ({ code: 0, out: o.stdout + o.stderr }), (e: { code: number; stdout: string; stderr: string }) => ({ code: e.code, out: e.stdout + e.stderr }));
+  const r = await run(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), 'train', CONFIG, ...args], {
+    cwd: ROOT,
+    env: { ...process.env, RLSTREAM_LOG_JSON: '1' },
+    maxBuffer: 64 << 20,
+  }).then(
+    (o) => ({ code: 0, out: o.stdout + o.stderr }),
+    (e: { code: number; stdout: string; stderr: string }) => ({ code: e.code, out: e.stdout + e.stderr }),
+  );
   return { ...r, sha: /final checkpoint: .* sha256 ([0-9a-f]{64})\)/.exec(r.out)?.[1] ?? null };
 }
 
-const versions = (dir: string) => readdirSync(join(dir, 'policy')).filter((n) => /^v\d+$/.test(n)).sort();
+const versions = (dir: string) =>
+  readdirSync(join(dir, 'policy'))
+    .filter((n) => /^v\d+$/.test(n))
+    .sort();
 
-test('versions no longer needed are pruned; keep_policy_versions keeps more; the postgres store trains the same', { timeout: 300_000 }, async () => {
-  const a = await train([`trainer.run_dir=${join(tmp, 'a')}`]);
-  assert.equal(a.code, 0, a.out.slice(-2000));
-  // 3 steps, on-policy: the reference and the newest two stay; v1 went
-  assert.deepEqual(versions(join(tmp, 'a')), ['v000000', 'v000002', 'v000003']);
-  const b = await train([`trainer.run_dir=${join(tmp, 'b')}`, 'trainer.keep_policy_versions=1']);
-  assert.equal(b.code, 0, b.out.slice(-2000));
-  assert.deepEqual(versions(join(tmp, 'b')), ['v000000', 'v000001', 'v000002', 'v000003']);
-  assert.equal(b.sha, a.sha, 'pruning does not change training');
+test(
+  'versions no longer needed are pruned; keep_policy_versions keeps more; the postgres store trains the same',
+  { timeout: 300_000 },
+  async () => {
+    const a = await train([`trainer.run_dir=${join(tmp, 'a')}`]);
+    assert.equal(a.code, 0, a.out.slice(-2000));
+    // 3 steps, on-policy: the reference and the newest two stay; v1 went
+    assert.deepEqual(versions(join(tmp, 'a')), ['v000000', 'v000002', 'v000003']);
+    const b = await train([`trainer.run_dir=${join(tmp, 'b')}`, 'trainer.keep_policy_versions=1']);
+    assert.equal(b.code, 0, b.out.slice(-2000));
+    assert.deepEqual(versions(join(tmp, 'b')), ['v000000', 'v000001', 'v000002', 'v000003']);
+    assert.equal(b.sha, a.sha, 'pruning does not change training');
 
-  const db = await freshDatabase(`rl_e2e_polstore_${process.pid}`);
-  cleanups.push(db.drop);
-  const c = await train([`trainer.run_dir=${join(tmp, 'c')}`, 'pipeline.store=postgres', `pipeline.database_url=${db.url}`, 'pipeline.policy_store=postgres']);
-  assert.equal(c.code, 0, c.out.slice(-2000));
-  assert.equal(c.sha, a.sha, 'the postgres policy store ends with the filesystem store\'s checkpoint');
-});
+    const db = await freshDatabase(`rl_e2e_polstore_${process.pid}`);
+    cleanups.push(db.drop);
+    const c = await train([
+      `trainer.run_dir=${join(tmp, 'c')}`,
+      'pipeline.store=postgres',
+      `pipeline.database_url=${db.url}`,
+      'pipeline.policy_store=postgres',
+    ]);
+    assert.equal(c.code, 0, c.out.slice(-2000));
+    assert.equal(c.sha, a.sha, "the postgres policy store ends with the filesystem store's checkpoint");
+  },
+);
 
-test('a damaged committed policy version stops the resume with the path, both hashes and the last good checkpoint', { timeout: 300_000 }, async () => {
-  const dir = join(tmp, 'damaged');
-  const first = await train([`trainer.run_dir=${dir}`, 'trainer.save_freq=1', 'trainer.max_steps=2']);
-  assert.equal(first.code, 0, first.out.slice(-2000));
-  const file = join(dir, 'policy', 'v000002', 'model.safetensors');
-  const bytes = readFileSync(file);
-  const recorded = createHash('sha256').update(bytes).digest('hex');
-  for (let i = 200; i < 264; i++) bytes[i] ^= 0xa5;
-  writeFileSync(file, bytes);
-  const found = createHash('sha256').update(bytes).digest('hex');
-  // continue the run for one more step: the update stage resumes from version 2
-  const again = await train([`trainer.run_dir=${dir}`, 'trainer.save_freq=1', 'trainer.max_steps=3']);
-  assert.notEqual(again.code, 0, 'the resume stops');
-  assert.ok(again.out.includes(file), `names the file:\n${again.out.slice(-3000)}`);
-  assert.ok(again.out.includes(recorded) && again.out.includes(found), 'names both hashes');
-  // global_step_2/actor is a hard link to the damaged file; global_step_1 is intact
-  assert.match(again.out, new RegExp(`trainer\\.load_checkpoint_path=${join(dir, 'checkpoints', 'global_step_1').replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}`));
-  assert.doesNotMatch(again.out, /step 3 trained/, 'nothing trained from the damaged weights');
-  // starting a new run from the damaged checkpoint (its actor/ links the damaged file) is refused too
-  const fromBad = await train([`trainer.run_dir=${join(tmp, 'from-bad')}`, `trainer.load_checkpoint_path=${join(dir, 'checkpoints', 'global_step_2')}`, 'trainer.max_steps=3']);
-  assert.notEqual(fromBad.code, 0);
-  assert.ok(fromBad.out.includes(recorded) && fromBad.out.includes(found), `names both hashes:\n${fromBad.out.slice(-2000)}`);
-  assert.match(fromBad.out, /the checkpoint is damaged; use an earlier checkpoint/);
-  // the reference policy (KL reference) of a checkpoint is checked too: global_step_1/reference links v0
-  const ref = join(dir, 'checkpoints', 'global_step_1', 'reference', 'model.safetensors');
-  const rbytes = readFileSync(ref);
-  const rRecorded = createHash('sha256').update(rbytes).digest('hex');
-  for (let i = 300; i < 364; i++) rbytes[i] ^= 0x5a;
-  writeFileSync(ref, rbytes);
-  const fromBadRef = await train([`trainer.run_dir=${join(tmp, 'from-bad-ref')}`, `trainer.load_checkpoint_path=${join(dir, 'checkpoints', 'global_step_1')}`, 'trainer.max_steps=3']);
-  assert.notEqual(fromBadRef.code, 0);
-  assert.ok(fromBadRef.out.includes(ref) && fromBadRef.out.includes(rRecorded), `names the reference file and its recorded hash:\n${fromBadRef.out.slice(-2000)}`);
-});
+test(
+  'a damaged committed policy version stops the resume with the path, both hashes and the last good checkpoint',
+  { timeout: 300_000 },
+  async () => {
+    const dir = join(tmp, 'damaged');
+    const first = await train([`trainer.run_dir=${dir}`, 'trainer.save_freq=1', 'trainer.max_steps=2']);
+    assert.equal(first.code, 0, first.out.slice(-2000));
+    const file = join(dir, 'policy', 'v000002', 'model.safetensors');
+    const bytes = readFileSync(file);
+    const recorded = createHash('sha256').update(bytes).digest('hex');
+    for (let i = 200; i < 264; i++) bytes[i] ^= 0xa5;
+    writeFileSync(file, bytes);
+    const found = createHash('sha256').update(bytes).digest('hex');
+    // continue the run for one more step: the update stage resumes from version 2
+    const again = await train([`trainer.run_dir=${dir}`, 'trainer.save_freq=1', 'trainer.max_steps=3']);
+    assert.notEqual(again.code, 0, 'the resume stops');
+    assert.ok(again.out.includes(file), `names the file:\n${again.out.slice(-3000)}`);
+    assert.ok(again.out.includes(recorded) && again.out.includes(found), 'names both hashes');
+    // global_step_2/actor is a hard link to the damaged file; global_step_1 is intact
+    assert.match(
+      again.out,
+      new RegExp(
+        `trainer\\.load_checkpoint_path=${join(dir, 'checkpoints', 'global_step_1').replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}`,
+      ),
+    );
+    assert.doesNotMatch(again.out, /step 3 trained/, 'nothing trained from the damaged weights');
+    // starting a new run from the damaged checkpoint (its actor/ links the damaged file) is refused too
+    const fromBad = await train([
+      `trainer.run_dir=${join(tmp, 'from-bad')}`,
+      `trainer.load_checkpoint_path=${join(dir, 'checkpoints', 'global_step_2')}`,
+      'trainer.max_steps=3',
+    ]);
+    assert.notEqual(fromBad.code, 0);
+    assert.ok(
+      fromBad.out.includes(recorded) && fromBad.out.includes(found),
+      `names both hashes:\n${fromBad.out.slice(-2000)}`,
+    );
+    assert.match(fromBad.out, /the checkpoint is damaged; use an earlier checkpoint/);
+    // the reference policy (KL reference) of a checkpoint is checked too: global_step_1/reference links v0
+    const ref = join(dir, 'checkpoints', 'global_step_1', 'reference', 'model.safetensors');
+    const rbytes = readFileSync(ref);
+    const rRecorded = createHash('sha256').update(rbytes).digest('hex');
+    for (let i = 300; i < 364; i++) rbytes[i] ^= 0x5a;
+    writeFileSync(ref, rbytes);
+    const fromBadRef = await train([
+      `trainer.run_dir=${join(tmp, 'from-bad-ref')}`,
+      `trainer.load_checkpoint_path=${join(dir, 'checkpoints', 'global_step_1')}`,
+      'trainer.max_steps=3',
+    ]);
+    assert.notEqual(fromBadRef.code, 0);
+    assert.ok(
+      fromBadRef.out.includes(ref) && fromBadRef.out.includes(rRecorded),
+      `names the reference file and its recorded hash:\n${fromBadRef.out.slice(-2000)}`,
+    );
+  },
+);

@@ -16,35 +16,72 @@ import { openStore } from '../../lib/store/index.ts';
 import { ROOT, freshDatabase, kafkaForRun } from '../support/pipeline-procs.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
-const SRC = 'replaykafkasrc', DST = 'replaykafkadst', PREFIX = 'rk';
+const SRC = 'replaykafkasrc',
+  DST = 'replaykafkadst',
+  PREFIX = 'rk';
 const tmp = join(ROOT, 'test/.tmp', `replay-kafka-${process.pid}`);
 const cleanups: Array<() => Promise<void>> = [];
-after(async () => { for (const c of cleanups.reverse()) await c().catch(() => undefined); rmSync(tmp, { recursive: true, force: true }); });
+after(async () => {
+  for (const c of cleanups.reverse()) await c().catch(() => undefined);
+  rmSync(tmp, { recursive: true, force: true });
+});
 
-test('replay reads a Kafka run\'s trajectories back and reproduces its checkpoint', { timeout: 300_000 }, async () => {
+test("replay reads a Kafka run's trajectories back and reproduces its checkpoint", { timeout: 300_000 }, async () => {
   const db = await freshDatabase(`rl_e2e_replay_kafka_${process.pid}`);
   cleanups.push(db.drop);
   const kafka = await kafkaForRun(PREFIX, [SRC, DST], 2);
   cleanups.push(() => kafka.stop());
-  const src = await trainEmbedded(loadConfig({ file: CONFIG, overrides: [
-    `trainer.run_dir=${join(tmp, 'src')}`, `pipeline.run_id=${SRC}`, `pipeline.topic_prefix=${PREFIX}`, 'trainer.max_steps=3', 'trainer.save_freq=3',
-    'pipeline.bus=kafka', `pipeline.brokers=[${kafka.brokers.join(',')}]`, 'pipeline.store=postgres', `pipeline.database_url=${db.url}`,
-  ] }), silentLogger(SRC));
+  const src = await trainEmbedded(
+    loadConfig({
+      file: CONFIG,
+      overrides: [
+        `trainer.run_dir=${join(tmp, 'src')}`,
+        `pipeline.run_id=${SRC}`,
+        `pipeline.topic_prefix=${PREFIX}`,
+        'trainer.max_steps=3',
+        'trainer.save_freq=3',
+        'pipeline.bus=kafka',
+        `pipeline.brokers=[${kafka.brokers.join(',')}]`,
+        'pipeline.store=postgres',
+        `pipeline.database_url=${db.url}`,
+      ],
+    }),
+    silentLogger(SRC),
+  );
   assert.equal(src.status, 'completed', src.message);
 
-  const replay = await replayRun({ from: SRC, overrides: [`pipeline.store=postgres`, `pipeline.database_url=${db.url}`, `pipeline.run_id=${DST}`, `trainer.run_dir=${join(tmp, 'dst')}`], log: silentLogger(DST) });
+  const replay = await replayRun({
+    from: SRC,
+    overrides: [
+      `pipeline.store=postgres`,
+      `pipeline.database_url=${db.url}`,
+      `pipeline.run_id=${DST}`,
+      `trainer.run_dir=${join(tmp, 'dst')}`,
+    ],
+    log: silentLogger(DST),
+  });
   assert.equal(replay.status, 'completed', replay.message);
   assert.equal(replay.sourceRunId, SRC);
   assert.equal(replay.copied, 3 * 4, 'every training group of the 3 steps, read from the Kafka topic');
 
   const store = await openStore({ kind: 'postgres', url: db.url });
   try {
-    const want = await store.listCheckpoints(SRC), got = await store.listCheckpoints(DST);
-    assert.deepEqual(want.map((c) => c.step), [3]);
-    assert.deepEqual(got.map((c) => [c.step, c.sha256]), want.map((c) => [c.step, c.sha256]), 'the replay\'s checkpoint equals the source\'s');
+    const want = await store.listCheckpoints(SRC),
+      got = await store.listCheckpoints(DST);
+    assert.deepEqual(
+      want.map((c) => c.step),
+      [3],
+    );
+    assert.deepEqual(
+      got.map((c) => [c.step, c.sha256]),
+      want.map((c) => [c.step, c.sha256]),
+      "the replay's checkpoint equals the source's",
+    );
     assert.equal(replay.finalSha256, want[0]!.sha256);
     assert.equal((await store.getRun(DST))?.parentRunId, SRC);
     assert.equal(await store.countTrajectories(DST), 3 * 4 * 4);
     assert.equal((await store.getMetrics(DST, ['perf/rollout_tokens'])).length, 0, 'no rollout ran');
-  } finally { await store.close(); }
+  } finally {
+    await store.close();
+  }
 });

@@ -25,7 +25,7 @@ export function shellBlocks(markdown: string, title: string): string[] {
   return [...section.matchAll(/```sh\n([\s\S]*?)```/g)].map((m) => m[1]!);
 }
 
-test('every rlstream command in the README\'s shell blocks runs through npx', () => {
+test("every rlstream command in the README's shell blocks runs through npx", () => {
   const all = [...README.matchAll(/```sh\n([\s\S]*?)```/g)].map((m) => m[1]!).join('\n');
   const bare = all.split('\n').filter((l) => /(^|[\s;&|(])rlstream [a-z]/.test(l) && !/npx rlstream [a-z]/.test(l));
   assert.deepEqual(bare, [], 'commands that would need rlstream on PATH');
@@ -48,7 +48,12 @@ test('the README walkthrough "Your own data" runs as written', { timeout: 180_00
   const script = ['set -euo pipefail', ...blocks].join('\n');
   assert.match(script, /npx rlstream train .*\nnpx rlstream sql .*\n.*\nnpx rlstream report .*\nnpx rlstream replay /);
   mkdirSync(cwd, { recursive: true });
-  const r = spawnSync('bash', ['-c', script], { cwd, encoding: 'utf8', timeout: 170_000, env: { ...process.env, RLSTREAM_LOG_LEVEL: 'warn' } });
+  const r = spawnSync('bash', ['-c', script], {
+    cwd,
+    encoding: 'utf8',
+    timeout: 170_000,
+    env: { ...process.env, RLSTREAM_LOG_LEVEL: 'warn' },
+  });
   assert.equal(r.status, 0, `the walkthrough failed:\n${r.stderr.slice(-4000)}\n${r.stdout.slice(-2000)}`);
   // train: a summary; sql: the steps with validation; report; replay into its own run
   assert.match(r.stdout, /run mine-my-task-[0-9a-f]{8}: \d+ trajectories/);
@@ -56,7 +61,10 @@ test('the README walkthrough "Your own data" runs as written', { timeout: 180_00
   // the row's data_source and extra_info reached compute_score (in the reward worker) and its text detail was stored
   assert.match(r.stdout, /plus-one a=3[2-9]/);
   assert.match(r.stdout, /report written: .*runs\/my-task\/report\.html/);
-  assert.match(r.stdout, /replay mine-my-task-[0-9a-f]{8}\.replay-[0-9a-f]{8} of mine-my-task-[0-9a-f]{8}: completed, step 4/);
+  assert.match(
+    r.stdout,
+    /replay mine-my-task-[0-9a-f]{8}\.replay-[0-9a-f]{8} of mine-my-task-[0-9a-f]{8}: completed, step 4/,
+  );
   assert.ok(existsSync(join(cwd, 'runs/my-task/report.html')));
   assert.ok(existsSync(join(cwd, 'runs/my-task/config.yaml')), 'the resolved config is kept in the run directory');
 });

@@ -26,12 +26,22 @@ export interface ChildSpec {
 
 const spec = JSON.parse(process.argv[2] ?? '') as ChildSpec;
 const database = await openDatabase(spec.target);
-const bus = createEmbeddedBus({ database, sessionTimeoutMs: spec.sessionTimeoutMs, heartbeatIntervalMs: spec.heartbeatIntervalMs });
+const bus = createEmbeddedBus({
+  database,
+  sessionTimeoutMs: spec.sessionTimeoutMs,
+  heartbeatIntervalMs: spec.heartbeatIntervalMs,
+});
 let ticks = 0;
 let batches = 0;
 const consumer = bus.consumer({ group: spec.group, topics: [spec.input], maxBatchMessages: spec.maxBatchMessages });
 const running = consumer.run(async (batch, ctx) => {
-  ctx.send(batch.map((m) => ({ topic: spec.output, key: m.key ?? '', value: Buffer.from(JSON.stringify({ p: m.partition, o: m.offset })) })));
+  ctx.send(
+    batch.map((m) => ({
+      topic: spec.output,
+      key: m.key ?? '',
+      value: Buffer.from(JSON.stringify({ p: m.partition, o: m.offset })),
+    })),
+  );
   await sleep(spec.handlerDelayMs);
   batches++;
   queueMicrotask(() => process.stdout.write(`batch ${batches}\n`));

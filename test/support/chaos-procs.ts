@@ -25,7 +25,9 @@ const MAX_OUTPUT = 4 * 1024 * 1024;
 /** Starts `node bin/rlstream.mjs …args` with JSON logs and `env` added. */
 export function spawnCli(args: string[], env: NodeJS.ProcessEnv = {}): CliProc {
   const child = spawn(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), ...args], {
-    cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, RLSTREAM_LOG_JSON: '1', ...SERVE_ENV, ...env },
+    cwd: ROOT,
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, RLSTREAM_LOG_JSON: '1', ...SERVE_ENV, ...env },
   });
   let out = '';
   const listeners = new Set<() => void>();
@@ -36,19 +38,37 @@ export function spawnCli(args: string[], env: NodeJS.ProcessEnv = {}): CliProc {
   };
   child.stdout!.on('data', onData);
   child.stderr!.on('data', onData);
-  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) => child.on('close', (code, signal) => { for (const l of listeners) l(); r({ code, signal }); }));
+  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) =>
+    child.on('close', (code, signal) => {
+      for (const l of listeners) l();
+      r({ code, signal });
+    }),
+  );
   let exited = false;
-  void exit.then(() => { exited = true; });
+  void exit.then(() => {
+    exited = true;
+  });
   return {
-    child, pid: child.pid!, startedAt: Date.now(), exit, output: () => out,
+    child,
+    pid: child.pid!,
+    startedAt: Date.now(),
+    exit,
+    output: () => out,
     waitFor(pattern, timeoutMs) {
       return new Promise((resolve) => {
         const check = () => {
-          if (pattern.test(out)) { done(true); return; }
+          if (pattern.test(out)) {
+            done(true);
+            return;
+          }
           if (exited || child.exitCode !== null || child.signalCode !== null) done(false);
         };
         const timer = setTimeout(() => done(false), timeoutMs);
-        const done = (v: boolean) => { clearTimeout(timer); listeners.delete(check); resolve(v); };
+        const done = (v: boolean) => {
+          clearTimeout(timer);
+          listeners.delete(check);
+          resolve(v);
+        };
         listeners.add(check);
         check();
       });
@@ -59,7 +79,11 @@ export function spawnCli(args: string[], env: NodeJS.ProcessEnv = {}): CliProc {
 /** SIGKILLs a child by PID (if still running) and waits for it. */
 export async function killHard(p: CliProc): Promise<void> {
   if (p.child.exitCode === null && p.child.signalCode === null) {
-    try { process.kill(p.pid, 'SIGKILL'); } catch { /* already gone */ }
+    try {
+      process.kill(p.pid, 'SIGKILL');
+    } catch {
+      /* already gone */
+    }
   }
   await p.exit;
 }
@@ -85,7 +109,9 @@ export function selfKilledAt(output: string): string | null {
 }
 
 /** "resumed at step S, epoch E, prompt P of T, from …" lines of a process's log. */
-export function resumeLines(output: string): Array<{ step: number; epoch: number; prompt: number; of: number; text: string }> {
+export function resumeLines(
+  output: string,
+): Array<{ step: number; epoch: number; prompt: number; of: number; text: string }> {
   const out: Array<{ step: number; epoch: number; prompt: number; of: number; text: string }> = [];
   for (const m of output.matchAll(/"msg":"(resumed at step (\d+), epoch (\d+), prompt (\d+) of (\d+), from [^"]*)"/g)) {
     out.push({ text: m[1], step: Number(m[2]), epoch: Number(m[3]), prompt: Number(m[4]), of: Number(m[5]) });
@@ -103,7 +129,15 @@ export { Rng };
 // ------------------------------------------------------------------------------------------------
 // Distributed chaos: the five stages as `rlstream serve` processes, killed and restarted.
 
-export interface ChaosKill { at_s: number; stage: string; pid: number; how: string; phase: string; point: string | null; uptime_s: number }
+export interface ChaosKill {
+  at_s: number;
+  stage: string;
+  pid: number;
+  how: string;
+  phase: string;
+  point: string | null;
+  uptime_s: number;
+}
 
 export interface ChaosOptions {
   configFile: string;
@@ -137,7 +171,13 @@ export interface ChaosOptions {
   expectedFault?: { pattern: RegExp; fix(): Promise<void> };
 }
 
-interface Slot { stage: string; proc: CliProc; hook: string | null; killedByUs: boolean; outputs: string[] }
+interface Slot {
+  stage: string;
+  proc: CliProc;
+  hook: string | null;
+  killedByUs: boolean;
+  outputs: string[];
+}
 
 /**
  * Runs the stages until every one exits with code 0 after the run is done, killing a seeded
@@ -155,14 +195,26 @@ export class ChaosHarness {
   onTick?: () => Promise<void>;
   private readonly starts = new Map<string, number>();
 
-  constructor(private readonly o: ChaosOptions) { this.rng = Rng.fromSeed(`chaos:${o.seed}`); }
+  constructor(private readonly o: ChaosOptions) {
+    this.rng = Rng.fromSeed(`chaos:${o.seed}`);
+  }
 
   private start(stage: string): Slot {
     const k = this.starts.get(stage) ?? 0;
     this.starts.set(stage, k + 1);
-    const hook = this.kills.length < this.o.maxKills ? this.o.hooks?.[stage]?.[k] ?? null : null;
-    const env: NodeJS.ProcessEnv = { RLSTREAM_CRASH_TRACE: '1', ...(this.o.env ?? {}), ...(hook ? { RLSTREAM_CRASH_AT: hook } : {}) };
-    return { stage, proc: spawnCli(['serve', stage, this.o.configFile, ...this.o.overrides, '--replica', '0'], env), hook, killedByUs: false, outputs: [] };
+    const hook = this.kills.length < this.o.maxKills ? (this.o.hooks?.[stage]?.[k] ?? null) : null;
+    const env: NodeJS.ProcessEnv = {
+      RLSTREAM_CRASH_TRACE: '1',
+      ...(this.o.env ?? {}),
+      ...(hook ? { RLSTREAM_CRASH_AT: hook } : {}),
+    };
+    return {
+      stage,
+      proc: spawnCli(['serve', stage, this.o.configFile, ...this.o.overrides, '--replica', '0'], env),
+      hook,
+      killedByUs: false,
+      outputs: [],
+    };
   }
 
   /** All output of a stage's processes so far (oldest first). */
@@ -174,8 +226,18 @@ export class ChaosHarness {
   private async record(slot: Slot, how: string, point: string | null): Promise<void> {
     const uptime = (Date.now() - slot.proc.startedAt) / 1000;
     const bare = point?.replace(/@\d+$/, '') ?? null;
-    this.kills.push({ at_s: Math.round((Date.now() - this.t0) / 100) / 10, stage: slot.stage, pid: slot.proc.pid, how, phase: phaseOf(bare), point: bare, uptime_s: Math.round(uptime * 10) / 10 });
-    this.o.log?.(`chaos: kill #${this.kills.length} ${slot.stage} (pid ${slot.proc.pid}, up ${uptime.toFixed(1)} s, ${how}) in ${phaseOf(bare)}${bare ? ` [${bare}]` : ''}`);
+    this.kills.push({
+      at_s: Math.round((Date.now() - this.t0) / 100) / 10,
+      stage: slot.stage,
+      pid: slot.proc.pid,
+      how,
+      phase: phaseOf(bare),
+      point: bare,
+      uptime_s: Math.round(uptime * 10) / 10,
+    });
+    this.o.log?.(
+      `chaos: kill #${this.kills.length} ${slot.stage} (pid ${slot.proc.pid}, up ${uptime.toFixed(1)} s, ${how}) in ${phaseOf(bare)}${bare ? ` [${bare}]` : ''}`,
+    );
     await sleep(this.o.restartDelayMs);
     const next = this.start(slot.stage);
     slot.outputs.push(slot.proc.output());
@@ -199,11 +261,18 @@ export class ChaosHarness {
           const ex = await s.proc.exit;
           if (ex.code === 0) continue;
           const self = selfKilledAt(s.proc.output());
-          if (ex.signal === 'SIGKILL' && self) { await this.record(s, `RLSTREAM_CRASH_AT=${s.hook}`, self); continue; }
+          if (ex.signal === 'SIGKILL' && self) {
+            await this.record(s, `RLSTREAM_CRASH_AT=${s.hook}`, self);
+            continue;
+          }
           const fault = this.o.expectedFault;
           if (fault && fault.pattern.test(s.proc.output())) {
             await fault.fix();
-            await this.record(s, `exit ${ex.code}: ${fault.pattern.exec(s.proc.output())![0]}`, lastCrashPoint(s.proc.output()));
+            await this.record(
+              s,
+              `exit ${ex.code}: ${fault.pattern.exec(s.proc.output())![0]}`,
+              lastCrashPoint(s.proc.output()),
+            );
             continue;
           }
           throw new Error(`${s.stage} exited with ${JSON.stringify(ex)}:\n${s.proc.output().slice(-4000)}`);
@@ -212,7 +281,9 @@ export class ChaosHarness {
         if (this.onTick) await this.onTick();
         const runDone = this.slots.some((s) => s.proc.child.exitCode === 0);
         if (this.stopped || runDone || this.kills.length >= this.o.maxKills || Date.now() < nextKillAt) continue;
-        const candidates = this.slots.filter((s) => !ended(s) && !s.hook && Date.now() - s.proc.startedAt >= this.o.minUptimeMs);
+        const candidates = this.slots.filter(
+          (s) => !ended(s) && !s.hook && Date.now() - s.proc.startedAt >= this.o.minUptimeMs,
+        );
         if (!candidates.length) continue;
         const victim = candidates[this.rng.int(candidates.length)];
         victim.killedByUs = true;
@@ -220,7 +291,9 @@ export class ChaosHarness {
         await this.record(victim, 'random SIGKILL', lastCrashPoint(victim.proc.output()));
         nextKillAt = Date.now() + lo + this.rng.next() * (hi - lo);
       }
-      throw new Error(`chaos run did not finish within ${this.o.timeoutMs} ms (${this.kills.length} kills); last output:\n${this.slots.map((s) => `--- ${s.stage}\n${s.proc.output().slice(-2500)}`).join('\n')}`);
+      throw new Error(
+        `chaos run did not finish within ${this.o.timeoutMs} ms (${this.kills.length} kills); last output:\n${this.slots.map((s) => `--- ${s.stage}\n${s.proc.output().slice(-2500)}`).join('\n')}`,
+      );
     } finally {
       await this.stop();
     }
@@ -233,7 +306,13 @@ export class ChaosHarness {
     const dump = process.env.RLSTREAM_CHAOS_DUMP;
     if (dump) {
       mkdirSync(dump, { recursive: true });
-      for (const s of this.slots) writeFileSync(join(dump, `${s.stage}.log`), this.outputs(s.stage).map((o, i) => `===== process ${i + 1}\n${o}`).join('\n'));
+      for (const s of this.slots)
+        writeFileSync(
+          join(dump, `${s.stage}.log`),
+          this.outputs(s.stage)
+            .map((o, i) => `===== process ${i + 1}\n${o}`)
+            .join('\n'),
+        );
     }
   }
 }

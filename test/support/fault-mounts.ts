@@ -13,7 +13,11 @@ export function mountUnavailable(): string | null {
   return null;
 }
 
-export interface TinyDisk { dir: string; grow(size: string): void; unmount(): void }
+export interface TinyDisk {
+  dir: string;
+  grow(size: string): void;
+  unmount(): void;
+}
 
 /** Mounts a tmpfs of `size` (e.g. `600k`) over `dir` (created if missing). */
 export function tinyDisk(dir: string, size: string): TinyDisk {
@@ -22,11 +26,17 @@ export function tinyDisk(dir: string, size: string): TinyDisk {
   let mounted = true;
   return {
     dir,
-    grow(s: string) { execFileSync('mount', ['-o', `remount,size=${s}`, dir]); },
+    grow(s: string) {
+      execFileSync('mount', ['-o', `remount,size=${s}`, dir]);
+    },
     unmount() {
       if (!mounted) return;
       mounted = false;
-      try { execFileSync('umount', [dir]); } catch { execFileSync('umount', ['-l', dir]); }
+      try {
+        execFileSync('umount', [dir]);
+      } catch {
+        execFileSync('umount', ['-l', dir]);
+      }
     },
   };
 }

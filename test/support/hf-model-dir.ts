@@ -24,7 +24,8 @@ export interface HfDirOptions {
 
 export function writeHfModelDir(dir: string, o: HfDirOptions): void {
   mkdirSync(dir, { recursive: true });
-  const dtype = o.dtype ?? 'bfloat16', n = o.shards ?? 1;
+  const dtype = o.dtype ?? 'bfloat16',
+    n = o.shards ?? 1;
   writeFileSync(join(dir, 'config.json'), JSON.stringify({ ...o.config, torch_dtype: dtype }, null, 2));
   if (o.generation) writeFileSync(join(dir, 'generation_config.json'), JSON.stringify(o.generation, null, 2));
   const per = Math.ceil(o.tensors.length / n);
@@ -32,11 +33,26 @@ export function writeHfModelDir(dir: string, o: HfDirOptions): void {
   let total = 0;
   for (let i = 0; i < n; i++) {
     const part = o.tensors.slice(i * per, (i + 1) * per);
-    const file = n === 1 ? 'model.safetensors' : `model-${String(i + 1).padStart(5, '0')}-of-${String(n).padStart(5, '0')}.safetensors`;
-    const enc = part.map(([name, shape]): [string, ReturnType<typeof fromFloat32>] => [name, fromFloat32(o.weights.get(name)!, shape, dtype)]);
-    for (const [name, t] of enc) { weightMap[name] = file; total += t.data.byteLength; }
+    const file =
+      n === 1
+        ? 'model.safetensors'
+        : `model-${String(i + 1).padStart(5, '0')}-of-${String(n).padStart(5, '0')}.safetensors`;
+    const enc = part.map(([name, shape]): [string, ReturnType<typeof fromFloat32>] => [
+      name,
+      fromFloat32(o.weights.get(name)!, shape, dtype),
+    ]);
+    for (const [name, t] of enc) {
+      weightMap[name] = file;
+      total += t.data.byteLength;
+    }
     writeFileSync(join(dir, file), encodeSafetensors(enc, { format: 'pt' }));
   }
-  if (n > 1) writeFileSync(join(dir, 'model.safetensors.index.json'), JSON.stringify({ metadata: { total_size: total }, weight_map: weightMap }, null, 2));
-  if (o.tokenizerFrom) for (const f of ['tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt']) if (existsSync(join(o.tokenizerFrom, f))) copyFileSync(join(o.tokenizerFrom, f), join(dir, f));
+  if (n > 1)
+    writeFileSync(
+      join(dir, 'model.safetensors.index.json'),
+      JSON.stringify({ metadata: { total_size: total }, weight_map: weightMap }, null, 2),
+    );
+  if (o.tokenizerFrom)
+    for (const f of ['tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt'])
+      if (existsSync(join(o.tokenizerFrom, f))) copyFileSync(join(o.tokenizerFrom, f), join(dir, f));
 }

@@ -27,7 +27,12 @@ import { join } from 'node:path';
 import type { Container, K8sObject, PodTemplate } from './k8s-manifests.ts';
 import { ROOT } from './k8s-manifests.ts';
 
-export interface PodSpecOf { owner: K8sObject; name: string; ordinal: number | null; template: PodTemplate }
+export interface PodSpecOf {
+  owner: K8sObject;
+  name: string;
+  ordinal: number | null;
+  template: PodTemplate;
+}
 
 /** The pods a workload asks for: `replicas` of a Deployment or StatefulSet (ordinals 0…n−1), one of a Job. */
 export function podsOf(objs: readonly K8sObject[]): PodSpecOf[] {
@@ -35,9 +40,14 @@ export function podsOf(objs: readonly K8sObject[]): PodSpecOf[] {
   for (const o of objs) {
     if (!['Deployment', 'StatefulSet', 'Job'].includes(o.kind)) continue;
     const spec = o.spec as { replicas?: number; template: PodTemplate };
-    const n = o.kind === 'Job' ? 1 : spec.replicas ?? 1;
+    const n = o.kind === 'Job' ? 1 : (spec.replicas ?? 1);
     for (let i = 0; i < n; i++) {
-      out.push({ owner: o, ordinal: o.kind === 'StatefulSet' ? i : null, template: spec.template, name: o.kind === 'StatefulSet' ? `${o.metadata.name}-${i}` : `${o.metadata.name}-${i}-local` });
+      out.push({
+        owner: o,
+        ordinal: o.kind === 'StatefulSet' ? i : null,
+        template: spec.template,
+        name: o.kind === 'StatefulSet' ? `${o.metadata.name}-${i}` : `${o.metadata.name}-${i}-local`,
+      });
     }
   }
   return out;
@@ -47,13 +57,18 @@ export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const s = createServer();
     s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => { const p = (s.address() as { port: number }).port; s.close(() => resolve(p)); });
+    s.listen(0, '127.0.0.1', () => {
+      const p = (s.address() as { port: number }).port;
+      s.close(() => resolve(p));
+    });
   });
 }
 
 /** `$(VAR)` expansion as the kubelet does it: defined names are replaced, `$$(X)` stays `$(X)`, unknown names stay as written. */
 export function expandVars(s: string, env: Record<string, string>): string {
-  return s.replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)/g, (m, name: string | undefined) => (m === '$$' ? '$' : name !== undefined && name in env ? env[name] : m));
+  return s.replace(/\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)/g, (m, name: string | undefined) =>
+    m === '$$' ? '$' : name !== undefined && name in env ? env[name] : m,
+  );
 }
 
 export interface Addresses {
@@ -94,7 +109,10 @@ function resolveAddresses(text: string, addr: Addresses): string {
   let out = addr.rewrite(text);
   for (const [from, to] of addr.services) {
     const [name, port] = from.split(':');
-    out = out.replace(new RegExp(`(?<![\\w.-])${name}(?:\\.[a-z0-9-]+)*(?:\\.svc(?:\\.cluster\\.local)?)?:${port}(?!\\d)`, 'g'), to);
+    out = out.replace(
+      new RegExp(`(?<![\\w.-])${name}(?:\\.[a-z0-9-]+)*(?:\\.svc(?:\\.cluster\\.local)?)?:${port}(?!\\d)`, 'g'),
+      to,
+    );
   }
   return out;
 }
@@ -103,12 +121,22 @@ function resolveAddresses(text: string, addr: Addresses): string {
  * Starts one pod's (single) container as a local process. `root` is the directory the pod's
  * volumes live under (a new one per pod start: emptyDirs are not kept across restarts).
  */
-export async function startPod(objs: readonly K8sObject[], pod: PodSpecOf, root: string, addr: Addresses, extraEnv: Record<string, string> = {}): Promise<LocalPod> {
+export async function startPod(
+  objs: readonly K8sObject[],
+  pod: PodSpecOf,
+  root: string,
+  addr: Addresses,
+  extraEnv: Record<string, string> = {},
+): Promise<LocalPod> {
   const { template } = pod;
-  if (template.spec.containers.length !== 1 || template.spec.initContainers?.length) throw new Error(`${pod.name}: this runner starts pods of one container`);
+  if (template.spec.containers.length !== 1 || template.spec.initContainers?.length)
+    throw new Error(`${pod.name}: this runner starts pods of one container`);
   const c = template.spec.containers[0];
   const namespace = pod.owner.metadata.namespace ?? 'default';
-  const labels: Record<string, string> = { ...(template.metadata.labels ?? {}), ...(pod.ordinal !== null ? { 'apps.kubernetes.io/pod-index': String(pod.ordinal) } : {}) };
+  const labels: Record<string, string> = {
+    ...(template.metadata.labels ?? {}),
+    ...(pod.ordinal !== null ? { 'apps.kubernetes.io/pod-index': String(pod.ordinal) } : {}),
+  };
 
   // the pod's filesystem: a directory per volume mount
   const mounts: Array<[string, string]> = [];
@@ -119,12 +147,18 @@ export async function startPod(objs: readonly K8sObject[], pod: PodSpecOf, root:
     const dir = join(root, 'volumes', m.name);
     mkdirSync(dir, { recursive: true });
     mounts.push([m.mountPath.replace(/\/$/, ''), dir]);
-    if (!v.emptyDir && !v.configMap) throw new Error(`${pod.name}: volume ${m.name} is neither an emptyDir nor a ConfigMap (a shared or persistent volume would need more than this runner)`);
+    if (!v.emptyDir && !v.configMap)
+      throw new Error(
+        `${pod.name}: volume ${m.name} is neither an emptyDir nor a ConfigMap (a shared or persistent volume would need more than this runner)`,
+      );
   }
   mounts.sort((a, b) => b[0].length - a[0].length);
   // one pass over all mount paths (longest first), so a replaced path is never mapped again (the
   // checkout itself may live under /tmp, a mount path)
-  const mountRe = new RegExp(`(?<![\\w./-])(${mounts.map(([from]) => from.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('|')})(?=/|\\b|$)`, 'g');
+  const mountRe = new RegExp(
+    `(?<![\\w./-])(${mounts.map(([from]) => from.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('|')})(?=/|\\b|$)`,
+    'g',
+  );
   const mountDir = new Map(mounts);
   const mapPaths = (s: string) => (mounts.length ? s.replace(mountRe, (m) => mountDir.get(m)!) : s);
   for (const m of c.volumeMounts ?? []) {
@@ -143,11 +177,19 @@ export async function startPod(objs: readonly K8sObject[], pod: PodSpecOf, root:
     if (e.value !== undefined) value = expandVars(e.value, env);
     else if (e.valueFrom?.secretKeyRef) {
       const v = decodeSecret(find(objs, 'Secret', e.valueFrom.secretKeyRef.name), e.valueFrom.secretKeyRef.key);
-      if (v === undefined) throw new Error(`${pod.name}: Secret ${e.valueFrom.secretKeyRef.name} has no key ${e.valueFrom.secretKeyRef.key}`);
+      if (v === undefined)
+        throw new Error(
+          `${pod.name}: Secret ${e.valueFrom.secretKeyRef.name} has no key ${e.valueFrom.secretKeyRef.key}`,
+        );
       value = v;
     } else if (e.valueFrom?.configMapKeyRef) {
-      const v = ((find(objs, 'ConfigMap', e.valueFrom.configMapKeyRef.name).data ?? {}) as Record<string, string>)[e.valueFrom.configMapKeyRef.key];
-      if (v === undefined) throw new Error(`${pod.name}: ConfigMap ${e.valueFrom.configMapKeyRef.name} has no key ${e.valueFrom.configMapKeyRef.key}`);
+      const v = ((find(objs, 'ConfigMap', e.valueFrom.configMapKeyRef.name).data ?? {}) as Record<string, string>)[
+        e.valueFrom.configMapKeyRef.key
+      ];
+      if (v === undefined)
+        throw new Error(
+          `${pod.name}: ConfigMap ${e.valueFrom.configMapKeyRef.name} has no key ${e.valueFrom.configMapKeyRef.key}`,
+        );
       value = v;
     } else if (e.valueFrom?.fieldRef) {
       const f = e.valueFrom.fieldRef.fieldPath;
@@ -170,28 +212,52 @@ export async function startPod(objs: readonly K8sObject[], pod: PodSpecOf, root:
     portMap.set(String(p.containerPort), String(local));
   }
 
-  const cmd = [...(c.command ?? []), ...(c.args ?? [])].map((a) => expandVars(a, env)).map((a) => portMap.get(a) ?? a).map((a) => mapPaths(resolveAddresses(a, addr)));
+  const cmd = [...(c.command ?? []), ...(c.args ?? [])]
+    .map((a) => expandVars(a, env))
+    .map((a) => portMap.get(a) ?? a)
+    .map((a) => mapPaths(resolveAddresses(a, addr)));
   if (cmd[0] !== 'rlstream') throw new Error(`${pod.name}: command ${cmd[0]} is not the rlstream image's entrypoint`);
   const argv = [join(ROOT, 'bin/rlstream.mjs'), ...cmd.slice(1)];
   const tmp = mounts.find(([from]) => from === '/tmp')?.[1];
   const child = spawn(process.execPath, argv, {
     cwd: ROOT, // the image's WORKDIR /app
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { PATH: process.env.PATH ?? '', NODE_ENV: 'production', RLSTREAM_LOG_JSON: '1', ...(tmp ? { TMPDIR: tmp } : {}), HOSTNAME: pod.name, ...env, ...extraEnv },
+    env: {
+      PATH: process.env.PATH ?? '',
+      NODE_ENV: 'production',
+      RLSTREAM_LOG_JSON: '1',
+      ...(tmp ? { TMPDIR: tmp } : {}),
+      HOSTNAME: pod.name,
+      ...env,
+      ...extraEnv,
+    },
   });
   let out = '';
-  const keep = (d: Buffer) => { out = (out + d.toString()).slice(-40_000); };
+  const keep = (d: Buffer) => {
+    out = (out + d.toString()).slice(-40_000);
+  };
   child.stdout!.on('data', keep);
   child.stderr!.on('data', keep);
-  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) => child.on('exit', (code, signal) => r({ code, signal })));
-  const kill = () => { try { child.kill('SIGKILL'); } catch { /* gone */ } };
+  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) =>
+    child.on('exit', (code, signal) => r({ code, signal })),
+  );
+  const kill = () => {
+    try {
+      child.kill('SIGKILL');
+    } catch {
+      /* gone */
+    }
+  };
   process.once('exit', kill);
   void exit.then(() => process.removeListener('exit', kill));
   return { spec: pod, container: c, child, exit, ports, argv, env, output: () => out };
 }
 
 /** GET on a pod's probe the way the kubelet does: 200–399 succeeds. */
-export async function probe(pod: LocalPod, which: 'readinessProbe' | 'livenessProbe' | 'startupProbe'): Promise<{ ok: boolean; status: number; body: string }> {
+export async function probe(
+  pod: LocalPod,
+  which: 'readinessProbe' | 'livenessProbe' | 'startupProbe',
+): Promise<{ ok: boolean; status: number; body: string }> {
   const p = pod.container[which];
   if (!p?.httpGet) throw new Error(`${pod.spec.name}: no httpGet ${which}`);
   const port = pod.ports.get(String(p.httpGet.port));
@@ -199,17 +265,25 @@ export async function probe(pod: LocalPod, which: 'readinessProbe' | 'livenessPr
   try {
     const r = await fetch(`http://127.0.0.1:${port}${p.httpGet.path}`, { signal: AbortSignal.timeout(3000) });
     return { ok: r.status >= 200 && r.status < 400, status: r.status, body: await r.text() };
-  } catch (e) { return { ok: false, status: 0, body: (e as Error).message }; }
+  } catch (e) {
+    return { ok: false, status: 0, body: (e as Error).message };
+  }
 }
 
 /** Stops a pod as the kubelet does: SIGTERM, SIGKILL after terminationGracePeriodSeconds. Returns how it ended and how long it took. */
-export async function terminate(pod: LocalPod): Promise<{ code: number | null; signal: NodeJS.Signals | null; ms: number; killed: boolean }> {
+export async function terminate(
+  pod: LocalPod,
+): Promise<{ code: number | null; signal: NodeJS.Signals | null; ms: number; killed: boolean }> {
   const t0 = Date.now();
-  if (pod.child.exitCode !== null || pod.child.signalCode !== null) return { ...(await pod.exit), ms: 0, killed: false };
+  if (pod.child.exitCode !== null || pod.child.signalCode !== null)
+    return { ...(await pod.exit), ms: 0, killed: false };
   pod.child.kill('SIGTERM');
   const graceMs = (pod.spec.template.spec.terminationGracePeriodSeconds ?? 30) * 1000;
   let killed = false;
-  const timer = setTimeout(() => { killed = true; pod.child.kill('SIGKILL'); }, graceMs);
+  const timer = setTimeout(() => {
+    killed = true;
+    pod.child.kill('SIGKILL');
+  }, graceMs);
   const r = await pod.exit;
   clearTimeout(timer);
   return { ...r, ms: Date.now() - t0, killed };

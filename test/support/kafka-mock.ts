@@ -33,9 +33,11 @@ export function buildMockBroker(): string {
   if (existsSync(BINARY) && statSync(BINARY).mtimeMs >= statSync(SOURCE).mtimeMs) return BINARY;
   const r = spawnSync('bash', [BUILD, BINARY], { encoding: 'utf8' });
   if (r.status !== 0) {
-    throw new Error(`could not build the Kafka mock broker (${BUILD}):\n${r.stderr || r.error?.message}\n`
-      + 'It needs gcc and librdkafka\'s headers: apt-get install -y gcc librdkafka-dev. '
-      + 'Or point the tests at a real broker: KAFKA_BROKERS=localhost:9092');
+    throw new Error(
+      `could not build the Kafka mock broker (${BUILD}):\n${r.stderr || r.error?.message}\n` +
+        "It needs gcc and librdkafka's headers: apt-get install -y gcc librdkafka-dev. " +
+        'Or point the tests at a real broker: KAFKA_BROKERS=localhost:9092',
+    );
   }
   return BINARY;
 }
@@ -44,33 +46,74 @@ export function buildMockBroker(): string {
  * Starts a mock cluster (`brokers` brokers, default 3) with `topics` pre-created (other topics are
  * auto-created with 4 partitions on first use), or returns KAFKA_BROKERS when set.
  */
-export async function startKafka(opts: {
-  brokers?: number; topics?: TopicSpec[]; timeoutMs?: number;
-  /** Fault injection (mock only): the next requests of an API key fail with these Kafka error codes, e.g. `{ 14: [42] }`. */
-  requestErrors?: Record<number, number[]>;
-} = {}): Promise<KafkaTarget> {
+export async function startKafka(
+  opts: {
+    brokers?: number;
+    topics?: TopicSpec[];
+    timeoutMs?: number;
+    /** Fault injection (mock only): the next requests of an API key fail with these Kafka error codes, e.g. `{ 14: [42] }`. */
+    requestErrors?: Record<number, number[]>;
+  } = {},
+): Promise<KafkaTarget> {
   const env = process.env.KAFKA_BROKERS?.trim();
   if (env) {
-    return { brokers: env.split(',').map((s) => s.trim()).filter(Boolean), external: true, controllerFixed: true, async stop() { /* not ours */ } };
+    return {
+      brokers: env
+        .split(',')
+        .map((s) => s.trim())
+        .filter(Boolean),
+      external: true,
+      controllerFixed: true,
+      async stop() {
+        /* not ours */
+      },
+    };
   }
   const bin = buildMockBroker();
   const args = [String(opts.brokers ?? 3), ...(opts.topics ?? []).map((t) => `${t.name}:${t.partitions}`)];
-  const inject = Object.entries(opts.requestErrors ?? {}).map(([api, errs]) => `${api}:${errs.join(',')}`).join(';');
-  const child = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, MOCK_REQUEST_ERRORS: inject } });
-  const killOnExit = () => { try { child.kill('SIGKILL'); } catch { /* gone */ } };
+  const inject = Object.entries(opts.requestErrors ?? {})
+    .map(([api, errs]) => `${api}:${errs.join(',')}`)
+    .join(';');
+  const child = spawn(bin, args, {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, MOCK_REQUEST_ERRORS: inject },
+  });
+  const killOnExit = () => {
+    try {
+      child.kill('SIGKILL');
+    } catch {
+      /* gone */
+    }
+  };
   process.once('exit', killOnExit);
   let stderr = '';
-  child.stderr!.setEncoding('utf8').on('data', (d: string) => { stderr += d; });
+  child.stderr!.setEncoding('utf8').on('data', (d: string) => {
+    stderr += d;
+  });
   const bootstrap = await new Promise<string>((resolveBoot, reject) => {
     let out = '';
-    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`mock broker printed no BOOTSTRAP line within ${opts.timeoutMs ?? 10_000} ms; stderr: ${stderr}`)); }, opts.timeoutMs ?? 10_000);
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(
+        new Error(`mock broker printed no BOOTSTRAP line within ${opts.timeoutMs ?? 10_000} ms; stderr: ${stderr}`),
+      );
+    }, opts.timeoutMs ?? 10_000);
     child.stdout!.setEncoding('utf8').on('data', (d: string) => {
       out += d;
       const m = /^BOOTSTRAP=(\S+)$/m.exec(out);
-      if (m) { clearTimeout(timer); resolveBoot(m[1]); }
+      if (m) {
+        clearTimeout(timer);
+        resolveBoot(m[1]);
+      }
     });
-    child.once('exit', (code, sig) => { clearTimeout(timer); reject(new Error(`mock broker exited (${code ?? sig}) before it was ready; stderr: ${stderr}`)); });
-    child.once('error', (e) => { clearTimeout(timer); reject(e); });
+    child.once('exit', (code, sig) => {
+      clearTimeout(timer);
+      reject(new Error(`mock broker exited (${code ?? sig}) before it was ready; stderr: ${stderr}`));
+    });
+    child.once('error', (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
   });
   // Keep draining its output so it never blocks on a full pipe.
   child.stdout!.resume();

@@ -20,7 +20,9 @@ export async function freshDatabase(name: string): Promise<{ url: string; drop()
   try {
     await admin.query(`drop database if exists ${name}`);
     await admin.query(`create database ${name}`);
-  } finally { await admin.end(); }
+  } finally {
+    await admin.end();
+  }
   const u = new URL(PG_URL);
   u.pathname = `/${name}`;
   return {
@@ -28,7 +30,11 @@ export async function freshDatabase(name: string): Promise<{ url: string; drop()
     async drop() {
       const c = new pg.Client({ connectionString: PG_URL });
       await c.connect();
-      try { await c.query(`drop database if exists ${name} with (force)`); } finally { await c.end(); }
+      try {
+        await c.query(`drop database if exists ${name} with (force)`);
+      } finally {
+        await c.end();
+      }
     },
   };
 }
@@ -36,9 +42,17 @@ export async function freshDatabase(name: string): Promise<{ url: string; drop()
 const SINGLE = new Set(['policy', 'control', 'metrics', 'deadletter']);
 
 /** The Kafka mock with every topic of the run pre-created (the mock has no working admin API). */
-export function kafkaForRun(prefix: string, runId: string | readonly string[], partitions: number): Promise<KafkaTarget> {
+export function kafkaForRun(
+  prefix: string,
+  runId: string | readonly string[],
+  partitions: number,
+): Promise<KafkaTarget> {
   const runs = typeof runId === 'string' ? [runId] : runId;
-  return startKafka({ topics: runs.flatMap((r) => LOGICAL_TOPICS.map((t) => ({ name: topicName(prefix, r, t), partitions: SINGLE.has(t) ? 1 : partitions }))) });
+  return startKafka({
+    topics: runs.flatMap((r) =>
+      LOGICAL_TOPICS.map((t) => ({ name: topicName(prefix, r, t), partitions: SINGLE.has(t) ? 1 : partitions })),
+    ),
+  });
 }
 
 /**
@@ -46,23 +60,53 @@ export function kafkaForRun(prefix: string, runId: string | readonly string[], p
  * database to migrate (a cluster runs `rlstream migrate` first and keeps finished stages idle);
  * several stages share this machine, so each serves HTTP on a free port.
  */
-export const SERVE_ENV: NodeJS.ProcessEnv = { RLSTREAM_PIPELINE__ON_RUN_END: 'exit', RLSTREAM_PIPELINE__MIGRATE_ON_START: 'true', RLSTREAM_PIPELINE__HTTP_PORT: '0' };
+export const SERVE_ENV: NodeJS.ProcessEnv = {
+  RLSTREAM_PIPELINE__ON_RUN_END: 'exit',
+  RLSTREAM_PIPELINE__MIGRATE_ON_START: 'true',
+  RLSTREAM_PIPELINE__HTTP_PORT: '0',
+};
 
-export interface StageProc { stage: string; replica: number; child: ChildProcess; exit: Promise<number | null>; output: () => string }
+export interface StageProc {
+  stage: string;
+  replica: number;
+  child: ChildProcess;
+  exit: Promise<number | null>;
+  output: () => string;
+}
 
-export function serveStage(stage: string, replica: number, configFile: string, overrides: string[], env: NodeJS.ProcessEnv = {}): StageProc {
-  const child = spawn(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), 'serve', stage, configFile, ...overrides, '--replica', String(replica)], {
-    cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, RLSTREAM_LOG_JSON: '1', ...SERVE_ENV, ...env },
-  });
+export function serveStage(
+  stage: string,
+  replica: number,
+  configFile: string,
+  overrides: string[],
+  env: NodeJS.ProcessEnv = {},
+): StageProc {
+  const child = spawn(
+    process.execPath,
+    [join(ROOT, 'bin/rlstream.mjs'), 'serve', stage, configFile, ...overrides, '--replica', String(replica)],
+    {
+      cwd: ROOT,
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env, RLSTREAM_LOG_JSON: '1', ...SERVE_ENV, ...env },
+    },
+  );
   let out = '';
-  child.stdout!.on('data', (d) => { out = (out + d).slice(-20000); });
-  child.stderr!.on('data', (d) => { out = (out + d).slice(-20000); });
+  child.stdout!.on('data', (d) => {
+    out = (out + d).slice(-20000);
+  });
+  child.stderr!.on('data', (d) => {
+    out = (out + d).slice(-20000);
+  });
   const exit = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
   return { stage, replica, child, exit, output: () => out };
 }
 
 /** Runs the five stages (rolloutReplicas rollout processes) until all exit; kills all after timeoutMs. */
-export async function runDistributed(configFile: string, overrides: string[], opts: { rolloutReplicas?: number; timeoutMs?: number } = {}): Promise<StageProc[]> {
+export async function runDistributed(
+  configFile: string,
+  overrides: string[],
+  opts: { rolloutReplicas?: number; timeoutMs?: number } = {},
+): Promise<StageProc[]> {
   const procs: StageProc[] = [];
   for (const s of ['update', 'controller', 'advantage', 'reward']) procs.push(serveStage(s, 0, configFile, overrides));
   for (let r = 0; r < (opts.rolloutReplicas ?? 1); r++) {
@@ -72,14 +116,18 @@ export async function runDistributed(configFile: string, overrides: string[], op
     procs.push(serveStage('rollout', r, configFile, overrides));
   }
   let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<'timeout'>((r) => { timer = setTimeout(() => r('timeout'), opts.timeoutMs ?? 240_000); });
+  const timeout = new Promise<'timeout'>((r) => {
+    timer = setTimeout(() => r('timeout'), opts.timeoutMs ?? 240_000);
+  });
   const all = Promise.all(procs.map((p) => p.exit));
   const res = await Promise.race([all, timeout]);
   clearTimeout(timer);
   if (res === 'timeout') {
     for (const p of procs) p.child.kill('SIGKILL');
     await all;
-    throw new Error(`distributed run timed out; outputs:\n${procs.map((p) => `--- ${p.stage}#${p.replica}\n${p.output().slice(-3000)}`).join('\n')}`);
+    throw new Error(
+      `distributed run timed out; outputs:\n${procs.map((p) => `--- ${p.stage}#${p.replica}\n${p.output().slice(-3000)}`).join('\n')}`,
+    );
   }
   return procs;
 }

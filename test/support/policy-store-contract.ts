@@ -30,12 +30,22 @@ export type MakeHarness = (ctx: { runId: string; runDir: string; db: Database; t
 const sha = (b: Uint8Array) => createHash('sha256').update(b).digest('hex');
 
 /** Writes a version's files the way the update stage does: into writeDir, then put. */
-async function writeVersion(store: PolicyStore, kind: ArtifactKind, version: number, seed: number, db?: Parameters<PolicyStore['put']>[2]) {
+async function writeVersion(
+  store: PolicyStore,
+  kind: ArtifactKind,
+  version: number,
+  seed: number,
+  db?: Parameters<PolicyStore['put']>[2],
+) {
   const dir = store.writeDir(kind, version);
   await fs.mkdir(dir, { recursive: true });
   const model = Buffer.alloc(20_000 + seed, 0);
   for (let i = 0; i < model.length; i++) model[i] = (i * 31 + seed * 7) & 0xff;
-  const files = { 'model.safetensors': model, 'optimizer.safetensors': Buffer.from(`adam ${seed}`.repeat(300)), 'config.json': Buffer.from(JSON.stringify({ seed })) };
+  const files = {
+    'model.safetensors': model,
+    'optimizer.safetensors': Buffer.from(`adam ${seed}`.repeat(300)),
+    'config.json': Buffer.from(JSON.stringify({ seed })),
+  };
   for (const [n, b] of Object.entries(files)) await fs.writeFile(join(dir, n), b);
   const put = await store.put(kind, version, db);
   return { files, put };
@@ -53,9 +63,13 @@ export function runPolicyStoreContract(name: string, make: MakeHarness): void {
     const tmp = mkdtempSync(join(tmpdir(), `rl-policy-${name}-`));
     const runs: string[] = [];
     let n = 0;
-    before(async () => { db = await openDatabase({ kind: 'postgres', url: PG_URL }); });
+    before(async () => {
+      db = await openDatabase({ kind: 'postgres', url: PG_URL });
+    });
     after(async () => {
-      for (const r of runs) for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts']) await sql`delete from ${sql.table(t)} where run_id = ${r}`.execute(db.db);
+      for (const r of runs)
+        for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts'])
+          await sql`delete from ${sql.table(t)} where run_id = ${r}`.execute(db.db);
       await db.close();
       rmSync(tmp, { recursive: true, force: true });
     });
@@ -76,7 +90,10 @@ export function runPolicyStoreContract(name: string, make: MakeHarness): void {
     it('put then get: another process reads the same bytes, with their sha256 recorded', async () => {
       const h = harness();
       const { files, put } = await writeVersion(h.writer, 'policy', 3, 1);
-      assert.deepEqual(put.map((f) => f.name), Object.keys(files).sort());
+      assert.deepEqual(
+        put.map((f) => f.name),
+        Object.keys(files).sort(),
+      );
       for (const f of put) assert.equal(f.sha256, sha(files[f.name as keyof typeof files]));
       const r = h.reader();
       const dir = await r.get('policy', 3);
@@ -94,7 +111,11 @@ export function runPolicyStoreContract(name: string, make: MakeHarness): void {
       await r.get('critic', 1);
       const { put } = await writeVersion(h.writer, 'critic', 1, 2);
       const dir = await r.get('critic', 1);
-      assert.deepEqual(await readAll(dir!), Object.fromEntries(put.map((f) => [f.name, f.sha256])), 'the reader gets the new bytes, not its cached copy');
+      assert.deepEqual(
+        await readAll(dir!),
+        Object.fromEntries(put.map((f) => [f.name, f.sha256])),
+        'the reader gets the new bytes, not its cached copy',
+      );
     });
 
     it('a damaged file is refused with its path and both hashes', async () => {

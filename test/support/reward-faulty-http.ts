@@ -15,7 +15,12 @@ import type { AddressInfo } from 'node:net';
 
 export type HttpFault = 'malformed' | 'nan' | 'range' | 'missing' | '500' | '429';
 
-export interface FaultyServer { url: string; key: string; hits(): number; close(): Promise<void> }
+export interface FaultyServer {
+  url: string;
+  key: string;
+  hits(): number;
+  close(): Promise<void>;
+}
 
 export async function startFaultyServer(fault: HttpFault, opts: { failFirst?: number } = {}): Promise<FaultyServer> {
   let hits = 0;
@@ -23,15 +28,27 @@ export async function startFaultyServer(fault: HttpFault, opts: { failFirst?: nu
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
-      if (req.url === '/healthz') { res.writeHead(200, { 'content-type': 'application/json' }); res.end('{"status":"ok"}'); return; }
+      if (req.url === '/healthz') {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end('{"status":"ok"}');
+        return;
+      }
       hits++;
-      const send = (status: number, body: string, headers: Record<string, string> = {}) => { res.writeHead(status, { 'content-type': 'application/json', ...headers }); res.end(body); };
+      const send = (status: number, body: string, headers: Record<string, string> = {}) => {
+        res.writeHead(status, { 'content-type': 'application/json', ...headers });
+        res.end(body);
+      };
       switch (fault) {
-        case 'malformed': return send(200, '<html><body>502 Bad Gateway</body></html>', { 'content-type': 'text/html' });
-        case 'nan': return send(200, '{"vlm_score": NaN, "ocr_confidence": 0.9}');
-        case 'range': return send(200, '{"vlm_score": 1.7, "ocr_confidence": 0.9}');
-        case 'missing': return send(200, '{"ocr_confidence": 0.9}');
-        case '500': return send(500, '{"error": "boom"}');
+        case 'malformed':
+          return send(200, '<html><body>502 Bad Gateway</body></html>', { 'content-type': 'text/html' });
+        case 'nan':
+          return send(200, '{"vlm_score": NaN, "ocr_confidence": 0.9}');
+        case 'range':
+          return send(200, '{"vlm_score": 1.7, "ocr_confidence": 0.9}');
+        case 'missing':
+          return send(200, '{"ocr_confidence": 0.9}');
+        case '500':
+          return send(500, '{"error": "boom"}');
         case '429':
           if (hits <= (opts.failFirst ?? 1)) return send(429, '{"error": "slow down"}', { 'retry-after': '0' });
           return send(200, '{"vlm_score": 0.25, "ocr_confidence": 0.75}');
@@ -44,6 +61,10 @@ export async function startFaultyServer(fault: HttpFault, opts: { failFirst?: nu
     url: `http://127.0.0.1:${port}`,
     key: `127.0.0.1:${port}`,
     hits: () => hits,
-    close: () => new Promise<void>((r) => { server.closeAllConnections(); server.close(() => r()); }),
+    close: () =>
+      new Promise<void>((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
   };
 }

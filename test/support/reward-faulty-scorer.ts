@@ -14,7 +14,10 @@ import type { ScoreRequest, ScoreResult } from '../../lib/reward/scorer.ts';
 const fault = process.env.REWARD_FAULT ?? '';
 
 export default async function faultyScore(req: ScoreRequest): Promise<ScoreResult> {
-  if (fault === 'stall') return new Promise<ScoreResult>(() => { /* never settles */ });
+  if (fault === 'stall')
+    return new Promise<ScoreResult>(() => {
+      /* never settles */
+    });
   if (fault === 'throw') throw new Error('injected fault: scorer crashed');
   if (fault === 'nan') return { vlm_score: Number.NaN, ocr_confidence: 0.5 };
   const delay = /^delay=(\d+)$/.exec(fault);

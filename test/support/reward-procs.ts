@@ -10,7 +10,12 @@ export const SERVER_CLI = fileURLToPath(new URL('../../lib/reward/server-cli.ts'
 export const EXAMPLE_SCORER = fileURLToPath(new URL('../../examples/reward-server/overlap-scorer.ts', import.meta.url));
 export const FAULTY_SCORER = fileURLToPath(new URL('./reward-faulty-scorer.ts', import.meta.url));
 
-export interface ServerInfo { url: string; key: string; pid: number; log: string }
+export interface ServerInfo {
+  url: string;
+  key: string;
+  pid: number;
+  log: string;
+}
 
 export interface ServerGroup {
   proc: ChildProcess;
@@ -23,20 +28,70 @@ export interface ServerGroup {
   stop(signal?: NodeJS.Signals): Promise<number | string>;
 }
 
-export async function startRewardServers(opts: { count?: number; scorer?: string; port?: number; logDir: string; env?: Record<string, string>; args?: string[]; startTimeoutMs?: number }): Promise<ServerGroup> {
+export async function startRewardServers(opts: {
+  count?: number;
+  scorer?: string;
+  port?: number;
+  logDir: string;
+  env?: Record<string, string>;
+  args?: string[];
+  startTimeoutMs?: number;
+}): Promise<ServerGroup> {
   const count = opts.count ?? 1;
-  const args = ['--import', 'tsx', SERVER_CLI, '--scorer', opts.scorer ?? EXAMPLE_SCORER, '--count', String(count), '--port', String(opts.port ?? 0), '--log-dir', opts.logDir, ...(opts.args ?? [])];
-  const proc = spawn(process.execPath, args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...(opts.env ?? {}) } });
+  const args = [
+    '--import',
+    'tsx',
+    SERVER_CLI,
+    '--scorer',
+    opts.scorer ?? EXAMPLE_SCORER,
+    '--count',
+    String(count),
+    '--port',
+    String(opts.port ?? 0),
+    '--log-dir',
+    opts.logDir,
+    ...(opts.args ?? []),
+  ];
+  const proc = spawn(process.execPath, args, {
+    detached: true,
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ...(opts.env ?? {}) },
+  });
   let out = '';
-  proc.stdout!.on('data', (c: Buffer) => { out += c.toString(); });
-  proc.stderr!.on('data', (c: Buffer) => { out += c.toString(); });
+  proc.stdout!.on('data', (c: Buffer) => {
+    out += c.toString();
+  });
+  proc.stderr!.on('data', (c: Buffer) => {
+    out += c.toString();
+  });
   const exited = new Promise<number | string>((r) => proc.on('exit', (code, sig) => r(code ?? sig ?? 'unknown')));
   let done = false;
-  void exited.then(() => { done = true; });
+  void exited.then(() => {
+    done = true;
+  });
   let serverPids: number[] = [];
-  const killGroup = (sig: NodeJS.Signals) => { try { process.kill(-proc.pid!, sig); } catch { /* already gone */ } };
+  const killGroup = (sig: NodeJS.Signals) => {
+    try {
+      process.kill(-proc.pid!, sig);
+    } catch {
+      /* already gone */
+    }
+  };
   /** Launched servers run in their own process groups: kill those too (by the PIDs they printed). */
-  const killServers = () => { for (const pid of serverPids) { try { process.kill(-pid, 'SIGKILL'); } catch { /* gone */ } try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ } } };
+  const killServers = () => {
+    for (const pid of serverPids) {
+      try {
+        process.kill(-pid, 'SIGKILL');
+      } catch {
+        /* gone */
+      }
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        /* gone */
+      }
+    }
+  };
   const stop = async (signal: NodeJS.Signals = 'SIGTERM') => {
     if (!done) {
       killGroup(signal);

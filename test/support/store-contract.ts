@@ -68,8 +68,14 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         assert.equal(got.parentRunId, null);
         assert.equal(got.summary, null);
         const listed = (await store.listRuns({ project })).map((r) => r.runId);
-        assert.ok(listed.indexOf(b) < listed.indexOf(a) && listed.indexOf(a) >= 0, `newest first: ${listed.join(', ')}`);
-        assert.deepEqual((await store.listRuns({ project, status: 'completed' })).filter((r) => r.runId === a), []);
+        assert.ok(
+          listed.indexOf(b) < listed.indexOf(a) && listed.indexOf(a) >= 0,
+          `newest first: ${listed.join(', ')}`,
+        );
+        assert.deepEqual(
+          (await store.listRuns({ project, status: 'completed' })).filter((r) => r.runId === a),
+          [],
+        );
         assert.equal(await store.getRun(`${prefix}-no-such-run`), undefined);
       });
 
@@ -77,7 +83,13 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         const runId = await newRun({ v: 1 });
         const first = (await store.getRun(runId))!;
         await store.setRunStatus(runId, 'failed');
-        const again = await store.upsertRun({ runId, project, experiment: 'contract', config: { v: 2, list: [1, 2, 3] }, parentRunId: `${prefix}-parent` });
+        const again = await store.upsertRun({
+          runId,
+          project,
+          experiment: 'contract',
+          config: { v: 2, list: [1, 2, 3] },
+          parentRunId: `${prefix}-parent`,
+        });
         assert.equal(again.status, 'running');
         assert.deepEqual(again.config, { v: 2, list: [1, 2, 3] });
         assert.equal(again.parentRunId, `${prefix}-parent`);
@@ -89,14 +101,23 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         const done = await store.setRunStatus(runId, 'completed', { steps: 10, 'reward/mean': 0.75 });
         assert.equal(done.status, 'completed');
         assert.deepEqual(done.summary, { steps: 10, 'reward/mean': 0.75 });
-        assert.deepEqual((await store.listRuns({ project, status: 'completed' })).map((r) => r.runId).includes(runId), true);
+        assert.deepEqual(
+          (await store.listRuns({ project, status: 'completed' })).map((r) => r.runId).includes(runId),
+          true,
+        );
         await assert.rejects(store.setRunStatus(`${prefix}-missing`, 'stopped'), (e: unknown) => {
           assert.ok(e instanceof RlError && e.code === 'ERR_UNKNOWN_RUN' && !e.retriable);
           assert.match(e.message, /does not exist/);
           return true;
         });
-        await assert.rejects(store.setRunStatus(runId, 'paused' as never), rejectsWith('ERR_BAD_ROW', /running, completed, failed, stopped/));
-        await assert.rejects(store.upsertRun({ runId, project, experiment: 'contract', config: { note: 'nul \u0000' } }), rejectsWith('ERR_BAD_ROW', /upsertRun/));
+        await assert.rejects(
+          store.setRunStatus(runId, 'paused' as never),
+          rejectsWith('ERR_BAD_ROW', /running, completed, failed, stopped/),
+        );
+        await assert.rejects(
+          store.upsertRun({ runId, project, experiment: 'contract', config: { note: 'nul \u0000' } }),
+          rejectsWith('ERR_BAD_ROW', /upsertRun/),
+        );
       });
     });
 
@@ -136,9 +157,13 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
 
       it('filters reads and counts by step, kind and filtered', async () => {
         const runId = await newRun();
-        const rows = Array.from({ length: 16 }, (_, i) => trajectory(runId, i, i % 4 === 0
-          ? { kind: 'val' }
-          : i % 4 === 1 ? { filtered: true, filterReason: 'zero-variance group' } : {}));
+        const rows = Array.from({ length: 16 }, (_, i) =>
+          trajectory(
+            runId,
+            i,
+            i % 4 === 0 ? { kind: 'val' } : i % 4 === 1 ? { filtered: true, filterReason: 'zero-variance group' } : {},
+          ),
+        );
         await store.insertTrajectories(rows);
         assert.equal(await store.countTrajectories(runId), 16);
         assert.equal(await store.countTrajectories(runId, { step: 1 }), 8);
@@ -146,7 +171,10 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         assert.equal(await store.countTrajectories(runId, { filtered: true }), 4);
         assert.equal(await store.countTrajectories(runId, { step: 0, kind: 'train', filtered: false }), 4);
         const filtered = await store.getTrajectories(runId, { filtered: true, step: 0 });
-        assert.deepEqual(filtered.map((t) => t.filterReason), ['zero-variance group', 'zero-variance group']);
+        assert.deepEqual(
+          filtered.map((t) => t.filterReason),
+          ['zero-variance group', 'zero-variance group'],
+        );
         assert.deepEqual(await store.getTrajectories(runId, { ids: [] }), []);
         assert.equal(await store.countTrajectories(`${prefix}-nothing`), 0);
       });
@@ -167,16 +195,35 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
       it('round-trips text that needs escaping, unicode and odd ids', async () => {
         const runId = await newRun();
         const texts = [
-          'tab\there', 'new\nline', 'carriage\r\nreturn', 'back\\slash \\N \\t \\\\', '"double" \'single\'', '{1,2,"x"}', 'NULL', '\\N', '',
-          'emoji 🙂👍🏽 family 👨‍👩‍👧', 'CJK 日本語 中文 한국어', 'RTL עברית العربية', 'combining é vs é', 'zero-width \u200b joiner', 'x'.repeat(20000),
-          'control \u0001\u0007\u001b[31m', 'lone surrogate-free 𝔘𝔫𝔦𝔠𝔬𝔡𝔢',
+          'tab\there',
+          'new\nline',
+          'carriage\r\nreturn',
+          'back\\slash \\N \\t \\\\',
+          '"double" \'single\'',
+          '{1,2,"x"}',
+          'NULL',
+          '\\N',
+          '',
+          'emoji 🙂👍🏽 family 👨‍👩‍👧',
+          'CJK 日本語 中文 한국어',
+          'RTL עברית العربية',
+          'combining é vs é',
+          'zero-width \u200b joiner',
+          'x'.repeat(20000),
+          'control \u0001\u0007\u001b[31m',
+          'lone surrogate-free 𝔘𝔫𝔦𝔠𝔬𝔡𝔢',
         ];
-        const rows = texts.map((t, i) => trajectory(runId, i, {
-          id: `${runId}/ödd id ${i} with spaces/and\\slashes\t"quotes"`,
-          promptText: t, responseText: `${t}|${i}`, groundTruth: i % 2 ? t : null,
-          finishReason: i % 3 ? 'length' : null, groupUid: `grüp ${i % 2}`,
-          rewardDetails: i % 5 === 4 ? null : { note: t.slice(0, 100), nested: { list: [1, 'two', null, true] } },
-        }));
+        const rows = texts.map((t, i) =>
+          trajectory(runId, i, {
+            id: `${runId}/ödd id ${i} with spaces/and\\slashes\t"quotes"`,
+            promptText: t,
+            responseText: `${t}|${i}`,
+            groundTruth: i % 2 ? t : null,
+            finishReason: i % 3 ? 'length' : null,
+            groupUid: `grüp ${i % 2}`,
+            rewardDetails: i % 5 === 4 ? null : { note: t.slice(0, 100), nested: { list: [1, 'two', null, true] } },
+          }),
+        );
         await store.insertTrajectories(rows);
         const stored = new Map((await store.getTrajectories(runId)).map((s) => [s.id, s]));
         for (const r of rows) assertSameTrajectory(stored.get(r.id), r);
@@ -185,7 +232,9 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
       it('stores decoded text holding NUL (U+0000) with ␀ in the text columns; the token ids stay exact', async () => {
         const runId = await newRun();
         const row = trajectory(runId, 0, {
-          promptText: 'p\u0000q', responseText: '\u0000rs\u0000\u0000e', groundTruth: 'g\u0000',
+          promptText: 'p\u0000q',
+          responseText: '\u0000rs\u0000\u0000e',
+          groundTruth: 'g\u0000',
           rewardDetails: { answer: 'a\u0000b', 'k\u0000': 1, lit: 'back\\u0000slash' },
         });
         const failed = trajectory(runId, 1, { reward: null, rewardDetails: null, rewardFailure: 'threw on "\u0000"' });
@@ -197,14 +246,38 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         assert.deepEqual(a!.rewardDetails, { answer: 'a␀b', 'k␀': 1, lit: 'back\\u0000slash' });
         assert.deepEqual(a!.responseTokens, Array.from(row.responseTokens));
         assert.equal(b!.rewardFailure, 'threw on "␀"');
-        await store.recordValGenerations([{ runId, step: 0, idx: 0, prompt: 'x\u0000', response: '\u0000', groundTruth: '\u0000', reward: 1, rewardFailure: null }]);
+        await store.recordValGenerations([
+          {
+            runId,
+            step: 0,
+            idx: 0,
+            prompt: 'x\u0000',
+            response: '\u0000',
+            groundTruth: '\u0000',
+            reward: 1,
+            rewardFailure: null,
+          },
+        ]);
         const [g] = await store.getValGenerations(runId);
         assert.deepEqual([g!.prompt, g!.response, g!.groundTruth], ['x␀', '␀', '␀']);
       });
 
       it('stores NaN, ±Infinity, float32 extremes and plain JS arrays in real[] columns', async () => {
         const runId = await newRun();
-        const special = [NaN, Infinity, -Infinity, 0, -0.5, 3.4028234663852886e38, -3.4028234663852886e38, 1.401298464324817e-45, 1e-40, 0.1, -1 / 3, 123456.789];
+        const special = [
+          NaN,
+          Infinity,
+          -Infinity,
+          0,
+          -0.5,
+          3.4028234663852886e38,
+          -3.4028234663852886e38,
+          1.401298464324817e-45,
+          1e-40,
+          0.1,
+          -1 / 3,
+          123456.789,
+        ];
         const n = special.length;
         const tokens = Array.from({ length: n }, (_, k) => [0, 1, 2147483647, -2147483648][k % 4]!);
         const row = trajectory(runId, 0, {
@@ -216,7 +289,13 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
           returns: special.map(() => NaN),
           advantage: NaN,
         });
-        const empty = trajectory(runId, 1, { responseTokens: [], behaviourLogprobs: [], refLogprobs: [], advantages: null, promptTokens: [] });
+        const empty = trajectory(runId, 1, {
+          responseTokens: [],
+          behaviourLogprobs: [],
+          refLogprobs: [],
+          advantages: null,
+          promptTokens: [],
+        });
         await store.insertTrajectories([row, empty]);
         const [a, b] = await store.getTrajectories(runId);
         assertSameTrajectory(a, row);
@@ -228,12 +307,26 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
 
       it('keeps a failed reward as NULL with its reason, never as 0', async () => {
         const runId = await newRun();
-        const failed = trajectory(runId, 0, { reward: null, rewardDetails: null, rewardFailure: 'scorer raised ValueError: bad answer format' });
+        const failed = trajectory(runId, 0, {
+          reward: null,
+          rewardDetails: null,
+          rewardFailure: 'scorer raised ValueError: bad answer format',
+        });
         const zero = trajectory(runId, 1, { reward: 0, rewardFailure: null });
         await store.insertTrajectories([failed, zero]);
         const stored = await store.getTrajectories(runId);
-        assert.deepEqual(stored.map((s) => [s.reward, s.rewardFailure]), [[null, 'scorer raised ValueError: bad answer format'], [0, null]]);
-        const { rows } = await sql<{ n: number }>`select count(*)::int as n from trajectories where run_id = ${runId} and reward is null and reward_failure is not null`.execute(database.db);
+        assert.deepEqual(
+          stored.map((s) => [s.reward, s.rewardFailure]),
+          [
+            [null, 'scorer raised ValueError: bad answer format'],
+            [0, null],
+          ],
+        );
+        const { rows } = await sql<{
+          n: number;
+        }>`select count(*)::int as n from trajectories where run_id = ${runId} and reward is null and reward_failure is not null`.execute(
+          database.db,
+        );
         assert.equal(rows[0]!.n, 1);
       });
 
@@ -280,16 +373,26 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
       it('the array-parameter (unnest) path stores exactly what the COPY path stores', async () => {
         const runId = await newRun();
         const special = [NaN, -Infinity, 0.1, -1 / 3, 1e-40, 3.4028234663852886e38];
-        const base = (i: number) => trajectory(runId, i, {
-          promptText: 'tab\t "quote" \\ back {brace} 日本 🙂', responseText: 'line\nNULL', groundTruth: null,
-          responseTokens: [1, -2, 3, 4, 5, 6], behaviourLogprobs: special, refLogprobs: special.map((x) => x / 3), advantages: [0, 0, 0, 0, 0, 0],
-        });
+        const base = (i: number) =>
+          trajectory(runId, i, {
+            promptText: 'tab\t "quote" \\ back {brace} 日本 🙂',
+            responseText: 'line\nNULL',
+            groundTruth: null,
+            responseTokens: [1, -2, 3, 4, 5, 6],
+            behaviourLogprobs: special,
+            refLogprobs: special.map((x) => x / 3),
+            advantages: [0, 0, 0, 0, 0, 0],
+          });
         const viaCopy = base(0);
         const viaUnnest = { ...base(0), id: `${base(0).id}-unnest` };
         await store.insertTrajectories([viaCopy]);
-        const inserted = await database.db.transaction().execute((tx) => unnestTrajectories(tx, [viaUnnest, viaUnnest, viaCopy]));
+        const inserted = await database.db
+          .transaction()
+          .execute((tx) => unnestTrajectories(tx, [viaUnnest, viaUnnest, viaCopy]));
         assert.equal(inserted, 1);
-        const [a, b] = await store.getTrajectories(runId, { ids: [viaCopy.id, viaUnnest.id] }).then((r) => r.sort((x, y) => x.id.length - y.id.length));
+        const [a, b] = await store
+          .getTrajectories(runId, { ids: [viaCopy.id, viaUnnest.id] })
+          .then((r) => r.sort((x, y) => x.id.length - y.id.length));
         assertSameTrajectory(a, viaCopy);
         assertSameTrajectory(b, viaUnnest);
         assert.deepEqual({ ...a, id: '', createdAt: null }, { ...b, id: '', createdAt: null });
@@ -316,57 +419,115 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
           { runId, step: 0, name: 'reward/mean', value: 0.1 },
           { runId, step: 0, name: 'reward/mean', value: 0.2 }, // repeated in one call: last wins
         ]);
-        await store.insertMetrics([{ runId, step: 1, name: 'actor/pg_loss', value: NaN, stage: 'update' }, { runId, step: 2, name: 'critic/vf_loss', value: -Infinity }]);
-        const all = await store.getMetrics(runId);
-        assert.deepEqual(all.map((m) => [m.name, m.step, m.value, m.stage]), [
-          ['actor/pg_loss', 0, 0.5, 'update'], ['actor/pg_loss', 1, NaN, 'update'], ['critic/vf_loss', 2, -Infinity, null], ['reward/mean', 0, 0.2, null],
+        await store.insertMetrics([
+          { runId, step: 1, name: 'actor/pg_loss', value: NaN, stage: 'update' },
+          { runId, step: 2, name: 'critic/vf_loss', value: -Infinity },
         ]);
-        assert.deepEqual((await store.getMetrics(runId, ['reward/mean'])).map((m) => m.value), [0.2]);
+        const all = await store.getMetrics(runId);
+        assert.deepEqual(
+          all.map((m) => [m.name, m.step, m.value, m.stage]),
+          [
+            ['actor/pg_loss', 0, 0.5, 'update'],
+            ['actor/pg_loss', 1, NaN, 'update'],
+            ['critic/vf_loss', 2, -Infinity, null],
+            ['reward/mean', 0, 0.2, null],
+          ],
+        );
+        assert.deepEqual(
+          (await store.getMetrics(runId, ['reward/mean'])).map((m) => m.value),
+          [0.2],
+        );
         assert.deepEqual(await store.getMetrics(runId, []), []);
-        await assert.rejects(store.insertMetrics([{ runId, step: 1.5, name: 'x', value: 1 }]), rejectsWith('ERR_BAD_ROW', /step must be an integer/));
-        await assert.rejects(store.insertMetrics([{ runId, step: 1, name: 'x', value: 1, agg: 'median' as never }]), rejectsWith('ERR_BAD_ROW', /agg must be one of sum, max, min, mean, last/));
-        await assert.rejects(store.insertMetrics([{ runId, step: 1, name: 'x', value: 1, agg: 'mean', weight: -1 }]), rejectsWith('ERR_BAD_ROW', /weight must be a finite number ≥ 0/));
+        await assert.rejects(
+          store.insertMetrics([{ runId, step: 1.5, name: 'x', value: 1 }]),
+          rejectsWith('ERR_BAD_ROW', /step must be an integer/),
+        );
+        await assert.rejects(
+          store.insertMetrics([{ runId, step: 1, name: 'x', value: 1, agg: 'median' as never }]),
+          rejectsWith('ERR_BAD_ROW', /agg must be one of sum, max, min, mean, last/),
+        );
+        await assert.rejects(
+          store.insertMetrics([{ runId, step: 1, name: 'x', value: 1, agg: 'mean', weight: -1 }]),
+          rejectsWith('ERR_BAD_ROW', /weight must be a finite number ≥ 0/),
+        );
       });
 
-      it('keeps each replica\'s partial and combines them on read (sum, max, weighted mean)', async () => {
+      it("keeps each replica's partial and combines them on read (sum, max, weighted mean)", async () => {
         const runId = await newRun();
-        const r = (replica: string, name: string, value: number, extra: Partial<import('../../lib/store/port.ts').MetricRow> = {}) =>
-          ({ runId, step: 3, name, value, stage: 'rollout', replica, ...extra });
+        const r = (
+          replica: string,
+          name: string,
+          value: number,
+          extra: Partial<import('../../lib/store/port.ts').MetricRow> = {},
+        ) => ({ runId, step: 3, name, value, stage: 'rollout', replica, ...extra });
         // two rollout replicas write the same names for step 3, in separate calls (separate processes)
-        await store.insertMetrics([r('0', 'perf/rollout_tokens', 100, { agg: 'sum', increment: true }), r('0', 'perf/step_time_s/rollout', 2, { agg: 'max', increment: true }),
-          r('0', 'timing/rollout/generate_s', 1.5, { agg: 'max', increment: true }), r('0', 'x/error_rate', 0.5, { agg: 'mean', weight: 3 })]);
-        await store.insertMetrics([r('1', 'perf/rollout_tokens', 40, { agg: 'sum', increment: true }), r('1', 'perf/step_time_s/rollout', 5, { agg: 'max', increment: true }),
-          r('1', 'timing/rollout/generate_s', 4, { agg: 'max', increment: true }), r('1', 'x/error_rate', 0.1, { agg: 'mean', weight: 1 })]);
+        await store.insertMetrics([
+          r('0', 'perf/rollout_tokens', 100, { agg: 'sum', increment: true }),
+          r('0', 'perf/step_time_s/rollout', 2, { agg: 'max', increment: true }),
+          r('0', 'timing/rollout/generate_s', 1.5, { agg: 'max', increment: true }),
+          r('0', 'x/error_rate', 0.5, { agg: 'mean', weight: 3 }),
+        ]);
+        await store.insertMetrics([
+          r('1', 'perf/rollout_tokens', 40, { agg: 'sum', increment: true }),
+          r('1', 'perf/step_time_s/rollout', 5, { agg: 'max', increment: true }),
+          r('1', 'timing/rollout/generate_s', 4, { agg: 'max', increment: true }),
+          r('1', 'x/error_rate', 0.1, { agg: 'mean', weight: 1 }),
+        ]);
         // replica 0 goes on with step 3: its increments add to its own stored partial
-        await store.insertMetrics([r('0', 'perf/rollout_tokens', 10, { agg: 'sum', increment: true }), r('0', 'perf/step_time_s/rollout', 4, { agg: 'max', increment: true })]);
-        const got = Object.fromEntries((await store.getMetrics(runId)).map((m) => [m.name, [m.value, m.parts, m.stage]]));
+        await store.insertMetrics([
+          r('0', 'perf/rollout_tokens', 10, { agg: 'sum', increment: true }),
+          r('0', 'perf/step_time_s/rollout', 4, { agg: 'max', increment: true }),
+        ]);
+        const got = Object.fromEntries(
+          (await store.getMetrics(runId)).map((m) => [m.name, [m.value, m.parts, m.stage]]),
+        );
         assert.deepEqual(got['perf/rollout_tokens'], [150, 2, 'rollout']);
         assert.deepEqual(got['perf/step_time_s/rollout'], [6, 2, 'rollout']); // max(2 + 4, 5)
         assert.deepEqual(got['timing/rollout/generate_s'], [4, 2, 'rollout']);
-        assert.ok(Math.abs(got['x/error_rate']![0] as number - (0.5 * 3 + 0.1) / 4) < 1e-12, `weighted mean ${got['x/error_rate']![0]}`);
+        assert.ok(
+          Math.abs((got['x/error_rate']![0] as number) - (0.5 * 3 + 0.1) / 4) < 1e-12,
+          `weighted mean ${got['x/error_rate']![0]}`,
+        );
         // the analysis views read the combined values
-        const { rows: times } = await sql<{ step_time_s: number; compute_s: number | null }>`select step_time_s, compute_s from v_step_times where run_id = ${runId} and stage = 'rollout'`.execute(database.db);
+        const { rows: times } = await sql<{
+          step_time_s: number;
+          compute_s: number | null;
+        }>`select step_time_s, compute_s from v_step_times where run_id = ${runId} and stage = 'rollout'`.execute(
+          database.db,
+        );
         assert.deepEqual(times, [{ step_time_s: 6, compute_s: null }]);
-        const { rows: wide } = await sql<{ rollout_s: number }>`select rollout_s from v_step_metrics_wide where run_id = ${runId}`.execute(database.db);
+        const { rows: wide } = await sql<{
+          rollout_s: number;
+        }>`select rollout_s from v_step_metrics_wide where run_id = ${runId}`.execute(database.db);
         assert.deepEqual(wide, [{ rollout_s: 6 }]);
-        const { rows: parts } = await sql<{ n: number }>`select count(*)::int as n from step_metric_parts where run_id = ${runId}`.execute(database.db);
+        const { rows: parts } = await sql<{
+          n: number;
+        }>`select count(*)::int as n from step_metric_parts where run_id = ${runId}`.execute(database.db);
         assert.equal(parts[0]!.n, 8);
       });
 
-      it('increments in one call add up; a writer\'s last set value wins; disagreeing aggs fall back to the latest partial', async () => {
+      it("increments in one call add up; a writer's last set value wins; disagreeing aggs fall back to the latest partial", async () => {
         const runId = await newRun();
         await store.insertMetrics([
           { runId, step: 0, name: 'reward/failures', value: 1, stage: 'reward', agg: 'sum', increment: true },
           { runId, step: 0, name: 'reward/failures', value: 2, stage: 'reward', agg: 'sum', increment: true },
           { runId, step: 0, name: 'kl/coef', value: 0.1, stage: 'advantage' },
         ]);
-        await store.insertMetrics([{ runId, step: 0, name: 'kl/coef', value: 0.3, stage: 'advantage' }, { runId, step: 0, name: 'reward/failures', value: 4, stage: 'reward', agg: 'sum', increment: true }]);
+        await store.insertMetrics([
+          { runId, step: 0, name: 'kl/coef', value: 0.3, stage: 'advantage' },
+          { runId, step: 0, name: 'reward/failures', value: 4, stage: 'reward', agg: 'sum', increment: true },
+        ]);
         await store.insertMetrics([{ runId, step: 1, name: 'odd', value: 1, stage: 'a', agg: 'sum' }]);
         await new Promise((r) => setTimeout(r, 5));
         await store.insertMetrics([{ runId, step: 1, name: 'odd', value: 7, stage: 'b', agg: 'max' }]);
-        assert.deepEqual((await store.getMetrics(runId)).map((m) => [m.name, m.step, m.value, m.stage]), [
-          ['kl/coef', 0, 0.3, 'advantage'], ['odd', 1, 7, 'a,b'], ['reward/failures', 0, 7, 'reward'],
-        ]);
+        assert.deepEqual(
+          (await store.getMetrics(runId)).map((m) => [m.name, m.step, m.value, m.stage]),
+          [
+            ['kl/coef', 0, 0.3, 'advantage'],
+            ['odd', 1, 7, 'a,b'],
+            ['reward/failures', 0, 7, 'reward'],
+          ],
+        );
       });
     });
 
@@ -376,8 +537,22 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         const runId = await newRun();
         assert.equal(await store.latestCheckpoint(runId), undefined);
         const base = { runId, path: '/ckpt', policyVersion: 1, consumedOffsets: { 'rollouts/0': 10 } };
-        await store.recordCheckpoint({ ...base, step: 10, sha256: sha('a'), rngState: [1, 2, 3, 4], lrState: { lr: 1e-6, step: 10 }, datasetPosition: { epoch: 0, index: 640 }, klCtlState: { coef: 0.05 } });
-        await store.recordCheckpoint({ ...base, step: 20, sha256: sha('b'), policyVersion: 2, consumedOffsets: { 'rollouts/0': 20, 'rewards/1': 7 } });
+        await store.recordCheckpoint({
+          ...base,
+          step: 10,
+          sha256: sha('a'),
+          rngState: [1, 2, 3, 4],
+          lrState: { lr: 1e-6, step: 10 },
+          datasetPosition: { epoch: 0, index: 640 },
+          klCtlState: { coef: 0.05 },
+        });
+        await store.recordCheckpoint({
+          ...base,
+          step: 20,
+          sha256: sha('b'),
+          policyVersion: 2,
+          consumedOffsets: { 'rollouts/0': 20, 'rewards/1': 7 },
+        });
         await store.recordCheckpoint({ ...base, step: 5, sha256: sha('c') });
         const latest = await store.latestCheckpoint(runId);
         assert.equal(latest?.step, 20);
@@ -385,7 +560,10 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         assert.deepEqual(latest?.consumedOffsets, { 'rollouts/0': 20, 'rewards/1': 7 });
         assert.equal(latest?.rngState, null);
         const list = await store.listCheckpoints(runId);
-        assert.deepEqual(list.map((c) => c.step), [5, 10, 20]);
+        assert.deepEqual(
+          list.map((c) => c.step),
+          [5, 10, 20],
+        );
         assert.deepEqual(list[1]!.rngState, [1, 2, 3, 4]);
         assert.deepEqual(list[1]!.lrState, { lr: 1e-6, step: 10 });
         assert.deepEqual(list[1]!.datasetPosition, { epoch: 0, index: 640 });
@@ -394,13 +572,25 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         await store.recordCheckpoint({ ...base, step: 20, sha256: sha('d'), policyVersion: 2, path: '/ckpt2' });
         assert.equal((await store.latestCheckpoint(runId))?.sha256, sha('d'));
         assert.equal((await store.listCheckpoints(runId)).length, 3);
-        await assert.rejects(store.recordCheckpoint({ ...base, step: 30, sha256: 'ABC' }), rejectsWith('ERR_BAD_ROW', /sha256 must be 64 lower-case hex/));
+        await assert.rejects(
+          store.recordCheckpoint({ ...base, step: 30, sha256: 'ABC' }),
+          rejectsWith('ERR_BAD_ROW', /sha256 must be 64 lower-case hex/),
+        );
       });
     });
 
     describe('prompt images', () => {
       const png = (seed: number) => Buffer.from(Array.from({ length: 40 + seed }, (_, i) => (i * 31 + seed * 7) & 255));
-      const img = (runId: string, seed: number) => { const b = png(seed); return { runId, hash: createHash('sha256').update(b).digest('hex'), width: 28 * (1 + seed), height: 56, png: b }; };
+      const img = (runId: string, seed: number) => {
+        const b = png(seed);
+        return {
+          runId,
+          hash: createHash('sha256').update(b).digest('hex'),
+          width: 28 * (1 + seed),
+          height: 56,
+          png: b,
+        };
+      };
 
       it('stores each distinct image once per run; trajectories reference them by hash and SQL joins them', async () => {
         const runId = await newRun();
@@ -408,15 +598,28 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         const [a, b] = [img(runId, 1), img(runId, 2)];
         assert.equal(await store.insertPromptImages([a, b, a]), 2);
         // offered again (the prompt emitted at a later step), in a transaction, and for another run
-        assert.equal(await database.db.transaction().execute((tx) => store.insertPromptImages([a, { ...b, width: 999 }], { tx })), 0);
+        assert.equal(
+          await database.db.transaction().execute((tx) => store.insertPromptImages([a, { ...b, width: 999 }], { tx })),
+          0,
+        );
         assert.equal(await store.insertPromptImages([{ ...a, runId: other }]), 1);
         const stored = await store.getPromptImages(runId);
-        assert.deepEqual(stored.map(({ createdAt: _c, ...x }) => x), [a, b].sort((x, y) => (x.hash < y.hash ? -1 : 1)));
+        assert.deepEqual(
+          stored.map(({ createdAt: _c, ...x }) => x),
+          [a, b].sort((x, y) => (x.hash < y.hash ? -1 : 1)),
+        );
         assert.ok(stored.every((x) => x.createdAt instanceof Date && Buffer.isBuffer(x.png)));
-        assert.deepEqual((await store.getPromptImages(runId, [b.hash])).map((x) => x.width), [b.width]);
+        assert.deepEqual(
+          (await store.getPromptImages(runId, [b.hash])).map((x) => x.width),
+          [b.width],
+        );
         assert.deepEqual(await store.getPromptImages(runId, []), []);
         // trajectories name their prompt's images; text prompts have none
-        const rows = [trajectory(runId, 0, { imageHashes: [a.hash] }), trajectory(runId, 1, { imageHashes: [b.hash, a.hash] }), trajectory(runId, 2)];
+        const rows = [
+          trajectory(runId, 0, { imageHashes: [a.hash] }),
+          trajectory(runId, 1, { imageHashes: [b.hash, a.hash] }),
+          trajectory(runId, 2),
+        ];
         // both write paths: COPY (insertTrajectories) and the array parameters (unnest)
         await store.insertTrajectories([rows[0]!, rows[2]!]);
         await database.db.transaction().execute((tx) => unnestTrajectories(tx, [rows[1]!]));
@@ -428,17 +631,33 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
           from trajectories t cross join lateral unnest(t.image_hashes) with ordinality as h(hash, ord)
           join prompt_images i on i.run_id = t.run_id and i.hash = h.hash
           where t.run_id = ${runId} order by t.id, h.ord`.execute(database.db);
-        assert.deepEqual(joined.map((r) => [r.id, r.ord, r.width, r.bytes]), [[rows[0]!.id, 1, a.width, a.png.length], [rows[1]!.id, 1, b.width, b.png.length], [rows[1]!.id, 2, a.width, a.png.length]]);
+        assert.deepEqual(
+          joined.map((r) => [r.id, r.ord, r.width, r.bytes]),
+          [
+            [rows[0]!.id, 1, a.width, a.png.length],
+            [rows[1]!.id, 1, b.width, b.png.length],
+            [rows[1]!.id, 2, a.width, a.png.length],
+          ],
+        );
       });
 
       it('refuses a hash that is not the sha256 of the bytes, bad sizes and bad trajectory hashes, writing nothing', async () => {
         const runId = await newRun();
         const a = img(runId, 3);
-        await assert.rejects(store.insertPromptImages([a, { ...img(runId, 4), hash: a.hash }]), rejectsWith('ERR_BAD_ROW', /its png bytes hash to/));
-        await assert.rejects(store.insertPromptImages([{ ...a, hash: 'ABC' }]), rejectsWith('ERR_BAD_ROW', /lower-case hex sha256/));
+        await assert.rejects(
+          store.insertPromptImages([a, { ...img(runId, 4), hash: a.hash }]),
+          rejectsWith('ERR_BAD_ROW', /its png bytes hash to/),
+        );
+        await assert.rejects(
+          store.insertPromptImages([{ ...a, hash: 'ABC' }]),
+          rejectsWith('ERR_BAD_ROW', /lower-case hex sha256/),
+        );
         await assert.rejects(store.insertPromptImages([{ ...a, width: 0 }]), rejectsWith('ERR_BAD_ROW'));
         assert.deepEqual(await store.getPromptImages(runId), []);
-        await assert.rejects(store.insertTrajectories([trajectory(runId, 0, { imageHashes: ['nothex'] })]), rejectsWith('ERR_BAD_TRAJECTORY', /imageHashes\[0\] must be a lower-case hex sha256, got "nothex"/));
+        await assert.rejects(
+          store.insertTrajectories([trajectory(runId, 0, { imageHashes: ['nothex'] })]),
+          rejectsWith('ERR_BAD_TRAJECTORY', /imageHashes\[0\] must be a lower-case hex sha256, got "nothex"/),
+        );
       });
     });
 
@@ -451,8 +670,20 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         const lp = Float32Array.from({ length: L }, (_, t) => -0.25 * (t + 1) - 1e-3);
         const mask = Array.from({ length: L }, (_, t) => t % 2 === 1);
         const rows = [
-          { ...base, vppoPerturbedLogprobs: lp, vppoTokenMask: mask, vppoScalingFactor: 1.2345678901, vppoEntropies: Float32Array.from({ length: L }, (_, t) => 0.5 + t / 7) },
-          { ...trajectory(runId, 1), vppoPerturbedLogprobs: Array.from(lp), vppoTokenMask: Uint8Array.from(mask, (x) => (x ? 1 : 0)), vppoScalingFactor: 0, vppoEntropies: Array.from({ length: L }, () => 0) },
+          {
+            ...base,
+            vppoPerturbedLogprobs: lp,
+            vppoTokenMask: mask,
+            vppoScalingFactor: 1.2345678901,
+            vppoEntropies: Float32Array.from({ length: L }, (_, t) => 0.5 + t / 7),
+          },
+          {
+            ...trajectory(runId, 1),
+            vppoPerturbedLogprobs: Array.from(lp),
+            vppoTokenMask: Uint8Array.from(mask, (x) => (x ? 1 : 0)),
+            vppoScalingFactor: 0,
+            vppoEntropies: Array.from({ length: L }, () => 0),
+          },
           trajectory(runId, 2),
         ];
         await store.insertTrajectories([rows[0]!, rows[2]!]);
@@ -460,23 +691,52 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         const back = new Map((await store.getTrajectories(runId)).map((t) => [t.id, t]));
         for (const r of rows) assertSameTrajectory(back.get(r.id), r);
         const none = back.get(rows[2]!.id)!;
-        assert.deepEqual([none.vppoPerturbedLogprobs, none.vppoTokenMask, none.vppoScalingFactor, none.vppoEntropies], [null, null, null, null]);
+        assert.deepEqual(
+          [none.vppoPerturbedLogprobs, none.vppoTokenMask, none.vppoScalingFactor, none.vppoEntropies],
+          [null, null, null, null],
+        );
         const { rows: kept } = await sql<{ id: string; kept: number; alpha: number }>`
           select id, (select count(*) from unnest(vppo_token_mask) k where k)::int as kept, vppo_scaling_factor as alpha
           from trajectories where run_id = ${runId} and vppo_token_mask is not null order by id`.execute(database.db);
-        assert.deepEqual(kept.map((r) => [r.id, r.kept, r.alpha]), [[rows[0]!.id, Math.floor(L / 2), 1.2345678901], [rows[1]!.id, Math.floor(L / 2), 0]]);
+        assert.deepEqual(
+          kept.map((r) => [r.id, r.kept, r.alpha]),
+          [
+            [rows[0]!.id, Math.floor(L / 2), 1.2345678901],
+            [rows[1]!.id, Math.floor(L / 2), 0],
+          ],
+        );
       });
 
       it('refuses masks and log-probs of the wrong length, non-boolean masks and bad factors, writing nothing', async () => {
         const runId = await newRun();
         const base = trajectory(runId, 0);
         const L = base.responseTokens.length;
-        await assert.rejects(store.insertTrajectories([{ ...base, vppoTokenMask: [true] }]), rejectsWith('ERR_BAD_TRAJECTORY', new RegExp(`vppoTokenMask has 1 values but the response has ${L} tokens`)));
-        await assert.rejects(store.insertTrajectories([{ ...base, vppoPerturbedLogprobs: [0] }]), rejectsWith('ERR_BAD_TRAJECTORY', /vppoPerturbedLogprobs has 1 values/));
-        await assert.rejects(store.insertTrajectories([{ ...base, vppoEntropies: [0] }]), rejectsWith('ERR_BAD_TRAJECTORY', /vppoEntropies has 1 values/));
-        await assert.rejects(store.insertTrajectories([{ ...base, vppoTokenMask: Array.from({ length: L }, () => 2) as unknown as boolean[] }]), rejectsWith('ERR_BAD_TRAJECTORY', /vppoTokenMask\[0\] must be a boolean/));
-        await assert.rejects(store.insertTrajectories([{ ...base, vppoScalingFactor: -1 }]), rejectsWith('ERR_BAD_TRAJECTORY', /vppoScalingFactor must be a finite number ≥ 0/));
-        await assert.rejects(store.insertTrajectories([{ ...base, vppoScalingFactor: NaN }]), rejectsWith('ERR_BAD_TRAJECTORY', /vppoScalingFactor/));
+        await assert.rejects(
+          store.insertTrajectories([{ ...base, vppoTokenMask: [true] }]),
+          rejectsWith('ERR_BAD_TRAJECTORY', new RegExp(`vppoTokenMask has 1 values but the response has ${L} tokens`)),
+        );
+        await assert.rejects(
+          store.insertTrajectories([{ ...base, vppoPerturbedLogprobs: [0] }]),
+          rejectsWith('ERR_BAD_TRAJECTORY', /vppoPerturbedLogprobs has 1 values/),
+        );
+        await assert.rejects(
+          store.insertTrajectories([{ ...base, vppoEntropies: [0] }]),
+          rejectsWith('ERR_BAD_TRAJECTORY', /vppoEntropies has 1 values/),
+        );
+        await assert.rejects(
+          store.insertTrajectories([
+            { ...base, vppoTokenMask: Array.from({ length: L }, () => 2) as unknown as boolean[] },
+          ]),
+          rejectsWith('ERR_BAD_TRAJECTORY', /vppoTokenMask\[0\] must be a boolean/),
+        );
+        await assert.rejects(
+          store.insertTrajectories([{ ...base, vppoScalingFactor: -1 }]),
+          rejectsWith('ERR_BAD_TRAJECTORY', /vppoScalingFactor must be a finite number ≥ 0/),
+        );
+        await assert.rejects(
+          store.insertTrajectories([{ ...base, vppoScalingFactor: NaN }]),
+          rejectsWith('ERR_BAD_TRAJECTORY', /vppoScalingFactor/),
+        );
         assert.deepEqual(await store.getTrajectories(runId), []);
       });
     });
@@ -485,26 +745,66 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
       it('records validation generations once per (run, step, idx)', async () => {
         const runId = await newRun();
         const gens = [
-          { runId, step: 10, idx: 0, prompt: 'p0\t', response: 'r0 🙂', groundTruth: '1', reward: 1, rewardFailure: null },
-          { runId, step: 10, idx: 1, prompt: 'p1', response: 'r1', groundTruth: null, reward: null, rewardFailure: 'timeout' },
+          {
+            runId,
+            step: 10,
+            idx: 0,
+            prompt: 'p0\t',
+            response: 'r0 🙂',
+            groundTruth: '1',
+            reward: 1,
+            rewardFailure: null,
+          },
+          {
+            runId,
+            step: 10,
+            idx: 1,
+            prompt: 'p1',
+            response: 'r1',
+            groundTruth: null,
+            reward: null,
+            rewardFailure: 'timeout',
+          },
           { runId, step: 20, idx: 0, prompt: 'p0', response: 'r0b', groundTruth: '1', reward: 0, rewardFailure: null },
         ];
         await store.recordValGenerations(gens);
         await store.recordValGenerations(gens.map((g) => ({ ...g, response: 'again' })));
         const at10 = await store.getValGenerations(runId, 10);
-        assert.deepEqual(at10.map(({ createdAt: _c, ...g }) => g), gens.slice(0, 2));
+        assert.deepEqual(
+          at10.map(({ createdAt: _c, ...g }) => g),
+          gens.slice(0, 2),
+        );
         assert.equal((await store.getValGenerations(runId)).length, 3);
-        await assert.rejects(store.recordValGenerations([{ ...gens[0]!, idx: 5, reward: null, rewardFailure: null }]), rejectsWith('ERR_BAD_ROW', /rewardFailure does not say why/));
+        await assert.rejects(
+          store.recordValGenerations([{ ...gens[0]!, idx: 5, reward: null, rewardFailure: null }]),
+          rejectsWith('ERR_BAD_ROW', /rewardFailure does not say why/),
+        );
       });
 
       it('records a dead letter once per (stage, topic, partition, offset), payload intact', async () => {
         const runId = await newRun();
         const stage = `${prefix}-reward`;
         const payload = Uint8Array.from([0, 1, 2, 255, 0, 10, 13, 92]);
-        const row = { stage, topic: 'rollouts', partition: 3, offset: 2 ** 40, runId, reason: 'undecodable Avro: unexpected end', errorCode: 'ERR_POISON', payload };
+        const row = {
+          stage,
+          topic: 'rollouts',
+          partition: 3,
+          offset: 2 ** 40,
+          runId,
+          reason: 'undecodable Avro: unexpected end',
+          errorCode: 'ERR_POISON',
+          payload,
+        };
         await store.recordDeadLetter(row);
         await store.recordDeadLetter({ ...row, reason: 'redelivered' });
-        await store.recordDeadLetter({ ...row, offset: 7, runId: null, payload: null, errorCode: null, reason: 'no run \u0000 id' });
+        await store.recordDeadLetter({
+          ...row,
+          offset: 7,
+          runId: null,
+          payload: null,
+          errorCode: null,
+          reason: 'no run \u0000 id',
+        });
         const list = await store.listDeadLetters({ stage });
         assert.equal(list.length, 2);
         const big = list.find((d) => d.offset === 2 ** 40)!;
@@ -523,9 +823,18 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
       async function writeAll(runId: string, tx: Tx, i0: number): Promise<void> {
         await store.insertTrajectories([trajectory(runId, i0), trajectory(runId, i0 + 1)], { tx });
         await store.insertMetrics([{ runId, step: i0, name: 'reward/mean', value: 1 }], { tx });
-        await store.recordCheckpoint({ runId, step: i0, path: '/c', sha256: 'e'.repeat(64), policyVersion: 0, consumedOffsets: {} }, { tx });
-        await store.recordValGenerations([{ runId, step: i0, idx: 0, prompt: 'p', response: 'r', groundTruth: null, reward: 1, rewardFailure: null }], { tx });
-        await store.recordDeadLetter({ stage: `${prefix}-tx`, topic: runId, partition: 0, offset: i0, runId, reason: 'x', payload: null }, { tx });
+        await store.recordCheckpoint(
+          { runId, step: i0, path: '/c', sha256: 'e'.repeat(64), policyVersion: 0, consumedOffsets: {} },
+          { tx },
+        );
+        await store.recordValGenerations(
+          [{ runId, step: i0, idx: 0, prompt: 'p', response: 'r', groundTruth: null, reward: 1, rewardFailure: null }],
+          { tx },
+        );
+        await store.recordDeadLetter(
+          { stage: `${prefix}-tx`, topic: runId, partition: 0, offset: i0, runId, reason: 'x', payload: null },
+          { tx },
+        );
         await store.setRunStatus(runId, 'completed', { i0 }, { tx });
       }
 
@@ -542,10 +851,13 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
 
       it('rolls every write back when the transaction throws', async () => {
         const runId = await newRun();
-        await assert.rejects(database.db.transaction().execute(async (tx) => {
-          await writeAll(runId, tx, 0);
-          throw new Error('stage crashed before committing its offsets');
-        }), /stage crashed/);
+        await assert.rejects(
+          database.db.transaction().execute(async (tx) => {
+            await writeAll(runId, tx, 0);
+            throw new Error('stage crashed before committing its offsets');
+          }),
+          /stage crashed/,
+        );
         assert.equal(await store.countTrajectories(runId), 0);
         assert.equal((await store.getMetrics(runId)).length, 0);
         assert.equal((await store.listCheckpoints(runId)).length, 0);
@@ -557,27 +869,43 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         assert.equal(await store.countTrajectories(runId), 2);
       });
 
-      it('a write without tx does not join another caller\'s open transaction', async () => {
+      it("a write without tx does not join another caller's open transaction", async () => {
         const runId = await newRun();
         let outside: Promise<unknown> | undefined;
-        await assert.rejects(database.db.transaction().execute(async (tx) => {
-          await store.insertTrajectories([trajectory(runId, 0)], { tx });
-          outside = store.insertTrajectories([trajectory(runId, 1), trajectory(runId, 2)]);
-          // Give the outside write every chance to run before the rollback.
-          for (let k = 0; k < 20; k++) await new Promise((r) => setImmediate(r));
-          await store.insertTrajectories([trajectory(runId, 3)], { tx });
-          throw new Error('abort');
-        }), /abort/);
+        await assert.rejects(
+          database.db.transaction().execute(async (tx) => {
+            await store.insertTrajectories([trajectory(runId, 0)], { tx });
+            outside = store.insertTrajectories([trajectory(runId, 1), trajectory(runId, 2)]);
+            // Give the outside write every chance to run before the rollback.
+            for (let k = 0; k < 20; k++) await new Promise((r) => setImmediate(r));
+            await store.insertTrajectories([trajectory(runId, 3)], { tx });
+            throw new Error('abort');
+          }),
+          /abort/,
+        );
         assert.deepEqual(await outside, { inserted: 2, duplicates: 0 });
-        assert.deepEqual((await store.getTrajectories(runId)).map((t) => t.id).sort(), [trajectory(runId, 1).id, trajectory(runId, 2).id].sort());
+        assert.deepEqual(
+          (await store.getTrajectories(runId)).map((t) => t.id).sort(),
+          [trajectory(runId, 1).id, trajectory(runId, 2).id].sort(),
+        );
       });
 
       it('concurrent writers of the same ids store each row once', async () => {
         const runId = await newRun();
         const rows = Array.from({ length: 300 }, (_, i) => trajectory(runId, i));
-        const results = await Promise.all([store.insertTrajectories(rows), store.insertTrajectories(rows.slice(100)), store.insertTrajectories(rows.slice(0, 200))]);
-        assert.equal(results.reduce((s, r) => s + r.inserted, 0), 300);
-        assert.equal(results.reduce((s, r) => s + r.duplicates, 0), 300 + 200 + 200 - 300);
+        const results = await Promise.all([
+          store.insertTrajectories(rows),
+          store.insertTrajectories(rows.slice(100)),
+          store.insertTrajectories(rows.slice(0, 200)),
+        ]);
+        assert.equal(
+          results.reduce((s, r) => s + r.inserted, 0),
+          300,
+        );
+        assert.equal(
+          results.reduce((s, r) => s + r.duplicates, 0),
+          300 + 200 + 200 - 300,
+        );
         assert.equal(await store.countTrajectories(runId), 300);
       });
     });

@@ -14,7 +14,12 @@ export function uniqueRunId(prefix: string): string {
 }
 
 /** One complete trajectory; `responseLength` tokens, arrays filled from (i, k). */
-export function trajectory(runId: string, i: number, over: Partial<TrajectoryRow> = {}, responseLength = 12): TrajectoryRow {
+export function trajectory(
+  runId: string,
+  i: number,
+  over: Partial<TrajectoryRow> = {},
+  responseLength = 12,
+): TrajectoryRow {
   const n = over.responseTokens?.length ?? responseLength;
   const lp = Float32Array.from({ length: n }, (_, k) => -((i * 31 + k * 7) % 97) / 13);
   const failed = i % 5 === 4;
@@ -55,7 +60,11 @@ export function sameFloat32(a: number, b: number): boolean {
   return Object.is(Math.fround(a), Math.fround(b));
 }
 
-export function assertFloat32Array(actual: readonly number[] | null, expected: ArrayLike<number> | null | undefined, what: string): void {
+export function assertFloat32Array(
+  actual: readonly number[] | null,
+  expected: ArrayLike<number> | null | undefined,
+  what: string,
+): void {
   if (expected === null || expected === undefined) {
     assert.equal(actual, null, `${what}: expected NULL`);
     return;
@@ -70,12 +79,35 @@ export function assertFloat32Array(actual: readonly number[] | null, expected: A
 /** Asserts that a stored trajectory holds exactly what was written. */
 export function assertSameTrajectory(stored: StoredTrajectory | undefined, row: TrajectoryRow): void {
   assert.ok(stored, `trajectory ${row.id} was not stored`);
-  const scalar = ['id', 'runId', 'step', 'epoch', 'kind', 'groupUid', 'promptIndex', 'sampleIndex', 'policyVersion', 'promptText', 'responseText',
-    'groundTruth', 'rewardFailure', 'finishReason', 'filtered', 'filterReason', 'staleness'] as const;
+  const scalar = [
+    'id',
+    'runId',
+    'step',
+    'epoch',
+    'kind',
+    'groupUid',
+    'promptIndex',
+    'sampleIndex',
+    'policyVersion',
+    'promptText',
+    'responseText',
+    'groundTruth',
+    'rewardFailure',
+    'finishReason',
+    'filtered',
+    'filterReason',
+    'staleness',
+  ] as const;
   for (const k of scalar) assert.deepEqual(stored[k], row[k] ?? null, `${row.id}.${k}`);
   assert.deepEqual(stored.rewardDetails, row.rewardDetails ?? null, `${row.id}.rewardDetails`);
-  assert.ok(Object.is(stored.reward, row.reward ?? null), `${row.id}.reward: stored ${stored.reward}, wrote ${row.reward}`);
-  assert.ok(Object.is(stored.advantage, row.advantage ?? null), `${row.id}.advantage: stored ${stored.advantage}, wrote ${row.advantage}`);
+  assert.ok(
+    Object.is(stored.reward, row.reward ?? null),
+    `${row.id}.reward: stored ${stored.reward}, wrote ${row.reward}`,
+  );
+  assert.ok(
+    Object.is(stored.advantage, row.advantage ?? null),
+    `${row.id}.advantage: stored ${stored.advantage}, wrote ${row.advantage}`,
+  );
   assert.deepEqual(stored.promptTokens, Array.from(row.promptTokens), `${row.id}.promptTokens`);
   assert.deepEqual(stored.responseTokens, Array.from(row.responseTokens), `${row.id}.responseTokens`);
   assert.equal(stored.responseLength, row.responseTokens.length, `${row.id}.responseLength`);
@@ -86,7 +118,11 @@ export function assertSameTrajectory(stored: StoredTrajectory | undefined, row: 
   assertFloat32Array(stored.returns, row.returns, `${row.id}.returns`);
   assert.deepEqual(stored.imageHashes, [...(row.imageHashes ?? [])], `${row.id}.imageHashes`);
   assertFloat32Array(stored.vppoPerturbedLogprobs, row.vppoPerturbedLogprobs, `${row.id}.vppoPerturbedLogprobs`);
-  assert.deepEqual(stored.vppoTokenMask, row.vppoTokenMask == null ? null : Array.from(row.vppoTokenMask as ArrayLike<boolean | number>, (x) => !!x), `${row.id}.vppoTokenMask`);
+  assert.deepEqual(
+    stored.vppoTokenMask,
+    row.vppoTokenMask == null ? null : Array.from(row.vppoTokenMask as ArrayLike<boolean | number>, (x) => !!x),
+    `${row.id}.vppoTokenMask`,
+  );
   assert.equal(stored.vppoScalingFactor, row.vppoScalingFactor ?? null, `${row.id}.vppoScalingFactor`);
   assertFloat32Array(stored.vppoEntropies, row.vppoEntropies, `${row.id}.vppoEntropies`);
   assert.ok(stored.createdAt instanceof Date, `${row.id}.createdAt`);

@@ -19,7 +19,8 @@ export const configCommand: Command = {
     const { positionals } = parseArgs(argv);
     const file = positionals[0] && !positionals[0].includes('=') ? positionals[0] : undefined;
     const overrides = positionals.slice(file ? 1 : 0);
-    for (const o of overrides) if (!o.includes('=')) throw new UsageError(`expected an override a.b.c=value, got "${o}"`);
+    for (const o of overrides)
+      if (!o.includes('=')) throw new UsageError(`expected an override a.b.c=value, got "${o}"`);
     const cfg = loadConfig({ file, overrides, onWarning: (m) => console.error(`warning: ${m}`) });
     process.stdout.write(formatResolvedConfig(cfg));
     return 0;

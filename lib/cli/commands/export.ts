@@ -3,7 +3,14 @@ import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { isAdapterDir, loadAdapter, loadCheckpoint, saveCheckpoint, type AdapterCheckpoint, type Checkpoint } from '../../model/checkpoint.ts';
+import {
+  isAdapterDir,
+  loadAdapter,
+  loadCheckpoint,
+  saveCheckpoint,
+  type AdapterCheckpoint,
+  type Checkpoint,
+} from '../../model/checkpoint.ts';
 import type { Weights } from '../../model/params.ts';
 import { mergeLoraOnnx } from '../../model/lora-merge.ts';
 import type { HfDtype } from '../../model/config.ts';
@@ -19,7 +26,11 @@ const DTYPES: Record<string, HfDtype> = { bf16: 'bfloat16', f16: 'float16', f32:
 export function modelDirOf(dir: string): string {
   const d = resolve(dir);
   if (!existsSync(d)) throw new ConfigError(`${dir} does not exist`);
-  if (existsSync(join(d, 'trainer_state.json')) && (existsSync(join(d, 'actor', 'config.json')) || isAdapterDir(join(d, 'actor')))) return join(d, 'actor');
+  if (
+    existsSync(join(d, 'trainer_state.json')) &&
+    (existsSync(join(d, 'actor', 'config.json')) || isAdapterDir(join(d, 'actor')))
+  )
+    return join(d, 'actor');
   return d;
 }
 
@@ -31,8 +42,8 @@ export const exportCommand: Command = {
   help: [
     'Reads a run checkpoint (<run_dir>/checkpoints/global_step_N: its actor/), a policy version',
     '(<run_dir>/policy/vNNNNNN) or any model directory, and writes DIR with config.json (the source',
-    'model\'s keys, the stored dtype stated), generation_config.json, model.safetensors (the source\'s',
-    'tensor names and tying) and the source\'s tokenizer files: transformers and vLLM load it as is.',
+    "model's keys, the stored dtype stated), generation_config.json, model.safetensors (the source's",
+    "tensor names and tying) and the source's tokenizer files: transformers and vLLM load it as is.",
     '',
     'options:',
     '  --out DIR        directory to create (must not exist)',
@@ -40,7 +51,7 @@ export const exportCommand: Command = {
     '                   round to nearest even)',
     '  --merge          the source is a LoRA adapter (PEFT adapter_config.json + adapter_model.safetensors,',
     '                   as a LoRA run writes): write the merged model, W + (alpha / r)·B·A per adapted layer',
-    '  --base DIR       the base model the adapter was trained on (default: the adapter\'s',
+    "  --base DIR       the base model the adapter was trained on (default: the adapter's",
     '                   base_model_name_or_path)',
   ].join('\n'),
   async run(argv) {
@@ -52,34 +63,65 @@ export const exportCommand: Command = {
     const src = modelDirOf(positionals[0]);
     if (existsSync(flags.out)) throw new ConfigError(`--out ${flags.out} already exists; give a new directory`);
     if (isAdapterDir(src) || booleans.has('merge')) {
-      if (!isAdapterDir(src)) throw new ConfigError(`--merge: ${src} is not a LoRA adapter (no adapter_config.json); export it without --merge`);
-      if (!booleans.has('merge')) throw new ConfigError(`${src} is a LoRA adapter (PEFT layout, loadable with peft as it is); pass --merge to write the merged model`);
+      if (!isAdapterDir(src))
+        throw new ConfigError(
+          `--merge: ${src} is not a LoRA adapter (no adapter_config.json); export it without --merge`,
+        );
+      if (!booleans.has('merge'))
+        throw new ConfigError(
+          `${src} is a LoRA adapter (PEFT layout, loadable with peft as it is); pass --merge to write the merged model`,
+        );
       const { base, baseDir, adapter, weights } = await loadMergedAdapter(src, flags.base);
-      await saveCheckpoint(flags.out, base.config, weights, { dtype, assetsFrom: baseDir, metadata: adapter.metadata.policy_version ? { policy_version: adapter.metadata.policy_version } : {} });
-      process.stdout.write(`merged ${src} (LoRA rank ${adapter.lora.rank} on ${adapter.lora.targetModules.join(', ')}) into ${baseDir} → ${resolve(flags.out)} (${(paramCount(base.config) / 1e6).toFixed(2)}M parameters, ${flags.dtype ?? 'f32'})\n`);
+      await saveCheckpoint(flags.out, base.config, weights, {
+        dtype,
+        assetsFrom: baseDir,
+        metadata: adapter.metadata.policy_version ? { policy_version: adapter.metadata.policy_version } : {},
+      });
+      process.stdout.write(
+        `merged ${src} (LoRA rank ${adapter.lora.rank} on ${adapter.lora.targetModules.join(', ')}) into ${baseDir} → ${resolve(flags.out)} (${(paramCount(base.config) / 1e6).toFixed(2)}M parameters, ${flags.dtype ?? 'f32'})\n`,
+      );
       return 0;
     }
     const ck = await loadCheckpoint(src, { optimizer: false });
-    await saveCheckpoint(flags.out, ck.config, ck.weights, { dtype, assetsFrom: src, metadata: ck.metadata.policy_version ? { policy_version: ck.metadata.policy_version } : {} });
-    process.stdout.write(`exported ${src} → ${resolve(flags.out)} (${ck.config.modelType}, ${(paramCount(ck.config) / 1e6).toFixed(2)}M parameters, ${flags.dtype ?? 'f32'})\n`);
+    await saveCheckpoint(flags.out, ck.config, ck.weights, {
+      dtype,
+      assetsFrom: src,
+      metadata: ck.metadata.policy_version ? { policy_version: ck.metadata.policy_version } : {},
+    });
+    process.stdout.write(
+      `exported ${src} → ${resolve(flags.out)} (${ck.config.modelType}, ${(paramCount(ck.config) / 1e6).toFixed(2)}M parameters, ${flags.dtype ?? 'f32'})\n`,
+    );
     return 0;
   },
 };
 
 /** A LoRA adapter directory merged into its base (--base, else base_model_name_or_path). */
-export async function loadMergedAdapter(src: string, baseFlag: string | undefined): Promise<{ base: Checkpoint; baseDir: string; adapter: AdapterCheckpoint; weights: Weights }> {
+export async function loadMergedAdapter(
+  src: string,
+  baseFlag: string | undefined,
+): Promise<{ base: Checkpoint; baseDir: string; adapter: AdapterCheckpoint; weights: Weights }> {
   const baseDir = await baseOf(src, baseFlag);
   const base = await loadCheckpoint(baseDir, { optimizer: false });
   // an adapter whose shapes or modules do not fit the base is one line naming the tensor
   const adapter = await loadAdapter(src, base.config, { optimizer: false });
-  return { base, baseDir, adapter, weights: await mergeLoraOnnx(base.config, adapter.lora, base.weights, adapter.adapter) };
+  return {
+    base,
+    baseDir,
+    adapter,
+    weights: await mergeLoraOnnx(base.config, adapter.lora, base.weights, adapter.adapter),
+  };
 }
 
 /** The base model directory of an adapter: --base, else its adapter_config.json base_model_name_or_path. */
 async function baseOf(adapterDir: string, base: string | undefined): Promise<string> {
   if (base) return modelDirOf(base);
-  const j = JSON.parse(await readFile(join(adapterDir, 'adapter_config.json'), 'utf8')) as { base_model_name_or_path?: unknown };
+  const j = JSON.parse(await readFile(join(adapterDir, 'adapter_config.json'), 'utf8')) as {
+    base_model_name_or_path?: unknown;
+  };
   const p = typeof j.base_model_name_or_path === 'string' ? j.base_model_name_or_path : null;
-  if (!p || !existsSync(p)) throw new ConfigError(`${adapterDir}/adapter_config.json names base model ${JSON.stringify(p)}, which is not a directory here; pass --base DIR (the model the adapter was trained on)`);
+  if (!p || !existsSync(p))
+    throw new ConfigError(
+      `${adapterDir}/adapter_config.json names base model ${JSON.stringify(p)}, which is not a directory here; pass --base DIR (the model the adapter was trained on)`,
+    );
   return modelDirOf(p);
 }

@@ -7,20 +7,34 @@ import { Scorer } from '../../model/score.ts';
 import { modelDirTokenizer, type ModelTokenizer } from '../../pipeline/policy.ts';
 import { ConfigError } from '../../errors.ts';
 import { loadMergedAdapter, modelDirOf } from './export.ts';
-import { decodePixels, imageBytes, ImageError, prepareImage, IMAGE_RESAMPLES, type ImageResample } from '../../data/images.ts';
+import {
+  decodePixels,
+  imageBytes,
+  ImageError,
+  prepareImage,
+  IMAGE_RESAMPLES,
+  type ImageResample,
+} from '../../data/images.ts';
 import type { ImagePixels } from '../../model/vision.ts';
 import { IMAGE_MARK, imagePromptIds } from '../../pipeline/images.ts';
 import type { ModelConfig } from '../../model/config.ts';
-
 
 /** The --image file resized as the pipeline does (Qwen2-VL smart_resize to the patch × merge grid). */
 async function loadImage(path: string, c: ModelConfig, flags: Record<string, string>): Promise<ImagePixels> {
   const v = c.vision!;
   const factor = v.patchSize * v.spatialMergeSize;
-  const minPixels = num(flags, 'min-pixels', (x) => Number.isInteger(x) && x > 0, 'a positive integer') ?? factor * factor;
-  const maxPixels = num(flags, 'max-pixels', (x) => Number.isInteger(x) && x >= minPixels, `an integer ≥ --min-pixels (${minPixels})`) ?? 1003520;
+  const minPixels =
+    num(flags, 'min-pixels', (x) => Number.isInteger(x) && x > 0, 'a positive integer') ?? factor * factor;
+  const maxPixels =
+    num(
+      flags,
+      'max-pixels',
+      (x) => Number.isInteger(x) && x >= minPixels,
+      `an integer ≥ --min-pixels (${minPixels})`,
+    ) ?? 1003520;
   const resample = (flags.resample ?? 'bicubic') as ImageResample;
-  if (!IMAGE_RESAMPLES.includes(resample)) throw new UsageError(`--resample must be one of ${IMAGE_RESAMPLES.join(', ')}, got "${flags.resample}"`);
+  if (!IMAGE_RESAMPLES.includes(resample))
+    throw new UsageError(`--resample must be one of ${IMAGE_RESAMPLES.join(', ')}, got "${flags.resample}"`);
   try {
     const img = await prepareImage(imageBytes(path, process.cwd()), { factor, minPixels, maxPixels, resample });
     return await decodePixels(img.png);
@@ -30,7 +44,12 @@ async function loadImage(path: string, c: ModelConfig, flags: Record<string, str
   }
 }
 
-function num(flags: Record<string, string>, k: string, check: (v: number) => boolean, what: string): number | undefined {
+function num(
+  flags: Record<string, string>,
+  k: string,
+  check: (v: number) => boolean,
+  what: string,
+): number | undefined {
   if (flags[k] === undefined) return undefined;
   const v = Number(flags[k]);
   if (!Number.isFinite(v) || !check(v)) throw new UsageError(`--${k} must be ${what}, got "${flags[k]}"`);
@@ -46,7 +65,8 @@ function num(flags: Record<string, string>, k: string, check: (v: number) => boo
 export const generateCommand: Command = {
   name: 'generate',
   summary: 'Generate one completion from a model directory or checkpoint (try a model before training it)',
-  usage: 'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image PATH] [--chat] [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
+  usage:
+    'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image PATH] [--chat] [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
   help: [
     'Loads a Hugging Face model directory, a policy version (<run_dir>/policy/vNNNNNN) or a run checkpoint',
     '(<run_dir>/checkpoints/global_step_N) and prints the completion of --prompt. A LoRA adapter (PEFT',
@@ -54,7 +74,7 @@ export const generateCommand: Command = {
     '',
     'options:',
     '  --prompt TEXT          the prompt (required)',
-    '  --chat                 render the prompt as a user message through the tokenizer\'s chat template',
+    "  --chat                 render the prompt as a user message through the tokenizer's chat template",
     '                         (with the generation prompt added)',
     '  --system TEXT          a system message before it (with --chat)',
     '  --image PATH           an image for a vision-language model: resized to its patch grid (smart_resize,',
@@ -71,8 +91,24 @@ export const generateCommand: Command = {
     '                         untempered distribution',
   ].join('\n'),
   async run(argv) {
-    const { positionals, flags, booleans } = parseArgs(argv, { flags: ['prompt', 'system', 'max-new-tokens', 'temperature', 'top-p', 'top-k', 'seed', 'image', 'min-pixels', 'max-pixels', 'resample'], booleans: ['chat', 'json'] });
-    if (positionals.length !== 1) throw new UsageError(`expected one model or checkpoint directory, got ${positionals.length}`);
+    const { positionals, flags, booleans } = parseArgs(argv, {
+      flags: [
+        'prompt',
+        'system',
+        'max-new-tokens',
+        'temperature',
+        'top-p',
+        'top-k',
+        'seed',
+        'image',
+        'min-pixels',
+        'max-pixels',
+        'resample',
+      ],
+      booleans: ['chat', 'json'],
+    });
+    if (positionals.length !== 1)
+      throw new UsageError(`expected one model or checkpoint directory, got ${positionals.length}`);
     if (flags.prompt === undefined) throw new UsageError('--prompt TEXT is required');
     if (flags.system !== undefined && !booleans.has('chat')) throw new UsageError('--system needs --chat');
     const maxNew = num(flags, 'max-new-tokens', (v) => Number.isInteger(v) && v > 0, 'a positive integer');
@@ -87,44 +123,79 @@ export const generateCommand: Command = {
     const dir = merged ? merged.baseDir : src;
     const ck = merged ? { ...merged.base, weights: merged.weights } : await loadCheckpoint(dir, { optimizer: false });
     const c = ck.config;
-    if (c.head !== 'lm') throw new ConfigError(`${dir} is a value model (${String((c.extra?.architectures as unknown) ?? 'score head')}); generate needs a causal LM`);
+    if (c.head !== 'lm')
+      throw new ConfigError(
+        `${dir} is a value model (${String((c.extra?.architectures as unknown) ?? 'score head')}); generate needs a causal LM`,
+      );
     const tok: ModelTokenizer = modelDirTokenizer(dir, c);
-    if (flags.image !== undefined && !c.vision) throw new ConfigError(`${dir} is a text-only model (no vision_config in config.json); drop --image`);
-    for (const k of ['min-pixels', 'max-pixels', 'resample']) if (flags[k] !== undefined && flags.image === undefined) throw new UsageError(`--${k} needs --image`);
+    if (flags.image !== undefined && !c.vision)
+      throw new ConfigError(`${dir} is a text-only model (no vision_config in config.json); drop --image`);
+    for (const k of ['min-pixels', 'max-pixels', 'resample'])
+      if (flags[k] !== undefined && flags.image === undefined) throw new UsageError(`--${k} needs --image`);
     const image = flags.image !== undefined ? await loadImage(flags.image, c, flags) : null;
     let promptText = image && !flags.prompt.includes(IMAGE_MARK) ? IMAGE_MARK + flags.prompt : flags.prompt;
     if (booleans.has('chat')) {
-      if (!tok.applyChatTemplate || !tok.chatTemplate) throw new ConfigError(`${dir} has no chat template (tokenizer_config.json chat_template); drop --chat`);
-      const messages = [...(flags.system !== undefined ? [{ role: 'system', content: flags.system }] : []), { role: 'user', content: promptText }];
+      if (!tok.applyChatTemplate || !tok.chatTemplate)
+        throw new ConfigError(`${dir} has no chat template (tokenizer_config.json chat_template); drop --chat`);
+      const messages = [
+        ...(flags.system !== undefined ? [{ role: 'system', content: flags.system }] : []),
+        { role: 'user', content: promptText },
+      ];
       promptText = tok.applyChatTemplate(messages);
     }
     // as transformers: a plain prompt gets the tokenizer's leading specials (e.g. Llama's BOS); a
     // rendered chat template already has them. The image block goes where the marker is (the text
     // around it encoded on its own), pads expanded to the image's tokens, as the pipeline does.
-    const promptIds = Array.from(image ? imagePromptIds(tok, promptText, !booleans.has('chat'), c.vision!, [image]) : tok.encode(promptText, { addSpecialTokens: !booleans.has('chat') }));
+    const promptIds = Array.from(
+      image
+        ? imagePromptIds(tok, promptText, !booleans.has('chat'), c.vision!, [image])
+        : tok.encode(promptText, { addSpecialTokens: !booleans.has('chat') }),
+    );
     const images = image ? [image] : undefined;
     if (!promptIds.length) throw new ConfigError('the prompt encodes to no tokens; give a non-empty --prompt');
     const g = ck.generation ?? {};
-    const gnum = (k: string): number | undefined => (typeof g[k] === 'number' ? g[k] as number : undefined);
+    const gnum = (k: string): number | undefined => (typeof g[k] === 'number' ? (g[k] as number) : undefined);
     const sampling = g.do_sample === true;
-    const T = temperature ?? (sampling ? gnum('temperature') ?? 1 : 0);
+    const T = temperature ?? (sampling ? (gnum('temperature') ?? 1) : 0);
     const room = c.maxPositionEmbeddings - promptIds.length;
-    if (room <= 0) throw new ConfigError(`the prompt has ${promptIds.length} tokens, the model's max_position_embeddings is ${c.maxPositionEmbeddings}; shorten it`);
+    if (room <= 0)
+      throw new ConfigError(
+        `the prompt has ${promptIds.length} tokens, the model's max_position_embeddings is ${c.maxPositionEmbeddings}; shorten it`,
+      );
     const N = Math.min(maxNew ?? gnum('max_new_tokens') ?? 256, room);
     // every eos id of config.json, generation_config.json and the tokenizer stops the response
     const stopIds = [...new Set([...stopTokenIds(c), ...tok.stopIds])].filter((id) => id < c.vocabSize);
-    const [gen] = await new Sampler(c, { threads: 2 }).generate(ck.weights, [{ id: 'generate', prompt: promptIds, ...(images ? { images } : {}) }], {
-      maxNewTokens: N, seed, temperature: T, topP: topP ?? (sampling ? gnum('top_p') ?? 1 : 1), topK: topK ?? (sampling ? gnum('top_k') ?? 0 : 0), eosTokenIds: stopIds,
-    });
+    const [gen] = await new Sampler(c, { threads: 2 }).generate(
+      ck.weights,
+      [{ id: 'generate', prompt: promptIds, ...(images ? { images } : {}) }],
+      {
+        maxNewTokens: N,
+        seed,
+        temperature: T,
+        topP: topP ?? (sampling ? (gnum('top_p') ?? 1) : 1),
+        topK: topK ?? (sampling ? (gnum('top_k') ?? 0) : 0),
+        eosTokenIds: stopIds,
+      },
+    );
     const responseIds = Array.from(gen.tokens);
     // the sampler's log-probs are of the temperature-scaled distribution (greedy: T = 1)
-    const logprobs = T === 0 || T === 1 ? Array.from(gen.logprobs)
-      : Array.from((await new Scorer(c, { threads: 2 }).score(ck.weights, [{ prompt: promptIds, response: responseIds, ...(images ? { images } : {}) }], { temperature: 1, entropy: false }))[0].logprobs);
+    const logprobs =
+      T === 0 || T === 1
+        ? Array.from(gen.logprobs)
+        : Array.from(
+            (
+              await new Scorer(c, { threads: 2 }).score(
+                ck.weights,
+                [{ prompt: promptIds, response: responseIds, ...(images ? { images } : {}) }],
+                { temperature: 1, entropy: false },
+              )
+            )[0].logprobs,
+          );
     const stops = new Set(stopIds);
     const text = tok.decode(responseIds.filter((t) => !stops.has(t)));
-    if (booleans.has('json')) process.stdout.write(JSON.stringify({ prompt_ids: promptIds, response_ids: responseIds, logprobs, text }) + '\n');
+    if (booleans.has('json'))
+      process.stdout.write(JSON.stringify({ prompt_ids: promptIds, response_ids: responseIds, logprobs, text }) + '\n');
     else process.stdout.write(text + '\n');
     return 0;
   },
 };
-

@@ -13,4 +13,17 @@ import { exportCommand } from './export.ts';
 import { generateCommand } from './generate.ts';
 
 /** Every `rlstream` command, in the order `--help` lists them. */
-export const commands: Command[] = [trainCommand, sftCommand, serveCommand, migrateCommand, configCommand, sqlCommand, runsCommand, reportCommand, rewardServerCommand, replayCommand, exportCommand, generateCommand];
+export const commands: Command[] = [
+  trainCommand,
+  sftCommand,
+  serveCommand,
+  migrateCommand,
+  configCommand,
+  sqlCommand,
+  runsCommand,
+  reportCommand,
+  rewardServerCommand,
+  replayCommand,
+  exportCommand,
+  generateCommand,
+];

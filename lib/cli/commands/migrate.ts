@@ -22,15 +22,22 @@ export const migrateCommand: Command = {
     const { file, overrides } = configArgs(positionals);
     const cfg = loadConfig({ file, overrides, onWarning: (m) => console.error(`warning: ${m}`) });
     if (cfg.pipeline.store !== 'postgres' || !cfg.pipeline.database_url) {
-      throw new ConfigError('rlstream migrate applies migrations to PostgreSQL: set pipeline.store=postgres and pipeline.database_url (the embedded store migrates itself when a run opens it)');
+      throw new ConfigError(
+        'rlstream migrate applies migrations to PostgreSQL: set pipeline.store=postgres and pipeline.database_url (the embedded store migrates itself when a run opens it)',
+      );
     }
-    const db = await openDatabase({ kind: 'postgres', url: cfg.pipeline.database_url, poolSize: 1 }, { migrate: false });
+    const db = await openDatabase(
+      { kind: 'postgres', url: cfg.pipeline.database_url, poolSize: 1 },
+      { migrate: false },
+    );
     try {
       const applied = await migrate(db.db);
       const s = await migrationStatus(db.db);
-      console.log(applied.length
-        ? `migrated ${db.where}: applied ${applied.length} (${applied.join(', ')}); schema at ${s.applied.at(-1)}`
-        : `migrated ${db.where}: nothing to apply; schema at ${s.applied.at(-1)} (${s.applied.length} migrations)`);
+      console.log(
+        applied.length
+          ? `migrated ${db.where}: applied ${applied.length} (${applied.join(', ')}); schema at ${s.applied.at(-1)}`
+          : `migrated ${db.where}: nothing to apply; schema at ${s.applied.at(-1)} (${s.applied.length} migrations)`,
+      );
       return 0;
     } finally {
       await db.close();

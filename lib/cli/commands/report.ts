@@ -10,7 +10,8 @@ import { processIo, type CommandIo } from './sql.ts';
 /** `rlstream report <run>`: a self-contained HTML report, optionally TensorBoard event files. */
 export const reportCommand: Command = {
   name: 'report',
-  summary: 'Write a self-contained HTML report of a run (summary, SVG plots, checkpoints, failures) and optionally TensorBoard event files',
+  summary:
+    'Write a self-contained HTML report of a run (summary, SVG plots, checkpoints, failures) and optionally TensorBoard event files',
   usage: 'rlstream report <run-dir | postgres://…> [--run RUN_ID] [--out FILE] [--tensorboard] [--tensorboard-dir DIR]',
   help: [
     'Plots reward, validation accuracy, KL, entropy, response length, clip fraction and step time by',
@@ -30,7 +31,10 @@ export const reportCommand: Command = {
 
 /** `rlstream report` with its output sent to `io`. */
 export async function runReport(argv: string[], io: CommandIo): Promise<number> {
-  const { positionals, flags, booleans } = parseArgs(argv, { flags: ['run', 'out', 'tensorboard-dir'], booleans: ['tensorboard'] });
+  const { positionals, flags, booleans } = parseArgs(argv, {
+    flags: ['run', 'out', 'tensorboard-dir'],
+    booleans: ['tensorboard'],
+  });
   const [spec, ...extra] = positionals;
   if (!spec) throw new UsageError('give the run directory (or postgres:// URL)');
   if (extra.length) throw new UsageError(`unexpected argument "${extra[0]}"`);
@@ -44,9 +48,13 @@ export async function runReport(argv: string[], io: CommandIo): Promise<number> 
     const empty = rep.plots.filter((p) => p.series === 0).map((p) => p.id);
     io.out(`report written: ${rep.path}${empty.length ? ` (no data for: ${empty.join(', ')})` : ''}\n`);
     if (booleans.has('tensorboard')) {
-      const dir = resolve(flags['tensorboard-dir'] ?? (loc.runDir ? join(loc.runDir, 'tensorboard') : join('tensorboard', runId)));
+      const dir = resolve(
+        flags['tensorboard-dir'] ?? (loc.runDir ? join(loc.runDir, 'tensorboard') : join('tensorboard', runId)),
+      );
       const tb = await exportRunToTensorBoard(database.db, runId, dir);
-      io.out(`tensorboard events written: ${tb.path} (${tb.scalars} scalars, ${tb.tags.length} tags); view with: tensorboard --logdir ${dir}\n`);
+      io.out(
+        `tensorboard events written: ${tb.path} (${tb.scalars} scalars, ${tb.tags.length} tags); view with: tensorboard --logdir ${dir}\n`,
+      );
     }
     return 0;
   } finally {

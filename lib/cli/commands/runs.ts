@@ -25,7 +25,9 @@ const COLUMNS: Array<[string, (r: RunSummary) => unknown]> = [
 
 /** Run summaries as a result table (a `dir` column first when listing run directories). */
 export function runsResult(runs: readonly RunSummary[], withDir: boolean): QueryResult {
-  const cols: Array<[string, (r: RunSummary) => unknown]> = withDir ? [['dir', (r) => (r.dir ? basename(r.dir) : null)], ...COLUMNS] : COLUMNS;
+  const cols: Array<[string, (r: RunSummary) => unknown]> = withDir
+    ? [['dir', (r) => (r.dir ? basename(r.dir) : null)], ...COLUMNS]
+    : COLUMNS;
   return {
     columns: cols.map(([name]) => ({ name, typeId: 0 })),
     rows: runs.map((r) => cols.map(([, get]) => get(r) ?? null)),
@@ -36,7 +38,8 @@ export function runsResult(runs: readonly RunSummary[], withDir: boolean): Query
 /** `rlstream runs`: the runs found in a runs directory or a PostgreSQL, with status, steps, best validation score. */
 export const runsCommand: Command = {
   name: 'runs',
-  summary: 'List runs (status, steps, final reward, best validation accuracy, checkpoints) from a runs directory or a PostgreSQL',
+  summary:
+    'List runs (status, steps, final reward, best validation accuracy, checkpoints) from a runs directory or a PostgreSQL',
   usage: 'rlstream runs [--runs-dir DIR | --db postgres://…] [--csv | --json]',
   help: [
     'Without options, every subdirectory of ./runs that holds an embedded store (db/pgdata/) is opened in',
@@ -58,19 +61,29 @@ export const runsCommand: Command = {
 export async function runRuns(argv: string[], io: CommandIo): Promise<number> {
   const { positionals, flags, booleans } = parseArgs(argv, { flags: ['runs-dir', 'db'], booleans: ['csv', 'json'] });
   const format = outputFormat(booleans);
-  if (positionals.length) throw new UsageError(`unexpected argument "${positionals[0]}" (use --runs-dir DIR or --db URL)`);
-  if (flags['runs-dir'] !== undefined && flags.db !== undefined) throw new UsageError('choose one of --runs-dir and --db');
+  if (positionals.length)
+    throw new UsageError(`unexpected argument "${positionals[0]}" (use --runs-dir DIR or --db URL)`);
+  if (flags['runs-dir'] !== undefined && flags.db !== undefined)
+    throw new UsageError('choose one of --runs-dir and --db');
   let runs: RunSummary[];
   if (flags.db !== undefined) {
     if (!isDatabaseUrl(flags.db)) throw new UsageError(`--db needs a postgres:// URL, got "${flags.db}"`);
     const database = await openDatabase({ kind: 'postgres', url: flags.db, poolSize: 2 }, { migrate: false });
-    try { runs = await listRunsInDatabase(database); } finally { await database.close(); }
+    try {
+      runs = await listRunsInDatabase(database);
+    } finally {
+      await database.close();
+    }
   } else {
     runs = await listRunsInDir(flags['runs-dir'] ?? 'runs');
   }
   const withDir = flags.db === undefined;
   if (runs.length === 0 && format === 'table') {
-    io.out(withDir ? `no run directories (with db/pgdata/) under ${flags['runs-dir'] ?? 'runs'}\n` : 'no runs in that database\n');
+    io.out(
+      withDir
+        ? `no run directories (with db/pgdata/) under ${flags['runs-dir'] ?? 'runs'}\n`
+        : 'no runs in that database\n',
+    );
     return 0;
   }
   printResult(io, runsResult(runs, withDir), format, { footer: false });

@@ -6,10 +6,16 @@ import { serve, gracefulStop, DEFAULT_HTTP_PORT } from '../../app/serve.ts';
 import { STAGES } from '../../../services/index.ts';
 import { configArgs } from './train.ts';
 
-function intFlag(flags: Record<string, string>, name: string, min: number, max = Number.MAX_SAFE_INTEGER): number | undefined {
+function intFlag(
+  flags: Record<string, string>,
+  name: string,
+  min: number,
+  max = Number.MAX_SAFE_INTEGER,
+): number | undefined {
   if (flags[name] === undefined) return undefined;
   const v = Number(flags[name]);
-  if (!Number.isInteger(v) || v < min || v > max) throw new UsageError(`--${name} must be an integer from ${min} to ${max}, got ${flags[name]}`);
+  if (!Number.isInteger(v) || v < min || v > max)
+    throw new UsageError(`--${name} must be an integer from ${min} to ${max}, got ${flags[name]}`);
   return v;
 }
 
@@ -41,7 +47,8 @@ export const serveCommand: Command = {
     const { positionals, flags } = parseArgs(argv, { flags: ['replica', 'http-port', 'grace-seconds'] });
     const [stage, ...rest] = positionals;
     if (!stage) throw new UsageError('missing the stage name');
-    if (!(STAGES as readonly string[]).includes(stage)) throw new UsageError(`unknown stage "${stage}" — valid: ${STAGES.join(', ')}`);
+    if (!(STAGES as readonly string[]).includes(stage))
+      throw new UsageError(`unknown stage "${stage}" — valid: ${STAGES.join(', ')}`);
     if (rest.length === 0) throw new UsageError('missing the config file');
     const { file, overrides } = configArgs(rest);
     const replica = intFlag(flags, 'replica', 0) ?? 0;
@@ -49,19 +56,29 @@ export const serveCommand: Command = {
     let grace: number | undefined;
     if (flags['grace-seconds'] !== undefined) {
       grace = Number(flags['grace-seconds']);
-      if (!Number.isFinite(grace) || grace <= 0) throw new UsageError(`--grace-seconds must be a positive number, got ${flags['grace-seconds']}`);
+      if (!Number.isFinite(grace) || grace <= 0)
+        throw new UsageError(`--grace-seconds must be a positive number, got ${flags['grace-seconds']}`);
     }
     const cfg = loadConfig({ file, overrides, onWarning: (m) => console.error(`warning: ${m}`) });
     // containers: JSON lines on stdout, one per event
     const log = createLogger({ runId: resolveRunId(cfg), stage, destination: 1 });
-    log.info({ replica, config: redactSecrets(cfg) }, `resolved config (${stage}${replica ? ` replica ${replica}` : ''}; defaults → file → RLSTREAM_* environment → overrides; secrets redacted)`);
+    log.info(
+      { replica, config: redactSecrets(cfg) },
+      `resolved config (${stage}${replica ? ` replica ${replica}` : ''}; defaults → file → RLSTREAM_* environment → overrides; secrets redacted)`,
+    );
     const signal = gracefulStop((grace ?? cfg.pipeline.grace_seconds) * 1000, log);
     const out = await serve(cfg, stage, log, { replica, httpPort: httpPort ?? cfg.pipeline.http_port, signal });
     const code = out.status === 'failed' ? 1 : 0;
-    if (code) { log.error({ status: out.status }, `run failed: ${out.message ?? ''}`); console.error(`rlstream serve ${stage}: run failed: ${out.message}`); }
+    if (code) {
+      log.error({ status: out.status }, `run failed: ${out.message ?? ''}`);
+      console.error(`rlstream serve ${stage}: run failed: ${out.message}`);
+    }
     // bus and store are closed; a handle a client library left open must not keep the pod in Terminating
     setTimeout(() => {
-      log.warn({ resources: process.getActiveResourcesInfo() }, 'handles still open 2 s after closing bus and store; exiting anyway');
+      log.warn(
+        { resources: process.getActiveResourcesInfo() },
+        'handles still open 2 s after closing bus and store; exiting anyway',
+      );
       process.exit(code);
     }, 2000).unref();
     return code;

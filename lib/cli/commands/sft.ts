@@ -9,12 +9,12 @@ export const sftCommand: Command = {
   help: [
     'Next-token loss on the response (assistant) tokens only, over data.train_files (JSONL or parquet):',
     'rows with sft.prompt_key + sft.response_key, or a conversation in sft.messages_key (loss on every',
-    'assistant turn), rendered through the model\'s chat template. The model, optimizer, LR schedule and',
+    "assistant turn), rendered through the model's chat template. The model, optimizer, LR schedule and",
     'batch sizes are actor.* as for `train` (actor.global_batch_size examples per step); sft.* sets',
     'epochs, max_length and packing. Checkpoints go to <run_dir>/checkpoints/global_step_N (every',
     'trainer.save_freq steps and at the end); the actor/ of one is a model directory that',
     '`rlstream train` takes as actor.model.path. Metrics (sft/loss, sft/token_acc, sft/lr, sft/grad_norm)',
-    'go to the run\'s store (rlstream runs / sql / report) and, with trainer.logger including',
+    "go to the run's store (rlstream runs / sql / report) and, with trainer.logger including",
     'tensorboard, to <run_dir>/tensorboard. Interrupted (Ctrl-C, a kill), the same command resumes from',
     'the newest checkpoint; a finished run says so.',
     '',
@@ -25,7 +25,7 @@ export const sftCommand: Command = {
     'options:',
     '  --verbose       on a terminal, also print the info log lines (one per step)',
     '  --print-config  also print the resolved config (it is always written to <run_dir>/config.yaml)',
-    '  --break-lock    take over the run directory\'s lock when another host holds it',
+    "  --break-lock    take over the run directory's lock when another host holds it",
   ].join('\n'),
   async run(argv) {
     // as train: after Ctrl-C the stop message is the last line printed
@@ -34,7 +34,12 @@ export const sftCommand: Command = {
     bar?.finish();
     if (out.message && out.status === 'completed') console.error(out.message);
     console.log(out.summary);
-    if (out.status === 'stopped') { console.error(`rlstream sft: run stopped: ${out.message ?? 'interrupted'}; run the same command again to continue`); return stop.exitCode(); }
+    if (out.status === 'stopped') {
+      console.error(
+        `rlstream sft: run stopped: ${out.message ?? 'interrupted'}; run the same command again to continue`,
+      );
+      return stop.exitCode();
+    }
     return 0;
   },
 };

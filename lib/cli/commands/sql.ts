@@ -11,12 +11,21 @@ export interface CommandIo {
 }
 
 export const processIo: CommandIo = {
-  out: (t) => { process.stdout.write(t); },
-  err: (t) => { process.stderr.write(t); },
+  out: (t) => {
+    process.stdout.write(t);
+  },
+  err: (t) => {
+    process.stderr.write(t);
+  },
 };
 
 /** Prints a result in the chosen format (shared by `sql` and `runs`). */
-export function printResult(io: CommandIo, res: QueryResult, format: 'table' | 'csv' | 'json', opts: { maxWidth?: number; footer?: boolean } = {}): void {
+export function printResult(
+  io: CommandIo,
+  res: QueryResult,
+  format: 'table' | 'csv' | 'json',
+  opts: { maxWidth?: number; footer?: boolean } = {},
+): void {
   if (format === 'csv') io.out(formatResultCsv(res));
   else if (format === 'json') io.out(formatResultJson(res));
   else {
@@ -44,8 +53,9 @@ function nonNegative(v: string | undefined, flag: string): number | undefined {
 /** `rlstream sql <run-or-url> "<query>"`: one read-only query against a run's store. */
 export const sqlCommand: Command = {
   name: 'sql',
-  summary: 'Run a read-only SQL query against a run\'s store (embedded run directory or PostgreSQL) and print the rows',
-  usage: 'rlstream sql <run-dir | postgres://…> "<query>" [--csv | --json] [--max-width N] [--timeout-s S]\n       rlstream sql <run-dir | postgres://…> --views',
+  summary: "Run a read-only SQL query against a run's store (embedded run directory or PostgreSQL) and print the rows",
+  usage:
+    'rlstream sql <run-dir | postgres://…> "<query>" [--csv | --json] [--max-width N] [--timeout-s S]\n       rlstream sql <run-dir | postgres://…> --views',
   help: [
     'The query runs inside BEGIN TRANSACTION READ ONLY and is rolled back: it can read every table and',
     'view but never change the run. One statement per call. A run directory held by a live training',
@@ -76,7 +86,10 @@ export const sqlCommand: Command = {
 
 /** `rlstream sql` with its output sent to `io`. */
 export async function runSql(argv: string[], io: CommandIo): Promise<number> {
-  const { positionals, flags, booleans } = parseArgs(argv, { flags: ['max-width', 'timeout-s'], booleans: ['csv', 'json', 'views'] });
+  const { positionals, flags, booleans } = parseArgs(argv, {
+    flags: ['max-width', 'timeout-s'],
+    booleans: ['csv', 'json', 'views'],
+  });
   const format = outputFormat(booleans);
   const maxWidth = nonNegative(flags['max-width'], '--max-width');
   // a statement_timeout always, so a runaway analysis query cannot hold a run's database (--timeout-s 0 lifts it)
@@ -92,8 +105,13 @@ export async function runSql(argv: string[], io: CommandIo): Promise<number> {
   const database = await openRun(locateRun(spec), { onSnapshot: (note) => io.err(`${note}\n`) });
   try {
     const su = await superuserRole(database).catch(() => null);
-    if (su) io.err(`warning: connected as the superuser ${su}: rlstream sql refuses everything but plain read queries, but give analysts a read-only role instead (docs/queries.md, "A read-only role")\n`);
-    const res = booleans.has('views') ? await describeRelations(database) : await runReadOnlyQuery(database, query!, { timeoutS });
+    if (su)
+      io.err(
+        `warning: connected as the superuser ${su}: rlstream sql refuses everything but plain read queries, but give analysts a read-only role instead (docs/queries.md, "A read-only role")\n`,
+      );
+    const res = booleans.has('views')
+      ? await describeRelations(database)
+      : await runReadOnlyQuery(database, query!, { timeoutS });
     if (res.columns.length === 0) {
       io.out(`${res.command || 'OK'} (no rows returned)\n`);
       return 0;

@@ -16,7 +16,11 @@ export function configArgs(positionals: string[]): { file?: string; overrides: s
 function interruption(onStop?: () => void): { signal: AbortSignal; exitCode(): number } {
   const ac = new AbortController();
   let code = 1;
-  const on = (name: NodeJS.Signals) => () => { code = name === 'SIGINT' ? 130 : 143; onStop?.(); ac.abort(); };
+  const on = (name: NodeJS.Signals) => () => {
+    code = name === 'SIGINT' ? 130 : 143;
+    onStop?.();
+    ac.abort();
+  };
   process.once('SIGINT', on('SIGINT'));
   process.once('SIGTERM', on('SIGTERM'));
   return { signal: ac.signal, exitCode: () => code };
@@ -32,7 +36,12 @@ export function consoleRun(argv: string[], command: 'train' | 'sft') {
   const { positionals, booleans } = parseArgs(argv, { booleans: ['verbose', 'print-config', 'break-lock'] });
   if (positionals.length === 0) throw new UsageError('missing the config file');
   const { file, overrides } = configArgs(positionals);
-  const cfg = loadConfig({ file, overrides, ...(command === 'sft' ? { command } : {}), onWarning: (m) => console.error(`warning: ${m}`) });
+  const cfg = loadConfig({
+    file,
+    overrides,
+    ...(command === 'sft' ? { command } : {}),
+    onWarning: (m) => console.error(`warning: ${m}`),
+  });
   const tty = process.stderr.isTTY === true;
   const bar = tty ? new ProgressBar(process.stderr) : null;
   const sink = new ConsoleSink(bar);
@@ -64,7 +73,7 @@ export const trainCommand: Command = {
     'options:',
     '  --verbose       on a terminal, also print the info log lines (steps, validation rounds)',
     '  --print-config  also print the resolved config (it is always written to <run_dir>/config.yaml)',
-    '  --break-lock    take over the run directory\'s lock when another host holds it (a shared',
+    "  --break-lock    take over the run directory's lock when another host holds it (a shared",
     '                  volume) and you know no process there uses the directory any more',
   ].join('\n'),
   async run(argv) {
@@ -74,8 +83,16 @@ export const trainCommand: Command = {
     bar?.finish();
     if (out.status === 'completed' && out.message) console.error(out.message);
     console.log(out.summary);
-    if (out.status === 'stopped') { console.error(`rlstream train: run stopped: ${out.message ?? 'interrupted'}; run the same command again to continue`); return stop.exitCode(); }
-    if (out.status !== 'completed') { console.error(`rlstream train: run ${out.status}${out.message ? `: ${out.message}` : ''}`); return 1; }
+    if (out.status === 'stopped') {
+      console.error(
+        `rlstream train: run stopped: ${out.message ?? 'interrupted'}; run the same command again to continue`,
+      );
+      return stop.exitCode();
+    }
+    if (out.status !== 'completed') {
+      console.error(`rlstream train: run ${out.status}${out.message ? `: ${out.message}` : ''}`);
+      return 1;
+    }
     return 0;
   },
 };

@@ -31,8 +31,16 @@ type Runner = (argv: string[], io: CommandIo) => Promise<number>;
 
 /** Runs a command with its output collected. */
 async function capture(cmd: Runner, argv: string[]): Promise<{ code: number; out: string; err: string }> {
-  const out: string[] = [], err: string[] = [];
-  const code = await cmd(argv, { out: (t) => { out.push(t); }, err: (t) => { err.push(t); } });
+  const out: string[] = [],
+    err: string[] = [];
+  const code = await cmd(argv, {
+    out: (t) => {
+      out.push(t);
+    },
+    err: (t) => {
+      err.push(t);
+    },
+  });
   return { code, out: out.join(''), err: err.join('') };
 }
 
@@ -52,9 +60,17 @@ before(async () => {
   mkdirSync(join(lockedDir, 'pgdata'), { recursive: true });
   writeFileSync(join(lockedDir, 'pgdata', 'PG_VERSION'), '17\n');
   const lockModule = new URL('../../../lib/db/lock-file.ts', import.meta.url).href;
-  holder = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e',
-    `const { acquireLock } = await import(${JSON.stringify(lockModule)}); acquireLock(${JSON.stringify(lockedDir)}); console.log('held'); setInterval(() => {}, 1000);`],
-  { stdio: ['ignore', 'pipe', 'inherit'] });
+  holder = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      '--input-type=module',
+      '-e',
+      `const { acquireLock } = await import(${JSON.stringify(lockModule)}); acquireLock(${JSON.stringify(lockedDir)}); console.log('held'); setInterval(() => {}, 1000);`,
+    ],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
   const [line] = await once(holder.stdout!, 'data');
   assert.equal(String(line).trim(), 'held');
   process.chdir(root);
@@ -68,7 +84,10 @@ after(() => {
 
 describe('rlstream sql', () => {
   test('prints an aligned table, by run directory or by run name under runs/', async () => {
-    const r = await capture(runSql, ['runs/number-game', 'select step, reward_mean, kl_mean from v_step_metrics_wide where reward_mean is not null order by step']);
+    const r = await capture(runSql, [
+      'runs/number-game',
+      'select step, reward_mean, kl_mean from v_step_metrics_wide where reward_mean is not null order by step',
+    ]);
     assert.equal(r.code, 0);
     const lines = r.out.trimEnd().split('\n');
     assert.match(lines[0], /^step\s+reward_mean\s+kl_mean$/);
@@ -79,7 +98,7 @@ describe('rlstream sql', () => {
   });
 
   test('--json and --csv carry full arrays', async () => {
-    const q = "select id, behaviour_logprobs from trajectories where response_length = 11 order by id limit 1";
+    const q = 'select id, behaviour_logprobs from trajectories where response_length = 11 order by id limit 1';
     const j = await capture(runSql, [runDir, q, '--json']);
     const rows = JSON.parse(j.out);
     assert.equal(rows.length, 1);
@@ -93,16 +112,22 @@ describe('rlstream sql', () => {
   });
 
   test('shows dead letters; --views lists the views', async () => {
-    const r = await capture(runSql, [runDir, 'select stage, source_topic, source_offset, reason from v_dead_letters order by source_offset']);
+    const r = await capture(runSql, [
+      runDir,
+      'select stage, source_topic, source_offset, reason from v_dead_letters order by source_offset',
+    ]);
     assert.match(r.out, /reward\s+number-game-cli\.rollouts\s+17\s+undecodable Avro message/);
     assert.match(r.out, /advantage\s+number-game-cli\.scored\s+42\s+unknown schema id 99/);
     const v = await capture(runSql, [runDir, '--views']);
-    for (const name of ['v_step_metrics_wide', 'v_dead_letters', 'v_checkpoint_lineage', 'v_runs']) assert.match(v.out, new RegExp(name));
+    for (const name of ['v_step_metrics_wide', 'v_dead_letters', 'v_checkpoint_lineage', 'v_runs'])
+      assert.match(v.out, new RegExp(name));
   });
 
   test('an INSERT fails with a clear message and writes nothing', async () => {
-    await assert.rejects(sqlCommand.run([runDir, "insert into runs (run_id, project, experiment) values ('x', 'p', 'e')"]),
-      /the query must only read: INSERT is refused/);
+    await assert.rejects(
+      sqlCommand.run([runDir, "insert into runs (run_id, project, experiment) values ('x', 'p', 'e')"]),
+      /the query must only read: INSERT is refused/,
+    );
     const r = await capture(runSql, [runDir, 'select run_id from runs', '--json']);
     assert.deepEqual(JSON.parse(r.out), [{ run_id: run.runId }]);
     // The run directory's lock was released after every command.
@@ -110,12 +135,19 @@ describe('rlstream sql', () => {
   });
 
   test('usage errors and a locked run directory', async () => {
-    for (const c of [sqlCommand, runsCommand, reportCommand]) assert.ok(c.usage.startsWith(`rlstream ${c.name} `) && c.help.length > 0, c.name);
+    for (const c of [sqlCommand, runsCommand, reportCommand])
+      assert.ok(c.usage.startsWith(`rlstream ${c.name} `) && c.help.length > 0, c.name);
     await assert.rejects(sqlCommand.run([runDir]), /give the query as one quoted argument/);
     await assert.rejects(sqlCommand.run([runDir, 'select', '1']), /quote the whole query/);
     await assert.rejects(sqlCommand.run([runDir, 'select 1', '--csv', '--json']), /choose one of --csv and --json/);
-    await assert.rejects(sqlCommand.run([join(root, 'runs', 'not-a-run'), 'select 1']), /is not a run directory: it has no db\/pgdata\/ \(the embedded store a run writes\)/);
-    await assert.rejects(sqlCommand.run([lockedDir, 'select 1']), new RegExp(`in use by another process \\(PID ${holder!.pid}`));
+    await assert.rejects(
+      sqlCommand.run([join(root, 'runs', 'not-a-run'), 'select 1']),
+      /is not a run directory: it has no db\/pgdata\/ \(the embedded store a run writes\)/,
+    );
+    await assert.rejects(
+      sqlCommand.run([lockedDir, 'select 1']),
+      new RegExp(`in use by another process \\(PID ${holder!.pid}`),
+    );
   });
 });
 
@@ -124,7 +156,10 @@ describe('rlstream runs', () => {
     const r = await capture(runRuns, ['--runs-dir', 'runs']);
     assert.equal(r.code, 0);
     const lines = r.out.trimEnd().split('\n');
-    assert.match(lines[0], /^dir\s+run_id\s+status\s+steps\s+last_step\s+final_reward\s+best_val_acc\s+best_val_step\s+checkpoints/);
+    assert.match(
+      lines[0],
+      /^dir\s+run_id\s+status\s+steps\s+last_step\s+final_reward\s+best_val_acc\s+best_val_step\s+checkpoints/,
+    );
     const ng = lines.find((l) => l.startsWith('number-game '))!;
     assert.match(ng, /number-game-cli\s+completed\s+6\s+6\s+\S+\s+0\.6000\s+3\s+2\s+96\s+2/);
     const busy = lines.find((l) => l.startsWith('training-now '))!;
@@ -133,7 +168,10 @@ describe('rlstream runs', () => {
     assert.match(r.err, /training-now: .*in use by another process/);
     const j = await capture(runRuns, ['--json']);
     const rows = JSON.parse(j.out);
-    assert.deepEqual(rows.map((x: any) => x.dir), ['number-game', 'training-now']);
+    assert.deepEqual(
+      rows.map((x: any) => x.dir),
+      ['number-game', 'training-now'],
+    );
     assert.equal(rows[0].best_val_acc, 0.6);
     await assert.rejects(runsCommand.run(['--runs-dir', 'nowhere']), /no runs directory at .*nowhere/);
     await assert.rejects(runsCommand.run(['--db', 'runs']), /--db needs a postgres:\/\/ URL/);
@@ -150,7 +188,11 @@ describe('rlstream report', () => {
     for (const p of REPORT_PLOTS) {
       const svg = new RegExp(`<svg[^>]*data-plot="${p.id}"[\\s\\S]*?</svg>`).exec(html)?.[0];
       assert.ok(svg, `plot ${p.id}`);
-      assert.match(svg, /<path class="series" data-series="[^"]+" d="M[\d.]+ [\d.]+( L[\d.]+ [\d.]+)+"/, `plot ${p.id} has a line`);
+      assert.match(
+        svg,
+        /<path class="series" data-series="[^"]+" d="M[\d.]+ [\d.]+( L[\d.]+ [\d.]+)+"/,
+        `plot ${p.id} has a line`,
+      );
     }
     assert.match(html, /best validation accuracy<\/td><td>0\.6000 at step 3/);
     const tb = join(runDir, 'tensorboard');

@@ -29,8 +29,16 @@ let run: SyntheticRun;
 let tmp: string;
 
 async function capture(cmd: (argv: string[], io: CommandIo) => Promise<number>, argv: string[]) {
-  const out: string[] = [], err: string[] = [];
-  const code = await cmd(argv, { out: (t) => { out.push(t); }, err: (t) => { err.push(t); } });
+  const out: string[] = [],
+    err: string[] = [];
+  const code = await cmd(argv, {
+    out: (t) => {
+      out.push(t);
+    },
+    err: (t) => {
+      err.push(t);
+    },
+  });
   return { code, out: out.join(''), err: err.join('') };
 }
 
@@ -56,12 +64,22 @@ describe('views on PostgreSQL', () => {
 
 describe('read-only queries on PostgreSQL', () => {
   test('writes, DDL, sequences and early commits are refused; nothing changes', async () => {
-    const count = async () => (await queryObjects(db, 'select count(*) as n from step_metrics where run_id = $1', [runId]))[0].n;
+    const count = async () =>
+      (await queryObjects(db, 'select count(*) as n from step_metrics where run_id = $1', [runId]))[0].n;
     const before = await count();
-    await assert.rejects(runReadOnlyQuery(db, `delete from step_metric_parts where run_id = '${runId}'`), /the query must only read: DELETE is refused/);
+    await assert.rejects(
+      runReadOnlyQuery(db, `delete from step_metric_parts where run_id = '${runId}'`),
+      /the query must only read: DELETE is refused/,
+    );
     await assert.rejects(runReadOnlyQuery(db, 'create table analysis_evil (x int)'), /CREATE is refused/);
-    await assert.rejects(runReadOnlyQuery(db, `commit; delete from step_metrics where run_id = '${runId}'`), /give one SQL statement per call/);
-    await assert.rejects(runReadOnlyQuery(db, 'select pg_sleep(5)', { timeoutS: 0.2 }), /the query was cancelled: .*statement timeout.*raise --timeout-s/);
+    await assert.rejects(
+      runReadOnlyQuery(db, `commit; delete from step_metrics where run_id = '${runId}'`),
+      /give one SQL statement per call/,
+    );
+    await assert.rejects(
+      runReadOnlyQuery(db, 'select pg_sleep(5)', { timeoutS: 0.2 }),
+      /the query was cancelled: .*statement timeout.*raise --timeout-s/,
+    );
     assert.equal(await count(), before);
   });
 });
@@ -78,10 +96,17 @@ describe('docs/queries.md on PostgreSQL', () => {
 });
 
 describe('commands against a PostgreSQL URL', () => {
-  test('rlstream sql prints the run\'s rows as JSON', async () => {
-    const r = await capture(runSql, [url, `select step, reward_mean from v_step_metrics_wide where run_id = '${runId}' and reward_mean is not null order by step`, '--json']);
+  test("rlstream sql prints the run's rows as JSON", async () => {
+    const r = await capture(runSql, [
+      url,
+      `select step, reward_mean from v_step_metrics_wide where run_id = '${runId}' and reward_mean is not null order by step`,
+      '--json',
+    ]);
     const rows = JSON.parse(r.out);
-    assert.deepEqual(rows.map((x: any) => x.step), [1, 2, 3, 4, 5, 6]);
+    assert.deepEqual(
+      rows.map((x: any) => x.step),
+      [1, 2, 3, 4, 5, 6],
+    );
     const want = run.metrics.filter((m) => m.name === 'reward/mean').map((m) => m.value);
     rows.forEach((x: any, i: number) => assert.ok(Math.abs(x.reward_mean - want[i]) < 1e-12));
   });
@@ -101,7 +126,10 @@ describe('commands against a PostgreSQL URL', () => {
   });
 
   test('rlstream report needs --run on a shared database, then writes the report and TensorBoard files', async () => {
-    await assert.rejects(runReport([url], { out: () => {}, err: () => {} }), /holds \d+ runs; choose one with --run <run_id>/);
+    await assert.rejects(
+      runReport([url], { out: () => {}, err: () => {} }),
+      /holds \d+ runs; choose one with --run <run_id>/,
+    );
     const out = join(tmp, 'report.html');
     const tb = join(tmp, 'tb');
     const r = await capture(runReport, [url, '--run', runId, '--out', out, '--tensorboard-dir', tb]);

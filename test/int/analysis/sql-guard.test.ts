@@ -24,9 +24,15 @@ const marker = join(tmpdir(), `rlstream-sql-guard-${process.pid}`);
 before(async () => {
   db = await freshDatabase(`rl_int_sqlguard_${process.pid}`);
   database = await openDatabase({ kind: 'postgres', url: db.url });
-  await database.pool.query(`insert into runs (run_id, project, experiment, status, config) values ('r', 'p', 'e', 'running', '{}')`);
+  await database.pool.query(
+    `insert into runs (run_id, project, experiment, status, config) values ('r', 'p', 'e', 'running', '{}')`,
+  );
 });
-after(async () => { await database?.close(); await db?.drop(); rmSync(marker, { force: true }); });
+after(async () => {
+  await database?.close();
+  await db?.drop();
+  rmSync(marker, { force: true });
+});
 
 const ATTACKS = [
   `copy (select 1) to program 'psql ${PG_URL} -c "delete from runs"'`,
@@ -54,13 +60,23 @@ const ATTACKS = [
 
 test('every attack string is refused before it is sent, and nothing happened', async () => {
   for (const q of ATTACKS) {
-    await assert.rejects(runReadOnlyQuery(database, q), (e: Error & { code?: string }) => (e.code === 'ERR_READ_ONLY' && /the query must only read: .*refused/.test(e.message)) || /one SQL statement per call/.test(e.message), q);
+    await assert.rejects(
+      runReadOnlyQuery(database, q),
+      (e: Error & { code?: string }) =>
+        (e.code === 'ERR_READ_ONLY' && /the query must only read: .*refused/.test(e.message)) ||
+        /one SQL statement per call/.test(e.message),
+      q,
+    );
   }
-  assert.equal((await database.pool.query('select count(*)::int as n from runs')).rows[0].n, 1, 'the row is still there');
+  assert.equal(
+    (await database.pool.query('select count(*)::int as n from runs')).rows[0].n,
+    1,
+    'the row is still there',
+  );
   assert.equal(existsSync(marker), false, 'no file was written');
 });
 
-test('plain reads pass, keywords inside strings, quoted identifiers and comments included; so do the docs\' queries', async () => {
+test("plain reads pass, keywords inside strings, quoted identifiers and comments included; so do the docs' queries", async () => {
   const ok = [
     `select 'copy; delete from runs' as s, "update" from (values (1)) t("update")`,
     `/* delete */ select 1 -- drop table runs`,
@@ -83,23 +99,50 @@ test('a query waits at most lock_timeout behind a lock; a superuser connection i
     await holder.query('begin');
     await holder.query('lock table runs in access exclusive mode');
     const t0 = Date.now();
-    await assert.rejects(runReadOnlyQuery(database, 'select count(*) from runs', { lockTimeoutS: 0.5 }), /lock timeout/);
+    await assert.rejects(
+      runReadOnlyQuery(database, 'select count(*) from runs', { lockTimeoutS: 0.5 }),
+      /lock timeout/,
+    );
     assert.ok(Date.now() - t0 < 5000);
-  } finally { await holder.query('rollback').catch(() => undefined); await holder.end(); }
+  } finally {
+    await holder.query('rollback').catch(() => undefined);
+    await holder.end();
+  }
   const err: string[] = [];
-  const code = await runSql([db.url, 'select 1 as one'], { out: () => undefined, err: (t) => { err.push(t); } });
+  const code = await runSql([db.url, 'select 1 as one'], {
+    out: () => undefined,
+    err: (t) => {
+      err.push(t);
+    },
+  });
   assert.equal(code, 0);
   assert.match(err.join(''), /warning: connected as the superuser postgres.*read-only role/);
 });
 
 test('every query runs under a statement_timeout: 300 s unless --timeout-s says otherwise, and a slow query is cancelled', async () => {
   const out: string[] = [];
-  const io = { out: (t: string) => { out.push(t); }, err: () => undefined };
+  const io = {
+    out: (t: string) => {
+      out.push(t);
+    },
+    err: () => undefined,
+  };
   assert.equal(await runSql([db.url, `select current_setting('statement_timeout') as t`, '--json'], io), 0);
   assert.match(out.join(''), /"t":\s*"5min"/);
   out.length = 0;
-  assert.equal(await runSql([db.url, `select current_setting('statement_timeout') as t`, '--json', '--timeout-s', '0'], io), 0);
+  assert.equal(
+    await runSql([db.url, `select current_setting('statement_timeout') as t`, '--json', '--timeout-s', '0'], io),
+    0,
+  );
   assert.match(out.join(''), /"t":\s*"0"/);
   const err: string[] = [];
-  await assert.rejects(runSql([db.url, 'select pg_sleep(5)', '--timeout-s', '0.5'], { out: () => undefined, err: (t) => { err.push(t); } }), /cancelled: canceling statement due to statement timeout/);
+  await assert.rejects(
+    runSql([db.url, 'select pg_sleep(5)', '--timeout-s', '0.5'], {
+      out: () => undefined,
+      err: (t) => {
+        err.push(t);
+      },
+    }),
+    /cancelled: canceling statement due to statement timeout/,
+  );
 });

@@ -8,7 +8,16 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Deployment } from 'kubernetes-models/apps/v1/Deployment';
 import { join } from 'node:path';
-import { K8S, OVERLAYS, render, renderOverlay, renderWithComponents, validateObjects, describeObject, type K8sObject } from '../../support/k8s-manifests.ts';
+import {
+  K8S,
+  OVERLAYS,
+  render,
+  renderOverlay,
+  renderWithComponents,
+  validateObjects,
+  describeObject,
+  type K8sObject,
+} from '../../support/k8s-manifests.ts';
 
 const clone = <T>(x: T): T => structuredClone(x);
 
@@ -68,7 +77,9 @@ test('a wrong type, a missing required field and an unknown kind are rejected', 
 });
 
 test('a ScaledObject with an unknown or mistyped field is rejected', () => {
-  const so = renderWithComponents('infra/k8s/overlays/prod', ['infra/k8s/components/keda']).find((o) => o.kind === 'ScaledObject')!;
+  const so = renderWithComponents('infra/k8s/overlays/prod', ['infra/k8s/components/keda']).find(
+    (o) => o.kind === 'ScaledObject',
+  )!;
   const extra = clone(so) as any;
   extra.spec.maxReplicas = 4;
   assert.match(validateObjects([extra]).join('\n'), /ScaledObject\/(rollout|reward): .*maxReplicas/);
@@ -81,5 +92,8 @@ test('a ScaledObject with an unknown or mistyped field is rejected', () => {
 });
 
 test('without kubectl the tests fail saying how to install it (they never skip)', () => {
-  assert.throws(() => render(join(K8S, 'overlays/dev'), '/nonexistent/kubectl'), /kubectl is not installed: .*apt-get install kubectl/);
+  assert.throws(
+    () => render(join(K8S, 'overlays/dev'), '/nonexistent/kubectl'),
+    /kubectl is not installed: .*apt-get install kubectl/,
+  );
 });

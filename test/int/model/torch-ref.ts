@@ -23,7 +23,10 @@ export function torchPython(): { python: string | null; reason: string } {
   const tried: string[] = [];
   for (const py of candidates) {
     try {
-      const v = execFileSync(py, ['-c', 'import torch; print(torch.__version__)'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).trim();
+      const v = execFileSync(py, ['-c', 'import torch; print(torch.__version__)'], {
+        encoding: 'utf8',
+        stdio: ['ignore', 'pipe', 'pipe'],
+      }).trim();
       cached = { python: py, reason: `torch ${v} via ${py}` };
       return cached;
     } catch (e) {
@@ -32,7 +35,10 @@ export function torchPython(): { python: string | null; reason: string } {
   }
   // an interpreter named explicitly that cannot import torch is a setup error, not a reason to skip
   if (explicit) throw new Error(`RLSTREAM_TORCH_PYTHON=${explicit} cannot import torch (${tried.join('; ')})`);
-  cached = { python: null, reason: `PyTorch is not installed (tried ${tried.join('; ')}); install python3-torch or set RLSTREAM_TORCH_PYTHON` };
+  cached = {
+    python: null,
+    reason: `PyTorch is not installed (tried ${tried.join('; ')}); install python3-torch or set RLSTREAM_TORCH_PYTHON`,
+  };
   return cached;
 }
 
@@ -41,11 +47,23 @@ export function runTorch(script: string, args: string[], opts: { timeoutMs?: num
   const { python, reason } = torchPython();
   if (!python) return Promise.reject(new Error(reason));
   return new Promise((res, rej) => {
-    execFile(python, [join(TORCH_DIR, script), ...args], { encoding: 'utf8', timeout: opts.timeoutMs ?? 600_000, maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
-      if (err) { rej(new Error(`${script} ${args.join(' ')} failed: ${err.message}\n${stderr}`)); return; }
-      const lines = stdout.trim().split('\n');
-      try { res(JSON.parse(lines[lines.length - 1])); } catch { rej(new Error(`${script} printed no JSON result:\n${stdout}\n${stderr}`)); }
-    });
+    execFile(
+      python,
+      [join(TORCH_DIR, script), ...args],
+      { encoding: 'utf8', timeout: opts.timeoutMs ?? 600_000, maxBuffer: 64 << 20 },
+      (err, stdout, stderr) => {
+        if (err) {
+          rej(new Error(`${script} ${args.join(' ')} failed: ${err.message}\n${stderr}`));
+          return;
+        }
+        const lines = stdout.trim().split('\n');
+        try {
+          res(JSON.parse(lines[lines.length - 1]));
+        } catch {
+          rej(new Error(`${script} printed no JSON result:\n${stdout}\n${stderr}`));
+        }
+      },
+    );
   });
 }
 
@@ -55,7 +73,9 @@ export function tempDir(prefix = 'rlstream-torch-'): { dir: string; cleanup: () 
   return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
 }
 
-export function writeJson(path: string, obj: unknown): void { writeFileSync(path, JSON.stringify(obj)); }
+export function writeJson(path: string, obj: unknown): void {
+  writeFileSync(path, JSON.stringify(obj));
+}
 
 // ── tensors for the drivers' safetensors inputs and outputs (lib/model/safetensors.ts) ──
 
@@ -67,5 +87,13 @@ export function readTensors(path: string): Map<string, StTensor> {
   return decodeSafetensors(readFileSync(path), path).tensors;
 }
 
-export const f32 = (data: ArrayLike<number>, shape: number[]): StTensor => ({ dtype: 'F32', shape, data: data instanceof Float32Array ? data : Float32Array.from(data) });
-export const i64 = (data: ArrayLike<number>, shape: number[]): StTensor => ({ dtype: 'I64', shape, data: BigInt64Array.from(Array.from(data, (v) => BigInt(v))) });
+export const f32 = (data: ArrayLike<number>, shape: number[]): StTensor => ({
+  dtype: 'F32',
+  shape,
+  data: data instanceof Float32Array ? data : Float32Array.from(data),
+});
+export const i64 = (data: ArrayLike<number>, shape: number[]): StTensor => ({
+  dtype: 'I64',
+  shape,
+  data: BigInt64Array.from(Array.from(data, (v) => BigInt(v))),
+});

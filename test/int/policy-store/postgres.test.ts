@@ -21,7 +21,9 @@ runPolicyStoreContract('postgres', ({ runId, db, tmp }) => {
     writer: new PostgresPolicyStore(join(tmp, 'writer-cache'), runId, db.db, 4096),
     reader: () => new PostgresPolicyStore(join(tmp, `reader-cache-${++readers}`), runId, db.db, 4096),
     async damage(kind, version, file) {
-      await sql`update policy_chunks set data = overlay(data placing '\\xdeadbeef'::bytea from 10 for 4) where run_id = ${runId} and kind = ${kind} and version = ${version} and name = ${file} and seq = 1`.execute(db.db);
+      await sql`update policy_chunks set data = overlay(data placing '\\xdeadbeef'::bytea from 10 for 4) where run_id = ${runId} and kind = ${kind} and version = ${version} and name = ${file} and seq = 1`.execute(
+        db.db,
+      );
     },
   };
 });
@@ -37,16 +39,31 @@ test('postgres policy store: a damaged or lost cached copy is fetched again and 
     const bytes = Buffer.from(Array.from({ length: 5500 }, (_, i) => (i * 13) & 0xff));
     await fs.writeFile(join(dir, 'model.safetensors'), bytes);
     await s.put('policy', 7);
-    assert.equal((await sql<{ n: number }>`select count(*)::int as n from policy_chunks where run_id = ${runId}`.execute(db.db)).rows[0].n, 6, '5500 bytes in 1000-byte chunks');
-    const damaged = Buffer.from(bytes); damaged[3] ^= 1;
+    assert.equal(
+      (await sql<{ n: number }>`select count(*)::int as n from policy_chunks where run_id = ${runId}`.execute(db.db))
+        .rows[0].n,
+      6,
+      '5500 bytes in 1000-byte chunks',
+    );
+    const damaged = Buffer.from(bytes);
+    damaged[3] ^= 1;
     await fs.writeFile(join(dir, 'model.safetensors'), damaged);
     assert.equal(await s.get('policy', 7), dir);
-    assert.deepEqual(await fs.readFile(join(dir, 'model.safetensors')), bytes, 'the damaged cached copy was replaced by the stored bytes');
+    assert.deepEqual(
+      await fs.readFile(join(dir, 'model.safetensors')),
+      bytes,
+      'the damaged cached copy was replaced by the stored bytes',
+    );
     await fs.rm(dir, { recursive: true });
     assert.equal(await s.get('policy', 7), dir);
-    assert.deepEqual(await fs.readFile(join(dir, 'model.safetensors')), bytes, 'a lost cache (a new emptyDir) is refilled');
+    assert.deepEqual(
+      await fs.readFile(join(dir, 'model.safetensors')),
+      bytes,
+      'a lost cache (a new emptyDir) is refilled',
+    );
   } finally {
-    for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts']) await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);
+    for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts'])
+      await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);
     await db.close();
     rmSync(tmp, { recursive: true, force: true });
   }
@@ -67,12 +84,20 @@ test('PolicyCache: a version not written yet is retried, a pruned one is refused
     const cache = new PolicyCache(s, {} as never);
     await assert.rejects(cache.get(1), (e: unknown) => {
       assert.equal((e as { retriable: boolean }).retriable, false);
-      assert.match((e as Error).message, /policy version 1 is no longer in .*pruned it .*version 2.*trainer\.keep_policy_versions/);
+      assert.match(
+        (e as Error).message,
+        /policy version 1 is no longer in .*pruned it .*version 2.*trainer\.keep_policy_versions/,
+      );
       return true;
     });
-    await assert.rejects(cache.get(3), (e: unknown) => (e as { retriable: boolean }).retriable === true && /not in .* \(yet\); retrying/.test((e as Error).message));
+    await assert.rejects(
+      cache.get(3),
+      (e: unknown) =>
+        (e as { retriable: boolean }).retriable === true && /not in .* \(yet\); retrying/.test((e as Error).message),
+    );
   } finally {
-    for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts']) await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);
+    for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts'])
+      await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);
     await db.close();
     rmSync(tmp, { recursive: true, force: true });
   }

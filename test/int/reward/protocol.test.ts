@@ -35,7 +35,8 @@ after(async () => {
 
 function makeItems(prefix: string, n: number): RewardRequestItem[] {
   return Array.from({ length: n }, (_, i) => ({
-    id: `${prefix}-${i}`, step: 1,
+    id: `${prefix}-${i}`,
+    step: 1,
     prompt_text: `draw ${i % 3 === 0 ? 'a red square' : `the number ${i}`}`,
     response_text: `a red ${i % 2 ? 'square' : 'circle'}`,
     ground_truth: 'a red square',
@@ -76,17 +77,32 @@ test('4 servers, 2 reward replicas: affinity respected, load spread, every rewar
         assert.equal(o.details.image_width, 2 + (i % 5));
       }
     }
-    const perServer = four!.servers.map((s) => replicas.reduce((n, c) => n + c.metrics()[`reward_server/${s.key}/requests_total`], 0));
-    assert.equal(perServer.reduce((a, b) => a + b, 0), 6 + 96);
+    const perServer = four!.servers.map((s) =>
+      replicas.reduce((n, c) => n + c.metrics()[`reward_server/${s.key}/requests_total`], 0),
+    );
+    assert.equal(
+      perServer.reduce((a, b) => a + b, 0),
+      6 + 96,
+    );
     for (const [i, n] of perServer.entries()) assert.ok(n >= 4, `server ${i} got ${n} requests — load must spread`);
     const m = replicas[0].metrics();
     assert.equal(m['reward/failures'], 0);
     assert.equal(m['reward/scored'], 3 + 48);
     const k0 = four!.servers[0].key;
-    assert.ok(m[`reward_server/${k0}/latency_p99_ms`] >= m[`reward_server/${k0}/latency_p50_ms`] && m[`reward_server/${k0}/latency_p50_ms`] > 0);
+    assert.ok(
+      m[`reward_server/${k0}/latency_p99_ms`] >= m[`reward_server/${k0}/latency_p50_ms`] &&
+        m[`reward_server/${k0}/latency_p50_ms`] > 0,
+    );
     assert.ok(m[`reward_server/${k0}/requests_per_s`] > 0);
     assert.equal(m[`reward_server/${k0}/breaker_open`], 0);
-    assert.equal(decideOnFailures(outs[0], { group_id: 'g', expected_ids: batches[0].map((b) => b.id), attempt: 0, max_attempts: 3 }, 'stop').action, 'emit');
+    assert.equal(
+      decideOnFailures(
+        outs[0],
+        { group_id: 'g', expected_ids: batches[0].map((b) => b.id), attempt: 0, max_attempts: 3 },
+        'stop',
+      ).action,
+      'emit',
+    );
   } finally {
     for (const c of replicas) c.close();
   }
@@ -95,12 +111,26 @@ test('4 servers, 2 reward replicas: affinity respected, load spread, every rewar
 test('text preset, and the batch form {items} → {results}, against the real servers', async () => {
   const urls = four!.servers.map((s) => s.url);
   for (const batch_size of [1, 4]) {
-    const c = createRemoteRewardClient(withRemoteDefaults({ enabled: true, urls, request_preset: 'text', batch_size, response_mapping: { weights: { vlm_score: 1 } } }), { replicaIndex: 2 });
+    const c = createRemoteRewardClient(
+      withRemoteDefaults({
+        enabled: true,
+        urls,
+        request_preset: 'text',
+        batch_size,
+        response_mapping: { weights: { vlm_score: 1 } },
+      }),
+      { replicaIndex: 2 },
+    );
     const items = makeItems(`text${batch_size}`, 10);
     const outs = await c.scoreBatch(items);
     c.close();
     for (const [i, o] of outs.entries()) {
-      const r = exampleScore({ prompt: items[i].prompt_text, response: items[i].response_text, ground_truth: items[i].ground_truth, extra: {} }) as Record<string, number>;
+      const r = exampleScore({
+        prompt: items[i].prompt_text,
+        response: items[i].response_text,
+        ground_truth: items[i].ground_truth,
+        extra: {},
+      }) as Record<string, number>;
       assert.ok(o.ok, JSON.stringify(o));
       assert.equal(o.reward, r.vlm_score);
       assert.equal(o.details.image_width, undefined, 'the text preset sends no image');
@@ -119,11 +149,23 @@ test('each server of the launcher logs to its own file, named by its port', () =
   assert.equal(new Set(four!.servers.map((s) => s.pid)).size, 4, 'one process per server');
 });
 
-test('an ONNX sequence scorer served by reward-server gives the in-process model\'s rewards', async () => {
+test("an ONNX sequence scorer served by reward-server gives the in-process model's rewards", async () => {
   const model = writeScorerModel(join(dir, 'rm.onnx'));
-  const g = await startRewardServers({ scorer: model, logDir: dir, args: ['--transform', 'sigmoid', '--scale', '1', '--score-field', 'rm_score'] });
+  const g = await startRewardServers({
+    scorer: model,
+    logDir: dir,
+    args: ['--transform', 'sigmoid', '--scale', '1', '--score-field', 'rm_score'],
+  });
   started.push(g);
-  const c = createRemoteRewardClient(withRemoteDefaults({ enabled: true, urls: [g.servers[0].url], request_preset: 'text', response_mapping: { weights: { rm_score: 1 } } }), { replicaIndex: 0 });
+  const c = createRemoteRewardClient(
+    withRemoteDefaults({
+      enabled: true,
+      urls: [g.servers[0].url],
+      request_preset: 'text',
+      response_mapping: { weights: { rm_score: 1 } },
+    }),
+    { replicaIndex: 0 },
+  );
   const local = await createModelRewardScorer({ path: model, transform: 'sigmoid', scale: 1, threshold: null });
   const items = makeItems('onnx', 12);
   const [remote, inproc] = await Promise.all([c.scoreBatch(items), local.scoreBatch(items)]);
@@ -140,7 +182,10 @@ test('SIGTERM: the in-flight request is answered, new connections are refused, e
   const g = await startRewardServers({ scorer: FAULTY_SCORER, logDir: dir, env: { REWARD_FAULT: 'delay=1500' } });
   started.push(g);
   const url = g.servers[0].url;
-  const pending = fetch(`${url}/score`, { method: 'POST', body: JSON.stringify({ prompt: 'a b c', response: 'a b c' }) });
+  const pending = fetch(`${url}/score`, {
+    method: 'POST',
+    body: JSON.stringify({ prompt: 'a b c', response: 'a b c' }),
+  });
   let inFlight = 0;
   for (let i = 0; i < 100 && inFlight === 0; i++) {
     await new Promise((r) => setTimeout(r, 20));

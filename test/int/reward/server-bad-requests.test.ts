@@ -28,7 +28,12 @@ after(async () => {
 });
 
 /** A raw request (node:http, no keep-alive) so odd bodies and missing Content-Length are possible. */
-function raw(method: string, path: string, body?: string | Buffer, opts: { chunked?: boolean } = {}): Promise<{ status: number; body: any; text: string }> {
+function raw(
+  method: string,
+  path: string,
+  body?: string | Buffer,
+  opts: { chunked?: boolean } = {},
+): Promise<{ status: number; body: any; text: string }> {
   return new Promise((resolve, reject) => {
     const u = new URL(path, base);
     const headers: Record<string, string | number> = { 'content-type': 'application/json', connection: 'close' };
@@ -39,7 +44,11 @@ function raw(method: string, path: string, body?: string | Buffer, opts: { chunk
       res.on('end', () => {
         const text = Buffer.concat(chunks).toString();
         let parsed: unknown;
-        try { parsed = JSON.parse(text); } catch { parsed = undefined; }
+        try {
+          parsed = JSON.parse(text);
+        } catch {
+          parsed = undefined;
+        }
         resolve({ status: res.statusCode ?? 0, body: parsed, text });
       });
     });
@@ -67,10 +76,30 @@ const cases: [string, string | Buffer, number, RegExp][] = [
   ['missing prompt', JSON.stringify({ response: 'x' }), 400, /^prompt: is required/],
   ['prompt of the wrong type', JSON.stringify({ prompt: 42 }), 400, /^prompt: must be a string, got number/],
   ['invalid base64 image', JSON.stringify({ prompt: 'a', image: 'iVBORw0KGgo$$$' }), 400, /^image: not valid base64/],
-  ['base64 that is not a PNG', JSON.stringify({ prompt: 'a', image: Buffer.from('GIF89a-not-a-png').toString('base64') }), 400, /^image: decodes to 16 bytes that are not a PNG/],
-  ['batch with a bad item', JSON.stringify({ items: [{ prompt: 'a' }, { prompt: 'b', image: 'x' }] }), 400, /^items\.1\.image: not valid base64/],
-  ['batch over --max-batch', JSON.stringify({ items: Array.from({ length: 5 }, () => ({ prompt: 'a' })) }), 400, /^items: has more than 4 requests/],
-  ['oversize body (Content-Length)', JSON.stringify({ prompt: 'x'.repeat(MAX_BODY + 10) }), 413, /exceeds the limit of 65536 bytes/],
+  [
+    'base64 that is not a PNG',
+    JSON.stringify({ prompt: 'a', image: Buffer.from('GIF89a-not-a-png').toString('base64') }),
+    400,
+    /^image: decodes to 16 bytes that are not a PNG/,
+  ],
+  [
+    'batch with a bad item',
+    JSON.stringify({ items: [{ prompt: 'a' }, { prompt: 'b', image: 'x' }] }),
+    400,
+    /^items\.1\.image: not valid base64/,
+  ],
+  [
+    'batch over --max-batch',
+    JSON.stringify({ items: Array.from({ length: 5 }, () => ({ prompt: 'a' })) }),
+    400,
+    /^items: has more than 4 requests/,
+  ],
+  [
+    'oversize body (Content-Length)',
+    JSON.stringify({ prompt: 'x'.repeat(MAX_BODY + 10) }),
+    413,
+    /exceeds the limit of 65536 bytes/,
+  ],
 ];
 
 for (const [name, body, status, reason] of cases) {
@@ -94,7 +123,16 @@ test('valid requests: single with a PNG image, batch form; /healthz; unknown pat
   const one = await raw('POST', '/score', JSON.stringify({ prompt: 'a red square', image: png.toString('base64') }));
   assert.equal(one.status, 200, one.text);
   assert.deepEqual(one.body, { vlm_score: 1, ocr_confidence: 1, words: 3, image_width: 7, image_height: 5 });
-  const batch = await raw('POST', '/score', JSON.stringify({ items: [{ prompt: 'a b', response: 'a' }, { prompt: 'q', response: '', ground_truth: 'q' }] }));
+  const batch = await raw(
+    'POST',
+    '/score',
+    JSON.stringify({
+      items: [
+        { prompt: 'a b', response: 'a' },
+        { prompt: 'q', response: '', ground_truth: 'q' },
+      ],
+    }),
+  );
   assert.equal(batch.status, 200, batch.text);
   assert.equal(batch.body.results.length, 2);
   assert.ok(Math.abs(batch.body.results[0].vlm_score - 2 / 3) < 1e-12);
@@ -112,9 +150,12 @@ test('valid requests: single with a PNG image, batch form; /healthz; unknown pat
   assert.equal(wm.status, 405);
 });
 
-test('every rejection is in the server\'s own log file', () => {
+test("every rejection is in the server's own log file", () => {
   const log = readFileSync(group!.servers[0].log, 'utf8');
-  const lines = log.trim().split('\n').map((l) => JSON.parse(l));
+  const lines = log
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l));
   assert.ok(lines.some((l) => l.msg === 'reward server listening' && l.url === base));
   const rejected = lines.filter((l) => l.msg === 'rejected /score request');
   assert.ok(rejected.length >= cases.length + 1);
@@ -125,7 +166,8 @@ test('every rejection is in the server\'s own log file', () => {
 test('CLI errors: missing --scorer and unknown flags exit 2 with usage; a busy port exits 1 naming it', async () => {
   const { spawnSync } = await import('node:child_process');
   const { SERVER_CLI } = await import('../../support/reward-procs.ts');
-  const cli = (args: string[]) => spawnSync(process.execPath, ['--import', 'tsx', SERVER_CLI, ...args], { encoding: 'utf8', timeout: 30_000 });
+  const cli = (args: string[]) =>
+    spawnSync(process.execPath, ['--import', 'tsx', SERVER_CLI, ...args], { encoding: 'utf8', timeout: 30_000 });
   const noScorer = cli(['--port', '0']);
   assert.equal(noScorer.status, 2);
   assert.match(noScorer.stderr, /--scorer is required.*see `rlstream reward-server --help`/);
@@ -147,13 +189,21 @@ test('a client that disconnects mid-body leaves nothing in flight; the server ke
   const u = new URL(base);
   const sock = net.connect(Number(u.port), u.hostname);
   await new Promise((r) => sock.once('connect', r));
-  sock.write('POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"prompt": "abc');
+  sock.write(
+    'POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"prompt": "abc',
+  );
   // wait (bounded) until the server has the request in flight, then hang up
   let h = (await raw('GET', '/healthz')).body;
-  for (let i = 0; i < 100 && h.in_flight === 0; i++) { await new Promise((r) => setTimeout(r, 10)); h = (await raw('GET', '/healthz')).body; }
+  for (let i = 0; i < 100 && h.in_flight === 0; i++) {
+    await new Promise((r) => setTimeout(r, 10));
+    h = (await raw('GET', '/healthz')).body;
+  }
   assert.equal(h.in_flight, 1);
   sock.destroy();
-  for (let i = 0; i < 100 && h.in_flight !== 0; i++) { await new Promise((r) => setTimeout(r, 10)); h = (await raw('GET', '/healthz')).body; }
+  for (let i = 0; i < 100 && h.in_flight !== 0; i++) {
+    await new Promise((r) => setTimeout(r, 10));
+    h = (await raw('GET', '/healthz')).body;
+  }
   assert.equal(h.in_flight, 0);
   assert.match(readFileSync(group!.servers[0].log, 'utf8'), /"msg":"client went away"/);
   await assertStillServing();

@@ -34,14 +34,31 @@ after(async () => {
 
 test('the vision scorer reads the prompt image: right index → vlm_score 1, wrong → 0, the reward weighted as configured', async () => {
   const port = new URL(servers!.servers[0]!.url).port;
-  const cfg = loadConfig({ env: {}, onWarning: () => undefined, file: join(ROOT, 'examples/number-game-vision-remote/config.yaml'), overrides: ['data.task_size.train=4', 'data.task_size.val=1', `reward.remote.start_port=${port}`, 'reward.remote.count=1'] });
+  const cfg = loadConfig({
+    env: {},
+    onWarning: () => undefined,
+    file: join(ROOT, 'examples/number-game-vision-remote/config.yaml'),
+    overrides: [
+      'data.task_size.train=4',
+      'data.task_size.val=1',
+      `reward.remote.start_port=${port}`,
+      'reward.remote.count=1',
+    ],
+  });
   const data = await loadRunData(cfg, tokenizerFor(cfg));
   const opts = cfg.reward.remote as unknown as RemoteRewardOptions;
   const client = createRemoteRewardClient(opts, { replicaIndex: 0 });
   try {
-    const items: RewardRequestItem[] = data.train.flatMap((row, i) => ['0', '1', '2'].map((response) => ({
-      id: `p${i}-r${response}`, step: 1, prompt_text: row.prompt, response_text: response, ground_truth: row.answer, images: [row.images[0]!.png],
-    })));
+    const items: RewardRequestItem[] = data.train.flatMap((row, i) =>
+      ['0', '1', '2'].map((response) => ({
+        id: `p${i}-r${response}`,
+        step: 1,
+        prompt_text: row.prompt,
+        response_text: response,
+        ground_truth: row.answer,
+        images: [row.images[0]!.png],
+      })),
+    );
     const out = await client.scoreBatch(items);
     assert.equal(out.length, items.length);
     for (const [k, o] of out.entries()) {
@@ -56,8 +73,15 @@ test('the vision scorer reads the prompt image: right index → vlm_score 1, wro
       assert.equal(o.reward, (right ? 1 : 0) + 0.1);
     }
     // an image that is not a game image: nothing read, no credit whatever the response
-    const [blank] = await client.scoreBatch([{ id: 'blank', step: 1, prompt_text: 'q', response_text: '0', ground_truth: '0', images: [makePng(30, 20, 1)] }]);
+    const [blank] = await client.scoreBatch([
+      { id: 'blank', step: 1, prompt_text: 'q', response_text: '0', ground_truth: '0', images: [makePng(30, 20, 1)] },
+    ]);
     assert.ok(blank!.ok);
-    if (blank!.ok) { assert.equal(blank.details.vlm_score, 0); assert.ok((blank.details.ocr_confidence as number) < 1); }
-  } finally { await client.close?.(); }
+    if (blank!.ok) {
+      assert.equal(blank.details.vlm_score, 0);
+      assert.ok((blank.details.ocr_confidence as number) < 1);
+    }
+  } finally {
+    await client.close?.();
+  }
 });

@@ -27,7 +27,14 @@ describe('PgliteStore specifics', () => {
     const database = await openDatabase({ kind: 'pglite', dir });
     try {
       const storeModule = pathToFileURL(resolve('lib/store/index.ts')).href;
-      const child = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', `
+      const child = spawnSync(
+        process.execPath,
+        [
+          '--import',
+          'tsx',
+          '--input-type=module',
+          '-e',
+          `
         import { openStore } from ${JSON.stringify(storeModule)};
         try {
           const store = await openStore({ kind: 'pglite', dir: ${JSON.stringify(dir)} });
@@ -36,9 +43,19 @@ describe('PgliteStore specifics', () => {
         } catch (e) {
           console.error(e.code + ': ' + e.message);
           process.exit(3);
-        }`], { encoding: 'utf8', timeout: 120_000 });
-      assert.equal(child.status, 3, `child should fail to open: status ${child.status}, stdout ${child.stdout}, stderr ${child.stderr}`);
-      assert.match(child.stderr, new RegExp(`ERR_LOCKED: embedded database at .* is in use by another process \\(PID ${process.pid}\\b`));
+        }`,
+        ],
+        { encoding: 'utf8', timeout: 120_000 },
+      );
+      assert.equal(
+        child.status,
+        3,
+        `child should fail to open: status ${child.status}, stdout ${child.stdout}, stderr ${child.stderr}`,
+      );
+      assert.match(
+        child.stderr,
+        new RegExp(`ERR_LOCKED: embedded database at .* is in use by another process \\(PID ${process.pid}\\b`),
+      );
       assert.doesNotMatch(child.stdout, /OPENED/);
     } finally {
       await database.close();

@@ -36,10 +36,10 @@ describe('PostgresStore specifics', () => {
     await database.close();
   });
 
-  it('finds the pooled client a caller\'s transaction runs on (so the COPY joins that transaction)', async () => {
+  it("finds the pooled client a caller's transaction runs on (so the COPY joins that transaction)", async () => {
     await database.db.transaction().execute(async (tx) => {
       const client = await store.clientOf(tx);
-      assert.ok(client, 'the transaction\'s client is known');
+      assert.ok(client, "the transaction's client is known");
       const { rows } = await sql<{ pid: number }>`select pg_backend_pid() as pid`.execute(tx);
       assert.equal((client as unknown as { processID: number }).processID, rows[0]!.pid);
     });
@@ -48,9 +48,13 @@ describe('PostgresStore specifics', () => {
   it('falls back to staging + on-conflict when a concurrent writer stores the same ids after the check', async () => {
     const rows = Array.from({ length: 40 }, (_, i) => trajectory(runId, 1000 + i));
     let release!: () => void;
-    const gate = new Promise<void>((r) => { release = r; });
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
     let firstInserted!: () => void;
-    const inserted = new Promise<void>((r) => { firstInserted = r; });
+    const inserted = new Promise<void>((r) => {
+      firstInserted = r;
+    });
     // Writer 1 inserts the rows in a transaction it keeps open.
     const writer1 = database.db.transaction().execute(async (tx) => {
       const r = await store.insertTrajectories(rows, { tx });
@@ -64,7 +68,9 @@ describe('PostgresStore specifics', () => {
     const monitor = await database.pool.connect();
     try {
       for (let waited = 0; ; waited++) {
-        const { rows: waiting } = await monitor.query(`select 1 from pg_stat_activity where wait_event_type = 'Lock' and query like 'copy trajectories%'`);
+        const { rows: waiting } = await monitor.query(
+          `select 1 from pg_stat_activity where wait_event_type = 'Lock' and query like 'copy trajectories%'`,
+        );
         if (waiting.length > 0) break;
         assert.ok(waited < 2000, 'writer 2 never blocked in its COPY');
         await new Promise((r) => setTimeout(r, 5));

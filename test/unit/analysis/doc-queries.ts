@@ -7,7 +7,11 @@ import { fileURLToPath } from 'node:url';
 
 export const QUERIES_DOC = fileURLToPath(new URL('../../../docs/queries.md', import.meta.url));
 
-export interface DocQuery { title: string; target: string; sql: string }
+export interface DocQuery {
+  title: string;
+  target: string;
+  sql: string;
+}
 
 export function docQueries(path = QUERIES_DOC): DocQuery[] {
   const text = readFileSync(path, 'utf8');
@@ -20,7 +24,10 @@ export function docQueries(path = QUERIES_DOC): DocQuery[] {
     const block: string[] = [];
     for (i++; i < lines.length && lines[i].trim() !== '```'; i++) block.push(lines[i]);
     const m = /^npx rlstream sql (\S+) "([^"]*)"\s*$/s.exec(block.join('\n').trim());
-    if (!m) throw new Error(`docs/queries.md, section "${title}": the block is not one \`npx rlstream sql <run> "<query>"\` command`);
+    if (!m)
+      throw new Error(
+        `docs/queries.md, section "${title}": the block is not one \`npx rlstream sql <run> "<query>"\` command`,
+      );
     out.push({ title, target: m[1], sql: m[2].trim() });
   }
   return out;

@@ -1,6 +1,13 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { cellText, formatResultCsv, formatResultJson, formatResultTable, uniqueColumnNames, type QueryResult } from '../../../lib/analysis/format.ts';
+import {
+  cellText,
+  formatResultCsv,
+  formatResultJson,
+  formatResultTable,
+  uniqueColumnNames,
+  type QueryResult,
+} from '../../../lib/analysis/format.ts';
 import { locateRun, isDatabaseUrl } from '../../../lib/analysis/target.ts';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -11,12 +18,26 @@ const logprobs = Array.from({ length: 20 }, (_, i) => -0.1 * (i + 1));
 const result: QueryResult = {
   command: 'SELECT',
   columns: [
-    { name: 'step', typeId: 23 }, { name: 'reward', typeId: 701 }, { name: 'response', typeId: 25 },
-    { name: 'behaviour_logprobs', typeId: 1021 }, { name: 'details', typeId: 3802 }, { name: 'payload', typeId: 17 },
-    { name: 'filtered', typeId: 16 }, { name: 'step', typeId: 23 },
+    { name: 'step', typeId: 23 },
+    { name: 'reward', typeId: 701 },
+    { name: 'response', typeId: 25 },
+    { name: 'behaviour_logprobs', typeId: 1021 },
+    { name: 'details', typeId: 3802 },
+    { name: 'payload', typeId: 17 },
+    { name: 'filtered', typeId: 16 },
+    { name: 'step', typeId: 23 },
   ],
   rows: [
-    [1, 0.123456789, 'seven\nmaybe, "quoted"', logprobs, { accuracy: 1, nested: [1, 2] }, Buffer.from([0xde, 0xad]), false, 1],
+    [
+      1,
+      0.123456789,
+      'seven\nmaybe, "quoted"',
+      logprobs,
+      { accuracy: 1, nested: [1, 2] },
+      Buffer.from([0xde, 0xad]),
+      false,
+      1,
+    ],
     [12, null, 'x'.repeat(100), [], null, null, true, 2],
     [3, Number.NaN, '', [Number.NEGATIVE_INFINITY, 1.5], { loss: Number.NaN }, null, null, 3],
   ],
@@ -65,7 +86,16 @@ test('CSV keeps full values, quotes what needs quoting, NULL as an empty field',
 test('JSON: one object per row, repeated column names made unique, NaN/Infinity as strings', () => {
   const rows = JSON.parse(formatResultJson(result));
   assert.equal(rows.length, 3);
-  assert.deepEqual(Object.keys(rows[0]), ['step', 'reward', 'response', 'behaviour_logprobs', 'details', 'payload', 'filtered', 'step_2']);
+  assert.deepEqual(Object.keys(rows[0]), [
+    'step',
+    'reward',
+    'response',
+    'behaviour_logprobs',
+    'details',
+    'payload',
+    'filtered',
+    'step_2',
+  ]);
   assert.equal(rows[0].reward, 0.123456789);
   assert.deepEqual(rows[0].behaviour_logprobs, logprobs);
   assert.deepEqual(rows[0].details, { accuracy: 1, nested: [1, 2] });
@@ -75,7 +105,14 @@ test('JSON: one object per row, repeated column names made unique, NaN/Infinity 
   assert.deepEqual(rows[2].behaviour_logprobs, ['-Infinity', 1.5]);
   assert.deepEqual(rows[2].details, { loss: 'NaN' });
   assert.equal(formatResultJson({ ...result, rows: [] }), '[]\n');
-  assert.deepEqual(uniqueColumnNames([{ name: 'a', typeId: 0 }, { name: 'a', typeId: 0 }, { name: 'a_2', typeId: 0 }]), ['a', 'a_3', 'a_2']);
+  assert.deepEqual(
+    uniqueColumnNames([
+      { name: 'a', typeId: 0 },
+      { name: 'a', typeId: 0 },
+      { name: 'a_2', typeId: 0 },
+    ]),
+    ['a', 'a_3', 'a_2'],
+  );
 });
 
 test('locating a run: URLs, run directories, pgdata itself, names under runs/, and clear errors', () => {
@@ -91,7 +128,10 @@ test('locating a run: URLs, run directories, pgdata itself, names under runs/, a
     assert.deepEqual(locateRun('runs/number-game', { cwd }).target, { kind: 'pglite', dir: run });
     assert.deepEqual(locateRun('number-game', { cwd }).target, { kind: 'pglite', dir: run });
     assert.deepEqual(locateRun(join(run, 'pgdata'), { cwd }).target, { kind: 'pglite', dir: run });
-    assert.throws(() => locateRun('runs', { cwd }), /is not a run directory: it has no db\/pgdata\/ \(the embedded store a run writes\)/);
+    assert.throws(
+      () => locateRun('runs', { cwd }),
+      /is not a run directory: it has no db\/pgdata\/ \(the embedded store a run writes\)/,
+    );
     assert.throws(() => locateRun('nope', { cwd }), /no run directory at .*nope or .*runs\/nope; pass a run directory/);
   } finally {
     rmSync(cwd, { recursive: true, force: true });

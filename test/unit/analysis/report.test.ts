@@ -1,40 +1,105 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { REPORT_PLOTS, plotSeries, renderReport, stageBusyTime, type ReportData } from '../../../lib/analysis/report.ts';
+import {
+  REPORT_PLOTS,
+  plotSeries,
+  renderReport,
+  stageBusyTime,
+  type ReportData,
+} from '../../../lib/analysis/report.ts';
 import type { RunSummary } from '../../../lib/analysis/runs.ts';
 
 const run: RunSummary = {
-  dir: null, runId: 'r<1>', project: 'p&q', experiment: 'e', status: 'running', parentRunId: null, steps: 2, lastStep: 2,
-  finalRewardMean: 0.5, bestValAccuracy: null, bestValStep: null, checkpoints: 0, lastCheckpointStep: null,
-  trajectories: 0, deadLetters: 1, createdAt: '2026-11-21 10:00:00', updatedAt: '2026-11-21 10:05:00', error: null,
+  dir: null,
+  runId: 'r<1>',
+  project: 'p&q',
+  experiment: 'e',
+  status: 'running',
+  parentRunId: null,
+  steps: 2,
+  lastStep: 2,
+  finalRewardMean: 0.5,
+  bestValAccuracy: null,
+  bestValStep: null,
+  checkpoints: 0,
+  lastCheckpointStep: null,
+  trajectories: 0,
+  deadLetters: 1,
+  createdAt: '2026-11-21 10:00:00',
+  updatedAt: '2026-11-21 10:05:00',
+  error: null,
 };
 
 function data(metrics: Record<string, Array<[number, number]>>): ReportData {
   return {
-    run, metrics: new Map(Object.entries(metrics)), responseLength: [], checkpoints: [], rewardFailures: [{ reason: 'bad <tag> & "quotes"', n: 3 }],
-    rewardFailuresTotal: 3, filtered: [], deadLetters: [{ stage: 'reward', topic: 't', partition: 0, offset: 5, reason: 'poison <x>', createdAt: '2026-11-21 10:01:00' }],
-    deadLettersTotal: 1, staleness: { mean: null, max: null }, valImages: [],
+    run,
+    metrics: new Map(Object.entries(metrics)),
+    responseLength: [],
+    checkpoints: [],
+    rewardFailures: [{ reason: 'bad <tag> & "quotes"', n: 3 }],
+    rewardFailuresTotal: 3,
+    filtered: [],
+    deadLetters: [
+      { stage: 'reward', topic: 't', partition: 0, offset: 5, reason: 'poison <x>', createdAt: '2026-11-21 10:01:00' },
+    ],
+    deadLettersTotal: 1,
+    staleness: { mean: null, max: null },
+    valImages: [],
   };
 }
 
-test('step time falls back to the sum of a stage\'s timing phases (waiting excluded), in pipeline order', () => {
+test("step time falls back to the sum of a stage's timing phases (waiting excluded), in pipeline order", () => {
   const d = data({
-    'timing/update/compute_s': [[1, 2], [2, 3]],
+    'timing/update/compute_s': [
+      [1, 2],
+      [2, 3],
+    ],
     'timing/update/checkpoint_s': [[2, 0.5]],
-    'timing/rollout/load_s': [[1, 0.25], [2, 0.25]],
-    'timing/rollout/generate_s': [[1, 1], [2, 1.5]],
-    'timing/rollout/wait_s': [[1, 9], [2, 9]],
+    'timing/rollout/load_s': [
+      [1, 0.25],
+      [2, 0.25],
+    ],
+    'timing/rollout/generate_s': [
+      [1, 1],
+      [2, 1.5],
+    ],
+    'timing/rollout/wait_s': [
+      [1, 9],
+      [2, 9],
+    ],
     'timing/reward/compute_s': [[2, 0.125]],
   });
   const s = plotSeries(d, 'step_time');
-  assert.deepEqual(s.map((x) => x.name), ['rollout (sum of timing phases)', 'reward (sum of timing phases)', 'update (sum of timing phases)']);
-  assert.deepEqual(s[0].points, [[1, 1.25], [2, 1.75]]);
+  assert.deepEqual(
+    s.map((x) => x.name),
+    ['rollout (sum of timing phases)', 'reward (sum of timing phases)', 'update (sum of timing phases)'],
+  );
+  assert.deepEqual(s[0].points, [
+    [1, 1.25],
+    [2, 1.75],
+  ]);
   assert.deepEqual(s[1].points, [[2, 0.125]]);
-  assert.deepEqual(s[2].points, [[1, 2], [2, 3.5]]);
+  assert.deepEqual(s[2].points, [
+    [1, 2],
+    [2, 3.5],
+  ]);
   assert.deepEqual(stageBusyTime(new Map([['timing/x/wait_s', [[1, 1]]]])), []);
   // perf/step_time_s/<stage> wins when logged.
-  const p = plotSeries(data({ 'perf/step_time_s/update': [[1, 4]], 'perf/step_time_s/rollout': [[1, 2]], 'timing/update/compute_s': [[1, 3]] }), 'step_time');
-  assert.deepEqual(p.map((x) => [x.name, x.points]), [['rollout', [[1, 2]]], ['update', [[1, 4]]]]);
+  const p = plotSeries(
+    data({
+      'perf/step_time_s/update': [[1, 4]],
+      'perf/step_time_s/rollout': [[1, 2]],
+      'timing/update/compute_s': [[1, 3]],
+    }),
+    'step_time',
+  );
+  assert.deepEqual(
+    p.map((x) => [x.name, x.points]),
+    [
+      ['rollout', [[1, 2]]],
+      ['update', [[1, 4]]],
+    ],
+  );
 });
 
 test('an empty run renders every plot frame saying "no data logged", and all text is escaped', () => {

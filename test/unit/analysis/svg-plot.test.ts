@@ -1,18 +1,36 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { niceStep, niceTicks, plotLayout, renderLinePlot, scaleX, scaleY, tickLabel, type LinePlotSpec } from '../../../lib/analysis/svg-plot.ts';
+import {
+  niceStep,
+  niceTicks,
+  plotLayout,
+  renderLinePlot,
+  scaleX,
+  scaleY,
+  tickLabel,
+  type LinePlotSpec,
+} from '../../../lib/analysis/svg-plot.ts';
 
 /** The points of every `M x y L x y …` path, per series name, split at each M. */
 function paths(svg: string): Map<string, number[][][]> {
   const out = new Map<string, number[][][]>();
   for (const m of svg.matchAll(/<path class="series" data-series="([^"]*)" d="([^"]*)"/g)) {
-    const segs = m[2].split('M').filter(Boolean).map((seg) => seg.trim().split(' L').map((p) => p.trim().split(' ').map(Number)));
+    const segs = m[2]
+      .split('M')
+      .filter(Boolean)
+      .map((seg) =>
+        seg
+          .trim()
+          .split(' L')
+          .map((p) => p.trim().split(' ').map(Number)),
+      );
     out.set(m[1], segs);
   }
   return out;
 }
 
-const texts = (svg: string, cls: string) => [...svg.matchAll(new RegExp(`<text class="${cls}"[^>]*>([^<]*)</text>`, 'g'))].map((m) => m[1]);
+const texts = (svg: string, cls: string) =>
+  [...svg.matchAll(new RegExp(`<text class="${cls}"[^>]*>([^<]*)</text>`, 'g'))].map((m) => m[1]);
 
 test('nice steps and ticks cover the data with round numbers', () => {
   assert.equal(niceStep(0.17), 0.2);
@@ -36,10 +54,29 @@ test('nice steps and ticks cover the data with round numbers', () => {
 
 test('a line plot maps known data onto the axes, with ticks, labels, title and legend', () => {
   const spec: LinePlotSpec = {
-    id: 'reward', title: 'Reward <train>', xLabel: 'step', yLabel: 'reward',
+    id: 'reward',
+    title: 'Reward <train>',
+    xLabel: 'step',
+    yLabel: 'reward',
     series: [
-      { name: 'reward/mean', points: [[3, 0.6], [1, 0.2], [2, 0.4], [4, 0.8], [5, 1.0]] },
-      { name: 'reward/max', points: [[1, 0.5], [5, 1.0]], dashed: true },
+      {
+        name: 'reward/mean',
+        points: [
+          [3, 0.6],
+          [1, 0.2],
+          [2, 0.4],
+          [4, 0.8],
+          [5, 1.0],
+        ],
+      },
+      {
+        name: 'reward/max',
+        points: [
+          [1, 0.5],
+          [5, 1.0],
+        ],
+        dashed: true,
+      },
     ],
   };
   const svg = renderLinePlot(spec);
@@ -59,9 +96,18 @@ test('a line plot maps known data onto the axes, with ticks, labels, title and l
   assert.equal(mean.length, 1, 'one unbroken segment');
   assert.equal(mean[0].length, 5, 'one point per data point');
   // Points are sorted by step and land exactly on the scaled coordinates.
-  const expected = [[1, 0.2], [2, 0.4], [3, 0.6], [4, 0.8], [5, 1.0]].map(([x, y]) => [scaleX(l, x), scaleY(l, y)]);
+  const expected = [
+    [1, 0.2],
+    [2, 0.4],
+    [3, 0.6],
+    [4, 0.8],
+    [5, 1.0],
+  ].map(([x, y]) => [scaleX(l, x), scaleY(l, y)]);
   mean[0].forEach(([x, y], i) => {
-    assert.ok(Math.abs(x - expected[i][0]) < 0.01 && Math.abs(y - expected[i][1]) < 0.01, `point ${i}: ${x},${y} vs ${expected[i]}`);
+    assert.ok(
+      Math.abs(x - expected[i][0]) < 0.01 && Math.abs(y - expected[i][1]) < 0.01,
+      `point ${i}: ${x},${y} vs ${expected[i]}`,
+    );
   });
   // The first step sits on the left edge of the plot area, the last on the right; y grows upwards.
   assert.ok(Math.abs(mean[0][0][0] - l.left) < 0.01);
@@ -73,18 +119,43 @@ test('a line plot maps known data onto the axes, with ticks, labels, title and l
 
 test('non-finite values break the line, are counted in the legend; isolated points get a marker', () => {
   const svg = renderLinePlot({
-    id: 'loss', title: 'loss', xLabel: 'step', yLabel: 'loss',
-    series: [{ name: 'actor/pg_loss', points: [[1, 1], [2, 2], [3, Number.NaN], [4, 3], [5, Number.POSITIVE_INFINITY], [6, 2], [7, 1]] }],
+    id: 'loss',
+    title: 'loss',
+    xLabel: 'step',
+    yLabel: 'loss',
+    series: [
+      {
+        name: 'actor/pg_loss',
+        points: [
+          [1, 1],
+          [2, 2],
+          [3, Number.NaN],
+          [4, 3],
+          [5, Number.POSITIVE_INFINITY],
+          [6, 2],
+          [7, 1],
+        ],
+      },
+    ],
   });
   const segs = paths(svg).get('actor/pg_loss')!;
-  assert.deepEqual(segs.map((s) => s.length), [2, 1, 2]);
+  assert.deepEqual(
+    segs.map((s) => s.length),
+    [2, 1, 2],
+  );
   assert.equal((svg.match(/<circle class="marker"/g) ?? []).length, 1, 'the lone point at step 4 has a marker');
   assert.match(svg, />actor\/pg_loss \(2 non-finite\)</);
   assert.doesNotMatch(svg, /d="[^"]*(NaN|Infinity)/, 'no non-finite coordinates');
 });
 
 test('a plot without data still renders its frame and says so', () => {
-  const svg = renderLinePlot({ id: 'clipfrac', title: 'PPO clip fraction', xLabel: 'step', yLabel: 'fraction', series: [] });
+  const svg = renderLinePlot({
+    id: 'clipfrac',
+    title: 'PPO clip fraction',
+    xLabel: 'step',
+    yLabel: 'fraction',
+    series: [],
+  });
   assert.match(svg, /data-plot="clipfrac"/);
   assert.match(svg, /class="no-data"[^>]*>no data logged</);
   assert.equal(paths(svg).size, 0);
@@ -92,7 +163,13 @@ test('a plot without data still renders its frame and says so', () => {
 });
 
 test('many series wrap the legend onto more rows and push the plot area down', () => {
-  const series = Array.from({ length: 12 }, (_, i) => ({ name: `stage_number_${i}`, points: [[0, i], [1, i + 1]] as Array<[number, number]> }));
+  const series = Array.from({ length: 12 }, (_, i) => ({
+    name: `stage_number_${i}`,
+    points: [
+      [0, i],
+      [1, i + 1],
+    ] as Array<[number, number]>,
+  }));
   const one = plotLayout({ id: 'a', title: 't', xLabel: 'x', yLabel: 'y', series: series.slice(0, 1) });
   const many = plotLayout({ id: 'b', title: 't', xLabel: 'x', yLabel: 'y', series });
   assert.ok(many.top > one.top);

@@ -6,7 +6,14 @@
  * view value from them in JS (the oracle), not from hard-coded numbers.
  */
 import { createHash } from 'node:crypto';
-import type { CheckpointRow, DeadLetterRow, MetricRow, Store, TrajectoryRow, ValGenerationRow } from '../../../lib/store/index.ts';
+import type {
+  CheckpointRow,
+  DeadLetterRow,
+  MetricRow,
+  Store,
+  TrajectoryRow,
+  ValGenerationRow,
+} from '../../../lib/store/index.ts';
 
 export const PROMPTS = [
   { text: 'Guess the number: 3 + 4 = ?', answer: '7' },
@@ -68,22 +75,39 @@ export function buildSyntheticRun(runId: string, steps = 6, opts: { replay?: boo
         lengths.push(len);
         trajectories.push({
           id: `${runId}/train/s${step}/p${p}/n${k}`,
-          runId, step, epoch: Math.floor((step - 1) / 3), kind: 'train', groupUid, promptIndex: p, sampleIndex: k,
-          policyVersion: step - 1 - staleness, promptTokens: [1, 2, 3, promptNo], responseTokens: Array.from({ length: len }, (_, t) => 10 + t),
-          promptText: prompt.text, responseText: correct ? prompt.answer : `${Number(prompt.answer) + 1 + k}\nmaybe`,
-          groundTruth: prompt.answer, behaviourLogprobs: behaviour, refLogprobs: ref, oldLogprobs: null,
-          advantages: new Float32Array(len).fill(correct ? 0.5 : -0.5), advantage: correct ? 0.5 : -0.5, returns: null,
-          reward, rewardDetails: failed ? null : { accuracy: correct ? 1 : 0, format: 1 },
+          runId,
+          step,
+          epoch: Math.floor((step - 1) / 3),
+          kind: 'train',
+          groupUid,
+          promptIndex: p,
+          sampleIndex: k,
+          policyVersion: step - 1 - staleness,
+          promptTokens: [1, 2, 3, promptNo],
+          responseTokens: Array.from({ length: len }, (_, t) => 10 + t),
+          promptText: prompt.text,
+          responseText: correct ? prompt.answer : `${Number(prompt.answer) + 1 + k}\nmaybe`,
+          groundTruth: prompt.answer,
+          behaviourLogprobs: behaviour,
+          refLogprobs: ref,
+          oldLogprobs: null,
+          advantages: new Float32Array(len).fill(correct ? 0.5 : -0.5),
+          advantage: correct ? 0.5 : -0.5,
+          returns: null,
+          reward,
+          rewardDetails: failed ? null : { accuracy: correct ? 1 : 0, format: 1 },
           rewardFailure: failed ? 'reward function threw: division by zero' : null,
           finishReason: len === MAX_NEW_TOKENS ? 'length' : 'stop',
-          filtered: hopeless, filterReason: hopeless ? 'dapo: all rewards equal (std = 0)' : null,
+          filtered: hopeless,
+          filterReason: hopeless ? 'dapo: all rewards equal (std = 0)' : null,
           staleness,
         });
       }
     }
     const mean = rewards.reduce((s, r) => s + r, 0) / rewards.length;
     const std = Math.sqrt(rewards.reduce((s, r) => s + (r - mean) ** 2, 0) / rewards.length);
-    const m = (name: string, value: number, stage: string | null = null) => metrics.push({ runId, step, name, value, stage });
+    const m = (name: string, value: number, stage: string | null = null) =>
+      metrics.push({ runId, step, name, value, stage });
     m('reward/mean', mean, 'advantage');
     m('reward/std', std, 'advantage');
     m('reward/max', Math.max(...rewards), 'advantage');
@@ -108,26 +132,67 @@ export function buildSyntheticRun(runId: string, steps = 6, opts: { replay?: boo
     m('timing/update/checkpoint_s', step % 3 === 0 ? 0.2 : 0, 'update');
   }
   for (let step = 0; step <= steps; step += 3) {
-    metrics.push({ runId, step, name: 'val/accuracy', value: [0.2, 0.6, 0.5, 0.55][step / 3 % 4], stage: 'controller' });
-    metrics.push({ runId, step, name: 'val/reward_score', value: [0.3, 0.7, 0.6, 0.65][step / 3 % 4], stage: 'controller' });
+    metrics.push({
+      runId,
+      step,
+      name: 'val/accuracy',
+      value: [0.2, 0.6, 0.5, 0.55][(step / 3) % 4],
+      stage: 'controller',
+    });
+    metrics.push({
+      runId,
+      step,
+      name: 'val/reward_score',
+      value: [0.3, 0.7, 0.6, 0.65][(step / 3) % 4],
+      stage: 'controller',
+    });
     for (let idx = 0; idx < 3; idx++) {
       const failed = step === 3 && idx === 2;
       valGenerations.push({
-        runId, step, idx, prompt: PROMPTS[idx].text, response: PROMPTS[idx].answer, groundTruth: PROMPTS[idx].answer,
-        reward: failed ? null : 1.1, rewardFailure: failed ? 'reward server timeout after 3 attempts' : null,
+        runId,
+        step,
+        idx,
+        prompt: PROMPTS[idx].text,
+        response: PROMPTS[idx].answer,
+        groundTruth: PROMPTS[idx].answer,
+        reward: failed ? null : 1.1,
+        rewardFailure: failed ? 'reward server timeout after 3 attempts' : null,
       });
     }
   }
   const checkpoints: CheckpointRow[] = [];
   for (let step = 3; step <= steps; step += 3) {
     checkpoints.push({
-      runId, step, path: `checkpoints/step_${String(step).padStart(6, '0')}/model.safetensors`, sha256: sha(`${runId}/ckpt/${step}`),
-      policyVersion: step, consumedOffsets: { 'scored/0': step * 16 }, datasetPosition: { epoch: 0, index: step * 4 },
+      runId,
+      step,
+      path: `checkpoints/step_${String(step).padStart(6, '0')}/model.safetensors`,
+      sha256: sha(`${runId}/ckpt/${step}`),
+      policyVersion: step,
+      consumedOffsets: { 'scored/0': step * 16 },
+      datasetPosition: { epoch: 0, index: step * 4 },
     });
   }
   const deadLetters: DeadLetterRow[] = [
-    { stage: 'reward', topic: `${runId}.rollouts`, partition: 0, offset: 17, runId, reason: 'undecodable Avro message: unexpected end of buffer', errorCode: 'ERR_POISON', payload: Uint8Array.from([1, 2, 3]) },
-    { stage: 'advantage', topic: `${runId}.scored`, partition: 1, offset: 42, runId, reason: 'unknown schema id 99', errorCode: 'ERR_POISON', payload: null },
+    {
+      stage: 'reward',
+      topic: `${runId}.rollouts`,
+      partition: 0,
+      offset: 17,
+      runId,
+      reason: 'undecodable Avro message: unexpected end of buffer',
+      errorCode: 'ERR_POISON',
+      payload: Uint8Array.from([1, 2, 3]),
+    },
+    {
+      stage: 'advantage',
+      topic: `${runId}.scored`,
+      partition: 1,
+      offset: 42,
+      runId,
+      reason: 'unknown schema id 99',
+      errorCode: 'ERR_POISON',
+      payload: null,
+    },
   ];
   let replayRunId: string | undefined;
   const replayCheckpoints: CheckpointRow[] = [];
@@ -135,15 +200,34 @@ export function buildSyntheticRun(runId: string, steps = 6, opts: { replay?: boo
     replayRunId = `${runId}-replay`;
     for (const c of checkpoints) {
       // The replay reproduces step 3 bit for bit and diverges afterwards.
-      replayCheckpoints.push({ ...c, runId: replayRunId, sha256: c.step === 3 ? c.sha256 : sha(`${replayRunId}/ckpt/${c.step}`) });
+      replayCheckpoints.push({
+        ...c,
+        runId: replayRunId,
+        sha256: c.step === 3 ? c.sha256 : sha(`${replayRunId}/ckpt/${c.step}`),
+      });
     }
   }
-  return { runId, replayRunId, steps, trajectories, metrics, valGenerations, checkpoints, replayCheckpoints, deadLetters };
+  return {
+    runId,
+    replayRunId,
+    steps,
+    trajectories,
+    metrics,
+    valGenerations,
+    checkpoints,
+    replayCheckpoints,
+    deadLetters,
+  };
 }
 
 /** Writes the run (and its replay) through the store port. */
 export async function writeSyntheticRun(store: Store, run: SyntheticRun): Promise<void> {
-  await store.upsertRun({ runId: run.runId, project: 'analysis-test', experiment: 'number-game', config: { trainer: { total_epochs: 2 } } });
+  await store.upsertRun({
+    runId: run.runId,
+    project: 'analysis-test',
+    experiment: 'number-game',
+    config: { trainer: { total_epochs: 2 } },
+  });
   await store.insertTrajectories(run.trajectories);
   await store.insertMetrics(run.metrics);
   await store.recordValGenerations(run.valGenerations);
@@ -151,7 +235,14 @@ export async function writeSyntheticRun(store: Store, run: SyntheticRun): Promis
   for (const d of run.deadLetters) await store.recordDeadLetter(d);
   await store.setRunStatus(run.runId, 'completed', { steps: run.steps });
   if (run.replayRunId) {
-    await store.upsertRun({ runId: run.replayRunId, project: 'analysis-test', experiment: 'number-game-replay', config: {}, parentRunId: run.runId, status: 'stopped' });
+    await store.upsertRun({
+      runId: run.replayRunId,
+      project: 'analysis-test',
+      experiment: 'number-game-replay',
+      config: {},
+      parentRunId: run.runId,
+      status: 'stopped',
+    });
     for (const c of run.replayCheckpoints) await store.recordCheckpoint(c);
   }
 }

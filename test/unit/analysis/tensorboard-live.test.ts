@@ -27,14 +27,29 @@ after(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
-const row = (runId: string, step: number, name: string, value: number, stage: string): MetricRow => ({ runId, step, name, value, stage });
+const row = (runId: string, step: number, name: string, value: number, stage: string): MetricRow => ({
+  runId,
+  step,
+  name,
+  value,
+  stage,
+});
 /** The metrics the rollout, advantage and update stages write for a training step. */
 const trainStep = (runId: string, step: number) => ({
-  before: [row(runId, step, 'perf/rollout_tokens', 100 * step, 'rollout'), row(runId, step, 'reward/mean', step / 10, 'advantage')],
+  before: [
+    row(runId, step, 'perf/rollout_tokens', 100 * step, 'rollout'),
+    row(runId, step, 'reward/mean', step / 10, 'advantage'),
+  ],
   update: [row(runId, step, 'actor/pg_loss', -step, 'update')],
 });
-const val = (runId: string, step: number) => [row(runId, step, 'val/accuracy', step / 20, 'controller'), row(runId, step, 'val/reward_score', step / 40, 'controller')];
-const pairs = (tb: string) => readScalars(tb).map((s) => `${s.step} ${s.tag}`).sort();
+const val = (runId: string, step: number) => [
+  row(runId, step, 'val/accuracy', step / 20, 'controller'),
+  row(runId, step, 'val/reward_score', step / 40, 'controller'),
+];
+const pairs = (tb: string) =>
+  readScalars(tb)
+    .map((s) => `${s.step} ${s.tag}`)
+    .sort();
 
 test('appends settled steps only, never twice; a restart rewrites from the store; completion writes the export', async () => {
   const runId = 'tb-live';
@@ -55,7 +70,13 @@ test('appends settled steps only, never twice; a restart rewrites from the store
   const s2 = trainStep(runId, 2);
   await store.insertMetrics(s2.before);
   assert.equal(await live.sync(), 3);
-  assert.deepEqual(pairs(tb), ['0 val/accuracy', '0 val/reward_score', '1 actor/pg_loss', '1 perf/rollout_tokens', '1 reward/mean']);
+  assert.deepEqual(pairs(tb), [
+    '0 val/accuracy',
+    '0 val/reward_score',
+    '1 actor/pg_loss',
+    '1 perf/rollout_tokens',
+    '1 reward/mean',
+  ]);
   assert.equal(await live.sync(), 0, 'nothing new: nothing appended');
   // the process dies here (no finish): step 2's partial rows are in the store, not in the file
   await store.insertMetrics(s2.update);
@@ -70,7 +91,14 @@ test('appends settled steps only, never twice; a restart rewrites from the store
   assert.equal(await restarted.sync(), 3);
   assert.equal(readdirSync(tb).length, 1, 'one file');
   const live3 = readScalars(tb);
-  assert.deepEqual(live3.filter((s) => s.tag === 'reward/mean').map((s) => [s.step, s.value]), [[1, Math.fround(0.1)], [2, Math.fround(0.2)], [3, Math.fround(0.3)]]);
+  assert.deepEqual(
+    live3.filter((s) => s.tag === 'reward/mean').map((s) => [s.step, s.value]),
+    [
+      [1, Math.fround(0.1)],
+      [2, Math.fround(0.2)],
+      [3, Math.fround(0.3)],
+    ],
+  );
 
   // a late value of a written step (a counter's increment) reaches the file with the final export
   await store.insertMetrics([{ ...row(runId, 3, 'perf/rollout_tokens', 1, 'rollout'), agg: 'sum', increment: true }]);
@@ -78,7 +106,7 @@ test('appends settled steps only, never twice; a restart rewrites from the store
   await live.finish(false); // the first writer's file was replaced; closing it writes nothing more
   const final = readFileSync(join(tb, files[0]));
   const exported = await exportRunToTensorBoard(database.db, runId, join(dir, 'export'));
-  assert.deepEqual(final, readFileSync(exported.path), 'a completed run\'s file is the export');
+  assert.deepEqual(final, readFileSync(exported.path), "a completed run's file is the export");
   assert.equal(readScalars(tb).find((s) => s.step === 3 && s.tag === 'perf/rollout_tokens')!.value, 301);
 });
 
@@ -87,7 +115,8 @@ test('a stopped run keeps what was appended and appends the settled rest', async
   await store.upsertRun({ runId, project: 'p', experiment: 'e', config: {} as never });
   const tb = tensorboardDir(join(dir, 'stopped'));
   const live = await LiveTensorBoard.open(database.db, runId, tb, { intervalMs: 60_000 });
-  const s1 = trainStep(runId, 1), s2 = trainStep(runId, 2);
+  const s1 = trainStep(runId, 1),
+    s2 = trainStep(runId, 2);
   await store.insertMetrics([...s1.before, ...s1.update, ...s2.before]);
   await live.finish(false);
   assert.deepEqual(pairs(tb), ['1 actor/pg_loss', '1 perf/rollout_tokens', '1 reward/mean']);
@@ -106,9 +135,14 @@ test('polls on its own', async () => {
     const deadline = Date.now() + 10_000;
     while (readScalars(tb).length < 3 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
     assert.deepEqual(pairs(tb), ['1 actor/pg_loss', '1 perf/rollout_tokens', '1 reward/mean']);
-  } finally { await live.finish(false); }
+  } finally {
+    await live.finish(false);
+  }
 });
 
 test('needs the run to exist', async () => {
-  await assert.rejects(LiveTensorBoard.open(database.db, 'nope', join(dir, 'nope')), /run "nope" is not in this database/);
+  await assert.rejects(
+    LiveTensorBoard.open(database.db, 'nope', join(dir, 'nope')),
+    /run "nope" is not in this database/,
+  );
 });

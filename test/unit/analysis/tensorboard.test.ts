@@ -6,7 +6,13 @@ import { join } from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { crc32c, decodeRecords, encodeRecord, maskedCrc32c } from '../../../lib/analysis/tfrecord.ts';
 import {
-  FILE_VERSION, TensorBoardWriter, decodeEvent, encodeScalarEvent, encodeVarint, readEventFile, readScalars,
+  FILE_VERSION,
+  TensorBoardWriter,
+  decodeEvent,
+  encodeScalarEvent,
+  encodeVarint,
+  readEventFile,
+  readScalars,
 } from '../../../lib/analysis/tensorboard.ts';
 
 const tmp = () => mkdtempSync(join(tmpdir(), 'rlstream-tb-'));
@@ -31,12 +37,29 @@ test('varints and the Event encoding follow the protobuf wire format byte for by
   // Event{wall_time=1.5, step=3, summary{value{tag="a", simple_value=2}}}
   const ev = Buffer.from(encodeScalarEvent({ tag: 'a', step: 3, value: 2, wallTime: 1.5 }));
   const expected = Buffer.from([
-    0x09, 0, 0, 0, 0, 0, 0, 0xf8, 0x3f, // field 1, fixed64: 1.5
-    0x10, 0x03, //                          field 2, varint: 3
-    0x2a, 0x0a, //                          field 5, 10 bytes: Summary
-    0x0a, 0x08, //                            field 1, 8 bytes: Value
-    0x0a, 0x01, 0x61, //                        field 1 "a"
-    0x15, 0, 0, 0, 0x40, //                     field 2, fixed32: 2.0f
+    0x09,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0xf8,
+    0x3f, // field 1, fixed64: 1.5
+    0x10,
+    0x03, //                          field 2, varint: 3
+    0x2a,
+    0x0a, //                          field 5, 10 bytes: Summary
+    0x0a,
+    0x08, //                            field 1, 8 bytes: Value
+    0x0a,
+    0x01,
+    0x61, //                        field 1 "a"
+    0x15,
+    0,
+    0,
+    0,
+    0x40, //                     field 2, fixed32: 2.0f
   ]);
   assert.deepEqual(ev, expected);
   const back = decodeEvent(ev);
@@ -80,10 +103,16 @@ test('TensorBoardWriter writes a readable event file: file_version first, then t
     assert.equal(events[0].fileVersion, FILE_VERSION);
     assert.equal(events[0].wallTime, 1_700_000_000.25);
     const scalars = readScalars(dir);
-    assert.deepEqual(scalars.map((s) => [s.tag, s.step, s.wallTime]), [
-      ['reward/mean', 1, 1_700_000_001], ['reward/mean', 2, 1_700_000_002], ['actor/pg_loss', 2, 1_700_000_003],
-      ['actor/grad_norm', 2, 1_700_000_003], ['kl/mean', 3, 1_700_000_004],
-    ]);
+    assert.deepEqual(
+      scalars.map((s) => [s.tag, s.step, s.wallTime]),
+      [
+        ['reward/mean', 1, 1_700_000_001],
+        ['reward/mean', 2, 1_700_000_002],
+        ['actor/pg_loss', 2, 1_700_000_003],
+        ['actor/grad_norm', 2, 1_700_000_003],
+        ['kl/mean', 3, 1_700_000_004],
+      ],
+    );
     // simple_value is float32.
     assert.deepEqual(scalars.map((s) => s.value).slice(0, 3), [0.5, 0.75, -0.125]);
     assert.ok(Number.isNaN(scalars[3].value));
@@ -110,7 +139,11 @@ test('bad input gets a clear error; an atomic writer publishes only on close', (
     assert.throws(() => w.scalar('a', 1, '1' as unknown as number), /value must be a number/);
     w.scalar('a', 1, 1, 2);
     w.flush();
-    assert.deepEqual(readdirSync(dir).filter((f) => f.includes('tfevents')), [], 'nothing visible to TensorBoard before close');
+    assert.deepEqual(
+      readdirSync(dir).filter((f) => f.includes('tfevents')),
+      [],
+      'nothing visible to TensorBoard before close',
+    );
     w.close();
     assert.deepEqual(readdirSync(dir), ['events.out.tfevents.1.export']);
     const aborted = new TensorBoardWriter(dir, { filename: 'events.out.tfevents.2.export', atomic: true, wallTime: 1 });

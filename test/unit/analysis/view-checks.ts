@@ -22,7 +22,8 @@ const mean = (xs: number[]) => xs.reduce((s, x) => s + x, 0) / xs.length;
 function percentile(xs: number[], q: number): number {
   const s = [...xs].sort((a, b) => a - b);
   const pos = q * (s.length - 1);
-  const lo = Math.floor(pos), hi = Math.ceil(pos);
+  const lo = Math.floor(pos),
+    hi = Math.ceil(pos);
   return s[lo] + (s[hi] - s[lo]) * (pos - lo);
 }
 
@@ -42,22 +43,52 @@ function metric(run: SyntheticRun, step: number, name: string): number | undefin
 
 const byStep = (rows: Array<Record<string, any>>) => new Map(rows.map((r) => [r.step as number, r]));
 
-export const VIEW_NAMES = ['v_step_metrics_wide', 'v_step_times', 'v_reward_by_prompt', 'v_response_length', 'v_kl_entropy',
-  'v_filtered_groups', 'v_reward_failures', 'v_staleness', 'v_checkpoint_lineage', 'v_dead_letters', 'v_runs'] as const;
+export const VIEW_NAMES = [
+  'v_step_metrics_wide',
+  'v_step_times',
+  'v_reward_by_prompt',
+  'v_response_length',
+  'v_kl_entropy',
+  'v_filtered_groups',
+  'v_reward_failures',
+  'v_staleness',
+  'v_checkpoint_lineage',
+  'v_dead_letters',
+  'v_runs',
+] as const;
 
 export type ViewCheck = (db: Database, run: SyntheticRun) => Promise<void>;
 
 export const viewChecks: Record<(typeof VIEW_NAMES)[number], ViewCheck> = {
   async v_step_metrics_wide(db, run) {
-    const rows = await queryObjects(db, 'select * from v_step_metrics_wide where run_id = $1 order by step', [run.runId]);
+    const rows = await queryObjects(db, 'select * from v_step_metrics_wide where run_id = $1 order by step', [
+      run.runId,
+    ]);
     const steps = [...new Set(run.metrics.map((m) => m.step))].sort((a, b) => a - b);
-    assert.deepEqual(rows.map((r) => r.step), steps);
+    assert.deepEqual(
+      rows.map((r) => r.step),
+      steps,
+    );
     const cols: Record<string, string> = {
-      reward_mean: 'reward/mean', reward_std: 'reward/std', reward_min: 'reward/min', reward_max: 'reward/max',
-      val_accuracy: 'val/accuracy', val_reward_score: 'val/reward_score', pg_loss: 'actor/pg_loss', approx_kl: 'actor/approx_kl',
-      clipfrac: 'actor/clipfrac', entropy: 'actor/entropy', grad_norm: 'actor/grad_norm', lr: 'actor/lr', kl_mean: 'kl/mean',
-      kl_coef: 'kl/coef', response_length_mean: 'response_length/mean', tokens_per_second: 'perf/tokens_per_second',
-      rollout_s: 'perf/step_time_s/rollout', reward_s: 'perf/step_time_s/reward', advantage_s: 'perf/step_time_s/advantage',
+      reward_mean: 'reward/mean',
+      reward_std: 'reward/std',
+      reward_min: 'reward/min',
+      reward_max: 'reward/max',
+      val_accuracy: 'val/accuracy',
+      val_reward_score: 'val/reward_score',
+      pg_loss: 'actor/pg_loss',
+      approx_kl: 'actor/approx_kl',
+      clipfrac: 'actor/clipfrac',
+      entropy: 'actor/entropy',
+      grad_norm: 'actor/grad_norm',
+      lr: 'actor/lr',
+      kl_mean: 'kl/mean',
+      kl_coef: 'kl/coef',
+      response_length_mean: 'response_length/mean',
+      tokens_per_second: 'perf/tokens_per_second',
+      rollout_s: 'perf/step_time_s/rollout',
+      reward_s: 'perf/step_time_s/reward',
+      advantage_s: 'perf/step_time_s/advantage',
       update_s: 'perf/step_time_s/update',
     };
     for (const r of rows) {
@@ -68,11 +99,16 @@ export const viewChecks: Record<(typeof VIEW_NAMES)[number], ViewCheck> = {
       }
       assert.equal(r.vf_loss, null);
     }
-    assert.ok(rows.some((r) => Number.isNaN(r.grad_norm)), 'a NaN grad_norm is kept as NaN');
+    assert.ok(
+      rows.some((r) => Number.isNaN(r.grad_norm)),
+      'a NaN grad_norm is kept as NaN',
+    );
   },
 
   async v_step_times(db, run) {
-    const rows = await queryObjects(db, 'select * from v_step_times where run_id = $1 order by step, stage', [run.runId]);
+    const rows = await queryObjects(db, 'select * from v_step_times where run_id = $1 order by step, stage', [
+      run.runId,
+    ]);
     const expected = run.metrics.filter((m) => m.name.startsWith('perf/step_time_s/'));
     assert.equal(rows.length, expected.length);
     for (const r of rows) {
@@ -83,7 +119,11 @@ export const viewChecks: Record<(typeof VIEW_NAMES)[number], ViewCheck> = {
   },
 
   async v_reward_by_prompt(db, run) {
-    const rows = await queryObjects(db, 'select * from v_reward_by_prompt where run_id = $1 order by step, prompt_index', [run.runId]);
+    const rows = await queryObjects(
+      db,
+      'select * from v_reward_by_prompt where run_id = $1 order by step, prompt_index',
+      [run.runId],
+    );
     const groups = groupBy(run.trajectories, (t) => `${t.step}/${t.promptIndex}`);
     assert.equal(rows.length, groups.size);
     for (const r of rows) {
@@ -106,7 +146,11 @@ export const viewChecks: Record<(typeof VIEW_NAMES)[number], ViewCheck> = {
   },
 
   async v_response_length(db, run) {
-    const rows = await queryObjects(db, "select * from v_response_length where run_id = $1 and kind = 'train' order by step", [run.runId]);
+    const rows = await queryObjects(
+      db,
+      "select * from v_response_length where run_id = $1 and kind = 'train' order by step",
+      [run.runId],
+    );
     const steps = groupBy(run.trajectories, (t) => String(t.step));
     assert.equal(rows.length, steps.size);
     for (const r of rows) {
@@ -119,7 +163,10 @@ export const viewChecks: Record<(typeof VIEW_NAMES)[number], ViewCheck> = {
       close(r.mean_len, mean(lens), `mean @${r.step}`);
       assert.equal(r.n_truncated, steps.get(String(r.step))!.filter((t) => t.finishReason === 'length').length);
     }
-    assert.ok(rows.some((r) => r.n_truncated > 0), 'the fixture has truncated responses');
+    assert.ok(
+      rows.some((r) => r.n_truncated > 0),
+      'the fixture has truncated responses',
+    );
   },
 
   async v_kl_entropy(db, run) {
@@ -132,7 +179,9 @@ export const viewChecks: Record<(typeof VIEW_NAMES)[number], ViewCheck> = {
       close(r.entropy, metric(run, step, 'actor/entropy')!, 'entropy');
       close(r.kl_coef, metric(run, step, 'kl/coef')!, 'kl_coef');
       assert.equal(r.kl_loss, null);
-      const used = run.trajectories.filter((t) => t.step === step && t.kind === 'train' && !t.filtered && t.refLogprobs);
+      const used = run.trajectories.filter(
+        (t) => t.step === step && t.kind === 'train' && !t.filtered && t.refLogprobs,
+      );
       const diffs = used.flatMap((t) => Array.from(t.behaviourLogprobs, (b, i) => b - t.refLogprobs![i]));
       assert.equal(r.kl_tokens, diffs.length);
       close(r.kl_k1_from_logprobs, mean(diffs), `kl_k1_from_logprobs @${step}`);
@@ -142,8 +191,13 @@ export const viewChecks: Record<(typeof VIEW_NAMES)[number], ViewCheck> = {
   },
 
   async v_filtered_groups(db, run) {
-    const rows = await queryObjects(db, 'select * from v_filtered_groups where run_id = $1 order by step, group_uid', [run.runId]);
-    const filtered = groupBy(run.trajectories.filter((t) => t.filtered), (t) => `${t.step}/${t.groupUid}`);
+    const rows = await queryObjects(db, 'select * from v_filtered_groups where run_id = $1 order by step, group_uid', [
+      run.runId,
+    ]);
+    const filtered = groupBy(
+      run.trajectories.filter((t) => t.filtered),
+      (t) => `${t.step}/${t.groupUid}`,
+    );
     assert.ok(filtered.size > 0, 'the fixture filters some groups');
     assert.equal(rows.length, filtered.size);
     for (const r of rows) {
@@ -159,19 +213,30 @@ export const viewChecks: Record<(typeof VIEW_NAMES)[number], ViewCheck> = {
   },
 
   async v_reward_failures(db, run) {
-    const rows = await queryObjects(db, 'select * from v_reward_failures where run_id = $1 order by source, step', [run.runId]);
+    const rows = await queryObjects(db, 'select * from v_reward_failures where run_id = $1 order by source, step', [
+      run.runId,
+    ]);
     const tf = run.trajectories.filter((t) => t.rewardFailure);
     const vf = run.valGenerations.filter((g) => g.rewardFailure);
     assert.equal(rows.length, tf.length + vf.length);
     const traj = rows.filter((r) => r.source === 'trajectory');
-    assert.deepEqual(traj.map((r) => [r.trajectory_id, r.step, r.reward_failure, r.kind]), tf.map((t) => [t.id, t.step, t.rewardFailure, t.kind]));
+    assert.deepEqual(
+      traj.map((r) => [r.trajectory_id, r.step, r.reward_failure, r.kind]),
+      tf.map((t) => [t.id, t.step, t.rewardFailure, t.kind]),
+    );
     const val = rows.filter((r) => r.source === 'val_generation');
-    assert.deepEqual(val.map((r) => [r.val_idx, r.step, r.reward_failure, r.trajectory_id]), vf.map((g) => [g.idx, g.step, g.rewardFailure, null]));
+    assert.deepEqual(
+      val.map((r) => [r.val_idx, r.step, r.reward_failure, r.trajectory_id]),
+      vf.map((g) => [g.idx, g.step, g.rewardFailure, null]),
+    );
   },
 
   async v_staleness(db, run) {
     const rows = await queryObjects(db, 'select * from v_staleness where run_id = $1 order by step', [run.runId]);
-    const steps = groupBy(run.trajectories.filter((t) => t.kind === 'train'), (t) => String(t.step));
+    const steps = groupBy(
+      run.trajectories.filter((t) => t.kind === 'train'),
+      (t) => String(t.step),
+    );
     assert.equal(rows.length, steps.size);
     for (const r of rows) {
       const g: TrajectoryRow[] = steps.get(String(r.step))!;
@@ -185,27 +250,70 @@ export const viewChecks: Record<(typeof VIEW_NAMES)[number], ViewCheck> = {
   },
 
   async v_checkpoint_lineage(db, run) {
-    const rows = await queryObjects(db, 'select * from v_checkpoint_lineage where run_id = $1 order by step', [run.runId]);
-    assert.deepEqual(rows.map((r) => [r.step, r.policy_version, r.sha256, r.path]), run.checkpoints.map((c) => [c.step, c.policyVersion, c.sha256, c.path]));
-    assert.deepEqual(rows.map((r) => r.prev_step), [null, ...run.checkpoints.slice(0, -1).map((c) => c.step)]);
-    assert.deepEqual(rows.map((r) => r.prev_sha256), [null, ...run.checkpoints.slice(0, -1).map((c) => c.sha256)]);
+    const rows = await queryObjects(db, 'select * from v_checkpoint_lineage where run_id = $1 order by step', [
+      run.runId,
+    ]);
+    assert.deepEqual(
+      rows.map((r) => [r.step, r.policy_version, r.sha256, r.path]),
+      run.checkpoints.map((c) => [c.step, c.policyVersion, c.sha256, c.path]),
+    );
+    assert.deepEqual(
+      rows.map((r) => r.prev_step),
+      [null, ...run.checkpoints.slice(0, -1).map((c) => c.step)],
+    );
+    assert.deepEqual(
+      rows.map((r) => r.prev_sha256),
+      [null, ...run.checkpoints.slice(0, -1).map((c) => c.sha256)],
+    );
     assert.ok(rows.every((r) => r.parent_run_id === null && r.matches_parent === null));
     assert.deepEqual(rows[0].consumed_offsets, run.checkpoints[0].consumedOffsets);
     if (run.replayRunId) {
-      const rep = await queryObjects(db, 'select * from v_checkpoint_lineage where run_id = $1 order by step', [run.replayRunId]);
-      assert.deepEqual(rep.map((r) => r.parent_run_id), rep.map(() => run.runId));
-      assert.deepEqual(rep.map((r) => r.parent_sha256), run.checkpoints.map((c) => c.sha256));
-      assert.deepEqual(rep.map((r) => r.matches_parent), run.replayCheckpoints.map((c, i) => c.sha256 === run.checkpoints[i].sha256));
+      const rep = await queryObjects(db, 'select * from v_checkpoint_lineage where run_id = $1 order by step', [
+        run.replayRunId,
+      ]);
+      assert.deepEqual(
+        rep.map((r) => r.parent_run_id),
+        rep.map(() => run.runId),
+      );
+      assert.deepEqual(
+        rep.map((r) => r.parent_sha256),
+        run.checkpoints.map((c) => c.sha256),
+      );
+      assert.deepEqual(
+        rep.map((r) => r.matches_parent),
+        run.replayCheckpoints.map((c, i) => c.sha256 === run.checkpoints[i].sha256),
+      );
       assert.ok(rep.some((r) => r.matches_parent === true) && rep.some((r) => r.matches_parent === false));
     }
   },
 
   async v_dead_letters(db, run) {
-    const rows = await queryObjects(db, 'select * from v_dead_letters where run_id = $1 order by source_topic, source_offset', [run.runId]);
+    const rows = await queryObjects(
+      db,
+      'select * from v_dead_letters where run_id = $1 order by source_topic, source_offset',
+      [run.runId],
+    );
     const want = [...run.deadLetters].sort((a, b) => a.topic.localeCompare(b.topic) || a.offset - b.offset);
     assert.deepEqual(
-      rows.map((r) => [r.stage, r.source_topic, r.source_partition, r.source_offset, r.reason, r.error_code, r.payload_bytes]),
-      want.map((d) => [d.stage, d.topic, d.partition, d.offset, d.reason, d.errorCode, d.payload ? d.payload.length : null]));
+      rows.map((r) => [
+        r.stage,
+        r.source_topic,
+        r.source_partition,
+        r.source_offset,
+        r.reason,
+        r.error_code,
+        r.payload_bytes,
+      ]),
+      want.map((d) => [
+        d.stage,
+        d.topic,
+        d.partition,
+        d.offset,
+        d.reason,
+        d.errorCode,
+        d.payload ? d.payload.length : null,
+      ]),
+    );
   },
 
   async v_runs(db, run) {

@@ -8,8 +8,10 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Removes the listeners gracefulStop added (not the test runner's). */
 function restore(before: { term: unknown[]; int: unknown[] }): void {
-  for (const l of process.listeners('SIGTERM')) if (!before.term.includes(l)) process.removeListener('SIGTERM', l as NodeJS.SignalsListener);
-  for (const l of process.listeners('SIGINT')) if (!before.int.includes(l)) process.removeListener('SIGINT', l as NodeJS.SignalsListener);
+  for (const l of process.listeners('SIGTERM'))
+    if (!before.term.includes(l)) process.removeListener('SIGTERM', l as NodeJS.SignalsListener);
+  for (const l of process.listeners('SIGINT'))
+    if (!before.int.includes(l)) process.removeListener('SIGINT', l as NodeJS.SignalsListener);
 }
 const listeners = () => ({ term: [...process.listeners('SIGTERM')], int: [...process.listeners('SIGINT')] });
 

@@ -8,10 +8,19 @@ import { LocalLog, type Appended } from '../../../lib/bus/embedded-local.ts';
 import type { BusMessage } from '../../../lib/bus/port.ts';
 
 const msg = (topic: string, partition: number, offset: number, bytes = 4): BusMessage => ({
-  topic, partition, offset, key: `k${offset}`, value: Buffer.alloc(bytes, offset % 256), headers: { h: String(offset) }, timestamp: 1000 + offset,
+  topic,
+  partition,
+  offset,
+  key: `k${offset}`,
+  value: Buffer.alloc(bytes, offset % 256),
+  headers: { h: String(offset) },
+  timestamp: 1000 + offset,
 });
 const append = (topic: string, partition: number, base: number, n: number, bytes = 4): Appended => ({
-  topic, partition, base, msgs: Array.from({ length: n }, (_, i) => msg(topic, partition, base + i, bytes)),
+  topic,
+  partition,
+  base,
+  msgs: Array.from({ length: n }, (_, i) => msg(topic, partition, base + i, bytes)),
 });
 
 describe('embedded log mirror (LocalLog)', () => {
@@ -19,7 +28,10 @@ describe('embedded log mirror (LocalLog)', () => {
     const l = new LocalLog();
     assert.equal(l.hasTopic('t'), false);
     l.committed([append('t', 1, 10, 2)]); // committed before the table was read
-    l.loadTopic('t', [{ partition: 0, next_offset: 5 }, { partition: 1, next_offset: 10 }]);
+    l.loadTopic('t', [
+      { partition: 0, next_offset: 5 },
+      { partition: 1, next_offset: 10 },
+    ]);
     assert.equal(l.hasTopic('t'), true);
     assert.deepEqual([l.end('t', 0), l.end('t', 1), l.end('t', 2)], [5, 12, 0]);
     l.committed([append('t', 0, 5, 3)]);
@@ -42,10 +54,17 @@ describe('embedded log mirror (LocalLog)', () => {
     l.committed([append('t', 0, 100, 5)]);
     assert.equal(l.fromTail('t', 0, 99, 10), undefined, 'before the tail: read the table');
     assert.equal(l.fromTail('t', 1, 100, 10), undefined, 'another partition');
-    assert.deepEqual(l.fromTail('t', 0, 102, 10)!.map((m) => m.offset), [102, 103, 104]);
+    assert.deepEqual(
+      l.fromTail('t', 0, 102, 10)!.map((m) => m.offset),
+      [102, 103, 104],
+    );
     assert.deepEqual(l.fromTail('t', 0, 105, 10), [], 'at the end: nothing new');
     assert.equal(l.fromTail('t', 0, 106, 10), undefined, 'past the end: not ours to answer');
-    assert.deepEqual(l.fromTail('t', 0, 100, 2)!.map((m) => m.offset), [100, 101], 'at most max');
+    assert.deepEqual(
+      l.fromTail('t', 0, 100, 2)!.map((m) => m.offset),
+      [100, 101],
+      'at most max',
+    );
     const got = l.fromTail('t', 0, 103, 1)![0]!;
     assert.deepEqual(got, msg('t', 0, 103));
     got.headers.h = 'changed'; // callers get their own headers
@@ -55,8 +74,14 @@ describe('embedded log mirror (LocalLog)', () => {
   test('tail: maxBytes bounds a batch unless the first message alone is larger', () => {
     const l = new LocalLog();
     l.committed([append('t', 0, 0, 4, 100)]);
-    assert.deepEqual(l.fromTail('t', 0, 0, 10, 250)!.map((m) => m.offset), [0, 1]);
-    assert.deepEqual(l.fromTail('t', 0, 0, 10, 50)!.map((m) => m.offset), [0]);
+    assert.deepEqual(
+      l.fromTail('t', 0, 0, 10, 250)!.map((m) => m.offset),
+      [0, 1],
+    );
+    assert.deepEqual(
+      l.fromTail('t', 0, 0, 10, 50)!.map((m) => m.offset),
+      [0],
+    );
   });
 
   test('tail: bounded by message count, oldest dropped first; a gap restarts it', () => {
@@ -76,7 +101,10 @@ test('members: join, leave and list per group, as bus_members rows', () => {
   l.join('g', 'm1', ['a', 'b']);
   l.join('g', 'm2', ['a']);
   l.join('h', 'm3', ['c']);
-  assert.deepEqual(l.membersOf('g'), [{ member_id: 'm1', topics: ['a', 'b'] }, { member_id: 'm2', topics: ['a'] }]);
+  assert.deepEqual(l.membersOf('g'), [
+    { member_id: 'm1', topics: ['a', 'b'] },
+    { member_id: 'm2', topics: ['a'] },
+  ]);
   l.leave('g', 'm1');
   assert.deepEqual(l.membersOf('g'), [{ member_id: 'm2', topics: ['a'] }]);
   assert.deepEqual(l.membersOf('h'), [{ member_id: 'm3', topics: ['c'] }]);

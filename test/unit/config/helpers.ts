@@ -23,7 +23,12 @@ export const BASE = ['data.task=number_game'];
 
 /** Loads with the BASE overrides first; warnings are collected instead of emitted. */
 export function load(opts: LoadConfigOptions = {}, warnings: string[] = []): Config {
-  return loadConfig({ env: {}, onWarning: (w) => warnings.push(w), ...opts, overrides: [...BASE, ...(opts.overrides ?? [])] });
+  return loadConfig({
+    env: {},
+    onWarning: (w) => warnings.push(w),
+    ...opts,
+    overrides: [...BASE, ...(opts.overrides ?? [])],
+  });
 }
 
 /** The problems of a failing load (asserts it fails with a ConfigError). */

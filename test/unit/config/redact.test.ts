@@ -7,8 +7,17 @@ import { load, problemsOf } from './helpers.ts';
 const PASSWORD = 'Sup3r-S3cret_pw';
 
 test('the database password never appears in the printed config', () => {
-  const cfg = load({ overrides: ['pipeline.store=postgres', `pipeline.database_url=postgres://trainer:${PASSWORD}@db.internal:5432/rl?sslmode=require`] });
-  assert.equal(cfg.pipeline.database_url, `postgres://trainer:${PASSWORD}@db.internal:5432/rl?sslmode=require`, 'the loaded config keeps the real URL');
+  const cfg = load({
+    overrides: [
+      'pipeline.store=postgres',
+      `pipeline.database_url=postgres://trainer:${PASSWORD}@db.internal:5432/rl?sslmode=require`,
+    ],
+  });
+  assert.equal(
+    cfg.pipeline.database_url,
+    `postgres://trainer:${PASSWORD}@db.internal:5432/rl?sslmode=require`,
+    'the loaded config keeps the real URL',
+  );
   const text = formatResolvedConfig(cfg);
   assert.ok(!text.includes(PASSWORD), 'password printed');
   assert.ok(text.includes('postgres://trainer:***@db.internal:5432/rl?sslmode=require'), text);
@@ -21,8 +30,10 @@ test('the database password never appears in the printed config', () => {
 test('passwords in query parameters, other URLs and secret-named kwargs are redacted', () => {
   const cfg = load({
     overrides: [
-      'pipeline.store=postgres', `pipeline.database_url="postgresql://db/rl?user=u&password=${PASSWORD}"`,
-      'reward.type=remote', `reward.remote.urls=["https://rm:${PASSWORD}@scorer:8443/score"]`,
+      'pipeline.store=postgres',
+      `pipeline.database_url="postgresql://db/rl?user=u&password=${PASSWORD}"`,
+      'reward.type=remote',
+      `reward.remote.urls=["https://rm:${PASSWORD}@scorer:8443/score"]`,
       `reward.reward_fn_kwargs={api_token: ${PASSWORD}, judge_password: ${PASSWORD}, endpoint: "http://x/?token=${PASSWORD}", model: small}`,
     ],
   });
@@ -35,7 +46,10 @@ test('passwords in query parameters, other URLs and secret-named kwargs are reda
 });
 
 test('auth_token_env is a variable name and is printed; the token itself is never in the config', () => {
-  const cfg = load({ overrides: ['reward.type=remote', 'reward.remote.host=h', 'reward.remote.auth_token_env=RM_TOKEN'], env: { RM_TOKEN: PASSWORD } });
+  const cfg = load({
+    overrides: ['reward.type=remote', 'reward.remote.host=h', 'reward.remote.auth_token_env=RM_TOKEN'],
+    env: { RM_TOKEN: PASSWORD },
+  });
   const text = formatResolvedConfig(cfg);
   assert.ok(text.includes('auth_token_env: RM_TOKEN'));
   assert.ok(!text.includes(PASSWORD));
@@ -60,7 +74,12 @@ test('redactSecrets copies deeply', () => {
 });
 
 test('a secret in a bad override is not echoed in the error', () => {
-  const problems = problemsOf(() => load({ overrides: [`pipeline.database_url=postgres://u:${PASSWORD}@h/db`, `pipeline.kafka.password=${PASSWORD}`] }));
+  const problems = problemsOf(() =>
+    load({ overrides: [`pipeline.database_url=postgres://u:${PASSWORD}@h/db`, `pipeline.kafka.password=${PASSWORD}`] }),
+  );
   assert.ok(!problems.join('\n').includes(PASSWORD), problems.join('\n'));
-  assert.ok(problems.some((p) => p.includes('override "pipeline.kafka.password=***": unknown key "pipeline.kafka.password"')), problems.join('\n'));
+  assert.ok(
+    problems.some((p) => p.includes('override "pipeline.kafka.password=***": unknown key "pipeline.kafka.password"')),
+    problems.join('\n'),
+  );
 });

@@ -2,7 +2,13 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { configSchema, defaultConfig, schemaDefaults, renderConfigDocs, ADV_ESTIMATORS } from '../../../lib/config/index.ts';
+import {
+  configSchema,
+  defaultConfig,
+  schemaDefaults,
+  renderConfigDocs,
+  ADV_ESTIMATORS,
+} from '../../../lib/config/index.ts';
 import { schemaEntries } from '../../../lib/config/introspect.ts';
 
 test('every section and key is described and has a default', () => {
@@ -12,7 +18,9 @@ test('every section and key is described and has a default', () => {
   assert.deepEqual(undescribed, []);
   const noDefault = entries.filter((e) => !e.hasDefault).map((e) => e.path.join('.'));
   assert.deepEqual(noDefault, []);
-  const notSnake = entries.filter((e) => !/^[a-z][a-z0-9_]*$/.test(e.path[e.path.length - 1])).map((e) => e.path.join('.'));
+  const notSnake = entries
+    .filter((e) => !/^[a-z][a-z0-9_]*$/.test(e.path[e.path.length - 1]))
+    .map((e) => e.path.join('.'));
   assert.deepEqual(notSnake, []);
 });
 
@@ -20,10 +28,16 @@ test('the schema is strict at every level', () => {
   for (const e of schemaEntries(configSchema).filter((x) => x.section)) {
     const value: Record<string, unknown> = {};
     let cur = value;
-    for (const seg of e.path) { cur[seg] = {}; cur = cur[seg] as Record<string, unknown>; }
+    for (const seg of e.path) {
+      cur[seg] = {};
+      cur = cur[seg] as Record<string, unknown>;
+    }
     cur.not_a_key = 1;
     const r = configSchema.safeParse(value);
-    assert.ok(!r.success && r.error.issues.some((i) => i.code === 'unrecognized_keys'), `${e.path.join('.')} accepts unknown keys`);
+    assert.ok(
+      !r.success && r.error.issues.some((i) => i.code === 'unrecognized_keys'),
+      `${e.path.join('.')} accepts unknown keys`,
+    );
   }
 });
 
@@ -67,8 +81,17 @@ test('defaultConfig fills derived values and returns fresh objects', () => {
 test('docs/config.md is what scripts/gen-config-docs.ts generates', () => {
   const path = fileURLToPath(new URL('../../../docs/config.md', import.meta.url));
   const committed = readFileSync(path, 'utf8');
-  assert.ok(committed === renderConfigDocs(), 'docs/config.md is stale: run node --import tsx scripts/gen-config-docs.ts');
-  for (const key of ['`rollout_batch_size`', '`optim.lr`', '`remote.breaker.failure_threshold`', '`database_url`', 'DISABLE_RL_REWARD_MODEL']) {
+  assert.ok(
+    committed === renderConfigDocs(),
+    'docs/config.md is stale: run node --import tsx scripts/gen-config-docs.ts',
+  );
+  for (const key of [
+    '`rollout_batch_size`',
+    '`optim.lr`',
+    '`remote.breaker.failure_threshold`',
+    '`database_url`',
+    'DISABLE_RL_REWARD_MODEL',
+  ]) {
     assert.ok(committed.includes(key), key);
   }
 });

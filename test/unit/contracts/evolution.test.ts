@@ -5,7 +5,13 @@ import { join } from 'node:path';
 import { Codec } from '../../../lib/contracts/codec.ts';
 import { SchemaIncompatibleError, assertCompatible, checkCompatibility } from '../../../lib/contracts/compat.ts';
 import { SchemaCatalogue, defaultSchemaDir } from '../../../lib/contracts/schemas.ts';
-import type { PromptBatch, PromptGroup, ScoredGroup, ScoredSample, TrajectoryGroup } from '../../../lib/contracts/types.ts';
+import type {
+  PromptBatch,
+  PromptGroup,
+  ScoredGroup,
+  ScoredSample,
+  TrajectoryGroup,
+} from '../../../lib/contracts/types.ts';
 import { PoisonMessageError } from '../../../lib/errors.ts';
 import { Gen, plain } from './fixtures.ts';
 
@@ -26,7 +32,10 @@ function catalogue(v2schema: Json | string = v2Text): SchemaCatalogue {
 }
 
 /** The fixture v2 (derived from trajectories.v1, so without the real v2's baseline). */
-interface TrajectoryGroupV2 extends Omit<TrajectoryGroup, 'baseline'> { tags: string[]; samples: Array<TrajectoryGroup['samples'][number] & { entropies: Float32Array }> }
+interface TrajectoryGroupV2 extends Omit<TrajectoryGroup, 'baseline'> {
+  tags: string[];
+  samples: Array<TrajectoryGroup['samples'][number] & { entropies: Float32Array }>;
+}
 
 test('a v2 reader reads v1 records: new fields take their defaults, the rest is unchanged', () => {
   const cat = catalogue();
@@ -37,7 +46,10 @@ test('a v2 reader reads v1 records: new fields take their defaults, the rest is 
   const bytes = writer.encode(g as TrajectoryGroup);
   const d = reader.decodeWithHeaders(writer.headers(), bytes);
   assert.deepEqual(d.tags, []);
-  for (const s of d.samples) { assert.ok(s.entropies instanceof Float32Array); assert.equal(s.entropies.length, 0); }
+  for (const s of d.samples) {
+    assert.ok(s.entropies instanceof Float32Array);
+    assert.equal(s.entropies.length, 0);
+  }
   const { tags: _t, ...rest } = plain(d) as Json;
   rest.samples = rest.samples.map(({ entropies: _e, ...s }: Json) => s);
   assert.deepEqual(rest, plain(g));
@@ -48,7 +60,11 @@ test('a v1 reader reads v2 records (added fields are skipped)', () => {
   const writer = new Codec<TrajectoryGroupV2>('trajectories', { catalogue: cat });
   const reader = new Codec<TrajectoryGroup>('trajectories', { catalogue: cat, ref: 'trajectories.v1' });
   const { baseline: _b, ...g } = new Gen(22).trajectoryGroup(5, { n: 2, tokens: 4 }); // the fixture v2 derives from v1
-  const g2: TrajectoryGroupV2 = { ...g, tags: ['a', 'ü'], samples: g.samples.map((s) => ({ ...s, entropies: new Float32Array(s.response_ids.length).fill(0.5) })) };
+  const g2: TrajectoryGroupV2 = {
+    ...g,
+    tags: ['a', 'ü'],
+    samples: g.samples.map((s) => ({ ...s, entropies: new Float32Array(s.response_ids.length).fill(0.5) })),
+  };
   const d = reader.decode(writer.encode(g2 as TrajectoryGroupV2), 'trajectories.v2');
   assert.deepEqual(plain(d), plain(g));
 });
@@ -58,26 +74,41 @@ test('a new field without a default is rejected, naming the field', () => {
   delete sampleFields(bad).find((f) => f.name === 'entropies').default;
   const res = checkCompatibility(v1Text, bad);
   assert.equal(res.compatible, false);
-  assert.deepEqual(res.errors, ['TrajectoryGroup.samples[].entropies: field is new in the reader and has no default, so older records cannot be read; give it a default']);
-  assert.throws(() => assertCompatible(v1Text, bad, { writer: 'trajectories.v1', reader: 'trajectories.v2' }), (e: unknown) => {
-    assert.ok(e instanceof SchemaIncompatibleError);
-    assert.equal(e.retriable, false);
-    assert.equal(e.code, 'ERR_SCHEMA_INCOMPATIBLE');
-    assert.match(e.message, /^trajectories\.v1 cannot be read as trajectories\.v2: TrajectoryGroup\.samples\[\]\.entropies: field is new/);
-    return true;
-  });
+  assert.deepEqual(res.errors, [
+    'TrajectoryGroup.samples[].entropies: field is new in the reader and has no default, so older records cannot be read; give it a default',
+  ]);
+  assert.throws(
+    () => assertCompatible(v1Text, bad, { writer: 'trajectories.v1', reader: 'trajectories.v2' }),
+    (e: unknown) => {
+      assert.ok(e instanceof SchemaIncompatibleError);
+      assert.equal(e.retriable, false);
+      assert.equal(e.code, 'ERR_SCHEMA_INCOMPATIBLE');
+      assert.match(
+        e.message,
+        /^trajectories\.v1 cannot be read as trajectories\.v2: TrajectoryGroup\.samples\[\]\.entropies: field is new/,
+      );
+      return true;
+    },
+  );
   // a consumer with that reader dead-letters v1 messages with the reason
   const cat = catalogue(bad);
   const writer = new Codec<TrajectoryGroup>('trajectories', { catalogue: cat, ref: 'trajectories.v1' });
   const reader = new Codec<TrajectoryGroupV2>('trajectories', { catalogue: cat });
   const bytes = writer.encode(new Gen(1).trajectoryGroup(1));
-  assert.throws(() => reader.decode(bytes, 'trajectories.v1'), (e: unknown) => e instanceof PoisonMessageError && /samples\[\]\.entropies: field is new in the reader and has no default/.test(e.message));
+  assert.throws(
+    () => reader.decode(bytes, 'trajectories.v1'),
+    (e: unknown) =>
+      e instanceof PoisonMessageError &&
+      /samples\[\]\.entropies: field is new in the reader and has no default/.test(e.message),
+  );
 });
 
 test('a type change is rejected naming the field; Avro promotions are accepted', () => {
   const retyped = v2();
   retyped.fields.find((f: Json) => f.name === 'step').type = 'string';
-  assert.deepEqual(checkCompatibility(v1Text, retyped).errors, ['TrajectoryGroup.step: type changed from int to string, which Avro cannot convert; add a new field instead']);
+  assert.deepEqual(checkCompatibility(v1Text, retyped).errors, [
+    'TrajectoryGroup.step: type changed from int to string, which Avro cannot convert; add a new field instead',
+  ]);
   const promoted = v2();
   promoted.fields.find((f: Json) => f.name === 'step').type = 'long';
   sampleFields(promoted).find((f) => f.name === 'response_text').type = 'bytes';
@@ -85,7 +116,10 @@ test('a type change is rejected naming the field; Avro promotions are accepted',
   // and the promoted reader really reads v1 data
   const cat = catalogue(promoted);
   const g = new Gen(3).trajectoryGroup(7, { n: 1, tokens: 2 });
-  const d = new Codec<Json>('trajectories', { catalogue: cat }).decode(new Codec('trajectories', { catalogue: cat, ref: 'trajectories.v1' }).encode(g), 'trajectories.v1');
+  const d = new Codec<Json>('trajectories', { catalogue: cat }).decode(
+    new Codec('trajectories', { catalogue: cat, ref: 'trajectories.v1' }).encode(g),
+    'trajectories.v1',
+  );
   assert.equal(d.step, 7);
   assert.ok(Buffer.isBuffer(d.samples[0].response_text));
   assert.equal(d.samples[0].response_text.toString(), g.samples[0].response_text);
@@ -94,50 +128,81 @@ test('a type change is rejected naming the field; Avro promotions are accepted',
 test('a changed logical type (int32-le → float32-le, both bytes) is rejected rather than reinterpreted', () => {
   const bad = v2();
   sampleFields(bad).find((f) => f.name === 'response_ids').type = { type: 'bytes', logicalType: 'float32-le' };
-  assert.deepEqual(checkCompatibility(v1Text, bad).errors, ['TrajectoryGroup.samples[].response_ids: logical type changed from int32-le to float32-le; the bytes would be reinterpreted — add a new field instead']);
+  assert.deepEqual(checkCompatibility(v1Text, bad).errors, [
+    'TrajectoryGroup.samples[].response_ids: logical type changed from int32-le to float32-le; the bytes would be reinterpreted — add a new field instead',
+  ]);
 });
 
 test('enum, union and record-name rules', () => {
   const noStop = v2();
   sampleFields(noStop).find((f) => f.name === 'finish_reason').type.symbols = ['length', 'abort'];
-  assert.match(checkCompatibility(v1Text, noStop).errors.join('\n'), /TrajectoryGroup\.samples\[\]\.finish_reason: enum symbol\(s\) stop were removed and the reader's enum has no default/);
+  assert.match(
+    checkCompatibility(v1Text, noStop).errors.join('\n'),
+    /TrajectoryGroup\.samples\[\]\.finish_reason: enum symbol\(s\) stop were removed and the reader's enum has no default/,
+  );
   const withDefault = v2();
-  Object.assign(sampleFields(withDefault).find((f) => f.name === 'finish_reason').type, { symbols: ['length', 'abort', 'other'], default: 'other' });
+  Object.assign(sampleFields(withDefault).find((f) => f.name === 'finish_reason').type, {
+    symbols: ['length', 'abort', 'other'],
+    default: 'other',
+  });
   assert.equal(checkCompatibility(v1Text, withDefault).compatible, true);
 
   const nullable = v2();
   nullable.fields.find((f: Json) => f.name === 'ground_truth').type = ['null', 'string'];
   assert.equal(checkCompatibility(v1Text, nullable).compatible, true, 'string → [null, string] widens');
-  assert.deepEqual(checkCompatibility(nullable, v1Text).errors, ["TrajectoryGroup.ground_truth: the writer's union branch null cannot be read as string"]);
+  assert.deepEqual(checkCompatibility(nullable, v1Text).errors, [
+    "TrajectoryGroup.ground_truth: the writer's union branch null cannot be read as string",
+  ]);
 
   const renamed = v2();
   renamed.fields.find((f: Json) => f.name === 'samples').type.items.name = 'Sample';
-  assert.match(checkCompatibility(v1Text, renamed).errors[0], /TrajectoryGroup\.samples\[\]: record TrajectorySample cannot be read as record Sample \(names differ; add an alias\)/);
+  assert.match(
+    checkCompatibility(v1Text, renamed).errors[0],
+    /TrajectoryGroup\.samples\[\]: record TrajectorySample cannot be read as record Sample \(names differ; add an alias\)/,
+  );
   renamed.fields.find((f: Json) => f.name === 'samples').type.items.aliases = ['TrajectorySample'];
   assert.equal(checkCompatibility(v1Text, renamed).compatible, true);
 
   const renamedField = v2();
-  Object.assign(renamedField.fields.find((f: Json) => f.name === 'ground_truth'), { name: 'answer', aliases: ['ground_truth'] });
+  Object.assign(
+    renamedField.fields.find((f: Json) => f.name === 'ground_truth'),
+    { name: 'answer', aliases: ['ground_truth'] },
+  );
   assert.equal(checkCompatibility(v1Text, renamedField).compatible, true, 'a field renamed with an alias');
 });
 
 test('the catalogue refuses misnamed or mis-namespaced schemas with the file named', () => {
   const cat = new SchemaCatalogue();
-  assert.throws(() => cat.add('trajectories-v1', v1Text, 'x.avsc'), /x\.avsc: schema name "trajectories-v1" must look like <family>\.v<N>/);
-  assert.throws(() => cat.add('trajectories.v2', v1Text, 'y.avsc'), /y\.avsc: namespace must be "rlstream\.trajectories\.v2", found "rlstream\.trajectories\.v1"/);
+  assert.throws(
+    () => cat.add('trajectories-v1', v1Text, 'x.avsc'),
+    /x\.avsc: schema name "trajectories-v1" must look like <family>\.v<N>/,
+  );
+  assert.throws(
+    () => cat.add('trajectories.v2', v1Text, 'y.avsc'),
+    /y\.avsc: namespace must be "rlstream\.trajectories\.v2", found "rlstream\.trajectories\.v1"/,
+  );
   assert.throws(() => cat.add('trajectories.v1', '{"type":', 'z.avsc'), /z\.avsc: not valid JSON/);
   const ambiguous = JSON.parse(v1Text);
   ambiguous.fields.find((f: Json) => f.name === 'ground_truth').type = ['string', 'bytes', 'null', 'int', 'long'];
-  assert.throws(() => cat.add('trajectories.v1', ambiguous, 'w.avsc'), /w\.avsc: invalid Avro schema: ambiguous unwrapped union/);
+  assert.throws(
+    () => cat.add('trajectories.v1', ambiguous, 'w.avsc'),
+    /w\.avsc: invalid Avro schema: ambiguous unwrapped union/,
+  );
 });
 
 test('trajectories.v2 and scored.v2 (remax greedy baseline): v1 records read with baseline = null; v1 readers skip it', () => {
   const cat = SchemaCatalogue.load([dir]);
   assert.equal(cat.latest('trajectories').ref, 'trajectories.v2');
   for (const family of ['trajectories', 'scored'] as const) {
-    assert.deepEqual(checkCompatibility(cat.get(`${family}.v1`)!.text, cat.get(`${family}.v2`)!.text), { compatible: true, errors: [] });
+    assert.deepEqual(checkCompatibility(cat.get(`${family}.v1`)!.text, cat.get(`${family}.v2`)!.text), {
+      compatible: true,
+      errors: [],
+    });
     const gen = new Gen(31);
-    const { baseline: _b, ...g } = family === 'trajectories' ? gen.trajectoryGroup(4, { n: 2, tokens: 3 }) : withoutRewardText(gen.scoredGroup(4, { n: 2, tokens: 3 }));
+    const { baseline: _b, ...g } =
+      family === 'trajectories'
+        ? gen.trajectoryGroup(4, { n: 2, tokens: 3 })
+        : withoutRewardText(gen.scoredGroup(4, { n: 2, tokens: 3 }));
     const v1 = new Codec<Json>(family, { catalogue: cat, ref: `${family}.v1` });
     const v2c = new Codec<Json>(family, { catalogue: cat, ref: `${family}.v2` });
     const old = v2c.decode(v1.encode(g), `${family}.v1`);
@@ -162,9 +227,15 @@ function withoutRewardText(g: ScoredGroup): ScoredGroup {
 test('scored.v3 (reward_text: non-numeric reward details): v2 records read with reward_text = {}; v2 readers skip it', () => {
   const cat = SchemaCatalogue.load([dir]);
   assert.equal(cat.latest('scored').ref, 'scored.v3');
-  assert.deepEqual(checkCompatibility(cat.get('scored.v2')!.text, cat.get('scored.v3')!.text), { compatible: true, errors: [] });
+  assert.deepEqual(checkCompatibility(cat.get('scored.v2')!.text, cat.get('scored.v3')!.text), {
+    compatible: true,
+    errors: [],
+  });
   const g = new Gen(34).scoredGroup(4, { n: 3, tokens: 3 });
-  assert.ok(g.samples.some((x) => Object.keys(x.reward_text).length > 0), 'the fixture has text details');
+  assert.ok(
+    g.samples.some((x) => Object.keys(x.reward_text).length > 0),
+    'the fixture has text details',
+  );
   const v2 = new Codec<Json>('scored', { catalogue: cat, ref: 'scored.v2' });
   const v3 = new Codec<Json>('scored', { catalogue: cat });
   assert.equal(v3.ref, 'scored.v3');
@@ -184,10 +255,16 @@ test('the greedy baseline is checked like a sample: id, index not among the samp
   const codec = new Codec<Json>('trajectories', { catalogue: cat });
   const g = new Gen(32).trajectoryGroup(4, { n: 2, tokens: 3 });
   const s0 = g.samples[0];
-  assert.throws(() => codec.encode({ ...g, baseline: { ...s0 } }), /baseline\.sample_index: 0 appears twice in the group/);
+  assert.throws(
+    () => codec.encode({ ...g, baseline: { ...s0 } }),
+    /baseline\.sample_index: 0 appears twice in the group/,
+  );
   assert.throws(() => codec.encode({ ...g, baseline: { ...s0, sample_index: 2 } }), /baseline\.id: .* is not ".*\/n2"/);
   const val = new Gen(33).trajectoryGroup(4, { n: 1, tokens: 3, kind: 'val' });
-  assert.throws(() => codec.encode({ ...val, baseline: { ...val.samples[0], sample_index: 1, id: `${val.id}/n1` } }), /baseline: only training groups have a greedy baseline \(kind is val\)/);
+  assert.throws(
+    () => codec.encode({ ...val, baseline: { ...val.samples[0], sample_index: 1, id: `${val.id}/n1` } }),
+    /baseline: only training groups have a greedy baseline \(kind is val\)/,
+  );
 });
 
 /** A prompt batch as prompts.v1 knew it (no image_refs). */
@@ -198,11 +275,17 @@ function withoutImageRefs(b: PromptBatch): PromptBatch {
 test('prompts.v2 (image_refs: hash and size per image): v1 records read with image_refs = []; v1 readers skip it', () => {
   const cat = SchemaCatalogue.load([dir]);
   assert.equal(cat.latest('prompts').ref, 'prompts.v2');
-  assert.deepEqual(checkCompatibility(cat.get('prompts.v1')!.text, cat.get('prompts.v2')!.text), { compatible: true, errors: [] });
+  assert.deepEqual(checkCompatibility(cat.get('prompts.v1')!.text, cat.get('prompts.v2')!.text), {
+    compatible: true,
+    errors: [],
+  });
   const gen = new Gen(35);
   let b = gen.promptBatch(3);
   for (let i = 0; i < 20 && !b.groups.some((g) => g.images.length > 0); i++) b = gen.promptBatch(3);
-  assert.ok(b.groups.some((g) => g.image_refs.length > 0), 'the fixture has images');
+  assert.ok(
+    b.groups.some((g) => g.image_refs.length > 0),
+    'the fixture has images',
+  );
   const v1 = new Codec<Json>('prompts', { catalogue: cat, ref: 'prompts.v1' });
   const v2 = new Codec<Json>('prompts', { catalogue: cat });
   assert.equal(v2.ref, 'prompts.v2');
@@ -217,23 +300,48 @@ test('prompts.v2 (image_refs: hash and size per image): v1 records read with ima
   assert.deepEqual(plain(v1.decode(v2.encode(b), 'prompts.v2')), plain(old));
   // refs are checked: one per image, sha256 hex, positive size
   const g0 = b.groups.find((g) => g.images.length > 0)!;
-  const bad = (refs: PromptGroup['image_refs']) => ({ ...b, groups: b.groups.map((g) => (g === g0 ? { ...g, image_refs: refs } : g)) });
+  const bad = (refs: PromptGroup['image_refs']) => ({
+    ...b,
+    groups: b.groups.map((g) => (g === g0 ? { ...g, image_refs: refs } : g)),
+  });
   assert.throws(() => v2.encode(bad([...g0.image_refs, g0.image_refs[0]])), /image_refs: 2 refs for 1 images/);
-  assert.throws(() => v2.encode(bad([{ ...g0.image_refs[0], hash: 'ABC' }])), /image_refs\[0\]\.hash: must be a lower-case hex sha256/);
-  assert.throws(() => v2.encode(bad([{ ...g0.image_refs[0], width: 0 }])), /image_refs\[0\]: size 0×28 must be positive/);
+  assert.throws(
+    () => v2.encode(bad([{ ...g0.image_refs[0], hash: 'ABC' }])),
+    /image_refs\[0\]\.hash: must be a lower-case hex sha256/,
+  );
+  assert.throws(
+    () => v2.encode(bad([{ ...g0.image_refs[0], width: 0 }])),
+    /image_refs\[0\]: size 0×28 must be positive/,
+  );
 });
 
 test('updates.v2 (vppo: token mask, scaling factor, perturbed log-probs): v1 records read with vppo = null; v1 readers skip it', () => {
   const cat = SchemaCatalogue.load([dir]);
   assert.equal(cat.latest('updates').ref, 'updates.v2');
-  assert.deepEqual(checkCompatibility(cat.get('updates.v1')!.text, cat.get('updates.v2')!.text), { compatible: true, errors: [] });
+  assert.deepEqual(checkCompatibility(cat.get('updates.v1')!.text, cat.get('updates.v2')!.text), {
+    compatible: true,
+    errors: [],
+  });
   const v1 = new Codec<Json>('updates', { catalogue: cat, ref: 'updates.v1' });
   const v2c = new Codec<Json>('updates', { catalogue: cat });
   const gen = new Gen(35);
   let g = gen.updateGroup(4, { n: 3, tokens: 4 });
   while (g.filtered) g = gen.updateGroup(4, { n: 3, tokens: 4 });
   const L = (i: number) => g.samples[i].response_ids.length;
-  const withVppo = { ...g, samples: g.samples.map((x, i) => ({ ...x, vppo: i === 1 ? null : { perturbed_logprobs: new Float32Array(L(i)).fill(-2.5), token_mask: Buffer.from(Array.from({ length: L(i) }, (_, t) => t % 2)), scaling_factor: 0.8 + 0.1 * i } })) };
+  const withVppo = {
+    ...g,
+    samples: g.samples.map((x, i) => ({
+      ...x,
+      vppo:
+        i === 1
+          ? null
+          : {
+              perturbed_logprobs: new Float32Array(L(i)).fill(-2.5),
+              token_mask: Buffer.from(Array.from({ length: L(i) }, (_, t) => t % 2)),
+              scaling_factor: 0.8 + 0.1 * i,
+            },
+    })),
+  };
   // v2 round-trips the VPPO fields
   const back = v2c.decode(v2c.encode(withVppo)) as Json;
   assert.deepEqual(plain(back), plain(withVppo));

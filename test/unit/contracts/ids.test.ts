@@ -2,10 +2,32 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import {
-  assertRunId, chunkId, controlId, deadLetterId, groupId, groupIdFor, hashId, metricsId, parseId, policyId, refillId,
-  sampleId, sampleIdFor, seedFromId, seedWordsFromId, valGroupId, valSampleId,
+  assertRunId,
+  chunkId,
+  controlId,
+  deadLetterId,
+  groupId,
+  groupIdFor,
+  hashId,
+  metricsId,
+  parseId,
+  policyId,
+  refillId,
+  sampleId,
+  sampleIdFor,
+  seedFromId,
+  seedWordsFromId,
+  valGroupId,
+  valSampleId,
 } from '../../../lib/contracts/ids.ts';
-import { copyFloat32, copyInt32, packFloat32, packInt32, unpackFloat32, unpackInt32 } from '../../../lib/contracts/packing.ts';
+import {
+  copyFloat32,
+  copyInt32,
+  packFloat32,
+  packInt32,
+  unpackFloat32,
+  unpackInt32,
+} from '../../../lib/contracts/packing.ts';
 
 test('ids are derived from run, kind, step/round, prompt and sample, and parse back', () => {
   assert.equal(groupId('r1', 3, 17), 'r1/train/s3/p17');
@@ -20,9 +42,24 @@ test('ids are derived from run, kind, step/round, prompt and sample, and parse b
   assert.equal(metricsId('r1', 'update', 'train', 3), 'r1/metrics/update/train/s3/step');
   assert.equal(controlId('r1', 'epoch_started', 'e2'), 'r1/control/epoch_started/e2');
   assert.equal(refillId('r1', 3, 2), 'r1/control/refill_request/s3.q2');
-  assert.equal(deadLetterId('r1', 'reward', 'rl.r1.trajectories', 2, 2n ** 62n), `r1/deadletter/reward/rl.r1.trajectories/2/${2n ** 62n}`);
-  assert.deepEqual(parseId('my.run-1/train/s3/p17/n5'), { runId: 'my.run-1', kind: 'train', step: 3, promptIndex: 17, sampleIndex: 5 });
-  assert.deepEqual(parseId(valGroupId('x', 9, 1)), { runId: 'x', kind: 'val', step: 9, promptIndex: 1, sampleIndex: null });
+  assert.equal(
+    deadLetterId('r1', 'reward', 'rl.r1.trajectories', 2, 2n ** 62n),
+    `r1/deadletter/reward/rl.r1.trajectories/2/${2n ** 62n}`,
+  );
+  assert.deepEqual(parseId('my.run-1/train/s3/p17/n5'), {
+    runId: 'my.run-1',
+    kind: 'train',
+    step: 3,
+    promptIndex: 17,
+    sampleIndex: 5,
+  });
+  assert.deepEqual(parseId(valGroupId('x', 9, 1)), {
+    runId: 'x',
+    kind: 'val',
+    step: 9,
+    promptIndex: 1,
+    sampleIndex: null,
+  });
   assert.equal(parseId('x/policy/v1'), null);
   assert.equal(parseId('x/train/s1/p1/n1/extra'), null);
 });
@@ -86,7 +123,8 @@ test('packing: views without copies, aligned unpack is a view, unaligned a copy'
   assert.deepEqual(u, ids);
   const f = Float32Array.from([0, -0.5, Number.NEGATIVE_INFINITY, 3.4e38]);
   assert.deepEqual(unpackFloat32(packFloat32(f)), f);
-  const fu = Buffer.alloc(17); packFloat32(f).copy(fu, 1);
+  const fu = Buffer.alloc(17);
+  packFloat32(f).copy(fu, 1);
   assert.deepEqual(unpackFloat32(fu.subarray(1)), f);
   assert.deepEqual(copyInt32(b), ids);
   assert.notEqual(copyFloat32(packFloat32(f)).buffer, f.buffer);

@@ -9,11 +9,25 @@ import { cpSync, mkdirSync, mkdtempSync as mkdtempRaw, readFileSync, rmSync, wri
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { ASSERTIONS_FILE, GENERATED_FILE, SCHEMA_DIR, checkEvolution, checkGenerated, checkTypeAssertions, generateTypes } from '../../../scripts/check-schema-types.ts';
+import {
+  ASSERTIONS_FILE,
+  GENERATED_FILE,
+  SCHEMA_DIR,
+  checkEvolution,
+  checkGenerated,
+  checkTypeAssertions,
+  generateTypes,
+} from '../../../scripts/check-schema-types.ts';
 
 const scratch: string[] = [];
-function mkdtempSync(prefix: string): string { const d = mkdtempRaw(prefix); scratch.push(d); return d; }
-after(() => { for (const d of scratch) rmSync(d, { recursive: true, force: true }); });
+function mkdtempSync(prefix: string): string {
+  const d = mkdtempRaw(prefix);
+  scratch.push(d);
+  return d;
+}
+after(() => {
+  for (const d of scratch) rmSync(d, { recursive: true, force: true });
+});
 
 test('the committed generated.ts is fresh, types.ts matches it, and the evolution fixtures are compatible', () => {
   const gen = checkGenerated();
@@ -24,7 +38,10 @@ test('the committed generated.ts is fresh, types.ts matches it, and the evolutio
 
 test('generated types map Avro to TypeScript (typed arrays, nullable unions, enums, maps)', () => {
   const src = readFileSync(GENERATED_FILE, 'utf8');
-  assert.match(src, /export interface TrajectoriesV1TrajectorySample \{[^}]*response_ids: Int32Array;[^}]*behaviour_logprobs: Float32Array;[^}]*response_mask: Buffer;[^}]*finish_reason: TrajectoriesV1FinishReason;/s);
+  assert.match(
+    src,
+    /export interface TrajectoriesV1TrajectorySample \{[^}]*response_ids: Int32Array;[^}]*behaviour_logprobs: Float32Array;[^}]*response_mask: Buffer;[^}]*finish_reason: TrajectoriesV1FinishReason;/s,
+  );
   assert.match(src, /export type TrajectoriesV1Kind = "train" \| "val";/);
   assert.match(src, /reward: null \| number;/);
   assert.match(src, /values: Record<string, number>;/);
@@ -56,15 +73,18 @@ test('a hand-written type that differs from the schema fails the type assertions
   const assertions = pathToFileURL(ASSERTIONS_FILE).href.replace(/^file:\/\//, '');
   // a copy of a real type with one field retyped
   const file = join(dir, 'mismatch.ts');
-  writeFileSync(file, [
-    `import type * as G from '${gen}';`,
-    `import type { Expect, Mutual } from '${assertions}';`,
-    'interface Wrong { topic: string; partition: number; next_offset: string }',
-    'interface Right { topic: string; partition: number; next_offset: number }',
-    'export type A = Expect<Mutual<Right, G.PolicyV1ConsumedOffset>>;',
-    'export type B = Expect<Mutual<Wrong, G.PolicyV1ConsumedOffset>>;',
-    'export type C = Expect<Mutual<Right & { extra: 1 }, G.PolicyV1ConsumedOffset>>;',
-  ].join('\n'));
+  writeFileSync(
+    file,
+    [
+      `import type * as G from '${gen}';`,
+      `import type { Expect, Mutual } from '${assertions}';`,
+      'interface Wrong { topic: string; partition: number; next_offset: string }',
+      'interface Right { topic: string; partition: number; next_offset: number }',
+      'export type A = Expect<Mutual<Right, G.PolicyV1ConsumedOffset>>;',
+      'export type B = Expect<Mutual<Wrong, G.PolicyV1ConsumedOffset>>;',
+      'export type C = Expect<Mutual<Right & { extra: 1 }, G.PolicyV1ConsumedOffset>>;',
+    ].join('\n'),
+  );
   const diags = checkTypeAssertions([file]);
   assert.equal(diags.length, 2, diags.join('\n'));
   assert.match(diags[0], /mismatch\.ts:6: Type 'false' does not satisfy the constraint 'true'/);
@@ -80,10 +100,17 @@ test('an evolution fixture that cannot read the previous version is reported', (
   s.namespace = 'rlstream.policy.v2';
   s.fields.push({ name: 'device', type: 'string' });
   writeFileSync(join(evo, 'policy.v2.avsc'), JSON.stringify(s));
-  assert.deepEqual(checkEvolution(dir, evo).filter((p) => p.includes('policy')), [
-    'evolution/policy.v2.avsc cannot read policy.v1: PolicyVersion.device: field is new in the reader and has no default, so older records cannot be read; give it a default',
-  ]);
+  assert.deepEqual(
+    checkEvolution(dir, evo).filter((p) => p.includes('policy')),
+    [
+      'evolution/policy.v2.avsc cannot read policy.v1: PolicyVersion.device: field is new in the reader and has no default, so older records cannot be read; give it a default',
+    ],
+  );
   // two versions side by side in schemas/ are checked too
   writeFileSync(join(dir, 'policy.v2.avsc'), JSON.stringify(s));
-  assert.ok(checkEvolution(dir, join(dir, 'none')).some((p) => p.startsWith('policy.v2 cannot read policy.v1: PolicyVersion.device')));
+  assert.ok(
+    checkEvolution(dir, join(dir, 'none')).some((p) =>
+      p.startsWith('policy.v2 cannot read policy.v1: PolicyVersion.device'),
+    ),
+  );
 });

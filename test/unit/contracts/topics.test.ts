@@ -11,9 +11,16 @@ test('topic names are per run: <prefix>.<run>.<topic>', () => {
   assert.equal(parseTopicName('rlstream', 'exp-1', 'rlstream.exp-1.scored'), 'scored');
   assert.equal(parseTopicName('rlstream', 'exp-1', 'rlstream.exp-2.scored'), null);
   assert.equal(parseTopicName('rlstream', 'exp-1', 'rlstream.exp-1.nope'), null);
-  assert.throws(() => topicName('bad prefix', 'r', 'prompts'), (e: unknown) => e instanceof ConfigError && /pipeline\.topic_prefix "bad prefix" may contain only letters/.test(e.message));
+  assert.throws(
+    () => topicName('bad prefix', 'r', 'prompts'),
+    (e: unknown) =>
+      e instanceof ConfigError && /pipeline\.topic_prefix "bad prefix" may contain only letters/.test(e.message),
+  );
   assert.throws(() => topicName('p', 'r', 'nope' as 'prompts'), /unknown topic "nope"; topics: prompts, trajectories/);
-  assert.throws(() => topicName('p'.repeat(200), 'r'.repeat(100), 'trajectories'), /over Kafka's 249; shorten pipeline\.topic_prefix or the run id/);
+  assert.throws(
+    () => topicName('p'.repeat(200), 'r'.repeat(100), 'trajectories'),
+    /over Kafka's 249; shorten pipeline\.topic_prefix or the run id/,
+  );
   assert.throws(() => topicName('p', 'r/x', 'prompts'), /invalid run id/);
 });
 

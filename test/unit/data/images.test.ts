@@ -5,18 +5,38 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import sharp from 'sharp';
-import { ImageError, RESAMPLE_KERNELS, decodePixels, encodeRgbPng, imageBytes, prepareImage, prepareRgbImage, smartResize, type ImageOptions } from '../../../lib/data/images.ts';
+import {
+  ImageError,
+  RESAMPLE_KERNELS,
+  decodePixels,
+  encodeRgbPng,
+  imageBytes,
+  prepareImage,
+  prepareRgbImage,
+  smartResize,
+  type ImageOptions,
+} from '../../../lib/data/images.ts';
 import { LruCache, PixelCache } from '../../../lib/data/pixel-cache.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'rl-images-'));
 
 /** A w×h test image with a gradient and a few noisy pixels (so resampling kernels differ). */
-async function image(w: number, h: number, fmt: 'png' | 'jpeg', opts: { channels?: 1 | 2 | 3 | 4; orientation?: number } = {}): Promise<Buffer> {
+async function image(
+  w: number,
+  h: number,
+  fmt: 'png' | 'jpeg',
+  opts: { channels?: 1 | 2 | 3 | 4; orientation?: number } = {},
+): Promise<Buffer> {
   const channels = opts.channels ?? 3;
   const px = Buffer.alloc(w * h * channels);
-  for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) for (let c = 0; c < channels; c++) {
-    px[(y * w + x) * channels + c] = c === channels - 1 && (channels === 2 || channels === 4) ? 200 : ((x * 7 + y * 13 + c * 50) ^ ((x * y) % 17 === 0 ? 255 : 0)) & 255;
-  }
+  for (let y = 0; y < h; y++)
+    for (let x = 0; x < w; x++)
+      for (let c = 0; c < channels; c++) {
+        px[(y * w + x) * channels + c] =
+          c === channels - 1 && (channels === 2 || channels === 4)
+            ? 200
+            : ((x * 7 + y * 13 + c * 50) ^ ((x * y) % 17 === 0 ? 255 : 0)) & 255;
+      }
   let s = sharp(px, { raw: { width: w, height: h, channels } });
   if (channels <= 2) s = s.toColourspace('b-w');
   if (opts.orientation) s = s.withMetadata({ orientation: opts.orientation });
@@ -41,15 +61,26 @@ test('smartResize: Qwen2-VL rule, hand-computed cases (factor 28)', () => {
   // the floor never goes below one factor: 28/sqrt(20)/28 = 0.22 → max(28, 0)
   assert.deepEqual(smartResize(28, 5600, { factor: 28, minPixels: 1, maxPixels: 7840 }), [28, 1232]);
   // aspect ratio: 200 is allowed, over 200 is refused
-  assert.throws(() => smartResize(1, 201, { factor: 28, minPixels: 1, maxPixels: 1e9 }), /aspect ratio 201\.0 is over 200/);
+  assert.throws(
+    () => smartResize(1, 201, { factor: 28, minPixels: 1, maxPixels: 1e9 }),
+    /aspect ratio 201\.0 is over 200/,
+  );
   assert.throws(() => smartResize(0, 10, { factor: 28, minPixels: 1, maxPixels: 1e9 }), RangeError);
 });
 
 test('smartResize: results are on the grid and within the pixel bounds for ordinary sizes', () => {
   const o = { factor: 28, minPixels: 56 * 56, maxPixels: 28 * 28 * 1280 };
-  for (const [h, w] of [[28, 28], [333, 517], [2000, 3000], [4096, 64], [31, 29], [1080, 1920]] as const) {
+  for (const [h, w] of [
+    [28, 28],
+    [333, 517],
+    [2000, 3000],
+    [4096, 64],
+    [31, 29],
+    [1080, 1920],
+  ] as const) {
     const [rh, rw] = smartResize(h, w, o);
-    assert.equal(rh % 28, 0); assert.equal(rw % 28, 0);
+    assert.equal(rh % 28, 0);
+    assert.equal(rw % 28, 0);
     assert.ok(rh * rw <= o.maxPixels && rh * rw >= o.minPixels, `${h}×${w} → ${rh}×${rw}`);
     // the aspect ratio is kept to within a grid cell
     assert.ok(Math.abs(rh / rw - h / w) <= (h / w) * (28 / Math.min(rh, rw)) + 1e-9, `${h}×${w} → ${rh}×${rw}`);
@@ -57,7 +88,14 @@ test('smartResize: results are on the grid and within the pixel bounds for ordin
 });
 
 test('resampling names map onto sharp kernels', () => {
-  assert.deepEqual(RESAMPLE_KERNELS, { nearest: 'nearest', bilinear: 'linear', bicubic: 'cubic', mitchell: 'mitchell', lanczos2: 'lanczos2', lanczos3: 'lanczos3' });
+  assert.deepEqual(RESAMPLE_KERNELS, {
+    nearest: 'nearest',
+    bilinear: 'linear',
+    bicubic: 'cubic',
+    mitchell: 'mitchell',
+    lanczos2: 'lanczos2',
+    lanczos3: 'lanczos3',
+  });
   for (const k of Object.values(RESAMPLE_KERNELS)) assert.ok(k in sharp.kernel, `${k} is a sharp kernel`);
 });
 
@@ -77,7 +115,11 @@ test('a PNG is decoded, resized to the grid and re-encoded as RGB PNG; its hash 
 });
 
 test('a generated RGB image: the same PNG bytes and hash as prepareImage of its PNG, whether it keeps its size or is resized', async () => {
-  for (const [w, h] of [[84, 28], [308, 196], [300, 200]]) {
+  for (const [w, h] of [
+    [84, 28],
+    [308, 196],
+    [300, 200],
+  ]) {
     const data = new Uint8Array(w * h * 3);
     for (let i = 0; i < data.length; i++) data[i] = (i * 37 + (i % 7) * 91) & 255;
     const img = { width: w, height: h, data };
@@ -86,7 +128,10 @@ test('a generated RGB image: the same PNG bytes and hash as prepareImage of its 
     assert.deepEqual([fast.width, fast.height, fast.hash], [ref.width, ref.height, ref.hash], `${w}×${h}`);
     assert.ok(Buffer.from(fast.png).equals(Buffer.from(ref.png)), `${w}×${h}: the same PNG bytes`);
   }
-  await assert.rejects(prepareRgbImage({ width: 20, height: 20, data: new Uint8Array(1200) }, small), /smaller than the 28-pixel/);
+  await assert.rejects(
+    prepareRgbImage({ width: 20, height: 20, data: new Uint8Array(1200) }, small),
+    /smaller than the 28-pixel/,
+  );
 });
 
 test('JPEG, grayscale, grayscale+alpha, 16-bit and EXIF-rotated inputs all come out as upright 8-bit RGB', async () => {
@@ -97,12 +142,19 @@ test('JPEG, grayscale, grayscale+alpha, 16-bit and EXIF-rotated inputs all come 
   for (const channels of [2, 4] as const) {
     const src = await image(64, 64, 'png', { channels });
     assert.equal((await sharp(src).metadata()).channels, channels);
-    assert.equal((await sharp((await prepareImage(src, small)).png).metadata()).channels, 3, `${channels} channels in, RGB out`);
+    assert.equal(
+      (await sharp((await prepareImage(src, small)).png).metadata()).channels,
+      3,
+      `${channels} channels in, RGB out`,
+    );
   }
   const gray = await prepareImage(await image(64, 64, 'png', { channels: 1 }), small);
   assert.equal((await sharp(gray.png).metadata()).channels, 3);
   // 16 bits per channel come out as 8-bit sRGB, the same colour
-  const deep = await sharp({ create: { width: 60, height: 40, channels: 3, background: '#8040c0' } }).toColourspace('rgb16').png().toBuffer();
+  const deep = await sharp({ create: { width: 60, height: 40, channels: 3, background: '#8040c0' } })
+    .toColourspace('rgb16')
+    .png()
+    .toBuffer();
   assert.equal((await sharp(deep).metadata()).depth, 'ushort');
   const d = await prepareImage(deep, small);
   assert.deepEqual([...(await decodePixels(d.png)).data.subarray(0, 3)], [0x80, 0x40, 0xc0]);
@@ -121,10 +173,24 @@ test('the resampling kernel is applied: nearest and lanczos3 give different pixe
 });
 
 test('too small, undecodable and empty images are ImageErrors that say what is wrong', async () => {
-  await assert.rejects(prepareImage(await image(20, 100, 'png'), small), (e: unknown) => e instanceof ImageError && /is 20×100, smaller than the 28-pixel patch grid \(data\.image_factor\)/.test(e.message));
-  await assert.rejects(prepareImage(Buffer.from('not an image at all'), small), (e: unknown) => e instanceof ImageError && /cannot be decoded/.test(e.message));
-  await assert.rejects(prepareImage(Buffer.alloc(0), small), (e: unknown) => e instanceof ImageError && /is empty/.test(e.message));
-  await assert.rejects(prepareImage(await image(28, 6000, 'png'), small), (e: unknown) => e instanceof ImageError && /aspect ratio .* over 200/.test(e.message));
+  await assert.rejects(
+    prepareImage(await image(20, 100, 'png'), small),
+    (e: unknown) =>
+      e instanceof ImageError &&
+      /is 20×100, smaller than the 28-pixel patch grid \(data\.image_factor\)/.test(e.message),
+  );
+  await assert.rejects(
+    prepareImage(Buffer.from('not an image at all'), small),
+    (e: unknown) => e instanceof ImageError && /cannot be decoded/.test(e.message),
+  );
+  await assert.rejects(
+    prepareImage(Buffer.alloc(0), small),
+    (e: unknown) => e instanceof ImageError && /is empty/.test(e.message),
+  );
+  await assert.rejects(
+    prepareImage(await image(28, 6000, 'png'), small),
+    (e: unknown) => e instanceof ImageError && /aspect ratio .* over 200/.test(e.message),
+  );
 });
 
 test('image field values: file paths (relative to the image dir), base64, data URLs, bytes, {bytes}/{path}', async () => {
@@ -137,7 +203,12 @@ test('image field values: file paths (relative to the image dir), base64, data U
   assert.deepEqual(imageBytes(new Uint8Array(png), dir), png);
   assert.deepEqual(imageBytes({ bytes: new Uint8Array(png), path: null }, dir), png);
   assert.deepEqual(imageBytes({ bytes: null, path: 'a.png' }, dir), png);
-  assert.throws(() => imageBytes('missing.png', dir), (e: unknown) => e instanceof ImageError && /file not found: .*missing\.png \(paths are relative to data\.image_dir\)/.test(e.message));
+  assert.throws(
+    () => imageBytes('missing.png', dir),
+    (e: unknown) =>
+      e instanceof ImageError &&
+      /file not found: .*missing\.png \(paths are relative to data\.image_dir\)/.test(e.message),
+  );
   assert.throws(() => imageBytes('data:image/png,rawtext', dir), /not base64/);
   assert.throws(() => imageBytes('hello world!', dir), /neither a file path/);
   assert.throws(() => imageBytes(42, dir), /got number/);
@@ -146,7 +217,8 @@ test('image field values: file paths (relative to the image dir), base64, data U
 
 test('LruCache evicts the least recently used entries by size', () => {
   const c = new LruCache<string>(10);
-  c.set('a', 'A', 4); c.set('b', 'B', 4);
+  c.set('a', 'A', 4);
+  c.set('b', 'B', 4);
   assert.equal(c.get('a'), 'A'); // a is now the most recent
   c.set('c', 'C', 4); // evicts b
   assert.equal(c.get('b'), undefined);
@@ -172,5 +244,11 @@ test('PixelCache decodes each image once by hash, and refuses bytes that do not 
   await cache.get(c.hash, c.png); // evicts b (least recent)
   await cache.get(b.hash, b.png);
   assert.equal(cache.decodes, 4);
-  await assert.rejects(cache.get(a.hash.replace(/^./, (x) => (x === '0' ? '1' : '0')), a.png), /do not match their hash/);
+  await assert.rejects(
+    cache.get(
+      a.hash.replace(/^./, (x) => (x === '0' ? '1' : '0')),
+      a.png,
+    ),
+    /do not match their hash/,
+  );
 });

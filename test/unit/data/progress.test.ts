@@ -6,13 +6,20 @@ import { StepCollector } from '../../../lib/pipeline/collector.ts';
 
 test('progress line shows steps, reward, val accuracy and ETA', () => {
   const line = renderProgress({ step: 5, totalSteps: 20, reward: 0.5, valAccuracy: 0.75 }, 50, 10);
-  assert.equal(line, "step 5/20  ███░░░░░░░  reward 0.500  val acc 0.750  elapsed 00:50  eta 02:30");
+  assert.equal(line, 'step 5/20  ███░░░░░░░  reward 0.500  val acc 0.750  elapsed 00:50  eta 02:30');
   assert.equal(formatDuration(3725), '1:02:05');
   assert.equal(formatDuration(NaN), '--:--');
 });
 
 test('tables align numbers right and text left', () => {
-  assert.equal(formatTable([['name', 'value'], ['a', 1], ['bb', 0.5]]), 'name   value\n----  ------\na          1\nbb    0.5000');
+  assert.equal(
+    formatTable([
+      ['name', 'value'],
+      ['a', 1],
+      ['bb', 0.5],
+    ]),
+    'name   value\n----  ------\na          1\nbb    0.5000',
+  );
 });
 
 test('lr schedules: linear warmup, constant, cosine to min ratio', () => {
@@ -32,8 +39,17 @@ test('step collector orders by id, drops duplicates and reports low watermarks',
   assert.equal(c.add('s1', 'a', 1, { topic: 't', partition: 0, offset: 9 }), true);
   assert.equal(c.add('s1', 'a', 1, { topic: 't', partition: 0, offset: 12 }), false);
   c.add('s2', 'c', 3, { topic: 't', partition: 1, offset: 4 });
-  assert.deepEqual(c.groups('s1').map((g) => g.id), ['a', 'b']);
-  assert.deepEqual([...c.lowWatermarks()], [['t:0', 7], ['t:1', 4]]);
+  assert.deepEqual(
+    c.groups('s1').map((g) => g.id),
+    ['a', 'b'],
+  );
+  assert.deepEqual(
+    [...c.lowWatermarks()],
+    [
+      ['t:0', 7],
+      ['t:1', 4],
+    ],
+  );
   c.take('s1');
   assert.deepEqual([...c.lowWatermarks()], [['t:1', 4]]);
 });

@@ -16,7 +16,10 @@ test('number game rows: three distinct numbers, answer is the index of the large
     counts[Number(r.answer)]++;
     for (const ch of r.prompt + r.answer) assert.ok(numberGame.alphabet.includes(ch));
   }
-  assert.ok(counts.every((c) => c > 40), `answers roughly balanced: ${counts}`);
+  assert.ok(
+    counts.every((c) => c > 40),
+    `answers roughly balanced: ${counts}`,
+  );
 });
 
 test('arithmetic rows evaluate correctly', () => {
@@ -28,32 +31,56 @@ test('arithmetic rows evaluate correctly', () => {
 
 test('unknown task / reward names list the valid ones', () => {
   assert.throws(() => tasks.get('numbergame'), /unknown data\.task "numbergame" — valid: arithmetic, number_game/);
-  assert.throws(() => rewardFns.get('exact'), /valid: arithmetic, exact_match, format, gsm8k, number_game, number_game_vision/);
+  assert.throws(
+    () => rewardFns.get('exact'),
+    /valid: arithmetic, exact_match, format, gsm8k, number_game, number_game_vision/,
+  );
 });
 
 test('reward functions: accuracy + format, failures are never zeros', async () => {
   const fn = rewardFns.get('number_game');
   const ok = await applyRewardFn(fn, { prompt: '1 5 3:', response: ' 1', ground_truth: '1', kwargs: {} });
   assert.deepEqual(ok, { ok: true, reward: 1.1, metrics: { overall: 1.1, accuracy: 1, format: 1 } });
-  const wrong = await applyRewardFn(fn, { prompt: '1 5 3:', response: '2', ground_truth: '1', kwargs: { format_weight: 0.5 } });
+  const wrong = await applyRewardFn(fn, {
+    prompt: '1 5 3:',
+    response: '2',
+    ground_truth: '1',
+    kwargs: { format_weight: 0.5 },
+  });
   assert.deepEqual(wrong, { ok: true, reward: 0.5, metrics: { overall: 0.5, accuracy: 0, format: 1 } });
-  const thrown = await applyRewardFn(() => { throw new Error('boom'); }, { prompt: '', response: '', ground_truth: '', kwargs: {} });
+  const thrown = await applyRewardFn(
+    () => {
+      throw new Error('boom');
+    },
+    { prompt: '', response: '', ground_truth: '', kwargs: {} },
+  );
   assert.deepEqual(thrown, { ok: false, reason: 'reward function threw: boom' });
   const nan = await applyRewardFn(() => ({ reward: NaN }), { prompt: '', response: '', ground_truth: '', kwargs: {} });
   assert.equal(nan.ok, false);
   assert.match((nan as { reason: string }).reason, /non-finite reward/);
   // metrics: booleans count as 1/0, strings are kept (stored as text details); NaN or other types are a failure
-  const mixed = await applyRewardFn(() => ({ reward: 1, metrics: { correct: true, pred: '42', score: 0.5 } }), { prompt: '', response: '', ground_truth: '', kwargs: {} });
+  const mixed = await applyRewardFn(() => ({ reward: 1, metrics: { correct: true, pred: '42', score: 0.5 } }), {
+    prompt: '',
+    response: '',
+    ground_truth: '',
+    kwargs: {},
+  });
   assert.deepEqual(mixed, { ok: true, reward: 1, metrics: { correct: 1, pred: '42', score: 0.5, overall: 1 } });
   for (const bad of [NaN, { x: 1 }, null]) {
-    const o = await applyRewardFn(() => ({ reward: 1, metrics: { m: bad as never } }), { prompt: '', response: '', ground_truth: '', kwargs: {} });
+    const o = await applyRewardFn(() => ({ reward: 1, metrics: { m: bad as never } }), {
+      prompt: '',
+      response: '',
+      ground_truth: '',
+      kwargs: {},
+    });
     assert.equal(o.ok, false);
     assert.match((o as { reason: string }).reason, /metric m=.*a metric is a finite number, a boolean or a string/);
   }
 });
 
 test('Rng is deterministic, restorable and uniform enough', () => {
-  const a = Rng.fromSeed('x'), b = Rng.fromSeed('x');
+  const a = Rng.fromSeed('x'),
+    b = Rng.fromSeed('x');
   for (let i = 0; i < 10; i++) assert.equal(a.nextU32(), b.nextU32());
   const st = a.state();
   const v = a.next();

@@ -13,10 +13,26 @@ import { storeError } from '../../../lib/store/kysely-store.ts';
 const pgError = (code: string, message = `error ${code}`) => Object.assign(new Error(message), { code });
 
 test('retriable SQLSTATEs and lost connections are transient in the store; bad rows and schema errors are not', () => {
-  for (const code of ['40001', '40P01', '53300', '57P01', '57P02', '57P03', '08000', '08001', '08003', '08004', '08006']) {
+  for (const code of [
+    '40001',
+    '40P01',
+    '53300',
+    '57P01',
+    '57P02',
+    '57P03',
+    '08000',
+    '08001',
+    '08003',
+    '08004',
+    '08006',
+  ]) {
     assert.equal(storeError('insert', pgError(code), 'db').retriable, true, code);
   }
-  for (const message of ['Connection terminated unexpectedly', 'timeout exceeded when trying to connect', 'Client has encountered a connection error and is not queryable']) {
+  for (const message of [
+    'Connection terminated unexpectedly',
+    'timeout exceeded when trying to connect',
+    'Client has encountered a connection error and is not queryable',
+  ]) {
     assert.equal(storeError('insert', new Error(message), 'db').retriable, true, message);
   }
   for (const code of ['23505', '23514', '22P02', '42601', '42P01', '42703']) {
@@ -36,7 +52,10 @@ test('raw SQL: a lost connection becomes a TransientError, anything with its own
   assert.equal(retriableDbError(syntax, 'x'), syntax, 'a syntax error is passed through unchanged');
   assert.equal(isRetriable(syntax), false);
   // deadlock / serialization / too many connections are retried through isRetriable (not connection losses)
-  for (const code of ['40001', '40P01', '53300']) { assert.equal(isRetriable(pgError(code)), true, code); assert.equal(isConnectionError(pgError(code)), false, code); }
+  for (const code of ['40001', '40P01', '53300']) {
+    assert.equal(isRetriable(pgError(code)), true, code);
+    assert.equal(isConnectionError(pgError(code)), false, code);
+  }
   // causes are followed
   assert.equal(isRetriable(new Error('wrapped', { cause: pgError('08006') })), true);
 });

@@ -15,7 +15,11 @@ test('metric rows become the documented series, labelled with run_id and stage',
   const rows = metricRows('run-1', 'reward', '0', 4, {
     sums: { 'reward/failures': 2 },
     timingMs: { compute: 1500, wait: 250 },
-    sets: { 'reward/mean': 0.25, 'reward_server/127.0.0.1:8000/breaker_open': 1, 'reward_server/127.0.0.1:8000/latency_p99_ms': 120 },
+    sets: {
+      'reward/mean': 0.25,
+      'reward_server/127.0.0.1:8000/breaker_open': 1,
+      'reward_server/127.0.0.1:8000/latency_p99_ms': 120,
+    },
   });
   t.metricRows('reward', 'train', 4, rows);
   t.metricRows('reward', 'train', 3, []); // an older step does not move rlstream_step back
@@ -32,7 +36,9 @@ test('metric rows become the documented series, labelled with run_id and stage',
   has('rlstream_phase_seconds_total{run_id="run-1",stage="reward",phase="compute"} 1.5');
   has('rlstream_phase_seconds_total{run_id="run-1",stage="reward",phase="wait"} 0.25');
   has('rlstream_reward_server_breaker_open{run_id="run-1",stage="reward",server="127.0.0.1:8000"} 1');
-  has('rlstream_reward_server_latency_seconds{run_id="run-1",stage="reward",server="127.0.0.1:8000",quantile="0.99"} 0.12');
+  has(
+    'rlstream_reward_server_latency_seconds{run_id="run-1",stage="reward",server="127.0.0.1:8000",quantile="0.99"} 0.12',
+  );
   has('rlstream_step{run_id="run-1",stage="reward"} 4');
   has('rlstream_batches_total{run_id="run-1",stage="reward"} 1');
   has('rlstream_records_total{run_id="run-1",stage="reward"} 3');
@@ -49,7 +55,12 @@ test('metric rows become the documented series, labelled with run_id and stage',
 test('the HTTP endpoints: healthz, readyz with a reason, metrics, 404 and 405', async () => {
   const t = new PrometheusTelemetry('run-2', 'update');
   let reason: string | null = 'waiting for migrations x.sql';
-  const s = await startHealthServer({ port: 0, host: '127.0.0.1', readiness: { notReadyReason: () => reason }, metrics: t });
+  const s = await startHealthServer({
+    port: 0,
+    host: '127.0.0.1',
+    readiness: { notReadyReason: () => reason },
+    metrics: t,
+  });
   try {
     const at = (path: string, init?: RequestInit) => fetch(`http://127.0.0.1:${s.port}${path}`, init);
     assert.equal((await at('/healthz')).status, 200);
@@ -64,5 +75,7 @@ test('the HTTP endpoints: healthz, readyz with a reason, metrics, 404 and 405', 
     assert.match(await m.text(), /process_cpu_user_seconds_total\{run_id="run-2",stage="update"\}/);
     assert.equal((await at('/nope')).status, 404);
     assert.equal((await at('/readyz', { method: 'POST' })).status, 405);
-  } finally { await s.close(); }
+  } finally {
+    await s.close();
+  }
 });

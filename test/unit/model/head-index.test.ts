@@ -15,16 +15,35 @@ import { SessionCache } from '../../../lib/model/session-cache.ts';
 import { createTrainer, headFeeds, type TrainBatch } from '../../../lib/model/train.ts';
 import { Rng } from '../../../lib/util/rng.ts';
 
-const model = modelConfig({ modelType: 'qwen2', attentionBias: true, tieWordEmbeddings: true, hiddenSize: 32, intermediateSize: 48, numHiddenLayers: 2, numAttentionHeads: 4, numKeyValueHeads: 2, vocabSize: 37, maxPositionEmbeddings: 16, bosTokenId: 1, eosTokenId: 2, padTokenId: 0 });
+const model = modelConfig({
+  modelType: 'qwen2',
+  attentionBias: true,
+  tieWordEmbeddings: true,
+  hiddenSize: 32,
+  intermediateSize: 48,
+  numHiddenLayers: 2,
+  numAttentionHeads: 4,
+  numKeyValueHeads: 2,
+  vocabSize: 37,
+  maxPositionEmbeddings: 16,
+  bosTokenId: 1,
+  eosTokenId: 2,
+  padTokenId: 0,
+});
 
 /** 4 rows of 10: row 1 left-padded by 3, row 3 with no response token (its micro-batch of 1 has no loss position). */
 function batch(): TrainBatch {
   const rng = Rng.fromSeed('head-index');
-  const B = 4, T = 10, n = B * T;
+  const B = 4,
+    T = 10,
+    n = B * T;
   const attn = Float32Array.from({ length: n }, (_, i) => (Math.floor(i / T) === 1 && i % T < 3 ? 0 : 1));
   const resp = Float32Array.from({ length: n }, (_, i) => (Math.floor(i / T) !== 3 && i % T >= 6 ? 1 : 0));
   return {
-    batchSize: B, seqLen: T, attentionMask: attn, responseMask: resp,
+    batchSize: B,
+    seqLen: T,
+    attentionMask: attn,
+    responseMask: resp,
     tokens: Int32Array.from({ length: n }, () => 3 + rng.int(model.vocabSize - 3)),
     advantages: Float32Array.from({ length: n }, () => rng.next() * 2 - 1),
     oldLogprobs: Float32Array.from({ length: n }, () => -3.6 + 0.4 * rng.next()),
@@ -34,7 +53,15 @@ function batch(): TrainBatch {
 
 /** The gradient and metrics of the batch, then the metrics of a step and of the gradient after it. */
 async function run(loss: LossConfigInput, head: boolean, micro?: number) {
-  const tr = createTrainer({ model, loss, threads: 2, seed: 5, cache: new SessionCache(), headAtLossPositions: head, ...(micro ? { microBatchSize: micro } : {}) });
+  const tr = createTrainer({
+    model,
+    loss,
+    threads: 2,
+    seed: 5,
+    cache: new SessionCache(),
+    headAtLossPositions: head,
+    ...(micro ? { microBatchSize: micro } : {}),
+  });
   const g1 = await tr.computeGradients(batch());
   const s = await tr.step(batch(), 1e-2);
   const g2 = await tr.computeGradients(batch());
@@ -43,7 +70,11 @@ async function run(loss: LossConfigInput, head: boolean, micro?: number) {
 
 function assertClose(a: Record<string, number>, b: Record<string, number>, what: string): void {
   assert.deepEqual(Object.keys(a).sort(), Object.keys(b).sort(), `${what}: the same metric names`);
-  for (const k of Object.keys(a)) assert.ok(Math.abs(a[k] - b[k]) <= 1e-5 * (1 + Math.abs(a[k])), `${what} ${k}: ${a[k]} (all positions) vs ${b[k]} (loss positions)`);
+  for (const k of Object.keys(a))
+    assert.ok(
+      Math.abs(a[k] - b[k]) <= 1e-5 * (1 + Math.abs(a[k])),
+      `${what} ${k}: ${a[k]} (all positions) vs ${b[k]} (loss positions)`,
+    );
 }
 
 /**
@@ -54,8 +85,12 @@ function assertSameGrads(a: Map<string, Float32Array>, b: Map<string, Float32Arr
   assert.deepEqual([...b.keys()].sort(), [...a.keys()].sort());
   for (const [k, x] of a) {
     const y = b.get(k)!;
-    let diff = 0, scale = 0;
-    for (let i = 0; i < x.length; i++) { diff = Math.max(diff, Math.abs(x[i] - y[i])); scale = Math.max(scale, Math.abs(x[i])); }
+    let diff = 0,
+      scale = 0;
+    for (let i = 0; i < x.length; i++) {
+      diff = Math.max(diff, Math.abs(x[i] - y[i]));
+      scale = Math.max(scale, Math.abs(x[i]));
+    }
     assert.ok(scale > 0, `${what} ${k}: an all-zero gradient tests nothing`);
     assert.ok(diff <= tol * scale, `${what} ${k}: gradients differ by ${diff} (largest element ${scale})`);
   }
@@ -71,15 +106,23 @@ describe('the LM head at the loss positions only', () => {
     assert.deepEqual([...none.head_inverse], [0n, 0n]);
   });
   const cases: [string, LossConfigInput][] = [
-    ['PPO loss with low_var_kl KL loss and an entropy bonus', { type: 'policy', useKlLoss: true, klLossType: 'low_var_kl', klLossCoef: 0.1, entropyCoeff: 0.01 }],
+    [
+      'PPO loss with low_var_kl KL loss and an entropy bonus',
+      { type: 'policy', useKlLoss: true, klLossType: 'low_var_kl', klLossCoef: 0.1, entropyCoeff: 0.01 },
+    ],
     ['SFT loss (token accuracy from the placed argmax flags)', { type: 'sft' }],
   ];
   for (const [name, loss] of cases) {
     for (const micro of [undefined, 1]) {
       it(`${name}${micro ? ', micro-batches of 1 row' : ''}: the same gradients and metrics, before and after an AdamW step`, async () => {
-        const off = await run(loss, false, micro), on = await run(loss, true, micro);
-        off.metrics.forEach((m, i) => assertClose(m, on.metrics[i], `${name} (${['gradient', 'step', 'gradient after the step'][i]})`));
-        off.grads.forEach((g, i) => assertSameGrads(g, on.grads[i], `${name} (${i ? 'after the step' : 'first'})`, i ? 3e-4 : 1e-5));
+        const off = await run(loss, false, micro),
+          on = await run(loss, true, micro);
+        off.metrics.forEach((m, i) =>
+          assertClose(m, on.metrics[i], `${name} (${['gradient', 'step', 'gradient after the step'][i]})`),
+        );
+        off.grads.forEach((g, i) =>
+          assertSameGrads(g, on.grads[i], `${name} (${i ? 'after the step' : 'first'})`, i ? 3e-4 : 1e-5),
+        );
       });
     }
   }

@@ -11,8 +11,17 @@ import { ValueScorer } from '../../../lib/model/value.ts';
 import { SessionCache } from '../../../lib/model/session-cache.ts';
 
 const base: ModelConfigInput = {
-  hiddenSize: 32, intermediateSize: 48, numHiddenLayers: 2, numAttentionHeads: 4, numKeyValueHeads: 2,
-  vocabSize: 40, maxPositionEmbeddings: 64, bosTokenId: 1, eosTokenId: 2, padTokenId: 0, attentionBias: true,
+  hiddenSize: 32,
+  intermediateSize: 48,
+  numHiddenLayers: 2,
+  numAttentionHeads: 4,
+  numKeyValueHeads: 2,
+  vocabSize: 40,
+  maxPositionEmbeddings: 64,
+  bosTokenId: 1,
+  eosTokenId: 2,
+  padTokenId: 0,
+  attentionBias: true,
 };
 const cfg = modelConfig(base);
 // std 0.3 gives peaked, position-dependent distributions on a model this small
@@ -29,10 +38,15 @@ const prompts: Record<string, number[]> = {
   e: [1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
 };
 const req = (id: string, key = id) => ({ id, prompt: prompts[key] });
-const maxAbs = (a: ArrayLike<number>, b: ArrayLike<number>) => { let m = 0; for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i])); return m; };
+const maxAbs = (a: ArrayLike<number>, b: ArrayLike<number>) => {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+  return m;
+};
 
 test('sequence uniforms: deterministic per (seed, id), in (0, 1), different across ids and seeds', () => {
-  const u1 = sequenceUniforms(5, 'p0#1', 64), u2 = sequenceUniforms(5, 'p0#1', 64);
+  const u1 = sequenceUniforms(5, 'p0#1', 64),
+    u2 = sequenceUniforms(5, 'p0#1', 64);
   assert.deepEqual(u1, u2);
   for (const v of u1) assert.ok(v > 0 && v < 1);
   assert.notDeepEqual(u1, sequenceUniforms(5, 'p0#2', 64));
@@ -51,13 +65,16 @@ test('sampling params are validated with the field named', () => {
 
 test('planBatches respects the row and token caps and keeps the given order', () => {
   const widths = [10, 9, 8, 3, 2, 1];
-  assert.deepEqual(planBatches(widths, [0, 1, 2, 3, 4, 5], 4, 1000), [[0, 1, 2, 3], [4, 5]]);
+  assert.deepEqual(planBatches(widths, [0, 1, 2, 3, 4, 5], 4, 1000), [
+    [0, 1, 2, 3],
+    [4, 5],
+  ]);
   assert.deepEqual(planBatches(widths, [0, 1, 2, 3, 4, 5], 10, 25), [[0, 1], [2, 3, 4], [5]]);
   // a single row wider than the budget still gets its own batch
   assert.deepEqual(planBatches([50, 1], [0, 1], 10, 20), [[0], [1]]);
 });
 
-test('a sequence\'s tokens do not depend on the other prompts in its batch or on the padding', async () => {
+test("a sequence's tokens do not depend on the other prompts in its batch or on the padding", async () => {
   const params = { maxNewTokens: 12, temperature: 1, seed: 11, eosTokenIds: [] };
   const alone = (await sampler.generate(W, [req('x', 'a')], params))[0];
   const withShort = (await sampler.generate(W, [req('y', 'c'), req('x', 'a')], params))[1];
@@ -75,11 +92,22 @@ test('a sequence\'s tokens do not depend on the other prompts in its batch or on
 
 test('EOS stops each row at its first stop token; the rest of the stream is unchanged', async () => {
   const ids = Object.keys(prompts);
-  const full = await sampler.generate(W, ids.map((k) => req(k)), { maxNewTokens: 16, seed: 3, eosTokenIds: [] });
-  for (const g of full) { assert.equal(g.finishReason, 'length'); assert.equal(g.tokens.length, 16); }
+  const full = await sampler.generate(
+    W,
+    ids.map((k) => req(k)),
+    { maxNewTokens: 16, seed: 3, eosTokenIds: [] },
+  );
+  for (const g of full) {
+    assert.equal(g.finishReason, 'length');
+    assert.equal(g.tokens.length, 16);
+  }
   // stop tokens: the 4th token of row a and the 2nd of row b, so several rows stop early
   const stops = [full[0].tokens[3], full[1].tokens[1]];
-  const cut = await sampler.generate(W, ids.map((k) => req(k)), { maxNewTokens: 16, seed: 3, eosTokenIds: stops });
+  const cut = await sampler.generate(
+    W,
+    ids.map((k) => req(k)),
+    { maxNewTokens: 16, seed: 3, eosTokenIds: stops },
+  );
   let early = 0;
   cut.forEach((g, i) => {
     const f = Array.from(full[i].tokens);
@@ -97,17 +125,38 @@ test('EOS stops each row at its first stop token; the rest of the stream is unch
   assert.deepEqual(dflt, explicit);
 });
 
-test('generation log-probs equal the scorer\'s (KV-cached left-padded loop vs right-padded full pass)', async () => {
+test("generation log-probs equal the scorer's (KV-cached left-padded loop vs right-padded full pass)", async () => {
   const ids = Object.keys(prompts);
   for (const temperature of [0, 0.7, 1.3]) {
-    const gens = await sampler.generate(W, ids.map((k) => req(k)), { maxNewTokens: 10, temperature, seed: 5, eosTokenIds: [] });
-    const scores = await scorer.score(W, ids.map((k, i) => ({ prompt: prompts[k], response: gens[i].tokens })), { temperature: temperature || 1 });
-    gens.forEach((g, i) => assert.ok(maxAbs(g.logprobs, scores[i].logprobs) < 2e-5, `T=${temperature} row ${g.id}: ${maxAbs(g.logprobs, scores[i].logprobs)}`));
+    const gens = await sampler.generate(
+      W,
+      ids.map((k) => req(k)),
+      { maxNewTokens: 10, temperature, seed: 5, eosTokenIds: [] },
+    );
+    const scores = await scorer.score(
+      W,
+      ids.map((k, i) => ({ prompt: prompts[k], response: gens[i].tokens })),
+      { temperature: temperature || 1 },
+    );
+    gens.forEach((g, i) =>
+      assert.ok(
+        maxAbs(g.logprobs, scores[i].logprobs) < 2e-5,
+        `T=${temperature} row ${g.id}: ${maxAbs(g.logprobs, scores[i].logprobs)}`,
+      ),
+    );
     if (temperature === 0) {
       // greedy picks the most likely token: its probability is at least 1/V and ≥ every other's,
       // so exp(logprob) ≥ exp(−entropy)… weaker but checkable: compare with top-k = 1 sampling
-      const k1 = await sampler.generate(W, ids.map((k) => req(k)), { maxNewTokens: 10, temperature: 1, topK: 1, seed: 9, eosTokenIds: [] });
-      const p0 = await sampler.generate(W, ids.map((k) => req(k)), { maxNewTokens: 10, temperature: 1, topP: 1e-6, seed: 9, eosTokenIds: [] });
+      const k1 = await sampler.generate(
+        W,
+        ids.map((k) => req(k)),
+        { maxNewTokens: 10, temperature: 1, topK: 1, seed: 9, eosTokenIds: [] },
+      );
+      const p0 = await sampler.generate(
+        W,
+        ids.map((k) => req(k)),
+        { maxNewTokens: 10, temperature: 1, topP: 1e-6, seed: 9, eosTokenIds: [] },
+      );
       gens.forEach((g, i) => {
         assert.deepEqual(Array.from(k1[i].tokens), Array.from(g.tokens));
         assert.deepEqual(Array.from(p0[i].tokens), Array.from(g.tokens));
@@ -119,32 +168,47 @@ test('generation log-probs equal the scorer\'s (KV-cached left-padded loop vs ri
 test('sampling follows the distribution; top-k and top-p restrict it to the top tokens', async () => {
   const n = 1200;
   const reqs = Array.from({ length: n }, (_, i) => ({ id: `s${i}`, prompt: prompts.b }));
-  const one = async (p: object): Promise<Generation[]> => sampler.generate(W, reqs, { maxNewTokens: 1, seed: 1, eosTokenIds: [], ...p });
+  const one = async (p: object): Promise<Generation[]> =>
+    sampler.generate(W, reqs, { maxNewTokens: 1, seed: 1, eosTokenIds: [], ...p });
   const plain = await one({ temperature: 1 });
   const prob = new Map<number, number>();
   const count = new Map<number, number>();
-  for (const g of plain) { prob.set(g.tokens[0], Math.exp(g.logprobs[0])); count.set(g.tokens[0], (count.get(g.tokens[0]) ?? 0) + 1); }
+  for (const g of plain) {
+    prob.set(g.tokens[0], Math.exp(g.logprobs[0]));
+    count.set(g.tokens[0], (count.get(g.tokens[0]) ?? 0) + 1);
+  }
   assert.ok(count.size >= 5, `only ${count.size} distinct tokens sampled`);
   for (const [tok, p] of prob) {
-    const sd = Math.sqrt(p * (1 - p) / n);
-    assert.ok(Math.abs(count.get(tok)! / n - p) < 5 * sd + 1e-3, `token ${tok}: frequency ${count.get(tok)! / n} vs p ${p}`);
+    const sd = Math.sqrt((p * (1 - p)) / n);
+    assert.ok(
+      Math.abs(count.get(tok)! / n - p) < 5 * sd + 1e-3,
+      `token ${tok}: frequency ${count.get(tok)! / n} vs p ${p}`,
+    );
   }
   const ranked = [...prob].sort((a, b) => b[1] - a[1]).map(([t]) => t);
   const topk = await one({ temperature: 1, topK: 3 });
   for (const g of topk) assert.ok(ranked.slice(0, 3).includes(g.tokens[0]), `top-k 3 sampled ${g.tokens[0]}`);
   assert.equal(new Set(topk.map((g) => g.tokens[0])).size, 3);
   // top-p: the smallest set of top tokens with mass ≥ 0.5
-  let mass = 0, m = 0;
+  let mass = 0,
+    m = 0;
   while (mass < 0.5) mass += prob.get(ranked[m++])!;
   const topp = await one({ temperature: 1, topP: 0.5 });
-  for (const g of topp) assert.ok(ranked.slice(0, m).includes(g.tokens[0]), `top-p 0.5 sampled ${g.tokens[0]} outside the nucleus of ${m}`);
+  for (const g of topp)
+    assert.ok(ranked.slice(0, m).includes(g.tokens[0]), `top-p 0.5 sampled ${g.tokens[0]} outside the nucleus of ${m}`);
   // behaviour log-prob is the untruncated temperature-scaled one
   for (const g of topk) assert.ok(Math.abs(Math.exp(g.logprobs[0]) - prob.get(g.tokens[0])!) < 1e-5);
 });
 
 test('requests are checked: vocabulary, length, duplicate ids, empty prompt, model head', async () => {
-  await assert.rejects(sampler.generate(W, [{ id: 'a', prompt: [1, 99] }], { maxNewTokens: 2 }), /outside the vocabulary/);
-  await assert.rejects(sampler.generate(W, [{ id: 'a', prompt: [1, 2] }], { maxNewTokens: 63 }), /maxPositionEmbeddings/);
+  await assert.rejects(
+    sampler.generate(W, [{ id: 'a', prompt: [1, 99] }], { maxNewTokens: 2 }),
+    /outside the vocabulary/,
+  );
+  await assert.rejects(
+    sampler.generate(W, [{ id: 'a', prompt: [1, 2] }], { maxNewTokens: 63 }),
+    /maxPositionEmbeddings/,
+  );
   await assert.rejects(sampler.generate(W, [req('a'), req('a', 'b')], { maxNewTokens: 2 }), /duplicate sequence id a/);
   await assert.rejects(sampler.generate(W, [{ id: 'a', prompt: [] }], { maxNewTokens: 2 }), /empty prompt/);
   await assert.rejects(scorer.score(W, [{ prompt: [1], response: [41] }]), /outside the vocabulary/);
@@ -181,9 +245,16 @@ test('values: one per response token, causal, independent of batching', async ()
   const vcfg = modelConfig({ ...rest, head: 'value' });
   const vw = initWeights(vcfg, 3, { std: 0.3 });
   const vs = new ValueScorer(vcfg, { threads: 1, cache });
-  const rs = [{ prompt: prompts.a, response: [3, 4, 5, 6] }, { prompt: prompts.b, response: [7] }, { prompt: prompts.a, response: [3, 4] }];
+  const rs = [
+    { prompt: prompts.a, response: [3, 4, 5, 6] },
+    { prompt: prompts.b, response: [7] },
+    { prompt: prompts.a, response: [3, 4] },
+  ];
   const v = await vs.values(vw, rs);
-  assert.deepEqual(v.map((x) => x.length), [4, 1, 2]);
+  assert.deepEqual(
+    v.map((x) => x.length),
+    [4, 1, 2],
+  );
   assert.ok(maxAbs(v[2], v[0].subarray(0, 2)) < 1e-5);
   const single = await vs.values(vw, [rs[1]]);
   assert.ok(maxAbs(single[0], v[1]) < 1e-5);

@@ -12,23 +12,46 @@ import { SessionCache } from '../../../lib/model/session-cache.ts';
 import { createSession } from '../../../lib/onnx/runtime.ts';
 
 const cfg = modelConfig({
-  hiddenSize: 32, intermediateSize: 48, numHiddenLayers: 2, numAttentionHeads: 4, numKeyValueHeads: 2,
-  vocabSize: 40, maxPositionEmbeddings: 64, bosTokenId: 1, eosTokenId: 2, padTokenId: 0, attentionBias: true,
+  hiddenSize: 32,
+  intermediateSize: 48,
+  numHiddenLayers: 2,
+  numAttentionHeads: 4,
+  numKeyValueHeads: 2,
+  vocabSize: 40,
+  maxPositionEmbeddings: 64,
+  bosTokenId: 1,
+  eosTokenId: 2,
+  padTokenId: 0,
+  attentionBias: true,
 });
 const W = initWeights(cfg, 7, { std: 0.3 });
 const cache = new SessionCache();
-const maxAbs = (a: ArrayLike<number>, b: ArrayLike<number>) => { let m = 0; for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i])); return m; };
+const maxAbs = (a: ArrayLike<number>, b: ArrayLike<number>) => {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+  return m;
+};
 
 test('n samples of each prompt in one batch (shared prefill) equal each sample generated alone', async () => {
-  const prompts = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13, 14], [1, 20]];
+  const prompts = [
+    [1, 5, 6, 7],
+    [1, 9, 10, 11, 12, 13, 14],
+    [1, 20],
+  ];
   const reqs = prompts.flatMap((p, i) => Array.from({ length: 4 }, (_, k) => ({ id: `p${i}-s${k}`, prompt: p })));
-  for (const params of [{ maxNewTokens: 10, temperature: 1, seed: 3, eosTokenIds: [] }, { maxNewTokens: 10, temperature: 0.8, topK: 5, topP: 0.9, seed: 4, eosTokenIds: [2] }]) {
+  for (const params of [
+    { maxNewTokens: 10, temperature: 1, seed: 3, eosTokenIds: [] },
+    { maxNewTokens: 10, temperature: 0.8, topK: 5, topP: 0.9, seed: 4, eosTokenIds: [2] },
+  ]) {
     const shared = await new Sampler(cfg, { threads: 1, cache }).generate(W, reqs, params);
     const alone = await new Sampler(cfg, { threads: 1, cache, maxBatchSize: 1 }).generate(W, reqs, params);
     shared.forEach((g, i) => {
       assert.equal(g.id, reqs[i].id);
       assert.deepEqual(Array.from(g.tokens), Array.from(alone[i].tokens), `${g.id}: tokens`);
-      assert.ok(maxAbs(g.logprobs, alone[i].logprobs) < 1e-5, `${g.id}: log-probs differ by ${maxAbs(g.logprobs, alone[i].logprobs)}`);
+      assert.ok(
+        maxAbs(g.logprobs, alone[i].logprobs) < 1e-5,
+        `${g.id}: log-probs differ by ${maxAbs(g.logprobs, alone[i].logprobs)}`,
+      );
       assert.equal(g.finishReason, alone[i].finishReason);
     });
     // the samples of one prompt are not copies of each other (their ids draw different uniforms)

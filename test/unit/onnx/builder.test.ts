@@ -27,7 +27,10 @@ describe('builder', () => {
     const b = new GraphBuilder();
     const x = b.input('x', 'float32', ['B', 8]);
     const w = b.input('w', 'float32', [4, 6]);
-    assert.throws(() => b.gemm(x, w, { transB: true }), (e: Error) => e instanceof GraphError && /Gemm: inner dims differ: x \[B, 8\] · w \[4, 6\]ᵀ/.test(e.message));
+    assert.throws(
+      () => b.gemm(x, w, { transB: true }),
+      (e: Error) => e instanceof GraphError && /Gemm: inner dims differ: x \[B, 8\] · w \[4, 6\]ᵀ/.test(e.message),
+    );
     assert.throws(() => b.add(x, b.input('y', 'float32', ['T', 8])), /Add: cannot broadcast \[B, 8\] with \[T, 8\]/);
     assert.throws(() => b.reshape(x, [3, 5]), /Reshape x: \[B, 8\] \(8\*B elements\) cannot become \[3, 5\]/);
     assert.throws(() => b.add(x, b.input('i', 'int64', ['B', 8])), /dtype mismatch/);
@@ -50,10 +53,25 @@ describe('builder', () => {
     const b = new GraphBuilder();
     const x = b.input('x', 'float32', ['B', 'T', 4]);
     const flat = b.reshape(x, ['B*T', 4]);
-    const y = b.reshape(b.gemm(flat, b.initializer('w', Float32Array.from({ length: 8 }, (_, i) => i), [2, 4]), { transB: true }), ['B', 'T', 2]);
+    const y = b.reshape(
+      b.gemm(
+        flat,
+        b.initializer(
+          'w',
+          Float32Array.from({ length: 8 }, (_, i) => i),
+          [2, 4],
+        ),
+        { transB: true },
+      ),
+      ['B', 'T', 2],
+    );
     b.output(y, 'y');
     const s = await createSession(b.toBytes(), { threads: 1 });
-    for (const [B, T] of [[1, 1], [2, 3], [5, 7]]) {
+    for (const [B, T] of [
+      [1, 1],
+      [2, 3],
+      [5, 7],
+    ]) {
       const r = await s.run({ x: tensor('float32', new Float32Array(B * T * 4).fill(1), [B, T, 4]) });
       assert.deepEqual(r.y.dims, [B, T, 2]);
       assert.deepEqual(Array.from(r.y.data as Float32Array).slice(0, 2), [6, 22]);
@@ -62,21 +80,29 @@ describe('builder', () => {
 
   it('gradient of an unreachable input is zeros; stopGradient blocks flow', async () => {
     const b = new GraphBuilder({ float: 'float64' });
-    const x = b.input('x', 'float64', [3]), z = b.input('z', 'float64', [3]);
+    const x = b.input('x', 'float64', [3]),
+      z = b.input('z', 'float64', [3]);
     const s = b.reduceSum(b.mul(b.stopGradient(b.exp(x)), z), [0]);
     const [gx, gz] = b.grad(s, [x, z]);
-    b.output(gx, 'gx'); b.output(gz, 'gz');
+    b.output(gx, 'gx');
+    b.output(gz, 'gz');
     const sess = await createSession(b.toBytes(), { threads: 1 });
     const r = await sess.run({ x: tensor('float64', [0, 1, 2], [3]), z: tensor('float64', [1, 1, 1], [3]) });
     assert.deepEqual(Array.from(r.gx.data as Float64Array), [0, 0, 0]);
-    assert.deepEqual(Array.from(r.gz.data as Float64Array).map((v) => +v.toFixed(6)), [1, 2.718282, 7.389056]);
+    assert.deepEqual(
+      Array.from(r.gz.data as Float64Array).map((v) => +v.toFixed(6)),
+      [1, 2.718282, 7.389056],
+    );
   });
 
   it('the gradient checker rejects a wrong backward rule', async () => {
-    await assert.rejects(gradCheck([{ name: 'x', shape: [4], data: f64(4, 1) }], (b, [x]) => {
-      const y = b.stopGradient(b.mul(x, x));
-      b.customVjp([x], [y], ([g]) => [b.mul(g!, x)]); // should be 2·x·g
-      return y;
-    }), /autodiff .* vs finite difference/);
+    await assert.rejects(
+      gradCheck([{ name: 'x', shape: [4], data: f64(4, 1) }], (b, [x]) => {
+        const y = b.stopGradient(b.mul(x, x));
+        b.customVjp([x], [y], ([g]) => [b.mul(g!, x)]); // should be 2·x·g
+        return y;
+      }),
+      /autodiff .* vs finite difference/,
+    );
   });
 });

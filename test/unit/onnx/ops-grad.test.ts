@@ -3,16 +3,37 @@
  */
 import { describe, it } from 'node:test';
 import { f64, gradCheck } from './gradcheck.ts';
-import { embedding, gelu, layerNorm, linear, quickGelu, rmsNorm, rope, silu, swiglu, tokenLogprobEntropy } from '../../../lib/onnx/nn.ts';
+import {
+  embedding,
+  gelu,
+  layerNorm,
+  linear,
+  quickGelu,
+  rmsNorm,
+  rope,
+  silu,
+  swiglu,
+  tokenLogprobEntropy,
+} from '../../../lib/onnx/nn.ts';
 import assert from 'node:assert/strict';
 import { GraphBuilder } from '../../../lib/onnx/builder.ts';
 import { createSession, tensor } from '../../../lib/onnx/runtime.ts';
 
-const X = (name: string, shape: number[], seed: number, scale = 1, offset = 0) => ({ name, shape, data: f64(shape.reduce((a, b) => a * b, 1), seed, scale, offset) });
+const X = (name: string, shape: number[], seed: number, scale = 1, offset = 0) => ({
+  name,
+  shape,
+  data: f64(
+    shape.reduce((a, b) => a * b, 1),
+    seed,
+    scale,
+    offset,
+  ),
+});
 
 describe('elementwise ops', () => {
   it('add/sub/mul/div with broadcasting', async () => {
-    const a = X('a', [2, 3, 4], 1), c = X('c', [3, 1], 2, 0.5, 2);
+    const a = X('a', [2, 3, 4], 1),
+      c = X('c', [3, 1], 2, 0.5, 2);
     await gradCheck([a, c], (b, [x, y]) => b.add(x, y));
     await gradCheck([a, c], (b, [x, y]) => b.sub(y, x));
     await gradCheck([a, c], (b, [x, y]) => b.mul(x, y));
@@ -34,7 +55,8 @@ describe('elementwise ops', () => {
     await gradCheck([a], (b, [x]) => b.square(x));
   });
   it('max/min/clip/where (away from ties and boundaries)', async () => {
-    const a = X('a', [4, 5], 5), c = X('c', [5], 6);
+    const a = X('a', [4, 5], 5),
+      c = X('c', [5], 6);
     await gradCheck([a, c], (b, [x, y]) => b.max(x, y));
     await gradCheck([a, c], (b, [x, y]) => b.min(x, y));
     await gradCheck([a], (b, [x]) => b.clip(x, -0.7, 0.4));
@@ -53,7 +75,9 @@ describe('linear algebra', () => {
   it('gemm: every transA/transB combination, alpha and bias', async () => {
     for (const transA of [false, true]) {
       for (const transB of [false, true]) {
-        const a = X('a', transA ? [4, 3] : [3, 4], 1), w = X('w', transB ? [5, 4] : [4, 5], 2), c = X('c', [5], 3);
+        const a = X('a', transA ? [4, 3] : [3, 4], 1),
+          w = X('w', transB ? [5, 4] : [4, 5], 2),
+          c = X('c', [5], 3);
         await gradCheck([a, w, c], (b, [x, y, z]) => b.gemm(x, y, { transA, transB, alpha: 0.7, c: z }));
       }
     }
@@ -76,9 +100,13 @@ describe('shape ops', () => {
     await gradCheck([a], (b, [x]) => b.mul(b.expand(b.reduceSum(x, [1], true), ['B', 'T', 4]), x));
   });
   it('concat/split/slice (static and symbolic end)', async () => {
-    const a = X('a', [2, 3], 1), c = X('c', [2, 5], 2);
+    const a = X('a', [2, 3], 1),
+      c = X('c', [2, 5], 2);
     await gradCheck([a, c], (b, [x, y]) => b.concat([x, b.mul(y, y)], 1));
-    await gradCheck([c], (b, [x]) => { const [p, q] = b.split(x, 1, [2, 3]); return b.mul(b.slice(q, 1, 1), p); });
+    await gradCheck([c], (b, [x]) => {
+      const [p, q] = b.split(x, 1, [2, 3]);
+      return b.mul(b.slice(q, 1, 1), p);
+    });
     await gradCheck([c], (b, [x]) => b.slice(x, 1, 1, 4));
     const s = { name: 's', shape: ['T', 3], dims: [4, 3], data: f64(12, 3) };
     const tab = X('tab', [6, 3], 4);
@@ -115,7 +143,9 @@ describe('composite nn ops', () => {
     await gradCheck([X('x', [3, 6], 1), X('w', [6], 2, 0.3, 1)], (b, [x, w]) => rmsNorm(b, x, w, 1e-6));
   });
   it('layerNorm (vision tower)', async () => {
-    await gradCheck([X('x', [3, 6], 1, 1, 0.5), X('w', [6], 2, 0.3, 1), X('bias', [6], 3, 0.3)], (b, [x, w, c]) => layerNorm(b, x, w, c, 1e-6));
+    await gradCheck([X('x', [3, 6], 1, 1, 0.5), X('w', [6], 2, 0.3, 1), X('bias', [6], 3, 0.3)], (b, [x, w, c]) =>
+      layerNorm(b, x, w, c, 1e-6),
+    );
   });
   it('quickGelu and exact gelu (float64 erf by series / continued fraction on both sides of |z| = 2)', async () => {
     await gradCheck([X('x', [3, 5], 1, 2)], (b, [x]) => quickGelu(b, x));
@@ -123,14 +153,27 @@ describe('composite nn ops', () => {
   });
   it('gelu values: x·(1 + erf(x/√2))/2 in float64 (series / continued fraction) and float32 (ORT Erf)', async () => {
     // erf(z) from Python's math.erf at z = −1.5, 0.5, 1, 2, 3, 5
-    const zs = [-1.5, 0.5, 1, 2, 3, 5], erf = [-0.9661051464753108, 0.5204998778130465, 0.8427007929497149, 0.9953222650189527, 0.9999779095030014, 0.9999999999984626];
+    const zs = [-1.5, 0.5, 1, 2, 3, 5],
+      erf = [
+        -0.9661051464753108, 0.5204998778130465, 0.8427007929497149, 0.9953222650189527, 0.9999779095030014,
+        0.9999999999984626,
+      ];
     for (const float of ['float64', 'float32'] as const) {
       const g = new GraphBuilder({ float });
       g.output(gelu(g, g.input('x', float, [zs.length])), 'y');
       const sess = await createSession(g.toBytes());
       const xs = zs.map((z) => z * Math.SQRT2);
-      const y = (await sess.run({ x: tensor(float, float === 'float64' ? Float64Array.from(xs) : Float32Array.from(xs), [zs.length]) })).y.data as Float64Array;
-      xs.forEach((x, i) => assert.ok(Math.abs(y[i] - (x * (1 + erf[i])) / 2) < (float === 'float64' ? 1e-14 : 1e-6), `${float} gelu(${x}) = ${y[i]}`));
+      const y = (
+        await sess.run({
+          x: tensor(float, float === 'float64' ? Float64Array.from(xs) : Float32Array.from(xs), [zs.length]),
+        })
+      ).y.data as Float64Array;
+      xs.forEach((x, i) =>
+        assert.ok(
+          Math.abs(y[i] - (x * (1 + erf[i])) / 2) < (float === 'float64' ? 1e-14 : 1e-6),
+          `${float} gelu(${x}) = ${y[i]}`,
+        ),
+      );
     }
   });
   it('silu and swiglu', async () => {
@@ -138,7 +181,14 @@ describe('composite nn ops', () => {
     await gradCheck([X('g', [3, 5], 1, 2), X('u', [3, 5], 2)], (b, [g, u]) => swiglu(b, g, u));
   });
   it('rope', async () => {
-    await gradCheck([X('x', [2, 3, 2, 4], 1), { ...X('cos', [3, 1, 4], 2, 0.5), diff: false }, { ...X('sin', [3, 1, 4], 3, 0.5), diff: false }], (b, [x, c, s]) => b.add(rope(b, x, c, s), b.mul(rope(b, b.mul(x, x), c, s), 0.5)));
+    await gradCheck(
+      [
+        X('x', [2, 3, 2, 4], 1),
+        { ...X('cos', [3, 1, 4], 2, 0.5), diff: false },
+        { ...X('sin', [3, 1, 4], 3, 0.5), diff: false },
+      ],
+      (b, [x, c, s]) => b.add(rope(b, x, c, s), b.mul(rope(b, b.mul(x, x), c, s), 0.5)),
+    );
   });
   it('embedding: one-hot Gemm and ScatterElements backward agree with finite differences (duplicates, 2 threads)', async () => {
     const emb = X('emb', [5, 3], 1);
@@ -147,9 +197,13 @@ describe('composite nn ops', () => {
     await gradCheck([emb, idx], (b, [e, i]) => embedding(b, e, i, { oneHotMaxVocab: 0 }), { threads: 2 });
   });
   it('token log-prob and entropy', async () => {
-    const z = X('z', [4, 6], 1, 2), t = { name: 't', dtype: 'int64' as const, shape: [4], data: [5, 0, 2, 5] };
+    const z = X('z', [4, 6], 1, 2),
+      t = { name: 't', dtype: 'int64' as const, shape: [4], data: [5, 0, 2, 5] };
     await gradCheck([z, t], (b, [x, tt]) => tokenLogprobEntropy(b, x, tt).logprob);
     await gradCheck([z, t], (b, [x, tt]) => tokenLogprobEntropy(b, x, tt).entropy!);
-    await gradCheck([z, t], (b, [x, tt]) => { const r = tokenLogprobEntropy(b, x, tt); return b.add(b.mul(r.logprob, 2), b.mul(r.entropy!, r.logprob)); });
+    await gradCheck([z, t], (b, [x, tt]) => {
+      const r = tokenLogprobEntropy(b, x, tt);
+      return b.add(b.mul(r.logprob, 2), b.mul(r.entropy!, r.logprob));
+    });
   });
 });

@@ -9,19 +9,30 @@ import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { readCheckpointPath, checkpointDir, TRAINER_STATE_FILE, TRAINER_STATE_FORMAT } from '../../../lib/pipeline/checkpoints.ts';
+import {
+  readCheckpointPath,
+  checkpointDir,
+  TRAINER_STATE_FILE,
+  TRAINER_STATE_FORMAT,
+} from '../../../lib/pipeline/checkpoints.ts';
 import { criticDir } from '../../../lib/pipeline/policy.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'rlstream-ckpath-'));
 after(() => rmSync(root, { recursive: true, force: true }));
 
-function file(path: string, text = 'x'): void { mkdirSync(join(path, '..'), { recursive: true }); writeFileSync(path, text); }
+function file(path: string, text = 'x'): void {
+  mkdirSync(join(path, '..'), { recursive: true });
+  writeFileSync(path, text);
+}
 function checkpoint(runDir: string, step: number, withCritic: boolean): string {
   const dir = checkpointDir(runDir, step);
   file(join(dir, 'actor', 'model.safetensors'));
   file(join(dir, 'reference', 'model.safetensors'));
   if (withCritic) file(join(dir, 'critic', 'model.safetensors'));
-  file(join(dir, TRAINER_STATE_FILE), JSON.stringify({ format: TRAINER_STATE_FORMAT, step, dataset_position: { step } }));
+  file(
+    join(dir, TRAINER_STATE_FILE),
+    JSON.stringify({ format: TRAINER_STATE_FORMAT, step, dataset_position: { step } }),
+  );
   return dir;
 }
 
@@ -30,7 +41,7 @@ test('the critic of a checkpoint: its critic/ directory', () => {
   assert.equal(readCheckpointPath(dir).criticDir, join(dir, 'critic'));
 });
 
-test('an older checkpoint without critic/: the source run\'s critic version of that step', () => {
+test("an older checkpoint without critic/: the source run's critic version of that step", () => {
   const run = join(root, 'b');
   const dir = checkpoint(run, 6, false);
   assert.equal(readCheckpointPath(dir).criticDir, null, 'no critic version 6 in the run directory');

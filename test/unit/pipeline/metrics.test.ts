@@ -23,7 +23,10 @@ before(async () => {
   db = await openDatabase({ kind: 'pglite', dir });
   store = createStore(db);
 });
-after(async () => { await db.close(); rmSync(dir, { recursive: true, force: true }); });
+after(async () => {
+  await db.close();
+  rmSync(dir, { recursive: true, force: true });
+});
 
 async function newRun(runId: string): Promise<Pipeline> {
   await store.upsertRun({ runId, project: 'p', experiment: 'metrics', config: {} });
@@ -34,14 +37,24 @@ async function newRun(runId: string): Promise<Pipeline> {
 async function batch(fn: (ctx: StageContext) => Promise<void>): Promise<unknown[]> {
   const emitted: unknown[] = [];
   await db.db.transaction().execute(async (tx: Tx) => {
-    await fn({ tx, db: tx, signal: new AbortController().signal, waitedMs: 0, emit: (_t, v) => { emitted.push(v); }, flush: async () => undefined });
+    await fn({
+      tx,
+      db: tx,
+      signal: new AbortController().signal,
+      waitedMs: 0,
+      emit: (_t, v) => {
+        emitted.push(v);
+      },
+      flush: async () => undefined,
+    });
   });
   return emitted;
 }
 
-const values = async (runId: string) => Object.fromEntries((await store.getMetrics(runId)).map((m) => [m.name, m.value]));
+const values = async (runId: string) =>
+  Object.fromEntries((await store.getMetrics(runId)).map((m) => [m.name, m.value]));
 
-test('two replicas of a stage writing one step: tokens add up, the step time is the slowest replica\'s', async () => {
+test("two replicas of a stage writing one step: tokens add up, the step time is the slowest replica's", async () => {
   const p = await newRun('m-replicas');
   const r0 = new StageMetrics(p, 'rollout', '0');
   const r1 = new StageMetrics(p, 'rollout', '1');
@@ -76,23 +89,39 @@ test('a restarted stage adds to its stored counters (no undercount after a crash
 test('a batch that rolls back and is retried counts once', async () => {
   const p = await newRun('m-retry');
   const m = new StageMetrics(p, 'rollout', '0');
-  const handle = (ctx: StageContext) => { m.add(1, { 'perf/rollout_tokens': 10 }); return m.flush(ctx); };
-  await assert.rejects(batch(async (ctx) => { await handle(ctx); throw new Error('crash before commit'); }), /crash before commit/);
+  const handle = (ctx: StageContext) => {
+    m.add(1, { 'perf/rollout_tokens': 10 });
+    return m.flush(ctx);
+  };
+  await assert.rejects(
+    batch(async (ctx) => {
+      await handle(ctx);
+      throw new Error('crash before commit');
+    }),
+    /crash before commit/,
+  );
   await batch(handle);
   assert.equal((await values(p.runId))['perf/rollout_tokens'], 10);
 });
 
-test('set values: a writer\'s last value wins; val batches store only val/* names', async () => {
+test("set values: a writer's last value wins; val batches store only val/* names", async () => {
   const p = await newRun('m-set');
   const m = new StageMetrics(p, 'advantage');
   m.set(3, { 'kl/coef': 0.1, 'reward/mean': 0.5 });
   m.set(3, { 'kl/coef': 0.2 });
-  m.set(4, { 'val/accuracy': 0.75, 'other': 1 }, 'val');
+  m.set(4, { 'val/accuracy': 0.75, other: 1 }, 'val');
   await batch((ctx) => m.flush(ctx));
-  assert.deepEqual((await store.getMetrics(p.runId)).map((x) => [x.name, x.step, x.value]), [['kl/coef', 3, 0.2], ['reward/mean', 3, 0.5], ['val/accuracy', 4, 0.75]]);
+  assert.deepEqual(
+    (await store.getMetrics(p.runId)).map((x) => [x.name, x.step, x.value]),
+    [
+      ['kl/coef', 3, 0.2],
+      ['reward/mean', 3, 0.5],
+      ['val/accuracy', 4, 0.75],
+    ],
+  );
 });
 
-test('how replicas\' values combine, by name', () => {
+test("how replicas' values combine, by name", () => {
   assert.equal(metricAgg('reward_server/a/requests_total'), 'sum');
   assert.equal(metricAgg('reward/scored'), 'sum');
   assert.equal(metricAgg('reward_server/a/requests_per_s'), 'sum');
@@ -102,15 +131,35 @@ test('how replicas\' values combine, by name', () => {
   assert.equal(metricAgg('actor/pg_loss'), 'last');
   assert.equal(weightOf('reward_server/a/error_rate', { 'reward_server/a/requests_total': 40 }), 40);
   assert.equal(weightOf('reward_server/a/error_rate', {}), 1);
-  const rows = metricRows('r', 'rollout', '1', 7, { sums: { 'perf/rollout_tokens': 5 }, timingMs: { load: 250, generate: 750 }, sets: {} });
-  assert.deepEqual(rows.map((x) => [x.name, x.value, x.agg, x.increment, x.replica]), [
-    ['perf/rollout_tokens', 5, 'sum', true, '1'], ['timing/rollout/load_s', 0.25, 'max', true, '1'],
-    ['timing/rollout/generate_s', 0.75, 'max', true, '1'], ['perf/step_time_s/rollout', 1, 'max', true, '1'],
-  ]);
+  const rows = metricRows('r', 'rollout', '1', 7, {
+    sums: { 'perf/rollout_tokens': 5 },
+    timingMs: { load: 250, generate: 750 },
+    sets: {},
+  });
+  assert.deepEqual(
+    rows.map((x) => [x.name, x.value, x.agg, x.increment, x.replica]),
+    [
+      ['perf/rollout_tokens', 5, 'sum', true, '1'],
+      ['timing/rollout/load_s', 0.25, 'max', true, '1'],
+      ['timing/rollout/generate_s', 0.75, 'max', true, '1'],
+      ['perf/step_time_s/rollout', 1, 'max', true, '1'],
+    ],
+  );
   // the idle wait before a batch is logged as timing/<stage>/wait_s but is not time spent on the step
   const waited = metricRows('r', 'update', '', 3, { sums: {}, timingMs: { wait: 400, compute: 900 }, sets: {} });
-  assert.deepEqual(waited.map((x) => [x.name, x.value]), [['timing/update/wait_s', 0.4], ['timing/update/compute_s', 0.9], ['perf/step_time_s/update', 0.9]]);
-  assert.deepEqual(metricRows('r', 'update', '', 3, { sums: {}, timingMs: { wait: 400 }, sets: {} }).map((x) => x.name), ['timing/update/wait_s'], 'a wait alone is no step time');
+  assert.deepEqual(
+    waited.map((x) => [x.name, x.value]),
+    [
+      ['timing/update/wait_s', 0.4],
+      ['timing/update/compute_s', 0.9],
+      ['perf/step_time_s/update', 0.9],
+    ],
+  );
+  assert.deepEqual(
+    metricRows('r', 'update', '', 3, { sums: {}, timingMs: { wait: 400 }, sets: {} }).map((x) => x.name),
+    ['timing/update/wait_s'],
+    'a wait alone is no step time',
+  );
 });
 
 test('the idle wait before a batch is logged once, on the first step that gets timings', async () => {
@@ -123,10 +172,19 @@ test('the idle wait before a batch is logged once, on the first step that gets t
     m.add(3, {}, { generate: 50 });
     await m.flush(ctx);
   });
-  const rows = await store.getMetrics('m-wait', ['timing/rollout/wait_s', 'timing/rollout/generate_s', 'perf/step_time_s/rollout']);
-  assert.deepEqual(rows.map((r) => [r.name, r.step, r.value]), [
-    ['perf/step_time_s/rollout', 2, 0.1], ['perf/step_time_s/rollout', 3, 0.05],
-    ['timing/rollout/generate_s', 2, 0.1], ['timing/rollout/generate_s', 3, 0.05],
-    ['timing/rollout/wait_s', 2, 0.3],
+  const rows = await store.getMetrics('m-wait', [
+    'timing/rollout/wait_s',
+    'timing/rollout/generate_s',
+    'perf/step_time_s/rollout',
   ]);
+  assert.deepEqual(
+    rows.map((r) => [r.name, r.step, r.value]),
+    [
+      ['perf/step_time_s/rollout', 2, 0.1],
+      ['perf/step_time_s/rollout', 3, 0.05],
+      ['timing/rollout/generate_s', 2, 0.1],
+      ['timing/rollout/generate_s', 3, 0.05],
+      ['timing/rollout/wait_s', 2, 0.3],
+    ],
+  );
 });

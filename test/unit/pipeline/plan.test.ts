@@ -19,6 +19,9 @@ describe('stepCapNotice (trainer.max_steps capped by total_epochs)', () => {
     assert.equal(stepCapNotice({ ...plan, totalEpochs: 3 }), null);
   });
   it('an epoch without a full batch says so', () => {
-    assert.match(stepCapNotice({ ...plan, trainSize: 100 })!, /an epoch has no full batch .* trains 0 steps: lower data\.rollout_batch_size/);
+    assert.match(
+      stepCapNotice({ ...plan, trainSize: 100 })!,
+      /an epoch has no full batch .* trains 0 steps: lower data\.rollout_batch_size/,
+    );
   });
 });

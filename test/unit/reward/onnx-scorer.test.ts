@@ -8,12 +8,18 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { applyTransform, byteTokenize, createModelRewardScorer, loadOnnxSequenceScorer } from '../../../lib/reward/onnx-scorer.ts';
+import {
+  applyTransform,
+  byteTokenize,
+  createModelRewardScorer,
+  loadOnnxSequenceScorer,
+} from '../../../lib/reward/onnx-scorer.ts';
 import { ConfigError } from '../../../lib/errors.ts';
 import { referenceMeanScore, writeScorerModel, embeddingTable } from '../../support/reward-onnx-model.ts';
 
 let dir = '';
-let meanPath = '', perTokenPath = '';
+let meanPath = '',
+  perTokenPath = '';
 before(() => {
   dir = mkdtempSync(join(tmpdir(), 'rl-reward-onnx-'));
   meanPath = writeScorerModel(join(dir, 'mean.onnx'), 'mean');
@@ -29,7 +35,10 @@ test('batched scores equal the reference per sequence, whatever the padding', as
   const seqs = texts.map(byteTokenize);
   const together = await s.rawScores(seqs);
   const alone = await Promise.all(seqs.map((q) => s.rawScores([q]).then((r) => r[0])));
-  seqs.forEach((q, i) => { close(together[i], referenceMeanScore(q)); close(alone[i], together[i]); });
+  seqs.forEach((q, i) => {
+    close(together[i], referenceMeanScore(q));
+    close(alone[i], together[i]);
+  });
   await s.close();
 });
 
@@ -44,7 +53,10 @@ test('concurrent callers are coalesced and still get their own scores; token ids
 
 test('text input (reward-server): tokenized with the byte tokenizer, maxLength keeps the tail', async () => {
   const s = await loadOnnxSequenceScorer({ path: meanPath, maxLength: 4 });
-  const pairs = [{ prompt: 'long prompt ', response: 'and its answer' }, { prompt: 'ab', response: 'c' }];
+  const pairs = [
+    { prompt: 'long prompt ', response: 'and its answer' },
+    { prompt: 'ab', response: 'c' },
+  ];
   assert.deepEqual(s.textIds('ab', 'c'), byteTokenize('abc'));
   const got = await s.scoreTexts(pairs);
   pairs.forEach((p, i) => close(got[i], referenceMeanScore(byteTokenize(p.prompt + p.response).slice(-4))));
@@ -66,16 +78,27 @@ test('transforms: sigmoid, scale, threshold on scale · transform', () => {
   close(applyTransform(0, { transform: 'sigmoid', scale: 4 }), 2);
   assert.equal(applyTransform(0, { transform: 'sigmoid', scale: 4, threshold: 2 }), 1);
   assert.equal(applyTransform(-0.1, { transform: 'sigmoid', scale: 4, threshold: 2 }), 0);
-  assert.ok(Number.isNaN(applyTransform(Number.NaN, { transform: 'sigmoid', threshold: 0 })), 'NaN never becomes a thresholded 0');
+  assert.ok(
+    Number.isNaN(applyTransform(Number.NaN, { transform: 'sigmoid', threshold: 0 })),
+    'NaN never becomes a thresholded 0',
+  );
 });
 
-test('createModelRewardScorer: the trajectory\'s own prompt ⧺ response ids, not its text; transform applied; empty sequence is a failure not a zero', async () => {
+test("createModelRewardScorer: the trajectory's own prompt ⧺ response ids, not its text; transform applied; empty sequence is a failure not a zero", async () => {
   const m = await createModelRewardScorer({ path: meanPath, transform: 'sigmoid', scale: 2, threshold: null });
   // ids of another tokenizer (an alphabet one: nothing like the text's UTF-8 bytes)
-  const prompt = Int32Array.from([3, 9, 4, 12]), response = Int32Array.from([7, 2]);
+  const prompt = Int32Array.from([3, 9, 4, 12]),
+    response = Int32Array.from([7, 2]);
   const outs = await m.scoreBatch([
     { id: 'a', step: 1, prompt_text: 'What is 2+2? ', response_text: '4', prompt_ids: prompt, response_ids: response },
-    { id: 'b', step: 1, prompt_text: 'x', response_text: 'y', prompt_ids: new Int32Array(0), response_ids: new Int32Array(0) },
+    {
+      id: 'b',
+      step: 1,
+      prompt_text: 'x',
+      response_text: 'y',
+      prompt_ids: new Int32Array(0),
+      response_ids: new Int32Array(0),
+    },
   ]);
   const raw = referenceMeanScore([3, 9, 4, 12, 7, 2]);
   assert.ok(Math.abs(raw - referenceMeanScore(byteTokenize('What is 2+2? 4'))) > 1e-3, 'the test tells ids from text');
@@ -102,10 +125,23 @@ test('createModelRewardScorer: an item with text only is scored like reward-serv
 });
 
 test('bad models: missing file, not ONNX, wrong inputs → ConfigError naming the problem', async () => {
-  await assert.rejects(createModelRewardScorer({ path: null, transform: 'none', scale: 1 }), (e: Error) => e instanceof ConfigError && /reward\.model\.path: required/.test(e.message));
+  await assert.rejects(
+    createModelRewardScorer({ path: null, transform: 'none', scale: 1 }),
+    (e: Error) => e instanceof ConfigError && /reward\.model\.path: required/.test(e.message),
+  );
   await assert.rejects(loadOnnxSequenceScorer({ path: join(dir, 'nope.onnx') }), /file not found/);
   writeFileSync(join(dir, 'junk.onnx'), 'not a model');
-  await assert.rejects(loadOnnxSequenceScorer({ path: join(dir, 'junk.onnx') }), (e: Error) => e instanceof ConfigError && /cannot load it/.test(e.message));
+  await assert.rejects(
+    loadOnnxSequenceScorer({ path: join(dir, 'junk.onnx') }),
+    (e: Error) => e instanceof ConfigError && /cannot load it/.test(e.message),
+  );
   writeScorerModel(join(dir, 'tokens.onnx'), 'mean', 'tokens');
-  await assert.rejects(loadOnnxSequenceScorer({ path: join(dir, 'tokens.onnx') }), (e: Error) => e instanceof ConfigError && /inputs are \[tokens, attention_mask\]; a sequence scorer needs exactly input_ids and attention_mask/.test(e.message));
+  await assert.rejects(
+    loadOnnxSequenceScorer({ path: join(dir, 'tokens.onnx') }),
+    (e: Error) =>
+      e instanceof ConfigError &&
+      /inputs are \[tokens, attention_mask\]; a sequence scorer needs exactly input_ids and attention_mask/.test(
+        e.message,
+      ),
+  );
 });

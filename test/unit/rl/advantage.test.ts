@@ -6,10 +6,21 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  advEstimators, computeAdvantage, computeGaeAdvantageReturn, computeGrpoOutcomeAdvantage, computeGrpoPasskOutcomeAdvantage,
-  computeGrpoVectorizedOutcomeAdvantage, computeOpoOutcomeAdvantage, computeOptimalTokenBaselineAdvantage, computeRemaxOutcomeAdvantage,
-  computeReinforcePlusPlusOutcomeAdvantage, computeRlooOutcomeAdvantage, computeRlooVectorizedOutcomeAdvantage, computeGpgOutcomeAdvantage,
-  computeMultiTurnOptimalTokenBaselineAdvantage, ConfigError,
+  advEstimators,
+  computeAdvantage,
+  computeGaeAdvantageReturn,
+  computeGrpoOutcomeAdvantage,
+  computeGrpoPasskOutcomeAdvantage,
+  computeGrpoVectorizedOutcomeAdvantage,
+  computeOpoOutcomeAdvantage,
+  computeOptimalTokenBaselineAdvantage,
+  computeRemaxOutcomeAdvantage,
+  computeReinforcePlusPlusOutcomeAdvantage,
+  computeRlooOutcomeAdvantage,
+  computeRlooVectorizedOutcomeAdvantage,
+  computeGpgOutcomeAdvantage,
+  computeMultiTurnOptimalTokenBaselineAdvantage,
+  ConfigError,
 } from '../../../lib/rl/index.ts';
 import { ConfigError as BaseConfigError } from '../../../lib/errors.ts';
 import { close, closeArr, rows, t32, t64 } from './helpers.ts';
@@ -24,10 +35,25 @@ function outcome(scores: number[], T = 3) {
 
 test('registry: all verl estimators are registered; an unknown name lists the valid ones', () => {
   assert.deepEqual(advEstimators.names(), [
-    'gae', 'gpg', 'grpo', 'grpo_passk', 'grpo_vectorized', 'opo', 'optimal_token_baseline', 'reinforce_plus_plus',
-    'reinforce_plus_plus_baseline', 'remax', 'rloo', 'rloo_vectorized', 'tir_optimal_token_baseline',
+    'gae',
+    'gpg',
+    'grpo',
+    'grpo_passk',
+    'grpo_vectorized',
+    'opo',
+    'optimal_token_baseline',
+    'reinforce_plus_plus',
+    'reinforce_plus_plus_baseline',
+    'remax',
+    'rloo',
+    'rloo_vectorized',
+    'tir_optimal_token_baseline',
   ]);
-  assert.throws(() => advEstimators.get('grp'), (e: Error) => e instanceof BaseConfigError && /unknown adv_estimator "grp" — valid: gae, gpg, grpo, /.test(e.message));
+  assert.throws(
+    () => advEstimators.get('grp'),
+    (e: Error) =>
+      e instanceof BaseConfigError && /unknown adv_estimator "grp" — valid: gae, gpg, grpo, /.test(e.message),
+  );
   assert.equal(ConfigError, BaseConfigError, 'lib/rl re-exports the project ConfigError');
 });
 
@@ -42,30 +68,55 @@ test('grpo: (s − mean)/(std + ε) with the unbiased std, per group, groups int
   rows(advantages).forEach((r, i) => closeArr(r, [want[i], want[i], want[i]], 1e-12, `row ${i}`));
   // Dr.GRPO: no std division
   const dr = computeGrpoOutcomeAdvantage(inp, { norm_adv_by_std_in_grpo: false }).advantages;
-  assert.deepEqual(rows(dr).map((r) => r[0]), [0.5, 0, -0.5, 0, 0.5, -0.5]);
+  assert.deepEqual(
+    rows(dr).map((r) => r[0]),
+    [0.5, 0, -0.5, 0, 0.5, -0.5],
+  );
 });
 
 test('grpo: a singleton group has mean 0 and std 1, divided by float32(1 + ε) like verl (also in float64)', () => {
-  const { advantages } = computeGrpoOutcomeAdvantage({ ...outcome([2, 1, 3]), index: ['a', 'b', 'b'] }, { epsilon: 1e-6 });
+  const { advantages } = computeGrpoOutcomeAdvantage(
+    { ...outcome([2, 1, 3]), index: ['a', 'b', 'b'] },
+    { epsilon: 1e-6 },
+  );
   assert.equal(advantages.data[0], 2 / 1.0000009536743164);
   assert.equal(advantages.data[0], 2 / Math.fround(1 + 1e-6));
 });
 
 test('grpo: all-equal rewards give exactly zero advantages; masked positions are zero', () => {
   const allZero = (a: ArrayLike<number>) => Array.from(a).every((v) => v === 0);
-  const inp = { token_level_rewards: t64([[0, 0.25], [0, 0.25], [0.25, 0]]), response_mask: t64([[1, 1], [1, 1], [1, 0]]), index: ['g', 'g', 'g'] };
+  const inp = {
+    token_level_rewards: t64([
+      [0, 0.25],
+      [0, 0.25],
+      [0.25, 0],
+    ]),
+    response_mask: t64([
+      [1, 1],
+      [1, 1],
+      [1, 0],
+    ]),
+    index: ['g', 'g', 'g'],
+  };
   for (const name of ['grpo', 'grpo_vectorized', 'rloo', 'rloo_vectorized', 'opo', 'gpg', 'grpo_passk']) {
     assert.ok(allZero(computeAdvantage(name, inp).advantages.data), name);
   }
   // float32 inputs: the float32 group mean of identical values 0.3 is exact, so still exact zeros
-  const f32in = { ...inp, token_level_rewards: t32([[0, 0.3], [0, 0.3], [0.3, 0]]) };
+  const f32in = {
+    ...inp,
+    token_level_rewards: t32([
+      [0, 0.3],
+      [0, 0.3],
+      [0.3, 0],
+    ]),
+  };
   for (const name of ['grpo', 'grpo_vectorized', 'rloo', 'rloo_vectorized', 'opo', 'gpg']) {
     const a = computeAdvantage(name, f32in).advantages.data;
     assert.ok(a instanceof Float32Array && allZero(a), name);
   }
 });
 
-test('grpo_vectorized keeps verl\'s float32 statistics also for float64 scores (a leak the loop variant does not have)', () => {
+test("grpo_vectorized keeps verl's float32 statistics also for float64 scores (a leak the loop variant does not have)", () => {
   // 0.3 is not a float32: the float32 group mean differs from the float64 score by ~1.2e-8,
   // which the floored σ = sqrt(1e-6) turns into ≈ −1.2e-5 (verl computes the same)
   const inp = { token_level_rewards: t64([[0.3], [0.3]]), response_mask: t64([[1], [1]]), index: ['g', 'g'] };
@@ -75,7 +126,11 @@ test('grpo_vectorized keeps verl\'s float32 statistics also for float64 scores (
 });
 
 test('grpo vs grpo_vectorized: tiny group variance (var < ε) is floored inside the sqrt by the vectorized variant', () => {
-  const inp = { token_level_rewards: t32([[1], [1.0001], [0.9999]]), response_mask: t32([[1], [1], [1]]), index: ['g', 'g', 'g'] };
+  const inp = {
+    token_level_rewards: t32([[1], [1.0001], [0.9999]]),
+    response_mask: t32([[1], [1], [1]]),
+    index: ['g', 'g', 'g'],
+  };
   const loop = computeGrpoOutcomeAdvantage(inp).advantages.data[1];
   const vec = computeGrpoVectorizedOutcomeAdvantage(inp).advantages.data[1];
   // std ≈ 1e-4: loop ≈ 1e-4/(1e-4 + 1e-6) ≈ 0.99; vectorized: σ = sqrt(max(var, 1e-6)) = 1e-3 → ≈ 0.0999
@@ -86,10 +141,16 @@ test('grpo vs grpo_vectorized: tiny group variance (var < ε) is floored inside 
 test('grpo_passk: only the top scorer gets r_max − r_2nd; ties at the max give 0; singletons are rejected', () => {
   const inp = { ...outcome([3, 1, 2, 5, 5]), index: ['a', 'a', 'a', 'b', 'b'] };
   const adv = computeGrpoPasskOutcomeAdvantage(inp, { norm_adv_by_std_in_grpo: false }).advantages;
-  assert.deepEqual(rows(adv).map((r) => r[2]), [1, 0, 0, 0, 0]);
+  assert.deepEqual(
+    rows(adv).map((r) => r[2]),
+    [1, 0, 0, 0, 0],
+  );
   const normed = computeGrpoPasskOutcomeAdvantage(inp).advantages;
   close(normed.data[2], 1 / (1 + 1e-6), 1e-12); // std of (3, 1, 2) = 1
-  assert.throws(() => computeGrpoPasskOutcomeAdvantage({ ...outcome([1, 0, 1]), index: ['a', 'b', 'b'] }), /at least 2 samples per group; group "a" has 1/);
+  assert.throws(
+    () => computeGrpoPasskOutcomeAdvantage({ ...outcome([1, 0, 1]), index: ['a', 'b', 'b'] }),
+    /at least 2 samples per group; group "a" has 1/,
+  );
 });
 
 test('rloo: s − mean(others); a singleton keeps its score in the loop variant and gets 0 in the vectorized one', () => {
@@ -101,17 +162,35 @@ test('rloo: s − mean(others); a singleton keeps its score in the loop variant 
 });
 
 test('opo: length-weighted baseline Σ|y|·s/Σ|y|; gpg: α = bs/#nonzero scores', () => {
-  const inp = { token_level_rewards: t64([[0, 0, 1], [0, 2, 0]]), response_mask: t64([[1, 1, 1], [1, 0, 0]]), index: ['g', 'g'] };
+  const inp = {
+    token_level_rewards: t64([
+      [0, 0, 1],
+      [0, 2, 0],
+    ]),
+    response_mask: t64([
+      [1, 1, 1],
+      [1, 0, 0],
+    ]),
+    index: ['g', 'g'],
+  };
   const b = (3 * 1 + 1 * 2) / 4;
   closeArr(rows(computeOpoOutcomeAdvantage(inp).advantages).flat(), [1 - b, 1 - b, 1 - b, 2 - b, 0, 0], 1e-12);
   const gpg = computeGpgOutcomeAdvantage({ ...outcome([0, 2, 0, 4]), index: ['a', 'a', 'b', 'b'] }).advantages;
   // α = 4/2 = 2; group a mean 1, group b mean 2
-  assert.deepEqual(rows(gpg).map((r) => r[0]), [-2, 2, -4, 4]);
+  assert.deepEqual(
+    rows(gpg).map((r) => r[0]),
+    [-2, 2, -4, 4],
+  );
 });
 
 test('gae: δ_t = r_t + γV_{t+1} − V_t, A_t = δ_t + γλA_{t+1}; masked positions carry the running values over', () => {
-  const g = 0.9, l = 0.5;
-  const inp = { token_level_rewards: t64([[0, 0, 1]]), values: t64([[0.5, 0.2, 0.4]]), response_mask: t64([[1, 0, 1]]) };
+  const g = 0.9,
+    l = 0.5;
+  const inp = {
+    token_level_rewards: t64([[0, 0, 1]]),
+    values: t64([[0.5, 0.2, 0.4]]),
+    response_mask: t64([[1, 0, 1]]),
+  };
   const { returns } = computeGaeAdvantageReturn(inp, { gamma: g, lam: l });
   // t=2: δ = 1 − 0.4 = 0.6, A = 0.6. t=1 (masked): A carries 0.6, V_next stays 0.4.
   // t=0: δ = 0 + 0.9·0.4 − 0.5 = −0.14, A = −0.14 + 0.45·0.6 = 0.13
@@ -123,46 +202,136 @@ test('gae: δ_t = r_t + γV_{t+1} − V_t, A_t = δ_t + γλA_{t+1}; masked posi
 });
 
 test('reinforce++: a masked token resets the running return; remax: returns = suffix sums, advantages − baseline·M', () => {
-  const inp = { token_level_rewards: t64([[1, 2, 4], [1, 0, 1]]), response_mask: t64([[1, 0, 1], [1, 1, 1]]) };
+  const inp = {
+    token_level_rewards: t64([
+      [1, 2, 4],
+      [1, 0, 1],
+    ]),
+    response_mask: t64([
+      [1, 0, 1],
+      [1, 1, 1],
+    ]),
+  };
   const { returns } = computeReinforcePlusPlusOutcomeAdvantage(inp, { gamma: 1 });
   // row 0: t2 G=4; then reset by M[2]? no — G·M_2 = 4; t1 G = 2 + 4 = 6, reset (M_1 = 0) → 0; t0 G = 1
-  assert.deepEqual(rows(returns), [[1, 6, 4], [2, 1, 1]]);
+  assert.deepEqual(rows(returns), [
+    [1, 6, 4],
+    [2, 1, 1],
+  ]);
   const rm = computeRemaxOutcomeAdvantage({ ...inp, reward_baselines: [0.5, 1] });
-  assert.deepEqual(rows(rm.returns), [[5, 4, 4], [2, 1, 1]]);
-  assert.deepEqual(rows(rm.advantages), [[4.5, 4, 3.5], [1, 0, 0]]);
+  assert.deepEqual(rows(rm.returns), [
+    [5, 4, 4],
+    [2, 1, 1],
+  ]);
+  assert.deepEqual(rows(rm.advantages), [
+    [4.5, 4, 3.5],
+    [1, 0, 0],
+  ]);
 });
 
 test('optimal token baseline: a group of equal returns has zero advantage; singletons keep G; tir compacts valid tokens', () => {
   const inp = {
-    token_level_rewards: t64([[0, 1], [0, 1], [0, 3]]), response_mask: t64([[1, 1], [1, 1], [1, 1]]), index: ['g', 'g', 's'],
-    old_log_probs: t64([[-1, -2], [-0.5, -0.1], [-1, -1]]), sum_pi_squared: t64([[0.3, 0.2], [0.4, 0.9], [0.5, 0.5]]),
+    token_level_rewards: t64([
+      [0, 1],
+      [0, 1],
+      [0, 3],
+    ]),
+    response_mask: t64([
+      [1, 1],
+      [1, 1],
+      [1, 1],
+    ]),
+    index: ['g', 'g', 's'],
+    old_log_probs: t64([
+      [-1, -2],
+      [-0.5, -0.1],
+      [-1, -1],
+    ]),
+    sum_pi_squared: t64([
+      [0.3, 0.2],
+      [0.4, 0.9],
+      [0.5, 0.5],
+    ]),
   };
   const otb = computeOptimalTokenBaselineAdvantage(inp);
   closeArr(rows(otb.advantages).flat(), [0, 0, 0, 0, 3, 3], 1e-7);
-  assert.deepEqual(rows(otb.returns), [[1, 1], [1, 1], [3, 3]]);
-  const tir = computeMultiTurnOptimalTokenBaselineAdvantage({ ...inp, response_mask: t64([[1, 1], [0, 1], [0, 0]]) });
+  assert.deepEqual(rows(otb.returns), [
+    [1, 1],
+    [1, 1],
+    [3, 3],
+  ]);
+  const tir = computeMultiTurnOptimalTokenBaselineAdvantage({
+    ...inp,
+    response_mask: t64([
+      [1, 1],
+      [0, 1],
+      [0, 0],
+    ]),
+  });
   assert.deepEqual(rows(tir.advantages)[2], [0, 0], 'rows without valid tokens are skipped');
 });
 
 test('empty response masks: outcome advantages are zero on padded rows; GAE needs ≥ 2 valid tokens to whiten', () => {
-  const inp = { token_level_rewards: t64([[0, 1], [0, 0]]), response_mask: t64([[1, 1], [0, 0]]), index: ['g', 'g'] };
+  const inp = {
+    token_level_rewards: t64([
+      [0, 1],
+      [0, 0],
+    ]),
+    response_mask: t64([
+      [1, 1],
+      [0, 0],
+    ]),
+    index: ['g', 'g'],
+  };
   assert.ok(rows(computeGrpoOutcomeAdvantage(inp).advantages)[1].every((v) => v === 0));
-  assert.throws(() => computeGaeAdvantageReturn({ ...inp, values: t64([[0, 0], [0, 0]]), response_mask: t64([[0, 0], [0, 0]]) }), /mask is empty/);
+  assert.throws(
+    () =>
+      computeGaeAdvantageReturn({
+        ...inp,
+        values: t64([
+          [0, 0],
+          [0, 0],
+        ]),
+        response_mask: t64([
+          [0, 0],
+          [0, 0],
+        ]),
+      }),
+    /mask is empty/,
+  );
 });
 
 test('validation: NaN/Inf inputs, wrong shapes and missing inputs are rejected with the input and position named', () => {
   const bad = outcome([1, 0]);
   bad.token_level_rewards.data[4] = NaN;
-  assert.throws(() => computeGrpoOutcomeAdvantage({ ...bad, index: ['a', 'a'] }), /grpo: token_level_rewards has a non-finite value NaN at \[1, 1\]/);
+  assert.throws(
+    () => computeGrpoOutcomeAdvantage({ ...bad, index: ['a', 'a'] }),
+    /grpo: token_level_rewards has a non-finite value NaN at \[1, 1\]/,
+  );
   const inf = outcome([1, 0]);
   inf.response_mask.data[0] = Infinity;
-  assert.throws(() => computeRlooOutcomeAdvantage({ ...inf, index: ['a', 'a'] }), /response_mask has a non-finite value Infinity at \[0, 0\]/);
-  assert.throws(() => computeGrpoOutcomeAdvantage({ ...outcome([1, 0]), index: ['a'] }), /index has 1 labels, expected one per sequence \(2\)/);
-  assert.throws(() => computeGrpoOutcomeAdvantage({ ...outcome([1, 0]) }), /index \(one group label per sequence\) is required/);
+  assert.throws(
+    () => computeRlooOutcomeAdvantage({ ...inf, index: ['a', 'a'] }),
+    /response_mask has a non-finite value Infinity at \[0, 0\]/,
+  );
+  assert.throws(
+    () => computeGrpoOutcomeAdvantage({ ...outcome([1, 0]), index: ['a'] }),
+    /index has 1 labels, expected one per sequence \(2\)/,
+  );
+  assert.throws(
+    () => computeGrpoOutcomeAdvantage({ ...outcome([1, 0]) }),
+    /index \(one group label per sequence\) is required/,
+  );
   assert.throws(() => computeGaeAdvantageReturn(outcome([1])), /gae: values is required/);
   assert.throws(() => computeRemaxOutcomeAdvantage(outcome([1])), /reward_baselines .* is required/);
-  assert.throws(() => computeGrpoOutcomeAdvantage({ ...outcome([1, 0]), response_mask: t64([[1, 1]]), index: ['a', 'a'] }), /response_mask has shape \(1, 2\), expected \(2, 3\)/);
-  assert.throws(() => computeGaeAdvantageReturn({ ...outcome([1]), values: t64([[0, 0, 0]]) }, { gamma: NaN }), /gamma must be a finite number/);
+  assert.throws(
+    () => computeGrpoOutcomeAdvantage({ ...outcome([1, 0]), response_mask: t64([[1, 1]]), index: ['a', 'a'] }),
+    /response_mask has shape \(1, 2\), expected \(2, 3\)/,
+  );
+  assert.throws(
+    () => computeGaeAdvantageReturn({ ...outcome([1]), values: t64([[0, 0, 0]]) }, { gamma: NaN }),
+    /gamma must be a finite number/,
+  );
 });
 
 test('dtype: float32 inputs give float32 outputs, float64 inputs float64', () => {
@@ -171,8 +340,22 @@ test('dtype: float32 inputs give float32 outputs, float64 inputs float64', () =>
   for (const name of advEstimators.names()) {
     if (name === 'grpo_passk') continue;
     const extra = {
-      values: t64([[0, 0, 0], [0, 0, 0], [0, 0, 0]]), reward_baselines: [0, 0, 0],
-      old_log_probs: t64([[-1, -1, -1], [-1, -1, -1], [-1, -1, -1]]), sum_pi_squared: t64([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]),
+      values: t64([
+        [0, 0, 0],
+        [0, 0, 0],
+        [0, 0, 0],
+      ]),
+      reward_baselines: [0, 0, 0],
+      old_log_probs: t64([
+        [-1, -1, -1],
+        [-1, -1, -1],
+        [-1, -1, -1],
+      ]),
+      sum_pi_squared: t64([
+        [0.5, 0.5, 0.5],
+        [0.5, 0.5, 0.5],
+        [0.5, 0.5, 0.5],
+      ]),
     };
     assert.ok(computeAdvantage(name, { ...i64, ...extra }).advantages.data instanceof Float64Array, name);
     assert.ok(computeAdvantage(name, { ...i32, ...extra }).advantages.data instanceof Float32Array, name);

@@ -13,7 +13,9 @@ import { torchMeanF32, torchSumF32 } from '../../../lib/rl/index.ts';
 const fixture = resolve(dirname(fileURLToPath(import.meta.url)), '../../fixtures/golden/torch_f32_sums.json');
 
 test('torchSumF32/torchMeanF32 are bit-identical to torch float32 .sum()/.mean() (1 … 4099 elements)', () => {
-  const { cases } = JSON.parse(readFileSync(fixture, 'utf8')) as { cases: { n: number; kind: string; x: number[]; sum: number; mean: number }[] };
+  const { cases } = JSON.parse(readFileSync(fixture, 'utf8')) as {
+    cases: { n: number; kind: string; x: number[]; sum: number; mean: number }[];
+  };
   assert.ok(cases.length > 100);
   for (const c of cases) {
     const x = Float64Array.from(c.x);

@@ -24,7 +24,10 @@ export interface GoldenCase {
   notes?: string;
 }
 
-export interface GoldenFile { commit: string; cases: GoldenCase[] }
+export interface GoldenFile {
+  commit: string;
+  cases: GoldenCase[];
+}
 
 export function loadGolden(path: string): GoldenFile {
   return JSON.parse(readFileSync(path, 'utf8')) as GoldenFile;
@@ -44,10 +47,16 @@ const num = (v: unknown): number => {
 export function flatten(v: unknown): { shape: number[]; values: number[] } {
   const shape: number[] = [];
   let cur: unknown = v;
-  while (Array.isArray(cur)) { shape.push(cur.length); cur = cur[0]; }
+  while (Array.isArray(cur)) {
+    shape.push(cur.length);
+    cur = cur[0];
+  }
   const values: number[] = [];
   const walk = (x: unknown, depth: number) => {
-    if (depth === shape.length) { values.push(num(x)); return; }
+    if (depth === shape.length) {
+      values.push(num(x));
+      return;
+    }
     if (!Array.isArray(x) || x.length !== shape[depth]) throw new Error('ragged nested array');
     for (const y of x) walk(y, depth + 1);
   };
@@ -81,7 +90,10 @@ const V1 = (a: ArrayLike<number>): Out => ({ data: a, shape: [a.length] });
 
 type Adapter = (c: GoldenCase) => Record<string, Out>;
 
-const advOut = (o: { advantages: Tensor2D; returns: Tensor2D }) => ({ advantages: T2(o.advantages), returns: T2(o.returns) });
+const advOut = (o: { advantages: Tensor2D; returns: Tensor2D }) => ({
+  advantages: T2(o.advantages),
+  returns: T2(o.returns),
+});
 const advIn = (c: GoldenCase): rl.AdvantageInput => ({
   token_level_rewards: t2(c, 'token_level_rewards'),
   response_mask: t2(c, 'response_mask'),
@@ -111,53 +123,144 @@ function lossOut(c: GoldenCase, o: rl.PolicyLossOutput): Record<string, Out> {
   return r;
 }
 
-const clipArgs = (a: Record<string, any>) => ({ clip_ratio: a.clip_ratio, clip_ratio_low: a.clip_ratio_low, clip_ratio_high: a.clip_ratio_high });
+const clipArgs = (a: Record<string, any>) => ({
+  clip_ratio: a.clip_ratio,
+  clip_ratio_low: a.clip_ratio_low,
+  clip_ratio_high: a.clip_ratio_high,
+});
 const aggMode = (m: string | undefined) => (m && !/\(/.test(m) ? m : undefined);
 
 export const adapters: Record<string, Adapter> = {
-  compute_gae_advantage_return: (c) => advOut(rl.computeGaeAdvantageReturn(advIn(c), { gamma: c.args.gamma, lam: c.args.lam })),
-  compute_grpo_outcome_advantage: (c) => advOut(rl.computeGrpoOutcomeAdvantage(advIn(c), { epsilon: c.args.epsilon, norm_adv_by_std_in_grpo: c.args.norm_adv_by_std_in_grpo })),
-  compute_grpo_vectorized_outcome_advantage: (c) => advOut(rl.computeGrpoVectorizedOutcomeAdvantage(advIn(c), { epsilon: c.args.epsilon, norm_adv_by_std_in_grpo: c.args.norm_adv_by_std_in_grpo })),
-  compute_grpo_passk_outcome_advantage: (c) => advOut(rl.computeGrpoPasskOutcomeAdvantage(advIn(c), { epsilon: c.args.epsilon, norm_adv_by_std_in_grpo: c.args['config.norm_adv_by_std_in_grpo'] })),
+  compute_gae_advantage_return: (c) =>
+    advOut(rl.computeGaeAdvantageReturn(advIn(c), { gamma: c.args.gamma, lam: c.args.lam })),
+  compute_grpo_outcome_advantage: (c) =>
+    advOut(
+      rl.computeGrpoOutcomeAdvantage(advIn(c), {
+        epsilon: c.args.epsilon,
+        norm_adv_by_std_in_grpo: c.args.norm_adv_by_std_in_grpo,
+      }),
+    ),
+  compute_grpo_vectorized_outcome_advantage: (c) =>
+    advOut(
+      rl.computeGrpoVectorizedOutcomeAdvantage(advIn(c), {
+        epsilon: c.args.epsilon,
+        norm_adv_by_std_in_grpo: c.args.norm_adv_by_std_in_grpo,
+      }),
+    ),
+  compute_grpo_passk_outcome_advantage: (c) =>
+    advOut(
+      rl.computeGrpoPasskOutcomeAdvantage(advIn(c), {
+        epsilon: c.args.epsilon,
+        norm_adv_by_std_in_grpo: c.args['config.norm_adv_by_std_in_grpo'],
+      }),
+    ),
   compute_rloo_outcome_advantage: (c) => advOut(rl.computeRlooOutcomeAdvantage(advIn(c), { epsilon: c.args.epsilon })),
-  compute_rloo_vectorized_outcome_advantage: (c) => advOut(rl.computeRlooVectorizedOutcomeAdvantage(advIn(c), { epsilon: c.args.epsilon })),
-  compute_reinforce_plus_plus_outcome_advantage: (c) => advOut(rl.computeReinforcePlusPlusOutcomeAdvantage(advIn(c), { gamma: c.args['config.gamma'] })),
-  compute_reinforce_plus_plus_baseline_outcome_advantage: (c) => advOut(rl.computeReinforcePlusPlusBaselineOutcomeAdvantage(advIn(c), { epsilon: c.args.epsilon })),
+  compute_rloo_vectorized_outcome_advantage: (c) =>
+    advOut(rl.computeRlooVectorizedOutcomeAdvantage(advIn(c), { epsilon: c.args.epsilon })),
+  compute_reinforce_plus_plus_outcome_advantage: (c) =>
+    advOut(rl.computeReinforcePlusPlusOutcomeAdvantage(advIn(c), { gamma: c.args['config.gamma'] })),
+  compute_reinforce_plus_plus_baseline_outcome_advantage: (c) =>
+    advOut(rl.computeReinforcePlusPlusBaselineOutcomeAdvantage(advIn(c), { epsilon: c.args.epsilon })),
   compute_remax_outcome_advantage: (c) => advOut(rl.computeRemaxOutcomeAdvantage(advIn(c))),
   compute_opo_outcome_advantage: (c) => advOut(rl.computeOpoOutcomeAdvantage(advIn(c), { epsilon: c.args.epsilon })),
-  compute_gpg_outcome_advantage: (c) => advOut(rl.computeGpgOutcomeAdvantage(advIn(c), { epsilon: c.args.epsilon, f_norm: c.args.f_norm })),
-  compute_optimal_token_baseline_advantage: (c) => advOut(rl.computeOptimalTokenBaselineAdvantage(advIn(c), { epsilon: c.args.epsilon, handle_zero_tail: c.args.handle_zero_tail })),
-  compute_multi_turn_optimal_token_baseline_advantage: (c) => advOut(rl.computeMultiTurnOptimalTokenBaselineAdvantage(advIn(c), { epsilon: c.args.epsilon, handle_zero_tail: c.args.handle_zero_tail })),
+  compute_gpg_outcome_advantage: (c) =>
+    advOut(rl.computeGpgOutcomeAdvantage(advIn(c), { epsilon: c.args.epsilon, f_norm: c.args.f_norm })),
+  compute_optimal_token_baseline_advantage: (c) =>
+    advOut(
+      rl.computeOptimalTokenBaselineAdvantage(advIn(c), {
+        epsilon: c.args.epsilon,
+        handle_zero_tail: c.args.handle_zero_tail,
+      }),
+    ),
+  compute_multi_turn_optimal_token_baseline_advantage: (c) =>
+    advOut(
+      rl.computeMultiTurnOptimalTokenBaselineAdvantage(advIn(c), {
+        epsilon: c.args.epsilon,
+        handle_zero_tail: c.args.handle_zero_tail,
+      }),
+    ),
 
   kl_penalty: (c) => {
-    const lp = t2(c, 'logprob'), ref = t2(c, 'ref_logprob');
-    return { kl: T2(rl.klPenalty(lp, ref, c.args.kl_penalty)), grad_logprob_of_sum: T2(rl.klPenaltyGrad(lp, ref, c.args.kl_penalty)) };
+    const lp = t2(c, 'logprob'),
+      ref = t2(c, 'ref_logprob');
+    return {
+      kl: T2(rl.klPenalty(lp, ref, c.args.kl_penalty)),
+      grad_logprob_of_sum: T2(rl.klPenaltyGrad(lp, ref, c.args.kl_penalty)),
+    };
   },
-  compute_rewards: (c) => ({ token_level_rewards: T2(rl.computeRewards(t2(c, 'token_level_scores'), t2(c, 'old_log_prob'), t2(c, 'ref_log_prob'), c.args.kl_ratio)) }),
+  compute_rewards: (c) => ({
+    token_level_rewards: T2(
+      rl.computeRewards(t2(c, 'token_level_scores'), t2(c, 'old_log_prob'), t2(c, 'ref_log_prob'), c.args.kl_ratio),
+    ),
+  }),
 
-  compute_policy_loss: (c) => lossOut(c, rl.computePolicyLossVanilla(lossIn(c), {
-    clip_ratio: c.args.cliprange, clip_ratio_low: c.args.cliprange_low, clip_ratio_high: c.args.cliprange_high,
-    clip_ratio_c: c.args.clip_ratio_c, loss_agg_mode: c.args.loss_agg_mode,
-  })),
-  compute_policy_loss_vanilla: (c) => lossOut(c, rl.policyLosses.get('vanilla')(lossIn(c), {
-    ...clipArgs(c.args), clip_ratio_c: c.args.clip_ratio_c, loss_agg_mode: c.args.loss_agg_mode, global_batch_info: c.args.global_batch_info,
-  })),
-  compute_policy_loss_gspo: (c) => lossOut(c, rl.policyLosses.get('gspo')(lossIn(c), { ...clipArgs(c.args), loss_agg_mode: aggMode(c.args.loss_agg_mode) })),
-  compute_policy_loss_sapo: (c) => lossOut(c, rl.policyLosses.get('sapo')(lossIn(c), { tau_pos: c.args.tau_pos, tau_neg: c.args.tau_neg })),
-  compute_policy_loss_gpg: (c) => lossOut(c, rl.policyLosses.get('gpg')(lossIn(c), { loss_agg_mode: c.args.loss_agg_mode })),
-  compute_policy_loss_cispo: (c) => lossOut(c, rl.policyLosses.get('cispo')(lossIn(c), { ...clipArgs(c.args), loss_agg_mode: c.args.loss_agg_mode })),
-  compute_policy_loss_reinforce: (c) => lossOut(c, rl.policyLosses.get('reinforce')(lossIn(c, 'rollout_log_prob'), { loss_agg_mode: c.args.loss_agg_mode })),
+  compute_policy_loss: (c) =>
+    lossOut(
+      c,
+      rl.computePolicyLossVanilla(lossIn(c), {
+        clip_ratio: c.args.cliprange,
+        clip_ratio_low: c.args.cliprange_low,
+        clip_ratio_high: c.args.cliprange_high,
+        clip_ratio_c: c.args.clip_ratio_c,
+        loss_agg_mode: c.args.loss_agg_mode,
+      }),
+    ),
+  compute_policy_loss_vanilla: (c) =>
+    lossOut(
+      c,
+      rl.policyLosses.get('vanilla')(lossIn(c), {
+        ...clipArgs(c.args),
+        clip_ratio_c: c.args.clip_ratio_c,
+        loss_agg_mode: c.args.loss_agg_mode,
+        global_batch_info: c.args.global_batch_info,
+      }),
+    ),
+  compute_policy_loss_gspo: (c) =>
+    lossOut(
+      c,
+      rl.policyLosses.get('gspo')(lossIn(c), { ...clipArgs(c.args), loss_agg_mode: aggMode(c.args.loss_agg_mode) }),
+    ),
+  compute_policy_loss_sapo: (c) =>
+    lossOut(c, rl.policyLosses.get('sapo')(lossIn(c), { tau_pos: c.args.tau_pos, tau_neg: c.args.tau_neg })),
+  compute_policy_loss_gpg: (c) =>
+    lossOut(c, rl.policyLosses.get('gpg')(lossIn(c), { loss_agg_mode: c.args.loss_agg_mode })),
+  compute_policy_loss_cispo: (c) =>
+    lossOut(c, rl.policyLosses.get('cispo')(lossIn(c), { ...clipArgs(c.args), loss_agg_mode: c.args.loss_agg_mode })),
+  compute_policy_loss_reinforce: (c) =>
+    lossOut(
+      c,
+      rl.policyLosses.get('reinforce')(lossIn(c, 'rollout_log_prob'), { loss_agg_mode: c.args.loss_agg_mode }),
+    ),
   compute_policy_loss_geo_mean: (c) => lossOut(c, rl.policyLosses.get('geo_mean')(lossIn(c), { ...clipArgs(c.args) })),
-  compute_policy_loss_clip_cov: (c) => lossOut(c, rl.policyLosses.get('clip_cov')(lossIn(c), {
-    ...clipArgs(c.args), clip_cov_ratio: c.args.clip_cov_ratio, clip_cov_lb: c.args.clip_cov_lb, clip_cov_ub: c.args.clip_cov_ub, loss_agg_mode: c.args.loss_agg_mode,
-  })),
-  compute_policy_loss_kl_cov: (c) => lossOut(c, rl.policyLosses.get('kl_cov')(lossIn(c), {
-    kl_cov_ratio: c.args.kl_cov_ratio, ppo_kl_coef: c.args.ppo_kl_coef, loss_agg_mode: c.args.loss_agg_mode,
-  })),
+  compute_policy_loss_clip_cov: (c) =>
+    lossOut(
+      c,
+      rl.policyLosses.get('clip_cov')(lossIn(c), {
+        ...clipArgs(c.args),
+        clip_cov_ratio: c.args.clip_cov_ratio,
+        clip_cov_lb: c.args.clip_cov_lb,
+        clip_cov_ub: c.args.clip_cov_ub,
+        loss_agg_mode: c.args.loss_agg_mode,
+      }),
+    ),
+  compute_policy_loss_kl_cov: (c) =>
+    lossOut(
+      c,
+      rl.policyLosses.get('kl_cov')(lossIn(c), {
+        kl_cov_ratio: c.args.kl_cov_ratio,
+        ppo_kl_coef: c.args.ppo_kl_coef,
+        loss_agg_mode: c.args.loss_agg_mode,
+      }),
+    ),
 
   compute_value_loss: (c) => {
     const o = rl.computeValueLoss(
-      { vpreds: t2(c, 'vpreds'), returns: t2(c, 'returns'), values: t2(c, 'values'), response_mask: t2(c, 'response_mask') },
+      {
+        vpreds: t2(c, 'vpreds'),
+        returns: t2(c, 'returns'),
+        values: t2(c, 'values'),
+        response_mask: t2(c, 'response_mask'),
+      },
       { cliprange_value: c.args.cliprange_value, loss_agg_mode: c.args.loss_agg_mode },
     );
     return { vf_loss: o.vf_loss, vf_clipfrac: o.vf_clipfrac };
@@ -168,35 +271,69 @@ export const adapters: Record<string, Adapter> = {
   },
   compute_entropy_loss: (c) => {
     const { shape, values } = flatten(c.inputs.logits);
-    return { entropy_loss: rl.computeEntropyLoss(rl.tensor3d(arr(c.dtype, values), shape[0], shape[1], shape[2]), t2(c, 'response_mask'), c.args.loss_agg_mode) };
+    return {
+      entropy_loss: rl.computeEntropyLoss(
+        rl.tensor3d(arr(c.dtype, values), shape[0], shape[1], shape[2]),
+        t2(c, 'response_mask'),
+        c.args.loss_agg_mode,
+      ),
+    };
   },
   agg_loss: (c) => ({
     loss: rl.aggLoss(t2(c, 'loss_mat'), t2(c, 'loss_mask'), c.args.loss_agg_mode, {
-      dp_size: c.args.dp_size, batch_num_tokens: c.args.batch_num_tokens, global_batch_size: c.args.global_batch_size, loss_scale_factor: c.args.loss_scale_factor,
+      dp_size: c.args.dp_size,
+      batch_num_tokens: c.args.batch_num_tokens,
+      global_batch_size: c.args.global_batch_size,
+      loss_scale_factor: c.args.loss_scale_factor,
     }),
   }),
-  masked_sum: (c) => ({ out: c.args.axis === -1 ? V1(rl.maskedSumRows(t2(c, 'values'), t2(c, 'mask'))) : rl.maskedSum(t2(c, 'values'), t2(c, 'mask')) }),
-  masked_mean: (c) => ({ out: c.args.axis === -1 ? V1(rl.maskedMeanRows(t2(c, 'values'), t2(c, 'mask'))) : rl.maskedMean(t2(c, 'values'), t2(c, 'mask')) }),
+  masked_sum: (c) => ({
+    out:
+      c.args.axis === -1
+        ? V1(rl.maskedSumRows(t2(c, 'values'), t2(c, 'mask')))
+        : rl.maskedSum(t2(c, 'values'), t2(c, 'mask')),
+  }),
+  masked_mean: (c) => ({
+    out:
+      c.args.axis === -1
+        ? V1(rl.maskedMeanRows(t2(c, 'values'), t2(c, 'mask')))
+        : rl.maskedMean(t2(c, 'values'), t2(c, 'mask')),
+  }),
   masked_var: (c) => ({ out: rl.maskedVar(t2(c, 'values'), t2(c, 'mask'), c.args.unbiased) }),
   masked_whiten: (c) => ({ out: T2(rl.maskedWhiten(t2(c, 'values'), t2(c, 'mask'), c.args.shift_mean)) }),
   clip_by_value: (c) => ({ out: T2(rl.clipByValue(t2(c, 'x'), t2(c, 'tensor_min'), t2(c, 'tensor_max'))) }),
   AdaptiveKLController: (c) => {
-    let ctrl: rl.KlController = rl.makeKlController({ type: 'adaptive', kl_coef: c.args.init_kl_coef, target_kl: c.args.target_kl, horizon: c.args.horizon });
+    let ctrl: rl.KlController = rl.makeKlController({
+      type: 'adaptive',
+      kl_coef: c.args.init_kl_coef,
+      target_kl: c.args.target_kl,
+      horizon: c.args.horizon,
+    });
     const values: number[] = [];
-    for (const [kl, n] of c.inputs.updates as [number, number][]) { ctrl = ctrl.update(kl, n); values.push(ctrl.value); }
+    for (const [kl, n] of c.inputs.updates as [number, number][]) {
+      ctrl = ctrl.update(kl, n);
+      values.push(ctrl.value);
+    }
     return { values_after_each_update: V1(values) };
   },
   FixedKLController: (c) => {
     let ctrl: rl.KlController = rl.makeKlController({ type: 'fixed', kl_coef: c.args.kl_coef });
     const values: number[] = [];
-    for (const [kl, n] of c.inputs.updates as [number, number][]) { ctrl = ctrl.update(kl, n); values.push(ctrl.value); }
+    for (const [kl, n] of c.inputs.updates as [number, number][]) {
+      ctrl = ctrl.update(kl, n);
+      values.push(ctrl.value);
+    }
     return { values_after_each_update: V1(values) };
   },
 };
 
 // ---- tolerances ------------------------------------------------------------------------------
 
-export interface Tol { atol: number; rtol: number; cls: string }
+export interface Tol {
+  atol: number;
+  rtol: number;
+  cls: string;
+}
 
 const FRACTIONS = new Set(['pg_clipfrac', 'pg_clipfrac_lower', 'vf_clipfrac']);
 
@@ -241,21 +378,33 @@ function isErrorCase(c: GoldenCase): boolean {
 export function runCase(c: GoldenCase): CaseResult {
   const res: CaseResult = { id: c.id, fn: c.function, dtype: c.dtype, passed: false, worst: 0, problems: [] };
   const adapter = adapters[c.function];
-  if (!adapter) { res.problems.push(`no adapter for function ${c.function}`); return res; }
+  if (!adapter) {
+    res.problems.push(`no adapter for function ${c.function}`);
+    return res;
+  }
   let got: Record<string, Out>;
   try {
     got = adapter(c);
   } catch (e) {
     // An error case passes when the call is rejected on purpose (an RlError/ConfigError with a
     // message), not when the adapter trips over a bug (TypeError, …).
-    if (isErrorCase(c) && e instanceof RlError) { res.passed = true; return res; }
+    if (isErrorCase(c) && e instanceof RlError) {
+      res.passed = true;
+      return res;
+    }
     res.problems.push(`threw: ${(e as Error).message}`);
     return res;
   }
-  if (isErrorCase(c)) { res.problems.push(`expected an error (${JSON.stringify(c.outputs.error)}) but the call succeeded`); return res; }
+  if (isErrorCase(c)) {
+    res.problems.push(`expected an error (${JSON.stringify(c.outputs.error)}) but the call succeeded`);
+    return res;
+  }
   for (const [name, expRaw] of Object.entries(c.outputs)) {
     const g = got[name];
-    if (g === undefined) { res.problems.push(`${name}: missing from the adapter's outputs`); continue; }
+    if (g === undefined) {
+      res.problems.push(`${name}: missing from the adapter's outputs`);
+      continue;
+    }
     const exp = flatten(expRaw);
     const gotShape = typeof g === 'number' ? [] : g.shape;
     const gotVals = typeof g === 'number' ? [g] : Array.from(g.data);
@@ -265,20 +414,25 @@ export function runCase(c: GoldenCase): CaseResult {
     }
     if (typeof g !== 'number' && (g.data instanceof Float32Array || g.data instanceof Float64Array)) {
       const want = c.dtype === 'float32' ? Float32Array : Float64Array;
-      if (!(g.data instanceof want)) res.problems.push(`${name}: dtype ${(g.data as object).constructor.name}, expected ${want.name}`);
+      if (!(g.data instanceof want))
+        res.problems.push(`${name}: dtype ${(g.data as object).constructor.name}, expected ${want.name}`);
     }
     const tol = toleranceFor(c, name);
     let bad = 0;
     for (let k = 0; k < exp.values.length; k++) {
-      const e = exp.values[k], v = gotVals[k];
+      const e = exp.values[k],
+        v = gotVals[k];
       let msg: string | null = null;
-      if (Number.isNaN(e) || Number.isNaN(v)) { if (!(Number.isNaN(e) && Number.isNaN(v))) msg = 'NaN mismatch'; }
-      else if ((e === 0) !== (v === 0)) msg = 'zero-position mismatch';
-      else if (!Number.isFinite(e) || !Number.isFinite(v)) { if (e !== v) msg = 'non-finite mismatch'; }
-      else {
+      if (Number.isNaN(e) || Number.isNaN(v)) {
+        if (!(Number.isNaN(e) && Number.isNaN(v))) msg = 'NaN mismatch';
+      } else if ((e === 0) !== (v === 0)) msg = 'zero-position mismatch';
+      else if (!Number.isFinite(e) || !Number.isFinite(v)) {
+        if (e !== v) msg = 'non-finite mismatch';
+      } else {
         const ratio = Math.abs(v - e) / (tol.atol + tol.rtol * Math.abs(e));
         if (ratio > res.worst) res.worst = ratio;
-        if (ratio > 1) msg = `|err| ${Math.abs(v - e).toExponential(2)} > tol ${(tol.atol + tol.rtol * Math.abs(e)).toExponential(2)} (${tol.cls})`;
+        if (ratio > 1)
+          msg = `|err| ${Math.abs(v - e).toExponential(2)} > tol ${(tol.atol + tol.rtol * Math.abs(e)).toExponential(2)} (${tol.cls})`;
       }
       if (msg && bad++ < 3) res.problems.push(`${name}[${k}]: got ${v}, expected ${e}: ${msg}`);
     }
@@ -288,7 +442,14 @@ export function runCase(c: GoldenCase): CaseResult {
   return res;
 }
 
-export interface FunctionSummary { fn: string; cases: number; passed: number; float64: number; errors: number; worst: number }
+export interface FunctionSummary {
+  fn: string;
+  cases: number;
+  passed: number;
+  float64: number;
+  errors: number;
+  worst: number;
+}
 
 export function summarise(cases: GoldenCase[], results: CaseResult[]): FunctionSummary[] {
   const by = new Map<string, FunctionSummary>();
@@ -306,10 +467,22 @@ export function summarise(cases: GoldenCase[], results: CaseResult[]): FunctionS
 
 export function formatTable(rows: FunctionSummary[]): string {
   const head = ['function', 'cases', 'passed', 'f64', 'errors', 'worst err/tol'];
-  const body = rows.map((r) => [r.fn, String(r.cases), String(r.passed), String(r.float64), String(r.errors), r.worst.toFixed(3)]);
-  const total = rows.reduce((a, r) => ({ c: a.c + r.cases, p: a.p + r.passed, w: Math.max(a.w, r.worst) }), { c: 0, p: 0, w: 0 });
+  const body = rows.map((r) => [
+    r.fn,
+    String(r.cases),
+    String(r.passed),
+    String(r.float64),
+    String(r.errors),
+    r.worst.toFixed(3),
+  ]);
+  const total = rows.reduce((a, r) => ({ c: a.c + r.cases, p: a.p + r.passed, w: Math.max(a.w, r.worst) }), {
+    c: 0,
+    p: 0,
+    w: 0,
+  });
   body.push(['TOTAL', String(total.c), String(total.p), '', '', total.w.toFixed(3)]);
   const widths = head.map((h, j) => Math.max(h.length, ...body.map((b) => b[j].length)));
-  const line = (cells: string[]) => cells.map((x, j) => (j === 0 ? x.padEnd(widths[j]) : x.padStart(widths[j]))).join('  ');
+  const line = (cells: string[]) =>
+    cells.map((x, j) => (j === 0 ? x.padEnd(widths[j]) : x.padStart(widths[j]))).join('  ');
   return [line(head), widths.map((w) => '-'.repeat(w)).join('  '), ...body.map(line)].join('\n');
 }

@@ -33,7 +33,14 @@ function check(label: string, path: string): void {
   for (const [fn, idx] of byFn) {
     test(`${label}: ${fn} (${idx.length} cases)`, () => {
       const failed = idx.map((i) => results[i]).filter((r) => !r.passed);
-      assert.equal(failed.length, 0, failed.slice(0, 5).map((r) => `${r.id} [${r.dtype}]: ${r.problems.join('; ')}`).join('\n'));
+      assert.equal(
+        failed.length,
+        0,
+        failed
+          .slice(0, 5)
+          .map((r) => `${r.id} [${r.dtype}]: ${r.problems.join('; ')}`)
+          .join('\n'),
+      );
     });
   }
 
@@ -51,7 +58,11 @@ const shared = resolve(here, '../../../../shared/golden/rl_golden.json');
 if (existsSync(shared)) {
   test('golden fixture is identical to ../shared/golden/rl_golden.json', () => {
     const sha = (p: string) => createHash('sha256').update(readFileSync(p)).digest('hex');
-    assert.equal(sha(fixture), sha(shared), 'test/fixtures/golden/rl_golden.json is stale: copy ../shared/golden/rl_golden.json over it');
+    assert.equal(
+      sha(fixture),
+      sha(shared),
+      'test/fixtures/golden/rl_golden.json is stale: copy ../shared/golden/rl_golden.json over it',
+    );
   });
 }
 

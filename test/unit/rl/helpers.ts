@@ -4,7 +4,8 @@ import type { Tensor2D } from '../../../lib/rl/index.ts';
 
 /** A float64 (bs, T) tensor from nested rows. */
 export function t64(rows: number[][]): Tensor2D<Float64Array> {
-  const bs = rows.length, T = rows[0]?.length ?? 0;
+  const bs = rows.length,
+    T = rows[0]?.length ?? 0;
   const data = new Float64Array(bs * T);
   rows.forEach((r, i) => data.set(r, i * T));
   return { data, bs, T };
@@ -39,8 +40,10 @@ export function numericGrad(f: (x: Float64Array) => number, x: Float64Array, h =
   const g = new Float64Array(x.length);
   for (let k = 0; k < x.length; k++) {
     const x0 = x[k];
-    x[k] = x0 + h; const up = f(x);
-    x[k] = x0 - h; const down = f(x);
+    x[k] = x0 + h;
+    const up = f(x);
+    x[k] = x0 - h;
+    const down = f(x);
     x[k] = x0;
     g[k] = (up - down) / (2 * h);
   }

@@ -10,7 +10,21 @@ import { Gen } from '../contracts/fixtures.ts';
 
 test('splitDetails: numbers and booleans are metrics; strings and other JSON values are text; non-finite numbers and functions are dropped', () => {
   const long = 'x'.repeat(REWARD_TEXT_MAX + 10);
-  const d = splitDetails({ acc: 1, fmt: 0.5, ok: true, bad: false, pred: '42', why: 'no final answer', parsed: { a: [1, 2] }, none: null, nan: NaN, inf: Infinity, long, fn: () => 1, undef: undefined });
+  const d = splitDetails({
+    acc: 1,
+    fmt: 0.5,
+    ok: true,
+    bad: false,
+    pred: '42',
+    why: 'no final answer',
+    parsed: { a: [1, 2] },
+    none: null,
+    nan: NaN,
+    inf: Infinity,
+    long,
+    fn: () => 1,
+    undef: undefined,
+  });
   assert.deepEqual(d.numbers, { acc: 1, fmt: 0.5, ok: 1, bad: 0 });
   assert.deepEqual(Object.keys(d.text).sort(), ['long', 'none', 'parsed', 'pred', 'why']);
   assert.equal(d.text.pred, '42');
@@ -22,10 +36,15 @@ test('splitDetails: numbers and booleans are metrics; strings and other JSON val
 
 test('scoredGroup: a scored sample carries both maps; a failure has neither', () => {
   const g = new Gen(5).trajectoryGroup(2, { n: 2, tokens: 3 });
-  const s = scoredGroup(g, [
-    { id: g.samples[0]!.id, ok: true, reward: 1, details: { accuracy: 1, pred: '7' }, server: 'fn' },
-    { id: g.samples[1]!.id, ok: false, reason: 'boom', retriable: false },
-  ], 'fn:x', 1);
+  const s = scoredGroup(
+    g,
+    [
+      { id: g.samples[0]!.id, ok: true, reward: 1, details: { accuracy: 1, pred: '7' }, server: 'fn' },
+      { id: g.samples[1]!.id, ok: false, reason: 'boom', retriable: false },
+    ],
+    'fn:x',
+    1,
+  );
   assert.deepEqual(s.samples[0]!.reward_details, { accuracy: 1 });
   assert.deepEqual(s.samples[0]!.reward_text, { pred: '7' });
   assert.deepEqual([s.samples[1]!.reward_details, s.samples[1]!.reward_text, s.samples[1]!.reward], [{}, {}, null]);

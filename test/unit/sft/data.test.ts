@@ -21,7 +21,12 @@ function file(name: string, rows: unknown[]): string {
   writeFileSync(f, rows.map((r) => (typeof r === 'string' ? r : JSON.stringify(r))).join('\n'));
   return f;
 }
-const cfgFor = (f: string, ...more: string[]) => loadConfig({ overrides: [`data.train_files=${f}`, 'data.chat_template_kwargs.enable_thinking=false', ...more], command: 'sft', env: {} });
+const cfgFor = (f: string, ...more: string[]) =>
+  loadConfig({
+    overrides: [`data.train_files=${f}`, 'data.chat_template_kwargs.enable_thinking=false', ...more],
+    command: 'sft',
+    env: {},
+  });
 /** The text of the loss tokens of an example. */
 const lossText = (tokens: Int32Array, mask: Uint8Array) => qwen.decode(Array.from(tokens).filter((_, i) => mask[i]));
 
@@ -43,8 +48,11 @@ test('prompt + response through the Qwen3 chat template: the prompt is exactly w
 
 test('a conversation has the loss on every assistant turn and its <|im_end|>, and on nothing else (Qwen3 writes earlier turns without the think block)', async () => {
   const messages = [
-    { role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hi' }, { role: 'assistant', content: 'Hello!' },
-    { role: 'user', content: '1 + 1?' }, { role: 'assistant', content: '2' },
+    { role: 'system', content: 'Be brief.' },
+    { role: 'user', content: 'Hi' },
+    { role: 'assistant', content: 'Hello!' },
+    { role: 'user', content: '1 + 1?' },
+    { role: 'assistant', content: '2' },
   ];
   const j = file('conv.jsonl', [{ conv: messages }]);
   const { examples } = await loadSftExamples(cfgFor(j, 'sft.messages_key=conv'), qwen);
@@ -55,10 +63,19 @@ test('a conversation has the loss on every assistant turn and its <|im_end|>, an
 
 test('parquet rows with prompt + response columns load like JSONL rows (row numbers as lines)', async () => {
   const f = join(dir, 'pr.parquet');
-  parquetWriteFile({ filename: f, columnData: [{ name: 'prompt', data: ['a?', 'b?'], type: 'STRING' }, { name: 'response', data: ['A', ''], type: 'STRING' }] });
+  parquetWriteFile({
+    filename: f,
+    columnData: [
+      { name: 'prompt', data: ['a?', 'b?'], type: 'STRING' },
+      { name: 'response', data: ['A', ''], type: 'STRING' },
+    ],
+  });
   const { examples, skipped } = await loadSftExamples(cfgFor(f, 'data.on_bad_row=skip'), qwen);
   assert.equal(lossText(examples[0].tokens, examples[0].mask), 'A');
-  assert.deepEqual(skipped.map((s) => s.where), [`${f}:2`]);
+  assert.deepEqual(
+    skipped.map((s) => s.where),
+    [`${f}:2`],
+  );
   assert.match(skipped[0].reason, /no response: "response" \(sft\.response_key\) is ""/);
 });
 
@@ -72,12 +89,26 @@ test('bad rows: one line each naming file:line and what to change; data.on_bad_r
   const cases: Array<[string, RegExp]> = [
     [`${f}:2`, /no response: "response" \(sft\.response_key\) is missing/],
     [`${f}:3`, /no assistant turn in "messages" \(roles: user\)/],
-    [`${f}:4`, /prompt \+ response is \d+ tokens \(prompt \d+, response \d+\), over sft\.max_length = 64; raise sft\.max_length/],
+    [
+      `${f}:4`,
+      /prompt \+ response is \d+ tokens \(prompt \d+, response \d+\), over sft\.max_length = 64; raise sft\.max_length/,
+    ],
   ];
-  await assert.rejects(loadSftExamples(cfgFor(f, 'sft.max_length=64'), qwen), (e: unknown) => e instanceof ConfigError && e.message.startsWith(`${f}:2: `) && cases[0][1].test(e.message) && /data\.on_bad_row=skip/.test(e.message) && !e.message.includes('\n'));
+  await assert.rejects(
+    loadSftExamples(cfgFor(f, 'sft.max_length=64'), qwen),
+    (e: unknown) =>
+      e instanceof ConfigError &&
+      e.message.startsWith(`${f}:2: `) &&
+      cases[0][1].test(e.message) &&
+      /data\.on_bad_row=skip/.test(e.message) &&
+      !e.message.includes('\n'),
+  );
   const { examples, skipped } = await loadSftExamples(cfgFor(f, 'sft.max_length=64', 'data.on_bad_row=skip'), qwen);
   assert.equal(examples.length, 1);
-  assert.deepEqual(skipped.map((s) => s.where), cases.map((c) => c[0]));
+  assert.deepEqual(
+    skipped.map((s) => s.where),
+    cases.map((c) => c[0]),
+  );
   skipped.forEach((s, i) => assert.match(s.reason, cases[i][1]));
 });
 
@@ -87,6 +118,16 @@ test('without a chat template (byte tokenizer): BOS + prompt, then the response 
   const { examples } = await loadSftExamples(cfgFor(f, 'sft.prompt_key=q', 'sft.response_key=a'), byte);
   assert.deepEqual(Array.from(examples[0].tokens), [byte.bos, ...Buffer.from('1+2=3'), byte.eos]);
   assert.deepEqual(Array.from(examples[0].mask), [0, 0, 0, 0, 0, 1, 1]);
-  const g = file('byte-conv.jsonl', [{ messages: [{ role: 'user', content: 'a' }, { role: 'assistant', content: 'b' }] }]);
-  await assert.rejects(loadSftExamples(cfgFor(g), byte), /byte-conv\.jsonl:1: a conversation \(or a chat-message prompt\) needs a chat template/);
+  const g = file('byte-conv.jsonl', [
+    {
+      messages: [
+        { role: 'user', content: 'a' },
+        { role: 'assistant', content: 'b' },
+      ],
+    },
+  ]);
+  await assert.rejects(
+    loadSftExamples(cfgFor(g), byte),
+    /byte-conv\.jsonl:1: a conversation \(or a chat-message prompt\) needs a chat template/,
+  );
 });

@@ -31,7 +31,11 @@ test('word-problems template: SFT prompt tokens = the generation prompt; the los
   assert.equal(examples.length, 4);
   examples.forEach((e, i) => {
     const prompt = renderPrompt(tok, problems[i].prompt, null, promptRendering(cfg)).ids;
-    assert.deepEqual(Array.from(e.tokens.subarray(0, prompt.length)), Array.from(prompt), `row ${i}: the prompt tokens`);
+    assert.deepEqual(
+      Array.from(e.tokens.subarray(0, prompt.length)),
+      Array.from(prompt),
+      `row ${i}: the prompt tokens`,
+    );
     assert.ok(Array.from(e.mask.subarray(0, prompt.length)).every((m) => m === 0));
     const loss = Array.from(e.tokens).filter((_, j) => e.mask[j]);
     assert.equal(loss.length, e.tokens.length - prompt.length, `row ${i}: every token after the prompt is in the loss`);
