@@ -35,6 +35,7 @@ RUN rm -rf /usr/local/lib/node_modules/npm /usr/local/lib/node_modules/corepack 
 COPY --from=deps /app/node_modules ./node_modules
 COPY package.json package-lock.json .npmrc tsconfig.json ./
 COPY bin ./bin
+COPY app ./app
 COPY lib ./lib
 COPY services ./services
 COPY schemas ./schemas

@@ -26,7 +26,7 @@ import { createEmbeddedBus } from '../lib/bus/embedded-log.ts';
 import { createKafkaBus } from '../lib/bus/kafka-log.ts';
 import type { BatchHandler, EventBus } from '../lib/bus/port.ts';
 import { errorMessage } from '../lib/errors.ts';
-import { startKafka } from '../test/support/kafka-mock.ts';
+import { startKafka } from '../devkit/kafka-mock.ts';
 
 export interface Row {
   name: string;

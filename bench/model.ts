@@ -47,7 +47,7 @@ import { mergeLoraOnnx } from '../lib/model/lora-merge.ts';
 import { paramSpecs } from '../lib/model/params.ts';
 import { encodeSafetensors } from '../lib/model/safetensors.ts';
 import { Rng } from '../lib/util/rng.ts';
-import { runTorch, tempDir, torchPython, writeJson } from '../test/int/model/torch-ref.ts';
+import { runTorch, tempDir, torchPython, writeJson } from '../devkit/torch-ref.ts';
 
 export interface Row {
   name: string;

@@ -35,9 +35,9 @@ import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { loadConfig, type Config } from '../lib/config/index.ts';
-import { freshDatabase, kafkaForRun, runDistributed } from '../test/support/pipeline-procs.ts';
+import { freshDatabase, kafkaForRun, runDistributed } from '../devkit/pipeline-procs.ts';
 import { openPipeline, type Pipeline } from '../lib/pipeline/runtime.ts';
-import { formatTable } from '../lib/cli/progress.ts';
+import { formatTable } from '../lib/console/progress.ts';
 import type { MetricsRecord, PolicyVersion } from '../lib/contracts/index.ts';
 
 export interface Row {

@@ -23,8 +23,8 @@ import { pathToFileURL } from 'node:url';
 import { createRemoteRewardClient } from '../lib/reward/http-client.ts';
 import { withRemoteDefaults, type RewardRequestItem } from '../lib/reward/types.ts';
 import type { FetchLike } from '../lib/reward/transport.ts';
-import { startRewardServers } from '../test/support/reward-procs.ts';
-import { makePng } from '../test/support/reward-png.ts';
+import { startRewardServers } from '../devkit/reward-procs.ts';
+import { makePng } from '../devkit/reward-png.ts';
 
 export interface Row {
   name: string;

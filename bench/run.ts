@@ -5,7 +5,7 @@
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
-import { formatTable } from '../lib/cli/progress.ts';
+import { formatTable } from '../lib/console/progress.ts';
 
 interface AnyRow {
   name: string;

@@ -1,8 +1,8 @@
 #!/usr/bin/env node
-// rlstream CLI entry: registers the TypeScript loader (tsx) and runs lib/cli/main.ts.
+// rlstream CLI entry: registers the TypeScript loader (tsx) and runs app/cli/main.ts.
 import { register } from 'tsx/esm/api';
 register();
-const { main } = await import('../lib/cli/main.ts');
+const { main } = await import('../app/cli/main.ts');
 const code = await main(process.argv.slice(2));
 if (typeof code === 'number') process.exitCode = code;
 // The command has finished: exit when the event loop drains, and at the latest after 5 s. A handle

@@ -2,7 +2,9 @@
  * Import graph checks run by `npm run lint` (and `npm run check:cycles`):
  *  1. no import cycles among the project's own modules (lib/, services/, bin/);
  *  2. no service imports another service (services/<a>/… → services/<b>/…);
- *  3. services/<stage>/logic.ts imports nothing that does I/O (only lib/ and other pure modules).
+ *  3. services/<stage>/logic.ts imports nothing that does I/O (only lib/ and other pure modules);
+ *  4. the floors: lib/ imports neither services/ nor app/, services/ does not import app/, and bench/
+ *     and devkit/ import nothing from test/.
  * It reads `import … from '…'` / `export … from '…'` / `import('…')` specifiers with a regex,
  * which is enough for this codebase's style (no require, no computed specifiers).
  */
@@ -10,7 +12,7 @@ import { readdirSync, readFileSync, statSync, existsSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
 
 const root = resolve(dirname(new URL(import.meta.url).pathname), '..');
-const roots = ['lib', 'services', 'bin'];
+const roots = ['app', 'lib', 'services', 'bin', 'bench', 'devkit'];
 const cyclesOnly = process.argv.includes('--cycles-only');
 
 function walk(dir: string, out: string[] = []): string[] {
@@ -57,6 +59,18 @@ for (const f of files) {
           `${relFrom}: imports ${relative(root, target)} — a service must not import another service; move shared code to lib/`,
         );
     }
+    const floorTo = target ? relative(root, target).split('/')[0] : undefined;
+    const floorFrom = relFrom.split('/')[0];
+    const forbidden: Record<string, string[]> = {
+      lib: ['services', 'app', 'test'],
+      services: ['app', 'test'],
+      bench: ['test'],
+      devkit: ['test'],
+    };
+    if (floorTo && forbidden[floorFrom]?.includes(floorTo))
+      problems.push(
+        `${relFrom}: imports ${relative(root, target!)} — ${floorFrom}/ sits below ${floorTo}/ and must not import it`,
+      );
     if (
       svcFrom &&
       relFrom.endsWith('/logic.ts') &&

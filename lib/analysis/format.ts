@@ -8,7 +8,7 @@
  * CSV/JSON (array elements show 4 significant digits in the table). JSON has no NaN/Infinity, so those are written as the strings "NaN", "Infinity",
  * "-Infinity" (a NaN loss is information, not null).
  */
-import { formatNumber } from '../cli/progress.ts';
+import { formatNumber } from '../console/progress.ts';
 
 export interface ResultColumn {
   name: string;

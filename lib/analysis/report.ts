@@ -8,7 +8,7 @@
 import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { Database } from '../db/database.ts';
-import { formatNumber } from '../cli/progress.ts';
+import { formatNumber } from '../console/progress.ts';
 import { RlError } from '../errors.ts';
 import { queryObjects } from './query.ts';
 import { listRunsInDatabase, type RunSummary } from './runs.ts';

@@ -12,7 +12,7 @@
  *
  * Two writers, one file: after the fact `rlstream report --tensorboard` (exportRunToTensorBoard,
  * from the step_metrics table), and live during training when `trainer.logger` includes
- * `tensorboard` (LiveTensorBoard in lib/analysis/tensorboard-live.ts, driven by lib/app/run.ts:
+ * `tensorboard` (LiveTensorBoard in lib/analysis/tensorboard-live.ts, driven by app/run.ts:
  * appends each settled step's scalars, then replaces the file with the export when the run
  * completes). Both write `<run_dir>/tensorboard/<runEventFileName>`, so a report export after a
  * live run replaces the live file instead of adding a second copy of every scalar.

@@ -54,7 +54,7 @@ export interface ControllerStageState {
   val: Record<string, ValRound>;
 }
 
-/** `replay`: validation rounds only, as a replay's policy versions appear (lib/app/replay.ts). */
+/** `replay`: validation rounds only, as a replay's policy versions appear (app/replay.ts). */
 export function startController(p: Pipeline, data: RunData, opts: { replay?: boolean } = {}): StageRun {
   const cfg = p.cfg;
   const plan = {

@@ -12,10 +12,10 @@ import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import pg from 'pg';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
-import { ROOT, freshDatabase } from '../support/pipeline-procs.ts';
+import { ROOT, freshDatabase } from '../../devkit/pipeline-procs.ts';
 import { ChaosHarness, sleep } from '../support/chaos-procs.ts';
 import { mountUnavailable, tinyDisk, type TinyDisk } from '../support/fault-mounts.ts';
 

@@ -18,10 +18,10 @@ import { join } from 'node:path';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
-import { ROOT, PG_URL, freshDatabase, kafkaForRun } from '../support/pipeline-procs.ts';
+import { ROOT, PG_URL, freshDatabase, kafkaForRun } from '../../devkit/pipeline-procs.ts';
 import { ChaosHarness, sleep } from '../support/chaos-procs.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');

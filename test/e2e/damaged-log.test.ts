@@ -14,7 +14,7 @@ import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { openDatabase } from '../../lib/db/database.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 import { deadline, killHard, selfKilledAt, spawnCli, type CliProc } from '../support/chaos-procs.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');

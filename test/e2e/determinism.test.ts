@@ -8,10 +8,10 @@ import assert from 'node:assert/strict';
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
-import { ROOT, freshDatabase, kafkaForRun, runDistributed } from '../support/pipeline-procs.ts';
+import { ROOT, freshDatabase, kafkaForRun, runDistributed } from '../../devkit/pipeline-procs.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
 const RUN_ID = 'determinism';

@@ -9,7 +9,7 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 import { spawnCli } from '../support/chaos-procs.ts';
 import { mountUnavailable, tinyDisk, type TinyDisk } from '../support/fault-mounts.ts';
 import { openStore } from '../../lib/store/index.ts';

@@ -14,7 +14,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { fromHfConfig } from '../../lib/model/config.ts';
 import { initWeights } from '../../lib/model/init.ts';

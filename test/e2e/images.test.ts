@@ -11,12 +11,12 @@ import { join } from 'node:path';
 import { sql } from 'kysely';
 import sharp from 'sharp';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { createLogger, silentLogger } from '../../lib/log.ts';
-import { replayRun } from '../../lib/app/replay.ts';
+import { replayRun } from '../../app/replay.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { imageHash } from '../../lib/data/image-hash.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 
 const tmp = join(ROOT, 'test/.tmp', `images-${process.pid}`);
 after(() => rmSync(tmp, { recursive: true, force: true }));

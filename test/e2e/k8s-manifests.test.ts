@@ -22,10 +22,10 @@ import assert from 'node:assert/strict';
 import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
-import { freshDatabase, kafkaForRun } from '../support/pipeline-procs.ts';
+import { freshDatabase, kafkaForRun } from '../../devkit/pipeline-procs.ts';
 import { ROOT, renderOverlay, type K8sObject } from '../support/k8s-manifests.ts';
 import {
   podsOf,

@@ -9,13 +9,13 @@ import assert from 'node:assert/strict';
 import { mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { listRunsInDir } from '../../lib/analysis/runs.ts';
 import { loadReportData, summaryRows } from '../../lib/analysis/report.ts';
 import { openDatabase } from '../../lib/db/database.ts';
-import { ROOT, freshDatabase } from '../support/pipeline-procs.ts';
-import { serve } from '../../lib/app/serve.ts';
+import { ROOT, freshDatabase } from '../../devkit/pipeline-procs.ts';
+import { serve } from '../../app/serve.ts';
 import { openStore } from '../../lib/store/index.ts';
 
 const root = join(ROOT, 'test/.tmp', `lifecycle-${process.pid}`);

@@ -10,7 +10,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { hostname } from 'node:os';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 import { spawnCli } from '../support/chaos-procs.ts';
 import { mountUnavailable, tinyDisk, type TinyDisk } from '../support/fault-mounts.ts';
 

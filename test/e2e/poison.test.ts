@@ -11,12 +11,12 @@ import assert from 'node:assert/strict';
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { openPipeline } from '../../lib/pipeline/runtime.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { hashId, topicCodecs, type TrajectoryGroup } from '../../lib/contracts/index.ts';
-import { ROOT, freshDatabase } from '../support/pipeline-procs.ts';
+import { ROOT, freshDatabase } from '../../devkit/pipeline-procs.ts';
 import { deadline, killHard, sleep, spawnCli } from '../support/chaos-procs.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');

@@ -11,7 +11,7 @@ import { promisify } from 'node:util';
 import { readdirSync, readFileSync, writeFileSync, rmSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { join } from 'node:path';
-import { ROOT, freshDatabase } from '../support/pipeline-procs.ts';
+import { ROOT, freshDatabase } from '../../devkit/pipeline-procs.ts';
 
 const run = promisify(execFile);
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');

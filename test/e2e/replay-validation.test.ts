@@ -7,11 +7,11 @@ import assert from 'node:assert/strict';
 import { readFileSync, rmSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
-import { replayRun } from '../../lib/app/replay.ts';
+import { trainEmbedded } from '../../app/run.ts';
+import { replayRun } from '../../app/replay.ts';
 import { createLogger, silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 
 const tmp = join(ROOT, 'test/.tmp', `replay-val-${process.pid}`);
 after(() => rmSync(tmp, { recursive: true, force: true }));

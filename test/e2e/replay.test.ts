@@ -10,11 +10,11 @@ import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
-import { replayRun } from '../../lib/app/replay.ts';
+import { trainEmbedded } from '../../app/run.ts';
+import { replayRun } from '../../app/replay.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 import { deadline, killHard, spawnCli } from '../support/chaos-procs.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');

@@ -12,13 +12,13 @@ import { join } from 'node:path';
 import { sql } from 'kysely';
 import * as ort from 'onnxruntime-node';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { initWeights, saveCheckpoint, ByteTokenizer } from '../../lib/model/index.ts';
 import { tokenizerFor, criticModelConfig } from '../../lib/pipeline/policy.ts';
 import { exportValueSequenceScorer } from '../../lib/reward/value-scorer-export.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 
 const RUN_ID = 'reward-model-test';
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');

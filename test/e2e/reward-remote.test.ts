@@ -23,7 +23,7 @@ import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { loadConfig, type Config } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore, type StoredTrajectory } from '../../lib/store/index.ts';
 import { openPipeline, partitionsFor, type Pipeline } from '../../lib/pipeline/runtime.ts';
@@ -31,7 +31,7 @@ import type { ScoredGroup } from '../../lib/contracts/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
 import { createRewardBackend } from '../../services/reward/main.ts';
 import { accuracy, formatScore } from '../../examples/number-game-remote/scorer.ts';
-import { ROOT, freshDatabase, kafkaForRun } from '../support/pipeline-procs.ts';
+import { ROOT, freshDatabase, kafkaForRun } from '../../devkit/pipeline-procs.ts';
 
 const CONFIG = join(ROOT, 'examples/number-game-remote/config.yaml');
 const RUN_SH = join(ROOT, 'examples/number-game-remote/run.sh');

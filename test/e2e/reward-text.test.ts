@@ -9,10 +9,10 @@ import assert from 'node:assert/strict';
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 
 const tmp = join(ROOT, 'test/.tmp', `reward-text-${process.pid}`);
 after(() => rmSync(tmp, { recursive: true, force: true }));

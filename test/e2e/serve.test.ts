@@ -17,7 +17,7 @@ import { rmSync, readdirSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { openDatabase } from '../../lib/db/database.ts';
-import { ROOT, freshDatabase, kafkaForRun } from '../support/pipeline-procs.ts';
+import { ROOT, freshDatabase, kafkaForRun } from '../../devkit/pipeline-procs.ts';
 import { spawnCli, sleep, type CliProc } from '../support/chaos-procs.ts';
 
 const run = promisify(execFile);

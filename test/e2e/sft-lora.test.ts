@@ -15,8 +15,8 @@ import { existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } 
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { loadConfig } from '../../lib/config/index.ts';
-import { sftRun } from '../../lib/app/sft.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { sftRun } from '../../app/sft.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { fromHfConfig } from '../../lib/model/config.ts';
 import { initWeights } from '../../lib/model/init.ts';

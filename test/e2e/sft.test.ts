@@ -12,13 +12,13 @@ import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { loadConfig } from '../../lib/config/index.ts';
-import { sftRun } from '../../lib/app/sft.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { sftRun } from '../../app/sft.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { loadCheckpoint } from '../../lib/model/index.ts';
 import { tasks } from '../../lib/tasks/index.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 import { deadline, killHard, Rng, selfKilledAt, spawnCli, type CliProc } from '../support/chaos-procs.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/sft-tiny.yaml');

@@ -9,12 +9,12 @@ import assert from 'node:assert/strict';
 import { existsSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { readScalars, type ScalarEvent } from '../../lib/analysis/tensorboard.ts';
-import { runReport } from '../../lib/cli/commands/report.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { runReport } from '../../app/cli/commands/report.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 
 const dir = join(ROOT, 'test/.tmp', `tensorboard-${process.pid}`);
 after(() => rmSync(dir, { recursive: true, force: true }));

@@ -15,15 +15,15 @@ import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import sharp from 'sharp';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { createLogger, silentLogger } from '../../lib/log.ts';
-import { replayRun } from '../../lib/app/replay.ts';
+import { replayRun } from '../../app/replay.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { loadCheckpoint, checkpointSha256 } from '../../lib/model/index.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { decodePixels } from '../../lib/data/images.ts';
 import { policyModelConfig, tokenizerFor } from '../../lib/pipeline/policy.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 
 const tmp = join(ROOT, 'test/.tmp', `vision-pipeline-${process.pid}`);
 after(() => rmSync(tmp, { recursive: true, force: true }));

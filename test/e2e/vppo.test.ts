@@ -19,14 +19,14 @@ import assert from 'node:assert/strict';
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
-import { replayRun } from '../../lib/app/replay.ts';
+import { trainEmbedded } from '../../app/run.ts';
+import { replayRun } from '../../app/replay.ts';
 import { tokenizerFor } from '../../lib/pipeline/policy.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
 import type { StoredTrajectory } from '../../lib/store/port.ts';
 import { tokenGradientMask, tokenVisualDependency, trajectoryAdvantageScaling } from '../../lib/rl/vppo.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 import { killHard, resumeLines, selfKilledAt, spawnCli, type CliProc } from '../support/chaos-procs.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');

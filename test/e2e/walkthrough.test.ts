@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 
 const README = readFileSync(join(ROOT, 'README.md'), 'utf8');
 const cwd = join(ROOT, 'test/.tmp', `walkthrough-${process.pid}`);

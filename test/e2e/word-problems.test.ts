@@ -15,12 +15,12 @@ import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { loadConfig } from '../../lib/config/index.ts';
-import { sftRun } from '../../lib/app/sft.ts';
-import { trainEmbedded } from '../../lib/app/run.ts';
+import { sftRun } from '../../app/sft.ts';
+import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { generateProblems } from '../../examples/word-problems/problems.ts';
-import { ROOT } from '../support/pipeline-procs.ts';
+import { ROOT } from '../../devkit/pipeline-procs.ts';
 
 const EX = join(ROOT, 'examples/word-problems');
 const tmp = join(ROOT, 'test/.tmp', `word-problems-${process.pid}`);

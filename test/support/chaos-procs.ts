@@ -8,7 +8,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { Rng } from '../../lib/util/rng.ts';
-import { ROOT, SERVE_ENV } from './pipeline-procs.ts';
+import { ROOT, SERVE_ENV } from '../../devkit/pipeline-procs.ts';
 
 export interface CliProc {
   child: ChildProcess;

@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { sql } from 'kysely';
 import { openDatabase, type Database } from '../../lib/db/database.ts';
 import { IntegrityError, type ArtifactKind, type PolicyStore } from '../../lib/policy-store/index.ts';
-import { PG_URL } from './pipeline-procs.ts';
+import { PG_URL } from '../../devkit/pipeline-procs.ts';
 import { uniqueRunId } from './store-fixtures.ts';
 
 export interface PolicyStoreHarness {

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { sql } from 'kysely';
 import { openDatabase } from '../../../lib/db/database.ts';
 import { openRun, locateRun } from '../../../lib/analysis/target.ts';
-import { runSql } from '../../../lib/cli/commands/sql.ts';
+import { runSql } from '../../../app/cli/commands/sql.ts';
 import { listRunsInDir } from '../../../lib/analysis/runs.ts';
 import { snapshotSocket } from '../../../lib/db/snapshot.ts';
 

@@ -14,9 +14,9 @@ import pg from 'pg';
 import { openDatabase, type Database } from '../../../lib/db/database.ts';
 import { runReadOnlyQuery } from '../../../lib/analysis/query.ts';
 import { assertPlainRead } from '../../../lib/analysis/sql-guard.ts';
-import { runSql } from '../../../lib/cli/commands/sql.ts';
+import { runSql } from '../../../app/cli/commands/sql.ts';
 import { docQueries } from '../../unit/analysis/doc-queries.ts';
-import { PG_URL, freshDatabase } from '../../support/pipeline-procs.ts';
+import { PG_URL, freshDatabase } from '../../../devkit/pipeline-procs.ts';
 
 let db: { url: string; drop(): Promise<void> };
 let database: Database;

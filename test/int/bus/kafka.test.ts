@@ -1,11 +1,11 @@
 /**
  * The bus contract against Kafka: librdkafka's mock cluster started for this file
- * (test/support/kafka-mock.ts), or the real broker in KAFKA_BROKERS.
+ * (devkit/kafka-mock.ts), or the real broker in KAFKA_BROKERS.
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { runBusContract } from '../../support/bus-contract.ts';
-import { startKafka } from '../../support/kafka-mock.ts';
+import { startKafka } from '../../../devkit/kafka-mock.ts';
 import { createKafkaBus } from '../../../lib/bus/kafka-log.ts';
 
 runBusContract('kafka', async () => {

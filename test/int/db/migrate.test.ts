@@ -11,7 +11,7 @@ import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { openDatabase, type Database } from '../../../lib/db/database.ts';
 import { listMigrations, migrate, migrationStatus, waitForMigrations } from '../../../lib/db/migrate.ts';
-import { ROOT, freshDatabase } from '../../support/pipeline-procs.ts';
+import { ROOT, freshDatabase } from '../../../devkit/pipeline-procs.ts';
 
 const run = promisify(execFile);
 const cleanups: Array<() => Promise<void>> = [];

@@ -24,7 +24,7 @@ import { SessionCache } from '../../../lib/model/session-cache.ts';
 import { Trainer, type TrainBatch } from '../../../lib/model/train.ts';
 import { queryBlocksFor } from '../../../lib/model/llama.ts';
 import { Rng } from '../../../lib/util/rng.ts';
-import { f32, i64, readTensors, runTorch, tempDir, torchPython, writeTensors } from './torch-ref.ts';
+import { f32, i64, readTensors, runTorch, tempDir, torchPython, writeTensors } from '../../../devkit/torch-ref.ts';
 
 const torch = torchPython();
 const skip = torch.python ? false : torch.reason;

@@ -18,7 +18,7 @@ import { SessionCache } from '../../../lib/model/session-cache.ts';
 import { Trainer, type TrainBatch } from '../../../lib/model/train.ts';
 import { expandImagePads, type ImagePixels } from '../../../lib/model/vision.ts';
 import { Rng } from '../../../lib/util/rng.ts';
-import { f32, i64, readTensors, runTorch, tempDir, torchPython, writeTensors } from './torch-ref.ts';
+import { f32, i64, readTensors, runTorch, tempDir, torchPython, writeTensors } from '../../../devkit/torch-ref.ts';
 import type { StTensor } from '../../../lib/model/safetensors.ts';
 
 const torch = torchPython();

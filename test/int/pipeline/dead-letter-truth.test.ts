@@ -11,9 +11,9 @@ import { join } from 'node:path';
 import { loadConfig } from '../../../lib/config/index.ts';
 import { openPipeline, runStage } from '../../../lib/pipeline/runtime.ts';
 import { controlEvent, parseTopicName, type DeadLetter } from '../../../lib/contracts/index.ts';
-import { deadLetterFailure } from '../../../lib/app/run.ts';
+import { deadLetterFailure } from '../../../app/run.ts';
 import { RlError } from '../../../lib/errors.ts';
-import { ROOT } from '../../support/pipeline-procs.ts';
+import { ROOT } from '../../../devkit/pipeline-procs.ts';
 
 const tmp = join(ROOT, 'test/.tmp', `dl-truth-${process.pid}`);
 after(() => rmSync(tmp, { recursive: true, force: true }));

@@ -12,7 +12,7 @@ import { sql } from 'kysely';
 import { PostgresPolicyStore } from '../../../lib/policy-store/index.ts';
 import { openDatabase } from '../../../lib/db/database.ts';
 import { runPolicyStoreContract } from '../../support/policy-store-contract.ts';
-import { PG_URL } from '../../support/pipeline-procs.ts';
+import { PG_URL } from '../../../devkit/pipeline-procs.ts';
 import { uniqueRunId } from '../../support/store-fixtures.ts';
 
 runPolicyStoreContract('postgres', ({ runId, db, tmp }) => {

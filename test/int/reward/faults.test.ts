@@ -14,7 +14,7 @@ import { createRemoteRewardClient } from '../../../lib/reward/http-client.ts';
 import { decideOnFailures } from '../../../lib/reward/failure-policy.ts';
 import { withRemoteDefaults, type RewardOutcome, type RewardRequestItem } from '../../../lib/reward/types.ts';
 import exampleScore from '../../../examples/reward-server/overlap-scorer.ts';
-import { FAULTY_SCORER, startRewardServers, type ServerGroup } from '../../support/reward-procs.ts';
+import { FAULTY_SCORER, startRewardServers, type ServerGroup } from '../../../devkit/reward-procs.ts';
 import { startFaultyServer, type FaultyServer } from '../../support/reward-faulty-http.ts';
 
 let dir = '';

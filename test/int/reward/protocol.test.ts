@@ -13,8 +13,8 @@ import { withRemoteDefaults, type RewardRequestItem } from '../../../lib/reward/
 import { createModelRewardScorer } from '../../../lib/reward/onnx-scorer.ts';
 import { decideOnFailures } from '../../../lib/reward/failure-policy.ts';
 import exampleScore from '../../../examples/reward-server/overlap-scorer.ts';
-import { FAULTY_SCORER, startRewardServers, type ServerGroup } from '../../support/reward-procs.ts';
-import { makePng } from '../../support/reward-png.ts';
+import { FAULTY_SCORER, startRewardServers, type ServerGroup } from '../../../devkit/reward-procs.ts';
+import { makePng } from '../../../devkit/reward-png.ts';
 import { writeScorerModel } from '../../support/reward-onnx-model.ts';
 
 let dir = '';

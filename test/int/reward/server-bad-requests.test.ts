@@ -7,8 +7,8 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import { mkdtempSync, readFileSync, rmSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { startRewardServers, type ServerGroup } from '../../support/reward-procs.ts';
-import { makePng } from '../../support/reward-png.ts';
+import { startRewardServers, type ServerGroup } from '../../../devkit/reward-procs.ts';
+import { makePng } from '../../../devkit/reward-png.ts';
 
 const MAX_BODY = 64 * 1024;
 let group: ServerGroup | undefined;
@@ -165,7 +165,7 @@ test("every rejection is in the server's own log file", () => {
 
 test('CLI errors: missing --scorer and unknown flags exit 2 with usage; a busy port exits 1 naming it', async () => {
   const { spawnSync } = await import('node:child_process');
-  const { SERVER_CLI } = await import('../../support/reward-procs.ts');
+  const { SERVER_CLI } = await import('../../../devkit/reward-procs.ts');
   const cli = (args: string[]) =>
     spawnSync(process.execPath, ['--import', 'tsx', SERVER_CLI, ...args], { encoding: 'utf8', timeout: 30_000 });
   const noScorer = cli(['--port', '0']);

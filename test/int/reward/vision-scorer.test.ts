@@ -14,8 +14,8 @@ import type { RemoteRewardOptions, RewardRequestItem } from '../../../lib/reward
 import { loadConfig } from '../../../lib/config/index.ts';
 import { loadRunData } from '../../../lib/pipeline/data.ts';
 import { tokenizerFor } from '../../../lib/pipeline/policy.ts';
-import { startRewardServers, type ServerGroup } from '../../support/reward-procs.ts';
-import { makePng } from '../../support/reward-png.ts';
+import { startRewardServers, type ServerGroup } from '../../../devkit/reward-procs.ts';
+import { makePng } from '../../../devkit/reward-png.ts';
 
 const ROOT = fileURLToPath(new URL('../../../', import.meta.url));
 const SCORER = join(ROOT, 'examples/number-game-vision-remote/scorer.ts');

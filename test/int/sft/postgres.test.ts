@@ -10,10 +10,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { loadConfig } from '../../../lib/config/index.ts';
-import { sftRun } from '../../../lib/app/sft.ts';
+import { sftRun } from '../../../app/sft.ts';
 import { silentLogger } from '../../../lib/log.ts';
 import { openDatabase } from '../../../lib/db/database.ts';
-import { freshDatabase } from '../../support/pipeline-procs.ts';
+import { freshDatabase } from '../../../devkit/pipeline-procs.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'rl-sft-pg-'));
 after(() => rmSync(dir, { recursive: true, force: true }));

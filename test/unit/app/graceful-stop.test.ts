@@ -1,7 +1,7 @@
-/** serve's SIGTERM handling (lib/app/serve.ts gracefulStop): first signal aborts, a second one or the deadline exits with 143. */
+/** serve's SIGTERM handling (app/serve.ts gracefulStop): first signal aborts, a second one or the deadline exits with 143. */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { gracefulStop } from '../../../lib/app/serve.ts';
+import { gracefulStop } from '../../../app/serve.ts';
 import { silentLogger } from '../../../lib/log.ts';
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

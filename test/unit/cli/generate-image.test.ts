@@ -9,7 +9,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import sharp from 'sharp';
-import { generateCommand } from '../../../lib/cli/commands/generate.ts';
+import { generateCommand } from '../../../app/cli/commands/generate.ts';
 import { saveCheckpoint } from '../../../lib/model/checkpoint.ts';
 import { modelConfig } from '../../../lib/model/config.ts';
 import { initWeights } from '../../../lib/model/init.ts';

@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { renderProgress, formatDuration, formatTable } from '../../../lib/cli/progress.ts';
+import { renderProgress, formatDuration, formatTable } from '../../../lib/console/progress.ts';
 import { lrAt } from '../../../lib/optim/lr-schedule.ts';
 import { StepCollector } from '../../../lib/pipeline/collector.ts';
 

@@ -15,7 +15,7 @@ import { loadCheckpoint, readModelDirConfig, saveCheckpoint, valueModelFrom } fr
 import { loadConfig } from '../../../lib/config/index.ts';
 import { criticModelConfig, policyModelConfig, tokenizerFor } from '../../../lib/pipeline/policy.ts';
 import { encodeSafetensors, floatToHalf, fromFloat32 } from '../../../lib/model/safetensors.ts';
-import { exportCommand } from '../../../lib/cli/commands/export.ts';
+import { exportCommand } from '../../../app/cli/commands/export.ts';
 import { QWEN3_TOKENIZER_DIR, writeHfModelDir } from '../../support/hf-model-dir.ts';
 
 const root = mkdtempSync(path.join(os.tmpdir(), 'rlstream-hf-'));

@@ -19,7 +19,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadAdapter, loadCheckpoint, saveAdapter, saveCheckpoint } from '../../../lib/model/checkpoint.ts';
 import { decodeSafetensors } from '../../../lib/model/safetensors.ts';
-import { exportCommand } from '../../../lib/cli/commands/export.ts';
+import { exportCommand } from '../../../app/cli/commands/export.ts';
 import { mergeLoraOnnx } from '../../../lib/model/lora-merge.ts';
 
 const model = modelConfig({

@@ -16,7 +16,7 @@ import {
 } from '../../../lib/reward/types.ts';
 import type { FetchLike } from '../../../lib/reward/transport.ts';
 import { ConfigError } from '../../../lib/errors.ts';
-import { makePng } from '../../support/reward-png.ts';
+import { makePng } from '../../../devkit/reward-png.ts';
 
 type Handler = (body: any, call: number) => Response | 'stall' | 'refuse' | Promise<Response | 'stall' | 'refuse'>;
 

@@ -1,8 +1,8 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { loadConfig, redactSecrets, resolveRunId } from '../../config/index.ts';
-import { createLogger } from '../../log.ts';
-import { serve, gracefulStop, DEFAULT_HTTP_PORT } from '../../app/serve.ts';
+import { loadConfig, redactSecrets, resolveRunId } from '../../../lib/config/index.ts';
+import { createLogger } from '../../../lib/log.ts';
+import { serve, gracefulStop, DEFAULT_HTTP_PORT } from '../../serve.ts';
 import { STAGES } from '../../../services/index.ts';
 import { configArgs } from './train.ts';
 

@@ -31,11 +31,11 @@ import {
   resumeConfigDiff,
   resumeConfigProblem,
   type Config,
-} from '../config/index.ts';
-import { openDatabase, type Database } from '../db/database.ts';
-import { createStore } from '../store/index.ts';
-import type { Store } from '../store/port.ts';
-import { ConfigError, errorMessage } from '../errors.ts';
+} from '../lib/config/index.ts';
+import { openDatabase, type Database } from '../lib/db/database.ts';
+import { createStore } from '../lib/store/index.ts';
+import type { Store } from '../lib/store/port.ts';
+import { ConfigError, errorMessage } from '../lib/errors.ts';
 import {
   createTrainer,
   initLora,
@@ -50,8 +50,8 @@ import {
   type OptimizerState,
   type Tokenizer,
   type Weights,
-} from '../model/index.ts';
-import { policyDir, policyLora, tokenizerFor, withSamplingMask, type PolicyLora } from '../pipeline/policy.ts';
+} from '../lib/model/index.ts';
+import { policyDir, policyLora, tokenizerFor, withSamplingMask, type PolicyLora } from '../lib/pipeline/policy.ts';
 import {
   checkpointDir,
   listCheckpointSteps,
@@ -62,14 +62,14 @@ import {
   readCheckpointPath,
   TRAINER_STATE_FORMAT,
   type TrainerState,
-} from '../pipeline/checkpoints.ts';
-import { lrAt } from '../optim/lr-schedule.ts';
-import { crashPoint } from '../pipeline/crash-points.ts';
-import { LiveTensorBoard, tensorboardDir } from '../analysis/tensorboard-live.ts';
-import { checkDevice } from '../onnx/runtime.ts';
-import type { ProgressBar } from '../cli/progress.ts';
-import { formatTable } from '../cli/progress.ts';
-import { loadSftExamples } from '../sft/data.ts';
+} from '../lib/pipeline/checkpoints.ts';
+import { lrAt } from '../lib/optim/lr-schedule.ts';
+import { crashPoint } from '../lib/pipeline/crash-points.ts';
+import { LiveTensorBoard, tensorboardDir } from '../lib/analysis/tensorboard-live.ts';
+import { checkDevice } from '../lib/onnx/runtime.ts';
+import type { ProgressBar } from '../lib/console/progress.ts';
+import { formatTable } from '../lib/console/progress.ts';
+import { loadSftExamples } from '../lib/sft/data.ts';
 import {
   collate,
   packExamples,
@@ -79,7 +79,7 @@ import {
   sftTotalSteps,
   type SftExample,
   type SftPlan,
-} from '../sft/logic.ts';
+} from '../lib/sft/logic.ts';
 
 export interface SftOutcome {
   status: 'completed' | 'stopped';

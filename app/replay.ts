@@ -36,19 +36,19 @@ import { tmpdir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
 import type { Logger } from 'pino';
 import { sql } from 'kysely';
-import { openPipeline, type Pipeline } from '../pipeline/runtime.ts';
-import { openDatabase } from '../db/database.ts';
-import { loadConfig, loadPipelineSection, redactSecrets, resolveRunDir, type Config } from '../config/index.ts';
-import { hashId, type ControlEvent, type TrajectoryGroup, type PolicyVersion } from '../contracts/index.ts';
-import { loadStageState, saveStageState } from '../pipeline/stage-state.ts';
-import { policyDir, tokenizerFor } from '../pipeline/policy.ts';
-import { loadRunData } from '../pipeline/data.ts';
-import { planFromConfig, totalSteps } from '../pipeline/plan.ts';
-import { valScheduled } from '../../services/controller/logic.ts';
-import { startStage, type StartedStage } from '../../services/index.ts';
-import { startUpdate } from '../../services/update/main.ts';
+import { openPipeline, type Pipeline } from '../lib/pipeline/runtime.ts';
+import { openDatabase } from '../lib/db/database.ts';
+import { loadConfig, loadPipelineSection, redactSecrets, resolveRunDir, type Config } from '../lib/config/index.ts';
+import { hashId, type ControlEvent, type TrajectoryGroup, type PolicyVersion } from '../lib/contracts/index.ts';
+import { loadStageState, saveStageState } from '../lib/pipeline/stage-state.ts';
+import { policyDir, tokenizerFor } from '../lib/pipeline/policy.ts';
+import { loadRunData } from '../lib/pipeline/data.ts';
+import { planFromConfig, totalSteps } from '../lib/pipeline/plan.ts';
+import { valScheduled } from '../services/controller/logic.ts';
+import { startStage, type StartedStage } from '../services/index.ts';
+import { startUpdate } from '../services/update/main.ts';
 import { summaryTable } from './run.ts';
-import { ConfigError, errorMessage } from '../errors.ts';
+import { ConfigError, errorMessage } from '../lib/errors.ts';
 
 export interface ReplayOptions {
   /** An embedded run directory (with db/), or a run id in the database of `pipeline.database_url=…` (given in overrides). */

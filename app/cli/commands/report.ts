@@ -1,10 +1,10 @@
 import { join, resolve } from 'node:path';
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { resolveRunId } from '../../analysis/query.ts';
-import { writeReport } from '../../analysis/report.ts';
-import { exportRunToTensorBoard } from '../../analysis/tensorboard.ts';
-import { locateRun, openRun } from '../../analysis/target.ts';
+import { resolveRunId } from '../../../lib/analysis/query.ts';
+import { writeReport } from '../../../lib/analysis/report.ts';
+import { exportRunToTensorBoard } from '../../../lib/analysis/tensorboard.ts';
+import { locateRun, openRun } from '../../../lib/analysis/target.ts';
 import { processIo, type CommandIo } from './sql.ts';
 
 /** `rlstream report <run>`: a self-contained HTML report, optionally TensorBoard event files. */

@@ -1,6 +1,6 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { loadConfig, formatResolvedConfig } from '../../config/index.ts';
+import { loadConfig, formatResolvedConfig } from '../../../lib/config/index.ts';
 
 /** `rlstream config <config.yaml> [a.b=c …]`: validate a config and print it resolved (secrets redacted). */
 export const configCommand: Command = {

@@ -1,9 +1,9 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { openDatabase } from '../../db/database.ts';
-import type { QueryResult } from '../../analysis/format.ts';
-import { isDatabaseUrl } from '../../analysis/target.ts';
-import { listRunsInDatabase, listRunsInDir, type RunSummary } from '../../analysis/runs.ts';
+import { openDatabase } from '../../../lib/db/database.ts';
+import type { QueryResult } from '../../../lib/analysis/format.ts';
+import { isDatabaseUrl } from '../../../lib/analysis/target.ts';
+import { listRunsInDatabase, listRunsInDir, type RunSummary } from '../../../lib/analysis/runs.ts';
 import { outputFormat, printResult, processIo, type CommandIo } from './sql.ts';
 import { basename } from 'node:path';
 

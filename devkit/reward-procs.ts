@@ -6,9 +6,9 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
-export const SERVER_CLI = fileURLToPath(new URL('../../lib/reward/server-cli.ts', import.meta.url));
-export const EXAMPLE_SCORER = fileURLToPath(new URL('../../examples/reward-server/overlap-scorer.ts', import.meta.url));
-export const FAULTY_SCORER = fileURLToPath(new URL('./reward-faulty-scorer.ts', import.meta.url));
+export const SERVER_CLI = fileURLToPath(new URL('../lib/reward/server-cli.ts', import.meta.url));
+export const EXAMPLE_SCORER = fileURLToPath(new URL('../examples/reward-server/overlap-scorer.ts', import.meta.url));
+export const FAULTY_SCORER = fileURLToPath(new URL('../test/support/reward-faulty-scorer.ts', import.meta.url));
 
 export interface ServerInfo {
   url: string;

@@ -18,15 +18,15 @@
  *    does not restart it in a loop; `exit` returns (exit 0, or 1 when the run failed).
  */
 import type { Logger } from 'pino';
-import { openPipeline, type Pipeline } from '../pipeline/runtime.ts';
-import { redactSecrets, resolveRunId, type Config } from '../config/index.ts';
-import { startStage, type StartedStage } from '../../services/index.ts';
-import { RlError, errorMessage, isRetriable } from '../errors.ts';
-import { isConnectionError } from '../db/errors.ts';
-import { PrometheusTelemetry } from '../metrics/prometheus.ts';
-import { startHealthServer, type HealthServer } from '../http/health-server.ts';
+import { openPipeline, type Pipeline } from '../lib/pipeline/runtime.ts';
+import { redactSecrets, resolveRunId, type Config } from '../lib/config/index.ts';
+import { startStage, type StartedStage } from '../services/index.ts';
+import { RlError, errorMessage, isRetriable } from '../lib/errors.ts';
+import { isConnectionError } from '../lib/db/errors.ts';
+import { PrometheusTelemetry } from '../lib/metrics/prometheus.ts';
+import { startHealthServer, type HealthServer } from '../lib/http/health-server.ts';
 import { watchRun, checkDevices, openTensorBoard, refuseChangedConfig, type RunOutcome } from './run.ts';
-import type { LiveTensorBoard } from '../analysis/tensorboard-live.ts';
+import type { LiveTensorBoard } from '../lib/analysis/tensorboard-live.ts';
 
 export interface ServeOptions {
   replica?: number;

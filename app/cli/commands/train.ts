@@ -1,9 +1,9 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { loadConfig, formatResolvedConfig, resolveRunId } from '../../config/index.ts';
-import { createLogger } from '../../log.ts';
-import { trainEmbedded } from '../../app/run.ts';
-import { ConsoleSink, ProgressBar } from '../progress.ts';
+import { loadConfig, formatResolvedConfig, resolveRunId } from '../../../lib/config/index.ts';
+import { createLogger } from '../../../lib/log.ts';
+import { trainEmbedded } from '../../run.ts';
+import { ConsoleSink, ProgressBar } from '../../../lib/console/progress.ts';
 
 export function configArgs(positionals: string[]): { file?: string; overrides: string[] } {
   const file = positionals[0] && !positionals[0].includes('=') ? positionals[0] : undefined;

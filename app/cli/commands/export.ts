@@ -10,12 +10,12 @@ import {
   saveCheckpoint,
   type AdapterCheckpoint,
   type Checkpoint,
-} from '../../model/checkpoint.ts';
-import type { Weights } from '../../model/params.ts';
-import { mergeLoraOnnx } from '../../model/lora-merge.ts';
-import type { HfDtype } from '../../model/config.ts';
-import { paramCount } from '../../model/params.ts';
-import { ConfigError } from '../../errors.ts';
+} from '../../../lib/model/checkpoint.ts';
+import type { Weights } from '../../../lib/model/params.ts';
+import { mergeLoraOnnx } from '../../../lib/model/lora-merge.ts';
+import type { HfDtype } from '../../../lib/model/config.ts';
+import { paramCount } from '../../../lib/model/params.ts';
+import { ConfigError } from '../../../lib/errors.ts';
 
 const DTYPES: Record<string, HfDtype> = { bf16: 'bfloat16', f16: 'float16', f32: 'float32' };
 

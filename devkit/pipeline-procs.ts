@@ -7,10 +7,10 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { LOGICAL_TOPICS, topicName } from '../../lib/contracts/index.ts';
+import { LOGICAL_TOPICS, topicName } from '../lib/contracts/index.ts';
 import { startKafka, type KafkaTarget } from './kafka-mock.ts';
 
-export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 export const PG_URL = process.env.RLSTREAM_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
 /** Creates a fresh database next to the test database; returns its URL and a drop function. */

@@ -1,10 +1,10 @@
 /**
  * Running the pipeline: the embedded default (all five stages in this process over one PGlite);
- * one stage per process (`serve`) is lib/app/serve.ts. A watcher follows the run's control and metrics topics to
+ * one stage per process (`serve`) is app/serve.ts. A watcher follows the run's control and metrics topics to
  * drive the progress bar and to stop when the controller announces run_done (or run_failed).
  */
 import type { Logger } from 'pino';
-import { openPipeline, type Pipeline } from '../pipeline/runtime.ts';
+import { openPipeline, type Pipeline } from '../lib/pipeline/runtime.ts';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import {
@@ -13,22 +13,22 @@ import {
   resumeConfigDiff,
   resumeConfigProblem,
   type Config,
-} from '../config/index.ts';
-import { startStage, STAGES, type StartedStage } from '../../services/index.ts';
+} from '../lib/config/index.ts';
+import { startStage, STAGES, type StartedStage } from '../services/index.ts';
 import {
   controlId,
   parseTopicName,
   type ControlEvent,
   type DeadLetter,
   type MetricsRecord,
-} from '../contracts/index.ts';
-import { ProgressBar, formatTable } from '../cli/progress.ts';
-import { ConfigError, errorMessage, isRetriable } from '../errors.ts';
-import { isConnectionError } from '../db/errors.ts';
-import { LiveTensorBoard, tensorboardDir } from '../analysis/tensorboard-live.ts';
-import { checkDevice, type Device } from '../onnx/runtime.ts';
-import type { RunRow } from '../store/index.ts';
-import { experienceScorerOptions, samplerOptions } from '../pipeline/policy.ts';
+} from '../lib/contracts/index.ts';
+import { ProgressBar, formatTable } from '../lib/console/progress.ts';
+import { ConfigError, errorMessage, isRetriable } from '../lib/errors.ts';
+import { isConnectionError } from '../lib/db/errors.ts';
+import { LiveTensorBoard, tensorboardDir } from '../lib/analysis/tensorboard-live.ts';
+import { checkDevice, type Device } from '../lib/onnx/runtime.ts';
+import type { RunRow } from '../lib/store/index.ts';
+import { experienceScorerOptions, samplerOptions } from '../lib/pipeline/policy.ts';
 
 export interface RunOutcome {
   status: 'completed' | 'failed' | 'stopped';
@@ -248,9 +248,9 @@ async function resumeCheck(
   p: Pipeline,
   prev: RunRow | undefined,
 ): Promise<{ total: number; done?: RunOutcome; extendFrom?: number }> {
-  const { planFromConfig, totalSteps } = await import('../pipeline/plan.ts');
-  const { loadRunData } = await import('../pipeline/data.ts');
-  const { tokenizerFor } = await import('../pipeline/policy.ts');
+  const { planFromConfig, totalSteps } = await import('../lib/pipeline/plan.ts');
+  const { loadRunData } = await import('../lib/pipeline/data.ts');
+  const { tokenizerFor } = await import('../lib/pipeline/policy.ts');
   const data = await loadRunData(cfg, tokenizerFor(cfg));
   const total = totalSteps(planFromConfig(cfg, p.runId, data.train.length, data.val.length));
   // find_last_checkpoint=false or another load_checkpoint_path: the update stage refuses the existing state itself

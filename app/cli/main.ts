@@ -1,12 +1,12 @@
 /**
- * `rlstream` — the command-line entry. Each command lives in lib/cli/commands/<name>.ts and is
+ * `rlstream` — the command-line entry. Each command lives in app/cli/commands/<name>.ts and is
  * registered here. `rlstream --help` lists them; `rlstream <cmd> --help` prints that command's help.
  * Errors print one line (`rlstream: <reason>`) and exit non-zero.
  */
 import type { Command } from './command.ts';
 import { UsageError } from './command.ts';
 import { commands } from './commands/index.ts';
-import { errorMessage } from '../errors.ts';
+import { errorMessage } from '../../lib/errors.ts';
 
 function topHelp(): string {
   const width = Math.max(...commands.map((c) => c.name.length));

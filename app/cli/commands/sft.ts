@@ -1,5 +1,5 @@
 import type { Command } from '../command.ts';
-import { sftRun } from '../../app/sft.ts';
+import { sftRun } from '../../sft.ts';
 import { consoleRun } from './train.ts';
 
 export const sftCommand: Command = {

@@ -5,7 +5,7 @@
  * lib/reward/server-cli.ts; this file only mounts it as a CLI command.
  */
 import type { Command } from '../command.ts';
-import { main as rewardServerMain, REWARD_SERVER_HELP, REWARD_SERVER_USAGE } from '../../reward/server-cli.ts';
+import { main as rewardServerMain, REWARD_SERVER_HELP, REWARD_SERVER_USAGE } from '../../../lib/reward/server-cli.ts';
 
 export const rewardServerCommand: Command = {
   name: 'reward-server',

@@ -1,11 +1,11 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { isAdapterDir, loadCheckpoint } from '../../model/checkpoint.ts';
-import { stopTokenIds } from '../../model/config.ts';
-import { Sampler } from '../../model/sample.ts';
-import { Scorer } from '../../model/score.ts';
-import { modelDirTokenizer, type ModelTokenizer } from '../../pipeline/policy.ts';
-import { ConfigError } from '../../errors.ts';
+import { isAdapterDir, loadCheckpoint } from '../../../lib/model/checkpoint.ts';
+import { stopTokenIds } from '../../../lib/model/config.ts';
+import { Sampler } from '../../../lib/model/sample.ts';
+import { Scorer } from '../../../lib/model/score.ts';
+import { modelDirTokenizer, type ModelTokenizer } from '../../../lib/pipeline/policy.ts';
+import { ConfigError } from '../../../lib/errors.ts';
 import { loadMergedAdapter, modelDirOf } from './export.ts';
 import {
   decodePixels,
@@ -14,10 +14,10 @@ import {
   prepareImage,
   IMAGE_RESAMPLES,
   type ImageResample,
-} from '../../data/images.ts';
-import type { ImagePixels } from '../../model/vision.ts';
-import { IMAGE_MARK, imagePromptIds } from '../../pipeline/images.ts';
-import type { ModelConfig } from '../../model/config.ts';
+} from '../../../lib/data/images.ts';
+import type { ImagePixels } from '../../../lib/model/vision.ts';
+import { IMAGE_MARK, imagePromptIds } from '../../../lib/pipeline/images.ts';
+import type { ModelConfig } from '../../../lib/model/config.ts';
 
 /** The --image file resized as the pipeline does (Qwen2-VL smart_resize to the patch × merge grid). */
 async function loadImage(path: string, c: ModelConfig, flags: Record<string, string>): Promise<ImagePixels> {

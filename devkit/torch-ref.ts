@@ -10,9 +10,9 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { decodeSafetensors, encodeSafetensors, type StTensor } from '../../../lib/model/safetensors.ts';
+import { decodeSafetensors, encodeSafetensors, type StTensor } from '../lib/model/safetensors.ts';
 
-export const TORCH_DIR = resolve(dirname(fileURLToPath(import.meta.url)), '../../torch');
+export const TORCH_DIR = resolve(dirname(fileURLToPath(import.meta.url)), '../test/torch');
 
 let cached: { python: string | null; reason: string } | undefined;
 

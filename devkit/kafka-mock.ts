@@ -10,9 +10,9 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync, statSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { TopicSpec } from '../../lib/bus/port.ts';
+import type { TopicSpec } from '../lib/bus/port.ts';
 
-const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const SOURCE = join(ROOT, 'infra/kafka-mock/mockbroker.c');
 const BUILD = join(ROOT, 'infra/kafka-mock/build.sh');
 const BINARY = join(ROOT, 'test/.tmp/mockbroker');

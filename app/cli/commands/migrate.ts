@@ -1,9 +1,9 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { loadConfig } from '../../config/index.ts';
-import { openDatabase } from '../../db/database.ts';
-import { migrate, migrationStatus } from '../../db/migrate.ts';
-import { ConfigError } from '../../errors.ts';
+import { loadConfig } from '../../../lib/config/index.ts';
+import { openDatabase } from '../../../lib/db/database.ts';
+import { migrate, migrationStatus } from '../../../lib/db/migrate.ts';
+import { ConfigError } from '../../../lib/errors.ts';
 import { configArgs } from './train.ts';
 
 export const migrateCommand: Command = {

@@ -1,7 +1,7 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { createLogger } from '../../log.ts';
-import { replayRun } from '../../app/replay.ts';
+import { createLogger } from '../../../lib/log.ts';
+import { replayRun } from '../../replay.ts';
 
 function interruptSignal(): AbortSignal {
   const ac = new AbortController();
@@ -11,7 +11,7 @@ function interruptSignal(): AbortSignal {
   return ac.signal;
 }
 
-/** `rlstream replay --from <run> [--until-step N] [a.b=c …]` (lib/app/replay.ts). */
+/** `rlstream replay --from <run> [--until-step N] [a.b=c …]` (app/replay.ts). */
 export const replayCommand: Command = {
   name: 'replay',
   summary:

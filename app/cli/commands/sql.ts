@@ -1,8 +1,13 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { formatResultCsv, formatResultJson, formatResultTable, type QueryResult } from '../../analysis/format.ts';
-import { describeRelations, runReadOnlyQuery, superuserRole } from '../../analysis/query.ts';
-import { locateRun, openRun } from '../../analysis/target.ts';
+import {
+  formatResultCsv,
+  formatResultJson,
+  formatResultTable,
+  type QueryResult,
+} from '../../../lib/analysis/format.ts';
+import { describeRelations, runReadOnlyQuery, superuserRole } from '../../../lib/analysis/query.ts';
+import { locateRun, openRun } from '../../../lib/analysis/target.ts';
 
 /** Where a command prints (tests pass collectors; the CLI uses the process streams). */
 export interface CommandIo {
