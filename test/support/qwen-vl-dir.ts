@@ -21,14 +21,14 @@ export const QWEN_VL_TOKENS = { imagePad: 151655, visionStart: 151652, visionEnd
 /** A chat template in Qwen-VL's message format: string content, or a list of {type: text | image} parts. */
 export const QWEN_VL_CHAT_TEMPLATE = [
   '{%- for m in messages -%}',
-  '<|im_start|>{{ m.role }}\n',
+  "{{ '<|im_start|>' + m.role + '\\n' }}",
   '{%- if m.content is string -%}{{ m.content }}',
   '{%- else -%}{%- for c in m.content -%}',
-  "{%- if c.type == 'image' -%}<|vision_start|><|image_pad|><|vision_end|>{%- else -%}{{ c.text }}{%- endif -%}",
+  "{%- if c.type == 'image' -%}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}{%- else -%}{{ c.text }}{%- endif -%}",
   '{%- endfor -%}{%- endif -%}',
-  '<|im_end|>\n',
+  "{{ '<|im_end|>\\n' }}",
   '{%- endfor -%}',
-  '{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}',
+  "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}",
 ].join('');
 
 export function qwenVlHfConfig(modelType: 'qwen2_5_vl' | 'qwen2_vl' = 'qwen2_5_vl'): Record<string, unknown> {
