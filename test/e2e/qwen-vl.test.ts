@@ -24,7 +24,7 @@ import { Rng } from '../../lib/util/rng.ts';
 import { ROOT } from '../../devkit/pipeline-procs.ts';
 import { i64, f32, readTensors, runTorch, torchPython, writeTensors } from '../../devkit/torch-ref.ts';
 import { killHard, resumeLines, selfKilledAt, spawnCli, type CliProc } from '../support/chaos-procs.ts';
-import { QWEN_VL_TOKENS, writeQwenVlDir } from '../support/qwen-vl-dir.ts';
+import { QWEN_VL_TOKENS, writeQwenVlDir } from '../../devkit/qwen-vl-dir.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
 const RUN_ID = 'qwen-vl-e2e';

@@ -21,7 +21,7 @@ import type { ParamVars } from '../../../lib/model/llama.ts';
 import { Rng } from '../../../lib/util/rng.ts';
 import { f32, i64, readTensors, runTorch, tempDir, torchPython, writeTensors } from '../../../devkit/torch-ref.ts';
 import type { StTensor } from '../../../lib/model/safetensors.ts';
-import { QWEN_VL_TOKENS, writeQwenVlDir } from '../../support/qwen-vl-dir.ts';
+import { QWEN_VL_TOKENS, writeQwenVlDir } from '../../../devkit/qwen-vl-dir.ts';
 
 const torch = torchPython();
 const skip = torch.python ? false : torch.reason;

@@ -14,7 +14,7 @@ import { loadCheckpoint } from '../../../lib/model/checkpoint.ts';
 import { visionParamSpecs } from '../../../lib/model/params.ts';
 import { readImageProcessor } from '../../../lib/model/processor.ts';
 import { mropeDeltas } from '../../../lib/model/vision.ts';
-import { qwenVlHfConfig, writeQwenVlDir } from '../../support/qwen-vl-dir.ts';
+import { qwenVlHfConfig, writeQwenVlDir } from '../../../devkit/qwen-vl-dir.ts';
 
 describe('Qwen-VL config.json', () => {
   for (const mt of ['qwen2_5_vl', 'qwen2_vl'] as const)
