@@ -70,12 +70,18 @@ export interface PythonRewardItem {
 export type PythonOutcome =
   { ok: true; reward: number; metrics: Record<string, number | string> } | { ok: false; reason: string };
 
-type WireResult =
-  | { reward: number; metrics: Record<string, number | boolean | string> }
-  | { error: string; where: string; timeout?: boolean };
+type WireError = { error: string; where: string; timeout?: boolean };
+/** A worker's answer: columns, one entry per item; errors by item index. */
+interface WireReply {
+  rewards: Array<number | null>;
+  metrics?: Array<Record<string, number | boolean | string> | null>;
+  errors: Record<string, WireError>;
+}
 
 interface Job {
-  items: Record<string, unknown>[];
+  /** The items as columns (what the worker reads), n of them. */
+  cols: Record<string, unknown[]>;
+  n: number;
   calls: number;
   resolve: (r: PythonOutcome[]) => void;
 }
@@ -183,7 +189,7 @@ export class PythonRewardPool {
         );
       });
       createInterface({ input: child.stdout! }).on('line', (line) => {
-        let m: { ready?: boolean; python?: string; loadError?: string; id?: number; results?: WireResult[] };
+        let m: Partial<WireReply> & { ready?: boolean; python?: string; loadError?: string; id?: number };
         try {
           m = JSON.parse(line);
         } catch {
@@ -199,7 +205,7 @@ export class PythonRewardPool {
           resolveStart(proc);
           return;
         }
-        this.finish(proc, m.results ?? []);
+        this.finish(proc, m as WireReply);
       });
       child.on('exit', (code, signal) => {
         const how = signal ? `signal ${signal}` : `code ${code}`;
@@ -232,7 +238,7 @@ export class PythonRewardPool {
     const job = proc.busy;
     proc.busy = null;
     const reason = `python reward worker for ${this.what} ${why} while scoring; it was replaced`;
-    if (job) job.resolve(job.items.map(() => ({ ok: false, reason })));
+    if (job) job.resolve(Array.from({ length: job.n }, () => ({ ok: false, reason })));
     if (this.closed) return;
     this.warn(reason);
     this.spawnOne().then(
@@ -245,24 +251,25 @@ export class PythonRewardPool {
         this.warn(`could not replace the python reward worker: ${e.message}`);
         // nothing left to serve the queue: fail it rather than wait forever
         if (this.procs.length === 0)
-          for (const j of this.queue.splice(0)) j.resolve(j.items.map(() => ({ ok: false, reason: e.message })));
+          for (const j of this.queue.splice(0))
+            j.resolve(Array.from({ length: j.n }, () => ({ ok: false, reason: e.message })));
       },
     );
   }
 
-  private finish(proc: Proc, results: WireResult[]): void {
+  private finish(proc: Proc, reply: WireReply): void {
     const job = proc.busy;
     if (!job) return;
     if (proc.timer) clearTimeout(proc.timer);
     proc.timer = null;
     proc.busy = null;
-    job.resolve(job.items.map((_, i) => this.outcome(results[i])));
+    job.resolve(Array.from({ length: job.n }, (_, i) => this.outcome(reply, i)));
     this.release(proc);
   }
 
-  private outcome(r: WireResult | undefined): PythonOutcome {
-    if (!r) return { ok: false, reason: `python reward function ${this.what}: no result came back for this item` };
-    if ('error' in r) {
+  private outcome(reply: WireReply, i: number): PythonOutcome {
+    const r = reply.errors?.[i];
+    if (r) {
       const reason = r.timeout
         ? `python reward function ${this.what} ${r.error}${r.where ? ` (stopped at ${r.where})` : ''}`
         : `python reward function ${this.what} raised ${r.error}${r.where ? ` (at ${r.where})` : ''}`;
@@ -272,11 +279,17 @@ export class PythonRewardPool {
       }
       return { ok: false, reason };
     }
-    if (!Number.isFinite(r.reward)) return { ok: false, reason: `python reward function returned ${r.reward}` };
+    const reward = reply.rewards?.[i];
+    if (typeof reward !== 'number' || !Number.isFinite(reward))
+      return {
+        ok: false,
+        reason: `python reward function ${this.what}: no reward came back for this item (${reward})`,
+      };
     const metrics: Record<string, number | string> = {};
-    for (const [k, v] of Object.entries(r.metrics)) metrics[k] = typeof v === 'boolean' ? (v ? 1 : 0) : v;
-    if (metrics.overall === undefined) metrics.overall = r.reward;
-    return { ok: true, reward: r.reward, metrics };
+    for (const [k, v] of Object.entries(reply.metrics?.[i] ?? {}))
+      metrics[k] = typeof v === 'boolean' ? (v ? 1 : 0) : v;
+    if (metrics.overall === undefined) metrics.overall = reward;
+    return { ok: true, reward, metrics };
   }
 
   private release(proc: Proc): void {
@@ -296,7 +309,7 @@ export class PythonRewardPool {
       () => this.lost(proc, `did not answer within ${(budget / 1000).toFixed(0)} s (stuck outside Python code?)`),
       budget,
     );
-    const msg = { id, timeout: this.opts.timeoutS, kwargs: this.opts.kwargs ?? {}, items: job.items };
+    const msg = { id, timeout: this.opts.timeoutS, kwargs: this.opts.kwargs ?? {}, n: job.n, cols: job.cols };
     proc.child.stdin!.write(`${JSON.stringify(msg)}\n`);
   }
 
@@ -317,23 +330,33 @@ export class PythonRewardPool {
   async score(items: PythonRewardItem[]): Promise<PythonOutcome[]> {
     if (this.closed) throw new Error('python reward pool is closed');
     if (items.length === 0) return [];
-    const wire = items.map((it) => ({
-      prompt: it.prompt,
-      response: it.response,
-      ground_truth: it.ground_truth,
-      data_source: it.data_source ?? '',
-      extra_info: it.extra_info ?? {},
-      response_length: it.response_length ?? 0,
-      ...(it.images?.length ? { images: this.imagePaths(it.images) } : {}),
-    }));
+    // only the columns the form reads (verl: no prompt or response_length)
+    const easyr1 = this.form !== 'verl';
+    const anyImages = items.some((it) => it.images?.length);
     // spread over the workers, at most maxItems per message
-    const per = Math.min(this.maxItems, Math.ceil(wire.length / this.size));
+    const per = Math.min(this.maxItems, Math.ceil(items.length / this.size));
     const parts: Promise<PythonOutcome[]>[] = [];
-    for (let i = 0; i < wire.length; i += per) {
-      const chunk = wire.slice(i, i + per);
+    for (let i = 0; i < items.length; i += per) {
+      const chunk = items.slice(i, i + per);
+      const cols: Record<string, unknown[]> = {
+        response: chunk.map((it) => it.response),
+        ground_truth: chunk.map((it) => it.ground_truth),
+        data_source: chunk.map((it) => it.data_source ?? ''),
+        extra_info: chunk.map((it) => it.extra_info ?? null),
+      };
+      if (easyr1) {
+        cols.prompt = chunk.map((it) => it.prompt);
+        cols.response_length = chunk.map((it) => it.response_length ?? 0);
+      }
+      if (anyImages) cols.images = chunk.map((it) => this.imagePaths(it.images) ?? null);
       parts.push(
         new Promise<PythonOutcome[]>((res) => {
-          const job: Job = { items: chunk, calls: this.form === 'easyr1_batch' ? 1 : chunk.length, resolve: res };
+          const job: Job = {
+            cols,
+            n: chunk.length,
+            calls: this.form === 'easyr1_batch' ? 1 : chunk.length,
+            resolve: res,
+          };
           const p = this.idle.shift();
           if (p) this.send(p, job);
           else this.queue.push(job);
@@ -350,7 +373,7 @@ export class PythonRewardPool {
       this.kill(p);
     }
     for (const j of this.queue.splice(0))
-      j.resolve(j.items.map(() => ({ ok: false, reason: 'python reward pool closed' })));
+      j.resolve(Array.from({ length: j.n }, () => ({ ok: false, reason: 'python reward pool closed' })));
     this.procs = [];
     this.idle = [];
   }

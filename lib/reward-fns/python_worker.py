@@ -28,6 +28,7 @@ import math
 import os
 import signal
 import sys
+import time
 import traceback
 
 FORMS = ("verl", "easyr1_batch", "easyr1_sequential", "mtrl")
@@ -36,10 +37,6 @@ FORMS = ("verl", "easyr1_batch", "easyr1_sequential", "mtrl")
 class CallTimeout(BaseException):
     """Raised inside the user's function when its call runs past the time limit (a BaseException
     so that the function's own `except Exception` does not swallow it)."""
-
-
-def _on_alarm(signum, frame):
-    raise CallTimeout()
 
 
 def last_frame(tb):
@@ -120,34 +117,63 @@ def normalise(form, out):
     return {"reward": number(out, "the returned value"), "metrics": {}}
 
 
-def reward_input(form, item):
-    """The argument(s) of one call in the form's shape, from rlstream's item."""
+def inputs(form, cols, n):
+    """The argument tuple of each call in the form's shape, from the message's columns."""
+    resp, truth = cols["response"], cols["ground_truth"]
+    ds = cols.get("data_source") or [""] * n
+    extra = cols.get("extra_info") or [None] * n
+    images = cols.get("images") or [None] * n
     if form == "verl":
-        extra = dict(item.get("extra_info") or {})
-        if item.get("images"):
-            extra.setdefault("images", item["images"])
-        return (item.get("data_source", ""), item["response"], item["ground_truth"], extra)
-    d = {
-        "response": item["response"],
-        "response_length": item.get("response_length", 0),
-        "ground_truth": item["ground_truth"],
-        "prompt": item.get("prompt", ""),
-        "data_source": item.get("data_source", ""),
-        "extra_info": item.get("extra_info") or {},
-    }
-    if item.get("images"):
-        d["images"] = item["images"]
-    return (d,)
+        out = []
+        for i in range(n):
+            e = extra[i] if extra[i] is not None else {}
+            if images[i]:
+                e = dict(e)
+                e.setdefault("images", images[i])
+            out.append((ds[i], resp[i], truth[i], e))
+        return out
+    prompt = cols.get("prompt") or [""] * n
+    length = cols.get("response_length") or [0] * n
+    out = []
+    for i in range(n):
+        d = {
+            "response": resp[i],
+            "response_length": length[i],
+            "ground_truth": truth[i],
+            "prompt": prompt[i],
+            "data_source": ds[i],
+            "extra_info": extra[i] if extra[i] is not None else {},
+        }
+        if images[i]:
+            d["images"] = images[i]
+        out.append((d,))
+    return out
 
 
-def timed(timeout, fn, *args, **kwargs):
-    if timeout > 0:
-        signal.setitimer(signal.ITIMER_REAL, timeout)
-    try:
-        return fn(*args, **kwargs)
-    finally:
+class Watch:
+    """Per-call time limit: one repeating alarm per message (not two system calls per call);
+    the handler raises CallTimeout in the call that has run past `timeout`."""
+
+    def __init__(self):
+        self.active = False
+        self.start = 0.0
+        self.timeout = 0.0
+        signal.signal(signal.SIGALRM, self._tick)
+
+    def _tick(self, signum, frame):
+        if self.active and time.monotonic() - self.start > self.timeout:
+            self.active = False
+            raise CallTimeout()
+
+    def arm(self, timeout):
+        self.timeout = timeout
         if timeout > 0:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            period = max(0.005, min(0.25, timeout / 10))
+            signal.setitimer(signal.ITIMER_REAL, period, period)
+
+    def disarm(self):
+        self.active = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def failure(e, tb, timeout):
@@ -156,42 +182,62 @@ def failure(e, tb, timeout):
     return {"error": describe(e), "where": last_frame(tb)}
 
 
-def run_message(form, fn, msg):
+def run_message(form, fn, msg, watch):
+    """{"rewards": [...], "metrics": [...], "errors": {index: failure}} for one message."""
     timeout = float(msg.get("timeout") or 0)
     kwargs = msg.get("kwargs") or {}
-    items = msg["items"]
-    if form == "easyr1_batch":
-        try:
-            outs = timed(timeout, fn, [reward_input(form, it)[0] for it in items], **kwargs)
-            if not isinstance(outs, (list, tuple)) or len(outs) != len(items):
-                got = "%d results" % len(outs) if isinstance(outs, (list, tuple)) else type(outs).__name__
-                raise ValueError("the batch function returned %s for %d inputs" % (got, len(items)))
-        except BaseException as e:
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            r = failure(e, sys.exc_info()[2], timeout)
-            return [r for _ in items]
-        results = []
-        for out in outs:
+    n = int(msg["n"])
+    args = inputs(form, msg["cols"], n)
+    rewards = [None] * n
+    metrics = [None] * n
+    errors = {}
+    watch.arm(timeout)
+    try:
+        if form == "easyr1_batch":
             try:
-                results.append(normalise(form, out))
-            except ValueError as e:
-                results.append({"error": describe(e), "where": ""})
-        return results
-    results = []
-    for it in items:
-        try:
-            out = timed(timeout, fn, *reward_input(form, it), **kwargs)
-        except BaseException as e:
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            results.append(failure(e, sys.exc_info()[2], timeout))
+                watch.start = time.monotonic()
+                watch.active = True
+                outs = fn([a[0] for a in args], **kwargs)
+                watch.active = False
+                if not isinstance(outs, (list, tuple)) or len(outs) != n:
+                    got = "%d results" % len(outs) if isinstance(outs, (list, tuple)) else type(outs).__name__
+                    raise ValueError("the batch function returned %s for %d inputs" % (got, n))
+            except BaseException as e:
+                watch.active = False
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    raise
+                r = failure(e, sys.exc_info()[2], timeout)
+                return {"rewards": rewards, "errors": {str(i): r for i in range(n)}}
+        else:
+            outs = [None] * n
+            for i in range(n):
+                try:
+                    watch.start = time.monotonic()
+                    watch.active = True
+                    outs[i] = fn(*args[i], **kwargs)
+                    watch.active = False
+                except BaseException as e:
+                    watch.active = False
+                    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                        raise
+                    errors[str(i)] = failure(e, sys.exc_info()[2], timeout)
+    finally:
+        watch.disarm()
+    for i in range(n):
+        if str(i) in errors:
             continue
         try:
-            results.append(normalise(form, out))
+            r = normalise(form, outs[i])
         except ValueError as e:
-            results.append({"error": describe(e), "where": ""})
-    return results
+            errors[str(i)] = {"error": describe(e), "where": ""}
+            continue
+        rewards[i] = r["reward"]
+        if r["metrics"]:
+            metrics[i] = r["metrics"]
+    out = {"rewards": rewards, "errors": errors}
+    if any(m is not None for m in metrics):
+        out["metrics"] = metrics
+    return out
 
 
 def load(path, name):
@@ -234,13 +280,15 @@ def main():
     if err is not None:
         send({"loadError": err})
         return
-    signal.signal(signal.SIGALRM, _on_alarm)
+    watch = Watch()
     send({"ready": True, "python": sys.version.split()[0], "executable": sys.executable})
     for line in sys.stdin:
         if not line.strip():
             continue
         msg = json.loads(line)
-        send({"id": msg["id"], "results": run_message(form, fn, msg)})
+        out = run_message(form, fn, msg, watch)
+        out["id"] = msg["id"]
+        send(out)
 
 
 if __name__ == "__main__":
