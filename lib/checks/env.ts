@@ -25,7 +25,12 @@ export interface EnvCheck {
 }
 
 const GiB = 1024 ** 3;
-const gib = (b: number) => `${(b / GiB).toFixed(b < 10 * GiB ? 2 : 1)} GiB`;
+const gib = (b: number) =>
+  b >= GiB
+    ? `${(b / GiB).toFixed(b < 10 * GiB ? 2 : 1)} GiB`
+    : b >= 1024 ** 2
+      ? `${(b / 1024 ** 2).toFixed(1)} MiB`
+      : `${(b / 1024).toFixed(1)} KiB`;
 
 function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   let t: NodeJS.Timeout;
@@ -179,7 +184,7 @@ export async function checkEnv(cfg: Config | null, opts: { env?: NodeJS.ProcessE
       const safe = url.replace(/\/\/([^:@/]+):[^@/]*@/, '//$1:***@');
       try {
         await client.connect();
-        const v = await client.query<{ v: string }>('show server_version');
+        const v = await client.query<{ v: string }>("select current_setting('server_version') as v");
         checks.push({ name: 'postgres', status: 'ok', detail: `${safe}: PostgreSQL ${v.rows[0]?.v ?? '?'}` });
       } catch (e) {
         checks.push({ name: 'postgres', status: 'fail', detail: `${safe}: ${errorMessage(e)}` });
