@@ -296,3 +296,18 @@ test('config: the Python keys have defaults; reward_fn_form other than verl need
     /reward\.reward_fn_form = mtrl applies to a Python reward function/,
   );
 });
+
+test('reward_fn_name also names the export of a JS module, called verl-style', async () => {
+  const { loadRewardModule, applyRewardFn } = await import('../../../lib/reward-fns/index.ts');
+  const f = join(dir, 'named.mjs');
+  writeFileSync(f, 'export function my_score(ds, s, gt, extra) { return { score: s === gt ? 1 : 0, ds }; }\n');
+  const fn = await loadRewardModule(f, 'my_score');
+  assert.deepEqual(
+    await applyRewardFn(fn, { prompt: '', response: 'a', ground_truth: 'a', data_source: 'd', kwargs: {} }),
+    { ok: true, reward: 1, metrics: { ds: 'd', overall: 1 } },
+  );
+  await assert.rejects(
+    loadRewardModule(f, 'nope'),
+    /reward\.reward_fn_name: .*named\.mjs has no exported function "nope" \(it exports my_score\)/,
+  );
+});
