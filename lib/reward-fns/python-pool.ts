@@ -21,7 +21,7 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.ts';
 import { imageHashOf } from '../data/image-hash.ts';
-import type { RewardOutcome as ItemOutcome } from '../reward/types.ts';
+import { isRemoteRewardEnabled, type RewardOutcome as ItemOutcome } from '../reward/types.ts';
 import { parseExtraInfo } from './index.ts';
 
 export const PYTHON_REWARD_FORMS = ['verl', 'easyr1_batch', 'easyr1_sequential', 'mtrl'] as const;
@@ -445,4 +445,40 @@ export async function createPythonRewardBackend(
     },
     close: () => pool.close(),
   };
+}
+
+/**
+ * Before a run opens anything: a Python reward the run would use (a `.py` reward_fn_path with
+ * reward.type function, or remote with the servers off) is started once and stopped, so a missing
+ * interpreter, module or function stops the start with one line instead of failing the reward
+ * stage later.
+ */
+export async function checkPythonReward(
+  r: {
+    type: string;
+    remote: { enabled: boolean | null };
+    reward_fn_path: string | null;
+    reward_fn_name?: string | null;
+    reward_fn_form?: PythonRewardForm;
+    python?: string | null;
+    timeout_s: number;
+  },
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<void> {
+  if (!r.reward_fn_path || !isPythonRewardPath(r.reward_fn_path) || r.type === 'model') return;
+  if (r.type === 'remote' && isRemoteRewardEnabled(r.remote, env)) return;
+  const pool = new PythonRewardPool({
+    path: r.reward_fn_path,
+    name: r.reward_fn_name,
+    form: r.reward_fn_form,
+    python: r.python,
+    workers: 1,
+    timeoutS: r.timeout_s,
+    stderr: () => undefined,
+  });
+  try {
+    await pool.start();
+  } finally {
+    await pool.close();
+  }
 }

@@ -65,6 +65,20 @@ test('a Python compute_score trains the walkthrough task', { timeout: 120_000 },
       '  val_freq: 2',
     ].join('\n'),
   );
+  // a function the module does not have stops the start with one line, before the run opens anything
+  const wrong = loadConfig({
+    file: join(dir, 'config.yaml'),
+    overrides: [`trainer.run_dir=${join(tmp, 'wrong')}`, 'reward.reward_fn_name=score'],
+  });
+  await assert.rejects(trainEmbedded(wrong, silentLogger('wrong')), (e: Error) => {
+    assert.match(
+      e.message,
+      /reward\.py has no function 'score' \(it defines: compute_score\); set reward\.reward_fn_name/,
+    );
+    assert.ok(!e.message.includes('\n'));
+    return true;
+  });
+  assert.ok(!existsSync(join(tmp, 'wrong')), 'nothing was opened');
   const runId = 'python-reward';
   const cfg = loadConfig({
     file: join(dir, 'config.yaml'),
