@@ -32,7 +32,11 @@ export function isPythonRewardPath(path: string | null | undefined): boolean {
   return typeof path === 'string' && path.toLowerCase().endsWith('.py');
 }
 
-export const PYTHON_WORKER_SCRIPT = fileURLToPath(new URL('./python_worker.py', import.meta.url));
+/** The worker script: beside this module (sources), or in the source tree from a `dist/` build (tsc copies no .py). */
+const besideThis = fileURLToPath(new URL('./python_worker.py', import.meta.url));
+export const PYTHON_WORKER_SCRIPT = existsSync(besideThis)
+  ? besideThis
+  : fileURLToPath(new URL('../../../lib/reward-fns/python_worker.py', import.meta.url));
 
 export interface PythonPoolOptions {
   path: string;
