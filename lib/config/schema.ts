@@ -933,7 +933,7 @@ const rewardSchema = section(
       .nullable()
       .default(null)
       .describe(
-        'Python interpreter for a .py reward_fn_path (a path, or a name on PATH); null → python3 on PATH. Checked at start: missing, or the module or function missing, stops the start with one line.',
+        'Python interpreter for a .py reward_fn_path: a path (e.g. .venv/bin/python; relative to the config file like the other paths) or a name looked up on PATH; null → python3 on PATH. Checked at start: missing, or the module or function missing, stops the start with one line.',
       ),
     python_workers: posInt()
       .nullable()

@@ -278,7 +278,18 @@ test('missing interpreter, module, function, or an import error: start fails wit
   }
 });
 
-test('config: the Python keys have defaults; reward_fn_form other than verl needs a .py module', () => {
+test('config: the Python keys have defaults; reward_fn_form other than verl needs a .py module; reward.python as a path resolves like the other paths', () => {
+  const yaml = join(dir, 'sub', 'cfg.yaml');
+  mkdirSync(join(dir, 'sub'), { recursive: true });
+  writeFileSync(yaml, 'data:\n  task: number_game\nreward:\n  reward_fn_path: score.py\n  python: .venv/bin/python\n');
+  const fromFile = loadConfig({ file: yaml, env: {} });
+  assert.equal(fromFile.reward.python, join(dir, 'sub', '.venv/bin/python'), 'a path: against the config file');
+  assert.equal(fromFile.reward.reward_fn_path, join(dir, 'sub', 'score.py'));
+  assert.equal(
+    loadConfig({ file: yaml, overrides: ['reward.python=python3.11'], env: {} }).reward.python,
+    'python3.11',
+    'a name: on PATH',
+  );
   const cfg = loadConfig({ overrides: ['data.task=number_game', 'reward.reward_fn_path=score.py'], env: {} });
   assert.equal(cfg.reward.reward_fn_form, 'verl');
   assert.equal(cfg.reward.python, null);
