@@ -720,7 +720,7 @@ const actorSchema = section(
       .enum(DEVICES)
       .default('cpu')
       .describe(
-        'onnxruntime execution provider for every policy and critic session (sampling, scoring, values, training; rollout.device can move sampling elsewhere). cuda: the CUDA EP, which `npm ci` skips: on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node`. webgpu: the WebGPU EP shipped in onnxruntime-node, on any GPU with a Vulkan driver (Linux: libvulkan1). A device that cannot start stops the run at start saying why.',
+        'onnxruntime execution provider for every policy and critic session (sampling, scoring, values, training; rollout.device can move sampling elsewhere). cuda: the CUDA EP, which `npm ci` skips: on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 node node_modules/onnxruntime-node/script/install.js`. webgpu: the WebGPU EP shipped in onnxruntime-node, on any GPU with a Vulkan driver (Linux: libvulkan1). A device that cannot start stops the run at start saying why.',
       ),
   },
   'The policy: model, optimizer and PPO update settings.',
