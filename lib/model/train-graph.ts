@@ -198,7 +198,7 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
         temperature: loss.temperature,
         chunk: spec.headChunk ?? HEAD_CHUNK,
         correct: loss.type === 'sft',
-        logitBias: logitBiasOf(model), // the sampler's mask (tok, issue 14): one distribution for behaviour, old and new log-probs
+        logitBias: logitBiasOf(model), // the sampler's mask: one distribution for behaviour, old and new log-probs
       }),
     );
     const logprob = at ? at.place(r.logprob, t.oldLogprobs ?? 0) : r.logprob;

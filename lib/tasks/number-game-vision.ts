@@ -1,5 +1,5 @@
 /**
- * The number game with pictures (the seed's game, issue 16): an image shows three distinct digits
+ * The number game with pictures (lib/tasks/index.ts's number game, drawn): an image shows three distinct digits
  * left to right, drawn with a 5×7 bitmap font at a random scale (2 or 3 px per font pixel), each in
  * its own 28×28 cell at a random offset (JITTER² positions around the cell's centre), dark ink of
  * random shade on a light background of random shade, with independent per-pixel, per-channel
