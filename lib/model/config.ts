@@ -425,7 +425,7 @@ export function fromHfConfig(j: Record<string, unknown>, generation?: Record<str
   if (typeof modelType === 'string' && /^qwen2(_5)?_vl$/.test(modelType))
     throw unsupported(
       `model_type ${JSON.stringify(modelType)}`,
-      'its M-RoPE decoder positions (and Qwen2.5-VL\'s window attention) are not modelled; a vision-language policy here is a llama/qwen2 decoder with a vision_config (README "Vision-language policies")',
+      'its M-RoPE decoder positions (and Qwen2.5-VL\'s window attention) are not modelled; a vision-language policy here is a llama/qwen2 decoder with a vision_config (docs/models.md "Vision-language policies")',
     );
   if (!(MODEL_TYPES as readonly unknown[]).includes(modelType))
     throw unsupported(`model_type ${JSON.stringify(modelType)}`, `supported: ${MODEL_TYPES.join(', ')}`);

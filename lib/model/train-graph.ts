@@ -48,7 +48,7 @@ export interface OptimConfig {
   /**
    * Learning-rate multiplier of a VLM's vision tower (`visual.*`): its AdamW step and decoupled
    * decay use lr · visionLrScale (default 1). A tower trained from scratch under a larger init
-   * than the decoder's moves relatively slower at one lr (README "Vision number game and VPPO").
+   * than the decoder's moves relatively slower at one lr (docs/experiments/number-game-vision.md).
    */
   visionLrScale?: number;
 }

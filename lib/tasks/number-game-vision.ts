@@ -6,7 +6,7 @@
  * noise. The cells are Qwen2-VL's merge windows (patch 14 × merge 2), so each of the picture's
  * three image tokens covers one digit: a tower trained from scratch by GRPO learns to read them
  * within minutes, which it did not when digits sat anywhere in 112×56 px, straddling windows
- * (README "Vision number game and VPPO"). The text only asks which one is largest; the answer is
+ * (docs/training.md "Vision number game and VPPO"). The text only asks which one is largest; the answer is
  * its index 0/1/2 counted from the left, so a policy that cannot see the image is at chance.
  * Everything is drawn from one Rng seeded by the task seed, so a seed always gives the same pixels. Pure: rendering yields raw RGB; the pipeline encodes the PNG (lib/data/images.ts).
  *
