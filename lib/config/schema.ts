@@ -607,7 +607,7 @@ const modelSchema = section(
           .positive()
           .default(0.02)
           .describe(
-            'Standard deviation of the fresh tower\'s weight init (its linear layers and patch embedding ~ N(0, init_std); norms 1, biases 0). 0.02 is Hugging Face\'s; a tower trained from scratch by RL may need larger (the vision number game uses 0.3: docs/experiments/number-game-vision.md).',
+            "Standard deviation of the fresh tower's weight init (its linear layers and patch embedding ~ N(0, init_std); norms 1, biases 0). 0.02 is Hugging Face's; a tower trained from scratch by RL may need larger (the vision number game uses 0.3: docs/experiments/number-game-vision.md).",
           ),
       },
       'Vision tower of a fresh vision-language policy (Qwen2-VL layout).',
@@ -616,7 +616,7 @@ const modelSchema = section(
       .boolean()
       .default(false)
       .describe(
-        'Gradient (activation) checkpointing in the training graph (verl: model.enable_gradient_checkpointing): each decoder layer keeps only its input for the backward and recomputes its forward there, so activation memory is one layer\'s instead of all layers\' (SmolLM2-135M, 2 × 1024 tokens: docs/benchmarks.md) for about one more forward pass of compute; gradients are bit-identical. Applies to rlstream train (policy, and the critic unless critic.model says otherwise) and sft, with or without LoRA.',
+        "Gradient (activation) checkpointing in the training graph (verl: model.enable_gradient_checkpointing): each decoder layer keeps only its input for the backward and recomputes its forward there, so activation memory is one layer's instead of all layers' (SmolLM2-135M, 2 × 1024 tokens: docs/benchmarks.md) for about one more forward pass of compute; gradients are bit-identical. Applies to rlstream train (policy, and the critic unless critic.model says otherwise) and sft, with or without LoRA.",
       ),
     freeze_vision_tower: z
       .boolean()
@@ -673,7 +673,7 @@ function optimSchema(lr: number, description: string) {
         .gt(0)
         .default(1)
         .describe(
-          'Learning-rate multiplier of a vision-language model\'s vision tower (its visual.* parameters): their AdamW step and weight decay use lr × vision_lr_scale at every point of the schedule; 1 = one lr for all. No effect on a text-only model (docs/experiments/number-game-vision.md).',
+          "Learning-rate multiplier of a vision-language model's vision tower (its visual.* parameters): their AdamW step and weight decay use lr × vision_lr_scale at every point of the schedule; 1 = one lr for all. No effect on a text-only model (docs/experiments/number-game-vision.md).",
         ),
     },
     description,
