@@ -13,6 +13,7 @@
  */
 import { z } from 'zod';
 import { DEVICES } from '../onnx/devices.ts';
+import { REWARD_TYPES } from '../reward/types.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Known names (validated here so an unknown one lists the valid ones)
@@ -876,7 +877,7 @@ const rewardModelSchema = section(
 const rewardSchema = section(
   {
     type: z
-      .enum(['function', 'remote', 'model'])
+      .enum(REWARD_TYPES)
       .default('function')
       .describe('function: a built-in or user function; remote: HTTP reward servers; model: an ONNX scorer.'),
     reward_fn: z

@@ -34,6 +34,7 @@ import onnxProto from 'onnx-proto';
 import { ConfigError, RlError } from '../errors.ts';
 import { ByteTokenizer } from '../model/tokenizer.ts';
 import type { RewardModelOptions, RewardOutcome, RewardRequestItem } from './types.ts';
+import type { RewardItem } from './port.ts';
 
 export interface OnnxSequenceScorerOptions {
   path: string;
@@ -319,16 +320,8 @@ export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): P
   };
 }
 
-/** A trajectory to score with `reward.type: model`: the request fields plus its own token ids. */
-export interface TokenRewardItem extends RewardRequestItem {
-  /** Prompt token ids (after the chat template), as the run's tokenizer produced them. */
-  prompt_ids: ArrayLike<number>;
-  /** Generated token ids (without the prompt). */
-  response_ids: ArrayLike<number>;
-  /** The row's data_source and extra_info (JSON object text), for reward functions (verl's arguments). */
-  data_source?: string;
-  extra_info?: string;
-}
+/** A trajectory to score with `reward.type: model`: the port's item, with its own token ids. */
+export type TokenRewardItem = RewardItem;
 
 export interface ModelRewardScorer {
   /** The scorer's declared limits and pad id. */
