@@ -1,16 +1,23 @@
 /**
  * Reward backend `reward.type: function`: a built-in reward function (`reward.reward_fn`, or
- * data.task's) or a user module (`reward.reward_fn_path`), run in a worker thread with
- * `reward.timeout_s` per sample, so a function that never returns cannot block the stage. Also
- * the backend of `reward.type: remote` with the servers switched off (debug mode).
+ * data.task's) or a user module (`reward.reward_fn_path`): a JS/TS module runs in a worker thread
+ * with `reward.timeout_s` per sample, so a function that never returns cannot block the stage; a
+ * Python module (`*.py`) runs in a pool of long-lived Python workers (lib/reward-fns/python-pool.ts).
+ * Also the backend of `reward.type: remote` with the servers switched off (debug mode).
  */
 import { rewardFns, parseExtraInfo } from '../reward-fns/index.ts';
 import { FunctionRewardWorker, type FunctionRewardSpec } from '../reward-fns/function-worker.ts';
+import { createPythonRewardBackend, isPythonRewardPath } from '../reward-fns/python-pool.ts';
+import { forStage } from '../log.ts';
 import { ConfigError } from '../errors.ts';
 import type { RewardBackend, RewardBackendContext, RewardOutcome } from './port.ts';
 
-export async function createFunctionRewardBackend({ cfg }: RewardBackendContext): Promise<RewardBackend> {
+export async function createFunctionRewardBackend({ cfg, log }: RewardBackendContext): Promise<RewardBackend> {
   const r = cfg.reward;
+  if (r.reward_fn_path && isPythonRewardPath(r.reward_fn_path)) {
+    const warnLog = forStage(log, 'reward');
+    return createPythonRewardBackend({ ...r, reward_fn_path: r.reward_fn_path }, (m) => warnLog.warn(m));
+  }
   let fn: FunctionRewardSpec;
   let name: string;
   // remote servers switched off: the reward function (or data.task's reward, as the config loader fills it)
@@ -18,7 +25,7 @@ export async function createFunctionRewardBackend({ cfg }: RewardBackendContext)
     r.reward_fn ??
     (r.type === 'remote' && cfg.data.task !== null && rewardFns.has(cfg.data.task) ? cfg.data.task : null);
   if (r.reward_fn_path) {
-    fn = { path: r.reward_fn_path, name: null };
+    fn = { path: r.reward_fn_path, name: r.reward_fn_name };
     name = `fn:${r.reward_fn_path}`;
   } else if (fnName) {
     rewardFns.get(fnName);
