@@ -10,11 +10,19 @@ import pg from 'pg';
 import { mkdirSync } from 'node:fs';
 import { acquireLock, type LockHandle } from './lock-file.ts';
 import { migrate } from './migrate.ts';
+import { createPglite } from './pglite-durable.ts';
 import { serveSnapshots, type SnapshotServer } from './snapshot.ts';
 import { RlError, errorMessage, storageFault } from '../errors.ts';
 
 export type DatabaseTarget =
-  { kind: 'pglite'; dir: string; breakLock?: boolean } | { kind: 'postgres'; url: string; poolSize?: number };
+  | {
+      kind: 'pglite';
+      dir: string;
+      breakLock?: boolean;
+      /** fsync at every commit, as PostgreSQL (default true; lib/db/pglite-durable.ts). */
+      durable?: boolean;
+    }
+  | { kind: 'postgres'; url: string; poolSize?: number };
 
 /** Kysely over our tables. Rows are typed where they are used (lib/store, lib/bus). */
 export type Db = Kysely<any>;
@@ -80,9 +88,8 @@ export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boo
     mkdirSync(target.dir, { recursive: true });
     const lock: LockHandle = acquireLock(target.dir, 'embedded database', { breakLock: target.breakLock });
     try {
-      const { PGlite } = await import('@electric-sql/pglite');
       const { createPgConfig } = await import('@electric-sql/pglite/node-postgres');
-      const pglite = await PGlite.create(`${target.dir}/pgdata`).catch((e: unknown) => {
+      const pglite = await createPglite(`${target.dir}/pgdata`, target.durable ?? true).catch((e: unknown) => {
         throw embeddedOpenError(e, `${target.dir}/pgdata`);
       });
       const pool = new pg.Pool(createPgConfig(pglite) as unknown as pg.PoolConfig);
