@@ -7,10 +7,10 @@
  */
 import { Kysely, PostgresDialect, sql, type Transaction } from 'kysely';
 import pg from 'pg';
-import { mkdirSync } from 'node:fs';
 import { acquireLock, type LockHandle } from './lock-file.ts';
 import { migrate } from './migrate.ts';
 import { createPglite } from './pglite-durable.ts';
+import { makeDirs } from '../util/make-dirs.ts';
 import { serveSnapshots, type SnapshotServer } from './snapshot.ts';
 import { RlError, errorMessage, storageFault } from '../errors.ts';
 
@@ -85,7 +85,7 @@ export function embeddedOpenError(e: unknown, pgdata: string): unknown {
 export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boolean } = {}): Promise<Database> {
   const doMigrate = opts.migrate ?? true;
   if (target.kind === 'pglite') {
-    mkdirSync(target.dir, { recursive: true });
+    makeDirs(target.dir, 'the embedded database directory');
     const lock: LockHandle = acquireLock(target.dir, 'embedded database', { breakLock: target.breakLock });
     try {
       const { createPgConfig } = await import('@electric-sql/pglite/node-postgres');
