@@ -262,7 +262,10 @@ test('breaker: opens after failure_threshold consecutive failures, probes, half-
   let s0Healthy = false;
   const s = scripted({ s0: () => (s0Healthy ? good(0.1, 0.1)() : json({ error: 'down' }, 500)), s1: good() });
   const c = createRemoteRewardClient(
-    opts({ concurrency_per_server: 1, breaker: { failure_threshold: 2, reset_timeout_ms: 30, probe_interval_ms: 10 } }),
+    opts({
+      concurrency_per_server: 1,
+      breaker: { failure_threshold: 2, reset_timeout_ms: 400, probe_interval_ms: 10 },
+    }),
     { replicaIndex: 0, fetchImpl: s.fetch },
   );
   const first = await c.scoreBatch(items(2));
