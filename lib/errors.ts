@@ -93,6 +93,21 @@ export function storageFault(err: unknown, path?: string): StorageError | null {
   return null;
 }
 
+/**
+ * A fault of the stage's own environment, not of the message it was processing: a storage
+ * failure (`storageFault`), or an error that says so itself (`stopsStage`, e.g. a stored file
+ * whose bytes are not the ones recorded). The delivery policy never dead-letters or commits past
+ * it: the stage stops with its batch uncommitted, and the same command continues once it is fixed.
+ */
+export function stageFault(err: unknown): RlError | null {
+  const storage = storageFault(err);
+  if (storage) return storage;
+  for (let e = err, depth = 0; e && typeof e === 'object' && depth < 8; e = (e as { cause?: unknown }).cause, depth++)
+    if (e instanceof RlError && (e as { stopsStage?: unknown }).stopsStage === true)
+      return err instanceof RlError ? err : e; // the outermost message says the most (e.g. where to resume from)
+  return null;
+}
+
 /** `err` as a StorageError naming `path` when it is a storage failure, else `err` unchanged. */
 export function withStoragePath(err: unknown, path: string): unknown {
   return storageFault(err, path) ?? err;

@@ -4,6 +4,13 @@
  * statement, so `…; commit; insert …` cannot end the read-only transaction early. PostgreSQL and
  * PGlite both refuse writes in a read-only transaction (INSERT/UPDATE/DELETE, DDL, nextval, …).
  *
+ * The statement runs as `rlstream_reader` (`SET LOCAL ROLE`, when the role exists and the session
+ * may take it; migration 20261127_0011): a role that reads every table and can do nothing else,
+ * so what the syntax check misses (an escaped function name, a query string handed to ts_stat)
+ * still cannot signal a session, touch a server file or reset statistics. A superuser session can
+ * switch back (`set_config('role', …)`), so `rlstream sql` refuses superuser connections to
+ * PostgreSQL (app/cli/commands/sql.ts); PGlite is one in-process session of its own run.
+ *
  * Dates and times come back as the server's text (no time-zone shifts in printing); int8 comes
  * back as a number when it is a safe integer, otherwise as its exact text.
  */
@@ -34,6 +41,9 @@ function getTypeParser(oid: number, format?: 'text' | 'binary') {
 // forEach on it). An empty array carrying getTypeParser satisfies both: no declared parameter
 // types, our parsers for the rows.
 const queryTypes = Object.assign([] as number[], { getTypeParser });
+
+/** The role analysts' queries run as (created by migrate). */
+export const READER_ROLE = 'rlstream_reader';
 
 export interface ReadOnlyOptions {
   /** Cancel the statement after this many seconds (statement_timeout); 0 or undefined = no limit. */
@@ -93,6 +103,10 @@ export async function runReadOnlyQuery(
   try {
     await client.query('begin transaction read only');
     try {
+      const reader = await client.query<{ ok: boolean }>(
+        `select to_regrole('${READER_ROLE}') is not null and pg_has_role(session_user, '${READER_ROLE}', 'MEMBER') as ok`,
+      );
+      if (reader.rows[0]?.ok) await client.query(`set local role ${READER_ROLE}`);
       await client.query(`set local lock_timeout = ${Math.max(1, Math.round((opts.lockTimeoutS ?? 5) * 1000))}`);
       if (opts.timeoutS && opts.timeoutS > 0) {
         await client.query(`set local statement_timeout = ${Math.max(1, Math.round(opts.timeoutS * 1000))}`);
@@ -121,13 +135,13 @@ export async function runReadOnlyQuery(
   }
 }
 
-/** The role's name when the connection is a PostgreSQL superuser (rlstream sql warns then), else null. */
+/** The session's role when the connection is a PostgreSQL superuser (rlstream sql refuses it), else null. */
 export async function superuserRole(database: Database): Promise<string | null> {
   if (database.kind !== 'postgres') return null;
-  const r = await database.pool.query<{ u: string; s: string }>(
-    "select current_user as u, current_setting('is_superuser') as s",
+  const r = await database.pool.query<{ u: string; s: boolean }>(
+    'select session_user as u, (select rolsuper from pg_roles where rolname = session_user) as s',
   );
-  return r.rows[0]?.s === 'on' ? r.rows[0].u : null;
+  return r.rows[0]?.s ? r.rows[0].u : null;
 }
 
 /** The views and tables a user can query, with their columns (for `rlstream sql --views`). */

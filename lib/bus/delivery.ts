@@ -11,12 +11,13 @@
  *     a single message that fails is dead-lettered with the error's message as reason;
  *   - the adapter's own retriable failure (database, broker) → back off and attempt again;
  *   - the handler's or the adapter's storage failure (ENOSPC, EROFS, EIO on the stage's own files,
- *     `storageFault`) is the stage's, not the message's: never dead-lettered; the consumer stops
- *     with it (one line naming the path), nothing is committed, and a restart continues there;
+ *     `storageFault`), or a stored file of the stage that is damaged (`stageFault`), is the
+ *     stage's, not the message's: never dead-lettered; the consumer stops with it (one line naming
+ *     the path), nothing is committed, and a restart continues there once it is fixed;
  *   - anything else is fatal: the consumer stops with the error, nothing is committed.
  */
 import type { Logger } from 'pino';
-import { RlError, errorMessage, isRetriable, storageFault } from '../errors.ts';
+import { RlError, errorMessage, isRetriable, stageFault } from '../errors.ts';
 import type {
   BatchContext,
   BatchHandler,
@@ -271,10 +272,15 @@ export async function deliver(
       return await deps.attempt(batch, handler, []);
     } catch (e) {
       if (e instanceof Aborted || signal.aborted) return 'aborted';
-      const fault = storageFault(e instanceof HandlerFailure ? e.error : e);
+      const fault = stageFault(e instanceof HandlerFailure ? e.error : e);
       if (fault) {
         log.error(
-          { group: opts.group, batch: where(batch), path: fault.path, err: e instanceof HandlerFailure ? e.error : e },
+          {
+            group: opts.group,
+            batch: where(batch),
+            path: (fault.details as { path?: string } | undefined)?.path,
+            err: e instanceof HandlerFailure ? e.error : e,
+          },
           `stopping with ${where(batch)} uncommitted: ${fault.message}`,
         );
         throw fault;

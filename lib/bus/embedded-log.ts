@@ -68,6 +68,7 @@ import type {
   TopicPartitionOffset,
   TopicSpec,
 } from './port.ts';
+import { crashPoint } from '../pipeline/crash-points.ts';
 
 export interface EmbeddedBusOptions {
   database: Database;
@@ -764,6 +765,7 @@ class EmbeddedConsumer implements Consumer {
         'batch is stale (partition moved or offset changed); dropped uncommitted',
       );
     if (result === 'committed') {
+      crashPoint('bus:committed', `${group} ${topic}[${partition}]@${last + 1}`);
       this.bus.local?.setPosition(group, topic, partition, last + 1);
       this.bus.committed(appended);
     } else if (committedAt !== undefined) {

@@ -7,14 +7,22 @@
  */
 import { Kysely, PostgresDialect, sql, type Transaction } from 'kysely';
 import pg from 'pg';
-import { mkdirSync } from 'node:fs';
 import { acquireLock, type LockHandle } from './lock-file.ts';
 import { migrate } from './migrate.ts';
+import { createPglite } from './pglite-durable.ts';
+import { makeDirs } from '../util/make-dirs.ts';
 import { serveSnapshots, type SnapshotServer } from './snapshot.ts';
 import { RlError, errorMessage, storageFault } from '../errors.ts';
 
 export type DatabaseTarget =
-  { kind: 'pglite'; dir: string; breakLock?: boolean } | { kind: 'postgres'; url: string; poolSize?: number };
+  | {
+      kind: 'pglite';
+      dir: string;
+      breakLock?: boolean;
+      /** fsync at every commit, as PostgreSQL (default true; lib/db/pglite-durable.ts). */
+      durable?: boolean;
+    }
+  | { kind: 'postgres'; url: string; poolSize?: number };
 
 /** Kysely over our tables. Rows are typed where they are used (lib/store, lib/bus). */
 export type Db = Kysely<any>;
@@ -77,12 +85,11 @@ export function embeddedOpenError(e: unknown, pgdata: string): unknown {
 export async function openDatabase(target: DatabaseTarget, opts: { migrate?: boolean } = {}): Promise<Database> {
   const doMigrate = opts.migrate ?? true;
   if (target.kind === 'pglite') {
-    mkdirSync(target.dir, { recursive: true });
+    makeDirs(target.dir, 'the embedded database directory');
     const lock: LockHandle = acquireLock(target.dir, 'embedded database', { breakLock: target.breakLock });
     try {
-      const { PGlite } = await import('@electric-sql/pglite');
       const { createPgConfig } = await import('@electric-sql/pglite/node-postgres');
-      const pglite = await PGlite.create(`${target.dir}/pgdata`).catch((e: unknown) => {
+      const pglite = await createPglite(`${target.dir}/pgdata`, target.durable ?? true).catch((e: unknown) => {
         throw embeddedOpenError(e, `${target.dir}/pgdata`);
       });
       const pool = new pg.Pool(createPgConfig(pglite) as unknown as pg.PoolConfig);

@@ -10,6 +10,13 @@
  * at a time (the one that links `rlstream.lock.break`), which re-reads the lock and replaces it
  * only if it is still the same stale one. A lock held on another host is never judged stale (we
  * cannot see its processes): only `breakLock` (`rlstream train --break-lock`) takes it over.
+ *
+ * PIDs are only meaningful within one PID namespace and one boot, and a container's process is
+ * usually PID 1: so the lock also names the holder's PID namespace and the kernel's boot id, and
+ * the holder refreshes its mtime every few seconds. A lock naming this process's own PID that this
+ * process does not hold (a restarted container's PID 1 finds its predecessor's), one from an
+ * earlier boot, and one from another PID namespace of this machine (another container) whose
+ * mtime has not moved for `HEARTBEAT_STALE_MS` are stale.
  */
 import {
   openSync,
@@ -21,6 +28,8 @@ import {
   fsyncSync,
   linkSync,
   statSync,
+  readlinkSync,
+  utimesSync,
 } from 'node:fs';
 import { join } from 'node:path';
 import { hostname } from 'node:os';
@@ -34,13 +43,41 @@ export interface LockHandle {
 export interface LockOptions {
   /** Take over a lock held on another host (the user says no process there uses the directory). */
   breakLock?: boolean;
+  /** How long a lock of another PID namespace may go without a heartbeat before it is stale (tests shorten it). */
+  heartbeatStaleMs?: number;
 }
+
+/** The holder touches its lock this often; a lock of another PID namespace untouched for HEARTBEAT_STALE_MS is stale. */
+const HEARTBEAT_MS = 3000;
+const HEARTBEAT_STALE_MS = 15_000;
+/** Nonces of the locks this process holds now. */
+const heldHere = new Set<string>();
+
+function readId(path: string): string | undefined {
+  try {
+    return (readlinkOr(path) ?? readFileSync(path, 'utf8')).trim() || undefined;
+  } catch {
+    return undefined;
+  }
+}
+function readlinkOr(path: string): string | null {
+  try {
+    return readlinkSync(path);
+  } catch {
+    return null;
+  }
+}
+/** This process's PID namespace (`pid:[4026531836]`) and the kernel's boot id, where /proc shows them. */
+const PID_NS = readId('/proc/self/ns/pid');
+const BOOT_ID = readId('/proc/sys/kernel/random/boot_id');
 
 interface Holder {
   pid?: number;
   host?: string;
   since?: string;
   nonce?: string;
+  pidns?: string;
+  boot?: string;
 }
 
 function alive(pid: number): boolean {
@@ -105,7 +142,10 @@ export function acquireLock(dir: string, what = 'embedded database', opts: LockO
     host: hostname(),
     since: new Date().toISOString(),
     nonce: randomBytes(8).toString('hex'),
+    pidns: PID_NS,
+    boot: BOOT_ID,
   };
+  const staleMs = opts.heartbeatStaleMs ?? HEARTBEAT_STALE_MS;
   const mine = JSON.stringify(me);
   const candidate = join(dir, `.rlstream.lock.${process.pid}.${me.nonce}`);
   try {
@@ -140,17 +180,35 @@ export function acquireLock(dir: string, what = 'embedded database', opts: LockO
           pause(20);
           continue;
         }
-      } else if (holder.host !== undefined && holder.host !== hostname()) {
+      } else if (
+        holder.host !== undefined &&
+        holder.host !== hostname() &&
+        !(holder.boot !== undefined && holder.boot === BOOT_ID)
+      ) {
         if (!opts.breakLock) {
           throw new RlError(
             `${what} at ${dir} is locked by PID ${holder.pid} on host ${holder.host} (since ${holder.since ?? '?'}), which this host cannot check; stop that process, or if none on ${holder.host} uses the directory any more, run again with --break-lock`,
             { code: 'ERR_LOCKED', details: { pid: holder.pid, host: holder.host } },
           );
         }
+      } else if (holder.boot !== undefined && BOOT_ID !== undefined && holder.boot !== BOOT_ID) {
+        // taken before this machine last booted: its holder is gone
+      } else if (holder.pidns !== undefined && PID_NS !== undefined && holder.pidns !== PID_NS) {
+        // another PID namespace (a container) of this machine: its PIDs cannot be checked from here,
+        // its heartbeat can: wait until the lock's mtime moves (alive) or has not for staleMs (gone)
+        if (!opts.breakLock && heartbeatAlive(path, staleMs)) {
+          throw new RlError(
+            `${what} at ${dir} is in use by PID ${holder.pid} in another PID namespace (a container; host ${holder.host ?? '?'}, since ${holder.since ?? '?'}); stop that process or use another run directory`,
+            { retriable: false, code: 'ERR_LOCKED', details: { pid: holder.pid, pidns: holder.pidns } },
+          );
+        }
       } else if (holder.pid === process.pid) {
-        throw new RlError(`${what} at ${dir} is already open in this process (PID ${process.pid}); close it first`, {
-          code: 'ERR_LOCKED',
-        });
+        // this PID, but not a lock this process holds: its predecessor with the same PID (a
+        // restarted container's PID 1) died without releasing it
+        if (heldHere.has(holder.nonce ?? ''))
+          throw new RlError(`${what} at ${dir} is already open in this process (PID ${process.pid}); close it first`, {
+            code: 'ERR_LOCKED',
+          });
       } else if (alive(holder.pid!)) {
         throw new RlError(
           `${what} at ${dir} is in use by another process (PID ${holder.pid}, since ${holder.since ?? '?'}); stop that process or use another run directory`,
@@ -203,11 +261,46 @@ export function acquireLock(dir: string, what = 'embedded database', opts: LockO
   }
 }
 
+/**
+ * Whether the lock at `path` is kept alive by its holder's heartbeat: true as soon as its mtime
+ * moves, false once it has not moved for `staleMs` (waits up to that long).
+ */
+function heartbeatAlive(path: string, staleMs: number): boolean {
+  const first = mtimeMs(path);
+  if (first === null) return false;
+  for (;;) {
+    const now = mtimeMs(path);
+    if (now === null) return false;
+    if (now !== first) return true;
+    if (Date.now() - now > staleMs) return false;
+    pause(Math.min(250, staleMs / 4));
+  }
+}
+function mtimeMs(path: string): number | null {
+  try {
+    return statSync(path).mtimeMs;
+  } catch {
+    return null;
+  }
+}
+
 function handle(path: string, nonce: string): LockHandle {
   let released = false;
+  heldHere.add(nonce);
+  const beat = setInterval(() => {
+    try {
+      const t = new Date();
+      utimesSync(path, t, t);
+    } catch {
+      /* released or the disk failed: the next write says so */
+    }
+  }, HEARTBEAT_MS);
+  beat.unref();
   const release = () => {
     if (released) return;
     released = true;
+    clearInterval(beat);
+    heldHere.delete(nonce);
     process.off('exit', release);
     const held = parse(readRaw(path) ?? '');
     if (held?.nonce === nonce) {

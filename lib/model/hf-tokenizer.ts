@@ -197,6 +197,43 @@ export function hasTokenizerFiles(dir: string): boolean {
 }
 
 /**
+ * What is wrong with a tokenizer.json's vocabulary, or null: `model.vocab` maps every token to an
+ * integer id ≥ 0 (BPE, WordPiece, WordLevel) or lists [piece, score] pairs (Unigram), and every
+ * added token has an integer id and a string content. (@huggingface/tokenizers reads a broken
+ * one without complaint and fails later, inside encode, with a TypeError.)
+ */
+export function vocabularyProblem(json: unknown): string | null {
+  const model = (json as { model?: { type?: unknown; vocab?: unknown } } | null)?.model;
+  if (!model || typeof model !== 'object') return null; // the library says so itself
+  const vocab = model.vocab;
+  if (model.type === 'Unigram') {
+    if (!Array.isArray(vocab))
+      return `model.vocab of a Unigram model must be a list of [piece, score], got ${kind(vocab)}`;
+    const i = vocab.findIndex(
+      (e) => !Array.isArray(e) || typeof e[0] !== 'string' || typeof e[1] !== 'number' || !Number.isFinite(e[1]),
+    );
+    if (i >= 0) return `model.vocab[${i}] is ${JSON.stringify(vocab[i])?.slice(0, 60)}, not [piece, score]`;
+  } else {
+    if (vocab === undefined || vocab === null) return 'model.vocab is missing';
+    if (typeof vocab !== 'object' || Array.isArray(vocab))
+      return `model.vocab must map tokens to ids, got ${kind(vocab)}`;
+    for (const [token, id] of Object.entries(vocab))
+      if (typeof id !== 'number' || !Number.isInteger(id) || id < 0)
+        return `token ${JSON.stringify(token).slice(0, 40)} has id ${JSON.stringify(id)?.slice(0, 40)}, not an integer ≥ 0`;
+  }
+  const added = (json as { added_tokens?: unknown }).added_tokens;
+  if (added !== undefined && !Array.isArray(added)) return `added_tokens must be a list, got ${kind(added)}`;
+  for (const [i, t] of (Array.isArray(added) ? added : []).entries()) {
+    const x = t as { id?: unknown; content?: unknown } | null;
+    if (!x || !Number.isInteger(x.id) || typeof x.content !== 'string')
+      return `added_tokens[${i}] is ${JSON.stringify(t)?.slice(0, 60)}, not {id, content}`;
+  }
+  return null;
+}
+
+const kind = (v: unknown) => (Array.isArray(v) ? 'a list' : v === null ? 'null' : typeof v);
+
+/**
  * Loads the tokenizer of a model directory (tokenizer.json, tokenizer_config.json optional,
  * chat_template.jinja optional). A missing or unreadable file is one ConfigError naming it.
  */
@@ -209,6 +246,11 @@ export function loadTokenizerDir(dir: string, fallback: TokenizerFallback = {}):
     );
   const json = readJson(tj),
     config = existsSync(tc) ? readJson(tc) : {};
+  const broken = vocabularyProblem(json);
+  if (broken)
+    throw new ConfigError(
+      `${tj}: its vocabulary is broken (${broken}); the file is damaged or was edited — copy the model's ${TOKENIZER_FILE} again`,
+    );
   let js: JsTokenizer;
   try {
     js = new JsTokenizer(json, config);

@@ -19,7 +19,7 @@
  * as a checkpoint and is removed at the next start (`removeTempCheckpoints`).
  */
 import { promises as fs, existsSync, readFileSync, statSync } from 'node:fs';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { basename, dirname, join, resolve } from 'node:path';
 import { ConfigError, withStoragePath } from '../errors.ts';
 import type { JsonObject } from '../store/port.ts';
@@ -101,6 +101,29 @@ export interface TrainerState {
    * which record only `sha256` (actor/model.safetensors).
    */
   files_sha256?: Record<string, string>;
+  /**
+   * sha256 of this state itself (every other field, keys sorted, as JSON): an edited or damaged
+   * trainer_state.json is refused like a damaged weights file. Absent in older checkpoints.
+   */
+  state_sha256?: string;
+}
+
+/** JSON with object keys sorted at every level: the bytes `state_sha256` is taken over. */
+function canonicalJson(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(canonicalJson).join(',')}]`;
+  if (v !== null && typeof v === 'object')
+    return `{${Object.keys(v)
+      .filter((k) => (v as Record<string, unknown>)[k] !== undefined)
+      .sort()
+      .map((k) => `${JSON.stringify(k)}:${canonicalJson((v as Record<string, unknown>)[k])}`)
+      .join(',')}}`;
+  return JSON.stringify(v);
+}
+
+/** The sha256 a trainer state records of itself (over every field but `state_sha256`). */
+export function trainerStateSha256(state: TrainerState): string {
+  const { state_sha256: _, ...rest } = state;
+  return createHash('sha256').update(canonicalJson(rest)).digest('hex');
 }
 
 export function checkpointsRoot(runDir: string): string {
@@ -171,7 +194,9 @@ export async function writeCheckpointDir(
     try {
       const fh = await fs.open(join(tmp, TRAINER_STATE_FILE), 'w');
       try {
-        await fh.writeFile(JSON.stringify({ ...state, files_sha256 }, null, 2) + '\n');
+        const full: TrainerState = { ...state, files_sha256 };
+        delete full.state_sha256;
+        await fh.writeFile(JSON.stringify({ ...full, state_sha256: trainerStateSha256(full) }, null, 2) + '\n');
         await fh.sync();
       } finally {
         await fh.close();
@@ -276,6 +301,10 @@ export function readCheckpointPath(path: string): LoadedCheckpointPath {
         `trainer.load_checkpoint_path: ${stateFile} is not an rlstream trainer state (format ${JSON.stringify(state.format)}, expected ${TRAINER_STATE_FORMAT})`,
       );
     }
+    if (state.state_sha256 !== undefined && trainerStateSha256(state) !== state.state_sha256)
+      throw new ConfigError(
+        `trainer.load_checkpoint_path: ${stateFile} has sha256 ${trainerStateSha256(state)} over its fields, but ${state.state_sha256} was recorded in it when it was written — the file was edited or is damaged; use an earlier checkpoint (another global_step_N) as trainer.load_checkpoint_path`,
+      );
     const actorDir = join(dir, 'actor');
     // a LoRA run's actor/ is a PEFT adapter (adapter_model.safetensors)
     const weightsFile = existsSync(join(actorDir, 'adapter_config.json'))

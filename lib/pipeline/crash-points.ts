@@ -6,12 +6,15 @@
  *
  *  - `RLSTREAM_CRASH_AT="<point>[@<n>][,…]"`: this process SIGKILLs itself the n-th time (default
  *    the 1st) it reaches `<point>` — a kill -9 at an exact place, with no cleanup of any kind.
+ *  - `RLSTREAM_CRASH_STOP=1`: at that point the process stops itself (SIGSTOP) instead, so a test
+ *    can fail the machine under it (abort its file system) before killing it: a machine crash.
  *  - `RLSTREAM_CRASH_TRACE=1`: every point reached is written to stderr as
  *    `rlstream-crash-point <point>` (synchronously), so a test that kills the process from
  *    outside at a random time can tell which phase the kill landed in.
  *
  * Points (see CRASH_POINTS): `<stage>:handled` is reached by every stage after its handler has
- * run and its outputs are buffered, before the batch commits.
+ * run and its outputs are buffered, before the batch commits; `bus:committed` right after a
+ * batch of the embedded log committed (its outputs, state and offsets in one transaction).
  */
 import { writeSync } from 'node:fs';
 import { ConfigError } from '../errors.ts';
@@ -35,6 +38,7 @@ export const CRASH_POINTS = [
   'reward:handled',
   'advantage:handled',
   'update:handled',
+  'bus:committed',
   // rlstream sft: after a step's update and metrics rows, before its checkpoint (if any)
   'sft:trained',
 ] as const;
@@ -61,16 +65,18 @@ export function parseCrashSpec(spec: string | undefined): Map<string, number> {
 
 const crashAt = parseCrashSpec(process.env.RLSTREAM_CRASH_AT);
 const trace = process.env.RLSTREAM_CRASH_TRACE === '1';
+const stopInstead = process.env.RLSTREAM_CRASH_STOP === '1';
 const active = crashAt.size > 0 || trace;
 const hits = new Map<string, number>();
 
-export function crashPoint(point: CrashPointName): void {
+export function crashPoint(point: CrashPointName, detail?: string): void {
   if (!active) return;
   const n = (hits.get(point) ?? 0) + 1;
   hits.set(point, n);
-  if (trace) writeSync(2, `rlstream-crash-point ${point}\n`);
+  if (trace) writeSync(2, `rlstream-crash-point ${point}${detail ? ` ${detail}` : ''}\n`);
   if (crashAt.get(point) === n) {
-    writeSync(2, `rlstream-crash-point: SIGKILL at ${point}@${n} (RLSTREAM_CRASH_AT)\n`);
-    process.kill(process.pid, 'SIGKILL');
+    const signal = stopInstead ? 'SIGSTOP' : 'SIGKILL';
+    writeSync(2, `rlstream-crash-point: ${signal} at ${point}@${n}${detail ? ` ${detail}` : ''} (RLSTREAM_CRASH_AT)\n`);
+    process.kill(process.pid, signal);
   }
 }

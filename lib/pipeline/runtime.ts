@@ -5,7 +5,6 @@
  * stage's batch handler over decoded records. A stage's handler sees typed records, emits typed
  * records, and writes durable state through the batch's transaction when the bus offers one.
  */
-import { mkdirSync } from 'node:fs';
 import { resolve, join } from 'node:path';
 import type { Logger } from 'pino';
 import { openDatabase, type Database, type Tx } from '../db/database.ts';
@@ -33,6 +32,7 @@ import type { Executor } from './stage-state.ts';
 import { retriableDbError } from '../db/errors.ts';
 import { waitForMigrations } from '../db/migrate.ts';
 import { crashPoint, type CrashPointName } from './crash-points.ts';
+import { makeDirs } from '../util/make-dirs.ts';
 import { NO_TELEMETRY, type Telemetry } from './telemetry.ts';
 import { createPolicyStore, type PolicyStore } from '../policy-store/index.ts';
 
@@ -73,7 +73,7 @@ export interface OpenOptions {
 export async function openPipeline(cfg: Config, opts: OpenOptions = {}): Promise<Pipeline> {
   const runId = resolveRunId(cfg);
   const runDir = resolve(resolveRunDir(cfg));
-  mkdirSync(runDir, { recursive: true });
+  makeDirs(runDir, 'the run directory (trainer.run_dir)');
   const log = opts.log ?? silentLogger(runId, 'pipeline');
   const p = cfg.pipeline;
   if (p.bus === 'kafka' && p.brokers.length === 0)

@@ -55,6 +55,8 @@ export interface PolicyStore {
 
 /** A stored file whose bytes are not the ones recorded: never retried, never used. */
 export class IntegrityError extends RlError {
+  /** The stage's files are damaged, not the message it was processing: never dead-lettered (`stageFault`). */
+  readonly stopsStage = true;
   constructor(message: string, details: { path: string; expected: string; actual: string }) {
     super(message, { retriable: false, code: 'ERR_INTEGRITY', details });
     this.name = 'IntegrityError';

@@ -14,7 +14,13 @@
  * 5xx, malformed bodies) of `failure_threshold` distinct inputs: the retries of one input count
  * once, and an input whose server fault repeats on a server that answered other inputs since (a
  * 500 that comes back for the same body) is the input's own failure — it stops counting, so a
- * partial outage that hits some prompts only does not open the breaker for everyone. A multi-item request that fails is retried item by item. While open the
+ * partial outage that hits some prompts only does not open the breaker for everyone. When a streak
+ * reaches the threshold the server is first re-tested with the last body it scored (a canary): if
+ * it scores that again, the streak was of inputs it cannot score (e.g. all samples of one bad
+ * prompt side by side), which become those inputs' own failures, and the breaker stays closed;
+ * only when the canary fails too (or there is none yet) does it open. An input's own failure is
+ * not retried again within the call: it fails at once, the others go on at full speed. A
+ * multi-item request that fails is retried item by item. While open the
  * server gets `/healthz` probes every `probe_interval_ms`, and a healthy probe at least
  * `reset_timeout_ms` after opening half-opens it (one trial request decides). A whole
  * `scoreBatch` has `batch_budget_ms`. An item that cannot be scored is an `ok: false` outcome
@@ -98,6 +104,11 @@ interface ServerState {
   failingInputs: Set<string>;
   /** `results` count at this server's last success. */
   lastSuccess: number;
+  /** The body of this server's last successful request: re-sent to tell a bad streak of inputs from a failing server. */
+  canary: string | null;
+  /** A canary request is in flight (no new requests meanwhile). */
+  verifying: boolean;
+  opens: number;
 }
 
 /** What went wrong with one attempt. */
@@ -292,6 +303,9 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
     errors: 0,
     failingInputs: new Set<string>(),
     lastSuccess: -1,
+    canary: null,
+    verifying: false,
+    opens: 0,
   }));
   // inputs that had a server fault once (anywhere), and those whose fault repeated: their own (bounded memory)
   const faultedAt = new Map<string, number>(); // input → `results` count at its first server fault
@@ -317,6 +331,7 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
   let head = 0;
 
   const usable = (s: ServerState) =>
+    !s.verifying &&
     s.outstanding < opts.concurrency_per_server &&
     (s.state === 'closed' || (s.state === 'half_open' && !s.trialInFlight));
   const healthy = (s: ServerState) => s.state !== 'open';
@@ -436,6 +451,7 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
     const wasOpen = s.state === 'open';
     s.state = 'open';
     s.openedAt = clock.now();
+    if (!wasOpen) s.opens++;
     if (!wasOpen)
       log.warn(
         { server: s.ep.key, failures: s.consecutiveFailures, last_error: s.lastError },
@@ -500,7 +516,51 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
     }
   }
 
-  function recordResult(s: ServerState, ms: number, err: AttemptError | null, input: string): void {
+  /**
+   * A streak of `failure_threshold` distinct inputs failed on `s`: re-send the last body it scored.
+   * Scored again → the streak's inputs are ones it cannot score (their own failures), the breaker
+   * stays closed; failed too (or no canary yet) → the server is failing, open the breaker.
+   */
+  function suspect(s: ServerState): void {
+    if (s.verifying) return;
+    if (s.canary === null || closed) {
+      openBreaker(s);
+      return;
+    }
+    s.verifying = true;
+    const body = s.canary;
+    void (async () => {
+      let ok = false;
+      try {
+        const res = await transport.request({
+          url: s.ep.scoreUrl,
+          method: 'POST',
+          headers,
+          body,
+          timeoutMs: opts.timeout_ms,
+        });
+        ok = res.status >= 200 && res.status < 300 && parseJson(res.body).ok;
+      } catch {
+        ok = false;
+      }
+      s.verifying = false;
+      if (ok) {
+        log.info(
+          { server: s.ep.key, inputs: s.failingInputs.size, last_error: s.lastError },
+          `reward server ${s.ep.key}: ${s.failingInputs.size} inputs in a row failed, but it still scores others: those inputs fail on their own (last: ${s.lastError}); circuit breaker stays closed`,
+        );
+        for (const x of s.failingInputs) {
+          ownFault.add(x);
+          bound(ownFault);
+        }
+        s.failingInputs.clear();
+        s.consecutiveFailures = 0;
+      } else if (s.state === 'closed') openBreaker(s);
+      pump();
+    })();
+  }
+
+  function recordResult(s: ServerState, ms: number, err: AttemptError | null, input: string, body: string): void {
     s.outstanding--;
     const wasTrial = s.trialInFlight;
     s.trialInFlight = false;
@@ -529,11 +589,14 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       }
       s.consecutiveFailures = s.failingInputs.size;
       if (s.state === 'half_open' && wasTrial) openBreaker(s);
-      else if (s.state === 'closed' && s.consecutiveFailures >= opts.breaker.failure_threshold) openBreaker(s);
+      else if (s.state === 'closed' && s.consecutiveFailures >= opts.breaker.failure_threshold) suspect(s);
     } else {
       s.consecutiveFailures = 0;
       s.failingInputs.clear();
       s.lastSuccess = ++results;
+      s.canary = body;
+      ownFault.delete(input);
+      faultedAt.delete(input);
       if (s.state === 'half_open' && wasTrial) {
         s.state = 'closed';
         log.info({ server: s.ep.key }, `reward server ${s.ep.key}: trial request ok; circuit breaker closed`);
@@ -547,9 +610,11 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
     | { results: ({ ok: true; reward: number; details: Record<string, unknown> } | { ok: false; err: AttemptError })[] }
     | { err: AttemptError };
 
+  const requestBody = (job: Job) => JSON.stringify(opts.batch_size > 1 ? { items: job.bodies } : job.bodies[0]);
+
   async function attempt(s: ServerState, job: Job, timeoutMs: number): Promise<AttemptResult> {
     const batch = opts.batch_size > 1;
-    const body = JSON.stringify(batch ? { items: job.bodies } : job.bodies[0]);
+    const body = requestBody(job);
     const where = s.ep.key;
     let res;
     try {
@@ -663,7 +728,8 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
         // a malformed item in an otherwise good batch response also counts against the server
         const fault =
           'err' in r ? r.err : ((r.results.find((x) => !x.ok) as { err: AttemptError } | undefined)?.err ?? null);
-        recordResult(s, clock.now() - t0, fault, job.items.map((it) => it.id).join('\u0000'));
+        const input = job.items.map((it) => it.id).join('\u0000');
+        recordResult(s, clock.now() - t0, fault, input, requestBody(job));
         if ('err' in r) {
           err = r.err;
         } else {
@@ -684,6 +750,16 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       lastErr = err!;
       if (!err!.retriable) {
         failAll(job.items, err!.reason, err!.finalRetriable, err!);
+        return;
+      }
+      if (job.items.length === 1 && ownFault.has(job.items[0].id)) {
+        // a server that scores other inputs failed this one again: retrying it now only slows the rest
+        failAll(
+          job.items,
+          `${err!.reason} (this input failed ${attempts} time(s) where others are scored)`,
+          err!.finalRetriable,
+          err!,
+        );
         return;
       }
       if (attempts > opts.max_retries) {
@@ -788,6 +864,7 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
         m[`${p}/outstanding`] = s.outstanding;
         m[`${p}/requests_total`] = s.requests;
         m[`${p}/errors_total`] = s.errors;
+        m[`${p}/breaker_opens_total`] = s.opens;
       }
       return m;
     },

@@ -335,6 +335,9 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         ? `from checkpoint global_step_${last.step} (sha256 ${currentSha})`
         : `from policy version ${state.version} (${p.policies.kind === 'filesystem' ? p.policies.writeDir('policy', state.version) : 'policy store: postgres'}, sha256 ${currentSha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
     log.info({ ...datasetPosition(plan, state.version) }, `resumed at ${at}, ${from}`);
+    // the reference policy (v0: KL reference, the initial weights) is read by later steps only: a
+    // damaged one stops the resume now, before anything is trained or committed
+    if (state.version > 0) await storedDir('policy', 0);
   } else if (loadPath) {
     // a new run started from a checkpoint: its weights and AdamW state, the step (dataset
     // position) and LR schedule position it was taken at; v0 keeps the source's initial policy (KL reference)

@@ -121,3 +121,40 @@ test(
     );
   },
 );
+
+test(
+  'a damaged reference policy (v000000) stops the resume at its start, nothing dead-lettered; restored, the same command continues',
+  { timeout: 600_000 },
+  async () => {
+    const dir = join(tmp, 'damaged-ref');
+    const args = [`trainer.run_dir=${dir}`, 'trainer.save_freq=1', 'trainer.max_steps=3'];
+    // killed after step 2 committed: the same command resumes it
+    const first = await run(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), 'train', CONFIG, ...args], {
+      cwd: ROOT,
+      env: { ...process.env, RLSTREAM_CRASH_AT: 'checkpoint:recorded@2' },
+    }).then(
+      () => 0,
+      (e: { code: number | null; signal?: string }) => e.signal ?? e.code,
+    );
+    assert.equal(first, 'SIGKILL');
+    const file = join(dir, 'policy', 'v000000', 'model.safetensors');
+    const good = readFileSync(file);
+    const recorded = createHash('sha256').update(good).digest('hex');
+    const bad = Buffer.from(good);
+    for (let i = 200; i < 264; i++) bad[i] ^= 0xa5;
+    // a checkpoint's reference/ is a hard link to the same file: damage it in place (as a disk would)
+    writeFileSync(file, bad);
+    const again = await train(args);
+    assert.notEqual(again.code, 0, 'the resume stops');
+    assert.ok(
+      again.out.includes(file) && again.out.includes(recorded),
+      `names the file and hash:\n${again.out.slice(-3000)}`,
+    );
+    assert.doesNotMatch(again.out, /step 3 trained/, 'nothing trained before the check');
+    assert.doesNotMatch(again.out, /dead.letter/i, 'its own damaged file is not a message to dead-letter');
+    writeFileSync(file, good);
+    const fixed = await train(args);
+    assert.equal(fixed.code, 0, `restored, the same command continues:\n${fixed.out.slice(-3000)}`);
+    assert.match(fixed.out, /final checkpoint: .*global_step_3/);
+  },
+);

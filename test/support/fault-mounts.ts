@@ -40,3 +40,58 @@ export function tinyDisk(dir: string, size: string): TinyDisk {
     },
   };
 }
+
+export interface LoopDisk {
+  dir: string;
+  /** The file system goes read-only at once, as ext4 does after an I/O error (errors=remount-ro): what is not on the disk yet is lost. */
+  abort(): void;
+  /** Unmounts (dropping every cached page) and mounts the image again: what a reboot after a crash sees (the journal replayed). */
+  remount(): void;
+  unmount(): void;
+}
+
+/**
+ * An ext4 file system of `sizeMb` in an image file `image`, loop-mounted over `dir`: a disk that
+ * can crash (`abort`, i.e. `mount -o remount,abort`) and be mounted again after the "reboot".
+ */
+export function loopDisk(dir: string, image: string, sizeMb: number): LoopDisk {
+  mkdirSync(dir, { recursive: true });
+  execFileSync('truncate', ['-s', `${sizeMb}M`, image]);
+  execFileSync('mkfs.ext4', ['-q', '-F', image]);
+  const mount = () => execFileSync('mount', ['-o', 'loop', image, dir]);
+  mount();
+  let mounted = true;
+  const unmount = () => {
+    if (!mounted) return;
+    mounted = false;
+    try {
+      execFileSync('umount', [dir]);
+    } catch {
+      execFileSync('umount', ['-l', dir]);
+    }
+  };
+  return {
+    dir,
+    abort() {
+      execFileSync('mount', ['-o', 'remount,abort', dir]);
+    },
+    remount() {
+      unmount();
+      mount();
+      mounted = true;
+    },
+    unmount,
+  };
+}
+
+/** Why loop-mounted ext4 cannot be used here, or null when it can. */
+export function loopUnavailable(): string | null {
+  const why = mountUnavailable();
+  if (why) return why;
+  try {
+    execFileSync('sh', ['-c', 'command -v mkfs.ext4 && command -v losetup && losetup -f'], { stdio: 'ignore' });
+  } catch {
+    return 'needs mkfs.ext4 and a free loop device';
+  }
+  return null;
+}

@@ -1,5 +1,6 @@
-import { existsSync } from 'node:fs';
+import { existsSync, rmdirSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
+import { makeDirs } from '../../../lib/util/make-dirs.ts';
 import { join, resolve } from 'node:path';
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
@@ -62,6 +63,8 @@ export const exportCommand: Command = {
     if (!dtype) throw new UsageError(`--dtype must be one of ${Object.keys(DTYPES).join(', ')}, got "${flags.dtype}"`);
     const src = modelDirOf(positionals[0]);
     if (existsSync(flags.out)) throw new ConfigError(`--out ${flags.out} already exists; give a new directory`);
+    // the directory can be created there (says why not), then is written whole under a temporary name
+    rmdirSync(makeDirs(flags.out, 'the export directory (--out)'));
     if (isAdapterDir(src) || booleans.has('merge')) {
       if (!isAdapterDir(src))
         throw new ConfigError(

@@ -6,7 +6,8 @@ import {
   formatResultTable,
   type QueryResult,
 } from '../../../lib/analysis/format.ts';
-import { describeRelations, runReadOnlyQuery, superuserRole } from '../../../lib/analysis/query.ts';
+import { describeRelations, READER_ROLE, runReadOnlyQuery, superuserRole } from '../../../lib/analysis/query.ts';
+import { RlError } from '../../../lib/errors.ts';
 import { locateRun, openRun } from '../../../lib/analysis/target.ts';
 
 /** Where a command prints (tests pass collectors; the CLI uses the process streams). */
@@ -109,10 +110,11 @@ export async function runSql(argv: string[], io: CommandIo): Promise<number> {
   }
   const database = await openRun(locateRun(spec), { onSnapshot: (note) => io.err(`${note}\n`) });
   try {
-    const su = await superuserRole(database).catch(() => null);
+    const su = await superuserRole(database);
     if (su)
-      io.err(
-        `warning: connected as the superuser ${su}: rlstream sql refuses everything but plain read queries, but give analysts a read-only role instead (docs/queries.md, "A read-only role")\n`,
+      throw new RlError(
+        `rlstream sql does not run queries as the superuser ${su}: a query could switch roles and then signal other sessions or read and write server files. Connect as the read-only role migrate created: ALTER ROLE ${READER_ROLE} LOGIN PASSWORD '…', then rlstream sql postgres://${READER_ROLE}:…@host/db (docs/queries.md, "A read-only role")`,
+        { code: 'ERR_SQL_ROLE' },
       );
     const res = booleans.has('views')
       ? await describeRelations(database)

@@ -3,7 +3,8 @@
  * read queries are refused before they are sent — the attack strings of the issue (copy to
  * program / to a file, pg_read_file, lo_import, lock inside do $$ … $$, a data-modifying CTE) and
  * their disguises — while keywords inside strings, quoted identifiers and comments are fine; a
- * query waits at most lock_timeout for a lock; a superuser connection gets a warning.
+ * query waits at most lock_timeout for a lock; a superuser connection is refused (the reader role's
+ * tests: sql-reader-role.test.ts).
  */
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -20,10 +21,16 @@ import { PG_URL, freshDatabase } from '../../../devkit/pipeline-procs.ts';
 
 let db: { url: string; drop(): Promise<void> };
 let database: Database;
+/** The same database as rlstream_reader (created by migrate; logins enabled here). */
+let readerUrl: string;
 const marker = join(tmpdir(), `rlstream-sql-guard-${process.pid}`);
 before(async () => {
   db = await freshDatabase(`rl_int_sqlguard_${process.pid}`);
   database = await openDatabase({ kind: 'postgres', url: db.url });
+  await database.pool.query('alter role rlstream_reader login');
+  const u = new URL(db.url);
+  u.username = 'rlstream_reader';
+  readerUrl = u.toString();
   await database.pool.query(
     `insert into runs (run_id, project, experiment, status, config) values ('r', 'p', 'e', 'running', '{}')`,
   );
@@ -92,7 +99,7 @@ test("plain reads pass, keywords inside strings, quoted identifiers and comments
   for (const d of docQueries()) assert.doesNotThrow(() => assertPlainRead(d.sql), d.title);
 });
 
-test('a query waits at most lock_timeout behind a lock; a superuser connection is warned about', async () => {
+test('a query waits at most lock_timeout behind a lock; a superuser connection is refused, the reader is not', async () => {
   const holder = new pg.Client({ connectionString: db.url });
   await holder.connect();
   try {
@@ -109,14 +116,17 @@ test('a query waits at most lock_timeout behind a lock; a superuser connection i
     await holder.end();
   }
   const err: string[] = [];
-  const code = await runSql([db.url, 'select 1 as one'], {
+  const io = {
     out: () => undefined,
-    err: (t) => {
+    err: (t: string) => {
       err.push(t);
     },
-  });
-  assert.equal(code, 0);
-  assert.match(err.join(''), /warning: connected as the superuser postgres.*read-only role/);
+  };
+  await assert.rejects(
+    runSql([db.url, 'select 1 as one'], io),
+    /does not run queries as the superuser postgres.*ALTER ROLE rlstream_reader LOGIN/,
+  );
+  assert.equal(await runSql([readerUrl, 'select 1 as one'], io), 0);
 });
 
 test('every query runs under a statement_timeout: 300 s unless --timeout-s says otherwise, and a slow query is cancelled', async () => {
@@ -127,17 +137,17 @@ test('every query runs under a statement_timeout: 300 s unless --timeout-s says 
     },
     err: () => undefined,
   };
-  assert.equal(await runSql([db.url, `select current_setting('statement_timeout') as t`, '--json'], io), 0);
+  assert.equal(await runSql([readerUrl, `select current_setting('statement_timeout') as t`, '--json'], io), 0);
   assert.match(out.join(''), /"t":\s*"5min"/);
   out.length = 0;
   assert.equal(
-    await runSql([db.url, `select current_setting('statement_timeout') as t`, '--json', '--timeout-s', '0'], io),
+    await runSql([readerUrl, `select current_setting('statement_timeout') as t`, '--json', '--timeout-s', '0'], io),
     0,
   );
   assert.match(out.join(''), /"t":\s*"0"/);
   const err: string[] = [];
   await assert.rejects(
-    runSql([db.url, 'select pg_sleep(5)', '--timeout-s', '0.5'], {
+    runSql([readerUrl, 'select pg_sleep(5)', '--timeout-s', '0.5'], {
       out: () => undefined,
       err: (t) => {
         err.push(t);

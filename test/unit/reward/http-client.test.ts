@@ -262,7 +262,10 @@ test('breaker: opens after failure_threshold consecutive failures, probes, half-
   let s0Healthy = false;
   const s = scripted({ s0: () => (s0Healthy ? good(0.1, 0.1)() : json({ error: 'down' }, 500)), s1: good() });
   const c = createRemoteRewardClient(
-    opts({ concurrency_per_server: 1, breaker: { failure_threshold: 2, reset_timeout_ms: 30, probe_interval_ms: 10 } }),
+    opts({
+      concurrency_per_server: 1,
+      breaker: { failure_threshold: 2, reset_timeout_ms: 400, probe_interval_ms: 10 },
+    }),
     { replicaIndex: 0, fetchImpl: s.fetch },
   );
   const first = await c.scoreBatch(items(2));
@@ -530,5 +533,57 @@ test('a partial outage (500 only for prompts starting with 7) does not open the 
         );
     }
     assert.equal(m['reward_server/s0/breaker_open'], 0, `batch_size ${batch_size}: the breaker stayed closed`);
+  }
+});
+
+test('a server failing only some inputs, all samples of a bad prompt side by side (8 per prompt, ~1 in 10 prompts): its breaker never opens, only those inputs fail, each after few attempts; the same with two such servers', async () => {
+  const handler = async (b: { prompt: string }) => {
+    await new Promise((r) => setTimeout(r, 1));
+    return b.prompt.startsWith('7') ? json({ error: 'cannot score this one' }, 500) : good(0.5, 0.5)();
+  };
+  // 20 prompts × 8 samples in prompt order, as a step's groups arrive: prompts 7 and 17 ("7 …") are bad
+  const list = Array.from({ length: 160 }, (_, i) => ({
+    ...items(1)[0],
+    id: `p${i}`,
+    prompt_text: `${Math.floor(i / 8) % 10} prompt ${Math.floor(i / 8)}`,
+    response_text: `response ${i}`,
+  }));
+  const isBad = (i: number) => list[i].prompt_text.startsWith('7');
+  for (const urls of [['http://s0'], ['http://s0', 'http://s1']]) {
+    const s = scripted(Object.fromEntries(urls.map((u) => [new URL(u).host, handler])));
+    const c = createRemoteRewardClient(
+      opts({
+        urls,
+        request_preset: 'text',
+        concurrency_per_server: 4,
+        max_retries: 5,
+        breaker: { failure_threshold: 5, reset_timeout_ms: 60_000, probe_interval_ms: 60_000 },
+      }),
+      { replicaIndex: 0, fetchImpl: s.fetch },
+    );
+    // twice: the second call is what a later retry of the failed groups, or the next step, sees
+    for (const round of [1, 2]) {
+      const before = s.calls.length;
+      const outs = await c.scoreBatch(list);
+      assertNoFabricated(outs);
+      for (const [i, o] of outs.entries()) {
+        if (isBad(i))
+          assert.ok(
+            !o.ok && /HTTP 500: cannot score this one/.test(o.reason),
+            `${urls.length} server(s): ${JSON.stringify(o)}`,
+          );
+        else assert.ok(o.ok, `${urls.length} server(s), round ${round}: ${o.id} is scored: ${JSON.stringify(o)}`);
+      }
+      const m = c.metrics();
+      for (const u of urls)
+        assert.equal(m[`reward_server/${new URL(u).host}/breaker_opens_total`], 0, `${u}: the breaker never opened`);
+      const badCalls = s.calls.slice(before).filter((x) => x.body.prompt?.startsWith('7'));
+      // each bad input is tried on each server at most twice in the first round, once afterwards; the canary re-sends good bodies
+      assert.ok(
+        badCalls.length <= 16 * (round === 1 ? 2 * urls.length : 1),
+        `${urls.length} server(s), round ${round}: ${badCalls.length} requests for the 16 bad inputs`,
+      );
+    }
+    c.close();
   }
 });
