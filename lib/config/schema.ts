@@ -984,7 +984,9 @@ const trainerSchema = section(
       .min(1)
       .nullable()
       .default(null)
-      .describe('Directory for checkpoints, logs and the embedded store; null → runs/<experiment_name>.'),
+      .describe(
+        "Directory for checkpoints, logs and the embedded store; null → runs/<experiment_name> (under the working directory). A relative path in the config file resolves against the file's directory (on the command line: against the working directory).",
+      ),
     seed: z.int().default(1).describe('Seed for everything not seeded elsewhere (sampling, dropout of groups, ids).'),
   },
   'Training loop, validation, checkpoints and naming.',
