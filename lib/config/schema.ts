@@ -1093,10 +1093,10 @@ const pipelineSchema = section(
       'Kafka client settings.',
     ),
     policy_store: z
-      .enum(['filesystem', 'postgres'])
+      .enum(['filesystem', 'postgres', 's3'])
       .default('filesystem')
       .describe(
-        "Where policy versions (and critic and EMA versions) live: filesystem (<run_dir>/policy/vNNNNNN; in distributed mode run_dir must be a volume shared by the stages) or postgres (bytea chunks in the run's database, pipeline.store = postgres; each process keeps a local cache under pipeline.policy_cache_dir, so no stage needs a shared volume).",
+        "Where policy versions (and critic and EMA versions) live: filesystem (<run_dir>/policy/vNNNNNN; in distributed mode run_dir must be a volume shared by the stages), postgres (bytea chunks in the run's database, pipeline.store = postgres; for small models) or s3 (objects in an S3-compatible bucket, pipeline.s3; for large models: docs/kubernetes.md). postgres and s3: each process keeps a local cache under pipeline.policy_cache_dir, so no stage needs a shared volume.",
       ),
     policy_cache_dir: z
       .string()
@@ -1104,8 +1104,53 @@ const pipelineSchema = section(
       .nullable()
       .default(null)
       .describe(
-        'policy_store = postgres: local directory where a process caches the versions it read (verified by sha256; safe to lose, e.g. a Kubernetes emptyDir); null → <run_dir>/policy-cache.',
+        'policy_store = postgres or s3: local directory where a process caches the versions it read (verified by sha256; safe to lose, e.g. a Kubernetes emptyDir); null → <run_dir>/policy-cache.',
       ),
+    s3: section(
+      {
+        bucket: z
+          .string()
+          .min(3)
+          .nullable()
+          .default(null)
+          .describe(
+            'policy_store = s3: the bucket (it must exist). Credentials are never in the config: the SDK reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (a Kubernetes Secret as env), a web identity (EKS IRSA) or an instance role.',
+          ),
+        prefix: z
+          .string()
+          .default('rlstream/')
+          .describe('Key prefix: objects are <prefix><run_id>/<kind>/vNNNNNN/<sha256>/<file>.'),
+        endpoint: z
+          .string()
+          .min(1)
+          .nullable()
+          .default(null)
+          .describe(
+            'S3 API endpoint URL; null → AWS S3 in the region. MinIO: http://minio:9000; GCS: https://storage.googleapis.com (HMAC keys as the AWS_* variables).',
+          ),
+        region: z
+          .string()
+          .min(1)
+          .nullable()
+          .default(null)
+          .describe('Region; null → AWS_REGION, else us-east-1 (MinIO and GCS accept any).'),
+        force_path_style: z
+          .boolean()
+          .default(false)
+          .describe(
+            'Path-style URLs (endpoint/bucket/key) instead of virtual-hosted (bucket.endpoint/key): true for MinIO and most self-hosted stores.',
+          ),
+        part_size_mb: z
+          .int()
+          .min(5)
+          .max(5120)
+          .default(64)
+          .describe(
+            'Files larger than this are uploaded in parts of this size (multipart upload; S3 allows 5 MiB to 5 GiB per part and 10,000 parts).',
+          ),
+      },
+      'Object storage for pipeline.policy_store = s3.',
+    ),
     on_run_end: z
       .enum(['idle', 'exit'])
       .default('idle')

@@ -149,6 +149,7 @@ export async function openPipeline(cfg: Config, opts: OpenOptions = {}): Promise
       runId,
       db: db.db,
       cacheDir: p.policy_cache_dir ? resolve(p.policy_cache_dir) : null,
+      s3: p.s3,
     }),
     topic: (t) => names[t],
     message(t, value) {
