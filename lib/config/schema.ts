@@ -1089,6 +1089,80 @@ const pipelineSchema = section(
           .describe(
             "Longest a fetch waits for data. A broker answers a waiting fetch as soon as data arrives, but one that does not (librdkafka's mock) holds it this long, and a training step crosses six topics, so keep it short; raise it to cut idle fetch requests.",
           ),
+        sasl: section(
+          {
+            mechanism: z
+              .enum(['none', 'plain', 'scram-sha-256', 'scram-sha-512'])
+              .default('none')
+              .describe(
+                'SASL authentication (kafkajs): none, plain (Confluent Cloud API keys, Event Hubs), scram-sha-256 or scram-sha-512 (Strimzi KafkaUser type scram-sha-512, MSK SASL/SCRAM). MSK IAM and OAUTHBEARER are not supported.',
+              ),
+            username: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe('SASL user name; null → the variable named by username_env.'),
+            username_env: z
+              .string()
+              .min(1)
+              .default('KAFKA_USERNAME')
+              .describe(
+                'Environment variable holding the user name when username is null (a Kubernetes Secret as env).',
+              ),
+            password_env: z
+              .string()
+              .min(1)
+              .default('KAFKA_PASSWORD')
+              .describe(
+                'Environment variable holding the SASL password (a Kubernetes Secret as env); the password is never in the config.',
+              ),
+          },
+          'SASL authentication to Kafka.',
+        ),
+        tls: section(
+          {
+            enabled: z
+              .boolean()
+              .default(false)
+              .describe(
+                "Connect over TLS (the brokers' TLS listener, e.g. 9093; SASL_SSL with sasl set). Automatically on when ca_file or cert_file is set.",
+              ),
+            ca_file: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe(
+                "PEM file of the CA that signed the brokers' certificates (Strimzi: the <cluster>-cluster-ca-cert Secret's ca.crt); null → the system CAs.",
+              ),
+            cert_file: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe(
+                'PEM client certificate for mutual TLS (Strimzi KafkaUser type tls: user.crt); needs key_file.',
+              ),
+            key_file: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe('PEM private key of cert_file (Strimzi: user.key).'),
+            servername: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe('TLS server name (SNI) to verify instead of the broker host name.'),
+            reject_unauthorized: z
+              .boolean()
+              .default(true)
+              .describe('Refuse brokers whose certificate does not verify; false only for testing.'),
+          },
+          'TLS to Kafka.',
+        ),
       },
       'Kafka client settings.',
     ),
