@@ -384,3 +384,18 @@ test('compose.yaml: the app profile runs migrate, a reward server and the five s
   for (const a of [...cfg.pipeline.brokers, cfg.pipeline.database_url!, ...(cfg.reward.remote.urls ?? [])])
     assert.ok(host(a) in compose.services, `${stageName}: ${a} is a compose service`);
 });
+
+test('GPU placement is opt-in: no overlay asks for GPU nodes; components/gpu-nodes puts the policy stages there', () => {
+  const gpuAsk = (t: { spec: Record<string, unknown> }) =>
+    JSON.stringify([t.spec.nodeSelector ?? null, t.spec.tolerations ?? null, t.spec.affinity ?? null]).includes(
+      'gpu',
+    ) || JSON.stringify(t.spec.containers).includes('nvidia.com/gpu');
+  for (const overlay of OVERLAYS)
+    for (const { owner, template } of podTemplates(renderOverlay(overlay)))
+      assert.ok(!gpuAsk(template as never), `${overlay}: ${describeObject(owner)} asks for a GPU node by default`);
+  const placed = podTemplates(renderWithComponents('infra/k8s/overlays/prod', ['infra/k8s/components/gpu-nodes']))
+    .filter(({ template }) => gpuAsk(template as never))
+    .map(({ owner }) => owner.metadata.name)
+    .sort();
+  assert.deepEqual(placed, ['advantage', 'rollout', 'update']);
+});
