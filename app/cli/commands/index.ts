@@ -11,6 +11,7 @@ import { rewardServerCommand } from './reward-server.ts';
 import { replayCommand } from './replay.ts';
 import { exportCommand } from './export.ts';
 import { generateCommand } from './generate.ts';
+import { fetchCommand } from './fetch.ts';
 
 /** Every `rlstream` command, in the order `--help` lists them. */
 export const commands: Command[] = [
@@ -26,4 +27,5 @@ export const commands: Command[] = [
   replayCommand,
   exportCommand,
   generateCommand,
+  fetchCommand,
 ];
