@@ -399,3 +399,28 @@ test('GPU placement is opt-in: no overlay asks for GPU nodes; components/gpu-nod
     .sort();
   assert.deepEqual(placed, ['advantage', 'rollout', 'update']);
 });
+
+test('examples/own-model: every stage fetches the model and data before it starts; the config loads', () => {
+  const objs = renderWithComponents('infra/k8s/examples/own-model', []);
+  const stages = podTemplates(objs).filter(({ owner }) => STAGES.includes(owner.metadata.name));
+  assert.equal(stages.length, STAGES.length);
+  for (const { owner, template } of stages) {
+    const spec = template.spec as unknown as {
+      initContainers?: Container[];
+      containers: Array<Container & { envFrom?: unknown[] }>;
+      volumes: Array<{ name: string; emptyDir?: unknown }>;
+    };
+    const init = spec.initContainers?.find((c) => c.name === 'fetch-assets');
+    assert.ok(init, `${describeObject(owner)}: the fetch-assets init container`);
+    assert.match(JSON.stringify(init!.args), /rlstream fetch s3:\/\/.+ \/var\/lib\/rlstream\/assets\/model/);
+    assert.ok(spec.volumes.some((v) => v.name === 'assets' && v.emptyDir));
+    assert.ok(
+      spec.containers[0].volumeMounts!.some((m) => m.name === 'assets' && m.mountPath === '/var/lib/rlstream/assets'),
+    );
+    assert.deepEqual(spec.containers[0].envFrom, [{ secretRef: { name: 'rlstream-s3' } }]);
+  }
+  const cfg = configOf(objs);
+  assert.equal(cfg.actor.model.path, '/var/lib/rlstream/assets/model');
+  assert.equal(cfg.pipeline.policy_store, 's3');
+  assert.equal(cfg.reward.reward_fn_path, '/opt/rlstream-ext/reward.ts');
+});
