@@ -100,10 +100,11 @@ export async function preflightProblems(cfg: Config): Promise<string[]> {
   if (cfg.reward.reward_fn_path && usesRewardFunction(cfg)) {
     const p = fileProblems('reward.reward_fn_path', cfg.reward.reward_fn_path);
     if (p.length) out.push(...p);
-    else {
+    else if (!/\.py$/i.test(cfg.reward.reward_fn_path)) {
+      // (a Python module is checked by its own worker before the run: lib/reward-fns' checkPythonReward)
       const { loadRewardModule } = await import('../reward-fns/index.ts');
       try {
-        await loadRewardModule(cfg.reward.reward_fn_path);
+        await loadRewardModule(cfg.reward.reward_fn_path, cfg.reward.reward_fn_name);
       } catch (e) {
         out.push(errorMessage(e).split('\n')[0]);
       }

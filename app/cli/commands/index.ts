@@ -12,6 +12,7 @@ import { replayCommand } from './replay.ts';
 import { exportCommand } from './export.ts';
 import { generateCommand } from './generate.ts';
 import { fetchCommand } from './fetch.ts';
+import { checkCommand } from './check.ts';
 
 /** Every `rlstream` command, in the order `--help` lists them. */
 export const commands: Command[] = [
@@ -20,6 +21,7 @@ export const commands: Command[] = [
   serveCommand,
   migrateCommand,
   configCommand,
+  checkCommand,
   sqlCommand,
   runsCommand,
   reportCommand,
