@@ -108,7 +108,7 @@ async function trainThenSignal(dir: string, runId: string, signal: NodeJS.Signal
   const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
   let err = '';
   await new Promise<void>((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`no step within 60 s:\n${err.slice(-2000)}`)), 60_000);
+    const t = setTimeout(() => reject(new Error(`no step within 150 s:\n${err.slice(-2000)}`)), 150_000);
     child.stderr!.on('data', (b: Buffer) => {
       err += b.toString();
       if (err.includes('"step 1 trained"')) {
@@ -122,7 +122,7 @@ async function trainThenSignal(dir: string, runId: string, signal: NodeJS.Signal
   return exited;
 }
 
-test('SIGTERM: stopped; SIGKILL: stale once its lock holder is gone', { timeout: 150_000 }, async () => {
+test('SIGTERM: stopped; SIGKILL: stale once its lock holder is gone', { timeout: 240_000 }, async () => {
   const runs = join(root, 'runs-s');
   // both at once (each mostly waits on its own start)
   const [code] = await Promise.all([
