@@ -14,6 +14,7 @@ import {
   resumeConfigProblem,
   type Config,
 } from '../lib/config/index.ts';
+import { preflightProblems } from '../lib/config/preflight.ts';
 import { startStage, STAGES, type StartedStage } from '../services/index.ts';
 import {
   controlId,
@@ -281,7 +282,8 @@ async function resumeCheck(
 /** Refuses a run started again with a config that changes what its stored state means; returns its row. */
 export async function refuseChangedConfig(cfg: Config, p: Pipeline): Promise<RunRow | undefined> {
   const prev = await p.store.getRun(p.runId);
-  if (prev) {
+  // a start that failed before its first step stored nothing the new config could misread
+  if (prev && (await madeProgress(p))) {
     const problem = resumeConfigProblem(
       p.runId,
       resumeConfigDiff(prev.config, cfg),
@@ -290,6 +292,11 @@ export async function refuseChangedConfig(cfg: Config, p: Pipeline): Promise<Run
     if (problem) throw new ConfigError(problem);
   }
   return prev;
+}
+
+/** Whether a run has stored anything its config gives a meaning to: a trajectory or a checkpoint. */
+async function madeProgress(p: Pipeline): Promise<boolean> {
+  return (await p.store.countTrajectories(p.runId)) > 0 || (await p.store.latestCheckpoint(p.runId)) !== undefined;
 }
 
 /** The control event that tells the controller a finished run goes on to `total` steps. */
@@ -324,6 +331,9 @@ export async function trainEmbedded(
   opts: { progress?: boolean | ProgressBar; signal?: AbortSignal; breakLock?: boolean } = {},
 ): Promise<RunOutcome & { summary: string }> {
   await checkDevices(cfg, ['rollout', 'advantage', 'update']); // before opening anything
+  // missing or partial inputs, an unwritable run directory: refused before anything is created
+  const problems = await preflightProblems(cfg);
+  if (problems.length) throw new ConfigError(problems.join('\n'), { problems });
   await checkPythonReward(cfg.reward);
   const p = await openPipeline(cfg, { log, breakLock: opts.breakLock });
   const stages: StartedStage[] = [];
@@ -410,14 +420,10 @@ export async function trainEmbedded(
     await Promise.all(stages.map((s) => s.run.consumer.stop().catch(() => undefined)));
     await Promise.all(stages.map((s) => s.run.done.catch(() => undefined)));
     for (const s of stages) await s.close().catch(() => undefined);
-    if (outcome.status !== 'stopped')
-      await p.store
-        .setRunStatus(
-          p.runId,
-          outcome.status,
-          outcome.status === 'failed' ? { error: outcome.message ?? '' } : undefined,
-        )
-        .catch(() => undefined);
+    // stopped (SIGTERM, Ctrl-C): the same command resumes it; the row says so instead of "running"
+    await p.store
+      .setRunStatus(p.runId, outcome.status, outcome.status === 'failed' ? { error: outcome.message ?? '' } : undefined)
+      .catch(() => undefined);
     await tb
       ?.finish(outcome.status === 'completed')
       .catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));

@@ -1,14 +1,16 @@
 /**
  * Listing runs (`rlstream runs`): every subdirectory of a runs directory that holds an embedded
  * store (`<dir>/db/pgdata`), or every row of `runs` in a PostgreSQL. Each row comes from the v_runs
- * view. A run directory held by a live process (its lock file names a running PID) is listed with
- * status "in use (PID n)" instead of failing the whole listing.
+ * view. A run directory held by a live process (its lock file names a running PID) is read from the
+ * holder's snapshot (or listed as "in use (PID n)" instead of failing the whole listing); a row
+ * still "running" in a directory no live process holds (a SIGKILLed or crashed run) is "stale".
  */
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import type { Database } from '../db/database.ts';
 import { openDatabaseOrSnapshot } from './target.ts';
 import { RlError, errorMessage } from '../errors.ts';
+import { lockHolder } from '../db/lock-file.ts';
 import { runReadOnlyQuery } from './query.ts';
 
 export interface RunSummary {
@@ -139,11 +141,18 @@ export async function listRunsInDir(runsDir: string): Promise<RunSummary[]> {
   for (const dir of findRunDirs(runsDir)) {
     let database: Database | undefined;
     try {
-      database = await openDatabaseOrSnapshot({
-        kind: 'pglite',
-        dir: existsSync(join(dir, 'db', 'pgdata', 'PG_VERSION')) ? join(dir, 'db') : dir,
-      });
+      const dbDir = existsSync(join(dir, 'db', 'pgdata', 'PG_VERSION')) ? join(dir, 'db') : dir;
+      const holder = lockHolder(dbDir);
+      let live = false;
+      database = await openDatabaseOrSnapshot({ kind: 'pglite', dir: dbDir }, { onSnapshot: () => (live = true) });
       const runs = await listRunsInDatabase(database, dir);
+      // opened directly: no process holds the directory, so a row still "running" lost its process
+      if (!live)
+        for (const r of runs)
+          if (r.status === 'running') {
+            r.status = 'stale';
+            r.note = `still marked running, but ${holder ? `its process (PID ${holder.pid}${holder.since ? `, since ${holder.since}` : ''}) is gone` : 'no process holds its run directory'} (killed?); run the same command again to resume it`;
+          }
       out.push(...(runs.length ? runs : [emptySummary(dir, 'empty', 'the store has no run row yet')]));
     } catch (e) {
       const err = e as RlError;

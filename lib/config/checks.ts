@@ -521,6 +521,16 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
       );
     }
   }
+  if (pipeline.policy_store === 's3') {
+    if (pipeline.s3.bucket === null)
+      errors.push(
+        'pipeline.policy_store = s3 needs pipeline.s3.bucket (an existing bucket; for MinIO or GCS also pipeline.s3.endpoint and force_path_style)',
+      );
+    if (pipeline.s3.endpoint !== null && !/^https?:\/\/[^/]/.test(pipeline.s3.endpoint))
+      errors.push(
+        `pipeline.s3.endpoint = "${redactString(pipeline.s3.endpoint)}" is not an http:// or https:// URL (e.g. http://minio:9000)`,
+      );
+  }
   if (pipeline.schema_wire_format === 'confluent' && pipeline.schema_registry_url === null) {
     errors.push(
       'pipeline.schema_wire_format = confluent needs pipeline.schema_registry_url (e.g. http://localhost:8081), or use schema_wire_format=plain',

@@ -283,8 +283,8 @@ function applyOverride(
  * Keys that name input files or directories. A relative path written in the config file resolves
  * against that file's directory (so `rlstream train other/dir/run.yaml` finds the data next to the
  * yaml); one given as a command-line override resolves against the working directory, like any
- * shell argument. Both are made absolute when loaded. trainer.run_dir (an output) stays as given,
- * relative to the working directory.
+ * shell argument. Both are made absolute when loaded. trainer.run_dir (an output) resolves the same
+ * way, so a config file means the same run directory from wherever it is started.
  */
 export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
   ['data', 'train_files'],
@@ -295,6 +295,7 @@ export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
   ['reward', 'reward_fn_path'],
   ['reward', 'model', 'path'],
   ['trainer', 'load_checkpoint_path'],
+  ['trainer', 'run_dir'],
 ];
 
 /** Keys that name a program: resolved like FILE_PATH_KEYS when the value is a path (has a `/`), else a name looked up on PATH. */

@@ -1013,7 +1013,9 @@ const trainerSchema = section(
       .min(1)
       .nullable()
       .default(null)
-      .describe('Directory for checkpoints, logs and the embedded store; null → runs/<experiment_name>.'),
+      .describe(
+        "Directory for checkpoints, logs and the embedded store; null → runs/<experiment_name> (under the working directory). A relative path in the config file resolves against the file's directory (on the command line: against the working directory).",
+      ),
     seed: z.int().default(1).describe('Seed for everything not seeded elsewhere (sampling, dropout of groups, ids).'),
   },
   'Training loop, validation, checkpoints and naming.',
@@ -1116,14 +1118,88 @@ const pipelineSchema = section(
           .describe(
             "Longest a fetch waits for data. A broker answers a waiting fetch as soon as data arrives, but one that does not (librdkafka's mock) holds it this long, and a training step crosses six topics, so keep it short; raise it to cut idle fetch requests.",
           ),
+        sasl: section(
+          {
+            mechanism: z
+              .enum(['none', 'plain', 'scram-sha-256', 'scram-sha-512'])
+              .default('none')
+              .describe(
+                'SASL authentication (kafkajs): none, plain (Confluent Cloud API keys, Event Hubs), scram-sha-256 or scram-sha-512 (Strimzi KafkaUser type scram-sha-512, MSK SASL/SCRAM). MSK IAM and OAUTHBEARER are not supported.',
+              ),
+            username: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe('SASL user name; null → the variable named by username_env.'),
+            username_env: z
+              .string()
+              .min(1)
+              .default('KAFKA_USERNAME')
+              .describe(
+                'Environment variable holding the user name when username is null (a Kubernetes Secret as env).',
+              ),
+            password_env: z
+              .string()
+              .min(1)
+              .default('KAFKA_PASSWORD')
+              .describe(
+                'Environment variable holding the SASL password (a Kubernetes Secret as env); the password is never in the config.',
+              ),
+          },
+          'SASL authentication to Kafka.',
+        ),
+        tls: section(
+          {
+            enabled: z
+              .boolean()
+              .default(false)
+              .describe(
+                "Connect over TLS (the brokers' TLS listener, e.g. 9093; SASL_SSL with sasl set). Automatically on when ca_file or cert_file is set.",
+              ),
+            ca_file: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe(
+                "PEM file of the CA that signed the brokers' certificates (Strimzi: the <cluster>-cluster-ca-cert Secret's ca.crt); null → the system CAs.",
+              ),
+            cert_file: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe(
+                'PEM client certificate for mutual TLS (Strimzi KafkaUser type tls: user.crt); needs key_file.',
+              ),
+            key_file: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe('PEM private key of cert_file (Strimzi: user.key).'),
+            servername: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe('TLS server name (SNI) to verify instead of the broker host name.'),
+            reject_unauthorized: z
+              .boolean()
+              .default(true)
+              .describe('Refuse brokers whose certificate does not verify; false only for testing.'),
+          },
+          'TLS to Kafka.',
+        ),
       },
       'Kafka client settings.',
     ),
     policy_store: z
-      .enum(['filesystem', 'postgres'])
+      .enum(['filesystem', 'postgres', 's3'])
       .default('filesystem')
       .describe(
-        "Where policy versions (and critic and EMA versions) live: filesystem (<run_dir>/policy/vNNNNNN; in distributed mode run_dir must be a volume shared by the stages) or postgres (bytea chunks in the run's database, pipeline.store = postgres; each process keeps a local cache under pipeline.policy_cache_dir, so no stage needs a shared volume).",
+        "Where policy versions (and critic and EMA versions) live: filesystem (<run_dir>/policy/vNNNNNN; in distributed mode run_dir must be a volume shared by the stages), postgres (bytea chunks in the run's database, pipeline.store = postgres; for small models) or s3 (objects in an S3-compatible bucket, pipeline.s3; for large models: docs/kubernetes.md). postgres and s3: each process keeps a local cache under pipeline.policy_cache_dir, so no stage needs a shared volume.",
       ),
     policy_cache_dir: z
       .string()
@@ -1131,8 +1207,53 @@ const pipelineSchema = section(
       .nullable()
       .default(null)
       .describe(
-        'policy_store = postgres: local directory where a process caches the versions it read (verified by sha256; safe to lose, e.g. a Kubernetes emptyDir); null → <run_dir>/policy-cache.',
+        'policy_store = postgres or s3: local directory where a process caches the versions it read (verified by sha256; safe to lose, e.g. a Kubernetes emptyDir); null → <run_dir>/policy-cache.',
       ),
+    s3: section(
+      {
+        bucket: z
+          .string()
+          .min(3)
+          .nullable()
+          .default(null)
+          .describe(
+            'policy_store = s3: the bucket (it must exist). Credentials are never in the config: the SDK reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (a Kubernetes Secret as env), a web identity (EKS IRSA) or an instance role.',
+          ),
+        prefix: z
+          .string()
+          .default('rlstream/')
+          .describe('Key prefix: objects are <prefix><run_id>/<kind>/vNNNNNN/<sha256>/<file>.'),
+        endpoint: z
+          .string()
+          .min(1)
+          .nullable()
+          .default(null)
+          .describe(
+            'S3 API endpoint URL; null → AWS S3 in the region. MinIO: http://minio:9000; GCS: https://storage.googleapis.com (HMAC keys as the AWS_* variables).',
+          ),
+        region: z
+          .string()
+          .min(1)
+          .nullable()
+          .default(null)
+          .describe('Region; null → AWS_REGION, else us-east-1 (MinIO and GCS accept any).'),
+        force_path_style: z
+          .boolean()
+          .default(false)
+          .describe(
+            'Path-style URLs (endpoint/bucket/key) instead of virtual-hosted (bucket.endpoint/key): true for MinIO and most self-hosted stores.',
+          ),
+        part_size_mb: z
+          .int()
+          .min(5)
+          .max(5120)
+          .default(64)
+          .describe(
+            'Files larger than this are uploaded in parts of this size (multipart upload; S3 allows 5 MiB to 5 GiB per part and 10,000 parts).',
+          ),
+      },
+      'Object storage for pipeline.policy_store = s3.',
+    ),
     on_run_end: z
       .enum(['idle', 'exit'])
       .default('idle')

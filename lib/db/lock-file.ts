@@ -314,3 +314,14 @@ function handle(path: string, nonce: string): LockHandle {
   process.once('exit', release);
   return { path, release };
 }
+
+/**
+ * Who holds `<dir>/rlstream.lock`, read without taking it: null when no lock file (or an unreadable
+ * one) is there; `live` is whether its holder still runs — null when it is on another host.
+ */
+export function lockHolder(dir: string): { pid: number; host?: string; since?: string; live: boolean | null } | null {
+  const holder = parse(readRaw(join(dir, 'rlstream.lock')) ?? '');
+  if (!holder) return null;
+  const live = holder.host !== undefined && holder.host !== hostname() ? null : alive(holder.pid!);
+  return { pid: holder.pid!, host: holder.host, since: holder.since, live };
+}

@@ -325,7 +325,9 @@ export class PolicyCache {
     const where =
       this.store.kind === 'filesystem'
         ? this.store.writeDir('policy', version)
-        : `the run's database (pipeline.policy_store = postgres)`;
+        : this.store.kind === 's3'
+          ? `the S3 bucket (pipeline.policy_store = s3)`
+          : `the run's database (pipeline.policy_store = postgres)`;
     if (!dir) {
       // versions are written in order: a missing one below the newest was pruned, and waiting cannot bring it back
       const newest = Math.max(-1, ...(await this.store.versions('policy', db)));

@@ -9,6 +9,7 @@ import { resolve, join } from 'node:path';
 import type { Logger } from 'pino';
 import { openDatabase, type Database, type Tx } from '../db/database.ts';
 import { createEmbeddedBus } from '../bus/embedded-log.ts';
+import { kafkaSecurity } from '../bus/kafka-security.ts';
 import { createKafkaBus } from '../bus/kafka-log.ts';
 import type { BatchContext, BusMessage, Consumer, EventBus, OutMessage } from '../bus/port.ts';
 import { createStore } from '../store/index.ts';
@@ -108,6 +109,7 @@ export async function openPipeline(cfg: Config, opts: OpenOptions = {}): Promise
             acks: p.kafka.acks === 'all' ? -1 : p.kafka.acks,
             sessionTimeoutMs: p.kafka.session_timeout_ms,
             heartbeatIntervalMs: p.kafka.heartbeat_interval_ms,
+            kafka: kafkaSecurity(p.kafka),
           })
         : createEmbeddedBus({ database: db, logger: forStage(log, 'bus') });
   } catch (e) {
@@ -149,6 +151,7 @@ export async function openPipeline(cfg: Config, opts: OpenOptions = {}): Promise
       runId,
       db: db.db,
       cacheDir: p.policy_cache_dir ? resolve(p.policy_cache_dir) : null,
+      s3: p.s3,
     }),
     topic: (t) => names[t],
     message(t, value) {

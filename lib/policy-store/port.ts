@@ -1,7 +1,7 @@
 /**
  * The policy-store port: where policy versions live (and the critic and EMA versions written next
  * to them) — each an artifact (kind, version) of a few files (model.safetensors,
- * optimizer.safetensors, config.json). Two adapters, one contract suite
+ * optimizer.safetensors, config.json). Three adapters, one contract suite
  * (test/support/policy-store-contract.ts):
  *
  *  - `filesystem-store.ts` (pipeline.policy_store = filesystem, the default): the files under
@@ -11,7 +11,10 @@
  *    (policy_chunks), so no stage needs a shared volume; each process reads versions through a
  *    local cache directory (an emptyDir is enough: it is verified, refilled when damaged or lost).
  *
- * Both: a version is written (`put`) before the event that names it is published; every read
+ *  - `s3-store.ts` (policy_store = s3): the files as objects in an S3-compatible bucket (multipart
+ *    uploads), their sha256 in the run's database; read through a local cache like postgres.
+ *
+ * All: a version is written (`put`) before the event that names it is published; every read
  * (`get`) checks each file against the sha256 recorded when it was put and stops with an
  * IntegrityError naming the file and both hashes; `remove` prunes (lib/policy-store/retention.ts
  * says which). `db` is the executor to use: a stage inside a batch passes the batch's transaction
@@ -32,7 +35,7 @@ export interface ArtifactFile {
 export type Executor = Db | Tx;
 
 export interface PolicyStore {
-  readonly kind: 'filesystem' | 'postgres';
+  readonly kind: 'filesystem' | 'postgres' | 's3';
   /** Where a writer puts version `version`'s files before `put` (filesystem: their final place; postgres: the local cache). */
   writeDir(kind: ArtifactKind, version: number): string;
   /**

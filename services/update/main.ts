@@ -183,7 +183,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const dir = await storedDir(kind, version, db);
     if (!dir)
       throw new ConfigError(
-        `${kind} version ${version} of run ${p.runId} is not in the policy store (${p.policies.kind === 'filesystem' ? p.policies.writeDir(kind, version) : "the run's database"}); it was never written or was pruned. ${await resumeHint(db)}`,
+        `${kind} version ${version} of run ${p.runId} is not in the policy store (${p.policies.kind === 'filesystem' ? p.policies.writeDir(kind, version) : p.policies.kind === 's3' ? 'the S3 bucket, pipeline.s3' : "the run's database"}); it was never written or was pruned. ${await resumeHint(db)}`,
       );
     return dir;
   }
@@ -333,7 +333,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     const from =
       last && last.step === state.version && existsSync(last.path)
         ? `from checkpoint global_step_${last.step} (sha256 ${currentSha})`
-        : `from policy version ${state.version} (${p.policies.kind === 'filesystem' ? p.policies.writeDir('policy', state.version) : 'policy store: postgres'}, sha256 ${currentSha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
+        : `from policy version ${state.version} (${p.policies.kind === 'filesystem' ? p.policies.writeDir('policy', state.version) : `policy store: ${p.policies.kind}`}, sha256 ${currentSha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
     log.info({ ...datasetPosition(plan, state.version) }, `resumed at ${at}, ${from}`);
     // the reference policy (v0: KL reference, the initial weights) is read by later steps only: a
     // damaged one stops the resume now, before anything is trained or committed
@@ -455,12 +455,12 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       await storeVersion('ema', state.version, model, ema, {});
     }
   }
-  if (p.policies.kind === 'postgres') await rebuildCheckpointDirs();
+  if (p.policies.kind !== 'filesystem') await rebuildCheckpointDirs();
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
   await p.bus.produce([p.message('policy', await versionRecord(state.version, Date.now()))]);
 
   /**
-   * policy_store = postgres: the checkpoints kept under save_limit whose directories this node
+   * policy_store = postgres or s3: the checkpoints kept under save_limit whose directories this node
    * lacks (a restart on another node, an emptyDir) are rebuilt from the run's database — the
    * versions (kept while a checkpoint needs them) and the checkpoint rows (the trainer state) —
    * so checkpoints/global_step_N is there to resume from with trainer.load_checkpoint_path.
@@ -606,7 +606,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       step: version,
       policy_version: version,
       parent_version: version === 0 ? null : version - 1,
-      checkpoint_path: p.policies.kind === 'filesystem' ? dir : `postgres:policy/${version}`,
+      checkpoint_path: p.policies.kind === 'filesystem' ? dir : `${p.policies.kind}:policy/${version}`,
       sha256: await checkpointSha256(dir),
       format: 'safetensors',
       size_bytes: 0,

@@ -6,7 +6,7 @@
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdirSync, rmSync } from 'node:fs';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
 import { trainEmbedded } from '../../app/run.ts';
@@ -28,13 +28,16 @@ const tiny = (dir: string, runId: string, extra: string[] = []) =>
   });
 
 test(
-  'a run that fails at start (missing weights) is failed, with its reason in runs and report',
+  'a run that fails at start (unreadable weights) is failed, with its reason in runs and report',
   { timeout: 120_000 },
   async () => {
     const runs = join(root, 'runs-a');
-    const empty = join(root, 'no-weights');
-    mkdirSync(empty, { recursive: true });
-    const cfg = tiny(join(runs, 'bad'), 'bad-start', [`actor.model.path=${empty}`]);
+    // complete enough for the checks before the start (config.json, model.safetensors), unreadable weights
+    const bad = join(root, 'bad-weights');
+    mkdirSync(bad, { recursive: true });
+    writeFileSync(join(bad, 'config.json'), '{"model_type": "llama"}');
+    writeFileSync(join(bad, 'model.safetensors'), Buffer.alloc(64, 7));
+    const cfg = tiny(join(runs, 'bad'), 'bad-start', [`actor.model.path=${bad}`]);
     const err = await trainEmbedded(cfg, silentLogger('bad-start')).then(
       () => null,
       (e: unknown) => e as Error,

@@ -1,6 +1,7 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
 import { loadConfig, formatResolvedConfig } from '../../../lib/config/index.ts';
+import { preflightProblems } from '../../../lib/config/preflight.ts';
 
 /** `rlstream config <config.yaml> [a.b=c …]`: validate a config and print it resolved (secrets redacted). */
 export const configCommand: Command = {
@@ -9,7 +10,10 @@ export const configCommand: Command = {
   usage: 'rlstream config [config.yaml] [a.b.c=value …]',
   help: [
     'Loads the config exactly as `train` would and prints the resolved YAML, or every problem found',
-    '(unknown keys with the closest valid key, wrong types, inconsistent batch sizes, …).',
+    '(unknown keys with the closest valid key, wrong types, inconsistent batch sizes, …), then checks',
+    'what a run needs before it starts, one line per problem on stderr (exit code 1): model directories',
+    'readable and complete (config.json, every weight file or shard), data files present, the reward',
+    'module loadable, the checkpoint to start from present, the run directory writable.',
     '',
     'arguments:',
     '  config.yaml     run config (optional: defaults alone when omitted)',
@@ -23,6 +27,8 @@ export const configCommand: Command = {
       if (!o.includes('=')) throw new UsageError(`expected an override a.b.c=value, got "${o}"`);
     const cfg = loadConfig({ file, overrides, onWarning: (m) => console.error(`warning: ${m}`) });
     process.stdout.write(formatResolvedConfig(cfg));
-    return 0;
+    const problems = await preflightProblems(cfg);
+    for (const p of problems) console.error(`error: ${p}`);
+    return problems.length ? 1 : 0;
   },
 };

@@ -11,6 +11,7 @@ import { rewardServerCommand } from './reward-server.ts';
 import { replayCommand } from './replay.ts';
 import { exportCommand } from './export.ts';
 import { generateCommand } from './generate.ts';
+import { fetchCommand } from './fetch.ts';
 import { checkCommand } from './check.ts';
 
 /** Every `rlstream` command, in the order `--help` lists them. */
@@ -28,4 +29,5 @@ export const commands: Command[] = [
   replayCommand,
   exportCommand,
   generateCommand,
+  fetchCommand,
 ];

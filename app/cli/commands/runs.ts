@@ -43,7 +43,10 @@ export const runsCommand: Command = {
   usage: 'rlstream runs [--runs-dir DIR | --db postgres://…] [--csv | --json]',
   help: [
     'Without options, every subdirectory of ./runs that holds an embedded store (db/pgdata/) is opened in',
-    'turn and summarised; a directory held by a live training process is listed as "in use (PID n)".',
+    'turn and summarised; a directory held by a live training process is read from its snapshot.',
+    'status: running (its process is alive), completed, failed (error says why), stopped (SIGTERM or',
+    '  Ctrl-C: the same command resumes it), stale (still marked running, but no live process holds the',
+    '  run directory: it was killed; the same command resumes it).',
     'With --db, every row of the runs table of that PostgreSQL is listed.',
     '',
     'options:',

@@ -384,3 +384,43 @@ test('compose.yaml: the app profile runs migrate, a reward server and the five s
   for (const a of [...cfg.pipeline.brokers, cfg.pipeline.database_url!, ...(cfg.reward.remote.urls ?? [])])
     assert.ok(host(a) in compose.services, `${stageName}: ${a} is a compose service`);
 });
+
+test('GPU placement is opt-in: no overlay asks for GPU nodes; components/gpu-nodes puts the policy stages there', () => {
+  const gpuAsk = (t: { spec: Record<string, unknown> }) =>
+    JSON.stringify([t.spec.nodeSelector ?? null, t.spec.tolerations ?? null, t.spec.affinity ?? null]).includes(
+      'gpu',
+    ) || JSON.stringify(t.spec.containers).includes('nvidia.com/gpu');
+  for (const overlay of OVERLAYS)
+    for (const { owner, template } of podTemplates(renderOverlay(overlay)))
+      assert.ok(!gpuAsk(template as never), `${overlay}: ${describeObject(owner)} asks for a GPU node by default`);
+  const placed = podTemplates(renderWithComponents('infra/k8s/overlays/prod', ['infra/k8s/components/gpu-nodes']))
+    .filter(({ template }) => gpuAsk(template as never))
+    .map(({ owner }) => owner.metadata.name)
+    .sort();
+  assert.deepEqual(placed, ['advantage', 'rollout', 'update']);
+});
+
+test('examples/own-model: every stage fetches the model and data before it starts; the config loads', () => {
+  const objs = renderWithComponents('infra/k8s/examples/own-model', []);
+  const stages = podTemplates(objs).filter(({ owner }) => STAGES.includes(owner.metadata.name));
+  assert.equal(stages.length, STAGES.length);
+  for (const { owner, template } of stages) {
+    const spec = template.spec as unknown as {
+      initContainers?: Container[];
+      containers: Array<Container & { envFrom?: unknown[] }>;
+      volumes: Array<{ name: string; emptyDir?: unknown }>;
+    };
+    const init = spec.initContainers?.find((c) => c.name === 'fetch-assets');
+    assert.ok(init, `${describeObject(owner)}: the fetch-assets init container`);
+    assert.match(JSON.stringify(init!.args), /rlstream fetch s3:\/\/.+ \/var\/lib\/rlstream\/assets\/model/);
+    assert.ok(spec.volumes.some((v) => v.name === 'assets' && v.emptyDir));
+    assert.ok(
+      spec.containers[0].volumeMounts!.some((m) => m.name === 'assets' && m.mountPath === '/var/lib/rlstream/assets'),
+    );
+    assert.deepEqual(spec.containers[0].envFrom, [{ secretRef: { name: 'rlstream-s3' } }]);
+  }
+  const cfg = configOf(objs);
+  assert.equal(cfg.actor.model.path, '/var/lib/rlstream/assets/model');
+  assert.equal(cfg.pipeline.policy_store, 's3');
+  assert.equal(cfg.reward.reward_fn_path, '/opt/rlstream-ext/reward.ts');
+});

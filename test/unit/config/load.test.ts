@@ -407,7 +407,7 @@ test('paths in the config file resolve against its directory; overrides against 
   assert.deepEqual(cfg.data.val_files, [join(here, 'data/val.jsonl')]);
   assert.equal(cfg.reward.reward_fn_path, join(here, 'reward.ts'));
   assert.equal(cfg.actor.model.path, resolve(here, '../models/base'));
-  assert.equal(cfg.trainer.run_dir, 'runs/mine', 'run_dir (an output) stays relative to the working directory');
+  assert.equal(cfg.trainer.run_dir, join(here, 'runs/mine'), 'run_dir resolves like every other path in the file');
   const over = loadConfig({
     env: {},
     onWarning: () => undefined,
@@ -420,5 +420,7 @@ test('paths in the config file resolve against its directory; overrides against 
     'an override resolves against the working directory',
   );
   assert.deepEqual(over.data.val_files, [resolve('v.jsonl')]);
+  const runDir = loadConfig({ env: {}, onWarning: () => undefined, file, overrides: ['trainer.run_dir=out/r'] });
+  assert.equal(runDir.trainer.run_dir, resolve('out/r'), 'run_dir given on the command line: the working directory');
   assert.deepEqual(over.data.train_files, [join(here, 'data/train.jsonl'), '/abs/t.jsonl']);
 });
