@@ -30,7 +30,7 @@ const ADAPTERS: Record<string, (c: InteractionConfig) => Promise<Environment>> =
 
 export const ENV_TYPES = Object.keys(ADAPTERS) as readonly string[];
 
-export function createEnvironment(c: InteractionConfig): Promise<Environment> {
+export async function createEnvironment(c: InteractionConfig): Promise<Environment> {
   const make = ADAPTERS[c.type];
   if (!make) throw new ConfigError(`unknown multi_turn.interaction.type "${c.type}" (valid: ${ENV_TYPES.join(', ')})`);
   return make(c);
