@@ -16,12 +16,12 @@ import { z } from 'zod';
 import { RlError } from '../errors.ts';
 
 /** A chat message as environments exchange it (OpenAI-style; `tool` messages may name their call). */
-export interface EnvMessage {
+export type EnvMessage = {
   role: 'user' | 'tool' | 'system';
   content: string;
   name?: string;
   tool_call_id?: string;
-}
+};
 
 /** What `start` receives: the dataset row of the episode and its deterministic id. */
 export interface EnvRow {

@@ -27,6 +27,7 @@
  * `maxBatch` sequences. Reward = scale · transform(raw); with `threshold`, reward = 1 when
  * scale · transform(raw) ≥ threshold, else 0.
  */
+import type { Episode } from '../contracts/index.ts';
 import { basename } from 'node:path';
 import { existsSync, readFileSync } from 'node:fs';
 import * as ort from 'onnxruntime-node';
@@ -328,6 +329,8 @@ export interface TokenRewardItem extends RewardRequestItem {
   /** The row's data_source and extra_info (JSON object text), for reward functions (verl's arguments). */
   data_source?: string;
   extra_info?: string;
+  /** Multi-turn samples: the episode (its environment reward and outcome). */
+  episode?: Episode | null;
 }
 
 export interface ModelRewardScorer {

@@ -25,6 +25,7 @@ export function rewardItems(g: TrajectoryGroup): TokenRewardItem[] {
     response_ids: s.response_ids,
     data_source: g.data_source,
     extra_info: g.extra_info,
+    episode: s.episode,
   }));
 }
 
@@ -72,7 +73,7 @@ export function scoredGroup(
   attempts: number,
 ): ScoredGroup {
   const byId = new Map(outcomes.map((o) => [o.id, o]));
-  const scored = (s: TrajectorySample): ScoredSample => {
+  const scored = ({ episode: _episode, ...s }: TrajectorySample): ScoredSample => {
     const o = byId.get(s.id);
     if (!o)
       return {
@@ -121,4 +122,25 @@ export function failedSamples(groups: readonly ScoredGroup[]): number {
   let n = 0;
   for (const g of groups) for (const s of g.samples) if (s.reward === null) n++;
   return n;
+}
+
+/**
+ * The reward of a multi-turn episode (no reward function configured): the environment's
+ * (discounted) reward sum; an episode that failed (environment timeout, crash, bad reply,
+ * unreachable) is a failed outcome with the reason, never a 0. Details: the turns and the
+ * environment's summed turn metrics.
+ */
+export function episodeOutcome(it: TokenRewardItem, server: string): RewardOutcome {
+  const e = it.episode;
+  if (!e)
+    return { id: it.id, ok: false, reason: 'not a multi-turn episode (no episode record)', retriable: false, server };
+  if (e.failure !== null)
+    return { id: it.id, ok: false, reason: `episode failed: ${e.failure}`, retriable: false, server };
+  return {
+    id: it.id,
+    ok: true,
+    reward: e.reward,
+    details: { turns: e.assistant_turns, done: e.done ? 1 : 0, ...e.metrics },
+    server,
+  };
 }

@@ -22,7 +22,7 @@ import { isRemoteRewardEnabled, type RewardOutcome } from '../../lib/reward/type
 import { ConfigError } from '../../lib/errors.ts';
 import type { TrajectoryGroup } from '../../lib/contracts/index.ts';
 import { controlId } from '../../lib/contracts/index.ts';
-import { rewardItems, samplesToScore, scoredGroup, failedSamples } from './logic.ts';
+import { rewardItems, samplesToScore, scoredGroup, failedSamples, episodeOutcome } from './logic.ts';
 
 export interface RewardBackend {
   name: string;
@@ -80,6 +80,13 @@ export async function createRewardBackend(
     }
     return { name: `onnx:${r.model.path}`, score: (items) => scorer.scoreBatch(items), close: () => scorer.close() };
   }
+  if (p.cfg.rollout.multi_turn.enable && r.type === 'function' && !r.reward_fn && !r.reward_fn_path)
+    // multi-turn episodes without a reward function: the environment's rewards
+    return {
+      name: 'env:episode',
+      score: async (items) => items.map((it) => episodeOutcome(it, 'env:episode')),
+      close: async () => {},
+    };
   let fn: FunctionRewardSpec;
   let name: string;
   // remote servers switched off: the reward function (or data.task's reward, as the config loader fills it)

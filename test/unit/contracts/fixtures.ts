@@ -134,6 +134,7 @@ export class Gen {
       response_mask:
         len > 0 && this.int(2) === 0 ? Buffer.from(Array.from(this.bytes(len), (b) => b & 1)) : Buffer.alloc(0),
       finish_reason: (['stop', 'length', 'abort'] as const)[this.int(3)],
+      episode: null,
     };
   }
 
