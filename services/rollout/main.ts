@@ -150,6 +150,21 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
       const tGen = performance.now();
       crashPoint('rollout:generated');
       const trajs = trajectoryGroups(groups, requests, results, (ids) => tok.decode(ids), stopTokenIds(model));
+      // multi-turn: every episode and its turns in SQL (episodes, episode_turns), with this batch
+      const episodes = trajs.flatMap((g) =>
+        g.samples
+          .filter((x) => x.episode !== null)
+          .map((x) => ({
+            runId: g.run_id,
+            trajectoryId: x.id,
+            step: g.step,
+            kind: g.kind,
+            policyVersion: g.policy_version,
+            responseTokens: x.response_ids.length,
+            episode: x.episode!,
+          })),
+      );
+      if (episodes.length) await p.store.insertEpisodes(episodes, { tx: ctx.tx });
       let tokens = 0;
       for (const g of trajs) {
         ctx.emit('trajectories', g);
