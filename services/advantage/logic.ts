@@ -427,6 +427,7 @@ export function attachVppo(
         perturbed_logprobs: p.logprobs,
         entropies: p.entropies ?? null,
         advantages: x.advantages,
+        response_mask: x.response_mask,
       };
     }),
     cfg,

@@ -57,7 +57,7 @@ test(
         'rollout.n=4',
         'actor.global_batch_size=16',
         'actor.micro_batch_size_per_device_for_update=16',
-      'actor.micro_batch_size_per_device_for_experience=16',
+        'actor.micro_batch_size_per_device_for_experience=16',
         'actor.ppo_epochs=1',
         'trainer.max_steps=2',
         'trainer.save_freq=2',
