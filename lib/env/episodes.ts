@@ -166,10 +166,12 @@ async function runOne(spec: EpisodeSpec, o: EpisodeOptions, batcher: TurnBatcher
       const text = o.decode(stopId === null ? gen.tokens : gen.tokens.subarray(0, gen.tokens.length - 1));
       turns.push({ ...envTurn('assistant', start, ids.length, text, o.now() - tg, null) });
       const turnIndex = assistantTurns++;
-      if (gen.finishReason === 'length') {
-        finish = 'length'; // a turn cut by the budget ends the episode
+      if (gen.finishReason === 'length' && ids.length >= o.maxResponseTokens) {
+        finish = 'length'; // the episode's budget is spent
         break;
       }
+      // a turn cut by max_tokens_per_turn goes to the environment as it is (no stop token: the
+      // template's whole closing of the turn is then environment tokens)
       history.push({ role: 'assistant', content: text });
       const ts = o.now();
       let r;
