@@ -52,7 +52,8 @@ test(
         'rollout.multi_turn.interaction.type=http',
         `rollout.multi_turn.interaction.url=${url}`,
         'data.task_size.train=64',
-        'data.task_size.val=4',
+        'data.task_size.val=0',
+        'trainer.val_freq=-1',
         'data.rollout_batch_size=4',
         'rollout.n=4',
         'actor.global_batch_size=16',
@@ -61,7 +62,6 @@ test(
         'actor.ppo_epochs=1',
         'trainer.max_steps=2',
         'trainer.save_freq=2',
-        'trainer.val_freq=2',
         'trainer.val_before_train=false',
       ],
     });
