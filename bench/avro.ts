@@ -81,6 +81,7 @@ function trajectoryGroups(n: number, seed: string): TrajectoryGroup[] {
         behaviour_logprobs: floats(TOKENS),
         response_mask: Buffer.alloc(0),
         finish_reason: k % 3 === 0 ? 'length' : 'stop',
+        episode: null,
       })),
       baseline: null,
     } satisfies TrajectoryGroup;

@@ -392,6 +392,22 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
     }
   }
 
+  // --- multi-turn episodes
+  const mt = cfg.rollout.multi_turn;
+  if (mt.enable) {
+    if (mt.interaction.type === 'module' && mt.interaction.path === null)
+      errors.push(
+        'rollout.multi_turn.interaction.type = module needs rollout.multi_turn.interaction.path (your JS/TS environment module)',
+      );
+    if (mt.interaction.type === 'http' && mt.interaction.url === null)
+      errors.push(
+        'rollout.multi_turn.interaction.type = http needs rollout.multi_turn.interaction.url (the environment server)',
+      );
+    if (cfg.algorithm.adv_estimator === 'remax')
+      errors.push(
+        'rollout.multi_turn.enable does not combine with algorithm.adv_estimator = remax (its greedy baseline is single-turn); use grpo or rloo',
+      );
+  }
   // --- reward
   const fnNames = rewardFns.names();
   if (usesRewardFunction(cfg)) {
@@ -406,6 +422,7 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
     } else if (
       reward.reward_fn === null &&
       reward.reward_fn_path === null &&
+      !cfg.rollout.multi_turn.enable && // multi-turn: the episode's environment rewards are the reward
       !(data.task !== null && !tasks.has(data.task))
     ) {
       // (an unknown data.task is reported above; fixing it also supplies the reward function)

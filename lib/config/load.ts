@@ -293,6 +293,7 @@ export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
   ['actor', 'model', 'path'],
   ['critic', 'model', 'path'],
   ['reward', 'reward_fn_path'],
+  ['rollout', 'multi_turn', 'interaction', 'path'],
   ['reward', 'model', 'path'],
   ['trainer', 'load_checkpoint_path'],
   ['trainer', 'run_dir'],

@@ -531,6 +531,75 @@ const rolloutSchema = section(
       .describe(
         'onnxruntime execution provider for sampling; null = actor.device. Token-by-token sampling is one small session.run per token, which a GPU EP makes slower (measured on an H100 over WebGPU: 4–16× slower than 2 CPU threads), so actor.device=webgpu with rollout.device=cpu is usually the faster pair.',
       ),
+    multi_turn: section(
+      {
+        enable: z
+          .boolean()
+          .default(false)
+          .describe(
+            'Multi-turn episodes (verl: actor_rollout_ref.rollout.multi_turn.enable): each dataset row starts an episode; the policy samples an assistant turn, the environment (multi_turn.interaction) answers, until it says done, max_assistant_turns or the token budget data.max_response_length (all turns together). docs/agents.md.',
+          ),
+        max_assistant_turns: posInt()
+          .default(8)
+          .describe('Assistant turns per episode at most (verl: multi_turn.max_assistant_turns).'),
+        max_user_turns: posInt()
+          .nullable()
+          .default(null)
+          .describe(
+            'Environment answers per episode at most (verl: multi_turn.max_user_turns); null = max_assistant_turns. The episode ends (finish reason stop) when reached.',
+          ),
+        max_tokens_per_turn: posInt()
+          .nullable()
+          .default(null)
+          .describe('Tokens one assistant turn may sample; null = the budget left of data.max_response_length.'),
+        max_episodes_in_flight: posInt()
+          .default(64)
+          .describe(
+            'Episodes run concurrently per rollout batch: while some wait on their environment, the others are generated for in one batch (continuous batching across episodes).',
+          ),
+        gamma: z
+          .number()
+          .gt(0)
+          .lte(1)
+          .default(1)
+          .describe("An episode's reward: Σ_t gamma^t · r_t over its assistant turns t = 0, 1, … (1 = the plain sum)."),
+        interaction: section(
+          {
+            type: z
+              .enum(['module', 'http'])
+              .default('module')
+              .describe(
+                'module: a JS/TS module exporting start(row) and step(state, assistant_message); http: the HTTP environment protocol (POST /reset, /step, /close; docs/agents.md). verl: interaction_config_path.',
+              ),
+            path: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe(
+                "type = module: the environment module; a relative path in the config file resolves against the file's directory.",
+              ),
+            url: z.string().min(1).nullable().default(null).describe("type = http: the environment server's base URL."),
+            kwargs: z
+              .record(z.string(), z.unknown())
+              .default(() => ({}))
+              .describe('Passed to the environment with every row (row.kwargs).'),
+            timeout_s: z
+              .number()
+              .positive()
+              .default(30)
+              .describe(
+                'Time limit of one environment call (start or step): past it the episode fails with a timeout.',
+              ),
+            max_retries: nonNegInt()
+              .default(2)
+              .describe('type = http: retries of a request that got no connection, a 5xx or 429 (backing off).'),
+          },
+          'The environment the policy talks to (verl: the interaction).',
+        ),
+      },
+      'Multi-turn episodes with an environment (verl: actor_rollout_ref.rollout.multi_turn).',
+    ),
   },
   'Sampling of responses.',
 );

@@ -14,15 +14,17 @@ export type Expect<X extends true> = X;
 
 export type Checks = [
   Expect<Mutual<T.Kind, G.PromptsV2Kind>>,
-  Expect<Mutual<T.Kind, G.TrajectoriesV2Kind>>,
+  Expect<Mutual<T.Kind, G.TrajectoriesV3Kind>>,
   Expect<Mutual<T.SamplingParams, G.PromptsV2SamplingParams>>,
   Expect<Mutual<T.ImageRef, G.PromptsV2ImageRef>>,
   Expect<Mutual<T.PromptGroup, G.PromptsV2PromptGroup>>,
   Expect<Mutual<T.PromptBatch, G.PromptsV2PromptBatch>>,
 
-  Expect<Mutual<T.FinishReason, G.TrajectoriesV2FinishReason>>,
-  Expect<Mutual<T.TrajectorySample, G.TrajectoriesV2TrajectorySample>>,
-  Expect<Mutual<T.TrajectoryGroup, G.TrajectoriesV2TrajectoryGroup>>,
+  Expect<Mutual<T.FinishReason, G.TrajectoriesV3FinishReason>>,
+  Expect<Mutual<T.EpisodeTurn, G.TrajectoriesV3EpisodeTurn>>,
+  Expect<Mutual<T.Episode, G.TrajectoriesV3Episode>>,
+  Expect<Mutual<T.TrajectorySample, G.TrajectoriesV3TrajectorySample>>,
+  Expect<Mutual<T.TrajectoryGroup, G.TrajectoriesV3TrajectoryGroup>>,
 
   Expect<Mutual<T.ScoreFailure, G.ScoredV3ScoreFailure>>,
   Expect<Mutual<T.ScoredSample, G.ScoredV3ScoredSample>>,

@@ -123,6 +123,36 @@ export interface TrajectorySample {
   /** One byte per response token: 1 = policy token, 0 = tool/environment token. Empty = all 1. */
   response_mask: Buffer;
   finish_reason: FinishReason;
+  /** Multi-turn episodes (trajectories.v3): the episode's messages and outcome; null for single-turn samples. */
+  episode: Episode | null;
+}
+
+/** One message of a multi-turn episode (trajectories.v3); start/end index response_ids. */
+export interface EpisodeTurn {
+  role: string;
+  start: number;
+  end: number;
+  text: string;
+  tool_name: string | null;
+  arguments: string | null;
+  latency_ms: number;
+  error: string | null;
+  reward: number;
+}
+
+/** A multi-turn episode (trajectories.v3). */
+export interface Episode {
+  turns: EpisodeTurn[];
+  assistant_turns: number;
+  /** Σ_t gamma^t r_t over the assistant turns. */
+  reward: number;
+  done: boolean;
+  /** Why the episode failed (the sample then gets no reward, never 0); null when it did not. */
+  failure: string | null;
+  timed_out: boolean;
+  tool_calls: number;
+  tool_errors: number;
+  metrics: Record<string, number>;
 }
 
 /** Topic `trajectories`: a prompt group with its n samples. */
@@ -156,7 +186,7 @@ export interface SampleScore {
   failure: ScoreFailure | null;
 }
 
-export interface ScoredSample extends TrajectorySample, SampleScore {
+export interface ScoredSample extends Omit<TrajectorySample, 'episode'>, SampleScore {
   /** Non-numeric components (scored.v3; e.g. the extracted answer), each ≤ 4096 characters; {} in older records. */
   reward_text: Record<string, string>;
 }

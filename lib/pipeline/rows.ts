@@ -31,7 +31,7 @@ export type RowFields = Pick<TrajectoryRow, 'step'> &
 export function sampleRow(
   runId: string,
   g: GroupHeader,
-  x: TrajectorySample & SampleScore,
+  x: Omit<TrajectorySample, 'episode'> & SampleScore,
   rewardText: Readonly<Record<string, string>> | undefined,
   f: RowFields,
 ): TrajectoryRow {

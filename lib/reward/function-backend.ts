@@ -3,6 +3,7 @@
  * data.task's) or a user module (`reward.reward_fn_path`): a JS/TS module runs in a worker thread
  * with `reward.timeout_s` per sample, so a function that never returns cannot block the stage; a
  * Python module (`*.py`) runs in a pool of long-lived Python workers (lib/reward-fns/python-pool.ts).
+ * Multi-turn episodes without a reward function take the environment's rewards (episode-backend.ts).
  * Also the backend of `reward.type: remote` with the servers switched off (debug mode).
  */
 import { rewardFns, parseExtraInfo } from '../reward-fns/index.ts';
@@ -11,9 +12,13 @@ import { createPythonRewardBackend, isPythonRewardPath } from '../reward-fns/pyt
 import { forStage } from '../log.ts';
 import { ConfigError } from '../errors.ts';
 import type { RewardBackend, RewardBackendContext, RewardOutcome } from './port.ts';
+import { createEpisodeRewardBackend } from './episode-backend.ts';
 
 export async function createFunctionRewardBackend({ cfg, log }: RewardBackendContext): Promise<RewardBackend> {
   const r = cfg.reward;
+  if (cfg.rollout.multi_turn.enable && r.type === 'function' && !r.reward_fn && !r.reward_fn_path)
+    // multi-turn episodes without a reward function: the environment's rewards
+    return createEpisodeRewardBackend();
   if (r.reward_fn_path && isPythonRewardPath(r.reward_fn_path)) {
     const warnLog = forStage(log, 'reward');
     return createPythonRewardBackend({ ...r, reward_fn_path: r.reward_fn_path }, (m) => warnLog.warn(m));

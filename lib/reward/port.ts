@@ -8,6 +8,7 @@
 import type { Logger } from 'pino';
 import type { Config } from '../config/index.ts';
 import type { RewardOutcome, RewardRequestItem } from './types.ts';
+import type { Episode } from '../contracts/index.ts';
 
 export type { RewardOutcome } from './types.ts';
 
@@ -20,6 +21,8 @@ export interface RewardItem extends RewardRequestItem {
   /** The row's data_source and extra_info (JSON object text), for reward functions (verl's arguments). */
   data_source?: string;
   extra_info?: string;
+  /** Multi-turn samples: the episode (its environment reward and outcome). */
+  episode?: Episode | null;
 }
 
 export interface RewardBackend {

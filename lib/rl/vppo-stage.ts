@@ -30,6 +30,8 @@ export interface VppoSampleInput {
   entropies?: Float32Array | null;
   /** (L,) the estimator's advantages (unscaled). */
   advantages: Float32Array;
+  /** 1 = a policy token, 0 = an environment token (multi-turn); absent or empty = all the policy's. */
+  response_mask?: Uint8Array | null;
 }
 
 export interface VppoSampleOutput {
@@ -72,7 +74,9 @@ export function vppoStage(samples: readonly VppoSampleInput[], cfg: VppoStageCon
         );
       ent.set(s.entropies, i * T);
     }
-    for (let t = 0; t < L; t++) mask[i * T + t] = 1;
+    // multi-turn: only the policy's tokens compete for the perception and entropy selections
+    const rm = s.response_mask;
+    for (let t = 0; t < L; t++) mask[i * T + t] = rm && rm.length ? rm[t] : 1;
     adv.set(s.advantages, i * T);
     old.set(s.old_logprobs, i * T);
     aug.set(s.perturbed_logprobs, i * T);

@@ -37,6 +37,7 @@ import {
   type WriteOptions,
   type PromptImageRow,
   type StoredPromptImage,
+  type EpisodeRow,
 } from './port.ts';
 import { decodeTrajectory, storableText, validateTrajectory } from './trajectory-codec.ts';
 import type { PromptImagesTable, StoreTables } from './tables.ts';
@@ -562,6 +563,116 @@ export abstract class KyselyStore implements Store {
         reward: r.reward,
         rewardFailure: r.reward_failure,
         createdAt: r.created_at,
+      }));
+    });
+  }
+
+  // ---- multi-turn episodes -----------------------------------------------------------------------
+
+  async insertEpisodes(rows: readonly EpisodeRow[], opts: WriteOptions = {}): Promise<void> {
+    this.live();
+    if (rows.length === 0) return;
+    const episodes = rows.map((r) => {
+      const e = r.episode;
+      const what = `episode ${r.trajectoryId}`;
+      nonEmpty(r.runId, `${what} runId`);
+      int(r.step, `${what} step`);
+      if (!Number.isFinite(e.reward))
+        throw new RlError(`${what}: reward ${e.reward} is not finite`, { code: 'ERR_BAD_ROW' });
+      return {
+        run_id: r.runId,
+        trajectory_id: r.trajectoryId,
+        step: r.step,
+        kind: r.kind,
+        policy_version: r.policyVersion,
+        assistant_turns: e.assistant_turns,
+        reward: e.reward,
+        done: e.done,
+        failure: e.failure == null ? null : storableText(e.failure),
+        timed_out: e.timed_out,
+        tool_calls: e.tool_calls,
+        tool_errors: e.tool_errors,
+        response_tokens: r.responseTokens,
+      };
+    });
+    const turns = rows.flatMap((r) =>
+      r.episode.turns.map((t, i) => ({
+        run_id: r.runId,
+        trajectory_id: r.trajectoryId,
+        turn_index: i,
+        role: t.role,
+        token_start: t.start,
+        token_end: t.end,
+        text: storableText(t.text),
+        tool_name: t.tool_name,
+        arguments: t.arguments == null ? null : storableText(t.arguments),
+        result_chars: t.role === 'assistant' ? 0 : t.text.length,
+        latency_ms: t.latency_ms,
+        error: t.error == null ? null : storableText(t.error),
+        reward: t.reward,
+      })),
+    );
+    await this.guard(`insertEpisodes(${rows.length} episodes, run ${rows[0]!.runId})`, async () => {
+      const db = this.on(opts.tx);
+      for (let i = 0; i < episodes.length; i += 2000)
+        await db
+          .insertInto('episodes')
+          .values(episodes.slice(i, i + 2000))
+          .onConflict((oc) => oc.columns(['run_id', 'trajectory_id']).doNothing())
+          .execute();
+      for (let i = 0; i < turns.length; i += 2000)
+        await db
+          .insertInto('episode_turns')
+          .values(turns.slice(i, i + 2000))
+          .onConflict((oc) => oc.columns(['run_id', 'trajectory_id', 'turn_index']).doNothing())
+          .execute();
+    });
+  }
+
+  async getEpisodes(runId: string, step?: number): Promise<EpisodeRow[]> {
+    return this.guard(`getEpisodes(${runId})`, async () => {
+      let q = this.db.selectFrom('episodes').selectAll().where('run_id', '=', runId);
+      if (step !== undefined) q = q.where('step', '=', step);
+      const eps = await q.orderBy('step').orderBy('trajectory_id').execute();
+      if (eps.length === 0) return [];
+      let tq = this.db.selectFrom('episode_turns').selectAll().where('run_id', '=', runId);
+      if (step !== undefined)
+        tq = tq.where('trajectory_id', '=', sql<any>`any(${eps.map((e) => e.trajectory_id)}::text[])`);
+      const turns = await tq.orderBy('trajectory_id').orderBy('turn_index').execute();
+      const byId = new Map<string, typeof turns>();
+      for (const t of turns) {
+        const l = byId.get(t.trajectory_id) ?? [];
+        l.push(t);
+        byId.set(t.trajectory_id, l);
+      }
+      return eps.map((e) => ({
+        runId: e.run_id,
+        trajectoryId: e.trajectory_id,
+        step: e.step,
+        kind: e.kind as 'train' | 'val',
+        policyVersion: e.policy_version,
+        responseTokens: e.response_tokens,
+        episode: {
+          turns: (byId.get(e.trajectory_id) ?? []).map((t) => ({
+            role: t.role,
+            start: t.token_start,
+            end: t.token_end,
+            text: t.text,
+            tool_name: t.tool_name,
+            arguments: t.arguments,
+            latency_ms: Number(t.latency_ms),
+            error: t.error,
+            reward: Number(t.reward),
+          })),
+          assistant_turns: e.assistant_turns,
+          reward: Number(e.reward),
+          done: e.done,
+          failure: e.failure,
+          timed_out: e.timed_out,
+          tool_calls: e.tool_calls,
+          tool_errors: e.tool_errors,
+          metrics: {},
+        },
       }));
     });
   }

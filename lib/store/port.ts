@@ -18,6 +18,7 @@
  *  - A failed reward is stored as reward NULL plus `rewardFailure`, never as a made-up 0.
  */
 import type { Tx } from '../db/database.ts';
+import type { Episode } from '../contracts/types.ts';
 
 export type { Tx };
 
@@ -233,6 +234,18 @@ export interface ValGenerationRow {
   rewardFailure: string | null;
 }
 
+/** A multi-turn episode with its turns (trajectories.v3 `episode`), stored by the rollout stage. */
+export interface EpisodeRow {
+  runId: string;
+  /** The trajectory sample id. */
+  trajectoryId: string;
+  step: number;
+  kind: 'train' | 'val';
+  policyVersion: number;
+  responseTokens: number;
+  episode: Episode;
+}
+
 export interface StoredValGeneration extends ValGenerationRow {
   createdAt: Date;
 }
@@ -312,6 +325,11 @@ export interface Store {
   /** Write-once by (runId, step, idx). */
   recordValGenerations(rows: readonly ValGenerationRow[], opts?: WriteOptions): Promise<void>;
   getValGenerations(runId: string, step?: number): Promise<StoredValGeneration[]>;
+
+  /** Multi-turn episodes and their turns (idempotent by run and trajectory id). */
+  insertEpisodes(rows: readonly EpisodeRow[], opts?: WriteOptions): Promise<void>;
+  /** A run's episodes (optionally one step's), with their turns in order. */
+  getEpisodes(runId: string, step?: number): Promise<EpisodeRow[]>;
 
   /**
    * Write-once by (runId, hash): an image already stored is left as it is (same hash, same bytes).

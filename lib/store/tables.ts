@@ -119,6 +119,39 @@ export interface ValGenerationsTable {
   created_at: Generated<Date>;
 }
 
+export interface EpisodesTable {
+  run_id: string;
+  trajectory_id: string;
+  step: number;
+  kind: string;
+  policy_version: number;
+  assistant_turns: number;
+  reward: number;
+  done: boolean;
+  failure: string | null;
+  timed_out: boolean;
+  tool_calls: number;
+  tool_errors: number;
+  response_tokens: number;
+  created_at: Generated<Date>;
+}
+
+export interface EpisodeTurnsTable {
+  run_id: string;
+  trajectory_id: string;
+  turn_index: number;
+  role: string;
+  token_start: number;
+  token_end: number;
+  text: string;
+  tool_name: string | null;
+  arguments: string | null;
+  result_chars: number;
+  latency_ms: number;
+  error: string | null;
+  reward: number;
+}
+
 export interface DeadLettersTable {
   stage: string;
   topic: string;
@@ -138,6 +171,8 @@ export interface StoreTables {
   step_metric_parts: StepMetricPartsTable;
   checkpoints: CheckpointsTable;
   val_generations: ValGenerationsTable;
+  episodes: EpisodesTable;
+  episode_turns: EpisodeTurnsTable;
   dead_letters: DeadLettersTable;
   prompt_images: PromptImagesTable;
 }

@@ -92,8 +92,27 @@ export const numberGameVision: Task = {
   },
 };
 
+/**
+ * Guess the number (a multi-turn game, examples/guess-number): a secret in 1..16 (extra_info.secret
+ * and the answer); the prompt is ":" and the environment answers each guess with > (higher),
+ * < (lower) or ends the episode when it is right. The alphabet holds the digits and the answers.
+ */
+export const guessNumber: Task = {
+  name: 'guess_number',
+  description: 'multi-turn: find a secret in 1..16 from higher (>) / lower (<) answers',
+  alphabet: '0123456789:<>?',
+  generate(count, seed) {
+    const rng = Rng.fromSeed(`guess_number:${seed}`);
+    return Array.from({ length: count }, () => {
+      const secret = 1 + rng.int(16);
+      return { prompt: ':', answer: String(secret), extraInfo: { secret } };
+    });
+  },
+};
+
 export const tasks = new Registry<Task>('data.task', {
   number_game: numberGame,
+  guess_number: guessNumber,
   number_game_vision: numberGameVision,
   arithmetic,
 });

@@ -217,7 +217,9 @@ export function computeStep(
   const baselines = s.estimator === 'remax' ? remaxBaselines(kept, s.overlong.enable ? overlong : null) : null;
   rows.forEach((r, i) => {
     const L = lengths[i];
-    for (let t = 0; t < L; t++) mask[i * T + t] = 1;
+    // multi-turn: environment tokens (response_mask 0) get no advantage, KL or loss
+    const rm = r.x.response_mask;
+    for (let t = 0; t < L; t++) mask[i * T + t] = rm.length ? rm[t] : 1;
     if (L > 0) scores[i * T + L - 1] = rewards[i];
   });
   let tokenRewards = tensor2d(scores, bs, T);
@@ -342,7 +344,7 @@ export function computeStep(
         returns: a?.ret ?? new Float32Array(L),
         ref_logprobs: refLogprobs?.get(x.id) ?? new Float32Array(0),
         values: values?.get(x.id) ?? new Float32Array(0),
-        loss_weights: isFiltered ? new Float32Array(L) : new Float32Array(L).fill(1),
+        loss_weights: isFiltered ? new Float32Array(L) : policyTokenWeights(x.response_mask, L),
         // VPPO's mask and scaling are attached afterwards (attachVppo) when algorithm.vppo.enable
         vppo: null,
       };
@@ -425,6 +427,7 @@ export function attachVppo(
         perturbed_logprobs: p.logprobs,
         entropies: p.entropies ?? null,
         advantages: x.advantages,
+        response_mask: x.response_mask,
       };
     }),
     cfg,
@@ -448,4 +451,11 @@ export function attachVppo(
         },
   );
   return { updates: out, metrics: r.metrics };
+}
+
+/** 1 for each token the policy sampled, 0 for environment tokens (response_mask; empty = all the policy's). */
+export function policyTokenWeights(responseMask: Uint8Array, L: number): Float32Array {
+  const w = new Float32Array(L).fill(1);
+  if (responseMask.length) for (let t = 0; t < L; t++) w[t] = responseMask[t];
+  return w;
 }

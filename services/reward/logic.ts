@@ -25,6 +25,7 @@ export function rewardItems(g: TrajectoryGroup): RewardItem[] {
     response_ids: s.response_ids,
     data_source: g.data_source,
     extra_info: g.extra_info,
+    episode: s.episode,
   }));
 }
 
@@ -72,7 +73,7 @@ export function scoredGroup(
   attempts: number,
 ): ScoredGroup {
   const byId = new Map(outcomes.map((o) => [o.id, o]));
-  const scored = (s: TrajectorySample): ScoredSample => {
+  const scored = ({ episode: _episode, ...s }: TrajectorySample): ScoredSample => {
     const o = byId.get(s.id);
     if (!o)
       return {

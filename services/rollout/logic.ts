@@ -3,7 +3,13 @@
  * ids, and the generations back into trajectory groups. Randomness is keyed by the sample id, so
  * a sample's tokens do not depend on which replica or batch generated it.
  */
-import type { PromptBatch, TrajectoryGroup, TrajectorySample, FinishReason } from '../../lib/contracts/index.ts';
+import type {
+  PromptBatch,
+  TrajectoryGroup,
+  TrajectorySample,
+  FinishReason,
+  Episode,
+} from '../../lib/contracts/index.ts';
 import { sampleIdFor } from '../../lib/contracts/index.ts';
 
 /** `greedy`: the remax baseline response (temperature 0, argmax), sample_index = n, never trained on. */
@@ -19,6 +25,9 @@ export interface GenResult {
   tokens: Int32Array;
   logprobs: Float32Array;
   finishReason: 'eos' | 'length';
+  /** Multi-turn episodes: 1 = sampled by the policy, 0 = environment tokens, and the episode's record. */
+  mask?: Uint8Array;
+  episode?: Episode;
 }
 
 export interface RequestOptions {
@@ -93,8 +102,9 @@ export function trajectoryGroups(
   requests.forEach((r, i) => {
     const res = results[i];
     if (res.id !== r.id) throw new Error(`generation ${i} is for ${res.id}, expected ${r.id}`);
+    // an episode's text is its whole transcript (the environment's messages included)
     const textIds =
-      res.finishReason === 'eos' && res.tokens.length > 0 && stop.has(res.tokens[res.tokens.length - 1])
+      !res.episode && res.finishReason === 'eos' && res.tokens.length > 0 && stop.has(res.tokens[res.tokens.length - 1])
         ? res.tokens.subarray(0, res.tokens.length - 1)
         : res.tokens;
     const finish: FinishReason = res.finishReason === 'eos' ? 'stop' : 'length';
@@ -105,8 +115,9 @@ export function trajectoryGroups(
       response_ids: res.tokens,
       response_text: decode(textIds),
       behaviour_logprobs: res.logprobs,
-      response_mask: Buffer.alloc(0),
+      response_mask: res.mask ? Buffer.from(res.mask.buffer, res.mask.byteOffset, res.mask.length) : Buffer.alloc(0),
       finish_reason: finish,
+      episode: res.episode ?? null,
     };
     if (r.greedy) baselines[r.groupIndex] = sample;
     else samples[r.groupIndex].push(sample);

@@ -14,6 +14,10 @@ import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import type { PromptBatch } from '../../lib/contracts/index.ts';
 import { generationRequests, trajectoryGroups, requestSampling } from './logic.ts';
+import { createEnvironment } from '../../lib/env/index.ts';
+import { runEpisodes, episodeMetrics } from '../../lib/env/episodes.ts';
+import { EpisodeTokenizer } from '../../lib/model/episode-tokens.ts';
+import { parseExtraInfo } from '../../lib/reward-fns/index.ts';
 
 export function startRollout(p: Pipeline, opts: { replica?: string } = {}): StageRun {
   const tok = tokenizerFor(p.cfg);
@@ -30,6 +34,12 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
   const log = forStage(p.log, 'rollout');
   // remax: each training group also gets one greedy response, whose reward is its baseline
   const greedyBaseline = p.cfg.algorithm.adv_estimator === 'remax';
+  // multi-turn episodes: an environment answers each assistant turn
+  const mt = p.cfg.rollout.multi_turn;
+  const multiTurn = mt.enable;
+  const environment = multiTurn ? createEnvironment(mt.interaction) : null;
+  environment?.catch(() => undefined); // reported when first awaited
+  const episodeTokens = new EpisodeTokenizer(tok, p.cfg.data.chat_template_kwargs);
   return runStage(p, 'rollout', ['prompts'], async (records, ctx) => {
     metrics.beginBatch(ctx.waitedMs);
     const byVersion = new Map<number, PromptBatch[]>();
@@ -56,7 +66,66 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
         l.push(i);
         bySetting.set(key, l);
       });
-      for (const idx of bySetting.values()) {
+      if (multiTurn) {
+        // multi-turn: each request is an episode; its turns are generated in batches across episodes
+        const settingOf = new Map<string, PromptBatch['sampling']>();
+        const specs = requests.map((req, i) => {
+          const s = requestSampling(groups[req.groupIndex].batch, req);
+          const key = `${s.temperature}|${s.top_p}|${s.top_k}`;
+          settingOf.set(key, s);
+          const g = groups[req.groupIndex].group;
+          return {
+            id: req.id,
+            prompt: req.prompt,
+            samplingKey: key,
+            row: {
+              episode_id: req.id,
+              sample_index: requests[i].sampleIndex,
+              prompt_text: g.prompt_text,
+              ground_truth: g.ground_truth,
+              data_source: g.data_source,
+              extra_info: parseExtraInfo(g.extra_info),
+              kwargs: mt.interaction.kwargs as Record<string, unknown>,
+            },
+          };
+        });
+        const episodes = await runEpisodes(specs, {
+          env: await environment!,
+          tokens: episodeTokens,
+          decode: (ids) => tok.decode(ids),
+          maxResponseTokens: p.cfg.data.max_response_length,
+          maxTokensPerTurn: mt.max_tokens_per_turn,
+          maxAssistantTurns: mt.max_assistant_turns,
+          maxUserTurns: mt.max_user_turns ?? mt.max_assistant_turns,
+          gamma: mt.gamma,
+          maxInFlight: mt.max_episodes_in_flight,
+          maxBatch: p.cfg.rollout.batch_size ?? 64,
+          now: () => performance.now(),
+          generate: (key, reqs) => {
+            const s = settingOf.get(key)!;
+            return sampler.generate(
+              weights,
+              reqs.map((r) => ({ id: r.id, prompt: r.prompt })),
+              {
+                temperature: s.temperature,
+                topP: s.top_p,
+                topK: s.top_k > 0 ? s.top_k : 0,
+                maxNewTokens: reqs[0].maxNewTokens,
+                seed: p.cfg.data.seed,
+                eosTokenIds: stopTokenIds(model),
+              },
+            );
+          },
+        });
+        episodes.forEach((e, i) => (results[i] = e));
+        const trainSteps = new Set(batches.filter((b) => b.kind === 'train').map((b) => b.step));
+        for (const step of trainSteps)
+          metrics.add(
+            step,
+            episodeMetrics(episodes.filter((_, i) => groups[requests[i].groupIndex].batch.kind === 'train')),
+          );
+      }
+      for (const idx of multiTurn ? [] : bySetting.values()) {
         const s = requestSampling(groups[requests[idx[0]].groupIndex].batch, requests[idx[0]]);
         const out = await sampler.generate(
           weights,
@@ -81,6 +150,21 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
       const tGen = performance.now();
       crashPoint('rollout:generated');
       const trajs = trajectoryGroups(groups, requests, results, (ids) => tok.decode(ids), stopTokenIds(model));
+      // multi-turn: every episode and its turns in SQL (episodes, episode_turns), with this batch
+      const episodes = trajs.flatMap((g) =>
+        g.samples
+          .filter((x) => x.episode !== null)
+          .map((x) => ({
+            runId: g.run_id,
+            trajectoryId: x.id,
+            step: g.step,
+            kind: g.kind,
+            policyVersion: g.policy_version,
+            responseTokens: x.response_ids.length,
+            episode: x.episode!,
+          })),
+      );
+      if (episodes.length) await p.store.insertEpisodes(episodes, { tx: ctx.tx });
       let tokens = 0;
       for (const g of trajs) {
         ctx.emit('trajectories', g);

@@ -649,6 +649,8 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         tokens.set(x.response_ids, b * T + P);
         attn.fill(1, b * T, b * T + P + L);
         resp.fill(1, b * T + P, b * T + P + L);
+        // multi-turn: environment tokens are context, not trained (no loss, KL or entropy)
+        if (x.response_mask.length) for (let t = 0; t < L; t++) resp[b * T + P + t] = x.response_mask[t];
         // VPPO (updates.v2): loss weights × the token mask, advantages × the trajectory's α
         const v =
           useVppo && x.vppo

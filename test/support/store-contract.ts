@@ -741,6 +741,102 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
       });
     });
 
+    describe('multi-turn episodes', () => {
+      it('stores episodes and their turns once per (run, trajectory); the SQL views summarise them', async () => {
+        const runId = await newRun();
+        const turn = (role: string, start: number, end: number, text: string, more: Record<string, unknown> = {}) => ({
+          role,
+          start,
+          end,
+          text,
+          tool_name: null,
+          arguments: null,
+          latency_ms: 0,
+          error: null,
+          reward: 0,
+          ...more,
+        });
+        const episodes = [
+          {
+            runId,
+            trajectoryId: `${runId}/train/s1/p0/n0`,
+            step: 1,
+            kind: 'train' as const,
+            policyVersion: 0,
+            responseTokens: 9,
+            episode: {
+              turns: [
+                turn('assistant', 0, 4, '<tool_call>{}</tool_call>', { latency_ms: 12.5 }),
+                turn('tool', 4, 6, '84', { tool_name: 'calc', arguments: '{"e": "12*7"}', latency_ms: 3 }),
+                turn('assistant', 6, 8, 'it is 84 🙂'),
+                turn('user', 8, 9, 'correct', { reward: 1, latency_ms: 1 }),
+              ],
+              assistant_turns: 2,
+              reward: 1,
+              done: true,
+              failure: null,
+              timed_out: false,
+              tool_calls: 1,
+              tool_errors: 0,
+              metrics: {},
+            },
+          },
+          {
+            runId,
+            trajectoryId: `${runId}/train/s1/p0/n1`,
+            step: 1,
+            kind: 'train' as const,
+            policyVersion: 0,
+            responseTokens: 3,
+            episode: {
+              turns: [
+                turn('assistant', 0, 3, '<tool_call>'),
+                turn('tool', 3, 3, 'malformed tool call', { tool_name: 'calc', error: 'bad JSON', latency_ms: 0 }),
+                turn('system', 3, 3, '', { error: 'timeout: no answer within 10 ms', latency_ms: 10 }),
+              ],
+              assistant_turns: 1,
+              reward: 0,
+              done: false,
+              failure: 'timeout: no answer within 10 ms',
+              timed_out: true,
+              tool_calls: 1,
+              tool_errors: 1,
+              metrics: {},
+            },
+          },
+        ];
+        await store.insertEpisodes(episodes);
+        await store.insertEpisodes(episodes.map((e) => ({ ...e, episode: { ...e.episode, reward: 5 } })));
+        const back = await store.getEpisodes(runId, 1);
+        assert.deepEqual(back, episodes);
+        const q = async (text: string) => (await sql.raw(text).execute(database.db)).rows as Array<Record<string, any>>;
+        const eps = await q(
+          `select trajectory_id, outcome, tool_calls, tool_errors, env_messages, failure from v_episodes where run_id = '${runId}' order by trajectory_id`,
+        );
+        assert.deepEqual(
+          eps.map((r) => [r.outcome, Number(r.tool_calls), Number(r.tool_errors), Number(r.env_messages)]),
+          [
+            ['done', 1, 0, 2],
+            ['failed', 1, 1, 2],
+          ],
+        );
+        const tools = await q(
+          `select step, tool_name, calls, errors from v_tool_usage_by_step where run_id = '${runId}'`,
+        );
+        assert.deepEqual(
+          tools.map((r) => [r.step, r.tool_name, Number(r.calls), Number(r.errors)]),
+          [[1, 'calc', 2, 1]],
+        );
+        const byTurns = await q(
+          `select assistant_turns, episodes, reward_mean from v_reward_by_turns where run_id = '${runId}'`,
+        );
+        assert.deepEqual(
+          byTurns.map((r) => [r.assistant_turns, Number(r.episodes), Number(r.reward_mean)]),
+          [[2, 1, 1]],
+        );
+      });
+    });
+
     describe('validation generations and dead letters', () => {
       it('records validation generations once per (run, step, idx)', async () => {
         const runId = await newRun();

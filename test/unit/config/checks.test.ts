@@ -177,7 +177,7 @@ test('training data is required unless val_only', () => {
 test('data.task: known names only, not together with files', () => {
   expectOneProblem(
     () => load({ overrides: ['data.task=number_gam'] }),
-    'data.task = "number_gam" is not a built-in task (valid: arithmetic, number_game, number_game_vision) — did you mean "number_game"?',
+    'data.task = "number_gam" is not a built-in task (valid: arithmetic, guess_number, number_game, number_game_vision) — did you mean "number_game"?',
   );
   expectOneProblem(
     () => load({ overrides: ['data.train_files=[t.jsonl]'] }),

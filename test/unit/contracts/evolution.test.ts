@@ -42,7 +42,7 @@ test('a v2 reader reads v1 records: new fields take their defaults, the rest is 
   const writer = new Codec<TrajectoryGroup>('trajectories', { catalogue: cat, ref: 'trajectories.v1' });
   const reader = new Codec<TrajectoryGroupV2>('trajectories', { catalogue: cat });
   assert.equal(reader.ref, 'trajectories.v2', 'the newest version is the reader');
-  const { baseline: _b, ...g } = new Gen(21).trajectoryGroup(5, { n: 3, tokens: 9 }); // the fixture v2 derives from v1
+  const { baseline: _b, ...g } = withoutEpisodes(new Gen(21).trajectoryGroup(5, { n: 3, tokens: 9 })); // the fixture v2 derives from v1
   const bytes = writer.encode(g as TrajectoryGroup);
   const d = reader.decodeWithHeaders(writer.headers(), bytes);
   assert.deepEqual(d.tags, []);
@@ -59,7 +59,7 @@ test('a v1 reader reads v2 records (added fields are skipped)', () => {
   const cat = catalogue();
   const writer = new Codec<TrajectoryGroupV2>('trajectories', { catalogue: cat });
   const reader = new Codec<TrajectoryGroup>('trajectories', { catalogue: cat, ref: 'trajectories.v1' });
-  const { baseline: _b, ...g } = new Gen(22).trajectoryGroup(5, { n: 2, tokens: 4 }); // the fixture v2 derives from v1
+  const { baseline: _b, ...g } = withoutEpisodes(new Gen(22).trajectoryGroup(5, { n: 2, tokens: 4 })); // the fixture v2 derives from v1
   const g2: TrajectoryGroupV2 = {
     ...g,
     tags: ['a', 'ü'],
@@ -192,7 +192,6 @@ test('the catalogue refuses misnamed or mis-namespaced schemas with the file nam
 
 test('trajectories.v2 and scored.v2 (remax greedy baseline): v1 records read with baseline = null; v1 readers skip it', () => {
   const cat = SchemaCatalogue.load([dir]);
-  assert.equal(cat.latest('trajectories').ref, 'trajectories.v2');
   for (const family of ['trajectories', 'scored'] as const) {
     assert.deepEqual(checkCompatibility(cat.get(`${family}.v1`)!.text, cat.get(`${family}.v2`)!.text), {
       compatible: true,
@@ -201,7 +200,7 @@ test('trajectories.v2 and scored.v2 (remax greedy baseline): v1 records read wit
     const gen = new Gen(31);
     const { baseline: _b, ...g } =
       family === 'trajectories'
-        ? gen.trajectoryGroup(4, { n: 2, tokens: 3 })
+        ? withoutEpisodes(gen.trajectoryGroup(4, { n: 2, tokens: 3 }))
         : withoutRewardText(gen.scoredGroup(4, { n: 2, tokens: 3 }));
     const v1 = new Codec<Json>(family, { catalogue: cat, ref: `${family}.v1` });
     const v2c = new Codec<Json>(family, { catalogue: cat, ref: `${family}.v2` });
@@ -217,6 +216,38 @@ test('trajectories.v2 and scored.v2 (remax greedy baseline): v1 records read wit
     assert.deepEqual(plain(v2c.decode(bytes)), plain(withBaseline));
     assert.deepEqual(plain(v1.decode(bytes, `${family}.v2`)), plain(g));
   }
+});
+
+/** A trajectory group as trajectories.v1/v2 knew it (no episode records). */
+function withoutEpisodes(g: TrajectoryGroup): TrajectoryGroup {
+  return {
+    ...g,
+    samples: g.samples.map(({ episode: _e, ...x }) => x as TrajectoryGroup['samples'][number]),
+    baseline: g.baseline ? (({ episode: _e, ...x }) => x as TrajectoryGroup['samples'][number])(g.baseline) : null,
+  };
+}
+
+test('trajectories.v3 (episode: multi-turn turns and outcome): v2 records read with episode = null; v2 readers skip it', () => {
+  const cat = SchemaCatalogue.load([dir]);
+  assert.equal(cat.latest('trajectories').ref, 'trajectories.v3');
+  assert.deepEqual(checkCompatibility(cat.get('trajectories.v2')!.text, cat.get('trajectories.v3')!.text), {
+    compatible: true,
+    errors: [],
+  });
+  const g = new Gen(36).trajectoryGroup(4, { n: 6, tokens: 5, episodes: true });
+  assert.ok(
+    g.samples.some((x) => x.episode !== null && x.episode.turns.length > 0),
+    'the fixture has episodes',
+  );
+  const v2 = new Codec<Json>('trajectories', { catalogue: cat, ref: 'trajectories.v2' });
+  const v3 = new Codec<Json>('trajectories', { catalogue: cat });
+  assert.equal(v3.ref, 'trajectories.v3');
+  assert.deepEqual(plain(v3.decode(v3.encode(g))), plain(g));
+  const old = withoutEpisodes(g);
+  const read = v3.decode(v2.encode(old), 'trajectories.v2') as TrajectoryGroup;
+  assert.ok(read.samples.every((x) => x.episode === null));
+  assert.deepEqual(plain(withoutEpisodes(read)), plain(old));
+  assert.deepEqual(plain(v2.decode(v3.encode(g), 'trajectories.v3')), plain(old));
 });
 
 /** A scored group as scored.v1/v2 knew it (no reward_text). */

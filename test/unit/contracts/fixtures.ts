@@ -59,6 +59,8 @@ export interface Shape {
   kind?: Kind;
   /** Make every array empty and every string short (edge case). */
   empty?: boolean;
+  /** Give about a third of the samples a multi-turn episode record (trajectories.v3). */
+  episodes?: boolean;
 }
 
 export class Gen {
@@ -134,6 +136,47 @@ export class Gen {
       response_mask:
         len > 0 && this.int(2) === 0 ? Buffer.from(Array.from(this.bytes(len), (b) => b & 1)) : Buffer.alloc(0),
       finish_reason: (['stop', 'length', 'abort'] as const)[this.int(3)],
+      episode: shape.episodes && len > 0 && this.int(3) > 0 ? this.episode(len) : null,
+    };
+  }
+
+  /** A multi-turn episode record over `len` response tokens (trajectories.v3). */
+  private episode(len: number): NonNullable<TrajectorySample['episode']> {
+    const cut = this.int(len + 1);
+    const failed = this.int(3) === 0;
+    return {
+      turns: [
+        {
+          role: 'assistant',
+          start: 0,
+          end: cut,
+          text: this.text(2),
+          tool_name: null,
+          arguments: null,
+          latency_ms: this.rng.next() * 100,
+          error: null,
+          reward: 0,
+        },
+        {
+          role: 'tool',
+          start: cut,
+          end: len,
+          text: this.text(3),
+          tool_name: 'calc',
+          arguments: '{"x": 1}',
+          latency_ms: 5,
+          error: failed ? `timeout: ${this.text(1)}` : null,
+          reward: this.rng.next(),
+        },
+      ],
+      assistant_turns: 1 + this.int(5),
+      reward: this.rng.next(),
+      done: this.int(2) === 0,
+      failure: failed ? `timeout: ${this.text(2)}` : null,
+      timed_out: failed,
+      tool_calls: this.int(4),
+      tool_errors: this.int(2),
+      metrics: this.int(2) ? { solved: 1, guesses: this.int(7) } : {},
     };
   }
 
@@ -184,7 +227,7 @@ export class Gen {
 
   scoredGroup(step = 1 + this.int(50), shape: Shape = {}): ScoredGroup {
     const t = this.trajectoryGroup(step, shape);
-    const samples: ScoredSample[] = t.samples.map((s) => {
+    const samples: ScoredSample[] = t.samples.map(({ episode: _episode, ...s }) => {
       const failed = this.int(5) === 0;
       return {
         ...s,
