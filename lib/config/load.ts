@@ -6,6 +6,7 @@
  * each naming its full key path and where the value came from (file:line:col or the override).
  */
 import { existsSync } from 'node:fs';
+import { homedir } from 'node:os';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import type { z } from 'zod';
@@ -301,7 +302,7 @@ function applyOverride(
  * Keys that name input files or directories. A relative path written in the config file resolves
  * against that file's directory (so `rlstream train other/dir/run.yaml` finds the data next to the
  * yaml); one given as a command-line override resolves against the working directory, like any
- * shell argument. Both are made absolute when loaded. trainer.run_dir (an output) stays as given,
+ * shell argument; `~/…` is under the home directory. All are made absolute when loaded. trainer.run_dir (an output) stays as given,
  * relative to the working directory.
  */
 export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
@@ -338,6 +339,8 @@ function resolveFilePaths(raw: Obj, file: string | undefined, sources: Sources):
     return src?.order[0] === 0 ? fileBase : src !== undefined && src.order[0] >= 1 ? process.cwd() : null;
   };
   const fix = (v: unknown, path: Path): unknown => {
+    // `~/…` is the home directory, as verl's and EasyR1's Python (os.path.expanduser) reads it
+    if (typeof v === 'string' && (v === '~' || v.startsWith('~/'))) return join(homedir(), v.slice(1));
     if (typeof v !== 'string' || v.length === 0 || isAbsolute(v)) return v;
     const base = baseOf(path);
     return base === null ? v : resolve(base, v);
