@@ -9,7 +9,8 @@
  * that is already rlstream's (e.g. `data.task`, `pipeline.*`) passes through as is.
  */
 import { configSchema } from '../schema.ts';
-import { kindOf, schemaAt } from '../introspect.ts';
+import { kindOf, objectShape, schemaAt } from '../introspect.ts';
+import { closest } from '../suggest.ts';
 
 export type Obj = Record<string, unknown>;
 export const isPlainObject = (v: unknown): v is Obj => v !== null && typeof v === 'object' && !Array.isArray(v);
@@ -125,6 +126,25 @@ function sameKey(d: Dialect, key: string): string | null {
 
 const clone = <T>(v: T): T => structuredClone(v);
 
+/** The key names a dialect knows directly under `parent` (rules, defaults, patterns, one-to-one rlstream keys). */
+function knownKeysUnder(d: Dialect, parent: string): string[] {
+  const pre = parent === '' ? '' : `${parent}.`;
+  const names = new Set<string>();
+  const add = (key: string) => {
+    if (key.startsWith(pre)) names.add(key.slice(pre.length).split('.')[0]);
+  };
+  for (const r of d.rules) add(r.from);
+  for (const k of Object.keys(d.defaults)) add(k);
+  for (const p of d.notApplicable) if (!p.startsWith('*.')) add(p.replace(/\.\*$/, ''));
+  const natives = [parent, ...d.prefixes.filter(([a]) => pre.startsWith(a)).map(([a, b]) => b + pre.slice(a.length))];
+  for (const n of natives) {
+    const segs = n.replace(/\.$/, '').split('.').filter(Boolean);
+    const shape = objectShape(schemaAt(configSchema, segs) ?? configSchema);
+    if (shape && (segs.length > 0 || parent === '')) for (const k of Object.keys(shape)) names.add(k);
+  }
+  return [...names];
+}
+
 /** Translates a document written in dialect `d` (its overrides already applied). */
 export function translate(d: Dialect, doc: Obj): Translation {
   const merged = clone(doc);
@@ -173,9 +193,12 @@ export function translate(d: Dialect, doc: Obj): Translation {
         entries.push({ from: key, value: v, to: [[same, v]], origin: origin(key), kind: 'same' });
         continue;
       }
+      const near = closest(k, knownKeysUnder(d, path.join('.')));
       problems.push({
         key,
-        text: `${key}: not a ${d.title} key rlstream knows; remove it, or write its rlstream equivalent (docs/dialects.md lists every ${d.title} key and docs/config.md rlstream's)`,
+        text: near
+          ? `${key}: unknown ${d.title} key — did you mean "${[...path, near].join('.')}"?`
+          : `${key}: unknown ${d.title} key; remove it, or write its rlstream equivalent (docs/dialects.md lists the ${d.title} keys, docs/config.md rlstream's)`,
       });
     }
   };

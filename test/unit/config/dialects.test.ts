@@ -377,9 +377,18 @@ test('unknown dialect keys, greedy training rollouts and a critic batch of its o
   );
   const problems = problemsOf(() => load(f));
   assert.equal(problems.length, 3, problems.join('\n'));
-  assert.match(problems[0], /\.yaml:3:\d+: verl actor_rollout_ref\.actor\.made_up_key: not a verl key rlstream knows/);
+  assert.match(problems[0], /\.yaml:3:\d+: verl actor_rollout_ref\.actor\.made_up_key: unknown verl key; remove it/);
   assert.match(problems[1], /\.yaml:4:\d+: verl actor_rollout_ref\.rollout\.do_sample: greedy training rollouts/);
   assert.match(problems[2], /\.yaml:5:\d+: verl critic\.ppo_mini_batch_size: 2 differs/);
+  // a typo gets the closest key of the dialect (its own keys, or rlstream's under a mapped prefix)
+  const t = translate(getDialect('easyr1'), { worker: { actor: { global_batchsize: 4 }, rollout: { temprature: 1 } } });
+  assert.deepEqual(
+    t.problems.map((p) => p.text),
+    [
+      'worker.actor.global_batchsize: unknown EasyR1 key — did you mean "worker.actor.global_batch_size"?',
+      'worker.rollout.temprature: unknown EasyR1 key — did you mean "worker.rollout.temperature"?',
+    ],
+  );
 });
 
 test('the dialect is recognised by its sections or named; an unknown name lists the valid ones', () => {
