@@ -550,3 +550,39 @@ test('docs/dialects.md is generated from the tables and current', async () => {
     'docs/dialects.md is stale: node --import tsx scripts/gen-dialect-docs.ts',
   );
 });
+
+test('rlstream config --print-translation prints each key of the file once, then the resolved config', async () => {
+  const { configCommand } = await import('../../../app/cli/commands/config.ts');
+  const out: string[] = [];
+  const err: string[] = [];
+  const write = process.stdout.write.bind(process.stdout);
+  const error = console.error;
+  process.stdout.write = ((s: string) => (out.push(String(s)), true)) as typeof process.stdout.write;
+  console.error = (...a: unknown[]) => void err.push(a.join(' '));
+  try {
+    const file = example('mtrl-vppo-vision.yaml');
+    assert.equal(
+      await configCommand.run([
+        file,
+        '--print-translation',
+        'worker.rollout.n=4',
+        'worker.actor.micro_batch_size_per_device_for_update=16',
+        'worker.actor.micro_batch_size_per_device_for_experience=16',
+      ]),
+      0,
+    );
+    assert.equal(await configCommand.run([file, '--dialect', 'mtrl']), 0);
+  } finally {
+    process.stdout.write = write;
+    console.error = error;
+  }
+  const text = out.join('');
+  assert.match(text, /^# MTRL config .*mtrl-vppo-vision\.yaml → rlstream/);
+  assert.match(text, /\nworker\.actor\.global_batch_size: 16 +→ actor\.global_batch_size = 64 /);
+  assert.match(text, /\noptimization\.divergence_coef: 0\.01 +→ algorithm\.kl_coef = 0\.01\n/);
+  assert.match(text, /\nworker\.rollout\.tensor_parallel_size: 1 +→ not applicable here\n/);
+  assert.match(text, /\ntraining\.val_generations_to_log: 0 +→ trainer\.val_generations_to_log = 0 \(MTRL default\)\n/);
+  assert.match(text, /# resolved configuration/);
+  // without --print-translation: the not-applicable keys once, on stderr
+  assert.equal(err.filter((l) => l.includes('not applicable here')).length, 1);
+});
