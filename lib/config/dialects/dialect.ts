@@ -9,7 +9,7 @@
  * that is already rlstream's (e.g. `data.task`, `pipeline.*`) passes through as is.
  */
 import { configSchema } from '../schema.ts';
-import { kindOf, objectShape, schemaAt } from '../introspect.ts';
+import { kindOf, objectShape, schemaAt, unwrap } from '../introspect.ts';
 import { closest } from '../suggest.ts';
 
 export type Obj = Record<string, unknown>;
@@ -126,6 +126,18 @@ function sameKey(d: Dialect, key: string): string | null {
 
 const clone = <T>(v: T): T => structuredClone(v);
 
+/**
+ * verl and EasyR1 write null for "unset, use the default" even where rlstream's key takes no null
+ * (e.g. ppo_micro_batch_size_per_gpu: null): such a null leaves rlstream's default.
+ */
+function unsetsDefault(to: string, value: unknown): boolean {
+  if (value !== null && value !== undefined) return false;
+  const s = schemaAt(configSchema, to.split('.'));
+  return s !== undefined && s !== null && !unwrap(s).nullable;
+}
+
+const withNullNote = (note: string | undefined) => `${note ? `${note}; ` : ''}null leaves rlstream's default`;
+
 /** The key names a dialect knows directly under `parent` (rules, defaults, patterns, one-to-one rlstream keys). */
 function knownKeysUnder(d: Dialect, parent: string): string[] {
   const pre = parent === '' ? '' : `${parent}.`;
@@ -173,8 +185,10 @@ export function translate(d: Dialect, doc: Obj): Translation {
           problems.push({ key, text: `${key}: ${out}` });
           continue;
         }
-        for (const [to, val] of out) setPath(config, to, val);
-        entries.push({ from: key, value: v, to: out, note: rule.note, origin: origin(key), kind: 'rule' });
+        const kept = out.filter(([to, val]) => !unsetsDefault(to, val));
+        for (const [to, val] of kept) setPath(config, to, val);
+        const note = kept.length < out.length ? withNullNote(rule.note) : rule.note;
+        entries.push({ from: key, value: v, to: kept, note, origin: origin(key), kind: 'rule' });
         continue;
       }
       if (d.notApplicable.some((p) => matchesPattern(key, p))) {
@@ -189,6 +203,17 @@ export function translate(d: Dialect, doc: Obj): Translation {
         continue;
       }
       if (same !== null && !sameIsSection) {
+        if (unsetsDefault(same, v)) {
+          entries.push({
+            from: key,
+            value: v,
+            to: [],
+            note: withNullNote(undefined),
+            origin: origin(key),
+            kind: 'same',
+          });
+          continue;
+        }
         setPath(config, same, v);
         entries.push({ from: key, value: v, to: [[same, v]], origin: origin(key), kind: 'same' });
         continue;

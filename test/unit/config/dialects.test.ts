@@ -512,7 +512,127 @@ worker:
     tensor_parallel_size: 1, enable_prefix_caching: false }
   reward: { reward_type: function, reward_fn_path: reward.mjs, num_cpus: 4 }
 `,
-  verl: readFileSync(example('verl-gsm8k.yaml'), 'utf8'),
+  verl: `
+data: { tokenizer: null, train_files: ~/data/gsm8k/train.parquet, val_files: ~/data/gsm8k/test.parquet, prompt_key: prompt,
+  reward_fn_key: data_source, max_prompt_length: 64, max_response_length: 64, train_batch_size: 8, val_batch_size: null,
+  return_raw_input_ids: false, return_raw_chat: false, shuffle: true, filter_overlong_prompts: false,
+  filter_overlong_prompts_workers: 1, truncation: error, image_key: images, video_key: videos, custom_cls: { path: null, name: null } }
+actor_rollout_ref:
+  hybrid_engine: true
+  model: { path: null, external_lib: null, override_config: {}, enable_gradient_checkpointing: true, use_remove_padding: false,
+    use_liger: false, return_last_hidden_state: false, use_fused_loss: false }
+  actor:
+    strategy: fsdp
+    ppo_mini_batch_size: 8
+    ppo_micro_batch_size: null
+    ppo_micro_batch_size_per_gpu: null
+    use_dynamic_bsz: false
+    ppo_max_token_len_per_gpu: 16384
+    grad_clip: 1.0
+    clip_ratio: 0.2
+    clip_ratio_low: 0.2
+    clip_ratio_high: 0.2
+    clip_ratio_c: 3.0
+    loss_agg_mode: token-mean
+    entropy_coeff: 0
+    use_kl_loss: false
+    use_torch_compile: true
+    kl_loss_coef: 0.001
+    kl_loss_type: low_var_kl
+    ppo_epochs: 1
+    shuffle: false
+    ulysses_sequence_parallel_size: 1
+    checkpoint: { contents: [model, optimizer, extra] }
+    optim: { lr: 1e-6, lr_warmup_steps: -1, lr_warmup_steps_ratio: 0., min_lr_ratio: null, warmup_style: constant,
+      total_training_steps: -1, weight_decay: 0.01 }
+    fsdp_config: { wrap_policy: { min_num_params: 0 }, param_offload: false, optimizer_offload: false, offload_policy: false,
+      reshard_after_forward: true, fsdp_size: -1 }
+  ref:
+    strategy: fsdp
+    fsdp_config: { param_offload: false, reshard_after_forward: true, wrap_policy: { min_num_params: 0 } }
+    use_torch_compile: \${actor_rollout_ref.actor.use_torch_compile}
+    log_prob_micro_batch_size: null
+    log_prob_micro_batch_size_per_gpu: null
+    log_prob_use_dynamic_bsz: \${actor_rollout_ref.actor.use_dynamic_bsz}
+    log_prob_max_token_len_per_gpu: \${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}
+    ulysses_sequence_parallel_size: \${actor_rollout_ref.actor.ulysses_sequence_parallel_size}
+  rollout:
+    name: vllm
+    mode: sync
+    chat_scheduler: null
+    temperature: 1.0
+    top_k: -1
+    top_p: 1
+    use_fire_sampling: false
+    prompt_length: \${data.max_prompt_length}
+    response_length: \${data.max_response_length}
+    dtype: bfloat16
+    gpu_memory_utilization: 0.5
+    ignore_eos: false
+    enforce_eager: true
+    free_cache_engine: true
+    load_format: dummy_dtensor
+    tensor_model_parallel_size: 2
+    max_num_batched_tokens: 8192
+    max_model_len: null
+    max_num_seqs: 1024
+    log_prob_micro_batch_size: null
+    log_prob_micro_batch_size_per_gpu: null
+    log_prob_use_dynamic_bsz: \${actor_rollout_ref.actor.use_dynamic_bsz}
+    log_prob_max_token_len_per_gpu: \${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}
+    disable_log_stats: true
+    enable_chunked_prefill: true
+    do_sample: true
+    n: 2
+    engine_kwargs: { swap_space: null }
+    val_kwargs: { top_k: -1, top_p: 1.0, temperature: 0, n: 1, do_sample: false }
+    multi_turn: { enable: false, max_turns: null, tool_config_path: null, format: chatml }
+critic:
+  rollout_n: \${actor_rollout_ref.rollout.n}
+  strategy: fsdp
+  optim: { lr: 1e-5, lr_warmup_steps_ratio: 0., min_lr_ratio: null, warmup_style: constant, total_training_steps: -1, weight_decay: 0.01 }
+  model: { path: null, tokenizer_path: null, override_config: {}, external_lib: '\${actor_rollout_ref.model.external_lib}',
+    enable_gradient_checkpointing: true, use_remove_padding: false,
+    fsdp_config: { param_offload: false, optimizer_offload: false, offload_policy: false, reshard_after_forward: true,
+      wrap_policy: { min_num_params: 0 }, fsdp_size: -1 } }
+  ppo_mini_batch_size: \${actor_rollout_ref.actor.ppo_mini_batch_size}
+  ppo_micro_batch_size: null
+  ppo_micro_batch_size_per_gpu: null
+  forward_micro_batch_size: \${critic.ppo_micro_batch_size}
+  forward_micro_batch_size_per_gpu: \${critic.ppo_micro_batch_size_per_gpu}
+  use_dynamic_bsz: \${actor_rollout_ref.actor.use_dynamic_bsz}
+  ppo_max_token_len_per_gpu: 32768
+  forward_max_token_len_per_gpu: \${critic.ppo_max_token_len_per_gpu}
+  ulysses_sequence_parallel_size: 1
+  ppo_epochs: \${actor_rollout_ref.actor.ppo_epochs}
+  shuffle: \${actor_rollout_ref.actor.shuffle}
+  grad_clip: 1.0
+  cliprange_value: 0.5
+  checkpoint: { contents: [model, optimizer, extra] }
+reward_model:
+  enable: false
+  strategy: fsdp
+  model: { input_tokenizer: '\${actor_rollout_ref.model.path}', path: ~/models/rm, external_lib: null, use_remove_padding: false,
+    fsdp_config: { wrap_policy: { min_num_params: 0 }, param_offload: false, reshard_after_forward: true, fsdp_size: -1 } }
+  micro_batch_size: null
+  micro_batch_size_per_gpu: null
+  max_length: null
+  ulysses_sequence_parallel_size: 1
+  use_dynamic_bsz: \${critic.use_dynamic_bsz}
+  forward_max_token_len_per_gpu: \${critic.forward_max_token_len_per_gpu}
+  reward_manager: naive
+  launch_reward_fn_async: false
+custom_reward_function: { path: reward.mjs, name: compute_score }
+algorithm: { gamma: 1.0, lam: 1.0, adv_estimator: grpo, norm_adv_by_std_in_grpo: true, use_kl_in_reward: false, kl_penalty: kl,
+  kl_ctrl: { type: fixed, kl_coef: 0.001, horizon: 10000, target_kl: 0.1 } }
+trainer: { balance_batch: true, total_epochs: 30, total_training_steps: null, project_name: verl_examples, experiment_name: gsm8k,
+  logger: [console, wandb], log_val_generations: 0, rollout_data_dir: null, validation_data_dir: null, nnodes: 1,
+  n_gpus_per_node: 8, save_freq: -1, resume_mode: auto, resume_from_path: null, val_before_train: true, test_freq: -1,
+  critic_warmup: 0, default_hdfs_dir: null, del_local_ckpt_after_load: false,
+  default_local_dir: 'checkpoints/\${trainer.project_name}/\${trainer.experiment_name}', max_actor_ckpt_to_keep: null,
+  max_critic_ckpt_to_keep: null, ray_wait_register_center_timeout: 300 }
+ray_init: { num_cpus: null }
+`,
 };
 
 test("every key of EasyR1's, verl's and MTRL's published example configs is known to its table", () => {
@@ -539,6 +659,18 @@ test("every key of EasyR1's, verl's and MTRL's published example configs is know
         t.entries.some((e) => leaf === e.from || leaf.startsWith(`${e.from}.`)),
         `${name}: ${leaf} has an entry in the translation`,
       );
+    // and the whole config loads (a fresh model instead of the published model directories: no
+    // LoRA or VPPO, which need one)
+    const noModelDir: Record<string, string[]> = {
+      mtrl: [
+        'worker.actor.model.peft_type=null',
+        'optimization.enable_perception_filtering=false',
+        'optimization.enable_entropy_filtering=false',
+        'optimization.enable_trajectory_reweighting=false',
+      ],
+    };
+    const c = load(yamlFile(text), noModelDir[name] ?? []);
+    assert.ok(c.actor.global_batch_size > 0);
   }
 });
 
