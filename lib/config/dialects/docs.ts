@@ -19,8 +19,13 @@ named with \`--dialect easyr1|verl|mtrl\`. Each key is translated to rlstream's 
 (docs/config.md) before the config is validated, so every later check applies as to a native file,
 and a problem names the source key and its line (\`run.yaml:12:5 (EasyR1 worker.actor.global_batch_size)\`).
 
-    rlstream config examples/easyr1.yaml --print-translation   # every key: source → rlstream
-    rlstream train verl.yaml actor_rollout_ref.rollout.n=5 data.train_files=a.parquet,b.parquet
+    rlstream config examples/dialects/easyr1-number-game.yaml --print-translation   # every key: source → rlstream
+    rlstream train examples/dialects/easyr1-number-game.yaml
+    rlstream train examples/dialects/verl-gsm8k.yaml actor_rollout_ref.rollout.n=8 data.train_files=a.parquet,b.parquet
+
+The examples (\`examples/dialects/\`: the number game in EasyR1's layout, the vision number game with VPPO in
+MTRL's, GSM8K with GRPO in verl's) are each tested to translate to exactly the config of a native twin, and
+the EasyR1 one to train with the same trajectories (test/unit/config/dialects.test.ts, test/e2e/dialects.test.ts).
 
 - **Overrides** on the command line use the dialect's key names, Hydra-style (\`key=value\`, \`+key=value\`,
   values parsed as YAML: \`[a,b]\`, \`null\`, \`1e-6\`). OmegaConf interpolations in the file (\`\${data.max_prompt_length}\`)
@@ -46,8 +51,8 @@ and a problem names the source key and its line (\`run.yaml:12:5 (EasyR1 worker.
   in Python (docs/rewards.md); a \`.mjs\`/\`.js\` module runs as an rlstream JS reward.
 - **Data**: \`train_files\`/\`val_files\` may be a list or one comma-separated string; a row without
   \`data.answer_key\` falls back to \`reward_model.ground_truth\` (verl's layout); \`data.chat_template_kwargs\`
-  (verl: \`data.apply_chat_template_kwargs\`) reaches the chat template in train, sft and \`generate
-  --chat-template-kwargs\`, e.g. \`{enable_thinking: false}\` for Qwen3.
+  (verl: \`data.apply_chat_template_kwargs\`) reaches the chat template in train and sft, as
+  \`rlstream generate --chat --chat-template-kwargs '{enable_thinking: false}'\` does for one prompt (Qwen3).
 
 Each table below lists, per dialect: the rules (source key → rlstream keys, how), the prefixes that map
 one-to-one (any key under them that is an rlstream key under the target prefix), the keys not applicable
