@@ -5,6 +5,7 @@
  * generated from these tables (scripts/gen-dialect-docs.ts).
  */
 import { ConfigError } from '../../errors.ts';
+import { isSecretKey, redactString, REDACTED } from '../redact.ts';
 import { easyr1 } from './easyr1.ts';
 import { mtrl } from './mtrl.ts';
 import { verl } from './verl.ts';
@@ -84,19 +85,21 @@ export function formatTranslation(t: Translation, file?: string): string {
     `# ${t.dialect.title} config${file ? ` ${file}` : ''} → rlstream (docs/dialects.md)`,
     `# "${t.dialect.title} default": not in the file, ${t.dialect.title}'s default where it differs from rlstream's`,
   ];
-  const show = (v: unknown) => {
-    const s = JSON.stringify(v);
-    return s === undefined ? 'null' : s.length > 70 ? `${s.slice(0, 67)}...` : s;
+  // secrets never printed: a secret key's value is redacted, as are credentials inside URLs
+  const show = (v: unknown, key?: string) => {
+    if (key !== undefined && isSecretKey(key.split('.').pop() ?? '')) return REDACTED;
+    const s = redactString(JSON.stringify(v) ?? 'null');
+    return s.length > 70 ? `${s.slice(0, 67)}...` : s;
   };
-  const width = Math.min(56, Math.max(...t.entries.map((e) => e.from.length + 2 + show(e.value).length)));
+  const width = Math.min(56, Math.max(...t.entries.map((e) => e.from.length + 2 + show(e.value, e.from).length)));
   for (const e of t.entries) {
-    const left = `${e.from}: ${show(e.value)}`.padEnd(width);
+    const left = `${e.from}: ${show(e.value, e.from)}`.padEnd(width);
     const origin = e.origin === 'default' ? ` (${t.dialect.title} default)` : '';
     let right: string;
     if (e.kind === 'not-applicable') right = 'not applicable here';
     else if (e.to.length === 0) right = `no effect of its own${e.note ? ` (${e.note})` : ''}`;
     else {
-      right = e.to.map(([k, v]) => `${k} = ${show(v)}`).join(', ');
+      right = e.to.map(([k, v]) => `${k} = ${show(v, k)}`).join(', ');
       if (e.kind === 'rule' && e.note) right += `  # ${e.note}`;
     }
     lines.push(`${left} → ${right}${origin}`);
