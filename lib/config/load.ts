@@ -302,8 +302,8 @@ function applyOverride(
  * Keys that name input files or directories. A relative path written in the config file resolves
  * against that file's directory (so `rlstream train other/dir/run.yaml` finds the data next to the
  * yaml); one given as a command-line override resolves against the working directory, like any
- * shell argument; `~/…` is under the home directory. All are made absolute when loaded. trainer.run_dir (an output) stays as given,
- * relative to the working directory.
+ * shell argument; `~/…` is under the home directory. All are made absolute when loaded.
+ * trainer.run_dir (an output) stays as given, relative to the working directory.
  */
 export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
   ['data', 'train_files'],

@@ -39,7 +39,7 @@ export interface DatasetOptions {
   prompt_key: string;
   answer_key: string;
   image_key: string;
-  /** Field holding videos (data.video_key): a row with videos stops the load whatever on_bad_row says. Default `videos`. */
+  /** Field holding videos (data.video_key): a row with videos stops the load whatever on_bad_row says. Default videos. */
   video_key?: string;
   format?: 'auto' | 'jsonl' | 'parquet';
   on_bad_row?: 'stop' | 'skip';
@@ -100,7 +100,11 @@ export interface ValidatedRecord {
   extraInfo?: string;
 }
 
-/** Validates one raw record; returns the row fields (images still raw) or a reason (`fatal`: stops the load whatever data.on_bad_row says). The format flag is not read: every format falls back to reward_model.ground_truth. */
+/**
+ * Validates one raw record; returns the row fields (images still raw) or a reason (`fatal`: stops
+ * the load whatever data.on_bad_row says). The format flag is not read: every format falls back to
+ * reward_model.ground_truth.
+ */
 export function validateRecord(
   rec: unknown,
   opts: DatasetOptions,
