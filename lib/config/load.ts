@@ -316,6 +316,9 @@ export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
   ['trainer', 'load_checkpoint_path'],
 ];
 
+/** Keys that name a program: resolved like FILE_PATH_KEYS when the value is a path (has a `/`), else a name looked up on PATH. */
+export const PROGRAM_PATH_KEYS: ReadonlyArray<readonly string[]> = [['reward', 'python']];
+
 const DATA_FILE_KEYS = new Set(['data.train_files', 'data.val_files']);
 
 /** `a.jsonl, b.jsonl` → [a.jsonl, b.jsonl] (data.train_files / val_files; empty parts dropped). */
@@ -345,11 +348,12 @@ function resolveFilePaths(raw: Obj, file: string | undefined, sources: Sources):
     const base = baseOf(path);
     return base === null ? v : resolve(base, v);
   };
-  for (const key of FILE_PATH_KEYS) {
+  for (const key of [...FILE_PATH_KEYS, ...PROGRAM_PATH_KEYS]) {
     const parent = valueAt(raw, key.slice(0, -1));
     if (!isPlainObject(parent)) continue;
     const leaf = key[key.length - 1];
     let v = parent[leaf];
+    if (PROGRAM_PATH_KEYS.includes(key) && !(typeof v === 'string' && v.includes('/'))) continue;
     // verl/EasyR1 write several data files as one comma-separated string (data.train_files=a,b)
     if (DATA_FILE_KEYS.has(key.join('.')) && typeof v === 'string') v = splitFileList(v);
     parent[leaf] = Array.isArray(v) ? v.map((x, i) => fix(x, [...key, i])) : fix(v, key);

@@ -309,6 +309,15 @@ test('reward functions map onto reward_fn_path / reward_fn_name / reward_fn_form
     reward_fn_name: 'reward_function',
     reward_fn_form: 'mtrl',
   });
+  // and they validate as rlstream's reward keys (the path against the file's directory)
+  const f = yamlFile(
+    'data: { task: number_game }\nworker:\n  rollout: { n: 2 }\n  actor: { global_batch_size: 2, micro_batch_size_per_device_for_experience: 4 }\n  reward: { reward_function: ./score.py:my_score, reward_type: sequential }\n',
+  );
+  const c = load(f);
+  assert.deepEqual(
+    [c.reward.reward_fn_path, c.reward.reward_fn_name, c.reward.reward_fn_form],
+    [join(dirname(f), 'score.py'), 'my_score', 'easyr1_sequential'],
+  );
   // a JS module runs as rlstream calls one: only the path
   const j = tr('verl', { custom_reward_function: { path: 'score.mjs', name: 'compute_score' } });
   assert.deepEqual(j.config.reward, { reward_fn_path: 'score.mjs' });
