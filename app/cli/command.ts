@@ -16,12 +16,16 @@ export class UsageError extends Error {
   }
 }
 
-/** Splits argv into positionals, `--flag value` / `--flag=value` / boolean flags. `a.b=c` stays positional. */
+/**
+ * Splits argv into positionals, `--flag value` / `--flag=value` / boolean flags. `a.b=c` stays
+ * positional. A repeated flag's last value is in `flags`, every value in order in `lists`.
+ */
 export function parseArgs(
   argv: string[],
   spec: { flags?: string[]; booleans?: string[] } = {},
-): { positionals: string[]; flags: Record<string, string>; booleans: Set<string> } {
+): { positionals: string[]; flags: Record<string, string>; lists: Record<string, string[]>; booleans: Set<string> } {
   const flags: Record<string, string> = {};
+  const lists: Record<string, string[]> = {};
   const booleans = new Set<string>();
   const positionals: string[] = [];
   const known = new Set(spec.flags ?? []);
@@ -43,9 +47,10 @@ export function parseArgs(
       const value = eq > 0 ? a.slice(eq + 1) : argv[++i];
       if (value === undefined) throw new UsageError(`option --${name} needs a value`);
       flags[name] = value;
+      (lists[name] ??= []).push(value);
       continue;
     }
     positionals.push(a);
   }
-  return { positionals, flags, booleans };
+  return { positionals, flags, lists, booleans };
 }

@@ -22,7 +22,16 @@ import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, promises as fs, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { ConfigError, withStoragePath } from '../errors.ts';
-import { fromHfConfig, modelConfig, stopTokenIds, toHfConfig, type HfDtype, type ModelConfig } from './config.ts';
+import { PREPROCESSOR_FILE, preprocessorJson, readImageProcessor } from './processor.ts';
+import {
+  fromHfConfig,
+  isQwenVl,
+  modelConfig,
+  stopTokenIds,
+  toHfConfig,
+  type HfDtype,
+  type ModelConfig,
+} from './config.ts';
 import { initWeights } from './init.ts';
 import {
   ADAPTER_CONFIG_FILE,
@@ -54,6 +63,7 @@ export const TOKENIZER_FILES = [
   'vocab.json',
   'merges.txt',
   'tokenizer.model',
+  'preprocessor_config.json',
 ];
 /** Every file of a model directory besides the weights and optimizer state. */
 export const MODEL_SIDE_FILES = [CONFIG_FILE, GENERATION_CONFIG_FILE, ...TOKENIZER_FILES];
@@ -122,6 +132,9 @@ async function sideFiles(config: ModelConfig, assetsFrom: string | null): Promis
       }
     }
   }
+  // a Qwen-VL directory without a source processor config gets transformers' defaults
+  if (isQwenVl(config) && !side.has(PREPROCESSOR_FILE))
+    side.set(PREPROCESSOR_FILE, Buffer.from(JSON.stringify(preprocessorJson(config), null, 2) + '\n'));
   if (!side.has(GENERATION_CONFIG_FILE)) {
     const eos = stopTokenIds(config);
     side.set(
@@ -395,6 +408,7 @@ async function readWeightTensors(
 /** Load and validate a model or checkpoint directory (the optimizer state when present and `optimizer` is not false). */
 export async function loadCheckpoint(dir: string, opts: { optimizer?: boolean } = {}): Promise<Checkpoint> {
   const { config, generation } = await readModelDirConfig(dir);
+  readImageProcessor(dir, config); // a Qwen-VL directory's image processor: present and supported
   const { tensors, metadata, sha, source } = await readWeightTensors(dir);
   const weights = weightsFromTensors(config, tensors, source);
   tensors.clear();

@@ -20,7 +20,13 @@ const ropeScalingSchema = z.discriminatedUnion('type', [
 ]);
 export type RopeScaling = z.infer<typeof ropeScalingSchema>;
 
-export const MODEL_TYPES = ['llama', 'mistral', 'qwen2', 'qwen3'] as const;
+export const MODEL_TYPES = ['llama', 'mistral', 'qwen2', 'qwen3', 'qwen2_vl', 'qwen2_5_vl'] as const;
+
+/** Hugging Face's vision-language model types: a Qwen2 decoder with M-RoPE and their own vision tower. */
+export const VL_MODEL_TYPES = ['qwen2_vl', 'qwen2_5_vl'] as const;
+export function isQwenVl(c: { modelType: string }): c is { modelType: (typeof VL_MODEL_TYPES)[number] } {
+  return (VL_MODEL_TYPES as readonly string[]).includes(c.modelType);
+}
 
 /**
  * Vision tower of a vision-language policy (lib/model/vision.ts), Qwen2-VL's layout: patch
@@ -56,6 +62,33 @@ export const visionConfigSchema = z
         'rotary positions in the ViT: 2d = (row, column) of the patch on half the rotary frequencies each (Qwen2-VL), 1d = the patch index',
       ),
     ropeTheta: z.number().positive().default(10000).describe('rotary base of the ViT'),
+    norm: z
+      .enum(['layernorm', 'rmsnorm'])
+      .default('layernorm')
+      .describe('block and merger norm: layernorm (weight, bias; Qwen2-VL) or rmsnorm (weight; Qwen2.5-VL)'),
+    mlp: z
+      .enum(['quick_gelu', 'silu_glu'])
+      .default('quick_gelu')
+      .describe(
+        'block MLP: quick_gelu = fc2(quick_gelu(fc1 x)) (Qwen2-VL); silu_glu = down(silu(gate x)·up x), with biases (Qwen2.5-VL)',
+      ),
+    windowSize: z
+      .number()
+      .int()
+      .positive()
+      .nullable()
+      .default(null)
+      .describe(
+        'window attention side in pixels (Qwen2.5-VL window_size): blocks not in fullattBlockIndexes attend within windows of windowSize/(patch·merge) merged patches; null = full attention everywhere',
+      ),
+    fullattBlockIndexes: z
+      .array(z.number().int().nonnegative())
+      .default([])
+      .describe('blocks with full attention over the image when windowSize is set (Qwen2.5-VL fullatt_block_indexes)'),
+    hfExtra: z
+      .record(z.string(), z.unknown())
+      .optional()
+      .describe('vision_config keys of the source model not modelled here, written back unchanged'),
     imageTokenId: z
       .number()
       .int()
@@ -129,6 +162,13 @@ export const modelConfigSchema = z
       .nullable()
       .default(null)
       .describe('Mistral sliding-window size; sequences must fit inside it (null = full attention)'),
+    mropeSection: z
+      .array(z.number().int().positive())
+      .length(3)
+      .optional()
+      .describe(
+        'M-RoPE (Qwen2-VL): rotary frequency sections [temporal, height, width] of the decoder (sum = headDim/2), each rotated by its own position id; text tokens have three equal ids, so it is plain RoPE on text',
+      ),
     vision: visionConfigSchema
       .optional()
       .describe('vision tower of a vision-language policy (Qwen2-VL layout); absent = text-only'),
@@ -195,13 +235,34 @@ export function modelConfig(input: ModelConfigInput | ModelConfig): ModelConfig 
       if (v[k] >= c.vocabSize)
         throw new ConfigError(`model config: vision.${k} ${v[k]} is outside the vocabulary (vocabSize ${c.vocabSize})`);
     }
+    if (v.windowSize !== null) {
+      const f = v.patchSize * v.spatialMergeSize;
+      if (v.windowSize % f !== 0 || v.windowSize < f)
+        throw new ConfigError(
+          `model config: vision.windowSize ${v.windowSize} must be a positive multiple of patchSize × spatialMergeSize = ${f}`,
+        );
+    }
+    for (const i of v.fullattBlockIndexes)
+      if (i >= v.depth)
+        throw new ConfigError(`model config: vision.fullattBlockIndexes ${i} is not a block (depth ${v.depth})`);
     if (new Set([v.imageTokenId, v.visionStartTokenId, v.visionEndTokenId]).size !== 3)
       throw new ConfigError(
         'model config: vision.imageTokenId, visionStartTokenId and visionEndTokenId must be three different tokens',
       );
   }
+  if (c.mropeSection) {
+    const sum = c.mropeSection.reduce((a, x) => a + x, 0);
+    if (sum !== headDim / 2)
+      throw new ConfigError(
+        `model config: mropeSection [${c.mropeSection}] must sum to headDim / 2 = ${headDim / 2}, got ${sum}`,
+      );
+  }
+  if (isQwenVl(c) && (!c.vision || !c.mropeSection))
+    throw new ConfigError(`model config: model_type ${c.modelType} needs a vision config and mropeSection`);
+  if (isQwenVl(c) && !c.attentionBias)
+    throw new ConfigError(`model config: model_type ${c.modelType} has q/k/v biases (attentionBias true)`);
   const out: Record<string, unknown> = { ...c, headDim };
-  for (const k of ['eosTokenIds', 'suppressTokenIds', 'extra', 'vision'] as const)
+  for (const k of ['eosTokenIds', 'suppressTokenIds', 'extra', 'vision', 'mropeSection'] as const)
     if (out[k] === undefined) delete out[k];
   return Object.freeze(out) as ModelConfig;
 }
@@ -221,6 +282,8 @@ const ARCH: Record<ModelConfig['modelType'], string> = {
   mistral: 'Mistral',
   qwen2: 'Qwen2',
   qwen3: 'Qwen3',
+  qwen2_vl: 'Qwen2VL',
+  qwen2_5_vl: 'Qwen2_5_VL',
 };
 
 /** config.json keys this module reads or writes; every other key of a source config is kept in `extra`. */
@@ -308,6 +371,101 @@ function visionFromHf(j: Record<string, unknown>): VisionConfigInput | null {
   return out as VisionConfigInput;
 }
 
+/** vision_config keys of Qwen2.5-VL (transformers Qwen2_5_VLVisionConfig) ↔ VisionConfig fields. */
+const QWEN25_VISION_KEYS = {
+  depth: 'depth',
+  hidden_size: 'hiddenSize',
+  intermediate_size: 'intermediateSize',
+  num_heads: 'numHeads',
+  out_hidden_size: 'outHiddenSize',
+  patch_size: 'patchSize',
+  temporal_patch_size: 'temporalPatchSize',
+  spatial_merge_size: 'spatialMergeSize',
+  window_size: 'windowSize',
+  fullatt_block_indexes: 'fullattBlockIndexes',
+} as const;
+/** vision_config keys of Qwen2-VL (Qwen2VLVisionConfig); hidden_size is the merger's output (the decoder width). */
+const QWEN2_VISION_KEYS = {
+  depth: 'depth',
+  embed_dim: 'hiddenSize',
+  num_heads: 'numHeads',
+  hidden_size: 'outHiddenSize',
+  patch_size: 'patchSize',
+  temporal_patch_size: 'temporalPatchSize',
+  spatial_merge_size: 'spatialMergeSize',
+} as const;
+
+function qwenVisionFromHf(j: Record<string, unknown>, mt: 'qwen2_vl' | 'qwen2_5_vl'): VisionConfigInput {
+  const vc = j.vision_config;
+  if (!vc || typeof vc !== 'object' || Array.isArray(vc))
+    throw new ConfigError(`config.json: model_type ${mt} needs a "vision_config" object, got ${JSON.stringify(vc)}`);
+  const v = vc as Record<string, unknown>;
+  const keys: Record<string, string> = mt === 'qwen2_5_vl' ? QWEN25_VISION_KEYS : QWEN2_VISION_KEYS;
+  const act = mt === 'qwen2_5_vl' ? 'silu' : 'quick_gelu';
+  const bad = (k: string, want: string) =>
+    unsupported(`vision_config ${k}=${JSON.stringify(v[k])}`, `${mt} supports ${k} ${want}`);
+  if (v.hidden_act !== undefined && v.hidden_act !== act) throw bad('hidden_act', JSON.stringify(act));
+  for (const k of ['in_channels', 'in_chans']) if (v[k] !== undefined && v[k] !== 3) throw bad(k, '3');
+  if (v.spatial_patch_size !== undefined && v.spatial_patch_size !== (v.patch_size ?? 14))
+    throw bad('spatial_patch_size', 'equal to patch_size');
+  const out: Record<string, unknown> = { rope: '2d', ropeTheta: 10000, layerNormEps: 1e-6 };
+  for (const [k, f] of Object.entries(keys)) {
+    const x = v[k];
+    if (x === undefined) continue;
+    if (k === 'fullatt_block_indexes' ? !Array.isArray(x) : typeof x !== 'number')
+      throw new ConfigError(
+        `config.json: vision_config "${k}" must be a ${k === 'fullatt_block_indexes' ? 'list of block indexes' : 'number'}, got ${JSON.stringify(x)}`,
+      );
+    out[f] = x;
+  }
+  for (const k of ['depth', mt === 'qwen2_5_vl' ? 'hidden_size' : 'embed_dim', 'num_heads'])
+    if (typeof v[k] !== 'number')
+      throw new ConfigError(`config.json: vision_config "${k}" must be a number, got ${JSON.stringify(v[k])}`);
+  if (mt === 'qwen2_5_vl') {
+    Object.assign(out, { norm: 'rmsnorm', mlp: 'silu_glu' });
+    if (typeof v.intermediate_size !== 'number')
+      throw new ConfigError(
+        `config.json: vision_config "intermediate_size" must be a number, got ${JSON.stringify(v.intermediate_size)}`,
+      );
+    out.windowSize ??= 112;
+    out.outHiddenSize ??= j.hidden_size;
+  } else {
+    const ratio = v.mlp_ratio ?? 4;
+    if (typeof ratio !== 'number') throw bad('mlp_ratio', 'a number');
+    out.intermediateSize = Math.round((v.embed_dim as number) * ratio);
+    out.outHiddenSize ??= j.hidden_size;
+  }
+  const modelled = new Set([
+    ...Object.keys(keys),
+    'hidden_act',
+    'in_channels',
+    'in_chans',
+    'spatial_patch_size',
+    'mlp_ratio',
+  ]);
+  const hfExtra = Object.fromEntries(Object.entries(v).filter(([k]) => !modelled.has(k)));
+  if (Object.keys(hfExtra).length) out.hfExtra = hfExtra;
+  out.imageTokenId = j.image_token_id;
+  out.visionStartTokenId = j.vision_start_token_id;
+  out.visionEndTokenId = j.vision_end_token_id;
+  return out as VisionConfigInput;
+}
+
+function qwen25VisionToHf(v: VisionConfig): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...(v.hfExtra ?? {}), hidden_act: 'silu', in_chans: 3 };
+  for (const [k, f] of Object.entries(QWEN25_VISION_KEYS)) out[k] = v[f];
+  out.spatial_patch_size = v.patchSize;
+  return out;
+}
+
+function qwen2VisionToHf(v: VisionConfig, hidden: number): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...(v.hfExtra ?? {}), hidden_act: 'quick_gelu', in_chans: 3 };
+  for (const [k, f] of Object.entries(QWEN2_VISION_KEYS)) out[k] = v[f];
+  out.hidden_size = hidden;
+  out.mlp_ratio = v.intermediateSize / v.hiddenSize;
+  return out;
+}
+
 export type HfDtype = 'float32' | 'bfloat16' | 'float16';
 
 /**
@@ -320,8 +478,11 @@ export function toHfConfig(c: ModelConfig, dtype: HfDtype = 'float32'): Record<s
   // q/k/v biases without an o_proj bias are Qwen2's layout: HF's llama reads attention_bias as a
   // bias on all four projections, so a fresh llama-type model with q/k/v biases is written as qwen2
   const modelType = c.attentionBias && c.modelType === 'llama' ? 'qwen2' : c.modelType;
+  const vl = isQwenVl(c);
   Object.assign(out, {
-    architectures: [`${ARCH[modelType]}${c.head === 'value' ? 'ForTokenClassification' : 'ForCausalLM'}`],
+    architectures: [
+      `${ARCH[modelType]}${vl ? 'ForConditionalGeneration' : c.head === 'value' ? 'ForTokenClassification' : 'ForCausalLM'}`,
+    ],
     model_type: modelType,
     hidden_size: c.hiddenSize,
     intermediate_size: c.intermediateSize,
@@ -353,8 +514,19 @@ export function toHfConfig(c: ModelConfig, dtype: HfDtype = 'float32'): Record<s
       original_max_position_embeddings: rs.originalMaxPositionEmbeddings,
     };
   if (c.modelType === 'mistral') out.sliding_window = c.slidingWindow;
+  if (c.mropeSection) out.rope_scaling = { type: 'mrope', mrope_section: [...c.mropeSection] };
+  if (vl) {
+    // transformers' Qwen2(.5)-VL attention reads neither: head_dim is hidden/heads, q/k/v always biased
+    delete out.head_dim;
+    delete out.attention_bias;
+  }
   if (c.vision) {
-    out.vision_config = visionToHf(c.vision);
+    out.vision_config =
+      c.modelType === 'qwen2_5_vl'
+        ? qwen25VisionToHf(c.vision)
+        : c.modelType === 'qwen2_vl'
+          ? qwen2VisionToHf(c.vision, c.hiddenSize)
+          : visionToHf(c.vision);
     out.image_token_id = c.vision.imageTokenId;
     out.vision_start_token_id = c.vision.visionStartTokenId;
     out.vision_end_token_id = c.vision.visionEndTokenId;
@@ -415,25 +587,26 @@ function ropeScalingFrom(j: Record<string, unknown>): { theta: number | undefine
  * with one line naming it. `generation` (generation_config.json) adds its eos_token_id(s) to the
  * stop tokens.
  */
-export function fromHfConfig(j: Record<string, unknown>, generation?: Record<string, unknown> | null): ModelConfig {
+export function fromHfConfig(j0: Record<string, unknown>, generation?: Record<string, unknown> | null): ModelConfig {
   const need = (k: string): number => {
     const v = j[k];
     if (typeof v !== 'number') throw new ConfigError(`config.json: "${k}" must be a number, got ${JSON.stringify(v)}`);
     return v;
   };
-  const modelType = j.model_type;
-  if (typeof modelType === 'string' && /^qwen2(_5)?_vl$/.test(modelType))
-    throw unsupported(
-      `model_type ${JSON.stringify(modelType)}`,
-      'its M-RoPE decoder positions (and Qwen2.5-VL\'s window attention) are not modelled; a vision-language policy here is a llama/qwen2 decoder with a vision_config (README "Vision-language policies")',
-    );
+  const modelType = j0.model_type;
+  // transformers ≥ 4.52 may nest the decoder's keys under text_config; the top level wins
+  const j: Record<string, unknown> =
+    j0.text_config && typeof j0.text_config === 'object' && !Array.isArray(j0.text_config)
+      ? { ...(j0.text_config as Record<string, unknown>), ...j0 }
+      : j0;
   if (!(MODEL_TYPES as readonly unknown[]).includes(modelType))
     throw unsupported(`model_type ${JSON.stringify(modelType)}`, `supported: ${MODEL_TYPES.join(', ')}`);
   const mt = modelType as ModelConfig['modelType'];
+  const vl = mt === 'qwen2_vl' || mt === 'qwen2_5_vl';
   if (j.hidden_act !== undefined && j.hidden_act !== 'silu')
     throw unsupported(`hidden_act ${JSON.stringify(j.hidden_act)}`, 'only "silu"');
   if (j.mlp_bias === true) throw unsupported('mlp_bias true');
-  if (j.attention_bias === true && mt !== 'qwen2')
+  if (j.attention_bias === true && mt !== 'qwen2' && mt !== 'qwen2_vl' && mt !== 'qwen2_5_vl')
     throw unsupported(`attention_bias true for model_type ${mt}`, 'it adds an o_proj bias');
   if (j.quantization_config !== undefined && j.quantization_config !== null)
     throw unsupported('quantization_config', 'a quantized model; use the unquantized bf16/f16/f32 weights');
@@ -448,8 +621,24 @@ export function fromHfConfig(j: Record<string, unknown>, generation?: Record<str
     : 'lm';
   const hidden = need('hidden_size'),
     heads = need('num_attention_heads');
-  const headDim = typeof j.head_dim === 'number' ? j.head_dim : mt === 'qwen3' ? 128 : undefined;
-  const { theta, scaling } = ropeScalingFrom(j);
+  const headDim = vl ? undefined : typeof j.head_dim === 'number' ? j.head_dim : mt === 'qwen3' ? 128 : undefined;
+  let mropeSection: number[] | undefined;
+  if (vl) {
+    // Qwen2-VL's M-RoPE: rope_scaling {type: "mrope" (or "default"), mrope_section: [t, h, w]}
+    const rs = (j.rope_scaling ?? j.rope_parameters) as Record<string, unknown> | undefined;
+    const sec = rs && typeof rs === 'object' ? rs.mrope_section : undefined;
+    if (!Array.isArray(sec) || sec.length !== 3 || !sec.every((x) => Number.isInteger(x) && x > 0))
+      throw new ConfigError(
+        `config.json: model_type ${mt} needs rope_scaling.mrope_section [t, h, w], got ${JSON.stringify(sec)}`,
+      );
+    const type = rs!.rope_type ?? rs!.type ?? 'default';
+    if (type !== 'mrope' && type !== 'default')
+      throw unsupported(`rope_scaling type ${JSON.stringify(type)} for ${mt}`, 'only "mrope" (default)');
+    mropeSection = sec as number[];
+  }
+  const { theta, scaling } = vl
+    ? { theta: typeof j.rope_theta === 'number' ? j.rope_theta : undefined, scaling: null }
+    : ropeScalingFrom(j);
   const idList = (v: unknown): number[] =>
     (Array.isArray(v) ? v : typeof v === 'number' ? [v] : []).filter((x): x is number => typeof x === 'number');
   const eosList = idList(j.eos_token_id);
@@ -471,8 +660,8 @@ export function fromHfConfig(j: Record<string, unknown>, generation?: Record<str
         ? generation.pad_token_id
         : eosList[0];
   const extra: Record<string, unknown> = {};
-  const vision = visionFromHf(j);
-  for (const [k, v] of Object.entries(j))
+  const vision = vl ? qwenVisionFromHf(j, mt) : visionFromHf(j);
+  for (const [k, v] of Object.entries(j0))
     if (!MODELLED.has(k) && !(mt === 'mistral' && k === 'sliding_window')) extra[k] = v;
   return modelConfig({
     modelType: mt,
@@ -489,7 +678,8 @@ export function fromHfConfig(j: Record<string, unknown>, generation?: Record<str
     ropeTheta: theta ?? 10000,
     ropeScaling: scaling,
     tieWordEmbeddings: j.tie_word_embeddings === true,
-    attentionBias: mt === 'qwen2' ? j.attention_bias !== false : false,
+    attentionBias: vl || (mt === 'qwen2' ? j.attention_bias !== false : false),
+    ...(mropeSection ? { mropeSection } : {}),
     bosTokenId: bos,
     eosTokenId: eosList[0],
     ...(allEos.length > 1 || Array.isArray(j.eos_token_id) ? { eosTokenIds: allEos } : {}),

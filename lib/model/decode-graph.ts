@@ -37,7 +37,7 @@ import { linear, rmsNorm, rope, swiglu } from '../onnx/nn.ts';
 import { hasQkNorm, type ModelConfig } from './config.ts';
 import { declareParams, llamaForward, lmHead, MASK_NEG, type ParamVars } from './llama.ts';
 import { paramSpecs } from './params.ts';
-import { placeImageTokens } from './vision.ts';
+import { mropeDeltaInput, placeImageTokens } from './vision.ts';
 
 const { onnx } = onnxProto;
 
@@ -163,9 +163,11 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const cum = b.op('CumSum', [mask, b.const(1, 'int64')], {}, { dtype: 'int64', shape: ['U', 'P'] });
   const positions = b.max(b.sub(cum, b.const(1, 'int64')), b.const(0, 'int64'));
   // a VLM's image tokens enter in the prefill only: the tower runs once per prompt (vision.ts)
+  const mropeDelta = c.vision ? mropeDeltaInput(b, c, ids) : null;
   const pre = llamaForward(b, c, p, {
     ids,
     positions,
+    ...(mropeDelta ? { mropeDelta } : {}),
     attentionMask: mask,
     ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}),
   });
@@ -182,9 +184,17 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   );
   const expand = (v: Var): Var => b.gather(v, rows); // [U, …] → [B, …]
   const logits0 = expand(lmHead(b, c, p, hLast)); // [B, V]
-  const pos0 = expand(
-    b.add(b.op('Gather', [positions, lastIdx], { axis: 1 }, { dtype: 'int64', shape: ['U', 1] }), b.const(1, 'int64')),
-  ); // [B, 1]
+  // the next position: the last prompt token's + 1 (M-RoPE: its text position, offset included)
+  let lastPos = b.op('Gather', [positions, lastIdx], { axis: 1 }, { dtype: 'int64', shape: ['U', 1] });
+  if (mropeDelta)
+    lastPos = b.add(
+      lastPos,
+      b.reshape(
+        b.op('Gather', [b.slice(mropeDelta, 2, 0, 1), lastIdx], { axis: 1 }, { dtype: 'int64', shape: ['U', 1, 1] }),
+        ['U', 1],
+      ),
+    );
+  const pos0 = expand(b.add(lastPos, b.const(1, 'int64'))); // [B, 1]
   const bias0 = expand(b.reshape(b.where(b.cast(mask, 'bool'), b.const(0), b.const(MASK_NEG)), ['U', 1, 1, 'P']));
   const done0 = b.less(rows, b.const(0, 'int64')); // [B] all false (shape from the batch)
   const trip = b.op('Gather', [b.shape(uniforms), b.const(1, 'int64')], { axis: 0 }, { dtype: 'int64', shape: [] });

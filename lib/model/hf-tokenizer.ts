@@ -9,7 +9,8 @@
  *  - bos/eos/pad: tokenizer_config.json's tokens; an unset one takes the caller's fallback (the
  *    model's config.json ids); pad then falls back to eos (verl's rule when pad_token is None),
  *    bos to pad (Qwen has no bos_token; the template writes what it needs).
- *  - chat template: chat_template.jinja if present, else tokenizer_config.json's chat_template.
+ *  - chat template: chat_template.jinja if present, else chat_template.json's (a processor's), else
+ *    tokenizer_config.json's chat_template.
  *  - specialIds: every added token marked special plus bos/eos/pad/unk; stopIds: eos then the
  *    fallback's stop ids (config.json / generation_config.json eos lists); textlessIds: tokens
  *    whose text contains NUL (byte-level `Ā`, SentencePiece `<0x00>`).
@@ -60,10 +61,23 @@ function tokenText(t: unknown): string | null {
   return null;
 }
 
-/** The chat template: chat_template.jinja when present (transformers reads it over the config's), else tokenizer_config.json's. */
+/** The chat template: chat_template.jinja when present (transformers reads it over the config's), else chat_template.json's, else tokenizer_config.json's. */
 function chatTemplateSource(dir: string, config: Json): { source: string; where: string } | null {
   const file = join(dir, CHAT_TEMPLATE_FILE);
   if (existsSync(file)) return { source: readFileSync(file, 'utf8'), where: file };
+  // a processor's chat_template.json ({"chat_template": "…"}, Qwen2-VL / Qwen2.5-VL directories)
+  const pfile = join(dir, 'chat_template.json');
+  if (existsSync(pfile)) {
+    let j: unknown;
+    try {
+      j = JSON.parse(readFileSync(pfile, 'utf8'));
+    } catch (e) {
+      throw new ConfigError(`${pfile} is not valid JSON (${(e as Error).message})`);
+    }
+    const t = (j as { chat_template?: unknown } | null)?.chat_template;
+    if (typeof t !== 'string') throw new ConfigError(`${pfile}: "chat_template" must be a string`);
+    return { source: t, where: pfile };
+  }
   const where = join(dir, TOKENIZER_CONFIG_FILE);
   const t = config.chat_template;
   if (typeof t === 'string') return { source: t, where };

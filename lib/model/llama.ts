@@ -200,6 +200,12 @@ export interface LlamaForwardOptions {
   bias?: Var;
   /** Per-layer KV cache [B, KVH, P, hd]. */
   past?: { keys: Var[]; values: Var[] };
+  /**
+   * M-RoPE offsets [B, T, 3] int64 (vision.ts mropeDeltas; configs with mropeSection): token (b, t)
+   * rotates the frequencies of section a ∈ (t, h, w) by position + delta[b, t, a]. Without it an
+   * M-RoPE decoder is plain RoPE (text: the three positions are equal).
+   */
+  mropeDelta?: Var;
   /** Replace token embeddings [N = B·T, D] before the first layer (vision.ts placeImageTokens). */
   placeImages?: (tokens: Var, N: Dim) => Var;
   /** LoRA adapters (lib/model/lora.ts): `p` holds `<module>.lora_A.weight` / `.lora_B.weight`. */
@@ -247,6 +253,27 @@ export function llamaForward(
 
   const { cos, sin } = b.scope('rope', () => ropeTables(b, c));
   const [cosT, sinT] = b.scope('rope', () => {
+    const sec = c.mropeSection;
+    if (o.mropeDelta && sec) {
+      // M-RoPE (Qwen2-VL): cos/sin of each channel from its section's position; the channel
+      // selection is a 0/1 mask summed over the three axes, so every value is one table entry
+      const pos = o.positions ?? b.unsqueeze(b.range(T), [0]); // [B | 1, T]
+      const p3 = b.add(b.unsqueeze(pos, [2]), o.mropeDelta); // [B, T, 3]
+      const sel = new Float32Array(3 * hd);
+      for (let ch = 0; ch < hd; ch++) {
+        const f = ch % (hd / 2);
+        const a = f < sec[0] ? 0 : f < sec[0] + sec[1] ? 1 : 2;
+        sel[a * hd + ch] = 1;
+      }
+      const selV = b.initializer(
+        'rope.mrope_select',
+        b.float === 'float64' ? Float64Array.from(sel) : sel,
+        [3, hd],
+        b.float,
+      );
+      const pick = (table: Var) => b.unsqueeze(b.reduceSum(b.mul(b.gather(table, p3), selV), [2]), [2]); // [B, T, 1, hd]
+      return [pick(cos), pick(sin)];
+    }
     if (o.positions) {
       if (!dimEq(o.positions.shape[0], B) || !dimEq(o.positions.shape[1], T))
         throw new GraphError(`llama: positions ${fmtShape(o.positions.shape)} must match ids ${fmtShape(ids.shape)}`);

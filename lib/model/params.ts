@@ -55,10 +55,12 @@ export function isVisionParam(name: string): boolean {
 }
 
 /**
- * The vision tower's parameters, Qwen2-VL's HF names and torch layouts: the patch embedding is the
- * Conv3d weight [E, 3, temporal, patch, patch] (no bias); blocks have LayerNorm norm1/norm2 (weight,
- * bias), attn.qkv [3E, E] + bias, attn.proj [E, E] + bias, mlp.fc1 [F, E] + bias, mlp.fc2 [E, F] +
- * bias; the merger ln_q (weight, bias), mlp.0 [m²E, m²E] + bias, mlp.2 [out, m²E] + bias.
+ * The vision tower's parameters, Qwen2-VL's / Qwen2.5-VL's HF names and torch layouts: the patch
+ * embedding is the Conv3d weight [E, 3, temporal, patch, patch] (no bias); blocks have norm1/norm2
+ * (LayerNorm weight + bias, or RMSNorm weight), attn.qkv [3E, E] + bias, attn.proj [E, E] + bias, and
+ * mlp.fc1 [F, E] + bias, mlp.fc2 [E, F] + bias (quick_gelu) or mlp.gate_proj / up_proj [F, E] +
+ * bias, down_proj [E, F] + bias (silu_glu); the merger ln_q (as the blocks' norm), mlp.0 [m²E, m²E]
+ * + bias, mlp.2 [out, m²E] + bias.
  */
 export function visionParamSpecs(c: ModelConfig): ParamSpec[] {
   const v = c.vision;
@@ -70,14 +72,27 @@ export function visionParamSpecs(c: ModelConfig): ParamSpec[] {
   const out: ParamSpec[] = [{ name: 'visual.patch_embed.proj.weight', shape: [E, 3, v.temporalPatchSize, ps, ps] }];
   for (let i = 0; i < v.depth; i++) {
     const p = `visual.blocks.${i}`;
-    out.push({ name: `${p}.norm1.weight`, shape: [E] }, { name: `${p}.norm1.bias`, shape: [E] });
-    out.push({ name: `${p}.attn.qkv.weight`, shape: [3 * E, E] }, { name: `${p}.attn.qkv.bias`, shape: [3 * E] });
-    out.push({ name: `${p}.attn.proj.weight`, shape: [E, E] }, { name: `${p}.attn.proj.bias`, shape: [E] });
-    out.push({ name: `${p}.norm2.weight`, shape: [E] }, { name: `${p}.norm2.bias`, shape: [E] });
-    out.push({ name: `${p}.mlp.fc1.weight`, shape: [F, E] }, { name: `${p}.mlp.fc1.bias`, shape: [F] });
-    out.push({ name: `${p}.mlp.fc2.weight`, shape: [E, F] }, { name: `${p}.mlp.fc2.bias`, shape: [E] });
+    const norm = (n: string) => {
+      out.push({ name: `${p}.${n}.weight`, shape: [E] });
+      if (v.norm === 'layernorm') out.push({ name: `${p}.${n}.bias`, shape: [E] });
+    };
+    const lin = (n: string, o: number, i: number) =>
+      out.push({ name: `${p}.${n}.weight`, shape: [o, i] }, { name: `${p}.${n}.bias`, shape: [o] });
+    norm('norm1');
+    lin('attn.qkv', 3 * E, E);
+    lin('attn.proj', E, E);
+    norm('norm2');
+    if (v.mlp === 'silu_glu') {
+      lin('mlp.gate_proj', F, E);
+      lin('mlp.up_proj', F, E);
+      lin('mlp.down_proj', E, F);
+    } else {
+      lin('mlp.fc1', F, E);
+      lin('mlp.fc2', E, F);
+    }
   }
-  out.push({ name: 'visual.merger.ln_q.weight', shape: [E] }, { name: 'visual.merger.ln_q.bias', shape: [E] });
+  out.push({ name: 'visual.merger.ln_q.weight', shape: [E] });
+  if (v.norm === 'layernorm') out.push({ name: 'visual.merger.ln_q.bias', shape: [E] });
   out.push({ name: 'visual.merger.mlp.0.weight', shape: [M, M] }, { name: 'visual.merger.mlp.0.bias', shape: [M] });
   out.push(
     { name: 'visual.merger.mlp.2.weight', shape: [v.outHiddenSize, M] },

@@ -26,7 +26,7 @@ import { logitBiasOf } from './decode-graph.ts';
 import { validateWeights, type Weights } from './params.ts';
 import { planBatches, weightTensors } from './sample.ts';
 import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.ts';
-import { hasImages, placeImageTokens, visionFeeds, type ImagePixels } from './vision.ts';
+import { hasImages, mropeDeltaInput, placeImageTokens, visionFeeds, type ImagePixels } from './vision.ts';
 
 export const SCORE_IO = {
   inputIds: 'input_ids', // int64 [B, T], right-padded prompt ‖ response
@@ -48,8 +48,10 @@ export function buildScoreModel(
   const ids = b.input(SCORE_IO.inputIds, 'int64', ['B', 'T']);
   const rows = b.input(SCORE_IO.gatherRows, 'int64', ['M']);
   // a VLM places its image tokens at the <|image_pad|> positions (vision.ts)
+  const mropeDelta = c.vision ? mropeDeltaInput(b, c, ids) : null;
   const { hidden } = llamaForward(b, c, p, {
     ids,
+    ...(mropeDelta ? { mropeDelta } : {}),
     ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}),
     queryBlocks: opts.queryBlocks,
   });

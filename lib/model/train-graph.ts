@@ -35,7 +35,7 @@ import {
   type TokenTensors,
 } from './loss.ts';
 import { isVisionParam, paramSpecs } from './params.ts';
-import { placeImageTokens } from './vision.ts';
+import { mropeDeltaInput, placeImageTokens } from './vision.ts';
 import { loraSpecs, type LoraConfig } from './lora.ts';
 import { logitBiasOf } from './decode-graph.ts';
 
@@ -166,9 +166,11 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   const trained = spec.lora ? loraSpecs(model, spec.lora) : paramSpecs(model);
   const pl: ParamVars = new Map();
   if (spec.lora) for (const s of trained) pl.set(s.name, b.input(s.name, F, s.shape));
+  const mropeDelta = model.vision ? mropeDeltaInput(b, model, ids) : null;
   const { hidden } = llamaForward(b, model, p, {
     ids,
     positions,
+    ...(mropeDelta ? { mropeDelta } : {}),
     attentionMask: attn,
     ...(model.vision
       ? {

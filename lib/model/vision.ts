@@ -34,12 +34,20 @@
  *   patch_mask [I, P/m², m²] float: 1 = real patch, 0 = padding (masked as a key);
  *   embed_index [B·T] int64: for each flat token position n, n (keep its token embedding) or
  *     B·T + k (the k-th merged image token of the batch, k = image·P/m² + j).
+ *   patch_window [I, P] float (windowed towers, Qwen2.5-VL): the attention window of each patch,
+ *     (⌊mh/w⌋, ⌊mw/w⌋) numbered row-major, mh/mw its merged row/column and w = windowSize/(patch·merge);
+ *     a windowed block attends only keys of the query's window (HF's window reordering and
+ *     cu_window_seqlens, as a mask: attention is permutation-equivariant);
+ *   mrope_delta [B, T, 3] int64 (M-RoPE decoders, Qwen2-VL / Qwen2.5-VL): each token's (t, h, w)
+ *     position minus its 1-D position (mropeDeltas).
  * A batch with no images feeds one all-zero image of one merge window that no position reads.
  *
- * Decoder positions stay 1-D (one position per pad, as for text); Qwen2-VL's M-RoPE is not modelled.
+ * Decoder positions: 1-D (one position per pad, as for text), or M-RoPE when the config has
+ * mropeSection (HF get_rope_index, images only: an image's merged token (i, j) sits at (s, s+i, s+j)
+ * for s its first token's position, and the text after it continues at s + max(rows, cols)).
  */
 import { GraphBuilder, GraphError, type Dim, type Var } from '../onnx/builder.ts';
-import { gelu, layerNorm, linear, quickGelu, rope } from '../onnx/nn.ts';
+import { gelu, layerNorm, linear, quickGelu, rmsNorm, rope, swiglu } from '../onnx/nn.ts';
 import { tensor, type ort } from '../onnx/runtime.ts';
 import { ConfigError } from '../errors.ts';
 import type { ImagePixels } from '../data/images.ts';
@@ -53,6 +61,8 @@ export const VISION_IO = {
   patchPos: 'patch_pos',
   patchMask: 'patch_mask',
   embedIndex: 'embed_index',
+  patchWindow: 'patch_window',
+  mropeDelta: 'mrope_delta',
 } as const;
 
 /** Qwen2-VL image processor normalisation (OpenAI CLIP mean / std, RGB). */
@@ -236,12 +246,87 @@ export function visionFeeds(
         `${what}: row ${b} has ${seen} <|image_pad|> tokens but its ${rowStart[b + 1] - rowStart[b]} image(s) give ${expected}; expand each placeholder with expandImagePads`,
       );
   }
-  return {
+  const out: Record<string, ort.Tensor> = {
     [VISION_IO.patches]: tensor('float32', patches, [I, P, C]),
     [VISION_IO.patchPos]: tensor('int64', pos, [I, P, 2]),
     [VISION_IO.patchMask]: tensor('float32', mask, [I, Pm, m2]),
     [VISION_IO.embedIndex]: tensor('int64', index, [N]),
   };
+  if (hasWindows(v)) {
+    const win = new Float32Array(I * P).fill(-1);
+    all.forEach((a, i) => {
+      const ws = v.windowSize! / (v.patchSize * v.spatialMergeSize);
+      const mgw = (a.count === 0 ? 0 : Math.max(...Array.from({ length: a.count }, (_, r) => a.pos[2 * r + 1]))) + 1;
+      const nw = Math.ceil(mgw / v.spatialMergeSize / ws);
+      for (let r = 0; r < a.count; r++) {
+        const mh = Math.floor(a.pos[2 * r] / v.spatialMergeSize),
+          mw = Math.floor(a.pos[2 * r + 1] / v.spatialMergeSize);
+        win[i * P + r] = Math.floor(mh / ws) * nw + Math.floor(mw / ws);
+      }
+    });
+    out[VISION_IO.patchWindow] = tensor('float32', win, [I, P]);
+  }
+  if (c.mropeSection) {
+    const grids: [number, number][] = [];
+    for (let b = 0; b < B; b++)
+      for (const img of images?.[b] ?? []) {
+        const [gh, gw] = patchGrid(v, img);
+        grids.push([gh / v.spatialMergeSize, gw / v.spatialMergeSize]);
+      }
+    out[VISION_IO.mropeDelta] = tensor('int64', mropeDeltas(v.imageTokenId, ids, B, T, rowStart, grids), [B, T, 3]);
+  }
+  return out;
+}
+
+/** Whether some block of the tower attends within windows (Qwen2.5-VL). */
+export function hasWindows(v: VisionConfig): boolean {
+  return v.windowSize !== null && v.fullattBlockIndexes.length < v.depth;
+}
+
+/**
+ * M-RoPE position offsets [B·T·3] (HF Qwen2-VL get_rope_index, images): the (t, h, w) position of
+ * each token minus its 1-D position (its index among the row's tokens). Row b's image pads take
+ * its images in order (images rowStart[b] …, merged grid `grids[k]` = [rows, cols]): the j-th pad of
+ * an image adds (−j, ⌊j/cols⌋ − j, j mod cols − j) to the running offset, and after the image the
+ * offset grows by max(rows, cols) − rows·cols. Every other token gets the running offset thrice.
+ */
+export function mropeDeltas(
+  imageTokenId: number,
+  ids: ArrayLike<number | bigint>,
+  B: number,
+  T: number,
+  rowStart: readonly number[],
+  grids: readonly (readonly [number, number])[],
+): BigInt64Array {
+  const out = new BigInt64Array(B * T * 3);
+  for (let b = 0; b < B; b++) {
+    let acc = 0,
+      img = rowStart[b],
+      j = 0;
+    for (let t = 0; t < T; t++) {
+      const o = (b * T + t) * 3;
+      if (Number(ids[b * T + t]) !== imageTokenId || img >= grids.length) {
+        out[o] = out[o + 1] = out[o + 2] = BigInt(acc);
+        continue;
+      }
+      const [gh, gw] = grids[img];
+      out[o] = BigInt(acc - j);
+      out[o + 1] = BigInt(acc + Math.floor(j / gw) - j);
+      out[o + 2] = BigInt(acc + (j % gw) - j);
+      if (++j === gh * gw) {
+        acc += Math.max(gh, gw) - gh * gw;
+        img++;
+        j = 0;
+      }
+    }
+  }
+  return out;
+}
+
+/** The M-RoPE offsets input [B, T, 3] of a graph whose ids are [B, T] (null for a 1-D RoPE decoder). */
+export function mropeDeltaInput(b: GraphBuilder, c: ModelConfig, ids: Var): Var | null {
+  if (!c.mropeSection) return null;
+  return b.input(VISION_IO.mropeDelta, 'int64', [ids.shape[0], ids.shape[1], 3]);
 }
 
 /** Whether a batch's rows carry any image (a text-only model takes none). */
@@ -285,8 +370,9 @@ function visionRope(b: GraphBuilder, v: VisionConfig, pos: Var): { cos: Var; sin
  * The vision tower on the batch's patches: declares the pixel_patches / patch_pos / patch_mask
  * inputs and returns the merged image tokens [I·P/m², D] in the decoder's embedding space.
  *   x = patches · (Σ_t W_pe[:, :, t])ᵀ                    [I·P, E]   (Conv3d, stride = kernel, on a repeated frame)
- *   depth × { x += proj(attn(rope(LN₁(x)))) ; x += fc2(quick_gelu(fc1(LN₂(x)))) }  (bidirectional,
- *     per image, padded patches masked as keys; attention softmax(q·kᵀ/√hd) per head)
+ *   depth × { x += proj(attn(rope(N₁(x)))) ; x += mlp(N₂(x)) }  (bidirectional, per image or per
+ *     window (windowed blocks), padded patches masked as keys; attention softmax(q·kᵀ/√hd) per head;
+ *     N LayerNorm or RMSNorm, mlp fc2(quick_gelu(fc1 h)) or down(silu(gate h)·up h))
  *   tokens = mlp.2(GELU(mlp.0(reshape(LN_q(x), [I·P/m², m²E]))))           [I·P/m², D]
  */
 export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts: { checkpoint?: boolean } = {}): Var {
@@ -308,6 +394,18 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
     const { cos, sin } = b.scope('rope', () => visionRope(b, v, pos));
     // key bias [I, 1, 1, P]: 0 for real patches, −1e9 for padding
     const bias = b.unsqueeze(b.mul(b.sub(1, pmask), MASK_NEG), [1, 2]);
+    // windowed blocks (Qwen2.5-VL): also −1e9 between patches of different windows, [I, 1, P, P]
+    const windowBias = hasWindows(v)
+      ? b.scope('window_mask', () => {
+          const win = b.input(VISION_IO.patchWindow, b.float, ['I', P]);
+          const same = b.equal(b.unsqueeze(win, [2]), b.unsqueeze(win, [1])); // [I, P, P]
+          return b.add(b.unsqueeze(b.where(same, b.const(0), b.const(MASK_NEG)), [1]), bias);
+        })
+      : null;
+    const norm = (x0: Var, W: (name: string) => Var, name: string): Var =>
+      v.norm === 'rmsnorm'
+        ? rmsNorm(b, x0, W(`${name}.weight`), v.layerNormEps)
+        : layerNorm(b, x0, W(`${name}.weight`), W(`${name}.bias`), v.layerNormEps);
     // an image is its frame repeated over the temporal patch (Qwen2-VL's processor), so the Conv3d
     // over [3, tp, ps, ps] equals the one-frame conv with the kernel summed over t: half the work
     // for tp = 2, and the gradient reaches every t slice (ReduceSum's backward)
@@ -320,9 +418,10 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
     for (let l = 0; l < v.depth; l++) {
       const pre = `visual.blocks.${l}`;
       /** One ViT block x0 → x0 + attn → + mlp, weights through W. */
+      const blockBias = windowBias && !v.fullattBlockIndexes.includes(l) ? windowBias : bias;
       const block = (x0: Var, W: (name: string) => Var): Var => {
         const att = b.scope('attn', () => {
-          const h = layerNorm(b, x0, W(`${pre}.norm1.weight`), W(`${pre}.norm1.bias`), v.layerNormEps);
+          const h = norm(x0, W, `${pre}.norm1`);
           const [q0, k0, v0] = b.split(linear(b, h, W(`${pre}.attn.qkv.weight`), W(`${pre}.attn.qkv.bias`)), 1, [
             E,
             E,
@@ -333,13 +432,27 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
           const q4 = b.transpose(q, [0, 2, 1, 3]),
             k4 = b.transpose(k, [0, 2, 1, 3]); // [I, H, P, hd]
           const v4 = b.transpose(b.reshape(v0, ['I', P, H, hd]), [0, 2, 1, 3]);
-          const probs = b.softmax(b.add(b.matmul(q4, b.transposeLast2(k4)), bias), -1); // [I, H, P, P]
+          const probs = b.softmax(b.add(b.matmul(q4, b.transposeLast2(k4)), blockBias), -1); // [I, H, P, P]
           const ctx = b.transpose(b.matmul(probs, v4), [0, 2, 1, 3]); // [I, P, H, hd]
           return linear(b, b.reshape(ctx, [NP, E]), W(`${pre}.attn.proj.weight`), W(`${pre}.attn.proj.bias`));
         });
         const x1 = b.add(x0, att);
         const mlp = b.scope('mlp', () => {
-          const h = layerNorm(b, x1, W(`${pre}.norm2.weight`), W(`${pre}.norm2.bias`), v.layerNormEps);
+          const h = norm(x1, W, `${pre}.norm2`);
+          if (v.mlp === 'silu_glu') {
+            const F = v.intermediateSize;
+            const [g, u] = b.split(
+              linear(
+                b,
+                h,
+                b.concat([W(`${pre}.mlp.gate_proj.weight`), W(`${pre}.mlp.up_proj.weight`)], 0),
+                b.concat([W(`${pre}.mlp.gate_proj.bias`), W(`${pre}.mlp.up_proj.bias`)], 0),
+              ),
+              1,
+              [F, F],
+            );
+            return linear(b, swiglu(b, g, u), W(`${pre}.mlp.down_proj.weight`), W(`${pre}.mlp.down_proj.bias`));
+          }
           return linear(
             b,
             quickGelu(b, linear(b, h, W(`${pre}.mlp.fc1.weight`), W(`${pre}.mlp.fc1.bias`))),
@@ -364,7 +477,7 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
     }
     return b.scope('merger', () => {
       const h = b.reshape(
-        layerNorm(b, x, param(p, 'visual.merger.ln_q.weight'), param(p, 'visual.merger.ln_q.bias'), v.layerNormEps),
+        norm(x, (n) => param(p, n), 'visual.merger.ln_q'),
         ['I*Pm', m2 * E],
       );
       const h1 = gelu(b, linear(b, h, param(p, 'visual.merger.mlp.0.weight'), param(p, 'visual.merger.mlp.0.bias')));

@@ -19,20 +19,31 @@ import {
 import type { ImagePixels } from '../../../lib/model/vision.ts';
 import { IMAGE_MARK, imagePromptIds } from '../../../lib/pipeline/images.ts';
 import type { ModelConfig } from '../../../lib/model/config.ts';
+import { readImageProcessor, type ImageProcessorConfig } from '../../../lib/model/processor.ts';
 
-/** The --image file resized as the pipeline does (Qwen2-VL smart_resize to the patch × merge grid). */
-async function loadImage(path: string, c: ModelConfig, flags: Record<string, string>): Promise<ImagePixels> {
+/**
+ * The --image file resized as the pipeline does (Qwen2-VL smart_resize to the patch × merge grid;
+ * min/max pixels from --min-pixels / --max-pixels, else the directory's preprocessor_config.json).
+ */
+async function loadImage(
+  path: string,
+  c: ModelConfig,
+  flags: Record<string, string>,
+  processor: ImageProcessorConfig | null,
+): Promise<ImagePixels> {
   const v = c.vision!;
   const factor = v.patchSize * v.spatialMergeSize;
   const minPixels =
-    num(flags, 'min-pixels', (x) => Number.isInteger(x) && x > 0, 'a positive integer') ?? factor * factor;
+    num(flags, 'min-pixels', (x) => Number.isInteger(x) && x > 0, 'a positive integer') ??
+    processor?.minPixels ??
+    factor * factor;
   const maxPixels =
     num(
       flags,
       'max-pixels',
       (x) => Number.isInteger(x) && x >= minPixels,
       `an integer ≥ --min-pixels (${minPixels})`,
-    ) ?? 1003520;
+    ) ?? (processor && processor.maxPixels >= minPixels ? processor.maxPixels : Math.max(1003520, minPixels));
   const resample = (flags.resample ?? 'bicubic') as ImageResample;
   if (!IMAGE_RESAMPLES.includes(resample))
     throw new UsageError(`--resample must be one of ${IMAGE_RESAMPLES.join(', ')}, got "${flags.resample}"`);
@@ -81,7 +92,7 @@ export const generateCommand: Command = {
   name: 'generate',
   summary: 'Generate one completion from a model directory or checkpoint (try a model before training it)',
   usage:
-    'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image PATH] [--chat] [--system TEXT] [--chat-template-kwargs MAP] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
+    'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image PATH]… [--chat] [--system TEXT] [--chat-template-kwargs MAP] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
   help: [
     'Loads a Hugging Face model directory, a policy version (<run_dir>/policy/vNNNNNN) or a run checkpoint',
     '(<run_dir>/checkpoints/global_step_N) and prints the completion of --prompt. A LoRA adapter (PEFT',
@@ -94,10 +105,11 @@ export const generateCommand: Command = {
     '  --system TEXT          a system message before it (with --chat)',
     '  --chat-template-kwargs MAP  extra chat-template variables as a YAML/JSON mapping (with --chat), as',
     "                         data.chat_template_kwargs in training, e.g. '{enable_thinking: false}' for Qwen3",
-    '  --image PATH           an image for a vision-language model: resized to its patch grid (smart_resize,',
-    '                         --min-pixels [patch·merge squared], --max-pixels [1003520], --resample [bicubic])',
-    `                         and placed as <|vision_start|><|image_pad|>…<|vision_end|> where ${IMAGE_MARK} is in the`,
-    '                         prompt, else before it',
+    '  --image PATH           an image for a vision-language model (repeat for several): resized to its patch',
+    '                         grid (smart_resize, --min-pixels / --max-pixels [preprocessor_config.json, else',
+    '                         patch·merge squared / 1003520], --resample [bicubic]) and placed as',
+    `                         <|vision_start|><|image_pad|>…<|vision_end|> where the k-th ${IMAGE_MARK} is in the prompt,`,
+    '                         else all before it',
     '  --max-new-tokens N     response length cap (default: generation_config max_new_tokens, else 256)',
     '  --temperature T        0 = greedy (default: generation_config, greedy when do_sample is false)',
     '  --top-p P              nucleus sampling threshold, 1 = off',
@@ -108,7 +120,7 @@ export const generateCommand: Command = {
     '                         untempered distribution',
   ].join('\n'),
   async run(argv) {
-    const { positionals, flags, booleans } = parseArgs(argv, {
+    const { positionals, flags, lists, booleans } = parseArgs(argv, {
       flags: [
         'prompt',
         'system',
@@ -152,8 +164,12 @@ export const generateCommand: Command = {
       throw new ConfigError(`${dir} is a text-only model (no vision_config in config.json); drop --image`);
     for (const k of ['min-pixels', 'max-pixels', 'resample'])
       if (flags[k] !== undefined && flags.image === undefined) throw new UsageError(`--${k} needs --image`);
-    const image = flags.image !== undefined ? await loadImage(flags.image, c, flags) : null;
-    let promptText = image && !flags.prompt.includes(IMAGE_MARK) ? IMAGE_MARK + flags.prompt : flags.prompt;
+    const processor = c.vision ? readImageProcessor(dir, c) : null;
+    const imageList: ImagePixels[] = [];
+    for (const path of lists.image ?? []) imageList.push(await loadImage(path, c, flags, processor));
+    const image = imageList.length ? imageList : null;
+    let promptText =
+      image && !flags.prompt.includes(IMAGE_MARK) ? IMAGE_MARK.repeat(image.length) + flags.prompt : flags.prompt;
     if (booleans.has('chat')) {
       if (!tok.applyChatTemplate || !tok.chatTemplate)
         throw new ConfigError(`${dir} has no chat template (tokenizer_config.json chat_template); drop --chat`);
@@ -168,10 +184,10 @@ export const generateCommand: Command = {
     // around it encoded on its own), pads expanded to the image's tokens, as the pipeline does.
     const promptIds = Array.from(
       image
-        ? imagePromptIds(tok, promptText, !booleans.has('chat'), c.vision!, [image])
+        ? imagePromptIds(tok, promptText, !booleans.has('chat'), c.vision!, image)
         : tok.encode(promptText, { addSpecialTokens: !booleans.has('chat') }),
     );
-    const images = image ? [image] : undefined;
+    const images = image ?? undefined;
     if (!promptIds.length) throw new ConfigError('the prompt encodes to no tokens; give a non-empty --prompt');
     const g = ck.generation ?? {};
     const gnum = (k: string): number | undefined => (typeof g[k] === 'number' ? (g[k] as number) : undefined);

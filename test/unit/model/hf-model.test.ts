@@ -153,7 +153,7 @@ describe('HF model directories in', () => {
     const cases: Array<[Record<string, unknown>, RegExp]> = [
       [
         { model_type: 'gemma3' },
-        /^config\.json: model_type "gemma3" is not supported \(supported: llama, mistral, qwen2, qwen3\)$/,
+        /^config\.json: model_type "gemma3" is not supported \(supported: llama, mistral, qwen2, qwen3, qwen2_vl, qwen2_5_vl\)$/,
       ],
       [{ hidden_act: 'gelu' }, /hidden_act "gelu" is not supported/],
       [

@@ -96,7 +96,7 @@ describe('vision config', () => {
     );
     assert.throws(
       () => fromHfConfig({ ...j, model_type: 'qwen2_vl' }),
-      /model_type "qwen2_vl" is not supported \(its M-RoPE decoder positions/,
+      /model_type qwen2_vl needs rope_scaling.mrope_section \[t, h, w\], got undefined/,
     );
     assert.throws(() => vlm({ outHiddenSize: 8 }), /vision.outHiddenSize 8 must equal the decoder hiddenSize 16/);
     assert.throws(() => vlm({ numHeads: 4 }), /vision head dim 2 must be a multiple of 4/);
