@@ -15,8 +15,9 @@ ARG NODE_IMAGE=node:20.20.2-bookworm-slim
 FROM ${NODE_IMAGE} AS deps
 WORKDIR /app
 ENV NODE_ENV=production
-# .npmrc says onnxruntime-node-install=skip: its postinstall would download the CUDA provider.
-# GPU images: build FROM this one and run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node`.
+# package.json's allowScripts denies onnxruntime-node its postinstall (it would download the CUDA
+# provider from NuGet); npm 11 runs the approved ones (esbuild, protobufjs). GPU images: build FROM
+# this one and run `ONNXRUNTIME_NODE_INSTALL=cuda12 node node_modules/onnxruntime-node/script/install.js`.
 COPY package.json package-lock.json .npmrc ./
 RUN npm ci --omit=dev --no-audit --no-fund \
  && npm cache clean --force

@@ -80,7 +80,7 @@ const DECODE = { prompt: 16, newTokens: 32, batches: [64, 128], goal: 1.3 };
  * minutes per step on a few cores and ~16 GB at 0.5B; ORT and torch one after the other):
  * GRPO update step at micro-batch 2 × 1024 tokens; RLSTREAM_BENCH_REAL_LAYERS overrides the depth
  * (development), RLSTREAM_BENCH_REAL_ONLY picks one shape by name, RLSTREAM_BENCH_REAL_TORCH=0 leaves
- * out torch (which needs ~30 GB at the full 0.5B depth). Goals (issue 13): train
+ * out torch (which needs ~30 GB at the full 0.5B depth). Goals: train
  * tokens/s ORT ÷ torch ≥ 1.2, peak RSS ORT ÷ torch ≤ 0.6, 0.5B step RSS ≤ 16 GB.
  */
 export const REAL_SHAPES: { name: string; config: ModelConfigInput }[] = [

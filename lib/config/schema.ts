@@ -13,6 +13,7 @@
  */
 import { z } from 'zod';
 import { DEVICES } from '../onnx/devices.ts';
+import { REWARD_TYPES } from '../reward/types.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Known names (validated here so an unknown one lists the valid ones)
@@ -592,7 +593,7 @@ const modelSchema = section(
           .boolean()
           .default(false)
           .describe(
-            'Make the fresh policy (and critic) vision-language models: a Qwen2-VL vision tower whose image tokens replace the <|image_pad|> embeddings of the prompt (README "Vision-language policies"). Three token ids are added after the tokenizer\'s: <|image_pad|>, <|vision_start|>, <|vision_end|> (never sampled). With actor.model.path the directory\'s config.json vision_config decides instead.',
+            'Make the fresh policy (and critic) vision-language models: a Qwen2-VL vision tower whose image tokens replace the <|image_pad|> embeddings of the prompt (docs/models.md "Vision-language policies"). Three token ids are added after the tokenizer\'s: <|image_pad|>, <|vision_start|>, <|vision_end|> (never sampled). With actor.model.path the directory\'s config.json vision_config decides instead.',
           ),
         depth: posInt().default(2).describe('ViT blocks.'),
         hidden_size: posInt()
@@ -621,7 +622,7 @@ const modelSchema = section(
           .positive()
           .default(0.02)
           .describe(
-            'Standard deviation of the fresh tower\'s weight init (its linear layers and patch embedding ~ N(0, init_std); norms 1, biases 0). 0.02 is Hugging Face\'s; a tower trained from scratch by RL may need larger (the vision number game uses 0.3: README "Vision number game and VPPO").',
+            "Standard deviation of the fresh tower's weight init (its linear layers and patch embedding ~ N(0, init_std); norms 1, biases 0). 0.02 is Hugging Face's; a tower trained from scratch by RL may need larger (the vision number game uses 0.3: docs/experiments/number-game-vision.md).",
           ),
       },
       'Vision tower of a fresh vision-language policy (Qwen2-VL layout).',
@@ -630,7 +631,7 @@ const modelSchema = section(
       .boolean()
       .default(false)
       .describe(
-        'Gradient (activation) checkpointing in the training graph (verl: model.enable_gradient_checkpointing): each decoder layer keeps only its input for the backward and recomputes its forward there, so activation memory is one layer\'s instead of all layers\' (SmolLM2-135M, 2 × 1024 tokens: README "Benchmarks") for about one more forward pass of compute; gradients are bit-identical. Applies to rlstream train (policy, and the critic unless critic.model says otherwise) and sft, with or without LoRA.',
+        "Gradient (activation) checkpointing in the training graph (verl: model.enable_gradient_checkpointing): each decoder layer keeps only its input for the backward and recomputes its forward there, so activation memory is one layer's instead of all layers' (SmolLM2-135M, 2 × 1024 tokens: docs/benchmarks.md) for about one more forward pass of compute; gradients are bit-identical. Applies to rlstream train (policy, and the critic unless critic.model says otherwise) and sft, with or without LoRA.",
       ),
     freeze_vision_tower: z
       .boolean()
@@ -687,7 +688,7 @@ function optimSchema(lr: number, description: string) {
         .gt(0)
         .default(1)
         .describe(
-          'Learning-rate multiplier of a vision-language model\'s vision tower (its visual.* parameters): their AdamW step and weight decay use lr × vision_lr_scale at every point of the schedule; 1 = one lr for all. No effect on a text-only model (README "Vision number game and VPPO").',
+          "Learning-rate multiplier of a vision-language model's vision tower (its visual.* parameters): their AdamW step and weight decay use lr × vision_lr_scale at every point of the schedule; 1 = one lr for all. No effect on a text-only model (docs/experiments/number-game-vision.md).",
         ),
     },
     description,
@@ -734,7 +735,7 @@ const actorSchema = section(
       .enum(DEVICES)
       .default('cpu')
       .describe(
-        'onnxruntime execution provider for every policy and critic session (sampling, scoring, values, training; rollout.device can move sampling elsewhere). cuda: the CUDA EP, which `npm ci` skips: on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node`. webgpu: the WebGPU EP shipped in onnxruntime-node, on any GPU with a Vulkan driver (Linux: libvulkan1). A device that cannot start stops the run at start saying why.',
+        'onnxruntime execution provider for every policy and critic session (sampling, scoring, values, training; rollout.device can move sampling elsewhere). cuda: the CUDA EP, which `npm ci` skips: on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 node node_modules/onnxruntime-node/script/install.js`. webgpu: the WebGPU EP shipped in onnxruntime-node, on any GPU with a Vulkan driver (Linux: libvulkan1). A device that cannot start stops the run at start saying why.',
       ),
   },
   'The policy: model, optimizer and PPO update settings.',
@@ -890,7 +891,7 @@ const rewardModelSchema = section(
 const rewardSchema = section(
   {
     type: z
-      .enum(['function', 'remote', 'model'])
+      .enum(REWARD_TYPES)
       .default('function')
       .describe('function: a built-in or user function; remote: HTTP reward servers; model: an ONNX scorer.'),
     reward_fn: z

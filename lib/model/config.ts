@@ -148,7 +148,7 @@ export const modelConfigSchema = z
       .optional()
       .describe('every stop token (config.json list + generation_config.json); default [eosTokenId]'),
     padTokenId: z.number().int().nonnegative().describe('padding token id'),
-    // added by tok (issue 14): one mask for every LM-head distribution, so sampler and scorer/trainer agree
+    // the tokenizer's sampling mask (samplingMaskIds): one mask for every LM-head distribution, so sampler and scorer/trainer agree
     suppressTokenIds: z
       .array(z.number().int().nonnegative())
       .optional()

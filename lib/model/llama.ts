@@ -181,7 +181,7 @@ export function causalBlocks(b: GraphBuilder, bias: Var, T: Dim, n: number): Cau
  * Query blocks for rows of T tokens: `n` (default QUERY_BLOCKS) from QUERY_BLOCKS_MIN_T tokens on,
  * 1 below, where the extra nodes cost more than the skipped score blocks save (and T ≥ n keeps
  * every block non-empty). SmolLM2-135M training step, 2 × 1024 tokens, 2 threads: 13.4 s with 4
- * blocks against 17.7 s with one (README "Benchmarks"); 2 and 8 blocks were slower than 4.
+ * blocks against 17.7 s with one (docs/benchmarks.md); 2 and 8 blocks were slower than 4.
  */
 export const QUERY_BLOCKS = 4,
   QUERY_BLOCKS_MIN_T = 256;

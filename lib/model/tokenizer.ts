@@ -34,7 +34,7 @@ export interface Tokenizer {
 }
 
 /**
- * The ids sampling must never emit in a model of `vocabSize` logits (issue 14): specials other
+ * The ids sampling must never emit in a model of `vocabSize` logits: specials other
  * than the stop ids, ids without storable text (NUL), and the padding rows of a model whose
  * vocabulary is larger than its tokenizer's. Sorted, distinct.
  */

@@ -48,7 +48,7 @@ export interface OptimConfig {
   /**
    * Learning-rate multiplier of a VLM's vision tower (`visual.*`): its AdamW step and decoupled
    * decay use lr · visionLrScale (default 1). A tower trained from scratch under a larger init
-   * than the decoder's moves relatively slower at one lr (README "Vision number game and VPPO").
+   * than the decoder's moves relatively slower at one lr (docs/experiments/number-game-vision.md).
    */
   visionLrScale?: number;
 }
@@ -200,7 +200,7 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
         temperature: loss.temperature,
         chunk: spec.headChunk ?? HEAD_CHUNK,
         correct: loss.type === 'sft',
-        logitBias: logitBiasOf(model), // the sampler's mask (tok, issue 14): one distribution for behaviour, old and new log-probs
+        logitBias: logitBiasOf(model), // the sampler's mask: one distribution for behaviour, old and new log-probs
       }),
     );
     const logprob = at ? at.place(r.logprob, t.oldLogprobs ?? 0) : r.logprob;

@@ -166,7 +166,7 @@ export interface ChunkedHeadOptions {
   /** Also output whether each target is a maximum of its row (SFT accuracy; bool [N]). */
   correct?: boolean;
   /**
-   * Additive logit bias [V] (tok, issue 14: −1e9 at ids sampling never emits), added before the
+   * Additive logit bias [V] (−1e9 at ids sampling never emits), added before the
    * temperature, as the sampler does (decode-graph.ts logitBiasOf); a constant, so no gradient.
    */
   logitBias?: Float32Array | null;

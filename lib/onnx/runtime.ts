@@ -36,7 +36,7 @@ export function defaultThreads(): number {
 export { DEVICES, type Device } from './devices.ts';
 
 const CUDA_INSTALL =
-  'on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node` (npm ci skips that download: .npmrc onnxruntime-node-install=skip)';
+  'on a networked machine with CUDA 12 and cuDNN 9 run `ONNXRUNTIME_NODE_INSTALL=cuda12 node node_modules/onnxruntime-node/script/install.js` (npm ci skips that download: package.json allowScripts denies onnxruntime-node its postinstall)';
 const WEBGPU_NEEDS =
   "webgpu needs a GPU whose driver provides Vulkan (Linux: the driver's Vulkan ICD and the loader, Debian package libvulkan1)";
 

@@ -34,6 +34,7 @@ import onnxProto from 'onnx-proto';
 import { ConfigError, RlError } from '../errors.ts';
 import { ByteTokenizer } from '../model/tokenizer.ts';
 import type { RewardModelOptions, RewardOutcome, RewardRequestItem } from './types.ts';
+import type { RewardItem } from './port.ts';
 
 export interface OnnxSequenceScorerOptions {
   path: string;
@@ -319,17 +320,6 @@ export async function loadOnnxSequenceScorer(opts: OnnxSequenceScorerOptions): P
   };
 }
 
-/** A trajectory to score with `reward.type: model`: the request fields plus its own token ids. */
-export interface TokenRewardItem extends RewardRequestItem {
-  /** Prompt token ids (after the chat template), as the run's tokenizer produced them. */
-  prompt_ids: ArrayLike<number>;
-  /** Generated token ids (without the prompt). */
-  response_ids: ArrayLike<number>;
-  /** The row's data_source and extra_info (JSON object text), for reward functions (verl's arguments). */
-  data_source?: string;
-  extra_info?: string;
-}
-
 export interface ModelRewardScorer {
   /** The scorer's declared limits and pad id. */
   readonly limits: ScorerLimits & { padId: number };
@@ -340,19 +330,19 @@ export interface ModelRewardScorer {
    * error, a non-finite score, or a sequence outside the model's limits (too long, an id ≥ its
    * vocabulary) is a failure, never a zero.
    */
-  scoreBatch(items: (TokenRewardItem | RewardRequestItem)[]): Promise<RewardOutcome[]>;
+  scoreBatch(items: (RewardItem | RewardRequestItem)[]): Promise<RewardOutcome[]>;
   close(): Promise<void>;
 }
 
-function lengths(it: TokenRewardItem | RewardRequestItem, seq: number[]): string {
-  const t = it as Partial<TokenRewardItem>;
+function lengths(it: RewardItem | RewardRequestItem, seq: number[]): string {
+  const t = it as Partial<RewardItem>;
   return t.prompt_ids && t.response_ids
     ? `prompt ${t.prompt_ids.length} + response ${t.response_ids.length} tokens`
     : `${seq.length} tokens from its text`;
 }
 
 /** prompt ids ⧺ response ids as one sequence. */
-export function trajectoryIds(it: Pick<TokenRewardItem, 'prompt_ids' | 'response_ids'>): number[] {
+export function trajectoryIds(it: Pick<RewardItem, 'prompt_ids' | 'response_ids'>): number[] {
   return [...Array.from(it.prompt_ids), ...Array.from(it.response_ids)];
 }
 
@@ -382,9 +372,9 @@ export async function createModelRewardScorer(
     async scoreBatch(items) {
       const problems: (string | null)[] = [];
       const seqs = items.map((it, i) => {
-        const t = it as Partial<TokenRewardItem>;
+        const t = it as Partial<RewardItem>;
         problems[i] = null;
-        if (t.prompt_ids && t.response_ids) return trajectoryIds(t as TokenRewardItem);
+        if (t.prompt_ids && t.response_ids) return trajectoryIds(t as RewardItem);
         if (t.prompt_ids || t.response_ids) {
           problems[i] = `carries ${t.prompt_ids ? 'prompt_ids but no response_ids' : 'response_ids but no prompt_ids'}`;
           return [];

@@ -202,3 +202,10 @@ export function resolveServerEndpoints(
 export function truncateBody(s: string, max = 512): string {
   return s.length <= max ? s : `${s.slice(0, max)}… (${s.length} chars)`;
 }
+
+/**
+ * `reward.type`'s values: the reward backends. The registry in backends.ts is typed to hold exactly
+ * these names (one loader each), and the config schema's enum is this list.
+ */
+export const REWARD_TYPES = ['function', 'remote', 'model'] as const;
+export type RewardType = (typeof REWARD_TYPES)[number];

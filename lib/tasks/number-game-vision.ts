@@ -1,12 +1,12 @@
 /**
- * The number game with pictures (the seed's game, issue 16): an image shows three distinct digits
+ * The number game with pictures (lib/tasks/index.ts's number game, drawn): an image shows three distinct digits
  * left to right, drawn with a 5×7 bitmap font at a random scale (2 or 3 px per font pixel), each in
  * its own 28×28 cell at a random offset (JITTER² positions around the cell's centre), dark ink of
  * random shade on a light background of random shade, with independent per-pixel, per-channel
  * noise. The cells are Qwen2-VL's merge windows (patch 14 × merge 2), so each of the picture's
  * three image tokens covers one digit: a tower trained from scratch by GRPO learns to read them
  * within minutes, which it did not when digits sat anywhere in 112×56 px, straddling windows
- * (README "Vision number game and VPPO"). The text only asks which one is largest; the answer is
+ * (docs/training.md "Vision number game and VPPO"). The text only asks which one is largest; the answer is
  * its index 0/1/2 counted from the left, so a policy that cannot see the image is at chance.
  * Everything is drawn from one Rng seeded by the task seed, so a seed always gives the same pixels. Pure: rendering yields raw RGB; the pipeline encodes the PNG (lib/data/images.ts).
  *

@@ -5,7 +5,7 @@
  */
 import type { TrajectoryGroup, TrajectorySample, ScoredGroup, ScoredSample } from '../../lib/contracts/index.ts';
 import type { RewardOutcome } from '../../lib/reward/types.ts';
-import type { TokenRewardItem } from '../../lib/reward/onnx-scorer.ts';
+import type { RewardItem } from '../../lib/reward/port.ts';
 
 /** The samples to score: the group's, then its remax greedy baseline when it has one (scored like any other). */
 export function samplesToScore(g: TrajectoryGroup): TrajectorySample[] {
@@ -13,7 +13,7 @@ export function samplesToScore(g: TrajectoryGroup): TrajectorySample[] {
 }
 
 /** One item per sample to score: its texts (functions, HTTP servers) and its token ids (reward models). */
-export function rewardItems(g: TrajectoryGroup): TokenRewardItem[] {
+export function rewardItems(g: TrajectoryGroup): RewardItem[] {
   return samplesToScore(g).map((s) => ({
     id: s.id,
     step: g.step,

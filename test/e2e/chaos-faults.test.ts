@@ -1,5 +1,5 @@
 /**
- * The combined fault test (issue 18): the five stages as `rlstream serve` processes over the
+ * The combined fault test: the five stages as `rlstream serve` processes over the
  * embedded log on PostgreSQL, while (1) a seeded harness SIGKILLs random stages and restarts them,
  * (2) every backend of the run's database is terminated (pg_terminate_backend) every 1.5 s, and
  * (3) the policy directory is a tmpfs too small for the run: the update stage stops with ENOSPC

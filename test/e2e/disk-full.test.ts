@@ -1,6 +1,6 @@
 /**
  * A full disk is a fault of the stage's own environment, not of the message it was processing
- * (issue 18.1): the update stage cannot write `policy/.vNNNNNN.tmp-…` (ENOSPC on a tmpfs mounted
+ *: the update stage cannot write `policy/.vNNNNNN.tmp-…` (ENOSPC on a tmpfs mounted
  * over `<run_dir>/policy`). The run must stop with one line naming the path and the reason,
  * dead-letter nothing, commit nothing past the failed batch, and the same command must continue
  * once space is back, ending with the uninterrupted run's final checkpoint (sha256).

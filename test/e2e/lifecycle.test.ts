@@ -1,5 +1,5 @@
 /**
- * A run lifecycle that tells the truth (issue 14): a run that fails at start is marked failed with
+ * A run lifecycle that tells the truth: a run that fails at start is marked failed with
  * its reason (rlstream runs, report); a checkpoint directory given to val_only validates its
  * actor; a finished run says so; extending it trains the extra steps; a resume whose config
  * changes the meaning of the stored state is refused.

@@ -1,6 +1,6 @@
 /**
  * Faults while opening a run's embedded database get one line naming the path and what to do
- * (issue 18.9), not "[object Object]", "Aborted(). Build with -sASSERTIONS…" or "could not take
+ *, not "[object Object]", "Aborted(). Build with -sASSERTIONS…" or "could not take
  * the lock": a disk too small for the database, a missing pg_control, a read-only run directory
  * holding a stale lock.
  */

@@ -1,5 +1,5 @@
 /**
- * Lost database connections (issue 18.3): the five stages as `rlstream serve` processes over the
+ * Lost database connections: the five stages as `rlstream serve` processes over the
  * embedded log on PostgreSQL, and every 0.4 s every backend of the run's database is ended
  * with pg_terminate_backend (57P01, as a failover or an administrator does). Every PostgreSQL use
  * of a stage — the store, the log over PostgreSQL, stage state and the run watcher — must

@@ -2,7 +2,7 @@
  * Policy versions over a whole run (embedded): the update stage prunes the versions no longer
  * needed (trainer.keep_policy_versions keeps more), the postgres policy store ends a run with the
  * same checkpoint as the filesystem one, and a damaged committed version stops a resume with the
- * path, both hashes and the checkpoint to resume from (issue 18 item 8).
+ * path, both hashes and the checkpoint to resume from.
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';

@@ -1,6 +1,6 @@
 /**
  * A replay validates like training (val_before_train, val_freq, the last step), so it can be
- * compared with its source, and every log line carries the replay's own run id (issue 14).
+ * compared with its source, and every log line carries the replay's own run id.
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';

@@ -1,5 +1,5 @@
 /**
- * A broken reward function (issues 14.6 and 18.6): a module that throws, returns a NaN reward, or
+ * A broken reward function: a module that throws, returns a NaN reward, or
  * a NaN metric. Whatever reward.on_failure is, the run's final message names the real error —
  * the module, a sample id and the module's message — never online filtering (which is off) nor
  * "the reward servers"; and every failed training sample is stored (trajectories, with its

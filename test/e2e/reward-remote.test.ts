@@ -442,7 +442,7 @@ test(
 );
 
 test(
-  'reward.on_failure = drop_group with every server dead (issue 18.6): the run fails naming the servers, not online filtering, and every failed train sample is stored',
+  'reward.on_failure = drop_group with every server dead: the run fails naming the servers, not online filtering, and every failed train sample is stored',
   { timeout: 120_000 },
   async () => {
     assert.ok(dead, 'runs after the failover test (its ports are now closed)');

@@ -1,5 +1,5 @@
 /**
- * `rlstream serve` as a cluster runs it (issue 17): five stage processes over Kafka (librdkafka
+ * `rlstream serve` as a cluster runs it: five stage processes over Kafka (librdkafka
  * mock) and PostgreSQL, each with its OWN run directory (policy_store = postgres: no shared
  * volume), HTTP on a free port each. The stages wait for `rlstream migrate` (/readyz 503 says so),
  * become ready once it ran (twice at once), and a SIGTERM in the middle of a batch (update, then

@@ -1,5 +1,5 @@
 /**
- * `rlstream train` in a terminal and off one (issue 14). On a TTY (a pseudo-terminal made by
+ * `rlstream train` in a terminal and off one. On a TTY (a pseudo-terminal made by
  * util-linux `script`): one progress bar redrawn in place, only warnings and errors above it by
  * default (`--verbose` adds info), the resolved config written to <run_dir>/config.yaml and
  * printed only with --print-config, the summary on its own lines. Off a TTY: JSON log lines.

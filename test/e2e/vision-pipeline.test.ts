@@ -1,5 +1,5 @@
 /**
- * Images reach a vision-language policy through the pipeline (issue 16): a tiny fresh VLM
+ * Images reach a vision-language policy through the pipeline: a tiny fresh VLM
  * (actor.model.vision) trains 2 GRPO steps on a JSONL dataset with one picture per row. The
  * stored prompt ids hold each image's expanded <|image_pad|> block (before the text: the prompts
  * have no <image> marker); the behaviour log-probs equal a Scorer re-computation with the prompt's

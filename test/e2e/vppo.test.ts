@@ -1,5 +1,5 @@
 /**
- * VPPO end to end (issue 16): a tiny fresh vision-language policy plays the vision number game
+ * VPPO end to end: a tiny fresh vision-language policy plays the vision number game
  * (data.task number_game_vision, 84×28 images → 3 image tokens) with algorithm.vppo.enable for 3
  * GRPO steps, entropy filtering on. On the stored rows, every trained sample's vppo_token_mask and
  * vppo_scaling_factor equal lib/rl/vppo.ts's reference functions (tokenVisualDependency and the

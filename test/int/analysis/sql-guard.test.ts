@@ -1,5 +1,5 @@
 /**
- * `rlstream sql` against PostgreSQL with a superuser URL (issue 18.4): statements outside plain
+ * `rlstream sql` against PostgreSQL with a superuser URL: statements outside plain
  * read queries are refused before they are sent — the attack strings of the issue (copy to
  * program / to a file, pg_read_file, lo_import, lock inside do $$ … $$, a data-modifying CTE) and
  * their disguises — while keywords inside strings, quoted identifiers and comments are fine; a

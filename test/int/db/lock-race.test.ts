@@ -1,5 +1,5 @@
 /**
- * The embedded database lock (lib/db/lock-file.ts) under races (issue 18.2): many processes
+ * The embedded database lock (lib/db/lock-file.ts) under races: many processes
  * calling acquireLock on the same directory at the same instant — on a fresh directory, over a
  * stale lock of a dead process, over an empty lock file an older version left — and exactly one
  * wins each time. A lock held on another host is never taken over without `breakLock`.

@@ -25,10 +25,14 @@ const allowed = readFileSync(join(ROOT, '.dockerignore'), 'utf8')
 const scratch = join(ROOT, 'test/.tmp', `image-${process.pid}`);
 after(() => rmSync(scratch, { recursive: true, force: true }));
 
-test('Dockerfile: pinned base, npm ci --omit=dev with the .npmrc, non-root uid 10001, no npm in the final image, rlstream entrypoint', () => {
+test('Dockerfile: pinned base, npm ci --omit=dev with allowScripts, non-root uid 10001, no npm in the final image, rlstream entrypoint', () => {
   assert.match(dockerfile, /^ARG NODE_IMAGE=node:20\.\d+\.\d+-\w+-slim$/m, 'base pinned to an exact node:20 slim tag');
   assert.match(dockerfile, /COPY package\.json package-lock\.json \.npmrc \.\/\nRUN npm ci --omit=dev/);
-  assert.match(readFileSync(join(ROOT, '.npmrc'), 'utf8'), /onnxruntime-node-install=skip/);
+  const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as {
+    allowScripts?: Record<string, boolean>;
+  };
+  assert.equal(pkg.allowScripts?.['onnxruntime-node'], false, "allowScripts denies onnxruntime-node's CUDA download");
+  assert.doesNotMatch(readFileSync(join(ROOT, '.npmrc'), 'utf8'), /onnxruntime-node-install/, 'npm 11 warns on it');
   assert.match(finalStage, /^USER 10001:10001$/m);
   assert.match(finalStage, /rm -rf \/usr\/local\/lib\/node_modules\/npm/);
   assert.match(finalStage, /^ENTRYPOINT \["rlstream"\]$/m);

@@ -1,6 +1,6 @@
 /**
  * A message a stage's handler fails on (a non-retriable error of the stage's own, e.g. a row the
- * store refuses) is dead-lettered by the delivery policy. Issue 14.1: it must be findable where
+ * store refuses) is dead-lettered by the delivery policy. It is findable where
  * the run's message says it is kept (`v_dead_letters`, the store's `dead_letters`), and the
  * message must name the stage's failure — not hint at a damaged run directory or another version.
  */

@@ -1,5 +1,5 @@
 /**
- * Which database failures are retried (issue 18.3): PostgreSQL's retriable SQLSTATEs (serialization
+ * Which database failures are retried: PostgreSQL's retriable SQLSTATEs (serialization
  * failure 40001, deadlock 40P01, too many connections 53300, admin shutdown 57P0x, connection
  * exceptions 08xxx) and node-postgres' code-less socket/pool errors are transient wherever a stage
  * meets them (the store, raw SQL through retriableDbError); constraint and syntax errors are not.

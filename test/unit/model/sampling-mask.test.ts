@@ -1,5 +1,5 @@
 /**
- * Issue 14 items 1–2: sampling never emits ids that cannot appear in text (specials other than the
+ * Sampling never emits ids that cannot appear in text (specials other than the
  * stop ids, NUL for the byte tokenizer), the behaviour log-probs are those of the masked
  * distribution, and the scorer and the trainer compute that same distribution (ratio 1 on-policy).
  */

@@ -1,5 +1,5 @@
 /**
- * The sampling mask in the fused LM head (nn.ts chunkedLmHeadLogprob `logitBias`, issue 14): with
+ * The sampling mask in the fused LM head (nn.ts chunkedLmHeadLogprob `logitBias`): with
  * −1e9 at masked ids, log-prob, entropy and gradients equal the unchunked graph with the bias
  * added to the logits, at several chunk sizes, the masked ids get probability 0, and finite
  * differences agree.

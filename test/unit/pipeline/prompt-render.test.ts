@@ -1,5 +1,5 @@
 /**
- * Data through the chat template (issue 13): string and chat-message prompts rendered with the
+ * Data through the chat template: string and chat-message prompts rendered with the
  * tokenizer's template and the generation prompt (system prompt, EasyR1 format_prompt, template
  * kwargs), the built-in tokenizers unchanged (BOS + text), overlong prompts counted after
  * rendering, the rendered text kept as the prompt text.

@@ -36,6 +36,11 @@ test('actor.model.vision makes the fresh policy and critic vision-language model
     imageTokenId: tok.vocabSize,
     visionStartTokenId: tok.vocabSize + 1,
     visionEndTokenId: tok.vocabSize + 2,
+    // the fresh tower is Qwen2-VL's: LayerNorm, quick-GELU MLP, full attention in every block
+    norm: 'layernorm',
+    mlp: 'quick_gelu',
+    windowSize: null,
+    fullattBlockIndexes: [],
   });
   assert.equal(c.vocabSize, tok.vocabSize + 3);
   const bias = logitBiasOf(c)!;

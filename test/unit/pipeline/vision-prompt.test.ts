@@ -1,5 +1,5 @@
 /**
- * Prompts with images for a vision-language policy (issue 16): the image block goes where the
+ * Prompts with images for a vision-language policy: the image block goes where the
  * prompt has its `<image>` marker, else before the text (Qwen-VL), with `<|image_pad|>` repeated to
  * the image's token count, through the chat template too; a text-only policy keeps today's ids;
  * the stages' per-row pixels are the decoded prompt PNGs (none for a text-only model).

@@ -96,7 +96,7 @@ test('long failure lists are summarised', () => {
   assert.match(d.message!, /10 of 10 .*… and 7 more/);
 });
 
-test('stop says what to fix by the kind of reward: a function, a model, or the servers (issue 14.6)', () => {
+test('stop says what to fix by the kind of reward: a function, a model, or the servers', () => {
   const fnFail: RewardOutcome = {
     id: 'b',
     ok: false,

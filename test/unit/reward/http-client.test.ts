@@ -487,7 +487,7 @@ test('scoreBatch rejects duplicate ids; outcomes come back in item order', async
   await assert.rejects(c.scoreBatch(items(1)), /closed/);
 });
 
-test('a partial outage (500 only for prompts starting with 7) does not open the breaker for everyone; a bad item in a batch does not fail the others (issue 18.7)', async () => {
+test('a partial outage (500 only for prompts starting with 7) does not open the breaker for everyone; a bad item in a batch does not fail the others', async () => {
   const bad = (b: { prompt?: string; items?: Array<{ prompt: string }> }) =>
     (b.items ?? [b as { prompt: string }]).some((x) => x.prompt.startsWith('7'));
   const handler = (b: unknown) =>

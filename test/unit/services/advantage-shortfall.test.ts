@@ -1,6 +1,6 @@
 /**
  * Why a step is short of usable groups (services/advantage/logic.ts shortfallReason), the text
- * the run stops with when refills run out (issues 18.6, 14.6): reward failures with their count
+ * the run stops with when refills run out: reward failures with their count
  * and last error; online filtering only when it is on.
  */
 import { test } from 'node:test';

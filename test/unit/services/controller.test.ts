@@ -220,7 +220,7 @@ test("update keeps the versions validation may still sample with, read from the 
   assert.deepEqual(versionsInUse(null, 2), [0, 1, 2], 'no controller state yet: nothing it may validate is pruned');
 });
 
-test("when refills run out, the stop message is the advantage stage's reason (reward failures), not online filtering (issue 14.6)", () => {
+test("when refills run out, the stop message is the advantage stage's reason (reward failures), not online filtering", () => {
   const reason =
     'the reward failed for 16 samples in 4 of 4 groups (reward.on_failure dropped them); last error: r/train/s1/p3/n3: fn:/x/reward.mjs: reward function threw: boom — fix the reward function';
   const r0 = run(plan, [{ type: 'policy', policy: pol(0) }]);
