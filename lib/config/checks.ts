@@ -336,6 +336,11 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
       'algorithm.kl_penalty = full cannot be the in-reward KL penalty: it needs full vocabulary distributions of the policy and the reference, and the pipeline carries per-token log-probs only; use low_var_kl (k3), kl (k1), abs or mse (k2)',
     );
   }
+  if (alg.vppo.enable_entropy_filtering && !alg.vppo.enable) {
+    errors.push(
+      'algorithm.vppo.enable_entropy_filtering = true has no effect without algorithm.vppo.enable: the entropy-token filter is part of VPPO here (the union with its perception tokens), which needs a vision-language actor; set algorithm.vppo.enable=true with one, or enable_entropy_filtering=false',
+    );
+  }
   if (alg.vppo.enable && data.limit_images === 0) {
     errors.push(
       'algorithm.vppo.enable = true needs prompt images, but data.limit_images = 0 allows none; raise data.limit_images (e.g. 1) or set algorithm.vppo.enable=false',

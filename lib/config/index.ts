@@ -17,6 +17,8 @@ export {
 export {
   loadConfig,
   loadPipelineSection,
+  notApplicableLine,
+  splitFileList,
   defaultConfig,
   parseOverride,
   unknownKeyMessage,

@@ -6,6 +6,7 @@
  * each naming its full key path and where the value came from (file:line:col or the override).
  */
 import { existsSync } from 'node:fs';
+import { homedir } from 'node:os';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import type { z } from 'zod';
@@ -16,6 +17,7 @@ import { objectShape, schemaAt, schemaEntries, describeType, enumValues, kindOf 
 import { closest, RENAMED_KEYS } from './suggest.ts';
 import { resolveDerived, checkConfig } from './checks.ts';
 import { isSecretKey, redactString, REDACTED } from './redact.ts';
+import { detectDialect, getDialect, resolveInterpolations, translate, type Translation } from './dialects/index.ts';
 
 export interface LoadConfigOptions {
   /** YAML file with any subset of the sections. */
@@ -28,6 +30,23 @@ export interface LoadConfigOptions {
   onWarning?: (message: string) => void;
   /** The command the config is for: `sft` checks only the keys `rlstream sft` reads (checks.ts checkSftConfig). Default train. */
   command?: 'train' | 'sft';
+  /**
+   * The file's dialect (easyr1, verl, mtrl: lib/config/dialects/); default: recognised by its
+   * sections, else rlstream's own. A dialect's file and the `overrides` (in the dialect's key
+   * names, Hydra-style `+key=value` accepted) are translated to rlstream's config first.
+   */
+  dialect?: string;
+  /**
+   * Receives the translation of a dialect config (before validation, also when it fails). Default:
+   * its not-applicable keys, if any, go to onWarning as one line.
+   */
+  onTranslation?: (t: Translation) => void;
+}
+
+/** The one line listing a translation's not-applicable keys, or null when there are none. */
+export function notApplicableLine(t: Translation): string | null {
+  if (t.notApplicable.length === 0) return null;
+  return `${t.dialect.title} config: not applicable here (single-process ONNX trainer; docs/dialects.md): ${t.notApplicable.join(', ')}`;
 }
 
 /** Name of the environment switch that turns the reward servers off (sets reward.remote.enabled = false). */
@@ -283,8 +302,9 @@ function applyOverride(
  * Keys that name input files or directories. A relative path written in the config file resolves
  * against that file's directory (so `rlstream train other/dir/run.yaml` finds the data next to the
  * yaml); one given as a command-line override resolves against the working directory, like any
- * shell argument. Both are made absolute when loaded. trainer.run_dir (an output) resolves the same
- * way, so a config file means the same run directory from wherever it is started.
+ * shell argument; `~/…` is under the home directory. All are made absolute when loaded.
+ * trainer.run_dir (an output) resolves the same way, so a config file means the same run directory
+ * from wherever it is started.
  */
 export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
   ['data', 'train_files'],
@@ -302,6 +322,16 @@ export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
 /** Keys that name a program: resolved like FILE_PATH_KEYS when the value is a path (has a `/`), else a name looked up on PATH. */
 export const PROGRAM_PATH_KEYS: ReadonlyArray<readonly string[]> = [['reward', 'python']];
 
+const DATA_FILE_KEYS = new Set(['data.train_files', 'data.val_files']);
+
+/** `a.jsonl, b.jsonl` → [a.jsonl, b.jsonl] (data.train_files / val_files; empty parts dropped). */
+export function splitFileList(v: string): string[] {
+  return v
+    .split(',')
+    .map((s) => s.trim())
+    .filter((s) => s.length > 0);
+}
+
 /**
  * Makes the relative input paths absolute (see FILE_PATH_KEYS): those from `file` against its
  * directory, those from overrides against the working directory — so the config a run stores
@@ -315,6 +345,8 @@ function resolveFilePaths(raw: Obj, file: string | undefined, sources: Sources):
     return src?.order[0] === 0 ? fileBase : src !== undefined && src.order[0] >= 1 ? process.cwd() : null;
   };
   const fix = (v: unknown, path: Path): unknown => {
+    // `~/…` is the home directory, as verl's and EasyR1's Python (os.path.expanduser) reads it
+    if (typeof v === 'string' && (v === '~' || v.startsWith('~/'))) return join(homedir(), v.slice(1));
     if (typeof v !== 'string' || v.length === 0 || isAbsolute(v)) return v;
     const base = baseOf(path);
     return base === null ? v : resolve(base, v);
@@ -323,8 +355,10 @@ function resolveFilePaths(raw: Obj, file: string | undefined, sources: Sources):
     const parent = valueAt(raw, key.slice(0, -1));
     if (!isPlainObject(parent)) continue;
     const leaf = key[key.length - 1];
-    const v = parent[leaf];
+    let v = parent[leaf];
     if (PROGRAM_PATH_KEYS.includes(key) && !(typeof v === 'string' && v.includes('/'))) continue;
+    // verl/EasyR1 write several data files as one comma-separated string (data.train_files=a,b)
+    if (DATA_FILE_KEYS.has(key.join('.')) && typeof v === 'string') v = splitFileList(v);
     parent[leaf] = Array.isArray(v) ? v.map((x, i) => fix(x, [...key, i])) : fix(v, key);
   }
 }
@@ -395,12 +429,20 @@ export function loadPipelineSection(overrides: readonly string[]): Config['pipel
  */
 export function loadConfig(opts: LoadConfigOptions = {}): Config {
   const env = opts.env ?? process.env;
-  const sources = new Sources();
+  let sources = new Sources();
   const problems: Problem[] = [];
-  const raw: Obj = opts.file !== undefined ? (readYamlFile(opts.file, sources) as Obj) : {};
+  let raw: Obj = opts.file !== undefined ? (readYamlFile(opts.file, sources) as Obj) : {};
+  let overrides = opts.overrides ?? [];
+  const dialect = opts.dialect !== undefined ? getDialect(opts.dialect) : detectDialect(raw);
+  if (dialect) {
+    const d = fromDialect(dialect, raw, overrides, sources, problems);
+    (opts.onTranslation ?? defaultOnTranslation(opts))(d.translation);
+    ({ raw, sources } = d);
+    overrides = [];
+  }
   const fromEnv = envOverrides(env);
   fromEnv.forEach((o, i) => applyOverride(raw, o.text, i, sources, problems, { where: o.where, order: [1, i, 0] }));
-  (opts.overrides ?? []).forEach((text, i) => applyOverride(raw, text, i, sources, problems, undefined, [2, i, 0]));
+  overrides.forEach((text, i) => applyOverride(raw, text, i, sources, problems, undefined, [2, i, 0]));
   resolveFilePaths(raw, opts.file, sources);
   const disable = readDisableRewardModel(env);
   if (typeof disable === 'string') problems.push({ text: disable, order: NO_SOURCE });
@@ -422,6 +464,59 @@ export function loadConfig(opts: LoadConfigOptions = {}): Config {
   const warn = opts.onWarning ?? ((m: string) => process.emitWarning(m, 'ConfigWarning'));
   for (const w of warnings) warn(w);
   return resolved;
+}
+
+function defaultOnTranslation(opts: LoadConfigOptions): (t: Translation) => void {
+  const warn = opts.onWarning ?? ((m: string) => process.emitWarning(m, 'ConfigWarning'));
+  return (t) => {
+    const line = notApplicableLine(t);
+    if (line) warn(line);
+  };
+}
+
+/**
+ * A dialect document → rlstream's raw config: the overrides (dialect key names; Hydra's `+` and
+ * `++` prefixes accepted) set into the document, interpolations resolved, the document translated.
+ * Each rlstream key keeps the position of the source key it came from (`file:line:col (EasyR1
+ * worker.actor.global_batch_size)`), so problems and relative paths resolve as in a native file.
+ */
+function fromDialect(
+  d: ReturnType<typeof getDialect>,
+  doc: Obj,
+  overrides: readonly string[],
+  sources: Sources,
+  problems: Problem[],
+): { raw: Obj; sources: Sources; translation: Translation } {
+  overrides.forEach((text, i) => {
+    const o = parseOverride(text.replace(/^\+{1,2}/, ''));
+    const order: Source['order'] = [2, i, 0];
+    if (typeof o === 'string') {
+      problems.push({ text: o, order });
+      return;
+    }
+    let cur = doc;
+    for (const seg of o.path.slice(0, -1)) {
+      if (!isPlainObject(cur[seg])) cur[seg] = {};
+      cur = cur[seg] as Obj;
+    }
+    cur[o.path[o.path.length - 1]] = o.value;
+    sources.clear(o.path);
+    sources.set(o.path, { where: `override "${o.text}"`, order });
+  });
+  for (const p of resolveInterpolations(doc)) problems.push({ text: p, order: NO_SOURCE });
+  const t = translate(d, doc);
+  for (const p of t.problems) {
+    const src = sources.lookup(p.key.split('.'));
+    problems.push({ text: `${src ? `${src.where}: ` : ''}${d.title} ${p.text}`, order: src?.order ?? NO_SOURCE });
+  }
+  const out = new Sources();
+  for (const e of t.entries) {
+    if (e.origin === 'default') continue;
+    const src = sources.lookup(e.from.split('.'));
+    if (!src) continue;
+    for (const [to] of e.to) out.set(to.split('.'), { where: `${src.where} (${d.title} ${e.from})`, order: src.order });
+  }
+  return { raw: t.config, sources: out, translation: t };
 }
 
 /**

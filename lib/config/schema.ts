@@ -99,8 +99,18 @@ const offOrPosInt = () =>
     .refine((v) => v === -1 || v >= 1, { message: 'must be -1 (off) or an integer ≥ 1' })
     .meta({ typeLabel: '-1 or integer ≥ 1' });
 const probability = () => z.number().gte(0).lte(1);
-/** A list of strings; a single string is accepted as a one-element list (verl accepts both). */
-const stringList = () => z.preprocess((v) => (typeof v === 'string' ? [v] : v), z.array(z.string().min(1)));
+/** Data files: a list, or one string with the files separated by commas (verl/EasyR1 `data.train_files=a,b`). */
+const fileList = () =>
+  z.preprocess(
+    (v) =>
+      typeof v === 'string'
+        ? v
+            .split(',')
+            .map((s) => s.trim())
+            .filter((s) => s.length > 0)
+        : v,
+    z.array(z.string().min(1)),
+  );
 /** Names used in paths and ids. */
 const NAME_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
 const safeName = () =>
@@ -113,15 +123,15 @@ const safeName = () =>
 
 const dataSchema = section(
   {
-    train_files: stringList()
+    train_files: fileList()
       .default([])
       .describe(
-        "Training data files (JSONL or verl/EasyR1 parquet); a single path or a list. Empty when data.task generates the rows. Relative paths in the config file resolve against the file's directory (on the command line: against the working directory), as do the other input paths (val_files, model paths, reward_fn_path, load_checkpoint_path). A row's data_source and extra_info fields are passed to the reward function.",
+        "Training data files (JSONL or verl/EasyR1 parquet): a list, a single path, or several paths in one string separated by commas (as verl and EasyR1 accept). Empty when data.task generates the rows. Relative paths in the config file resolve against the file's directory (on the command line: against the working directory), as do the other input paths (val_files, model paths, reward_fn_path, load_checkpoint_path). A row's data_source and extra_info fields are passed to the reward function.",
       ),
-    val_files: stringList()
+    val_files: fileList()
       .default([])
       .describe(
-        'Validation data files (same formats as train_files). Needed when validation runs (trainer.val_before_train, val_freq > 0 or val_only).',
+        'Validation data files (same formats and forms as train_files). Needed when validation runs (trainer.val_before_train, val_freq > 0 or val_only).',
       ),
     format: z
       .enum(['auto', 'jsonl', 'parquet'])
@@ -138,7 +148,9 @@ const dataSchema = section(
       .string()
       .min(1)
       .default('answer')
-      .describe('Field holding the ground truth passed to the reward (verl parquet: reward_model.ground_truth).'),
+      .describe(
+        "Field holding the ground truth passed to the reward (dotted paths reach nested fields). A row without this field falls back to its reward_model.ground_truth, where verl's data preprocessing puts it (JSONL and parquet alike); a row with neither is a bad row.",
+      ),
     image_key: z
       .string()
       .min(1)
@@ -182,7 +194,9 @@ const dataSchema = section(
       .string()
       .min(1)
       .default('videos')
-      .describe('Field holding videos for multimodal prompts; absent field = no videos.'),
+      .describe(
+        'Field holding videos (EasyR1/verl video_key). rlstream trains on text and images only: a row whose field holds videos stops the load with its file:line, whatever data.on_bad_row says (videos are never dropped silently); absent, null or [] = no videos.',
+      ),
     apply_chat_template: z
       .boolean()
       .default(true)
@@ -383,7 +397,7 @@ const algorithmSchema = section(
           .boolean()
           .default(false)
           .describe(
-            "Also keep the gradient of the top_p_entropy_tokens highest-entropy tokens of each response (the union with the perception tokens; MTRL's enable_entropy_filtering). Needs per-token entropies from the scorer.",
+            "Also keep the gradient of the top_p_entropy_tokens highest-entropy tokens of each response (the union with the perception tokens; MTRL's enable_entropy_filtering). Needs per-token entropies from the scorer, and algorithm.vppo.enable: without it true is refused (it would do nothing).",
           ),
         top_p_entropy_tokens: z
           .number()

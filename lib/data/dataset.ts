@@ -39,6 +39,8 @@ export interface DatasetOptions {
   prompt_key: string;
   answer_key: string;
   image_key: string;
+  /** Field holding videos (data.video_key): a row with videos stops the load whatever on_bad_row says. Default videos. */
+  video_key?: string;
   format?: 'auto' | 'jsonl' | 'parquet';
   on_bad_row?: 'stop' | 'skip';
   max_rows?: number | null;
@@ -98,12 +100,16 @@ export interface ValidatedRecord {
   extraInfo?: string;
 }
 
-/** Validates one raw record; returns the row fields (images still raw) or a reason. */
+/**
+ * Validates one raw record; returns the row fields (images still raw) or a reason (`fatal`: stops
+ * the load whatever data.on_bad_row says). The format flag is not read: every format falls back to
+ * reward_model.ground_truth.
+ */
 export function validateRecord(
   rec: unknown,
   opts: DatasetOptions,
-  parquet: boolean,
-): ValidatedRecord | { reason: string } {
+  _parquet: boolean,
+): ValidatedRecord | { reason: string; fatal?: boolean } {
   if (!rec || typeof rec !== 'object' || Array.isArray(rec)) return { reason: 'row is not a JSON object' };
   let promptRaw = getPath(rec, opts.prompt_key);
   if (promptRaw === undefined) return { reason: `missing prompt field "${opts.prompt_key}" (set data.prompt_key)` };
@@ -120,9 +126,20 @@ export function validateRecord(
   }
   const prompt = promptRaw as string;
   if (prompt.length === 0) return { reason: `prompt field "${opts.prompt_key}" is empty` };
+  // rlstream trains on text and images: a row's videos would be lost, so they stop the load
+  const videos = getPath(rec, opts.video_key ?? 'videos');
+  if (videos !== undefined && videos !== null && !(Array.isArray(videos) && videos.length === 0))
+    return {
+      reason: `the row has videos in "${opts.video_key ?? 'videos'}", and rlstream trains on text and images only; remove the videos from the data (or set data.video_key to a field the rows do not have)`,
+      fatal: true,
+    };
+  // verl's preprocessing puts the ground truth in reward_model.ground_truth (parquet and JSONL alike)
   let answerRaw = getPath(rec, opts.answer_key);
-  if (answerRaw === undefined && parquet) answerRaw = getPath(rec, 'reward_model.ground_truth');
-  if (answerRaw === undefined) return { reason: `missing answer field "${opts.answer_key}" (set data.answer_key)` };
+  if (answerRaw === undefined) answerRaw = getPath(rec, 'reward_model.ground_truth');
+  if (answerRaw === undefined)
+    return {
+      reason: `missing answer field "${opts.answer_key}" (and no reward_model.ground_truth; set data.answer_key)`,
+    };
   if (typeof answerRaw === 'number' || typeof answerRaw === 'bigint' || typeof answerRaw === 'boolean')
     answerRaw = String(answerRaw);
   if (typeof answerRaw !== 'string') return { reason: `answer field "${opts.answer_key}" must be a string or number` };
@@ -225,6 +242,7 @@ export async function loadDataset(files: string[], opts: DatasetOptions): Promis
         continue;
       }
       const v = validateRecord(r.rec, opts, fmt === 'parquet');
+      if ('reason' in v && v.fatal) throw new ConfigError(`${file}:${r.line}: ${v.reason}`);
       if ('reason' in v) {
         report({ file, line: r.line, reason: v.reason });
         continue;

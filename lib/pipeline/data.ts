@@ -232,6 +232,7 @@ async function rowsOf(
     prompt_key: d.prompt_key,
     answer_key: d.answer_key,
     image_key: d.image_key,
+    video_key: d.video_key,
     format: d.format,
     on_bad_row: d.on_bad_row,
     max_rows: d.max_rows,

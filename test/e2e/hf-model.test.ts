@@ -118,6 +118,29 @@ test(
       text: string;
     };
     const tok = modelDirTokenizer(src, ck.config);
+    // chat-template options reach the template as in training (data.chat_template_kwargs): Qwen3's
+    // enable_thinking false closes an empty think block after the generation prompt
+    const noThink = JSON.parse(
+      cli(
+        'generate',
+        src,
+        '--chat',
+        '--chat-template-kwargs',
+        '{enable_thinking: false}',
+        '--prompt',
+        'What is 2 + 3?',
+        '--max-new-tokens',
+        '1',
+        '--json',
+      )
+        .trim()
+        .split('\n')
+        .at(-1)!,
+    ) as { prompt_ids: number[] };
+    assert.ok(
+      tok.decode(noThink.prompt_ids).endsWith('assistant\n<think>\n\n</think>\n\n'),
+      tok.decode(noThink.prompt_ids),
+    );
     assert.equal(
       tok.decode(gen.prompt_ids),
       '<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n'.replace(

@@ -1,3 +1,4 @@
+import { parse as parseYaml } from 'yaml';
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
 import { isAdapterDir, loadCheckpoint } from '../../../lib/model/checkpoint.ts';
@@ -55,6 +56,20 @@ async function loadImage(
   }
 }
 
+/** --chat-template-kwargs: a YAML (or JSON) mapping, e.g. `{enable_thinking: false}`. */
+function chatTemplateKwargs(text: string | undefined): Record<string, unknown> | null {
+  if (text === undefined) return null;
+  let v: unknown;
+  try {
+    v = parseYaml(text);
+  } catch {
+    v = undefined;
+  }
+  if (v === null || typeof v !== 'object' || Array.isArray(v))
+    throw new UsageError(`--chat-template-kwargs must be a mapping such as '{enable_thinking: false}', got "${text}"`);
+  return v as Record<string, unknown>;
+}
+
 function num(
   flags: Record<string, string>,
   k: string,
@@ -77,7 +92,7 @@ export const generateCommand: Command = {
   name: 'generate',
   summary: 'Generate one completion from a model directory or checkpoint (try a model before training it)',
   usage:
-    'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image PATH]… [--chat] [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
+    'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image PATH]… [--chat] [--system TEXT] [--chat-template-kwargs MAP] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
   help: [
     'Loads a Hugging Face model directory, a policy version (<run_dir>/policy/vNNNNNN) or a run checkpoint',
     '(<run_dir>/checkpoints/global_step_N) and prints the completion of --prompt. A LoRA adapter (PEFT',
@@ -88,6 +103,8 @@ export const generateCommand: Command = {
     "  --chat                 render the prompt as a user message through the tokenizer's chat template",
     '                         (with the generation prompt added)',
     '  --system TEXT          a system message before it (with --chat)',
+    '  --chat-template-kwargs MAP  extra chat-template variables as a YAML/JSON mapping (with --chat), as',
+    "                         data.chat_template_kwargs in training, e.g. '{enable_thinking: false}' for Qwen3",
     '  --image PATH           an image for a vision-language model (repeat for several): resized to its patch',
     '                         grid (smart_resize, --min-pixels / --max-pixels [preprocessor_config.json, else',
     '                         patch·merge squared / 1003520], --resample [bicubic]) and placed as',
@@ -107,6 +124,7 @@ export const generateCommand: Command = {
       flags: [
         'prompt',
         'system',
+        'chat-template-kwargs',
         'max-new-tokens',
         'temperature',
         'top-p',
@@ -123,6 +141,8 @@ export const generateCommand: Command = {
       throw new UsageError(`expected one model or checkpoint directory, got ${positionals.length}`);
     if (flags.prompt === undefined) throw new UsageError('--prompt TEXT is required');
     if (flags.system !== undefined && !booleans.has('chat')) throw new UsageError('--system needs --chat');
+    const templateKwargs = chatTemplateKwargs(flags['chat-template-kwargs']);
+    if (templateKwargs && !booleans.has('chat')) throw new UsageError('--chat-template-kwargs needs --chat');
     const maxNew = num(flags, 'max-new-tokens', (v) => Number.isInteger(v) && v > 0, 'a positive integer');
     const temperature = num(flags, 'temperature', (v) => v >= 0, 'a number ≥ 0');
     const topP = num(flags, 'top-p', (v) => v > 0 && v <= 1, 'in (0, 1]');
@@ -157,7 +177,7 @@ export const generateCommand: Command = {
         ...(flags.system !== undefined ? [{ role: 'system', content: flags.system }] : []),
         { role: 'user', content: promptText },
       ];
-      promptText = tok.applyChatTemplate(messages);
+      promptText = tok.applyChatTemplate(messages, templateKwargs ?? {});
     }
     // as transformers: a plain prompt gets the tokenizer's leading specials (e.g. Llama's BOS); a
     // rendered chat template already has them. The image block goes where the marker is (the text

@@ -5,7 +5,8 @@ import { consoleRun } from './train.ts';
 export const sftCommand: Command = {
   name: 'sft',
   summary: 'Supervised fine-tuning on prompt + response (or chat) rows; checkpoints are model directories for `train`',
-  usage: 'rlstream sft <config.yaml> [a.b.c=value …] [--verbose] [--print-config] [--break-lock]',
+  usage:
+    'rlstream sft <config.yaml> [a.b.c=value …] [--dialect easyr1|verl|mtrl] [--verbose] [--print-config] [--break-lock]',
   help: [
     'Next-token loss on the response (assistant) tokens only, over data.train_files (JSONL or parquet):',
     'rows with sft.prompt_key + sft.response_key, or a conversation in sft.messages_key (loss on every',
@@ -19,10 +20,12 @@ export const sftCommand: Command = {
     'the newest checkpoint; a finished run says so.',
     '',
     'arguments:',
-    '  config.yaml     run config (see docs/config.md)',
+    '  config.yaml     run config (see docs/config.md); an EasyR1, verl or MTRL config is translated first',
+    '                  (docs/dialects.md)',
     '  a.b.c=value     override, value parsed as a YAML scalar (e.g. sft.epochs=2)',
     '',
     'options:',
+    '  --dialect NAME  read the config as easyr1, verl or mtrl (default: recognised by its sections)',
     '  --verbose       on a terminal, also print the info log lines (one per step)',
     '  --print-config  also print the resolved config (it is always written to <run_dir>/config.yaml)',
     "  --break-lock    take over the run directory's lock when another host holds it",

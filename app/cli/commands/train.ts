@@ -1,6 +1,7 @@
 import type { Command } from '../command.ts';
 import { parseArgs, UsageError } from '../command.ts';
-import { loadConfig, formatResolvedConfig, resolveRunId } from '../../../lib/config/index.ts';
+import { loadConfig, formatResolvedConfig, resolveRunId, notApplicableLine } from '../../../lib/config/index.ts';
+import type { Translation } from '../../../lib/config/dialects/index.ts';
 import { createLogger } from '../../../lib/log.ts';
 import { trainEmbedded } from '../../run.ts';
 import { ConsoleSink, ProgressBar } from '../../../lib/console/progress.ts';
@@ -10,6 +11,12 @@ export function configArgs(positionals: string[]): { file?: string; overrides: s
   const overrides = positionals.slice(file ? 1 : 0);
   for (const o of overrides) if (!o.includes('=')) throw new UsageError(`expected an override a.b.c=value, got "${o}"`);
   return { file, overrides };
+}
+
+/** A dialect config's not-applicable keys, once, on stderr ("not applicable here: …"). */
+export function printNotApplicable(t: Translation): void {
+  const line = notApplicableLine(t);
+  if (line) console.error(line);
 }
 
 /** Ctrl-C (SIGINT) or SIGTERM: aborts the signal, calls `onStop` at once, and remembers which. */
@@ -33,14 +40,19 @@ function interruption(onStop?: () => void): { signal: AbortSignal; exitCode(): n
  * printed (exit code 130 / 143).
  */
 export function consoleRun(argv: string[], command: 'train' | 'sft') {
-  const { positionals, booleans } = parseArgs(argv, { booleans: ['verbose', 'print-config', 'break-lock'] });
+  const { positionals, booleans, flags } = parseArgs(argv, {
+    booleans: ['verbose', 'print-config', 'break-lock'],
+    flags: ['dialect'],
+  });
   if (positionals.length === 0) throw new UsageError('missing the config file');
   const { file, overrides } = configArgs(positionals);
   const cfg = loadConfig({
     file,
     overrides,
     ...(command === 'sft' ? { command } : {}),
+    ...(flags.dialect !== undefined ? { dialect: flags.dialect } : {}),
     onWarning: (m) => console.error(`warning: ${m}`),
+    onTranslation: printNotApplicable,
   });
   const tty = process.stderr.isTTY === true;
   const bar = tty ? new ProgressBar(process.stderr) : null;
@@ -55,7 +67,8 @@ export function consoleRun(argv: string[], command: 'train' | 'sft') {
 export const trainCommand: Command = {
   name: 'train',
   summary: 'Train a policy: all five stages in this process (embedded default) over the configured bus and store',
-  usage: 'rlstream train <config.yaml> [a.b.c=value …] [--verbose] [--print-config] [--break-lock]',
+  usage:
+    'rlstream train <config.yaml> [a.b.c=value …] [--dialect easyr1|verl|mtrl] [--verbose] [--print-config] [--break-lock]',
   help: [
     'Loads the config (defaults → file → overrides), writes it resolved to <run_dir>/config.yaml',
     '(secrets redacted), and runs the controller, rollout, reward, advantage and update stages until',
@@ -66,11 +79,16 @@ export const trainCommand: Command = {
     'at the end. Off a terminal: JSON log lines (info and up) on stderr. Ctrl-C stops the run',
     '(exit code 130; run the command again to continue).',
     '',
+    'An EasyR1, verl or MTRL config is translated first (recognised by its sections, or named with',
+    '--dialect; docs/dialects.md); its overrides use its own key names (Hydra-style, e.g.',
+    'actor_rollout_ref.rollout.n=5). Keys that cannot apply here are listed once at start.',
+    '',
     'arguments:',
     '  config.yaml     run config (see docs/config.md)',
     '  a.b.c=value     override, value parsed as a YAML scalar (e.g. trainer.max_steps=20)',
     '',
     'options:',
+    '  --dialect NAME  read the config as easyr1, verl or mtrl (default: recognised by its sections)',
     '  --verbose       on a terminal, also print the info log lines (steps, validation rounds)',
     '  --print-config  also print the resolved config (it is always written to <run_dir>/config.yaml)',
     "  --break-lock    take over the run directory's lock when another host holds it (a shared",

@@ -59,7 +59,7 @@ test('skipped bad rows and dropped overlong prompts: one line each with counts a
   assert.match(
     notes[0]!,
     new RegExp(
-      `^4 bad train rows skipped \\(data\\.on_bad_row = skip\\): ${f}:2: missing answer field "answer" \\(set data\\.answer_key\\); ${f}:3: not valid JSON .*; ${f}:6: missing prompt field "prompt" .*, … \\(1 more\\)$`,
+      `^4 bad train rows skipped \\(data\\.on_bad_row = skip\\): ${f}:2: missing answer field "answer" \\(and no reward_model\\.ground_truth; set data\\.answer_key\\); ${f}:3: not valid JSON .*; ${f}:6: missing prompt field "prompt" .*, … \\(1 more\\)$`,
     ),
   );
   assert.match(
