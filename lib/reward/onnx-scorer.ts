@@ -27,7 +27,6 @@
  * `maxBatch` sequences. Reward = scale · transform(raw); with `threshold`, reward = 1 when
  * scale · transform(raw) ≥ threshold, else 0.
  */
-import type { Episode } from '../contracts/index.ts';
 import { basename } from 'node:path';
 import { existsSync, readFileSync } from 'node:fs';
 import * as ort from 'onnxruntime-node';
