@@ -5,7 +5,7 @@
  * PGlite both refuse writes in a read-only transaction (INSERT/UPDATE/DELETE, DDL, nextval, …).
  *
  * The statement runs as `rlstream_reader` (`SET LOCAL ROLE`, when the role exists and the session
- * may take it; migration 20261127_0011): a role that reads every table and can do nothing else,
+ * may take it; migration 20261127_0012_reader_role): a role that reads every table and can do nothing else,
  * so what the syntax check misses (an escaped function name, a query string handed to ts_stat)
  * still cannot signal a session, touch a server file or reset statistics. A superuser session can
  * switch back (`set_config('role', …)`), so `rlstream sql` refuses superuser connections to
