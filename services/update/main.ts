@@ -73,6 +73,7 @@ import { PixelCache } from '../../lib/data/pixel-cache.ts';
 import type { ImagePixels } from '../../lib/data/images.ts';
 import { policyId, type UpdateGroup, type PolicyVersion } from '../../lib/contracts/index.ts';
 import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
+import { trainerSettings, trainsNft } from '../../lib/pipeline/trainer-settings.ts';
 import { emaUpdate } from '../../lib/rl/ema.ts';
 import { ConfigError, TransientError, RlError } from '../../lib/errors.ts';
 import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
@@ -247,7 +248,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         `resume this run with ${state.initFrom ? `trainer.load_checkpoint_path=${state.initFrom}` : 'trainer.load_checkpoint_path unset'}, or start a new run (pipeline.run_id=… or another trainer.run_dir) from the checkpoint`,
     );
   }
-  const dapoLikeNft = cfg.algorithm.policy_loss === 'nft' && cfg.algorithm.nft.neg_weight < 0;
+  const settings = trainerSettings(cfg);
   let trainer: Trainer;
   /** The policy version the in-memory trainer (and critic, EMA) holds. */
   let trainerVersion = -1;
@@ -256,46 +257,12 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const lora = policyLora(cfg);
   const baseWeights = (): Promise<Weights> => sharedBaseWeights(lora!.baseDir);
   const trainerOpts = {
+    ...settings.actor.trainer,
     model,
     ...(lora ? { lora: lora.config } : {}),
-    threads: cfg.actor.threads,
-    device: cfg.actor.device,
-    microBatchSize: cfg.actor.micro_batch_size_per_device_for_update,
-    seed: cfg.data.seed,
-    freezeVisionTower: cfg.actor.model.freeze_vision_tower,
-    gradientCheckpointing: cfg.actor.model.enable_gradient_checkpointing,
-    optim: {
-      betas: o.betas as [number, number],
-      eps: o.eps,
-      weightDecay: o.weight_decay,
-      maxGradNorm: o.max_grad_norm,
-      visionLrScale: o.vision_lr_scale,
-    },
-    loss: {
-      // nft with neg_weight < 0 is NVlabs NFT's DAPO-like variant: the PPO clipped loss on the (GRPO) advantages
-      type: 'policy' as const,
-      lossMode: dapoLikeNft ? 'vanilla' : cfg.algorithm.policy_loss,
-      clipRatioLow: cfg.actor.clip_ratio_low,
-      clipRatioHigh: cfg.actor.clip_ratio_high,
-      clipRatioC: cfg.actor.clip_ratio_dual,
-      tauPos: cfg.algorithm.sapo.tau_pos,
-      tauNeg: cfg.algorithm.sapo.tau_neg,
-      lossAggMode: cfg.actor.loss_agg_mode,
-      entropyCoeff: cfg.actor.entropy_coeff,
-      entropyPenaltyCoef: cfg.algorithm.entropy_penalty_coef,
-      useKlLoss: cfg.algorithm.use_kl_loss,
-      klLossCoef: cfg.algorithm.kl_coef,
-      klLossType: cfg.algorithm.kl_loss_type ?? cfg.algorithm.kl_penalty,
-      temperature: cfg.rollout.temperature,
-      nft: { negWeight: dapoLikeNft ? 1 : cfg.algorithm.nft.neg_weight },
-      clipCovRatio: cfg.algorithm.clip_cov.ratio,
-      clipCovLb: cfg.algorithm.clip_cov.lb,
-      clipCovUb: cfg.algorithm.clip_cov.ub,
-      klCovRatio: cfg.algorithm.kl_cov.ratio,
-      ppoKlCoef: cfg.algorithm.kl_cov.ppo_kl_coef,
-    },
+    loss: settings.policyLoss,
   };
-  const isNft = cfg.algorithm.policy_loss === 'nft' && !dapoLikeNft;
+  const isNft = trainsNft(cfg);
   // VPPO's masks and scaling travel with the samples (updates.v2); applied only while it is on
   const useVppo = cfg.algorithm.vppo.enable;
   const initialWeights = async (): Promise<Weights> => {
@@ -402,27 +369,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   let criticOpts: TrainerOptions | null = null;
   if (cfg.critic.enable) {
     const cm = criticModelConfig(cfg, tok);
-    const co = cfg.critic.optim;
-    const copts = (criticOpts = {
-      model: cm,
-      threads: cfg.actor.threads,
-      device: cfg.actor.device,
-      microBatchSize: cfg.actor.micro_batch_size_per_device_for_update,
-      gradientCheckpointing:
-        cfg.critic.model.enable_gradient_checkpointing ?? cfg.actor.model.enable_gradient_checkpointing,
-      optim: {
-        betas: co.betas as [number, number],
-        eps: co.eps,
-        weightDecay: co.weight_decay,
-        maxGradNorm: co.max_grad_norm,
-        visionLrScale: co.vision_lr_scale,
-      },
-      loss: {
-        type: 'value' as const,
-        cliprangeValue: cfg.critic.cliprange_value,
-        lossAggMode: cfg.actor.loss_agg_mode,
-      },
-    });
+    const copts = (criticOpts = { ...settings.critic.trainer, model: cm, loss: settings.valueLoss });
     // this run's critic version (a resume, or one restored from trainer.load_checkpoint_path); a
     // missing one means a first start (or critic.enable turned on for a run that had none)
     const savedDir = await storedDir('critic', state.version);
@@ -548,13 +495,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         );
       klValue = v;
     }
-    const optim = {
-      lr: o.lr,
-      scheduler: o.lr_scheduler,
-      warmupSteps: o.lr_warmup_steps,
-      warmupRatio: o.lr_warmup_ratio,
-      minLrRatio: o.min_lr_ratio,
-    };
+    const optim = settings.actor.schedule;
     return {
       format: TRAINER_STATE_FORMAT,
       run_id: p.runId,
@@ -733,17 +674,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     for (let epoch = 0; epoch < cfg.actor.ppo_epochs; epoch++) {
       for (const { batch, tokens: nt } of trainBatch(kept, old, false, nft, px)) {
         state!.optimizerSteps++;
-        const lr = lrAt(
-          {
-            lr: o.lr,
-            scheduler: o.lr_scheduler,
-            warmupSteps: o.lr_warmup_steps,
-            warmupRatio: o.lr_warmup_ratio,
-            minLrRatio: o.min_lr_ratio,
-          },
-          state!.optimizerSteps,
-          totalOptSteps,
-        );
+        const lr = lrAt(settings.actor.schedule, state!.optimizerSteps, totalOptSteps);
         const r = await trainer.step(batch, lr);
         for (const [k, v] of Object.entries(r.metrics)) sums[k] = (sums[k] ?? 0) + v;
         n++;
@@ -755,20 +686,9 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     if (critic) {
       const csums: Record<string, number> = {};
       let cn = 0;
-      const co = cfg.critic.optim;
       for (let epoch = 0; epoch < (cfg.critic.ppo_epochs ?? cfg.actor.ppo_epochs); epoch++) {
         for (const { batch } of trainBatch(kept, old, true, null, await criticImages!.byGroup(kept))) {
-          const lr = lrAt(
-            {
-              lr: co.lr,
-              scheduler: co.lr_scheduler,
-              warmupSteps: co.lr_warmup_steps,
-              warmupRatio: co.lr_warmup_ratio,
-              minLrRatio: co.min_lr_ratio,
-            },
-            critic.getOptimizerState().step + 1,
-            totalOptSteps,
-          );
+          const lr = lrAt(settings.critic.schedule, critic.getOptimizerState().step + 1, totalOptSteps);
           const r = await critic.step(batch, lr);
           for (const [k, v] of Object.entries(r.metrics)) csums[k] = (csums[k] ?? 0) + v;
           cn++;
@@ -778,17 +698,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     }
     m['actor/approx_kl'] = m['actor/ppo_kl'] ?? 0;
     m['actor/clipfrac'] = m['actor/pg_clipfrac'] ?? 0;
-    m['actor/lr'] = lrAt(
-      {
-        lr: o.lr,
-        scheduler: o.lr_scheduler,
-        warmupSteps: o.lr_warmup_steps,
-        warmupRatio: o.lr_warmup_ratio,
-        minLrRatio: o.min_lr_ratio,
-      },
-      Math.max(1, state!.optimizerSteps),
-      totalOptSteps,
-    );
+    m['actor/lr'] = lrAt(settings.actor.schedule, Math.max(1, state!.optimizerSteps), totalOptSteps);
     const stal = kept.map((g) => version - g.policy_version);
     m['staleness/mean'] = stal.reduce((a, b) => a + b, 0) / Math.max(1, stal.length);
     m['staleness/max'] = Math.max(0, ...stal);
