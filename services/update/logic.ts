@@ -1,8 +1,12 @@
 /**
  * Update-stage logic (pure): assembling a step's batch, splitting it into PPO mini-batches and
- * micro-batches, deciding when to checkpoint and which checkpoints to prune. No I/O.
+ * micro-batches, packing them into the training graph's tensors, deciding when to checkpoint and
+ * which checkpoints to prune. No I/O.
  */
 import { ConfigError } from '../../lib/errors.ts';
+import type { UpdateGroup, UpdateSample } from '../../lib/contracts/index.ts';
+import type { ImagePixels } from '../../lib/data/images.ts';
+import type { TrainBatch } from '../../lib/model/index.ts';
 
 export interface SampleKey {
   id: string;
@@ -179,4 +183,155 @@ export function applyVppoToSample(s: {
     loss_weights[t] = m != null ? s.loss_weights[t] * m[t] : s.loss_weights[t];
   }
   return { advantages, loss_weights };
+}
+
+/** How a step's samples are packed into training tensors. */
+export interface PackOptions {
+  /** Samples per mini-batch, one optimizer step each (actor.global_batch_size). */
+  miniBatchSize: number;
+  /** Token id of the padding after each row's prompt + response. */
+  padTokenId: number;
+  /** data.max_response_length: the loss_scale_factor of the seq-mean-token-sum-norm aggregation. */
+  lossScaleFactor: number;
+  /** Apply each sample's VPPO token mask and scaling (algorithm.vppo.enable; updates.v2). */
+  vppo: boolean;
+  /** Pass the reference log-probs (algorithm.use_kl_loss: the KL loss reads them). */
+  klLoss: boolean;
+}
+
+/** One mini-batch for the trainer, and its prompt + response token count (perf/update_tokens). */
+export interface PackedBatch {
+  batch: TrainBatch;
+  tokens: number;
+}
+
+/** A sample with the group it came from (the prompt and images are the group's). */
+interface Row {
+  g: UpdateGroup;
+  x: UpdateSample;
+}
+
+/** The kept groups' samples in id order (assembleBatch), split into mini-batches of `size`. */
+function miniBatchesOf(groups: readonly UpdateGroup[], size: number): Row[][] {
+  const { samples } = assembleBatch(groups.map((g) => ({ samples: g.samples.map((x) => ({ id: x.id, g, x })) })));
+  return splitBatches(samples, size, size).map(([mini]) => mini);
+}
+
+/**
+ * The [B, T] layout every mini-batch shares: row b is its prompt then its response, right-padded
+ * to the longest row T; `at(b)` is where row b's response starts in the flat arrays.
+ */
+function layout(
+  mini: readonly Row[],
+  o: PackOptions,
+  images: ReadonlyMap<UpdateGroup, ImagePixels[]>,
+): {
+  base: Pick<
+    TrainBatch,
+    'batchSize' | 'seqLen' | 'tokens' | 'attentionMask' | 'responseMask' | 'globalBatch' | 'images'
+  >;
+  at: (b: number) => number;
+  tokens: number;
+} {
+  const B = mini.length;
+  const T = Math.max(...mini.map(({ g, x }) => g.prompt_ids.length + x.response_ids.length));
+  const tokens = new Int32Array(B * T).fill(o.padTokenId);
+  const attn = new Float32Array(B * T),
+    resp = new Float32Array(B * T);
+  let ntok = 0;
+  mini.forEach(({ g, x }, b) => {
+    const P = g.prompt_ids.length,
+      L = x.response_ids.length;
+    tokens.set(g.prompt_ids, b * T);
+    tokens.set(x.response_ids, b * T + P);
+    attn.fill(1, b * T, b * T + P + L);
+    resp.fill(1, b * T + P, b * T + P + L);
+    ntok += P + L;
+  });
+  return {
+    base: {
+      batchSize: B,
+      seqLen: T,
+      tokens,
+      attentionMask: attn,
+      responseMask: resp,
+      globalBatch: { loss_scale_factor: o.lossScaleFactor },
+      ...(images.size ? { images: mini.map(({ g }) => images.get(g)) } : {}),
+    },
+    at: (b) => b * T + mini[b].g.prompt_ids.length,
+    tokens: ntok,
+  };
+}
+
+/**
+ * The policy's mini-batches of a step: tokens and masks [B, T], and at each response position the
+ * advantage, old log-prob (`oldLogprobs` by sample id — recomputed with the current weights — else
+ * the sample's behaviour log-prob), reference log-prob and loss weight; VPPO scales advantages
+ * by the trajectory's α and masks loss weights by its token mask. With `nft` (the NFT loss) each
+ * row carries its ±1 outcome and its whole group's accuracy (a mini-batch may split a group).
+ */
+export function packPolicyBatches(
+  groups: readonly UpdateGroup[],
+  inputs: {
+    oldLogprobs: ReadonlyMap<string, Float32Array>;
+    nft?: ReadonlyMap<string, NftTarget> | null;
+    images?: ReadonlyMap<UpdateGroup, ImagePixels[]>;
+  },
+  o: PackOptions,
+): PackedBatch[] {
+  return miniBatchesOf(groups, o.miniBatchSize).map((mini) => {
+    const { base, at, tokens } = layout(mini, o, inputs.images ?? new Map());
+    const N = base.batchSize * base.seqLen;
+    const adv = new Float32Array(N),
+      oldLp = new Float32Array(N),
+      refLp = new Float32Array(N),
+      w = new Float32Array(N);
+    mini.forEach(({ x }, b) => {
+      const v =
+        o.vppo && x.vppo
+          ? applyVppoToSample({
+              advantages: x.advantages,
+              loss_weights: x.loss_weights,
+              vppo_token_mask: x.vppo.token_mask,
+              vppo_scaling: x.vppo.scaling_factor,
+            })
+          : x;
+      adv.set(v.advantages, at(b));
+      oldLp.set(inputs.oldLogprobs.get(x.id) ?? x.behaviour_logprobs, at(b));
+      if (x.ref_logprobs.length) refLp.set(x.ref_logprobs, at(b));
+      w.set(v.loss_weights, at(b));
+    });
+    const nftRows = inputs.nft ? mini.map(({ x }) => inputs.nft!.get(x.id)!) : null;
+    return {
+      batch: {
+        ...base,
+        advantages: adv,
+        oldLogprobs: oldLp,
+        refLogprobs: o.klLoss ? refLp : undefined,
+        lossWeights: w,
+        rewards: nftRows?.map((r) => r.reward),
+        groupAccuracy: nftRows?.map((r) => r.groupAccuracy),
+      },
+      tokens,
+    };
+  });
+}
+
+/** The critic's mini-batches of a step: tokens and masks [B, T], and each response position's old value and return. */
+export function packValueBatches(
+  groups: readonly UpdateGroup[],
+  images: ReadonlyMap<UpdateGroup, ImagePixels[]>,
+  o: PackOptions,
+): PackedBatch[] {
+  return miniBatchesOf(groups, o.miniBatchSize).map((mini) => {
+    const { base, at, tokens } = layout(mini, o, images);
+    const N = base.batchSize * base.seqLen;
+    const vals = new Float32Array(N),
+      rets = new Float32Array(N);
+    mini.forEach(({ x }, b) => {
+      vals.set(x.values, at(b));
+      rets.set(x.returns, at(b));
+    });
+    return { batch: { ...base, values: vals, returns: rets }, tokens };
+  });
 }

@@ -64,13 +64,11 @@ import {
   valueModelFrom,
   type Trainer,
   type TrainerOptions,
-  type TrainBatch,
   type Weights,
 } from '../../lib/model/index.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
-import type { ImagePixels } from '../../lib/data/images.ts';
 import { policyId, type UpdateGroup, type PolicyVersion } from '../../lib/contracts/index.ts';
 import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
 import { trainerSettings, trainsNft } from '../../lib/pipeline/trainer-settings.ts';
@@ -78,15 +76,14 @@ import { emaUpdate } from '../../lib/rl/ema.ts';
 import { ConfigError, TransientError, RlError } from '../../lib/errors.ts';
 import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
 import {
-  assembleBatch,
   checkBatchArithmetic,
-  splitBatches,
+  packPolicyBatches,
+  packValueBatches,
+  type PackOptions,
   shouldCheckpoint,
   checkpointsToPrune,
   nftTargets,
   versionsInUse,
-  applyVppoToSample,
-  type NftTarget,
   type ControllerProgress,
 } from './logic.ts';
 
@@ -263,8 +260,6 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     loss: settings.policyLoss,
   };
   const isNft = trainsNft(cfg);
-  // VPPO's masks and scaling travel with the samples (updates.v2); applied only while it is on
-  const useVppo = cfg.algorithm.vppo.enable;
   const initialWeights = async (): Promise<Weights> => {
     if (lora) return baseWeights();
     const dir = opts.initialWeightsDir ?? cfg.actor.model.path;
@@ -557,93 +552,13 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     };
   }
 
-  function trainBatch(
-    groups: UpdateGroup[],
-    old: Map<string, Float32Array>,
-    forCritic = false,
-    nft: ReadonlyMap<string, NftTarget> | null = null,
-    px: ReadonlyMap<UpdateGroup, ImagePixels[]> = new Map(),
-  ): { batch: TrainBatch; tokens: number }[] {
-    const { samples } = assembleBatch(groups.map((g) => ({ samples: g.samples.map((x) => ({ ...x, g })) })));
-    const minis = splitBatches(samples, cfg.actor.global_batch_size, cfg.actor.global_batch_size);
-    return minis.map(([mini]) => {
-      const B = mini.length;
-      const T = Math.max(...mini.map((x) => x.g.prompt_ids.length + x.response_ids.length));
-      const tokens = new Int32Array(B * T).fill(model.padTokenId);
-      const attn = new Float32Array(B * T),
-        resp = new Float32Array(B * T),
-        adv = new Float32Array(B * T),
-        oldLp = new Float32Array(B * T),
-        refLp = new Float32Array(B * T),
-        w = new Float32Array(B * T);
-      const vals = new Float32Array(B * T),
-        rets = new Float32Array(B * T);
-      let ntok = 0;
-      const rowImages = px.size ? { images: mini.map((x) => px.get(x.g)) } : {};
-      mini.forEach((x, b) => {
-        const P = x.g.prompt_ids.length,
-          L = x.response_ids.length;
-        tokens.set(x.g.prompt_ids, b * T);
-        tokens.set(x.response_ids, b * T + P);
-        attn.fill(1, b * T, b * T + P + L);
-        resp.fill(1, b * T + P, b * T + P + L);
-        // VPPO (updates.v2): loss weights × the token mask, advantages × the trajectory's α
-        const v =
-          useVppo && x.vppo
-            ? applyVppoToSample({
-                advantages: x.advantages,
-                loss_weights: x.loss_weights,
-                vppo_token_mask: x.vppo.token_mask,
-                vppo_scaling: x.vppo.scaling_factor,
-              })
-            : x;
-        adv.set(v.advantages, b * T + P);
-        oldLp.set(old.get(x.id) ?? x.behaviour_logprobs, b * T + P);
-        if (x.ref_logprobs.length) refLp.set(x.ref_logprobs, b * T + P);
-        w.set(v.loss_weights, b * T + P);
-        if (forCritic) {
-          vals.set(x.values, b * T + P);
-          rets.set(x.returns, b * T + P);
-        }
-        ntok += P + L;
-      });
-      if (forCritic)
-        return {
-          batch: {
-            batchSize: B,
-            seqLen: T,
-            tokens,
-            attentionMask: attn,
-            responseMask: resp,
-            values: vals,
-            returns: rets,
-            globalBatch: { loss_scale_factor: cfg.data.max_response_length },
-            ...rowImages,
-          },
-          tokens: ntok,
-        };
-      // nft: each row's ±1 outcome and the accuracy of its whole group (the mini-batch may split a group)
-      const nftRows = nft ? mini.map((x) => nft.get(x.id)!) : null;
-      return {
-        batch: {
-          batchSize: B,
-          seqLen: T,
-          tokens,
-          attentionMask: attn,
-          responseMask: resp,
-          advantages: adv,
-          oldLogprobs: oldLp,
-          refLogprobs: cfg.algorithm.use_kl_loss ? refLp : undefined,
-          lossWeights: w,
-          rewards: nftRows?.map((r) => r.reward),
-          groupAccuracy: nftRows?.map((r) => r.groupAccuracy),
-          globalBatch: { loss_scale_factor: cfg.data.max_response_length },
-          ...rowImages,
-        },
-        tokens: ntok,
-      };
-    });
-  }
+  const packing: PackOptions = {
+    miniBatchSize: cfg.actor.global_batch_size,
+    padTokenId: model.padTokenId,
+    lossScaleFactor: cfg.data.max_response_length,
+    vppo: cfg.algorithm.vppo.enable,
+    klLoss: cfg.algorithm.use_kl_loss,
+  };
 
   async function trainStep(step: number, groups: UpdateGroup[]): Promise<Record<string, number>> {
     const kept = groups.filter((g) => !g.filtered);
@@ -672,7 +587,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     let n = 0,
       tokens = 0;
     for (let epoch = 0; epoch < cfg.actor.ppo_epochs; epoch++) {
-      for (const { batch, tokens: nt } of trainBatch(kept, old, false, nft, px)) {
+      for (const { batch, tokens: nt } of packPolicyBatches(kept, { oldLogprobs: old, nft, images: px }, packing)) {
         state!.optimizerSteps++;
         const lr = lrAt(settings.actor.schedule, state!.optimizerSteps, totalOptSteps);
         const r = await trainer.step(batch, lr);
@@ -687,7 +602,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       const csums: Record<string, number> = {};
       let cn = 0;
       for (let epoch = 0; epoch < (cfg.critic.ppo_epochs ?? cfg.actor.ppo_epochs); epoch++) {
-        for (const { batch } of trainBatch(kept, old, true, null, await criticImages!.byGroup(kept))) {
+        for (const { batch } of packValueBatches(kept, await criticImages!.byGroup(kept), packing)) {
           const lr = lrAt(settings.critic.schedule, critic.getOptimizerState().step + 1, totalOptSteps);
           const r = await critic.step(batch, lr);
           for (const [k, v] of Object.entries(r.metrics)) csums[k] = (csums[k] ?? 0) + v;
