@@ -1,7 +1,7 @@
 /**
  * Update-stage logic (pure): assembling a step's batch, splitting it into PPO mini-batches and
- * micro-batches, packing them into the training graph's tensors, deciding when to checkpoint and
- * which checkpoints to prune. No I/O.
+ * micro-batches, packing them into the training graph's tensors, deciding when to checkpoint. No
+ * I/O.
  */
 import { ConfigError } from '../../lib/errors.ts';
 import type { UpdateGroup, UpdateSample } from '../../lib/contracts/index.ts';
@@ -82,13 +82,6 @@ export function splitBatches<T>(items: T[], miniSize: number, microSize: number)
 export function shouldCheckpoint(step: number, totalSteps: number, saveFreq: number): boolean {
   if (step === totalSteps) return true;
   return saveFreq > 0 && step % saveFreq === 0;
-}
-
-/** Checkpoint steps to delete so that at most `saveLimit` remain (≤ 0: keep all). The newest are kept. */
-export function checkpointsToPrune(steps: number[], saveLimit: number): number[] {
-  if (saveLimit <= 0) return [];
-  const sorted = [...steps].sort((a, b) => a - b);
-  return sorted.slice(0, Math.max(0, sorted.length - saveLimit));
 }
 
 /** What the update stage reads of the controller's stored stage state (`{ ctl: ControllerState, … }`). */

@@ -14,8 +14,6 @@
  * deleted only after the state that says the step is trained (docs/durability.md).
  */
 import { existsSync } from 'node:fs';
-import { sql } from 'kysely';
-import { sha256File } from '../../lib/policy-store/hash.ts';
 import { join, resolve } from 'node:path';
 import { forStage } from '../../lib/log.ts';
 import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
@@ -28,32 +26,32 @@ import {
   policyLora,
   sharedBaseWeights,
 } from '../../lib/pipeline/policy.ts';
-import { loadAdapter, saveAdapter, weightsFileOf } from '../../lib/model/checkpoint.ts';
+import { loadAdapter, saveAdapter } from '../../lib/model/checkpoint.ts';
 import {
   IntegrityError,
   versionsToPrune,
-  keptCheckpointSteps,
   ARTIFACT_KINDS,
   type ArtifactKind,
   type Executor,
 } from '../../lib/policy-store/index.ts';
 import type { ModelConfig } from '../../lib/model/index.ts';
 import { resolveCriticModel } from '../../lib/config/index.ts';
-import { loadStageState, saveStageState, PendingBatch, stagesWithState } from '../../lib/pipeline/stage-state.ts';
+import { loadStageState, saveStageState, PendingBatch, stagesWithState, txOf } from '../../lib/pipeline/stage-state.ts';
+import {
+  keptCheckpoints,
+  klCoefAt,
+  rebuildCheckpointDirs,
+  resumeHint as runResumeHint,
+  saveRunCheckpoint,
+  trainerStateAt,
+} from '../../lib/pipeline/run-checkpoints.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import {
   datasetPosition,
   describePosition,
-  writeCheckpointDir,
-  listCheckpointSteps,
-  removeCheckpointDir,
   removeTempCheckpoints,
   readCheckpointPath,
-  TRAINER_STATE_FORMAT,
-  TRAINER_STATE_FILE,
-  checkpointDir,
   verifyCheckpointFiles,
-  type TrainerState,
 } from '../../lib/pipeline/checkpoints.ts';
 import {
   createTrainer,
@@ -70,10 +68,10 @@ import { Scorer } from '../../lib/model/score.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
 import { policyId, type UpdateGroup, type PolicyVersion } from '../../lib/contracts/index.ts';
-import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
+import { lrAt } from '../../lib/optim/lr-schedule.ts';
 import { trainerSettings, trainsNft } from '../../lib/pipeline/trainer-settings.ts';
 import { emaUpdate } from '../../lib/rl/ema.ts';
-import { ConfigError, TransientError, RlError } from '../../lib/errors.ts';
+import { ConfigError, RlError } from '../../lib/errors.ts';
 import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
 import {
   checkBatchArithmetic,
@@ -81,7 +79,6 @@ import {
   packValueBatches,
   type PackOptions,
   shouldCheckpoint,
-  checkpointsToPrune,
   nftTargets,
   versionsInUse,
   type ControllerProgress,
@@ -145,7 +142,6 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const plan = planFromConfig(cfg, p.runId, opts.trainSize, 0);
   const totalSteps = planTotalSteps(plan);
   const totalOptSteps = Math.max(1, totalSteps * arith.miniBatches * cfg.actor.ppo_epochs);
-  const o = cfg.actor.optim;
   const log = forStage(p.log, 'update');
   const metrics = new StageMetrics(p, 'update');
   const scorer = new Scorer(model, experienceScorerOptions(cfg));
@@ -185,26 +181,8 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       );
     return dir;
   }
-  /** How to go on from the newest checkpoint whose weights still have their recorded sha256. */
-  async function resumeHint(db: Executor): Promise<string> {
-    const rows = await sql<{
-      step: number;
-      path: string;
-      sha256: string;
-    }>`select step, path, sha256 from checkpoints where run_id = ${p.runId} order by step desc`
-      .execute(db)
-      .then(
-        (r) => r.rows,
-        () => [],
-      );
-    for (const ck of rows) {
-      const actor = join(ck.path, 'actor', weightsFileOf(join(ck.path, 'actor')));
-      if (existsSync(actor) && (await sha256File(actor)) === ck.sha256) {
-        return `The last good checkpoint is ${ck.path} (step ${ck.step}, sha256 ${ck.sha256}): start a new run from it with trainer.load_checkpoint_path=${ck.path} and a new pipeline.run_id (or another trainer.run_dir)`;
-      }
-    }
-    return 'No intact checkpoint of this run was found; restore the file from a backup, or start the run over (a new pipeline.run_id or another trainer.run_dir)';
-  }
+  const checkpoints = { runId: p.runId, runDir: p.runDir, store: p.store };
+  const resumeHint = (db: Executor) => runResumeHint(checkpoints, txOf(db));
   /** Writes a version of `kind` into the policy store (before any event names it). Returns the sha256 of its model.safetensors. */
   async function storeVersion(
     kind: ArtifactKind,
@@ -394,53 +372,22 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       await storeVersion('ema', state.version, model, ema, {});
     }
   }
-  if (p.policies.kind === 'postgres') await rebuildCheckpointDirs();
+  if (p.policies.kind === 'postgres') {
+    const rebuilt = await rebuildCheckpointDirs(
+      checkpoints,
+      cfg.trainer.save_limit,
+      async (v) => ({
+        actor: await versionDir('policy', v),
+        critic: cfg.critic.enable ? await storedDir('critic', v) : null,
+      }),
+      () => versionDir('policy', 0),
+    );
+    for (const { step, path } of rebuilt)
+      log.info({ step, path }, `checkpoint global_step_${step} rebuilt from the run's database at ${path}`);
+  }
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
   await p.bus.produce([p.message('policy', await versionRecord(state.version, Date.now()))]);
 
-  /**
-   * policy_store = postgres: the checkpoints kept under save_limit whose directories this node
-   * lacks (a restart on another node, an emptyDir) are rebuilt from the run's database — the
-   * versions (kept while a checkpoint needs them) and the checkpoint rows (the trainer state) —
-   * so checkpoints/global_step_N is there to resume from with trainer.load_checkpoint_path.
-   */
-  async function rebuildCheckpointDirs(): Promise<void> {
-    const rows = await p.store.listCheckpoints(p.runId);
-    const kept = new Set(
-      keptCheckpointSteps(
-        rows.map((r) => r.step),
-        cfg.trainer.save_limit,
-      ),
-    );
-    for (const row of rows) {
-      if (!kept.has(row.step) || existsSync(join(checkpointDir(p.runDir, row.step), TRAINER_STATE_FILE))) continue;
-      const ts: TrainerState = {
-        format: TRAINER_STATE_FORMAT,
-        run_id: p.runId,
-        step: row.step,
-        policy_version: row.policyVersion,
-        sha256: row.sha256,
-        dataset_position: row.datasetPosition as unknown as TrainerState['dataset_position'],
-        consumed_offsets: row.consumedOffsets as Record<string, number>,
-        rng_state: row.rngState as TrainerState['rng_state'],
-        kl_ctl_state: row.klCtlState as TrainerState['kl_ctl_state'],
-        lr_state: row.lrState as TrainerState['lr_state'],
-      };
-      const critic = cfg.critic.enable ? await storedDir('critic', row.policyVersion) : null;
-      const dir = await writeCheckpointDir(
-        p.runDir,
-        ts,
-        await versionDir('policy', row.policyVersion),
-        await versionDir('policy', 0),
-        critic,
-      );
-      if (dir !== row.path) await p.store.recordCheckpoint({ ...row, path: dir });
-      log.info(
-        { step: row.step, path: dir },
-        `checkpoint global_step_${row.step} rebuilt from the run's database at ${dir}`,
-      );
-    }
-  }
   async function writeVersion(version: number, db: Executor = p.db.db): Promise<string> {
     // no run id in the metadata: equal weights give equal bytes (and sha256) in every run (replay, resume from a checkpoint)
     return storeVersion(
@@ -469,62 +416,6 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       { version },
       `restored the trainer to the committed policy version ${version} (a batch failed after training)`,
     );
-  }
-  /** What the checkpoint of `step` records (trainer_state.json and the checkpoints row). */
-  async function trainerState(
-    step: number,
-    sha: string,
-    st: UpdateState,
-    db: import('../../lib/pipeline/stage-state.ts').Executor,
-  ): Promise<TrainerState> {
-    const a = cfg.algorithm;
-    const adaptive = a.use_kl_in_reward && a.kl_type === 'adaptive';
-    let klValue = a.kl_coef;
-    if (adaptive) {
-      const adv = await loadStageState<{ klByStep?: Record<string, number> }>(db, p.runId, 'advantage');
-      const v = adv?.klByStep?.[String(step)];
-      // Kafka: the advantage stage saves its state just after producing the step's groups; wait for it
-      if (v === undefined)
-        throw new TransientError(
-          `checkpoint of step ${step}: the advantage stage has not saved its KL controller state for step ${step} yet`,
-        );
-      klValue = v;
-    }
-    const optim = settings.actor.schedule;
-    return {
-      format: TRAINER_STATE_FORMAT,
-      run_id: p.runId,
-      step,
-      policy_version: step,
-      sha256: sha,
-      dataset_position: datasetPosition(plan, step),
-      consumed_offsets: { ...(st.positions ?? {}) },
-      rng_state: {
-        scheme: 'keyed-by-id',
-        seed: cfg.data.seed,
-        init_seed: cfg.actor.model.init_seed,
-        note: 'sampling noise is drawn from PRNG(data.seed, sample id) and shuffles from (data.seed, epoch): no generator state to carry',
-      },
-      kl_ctl_state: {
-        use_kl_in_reward: a.use_kl_in_reward,
-        type: a.kl_type,
-        value: klValue,
-        initial: a.kl_coef,
-        target_kl: a.kl_target,
-        horizon: a.kl_horizon,
-        use_kl_loss: a.use_kl_loss,
-        kl_loss_coef: a.kl_coef,
-      },
-      lr_state: {
-        scheduler: o.lr_scheduler,
-        base_lr: o.lr,
-        lr: lrAt(optim, Math.max(1, st.optimizerSteps), totalOptSteps),
-        optimizer_steps: st.optimizerSteps,
-        total_optimizer_steps: totalOptSteps,
-        warmup_steps: warmupStepsOf(optim, totalOptSteps),
-        min_lr_ratio: o.min_lr_ratio,
-      },
-    };
   }
   async function versionRecord(
     version: number,
@@ -703,33 +594,30 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       );
       if (shouldCheckpoint(step, totalSteps, cfg.trainer.save_freq)) {
         crashPoint('checkpoint:start');
-        const ts = await trainerState(step, rec.sha256, st, ctx.db);
+        const ts = trainerStateAt({
+          cfg,
+          runId: p.runId,
+          plan,
+          step,
+          sha256: rec.sha256,
+          positions: st.positions ?? {},
+          klCoef: await klCoefAt(cfg, ctx.db, p.runId, step),
+          schedule: settings.actor.schedule,
+          optimizerSteps: st.optimizerSteps,
+          totalOptimizerSteps: totalOptSteps,
+        });
         // temporary name, fsync, rename — then the row; a half-written one is never listed
-        const dir = await writeCheckpointDir(
-          p.runDir,
+        await saveRunCheckpoint(
+          checkpoints,
           ts,
-          p.policies.writeDir('policy', step),
-          await versionDir('policy', 0, ctx.db),
-          critic ? p.policies.writeDir('critic', step) : null,
-        );
-        await p.store.recordCheckpoint(
           {
-            runId: p.runId,
-            step,
-            path: dir,
-            sha256: ts.sha256,
-            policyVersion: step,
-            consumedOffsets: ts.consumed_offsets,
-            datasetPosition: { ...ts.dataset_position },
-            rngState: ts.rng_state,
-            klCtlState: ts.kl_ctl_state,
-            lrState: ts.lr_state,
+            actor: p.policies.writeDir('policy', step),
+            reference: await versionDir('policy', 0, ctx.db),
+            critic: critic ? p.policies.writeDir('critic', step) : null,
           },
-          { tx: ctx.tx },
+          cfg.trainer.save_limit,
+          ctx.tx,
         );
-        crashPoint('checkpoint:recorded');
-        for (const s of checkpointsToPrune(await listCheckpointSteps(p.runDir), cfg.trainer.save_limit))
-          await removeCheckpointDir(p.runDir, s);
       }
       // throughput of the whole pipeline over this step: its samples (and their prompt + response
       // tokens) ÷ the wall time since the previous version (none for the first step of a process)
@@ -771,10 +659,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
    */
   async function pruneVersions(newest: number, db: Executor): Promise<void> {
     // through the batch's executor (PGlite: its transaction holds the one connection; it sees this batch's checkpoint row)
-    const steps = (
-      await sql<{ step: number }>`select step from checkpoints where run_id = ${p.runId}`.execute(db)
-    ).rows.map((r) => r.step);
-    const checkpointSteps = keptCheckpointSteps(steps, cfg.trainer.save_limit);
+    const checkpointSteps = await keptCheckpoints(checkpoints, cfg.trainer.save_limit, txOf(db));
     // validation rounds the controller published and has not seen finish still sample with their version
     const inUse = versionsInUse(await loadStageState<ControllerProgress>(db, p.runId, 'controller'), newest);
     const opts = {

@@ -146,7 +146,6 @@ import {
   checkBatchArithmetic,
   splitBatches,
   shouldCheckpoint,
-  checkpointsToPrune,
   versionsInUse,
 } from '../../../services/update/logic.ts';
 
@@ -195,8 +194,6 @@ test('update: checkpoint schedule and pruning', () => {
     [1, 2, 3].filter((s) => shouldCheckpoint(s, 3, -1)),
     [3],
   );
-  assert.deepEqual(checkpointsToPrune([6, 2, 4, 8], 2), [2, 4]);
-  assert.deepEqual(checkpointsToPrune([1, 2], -1), []);
 });
 
 test("update keeps the versions validation may still sample with, read from the controller's stored state", () => {
