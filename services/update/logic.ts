@@ -84,6 +84,77 @@ export function shouldCheckpoint(step: number, totalSteps: number, saveFreq: num
   return saveFreq > 0 && step % saveFreq === 0;
 }
 
+/** The update stage's state as far as a start decides on it. */
+export interface StartState {
+  version: number;
+  /** trainer.load_checkpoint_path the run started from (null: a fresh start). */
+  initFrom?: string | null;
+}
+
+/**
+ * Why the update stage must not start, or null: a run that already has state is continued only
+ * with trainer.find_last_checkpoint, and only from the trainer.load_checkpoint_path it started with.
+ */
+export function startRefusal(a: {
+  runId: string;
+  /** Where the run's database is (for the message). */
+  where: string;
+  state: StartState | null;
+  /** Other stages with state (when the update stage has none). */
+  otherStages: readonly string[];
+  lastCheckpointPath: string | null;
+  findLastCheckpoint: boolean;
+  loadPath: string | null;
+}): string | null {
+  const { runId, state, otherStages, lastCheckpointPath: last, loadPath } = a;
+  if ((state || otherStages.length) && !a.findLastCheckpoint)
+    return (
+      `run ${runId} already has state in ${a.where} (${state ? `update stage at policy version ${state.version}` : `stages ${otherStages.join(', ')}`}${last ? `, last checkpoint ${last}` : ''}) and trainer.find_last_checkpoint = false refuses to continue it. ` +
+      'To resume it, set trainer.find_last_checkpoint=true (the default); to start over, use a new run (another trainer.run_dir, or pipeline.run_id=…); ' +
+      `to start a new run from one of its checkpoints, give that run trainer.load_checkpoint_path=${last ?? '<run_dir>/checkpoints/global_step_N'}`
+    );
+  if (state && (state.initFrom ?? null) !== loadPath)
+    return (
+      `run ${runId} already has state (update stage at policy version ${state.version}, started ${state.initFrom ? `from ${state.initFrom}` : 'from scratch'}); trainer.load_checkpoint_path = ${loadPath ?? 'null'} applies to a new run only — ` +
+      `resume this run with ${state.initFrom ? `trainer.load_checkpoint_path=${state.initFrom}` : 'trainer.load_checkpoint_path unset'}, or start a new run (pipeline.run_id=… or another trainer.run_dir) from the checkpoint`
+    );
+  return null;
+}
+
+/**
+ * Pipeline throughput over a step: its kept samples (and their prompt + response tokens) per
+ * second of `seconds`, the wall time since the previous version.
+ */
+export function stepThroughput(groups: readonly UpdateGroup[], seconds: number): Record<string, number> {
+  const kept = groups.filter((g) => !g.filtered);
+  const samples = kept.reduce((a, g) => a + g.samples.length, 0);
+  const tokens = kept.reduce(
+    (a, g) => a + g.samples.reduce((t, x) => t + g.prompt_ids.length + x.response_ids.length, 0),
+    0,
+  );
+  return { 'perf/samples_per_second': samples / seconds, 'perf/tokens_per_second': tokens / seconds };
+}
+
+/** Staleness of a step's kept groups: how many versions behind `version` their samples were drawn. */
+export function stepStaleness(kept: readonly UpdateGroup[], version: number): Record<string, number> {
+  const stal = kept.map((g) => version - g.policy_version);
+  return {
+    'staleness/mean': stal.reduce((a, b) => a + b, 0) / Math.max(1, stal.length),
+    'staleness/max': Math.max(0, ...stal),
+  };
+}
+
+/** The consumer positions ("<topic>/<partition>" → next offset) as the policy record's consumed offsets. */
+export function consumedOffsets(
+  positions: Readonly<Record<string, number>>,
+): Array<{ topic: string; partition: number; next_offset: number }> {
+  return Object.entries(positions).map(([k, next]) => ({
+    topic: k.slice(0, k.lastIndexOf('/')),
+    partition: Number(k.slice(k.lastIndexOf('/') + 1)),
+    next_offset: next,
+  }));
+}
+
 /** What the update stage reads of the controller's stored stage state (`{ ctl: ControllerState, … }`). */
 export interface ControllerProgress {
   ctl?: { valEmitted?: number[]; valDone?: number[]; latest?: { version: number } | null };
