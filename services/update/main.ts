@@ -16,7 +16,7 @@
 import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { forStage, type Logger } from '../../lib/log.ts';
-import { runStage, type Pipeline, type StageContext, type StageRun } from '../../lib/pipeline/runtime.ts';
+import { runStage, type Decoded, type Pipeline, type StageContext, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { tokenizerFor, policyModelConfig, criticModelConfig, policyLora } from '../../lib/pipeline/policy.ts';
 import { loadStageState, saveStageState, PendingBatch, stagesWithState, txOf } from '../../lib/pipeline/stage-state.ts';
@@ -109,6 +109,8 @@ interface UpdateRun {
   /** A vision policy (and critic) score and train each row with its prompt's images. */
   images: PolicyImages;
   criticImages: PolicyImages | null;
+  /** When this process published its last policy version (throughput is measured between versions). */
+  lastVersionMs: number | null;
 }
 
 export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<StageRun> {
@@ -179,54 +181,60 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     },
     images: new PolicyImages(model, pixelCache),
     criticImages: criticModel ? new PolicyImages(criticModel, pixelCache) : null,
+    lastVersionMs: null,
   };
-  /** When this process published its last policy version (throughput is measured between versions). */
-  let lastVersionMs: number | null = null;
-  return runStage(p, 'update', ['updates'], async (records, ctx) => {
-    run.metrics.beginBatch(ctx.waitedMs);
-    const st = (await loadStageState<UpdateState>(ctx.db, p.runId, 'update')) ?? state;
-    if (learner.version !== st.version) {
-      await learner.restore(st.version, ctx.db);
-      log.warn(
-        { version: st.version },
-        `restored the trainer to the committed policy version ${st.version} (a batch failed after training)`,
-      );
-    }
-    const positions = st.positions ?? (st.positions = {});
-    for (const r of records) {
-      const k = `${r.message.topic}/${r.message.partition}`;
-      positions[k] = Math.max(positions[k] ?? 0, r.message.offset + 1);
-    }
-    const pending = new PendingBatch(ctx.db, p.runId, 'update');
-    pending.add(
-      records
-        .filter((r) => (r.value as UpdateGroup).step > st.version)
-        .map((r) => ({
-          bucket: bucketOf((r.value as UpdateGroup).step),
-          id: (r.value as UpdateGroup).id,
-          payload: r.message.value,
-          headers: r.message.headers,
-        })),
+  return runStage(p, 'update', ['updates'], (records, ctx) => updateBatch(run, state, records, ctx));
+}
+
+/**
+ * One batch of `updates` records: their groups wait (durably) per step until a step has
+ * rollout_batch_size kept groups; each complete step is trained and committed in order.
+ */
+async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decoded[], ctx: StageContext): Promise<void> {
+  const { p, learner, log } = run;
+  const cfg = p.cfg;
+  run.metrics.beginBatch(ctx.waitedMs);
+  const st = (await loadStageState<UpdateState>(ctx.db, p.runId, 'update')) ?? initial;
+  if (learner.version !== st.version) {
+    await learner.restore(st.version, ctx.db);
+    log.warn(
+      { version: st.version },
+      `restored the trainer to the committed policy version ${st.version} (a batch failed after training)`,
     );
-    while (st.version < totalSteps) {
-      // stopping (SIGTERM): the steps trained so far are kept, the rest of the batch's groups wait in stage_pending
-      if (ctx.signal.aborted) break;
-      const step = st.version + 1;
-      const groups: UpdateGroup[] = [];
-      for (const it of await pending.items(bucketOf(step)))
-        groups.push(await p.codecs.updates.decode(it.payload, it.headers));
-      if (groups.filter((g) => !g.filtered).length < cfg.data.rollout_batch_size) break;
-      const nowMs = await trainAndCommit(run, st, step, groups, lastVersionMs, ctx);
-      lastVersionMs = nowMs;
-      pending.settle(bucketOf(step));
-    }
-    await run.metrics.flush(ctx);
-    await ctx.flush();
-    await saveStageState(ctx.db, p.runId, 'update', st);
-    // only now (Kafka: after the state that says they are trained) may a trained step's groups go
-    await pending.persist();
-    await pruneVersions(run, st.version, ctx.db);
-  });
+  }
+  const positions = st.positions ?? (st.positions = {});
+  for (const r of records) {
+    const k = `${r.message.topic}/${r.message.partition}`;
+    positions[k] = Math.max(positions[k] ?? 0, r.message.offset + 1);
+  }
+  const pending = new PendingBatch(ctx.db, p.runId, 'update');
+  pending.add(
+    records
+      .filter((r) => (r.value as UpdateGroup).step > st.version)
+      .map((r) => ({
+        bucket: bucketOf((r.value as UpdateGroup).step),
+        id: (r.value as UpdateGroup).id,
+        payload: r.message.value,
+        headers: r.message.headers,
+      })),
+  );
+  while (st.version < run.totalSteps) {
+    // stopping (SIGTERM): the steps trained so far are kept, the rest of the batch's groups wait in stage_pending
+    if (ctx.signal.aborted) break;
+    const step = st.version + 1;
+    const groups: UpdateGroup[] = [];
+    for (const it of await pending.items(bucketOf(step)))
+      groups.push(await p.codecs.updates.decode(it.payload, it.headers));
+    if (groups.filter((g) => !g.filtered).length < cfg.data.rollout_batch_size) break;
+    run.lastVersionMs = await trainAndCommit(run, st, step, groups, ctx);
+    pending.settle(bucketOf(step));
+  }
+  await run.metrics.flush(ctx);
+  await ctx.flush();
+  await saveStageState(ctx.db, p.runId, 'update', st);
+  // only now (Kafka: after the state that says they are trained) may a trained step's groups go
+  await pending.persist();
+  await pruneVersions(run, st.version, ctx.db);
 }
 
 /**
@@ -283,7 +291,6 @@ async function trainAndCommit(
   st: UpdateState,
   step: number,
   groups: UpdateGroup[],
-  lastVersionMs: number | null,
   ctx: StageContext,
 ): Promise<number> {
   const { p, learner, versions, log } = run;
@@ -331,8 +338,8 @@ async function trainAndCommit(
   // throughput of the whole pipeline over this step: its samples (and their prompt + response
   // tokens) ÷ the wall time since the previous version (none for the first step of a process)
   const nowMs = Date.now();
-  if (lastVersionMs !== null && nowMs > lastVersionMs)
-    Object.assign(m, stepThroughput(groups, (nowMs - lastVersionMs) / 1000));
+  const last = run.lastVersionMs;
+  if (last !== null && nowMs > last) Object.assign(m, stepThroughput(groups, (nowMs - last) / 1000));
   run.metrics.set(step, m);
   run.metrics.add(step, {}, { compute: tTrain - t0, checkpoint: performance.now() - tTrain });
   ctx.emit('policy', rec);
