@@ -5,7 +5,7 @@
  * controller continues where it was.
  */
 import { forStage } from '../../lib/log.ts';
-import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
+import { runStage, type Pipeline, type StageContext, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { loadStageState, saveStageState } from '../../lib/pipeline/stage-state.ts';
 import { planFromConfig, stepCapNotice, stepsPerEpoch } from '../../lib/pipeline/plan.ts';
@@ -31,23 +31,11 @@ import {
   type ControllerEvent,
   type ControllerState,
   type PromptRef,
+  type ValRound,
+  addValGroup,
+  valRoundResult,
 } from './logic.ts';
 
-interface ValRound {
-  groups: string[];
-  rewardSum: number;
-  accSum: number;
-  n: number;
-  failures: number;
-  gens: Array<{
-    idx: number;
-    prompt: string;
-    response: string;
-    gt: string;
-    reward: number | null;
-    failure: string | null;
-  }>;
-}
 export interface ControllerStageState {
   ctl: ControllerState;
   started: boolean;
@@ -164,6 +152,39 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
   const valRows = (g: ScoredGroup): TrajectoryRow[] =>
     g.samples.map((x) => sampleRow(p.runId, g, x, x.reward_text, { step: g.step }));
 
+  /** A complete validation round: its metrics and generations stored, val_round_done published, a line logged. */
+  async function finishValRound(version: number, round: ValRound, ctx: StageContext): Promise<void> {
+    const { values, level, message } = valRoundResult(round, version);
+    metrics.set(version, values, 'val');
+    await p.store.insertMetrics(
+      Object.entries(values)
+        .filter(([, x]) => Number.isFinite(x))
+        .map(([name, value]) => ({ runId: p.runId, step: version, name, value, stage: 'controller' })),
+      { tx: ctx.tx },
+    );
+    await p.store.recordValGenerations(
+      round.gens.map((x) => ({
+        runId: p.runId,
+        step: version,
+        idx: x.idx,
+        prompt: x.prompt,
+        response: x.response,
+        groundTruth: x.gt,
+        reward: x.reward,
+        rewardFailure: x.failure,
+      })),
+      { tx: ctx.tx },
+    );
+    const done = {
+      round: version,
+      groups: round.groups.length,
+      samples: round.n + round.failures,
+      failures: round.failures,
+    };
+    ctx.emit('control', control('val_round_done', version, version, { val_round_done: done }, String(version)));
+    log[level]({ version, ...values }, message);
+  }
+
   return runStage(p, 'controller', ['policy', 'control', 'validation'], async (records, ctx) => {
     batchImages = [];
     const st: ControllerStageState = (await loadStageState<ControllerStageState>(ctx.db, p.runId, 'controller')) ?? {
@@ -214,86 +235,13 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
         if (c.type === 'run_started' && st.ctl.done) events.push({ type: 'extend' });
       } else if (r.topic === 'validation') {
         const g = r.value as ScoredGroup;
-        const key = String(g.step);
-        const round =
-          st.val[key] ?? (st.val[key] = { groups: [], rewardSum: 0, accSum: 0, n: 0, failures: 0, gens: [] });
-        if (round.groups.includes(g.id)) continue;
-        round.groups.push(g.id);
+        const round = addValGroup(st.val, g, cfg.trainer.val_generations_to_log);
+        if (!round) continue;
         valTrajectories.push(...valRows(g));
-        for (const s of g.samples) {
-          if (s.reward === null) round.failures++;
-          else {
-            round.rewardSum += s.reward;
-            round.accSum += s.reward_details.accuracy ?? s.reward;
-            round.n++;
-          }
-          if (round.gens.length < cfg.trainer.val_generations_to_log)
-            round.gens.push({
-              idx: g.prompt_index * 1000 + s.sample_index,
-              prompt: g.prompt_text,
-              response: s.response_text,
-              gt: g.ground_truth,
-              reward: s.reward,
-              failure: s.failure?.message ?? null,
-            });
-        }
         if (round.groups.length === data.val.length) {
-          const version = g.step;
-          const values = {
-            'val/reward_score': round.n ? round.rewardSum / round.n : NaN,
-            'val/accuracy': round.n ? round.accSum / round.n : NaN,
-            'val/failures': round.failures,
-          };
-          metrics.set(version, values, 'val');
-          await p.store.insertMetrics(
-            Object.entries(values)
-              .filter(([, x]) => Number.isFinite(x))
-              .map(([name, value]) => ({ runId: p.runId, step: version, name, value, stage: 'controller' })),
-            { tx: ctx.tx },
-          );
-          await p.store.recordValGenerations(
-            round.gens.map((x) => ({
-              runId: p.runId,
-              step: version,
-              idx: x.idx,
-              prompt: x.prompt,
-              response: x.response,
-              groundTruth: x.gt,
-              reward: x.reward,
-              rewardFailure: x.failure,
-            })),
-            { tx: ctx.tx },
-          );
-          ctx.emit(
-            'control',
-            control(
-              'val_round_done',
-              version,
-              version,
-              {
-                val_round_done: {
-                  round: version,
-                  groups: round.groups.length,
-                  samples: round.n + round.failures,
-                  failures: round.failures,
-                },
-              },
-              String(version),
-            ),
-          );
-          // an accuracy over no scored sample is no number: say why instead of printing NaN
-          if (round.n === 0)
-            log.warn(
-              { version, ...values },
-              `validation at version ${version}: no accuracy — the reward failed for all ${round.failures} samples (last error: ${round.gens.findLast((x) => x.failure)?.failure ?? 'see v_reward_failures'}); they are in v_reward_failures`,
-            );
-          else
-            log.info(
-              { version, ...values },
-              `validation at version ${version}: accuracy ${values['val/accuracy'].toFixed(3)}${round.failures ? ` over ${round.n} samples (the reward failed for ${round.failures} more; see v_reward_failures)` : ''}`,
-            );
-          delete st.val[key];
-          events.push({ type: 'val_done', version });
+          await finishValRound(g.step, round, ctx);
+          delete st.val[String(g.step)];
+          events.push({ type: 'val_done', version: g.step });
         }
       }
     }
