@@ -74,20 +74,6 @@ export interface UpdateOptions {
   initialWeightsDir?: string;
 }
 
-/** Policy losses the ONNX training graph implements (lib/model/loss.ts); the others are in lib/rl only. */
-const SUPPORTED_LOSSES = new Set([
-  'vanilla',
-  'gspo',
-  'sapo',
-  'gpg',
-  'cispo',
-  'reinforce',
-  'geo_mean',
-  'clip_cov',
-  'kl_cov',
-  'nft',
-]);
-
 function bucketOf(step: number): string {
   return `step:${String(step).padStart(8, '0')}`;
 }
@@ -115,10 +101,7 @@ interface UpdateRun {
 
 export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<StageRun> {
   const cfg = p.cfg;
-  if (!SUPPORTED_LOSSES.has(cfg.algorithm.policy_loss))
-    throw new ConfigError(
-      `algorithm.policy_loss = ${cfg.algorithm.policy_loss} is available in lib/rl but not yet in the ONNX training graph; the training graph supports: ${[...SUPPORTED_LOSSES].join(', ')}`,
-    );
+
   const arith = checkBatchArithmetic({
     rolloutBatchSize: cfg.data.rollout_batch_size,
     n: cfg.rollout.n,
