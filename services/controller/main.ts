@@ -18,6 +18,10 @@ import {
   groupIdFor,
   hashId,
   controlId,
+  controlEvent,
+  type ControlEventOf,
+  type ControlPayloads,
+  type ControlType,
   type ControlEvent,
   type PolicyVersion,
   type PromptBatch,
@@ -57,28 +61,20 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
   const capped = stepCapNotice(plan);
   if (capped) log.warn({ max_steps: plan.maxSteps, total_epochs: plan.totalEpochs, steps: totalSteps(plan) }, capped);
   const nowMs = () => Date.now();
-  const control = (
-    type: ControlEvent['type'],
+  const control = <T extends ControlType>(
+    type: T,
     step: number,
     version: number,
-    payload: Record<string, unknown>,
+    payload: ControlPayloads[T],
     detail?: string,
-  ): ControlEvent =>
-    ({
+  ): ControlEventOf<T> =>
+    controlEvent(type, payload, {
       run_id: p.runId,
       id: controlId(p.runId, type, detail),
       step,
       policy_version: version,
-      type,
       time_ms: nowMs(),
-      run_started: null,
-      epoch_started: null,
-      refill_request: null,
-      val_round_done: null,
-      run_done: null,
-      run_failed: null,
-      ...payload,
-    }) as unknown as ControlEvent;
+    });
 
   // a prompt's images go to prompt_images (once per run: the store skips those it has) in the
   // transaction that emits the prompt, so a trajectory's image_hashes always find their rows
@@ -181,7 +177,7 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
       samples: round.n + round.failures,
       failures: round.failures,
     };
-    ctx.emit('control', control('val_round_done', version, version, { val_round_done: done }, String(version)));
+    ctx.emit('control', control('val_round_done', version, version, done, String(version)));
     log[level]({ version, ...values }, message);
   }
 
@@ -197,14 +193,12 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
       ctx.emit(
         'control',
         control('run_started', start.step, start.step, {
-          run_started: {
-            config_json: '{}',
-            config_sha256: '',
-            seed: cfg.data.seed,
-            total_steps: totalSteps(plan),
-            steps_per_epoch: stepsPerEpoch(plan),
-            resumed_from: start.state ? start.state.run_id : null,
-          },
+          config_json: '{}',
+          config_sha256: '',
+          seed: cfg.data.seed,
+          total_steps: totalSteps(plan),
+          steps_per_epoch: stepsPerEpoch(plan),
+          resumed_from: start.state ? start.state.run_id : null,
         }),
       );
       log.info(
@@ -259,13 +253,7 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
         if (c.attempt === 0 && (c.step - 1) % stepsPerEpoch(plan) === 0)
           ctx.emit(
             'control',
-            control(
-              'epoch_started',
-              c.step,
-              c.policy.version,
-              { epoch_started: { epoch: c.epoch, first_step: c.step } },
-              String(c.epoch),
-            ),
+            control('epoch_started', c.step, c.policy.version, { epoch: c.epoch, first_step: c.step }, String(c.epoch)),
           );
         for (const ref of c.prompts)
           ctx.emit('prompts', promptBatch('train', c.step, c.epoch, c.attempt, c.policy.version, [ref]));
@@ -281,7 +269,7 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
             'run_done',
             c.finalVersion,
             c.finalVersion,
-            { run_done: { final_version: c.finalVersion, steps: totalSteps(plan) } },
+            { final_version: c.finalVersion, steps: totalSteps(plan) },
             String(c.finalVersion),
           ),
         );
@@ -291,7 +279,9 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
         ctx.emit(
           'control',
           control('run_failed', st.ctl.emittedStep, st.ctl.latest?.version ?? 0, {
-            run_failed: { stage: 'controller', code: 'ERR_CONTROLLER', message: c.message },
+            stage: 'controller',
+            code: 'ERR_CONTROLLER',
+            message: c.message,
           }),
         );
         await p.store.setRunStatus(p.runId, 'failed', { error: c.message }, { tx: ctx.tx });
