@@ -28,6 +28,7 @@ import { ConfigError, errorMessage, isRetriable } from '../lib/errors.ts';
 import { isConnectionError } from '../lib/db/errors.ts';
 import { LiveTensorBoard, tensorboardDir } from '../lib/analysis/tensorboard-live.ts';
 import { checkDevice, type Device } from '../lib/onnx/runtime.ts';
+import { checkPythonReward } from '../lib/reward-fns/python-pool.ts';
 import type { RunRow } from '../lib/store/index.ts';
 import { experienceScorerOptions, samplerOptions } from '../lib/pipeline/policy.ts';
 
@@ -314,6 +315,7 @@ export async function trainEmbedded(
   opts: { progress?: boolean | ProgressBar; signal?: AbortSignal; breakLock?: boolean } = {},
 ): Promise<RunOutcome & { summary: string }> {
   await checkDevices(cfg, ['rollout', 'advantage', 'update']); // before opening anything
+  await checkPythonReward(cfg.reward);
   const p = await openPipeline(cfg, { log, breakLock: opts.breakLock });
   const stages: StartedStage[] = [];
   let tb: LiveTensorBoard | null = null;

@@ -25,6 +25,7 @@ import { RlError, errorMessage, isRetriable } from '../lib/errors.ts';
 import { isConnectionError } from '../lib/db/errors.ts';
 import { PrometheusTelemetry } from '../lib/metrics/prometheus.ts';
 import { startHealthServer, type HealthServer } from '../lib/http/health-server.ts';
+import { checkPythonReward } from '../lib/reward-fns/python-pool.ts';
 import { watchRun, checkDevices, openTensorBoard, refuseChangedConfig, type RunOutcome } from './run.ts';
 import type { LiveTensorBoard } from '../lib/analysis/tensorboard-live.ts';
 
@@ -186,6 +187,7 @@ async function serveOnce(
   ready: ReadyState,
 ): Promise<RunOutcome> {
   await checkDevices(cfg, [stage]);
+  if (stage === 'reward') await checkPythonReward(cfg.reward);
   let p: Pipeline;
   ready.reason = 'connecting to bus and store';
   try {

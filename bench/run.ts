@@ -1,7 +1,7 @@
 /**
  * `npm run bench [-- name …]`: runs the benchmarks (each measures its own ratios side by side in
  * one run) and prints one table; with `--markdown` also writes bench/out/results.md for the README.
- * Modules: avro, bus, store, rl, model, reward, pipeline, images, vision.
+ * Modules: avro, bus, store, rl, model, reward, python-reward, pipeline, images, vision.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
@@ -14,7 +14,18 @@ interface AnyRow {
   goal?: number | string;
   better?: 'higher' | 'lower';
 }
-const MODULES = ['avro', 'bus', 'store', 'rl', 'model', 'reward', 'pipeline', 'images', 'vision'] as const;
+const MODULES = [
+  'avro',
+  'bus',
+  'store',
+  'rl',
+  'model',
+  'reward',
+  'python-reward',
+  'pipeline',
+  'images',
+  'vision',
+] as const;
 
 function goalText(r: AnyRow): string {
   if (r.goal === undefined) return '';

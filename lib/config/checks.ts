@@ -410,7 +410,7 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
     ) {
       // (an unknown data.task is reported above; fixing it also supplies the reward function)
       errors.push(
-        `${why} needs a reward function: set reward.reward_fn (built-in: ${fnNames.join(', ')}) or reward.reward_fn_path (your JS/TS module)`,
+        `${why} needs a reward function: set reward.reward_fn (built-in: ${fnNames.join(', ')}) or reward.reward_fn_path (your JS/TS or Python module)`,
       );
     } else if (reward.reward_fn !== null && !rewardFns.has(reward.reward_fn)) {
       const hint = closest(reward.reward_fn, fnNames);
@@ -418,6 +418,15 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
         `unknown reward.reward_fn "${reward.reward_fn}" (valid: ${fnNames.join(', ')}, or set reward.reward_fn_path to your module)${hint ? ` — did you mean "${hint}"?` : ''}`,
       );
     }
+  }
+  if (
+    reward.reward_fn_form !== 'verl' &&
+    usesRewardFunction(cfg) &&
+    !(reward.reward_fn_path ?? '').toLowerCase().endsWith('.py')
+  ) {
+    errors.push(
+      `reward.reward_fn_form = ${reward.reward_fn_form} applies to a Python reward function (reward.reward_fn_path ending in .py); ${reward.reward_fn_path ? `${reward.reward_fn_path} is a JS/TS module` : 'none is set'} — set reward_fn_form back to verl or point reward_fn_path at your .py file`,
+    );
   }
   const remote = reward.remote;
   if (reward.type === 'remote' && remote.enabled) {

@@ -297,6 +297,9 @@ export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
   ['trainer', 'load_checkpoint_path'],
 ];
 
+/** Keys that name a program: resolved like FILE_PATH_KEYS when the value is a path (has a `/`), else a name looked up on PATH. */
+export const PROGRAM_PATH_KEYS: ReadonlyArray<readonly string[]> = [['reward', 'python']];
+
 /**
  * Makes the relative input paths absolute (see FILE_PATH_KEYS): those from `file` against its
  * directory, those from overrides against the working directory — so the config a run stores
@@ -314,11 +317,12 @@ function resolveFilePaths(raw: Obj, file: string | undefined, sources: Sources):
     const base = baseOf(path);
     return base === null ? v : resolve(base, v);
   };
-  for (const key of FILE_PATH_KEYS) {
+  for (const key of [...FILE_PATH_KEYS, ...PROGRAM_PATH_KEYS]) {
     const parent = valueAt(raw, key.slice(0, -1));
     if (!isPlainObject(parent)) continue;
     const leaf = key[key.length - 1];
     const v = parent[leaf];
+    if (PROGRAM_PATH_KEYS.includes(key) && !(typeof v === 'string' && v.includes('/'))) continue;
     parent[leaf] = Array.isArray(v) ? v.map((x, i) => fix(x, [...key, i])) : fix(v, key);
   }
 }

@@ -871,7 +871,7 @@ const rewardSchema = section(
       .nullable()
       .default(null)
       .describe(
-        "User reward module (JS/TS), instead of reward_fn: its default (or `reward`) export is called with {prompt, response, ground_truth, data_source, extra_info, kwargs}, or else its `compute_score` export verl-style as compute_score(data_source, solution_str, ground_truth, extra_info, kwargs); it returns a number, {score, …} or {reward, metrics} (docs/rewards.md). A relative path in the config file resolves against the file's directory.",
+        "User reward module (JS/TS, or Python when the path ends in .py: see reward_fn_name, reward_fn_form, python), instead of reward_fn: a JS/TS module's default (or `reward`) export is called with {prompt, response, ground_truth, data_source, extra_info, kwargs}, or else its `compute_score` export verl-style as compute_score(data_source, solution_str, ground_truth, extra_info, kwargs); it returns a number, {score, …} or {reward, metrics} (docs/rewards.md). A relative path in the config file resolves against the file's directory.",
       ),
     reward_fn_kwargs: z
       .record(z.string(), z.unknown())
@@ -882,7 +882,7 @@ const rewardSchema = section(
       .positive()
       .default(30)
       .describe(
-        'Time limit per sample of a reward function (reward_fn, reward_fn_path), which runs in a worker thread: a sample that takes longer is a recorded reward failure (HTTP servers: reward.remote.timeout_ms).',
+        'Time limit per call of a reward function (reward_fn, reward_fn_path), which runs in a worker thread (Python: a worker process; the batch form: per call of the batch): a call that takes longer is a recorded reward failure (HTTP servers: reward.remote.timeout_ms).',
       ),
     on_failure: z
       .enum(['retry', 'drop_group', 'stop'])
@@ -891,6 +891,34 @@ const rewardSchema = section(
     max_retries_later: nonNegInt()
       .default(3)
       .describe('on_failure = retry: later attempts before the group is dropped.'),
+    reward_fn_name: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        'Function to call in reward_fn_path (verl custom_reward_function.name, EasyR1 reward_function_name); null → compute_score for a Python module, the default/`reward`/`compute_score` export for a JS/TS module (a name given there is called verl-style).',
+      ),
+    reward_fn_form: z
+      .enum(['verl', 'easyr1_batch', 'easyr1_sequential', 'mtrl'])
+      .default('verl')
+      .describe(
+        "How a Python reward function (reward_fn_path ending in .py) is called: verl — fn(data_source, solution_str, ground_truth, extra_info, **reward_fn_kwargs) per sample, returning a number or {score, …}; easyr1_batch — fn([{response, response_length, ground_truth, prompt, data_source, extra_info, images?}, …]) returning [{overall, …}, …]; easyr1_sequential — the same dict per sample, returning {overall, …}; mtrl — fn(data_dict) with the same keys, returning (reward, metrics). Images reach the function as PNG file paths (verl: extra_info['images']).",
+      ),
+    python: z
+      .string()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        'Python interpreter for a .py reward_fn_path: a path (e.g. .venv/bin/python; relative to the config file like the other paths) or a name looked up on PATH; null → python3 on PATH. Checked at start: missing, or the module or function missing, stops the start with one line.',
+      ),
+    python_workers: posInt()
+      .nullable()
+      .default(null)
+      .describe(
+        'Long-lived Python worker processes scoring a .py reward_fn_path in parallel (each imports the module once); null → min(4, CPU cores).',
+      ),
     remote: remoteSchema,
     model: rewardModelSchema,
   },

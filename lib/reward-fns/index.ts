@@ -119,9 +119,10 @@ export const rewardFns = new Registry<RewardFn>('reward.reward_fn', {
 
 /**
  * Loads `reward.reward_fn_path`: its default export or `reward` export (called with one object),
- * else its `compute_score` export (verl's name and positional arguments).
+ * else its `compute_score` export (verl's name and positional arguments). With `exportName`
+ * (`reward.reward_fn_name`), that export, called verl-style.
  */
-export async function loadRewardModule(path: string): Promise<RewardFn> {
+export async function loadRewardModule(path: string, exportName: string | null = null): Promise<RewardFn> {
   const abs = resolve(path);
   if (!existsSync(abs)) throw new ConfigError(`reward.reward_fn_path: file not found: ${abs}`);
   let mod: Record<string, unknown>;
@@ -129,6 +130,17 @@ export async function loadRewardModule(path: string): Promise<RewardFn> {
     mod = await import(pathToFileURL(abs).href);
   } catch (e) {
     throw new ConfigError(`reward.reward_fn_path: cannot load ${abs}: ${(e as Error).message}`);
+  }
+  if (exportName !== null) {
+    const named = mod[exportName];
+    if (typeof named !== 'function') {
+      const has = Object.keys(mod).filter((k) => typeof mod[k] === 'function');
+      throw new ConfigError(
+        `reward.reward_fn_name: ${abs} has no exported function "${exportName}" (it exports ${has.length ? has.join(', ') : 'no functions'})`,
+      );
+    }
+    const verl = named as VerlComputeScore;
+    return (i) => verl(i.data_source ?? '', i.response, i.ground_truth, i.extra_info ?? {}, i.kwargs) as RewardReturn;
   }
   const fn = (typeof mod.default === 'function' ? mod.default : mod.reward) as RewardFn | undefined;
   if (typeof fn === 'function') return fn;

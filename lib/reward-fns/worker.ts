@@ -10,7 +10,7 @@ const spec = workerData as { path: string | null; name: string | null };
 const port = parentPort!;
 let fn: RewardFn | null = null;
 try {
-  fn = spec.path ? await loadRewardModule(spec.path) : rewardFns.get(spec.name!);
+  fn = spec.path ? await loadRewardModule(spec.path, spec.name) : rewardFns.get(spec.name!);
   port.postMessage({ ready: true });
 } catch (e) {
   port.postMessage({ loadError: errorMessage(e) });

@@ -14,6 +14,7 @@ import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { rewardFns, parseExtraInfo } from '../../lib/reward-fns/index.ts';
 import { FunctionRewardWorker, type FunctionRewardSpec } from '../../lib/reward-fns/function-worker.ts';
+import { createPythonRewardBackend, isPythonRewardPath } from '../../lib/reward-fns/python-pool.ts';
 import { createRemoteRewardClient, type RemoteRewardClient } from '../../lib/reward/http-client.ts';
 import { createModelRewardScorer, type TokenRewardItem } from '../../lib/reward/onnx-scorer.ts';
 import { tokenizerFor } from '../../lib/pipeline/policy.ts';
@@ -80,6 +81,11 @@ export async function createRewardBackend(
     }
     return { name: `onnx:${r.model.path}`, score: (items) => scorer.scoreBatch(items), close: () => scorer.close() };
   }
+  if (r.reward_fn_path && isPythonRewardPath(r.reward_fn_path)) {
+    // a Python module: a pool of long-lived Python workers (lib/reward-fns/python-pool.ts)
+    const log = forStage(p.log, 'reward');
+    return createPythonRewardBackend({ ...r, reward_fn_path: r.reward_fn_path }, (m) => log.warn(m));
+  }
   let fn: FunctionRewardSpec;
   let name: string;
   // remote servers switched off: the reward function (or data.task's reward, as the config loader fills it)
@@ -87,7 +93,7 @@ export async function createRewardBackend(
     r.reward_fn ??
     (r.type === 'remote' && p.cfg.data.task !== null && rewardFns.has(p.cfg.data.task) ? p.cfg.data.task : null);
   if (r.reward_fn_path) {
-    fn = { path: r.reward_fn_path, name: null };
+    fn = { path: r.reward_fn_path, name: r.reward_fn_name };
     name = `fn:${r.reward_fn_path}`;
   } else if (fnName) {
     rewardFns.get(fnName);

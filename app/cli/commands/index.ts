@@ -11,6 +11,7 @@ import { rewardServerCommand } from './reward-server.ts';
 import { replayCommand } from './replay.ts';
 import { exportCommand } from './export.ts';
 import { generateCommand } from './generate.ts';
+import { checkCommand } from './check.ts';
 
 /** Every `rlstream` command, in the order `--help` lists them. */
 export const commands: Command[] = [
@@ -19,6 +20,7 @@ export const commands: Command[] = [
   serveCommand,
   migrateCommand,
   configCommand,
+  checkCommand,
   sqlCommand,
   runsCommand,
   reportCommand,
