@@ -4,9 +4,9 @@
  * is one, so state, outputs and offsets commit together; otherwise the database handle.
  */
 import { sql } from 'kysely';
-import type { Db, Tx } from '../db/database.ts';
+import type { Executor, Tx } from '../db/database.ts';
 
-export type Executor = Db | Tx;
+export type { Executor };
 
 /** The transaction an executor is, if it is one (for the store port's `{ tx }` options). */
 export function txOf(db: Executor): Tx | undefined {
