@@ -18,6 +18,7 @@ import { preflightProblems } from '../lib/config/preflight.ts';
 import { startStage, STAGES, type StartedStage } from '../services/index.ts';
 import {
   controlId,
+  controlEvent,
   parseTopicName,
   type ControlEvent,
   type DeadLetter,
@@ -301,27 +302,17 @@ async function madeProgress(p: Pipeline): Promise<boolean> {
 
 /** The control event that tells the controller a finished run goes on to `total` steps. */
 function extendEvent(runId: string, from: number, total: number, seed: number): ControlEvent {
-  return {
-    run_id: runId,
-    id: controlId(runId, 'run_started', `extend-${total}`),
-    step: from,
-    policy_version: from,
-    type: 'run_started',
-    time_ms: Date.now(),
-    run_started: {
-      config_json: '{}',
-      config_sha256: '',
-      seed,
-      total_steps: total,
-      steps_per_epoch: 0,
-      resumed_from: null,
+  return controlEvent(
+    'run_started',
+    { config_json: '{}', config_sha256: '', seed, total_steps: total, steps_per_epoch: 0, resumed_from: null },
+    {
+      run_id: runId,
+      id: controlId(runId, 'run_started', `extend-${total}`),
+      step: from,
+      policy_version: from,
+      time_ms: Date.now(),
     },
-    epoch_started: null,
-    refill_request: null,
-    val_round_done: null,
-    run_done: null,
-    run_failed: null,
-  } as unknown as ControlEvent;
+  );
 }
 
 /** Trains in one process (all stages); resolves when the run is done or failed. */

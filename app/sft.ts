@@ -64,6 +64,7 @@ import {
   type TrainerState,
 } from '../lib/pipeline/checkpoints.ts';
 import { lrAt } from '../lib/optim/lr-schedule.ts';
+import { trainerSettings } from '../lib/pipeline/trainer-settings.ts';
 import { crashPoint } from '../lib/pipeline/crash-points.ts';
 import { LiveTensorBoard, tensorboardDir } from '../lib/analysis/tensorboard-live.ts';
 import { checkDevice } from '../lib/onnx/runtime.ts';
@@ -274,33 +275,15 @@ export async function sftRun(
         message: `run ${runId} already complete (step ${start}); nothing to do — raise sft.epochs or trainer.max_steps to train further`,
       };
     }
-    const o = cfg.actor.optim;
+    const settings = trainerSettings(cfg).actor;
     const trainer = createTrainer({
+      ...settings.trainer,
       model,
       weights,
       optimizerState,
       ...(lora ? { lora: lora.config, adapter } : {}),
-      threads: cfg.actor.threads,
-      device: cfg.actor.device,
-      microBatchSize: cfg.actor.micro_batch_size_per_device_for_update,
-      seed: cfg.data.seed,
-      gradientCheckpointing: cfg.actor.model.enable_gradient_checkpointing,
-      optim: {
-        betas: o.betas as [number, number],
-        eps: o.eps,
-        weightDecay: o.weight_decay,
-        maxGradNorm: o.max_grad_norm,
-        visionLrScale: o.vision_lr_scale,
-      },
       loss: { type: 'sft', lossAggMode: cfg.actor.loss_agg_mode },
     });
-    const schedule = {
-      lr: o.lr,
-      scheduler: o.lr_scheduler,
-      warmupSteps: o.lr_warmup_steps,
-      warmupRatio: o.lr_warmup_ratio,
-      minLrRatio: o.min_lr_ratio,
-    };
     log.info(
       { examples: data.examples.length, units: units.length, steps: total, from_step: start },
       `sft: ${data.examples.length} examples${cfg.sft.packing ? ` packed into ${units.length} rows` : ''}, ${sftStepsPerEpoch(plan)} steps per epoch, steps ${start + 1}–${total}`,
@@ -325,7 +308,7 @@ export async function sftRun(
       let tokens = 0;
       for (let i = 0; i < batch.batchSize * batch.seqLen; i++)
         if (batch.responseMask[i] && i % batch.seqLen > 0) tokens++;
-      const r = await trainer.step(batch, lrAt(schedule, step, total));
+      const r = await trainer.step(batch, lrAt(settings.schedule, step, total));
       const values: Record<string, number> = {
         'sft/tokens': tokens,
         'perf/step_time_s': (performance.now() - t0) / 1000,

@@ -14,26 +14,14 @@
 import { z } from 'zod';
 import { DEVICES } from '../onnx/devices.ts';
 import { REWARD_TYPES } from '../reward/types.ts';
+import { ADV_ESTIMATOR_NAMES } from '../rl/advantage.ts';
+import { POLICY_LOSS_NAMES } from '../model/loss.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Known names (validated here so an unknown one lists the valid ones)
 
-/** Advantage estimators (verl's `AdvantageEstimator` names). */
-export const ADV_ESTIMATORS = [
-  'gae',
-  'grpo',
-  'grpo_vectorized',
-  'grpo_passk',
-  'rloo',
-  'rloo_vectorized',
-  'reinforce_plus_plus',
-  'reinforce_plus_plus_baseline',
-  'remax',
-  'opo',
-  'gpg',
-  'optimal_token_baseline',
-  'tir_optimal_token_baseline',
-] as const;
+/** Advantage estimators (verl's `AdvantageEstimator` names): the names of lib/rl/advantage.ts's registry. */
+export const ADV_ESTIMATORS = ADV_ESTIMATOR_NAMES;
 
 /** Estimators whose baseline is the group of rollout.n responses to one prompt: they need n ≥ 2. */
 export const GROUP_ADV_ESTIMATORS: ReadonlySet<string> = new Set([
@@ -52,18 +40,8 @@ export const GROUP_ADV_ESTIMATORS: ReadonlySet<string> = new Set([
 export const KL_PENALTIES = ['kl', 'abs', 'mse', 'low_var_kl', 'full'] as const;
 /** algorithm.vppo.perturbation: the names of lib/data/perturb.ts's registry (a unit test keeps them equal). */
 export const PERTURBATIONS = ['patch_blackening', 'gaussian_noise', 'blackout'] as const;
-export const POLICY_LOSSES = [
-  'vanilla',
-  'gspo',
-  'sapo',
-  'gpg',
-  'cispo',
-  'reinforce',
-  'geo_mean',
-  'clip_cov',
-  'kl_cov',
-  'nft',
-] as const;
+/** Policy losses: the names of the training graph's registry (lib/model/loss.ts). */
+export const POLICY_LOSSES = POLICY_LOSS_NAMES;
 export const LOSS_AGG_MODES = [
   'token-mean',
   'seq-mean-token-sum',

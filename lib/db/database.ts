@@ -27,6 +27,8 @@ export type DatabaseTarget =
 /** Kysely over our tables. Rows are typed where they are used (lib/store, lib/bus). */
 export type Db = Kysely<any>;
 export type Tx = Transaction<any>;
+/** Where a query runs: the database handle, or a transaction on it. */
+export type Executor = Db | Tx;
 
 export interface Database {
   readonly kind: 'pglite' | 'postgres';

@@ -136,7 +136,7 @@ export function lossConfig(input: LossConfigInput): LossConfig {
     );
   const c = r.data;
   if (c.type === 'policy') {
-    policyLosses.get(c.lossMode);
+    policyLossGraphs.get(c.lossMode);
     if (c.useKlLoss) klLossTypes.get(c.klLossType);
     if (c.lossMode === 'vanilla' && !(c.clipRatioC > 1))
       throw new ConfigError(`loss config: clipRatioC must be > 1 for dual clip, got ${c.clipRatioC}`);
@@ -519,7 +519,7 @@ const klCov: PolicyLossFn = (b, t, c) => {
   return { perToken, sums: { ppo_kl: maskedSum(b, absKl, M) } };
 };
 
-export const policyLosses = new Registry<PolicyLossFn>('policy_loss.loss_mode', {
+const POLICY_LOSS_GRAPHS = {
   vanilla,
   gspo,
   sapo,
@@ -530,7 +530,12 @@ export const policyLosses = new Registry<PolicyLossFn>('policy_loss.loss_mode', 
   clip_cov: clipCov,
   kl_cov: klCov,
   nft,
-});
+};
+/** The policy losses of the training graph by name (algorithm.policy_loss; lib/rl/policy-loss-registry.ts is the reference). */
+export const policyLossGraphs = new Registry<PolicyLossFn>('policy_loss.loss_mode', POLICY_LOSS_GRAPHS);
+export type PolicyLossName = keyof typeof POLICY_LOSS_GRAPHS;
+/** The names algorithm.policy_loss accepts: the training graph's losses. */
+export const POLICY_LOSS_NAMES = Object.keys(POLICY_LOSS_GRAPHS) as [PolicyLossName, ...PolicyLossName[]];
 
 /**
  * The aggregation a policy loss fixes for its pg term whatever lossAggMode says (verl): gspo and
@@ -615,7 +620,7 @@ export const klLossTypes = new Registry<KlFn>('kl_loss_type', {
 /** Actor loss: pg_loss − entropy_coeff·entropy + kl_coef·kl_loss (verl dp_actor) + entropy_penalty_coef·agg(−log π). */
 export function policyLossGraph(b: GraphBuilder, t: TokenTensors, c: PolicyLossConfig): LossGraph {
   return b.scope('loss', () => {
-    const { perToken, sums } = policyLosses.get(c.lossMode)(b, t, c);
+    const { perToken, sums } = policyLossGraphs.get(c.lossMode)(b, t, c);
     const pgLoss = aggregate(b, perToken, t.pgAggWeights ? { ...t, aggWeights: t.pgAggWeights } : t);
     let loss = pgLoss;
     const out: Record<string, Var> = { pg_loss: pgLoss, ...sums };

@@ -4,9 +4,14 @@
  * is one, so state, outputs and offsets commit together; otherwise the database handle.
  */
 import { sql } from 'kysely';
-import type { Db, Tx } from '../db/database.ts';
+import type { Executor, Tx } from '../db/database.ts';
 
-export type Executor = Db | Tx;
+export type { Executor };
+
+/** The transaction an executor is, if it is one (for the store port's `{ tx }` options). */
+export function txOf(db: Executor): Tx | undefined {
+  return db.isTransaction ? (db as Tx) : undefined;
+}
 
 export async function loadStageState<S>(db: Executor, runId: string, stage: string): Promise<S | undefined> {
   const r = await sql<{ state: S }>`select state from stage_state where run_id = ${runId} and stage = ${stage}`.execute(

@@ -20,7 +20,7 @@
  * says which). `db` is the executor to use: a stage inside a batch passes the batch's transaction
  * (PGlite has one connection; embedded, the manifest commits with the batch).
  */
-import type { Db, Tx } from '../db/database.ts';
+import type { Executor } from '../db/database.ts';
 import { RlError } from '../errors.ts';
 
 export type ArtifactKind = 'policy' | 'critic' | 'ema';
@@ -32,7 +32,7 @@ export interface ArtifactFile {
   sizeBytes: number;
 }
 
-export type Executor = Db | Tx;
+export type { Executor };
 
 export interface PolicyStore {
   readonly kind: 'filesystem' | 'postgres' | 's3';

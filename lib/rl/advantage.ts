@@ -771,7 +771,7 @@ export const computeMultiTurnOptimalTokenBaselineAdvantage: AdvantageEstimator =
 // ---- registry ----------------------------------------------------------------------------------
 
 /** Registry `adv_estimator` (names as in verl's AdvantageEstimator enum). */
-export const advEstimators = new Registry<AdvantageEstimator>('adv_estimator', {
+const ESTIMATORS = {
   gae: computeGaeAdvantageReturn,
   grpo: computeGrpoOutcomeAdvantage,
   grpo_vectorized: computeGrpoVectorizedOutcomeAdvantage,
@@ -785,7 +785,11 @@ export const advEstimators = new Registry<AdvantageEstimator>('adv_estimator', {
   gpg: computeGpgOutcomeAdvantage,
   optimal_token_baseline: computeOptimalTokenBaselineAdvantage,
   tir_optimal_token_baseline: computeMultiTurnOptimalTokenBaselineAdvantage,
-});
+};
+export const advEstimators = new Registry<AdvantageEstimator>('adv_estimator', ESTIMATORS);
+export type AdvEstimatorName = keyof typeof ESTIMATORS;
+/** The names algorithm.adv_estimator accepts. */
+export const ADV_ESTIMATOR_NAMES = Object.keys(ESTIMATORS) as [AdvEstimatorName, ...AdvEstimatorName[]];
 
 /** Looks the estimator up by config name and runs it. */
 export function computeAdvantage<A extends FloatArray>(

@@ -36,6 +36,7 @@ import {
   type ValGenerationRow,
   type WriteOptions,
   type PromptImageRow,
+  type ReadOptions,
   type StoredPromptImage,
   type EpisodeRow,
 } from './port.ts';
@@ -500,9 +501,9 @@ export abstract class KyselyStore implements Store {
     });
   }
 
-  async listCheckpoints(runId: string): Promise<StoredCheckpoint[]> {
+  async listCheckpoints(runId: string, opts: ReadOptions = {}): Promise<StoredCheckpoint[]> {
     return this.guard(`listCheckpoints(${runId})`, async () => {
-      const rows = await this.db
+      const rows = await this.on(opts.tx)
         .selectFrom('checkpoints')
         .selectAll()
         .where('run_id', '=', runId)

@@ -36,6 +36,11 @@ export interface WriteOptions {
   tx?: Tx;
 }
 
+export interface ReadOptions {
+  /** Read inside this transaction (same database handle): it sees the transaction's own writes. */
+  tx?: Tx;
+}
+
 export interface NewRun {
   runId: string;
   project: string;
@@ -320,7 +325,7 @@ export interface Store {
   recordCheckpoint(row: CheckpointRow, opts?: WriteOptions): Promise<void>;
   latestCheckpoint(runId: string): Promise<StoredCheckpoint | undefined>;
   /** Ascending step. */
-  listCheckpoints(runId: string): Promise<StoredCheckpoint[]>;
+  listCheckpoints(runId: string, opts?: ReadOptions): Promise<StoredCheckpoint[]>;
 
   /** Write-once by (runId, step, idx). */
   recordValGenerations(rows: readonly ValGenerationRow[], opts?: WriteOptions): Promise<void>;

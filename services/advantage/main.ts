@@ -27,7 +27,13 @@ import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline
 import { Scorer } from '../../lib/model/score.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
-import { refillId, type PolicyVersion, type ScoredGroup, type UpdateGroup } from '../../lib/contracts/index.ts';
+import {
+  controlEvent,
+  refillId,
+  type PolicyVersion,
+  type ScoredGroup,
+  type UpdateGroup,
+} from '../../lib/contracts/index.ts';
 import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { TrajectoryRow } from '../../lib/store/port.ts';
 import type { Config } from '../../lib/config/index.ts';
@@ -232,25 +238,25 @@ export function startAdvantage(p: Pipeline): StageRun {
       if (decision.kind === 'refill') {
         const request = refills.length + 1;
         state.refills[step] = [...refills, decision.needed];
-        ctx.emit('control', {
-          run_id: p.runId,
-          id: refillId(p.runId, step, request),
-          step,
-          policy_version: groups[0]?.policy_version ?? 0,
-          type: 'refill_request',
-          time_ms: Date.now(),
-          run_started: null,
-          epoch_started: null,
-          val_round_done: null,
-          run_done: null,
-          run_failed: null,
-          refill_request: {
-            request,
-            needed: decision.needed,
-            filtered_group_ids: groups.map((g) => g.id),
-            reason: shortfallReason(groups, settings),
-          },
-        });
+        ctx.emit(
+          'control',
+          controlEvent(
+            'refill_request',
+            {
+              request,
+              needed: decision.needed,
+              filtered_group_ids: groups.map((g) => g.id),
+              reason: shortfallReason(groups, settings),
+            },
+            {
+              run_id: p.runId,
+              id: refillId(p.runId, step, request),
+              step,
+              policy_version: groups[0]?.policy_version ?? 0,
+              time_ms: Date.now(),
+            },
+          ),
+        );
         log.info({ step, needed: decision.needed, request }, 'asking the controller for more prompts');
         continue;
       }

@@ -232,3 +232,97 @@ export function decide(
   }
   return { state: s, commands };
 }
+
+/** A validation round being collected: the groups of one policy version's validation prompts. */
+export interface ValRound {
+  groups: string[];
+  rewardSum: number;
+  accSum: number;
+  n: number;
+  failures: number;
+  /** The first trainer.val_generations_to_log generations, logged with the round. */
+  gens: Array<{
+    idx: number;
+    prompt: string;
+    response: string;
+    gt: string;
+    reward: number | null;
+    failure: string | null;
+  }>;
+}
+
+/** What a validation round reads of a scored validation group. */
+export interface ValGroup {
+  id: string;
+  /** The policy version evaluated. */
+  step: number;
+  prompt_index: number;
+  prompt_text: string;
+  ground_truth: string;
+  samples: ReadonlyArray<{
+    sample_index: number;
+    response_text: string;
+    reward: number | null;
+    reward_details: Readonly<Record<string, number>>;
+    failure?: { message: string } | null;
+  }>;
+}
+
+/**
+ * Adds a validation group to its round in `rounds` (keyed by the version evaluated): the rewards
+ * of its scored samples, accuracy (reward_details.accuracy, else the reward), failed rewards
+ * counted apart, and the first `maxGens` generations. Returns the round, or null for a group it
+ * already holds (a redelivery).
+ */
+export function addValGroup(rounds: Record<string, ValRound>, g: ValGroup, maxGens: number): ValRound | null {
+  const key = String(g.step);
+  const round = rounds[key] ?? (rounds[key] = { groups: [], rewardSum: 0, accSum: 0, n: 0, failures: 0, gens: [] });
+  if (round.groups.includes(g.id)) return null;
+  round.groups.push(g.id);
+  for (const s of g.samples) {
+    if (s.reward === null) round.failures++;
+    else {
+      round.rewardSum += s.reward;
+      round.accSum += s.reward_details.accuracy ?? s.reward;
+      round.n++;
+    }
+    if (round.gens.length < maxGens)
+      round.gens.push({
+        idx: g.prompt_index * 1000 + s.sample_index,
+        prompt: g.prompt_text,
+        response: s.response_text,
+        gt: g.ground_truth,
+        reward: s.reward,
+        failure: s.failure?.message ?? null,
+      });
+  }
+  return round;
+}
+
+/** A finished round's metrics (NaN where no sample was scored) and the line that reports it. */
+export function valRoundResult(
+  round: ValRound,
+  version: number,
+): {
+  values: Record<'val/reward_score' | 'val/accuracy' | 'val/failures', number>;
+  level: 'info' | 'warn';
+  message: string;
+} {
+  const values = {
+    'val/reward_score': round.n ? round.rewardSum / round.n : NaN,
+    'val/accuracy': round.n ? round.accSum / round.n : NaN,
+    'val/failures': round.failures,
+  };
+  // an accuracy over no scored sample is no number: say why instead of printing NaN
+  if (round.n === 0)
+    return {
+      values,
+      level: 'warn',
+      message: `validation at version ${version}: no accuracy — the reward failed for all ${round.failures} samples (last error: ${round.gens.findLast((x) => x.failure)?.failure ?? 'see v_reward_failures'}); they are in v_reward_failures`,
+    };
+  return {
+    values,
+    level: 'info',
+    message: `validation at version ${version}: accuracy ${values['val/accuracy'].toFixed(3)}${round.failures ? ` over ${round.n} samples (the reward failed for ${round.failures} more; see v_reward_failures)` : ''}`,
+  };
+}

@@ -5,7 +5,7 @@
  * controller continues where it was.
  */
 import { forStage } from '../../lib/log.ts';
-import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
+import { runStage, type Pipeline, type StageContext, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { loadStageState, saveStageState } from '../../lib/pipeline/stage-state.ts';
 import { planFromConfig, stepCapNotice, stepsPerEpoch } from '../../lib/pipeline/plan.ts';
@@ -18,6 +18,10 @@ import {
   groupIdFor,
   hashId,
   controlId,
+  controlEvent,
+  type ControlEventOf,
+  type ControlPayloads,
+  type ControlType,
   type ControlEvent,
   type PolicyVersion,
   type PromptBatch,
@@ -31,23 +35,11 @@ import {
   type ControllerEvent,
   type ControllerState,
   type PromptRef,
+  type ValRound,
+  addValGroup,
+  valRoundResult,
 } from './logic.ts';
 
-interface ValRound {
-  groups: string[];
-  rewardSum: number;
-  accSum: number;
-  n: number;
-  failures: number;
-  gens: Array<{
-    idx: number;
-    prompt: string;
-    response: string;
-    gt: string;
-    reward: number | null;
-    failure: string | null;
-  }>;
-}
 export interface ControllerStageState {
   ctl: ControllerState;
   started: boolean;
@@ -69,28 +61,20 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
   const capped = stepCapNotice(plan);
   if (capped) log.warn({ max_steps: plan.maxSteps, total_epochs: plan.totalEpochs, steps: totalSteps(plan) }, capped);
   const nowMs = () => Date.now();
-  const control = (
-    type: ControlEvent['type'],
+  const control = <T extends ControlType>(
+    type: T,
     step: number,
     version: number,
-    payload: Record<string, unknown>,
+    payload: ControlPayloads[T],
     detail?: string,
-  ): ControlEvent =>
-    ({
+  ): ControlEventOf<T> =>
+    controlEvent(type, payload, {
       run_id: p.runId,
       id: controlId(p.runId, type, detail),
       step,
       policy_version: version,
-      type,
       time_ms: nowMs(),
-      run_started: null,
-      epoch_started: null,
-      refill_request: null,
-      val_round_done: null,
-      run_done: null,
-      run_failed: null,
-      ...payload,
-    }) as unknown as ControlEvent;
+    });
 
   // a prompt's images go to prompt_images (once per run: the store skips those it has) in the
   // transaction that emits the prompt, so a trajectory's image_hashes always find their rows
@@ -164,6 +148,39 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
   const valRows = (g: ScoredGroup): TrajectoryRow[] =>
     g.samples.map((x) => sampleRow(p.runId, g, x, x.reward_text, { step: g.step }));
 
+  /** A complete validation round: its metrics and generations stored, val_round_done published, a line logged. */
+  async function finishValRound(version: number, round: ValRound, ctx: StageContext): Promise<void> {
+    const { values, level, message } = valRoundResult(round, version);
+    metrics.set(version, values, 'val');
+    await p.store.insertMetrics(
+      Object.entries(values)
+        .filter(([, x]) => Number.isFinite(x))
+        .map(([name, value]) => ({ runId: p.runId, step: version, name, value, stage: 'controller' })),
+      { tx: ctx.tx },
+    );
+    await p.store.recordValGenerations(
+      round.gens.map((x) => ({
+        runId: p.runId,
+        step: version,
+        idx: x.idx,
+        prompt: x.prompt,
+        response: x.response,
+        groundTruth: x.gt,
+        reward: x.reward,
+        rewardFailure: x.failure,
+      })),
+      { tx: ctx.tx },
+    );
+    const done = {
+      round: version,
+      groups: round.groups.length,
+      samples: round.n + round.failures,
+      failures: round.failures,
+    };
+    ctx.emit('control', control('val_round_done', version, version, done, String(version)));
+    log[level]({ version, ...values }, message);
+  }
+
   return runStage(p, 'controller', ['policy', 'control', 'validation'], async (records, ctx) => {
     batchImages = [];
     const st: ControllerStageState = (await loadStageState<ControllerStageState>(ctx.db, p.runId, 'controller')) ?? {
@@ -176,14 +193,12 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
       ctx.emit(
         'control',
         control('run_started', start.step, start.step, {
-          run_started: {
-            config_json: '{}',
-            config_sha256: '',
-            seed: cfg.data.seed,
-            total_steps: totalSteps(plan),
-            steps_per_epoch: stepsPerEpoch(plan),
-            resumed_from: start.state ? start.state.run_id : null,
-          },
+          config_json: '{}',
+          config_sha256: '',
+          seed: cfg.data.seed,
+          total_steps: totalSteps(plan),
+          steps_per_epoch: stepsPerEpoch(plan),
+          resumed_from: start.state ? start.state.run_id : null,
         }),
       );
       log.info(
@@ -214,86 +229,13 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
         if (c.type === 'run_started' && st.ctl.done) events.push({ type: 'extend' });
       } else if (r.topic === 'validation') {
         const g = r.value as ScoredGroup;
-        const key = String(g.step);
-        const round =
-          st.val[key] ?? (st.val[key] = { groups: [], rewardSum: 0, accSum: 0, n: 0, failures: 0, gens: [] });
-        if (round.groups.includes(g.id)) continue;
-        round.groups.push(g.id);
+        const round = addValGroup(st.val, g, cfg.trainer.val_generations_to_log);
+        if (!round) continue;
         valTrajectories.push(...valRows(g));
-        for (const s of g.samples) {
-          if (s.reward === null) round.failures++;
-          else {
-            round.rewardSum += s.reward;
-            round.accSum += s.reward_details.accuracy ?? s.reward;
-            round.n++;
-          }
-          if (round.gens.length < cfg.trainer.val_generations_to_log)
-            round.gens.push({
-              idx: g.prompt_index * 1000 + s.sample_index,
-              prompt: g.prompt_text,
-              response: s.response_text,
-              gt: g.ground_truth,
-              reward: s.reward,
-              failure: s.failure?.message ?? null,
-            });
-        }
         if (round.groups.length === data.val.length) {
-          const version = g.step;
-          const values = {
-            'val/reward_score': round.n ? round.rewardSum / round.n : NaN,
-            'val/accuracy': round.n ? round.accSum / round.n : NaN,
-            'val/failures': round.failures,
-          };
-          metrics.set(version, values, 'val');
-          await p.store.insertMetrics(
-            Object.entries(values)
-              .filter(([, x]) => Number.isFinite(x))
-              .map(([name, value]) => ({ runId: p.runId, step: version, name, value, stage: 'controller' })),
-            { tx: ctx.tx },
-          );
-          await p.store.recordValGenerations(
-            round.gens.map((x) => ({
-              runId: p.runId,
-              step: version,
-              idx: x.idx,
-              prompt: x.prompt,
-              response: x.response,
-              groundTruth: x.gt,
-              reward: x.reward,
-              rewardFailure: x.failure,
-            })),
-            { tx: ctx.tx },
-          );
-          ctx.emit(
-            'control',
-            control(
-              'val_round_done',
-              version,
-              version,
-              {
-                val_round_done: {
-                  round: version,
-                  groups: round.groups.length,
-                  samples: round.n + round.failures,
-                  failures: round.failures,
-                },
-              },
-              String(version),
-            ),
-          );
-          // an accuracy over no scored sample is no number: say why instead of printing NaN
-          if (round.n === 0)
-            log.warn(
-              { version, ...values },
-              `validation at version ${version}: no accuracy — the reward failed for all ${round.failures} samples (last error: ${round.gens.findLast((x) => x.failure)?.failure ?? 'see v_reward_failures'}); they are in v_reward_failures`,
-            );
-          else
-            log.info(
-              { version, ...values },
-              `validation at version ${version}: accuracy ${values['val/accuracy'].toFixed(3)}${round.failures ? ` over ${round.n} samples (the reward failed for ${round.failures} more; see v_reward_failures)` : ''}`,
-            );
-          delete st.val[key];
-          events.push({ type: 'val_done', version });
+          await finishValRound(g.step, round, ctx);
+          delete st.val[String(g.step)];
+          events.push({ type: 'val_done', version: g.step });
         }
       }
     }
@@ -311,13 +253,7 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
         if (c.attempt === 0 && (c.step - 1) % stepsPerEpoch(plan) === 0)
           ctx.emit(
             'control',
-            control(
-              'epoch_started',
-              c.step,
-              c.policy.version,
-              { epoch_started: { epoch: c.epoch, first_step: c.step } },
-              String(c.epoch),
-            ),
+            control('epoch_started', c.step, c.policy.version, { epoch: c.epoch, first_step: c.step }, String(c.epoch)),
           );
         for (const ref of c.prompts)
           ctx.emit('prompts', promptBatch('train', c.step, c.epoch, c.attempt, c.policy.version, [ref]));
@@ -333,7 +269,7 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
             'run_done',
             c.finalVersion,
             c.finalVersion,
-            { run_done: { final_version: c.finalVersion, steps: totalSteps(plan) } },
+            { final_version: c.finalVersion, steps: totalSteps(plan) },
             String(c.finalVersion),
           ),
         );
@@ -343,7 +279,9 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
         ctx.emit(
           'control',
           control('run_failed', st.ctl.emittedStep, st.ctl.latest?.version ?? 0, {
-            run_failed: { stage: 'controller', code: 'ERR_CONTROLLER', message: c.message },
+            stage: 'controller',
+            code: 'ERR_CONTROLLER',
+            message: c.message,
           }),
         );
         await p.store.setRunStatus(p.runId, 'failed', { error: c.message }, { tx: ctx.tx });

@@ -16,7 +16,7 @@ import { decideOnFailures } from '../../lib/reward/failure-policy.ts';
 import { createRewardBackend as createBackend } from '../../lib/reward/backends.ts';
 import type { RewardBackend } from '../../lib/reward/port.ts';
 import type { TrajectoryGroup } from '../../lib/contracts/index.ts';
-import { controlId } from '../../lib/contracts/index.ts';
+import { controlEvent, controlId } from '../../lib/contracts/index.ts';
 import { rewardItems, samplesToScore, scoredGroup, failedSamples } from './logic.ts';
 
 /**
@@ -71,24 +71,24 @@ export function startReward(p: Pipeline, backend: RewardBackend, opts: { replica
         r.on_failure,
       );
       if (decision.action === 'stop') {
-        ctx.emit('control', {
-          run_id: p.runId,
-          id: controlId(
-            p.runId,
+        ctx.emit(
+          'control',
+          controlEvent(
             'run_failed',
-            `reward.${g.id.slice(p.runId.length + 1).replace(/[^A-Za-z0-9._-]/g, '.')}`,
+            { stage: 'reward', code: 'ERR_REWARD', message: `reward.on_failure = stop: ${decision.message}` },
+            {
+              run_id: p.runId,
+              id: controlId(
+                p.runId,
+                'run_failed',
+                `reward.${g.id.slice(p.runId.length + 1).replace(/[^A-Za-z0-9._-]/g, '.')}`,
+              ),
+              step: g.step,
+              policy_version: g.policy_version,
+              time_ms: Date.now(),
+            },
           ),
-          step: g.step,
-          policy_version: g.policy_version,
-          type: 'run_failed',
-          time_ms: Date.now(),
-          run_started: null,
-          epoch_started: null,
-          refill_request: null,
-          val_round_done: null,
-          run_done: null,
-          run_failed: { stage: 'reward', code: 'ERR_REWARD', message: `reward.on_failure = stop: ${decision.message}` },
-        });
+        );
         log.error({ group: g.id }, `reward.on_failure = stop: ${decision.message}`);
       }
       const sg = scoredGroup(g, gOut, backend.name, r.on_failure === 'retry' ? r.max_retries_later + 1 : 1);

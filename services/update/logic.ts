@@ -1,8 +1,12 @@
 /**
  * Update-stage logic (pure): assembling a step's batch, splitting it into PPO mini-batches and
- * micro-batches, deciding when to checkpoint and which checkpoints to prune. No I/O.
+ * micro-batches, packing them into the training graph's tensors, deciding when to checkpoint. No
+ * I/O.
  */
 import { ConfigError } from '../../lib/errors.ts';
+import type { UpdateGroup, UpdateSample } from '../../lib/contracts/index.ts';
+import type { ImagePixels } from '../../lib/data/images.ts';
+import type { TrainBatch } from '../../lib/model/index.ts';
 
 export interface SampleKey {
   id: string;
@@ -80,11 +84,75 @@ export function shouldCheckpoint(step: number, totalSteps: number, saveFreq: num
   return saveFreq > 0 && step % saveFreq === 0;
 }
 
-/** Checkpoint steps to delete so that at most `saveLimit` remain (≤ 0: keep all). The newest are kept. */
-export function checkpointsToPrune(steps: number[], saveLimit: number): number[] {
-  if (saveLimit <= 0) return [];
-  const sorted = [...steps].sort((a, b) => a - b);
-  return sorted.slice(0, Math.max(0, sorted.length - saveLimit));
+/** The update stage's state as far as a start decides on it. */
+export interface StartState {
+  version: number;
+  /** trainer.load_checkpoint_path the run started from (null: a fresh start). */
+  initFrom?: string | null;
+}
+
+/**
+ * Why the update stage must not start, or null: a run that already has state is continued only
+ * with trainer.find_last_checkpoint, and only from the trainer.load_checkpoint_path it started with.
+ */
+export function startRefusal(a: {
+  runId: string;
+  /** Where the run's database is (for the message). */
+  where: string;
+  state: StartState | null;
+  /** Other stages with state (when the update stage has none). */
+  otherStages: readonly string[];
+  lastCheckpointPath: string | null;
+  findLastCheckpoint: boolean;
+  loadPath: string | null;
+}): string | null {
+  const { runId, state, otherStages, lastCheckpointPath: last, loadPath } = a;
+  if ((state || otherStages.length) && !a.findLastCheckpoint)
+    return (
+      `run ${runId} already has state in ${a.where} (${state ? `update stage at policy version ${state.version}` : `stages ${otherStages.join(', ')}`}${last ? `, last checkpoint ${last}` : ''}) and trainer.find_last_checkpoint = false refuses to continue it. ` +
+      'To resume it, set trainer.find_last_checkpoint=true (the default); to start over, use a new run (another trainer.run_dir, or pipeline.run_id=…); ' +
+      `to start a new run from one of its checkpoints, give that run trainer.load_checkpoint_path=${last ?? '<run_dir>/checkpoints/global_step_N'}`
+    );
+  if (state && (state.initFrom ?? null) !== loadPath)
+    return (
+      `run ${runId} already has state (update stage at policy version ${state.version}, started ${state.initFrom ? `from ${state.initFrom}` : 'from scratch'}); trainer.load_checkpoint_path = ${loadPath ?? 'null'} applies to a new run only — ` +
+      `resume this run with ${state.initFrom ? `trainer.load_checkpoint_path=${state.initFrom}` : 'trainer.load_checkpoint_path unset'}, or start a new run (pipeline.run_id=… or another trainer.run_dir) from the checkpoint`
+    );
+  return null;
+}
+
+/**
+ * Pipeline throughput over a step: its kept samples (and their prompt + response tokens) per
+ * second of `seconds`, the wall time since the previous version.
+ */
+export function stepThroughput(groups: readonly UpdateGroup[], seconds: number): Record<string, number> {
+  const kept = groups.filter((g) => !g.filtered);
+  const samples = kept.reduce((a, g) => a + g.samples.length, 0);
+  const tokens = kept.reduce(
+    (a, g) => a + g.samples.reduce((t, x) => t + g.prompt_ids.length + x.response_ids.length, 0),
+    0,
+  );
+  return { 'perf/samples_per_second': samples / seconds, 'perf/tokens_per_second': tokens / seconds };
+}
+
+/** Staleness of a step's kept groups: how many versions behind `version` their samples were drawn. */
+export function stepStaleness(kept: readonly UpdateGroup[], version: number): Record<string, number> {
+  const stal = kept.map((g) => version - g.policy_version);
+  return {
+    'staleness/mean': stal.reduce((a, b) => a + b, 0) / Math.max(1, stal.length),
+    'staleness/max': Math.max(0, ...stal),
+  };
+}
+
+/** The consumer positions ("<topic>/<partition>" → next offset) as the policy record's consumed offsets. */
+export function consumedOffsets(
+  positions: Readonly<Record<string, number>>,
+): Array<{ topic: string; partition: number; next_offset: number }> {
+  return Object.entries(positions).map(([k, next]) => ({
+    topic: k.slice(0, k.lastIndexOf('/')),
+    partition: Number(k.slice(k.lastIndexOf('/') + 1)),
+    next_offset: next,
+  }));
 }
 
 /** What the update stage reads of the controller's stored stage state (`{ ctl: ControllerState, … }`). */
@@ -179,4 +247,157 @@ export function applyVppoToSample(s: {
     loss_weights[t] = m != null ? s.loss_weights[t] * m[t] : s.loss_weights[t];
   }
   return { advantages, loss_weights };
+}
+
+/** How a step's samples are packed into training tensors. */
+export interface PackOptions {
+  /** Samples per mini-batch, one optimizer step each (actor.global_batch_size). */
+  miniBatchSize: number;
+  /** Token id of the padding after each row's prompt + response. */
+  padTokenId: number;
+  /** data.max_response_length: the loss_scale_factor of the seq-mean-token-sum-norm aggregation. */
+  lossScaleFactor: number;
+  /** Apply each sample's VPPO token mask and scaling (algorithm.vppo.enable; updates.v2). */
+  vppo: boolean;
+  /** Pass the reference log-probs (algorithm.use_kl_loss: the KL loss reads them). */
+  klLoss: boolean;
+}
+
+/** One mini-batch for the trainer, and its prompt + response token count (perf/update_tokens). */
+export interface PackedBatch {
+  batch: TrainBatch;
+  tokens: number;
+}
+
+/** A sample with the group it came from (the prompt and images are the group's). */
+interface Row {
+  g: UpdateGroup;
+  x: UpdateSample;
+}
+
+/** The kept groups' samples in id order (assembleBatch), split into mini-batches of `size`. */
+function miniBatchesOf(groups: readonly UpdateGroup[], size: number): Row[][] {
+  const { samples } = assembleBatch(groups.map((g) => ({ samples: g.samples.map((x) => ({ id: x.id, g, x })) })));
+  return splitBatches(samples, size, size).map(([mini]) => mini);
+}
+
+/**
+ * The [B, T] layout every mini-batch shares: row b is its prompt then its response, right-padded
+ * to the longest row T; `at(b)` is where row b's response starts in the flat arrays.
+ */
+function layout(
+  mini: readonly Row[],
+  o: PackOptions,
+  images: ReadonlyMap<UpdateGroup, ImagePixels[]>,
+): {
+  base: Pick<
+    TrainBatch,
+    'batchSize' | 'seqLen' | 'tokens' | 'attentionMask' | 'responseMask' | 'globalBatch' | 'images'
+  >;
+  at: (b: number) => number;
+  tokens: number;
+} {
+  const B = mini.length;
+  const T = Math.max(...mini.map(({ g, x }) => g.prompt_ids.length + x.response_ids.length));
+  const tokens = new Int32Array(B * T).fill(o.padTokenId);
+  const attn = new Float32Array(B * T),
+    resp = new Float32Array(B * T);
+  let ntok = 0;
+  mini.forEach(({ g, x }, b) => {
+    const P = g.prompt_ids.length,
+      L = x.response_ids.length;
+    tokens.set(g.prompt_ids, b * T);
+    tokens.set(x.response_ids, b * T + P);
+    attn.fill(1, b * T, b * T + P + L);
+    resp.fill(1, b * T + P, b * T + P + L);
+    // multi-turn: environment tokens are context, not trained (no loss, KL or entropy)
+    if (x.response_mask.length) for (let t = 0; t < L; t++) resp[b * T + P + t] = x.response_mask[t];
+    ntok += P + L;
+  });
+  return {
+    base: {
+      batchSize: B,
+      seqLen: T,
+      tokens,
+      attentionMask: attn,
+      responseMask: resp,
+      globalBatch: { loss_scale_factor: o.lossScaleFactor },
+      ...(images.size ? { images: mini.map(({ g }) => images.get(g)) } : {}),
+    },
+    at: (b) => b * T + mini[b].g.prompt_ids.length,
+    tokens: ntok,
+  };
+}
+
+/**
+ * The policy's mini-batches of a step: tokens and masks [B, T], and at each response position the
+ * advantage, old log-prob (`oldLogprobs` by sample id — recomputed with the current weights — else
+ * the sample's behaviour log-prob), reference log-prob and loss weight; VPPO scales advantages
+ * by the trajectory's α and masks loss weights by its token mask. With `nft` (the NFT loss) each
+ * row carries its ±1 outcome and its whole group's accuracy (a mini-batch may split a group).
+ */
+export function packPolicyBatches(
+  groups: readonly UpdateGroup[],
+  inputs: {
+    oldLogprobs: ReadonlyMap<string, Float32Array>;
+    nft?: ReadonlyMap<string, NftTarget> | null;
+    images?: ReadonlyMap<UpdateGroup, ImagePixels[]>;
+  },
+  o: PackOptions,
+): PackedBatch[] {
+  return miniBatchesOf(groups, o.miniBatchSize).map((mini) => {
+    const { base, at, tokens } = layout(mini, o, inputs.images ?? new Map());
+    const N = base.batchSize * base.seqLen;
+    const adv = new Float32Array(N),
+      oldLp = new Float32Array(N),
+      refLp = new Float32Array(N),
+      w = new Float32Array(N);
+    mini.forEach(({ x }, b) => {
+      const v =
+        o.vppo && x.vppo
+          ? applyVppoToSample({
+              advantages: x.advantages,
+              loss_weights: x.loss_weights,
+              vppo_token_mask: x.vppo.token_mask,
+              vppo_scaling: x.vppo.scaling_factor,
+            })
+          : x;
+      adv.set(v.advantages, at(b));
+      oldLp.set(inputs.oldLogprobs.get(x.id) ?? x.behaviour_logprobs, at(b));
+      if (x.ref_logprobs.length) refLp.set(x.ref_logprobs, at(b));
+      w.set(v.loss_weights, at(b));
+    });
+    const nftRows = inputs.nft ? mini.map(({ x }) => inputs.nft!.get(x.id)!) : null;
+    return {
+      batch: {
+        ...base,
+        advantages: adv,
+        oldLogprobs: oldLp,
+        refLogprobs: o.klLoss ? refLp : undefined,
+        lossWeights: w,
+        rewards: nftRows?.map((r) => r.reward),
+        groupAccuracy: nftRows?.map((r) => r.groupAccuracy),
+      },
+      tokens,
+    };
+  });
+}
+
+/** The critic's mini-batches of a step: tokens and masks [B, T], and each response position's old value and return. */
+export function packValueBatches(
+  groups: readonly UpdateGroup[],
+  images: ReadonlyMap<UpdateGroup, ImagePixels[]>,
+  o: PackOptions,
+): PackedBatch[] {
+  return miniBatchesOf(groups, o.miniBatchSize).map((mini) => {
+    const { base, at, tokens } = layout(mini, o, images);
+    const N = base.batchSize * base.seqLen;
+    const vals = new Float32Array(N),
+      rets = new Float32Array(N);
+    mini.forEach(({ x }, b) => {
+      vals.set(x.values, at(b));
+      rets.set(x.returns, at(b));
+    });
+    return { batch: { ...base, values: vals, returns: rets }, tokens };
+  });
 }

@@ -14,79 +14,43 @@
  * deleted only after the state that says the step is trained (docs/durability.md).
  */
 import { existsSync } from 'node:fs';
-import { sql } from 'kysely';
-import { sha256File } from '../../lib/policy-store/hash.ts';
-import { join, resolve } from 'node:path';
-import { forStage } from '../../lib/log.ts';
-import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runtime.ts';
+import { resolve } from 'node:path';
+import { forStage, type Logger } from '../../lib/log.ts';
+import { runStage, type Decoded, type Pipeline, type StageContext, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
-import {
-  tokenizerFor,
-  policyModelConfig,
-  criticModelConfig,
-  experienceScorerOptions,
-  policyLora,
-  sharedBaseWeights,
-} from '../../lib/pipeline/policy.ts';
-import { loadAdapter, saveAdapter, weightsFileOf } from '../../lib/model/checkpoint.ts';
-import {
-  IntegrityError,
-  versionsToPrune,
-  keptCheckpointSteps,
-  ARTIFACT_KINDS,
-  type ArtifactKind,
-  type Executor,
-} from '../../lib/policy-store/index.ts';
-import type { ModelConfig } from '../../lib/model/index.ts';
-import { resolveCriticModel } from '../../lib/config/index.ts';
-import { loadStageState, saveStageState, PendingBatch, stagesWithState } from '../../lib/pipeline/stage-state.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig, policyLora } from '../../lib/pipeline/policy.ts';
+import { loadStageState, saveStageState, PendingBatch, stagesWithState, txOf } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
+import { datasetPosition, describePosition, removeTempCheckpoints } from '../../lib/pipeline/checkpoints.ts';
 import {
-  datasetPosition,
-  describePosition,
-  writeCheckpointDir,
-  listCheckpointSteps,
-  removeCheckpointDir,
-  removeTempCheckpoints,
-  readCheckpointPath,
-  TRAINER_STATE_FORMAT,
-  TRAINER_STATE_FILE,
-  checkpointDir,
-  verifyCheckpointFiles,
-  type TrainerState,
-} from '../../lib/pipeline/checkpoints.ts';
-import {
-  createTrainer,
-  initWeights,
-  saveCheckpoint,
-  loadCheckpoint,
-  checkpointSha256,
-  valueModelFrom,
-  type Trainer,
-  type TrainerOptions,
-  type TrainBatch,
-  type Weights,
-} from '../../lib/model/index.ts';
-import { Scorer } from '../../lib/model/score.ts';
+  keptCheckpoints,
+  klCoefAt,
+  rebuildCheckpointDirs,
+  saveRunCheckpoint,
+  trainerStateAt,
+  type RunCheckpoints,
+} from '../../lib/pipeline/run-checkpoints.ts';
+import { RunVersions } from '../../lib/pipeline/run-versions.ts';
+import { Learner, type LearnerSetup } from '../../lib/pipeline/learner.ts';
+import { trainerSettings, trainsNft, type TrainerSettings } from '../../lib/pipeline/trainer-settings.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
-import type { ImagePixels } from '../../lib/data/images.ts';
-import { policyId, type UpdateGroup, type PolicyVersion } from '../../lib/contracts/index.ts';
-import { lrAt, warmupStepsOf } from '../../lib/optim/lr-schedule.ts';
-import { emaUpdate } from '../../lib/rl/ema.ts';
-import { ConfigError, TransientError, RlError } from '../../lib/errors.ts';
-import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
+import type { UpdateGroup } from '../../lib/contracts/index.ts';
+import { ConfigError } from '../../lib/errors.ts';
+import { totalSteps as planTotalSteps, planFromConfig, type ControllerPlan } from '../../lib/pipeline/plan.ts';
 import {
-  assembleBatch,
   checkBatchArithmetic,
-  splitBatches,
-  shouldCheckpoint,
-  checkpointsToPrune,
+  consumedOffsets,
   nftTargets,
+  packPolicyBatches,
+  packValueBatches,
+  shouldCheckpoint,
+  startRefusal,
+  stepStaleness,
+  stepThroughput,
   versionsInUse,
-  applyVppoToSample,
-  type NftTarget,
   type ControllerProgress,
+  type PackOptions,
 } from './logic.ts';
 
 export interface UpdateState {
@@ -110,30 +74,34 @@ export interface UpdateOptions {
   initialWeightsDir?: string;
 }
 
-/** Policy losses the ONNX training graph implements (lib/model/loss.ts); the others are in lib/rl only. */
-const SUPPORTED_LOSSES = new Set([
-  'vanilla',
-  'gspo',
-  'sapo',
-  'gpg',
-  'cispo',
-  'reinforce',
-  'geo_mean',
-  'clip_cov',
-  'kl_cov',
-  'nft',
-]);
-
 function bucketOf(step: number): string {
   return `step:${String(step).padStart(8, '0')}`;
 }
 
+/** What the update stage's steps share once it has started. */
+interface UpdateRun {
+  p: Pipeline;
+  opts: UpdateOptions;
+  log: Logger;
+  metrics: StageMetrics;
+  plan: ControllerPlan;
+  totalSteps: number;
+  totalOptSteps: number;
+  settings: TrainerSettings;
+  learner: Learner;
+  versions: RunVersions;
+  checkpoints: RunCheckpoints;
+  packing: PackOptions;
+  /** A vision policy (and critic) score and train each row with its prompt's images. */
+  images: PolicyImages;
+  criticImages: PolicyImages | null;
+  /** When this process published its last policy version (throughput is measured between versions). */
+  lastVersionMs: number | null;
+}
+
 export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<StageRun> {
   const cfg = p.cfg;
-  if (!SUPPORTED_LOSSES.has(cfg.algorithm.policy_loss))
-    throw new ConfigError(
-      `algorithm.policy_loss = ${cfg.algorithm.policy_loss} is available in lib/rl but not yet in the ONNX training graph; the training graph supports: ${[...SUPPORTED_LOSSES].join(', ')}`,
-    );
+
   const arith = checkBatchArithmetic({
     rolloutBatchSize: cfg.data.rollout_batch_size,
     n: cfg.rollout.n,
@@ -142,839 +110,287 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   });
   const tok = tokenizerFor(cfg);
   const model = policyModelConfig(cfg, tok);
-  // every policy version is a complete model directory: the source's generation config and tokenizer files go along
-  const assetsFrom = cfg.actor.model.path;
+  const criticModel = cfg.critic.enable === true ? criticModelConfig(cfg, tok) : null;
   const plan = planFromConfig(cfg, p.runId, opts.trainSize, 0);
   const totalSteps = planTotalSteps(plan);
-  const totalOptSteps = Math.max(1, totalSteps * arith.miniBatches * cfg.actor.ppo_epochs);
-  const o = cfg.actor.optim;
   const log = forStage(p.log, 'update');
-  const metrics = new StageMetrics(p, 'update');
-  const scorer = new Scorer(model, experienceScorerOptions(cfg));
-  // a vision policy (and critic) score and train each row with its prompt's images
   const pixelCache = new PixelCache();
-  const images = new PolicyImages(model, pixelCache);
-  const criticImages = cfg.critic.enable === true ? new PolicyImages(criticModelConfig(cfg, tok), pixelCache) : null;
   const leftovers = await removeTempCheckpoints(p.runDir);
   if (leftovers.length)
     log.warn(
       { removed: leftovers },
       `removed ${leftovers.length} half-written checkpoint(s) left by an interrupted write`,
     );
-  /**
-   * A stored version's directory (policy, critic or EMA), every file checked against the sha256
-   * recorded when it was written; a damaged one stops the stage saying how to resume from the last
-   * good checkpoint.
-   */
-  async function storedDir(kind: ArtifactKind, version: number, db: Executor = p.db.db): Promise<string | null> {
-    try {
-      return await p.policies.get(kind, version, db);
-    } catch (e) {
-      if (e instanceof IntegrityError)
-        throw new RlError(`${e.message}. ${await resumeHint(db)}`, {
-          code: 'ERR_INTEGRITY',
-          cause: e,
-          details: e.details,
-        });
-      throw e;
-    }
-  }
-  async function versionDir(kind: ArtifactKind, version: number, db: Executor = p.db.db): Promise<string> {
-    const dir = await storedDir(kind, version, db);
-    if (!dir)
-      throw new ConfigError(
-        `${kind} version ${version} of run ${p.runId} is not in the policy store (${p.policies.kind === 'filesystem' ? p.policies.writeDir(kind, version) : p.policies.kind === 's3' ? 'the S3 bucket, pipeline.s3' : "the run's database"}); it was never written or was pruned. ${await resumeHint(db)}`,
-      );
-    return dir;
-  }
-  /** How to go on from the newest checkpoint whose weights still have their recorded sha256. */
-  async function resumeHint(db: Executor): Promise<string> {
-    const rows = await sql<{
-      step: number;
-      path: string;
-      sha256: string;
-    }>`select step, path, sha256 from checkpoints where run_id = ${p.runId} order by step desc`
-      .execute(db)
-      .then(
-        (r) => r.rows,
-        () => [],
-      );
-    for (const ck of rows) {
-      const actor = join(ck.path, 'actor', weightsFileOf(join(ck.path, 'actor')));
-      if (existsSync(actor) && (await sha256File(actor)) === ck.sha256) {
-        return `The last good checkpoint is ${ck.path} (step ${ck.step}, sha256 ${ck.sha256}): start a new run from it with trainer.load_checkpoint_path=${ck.path} and a new pipeline.run_id (or another trainer.run_dir)`;
-      }
-    }
-    return 'No intact checkpoint of this run was found; restore the file from a backup, or start the run over (a new pipeline.run_id or another trainer.run_dir)';
-  }
-  /** Writes a version of `kind` into the policy store (before any event names it). Returns the sha256 of its model.safetensors. */
-  async function storeVersion(
-    kind: ArtifactKind,
-    version: number,
-    cfgOf: ModelConfig,
-    weights: Weights,
-    extra: { optimizer?: import('../../lib/model/index.ts').OptimizerState; metadata?: Record<string, string> },
-    db: Executor = p.db.db,
-  ): Promise<string> {
-    if (kind === 'policy' && lora) {
-      // LoRA: a policy version is the adapter only, in PEFT layout (`weights` are the adapters)
-      await saveAdapter(p.policies.writeDir(kind, version), cfgOf, lora.config, weights, {
-        ...extra,
-        overwrite: true,
-        basePath: resolve(lora.baseDir),
-      });
-      return (await p.policies.put(kind, version, db)).find((f) => f.name === 'adapter_model.safetensors')!.sha256;
-    }
-    // a complete model directory: the source's generation config and tokenizer files go with the weights
-    await saveCheckpoint(p.policies.writeDir(kind, version), cfgOf, weights, { ...extra, overwrite: true, assetsFrom });
-    const files = await p.policies.put(kind, version, db);
-    return files.find((f) => f.name === 'model.safetensors')!.sha256;
-  }
-  let state = (await loadStageState<UpdateState>(p.db.db, p.runId, 'update')) ?? null;
-  const loadPath = cfg.trainer.load_checkpoint_path ? resolve(cfg.trainer.load_checkpoint_path) : null;
-  const others = state ? [] : await stagesWithState(p.db.db, p.runId);
-  if ((state || others.length) && !cfg.trainer.find_last_checkpoint) {
-    const last = await p.store.latestCheckpoint(p.runId);
-    throw new ConfigError(
-      `run ${p.runId} already has state in ${p.db.where} (${state ? `update stage at policy version ${state.version}` : `stages ${others.join(', ')}`}${last ? `, last checkpoint ${last.path}` : ''}) and trainer.find_last_checkpoint = false refuses to continue it. ` +
-        'To resume it, set trainer.find_last_checkpoint=true (the default); to start over, use a new run (another trainer.run_dir, or pipeline.run_id=…); ' +
-        `to start a new run from one of its checkpoints, give that run trainer.load_checkpoint_path=${last ? last.path : '<run_dir>/checkpoints/global_step_N'}`,
-    );
-  }
-  if (state && (state.initFrom ?? null) !== loadPath) {
-    throw new ConfigError(
-      `run ${p.runId} already has state (update stage at policy version ${state.version}, started ${state.initFrom ? `from ${state.initFrom}` : 'from scratch'}); trainer.load_checkpoint_path = ${loadPath ?? 'null'} applies to a new run only — ` +
-        `resume this run with ${state.initFrom ? `trainer.load_checkpoint_path=${state.initFrom}` : 'trainer.load_checkpoint_path unset'}, or start a new run (pipeline.run_id=… or another trainer.run_dir) from the checkpoint`,
-    );
-  }
-  const dapoLikeNft = cfg.algorithm.policy_loss === 'nft' && cfg.algorithm.nft.neg_weight < 0;
-  let trainer: Trainer;
-  /** The policy version the in-memory trainer (and critic, EMA) holds. */
-  let trainerVersion = -1;
-  let currentSha = '';
-  // LoRA (actor.model.lora): the base is read once and frozen; the trainer trains and versions carry the adapters
+  const checkpoints: RunCheckpoints = { runId: p.runId, runDir: p.runDir, store: p.store };
   const lora = policyLora(cfg);
-  const baseWeights = (): Promise<Weights> => sharedBaseWeights(lora!.baseDir);
-  const trainerOpts = {
-    model,
-    ...(lora ? { lora: lora.config } : {}),
-    threads: cfg.actor.threads,
-    device: cfg.actor.device,
-    microBatchSize: cfg.actor.micro_batch_size_per_device_for_update,
-    seed: cfg.data.seed,
-    freezeVisionTower: cfg.actor.model.freeze_vision_tower,
-    gradientCheckpointing: cfg.actor.model.enable_gradient_checkpointing,
-    optim: {
-      betas: o.betas as [number, number],
-      eps: o.eps,
-      weightDecay: o.weight_decay,
-      maxGradNorm: o.max_grad_norm,
-      visionLrScale: o.vision_lr_scale,
-    },
-    loss: {
-      // nft with neg_weight < 0 is NVlabs NFT's DAPO-like variant: the PPO clipped loss on the (GRPO) advantages
-      type: 'policy' as const,
-      lossMode: dapoLikeNft ? 'vanilla' : cfg.algorithm.policy_loss,
-      clipRatioLow: cfg.actor.clip_ratio_low,
-      clipRatioHigh: cfg.actor.clip_ratio_high,
-      clipRatioC: cfg.actor.clip_ratio_dual,
-      tauPos: cfg.algorithm.sapo.tau_pos,
-      tauNeg: cfg.algorithm.sapo.tau_neg,
-      lossAggMode: cfg.actor.loss_agg_mode,
-      entropyCoeff: cfg.actor.entropy_coeff,
-      entropyPenaltyCoef: cfg.algorithm.entropy_penalty_coef,
-      useKlLoss: cfg.algorithm.use_kl_loss,
-      klLossCoef: cfg.algorithm.kl_coef,
-      klLossType: cfg.algorithm.kl_loss_type ?? cfg.algorithm.kl_penalty,
-      temperature: cfg.rollout.temperature,
-      nft: { negWeight: dapoLikeNft ? 1 : cfg.algorithm.nft.neg_weight },
-      clipCovRatio: cfg.algorithm.clip_cov.ratio,
-      clipCovLb: cfg.algorithm.clip_cov.lb,
-      clipCovUb: cfg.algorithm.clip_cov.ub,
-      klCovRatio: cfg.algorithm.kl_cov.ratio,
-      ppoKlCoef: cfg.algorithm.kl_cov.ppo_kl_coef,
-    },
-  };
-  const isNft = cfg.algorithm.policy_loss === 'nft' && !dapoLikeNft;
-  // VPPO's masks and scaling travel with the samples (updates.v2); applied only while it is on
-  const useVppo = cfg.algorithm.vppo.enable;
-  const initialWeights = async (): Promise<Weights> => {
-    if (lora) return baseWeights();
-    const dir = opts.initialWeightsDir ?? cfg.actor.model.path;
-    return dir
-      ? (await loadCheckpoint(dir, { optimizer: false })).weights
-      : initWeights(model, cfg.actor.model.init_seed, { visionStd: cfg.actor.model.vision.init_std });
-  };
-  /** A trainer holding a stored policy version (weights or, with LoRA, the base + the version's adapter) and its AdamW state. */
-  async function trainerFromVersion(dir: string): Promise<{ trainer: Trainer; sha: string }> {
-    if (lora) {
-      const ad = await loadAdapter(dir, model, { optimizer: true, expect: lora.config });
-      return {
-        trainer: createTrainer({
-          ...trainerOpts,
-          weights: await baseWeights(),
-          adapter: ad.adapter,
-          optimizerState: ad.optimizer,
-        }),
-        sha: ad.weightsSha256,
-      };
-    }
-    const ck = await loadCheckpoint(dir, { optimizer: true });
-    return {
-      trainer: createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer }),
-      sha: ck.weightsSha256,
-    };
-  }
-  if (state) {
-    ({ trainer, sha: currentSha } = await trainerFromVersion(await versionDir('policy', state.version)));
-    trainerVersion = state.version;
-    const last = await p.store.latestCheckpoint(p.runId);
-    const at = describePosition(datasetPosition(plan, state.version));
-    const from =
-      last && last.step === state.version && existsSync(last.path)
-        ? `from checkpoint global_step_${last.step} (sha256 ${currentSha})`
-        : `from policy version ${state.version} (${p.policies.kind === 'filesystem' ? p.policies.writeDir('policy', state.version) : `policy store: ${p.policies.kind}`}, sha256 ${currentSha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
-    log.info({ ...datasetPosition(plan, state.version) }, `resumed at ${at}, ${from}`);
-    // the reference policy (v0: KL reference, the initial weights) is read by later steps only: a
-    // damaged one stops the resume now, before anything is trained or committed
-    if (state.version > 0) await storedDir('policy', 0);
-  } else if (loadPath) {
-    // a new run started from a checkpoint: its weights and AdamW state, the step (dataset
-    // position) and LR schedule position it was taken at; v0 keeps the source's initial policy (KL reference)
-    const src = readCheckpointPath(loadPath);
-    // an rlstream checkpoint records its weights' sha256 (trainer_state.json): a damaged one is refused before it is read
-    if (src.state) await verifyCheckpointFiles(loadPath, src.state);
-    const ck = await loadCheckpoint(src.actorDir);
-    const start = src.state?.step ?? 0;
-    if (start > 0) {
-      const ref = src.referenceDir
-        ? (await loadCheckpoint(src.referenceDir, { optimizer: false })).weights
-        : await initialWeights();
-      await storeVersion('policy', 0, model, ref, { metadata: { policy_version: '0' } });
-    }
-    trainer = createTrainer({ ...trainerOpts, weights: ck.weights, optimizerState: ck.optimizer });
-    const optimizerSteps = Number(src.state?.lr_state.optimizer_steps ?? ck.optimizer?.step ?? 0);
-    state = { version: start, optimizerSteps, positions: {}, initFrom: loadPath };
-    if (cfg.critic.enable) {
-      // the critic continues from the checkpoint's value model and AdamW state (written as this
-      // run's critic version `start` before the state that says the run started, so a crash
-      // here restarts from the checkpoint again); an rlstream checkpoint without one is refused
-      // rather than silently pairing a trained policy with an untrained critic
-      if (src.criticDir) {
-        const c = await loadCheckpoint(src.criticDir, { optimizer: true });
-        const cm = criticModelConfig(cfg, tok);
-        if (
-          c.config.hiddenSize !== cm.hiddenSize ||
-          c.config.numHiddenLayers !== cm.numHiddenLayers ||
-          c.config.vocabSize !== cm.vocabSize
-        ) {
-          throw new ConfigError(
-            `trainer.load_checkpoint_path: the critic at ${src.criticDir} (d_model ${c.config.hiddenSize}, layers ${c.config.numHiddenLayers}, vocab ${c.config.vocabSize}) does not match critic.model (d_model ${cm.hiddenSize}, layers ${cm.numHiddenLayers}, vocab ${cm.vocabSize})`,
-          );
-        }
-        await storeVersion('critic', start, cm, c.weights, { optimizer: c.optimizer });
-        log.info({ critic: src.criticDir }, `critic restored from ${src.criticDir} (weights and optimizer state)`);
-      } else if (src.state && !resolveCriticModel(cfg).path) {
-        throw new ConfigError(
-          `trainer.load_checkpoint_path: ${loadPath} has no critic (critic/ is missing: its run trained without one), but critic.enable = true (algorithm.adv_estimator = ${cfg.algorithm.adv_estimator} trains a value model). ` +
-            `Give critic.model.path a value-model directory to start the critic from, or load the checkpoint's policy weights as a new model (trainer.load_checkpoint_path=${join(loadPath, 'actor')}) to start with a fresh critic at step 0`,
-        );
-      } else if (src.state)
-        log.warn(
-          { critic: resolveCriticModel(cfg).path },
-          `${loadPath} has no critic; the critic starts from critic.model.path`,
-        );
-    }
-    currentSha = await writeVersion(start);
-    trainerVersion = start;
-    await saveStageState(p.db.db, p.runId, 'update', state);
-    log.info(
-      { ...datasetPosition(plan, start) },
-      `resumed at ${describePosition(datasetPosition(plan, start))}, from checkpoint ${loadPath} (sha256 ${currentSha})`,
+  // every policy version is a complete model directory: the source's generation config and tokenizer files go along
+  const versions = new RunVersions(p.policies, checkpoints, { lora, assetsFrom: cfg.actor.model.path, db: p.db.db });
+  const setup: LearnerSetup = { cfg, model, criticModel, settings: trainerSettings(cfg), lora, versions, log };
+  if (opts.initialWeightsDir) setup.initialWeightsDir = opts.initialWeightsDir;
+  const { learner, state } = await openLearner(p, setup, plan);
+  if (p.policies.kind !== 'filesystem') {
+    const rebuilt = await rebuildCheckpointDirs(
+      checkpoints,
+      cfg.trainer.save_limit,
+      async (v) => ({
+        actor: await versions.dir('policy', v),
+        critic: criticModel ? await versions.find('critic', v) : null,
+      }),
+      () => versions.dir('policy', 0),
     );
-  } else {
-    trainer = createTrainer({ ...trainerOpts, weights: await initialWeights() });
-    state = { version: 0, optimizerSteps: 0, positions: {}, initFrom: null };
-    currentSha = await writeVersion(0);
-    trainerVersion = 0;
-    await saveStageState(p.db.db, p.runId, 'update', state);
+    for (const { step, path } of rebuilt)
+      log.info({ step, path }, `checkpoint global_step_${step} rebuilt from the run's database at ${path}`);
   }
-  // the critic (value model, clipped value loss) when critic.enable (GAE): trained on each step's
-  // returns after the policy, saved as <run_dir>/critic/vNNNNNN next to each policy version
-  let critic: Trainer | null = null;
-  let criticOpts: TrainerOptions | null = null;
-  if (cfg.critic.enable) {
-    const cm = criticModelConfig(cfg, tok);
-    const co = cfg.critic.optim;
-    const copts = (criticOpts = {
-      model: cm,
-      threads: cfg.actor.threads,
-      device: cfg.actor.device,
-      microBatchSize: cfg.actor.micro_batch_size_per_device_for_update,
-      gradientCheckpointing:
-        cfg.critic.model.enable_gradient_checkpointing ?? cfg.actor.model.enable_gradient_checkpointing,
-      optim: {
-        betas: co.betas as [number, number],
-        eps: co.eps,
-        weightDecay: co.weight_decay,
-        maxGradNorm: co.max_grad_norm,
-        visionLrScale: co.vision_lr_scale,
-      },
-      loss: {
-        type: 'value' as const,
-        cliprangeValue: cfg.critic.cliprange_value,
-        lossAggMode: cfg.actor.loss_agg_mode,
-      },
-    });
-    // this run's critic version (a resume, or one restored from trainer.load_checkpoint_path); a
-    // missing one means a first start (or critic.enable turned on for a run that had none)
-    const savedDir = await storedDir('critic', state.version);
-    const saved = savedDir ? await loadCheckpoint(savedDir, { optimizer: true }) : null;
-    if (saved) critic = createTrainer({ ...copts, weights: saved.weights, optimizerState: saved.optimizer });
-    else {
-      // critic.model.path, else the actor's model directory (a causal LM gets a fresh score head), else a fresh model
-      const cpath = resolveCriticModel(cfg).path ?? cfg.actor.model.path;
-      const cseed = cfg.critic.model.init_seed ?? cfg.actor.model.init_seed + 1;
-      critic = createTrainer({
-        ...copts,
-        ...(cpath
-          ? { weights: valueModelFrom(await loadCheckpoint(cpath, { optimizer: false }), cseed).weights }
-          : { weights: initWeights(cm, cseed, { visionStd: cfg.actor.model.vision.init_std }) }),
-      });
-      await storeVersion('critic', state.version, cm, critic.getWeights(), { optimizer: critic.getOptimizerState() });
-    }
-  }
-
-  // EMA of the policy weights (algorithm.ema): stored next to each version (kind ema; <run_dir>/ema/ on a filesystem)
-  let ema: Map<string, Float32Array> | null = null;
-  if (cfg.algorithm.ema.enable) {
-    const dir = await storedDir('ema', state.version);
-    ema = dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : null;
-    if (!ema) {
-      ema = trainer.getWeights();
-      await storeVersion('ema', state.version, model, ema, {});
-    }
-  }
-  if (p.policies.kind !== 'filesystem') await rebuildCheckpointDirs();
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
-  await p.bus.produce([p.message('policy', await versionRecord(state.version, Date.now()))]);
+  await p.bus.produce([p.message('policy', await versions.record(state.version, Date.now()))]);
+  const run: UpdateRun = {
+    p,
+    opts,
+    log,
+    metrics: new StageMetrics(p, 'update'),
+    plan,
+    totalSteps,
+    totalOptSteps: Math.max(1, totalSteps * arith.miniBatches * cfg.actor.ppo_epochs),
+    settings: setup.settings,
+    learner,
+    versions,
+    checkpoints,
+    packing: {
+      miniBatchSize: cfg.actor.global_batch_size,
+      padTokenId: model.padTokenId,
+      lossScaleFactor: cfg.data.max_response_length,
+      vppo: cfg.algorithm.vppo.enable,
+      klLoss: cfg.algorithm.use_kl_loss,
+    },
+    images: new PolicyImages(model, pixelCache),
+    criticImages: criticModel ? new PolicyImages(criticModel, pixelCache) : null,
+    lastVersionMs: null,
+  };
+  return runStage(p, 'update', ['updates'], (records, ctx) => updateBatch(run, state, records, ctx));
+}
 
-  /**
-   * policy_store = postgres or s3: the checkpoints kept under save_limit whose directories this node
-   * lacks (a restart on another node, an emptyDir) are rebuilt from the run's database — the
-   * versions (kept while a checkpoint needs them) and the checkpoint rows (the trainer state) —
-   * so checkpoints/global_step_N is there to resume from with trainer.load_checkpoint_path.
-   */
-  async function rebuildCheckpointDirs(): Promise<void> {
-    const rows = await p.store.listCheckpoints(p.runId);
-    const kept = new Set(
-      keptCheckpointSteps(
-        rows.map((r) => r.step),
-        cfg.trainer.save_limit,
-      ),
-    );
-    for (const row of rows) {
-      if (!kept.has(row.step) || existsSync(join(checkpointDir(p.runDir, row.step), TRAINER_STATE_FILE))) continue;
-      const ts: TrainerState = {
-        format: TRAINER_STATE_FORMAT,
-        run_id: p.runId,
-        step: row.step,
-        policy_version: row.policyVersion,
-        sha256: row.sha256,
-        dataset_position: row.datasetPosition as unknown as TrainerState['dataset_position'],
-        consumed_offsets: row.consumedOffsets as Record<string, number>,
-        rng_state: row.rngState as TrainerState['rng_state'],
-        kl_ctl_state: row.klCtlState as TrainerState['kl_ctl_state'],
-        lr_state: row.lrState as TrainerState['lr_state'],
-      };
-      const critic = cfg.critic.enable ? await storedDir('critic', row.policyVersion) : null;
-      const dir = await writeCheckpointDir(
-        p.runDir,
-        ts,
-        await versionDir('policy', row.policyVersion),
-        await versionDir('policy', 0),
-        critic,
-      );
-      if (dir !== row.path) await p.store.recordCheckpoint({ ...row, path: dir });
-      log.info(
-        { step: row.step, path: dir },
-        `checkpoint global_step_${row.step} rebuilt from the run's database at ${dir}`,
-      );
-    }
-  }
-  async function writeVersion(version: number, db: Executor = p.db.db): Promise<string> {
-    // no run id in the metadata: equal weights give equal bytes (and sha256) in every run (replay, resume from a checkpoint)
-    return storeVersion(
-      'policy',
-      version,
-      model,
-      trainer.getWeights(),
-      { optimizer: trainer.getOptimizerState(), metadata: { policy_version: String(version) } },
-      db,
-    );
-  }
-  /**
-   * Brings the in-memory trainer (and critic, EMA) back to the committed version: a batch that
-   * trained and then failed before committing (a lost database connection, a retriable error)
-   * is redelivered, and must train from the committed weights again, not from its own result.
-   */
-  async function restore(version: number, db: Executor): Promise<void> {
-    ({ trainer, sha: currentSha } = await trainerFromVersion(await versionDir('policy', version, db)));
-    if (critic && criticOpts) {
-      const saved = await loadCheckpoint(await versionDir('critic', version, db), { optimizer: true });
-      critic = createTrainer({ ...criticOpts, weights: saved.weights, optimizerState: saved.optimizer });
-    }
-    if (ema) ema = (await loadCheckpoint(await versionDir('ema', version, db), { optimizer: false })).weights;
-    trainerVersion = version;
+/**
+ * One batch of `updates` records: their groups wait (durably) per step until a step has
+ * rollout_batch_size kept groups; each complete step is trained and committed in order.
+ */
+async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decoded[], ctx: StageContext): Promise<void> {
+  const { p, learner, log } = run;
+  const cfg = p.cfg;
+  run.metrics.beginBatch(ctx.waitedMs);
+  const st = (await loadStageState<UpdateState>(ctx.db, p.runId, 'update')) ?? initial;
+  if (learner.version !== st.version) {
+    await learner.restore(st.version, ctx.db);
     log.warn(
-      { version },
-      `restored the trainer to the committed policy version ${version} (a batch failed after training)`,
+      { version: st.version },
+      `restored the trainer to the committed policy version ${st.version} (a batch failed after training)`,
     );
   }
-  /** What the checkpoint of `step` records (trainer_state.json and the checkpoints row). */
-  async function trainerState(
-    step: number,
-    sha: string,
-    st: UpdateState,
-    db: import('../../lib/pipeline/stage-state.ts').Executor,
-  ): Promise<TrainerState> {
-    const a = cfg.algorithm;
-    const adaptive = a.use_kl_in_reward && a.kl_type === 'adaptive';
-    let klValue = a.kl_coef;
-    if (adaptive) {
-      const adv = await loadStageState<{ klByStep?: Record<string, number> }>(db, p.runId, 'advantage');
-      const v = adv?.klByStep?.[String(step)];
-      // Kafka: the advantage stage saves its state just after producing the step's groups; wait for it
-      if (v === undefined)
-        throw new TransientError(
-          `checkpoint of step ${step}: the advantage stage has not saved its KL controller state for step ${step} yet`,
-        );
-      klValue = v;
-    }
-    const optim = {
-      lr: o.lr,
-      scheduler: o.lr_scheduler,
-      warmupSteps: o.lr_warmup_steps,
-      warmupRatio: o.lr_warmup_ratio,
-      minLrRatio: o.min_lr_ratio,
-    };
-    return {
-      format: TRAINER_STATE_FORMAT,
-      run_id: p.runId,
-      step,
-      policy_version: step,
-      sha256: sha,
-      dataset_position: datasetPosition(plan, step),
-      consumed_offsets: { ...(st.positions ?? {}) },
-      rng_state: {
-        scheme: 'keyed-by-id',
-        seed: cfg.data.seed,
-        init_seed: cfg.actor.model.init_seed,
-        note: 'sampling noise is drawn from PRNG(data.seed, sample id) and shuffles from (data.seed, epoch): no generator state to carry',
-      },
-      kl_ctl_state: {
-        use_kl_in_reward: a.use_kl_in_reward,
-        type: a.kl_type,
-        value: klValue,
-        initial: a.kl_coef,
-        target_kl: a.kl_target,
-        horizon: a.kl_horizon,
-        use_kl_loss: a.use_kl_loss,
-        kl_loss_coef: a.kl_coef,
-      },
-      lr_state: {
-        scheduler: o.lr_scheduler,
-        base_lr: o.lr,
-        lr: lrAt(optim, Math.max(1, st.optimizerSteps), totalOptSteps),
-        optimizer_steps: st.optimizerSteps,
-        total_optimizer_steps: totalOptSteps,
-        warmup_steps: warmupStepsOf(optim, totalOptSteps),
-        min_lr_ratio: o.min_lr_ratio,
-      },
-    };
+  const positions = st.positions ?? (st.positions = {});
+  for (const r of records) {
+    const k = `${r.message.topic}/${r.message.partition}`;
+    positions[k] = Math.max(positions[k] ?? 0, r.message.offset + 1);
   }
-  async function versionRecord(
-    version: number,
-    nowMs: number,
-    extra: Partial<PolicyVersion> = {},
-    db: Executor = p.db.db,
-  ): Promise<PolicyVersion> {
-    const dir = await versionDir('policy', version, db);
-    return {
-      run_id: p.runId,
-      id: policyId(p.runId, version),
-      step: version,
-      policy_version: version,
-      parent_version: version === 0 ? null : version - 1,
-      checkpoint_path: p.policies.kind === 'filesystem' ? dir : `${p.policies.kind}:policy/${version}`,
-      sha256: await checkpointSha256(dir),
-      format: 'safetensors',
-      size_bytes: 0,
-      created_ms: nowMs,
-      consumed: [],
-      groups: 0,
-      samples: 0,
-      tokens: 0,
-      ...extra,
-    };
-  }
-
-  function trainBatch(
-    groups: UpdateGroup[],
-    old: Map<string, Float32Array>,
-    forCritic = false,
-    nft: ReadonlyMap<string, NftTarget> | null = null,
-    px: ReadonlyMap<UpdateGroup, ImagePixels[]> = new Map(),
-  ): { batch: TrainBatch; tokens: number }[] {
-    const { samples } = assembleBatch(groups.map((g) => ({ samples: g.samples.map((x) => ({ ...x, g })) })));
-    const minis = splitBatches(samples, cfg.actor.global_batch_size, cfg.actor.global_batch_size);
-    return minis.map(([mini]) => {
-      const B = mini.length;
-      const T = Math.max(...mini.map((x) => x.g.prompt_ids.length + x.response_ids.length));
-      const tokens = new Int32Array(B * T).fill(model.padTokenId);
-      const attn = new Float32Array(B * T),
-        resp = new Float32Array(B * T),
-        adv = new Float32Array(B * T),
-        oldLp = new Float32Array(B * T),
-        refLp = new Float32Array(B * T),
-        w = new Float32Array(B * T);
-      const vals = new Float32Array(B * T),
-        rets = new Float32Array(B * T);
-      let ntok = 0;
-      const rowImages = px.size ? { images: mini.map((x) => px.get(x.g)) } : {};
-      mini.forEach((x, b) => {
-        const P = x.g.prompt_ids.length,
-          L = x.response_ids.length;
-        tokens.set(x.g.prompt_ids, b * T);
-        tokens.set(x.response_ids, b * T + P);
-        attn.fill(1, b * T, b * T + P + L);
-        resp.fill(1, b * T + P, b * T + P + L);
-        // multi-turn: environment tokens are context, not trained (no loss, KL or entropy)
-        if (x.response_mask.length) for (let t = 0; t < L; t++) resp[b * T + P + t] = x.response_mask[t];
-        // VPPO (updates.v2): loss weights × the token mask, advantages × the trajectory's α
-        const v =
-          useVppo && x.vppo
-            ? applyVppoToSample({
-                advantages: x.advantages,
-                loss_weights: x.loss_weights,
-                vppo_token_mask: x.vppo.token_mask,
-                vppo_scaling: x.vppo.scaling_factor,
-              })
-            : x;
-        adv.set(v.advantages, b * T + P);
-        oldLp.set(old.get(x.id) ?? x.behaviour_logprobs, b * T + P);
-        if (x.ref_logprobs.length) refLp.set(x.ref_logprobs, b * T + P);
-        w.set(v.loss_weights, b * T + P);
-        if (forCritic) {
-          vals.set(x.values, b * T + P);
-          rets.set(x.returns, b * T + P);
-        }
-        ntok += P + L;
-      });
-      if (forCritic)
-        return {
-          batch: {
-            batchSize: B,
-            seqLen: T,
-            tokens,
-            attentionMask: attn,
-            responseMask: resp,
-            values: vals,
-            returns: rets,
-            globalBatch: { loss_scale_factor: cfg.data.max_response_length },
-            ...rowImages,
-          },
-          tokens: ntok,
-        };
-      // nft: each row's ±1 outcome and the accuracy of its whole group (the mini-batch may split a group)
-      const nftRows = nft ? mini.map((x) => nft.get(x.id)!) : null;
-      return {
-        batch: {
-          batchSize: B,
-          seqLen: T,
-          tokens,
-          attentionMask: attn,
-          responseMask: resp,
-          advantages: adv,
-          oldLogprobs: oldLp,
-          refLogprobs: cfg.algorithm.use_kl_loss ? refLp : undefined,
-          lossWeights: w,
-          rewards: nftRows?.map((r) => r.reward),
-          groupAccuracy: nftRows?.map((r) => r.groupAccuracy),
-          globalBatch: { loss_scale_factor: cfg.data.max_response_length },
-          ...rowImages,
-        },
-        tokens: ntok,
-      };
-    });
-  }
-
-  async function trainStep(step: number, groups: UpdateGroup[]): Promise<Record<string, number>> {
-    const kept = groups.filter((g) => !g.filtered);
-    const version = state!.version;
-    const nft = isNft ? nftTargets(kept, cfg.algorithm.nft.correct_key) : null;
-    // old log-probs: recomputed with the current weights for on-policy samples; stale samples
-    // (behaviour version < current) keep their behaviour log-probs (decoupled PPO importance ratio)
-    const onPolicy = !opts.behaviourSha || opts.behaviourSha.get(version) === currentSha;
-    const fresh = kept.flatMap((g) =>
-      g.policy_version === version && onPolicy
-        ? g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids, g }))
-        : [],
-    );
-    const old = new Map<string, Float32Array>();
-    const px = await images.byGroup(kept);
-    if (fresh.length) {
-      // LoRA: the adapted policy's weights W + s·B·A (the base is not copied for the other tensors)
-      const sc = await scorer.score(
-        lora ? await trainer.mergedWeights() : (trainer.weightsView() as Weights),
-        fresh.map((f) => ({ prompt: f.prompt, response: f.response, images: px.get(f.g) })),
-        { temperature: cfg.rollout.temperature, entropy: false },
-      );
-      fresh.forEach((f, i) => old.set(f.id, sc[i].logprobs));
-    }
-    const sums: Record<string, number> = {};
-    let n = 0,
-      tokens = 0;
-    for (let epoch = 0; epoch < cfg.actor.ppo_epochs; epoch++) {
-      for (const { batch, tokens: nt } of trainBatch(kept, old, false, nft, px)) {
-        state!.optimizerSteps++;
-        const lr = lrAt(
-          {
-            lr: o.lr,
-            scheduler: o.lr_scheduler,
-            warmupSteps: o.lr_warmup_steps,
-            warmupRatio: o.lr_warmup_ratio,
-            minLrRatio: o.min_lr_ratio,
-          },
-          state!.optimizerSteps,
-          totalOptSteps,
-        );
-        const r = await trainer.step(batch, lr);
-        for (const [k, v] of Object.entries(r.metrics)) sums[k] = (sums[k] ?? 0) + v;
-        n++;
-        tokens += nt;
-      }
-    }
-    const m: Record<string, number> = {};
-    for (const [k, v] of Object.entries(sums)) m[`actor/${k}`] = v / n;
-    if (critic) {
-      const csums: Record<string, number> = {};
-      let cn = 0;
-      const co = cfg.critic.optim;
-      for (let epoch = 0; epoch < (cfg.critic.ppo_epochs ?? cfg.actor.ppo_epochs); epoch++) {
-        for (const { batch } of trainBatch(kept, old, true, null, await criticImages!.byGroup(kept))) {
-          const lr = lrAt(
-            {
-              lr: co.lr,
-              scheduler: co.lr_scheduler,
-              warmupSteps: co.lr_warmup_steps,
-              warmupRatio: co.lr_warmup_ratio,
-              minLrRatio: co.min_lr_ratio,
-            },
-            critic.getOptimizerState().step + 1,
-            totalOptSteps,
-          );
-          const r = await critic.step(batch, lr);
-          for (const [k, v] of Object.entries(r.metrics)) csums[k] = (csums[k] ?? 0) + v;
-          cn++;
-        }
-      }
-      for (const [k, v] of Object.entries(csums)) m[`critic/${k}`] = v / cn;
-    }
-    m['actor/approx_kl'] = m['actor/ppo_kl'] ?? 0;
-    m['actor/clipfrac'] = m['actor/pg_clipfrac'] ?? 0;
-    m['actor/lr'] = lrAt(
-      {
-        lr: o.lr,
-        scheduler: o.lr_scheduler,
-        warmupSteps: o.lr_warmup_steps,
-        warmupRatio: o.lr_warmup_ratio,
-        minLrRatio: o.min_lr_ratio,
-      },
-      Math.max(1, state!.optimizerSteps),
-      totalOptSteps,
-    );
-    const stal = kept.map((g) => version - g.policy_version);
-    m['staleness/mean'] = stal.reduce((a, b) => a + b, 0) / Math.max(1, stal.length);
-    m['staleness/max'] = Math.max(0, ...stal);
-    m['perf/update_tokens'] = tokens;
-    return m;
-  }
-
-  /** When this process published its last policy version (throughput is measured between versions). */
-  let lastVersionMs: number | null = null;
-  return runStage(p, 'update', ['updates'], async (records, ctx) => {
-    metrics.beginBatch(ctx.waitedMs);
-    const st = (await loadStageState<UpdateState>(ctx.db, p.runId, 'update')) ?? state!;
-    state = st;
-    if (trainerVersion !== st.version) await restore(st.version, ctx.db);
-    const positions = st.positions ?? (st.positions = {});
-    for (const r of records) {
-      const k = `${r.message.topic}/${r.message.partition}`;
-      positions[k] = Math.max(positions[k] ?? 0, r.message.offset + 1);
-    }
-    const pending = new PendingBatch(ctx.db, p.runId, 'update');
-    const fresh = records.filter((r) => (r.value as UpdateGroup).step > st.version);
-    pending.add(
-      fresh.map((r) => ({
+  const pending = new PendingBatch(ctx.db, p.runId, 'update');
+  pending.add(
+    records
+      .filter((r) => (r.value as UpdateGroup).step > st.version)
+      .map((r) => ({
         bucket: bucketOf((r.value as UpdateGroup).step),
         id: (r.value as UpdateGroup).id,
         payload: r.message.value,
         headers: r.message.headers,
       })),
-    );
-    while (st.version < totalSteps) {
-      // stopping (SIGTERM): the steps trained so far are kept, the rest of the batch's groups wait in stage_pending
-      if (ctx.signal.aborted) break;
-      const step = st.version + 1;
-      const items = await pending.items(bucketOf(step));
-      const groups: UpdateGroup[] = [];
-      for (const it of items) groups.push(await p.codecs.updates.decode(it.payload, it.headers));
-      if (groups.filter((g) => !g.filtered).length < cfg.data.rollout_batch_size) break;
-      crashPoint('update:start');
-      const t0 = performance.now();
-      trainerVersion = -1; // mid-step: a failure from here on restores the committed version
-      const m = await trainStep(step, groups);
-      const tTrain = performance.now();
-      crashPoint('update:trained');
-      st.version = step;
-      trainerVersion = step;
-      currentSha = await writeVersion(step, ctx.db);
-      crashPoint('update:version-written');
-      if (critic)
-        await storeVersion(
-          'critic',
-          step,
-          critic.model,
-          critic.getWeights(),
-          { optimizer: critic.getOptimizerState() },
-          ctx.db,
-        );
-      if (ema) {
-        const next = emaUpdate(
-          Object.fromEntries(ema),
-          Object.fromEntries(trainer.weightsView()),
-          cfg.algorithm.ema.decay,
-        );
-        ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
-        await storeVersion(
-          'ema',
-          step,
-          model,
-          ema,
-          { metadata: { policy_version: String(step), ema_decay: String(cfg.algorithm.ema.decay) } },
-          ctx.db,
-        );
-      }
-      const rec = await versionRecord(
-        step,
-        Date.now(),
-        {
-          groups: groups.length,
-          samples: groups.reduce((a, g) => a + g.samples.length, 0),
-          tokens: m['perf/update_tokens'] ?? 0,
-          consumed: Object.entries(positions).map(([k, next]) => ({
-            topic: k.slice(0, k.lastIndexOf('/')),
-            partition: Number(k.slice(k.lastIndexOf('/') + 1)),
-            next_offset: next,
-          })),
-        },
-        ctx.db,
-      );
-      if (shouldCheckpoint(step, totalSteps, cfg.trainer.save_freq)) {
-        crashPoint('checkpoint:start');
-        const ts = await trainerState(step, rec.sha256, st, ctx.db);
-        // temporary name, fsync, rename — then the row; a half-written one is never listed
-        const dir = await writeCheckpointDir(
-          p.runDir,
-          ts,
-          p.policies.writeDir('policy', step),
-          await versionDir('policy', 0, ctx.db),
-          critic ? p.policies.writeDir('critic', step) : null,
-        );
-        await p.store.recordCheckpoint(
-          {
-            runId: p.runId,
-            step,
-            path: dir,
-            sha256: ts.sha256,
-            policyVersion: step,
-            consumedOffsets: ts.consumed_offsets,
-            datasetPosition: { ...ts.dataset_position },
-            rngState: ts.rng_state,
-            klCtlState: ts.kl_ctl_state,
-            lrState: ts.lr_state,
-          },
-          { tx: ctx.tx },
-        );
-        crashPoint('checkpoint:recorded');
-        for (const s of checkpointsToPrune(await listCheckpointSteps(p.runDir), cfg.trainer.save_limit))
-          await removeCheckpointDir(p.runDir, s);
-      }
-      // throughput of the whole pipeline over this step: its samples (and their prompt + response
-      // tokens) ÷ the wall time since the previous version (none for the first step of a process)
-      const nowMs = Date.now();
-      if (lastVersionMs !== null && nowMs > lastVersionMs) {
-        const kept = groups.filter((g) => !g.filtered);
-        const samples = kept.reduce((a, g) => a + g.samples.length, 0);
-        const tokens = kept.reduce(
-          (a, g) => a + g.samples.reduce((t, x) => t + g.prompt_ids.length + x.response_ids.length, 0),
-          0,
-        );
-        const seconds = (nowMs - lastVersionMs) / 1000;
-        m['perf/samples_per_second'] = samples / seconds;
-        m['perf/tokens_per_second'] = tokens / seconds;
-      }
-      lastVersionMs = nowMs;
-      metrics.set(step, m);
-      metrics.add(step, {}, { compute: tTrain - t0, checkpoint: performance.now() - tTrain });
-      ctx.emit('policy', rec);
-      p.telemetry?.policyVersion('update', step);
-      pending.settle(bucketOf(step));
-      log.info(
-        { step, reward: undefined, pg_loss: m['actor/pg_loss'], ms: Math.round(tTrain - t0) },
-        `step ${step} trained`,
-      );
-    }
-    await metrics.flush(ctx);
-    await ctx.flush();
-    await saveStageState(ctx.db, p.runId, 'update', st);
-    // only now (Kafka: after the state that says they are trained) may a trained step's groups go
-    await pending.persist();
-    await pruneVersions(st.version, ctx.db);
-  });
+  );
+  while (st.version < run.totalSteps) {
+    // stopping (SIGTERM): the steps trained so far are kept, the rest of the batch's groups wait in stage_pending
+    if (ctx.signal.aborted) break;
+    const step = st.version + 1;
+    const groups: UpdateGroup[] = [];
+    for (const it of await pending.items(bucketOf(step)))
+      groups.push(await p.codecs.updates.decode(it.payload, it.headers));
+    if (groups.filter((g) => !g.filtered).length < cfg.data.rollout_batch_size) break;
+    run.lastVersionMs = await trainAndCommit(run, st, step, groups, ctx);
+    pending.settle(bucketOf(step));
+  }
+  await run.metrics.flush(ctx);
+  await ctx.flush();
+  await saveStageState(ctx.db, p.runId, 'update', st);
+  // only now (Kafka: after the state that says they are trained) may a trained step's groups go
+  await pending.persist();
+  await pruneVersions(run, st.version, ctx.db);
+}
 
-  /**
-   * Removes the stored versions no longer needed (lib/policy-store/retention.ts): not the
-   * reference, the newest two, those within pipeline.max_staleness, a kept checkpoint's, nor the
-   * trainer.keep_policy_versions newest others. Critic and EMA versions go with their policy version.
-   */
-  async function pruneVersions(newest: number, db: Executor): Promise<void> {
-    // through the batch's executor (PGlite: its transaction holds the one connection; it sees this batch's checkpoint row)
-    const steps = (
-      await sql<{ step: number }>`select step from checkpoints where run_id = ${p.runId}`.execute(db)
-    ).rows.map((r) => r.step);
-    const checkpointSteps = keptCheckpointSteps(steps, cfg.trainer.save_limit);
-    // validation rounds the controller published and has not seen finish still sample with their version
-    const inUse = versionsInUse(await loadStageState<ControllerProgress>(db, p.runId, 'controller'), newest);
-    const opts = {
+/**
+ * The learner at the run's current version: resumed from its stored version, started from
+ * trainer.load_checkpoint_path, or fresh (version 0); the state of a start is saved before any
+ * event names it.
+ */
+async function openLearner(
+  p: Pipeline,
+  setup: LearnerSetup,
+  plan: ControllerPlan,
+): Promise<{ learner: Learner; state: UpdateState }> {
+  const { cfg, log } = setup;
+  const saved = (await loadStageState<UpdateState>(p.db.db, p.runId, 'update')) ?? null;
+  const loadPath = cfg.trainer.load_checkpoint_path ? resolve(cfg.trainer.load_checkpoint_path) : null;
+  const refusal = startRefusal({
+    runId: p.runId,
+    where: p.db.where,
+    state: saved,
+    otherStages: saved ? [] : await stagesWithState(p.db.db, p.runId),
+    lastCheckpointPath: (await p.store.latestCheckpoint(p.runId))?.path ?? null,
+    findLastCheckpoint: cfg.trainer.find_last_checkpoint,
+    loadPath,
+  });
+  if (refusal) throw new ConfigError(refusal);
+  if (saved) {
+    const learner = await Learner.fromVersion(setup, saved.version);
+    const last = await p.store.latestCheckpoint(p.runId);
+    const from =
+      last && last.step === saved.version && existsSync(last.path)
+        ? `from checkpoint global_step_${last.step} (sha256 ${learner.sha})`
+        : `from policy version ${saved.version} (${p.policies.kind === 'filesystem' ? p.policies.writeDir('policy', saved.version) : `policy store: ${p.policies.kind}`}, sha256 ${learner.sha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
+    const at = datasetPosition(plan, saved.version);
+    log.info({ ...at }, `resumed at ${describePosition(at)}, ${from}`);
+    // the reference policy (v0: KL reference, the initial weights) is read by later steps only: a
+    // damaged one stops the resume now, before anything is trained or committed
+    if (saved.version > 0) await setup.versions.find('policy', 0);
+    return { learner, state: saved };
+  }
+  if (loadPath) {
+    const { learner, optimizerSteps } = await Learner.fromCheckpoint(setup, loadPath);
+    const state: UpdateState = { version: learner.version, optimizerSteps, positions: {}, initFrom: loadPath };
+    await saveStageState(p.db.db, p.runId, 'update', state);
+    const at = datasetPosition(plan, learner.version);
+    log.info({ ...at }, `resumed at ${describePosition(at)}, from checkpoint ${loadPath} (sha256 ${learner.sha})`);
+    return { learner, state };
+  }
+  const learner = await Learner.fresh(setup);
+  const state: UpdateState = { version: 0, optimizerSteps: 0, positions: {}, initFrom: null };
+  await saveStageState(p.db.db, p.runId, 'update', state);
+  return { learner, state };
+}
+
+/** Trains step `step` on its groups and commits it: versions, policy record, checkpoint when due, metrics. Returns the time it was published. */
+async function trainAndCommit(
+  run: UpdateRun,
+  st: UpdateState,
+  step: number,
+  groups: UpdateGroup[],
+  ctx: StageContext,
+): Promise<number> {
+  const { p, learner, versions, log } = run;
+  const cfg = p.cfg;
+  crashPoint('update:start');
+  const t0 = performance.now();
+  const m = await trainStep(run, st, groups);
+  const tTrain = performance.now();
+  crashPoint('update:trained');
+  st.version = step;
+  await learner.store(step, ctx.db);
+  const rec = await versions.record(
+    step,
+    Date.now(),
+    {
+      groups: groups.length,
+      samples: groups.reduce((a, g) => a + g.samples.length, 0),
+      tokens: m['perf/update_tokens'] ?? 0,
+      consumed: consumedOffsets(st.positions ?? {}),
+    },
+    ctx.db,
+  );
+  if (shouldCheckpoint(step, run.totalSteps, cfg.trainer.save_freq)) {
+    crashPoint('checkpoint:start');
+    const ts = trainerStateAt({
+      cfg,
+      runId: p.runId,
+      plan: run.plan,
+      step,
+      sha256: rec.sha256,
+      positions: st.positions ?? {},
+      klCoef: await klCoefAt(cfg, ctx.db, p.runId, step),
+      schedule: run.settings.actor.schedule,
+      optimizerSteps: st.optimizerSteps,
+      totalOptimizerSteps: run.totalOptSteps,
+    });
+    // temporary name, fsync, rename — then the row; a half-written one is never listed
+    const dirs = {
+      actor: versions.writeDir('policy', step),
+      reference: await versions.dir('policy', 0, ctx.db),
+      critic: cfg.critic.enable === true ? versions.writeDir('critic', step) : null,
+    };
+    await saveRunCheckpoint(run.checkpoints, ts, dirs, cfg.trainer.save_limit, ctx.tx);
+  }
+  // throughput of the whole pipeline over this step: its samples (and their prompt + response
+  // tokens) ÷ the wall time since the previous version (none for the first step of a process)
+  const nowMs = Date.now();
+  const last = run.lastVersionMs;
+  if (last !== null && nowMs > last) Object.assign(m, stepThroughput(groups, (nowMs - last) / 1000));
+  run.metrics.set(step, m);
+  run.metrics.add(step, {}, { compute: tTrain - t0, checkpoint: performance.now() - tTrain });
+  ctx.emit('policy', rec);
+  p.telemetry?.policyVersion('update', step);
+  log.info(
+    { step, reward: undefined, pg_loss: m['actor/pg_loss'], ms: Math.round(tTrain - t0) },
+    `step ${step} trained`,
+  );
+  return nowMs;
+}
+
+/**
+ * One step's training: old log-probs recomputed with the current weights for on-policy samples
+ * (stale samples, behaviour version < current, keep their behaviour log-probs: the decoupled PPO
+ * importance ratio), then ppo_epochs over the policy's mini-batches and the critic's.
+ */
+async function trainStep(run: UpdateRun, st: UpdateState, groups: UpdateGroup[]): Promise<Record<string, number>> {
+  const { learner, opts } = run;
+  const cfg = run.p.cfg;
+  const kept = groups.filter((g) => !g.filtered);
+  const version = st.version;
+  const nft = trainsNft(cfg) ? nftTargets(kept, cfg.algorithm.nft.correct_key) : null;
+  const px = await run.images.byGroup(kept);
+  const old = await learner.oldLogprobs(kept, px, opts.behaviourSha);
+  const r = await learner.trainStep({
+    policyBatches: () => packPolicyBatches(kept, { oldLogprobs: old, nft, images: px }, run.packing),
+    criticBatches: async () => packValueBatches(kept, await run.criticImages!.byGroup(kept), run.packing),
+    epochs: cfg.actor.ppo_epochs,
+    criticEpochs: cfg.critic.ppo_epochs ?? cfg.actor.ppo_epochs,
+    optimizerSteps: st.optimizerSteps,
+    totalOptimizerSteps: run.totalOptSteps,
+  });
+  st.optimizerSteps = r.optimizerSteps;
+  const m = r.metrics;
+  m['actor/approx_kl'] = m['actor/ppo_kl'] ?? 0;
+  m['actor/clipfrac'] = m['actor/pg_clipfrac'] ?? 0;
+  Object.assign(m, stepStaleness(kept, version));
+  m['perf/update_tokens'] = r.tokens;
+  return m;
+}
+
+/**
+ * Removes the stored versions no longer needed (lib/policy-store/retention.ts): not the
+ * reference, the newest two, those within pipeline.max_staleness, a kept checkpoint's, nor the
+ * trainer.keep_policy_versions newest others. Critic and EMA versions go with their policy version.
+ */
+async function pruneVersions(run: UpdateRun, newest: number, db: StageContext['db']): Promise<void> {
+  const cfg = run.p.cfg;
+  // through the batch's executor (PGlite: its transaction holds the one connection; it sees this batch's checkpoint row)
+  const checkpointSteps = await keptCheckpoints(run.checkpoints, cfg.trainer.save_limit, txOf(db));
+  // validation rounds the controller published and has not seen finish still sample with their version
+  const inUse = versionsInUse(await loadStageState<ControllerProgress>(db, run.p.runId, 'controller'), newest);
+  const pruned = await run.versions.prune(
+    {
       newest,
       maxStaleness: cfg.pipeline.max_staleness,
       checkpointSteps,
       keepExtra: cfg.trainer.keep_policy_versions,
       inUse,
-    };
-    const pruned: number[] = [];
-    for (const kind of ARTIFACT_KINDS) {
-      for (const v of versionsToPrune(await p.policies.versions(kind, db), opts)) {
-        await p.policies.remove(kind, v, db);
-        if (kind === 'policy') pruned.push(v);
-      }
-    }
-    if (pruned.length)
-      log.debug(
-        { pruned },
-        `pruned policy versions ${pruned.join(', ')} (no longer needed; trainer.keep_policy_versions keeps more)`,
-      );
-  }
+    },
+    db,
+  );
+  if (pruned.length)
+    run.log.debug(
+      { pruned },
+      `pruned policy versions ${pruned.join(', ')} (no longer needed; trainer.keep_policy_versions keeps more)`,
+    );
 }

@@ -572,6 +572,19 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         await store.recordCheckpoint({ ...base, step: 20, sha256: sha('d'), policyVersion: 2, path: '/ckpt2' });
         assert.equal((await store.latestCheckpoint(runId))?.sha256, sha('d'));
         assert.equal((await store.listCheckpoints(runId)).length, 3);
+        // inside a transaction the list includes the transaction's own, uncommitted row
+        await database.db
+          .transaction()
+          .execute(async (tx) => {
+            await store.recordCheckpoint({ ...base, step: 40, sha256: sha('e') }, { tx });
+            assert.deepEqual(
+              (await store.listCheckpoints(runId, { tx })).map((c) => c.step),
+              [5, 10, 20, 40],
+            );
+            throw new Error('roll back');
+          })
+          .catch((e: Error) => assert.equal(e.message, 'roll back'));
+        assert.equal((await store.listCheckpoints(runId)).length, 3);
         await assert.rejects(
           store.recordCheckpoint({ ...base, step: 30, sha256: 'ABC' }),
           rejectsWith('ERR_BAD_ROW', /sha256 must be 64 lower-case hex/),

@@ -146,7 +146,6 @@ import {
   checkBatchArithmetic,
   splitBatches,
   shouldCheckpoint,
-  checkpointsToPrune,
   versionsInUse,
 } from '../../../services/update/logic.ts';
 
@@ -195,8 +194,6 @@ test('update: checkpoint schedule and pruning', () => {
     [1, 2, 3].filter((s) => shouldCheckpoint(s, 3, -1)),
     [3],
   );
-  assert.deepEqual(checkpointsToPrune([6, 2, 4, 8], 2), [2, 4]);
-  assert.deepEqual(checkpointsToPrune([1, 2], -1), []);
 });
 
 test("update keeps the versions validation may still sample with, read from the controller's stored state", () => {
@@ -246,4 +243,33 @@ test('online filtering out of refills: the message speaks of the semantics in us
   const dapo = filterExhausted({ maxTryMakeBatch: 10, filterSemantics: 'dapo', filterKey: 'accuracy' }, 7);
   assert.match(dapo, /filter_semantics = dapo a group is kept only when its "accuracy" values are not all equal/);
   assert.doesNotMatch(dapo, /filter_low|filter_high/);
+});
+
+import { addValGroup, valRoundResult, type ValRound } from '../../../services/controller/logic.ts';
+
+test('controller: a validation round sums scored samples, counts failed rewards apart and ignores a redelivered group', () => {
+  const rounds: Record<string, ValRound> = {};
+  const sample = (i: number, reward: number | null, accuracy?: number) => ({
+    sample_index: i,
+    response_text: `r${i}`,
+    reward,
+    reward_details: (accuracy === undefined ? {} : { accuracy }) as Record<string, number>,
+    failure: reward === null ? { message: 'timeout' } : null,
+  });
+  const g = { id: 'g0', step: 3, prompt_index: 1, prompt_text: 'p', ground_truth: '7' };
+  const round = addValGroup(rounds, { ...g, samples: [sample(0, 0.5, 1), sample(1, 1), sample(2, null)] }, 2)!;
+  assert.equal(addValGroup(rounds, { ...g, samples: [sample(0, 1)] }, 2), null);
+  assert.deepEqual([round.n, round.failures, round.rewardSum, round.accSum], [2, 1, 1.5, 2]);
+  assert.deepEqual(
+    round.gens.map((x) => x.idx),
+    [1000, 1001],
+  );
+  const r = valRoundResult(round, 3);
+  assert.deepEqual(r.values, { 'val/reward_score': 0.75, 'val/accuracy': 1, 'val/failures': 1 });
+  assert.equal(r.level, 'info');
+  const failed = addValGroup({}, { ...g, samples: [sample(0, null)] }, 1)!;
+  const f = valRoundResult(failed, 3);
+  assert.equal(f.level, 'warn');
+  assert.ok(Number.isNaN(f.values['val/accuracy']));
+  assert.match(f.message, /reward failed for all 1 samples \(last error: timeout\)/);
 });

@@ -1,0 +1,410 @@
+/**
+ * The learner of the update stage: the policy's trainer (weights + AdamW state; with LoRA the
+ * frozen base and the trained adapters), the optional critic (value model, clipped value loss)
+ * and the optional EMA of the policy weights, all at one policy version. It starts fresh, from a
+ * stored version, or from a checkpoint (trainer.load_checkpoint_path); restores a stored version
+ * after a batch that trained and then failed; trains a step; and stores the version it holds
+ * (policy, critic and EMA side by side in the policy store, lib/pipeline/run-versions.ts).
+ */
+import { join } from 'node:path';
+import type { Config } from '../config/index.ts';
+import { resolveCriticModel } from '../config/index.ts';
+import { ConfigError } from '../errors.ts';
+import type { Logger } from '../log.ts';
+import { loadAdapter } from '../model/checkpoint.ts';
+import {
+  createTrainer,
+  initWeights,
+  loadCheckpoint,
+  valueModelFrom,
+  type ModelConfig,
+  type Trainer,
+  type TrainBatch,
+  type TrainerOptions,
+  type Weights,
+} from '../model/index.ts';
+import type { UpdateGroup } from '../contracts/index.ts';
+import type { ImagePixels } from '../data/images.ts';
+import { Scorer } from '../model/score.ts';
+import { lrAt } from '../optim/lr-schedule.ts';
+import { emaUpdate } from '../rl/ema.ts';
+import { readCheckpointPath, verifyCheckpointFiles } from './checkpoints.ts';
+import { crashPoint } from './crash-points.ts';
+import { experienceScorerOptions, sharedBaseWeights, type PolicyLora } from './policy.ts';
+import type { RunVersions } from './run-versions.ts';
+import type { Executor } from './stage-state.ts';
+import type { TrainerSettings } from './trainer-settings.ts';
+
+/** What a learner is built from. */
+export interface LearnerSetup {
+  cfg: Config;
+  /** The policy's and (critic.enable) the critic's model configs. */
+  model: ModelConfig;
+  criticModel: ModelConfig | null;
+  settings: TrainerSettings;
+  lora: PolicyLora | null;
+  versions: RunVersions;
+  log: Logger;
+  /** Replay: the initial policy (v0) directory to start from instead of actor.model.path / init_seed. */
+  initialWeightsDir?: string;
+}
+
+/** A mini-batch of packed tensors (services/update/logic.ts) and its token count. */
+export interface LearnerBatch {
+  batch: TrainBatch;
+  tokens: number;
+}
+
+export class Learner {
+  /** The stored version the in-memory trainer, critic and EMA started from. */
+  private at: number;
+  /** A step has trained since: the in-memory state is no stored version. */
+  private dirty = false;
+  /** sha256 of that version's weights file. */
+  sha: string;
+  private critic: Trainer | null = null;
+  private ema: Weights | null = null;
+  private readonly scorer: Scorer;
+
+  private constructor(
+    private readonly s: LearnerSetup,
+    private actor: Trainer,
+    version: number,
+    sha: string,
+  ) {
+    this.at = version;
+    this.sha = sha;
+    this.scorer = new Scorer(s.model, experienceScorerOptions(s.cfg));
+  }
+
+  /** The policy version the in-memory trainer, critic and EMA hold; -1 while a step is half done. */
+  get version(): number {
+    return this.dirty ? -1 : this.at;
+  }
+
+  /** Resumes a run at its stored `version` (policy, and the critic and EMA when enabled). */
+  static async fromVersion(s: LearnerSetup, version: number): Promise<Learner> {
+    const { trainer, sha } = await actorFromVersion(s, await s.versions.dir('policy', version));
+    const l = new Learner(s, trainer, version, sha);
+    await l.openParts();
+    return l;
+  }
+
+  /** A new run from seeded or given initial weights, stored as version 0. */
+  static async fresh(s: LearnerSetup): Promise<Learner> {
+    const l = new Learner(s, createTrainer({ ...actorOptions(s), weights: await initialWeights(s) }), 0, '');
+    l.sha = await l.storePolicy(0);
+    await l.openParts();
+    return l;
+  }
+
+  /**
+   * A new run started from checkpoint `path`: its weights and AdamW state, at the step (dataset
+   * position) it was taken at, stored as that version; v0 keeps the source's initial policy (the
+   * KL reference). Returns the learner and the optimizer steps the LR schedule continues from.
+   */
+  static async fromCheckpoint(s: LearnerSetup, path: string): Promise<{ learner: Learner; optimizerSteps: number }> {
+    const src = readCheckpointPath(path);
+    // an rlstream checkpoint records its weights' sha256 (trainer_state.json): a damaged one is refused before it is read
+    if (src.state) await verifyCheckpointFiles(path, src.state);
+    const ck = await loadCheckpoint(src.actorDir);
+    const start = src.state?.step ?? 0;
+    if (start > 0) {
+      const ref = src.referenceDir
+        ? (await loadCheckpoint(src.referenceDir, { optimizer: false })).weights
+        : await initialWeights(s);
+      await s.versions.put('policy', 0, s.model, ref, { metadata: { policy_version: '0' } });
+    }
+    const l = new Learner(
+      s,
+      createTrainer({ ...actorOptions(s), weights: ck.weights, optimizerState: ck.optimizer }),
+      start,
+      '',
+    );
+    const optimizerSteps = Number(src.state?.lr_state.optimizer_steps ?? ck.optimizer?.step ?? 0);
+    if (s.criticModel) await criticFromCheckpoint(s, s.criticModel, path, src, start);
+    l.sha = await l.storePolicy(start);
+    await l.openParts();
+    return { learner: l, optimizerSteps };
+  }
+
+  /**
+   * Brings the trainer, critic and EMA back to the stored `version`: a batch that trained and then
+   * failed before committing is redelivered, and must train from the committed weights again.
+   */
+  async restore(version: number, db: Executor): Promise<void> {
+    const { versions } = this.s;
+    ({ trainer: this.actor, sha: this.sha } = await actorFromVersion(
+      this.s,
+      await versions.dir('policy', version, db),
+    ));
+    if (this.critic) {
+      const saved = await loadCheckpoint(await versions.dir('critic', version, db), { optimizer: true });
+      this.critic = createTrainer({
+        ...criticOptions(this.s),
+        weights: saved.weights,
+        optimizerState: saved.optimizer,
+      });
+    }
+    if (this.ema)
+      this.ema = (await loadCheckpoint(await versions.dir('ema', version, db), { optimizer: false })).weights;
+    this.at = version;
+    this.dirty = false;
+  }
+
+  /**
+   * Old log-probs of a step's on-policy samples, by sample id, recomputed with the weights it
+   * holds (LoRA: the merged W + s·B·A) at rollout.temperature. On-policy: drawn with the version
+   * it holds, and (a replay, `behaviourSha`) that version has the source run's bytes. Stale
+   * samples are left out: they keep their behaviour log-probs (the decoupled PPO importance ratio).
+   */
+  async oldLogprobs(
+    kept: readonly UpdateGroup[],
+    images: ReadonlyMap<UpdateGroup, ImagePixels[]>,
+    behaviourSha?: ReadonlyMap<number, string>,
+  ): Promise<Map<string, Float32Array>> {
+    const onPolicy = !behaviourSha || behaviourSha.get(this.at) === this.sha;
+    const fresh = kept.flatMap((g) =>
+      g.policy_version === this.at && onPolicy ? g.samples.map((x) => ({ x, g })) : [],
+    );
+    const old = new Map<string, Float32Array>();
+    if (!fresh.length) return old;
+    const weights = this.s.lora ? await this.actor.mergedWeights() : (this.actor.weightsView() as Weights);
+    const scores = await this.scorer.score(
+      weights,
+      fresh.map(({ x, g }) => ({ prompt: g.prompt_ids, response: x.response_ids, images: images.get(g) })),
+      { temperature: this.s.cfg.rollout.temperature, entropy: false },
+    );
+    fresh.forEach(({ x }, i) => old.set(x.id, scores[i].logprobs));
+    return old;
+  }
+
+  /**
+   * One training step: `epochs` passes over the policy's mini-batches (one optimizer step each, at
+   * the scheduled learning rate of optimizer step `optimizerSteps + 1, …` of `totalOptimizerSteps`),
+   * then the critic's over its own. Returns the mean of each trainer metric (`actor/…`,
+   * `critic/…`), `actor/lr`, the optimizer steps taken so far and the tokens trained on.
+   */
+  async trainStep(a: {
+    policyBatches: () => LearnerBatch[];
+    criticBatches: () => Promise<LearnerBatch[]>;
+    epochs: number;
+    criticEpochs: number;
+    optimizerSteps: number;
+    totalOptimizerSteps: number;
+  }): Promise<{ metrics: Record<string, number>; optimizerSteps: number; tokens: number }> {
+    const { settings } = this.s;
+    this.dirty = true; // a failure from here on restores a stored version
+    const actor = new MetricMeans('actor/');
+    let optimizerSteps = a.optimizerSteps,
+      tokens = 0;
+    for (let epoch = 0; epoch < a.epochs; epoch++) {
+      for (const { batch, tokens: nt } of a.policyBatches()) {
+        optimizerSteps++;
+        const r = await this.actor.step(batch, lrAt(settings.actor.schedule, optimizerSteps, a.totalOptimizerSteps));
+        actor.add(r.metrics);
+        tokens += nt;
+      }
+    }
+    const metrics = actor.means();
+    if (this.critic) {
+      const critic = new MetricMeans('critic/');
+      for (let epoch = 0; epoch < a.criticEpochs; epoch++) {
+        for (const { batch } of await a.criticBatches()) {
+          const step = this.critic.getOptimizerState().step + 1;
+          critic.add(
+            (await this.critic.step(batch, lrAt(settings.critic.schedule, step, a.totalOptimizerSteps))).metrics,
+          );
+        }
+      }
+      Object.assign(metrics, critic.means());
+    }
+    metrics['actor/lr'] = lrAt(settings.actor.schedule, Math.max(1, optimizerSteps), a.totalOptimizerSteps);
+    return { metrics, optimizerSteps, tokens };
+  }
+
+  /**
+   * Stores the trained state as `version`: the policy (its sha256 becomes `sha`), then the critic,
+   * then the EMA of the policy weights updated with this version (algorithm.ema.decay).
+   */
+  async store(version: number, db: Executor): Promise<void> {
+    const { versions, model, cfg } = this.s;
+    this.at = version;
+    this.dirty = false;
+    this.sha = await this.storePolicy(version, db);
+    crashPoint('update:version-written');
+    if (this.critic)
+      await versions.put(
+        'critic',
+        version,
+        this.critic.model,
+        this.critic.getWeights(),
+        { optimizer: this.critic.getOptimizerState() },
+        db,
+      );
+    if (this.ema) {
+      const decay = cfg.algorithm.ema.decay;
+      const next = emaUpdate(Object.fromEntries(this.ema), Object.fromEntries(this.actor.weightsView()), decay);
+      this.ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
+      await versions.put(
+        'ema',
+        version,
+        model,
+        this.ema,
+        { metadata: { policy_version: String(version), ema_decay: String(decay) } },
+        db,
+      );
+    }
+  }
+
+  /** Writes the policy (no run id in the metadata: equal weights give equal bytes and sha256 in every run). */
+  private storePolicy(version: number, db?: Executor): Promise<string> {
+    return this.s.versions.put(
+      'policy',
+      version,
+      this.s.model,
+      this.actor.getWeights(),
+      { optimizer: this.actor.getOptimizerState(), metadata: { policy_version: String(version) } },
+      db,
+    );
+  }
+
+  /**
+   * The critic (critic.enable) and EMA (algorithm.ema.enable) at this version: stored ones, or a
+   * first start's (also when one was turned on for a run that had none), stored as this version.
+   */
+  private async openParts(): Promise<void> {
+    const { cfg, criticModel, versions, model } = this.s;
+    if (criticModel) {
+      const savedDir = await versions.find('critic', this.at);
+      const saved = savedDir ? await loadCheckpoint(savedDir, { optimizer: true }) : null;
+      if (saved)
+        this.critic = createTrainer({
+          ...criticOptions(this.s),
+          weights: saved.weights,
+          optimizerState: saved.optimizer,
+        });
+      else {
+        // critic.model.path, else the actor's model directory (a causal LM gets a fresh score head), else a fresh model
+        const cpath = resolveCriticModel(cfg).path ?? cfg.actor.model.path;
+        const cseed = cfg.critic.model.init_seed ?? cfg.actor.model.init_seed + 1;
+        this.critic = createTrainer({
+          ...criticOptions(this.s),
+          ...(cpath
+            ? { weights: valueModelFrom(await loadCheckpoint(cpath, { optimizer: false }), cseed).weights }
+            : { weights: initWeights(criticModel, cseed, { visionStd: cfg.actor.model.vision.init_std }) }),
+        });
+        await versions.put('critic', this.at, criticModel, this.critic.getWeights(), {
+          optimizer: this.critic.getOptimizerState(),
+        });
+      }
+    }
+    // EMA of the policy weights: stored next to each version (kind ema; <run_dir>/ema/ on a filesystem)
+    if (cfg.algorithm.ema.enable) {
+      const dir = await versions.find('ema', this.at);
+      this.ema = dir ? (await loadCheckpoint(dir, { optimizer: false })).weights : null;
+      if (!this.ema) {
+        this.ema = this.actor.getWeights();
+        await versions.put('ema', this.at, model, this.ema, {});
+      }
+    }
+  }
+}
+
+/** Running sums of a trainer's metrics over a step's mini-batches, reported as means. */
+class MetricMeans {
+  private readonly sums: Record<string, number> = {};
+  private n = 0;
+  constructor(private readonly prefix: string) {}
+  add(m: Record<string, number>): void {
+    for (const [k, v] of Object.entries(m)) this.sums[k] = (this.sums[k] ?? 0) + v;
+    this.n++;
+  }
+  means(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const [k, v] of Object.entries(this.sums)) out[`${this.prefix}${k}`] = v / this.n;
+    return out;
+  }
+}
+
+function actorOptions(s: LearnerSetup): TrainerOptions {
+  return {
+    ...s.settings.actor.trainer,
+    model: s.model,
+    ...(s.lora ? { lora: s.lora.config } : {}),
+    loss: s.settings.policyLoss,
+  };
+}
+
+function criticOptions(s: LearnerSetup): TrainerOptions {
+  return { ...s.settings.critic.trainer, model: s.criticModel!, loss: s.settings.valueLoss };
+}
+
+/** The weights a new run starts from: the LoRA base, the replay's or actor.model.path's model, or a seeded init. */
+async function initialWeights(s: LearnerSetup): Promise<Weights> {
+  if (s.lora) return sharedBaseWeights(s.lora.baseDir);
+  const dir = s.initialWeightsDir ?? s.cfg.actor.model.path;
+  return dir
+    ? (await loadCheckpoint(dir, { optimizer: false })).weights
+    : initWeights(s.model, s.cfg.actor.model.init_seed, { visionStd: s.cfg.actor.model.vision.init_std });
+}
+
+/** A trainer holding a stored policy version (weights or, with LoRA, the base + the version's adapter) and its AdamW state. */
+async function actorFromVersion(s: LearnerSetup, dir: string): Promise<{ trainer: Trainer; sha: string }> {
+  if (s.lora) {
+    const ad = await loadAdapter(dir, s.model, { optimizer: true, expect: s.lora.config });
+    return {
+      trainer: createTrainer({
+        ...actorOptions(s),
+        weights: await sharedBaseWeights(s.lora.baseDir),
+        adapter: ad.adapter,
+        optimizerState: ad.optimizer,
+      }),
+      sha: ad.weightsSha256,
+    };
+  }
+  const ck = await loadCheckpoint(dir, { optimizer: true });
+  return {
+    trainer: createTrainer({ ...actorOptions(s), weights: ck.weights, optimizerState: ck.optimizer }),
+    sha: ck.weightsSha256,
+  };
+}
+
+/**
+ * The critic of a run started from a checkpoint continues from the checkpoint's value model and
+ * AdamW state (stored as this run's critic version `start` before the state that says the run
+ * started, so a crash here restarts from the checkpoint again); an rlstream checkpoint without
+ * one is refused rather than silently pairing a trained policy with an untrained critic.
+ */
+async function criticFromCheckpoint(
+  s: LearnerSetup,
+  cm: ModelConfig,
+  path: string,
+  src: ReturnType<typeof readCheckpointPath>,
+  start: number,
+): Promise<void> {
+  const { cfg, log } = s;
+  if (src.criticDir) {
+    const c = await loadCheckpoint(src.criticDir, { optimizer: true });
+    if (
+      c.config.hiddenSize !== cm.hiddenSize ||
+      c.config.numHiddenLayers !== cm.numHiddenLayers ||
+      c.config.vocabSize !== cm.vocabSize
+    ) {
+      throw new ConfigError(
+        `trainer.load_checkpoint_path: the critic at ${src.criticDir} (d_model ${c.config.hiddenSize}, layers ${c.config.numHiddenLayers}, vocab ${c.config.vocabSize}) does not match critic.model (d_model ${cm.hiddenSize}, layers ${cm.numHiddenLayers}, vocab ${cm.vocabSize})`,
+      );
+    }
+    await s.versions.put('critic', start, cm, c.weights, { optimizer: c.optimizer });
+    log.info({ critic: src.criticDir }, `critic restored from ${src.criticDir} (weights and optimizer state)`);
+  } else if (src.state && !resolveCriticModel(cfg).path) {
+    throw new ConfigError(
+      `trainer.load_checkpoint_path: ${path} has no critic (critic/ is missing: its run trained without one), but critic.enable = true (algorithm.adv_estimator = ${cfg.algorithm.adv_estimator} trains a value model). ` +
+        `Give critic.model.path a value-model directory to start the critic from, or load the checkpoint's policy weights as a new model (trainer.load_checkpoint_path=${join(path, 'actor')}) to start with a fresh critic at step 0`,
+    );
+  } else if (src.state)
+    log.warn(
+      { critic: resolveCriticModel(cfg).path },
+      `${path} has no critic; the critic starts from critic.model.path`,
+    );
+}

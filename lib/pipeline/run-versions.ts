@@ -1,0 +1,146 @@
+/**
+ * The update stage's view of a run's stored versions (policy, critic, EMA) in the policy store
+ * (lib/policy-store): writing one as a complete model directory (a PEFT adapter for a LoRA
+ * policy), finding one with every file checked against its recorded sha256, the policy record a
+ * version is published as, and pruning the versions no longer needed. A damaged or missing
+ * version stops the stage saying how to go on from the last good checkpoint.
+ */
+import { resolve } from 'node:path';
+import { policyId, type PolicyVersion } from '../contracts/index.ts';
+import { ConfigError, RlError } from '../errors.ts';
+import { checkpointSha256, saveAdapter, saveCheckpoint } from '../model/checkpoint.ts';
+import type { ModelConfig, OptimizerState, Weights } from '../model/index.ts';
+import {
+  ARTIFACT_KINDS,
+  IntegrityError,
+  versionsToPrune,
+  type ArtifactKind,
+  type Executor,
+  type PolicyStore,
+} from '../policy-store/index.ts';
+import type { PolicyLora } from './policy.ts';
+import { resumeHint, type RunCheckpoints } from './run-checkpoints.ts';
+import { txOf } from './stage-state.ts';
+
+export interface VersionWrite {
+  optimizer?: OptimizerState;
+  metadata?: Record<string, string>;
+}
+
+export class RunVersions {
+  constructor(
+    private readonly policies: PolicyStore,
+    private readonly checkpoints: RunCheckpoints,
+    private readonly o: {
+      /** LoRA policy: its versions are the adapters, in PEFT layout, over this base. */
+      lora: PolicyLora | null;
+      /** actor.model.path: its generation config and tokenizer files go with every version. */
+      assetsFrom: string | null;
+      /** The database handle outside a batch. */
+      db: Executor;
+    },
+  ) {}
+
+  /**
+   * A stored version's directory, every file checked against the sha256 recorded when it was
+   * written; null when there is none. A damaged one stops the stage saying how to resume from the
+   * last good checkpoint.
+   */
+  async find(kind: ArtifactKind, version: number, db: Executor = this.o.db): Promise<string | null> {
+    try {
+      return await this.policies.get(kind, version, db);
+    } catch (e) {
+      if (e instanceof IntegrityError)
+        throw new RlError(`${e.message}. ${await resumeHint(this.checkpoints, txOf(db))}`, {
+          code: 'ERR_INTEGRITY',
+          cause: e,
+          details: e.details,
+        });
+      throw e;
+    }
+  }
+
+  /** find(), for a version that must be there. */
+  async dir(kind: ArtifactKind, version: number, db: Executor = this.o.db): Promise<string> {
+    const dir = await this.find(kind, version, db);
+    if (!dir)
+      throw new ConfigError(
+        `${kind} version ${version} of run ${this.checkpoints.runId} is not in the policy store (${this.policies.kind === 'filesystem' ? this.policies.writeDir(kind, version) : this.policies.kind === 's3' ? 'the S3 bucket, pipeline.s3' : "the run's database"}); it was never written or was pruned. ${await resumeHint(this.checkpoints, txOf(db))}`,
+      );
+    return dir;
+  }
+
+  /** Where a version of `kind` is written before it is stored (a filesystem store: its final place). */
+  writeDir(kind: ArtifactKind, version: number): string {
+    return this.policies.writeDir(kind, version);
+  }
+
+  /** Writes a version of `kind` into the policy store (before any event names it). Returns the sha256 of its weights file. */
+  async put(
+    kind: ArtifactKind,
+    version: number,
+    model: ModelConfig,
+    weights: Weights,
+    extra: VersionWrite,
+    db: Executor = this.o.db,
+  ): Promise<string> {
+    const { lora, assetsFrom } = this.o;
+    const dir = this.policies.writeDir(kind, version);
+    if (kind === 'policy' && lora) {
+      // LoRA: a policy version is the adapter only, in PEFT layout (`weights` are the adapters)
+      await saveAdapter(dir, model, lora.config, weights, {
+        ...extra,
+        overwrite: true,
+        basePath: resolve(lora.baseDir),
+      });
+      return (await this.policies.put(kind, version, db)).find((f) => f.name === 'adapter_model.safetensors')!.sha256;
+    }
+    // a complete model directory: the source's generation config and tokenizer files go with the weights
+    await saveCheckpoint(dir, model, weights, { ...extra, overwrite: true, assetsFrom });
+    const files = await this.policies.put(kind, version, db);
+    return files.find((f) => f.name === 'model.safetensors')!.sha256;
+  }
+
+  /** The `policy` record that publishes policy version `version`. */
+  async record(
+    version: number,
+    nowMs: number,
+    extra: Partial<PolicyVersion> = {},
+    db: Executor = this.o.db,
+  ): Promise<PolicyVersion> {
+    const { runId } = this.checkpoints;
+    const dir = await this.dir('policy', version, db);
+    return {
+      run_id: runId,
+      id: policyId(runId, version),
+      step: version,
+      policy_version: version,
+      parent_version: version === 0 ? null : version - 1,
+      checkpoint_path: this.policies.kind === 'filesystem' ? dir : `${this.policies.kind}:policy/${version}`,
+      sha256: await checkpointSha256(dir),
+      format: 'safetensors',
+      size_bytes: 0,
+      created_ms: nowMs,
+      consumed: [],
+      groups: 0,
+      samples: 0,
+      tokens: 0,
+      ...extra,
+    };
+  }
+
+  /**
+   * Removes the stored versions no longer needed (lib/policy-store/retention.ts); critic and EMA
+   * versions go with their policy version. Returns the pruned policy versions.
+   */
+  async prune(keep: Parameters<typeof versionsToPrune>[1], db: Executor): Promise<number[]> {
+    const pruned: number[] = [];
+    for (const kind of ARTIFACT_KINDS) {
+      for (const v of versionsToPrune(await this.policies.versions(kind, db), keep)) {
+        await this.policies.remove(kind, v, db);
+        if (kind === 'policy') pruned.push(v);
+      }
+    }
+    return pruned;
+  }
+}
