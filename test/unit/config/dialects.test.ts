@@ -267,8 +267,9 @@ test('the verl GSM8K config with Hydra overrides is the native config (ppo_mini_
   const b = load(yamlFile(VERL_TWIN(dir)));
   assert.deepEqual(comparable(a), comparable(b));
   assert.equal(a.actor.global_batch_size, 64 * 5);
-  // the checkpoint directory came from an interpolation of two trainer keys
-  assert.equal(a.trainer.run_dir, 'checkpoints/verl_examples/gsm8k');
+  // the checkpoint directory came from an interpolation of two trainer keys; as every path in a
+  // config file, it resolves against the file's directory
+  assert.equal(a.trainer.run_dir, join(dirname(example('verl-gsm8k.yaml')), 'checkpoints/verl_examples/gsm8k'));
   // overrides in verl's names change the source keys: n=8 makes the mini-batch 64 × 8 samples
   const n8 = load(example('verl-gsm8k.yaml'), ['actor_rollout_ref.rollout.n=8', ...fresh]);
   assert.equal(n8.actor.global_batch_size, 64 * 8);

@@ -23,6 +23,7 @@ function sample(id: string, response: number[], vppo: UpdateSample['vppo'] = nul
     loss_weights: Float32Array.from({ length: L }, () => 1),
     values: seq(200),
     returns: seq(300),
+    response_mask: Buffer.alloc(0),
     vppo,
   } as unknown as UpdateSample;
 }

@@ -30,7 +30,10 @@ test('arithmetic rows evaluate correctly', () => {
 });
 
 test('unknown task / reward names list the valid ones', () => {
-  assert.throws(() => tasks.get('numbergame'), /unknown data\.task "numbergame" — valid: arithmetic, number_game/);
+  assert.throws(
+    () => tasks.get('numbergame'),
+    /unknown data\.task "numbergame" — valid: arithmetic, guess_number, number_game, number_game_vision/,
+  );
   assert.throws(
     () => rewardFns.get('exact'),
     /valid: arithmetic, exact_match, format, gsm8k, number_game, number_game_vision/,
