@@ -205,6 +205,11 @@ function checkedDirConfig(cfg: Config, key: string, dir: string, tok: Tokenizer)
   return c;
 }
 
+/** The directory a new critic starts from: critic.model.path, else actor.model.path (null: a fresh model). */
+export function criticModelDir(cfg: Pick<Config, 'actor' | 'critic'>): string | null {
+  return resolveCriticModel(cfg).path ?? cfg.actor.model.path;
+}
+
 /**
  * The critic's model config: from critic.model.path's directory (a causal-LM directory becomes a
  * value model: its trunk, a fresh score head), else from actor.model.path's (verl starts the critic
@@ -212,7 +217,7 @@ function checkedDirConfig(cfg: Config, key: string, dir: string, tok: Tokenizer)
  */
 export function criticModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
   const m = resolveCriticModel(cfg);
-  const dir = m.path ?? cfg.actor.model.path;
+  const dir = criticModelDir(cfg);
   if (dir) {
     const c = checkedDirConfig(cfg, m.path ? 'critic.model.path' : 'actor.model.path', dir, tok);
     return c.head === 'value' ? c : modelConfig({ ...c, head: 'value', tieWordEmbeddings: false });
