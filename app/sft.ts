@@ -42,8 +42,6 @@ import {
   initWeights,
   loadAdapter,
   loadCheckpoint,
-  modelConfig,
-  readModelDirConfigSync,
   saveAdapter,
   saveCheckpoint,
   type ModelConfig,
@@ -51,7 +49,16 @@ import {
   type Tokenizer,
   type Weights,
 } from '../lib/model/index.ts';
-import { policyDir, policyLora, tokenizerFor, withSamplingMask, type PolicyLora } from '../lib/pipeline/policy.ts';
+import {
+  checkTokenizerFits,
+  freshModelConfig,
+  modelDirConfig,
+  policyDir,
+  policyLora,
+  tokenizerFor,
+  withSamplingMask,
+  type PolicyLora,
+} from '../lib/pipeline/policy.ts';
 import {
   checkpointDir,
   listCheckpointSteps,
@@ -97,39 +104,13 @@ export function sftModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
   const m = cfg.actor.model;
   let c: ModelConfig;
   if (m.path) {
-    try {
-      c = readModelDirConfigSync(m.path);
-    } catch (e) {
-      throw new ConfigError(`actor.model.path: ${(e as Error).message}`);
-    }
-    if (tok.vocabSize > c.vocabSize)
-      throw new ConfigError(
-        `actor.model.path: the tokenizer has ${tok.vocabSize} ids but the model's vocab_size is ${c.vocabSize}; use the tokenizer the model was trained with`,
-      );
+    c = modelDirConfig('actor.model.path', m.path);
+    checkTokenizerFits('actor.model.path', c, tok);
     if (cfg.sft.max_length > c.maxPositionEmbeddings)
       throw new ConfigError(
         `sft.max_length = ${cfg.sft.max_length} exceeds the model's max_position_embeddings ${c.maxPositionEmbeddings} (${m.path}/config.json); lower sft.max_length`,
       );
-  } else {
-    c = modelConfig({
-      modelType: m.qkv_bias ? 'qwen2' : 'llama',
-      head: 'lm',
-      hiddenSize: m.d_model,
-      intermediateSize: m.ffn,
-      numHiddenLayers: m.n_layers,
-      numAttentionHeads: m.n_heads,
-      numKeyValueHeads: m.n_kv_heads,
-      vocabSize: tok.vocabSize,
-      maxPositionEmbeddings: m.max_seq_len,
-      rmsNormEps: m.rms_norm_eps,
-      ropeTheta: m.rope_theta,
-      tieWordEmbeddings: m.tie_embeddings,
-      attentionBias: m.qkv_bias,
-      bosTokenId: tok.bos,
-      eosTokenId: tok.eos,
-      padTokenId: tok.pad,
-    });
-  }
+  } else c = freshModelConfig(m, tok, { head: 'lm', tieWordEmbeddings: m.tie_embeddings, vocabSize: tok.vocabSize });
   return withSamplingMask(c, tok);
 }
 

@@ -12,8 +12,8 @@ export {
   KL_PENALTIES,
   POLICY_LOSSES,
   LOSS_AGG_MODES,
-  TRAJECTORY_FIELDS,
 } from './schema.ts';
+export { TRAJECTORY_FIELDS } from '../reward/types.ts';
 export {
   loadConfig,
   loadPipelineSection,

@@ -13,7 +13,7 @@
  */
 import { z } from 'zod';
 import { DEVICES } from '../onnx/devices.ts';
-import { REWARD_TYPES } from '../reward/types.ts';
+import { REQUEST_PRESET_NAMES, REWARD_TYPES, TRAJECTORY_FIELDS } from '../reward/types.ts';
 import { ADV_ESTIMATOR_NAMES } from '../rl/advantage.ts';
 import { POLICY_LOSS_NAMES } from '../model/loss.ts';
 
@@ -47,15 +47,6 @@ export const LOSS_AGG_MODES = [
   'seq-mean-token-sum',
   'seq-mean-token-mean',
   'seq-mean-token-sum-norm',
-] as const;
-/** Trajectory fields a remote reward request body may be built from. */
-export const TRAJECTORY_FIELDS = [
-  'prompt_text',
-  'response_text',
-  'ground_truth',
-  'image_base64_png',
-  'id',
-  'step',
 ] as const;
 
 // ---------------------------------------------------------------------------------------------
@@ -860,7 +851,7 @@ const remoteSchema = section(
     start_port: z.int().gte(1).lte(65535).default(8000).describe('First port of the seed-style endpoints.'),
     count: posInt().default(1).describe('Number of seed-style endpoints.'),
     request_preset: z
-      .enum(['seed_image_prompt', 'text'])
+      .enum(REQUEST_PRESET_NAMES)
       .default('seed_image_prompt')
       .describe(
         'Request body: seed_image_prompt = {image, prompt} (image as base64 PNG); text = {prompt, response, ground_truth}.',

@@ -30,7 +30,7 @@ import { lrAt } from '../optim/lr-schedule.ts';
 import { emaUpdate } from '../rl/ema.ts';
 import { readCheckpointPath, verifyCheckpointFiles } from './checkpoints.ts';
 import { crashPoint } from './crash-points.ts';
-import { experienceScorerOptions, sharedBaseWeights, type PolicyLora } from './policy.ts';
+import { criticModelDir, experienceScorerOptions, sharedBaseWeights, type PolicyLora } from './policy.ts';
 import type { RunVersions } from './run-versions.ts';
 import type { Executor } from './stage-state.ts';
 import type { TrainerSettings } from './trainer-settings.ts';
@@ -286,7 +286,7 @@ export class Learner {
         });
       else {
         // critic.model.path, else the actor's model directory (a causal LM gets a fresh score head), else a fresh model
-        const cpath = resolveCriticModel(cfg).path ?? cfg.actor.model.path;
+        const cpath = criticModelDir(cfg);
         const cseed = cfg.critic.model.init_seed ?? cfg.actor.model.init_seed + 1;
         this.critic = createTrainer({
           ...criticOptions(this.s),

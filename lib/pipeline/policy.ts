@@ -32,12 +32,7 @@ export function tokenizerFor(cfg: Config): Tokenizer {
   const m = cfg.actor.model;
   // a model directory with a tokenizer.json brings its own tokenizer
   if (m.path && existsSync(join(m.path, 'tokenizer.json'))) {
-    let c: ModelConfig;
-    try {
-      c = readModelDirConfigSync(m.path);
-    } catch (e) {
-      throw new ConfigError(`actor.model.path: ${(e as Error).message}`);
-    }
+    const c = modelDirConfig('actor.model.path', m.path);
     return loadModelDirTokenizer(m.path, {
       bos: c.bosTokenId,
       eos: c.eosTokenId,
@@ -134,21 +129,42 @@ export function freshVision(
 function policyModelConfigUnmasked(cfg: Config, tok: Tokenizer): ModelConfig {
   const m = cfg.actor.model;
   if (m.path) return checkedDirConfig(cfg, 'actor.model.path', m.path, tok);
-  const { vision, vocabSize } = freshVision(cfg, tok, m.d_model);
-  return modelConfig({
-    ...(vision ? { vision } : {}),
-    modelType: m.qkv_bias ? 'qwen2' : 'llama',
+  return freshModelConfig(m, tok, {
     head: 'lm',
+    tieWordEmbeddings: m.tie_embeddings,
+    ...freshVision(cfg, tok, m.d_model),
+  });
+}
+
+/** The architecture keys of actor.model (or the resolved critic.model) a fresh model is built from. */
+export type ModelKeys = Pick<
+  Config['actor']['model'],
+  'qkv_bias' | 'd_model' | 'ffn' | 'n_layers' | 'n_heads' | 'n_kv_heads' | 'max_seq_len' | 'rms_norm_eps' | 'rope_theta'
+>;
+
+/**
+ * A fresh model's config from the architecture keys (Llama, or Qwen2 with qkv_bias) and the
+ * tokenizer's special ids; `vocabSize` and `vision` as freshVision gives them (or the tokenizer's).
+ */
+export function freshModelConfig(
+  m: ModelKeys,
+  tok: Tokenizer,
+  o: { head: 'lm' | 'value'; tieWordEmbeddings: boolean; vocabSize: number; vision?: VisionConfigInput },
+): ModelConfig {
+  return modelConfig({
+    ...(o.vision ? { vision: o.vision } : {}),
+    modelType: m.qkv_bias ? 'qwen2' : 'llama',
+    head: o.head,
     hiddenSize: m.d_model,
     intermediateSize: m.ffn,
     numHiddenLayers: m.n_layers,
     numAttentionHeads: m.n_heads,
     numKeyValueHeads: m.n_kv_heads,
-    vocabSize,
+    vocabSize: o.vocabSize,
     maxPositionEmbeddings: m.max_seq_len,
     rmsNormEps: m.rms_norm_eps,
     ropeTheta: m.rope_theta,
-    tieWordEmbeddings: m.tie_embeddings,
+    tieWordEmbeddings: o.tieWordEmbeddings,
     attentionBias: m.qkv_bias,
     bosTokenId: tok.bos,
     eosTokenId: tok.eos,
@@ -156,18 +172,27 @@ function policyModelConfigUnmasked(cfg: Config, tok: Tokenizer): ModelConfig {
   });
 }
 
-/** A model directory's config, checked against the run's tokenizer and sequence lengths. */
-function checkedDirConfig(cfg: Config, key: string, dir: string, tok: Tokenizer): ModelConfig {
-  let c: ModelConfig;
+/** A model directory's config.json (and generation_config.json); one that cannot be read is a ConfigError naming `key`. */
+export function modelDirConfig(key: string, dir: string): ModelConfig {
   try {
-    c = readModelDirConfigSync(dir);
+    return readModelDirConfigSync(dir);
   } catch (e) {
     throw new ConfigError(`${key}: ${(e as Error).message}`);
   }
+}
+
+/** Refuses a model directory whose vocabulary is smaller than the run's tokenizer. */
+export function checkTokenizerFits(key: string, c: ModelConfig, tok: Tokenizer): void {
   if (tok.vocabSize > c.vocabSize)
     throw new ConfigError(
       `${key}: the tokenizer has ${tok.vocabSize} ids but the model's vocab_size is ${c.vocabSize}; use the tokenizer the model was trained with`,
     );
+}
+
+/** A model directory's config, checked against the run's tokenizer and sequence lengths. */
+function checkedDirConfig(cfg: Config, key: string, dir: string, tok: Tokenizer): ModelConfig {
+  const c = modelDirConfig(key, dir);
+  checkTokenizerFits(key, c, tok);
   const total = cfg.data.max_prompt_length + cfg.data.max_response_length;
   if (total > c.maxPositionEmbeddings)
     throw new ConfigError(
@@ -180,6 +205,11 @@ function checkedDirConfig(cfg: Config, key: string, dir: string, tok: Tokenizer)
   return c;
 }
 
+/** The directory a new critic starts from: critic.model.path, else actor.model.path (null: a fresh model). */
+export function criticModelDir(cfg: Pick<Config, 'actor' | 'critic'>): string | null {
+  return resolveCriticModel(cfg).path ?? cfg.actor.model.path;
+}
+
 /**
  * The critic's model config: from critic.model.path's directory (a causal-LM directory becomes a
  * value model: its trunk, a fresh score head), else from actor.model.path's (verl starts the critic
@@ -187,31 +217,12 @@ function checkedDirConfig(cfg: Config, key: string, dir: string, tok: Tokenizer)
  */
 export function criticModelConfig(cfg: Config, tok: Tokenizer): ModelConfig {
   const m = resolveCriticModel(cfg);
-  const dir = m.path ?? cfg.actor.model.path;
+  const dir = criticModelDir(cfg);
   if (dir) {
     const c = checkedDirConfig(cfg, m.path ? 'critic.model.path' : 'actor.model.path', dir, tok);
     return c.head === 'value' ? c : modelConfig({ ...c, head: 'value', tieWordEmbeddings: false });
   }
-  const { vision, vocabSize } = freshVision(cfg, tok, m.d_model);
-  return modelConfig({
-    ...(vision ? { vision } : {}),
-    modelType: m.qkv_bias ? 'qwen2' : 'llama',
-    head: 'value',
-    hiddenSize: m.d_model,
-    intermediateSize: m.ffn,
-    numHiddenLayers: m.n_layers,
-    numAttentionHeads: m.n_heads,
-    numKeyValueHeads: m.n_kv_heads,
-    vocabSize,
-    maxPositionEmbeddings: m.max_seq_len,
-    rmsNormEps: m.rms_norm_eps,
-    ropeTheta: m.rope_theta,
-    tieWordEmbeddings: false,
-    attentionBias: m.qkv_bias,
-    bosTokenId: tok.bos,
-    eosTokenId: tok.eos,
-    padTokenId: tok.pad,
-  });
+  return freshModelConfig(m, tok, { head: 'value', tieWordEmbeddings: false, ...freshVision(cfg, tok, m.d_model) });
 }
 
 /**

@@ -32,6 +32,7 @@ import { silentLogger } from '../log.ts';
 import { fetchTransport, nodeHttpTransport, type FetchLike, type Transport } from './transport.ts';
 import {
   REQUEST_PRESETS,
+  REQUEST_PRESET_NAMES,
   TRAJECTORY_FIELDS,
   resolveServerEndpoints,
   truncateBody,
@@ -171,7 +172,7 @@ function validateOptions(opts: RemoteRewardOptions): {
   const template = opts.request_template ?? REQUEST_PRESETS[opts.request_preset];
   if (!template)
     throw new ConfigError(
-      `reward.remote.request_preset: unknown preset "${opts.request_preset}" — valid: ${Object.keys(REQUEST_PRESETS).join(', ')}`,
+      `reward.remote.request_preset: unknown preset "${opts.request_preset}" — valid: ${REQUEST_PRESET_NAMES.join(', ')}`,
     );
   const fields = Object.entries(template);
   if (fields.length === 0)

@@ -19,12 +19,15 @@ export const TRAJECTORY_FIELDS = [
 ] as const;
 export type TrajectoryField = (typeof TRAJECTORY_FIELDS)[number];
 
+/** Names of the built-in request shapes (`reward.remote.request_preset`). */
+export const REQUEST_PRESET_NAMES = ['seed_image_prompt', 'text'] as const;
+export type RequestPreset = (typeof REQUEST_PRESET_NAMES)[number];
+
 /** Built-in request shapes. `seed_image_prompt` is the seed's `{image, prompt}` body. */
-export const REQUEST_PRESETS: Record<'seed_image_prompt' | 'text', Record<string, TrajectoryField>> = {
+export const REQUEST_PRESETS: Record<RequestPreset, Record<string, TrajectoryField>> = {
   seed_image_prompt: { image: 'image_base64_png', prompt: 'prompt_text' },
   text: { prompt: 'prompt_text', response: 'response_text', ground_truth: 'ground_truth' },
 };
-export type RequestPreset = keyof typeof REQUEST_PRESETS;
 
 export interface BreakerOptions {
   /** Consecutive failed requests that open the breaker. */
