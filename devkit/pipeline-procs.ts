@@ -14,6 +14,23 @@ export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 export const PG_URL = process.env.RLSTREAM_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
 /** Creates a fresh database next to the test database; returns its URL and a drop function. */
+/**
+ * The URL of a migrated database as `rlstream_reader`, the read-only role `rlstream sql` runs
+ * queries as (migrate creates it NOLOGIN; trust auth needs no password once logins are on).
+ */
+export async function readerUrl(url: string): Promise<string> {
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    await c.query('alter role rlstream_reader login');
+  } finally {
+    await c.end();
+  }
+  const u = new URL(url);
+  u.username = 'rlstream_reader';
+  return u.toString();
+}
+
 export async function freshDatabase(name: string): Promise<{ url: string; drop(): Promise<void> }> {
   const admin = new pg.Client({ connectionString: PG_URL });
   await admin.connect();

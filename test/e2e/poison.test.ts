@@ -16,7 +16,7 @@ import { openPipeline } from '../../lib/pipeline/runtime.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { hashId, topicCodecs, type TrajectoryGroup } from '../../lib/contracts/index.ts';
-import { ROOT, freshDatabase } from '../../devkit/pipeline-procs.ts';
+import { ROOT, freshDatabase, readerUrl } from '../../devkit/pipeline-procs.ts';
 import { deadline, killHard, sleep, spawnCli } from '../support/chaos-procs.ts';
 
 const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
@@ -123,10 +123,10 @@ test(
       offsets,
     );
 
-    // rlstream sql shows them
+    // rlstream sql shows them (as the read-only role it runs queries as)
     const p = spawnCli([
       'sql',
-      db.url,
+      await readerUrl(db.url),
       `select stage, source_partition, source_offset, reason from v_dead_letters where run_id = '${RUN_ID}' order by source_offset`,
       '--csv',
     ]);

@@ -15,6 +15,7 @@ import { createStore } from '../../../lib/store/index.ts';
 import { queryObjects, runReadOnlyQuery } from '../../../lib/analysis/query.ts';
 import { REPORT_PLOTS } from '../../../lib/analysis/report.ts';
 import { runSql, type CommandIo } from '../../../app/cli/commands/sql.ts';
+import { readerUrl } from '../../../devkit/pipeline-procs.ts';
 import { runRuns } from '../../../app/cli/commands/runs.ts';
 import { runReport } from '../../../app/cli/commands/report.ts';
 import { readScalars } from '../../../lib/analysis/tensorboard.ts';
@@ -98,7 +99,7 @@ describe('docs/queries.md on PostgreSQL', () => {
 describe('commands against a PostgreSQL URL', () => {
   test("rlstream sql prints the run's rows as JSON", async () => {
     const r = await capture(runSql, [
-      url,
+      await readerUrl(url),
       `select step, reward_mean from v_step_metrics_wide where run_id = '${runId}' and reward_mean is not null order by step`,
       '--json',
     ]);
