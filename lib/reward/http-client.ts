@@ -122,6 +122,7 @@ interface AttemptError {
   /** Counts against the server's breaker (server-side faults; not 4xx). */
   serverFault: boolean;
   server?: string;
+  /** What the server answered (absent when no response came: refused, reset or timed-out connections). */
   body?: string;
   retryAfterMs?: number;
 }
@@ -576,8 +577,9 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
       s.lastError = err!.reason;
       results++;
       const first = faultedAt.get(input);
-      if (first !== undefined && s.lastSuccess > first) {
-        // the same input failed again on a server that has answered other inputs since: the fault is the input's
+      if (first !== undefined && s.lastSuccess > first && err!.body !== undefined) {
+        // the same input failed again on a server that has answered other inputs since, and the server
+        // answered (a status or a malformed body: not a refused or timed-out connection): the fault is the input's
         ownFault.add(input);
         bound(ownFault);
         for (const x of servers) x.failingInputs.delete(input);
@@ -753,8 +755,9 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
         failAll(job.items, err!.reason, err!.finalRetriable, err!);
         return;
       }
-      if (job.items.length === 1 && ownFault.has(job.items[0].id)) {
-        // a server that scores other inputs failed this one again: retrying it now only slows the rest
+      if (job.items.length === 1 && ownFault.has(job.items[0].id) && err!.body !== undefined) {
+        // a server that scores other inputs answered this one with a failure again: retrying it now only
+        // slows the rest (a connection that failed says nothing about the input: that one fails over)
         failAll(
           job.items,
           `${err!.reason} (this input failed ${attempts} time(s) where others are scored)`,
