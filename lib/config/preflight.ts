@@ -75,7 +75,11 @@ export function runDirProblems(dir: string): string[] {
   if (!statSync(d).isDirectory()) return [`trainer.run_dir: ${d} is a file, not a directory`];
   try {
     accessSync(d, constants.W_OK | constants.X_OK);
-  } catch {
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'EROFS')
+      return [
+        `trainer.run_dir: ${resolve(dir)} is on a read-only file system (EROFS); remount it read-write or choose another trainer.run_dir`,
+      ];
     return [
       `trainer.run_dir: ${resolve(dir)} cannot be ${d === resolve(dir) ? 'written' : `created (${d} is not writable)`} by this user; choose a writable trainer.run_dir`,
     ];

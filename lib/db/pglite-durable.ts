@@ -77,6 +77,9 @@ export async function createPglite(dataDir: string, durable: boolean): Promise<P
   if (!durable) return PGlite.create(dataDir);
   const { NodeFS } = await import('@electric-sql/pglite/nodefs');
   let closing = false;
+  // until the database has opened, a failure is PGlite.create's to report (a damaged directory
+  // is named so by the open path); afterwards the process stops with one line
+  let opened = false;
   class DurableNodeFS extends NodeFS {
     override async init(pg: PGlite, opts: Parameters<InstanceType<typeof NodeFS>['init']>[1]) {
       const r = await super.init(pg, opts);
@@ -103,12 +106,12 @@ export async function createPglite(dataDir: string, durable: boolean): Promise<P
       const prevAbort = mod.onAbort as ((w: unknown) => void) | undefined;
       mod.onAbort = (what: unknown) => {
         prevAbort?.(what);
-        onDatabaseDied(what, dataDir);
+        if (opened) onDatabaseDied(what, dataDir);
       };
       const prevExit = mod.onExit as ((code: number) => void) | undefined;
       mod.onExit = (code: number) => {
         prevExit?.(code);
-        if (!closing) onDatabaseDied(`exit status ${code}`, dataDir);
+        if (opened && !closing) onDatabaseDied(`exit status ${code}`, dataDir);
       };
       return r;
     }
@@ -123,6 +126,7 @@ export async function createPglite(dataDir: string, durable: boolean): Promise<P
     fs: new DurableNodeFS(dataDir),
     startParams: durableStartParams(PGlite.defaultStartParams),
   });
+  opened = true;
   if (fresh) fsyncTree(dataDir);
   const close = pg.close.bind(pg);
   pg.close = async () => {
