@@ -24,8 +24,12 @@ export function modelDirProblems(key: string, dir: string): string[] {
   } catch {
     return [`${key}: ${dir} is not readable by this user (uid ${process.getuid?.() ?? '?'})`];
   }
-  const out: string[] = [];
   const cfg = join(dir, 'config.json');
+  if (!existsSync(cfg) && existsSync(join(dir, 'adapter_config.json')))
+    return [
+      `${key}: ${dir} is a LoRA adapter (PEFT adapter_config.json, no config.json), not a full model; merge it into its base with \`rlstream export ${dir} --merge --out DIR\` and give DIR as ${key} (with actor.model.lora to train a new adapter on the merged model)`,
+    ];
+  const out: string[] = [];
   if (!existsSync(cfg)) out.push(`${key}: ${dir} has no config.json (not a model directory, or a partial copy)`);
   else {
     try {
