@@ -204,7 +204,7 @@ test(
     assert.deepEqual(sameRows.checkpoints, srcCheckpoints, 'and ends with the same checkpoints');
     const off = await replayRun({
       from: refDir,
-      overrides: ['algorithm.vppo.enable=false'],
+      overrides: ['algorithm.vppo.enable=false', 'algorithm.vppo.enable_entropy_filtering=false'],
       log: silentLogger('vppo-replay'),
     });
     assert.equal(off.status, 'completed', off.message);
