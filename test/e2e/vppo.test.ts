@@ -234,7 +234,7 @@ test(
     // the VPPO-off replay, replayed with VPPO on: step 1 (same weights v0) is scored as the source scored it
     const on = await replayRun({
       from: off.runDir,
-      overrides: ['algorithm.vppo.enable=true'],
+      overrides: ['algorithm.vppo.enable=true', 'algorithm.vppo.enable_entropy_filtering=true'],
       log: silentLogger('vppo-replay'),
     });
     assert.equal(on.status, 'completed', on.message);
