@@ -8,7 +8,7 @@
  * each file checked against its sha256, and renamed into place. The writer (the update stage)
  * writes a version into its cache directory first (writeDir) and then `put`s it.
  */
-import { promises as fs, existsSync } from 'node:fs';
+import { promises as fs } from 'node:fs';
 import { randomBytes, createHash } from 'node:crypto';
 import { join } from 'node:path';
 import { sql } from 'kysely';
@@ -21,8 +21,15 @@ import {
   type Executor,
   type PolicyStore,
 } from './port.ts';
-import { describeDir, sha256File } from './hash.ts';
-import { deleteManifest, readManifest, writeManifest } from './manifest.ts';
+import { describeDir } from './hash.ts';
+import {
+  deleteManifest,
+  readManifest,
+  writeManifest,
+  cachedCopyMatches,
+  manifestFiles,
+  storedVersions,
+} from './manifest.ts';
 
 /** Bytes per stored chunk: large enough for few rows, small enough to stream and to stay far below bytea's 1 GB. */
 export const CHUNK_BYTES = 8 * 1024 * 1024;
@@ -143,31 +150,16 @@ export class PostgresPolicyStore implements PolicyStore {
   }
 
   /** Whether the cache holds exactly the recorded files (a damaged or partial copy is not used). */
-  private async cached(dir: string, recorded: readonly ArtifactFile[]): Promise<boolean> {
-    if (!existsSync(dir)) return false;
-    for (const f of recorded) {
-      const path = join(dir, f.name);
-      if (!existsSync(path) || (await sha256File(path)) !== f.sha256) return false;
-    }
-    return true;
+  private cached(dir: string, recorded: readonly ArtifactFile[]): Promise<boolean> {
+    return cachedCopyMatches(dir, recorded);
   }
 
-  async files(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<ArtifactFile[]> {
-    return (await readManifest(db, this.runId, kind, version)).map(({ name, sha256, sizeBytes }) => ({
-      name,
-      sha256,
-      sizeBytes,
-    }));
+  files(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<ArtifactFile[]> {
+    return manifestFiles(db, this.runId, kind, version);
   }
 
-  async versions(kind: ArtifactKind, db: Executor = this.db): Promise<number[]> {
-    return (
-      await sql<{
-        version: number;
-      }>`select version from policy_artifacts where run_id = ${this.runId} and kind = ${kind} order by version`.execute(
-        db,
-      )
-    ).rows.map((r) => r.version);
+  versions(kind: ArtifactKind, db: Executor = this.db): Promise<number[]> {
+    return storedVersions(db, this.runId, kind);
   }
 
   async remove(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<void> {

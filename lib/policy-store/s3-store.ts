@@ -11,7 +11,7 @@
  * otherwise the objects are downloaded into a temporary directory, each checked against its
  * sha256 while it streams, and renamed into place. `remove` deletes every object of the version.
  */
-import { promises as fs, createWriteStream, existsSync } from 'node:fs';
+import { promises as fs, createWriteStream } from 'node:fs';
 import { createHash, randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { pipeline } from 'node:stream/promises';
@@ -28,8 +28,15 @@ import {
   type Executor,
   type PolicyStore,
 } from './port.ts';
-import { describeDir, sha256File } from './hash.ts';
-import { deleteManifest, readManifest, writeManifest } from './manifest.ts';
+import { describeDir } from './hash.ts';
+import {
+  deleteManifest,
+  readManifest,
+  writeManifest,
+  cachedCopyMatches,
+  manifestFiles,
+  storedVersions,
+} from './manifest.ts';
 
 /** S3's smallest part (all but the last): 5 MiB. */
 export const MIN_PART_BYTES = 5 * 1024 * 1024;
@@ -254,31 +261,16 @@ export class S3PolicyStore implements PolicyStore {
   }
 
   /** Whether the cache holds exactly the recorded files (a damaged or partial copy is not used). */
-  private async cached(dir: string, recorded: readonly ArtifactFile[]): Promise<boolean> {
-    if (!existsSync(dir)) return false;
-    for (const f of recorded) {
-      const path = join(dir, f.name);
-      if (!existsSync(path) || (await sha256File(path)) !== f.sha256) return false;
-    }
-    return true;
+  private cached(dir: string, recorded: readonly ArtifactFile[]): Promise<boolean> {
+    return cachedCopyMatches(dir, recorded);
   }
 
-  async files(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<ArtifactFile[]> {
-    return (await readManifest(db, this.runId, kind, version)).map(({ name, sha256, sizeBytes }) => ({
-      name,
-      sha256,
-      sizeBytes,
-    }));
+  files(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<ArtifactFile[]> {
+    return manifestFiles(db, this.runId, kind, version);
   }
 
-  async versions(kind: ArtifactKind, db: Executor = this.db): Promise<number[]> {
-    return (
-      await sql<{
-        version: number;
-      }>`select version from policy_artifacts where run_id = ${this.runId} and kind = ${kind} order by version`.execute(
-        db,
-      )
-    ).rows.map((r) => r.version);
+  versions(kind: ArtifactKind, db: Executor = this.db): Promise<number[]> {
+    return storedVersions(db, this.runId, kind);
   }
 
   async remove(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<void> {
