@@ -85,7 +85,7 @@ export function qwenVlHfConfig(modelType: 'qwen2_5_vl' | 'qwen2_vl' = 'qwen2_5_v
       : {
           depth: 2,
           embed_dim: 16,
-          mlp_ratio: 1.5,
+          mlp_ratio: 2, // an integer, as transformers types it
           num_heads: 2,
           in_chans: 3,
           hidden_size: 64,

@@ -16,6 +16,7 @@ import { DEVICES } from '../onnx/devices.ts';
 import { REQUEST_PRESET_NAMES, REWARD_TYPES, TRAJECTORY_FIELDS } from '../reward/types.ts';
 import { ADV_ESTIMATOR_NAMES } from '../rl/advantage.ts';
 import { POLICY_LOSS_NAMES } from '../model/loss.ts';
+import { IMAGE_RESAMPLES } from '../data/image-resample.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Known names (validated here so an unknown one lists the valid ones)
@@ -154,10 +155,10 @@ const dataSchema = section(
         "Image sides are multiples of this: the vision encoder's patch_size × merge_size (Qwen2-VL: 14 × 2 = 28). A side shorter than it is a too-small image (a bad row).",
       ),
     image_resample: z
-      .enum(['nearest', 'bilinear', 'bicubic', 'mitchell', 'lanczos2', 'lanczos3'])
+      .enum(IMAGE_RESAMPLES)
       .default('bicubic')
       .describe(
-        "Resampling kernel for resizing images (sharp/libvips: bilinear = linear, bicubic = cubic, mitchell, lanczos2/3); bicubic as Qwen2-VL's image processor.",
+        "Resampling kernel for resizing images: bicubic is Pillow's BICUBIC computed exactly, as transformers' Qwen2-VL image processor resizes (pixels identical to its slow, PIL processor); nearest, bilinear, mitchell, lanczos2/3 are sharp's (libvips) kernels.",
       ),
     video_key: z
       .string()

@@ -10,8 +10,12 @@
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { isAbsolute, join } from 'node:path';
-import sharp, { type KernelEnum, type Metadata, type OutputInfo } from 'sharp';
+import sharp, { type Metadata, type OutputInfo } from 'sharp';
 import { imageHash } from './image-hash.ts';
+import { resizeBicubicPil } from './pil-resize.ts';
+import { RESAMPLE_KERNELS, type ImageResample } from './image-resample.ts';
+
+export { RESAMPLE_KERNELS, IMAGE_RESAMPLES, type ImageResample } from './image-resample.ts';
 
 export { imageHash };
 
@@ -63,18 +67,6 @@ export function smartResize(height: number, width: number, o: SmartResizeOptions
   }
   return [h, w];
 }
-
-/** data.image_resample names → sharp's kernels (Qwen2-VL's processor resamples bicubic). */
-export const RESAMPLE_KERNELS = {
-  nearest: 'nearest',
-  bilinear: 'linear',
-  bicubic: 'cubic',
-  mitchell: 'mitchell',
-  lanczos2: 'lanczos2',
-  lanczos3: 'lanczos3',
-} as const satisfies Record<string, keyof KernelEnum>;
-export type ImageResample = keyof typeof RESAMPLE_KERNELS;
-export const IMAGE_RESAMPLES = Object.keys(RESAMPLE_KERNELS) as ImageResample[];
 
 export interface ImageOptions extends SmartResizeOptions {
   resample: ImageResample;
@@ -159,13 +151,21 @@ export async function prepareImage(bytes: Buffer, o: ImageOptions): Promise<Prom
   const [h, w] = size;
   let raw: { data: Buffer; info: OutputInfo };
   try {
-    raw = await sharp(bytes)
-      .rotate()
-      .removeAlpha()
-      .toColourspace('srgb')
-      .resize(w, h, { fit: 'fill', kernel: RESAMPLE_KERNELS[o.resample] })
-      .raw()
-      .toBuffer({ resolveWithObject: true });
+    const decoded = sharp(bytes).rotate().removeAlpha().toColourspace('srgb');
+    if (o.resample === 'bicubic') {
+      const src = await decoded.raw().toBuffer({ resolveWithObject: true });
+      const { width: sw, height: sh, channels } = src.info;
+      const px = resizeBicubicPil(src.data, sw, sh, channels, w, h);
+      raw = {
+        data: Buffer.from(px.buffer, px.byteOffset, px.byteLength),
+        info: { ...src.info, width: w, height: h, size: px.byteLength },
+      };
+    } else {
+      raw = await decoded
+        .resize(w, h, { fit: 'fill', kernel: RESAMPLE_KERNELS[o.resample] })
+        .raw()
+        .toBuffer({ resolveWithObject: true });
+    }
   } catch (e) {
     throw new ImageError(`cannot be decoded (${(e as Error).message})`);
   }

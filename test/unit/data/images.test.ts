@@ -8,6 +8,7 @@ import sharp from 'sharp';
 import {
   ImageError,
   RESAMPLE_KERNELS,
+  IMAGE_RESAMPLES,
   decodePixels,
   encodeRgbPng,
   imageBytes,
@@ -87,11 +88,11 @@ test('smartResize: results are on the grid and within the pixel bounds for ordin
   }
 });
 
-test('resampling names map onto sharp kernels', () => {
+test('resampling names: bicubic is Pillow-exact, the others map onto sharp kernels', () => {
+  assert.deepEqual(IMAGE_RESAMPLES, ['bicubic', 'nearest', 'bilinear', 'mitchell', 'lanczos2', 'lanczos3']);
   assert.deepEqual(RESAMPLE_KERNELS, {
     nearest: 'nearest',
     bilinear: 'linear',
-    bicubic: 'cubic',
     mitchell: 'mitchell',
     lanczos2: 'lanczos2',
     lanczos3: 'lanczos3',
