@@ -25,7 +25,10 @@ export class ImageTrainer {
   stepCount = 0;
   ema: DitWeights | null = null;
   private velocitySession: InferenceSession | null = null;
-  private trainSessions = new Map<string, InferenceSession>();
+  private trainSessions = new Map<
+    string,
+    { session: InferenceSession; metricNames: string[]; batchInputs: string[] }
+  >();
 
   constructor(
     readonly config: DitConfig,
@@ -68,18 +71,21 @@ export class ImageTrainer {
   /** One AdamW step on `loss` over the batch; returns the loss's metrics and the gradient norm. */
   async step(loss: ImageLossConfig, batch: ImageBatch): Promise<Record<string, number>> {
     const key = JSON.stringify(loss);
-    let sess = this.trainSessions.get(key);
-    const g = buildImageTrainGraph({
-      dit: this.config,
-      loss,
-      optim: this.optim,
-      mode: 'step',
-      gradientCheckpointing: this.opts.gradientCheckpointing,
-    });
-    if (!sess) {
-      sess = await createSession(g.builder.toBytes(), { threads: this.opts.threads });
-      this.trainSessions.set(key, sess);
+    let entry = this.trainSessions.get(key);
+    if (!entry) {
+      const g = buildImageTrainGraph({
+        dit: this.config,
+        loss,
+        optim: this.optim,
+        mode: 'step',
+        gradientCheckpointing: this.opts.gradientCheckpointing,
+      });
+      const session = await createSession(g.builder.toBytes(), { threads: this.opts.threads });
+      entry = { session, metricNames: g.metricNames, batchInputs: g.batchInputs };
+      this.trainSessions.set(key, entry);
     }
+    const sess = entry.session,
+      g = entry;
     const B = batch.cls.length,
       S = this.config.imageSize,
       C = this.config.channels;
