@@ -3,7 +3,7 @@
  * DiT by flow matching on renders (SFT), then RL with DiffusionNFT or Flow-GRPO on the
  * recogniser's reward. Writes to --out: recogniser.onnx, curve.jsonl (one line per evaluation:
  * phase, step, wall minutes, accuracy of generated glyphs, mean ocr_confidence), and a PNG grid of
- * samples per evaluation.
+ * samples per evaluation, and the final policy as a model directory (model/).
  *
  *   node --import tsx examples/glyphs/run.ts --out /tmp/glyphs --algo diffusion_nft \
  *     [--sft-steps 1500] [--rl-iters 60] [--chars 36] [--size 32] [--minutes 15]
@@ -15,6 +15,7 @@ import { parseArgs } from 'node:util';
 import os from 'node:os';
 import { ditConfig, initDitWeights } from '../../lib/image/dit.ts';
 import { gridPng } from '../../lib/image/png.ts';
+import { saveDit } from '../../lib/image/checkpoint.ts';
 import { rlIteration } from '../../lib/image/rl.ts';
 import { gaussian, sampleImages } from '../../lib/image/sde.ts';
 import { ImageTrainer } from '../../lib/image/trainer.ts';
@@ -159,6 +160,8 @@ export async function runGlyphs(
     if (it % Math.max(1, Math.floor(o.evalEvery / 10)) === 0 || it === o.rlIters)
       finalAccuracy = await evalAndLog(o.algo, it, { reward_mean: r.metrics.reward_mean, loss: r.metrics.loss });
   }
+  // the final policy as a model directory: rlstream generate <out>/model --prompt A --image-out a.png
+  saveDit(join(o.out, 'model'), { config: cfg, classNames: [...CHARS.slice(0, K)], weights: tr.weights });
   return { sftAccuracy, finalAccuracy, recogniserHeldout };
 }
 
