@@ -20,6 +20,9 @@ import type { ImagePixels } from '../../../lib/model/vision.ts';
 import { IMAGE_MARK, imagePromptIds } from '../../../lib/pipeline/images.ts';
 import type { ModelConfig } from '../../../lib/model/config.ts';
 import { readImageProcessor, type ImageProcessorConfig } from '../../../lib/model/processor.ts';
+import { isDitDir } from '../../../lib/image/checkpoint.ts';
+import { generateImage } from '../../../lib/image/generate.ts';
+import { writeFileSync } from 'node:fs';
 
 /**
  * The --image file resized as the pipeline does (Qwen2-VL smart_resize to the patch × merge grid;
@@ -92,7 +95,7 @@ export const generateCommand: Command = {
   name: 'generate',
   summary: 'Generate one completion from a model directory or checkpoint (try a model before training it)',
   usage:
-    'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image PATH]… [--chat] [--system TEXT] [--chat-template-kwargs MAP] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
+    'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image-out PATH [--steps N]] [--image PATH]… [--chat] [--system TEXT] [--chat-template-kwargs MAP] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
   help: [
     'Loads a Hugging Face model directory, a policy version (<run_dir>/policy/vNNNNNN) or a run checkpoint',
     '(<run_dir>/checkpoints/global_step_N) and prints the completion of --prompt. A LoRA adapter (PEFT',
@@ -115,6 +118,9 @@ export const generateCommand: Command = {
     '  --top-p P              nucleus sampling threshold, 1 = off',
     '  --top-k K              top-k sampling, 0 = off',
     '  --seed S               sampling seed (default 0); the same seed gives the same completion',
+    '  --image-out PATH       an image policy (config.json model_type rlstream_dit): write the PNG it draws',
+    '                         for --prompt (one of its class_names) there, Euler ODE over --steps [10]',
+    '                         steps from the noise of --seed',
     '  --json                 print one JSON object as the last line: {"prompt_ids", "response_ids",',
     '                         "logprobs", "text"}; logprobs[i] = ln p(response_ids[i]) under the model\'s',
     '                         untempered distribution',
@@ -134,6 +140,8 @@ export const generateCommand: Command = {
         'min-pixels',
         'max-pixels',
         'resample',
+        'image-out',
+        'steps',
       ],
       booleans: ['chat', 'json'],
     });
@@ -150,6 +158,14 @@ export const generateCommand: Command = {
     const seed = num(flags, 'seed', (v) => Number.isInteger(v), 'an integer') ?? 0;
 
     const src = modelDirOf(positionals[0]);
+    if (isDitDir(src)) {
+      if (flags['image-out'] === undefined) throw new UsageError(`${src} is an image policy; give --image-out PATH`);
+      const steps = num(flags, 'steps', (v) => Number.isInteger(v) && v > 0, 'a positive integer') ?? 10;
+      writeFileSync(flags['image-out'], await generateImage(src, flags.prompt, { steps, seed }));
+      return 0;
+    }
+    if (flags['image-out'] !== undefined || flags.steps !== undefined)
+      throw new UsageError('--image-out and --steps need an image policy (config.json model_type rlstream_dit)');
     // a LoRA adapter (a LoRA run's policy version or checkpoint) generates with its merged base
     const merged = isAdapterDir(src) ? await loadMergedAdapter(src, undefined) : null;
     const dir = merged ? merged.baseDir : src;

@@ -1,0 +1,135 @@
+/**
+ * An image policy in onnxruntime: its weights, AdamW moments and step count, the velocity session
+ * (sampling) and one training session per loss (forward, backward and AdamW in one `session.run`).
+ * AdamW scalars are computed in float64 outside the graph, as torch.optim.AdamW does:
+ * step_size = lr/(1 − β₁ᵗ), bc2_sqrt = √(1 − β₂ᵗ), decay = 1 − lr·weight_decay.
+ * `ema` (optional): an exponential moving average of the weights, w̄ ← d·w̄ + (1 − d)·w after
+ * every step, used for sampling and evaluation when asked.
+ */
+import type { InferenceSession } from 'onnxruntime-node';
+import { createSession, tensor } from '../onnx/runtime.ts';
+import { buildVelocityGraph, ditParamSpecs, type DitConfig, type DitWeights } from './dit.ts';
+import { buildImageTrainGraph, type ImageLossConfig, type ImageOptim } from './flow-graph.ts';
+
+export interface ImageBatch {
+  /** Float inputs by name (flat), images [B, C, S, S], per-image values [B]. */
+  floats: Record<string, Float32Array | number[]>;
+  cls: number[];
+}
+
+export class ImageTrainer {
+  readonly specs;
+  weights: DitWeights;
+  private m: DitWeights = new Map();
+  private v: DitWeights = new Map();
+  stepCount = 0;
+  ema: DitWeights | null = null;
+  private velocitySession: InferenceSession | null = null;
+  private trainSessions = new Map<
+    string,
+    { session: InferenceSession; metricNames: string[]; batchInputs: string[] }
+  >();
+
+  constructor(
+    readonly config: DitConfig,
+    weights: DitWeights,
+    readonly optim: ImageOptim & { lr: number },
+    readonly opts: { threads?: number; emaDecay?: number; gradientCheckpointing?: boolean } = {},
+  ) {
+    this.specs = ditParamSpecs(config);
+    this.weights = new Map([...weights].map(([k, a]) => [k, Float32Array.from(a)]));
+    for (const s of this.specs) {
+      const n = this.weights.get(s.name)?.length;
+      if (n !== s.shape.reduce((a, b) => a * b, 1))
+        throw new Error(`image policy: weight ${s.name} missing or of the wrong size`);
+      this.m.set(s.name, new Float32Array(n));
+      this.v.set(s.name, new Float32Array(n));
+    }
+    if (opts.emaDecay !== undefined) this.ema = new Map([...this.weights].map(([k, a]) => [k, Float32Array.from(a)]));
+  }
+
+  private paramFeeds(w: DitWeights): Record<string, ReturnType<typeof tensor>> {
+    const f: Record<string, ReturnType<typeof tensor>> = {};
+    for (const s of this.specs) f[s.name] = tensor('float32', w.get(s.name)!, s.shape);
+    return f;
+  }
+
+  /** v(x, t, cls) for a batch (flat [B, C, S, S]) with these weights (default: the current ones). */
+  async velocity(x: Float32Array, t: number[], cls: number[], w: DitWeights = this.weights): Promise<Float32Array> {
+    this.velocitySession ??= await createSession(buildVelocityGraph(this.config), { threads: this.opts.threads });
+    const S = this.config.imageSize,
+      B = cls.length;
+    const out = await this.velocitySession.run({
+      ...this.paramFeeds(w),
+      x: tensor('float32', x, [B, this.config.channels, S, S]),
+      t: tensor('float32', Float32Array.from(t), [B]),
+      cls: tensor('int64', cls, [B]),
+    });
+    return out.velocity.data as Float32Array;
+  }
+
+  /** One AdamW step on `loss` over the batch; returns the loss's metrics and the gradient norm. */
+  async step(loss: ImageLossConfig, batch: ImageBatch): Promise<Record<string, number>> {
+    const key = JSON.stringify(loss);
+    let entry = this.trainSessions.get(key);
+    if (!entry) {
+      const g = buildImageTrainGraph({
+        dit: this.config,
+        loss,
+        optim: this.optim,
+        mode: 'step',
+        gradientCheckpointing: this.opts.gradientCheckpointing,
+      });
+      const session = await createSession(g.builder.toBytes(), { threads: this.opts.threads });
+      entry = { session, metricNames: g.metricNames, batchInputs: g.batchInputs };
+      this.trainSessions.set(key, entry);
+    }
+    const sess = entry.session,
+      g = entry;
+    const B = batch.cls.length,
+      S = this.config.imageSize,
+      C = this.config.channels;
+    const feeds: Record<string, ReturnType<typeof tensor>> = this.paramFeeds(this.weights);
+    for (const s of this.specs) {
+      feeds[`${s.name}.exp_avg`] = tensor('float32', this.m.get(s.name)!, s.shape);
+      feeds[`${s.name}.exp_avg_sq`] = tensor('float32', this.v.get(s.name)!, s.shape);
+    }
+    for (const n of g.batchInputs) {
+      if (n === 'cls') {
+        feeds.cls = tensor('int64', batch.cls, [B]);
+        continue;
+      }
+      const d = batch.floats[n];
+      if (!d)
+        throw new Error(`image batch: input ${n} missing (the ${loss.name} loss reads ${g.batchInputs.join(', ')})`);
+      const a = d instanceof Float32Array ? d : Float32Array.from(d);
+      feeds[n] = tensor('float32', a, a.length === B ? [B] : [B, C, S, S]);
+    }
+    const t = this.stepCount + 1;
+    const [b1, b2] = this.optim.betas;
+    feeds.adam_step_size = tensor('float32', [this.optim.lr / (1 - b1 ** t)], []);
+    feeds.adam_bc2_sqrt = tensor('float32', [Math.sqrt(1 - b2 ** t)], []);
+    feeds.adam_decay = tensor('float32', [1 - this.optim.lr * this.optim.weightDecay], []);
+    const out = await sess.run(feeds);
+    const packed = out['new.packed'].data as Float32Array;
+    let off = 0;
+    for (const dst of [this.weights, this.m, this.v])
+      for (const s of this.specs) {
+        const n = dst.get(s.name)!.length;
+        dst.set(s.name, packed.slice(off, off + n));
+        off += n;
+      }
+    this.stepCount = t;
+    if (this.ema) {
+      const d = this.opts.emaDecay!;
+      for (const [k, w] of this.weights) {
+        const e = this.ema.get(k)!;
+        for (let i = 0; i < e.length; i++) e[i] = d * e[i] + (1 - d) * w[i];
+      }
+    }
+    const metrics = out.metrics.data as Float32Array;
+    const r: Record<string, number> = { grad_norm: Number((out.grad_norm.data as Float32Array)[0]) };
+    g.metricNames.forEach((n, i) => (r[n] = metrics[i]));
+    return r;
+  }
+}

@@ -1,0 +1,160 @@
+/**
+ * Reference vs fast: the three image losses of the training graph (flow-graph.ts) against a plain
+ * float64 evaluation of their formulas from the velocity graph's output, at a tiny shape; and one
+ * AdamW step of the trainer lowers the flow-matching loss on its batch.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { ditConfig, initDitWeights } from '../../../lib/image/dit.ts';
+import { IMAGE_LOSSES, type ImageLossConfig } from '../../../lib/image/flow-graph.ts';
+import { gaussian, sdeStepMean, gaussianLogProb } from '../../../lib/image/sde.ts';
+import { ImageTrainer } from '../../../lib/image/trainer.ts';
+import { Rng } from '../../../lib/util/rng.ts';
+
+const cfg = ditConfig({ numClasses: 2, imageSize: 4, patchSize: 2, hidden: 8, depth: 1, heads: 2, timeFreqs: 4 });
+const B = 4,
+  P = 16;
+const optim = { betas: [0.9, 0.999] as [number, number], eps: 1e-8, weightDecay: 0, maxGradNorm: null, lr: 0 };
+
+const pixMean = (a: ArrayLike<number>, b: number) => {
+  let s = 0;
+  for (let i = b * P; i < (b + 1) * P; i++) s += a[i];
+  return s / P;
+};
+
+test('the graph losses equal their float64 reference from the velocity', async () => {
+  const w = initDitWeights(cfg, 3, { zeroInit: false });
+  const rng = Rng.fromSeed('losses');
+  const cls = [0, 1, 2, 1];
+  const t = [0.8, 0.6, 0.4, 0.2];
+  const x0 = gaussian(rng, B * P),
+    noise = gaussian(rng, B * P),
+    vOld = gaussian(rng, B * P);
+  const xt = Float32Array.from(x0, (x, i) => (1 - t[Math.floor(i / P)]) * x + t[Math.floor(i / P)] * noise[i]);
+  // lr 0: the step leaves the weights, the metrics are the loss at them
+  const tr = new ImageTrainer(cfg, w, optim, { threads: 1 });
+  const v = await tr.velocity(xt, t, cls);
+  const sq = (a: number) => a * a;
+
+  const fm = await tr.step({ name: 'flow_matching' }, { floats: { x0, noise, t }, cls });
+  let ref = 0;
+  for (let b = 0; b < B; b++)
+    ref +=
+      pixMean(
+        Array.from({ length: B * P }, (_, i) => sq(v[i] - (noise[i] - x0[i]))),
+        b,
+      ) / B;
+  assert.ok(Math.abs(fm.loss - ref) < 1e-5, `flow_matching ${fm.loss} vs ${ref}`);
+
+  const r = [0.9, 0.2, 0.5, 0.0],
+    beta = 0.7;
+  const nft = await tr.step(
+    { name: 'diffusion_nft', nftBeta: beta },
+    { floats: { x0, noise, t, v_old: vOld, nft_r: r }, cls },
+  );
+  ref = 0;
+  for (let b = 0; b < B; b++) {
+    const pos = pixMean(
+      Array.from({ length: B * P }, (_, i) => sq((1 - beta) * vOld[i] + beta * v[i] - (noise[i] - x0[i]))),
+      b,
+    );
+    const neg = pixMean(
+      Array.from({ length: B * P }, (_, i) => sq((1 + beta) * vOld[i] - beta * v[i] - (noise[i] - x0[i]))),
+      b,
+    );
+    ref += (r[b] * pos + (1 - r[b]) * neg) / B;
+  }
+  assert.ok(Math.abs(nft.loss - ref) < 1e-5, `diffusion_nft ${nft.loss} vs ${ref}`);
+
+  // Flow-GRPO: one step at a shared t (the sampler's layout), the reference from sde.ts's copy of the step
+  const ts = Array(B).fill(0.6),
+    sNext = 0.4,
+    sigma = 0.5;
+  const vs = await tr.velocity(x0, ts, cls);
+  const { mean, std } = sdeStepMean(x0, vs, 0.6, sNext, sigma);
+  const xNext = Float32Array.from(mean, (m, i) => m + std * noise[i]);
+  const lp = gaussianLogProb(xNext, mean, std, B);
+  const old = lp.map((l, b) => l + [0.3, -0.3, 0.05, 0][b]);
+  const adv = [1, -1, 0.5, 2];
+  const refMean = Float32Array.from(mean, (m, i) => m + 0.01 * vOld[i]);
+  const loss: ImageLossConfig = { name: 'flow_grpo', clipLow: 0.2, clipHigh: 0.2, klCoef: 0.1 };
+  const g = await tr.step(loss, {
+    floats: {
+      x_t: x0,
+      x_next: xNext,
+      t: ts,
+      t_next: Array(B).fill(sNext),
+      sigma: Array(B).fill(sigma),
+      old_log_probs: old,
+      advantages: adv,
+      ref_mean: refMean,
+    },
+    cls,
+  });
+  ref = 0;
+  let klRef = 0,
+    clipped = 0;
+  for (let b = 0; b < B; b++) {
+    const ratio = Math.exp(lp[b] - old[b]);
+    const c = Math.min(Math.max(ratio, 0.8), 1.2);
+    if (c !== ratio) clipped++;
+    const kl =
+      pixMean(
+        Array.from({ length: B * P }, (_, i) => sq(mean[i] - refMean[i])),
+        b,
+      ) /
+      (2 * std * std);
+    klRef += kl / B;
+    ref += (-Math.min(ratio * adv[b], c * adv[b]) + 0.1 * kl) / B;
+  }
+  assert.ok(Math.abs(g.loss - ref) < 1e-4, `flow_grpo ${g.loss} vs ${ref}`);
+  assert.ok(Math.abs(g.kl - klRef) < 1e-5, `kl ${g.kl} vs ${klRef}`);
+  assert.equal(g.clipfrac, clipped / B);
+  assert.ok(clipped > 0 && clipped < B);
+  assert.deepEqual([...IMAGE_LOSSES], ['flow_matching', 'flow_grpo', 'diffusion_nft']);
+});
+
+test('an AdamW step of the trainer lowers the flow-matching loss; EMA follows the weights', async () => {
+  const rng = Rng.fromSeed('step');
+  const tr = new ImageTrainer(
+    cfg,
+    initDitWeights(cfg, 5, { zeroInit: false }),
+    { ...optim, lr: 0.01 },
+    { threads: 1, emaDecay: 0.5 },
+  );
+  const batch = {
+    floats: { x0: gaussian(rng, B * P), noise: gaussian(rng, B * P), t: [0.3, 0.5, 0.7, 0.9] },
+    cls: [0, 1, 0, 1],
+  };
+  const first = await tr.step({ name: 'flow_matching' }, batch);
+  for (let i = 0; i < 5; i++) await tr.step({ name: 'flow_matching' }, batch);
+  const last = await tr.step({ name: 'flow_matching' }, batch);
+  assert.ok(last.loss < first.loss, `${last.loss} !< ${first.loss}`);
+  const k = 'x_embed.weight';
+  const e = tr.ema!.get(k)!,
+    cur = tr.weights.get(k)!;
+  assert.notDeepEqual(e, cur);
+  await assert.rejects(
+    tr.step({ name: 'flow_matching' }, { floats: { x0: batch.floats.x0 }, cls: batch.cls }),
+    /input noise missing/,
+  );
+});
+
+test('gradient checkpointing gives the same step', async () => {
+  const rng = Rng.fromSeed('ckpt');
+  const c2 = ditConfig({ ...cfg, depth: 2 });
+  const w = initDitWeights(c2, 9, { zeroInit: false });
+  const batch = {
+    floats: { x0: gaussian(rng, B * P), noise: gaussian(rng, B * P), t: [0.3, 0.5, 0.7, 0.9] },
+    cls: [0, 1, 0, 1],
+  };
+  const a = new ImageTrainer(c2, w, { ...optim, lr: 0.01 }, { threads: 1 });
+  const b = new ImageTrainer(c2, w, { ...optim, lr: 0.01 }, { threads: 1, gradientCheckpointing: true });
+  const ma = await a.step({ name: 'flow_matching' }, batch);
+  const mb = await b.step({ name: 'flow_matching' }, batch);
+  assert.ok(Math.abs(ma.grad_norm - mb.grad_norm) < 1e-5 * ma.grad_norm, `${ma.grad_norm} vs ${mb.grad_norm}`);
+  for (const [k, v] of a.weights) {
+    const u = b.weights.get(k)!;
+    for (let i = 0; i < v.length; i++) assert.ok(Math.abs(v[i] - u[i]) < 1e-6, k);
+  }
+});
