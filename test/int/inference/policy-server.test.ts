@@ -53,7 +53,7 @@ const tok = () => tokenizerFor(run.cfg);
 const promptIds = () => Array.from(tok().encode('3 7 1:', { addSpecialTokens: true }));
 
 test('models, health and a token-id completion that is the Sampler’s own draw', async () => {
-  const models = await (await fetch(server.url + '/v1/models')).json();
+  const models = (await (await fetch(server.url + '/v1/models')).json()) as { data: Array<{ id: string }> };
   assert.equal(models.data[0].id, model);
   assert.equal((await fetch(server.url + '/health')).status, 200);
   const ids = promptIds();
@@ -196,6 +196,6 @@ test('update_weights_from_disk loads a version; a new version in the run directo
   const t0 = Date.now();
   while (server.version() !== 2 && Date.now() - t0 < 10_000) await new Promise((res) => setTimeout(res, 50));
   assert.equal(server.version(), 2, 'the server follows the run to version 2');
-  const h = await (await fetch(server.url + '/health')).json();
+  const h = (await (await fetch(server.url + '/health')).json()) as { policy_version: number };
   assert.equal(h.policy_version, 2);
 });
