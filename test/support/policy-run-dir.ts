@@ -1,6 +1,6 @@
 /**
  * A run directory as `rlstream train` leaves it for serve-policy (for tests): the resolved
- * config.yaml of examples/number-game.yaml (with overrides) and policy/v000000 with initial
+ * config.yaml of a run config (default examples/number-game.yaml, with overrides) and policy/v000000 with initial
  * weights; `writeVersion` adds further versions (fresh weights from another seed).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -22,10 +22,14 @@ export interface PolicyRunDir {
   writeVersion(version: number, seed: number): Promise<Weights>;
 }
 
-export async function makePolicyRunDir(dir: string, overrides: string[] = []): Promise<PolicyRunDir> {
+export async function makePolicyRunDir(
+  dir: string,
+  overrides: string[] = [],
+  file = join(ROOT, 'examples/number-game.yaml'),
+): Promise<PolicyRunDir> {
   mkdirSync(dir, { recursive: true });
   const cfg = loadConfig({
-    file: join(ROOT, 'examples/number-game.yaml'),
+    file,
     overrides: [`trainer.run_dir=${dir}`, ...overrides],
   });
   const model = policyModelConfig(cfg, tokenizerFor(cfg));
