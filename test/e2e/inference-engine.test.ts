@@ -86,8 +86,6 @@ test(
   async () => {
     const steps = 'trainer.max_steps=2';
     const a = await trainEmbedded(config('onnx', [steps]), silentLogger(RUN_ID));
-    console.error('onnx run', performance.now() - t0);
-    t0 = performance.now();
     assert.equal(a.status, 'completed', a.message);
     const b = await trainEmbedded(
       config('openai', [steps, 'rollout.engine=openai', `rollout.openai.urls=[${exact}]`]),
