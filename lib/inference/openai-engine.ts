@@ -227,7 +227,7 @@ export class OpenAIEngine implements GenerationEngine {
         const lps = ch?.logprobs?.token_logprobs;
         if (!Array.isArray(tokens) || !Array.isArray(lps) || tokens.length !== lps.length || !tokens.length)
           throw new TransientError(
-            `${s.url}: the completion for ${req.id} lacks token_ids and logprobs.token_logprobs of equal length (vLLM needs return_token_ids support, ≥ 0.10.2)`,
+            `${s.url}: the completion for ${req.id} lacks token_ids and logprobs.token_logprobs of equal length (vLLM needs a version with return_token_ids)`,
           );
         return {
           id: req.id,
