@@ -26,6 +26,7 @@ const MODULES = [
   'images',
   'vision',
   'durability',
+  'inference',
 ] as const;
 
 function goalText(r: AnyRow): string {

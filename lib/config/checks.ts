@@ -165,6 +165,26 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
   const warnings: string[] = [];
   const { data, algorithm: alg, rollout, actor, critic, reward, trainer, pipeline } = cfg;
 
+  // --- rollout through inference engines
+  if (rollout.engine === 'openai') {
+    if (!rollout.openai.urls.length)
+      errors.push(
+        "rollout.engine = openai needs rollout.openai.urls: the engines' base URLs, e.g. [http://127.0.0.1:8000]",
+      );
+    if (actor.model.lora)
+      errors.push(
+        'rollout.engine = openai with actor.model.lora is not supported (policy versions are adapters the engine would have to merge); use rollout.engine = onnx',
+      );
+    if (actorHasVisionTower(actor.model))
+      errors.push(
+        'rollout.engine = openai does not send images; use rollout.engine = onnx for a vision-language policy',
+      );
+    if (rollout.openai.api_key_env && !env[rollout.openai.api_key_env])
+      errors.push(
+        `rollout.openai.api_key_env names ${rollout.openai.api_key_env}, which is not set in the environment`,
+      );
+  }
+
   // --- LoRA: rank, dropout and target modules in one line each, naming the key
   if (actor.model.lora) {
     const l = actor.model.lora;

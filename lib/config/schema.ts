@@ -17,6 +17,8 @@ import { REQUEST_PRESET_NAMES, REWARD_TYPES, TRAJECTORY_FIELDS } from '../reward
 import { ADV_ESTIMATOR_NAMES } from '../rl/advantage.ts';
 import { POLICY_LOSS_NAMES } from '../model/loss.ts';
 import { IMAGE_RESAMPLES } from '../data/image-resample.ts';
+import { ENGINE_NAMES } from '../inference/engine-port.ts';
+import { ROLLOUT_CORRECTION_MODES } from '../rl/rollout-correction.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Known names (validated here so an unknown one lists the valid ones)
@@ -479,6 +481,35 @@ const algorithmSchema = section(
       },
       'Exponential moving average of the weights.',
     ),
+    rollout_correction: section(
+      {
+        mode: z
+          .enum(ROLLOUT_CORRECTION_MODES)
+          .default('off')
+          .describe(
+            "Rollout/training mismatch correction with w = π_train(token) / π_rollout(token) (trainer-recomputed old log-prob over the engine's behaviour log-prob), multiplied into the policy loss per token: off = none (the metrics rollout/mismatch_kl, rollout/is_weight_mean, rollout/is_weight_clipped_frac are still logged); tis = truncated importance sampling, w capped at threshold (verl rollout_is_mode=truncate, TRL vllm_importance_sampling_correction); mis = masked importance sampling, tokens (or sequences) whose w is outside [threshold_lower, threshold] get weight 0 (verl rollout_is_mode=mask).",
+          ),
+        level: z
+          .enum(['token', 'sequence'])
+          .default('token')
+          .describe(
+            'token = a weight per token; sequence = one weight per response, exp(Σ log w) over its tokens (verl rollout_is_level).',
+          ),
+        threshold: z
+          .number()
+          .gt(1)
+          .default(2)
+          .describe('Upper bound C of w (verl rollout_is_threshold, TRL vllm_importance_sampling_cap).'),
+        threshold_lower: z
+          .number()
+          .gt(0)
+          .lt(1)
+          .nullable()
+          .default(null)
+          .describe('mis: lower bound of w; null = 1 / threshold (verl rollout_is_threshold_lower).'),
+      },
+      'Importance-sampling correction for responses sampled by another engine than the trainer (vLLM/SGLang precision and kernels differ); applies to on-policy samples, whose old log-probs the trainer recomputes.',
+    ),
   },
   'Advantage estimation, KL control, online filtering and loss shaping.',
 );
@@ -583,6 +614,45 @@ const rolloutSchema = section(
         ),
       },
       'Multi-turn episodes with an environment (verl: actor_rollout_ref.rollout.multi_turn).',
+    ),
+    engine: z
+      .enum(ENGINE_NAMES)
+      .default('onnx')
+      .describe(
+        "What samples the responses: onnx = the rollout stage's own onnxruntime sampler; openai = OpenAI-compatible inference servers at rollout.openai.urls (rlstream serve-policy, vLLM, SGLang), sent token-id prompts, told to load each new policy version (SGLang's update_weights_from_disk) before it is used. See docs/inference.md.",
+      ),
+    openai: section(
+      {
+        urls: z
+          .array(z.url())
+          .default([])
+          .describe('Engine base URLs (http://host:port); requests go to the least-loaded healthy one.'),
+        model: z
+          .string()
+          .nullable()
+          .default(null)
+          .describe("The `model` of each request; null = the first model the engine's GET /v1/models lists."),
+        reload: z
+          .boolean()
+          .default(true)
+          .describe(
+            "Before sampling with a new policy version, POST /update_weights_from_disk {model_path: the version directory, weight_version} to each engine (SGLang's request; serve-policy answers it too). false = the engine loads versions itself (serve-policy following the run directory).",
+          ),
+        timeout_ms: posInt().default(120000).describe('Time limit of one completion request.'),
+        max_retries: nonNegInt()
+          .default(4)
+          .describe(
+            'Retries of a request that got no connection, a timeout, 429 or 5xx (backing off, on another engine when one is up); then the batch is retried as a whole.',
+          ),
+        concurrency_per_server: posInt().default(256).describe('Most requests in flight per engine.'),
+        cooldown_ms: nonNegInt().default(2000).describe('An engine that failed gets no requests for this long.'),
+        api_key_env: z
+          .string()
+          .nullable()
+          .default(null)
+          .describe('Environment variable holding a bearer token for the engines (vLLM --api-key); null = none.'),
+      },
+      'The inference engines of rollout.engine = openai.',
     ),
   },
   'Sampling of responses.',

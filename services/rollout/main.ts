@@ -18,11 +18,13 @@ import { createEnvironment } from '../../lib/env/index.ts';
 import { runEpisodes, episodeMetrics } from '../../lib/env/episodes.ts';
 import { EpisodeTokenizer } from '../../lib/model/episode-tokens.ts';
 import { parseExtraInfo } from '../../lib/reward-fns/index.ts';
+import { createEngine, enginePolicyOf } from '../../lib/inference/engines.ts';
 
 export function startRollout(p: Pipeline, opts: { replica?: string } = {}): StageRun {
   const tok = tokenizerFor(p.cfg);
   const model = policyModelConfig(p.cfg, tok);
   const sampler = new Sampler(model, samplerOptions(p.cfg));
+  const engine = createEngine(p.cfg, sampler); // rollout.engine: this sampler, or inference servers
   const policies = new PolicyCache(
     p.policies,
     model,
@@ -52,7 +54,9 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
     for (const [version, batches] of [...byVersion].sort((a, b) => a[0] - b[0])) {
       crashPoint('rollout:start');
       const t0 = performance.now();
-      const weights = await policies.get(version, ctx.db);
+      // an inference server loads the version's directory itself: no weights in this process
+      const weights = engine.name === 'onnx' ? await policies.get(version, ctx.db) : null;
+      const policy = enginePolicyOf(version, async () => weights!, p.policies, ctx.db);
       const tLoad = performance.now();
       const { requests, groups } = generationRequests(batches, { greedyBaseline });
       const pixels = await images.byGroup(groups.map((g) => g.group));
@@ -103,8 +107,8 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
           now: () => performance.now(),
           generate: (key, reqs) => {
             const s = settingOf.get(key)!;
-            return sampler.generate(
-              weights,
+            return engine.generate(
+              policy,
               reqs.map((r) => ({ id: r.id, prompt: r.prompt })),
               {
                 temperature: s.temperature,
@@ -127,8 +131,8 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
       }
       for (const idx of multiTurn ? [] : bySetting.values()) {
         const s = requestSampling(groups[requests[idx[0]].groupIndex].batch, requests[idx[0]]);
-        const out = await sampler.generate(
-          weights,
+        const out = await engine.generate(
+          policy,
           idx.map((i) => ({
             id: requests[i].id,
             prompt: requests[i].prompt,

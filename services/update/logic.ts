@@ -7,6 +7,7 @@ import { ConfigError } from '../../lib/errors.ts';
 import type { UpdateGroup, UpdateSample } from '../../lib/contracts/index.ts';
 import type { ImagePixels } from '../../lib/data/images.ts';
 import type { TrainBatch } from '../../lib/model/index.ts';
+import { rolloutCorrection, type RolloutCorrectionConfig } from '../../lib/rl/rollout-correction.ts';
 
 export interface SampleKey {
   id: string;
@@ -340,6 +341,8 @@ export function packPolicyBatches(
   groups: readonly UpdateGroup[],
   inputs: {
     oldLogprobs: ReadonlyMap<string, Float32Array>;
+    /** Rollout-correction weights by sample id (lib/rl/rollout-correction.ts), multiplied into the loss weights. */
+    isWeights?: ReadonlyMap<string, Float32Array> | null;
     nft?: ReadonlyMap<string, NftTarget> | null;
     images?: ReadonlyMap<UpdateGroup, ImagePixels[]>;
   },
@@ -366,6 +369,8 @@ export function packPolicyBatches(
       oldLp.set(inputs.oldLogprobs.get(x.id) ?? x.behaviour_logprobs, at(b));
       if (x.ref_logprobs.length) refLp.set(x.ref_logprobs, at(b));
       w.set(v.loss_weights, at(b));
+      const is = inputs.isWeights?.get(x.id);
+      if (is) for (let t = 0, o = at(b); t < is.length; t++) w[o + t] *= is[t];
     });
     const nftRows = inputs.nft ? mini.map(({ x }) => inputs.nft!.get(x.id)!) : null;
     return {
@@ -400,4 +405,27 @@ export function packValueBatches(
     });
     return { batch: { ...base, values: vals, returns: rets }, tokens };
   });
+}
+
+/**
+ * Rollout-correction weights (lib/rl/rollout-correction.ts) of the samples whose old log-probs the
+ * trainer recomputed (`old`), against their engine's behaviour log-probs; null weights when the
+ * mode is off (the mismatch metrics are returned either way).
+ */
+export function rolloutCorrectionOf(
+  groups: readonly UpdateGroup[],
+  old: ReadonlyMap<string, Float32Array>,
+  cfg: RolloutCorrectionConfig,
+): { weights: Map<string, Float32Array> | null; metrics: Record<string, number> } {
+  const ids: string[] = [];
+  const rows = groups.flatMap((g) =>
+    g.samples.flatMap((x) => {
+      const o = old.get(x.id);
+      if (!o) return [];
+      ids.push(x.id);
+      return [{ old: o, behaviour: x.behaviour_logprobs, mask: x.response_mask }];
+    }),
+  );
+  const r = rolloutCorrection(rows, cfg);
+  return { weights: cfg.mode === 'off' ? null : new Map(ids.map((id, i) => [id, r.weights[i]])), metrics: r.metrics };
 }

@@ -44,6 +44,7 @@ import {
   nftTargets,
   packPolicyBatches,
   packValueBatches,
+  rolloutCorrectionOf,
   shouldCheckpoint,
   startRefusal,
   stepStaleness,
@@ -350,8 +351,10 @@ async function trainStep(run: UpdateRun, st: UpdateState, groups: UpdateGroup[])
   const nft = trainsNft(cfg) ? nftTargets(kept, cfg.algorithm.nft.correct_key) : null;
   const px = await run.images.byGroup(kept);
   const old = await learner.oldLogprobs(kept, px, opts.behaviourSha);
+  const fix = rolloutCorrectionOf(kept, old, cfg.algorithm.rollout_correction);
   const r = await learner.trainStep({
-    policyBatches: () => packPolicyBatches(kept, { oldLogprobs: old, nft, images: px }, run.packing),
+    policyBatches: () =>
+      packPolicyBatches(kept, { oldLogprobs: old, isWeights: fix.weights, nft, images: px }, run.packing),
     criticBatches: async () => packValueBatches(kept, await run.criticImages!.byGroup(kept), run.packing),
     epochs: cfg.actor.ppo_epochs,
     criticEpochs: cfg.critic.ppo_epochs ?? cfg.actor.ppo_epochs,
@@ -362,7 +365,7 @@ async function trainStep(run: UpdateRun, st: UpdateState, groups: UpdateGroup[])
   const m = r.metrics;
   m['actor/approx_kl'] = m['actor/ppo_kl'] ?? 0;
   m['actor/clipfrac'] = m['actor/pg_clipfrac'] ?? 0;
-  Object.assign(m, stepStaleness(kept, version));
+  Object.assign(m, stepStaleness(kept, version), fix.metrics);
   m['perf/update_tokens'] = r.tokens;
   return m;
 }

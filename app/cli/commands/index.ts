@@ -13,6 +13,7 @@ import { exportCommand } from './export.ts';
 import { generateCommand } from './generate.ts';
 import { fetchCommand } from './fetch.ts';
 import { checkCommand } from './check.ts';
+import { servePolicyCommand } from './serve-policy.ts';
 
 /** Every `rlstream` command, in the order `--help` lists them. */
 export const commands: Command[] = [
@@ -26,6 +27,7 @@ export const commands: Command[] = [
   runsCommand,
   reportCommand,
   rewardServerCommand,
+  servePolicyCommand,
   replayCommand,
   exportCommand,
   generateCommand,

@@ -485,3 +485,20 @@ test('actor.model.lora: rank 0 and a target that matches no module are one line 
     'actor.model.lora.dropout must be 0',
   );
 });
+
+test('rollout.engine = openai needs engine URLs; the URLs and the correction keys load', () => {
+  expectOneProblem(
+    () => load({ overrides: ['rollout.engine=openai'] }),
+    'rollout.engine = openai needs rollout.openai.urls',
+  );
+  const cfg = load({
+    overrides: [
+      'rollout.engine=openai',
+      'rollout.openai.urls=[http://127.0.0.1:8000, http://127.0.0.1:8001]',
+      'algorithm.rollout_correction.mode=mis',
+    ],
+  });
+  assert.deepEqual(cfg.rollout.openai.urls, ['http://127.0.0.1:8000', 'http://127.0.0.1:8001']);
+  assert.equal(cfg.algorithm.rollout_correction.mode, 'mis');
+  expectOneProblem(() => load({ overrides: ['rollout.engine=vllm'] }), 'rollout.engine');
+});

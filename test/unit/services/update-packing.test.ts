@@ -5,7 +5,12 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { packPolicyBatches, packValueBatches, type PackOptions } from '../../../services/update/logic.ts';
+import {
+  packPolicyBatches,
+  packValueBatches,
+  rolloutCorrectionOf,
+  type PackOptions,
+} from '../../../services/update/logic.ts';
 import type { UpdateGroup, UpdateSample } from '../../../lib/contracts/index.ts';
 
 const PAD = 0;
@@ -99,4 +104,26 @@ test('value batches: old values and returns at the response positions, the image
   assert.deepEqual([...m0.returns!], [0, 0, 0, 300, 301, 0, 300, 301, 302, 0]);
   assert.equal(m0.advantages, undefined);
   assert.deepEqual(m0.images, [undefined, px]);
+});
+
+test('rollout correction: recomputed samples get TIS weights in their loss weights, the others keep theirs', () => {
+  // s0's behaviour log-probs are −10, −9; recomputed −9, −9.5: ratios e^1 (capped at 2) and e^−0.5
+  const old = new Map([['s0', Float32Array.from([-9, -9.5])]]);
+  const fix = rolloutCorrectionOf([a, b], old, { mode: 'tis', level: 'token', threshold: 2, threshold_lower: null });
+  assert.deepEqual([...fix.weights!.keys()], ['s0']);
+  const [{ batch }] = packPolicyBatches([a, b], { oldLogprobs: old, isWeights: fix.weights }, opts);
+  assert.deepEqual(
+    [...batch.lossWeights!].map((v) => +v.toFixed(4)),
+    [0, 0, 0, 2, +Math.exp(-0.5).toFixed(4), 0, 1, 1, 1, 0],
+  );
+  assert.ok(Math.abs(fix.metrics['rollout/is_weight_mean'] - (2 + Math.exp(-0.5)) / 2) < 1e-6);
+  assert.equal(fix.metrics['rollout/is_weight_clipped_frac'], 0.5);
+  const off = rolloutCorrectionOf([a, b], old, { mode: 'off', level: 'token', threshold: 2, threshold_lower: null });
+  assert.equal(off.weights, null);
+  assert.ok(off.metrics['rollout/mismatch_kl'] > 0);
+  assert.deepEqual(
+    rolloutCorrectionOf([a, b], new Map(), { mode: 'tis', level: 'token', threshold: 2, threshold_lower: null })
+      .metrics,
+    {},
+  );
 });

@@ -1,0 +1,181 @@
+/**
+ * Inference benchmark: `rlstream serve-policy` (another process, loopback HTTP) against the
+ * in-process Sampler on the same prompts, model and thread count, measured side by side:
+ *
+ *  - 32 concurrent clients, n = 1, two requests each (64 sequences);
+ *  - 8 concurrent clients, n = 8, one request each (64 sequences);
+ *  - in process: one Sampler.generate over the same 64 sequences (the rollout stage's call).
+ *
+ * Every sequence has a fixed request id and seed, so both sides generate the very same tokens;
+ * tokens/s = generated tokens ÷ wall time (best of RLSTREAM_BENCH_INFER_REPEATS, default 3). The
+ * latency per token is each request's wall time ÷ its tokens (p50, p99 over all requests).
+ * Model: byte vocabulary, d 128, 2 layers, 16-token prompts, 32 new tokens, temperature 1.
+ *
+ * Run: `node --import tsx bench/inference.ts`, or `npm run bench -- inference`.
+ */
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { modelConfig } from '../lib/model/config.ts';
+import { saveCheckpoint } from '../lib/model/checkpoint.ts';
+import { initWeights } from '../lib/model/init.ts';
+import { Sampler } from '../lib/model/sample.ts';
+import { ByteTokenizer } from '../lib/model/tokenizer.ts';
+import { withSamplingMask } from '../lib/pipeline/policy.ts';
+
+export interface Row {
+  name: string;
+  value: number;
+  unit: string;
+  goal?: number;
+}
+
+const REPEATS = Number(process.env.RLSTREAM_BENCH_INFER_REPEATS ?? 3);
+const THREADS = 1;
+const SEQS = 64,
+  NEW = 32,
+  PROMPT = 16;
+
+const pct = (xs: number[], p: number) =>
+  [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))];
+const round = (x: number, d = 1) => Math.round(x * 10 ** d) / 10 ** d;
+
+export async function run(): Promise<Row[]> {
+  const dir = mkdtempSync(join(tmpdir(), 'rlstream-bench-infer-'));
+  const tok = new ByteTokenizer();
+  const base = modelConfig({
+    hiddenSize: 128,
+    intermediateSize: 512,
+    numHiddenLayers: 2,
+    numAttentionHeads: 4,
+    numKeyValueHeads: 4,
+    vocabSize: tok.vocabSize,
+    maxPositionEmbeddings: 64,
+    bosTokenId: tok.bos,
+    eosTokenId: tok.eos,
+    padTokenId: tok.pad,
+  });
+  const weights = initWeights(base, 1);
+  await saveCheckpoint(join(dir, 'model'), base, weights);
+  const c = withSamplingMask(base, tok);
+  const prompts = Array.from({ length: SEQS }, (_, i) =>
+    Array.from({ length: PROMPT }, (_, t) => 32 + ((i * 7 + t * 13) % 90)),
+  );
+  const child = spawn(
+    process.execPath,
+    [
+      join(import.meta.dirname, '../bin/rlstream.mjs'),
+      'serve-policy',
+      join(dir, 'model'),
+      '--port',
+      '0',
+      '--threads',
+      String(THREADS),
+      '--served-model-name',
+      'm',
+    ],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  const url = await new Promise<string>((resolve, reject) => {
+    let out = '';
+    child.stdout!.on('data', (d: Buffer) => {
+      out += d.toString();
+      const m = /at (http:\/\/\S+)/.exec(out);
+      if (m) resolve(m[1]);
+    });
+    child.once('exit', (code) => reject(new Error(`serve-policy exited ${code}: ${out}`)));
+  });
+  const rows: Row[] = [];
+  try {
+    const sampler = new Sampler(c, { threads: THREADS });
+    const reqs = prompts.map((p, i) => ({ id: `s${i}`, prompt: p }));
+    const params = { temperature: 1, maxNewTokens: NEW, seed: 1, eosTokenIds: [tok.eos] };
+    await sampler.generate(weights, reqs, params); // warm-up (session build)
+    let inProc = 0;
+    for (let r = 0; r < REPEATS; r++) {
+      const t0 = performance.now();
+      const out = await sampler.generate(weights, reqs, params);
+      const toks = out.reduce((n, g) => n + g.tokens.length, 0);
+      inProc = Math.max(inProc, toks / ((performance.now() - t0) / 1000));
+    }
+    rows.push({ name: `inference/in_process/${SEQS}seq_tok_s`, value: round(inProc), unit: 'tok/s' });
+
+    const post = async (body: unknown) => {
+      const t0 = performance.now();
+      const r = await fetch(url + '/v1/completions', {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+      const j = (await r.json()) as { choices: Array<{ token_ids: number[] }> };
+      const n = j.choices.reduce((k, ch) => k + ch.token_ids.length, 0);
+      return { n, ms: performance.now() - t0 };
+    };
+    const scenario = async (name: string, clients: number, n: number) => {
+      const perClient = SEQS / clients / n;
+      let best = 0;
+      let lat: number[] = [];
+      for (let r = -1; r < REPEATS; r++) {
+        const t0 = performance.now();
+        const per: number[] = [];
+        let toks = 0;
+        await Promise.all(
+          Array.from({ length: clients }, async (_, ci) => {
+            for (let k = 0; k < perClient; k++) {
+              const i = (ci * perClient + k) * n;
+              const res = await post({
+                model: 'm',
+                prompt: prompts[i],
+                n,
+                max_tokens: NEW,
+                temperature: 1,
+                rlstream_seed: 1,
+                request_id: n === 1 ? `s${i}` : `g${i}`,
+                return_token_ids: true,
+              });
+              toks += res.n;
+              per.push(res.ms / res.n);
+            }
+          }),
+        );
+        const tps = toks / ((performance.now() - t0) / 1000);
+        if (r >= 0 && tps > best) {
+          best = tps;
+          lat = per;
+        }
+      }
+      rows.push({ name: `inference/serve_policy/${name}_tok_s`, value: round(best), unit: 'tok/s' });
+      rows.push({
+        name: `inference/serve_policy/${name}_vs_in_process`,
+        value: round(best / inProc, 3),
+        unit: 'ratio',
+        goal: 0.9,
+      });
+      rows.push({
+        name: `inference/serve_policy/${name}_ms_per_token_p50`,
+        value: round(pct(lat, 0.5), 2),
+        unit: 'ms',
+      });
+      rows.push({
+        name: `inference/serve_policy/${name}_ms_per_token_p99`,
+        value: round(pct(lat, 0.99), 2),
+        unit: 'ms',
+      });
+    };
+    await scenario('32clients_n1', 32, 1);
+    await scenario('8clients_n8', 8, 8);
+  } finally {
+    child.kill('SIGTERM');
+    rmSync(dir, { recursive: true, force: true });
+  }
+  return rows;
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1]).href) {
+  const rows = await run();
+  for (const r of rows)
+    console.log(`${r.name}\t${r.value}\t${r.unit}${r.goal !== undefined ? `\tgoal ≥ ${r.goal}` : ''}`);
+  process.exit(0);
+}

@@ -1,0 +1,688 @@
+/**
+ * The OpenAI-compatible policy server (node:http) behind `rlstream serve-policy`:
+ *
+ *   POST /v1/completions       prompt as text or token ids → choices (text, token_ids, log-probs)
+ *   POST /v1/chat/completions  messages through the chat template → choices
+ *   GET  /v1/models            the served model
+ *   GET  /health               200 while serving
+ *   GET  /metrics              Prometheus text (prom-client)
+ *   POST /update_weights_from_disk  SGLang's reload request: {model_path, weight_version?}
+ *
+ * Every response names the policy version that produced it (`policy_version`, header
+ * `x-rlstream-policy-version`). Sampling is the Sampler's (lib/model/sample.ts): a sequence's
+ * randomness is keyed by (seed, sequence id), the sequence id being `request_id` (choice i of
+ * several: `request_id:i`), so a request with `request_id` and `rlstream_seed` returns exactly
+ * what the rollout stage's own sampler draws. `logprobs` are the Sampler's behaviour log-probs: of
+ * the temperature-scaled distribution before top-k/top-p (greedy: untempered).
+ *
+ * `stream: true` answers as server-sent events, one chunk per token, sent once the batch that
+ * generates the sequence has finished (the whole decode loop is one ORT run).
+ *
+ * Bad requests get OpenAI-style `{"error": {message, type, param, code}}` with a 4xx status
+ * (404 unknown model or path, 400 invalid values, prompt longer than the context, malformed JSON,
+ * 413 body over the limit); slow clients are cut off by the request timeout.
+ */
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { randomUUID } from 'node:crypto';
+import type { Logger } from 'pino';
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { ConfigError, RlError } from '../errors.ts';
+import { silentLogger } from '../log.ts';
+import { Sampler, type Generation, type SamplingParamsInput } from '../model/sample.ts';
+import type { ChatMessage } from '../model/chat-template.ts';
+import { GenerationBatcher } from './batcher.ts';
+import {
+  chatRequestSchema,
+  completionRequestSchema,
+  updateWeightsSchema,
+  zodMessage,
+  type ChatRequest,
+  type CompletionRequest,
+} from './openai-schemas.ts';
+import { loadPolicyWeights, runPolicyVersions, type PolicyWeights, type ServedPolicy } from './served-policy.ts';
+import { policyDir } from '../pipeline/policy.ts';
+
+export interface PolicyServerOptions {
+  policy: ServedPolicy;
+  initial: PolicyWeights;
+  host?: string;
+  /** 0 = an ephemeral port. */
+  port: number;
+  maxBodyBytes?: number;
+  /** Cut off a client that has not sent its whole request within this (ms). */
+  requestTimeoutMs?: number;
+  /** Poll the run directory for new policy versions every this many ms (run directories only; 0 = off). */
+  followMs?: number;
+  /** ORT threads of the sampler. */
+  threads?: number;
+  maxBatchSize?: number;
+  /** How long an idle server waits for more requests before starting a batch (ms, default 5). */
+  batchWindowMs?: number;
+  /** Sample at temperature × this (testing a deliberately mismatched engine; 1 = exact). */
+  temperatureScale?: number;
+  log?: Logger;
+}
+
+export interface PolicyServer {
+  url: string;
+  port: number;
+  version(): number;
+  close(): Promise<void>;
+}
+
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly param: string | null = null,
+    readonly code: string | null = null,
+  ) {
+    super(message);
+  }
+  body(): string {
+    const type = this.status === 404 ? 'NotFoundError' : this.status >= 500 ? 'InternalServerError' : 'BadRequestError';
+    return JSON.stringify({
+      error: { message: this.message, type, param: this.param, code: this.code ?? this.status },
+      object: 'error',
+      message: this.message,
+    });
+  }
+}
+
+function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const declared = Number(req.headers['content-length']);
+    if (Number.isFinite(declared) && declared > limit) {
+      reject(
+        new ApiError(413, `request body of ${declared} bytes exceeds the limit of ${limit} bytes (--max-body-bytes)`),
+      );
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let size = 0,
+      over = false;
+    req.on('data', (c: Buffer) => {
+      if (over) return;
+      size += c.length;
+      if (size > limit) {
+        over = true;
+        chunks.length = 0;
+        reject(new ApiError(413, `request body exceeds the limit of ${limit} bytes (--max-body-bytes)`));
+        return;
+      }
+      chunks.push(c);
+    });
+    req.on('end', () => {
+      if (!over) resolve(Buffer.concat(chunks));
+    });
+    req.on('error', () => reject(new ApiError(400, 'connection closed while the request body was being read')));
+    req.on('close', () => {
+      if (!req.complete && !over) reject(new ApiError(400, 'connection closed while the request body was being read'));
+    });
+  });
+}
+
+interface Choice {
+  index: number;
+  promptIds: number[];
+  tokens: number[];
+  logprobs: number[];
+  text: string;
+  finish: 'stop' | 'length';
+}
+
+export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyServer> {
+  const { policy } = o;
+  const tok = policy.tokenizer;
+  const c = policy.config;
+  const log = o.log ?? silentLogger();
+  const limit = o.maxBodyBytes ?? 16 * 1024 * 1024;
+  const tScale = o.temperatureScale ?? 1;
+  let current = o.initial;
+
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  const R = [registry];
+  const mRequests = new Counter({
+    name: 'rlstream_policy_server_requests_total',
+    help: 'HTTP requests by endpoint and status',
+    labelNames: ['endpoint', 'status'],
+    registers: R,
+  });
+  const mPrompt = new Counter({
+    name: 'rlstream_policy_server_prompt_tokens_total',
+    help: 'Prompt tokens of served sequences',
+    registers: R,
+  });
+  const mGen = new Counter({
+    name: 'rlstream_policy_server_generation_tokens_total',
+    help: 'Tokens generated',
+    registers: R,
+  });
+  const mBatch = new Histogram({
+    name: 'rlstream_policy_server_batch_sequences',
+    help: 'Sequences per sampler batch',
+    buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256],
+    registers: R,
+  });
+  const mLatency = new Histogram({
+    name: 'rlstream_policy_server_request_seconds',
+    help: 'Generation request latency',
+    labelNames: ['endpoint'],
+    buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+    registers: R,
+  });
+  const mVersion = new Gauge({
+    name: 'rlstream_policy_server_policy_version',
+    help: 'The policy version served',
+    registers: R,
+  });
+  const mPending = new Gauge({
+    name: 'rlstream_policy_server_pending_sequences',
+    help: 'Sequences waiting for a batch',
+    registers: R,
+    collect() {
+      this.set(batcher.pending);
+    },
+  });
+  void mPending;
+  mVersion.set(current.version);
+
+  const sampler = new Sampler(c, { threads: o.threads, maxBatchSize: o.maxBatchSize });
+  const batcher = new GenerationBatcher(sampler, () => current, {
+    windowMs: o.batchWindowMs ?? 5,
+    stats: { onBatch: (n) => mBatch.observe(n) },
+  });
+
+  // weight swaps happen one at a time; a batch keeps the weights it started with
+  let loading: Promise<unknown> = Promise.resolve();
+  const swap = (load: () => Promise<PolicyWeights>): Promise<PolicyWeights> => {
+    const p = loading.then(load).then((w) => {
+      current = w;
+      mVersion.set(w.version);
+      log.info({ version: w.version, dir: w.dir }, `serving policy version ${w.version}`);
+      return w;
+    });
+    loading = p.catch(() => undefined);
+    return p;
+  };
+
+  let followTimer: NodeJS.Timeout | null = null;
+  if (policy.runDir && (o.followMs ?? 500) > 0) {
+    const runDir = policy.runDir;
+    let busy = false;
+    followTimer = setInterval(() => {
+      if (busy) return;
+      const vs = runPolicyVersions(runDir);
+      const newest = vs[vs.length - 1];
+      if (newest === undefined || newest <= current.version) return;
+      busy = true;
+      swap(() => loadPolicyWeights(policyDir(runDir, newest), c, newest))
+        .catch((e: unknown) =>
+          log.warn({ err: (e as Error).message }, `loading policy version ${newest} failed; retrying`),
+        )
+        .finally(() => (busy = false));
+    }, o.followMs ?? 500);
+    followTimer.unref();
+  }
+
+  const checkModel = (name: string) => {
+    if (name !== policy.name)
+      throw new ApiError(
+        404,
+        `The model \`${name}\` does not exist. Served: ${policy.name}`,
+        'model',
+        'model_not_found',
+      );
+  };
+
+  const checkIds = (ids: number[], where: string) => {
+    for (const v of ids)
+      if (v >= c.vocabSize)
+        throw new ApiError(400, `${where}: token id ${v} is outside the vocabulary (${c.vocabSize} ids)`, 'prompt');
+  };
+
+  /** Samples `n` choices for each prompt. */
+  async function sample(
+    prompts: number[][],
+    r: CompletionRequest | ChatRequest,
+    maxTokensIn: number | null | undefined,
+  ): Promise<{ version: number; choices: Choice[] }> {
+    const maxPos = c.maxPositionEmbeddings;
+    for (const p of prompts) {
+      if (p.length === 0) throw new ApiError(400, 'the prompt encodes to no tokens', 'prompt');
+      const want = p.length + (maxTokensIn ?? 1);
+      if (want > maxPos)
+        throw new ApiError(
+          400,
+          `This model's maximum context length is ${maxPos} tokens. However, you requested ${want} tokens (${p.length} in the prompt, ${maxTokensIn ?? 1} in the completion). Please reduce the length of the prompt or the completion.`,
+          'max_tokens',
+          'context_length_exceeded',
+        );
+    }
+    const maxTokens = maxTokensIn ?? Math.min(...prompts.map((p) => maxPos - p.length));
+    const T = r.temperature ?? 1;
+    const eos = [...new Set([...policy.stopIds, ...(r.stop_token_ids ?? [])])];
+    for (const e of eos)
+      if (e >= c.vocabSize) throw new ApiError(400, `stop_token_ids: ${e} is outside the vocabulary`, 'stop_token_ids');
+    const params: SamplingParamsInput = {
+      temperature: T * tScale,
+      topP: r.top_p ?? 1,
+      topK: r.top_k !== null && r.top_k !== undefined && r.top_k > 0 ? r.top_k : 0,
+      maxNewTokens: maxTokens,
+      seed: r.rlstream_seed ?? r.seed ?? 0,
+      eosTokenIds: eos,
+    };
+    const base = r.request_id ?? (r.seed !== null && r.seed !== undefined ? `seed-${r.seed}` : randomUUID());
+    const total = prompts.length * r.n;
+    const seqs = prompts.flatMap((p, pi) =>
+      Array.from({ length: r.n }, (_, i) => ({ id: total === 1 ? base : `${base}:${pi * r.n + i}`, prompt: p })),
+    );
+    let res;
+    try {
+      res = await batcher.submit(seqs, params);
+    } catch (e) {
+      if (e instanceof ConfigError) throw new ApiError(400, e.message);
+      throw e;
+    }
+    const stops = typeof r.stop === 'string' ? [r.stop] : (r.stop ?? []);
+    const choices = res.generations.map((g, k) => finishChoice(k, seqs[k].prompt, g, stops, eos));
+    for (const ch of choices) {
+      mPrompt.inc(ch.promptIds.length);
+      mGen.inc(ch.tokens.length);
+    }
+    return { version: res.version, choices };
+  }
+
+  function finishChoice(index: number, promptIds: number[], g: Generation, stops: string[], eos: number[]): Choice {
+    let tokens = Array.from(g.tokens),
+      logprobs = Array.from(g.logprobs);
+    let finish: Choice['finish'] = g.finishReason === 'eos' ? 'stop' : 'length';
+    const eosSet = new Set(eos);
+    const body = (ts: number[]) => (ts.length && eosSet.has(ts[ts.length - 1]) ? ts.slice(0, -1) : ts);
+    let text = tok.decode(body(tokens));
+    if (stops.length) {
+      const hits = stops.map((s) => (s ? text.indexOf(s) : -1)).filter((i) => i >= 0);
+      if (hits.length) {
+        const cut = Math.min(...hits);
+        // the shortest token prefix whose text reaches the stop string
+        let t = 1;
+        while (t < tokens.length && tok.decode(tokens.slice(0, t)).length <= cut) t++;
+        tokens = tokens.slice(0, t);
+        logprobs = logprobs.slice(0, t);
+        text = text.slice(0, cut);
+        finish = 'stop';
+      }
+    }
+    return { index, promptIds, tokens, logprobs, text, finish };
+  }
+
+  const created = () => Math.floor(Date.now() / 1000);
+
+  async function completions(raw: unknown, send: Sender): Promise<void> {
+    const p = completionRequestSchema.safeParse(raw);
+    if (!p.success) {
+      const z = zodMessage(p.error);
+      throw new ApiError(400, z.message, z.param);
+    }
+    const r = p.data;
+    checkModel(r.model);
+    const pr = r.prompt;
+    const prompts: number[][] =
+      typeof pr === 'string'
+        ? [Array.from(tok.encode(pr, { addSpecialTokens: true }))]
+        : typeof pr[0] === 'number'
+          ? [pr as number[]]
+          : typeof pr[0] === 'string'
+            ? (pr as string[]).map((s) => Array.from(tok.encode(s, { addSpecialTokens: true })))
+            : (pr as number[][]);
+    prompts.forEach((ids, i) => checkIds(ids, `prompt ${i}`));
+    const { version, choices } = await sample(prompts, r, r.max_tokens);
+    const id = `cmpl-${randomUUID()}`;
+    const lp = (ch: Choice) =>
+      r.logprobs === null || r.logprobs === undefined
+        ? null
+        : {
+            tokens: ch.tokens.map((t) => tok.decode([t])),
+            token_logprobs: ch.logprobs,
+            top_logprobs: null,
+            text_offset: offsets(ch.tokens),
+          };
+    const usage = usageOf(choices);
+    if (r.stream) {
+      send.sse(version, (write) => {
+        for (const ch of choices) {
+          ch.tokens.forEach((t, k) =>
+            write({
+              id,
+              object: 'text_completion',
+              created: created(),
+              model: policy.name,
+              policy_version: version,
+              choices: [
+                {
+                  index: ch.index,
+                  text:
+                    k < ch.tokens.length - 1 || ch.finish === 'length'
+                      ? tok.decode([t])
+                      : ch.text.slice(tok.decode(ch.tokens.slice(0, k)).length),
+                  logprobs:
+                    r.logprobs === null || r.logprobs === undefined
+                      ? null
+                      : {
+                          tokens: [tok.decode([t])],
+                          token_logprobs: [ch.logprobs[k]],
+                          top_logprobs: null,
+                          text_offset: [0],
+                        },
+                  finish_reason: k === ch.tokens.length - 1 ? ch.finish : null,
+                  ...(r.return_token_ids
+                    ? { token_ids: [t], ...(k === 0 ? { prompt_token_ids: ch.promptIds } : {}) }
+                    : {}),
+                },
+              ],
+            }),
+          );
+        }
+        if (r.stream_options?.include_usage)
+          write({ id, object: 'text_completion', created: created(), model: policy.name, choices: [], usage });
+      });
+      return;
+    }
+    send.json(200, version, {
+      id,
+      object: 'text_completion',
+      created: created(),
+      model: policy.name,
+      policy_version: version,
+      choices: choices.map((ch) => ({
+        index: ch.index,
+        text: ch.text,
+        logprobs: lp(ch),
+        finish_reason: ch.finish,
+        stop_reason: null,
+        ...(r.return_token_ids ? { token_ids: ch.tokens, prompt_token_ids: ch.promptIds } : {}),
+      })),
+      usage,
+    });
+  }
+
+  function offsets(tokens: number[]): number[] {
+    const out: number[] = [];
+    let at = 0;
+    for (const t of tokens) {
+      out.push(at);
+      at += tok.decode([t]).length;
+    }
+    return out;
+  }
+
+  function usageOf(choices: Choice[]) {
+    const promptTokens = [...new Set(choices.map((ch) => ch.promptIds))].reduce((n, p) => n + p.length, 0);
+    const completion = choices.reduce((n, ch) => n + ch.tokens.length, 0);
+    return { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
+  }
+
+  async function chat(raw: unknown, send: Sender): Promise<void> {
+    const p = chatRequestSchema.safeParse(raw);
+    if (!p.success) {
+      const z = zodMessage(p.error);
+      throw new ApiError(400, z.message, z.param);
+    }
+    const r = p.data;
+    checkModel(r.model);
+    if (!policy.chatTemplate)
+      throw new ApiError(
+        400,
+        `the model ${policy.name} has no chat template (tokenizer_config.json chat_template); use /v1/completions or start serve-policy with --chat-template FILE`,
+        'messages',
+      );
+    const messages: ChatMessage[] = r.messages.map((m) => ({
+      ...m,
+      role: m.role,
+      content: typeof m.content === 'string' ? m.content : (m.content ?? []).map((x) => x.text).join(''),
+    }));
+    let text: string;
+    try {
+      text = policy.chatTemplate.render(messages, {
+        addGenerationPrompt: r.add_generation_prompt ?? true,
+        kwargs: { ...(r.tools ? { tools: r.tools } : {}), ...(r.chat_template_kwargs ?? {}) },
+      });
+    } catch (e) {
+      throw new ApiError(400, (e as Error).message, 'messages');
+    }
+    const promptIds = Array.from(tok.encode(text, { addSpecialTokens: false }));
+    const { version, choices } = await sample([promptIds], r, r.max_completion_tokens ?? r.max_tokens);
+    const id = `chatcmpl-${randomUUID()}`;
+    const lp = (ch: Choice) =>
+      r.logprobs
+        ? {
+            content: ch.tokens.map((t, k) => {
+              const s = tok.decode([t]);
+              return { token: s, logprob: ch.logprobs[k], bytes: Array.from(Buffer.from(s, 'utf8')), top_logprobs: [] };
+            }),
+          }
+        : null;
+    const usage = usageOf(choices);
+    if (r.stream) {
+      send.sse(version, (write) => {
+        for (const ch of choices) {
+          const head = {
+            id,
+            object: 'chat.completion.chunk',
+            created: created(),
+            model: policy.name,
+            policy_version: version,
+          };
+          write({
+            ...head,
+            choices: [{ index: ch.index, delta: { role: 'assistant', content: '' }, finish_reason: null }],
+          });
+          let sent = 0;
+          ch.tokens.forEach((t, k) => {
+            const upto =
+              k === ch.tokens.length - 1
+                ? ch.text.length
+                : Math.min(ch.text.length, tok.decode(ch.tokens.slice(0, k + 1)).length);
+            const delta = ch.text.slice(sent, upto);
+            sent = Math.max(sent, upto);
+            write({
+              ...head,
+              choices: [
+                {
+                  index: ch.index,
+                  delta: { content: delta },
+                  logprobs: r.logprobs
+                    ? { content: [{ token: tok.decode([t]), logprob: ch.logprobs[k], top_logprobs: [] }] }
+                    : null,
+                  finish_reason: k === ch.tokens.length - 1 ? ch.finish : null,
+                  ...(r.return_token_ids ? { token_ids: [t] } : {}),
+                },
+              ],
+            });
+          });
+        }
+        if (r.stream_options?.include_usage)
+          write({ id, object: 'chat.completion.chunk', created: created(), model: policy.name, choices: [], usage });
+      });
+      return;
+    }
+    send.json(200, version, {
+      id,
+      object: 'chat.completion',
+      created: created(),
+      model: policy.name,
+      policy_version: version,
+      choices: choices.map((ch) => ({
+        index: ch.index,
+        message: { role: 'assistant', content: ch.text, tool_calls: [] },
+        logprobs: lp(ch),
+        finish_reason: ch.finish,
+        ...(r.return_token_ids ? { token_ids: ch.tokens } : {}),
+      })),
+      ...(r.return_token_ids ? { prompt_token_ids: promptIds } : {}),
+      usage,
+    });
+  }
+
+  async function updateWeights(raw: unknown, send: Sender): Promise<void> {
+    const p = updateWeightsSchema.safeParse(raw);
+    if (!p.success) {
+      const z = zodMessage(p.error);
+      throw new ApiError(400, z.message, z.param);
+    }
+    const r = p.data;
+    const named = r.weight_version ?? /v(\d+)\/?$/.exec(r.model_path)?.[1];
+    const version =
+      named !== undefined && named !== null && /^\d+$/.test(String(named)) ? Number(named) : current.version + 1;
+    try {
+      const w = await swap(() => loadPolicyWeights(r.model_path, c, version));
+      send.json(200, w.version, {
+        success: true,
+        message: `loaded ${r.model_path} as policy version ${w.version}`,
+        num_paused_requests: 0,
+        policy_version: w.version,
+      });
+    } catch (e) {
+      const status = e instanceof RlError && e.code === 'ERR_NO_MODEL_PATH' ? 404 : 400;
+      send.json(status, current.version, { success: false, message: (e as Error).message, num_paused_requests: 0 });
+    }
+  }
+
+  interface Sender {
+    json(status: number, version: number, body: unknown): void;
+    sse(version: number, fill: (write: (chunk: unknown) => void) => void): void;
+  }
+
+  const server = http.createServer((req, res) => {
+    const path = (req.url ?? '/').split('?')[0];
+    const endpoint = [
+      '/v1/completions',
+      '/v1/chat/completions',
+      '/v1/models',
+      '/health',
+      '/metrics',
+      '/update_weights_from_disk',
+    ].includes(path)
+      ? path
+      : 'other';
+    const t0 = performance.now();
+    const send: Sender = {
+      json(status, version, body) {
+        mRequests.inc({ endpoint, status: String(status) });
+        res.writeHead(status, { 'content-type': 'application/json', 'x-rlstream-policy-version': String(version) });
+        res.end(JSON.stringify(body));
+      },
+      sse(version, fill) {
+        mRequests.inc({ endpoint, status: '200' });
+        res.writeHead(200, {
+          'content-type': 'text/event-stream',
+          'cache-control': 'no-cache',
+          'x-rlstream-policy-version': String(version),
+        });
+        fill((chunk) => res.write(`data: ${JSON.stringify(chunk)}\n\n`));
+        res.end('data: [DONE]\n\n');
+      },
+    };
+    const fail = (e: unknown) => {
+      const err =
+        e instanceof ApiError
+          ? e
+          : new ApiError(500, `internal error: ${(e as Error)?.message ?? String(e)}`, null, 'internal_error');
+      if (err.status >= 500) log.error({ err: (e as Error)?.message }, 'request failed');
+      if (res.headersSent) {
+        res.destroy();
+        return;
+      }
+      mRequests.inc({ endpoint, status: String(err.status) });
+      res.writeHead(err.status, {
+        'content-type': 'application/json',
+        ...(err.status === 413 ? { connection: 'close' } : {}),
+      });
+      res.end(err.body());
+    };
+    if (req.method === 'GET') {
+      if (path === '/health') return send.json(200, current.version, { status: 'ok', policy_version: current.version });
+      if (path === '/v1/models')
+        return send.json(200, current.version, {
+          object: 'list',
+          data: [
+            {
+              id: policy.name,
+              object: 'model',
+              created: created(),
+              owned_by: 'rlstream',
+              root: current.dir,
+              max_model_len: c.maxPositionEmbeddings,
+              policy_version: current.version,
+            },
+          ],
+        });
+      if (path === '/metrics') {
+        registry.metrics().then(
+          (text) => {
+            res.writeHead(200, { 'content-type': registry.contentType });
+            res.end(text);
+          },
+          (e: unknown) => fail(e),
+        );
+        return;
+      }
+    }
+    const handler =
+      path === '/v1/completions'
+        ? completions
+        : path === '/v1/chat/completions'
+          ? chat
+          : path === '/update_weights_from_disk'
+            ? updateWeights
+            : null;
+    if (!handler)
+      return fail(
+        new ApiError(
+          404,
+          `no route ${req.method} ${path}; endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics, POST /update_weights_from_disk`,
+        ),
+      );
+    if (req.method !== 'POST') return fail(new ApiError(405, `${path} takes POST`));
+    readBody(req, limit)
+      .then((buf) => {
+        let body: unknown;
+        try {
+          body = JSON.parse(buf.toString('utf8'));
+        } catch (e) {
+          throw new ApiError(400, `the body is not valid JSON (${(e as Error).message})`);
+        }
+        if (body === null || typeof body !== 'object' || Array.isArray(body))
+          throw new ApiError(400, 'the body must be a JSON object');
+        return handler(body, send);
+      })
+      .then(() => {
+        if (endpoint !== '/update_weights_from_disk') mLatency.observe({ endpoint }, (performance.now() - t0) / 1000);
+      })
+      .catch(fail);
+  });
+  server.requestTimeout = o.requestTimeoutMs ?? 60_000;
+  server.headersTimeout = Math.min(server.requestTimeout, 20_000);
+  server.keepAliveTimeout = 5000;
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(o.port, o.host ?? '127.0.0.1', () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const port = (server.address() as AddressInfo).port;
+  return {
+    port,
+    url: `http://${o.host && o.host !== '0.0.0.0' ? o.host : '127.0.0.1'}:${port}`,
+    version: () => current.version,
+    close: () =>
+      new Promise<void>((r) => {
+        if (followTimer) clearInterval(followTimer);
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
+  };
+}

@@ -1,0 +1,153 @@
+/**
+ * Rollouts through an inference engine: the number game trained a few steps with
+ * `rollout.engine: openai` against `rlstream serve-policy` in another process (told to load each
+ * policy version by update_weights_from_disk) samples exactly the trajectories `engine: onnx` does
+ * with the same seed and run id, and logs a zero mismatch. A deliberately mismatched engine
+ * (serve-policy --debug-temperature-scale 1.5) shows rollout/mismatch_kl > 0, and the
+ * TIS metrics agree with an independent recomputation from the stored trajectories.
+ */
+import { test, after, before } from 'node:test';
+import assert from 'node:assert/strict';
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { loadConfig, type Config } from '../../lib/config/index.ts';
+import { trainEmbedded } from '../../app/run.ts';
+import { silentLogger } from '../../lib/log.ts';
+import { openStore } from '../../lib/store/index.ts';
+import type { StoredTrajectory } from '../../lib/store/port.ts';
+import { loadCheckpoint } from '../../lib/model/checkpoint.ts';
+import { Scorer } from '../../lib/model/score.ts';
+import { policyDir, policyModelConfig, tokenizerFor } from '../../lib/pipeline/policy.ts';
+import { makePolicyRunDir } from '../support/policy-run-dir.ts';
+import { spawnCli, killHard, type CliProc } from '../support/chaos-procs.ts';
+
+const ROOT = join(import.meta.dirname, '../..');
+const RUN_ID = 'e2e-inference-engine';
+const tmp = join(ROOT, 'test/.tmp', `inference-engine-${process.pid}`);
+const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
+const MODEL = ['trainer.val_before_train=false', 'trainer.save_freq=-1'];
+const procs: CliProc[] = [];
+let exact = '';
+let mismatched = '';
+
+after(async () => {
+  for (const p of procs) await killHard(p);
+  rmSync(tmp, { recursive: true, force: true });
+});
+
+async function serve(args: string[]): Promise<string> {
+  const p = spawnCli([
+    'serve-policy',
+    join(tmp, 'serve'),
+    '--port',
+    '0',
+    '--follow-ms',
+    '0',
+    '--served-model-name',
+    'policy',
+    ...args,
+  ]);
+  procs.push(p);
+  assert.ok(await p.waitFor(/serving policy .* at http:\/\/\S+/, 60_000), p.output());
+  return /at (http:\/\/\S+)/.exec(p.output())![1];
+}
+
+before(async () => {
+  await makePolicyRunDir(join(tmp, 'serve'), MODEL, CONFIG);
+  [exact, mismatched] = await Promise.all([serve([]), serve(['--debug-temperature-scale', '1.5'])]);
+});
+
+function config(name: string, extra: string[]): Config {
+  return loadConfig({
+    file: CONFIG,
+    overrides: [...MODEL, `trainer.run_dir=${join(tmp, name)}`, `pipeline.run_id=${RUN_ID}`, ...extra],
+  });
+}
+
+async function trajectories(name: string): Promise<{ trajs: StoredTrajectory[]; metric: (n: string) => number[] }> {
+  const store = await openStore({ kind: 'pglite', dir: join(tmp, name, 'db') });
+  try {
+    const trajs = (await store.getTrajectories(RUN_ID, { kind: 'train' })).sort((a, b) => (a.id < b.id ? -1 : 1));
+    const ms = await store.getMetrics(RUN_ID);
+    const metric = (n: string) =>
+      ms
+        .filter((m) => m.name === n)
+        .sort((a, b) => a.step - b.step)
+        .map((m) => m.value);
+    return { trajs, metric };
+  } finally {
+    await store.close();
+  }
+}
+
+test(
+  'engine: openai against serve-policy samples the same trajectories as engine: onnx',
+  { timeout: 300_000 },
+  async () => {
+    const steps = 'trainer.max_steps=2';
+    const a = await trainEmbedded(config('onnx', [steps]), silentLogger(RUN_ID));
+    assert.equal(a.status, 'completed', a.message);
+    const b = await trainEmbedded(
+      config('openai', [steps, 'rollout.engine=openai', `rollout.openai.urls=[${exact}]`]),
+      silentLogger(RUN_ID),
+    );
+    assert.equal(b.status, 'completed', b.message);
+    const A = await trajectories('onnx');
+    const B = await trajectories('openai');
+    assert.equal(A.trajs.length, 2 * 4 * 4);
+    assert.deepEqual(
+      B.trajs.map((t) => [t.id, t.step, t.policyVersion]),
+      A.trajs.map((t) => [t.id, t.step, t.policyVersion]),
+    );
+    B.trajs.forEach((t, i) => {
+      assert.deepEqual(t.responseTokens, A.trajs[i].responseTokens, `response of ${t.id}`);
+      t.behaviourLogprobs.forEach((x, k) => assert.ok(Math.abs(x - A.trajs[i].behaviourLogprobs[k]) < 1e-4, `${t.id}`));
+    });
+    assert.deepEqual(B.metric('reward/mean'), A.metric('reward/mean'));
+    for (const kl of B.metric('rollout/mismatch_kl')) assert.ok(kl < 1e-6, `exact engine: mismatch KL ${kl}`);
+  },
+);
+
+test(
+  'a mismatched engine: mismatch KL > 0 and TIS metrics an independent computation reproduces',
+  { timeout: 300_000 },
+  async () => {
+    const cfg = config('mismatch', [
+      'trainer.max_steps=1',
+      'rollout.engine=openai',
+      `rollout.openai.urls=[${mismatched}]`,
+      'algorithm.rollout_correction.mode=tis',
+      'algorithm.rollout_correction.threshold=1.2',
+    ]);
+    const out = await trainEmbedded(cfg, silentLogger(RUN_ID));
+    assert.equal(out.status, 'completed', out.message);
+    const { trajs, metric } = await trajectories('mismatch');
+    const kl = metric('rollout/mismatch_kl')[0];
+    assert.ok(kl > 1e-3, `mismatch KL ${kl}`);
+    // independent: the trainer's log-probs of step 1 are version 0's at rollout.temperature
+    const model = policyModelConfig(cfg, tokenizerFor(cfg));
+    const v0 = await loadCheckpoint(policyDir(cfg.trainer.run_dir!, 0), { optimizer: false });
+    const scores = await new Scorer(model).score(
+      v0.weights,
+      trajs.map((t) => ({ prompt: t.promptTokens, response: t.responseTokens })),
+      { temperature: cfg.rollout.temperature, entropy: false },
+    );
+    let n = 0,
+      k3 = 0,
+      w = 0,
+      cut = 0;
+    trajs.forEach((t, i) =>
+      t.behaviourLogprobs.forEach((b, k) => {
+        const r = Math.exp(scores[i].logprobs[k]) / Math.exp(b);
+        k3 += r - 1 - Math.log(r);
+        w += Math.min(r, 1.2);
+        cut += r > 1.2 ? 1 : 0;
+        n++;
+      }),
+    );
+    assert.ok(Math.abs(kl - k3 / n) < 1e-4, `mismatch KL ${kl} vs ${k3 / n}`);
+    assert.ok(Math.abs(metric('rollout/is_weight_mean')[0] - w / n) < 1e-4);
+    assert.ok(Math.abs(metric('rollout/is_weight_clipped_frac')[0] - cut / n) < 1e-3);
+    assert.ok(cut > 0, 'some weights were truncated');
+  },
+);
