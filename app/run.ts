@@ -30,6 +30,7 @@ import { isConnectionError } from '../lib/db/errors.ts';
 import { LiveTensorBoard, tensorboardDir } from '../lib/analysis/tensorboard-live.ts';
 import { checkDevice, type Device } from '../lib/onnx/runtime.ts';
 import { checkPythonReward } from '../lib/reward-fns/python-pool.ts';
+import { checkStageMemory } from '../lib/checks/stage-memory.ts';
 import type { RunRow } from '../lib/store/index.ts';
 import { experienceScorerOptions, samplerOptions } from '../lib/pipeline/policy.ts';
 
@@ -325,6 +326,7 @@ export async function trainEmbedded(
   // missing or partial inputs, an unwritable run directory: refused before anything is created
   const problems = await preflightProblems(cfg);
   if (problems.length) throw new ConfigError(problems.join('\n'), { problems });
+  await checkStageMemory(cfg, 'embedded'); // a cgroup memory limit below what the model needs
   await checkPythonReward(cfg.reward);
   const p = await openPipeline(cfg, { log, breakLock: opts.breakLock });
   const stages: StartedStage[] = [];
