@@ -30,6 +30,7 @@ import { isConnectionError } from '../lib/db/errors.ts';
 import { LiveTensorBoard, tensorboardDir } from '../lib/analysis/tensorboard-live.ts';
 import { checkDevice, type Device } from '../lib/onnx/runtime.ts';
 import { checkPythonReward } from '../lib/reward-fns/python-pool.ts';
+import { checkStageMemory } from '../lib/checks/stage-memory.ts';
 import type { RunRow } from '../lib/store/index.ts';
 import { experienceScorerOptions, samplerOptions } from '../lib/pipeline/policy.ts';
 
@@ -295,6 +296,21 @@ export async function refuseChangedConfig(cfg: Config, p: Pipeline): Promise<Run
   return prev;
 }
 
+/** `p`'s value, or 'timeout' after `ms` (the timer never keeps the process alive). */
+async function settlesWithin<T>(p: Promise<T>, ms: number): Promise<T | 'timeout'> {
+  let t: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      p,
+      new Promise<'timeout'>((r) => {
+        t = setTimeout(() => r('timeout'), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(t);
+  }
+}
+
 /** Whether a run has stored anything its config gives a meaning to: a trajectory or a checkpoint. */
 async function madeProgress(p: Pipeline): Promise<boolean> {
   return (await p.store.countTrajectories(p.runId)) > 0 || (await p.store.latestCheckpoint(p.runId)) !== undefined;
@@ -325,6 +341,7 @@ export async function trainEmbedded(
   // missing or partial inputs, an unwritable run directory: refused before anything is created
   const problems = await preflightProblems(cfg);
   if (problems.length) throw new ConfigError(problems.join('\n'), { problems });
+  await checkStageMemory(cfg, 'embedded'); // a cgroup memory limit below what the model needs
   await checkPythonReward(cfg.reward);
   const p = await openPipeline(cfg, { log, breakLock: opts.breakLock });
   const stages: StartedStage[] = [];
@@ -405,12 +422,32 @@ export async function trainEmbedded(
       aborted,
       ...failures.map((f) => f.then((x) => x ?? new Promise<RunOutcome>(() => undefined))),
     ]);
-    await watch.stop(); // its last round draws the bar's final state
-    bar?.finish();
+    // its last round draws the bar's final state; on PGlite that round waits for the only
+    // connection, which a stage in the middle of a batch holds: interrupted, the stages are
+    // stopped alongside
+    const watchStopped = watch.stop();
+    if (outcome.status !== 'stopped') await watchStopped;
     // stop every stage at once: on PGlite a stage in the middle of a batch holds the only connection
-    await Promise.all(stages.map((s) => s.run.consumer.stop().catch(() => undefined)));
-    await Promise.all(stages.map((s) => s.run.done.catch(() => undefined)));
-    for (const s of stages) await s.close().catch(() => undefined);
+    const stopped = Promise.all(stages.map((s) => s.run.consumer.stop().catch(() => undefined))).then(() =>
+      Promise.all(stages.map((s) => s.run.done.catch(() => undefined))),
+    );
+    // interrupted: a stage still busy after half the grace period (a reward batch retrying against
+    // failing servers) has its backend closed under it, which abandons the batch uncommitted (it is
+    // redelivered on resume), so the run is marked stopped and closed within pipeline.grace_seconds
+    const graceMs = cfg.pipeline.grace_seconds * 1000;
+    if (outcome.status === 'stopped' && (await settlesWithin(stopped, graceMs / 2)) === 'timeout') {
+      log.warn(
+        { grace_s: cfg.pipeline.grace_seconds },
+        `stopping: a stage is still in the middle of a batch after ${graceMs / 2000} s; abandoning it uncommitted (the same command redoes it)`,
+      );
+      for (const s of stages) await s.close().catch(() => undefined);
+      await settlesWithin(stopped, graceMs / 4);
+    } else {
+      await stopped;
+      for (const s of stages) await s.close().catch(() => undefined);
+    }
+    if (outcome.status === 'stopped') await settlesWithin(watchStopped, graceMs / 8);
+    bar?.finish();
     // stopped (SIGTERM, Ctrl-C): the same command resumes it; the row says so instead of "running"
     await p.store
       .setRunStatus(p.runId, outcome.status, outcome.status === 'failed' ? { error: outcome.message ?? '' } : undefined)

@@ -26,6 +26,7 @@ import { isConnectionError } from '../lib/db/errors.ts';
 import { PrometheusTelemetry } from '../lib/metrics/prometheus.ts';
 import { startHealthServer, type HealthServer } from '../lib/http/health-server.ts';
 import { checkPythonReward } from '../lib/reward-fns/python-pool.ts';
+import { checkStageMemory } from '../lib/checks/stage-memory.ts';
 import { watchRun, checkDevices, openTensorBoard, refuseChangedConfig, type RunOutcome } from './run.ts';
 import type { LiveTensorBoard } from '../lib/analysis/tensorboard-live.ts';
 
@@ -187,6 +188,7 @@ async function serveOnce(
   ready: ReadyState,
 ): Promise<RunOutcome> {
   await checkDevices(cfg, [stage]);
+  await checkStageMemory(cfg, stage); // the pod's memory limit against what the stage's model needs
   if (stage === 'reward') await checkPythonReward(cfg.reward);
   let p: Pipeline;
   ready.reason = 'connecting to bus and store';

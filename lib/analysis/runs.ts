@@ -3,7 +3,8 @@
  * store (`<dir>/db/pgdata`), or every row of `runs` in a PostgreSQL. Each row comes from the v_runs
  * view. A run directory held by a live process (its lock file names a running PID) is read from the
  * holder's snapshot (or listed as "in use (PID n)" instead of failing the whole listing); a row
- * still "running" in a directory no live process holds (a SIGKILLed or crashed run) is "stale".
+ * still "running" in a directory no live process holds (a SIGKILLed or crashed run) is "stale"; a
+ * run stored as "completed" is shown as "finished".
  */
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -44,6 +45,14 @@ const RUN_COLUMNS = `v.run_id, v.project, v.experiment, v.status, v.parent_run_i
   to_char(v.updated_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as updated_at,
   case when v.status = 'failed' then r.summary->>'error' end as error`;
 
+/**
+ * The status a listing shows: a run that ended normally is stored as `completed` (runs.status) and
+ * shown as `finished`; running, failed and stopped are shown as stored.
+ */
+export function shownStatus(stored: string): string {
+  return stored === 'completed' ? 'finished' : stored;
+}
+
 function toSummary(dir: string | null, cols: string[], row: unknown[]): RunSummary {
   const r = Object.fromEntries(cols.map((c, i) => [c, row[i]])) as Record<string, any>;
   const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
@@ -52,7 +61,7 @@ function toSummary(dir: string | null, cols: string[], row: unknown[]): RunSumma
     runId: r.run_id,
     project: r.project,
     experiment: r.experiment,
-    status: r.status,
+    status: shownStatus(r.status),
     parentRunId: r.parent_run_id,
     steps: num(r.steps),
     lastStep: num(r.last_step),

@@ -7,7 +7,7 @@
  * reachable; the Python interpreter, module and function of a Python reward. Each check is one
  * line: ok, warn, fail (the command exits 1) or skip.
  */
-import { readFileSync, readdirSync, statSync, statfsSync, existsSync } from 'node:fs';
+import { readdirSync, statSync, statfsSync, existsSync } from 'node:fs';
 import { availableParallelism, freemem, totalmem } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { connect } from 'node:net';
@@ -16,6 +16,7 @@ import type { Config } from '../config/index.ts';
 import { errorMessage } from '../errors.ts';
 import { DEVICES, type Device } from '../onnx/devices.ts';
 import { PythonRewardPool, isPythonRewardPath } from '../reward-fns/python-pool.ts';
+import { cgroupMemoryLimit } from './stage-memory.ts';
 
 export type CheckStatus = 'ok' | 'warn' | 'fail' | 'skip';
 export interface EnvCheck {
@@ -40,16 +41,6 @@ function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
       t = setTimeout(() => rej(new Error(`${what}: no answer within ${ms / 1000} s`)), ms);
     }),
   ]);
-}
-
-/** The cgroup (v2) memory limit of this process, when one is set. */
-function cgroupMemoryLimit(): number | null {
-  try {
-    const v = readFileSync('/sys/fs/cgroup/memory.max', 'utf8').trim();
-    return v === 'max' ? null : Number(v);
-  } catch {
-    return null;
-  }
 }
 
 /** The nearest existing directory at or above `p`. */

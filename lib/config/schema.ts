@@ -1402,7 +1402,7 @@ const pipelineSchema = section(
       .gt(0)
       .default(25)
       .describe(
-        "`rlstream serve`: after SIGTERM, the most seconds a stage takes to stop (stop fetching, abandon the batch in hand uncommitted, leave the consumer group, close bus and store) before it exits anyway; keep it below the pod's terminationGracePeriodSeconds (default 30). --grace-seconds overrides it.",
+        "`rlstream serve`: after SIGTERM, the most seconds a stage takes to stop (stop fetching, abandon the batch in hand uncommitted, leave the consumer group, close bus and store) before it exits anyway; keep it below the pod's terminationGracePeriodSeconds (default 30). --grace-seconds overrides it. `rlstream train` / `sft`: after the first Ctrl-C or SIGTERM, the most seconds the run takes to stop (a stage still busy after half of it is left uncommitted) before the process exits anyway.",
       ),
     run_id: z
       .string()

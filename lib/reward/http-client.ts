@@ -824,6 +824,12 @@ export function createRemoteRewardClient(opts: RemoteRewardOptions, deps: Remote
         });
       }
       await Promise.all(jobs.map((j) => runJob(j, deadline, out)));
+      // closed while scoring (a stopping run): the batch is neither scored nor failed; the stage
+      // abandons it uncommitted and it is redelivered
+      if (closed)
+        throw new RlError('reward client closed while scoring: the batch is not scored (it is redelivered)', {
+          retriable: true,
+        });
       const outcomes = items.map(
         (it): RewardOutcome =>
           out.get(it.id) ?? { id: it.id, ok: false, reason: 'internal error: no outcome recorded', retriable: true },

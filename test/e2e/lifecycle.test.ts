@@ -133,7 +133,7 @@ test(
         [2, 4],
         'the final checkpoint of each end',
       );
-      assert.equal(data.run.status, 'completed');
+      assert.equal(data.run.status, 'finished');
       assert.equal(data.run.lastStep, 4);
     } finally {
       await db.close();

@@ -1,6 +1,6 @@
 /**
- * `rlstream runs` for every way a run ends: completed, failed (with its reason), stopped (SIGTERM),
- * stale (SIGKILL: still marked running, its lock holder gone) — never "running" for a run that is
+ * `rlstream runs` for every way a run ends: finished, failed (with its reason), stopped (SIGTERM;
+ * Ctrl-C in ctrl-c-breakers.test.ts), stale (SIGKILL: still marked running, its lock holder gone) — never "running" for a run that is
  * not. A start refused by the checks before it (an incomplete model directory) creates nothing; a
  * start that failed before its first step does not lock its config: the fixed rerun needs no
  * trainer.resume_with_changed_config.
@@ -61,7 +61,7 @@ test('an incomplete model directory is refused before anything is created, one l
 });
 
 test(
-  'failed with its reason, then the fixed rerun (another model path) completes without resume_with_changed_config',
+  'failed with its reason, then the fixed rerun (another model path) is finished without resume_with_changed_config',
   { timeout: 120_000 },
   async () => {
     const runs = join(root, 'runs-f');
@@ -86,7 +86,7 @@ test(
     );
     assert.equal(out.status, 'completed', out.message);
     [row] = await listRunsInDir(runs);
-    assert.equal(row!.status, 'completed');
+    assert.equal(row!.status, 'finished');
     assert.equal(row!.error, null);
   },
 );

@@ -44,9 +44,9 @@ export const runsCommand: Command = {
   help: [
     'Without options, every subdirectory of ./runs that holds an embedded store (db/pgdata/) is opened in',
     'turn and summarised; a directory held by a live training process is read from its snapshot.',
-    'status: running (its process is alive), completed, failed (error says why), stopped (SIGTERM or',
-    '  Ctrl-C: the same command resumes it), stale (still marked running, but no live process holds the',
-    '  run directory: it was killed; the same command resumes it).',
+    'status: running (its process is alive), finished (ended normally; v_runs.status "completed"),',
+    '  failed (error says why), stopped (SIGTERM or Ctrl-C: the same command resumes it), stale (still',
+    '  marked running, but no live process holds the run directory: it was killed; the same command resumes it).',
     'With --db, every row of the runs table of that PostgreSQL is listed.',
     '',
     'options:',

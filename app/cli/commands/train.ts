@@ -19,17 +19,48 @@ export function printNotApplicable(t: Translation): void {
   if (line) console.error(line);
 }
 
-/** Ctrl-C (SIGINT) or SIGTERM: aborts the signal, calls `onStop` at once, and remembers which. */
-function interruption(onStop?: () => void): { signal: AbortSignal; exitCode(): number } {
+/**
+ * Ctrl-C (SIGINT) or SIGTERM: says at once that the run is stopping, calls `onStop` (the log is
+ * muted from here on), aborts the signal and remembers which (exit code 130 / 143). The stop is
+ * bounded: `graceMs` later, or on a second signal, the process exits with that code whatever is
+ * still busy (a reward batch retrying against failing servers) — nothing committed is lost, and
+ * the same command continues the run.
+ */
+export function interruption(
+  graceMs: number,
+  command: string,
+  onStop?: () => void,
+  io: { err(line: string): void; exit(code: number): void } = {
+    err: (l) => process.stderr.write(`${l}\n`),
+    exit: (c) => process.exit(c),
+  },
+): { signal: AbortSignal; exitCode(): number } {
   const ac = new AbortController();
   let code = 1;
-  const on = (name: NodeJS.Signals) => () => {
-    code = name === 'SIGINT' ? 130 : 143;
+  const what = (sig: NodeJS.Signals) => (sig === 'SIGINT' ? 'Ctrl-C' : sig);
+  const on = (sig: NodeJS.Signals) => {
+    if (ac.signal.aborted) {
+      io.err(
+        `rlstream ${command}: second ${what(sig)}: exiting now (nothing committed is lost; run the same command again to continue)`,
+      );
+      io.exit(code);
+      return;
+    }
+    code = sig === 'SIGINT' ? 130 : 143;
     onStop?.();
+    io.err(
+      `rlstream ${command}: ${what(sig)}: stopping the run (at most ${graceMs / 1000} s, pipeline.grace_seconds; ${what(sig)} again exits at once)`,
+    );
     ac.abort();
+    setTimeout(() => {
+      io.err(
+        `rlstream ${command}: still stopping after ${graceMs / 1000} s: exiting now (nothing committed is lost; run the same command again to continue)`,
+      );
+      io.exit(code);
+    }, graceMs).unref();
   };
-  process.once('SIGINT', on('SIGINT'));
-  process.once('SIGTERM', on('SIGTERM'));
+  process.on('SIGINT', on);
+  process.on('SIGTERM', on);
   return { signal: ac.signal, exitCode: () => code };
 }
 
@@ -37,7 +68,7 @@ function interruption(onStop?: () => void): { signal: AbortSignal; exitCode(): n
  * What `rlstream train` and `rlstream sft` share before their run: the config from the arguments,
  * on a terminal a progress bar with the log lines above it (warnings and errors unless --verbose),
  * --print-config, and Ctrl-C / SIGTERM as an abort after which nothing the stopping run logs is
- * printed (exit code 130 / 143).
+ * printed, bounded by pipeline.grace_seconds (exit code 130 / 143).
  */
 export function consoleRun(argv: string[], command: 'train' | 'sft') {
   const { positionals, booleans, flags } = parseArgs(argv, {
@@ -60,7 +91,7 @@ export function consoleRun(argv: string[], command: 'train' | 'sft') {
   const level = process.env.RLSTREAM_LOG_LEVEL || (tty && !booleans.has('verbose') ? 'warn' : 'info');
   const log = createLogger({ runId: resolveRunId(cfg), level, sink });
   if (booleans.has('print-config')) process.stderr.write(`# resolved config\n${formatResolvedConfig(cfg)}\n`);
-  const stop = interruption(() => sink.mute());
+  const stop = interruption(cfg.pipeline.grace_seconds * 1000, command, () => sink.mute());
   return { cfg, log, bar, stop, breakLock: booleans.has('break-lock') };
 }
 
@@ -76,8 +107,8 @@ export const trainCommand: Command = {
     'the same command; a finished one says so, or trains on when trainer.total_epochs / max_steps grew.',
     '',
     'On a terminal: one progress bar redrawn in place, warnings and errors above it, the summary',
-    'at the end. Off a terminal: JSON log lines (info and up) on stderr. Ctrl-C stops the run',
-    '(exit code 130; run the command again to continue).',
+    'at the end. Off a terminal: JSON log lines (info and up) on stderr. Ctrl-C stops the run within',
+    'pipeline.grace_seconds, a second Ctrl-C at once (exit code 130; run the command again to continue).',
     '',
     'An EasyR1, verl or MTRL config is translated first (recognised by its sections, or named with',
     '--dialect; docs/dialects.md); its overrides use its own key names (Hydra-style, e.g.',

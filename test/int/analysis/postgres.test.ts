@@ -117,7 +117,7 @@ describe('commands against a PostgreSQL URL', () => {
     const rows = JSON.parse(r.out);
     const mine = rows.find((x: any) => x.run_id === runId);
     assert.ok(mine, 'the run is listed');
-    assert.equal(mine.status, 'completed');
+    assert.equal(mine.status, 'finished');
     assert.equal(mine.steps, 6);
     assert.equal(mine.best_val_acc, 0.6);
     assert.equal(mine.best_val_step, 3);
