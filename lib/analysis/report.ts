@@ -3,7 +3,7 @@
  * resources) with a summary table and line plots of a run — reward, validation accuracy, KL,
  * entropy, response length, clipfrac, and step time by stage — plus, for a run with prompt
  * images, a few validation images of the last round with the policy's answers (inline PNG data
- * URLs), checkpoints, reward failures and dead letters. Everything is read through read-only queries on the store and its views.
+ * URLs), a few multi-turn episodes as conversations, checkpoints, reward failures and dead letters. Everything is read through read-only queries on the store and its views.
  */
 import { mkdirSync, renameSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
@@ -54,7 +54,33 @@ export interface ReportData {
     groundTruth: string | null;
     reward: number | null;
   }>;
+  /** Up to REPORT_EPISODES multi-turn episodes of the last round that has them (validation first), as conversations. */
+  episodes: ReportEpisode[];
 }
+
+/** One multi-turn episode as a conversation (episodes + episode_turns). */
+export interface ReportEpisode {
+  trajectoryId: string;
+  step: number;
+  kind: string;
+  prompt: string | null;
+  outcome: 'done' | 'cut' | 'failed';
+  failure: string | null;
+  reward: number;
+  assistantTurns: number;
+  turns: Array<{
+    role: string;
+    text: string;
+    toolName: string | null;
+    arguments: string | null;
+    error: string | null;
+    reward: number;
+    latencyMs: number;
+  }>;
+}
+
+/** How many episodes the report shows. */
+export const REPORT_EPISODES = 4;
 
 /** How many validation images the report shows. */
 export const VAL_IMAGES = 8;
@@ -199,6 +225,7 @@ export async function loadReportData(database: Database, runId: string): Promise
     groundTruth: r.ground_truth,
     reward: r.reward,
   }));
+  const episodes = await loadReportEpisodes(database, runId);
   return {
     run,
     metrics,
@@ -211,7 +238,72 @@ export async function loadReportData(database: Database, runId: string): Promise
     deadLettersTotal: Number(dl?.n ?? 0),
     staleness: { mean: st?.mean ?? null, max: st?.max ?? null },
     valImages,
+    episodes,
   };
+}
+
+/**
+ * The first REPORT_EPISODES episodes (by trajectory id) of the last step that has episodes,
+ * validation rounds before training steps, with their turns in order.
+ */
+async function loadReportEpisodes(database: Database, runId: string): Promise<ReportEpisode[]> {
+  const eps = await queryObjects<any>(
+    database,
+    `with last as (
+       select kind, max(step) as step from episodes where run_id = $1 group by kind
+       order by case kind when 'val' then 0 else 1 end limit 1)
+     select e.trajectory_id, e.step, e.kind, e.assistant_turns, e.reward, e.done, e.failure, t.prompt_text
+     from episodes e join last l on e.kind = l.kind and e.step = l.step
+     left join trajectories t on t.run_id = e.run_id and t.id = e.trajectory_id
+     where e.run_id = $1 order by e.trajectory_id limit ${REPORT_EPISODES}`,
+    [runId],
+  );
+  if (eps.length === 0) return [];
+  const turns = await queryObjects<any>(
+    database,
+    `select trajectory_id, role, text, tool_name, arguments, error, reward, latency_ms from episode_turns
+     where run_id = $1 and trajectory_id = any($2::text[]) order by trajectory_id, turn_index`,
+    [runId, eps.map((e) => e.trajectory_id)],
+  );
+  return eps.map((e) => ({
+    trajectoryId: e.trajectory_id,
+    step: e.step,
+    kind: e.kind,
+    prompt: e.prompt_text ?? null,
+    outcome: e.failure !== null ? 'failed' : e.done ? 'done' : 'cut',
+    failure: e.failure,
+    reward: e.reward,
+    assistantTurns: e.assistant_turns,
+    turns: turns
+      .filter((t) => t.trajectory_id === e.trajectory_id)
+      .map((t) => ({
+        role: t.role,
+        text: t.text,
+        toolName: t.tool_name,
+        arguments: t.arguments,
+        error: t.error,
+        reward: t.reward,
+        latencyMs: t.latency_ms,
+      })),
+  }));
+}
+
+/** An episode as a conversation table: role, text (tool name and arguments for tool turns), per-turn reward. */
+export function renderEpisode(e: ReportEpisode): string {
+  const head =
+    `<p class="mono">${escapeXml(e.trajectoryId)}</p>` +
+    `<p>${escapeXml(`${e.kind} step ${e.step}: ${e.assistantTurns} assistant turns, ${e.outcome}${e.failure ? ` (${e.failure})` : ''}, reward ${formatNumber(e.reward)}`)}</p>`;
+  const rows = [
+    ...(e.prompt === null ? [] : [['prompt', e.prompt, '', '', '']]),
+    ...e.turns.map((t) => [
+      t.role,
+      t.text,
+      t.toolName === null ? '' : `${t.toolName}${t.arguments === null ? '' : ` ${t.arguments}`}`,
+      t.role === 'assistant' ? '' : formatNumber(t.reward),
+      t.error ?? '',
+    ]),
+  ];
+  return head + table(['role', 'text', 'tool', 'reward', 'error'], rows, 'episode mono');
 }
 
 function series(data: ReportData, name: string, label = name, dashed = false): PlotSeries[] {
@@ -386,6 +478,13 @@ export function renderReport(data: ReportData, opts: { generatedAt?: Date } = {}
     o.push(
       `<h2>Validation images (round ${data.valImages[0]!.step})</h2>`,
       `<div class="plots">\n${figs.join('\n')}\n</div>`,
+    );
+  }
+  if (data.episodes.length) {
+    const e0 = data.episodes[0]!;
+    o.push(
+      `<h2>Episodes (${escapeXml(e0.kind)} step ${e0.step}, first ${data.episodes.length})</h2>`,
+      data.episodes.map(renderEpisode).join('\n'),
     );
   }
   o.push('<h2>Checkpoints</h2>');

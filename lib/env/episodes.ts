@@ -16,6 +16,7 @@ import type { Episode, EpisodeTurn } from '../contracts/index.ts';
 import type { EpisodeTokenizer } from '../model/episode-tokens.ts';
 import type { ChatMessage } from '../model/chat-template.ts';
 import { EnvError, type EnvEpisode, type EnvRow, type Environment } from './port.ts';
+import { crashPoint } from '../pipeline/crash-points.ts';
 
 export interface TurnRequest {
   id: string;
@@ -183,6 +184,7 @@ async function runOne(spec: EpisodeSpec, o: EpisodeOptions, batcher: TurnBatcher
         break;
       }
       const latency = o.now() - ts;
+      crashPoint('rollout:env-answered', `${spec.id} turn ${turnIndex}`);
       reward += o.gamma ** turnIndex * r.reward;
       for (const [k, v] of Object.entries(r.metrics)) metrics[k] = (metrics[k] ?? 0) + v;
       const last = r.done || assistantTurns >= o.maxAssistantTurns || userTurns >= o.maxUserTurns;

@@ -22,6 +22,8 @@ import { ConfigError } from '../errors.ts';
 export const CRASH_POINTS = [
   'rollout:start',
   'rollout:generated',
+  // multi-turn: an environment answered an episode's turn (episodes of the batch in flight)
+  'rollout:env-answered',
   'reward:start',
   'reward:scored',
   'advantage:start',

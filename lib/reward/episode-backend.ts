@@ -4,12 +4,14 @@
  * the environment's (discounted) reward sum the rollout recorded with the episode.
  */
 import type { RewardBackend, RewardItem, RewardOutcome } from './port.ts';
+import { turnRewardDetails } from '../rl/turns.ts';
 
 const NAME = 'env:episode';
 
 /**
  * An episode that failed (environment timeout, crash, bad reply, unreachable) is a failed outcome
- * with the reason, never a 0. Details: the turns and the environment's summed turn metrics.
+ * with the reason, never a 0. Details: the turns, the environment's summed turn metrics and
+ * each turn's reward at its last sampled token (`turn_reward/<k>`, for gae: lib/rl/turns.ts).
  */
 export function episodeOutcome(it: RewardItem, server: string = NAME): RewardOutcome {
   const e = it.episode;
@@ -21,7 +23,7 @@ export function episodeOutcome(it: RewardItem, server: string = NAME): RewardOut
     id: it.id,
     ok: true,
     reward: e.reward,
-    details: { turns: e.assistant_turns, done: e.done ? 1 : 0, ...e.metrics },
+    details: { turns: e.assistant_turns, done: e.done ? 1 : 0, ...e.metrics, ...turnRewardDetails(e.turns) },
     server,
   };
 }

@@ -20,5 +20,6 @@ export * from './shaping.ts';
 export * from './vppo.ts';
 export * from './vppo-stage.ts';
 export * from './ema.ts';
+export * from './turns.ts';
 export { torchSumF32, torchMeanF32 } from './f32.ts';
 export { ConfigError, RlError } from '../errors.ts';

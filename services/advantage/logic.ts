@@ -14,7 +14,9 @@ import {
   makeKlController,
   klPenalty,
   tensor2d,
+  turnRewardsOf,
   vppoStage,
+  TURN_REWARD_PREFIX,
   type KlController,
   type OverlongConfig,
   type VppoStageConfig,
@@ -220,7 +222,16 @@ export function computeStep(
     // multi-turn: environment tokens (response_mask 0) get no advantage, KL or loss
     const rm = r.x.response_mask;
     for (let t = 0; t < L; t++) mask[i * T + t] = rm.length ? rm[t] : 1;
-    if (L > 0) scores[i * T + L - 1] = rewards[i];
+    if (L === 0) return;
+    const turns = s.estimator === 'gae' ? turnRewardsOf(r.x.reward_details, L) : [];
+    if (turns.length === 0) {
+      scores[i * T + L - 1] = rewards[i];
+      return;
+    }
+    // gae over an episode: each turn's reward on its last sampled token (lib/rl/turns.ts); what
+    // shaping added to the reward goes on the last token
+    for (const [k, v] of turns) scores[i * T + k] += v;
+    scores[i * T + L - 1] += rewards[i] - r.x.reward!;
   });
   let tokenRewards = tensor2d(scores, bs, T);
   const maskT = { data: mask, bs, T };
@@ -306,6 +317,7 @@ export function computeStep(
   const parts = new Map<string, { sum: number; n: number }>();
   for (const r of rows) {
     for (const [k, v] of Object.entries(r.x.reward_details)) {
+      if (k.startsWith(TURN_REWARD_PREFIX)) continue; // per-token placement, not a metric
       const d = parts.get(k) ?? { sum: 0, n: 0 };
       d.sum += v;
       d.n++;

@@ -16,7 +16,8 @@ export const reportCommand: Command = {
   help: [
     'Plots reward, validation accuracy, KL, entropy, response length, clip fraction and step time by',
     'stage against the step, with a summary table (steps, final/best validation accuracy, final reward,',
-    'status, checkpoints), the checkpoint lineage, filtered groups, reward failures and dead letters.',
+    'status, checkpoints), the checkpoint lineage, filtered groups, reward failures and dead letters;',
+    'for a multi-turn run, a few episodes of the last round as conversations (role, text, tool, reward).',
     'The HTML has no scripts and loads nothing from the network.',
     '',
     'options:',

@@ -1,7 +1,8 @@
 /**
  * The report of a run with prompt images shows the last validation round's first images, inline,
  * with the policy's answers (the vision number game: "a few validation images with the model's
- * answers").
+ * answers"); the report of a multi-turn run shows a few episodes of its last round as
+ * conversations (role, text, tool name and arguments, per-turn reward).
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -10,7 +11,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { openDatabase, type Database } from '../../../lib/db/database.ts';
 import { createStore } from '../../../lib/store/index.ts';
-import { loadReportData, renderReport, VAL_IMAGES } from '../../../lib/analysis/report.ts';
+import { loadReportData, renderReport, REPORT_EPISODES, VAL_IMAGES } from '../../../lib/analysis/report.ts';
+import type { Episode, EpisodeTurn } from '../../../lib/contracts/index.ts';
 import { encodeRgbPng, prepareImage } from '../../../lib/data/images.ts';
 import { generateVisionGame } from '../../../lib/tasks/number-game-vision.ts';
 import { trajectory } from '../../support/store-fixtures.ts';
@@ -86,4 +88,105 @@ test('validation images of the last round with answers, inline; a run without im
   const plain = await loadReportData(db, 'text-only');
   assert.deepEqual(plain.valImages, []);
   assert.doesNotMatch(renderReport(plain), /Validation images/);
+});
+
+const turn = (role: string, text: string, reward = 0, over: Partial<EpisodeTurn> = {}): EpisodeTurn => ({
+  role,
+  start: 0,
+  end: 0,
+  text,
+  tool_name: null,
+  arguments: null,
+  latency_ms: 1,
+  error: null,
+  reward,
+  ...over,
+});
+
+function episode(p: number, failure: string | null = null): Episode {
+  return {
+    turns: [
+      turn('assistant', '8'),
+      turn('user', '>'),
+      turn('assistant', '<tool_call>{"name":"calc","arguments":{"x":"12"}}</tool_call>'),
+      turn('tool', `${p + 12}`, 0, { tool_name: 'calc', arguments: '{"x":"12"}' }),
+      turn('assistant', '12'),
+      turn('user', 'correct', 0.64),
+    ],
+    assistant_turns: 3,
+    reward: 0.64,
+    done: failure === null,
+    failure,
+    timed_out: false,
+    tool_calls: 1,
+    tool_errors: 0,
+    metrics: {},
+  };
+}
+
+test('episodes of the last validation round as conversations; a run without episodes has no such section', async () => {
+  const store = createStore(db);
+  const runId = 'agent-report';
+  await store.upsertRun({ runId, project: 'p', experiment: 'e', config: {} as never });
+  const id = (kind: string, step: number, p: number) => `${runId}/${kind}/s${step}/p${p}/n0`;
+  const rows = [
+    ...[2, 4].flatMap((step) =>
+      Array.from({ length: 6 }, (_, p) => ({ kind: 'val' as const, step, p, trajectoryId: id('val', step, p) })),
+    ),
+    { kind: 'train' as const, step: 9, p: 0, trajectoryId: id('train', 9, 0) },
+  ];
+  await store.insertTrajectories(
+    rows.map((r, i) =>
+      trajectory(runId, i, { id: r.trajectoryId, kind: r.kind, step: r.step, promptText: `secret #${r.p}` }),
+    ),
+  );
+  await store.insertEpisodes(
+    rows.map((r) => ({
+      runId,
+      trajectoryId: r.trajectoryId,
+      step: r.step,
+      kind: r.kind,
+      policyVersion: r.step,
+      responseTokens: 12,
+      episode: episode(r.p, r.p === 1 ? 'timeout: no answer in 10 s' : null),
+    })),
+  );
+  const data = await loadReportData(db, runId);
+  assert.equal(data.episodes.length, REPORT_EPISODES);
+  assert.ok(
+    data.episodes.every((e) => e.kind === 'val' && e.step === 4),
+    'the last validation round',
+  );
+  assert.deepEqual(
+    data.episodes.map((e) => [e.prompt, e.outcome]),
+    [
+      ['secret #0', 'done'],
+      ['secret #1', 'failed'],
+      ['secret #2', 'done'],
+      ['secret #3', 'done'],
+    ],
+  );
+  assert.deepEqual(
+    data.episodes[2]!.turns.map((t) => [t.role, t.text, t.toolName, t.reward]),
+    [
+      ['assistant', '8', null, 0],
+      ['user', '>', null, 0],
+      ['assistant', '<tool_call>{"name":"calc","arguments":{"x":"12"}}</tool_call>', null, 0],
+      ['tool', '14', 'calc', 0],
+      ['assistant', '12', null, 0],
+      ['user', 'correct', null, 0.64],
+    ],
+  );
+  const html = renderReport(data);
+  assert.match(html, /<h2>Episodes \(val step 4, first 4\)<\/h2>/);
+  assert.match(html, /val step 4: 3 assistant turns, failed \(timeout: no answer in 10 s\), reward 0\.64/);
+  assert.match(html, /<tr><td>tool<\/td><td>14<\/td><td>calc \{&quot;x&quot;:&quot;12&quot;\}<\/td><td>0<\/td>/);
+  assert.match(html, /<tr><td>user<\/td><td>correct<\/td><td><\/td><td>0\.64(00)?<\/td>/);
+  assert.match(html, /<td>&lt;tool_call&gt;/, 'escaped');
+
+  await store.upsertRun({ runId: 'single-turn', project: 'p', experiment: 'e', config: {} as never });
+  await store.insertTrajectories([trajectory('single-turn', 1, { kind: 'val' })]);
+  const plain = await loadReportData(db, 'single-turn');
+  assert.deepEqual(plain.episodes, []);
+  assert.doesNotMatch(renderReport(plain), /<h2>Episodes/);
 });

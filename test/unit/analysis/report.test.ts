@@ -45,6 +45,7 @@ function data(metrics: Record<string, Array<[number, number]>>): ReportData {
     deadLettersTotal: 1,
     staleness: { mean: null, max: null },
     valImages: [],
+    episodes: [],
   };
 }
 

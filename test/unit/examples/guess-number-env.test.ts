@@ -1,0 +1,39 @@
+/**
+ * The guess-number environment's shaping (each guess earns the bits of the range it removes ÷ 4)
+ * and its no-feedback control (`?` for every wrong guess, no shaping).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { start, step } from '../../../examples/guess-number/env.ts';
+
+const row = (kwargs: Record<string, unknown>) => ({ ground_truth: '11', extra_info: { secret: 11 }, kwargs });
+
+test('shaping: bisection earns 1/4 per halving, a guess outside the range earns nothing, a solved search earns 1 + 1 in total', () => {
+  const s = start(row({ shaping: 1 }));
+  const a = step(s, { content: '8' }); // 1..16 → 9..16
+  assert.deepEqual([a.messages[0]?.content, a.reward, a.done], ['>', 0.25, false]);
+  const b = step(s, { content: '3' }); // outside 9..16: no information
+  assert.deepEqual([b.messages[0]?.content, b.reward], ['>', 0]);
+  const c = step(s, { content: '12' }); // 9..16 → 9..11
+  assert.ok(Math.abs(c.reward - (3 - Math.log2(3)) / 4) < 1e-12);
+  const d = step(s, { content: '11' }); // 3 left → solved
+  assert.ok(Math.abs(d.reward - (1 + Math.log2(3) / 4)) < 1e-12);
+  assert.equal(d.done, true);
+  assert.deepEqual(d.metrics, { solved: 1, guesses: 4, accuracy: 1 });
+  assert.ok(Math.abs(a.reward + b.reward + c.reward + d.reward - 2) < 1e-12);
+  assert.throws(() => start(row({ shaping: -1 })), /kwargs.shaping must be a number ≥ 0/);
+});
+
+test('no shaping by default; feedback false answers ? and gives only the success reward', () => {
+  const plain = start(row({}));
+  assert.deepEqual(step(plain, { content: '8' }), {
+    messages: [{ role: 'user', content: '>' }],
+    reward: 0,
+    done: false,
+    metrics: { accuracy: 0 },
+  });
+  const blind = start(row({ feedback: false, shaping: 1 }));
+  const a = step(blind, { content: '8' });
+  assert.deepEqual([a.messages[0]?.content, a.reward], ['?', 0]);
+  assert.equal(step(blind, { content: '11' }).reward, 1);
+});
