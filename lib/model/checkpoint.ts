@@ -342,7 +342,13 @@ export async function readModelDirConfig(
 function withWeightsLayout(c: ModelConfig, dir: string): ModelConfig {
   const w = weightsLayoutOf(dir);
   if (!w) return c;
-  return modelConfig({ ...c, storedDtype: w.dtype, ...(w.layout === 'nested' ? { tensorLayout: 'nested' } : {}) });
+  // f32 is the default (absent), so an rlstream checkpoint's config reads back as it was written
+  if (w.dtype === 'float32' && w.layout === 'flat') return c;
+  return modelConfig({
+    ...c,
+    ...(w.dtype !== 'float32' ? { storedDtype: w.dtype } : {}),
+    ...(w.layout === 'nested' ? { tensorLayout: 'nested' } : {}),
+  });
 }
 
 /** readModelDirConfig, synchronously (for start-up checks). */

@@ -19,6 +19,7 @@ import { paramCount } from '../../../lib/model/params.ts';
 import { ConfigError } from '../../../lib/errors.ts';
 
 const DTYPES: Record<string, HfDtype> = { bf16: 'bfloat16', f16: 'float16', f32: 'float32' };
+const SHORT = (d: HfDtype) => Object.keys(DTYPES).find((k) => DTYPES[k] === d)!;
 
 /**
  * The model directory inside `dir`: a run checkpoint (checkpoints/global_step_N) keeps the policy
@@ -86,7 +87,7 @@ export const exportCommand: Command = {
         metadata: adapter.metadata.policy_version ? { policy_version: adapter.metadata.policy_version } : {},
       });
       process.stdout.write(
-        `merged ${src} (LoRA rank ${adapter.lora.rank} on ${adapter.lora.targetModules.join(', ')}) into ${baseDir} → ${resolve(flags.out)} (${(paramCount(base.config) / 1e6).toFixed(2)}M parameters, ${dtype})\n`,
+        `merged ${src} (LoRA rank ${adapter.lora.rank} on ${adapter.lora.targetModules.join(', ')}) into ${baseDir} → ${resolve(flags.out)} (${(paramCount(base.config) / 1e6).toFixed(2)}M parameters, ${SHORT(dtype)})\n`,
       );
       return 0;
     }
@@ -98,7 +99,7 @@ export const exportCommand: Command = {
       metadata: ck.metadata.policy_version ? { policy_version: ck.metadata.policy_version } : {},
     });
     process.stdout.write(
-      `exported ${src} → ${resolve(flags.out)} (${ck.config.modelType}, ${(paramCount(ck.config) / 1e6).toFixed(2)}M parameters, ${dtype})\n`,
+      `exported ${src} → ${resolve(flags.out)} (${ck.config.modelType}, ${(paramCount(ck.config) / 1e6).toFixed(2)}M parameters, ${SHORT(dtype)})\n`,
     );
     return 0;
   },
