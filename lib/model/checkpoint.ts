@@ -93,6 +93,8 @@ export interface SaveOptions {
   dtype?: HfDtype;
   /** A model directory whose generation_config.json and tokenizer files are copied (the source model). */
   assetsFrom?: string | null;
+  /** Shard the weights above this many bytes (default MAX_SHARD_BYTES). */
+  maxShardBytes?: number;
 }
 
 async function writeSynced(file: string, data: Uint8Array | string): Promise<void> {
@@ -227,19 +229,56 @@ export async function saveCheckpoint(
   // the source's dtype outlives an f32 training checkpoint, so export can write it back
   const source: Record<string, string> =
     config.storedDtype && config.storedDtype !== dtype ? { source_dtype: config.storedDtype } : {};
-  const model = encodeSafetensors(
-    specs.map((s) => [hfName(config.tensorLayout, s.name), fromFloat32(weights.get(s.name)!, s.shape, dtype)]),
-    { format: 'pt', ...source, ...(opts.metadata ?? {}) },
-  );
+  const meta = { format: 'pt', ...source, ...(opts.metadata ?? {}) };
+  const bytesPer = dtype === 'float32' ? 4 : 2;
+  const total = specs.reduce((a, s) => a + numel(s.shape) * bytesPer, 0);
+  const files = new Map<string, Uint8Array | string>();
+  const hash = createHash('sha256');
+  if (total <= (opts.maxShardBytes ?? MAX_SHARD_BYTES)) {
+    const model = encodeSafetensors(
+      specs.map((s) => [hfName(config.tensorLayout, s.name), fromFloat32(weights.get(s.name)!, s.shape, dtype)]),
+      meta,
+    );
+    files.set(MODEL_FILE, model);
+    hash.update(model);
+  } else {
+    // save_pretrained's sharding: consecutive tensors up to the shard size, model-0000i-of-0000n + the index
+    const groups: ParamSpec[][] = [[]];
+    let size = 0;
+    for (const s of specs) {
+      const n = numel(s.shape) * bytesPer;
+      if (size + n > (opts.maxShardBytes ?? MAX_SHARD_BYTES) && groups[groups.length - 1].length) {
+        groups.push([]);
+        size = 0;
+      }
+      groups[groups.length - 1].push(s);
+      size += n;
+    }
+    const weightMap: Record<string, string> = {};
+    const pad = (i: number) => String(i).padStart(5, '0');
+    groups.forEach((g, i) => {
+      const f = `model-${pad(i + 1)}-of-${pad(groups.length)}.safetensors`;
+      const buf = encodeSafetensors(
+        g.map((s) => [hfName(config.tensorLayout, s.name), fromFloat32(weights.get(s.name)!, s.shape, dtype)]),
+        meta,
+      );
+      for (const s of g) weightMap[hfName(config.tensorLayout, s.name)] = f;
+      files.set(f, buf);
+      hash.update(buf);
+    });
+    files.set(MODEL_INDEX_FILE, JSON.stringify({ metadata: { total_size: total }, weight_map: weightMap }, null, 2));
+  }
   // the source's generation config and tokenizer files (read before the temporary directory exists)
   const side = await sideFiles(config, opts.assetsFrom ?? null);
-  const files = new Map<string, Uint8Array | string>([[MODEL_FILE, model]]);
   if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
   files.set(CONFIG_FILE, JSON.stringify(toHfConfig(config, dtype), null, 2) + '\n');
   for (const [f, data] of side) files.set(f, data);
   await writeDirAtomic(dir, files, !!opts.overwrite);
-  return { weightsSha256: sha256(model) };
+  return { weightsSha256: hash.digest('hex') };
 }
+
+/** Weights above this many bytes are written in shards (save_pretrained's layout; a Buffer holds at most 4 GiB). */
+export const MAX_SHARD_BYTES = 4e9;
 
 /**
  * A whole file as one Buffer, in 1 GiB reads: fs.readFile stops at 2 GiB, and a Hugging Face shard
@@ -499,9 +538,11 @@ export function weightsFileOf(dir: string): string {
   return isAdapterDir(dir) ? ADAPTER_MODEL_FILE : MODEL_FILE;
 }
 
-/** sha256 of a checkpoint's model.safetensors (a LoRA adapter's adapter_model.safetensors). */
+/** sha256 of a checkpoint's model.safetensors (its shards in index order; a LoRA adapter's adapter_model.safetensors). */
 export async function checkpointSha256(dir: string): Promise<string> {
   const f = weightsFileOf(dir);
+  if (f === MODEL_FILE && !existsSync(path.join(dir, f)) && existsSync(path.join(dir, MODEL_INDEX_FILE)))
+    return (await readWeightTensors(dir)).sha;
   return sha256(await readFile(path.join(dir, f), f));
 }
 

@@ -5,7 +5,8 @@
  * names exactly the adapted modules, export --merge), and the two tensor layouts of a checkpoint
  * (transformers < 4.52's `model.*` / `visual.*` and transformers 5's `model.language_model.*` /
  * `model.visual.*`): both load to the same weights, and export writes the input's names, dtypes
- * and shapes. Tiny random Qwen2.5-VL directories (devkit/qwen-vl-dir.ts: bf16 shards).
+ * and shapes; weights over the shard size are written in save_pretrained's shards. Tiny random
+ * Qwen2.5-VL directories (devkit/qwen-vl-dir.ts: bf16 shards).
  */
 import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -14,7 +15,13 @@ import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { exportCommand } from '../../../app/cli/commands/export.ts';
 import { QWEN_VL_TOKENS, writeQwenVlDir } from '../../../devkit/qwen-vl-dir.ts';
-import { loadAdapter, loadCheckpoint, saveAdapter } from '../../../lib/model/checkpoint.ts';
+import {
+  checkpointSha256,
+  loadAdapter,
+  loadCheckpoint,
+  saveAdapter,
+  saveCheckpoint,
+} from '../../../lib/model/checkpoint.ts';
 import { hfName } from '../../../lib/model/hf-layout.ts';
 import { initLora, loraConfig, loraSpecs, mergeLora, peftTargetModules } from '../../../lib/model/lora.ts';
 import { paramSpecs } from '../../../lib/model/params.ts';
@@ -205,6 +212,23 @@ describe('tensor layouts: model.* / visual.* and model.language_model.* / model.
     }
     assert.ok(header(nestedDir).some(([k]) => k.startsWith('model.language_model.layers.0.')));
     assert.ok(header(nestedDir).some(([k]) => k.startsWith('model.visual.blocks.0.')));
+  });
+
+  it('weights over the shard size are written as save_pretrained shards with the index; they load back with the same sha256', async () => {
+    const nested = await loadCheckpoint(nestedDir);
+    const out = join(tmp, 'sharded');
+    const { weightsSha256 } = await saveCheckpoint(out, nested.config, nested.weights, {
+      dtype: 'bfloat16',
+      maxShardBytes: 4e6,
+      assetsFrom: nestedDir,
+    });
+    const shards = readdirSync(out).filter((f) => /^model-\d{5}-of-\d{5}\.safetensors$/.test(f));
+    assert.ok(shards.length >= 2, shards.join());
+    assert.deepEqual(header(out), header(nestedDir));
+    const back = await loadCheckpoint(out);
+    assert.equal(back.weightsSha256, weightsSha256);
+    assert.equal(await checkpointSha256(out), weightsSha256);
+    for (const [k, a] of nested.weights) assert.deepEqual(back.weights.get(k), a, k);
   });
 
   for (const layout of ['flat', 'nested'] as const) {
