@@ -190,7 +190,13 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
     const l = actor.model.lora;
     try {
       loraConfig(
-        { rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules },
+        {
+          rank: l.rank,
+          alpha: l.alpha,
+          dropout: l.dropout,
+          targetModules: l.target_modules,
+          visionTargetModules: l.vision_target_modules,
+        },
         'actor.model.lora',
       );
     } catch (e) {
@@ -640,7 +646,13 @@ export function checkSftConfig(cfg: Config): CheckResult {
     const l = actor.model.lora;
     try {
       loraConfig(
-        { rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules },
+        {
+          rank: l.rank,
+          alpha: l.alpha,
+          dropout: l.dropout,
+          targetModules: l.target_modules,
+          visionTargetModules: l.vision_target_modules,
+        },
         'actor.model.lora',
       );
     } catch (e) {

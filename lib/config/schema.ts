@@ -762,6 +762,13 @@ const modelSchema = section(
           .describe(
             'Adapted linear layers: a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear (all seven; the LM head is never adapted).',
           ),
+        vision_target_modules: z
+          .union([z.literal('all-linear'), z.array(z.string().min(1))])
+          .nullable()
+          .default(null)
+          .describe(
+            "A vision-language policy's ViT-block linear layers to adapt too: a list of qkv, proj (attention) and the MLP's gate_proj, up_proj, down_proj (Qwen2.5-VL) or fc1, fc2 (Qwen2-VL and rlstream's fresh tower), or all-linear (every one the tower has; the patch embedding and the merger are never adapted). The tower's base weights stay frozen; its adapters are trained (at actor.optim.vision_lr_scale × the learning rate) and saved with PEFT's names for the model (base_model.model.visual.blocks.N.attn.qkv.lora_A.weight, or base_model.model.model.visual.… for a checkpoint in transformers 5's layout). null = the tower is not adapted.",
+          ),
       })
       .nullable()
       .default(null)

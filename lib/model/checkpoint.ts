@@ -33,11 +33,15 @@ import {
   type ModelConfig,
 } from './config.ts';
 import { initWeights } from './init.ts';
+import { fromHfName, hfName, weightsLayoutOf } from './hf-layout.ts';
 import {
   ADAPTER_CONFIG_FILE,
   ADAPTER_MODEL_FILE,
+  LORA_MODULES,
   PEFT_PREFIX,
+  VISION_LORA_MODULES,
   loraFromPeftConfig,
+  towerLoraModules,
   loraSpecs,
   peftAdapterConfig,
   validateAdapter,
@@ -89,6 +93,8 @@ export interface SaveOptions {
   dtype?: HfDtype;
   /** A model directory whose generation_config.json and tokenizer files are copied (the source model). */
   assetsFrom?: string | null;
+  /** Shard the weights above this many bytes (default MAX_SHARD_BYTES). */
+  maxShardBytes?: number;
 }
 
 async function writeSynced(file: string, data: Uint8Array | string): Promise<void> {
@@ -220,23 +226,87 @@ export async function saveCheckpoint(
       throw new ConfigError(`saveCheckpoint: ${s.name} has ${w.length} values, expected [${s.shape}]`);
   }
   const dtype = opts.dtype ?? 'float32';
-  const model = encodeSafetensors(
-    specs.map((s) => [s.name, fromFloat32(weights.get(s.name)!, s.shape, dtype)]),
-    { format: 'pt', ...(opts.metadata ?? {}) },
-  );
+  // the source's dtype outlives an f32 training checkpoint, so export can write it back
+  const source: Record<string, string> =
+    config.storedDtype && config.storedDtype !== dtype ? { source_dtype: config.storedDtype } : {};
+  const meta = { format: 'pt', ...source, ...(opts.metadata ?? {}) };
+  const bytesPer = dtype === 'float32' ? 4 : 2;
+  const total = specs.reduce((a, s) => a + numel(s.shape) * bytesPer, 0);
+  const files = new Map<string, Uint8Array | string>();
+  const hash = createHash('sha256');
+  if (total <= (opts.maxShardBytes ?? MAX_SHARD_BYTES)) {
+    const model = encodeSafetensors(
+      specs.map((s) => [hfName(config.tensorLayout, s.name), fromFloat32(weights.get(s.name)!, s.shape, dtype)]),
+      meta,
+    );
+    files.set(MODEL_FILE, model);
+    hash.update(model);
+  } else {
+    // save_pretrained's sharding: consecutive tensors up to the shard size, model-0000i-of-0000n + the index
+    const groups: ParamSpec[][] = [[]];
+    let size = 0;
+    for (const s of specs) {
+      const n = numel(s.shape) * bytesPer;
+      if (size + n > (opts.maxShardBytes ?? MAX_SHARD_BYTES) && groups[groups.length - 1].length) {
+        groups.push([]);
+        size = 0;
+      }
+      groups[groups.length - 1].push(s);
+      size += n;
+    }
+    const weightMap: Record<string, string> = {};
+    const pad = (i: number) => String(i).padStart(5, '0');
+    groups.forEach((g, i) => {
+      const f = `model-${pad(i + 1)}-of-${pad(groups.length)}.safetensors`;
+      const buf = encodeSafetensors(
+        g.map((s) => [hfName(config.tensorLayout, s.name), fromFloat32(weights.get(s.name)!, s.shape, dtype)]),
+        meta,
+      );
+      for (const s of g) weightMap[hfName(config.tensorLayout, s.name)] = f;
+      files.set(f, buf);
+      hash.update(buf);
+    });
+    files.set(MODEL_INDEX_FILE, JSON.stringify({ metadata: { total_size: total }, weight_map: weightMap }, null, 2));
+  }
   // the source's generation config and tokenizer files (read before the temporary directory exists)
   const side = await sideFiles(config, opts.assetsFrom ?? null);
-  const files = new Map<string, Uint8Array | string>([[MODEL_FILE, model]]);
   if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
   files.set(CONFIG_FILE, JSON.stringify(toHfConfig(config, dtype), null, 2) + '\n');
   for (const [f, data] of side) files.set(f, data);
   await writeDirAtomic(dir, files, !!opts.overwrite);
-  return { weightsSha256: sha256(model) };
+  return { weightsSha256: hash.digest('hex') };
+}
+
+/** Weights above this many bytes are written in shards (save_pretrained's layout; a Buffer holds at most 4 GiB). */
+export const MAX_SHARD_BYTES = 4e9;
+
+/**
+ * A whole file as one Buffer, in 1 GiB reads: fs.readFile stops at 2 GiB, and a Hugging Face shard
+ * is up to ~4 GB (Qwen2.5-VL-3B's first is 3.98 GB). Buffers reach 4 GiB; larger is one line.
+ */
+export async function readWholeFile(file: string): Promise<Buffer> {
+  const fh = await fs.open(file, 'r');
+  try {
+    const size = (await fh.stat()).size;
+    if (size > 2 ** 32)
+      throw new ConfigError(
+        `${file} is ${(size / 2 ** 30).toFixed(1)} GiB; reshard the model to files under 4 GiB (save_pretrained(max_shard_size="4GB"))`,
+      );
+    const buf = Buffer.allocUnsafe(size);
+    for (let at = 0; at < size;) {
+      const { bytesRead } = await fh.read(buf, at, Math.min(2 ** 30, size - at), at);
+      if (bytesRead === 0) throw new ConfigError(`${file}: ended after ${at} of ${size} bytes while being read`);
+      at += bytesRead;
+    }
+    return buf;
+  } finally {
+    await fh.close();
+  }
 }
 
 async function readFile(file: string, what: string): Promise<Buffer> {
   try {
-    return await fs.readFile(file);
+    return await readWholeFile(file);
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT')
       throw new ConfigError(`checkpoint: ${what} not found at ${file}`);
@@ -251,6 +321,9 @@ export function weightsFromTensors(
   source: string,
   suffix = '',
 ): Weights {
+  // either tensor layout (hf-layout.ts) is read; names are compared in rlstream's (flat) one
+  if ([...tensors.keys()].some((k) => fromHfName(k) !== k))
+    tensors = new Map([...tensors].map(([k, t]) => [fromHfName(k), t]));
   const specs = paramSpecs(config);
   const want = new Set(specs.map((s) => s.name + suffix));
   const ignorable = (k: string) =>
@@ -301,7 +374,20 @@ export async function readModelDirConfig(
 ): Promise<{ config: ModelConfig; generation: Record<string, unknown> | null }> {
   const cfgJson = await readJson(path.join(dir, CONFIG_FILE), CONFIG_FILE);
   const generation = await readJson(path.join(dir, GENERATION_CONFIG_FILE), GENERATION_CONFIG_FILE, true);
-  return { config: fromHfConfig(cfgJson, generation), generation };
+  return { config: withWeightsLayout(fromHfConfig(cfgJson, generation), dir), generation };
+}
+
+/** The config with the tensor layout and stored dtype of `dir`'s weights (hf-layout.ts), when it has any. */
+function withWeightsLayout(c: ModelConfig, dir: string): ModelConfig {
+  const w = weightsLayoutOf(dir);
+  if (!w) return c;
+  // f32 is the default (absent), so an rlstream checkpoint's config reads back as it was written
+  if (w.dtype === 'float32' && w.layout === 'flat') return c;
+  return modelConfig({
+    ...c,
+    ...(w.dtype !== 'float32' ? { storedDtype: w.dtype } : {}),
+    ...(w.layout === 'nested' ? { tensorLayout: 'nested' } : {}),
+  });
 }
 
 /** readModelDirConfig, synchronously (for start-up checks). */
@@ -326,7 +412,7 @@ export function readModelDirConfigSync(dir: string): ModelConfig {
     if (!j || typeof j !== 'object' || Array.isArray(j)) throw new ConfigError(`${file} must hold a JSON object`);
     return j as Record<string, unknown>;
   };
-  return fromHfConfig(read(CONFIG_FILE, false)!, read(GENERATION_CONFIG_FILE, true));
+  return withWeightsLayout(fromHfConfig(read(CONFIG_FILE, false)!, read(GENERATION_CONFIG_FILE, true)), dir);
 }
 
 /**
@@ -388,7 +474,7 @@ async function readWeightTensors(
   let metadata: Record<string, string> = {};
   for (const f of shards) {
     const file = path.join(dir, f);
-    const buf = await fs.readFile(file);
+    const buf = await readWholeFile(file);
     hash.update(buf);
     const d = decodeSafetensors(buf, file);
     metadata = { ...d.metadata, ...metadata };
@@ -452,9 +538,11 @@ export function weightsFileOf(dir: string): string {
   return isAdapterDir(dir) ? ADAPTER_MODEL_FILE : MODEL_FILE;
 }
 
-/** sha256 of a checkpoint's model.safetensors (a LoRA adapter's adapter_model.safetensors). */
+/** sha256 of a checkpoint's model.safetensors (its shards in index order; a LoRA adapter's adapter_model.safetensors). */
 export async function checkpointSha256(dir: string): Promise<string> {
   const f = weightsFileOf(dir);
+  if (f === MODEL_FILE && !existsSync(path.join(dir, f)) && existsSync(path.join(dir, MODEL_INDEX_FILE)))
+    return (await readWeightTensors(dir)).sha;
   return sha256(await readFile(path.join(dir, f), f));
 }
 
@@ -502,12 +590,15 @@ export async function saveAdapter(
   validateAdapter(config, lora, adapter, 'saveAdapter');
   const specs = loraSpecs(config, lora);
   const model = encodeSafetensors(
-    specs.map((s) => [PEFT_PREFIX + s.name, { shape: s.shape, data: adapter.get(s.name)! }]),
+    specs.map((s) => [
+      PEFT_PREFIX + hfName(config.tensorLayout, s.name),
+      { shape: s.shape, data: adapter.get(s.name)! },
+    ]),
     { format: 'pt', ...(opts.metadata ?? {}) },
   );
   const files = new Map<string, Uint8Array | string>([[ADAPTER_MODEL_FILE, model]]);
   if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
-  files.set(ADAPTER_CONFIG_FILE, JSON.stringify(peftAdapterConfig(lora, opts.basePath), null, 2) + '\n');
+  files.set(ADAPTER_CONFIG_FILE, JSON.stringify(peftAdapterConfig(lora, opts.basePath, config), null, 2) + '\n');
   for (const [f, data] of await sideFiles(config, opts.basePath)) files.set(f, data);
   await writeDirAtomic(dir, files, !!opts.overwrite);
   return { weightsSha256: sha256(model) };
@@ -524,18 +615,40 @@ export async function loadAdapter(
   opts: { optimizer?: boolean; expect?: LoraConfig } = {},
 ): Promise<AdapterCheckpoint> {
   const cfgFile = path.join(dir, ADAPTER_CONFIG_FILE);
-  const lora = loraFromPeftConfig(await readJson(cfgFile, ADAPTER_CONFIG_FILE), cfgFile);
+  const file = path.join(dir, ADAPTER_MODEL_FILE);
+  const buf = await readFile(file, ADAPTER_MODEL_FILE);
+  const decoded = decodeSafetensors(buf, file);
+  const metadata = decoded.metadata;
+  // PEFT names in either tensor layout (hf-layout.ts), whatever the base's
+  const tensors = new Map(
+    [...decoded.tensors].map(([k, t]) =>
+      k.startsWith(PEFT_PREFIX) ? [PEFT_PREFIX + fromHfName(k.slice(PEFT_PREFIX.length)), t] : [k, t],
+    ),
+  );
+  const peftJson = await readJson(cfgFile, ADAPTER_CONFIG_FILE);
+  // a vision-language base, or target_modules as a regex: the adapted modules are the file's tensors
+  // (PEFT matches list entries by suffix, so e.g. gate_proj also adapts a Qwen2.5-VL tower's MLP)
+  const derived = config.vision || !isModuleList(peftJson.target_modules) ? adaptedModules(tensors.keys()) : null;
+  const lora = loraFromPeftConfig(
+    derived ? { ...peftJson, target_modules: derived.decoder } : peftJson,
+    cfgFile,
+    derived?.tower,
+  );
   if (opts.expect) {
     const e = opts.expect;
-    if (e.rank !== lora.rank || e.alpha !== lora.alpha || e.targetModules.join() !== lora.targetModules.join()) {
+    const show = (l: LoraConfig) =>
+      `rank ${l.rank}, alpha ${l.alpha}, target modules ${l.targetModules.join(', ')}${towerLoraModules(config, l).length ? `, vision target modules ${towerLoraModules(config, l).join(', ')}` : ''}`;
+    if (
+      e.rank !== lora.rank ||
+      e.alpha !== lora.alpha ||
+      e.targetModules.join() !== lora.targetModules.join() ||
+      towerLoraModules(config, e).join() !== towerLoraModules(config, lora).join()
+    ) {
       throw new ConfigError(
-        `${cfgFile}: the adapter (rank ${lora.rank}, alpha ${lora.alpha}, target modules ${lora.targetModules.join(', ')}) is not actor.model.lora (rank ${e.rank}, alpha ${e.alpha}, target modules ${e.targetModules.join(', ')}); set actor.model.lora to the adapter's values`,
+        `${cfgFile}: the adapter (${show(lora)}) is not actor.model.lora (${show(e)}); set actor.model.lora to the adapter's values`,
       );
     }
   }
-  const file = path.join(dir, ADAPTER_MODEL_FILE);
-  const buf = await readFile(file, ADAPTER_MODEL_FILE);
-  const { tensors, metadata } = decodeSafetensors(buf, file);
   const specs = loraSpecs(config, lora);
   const known = new Set(specs.map((s) => PEFT_PREFIX + s.name));
   const base = `the base model (${config.modelType}, ${config.numHiddenLayers} layers, hidden ${config.hiddenSize}, ffn ${config.intermediateSize})`;
@@ -558,7 +671,7 @@ export async function loadAdapter(
       );
     adapter.set(s.name, toFloat32(t, s.name, file));
   }
-  const cfgJson = await readJson(cfgFile, ADAPTER_CONFIG_FILE);
+  const cfgJson = peftJson;
   const out: AdapterCheckpoint = {
     lora,
     adapter,
@@ -588,4 +701,27 @@ export async function loadAdapter(
     } else if (opts.optimizer === true) throw new ConfigError(`checkpoint: ${OPTIMIZER_FILE} not found in ${dir}`);
   }
   return out;
+}
+
+/** Whether a PEFT target_modules is module names ('all-linear', one name, or a list) rather than a regex. */
+function isModuleList(tm: unknown): boolean {
+  if (Array.isArray(tm) || tm === 'all-linear') return true;
+  return typeof tm === 'string' && /^[A-Za-z0-9_]+$/.test(tm);
+}
+
+/** The decoder and ViT-block modules that PEFT tensor names (rlstream layout) adapt. */
+function adaptedModules(names: Iterable<string>): { decoder: string[]; tower: string[] } {
+  const dec = new Set<string>(),
+    tower = new Set<string>();
+  for (const n of names) {
+    const d = /^base_model\.model\.model\.layers\.\d+\.(?:self_attn|mlp)\.([a-z_]+)\.lora_[AB]\.weight$/.exec(n);
+    if (d) dec.add(d[1]);
+    const v = /^base_model\.model\.visual\.blocks\.\d+\.(?:attn|mlp)\.([a-z0-9_]+)\.lora_[AB]\.weight$/.exec(n);
+    if (v) tower.add(v[1]);
+  }
+  // names outside both are reported by the shape / module checks that follow
+  return {
+    decoder: LORA_MODULES.filter((m) => dec.has(m)),
+    tower: VISION_LORA_MODULES.filter((m) => tower.has(m)),
+  };
 }

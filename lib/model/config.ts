@@ -5,6 +5,7 @@
  */
 import { z } from 'zod';
 import { ConfigError } from '../errors.ts';
+import { TENSOR_LAYOUTS, type HfDtype } from './hf-layout.ts';
 
 const ropeScalingSchema = z.discriminatedUnion('type', [
   z.object({ type: z.literal('linear'), factor: z.number().positive() }).strict(),
@@ -176,6 +177,18 @@ export const modelConfigSchema = z
       .record(z.string(), z.unknown())
       .optional()
       .describe('config.json keys of the source model not modelled here, written back unchanged'),
+    tensorLayout: z
+      .enum(TENSOR_LAYOUTS)
+      .optional()
+      .describe(
+        "tensor names of the source checkpoint (hf-layout.ts): flat (model.layers.*, visual.*) or nested (transformers 5's model.language_model.*, model.visual.*); weights and PEFT adapters are written in it (absent = flat)",
+      ),
+    storedDtype: z
+      .enum(['float32', 'bfloat16', 'float16'])
+      .optional()
+      .describe(
+        "the source checkpoint's stored weight dtype (hf-layout.ts weightsLayoutOf): the default of `rlstream export --dtype`; not written to config.json",
+      ),
   })
   .strict();
 
@@ -466,7 +479,7 @@ function qwen2VisionToHf(v: VisionConfig, hidden: number): Record<string, unknow
   return out;
 }
 
-export type HfDtype = 'float32' | 'bfloat16' | 'float16';
+export type { HfDtype };
 
 /**
  * Hugging Face `config.json` for this model: the source model's other keys (`extra`) kept, the

@@ -19,11 +19,24 @@ import { numel, validateWeights, type ParamSpec, type Weights } from './params.t
 export const LORA_MODULES = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
 export type LoraModule = (typeof LORA_MODULES)[number];
 
+/**
+ * The linear modules of a ViT block LoRA can adapt (Hugging Face names under `visual.blocks.N.`):
+ * attn.qkv and attn.proj, and the MLP's fc1 / fc2 (Qwen2-VL, quick-GELU) or gate_proj / up_proj /
+ * down_proj (Qwen2.5-VL, SiLU-gated). The patch embedding and the merger are never adapted.
+ */
+export const VISION_LORA_MODULES = ['qkv', 'proj', 'fc1', 'fc2', 'gate_proj', 'up_proj', 'down_proj'] as const;
+export type VisionLoraModule = (typeof VISION_LORA_MODULES)[number];
+
 export interface LoraConfig {
   rank: number;
   alpha: number;
-  /** Adapted modules, in LORA_MODULES order. */
+  /** Adapted decoder modules, in LORA_MODULES order. */
   targetModules: LoraModule[];
+  /**
+   * Adapted ViT-block modules, in VISION_LORA_MODULES order (empty: the tower is not adapted). After
+   * `loraConfig` 'all-linear' is every name; `loraSites` keeps those the model's tower has.
+   */
+  visionModules: VisionLoraModule[];
 }
 
 export interface LoraConfigInput {
@@ -32,6 +45,8 @@ export interface LoraConfigInput {
   dropout?: number;
   /** Module names, or 'all-linear' (PEFT: every linear layer but the output head). */
   targetModules: readonly string[] | 'all-linear';
+  /** ViT-block module names (VISION_LORA_MODULES), or 'all-linear'; null / absent: the tower is not adapted. */
+  visionTargetModules?: readonly string[] | 'all-linear' | null;
 }
 
 /** Prefix of every tensor name in a PEFT adapter file. */
@@ -60,7 +75,48 @@ export function loraConfig(input: LoraConfigInput, key = 'lora'): LoraConfig {
         `${key}.target_modules: "${m}" matches no module of the model; valid module names: ${LORA_MODULES.join(', ')} (or all-linear)`,
       );
   }
-  return { rank: input.rank, alpha: input.alpha, targetModules: LORA_MODULES.filter((m) => raw.includes(m)) };
+  const vt = input.visionTargetModules ?? null;
+  const vraw = vt === 'all-linear' ? [...VISION_LORA_MODULES] : [...(vt ?? [])];
+  if (vt !== null && vt !== 'all-linear' && !vraw.length)
+    throw new ConfigError(
+      `${key}.vision_target_modules is empty; list some of ${VISION_LORA_MODULES.join(', ')}, give all-linear, or null for no tower adapters`,
+    );
+  for (const m of vraw) {
+    if (!(VISION_LORA_MODULES as readonly string[]).includes(m))
+      throw new ConfigError(
+        `${key}.vision_target_modules: "${m}" is no linear module of a ViT block; valid: ${VISION_LORA_MODULES.join(', ')} (or all-linear)`,
+      );
+  }
+  return {
+    rank: input.rank,
+    alpha: input.alpha,
+    targetModules: LORA_MODULES.filter((m) => raw.includes(m)),
+    visionModules: VISION_LORA_MODULES.filter((m) => vraw.includes(m)),
+  };
+}
+
+/** The tower modules of `l` that the model's ViT blocks have (qkv, proj and its MLP's); [] for a text model. */
+export function towerLoraModules(c: ModelConfig, l: LoraConfig): VisionLoraModule[] {
+  if (!c.vision || !l.visionModules.length) return [];
+  const mlp: readonly VisionLoraModule[] =
+    c.vision.mlp === 'silu_glu' ? ['gate_proj', 'up_proj', 'down_proj'] : ['fc1', 'fc2'];
+  return l.visionModules.filter((m) => m === 'qkv' || m === 'proj' || mlp.includes(m));
+}
+
+/** Checks that the tower modules of `l` exist in the model (one line naming `key` otherwise). */
+export function checkLoraFits(c: ModelConfig, l: LoraConfig, key = 'lora'): void {
+  if (!l.visionModules.length) return;
+  if (!c.vision)
+    throw new ConfigError(
+      `${key}.vision_target_modules: the model has no vision tower (text-only); remove vision_target_modules`,
+    );
+  const have = towerLoraModules(c, l);
+  const missing = l.visionModules.filter((m) => !have.includes(m));
+  // 'all-linear' resolves to every name; only an explicit name the tower lacks is an error
+  if (missing.length && l.visionModules.length !== VISION_LORA_MODULES.length)
+    throw new ConfigError(
+      `${key}.vision_target_modules: ${missing.join(', ')} not in this tower's blocks; valid here: qkv, proj, ${c.vision.mlp === 'silu_glu' ? 'gate_proj, up_proj, down_proj' : 'fc1, fc2'}`,
+    );
 }
 
 /** s = alpha / r (PEFT `scaling`, without rsLoRA). */
@@ -69,14 +125,17 @@ export function loraScale(l: LoraConfig): number {
 }
 
 export interface LoraSite {
-  module: LoraModule;
+  module: LoraModule | VisionLoraModule;
   layer: number;
   path: string;
   inFeatures: number;
   outFeatures: number;
 }
 
-/** Every adapted linear layer of the model, layer by layer, modules in LORA_MODULES order. */
+/**
+ * Every adapted linear layer of the model: the decoder's layer by layer (modules in LORA_MODULES
+ * order), then the ViT blocks' (VISION_LORA_MODULES order) when the tower is adapted.
+ */
 export function loraSites(c: ModelConfig, l: LoraConfig): LoraSite[] {
   const D = c.hiddenSize,
     F = c.intermediateSize,
@@ -97,6 +156,25 @@ export function loraSites(c: ModelConfig, l: LoraConfig): LoraSite[] {
       const [block, inF, outF] = dims[m];
       out.push({ module: m, layer: i, path: `model.layers.${i}.${block}.${m}`, inFeatures: inF, outFeatures: outF });
     }
+  }
+  const tower = towerLoraModules(c, l);
+  if (tower.length) {
+    const E = c.vision!.hiddenSize,
+      VF = c.vision!.intermediateSize;
+    const vdims: Record<VisionLoraModule, [string, number, number]> = {
+      qkv: ['attn', E, 3 * E],
+      proj: ['attn', E, E],
+      fc1: ['mlp', E, VF],
+      fc2: ['mlp', VF, E],
+      gate_proj: ['mlp', E, VF],
+      up_proj: ['mlp', E, VF],
+      down_proj: ['mlp', VF, E],
+    };
+    for (let i = 0; i < c.vision!.depth; i++)
+      for (const m of tower) {
+        const [block, inF, outF] = vdims[m];
+        out.push({ module: m, layer: i, path: `visual.blocks.${i}.${block}.${m}`, inFeatures: inF, outFeatures: outF });
+      }
   }
   return out;
 }
@@ -165,8 +243,32 @@ export function mergeLora(
   return out;
 }
 
-/** PEFT adapter_config.json for (l) on a causal LM whose base model is `basePath` (null: unknown). */
-export function peftAdapterConfig(l: LoraConfig, basePath: string | null): Record<string, unknown> {
+/**
+ * PEFT target_modules for `l` on model `c`. A text model's: the module names (PEFT matches them as
+ * name suffixes). A vision-language model's: a regex PEFT full-matches against module paths, naming
+ * exactly the adapted decoder and ViT-block modules in the checkpoint's tensor layout — as a list,
+ * q_proj / gate_proj / proj would also catch the tower's (or the patch embedding's) modules.
+ */
+export function peftTargetModules(l: LoraConfig, c?: ModelConfig): string[] | string {
+  if (!c?.vision) return [...l.targetModules];
+  const nested = c.tensorLayout === 'nested';
+  const group = (ms: readonly string[]) => (ms.length === 1 ? ms[0] : `(?:${ms.join('|')})`);
+  const attn = l.targetModules.filter((m) => ['q_proj', 'k_proj', 'v_proj', 'o_proj'].includes(m));
+  const mlp = l.targetModules.filter((m) => !attn.includes(m));
+  const dec = [...(attn.length ? [`self_attn\\.${group(attn)}`] : []), ...(mlp.length ? [`mlp\\.${group(mlp)}`] : [])];
+  const parts = [`${nested ? 'model\\.language_model' : 'model'}\\.layers\\.\\d+\\.${group(dec)}`];
+  const tower = towerLoraModules(c, l);
+  if (tower.length) {
+    const ta = tower.filter((m) => m === 'qkv' || m === 'proj'),
+      tm = tower.filter((m) => m !== 'qkv' && m !== 'proj');
+    const blk = [...(ta.length ? [`attn\\.${group(ta)}`] : []), ...(tm.length ? [`mlp\\.${group(tm)}`] : [])];
+    parts.push(`${nested ? 'model\\.visual' : 'visual'}\\.blocks\\.\\d+\\.${group(blk)}`);
+  }
+  return parts.length === 1 ? parts[0] : parts.map((x) => `(?:${x})`).join('|');
+}
+
+/** PEFT adapter_config.json for (l) on a causal LM whose base model is `basePath` (null: unknown), of config `c`. */
+export function peftAdapterConfig(l: LoraConfig, basePath: string | null, c?: ModelConfig): Record<string, unknown> {
   return {
     peft_type: 'LORA',
     task_type: 'CAUSAL_LM',
@@ -176,7 +278,7 @@ export function peftAdapterConfig(l: LoraConfig, basePath: string | null): Recor
     r: l.rank,
     lora_alpha: l.alpha,
     lora_dropout: 0,
-    target_modules: [...l.targetModules],
+    target_modules: peftTargetModules(l, c),
     bias: 'none',
     fan_in_fan_out: false,
     init_lora_weights: true,
@@ -190,8 +292,15 @@ export function peftAdapterConfig(l: LoraConfig, basePath: string | null): Recor
   };
 }
 
-/** A LoRA config from a PEFT adapter_config.json; what this engine cannot reproduce is refused with one line. */
-export function loraFromPeftConfig(j: Record<string, unknown>, source: string): LoraConfig {
+/**
+ * A LoRA config from a PEFT adapter_config.json (`towerModules`: the ViT-block modules the adapter
+ * file holds tensors for); what this engine cannot reproduce is refused with one line.
+ */
+export function loraFromPeftConfig(
+  j: Record<string, unknown>,
+  source: string,
+  towerModules: readonly string[] = [],
+): LoraConfig {
   if (j.peft_type !== 'LORA')
     throw new ConfigError(`${source}: peft_type ${JSON.stringify(j.peft_type)} is not supported (only LORA)`);
   for (const k of ['use_rslora', 'use_dora', 'fan_in_fan_out'] as const)
@@ -215,5 +324,13 @@ export function loraFromPeftConfig(j: Record<string, unknown>, source: string): 
       `${source}: target_modules must be a list of module names or "all-linear", got ${JSON.stringify(tm)}`,
     );
   // lora_dropout only acts while training; loading an adapter trained with it is fine
-  return loraConfig({ rank: Number(j.r), alpha: Number(j.lora_alpha), targetModules: targets }, source);
+  return loraConfig(
+    {
+      rank: Number(j.r),
+      alpha: Number(j.lora_alpha),
+      targetModules: targets,
+      visionTargetModules: towerModules.length ? towerModules : null,
+    },
+    source,
+  );
 }

@@ -178,6 +178,7 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
             placeImageTokens(b, model, p, x, N, {
               freeze,
               checkpoint: !!spec.gradientCheckpointing && mode !== 'eval',
+              ...(spec.lora ? { lora: { config: spec.lora, p: pl } } : {}),
             }),
         }
       : {}),
@@ -255,7 +256,8 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
       outV: Var[] = [];
     specs.forEach((s, i) => {
       b.scope(s.name, () => {
-        if (freeze && isVisionParam(s.name)) {
+        // with LoRA the trained tower parameters are its adapters: frozen only with freezeVisionTower
+        if ((spec.lora ? !!spec.freezeVisionTower : freeze) && isVisionParam(s.name)) {
           // frozen: weights and moments unchanged (the moment inputs are still declared, so feeds stay uniform)
           outW.push(pv[i]);
           outM.push(b.input(`${s.name}.exp_avg`, F, s.shape));

@@ -18,7 +18,7 @@ import { ort, tensor, type Device, type SessionOptions } from '../onnx/runtime.t
 import type { ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
 import { queryBlocksFor } from './llama.ts';
-import { initLora, loraSpecs, validateAdapter, type LoraConfig } from './lora.ts';
+import { checkLoraFits, initLora, loraSpecs, towerLoraModules, validateAdapter, type LoraConfig } from './lora.ts';
 import { mergeLoraOnnx } from './lora-merge.ts';
 import {
   finalizeMetrics,
@@ -202,6 +202,11 @@ export class Trainer {
     if (this.lora) {
       if (this.model.head !== 'lm')
         throw new ConfigError('trainer: LoRA adapts a policy model (head "lm"), not a value model');
+      checkLoraFits(this.model, this.lora, 'actor.model.lora');
+      if (opts.freezeVisionTower && towerLoraModules(this.model, this.lora).length)
+        throw new ConfigError(
+          'actor.model.freeze_vision_tower and actor.model.lora.vision_target_modules contradict each other (the tower would be frozen and adapted); drop one',
+        );
       this.specs = loraSpecs(this.model, this.lora);
       // the base is frozen: held as given, no copy
       const base = opts.weights ?? initWeights(this.model, opts.seed ?? 0);

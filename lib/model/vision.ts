@@ -53,6 +53,7 @@ import { ConfigError } from '../errors.ts';
 import type { ImagePixels } from '../data/images.ts';
 import type { ModelConfig, VisionConfig } from './config.ts';
 import { MASK_NEG, type ParamVars } from './llama.ts';
+import { loraScale, towerLoraModules, type LoraConfig } from './lora.ts';
 
 export type { ImagePixels };
 
@@ -375,8 +376,30 @@ function visionRope(b: GraphBuilder, v: VisionConfig, pos: Var): { cos: Var; sin
  *     N LayerNorm or RMSNorm, mlp fc2(quick_gelu(fc1 h)) or down(silu(gate h)·up h))
  *   tokens = mlp.2(GELU(mlp.0(reshape(LN_q(x), [I·P/m², m²E]))))           [I·P/m², D]
  */
-export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts: { checkpoint?: boolean } = {}): Var {
+export function visionTower(
+  b: GraphBuilder,
+  c: ModelConfig,
+  p: ParamVars,
+  opts: { checkpoint?: boolean; lora?: { config: LoraConfig; p: ParamVars } } = {},
+): Var {
   const v = visionOf(c, 'visionTower');
+  // LoRA on the blocks' linear layers (lora.ts): y + s·(h·Aᵀ)·Bᵀ, A [r, in], B [out, r]
+  const loraMods: readonly string[] = opts.lora ? towerLoraModules(c, opts.lora.config) : [];
+  const loraS = opts.lora ? loraScale(opts.lora.config) : 0;
+  const adapt = (y: Var, h: Var, module: string, path: string, W: (name: string) => Var): Var =>
+    loraMods.includes(module)
+      ? b.scope(`lora.${module}`, () =>
+          b.add(
+            y,
+            b.gemm(linear(b, h, W(`${path}.lora_A.weight`)), W(`${path}.lora_B.weight`), {
+              transB: true,
+              alpha: loraS,
+            }),
+          ),
+        )
+      : y;
+  const lin = (h: Var, path: string, module: string, W: (name: string) => Var): Var =>
+    adapt(linear(b, h, W(`${path}.weight`), W(`${path}.bias`)), h, module, path, W);
   const E = v.hiddenSize,
     H = v.numHeads,
     hd = E / H,
@@ -422,11 +445,7 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
       const block = (x0: Var, W: (name: string) => Var): Var => {
         const att = b.scope('attn', () => {
           const h = norm(x0, W, `${pre}.norm1`);
-          const [q0, k0, v0] = b.split(linear(b, h, W(`${pre}.attn.qkv.weight`), W(`${pre}.attn.qkv.bias`)), 1, [
-            E,
-            E,
-            E,
-          ]);
+          const [q0, k0, v0] = b.split(lin(h, `${pre}.attn.qkv`, 'qkv', W), 1, [E, E, E]);
           const q = b.mul(rope(b, b.reshape(q0, ['I', P, H, hd]), cos, sin), scale);
           const k = rope(b, b.reshape(k0, ['I', P, H, hd]), cos, sin);
           const q4 = b.transpose(q, [0, 2, 1, 3]),
@@ -434,7 +453,7 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
           const v4 = b.transpose(b.reshape(v0, ['I', P, H, hd]), [0, 2, 1, 3]);
           const probs = b.softmax(b.add(b.matmul(q4, b.transposeLast2(k4)), blockBias), -1); // [I, H, P, P]
           const ctx = b.transpose(b.matmul(probs, v4), [0, 2, 1, 3]); // [I, P, H, hd]
-          return linear(b, b.reshape(ctx, [NP, E]), W(`${pre}.attn.proj.weight`), W(`${pre}.attn.proj.bias`));
+          return lin(b.reshape(ctx, [NP, E]), `${pre}.attn.proj`, 'proj', W);
         });
         const x1 = b.add(x0, att);
         const mlp = b.scope('mlp', () => {
@@ -451,27 +470,29 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
               1,
               [F, F],
             );
-            return linear(b, swiglu(b, g, u), W(`${pre}.mlp.down_proj.weight`), W(`${pre}.mlp.down_proj.bias`));
+            const act = swiglu(
+              b,
+              adapt(g, h, 'gate_proj', `${pre}.mlp.gate_proj`, W),
+              adapt(u, h, 'up_proj', `${pre}.mlp.up_proj`, W),
+            );
+            return lin(act, `${pre}.mlp.down_proj`, 'down_proj', W);
           }
-          return linear(
-            b,
-            quickGelu(b, linear(b, h, W(`${pre}.mlp.fc1.weight`), W(`${pre}.mlp.fc1.bias`))),
-            W(`${pre}.mlp.fc2.weight`),
-            W(`${pre}.mlp.fc2.bias`),
-          );
+          return lin(quickGelu(b, lin(h, `${pre}.mlp.fc1`, 'fc1', W)), `${pre}.mlp.fc2`, 'fc2', W);
         });
         return b.add(x1, mlp);
       };
       b.scope(`blocks.${l}`, () => {
+        const lp = opts.lora?.p;
+        const all = lp ? new Map<string, Var>([...p, ...lp]) : p;
         if (!opts.checkpoint) {
-          x = block(x, (n) => param(p, n));
+          x = block(x, (n) => param(all, n));
           return;
         }
-        // gradient checkpointing (builder.ts checkpoint): the block's input and weights are kept, the rest recomputed
-        const names = [...p.keys()].filter((k) => k.startsWith(`${pre}.`));
-        x = b.checkpoint([x, ...names.map((n) => param(p, n))], ([x0, ...ws]) => {
+        // gradient checkpointing (builder.ts checkpoint): the block's input and weights (base and adapters) are kept, the rest recomputed
+        const names = [...all.keys()].filter((k) => k.startsWith(`${pre}.`));
+        x = b.checkpoint([x, ...names.map((n) => param(all, n))], ([x0, ...ws]) => {
           const byName = new Map(names.map((n, i) => [n, ws[i]]));
-          return [block(x0, (n) => byName.get(n) ?? param(p, n))];
+          return [block(x0, (n) => byName.get(n) ?? param(all, n))];
         })[0];
       });
     }
@@ -489,8 +510,8 @@ export function visionTower(b: GraphBuilder, c: ModelConfig, p: ParamVars, opts:
 /**
  * The decoder's input embeddings with image tokens placed (see the file comment): declares
  * `embed_index` [B·T] and the tower's inputs; `tokens` [N, D] are the token embeddings of ids [B, T].
- * With `freeze`, no gradient flows into the tower; with `checkpoint`, each ViT block recomputes its
- * forward in the backward (gradient checkpointing).
+ * With `freeze`, no gradient flows into the tower (unless `lora` adapts its blocks: then only to the
+ * adapters); with `checkpoint`, each ViT block recomputes its forward in the backward (gradient checkpointing).
  */
 export function placeImageTokens(
   b: GraphBuilder,
@@ -498,10 +519,15 @@ export function placeImageTokens(
   p: ParamVars,
   tokens: Var,
   N: Dim,
-  opts: { freeze?: boolean; checkpoint?: boolean } = {},
+  opts: { freeze?: boolean; checkpoint?: boolean; lora?: { config: LoraConfig; p: ParamVars } } = {},
 ): Var {
   const index = b.input(VISION_IO.embedIndex, 'int64', [N]);
-  let img = visionTower(b, c, p, { checkpoint: !!opts.checkpoint && !opts.freeze });
-  if (opts.freeze) img = b.stopGradient(img);
+  // LoRA on the tower: its base is frozen (no gradient asked for it) but the adapters are trained
+  const towerLora = !!opts.lora && towerLoraModules(c, opts.lora.config).length > 0;
+  let img = visionTower(b, c, p, {
+    checkpoint: !!opts.checkpoint && (!opts.freeze || towerLora),
+    ...(towerLora ? { lora: opts.lora } : {}),
+  });
+  if (opts.freeze && !towerLora) img = b.stopGradient(img);
   return b.scope('place_images', () => b.gather(b.concat([tokens, img], 0), index)); // [N, D]
 }

@@ -284,7 +284,13 @@ export function policyLora(cfg: Config): PolicyLora | null {
     );
   return {
     config: loraConfig(
-      { rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules },
+      {
+        rank: l.rank,
+        alpha: l.alpha,
+        dropout: l.dropout,
+        targetModules: l.target_modules,
+        visionTargetModules: l.vision_target_modules,
+      },
       'actor.model.lora',
     ),
     baseDir: cfg.actor.model.path,

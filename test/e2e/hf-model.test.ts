@@ -249,8 +249,9 @@ test(
     );
     const f32Dir = join(tmp, 'export-f32'),
       bf16Dir = join(tmp, 'export-bf16');
-    assert.match(cli('export', ckptDir, '--out', f32Dir), /exported .*qwen3/);
-    cli('export', ckptDir, '--out', bf16Dir, '--dtype', 'bf16');
+    assert.match(cli('export', ckptDir, '--out', f32Dir, '--dtype', 'f32'), /exported .*qwen3/);
+    // without --dtype, the source model's stored dtype (bf16), though the run's checkpoint holds f32
+    assert.match(cli('export', ckptDir, '--out', bf16Dir), /exported .*, bf16\)/);
     assert.ok(!existsSync(join(f32Dir, 'optimizer.safetensors')));
     const ex = await loadCheckpoint(f32Dir);
     const reqs = [

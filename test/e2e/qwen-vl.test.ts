@@ -3,10 +3,10 @@
  * shards, preprocessor_config.json, chat_template.json, the real Qwen tokenizer; random weights):
  * `rlstream generate --chat` with two `--image`s answers greedily exactly as the independent
  * PyTorch model (test/torch/qwen_vl_ref.py) continues the same prompt ids and pixels; GRPO with
- * VPPO (patch blackening on the processor's patch grid), LoRA on the decoder and gradient
+ * VPPO (patch blackening on the processor's patch grid), LoRA on the decoder and the tower, gradient
  * checkpointing plays the vision number game for 2 steps, and the same command SIGKILLed after
  * step 2's advantage stage and run again ends with the uninterrupted run's checkpoint sha256;
- * `rlstream export --merge --dtype bf16` writes the source's tensor names, dtypes and shapes
+ * `rlstream export --merge` writes the source's tensor names, dtypes (bf16) and shapes
  * with the processor and template files.
  */
 import { after, test } from 'node:test';
@@ -61,6 +61,7 @@ const overrides = (src: string, dir: string) => [
   `actor.model.path=${src}`,
   'actor.model.max_seq_len=112',
   'actor.model.lora.rank=8',
+  'actor.model.lora.vision_target_modules=all-linear',
   'actor.model.enable_gradient_checkpointing=true',
   'algorithm.vppo.enable=true',
   'algorithm.vppo.patch_size=4',
@@ -188,7 +189,13 @@ test(
     // ── export --merge: the source's names, dtypes and shapes; processor and template files copied
     const ckptActor = join(refDir, 'checkpoints', 'global_step_2', 'actor');
     const merged = join(tmp, 'merged');
-    cli('export', ckptActor, '--merge', '--base', src, '--out', merged, '--dtype', 'bf16');
+    // the adapter holds the tower's blocks too, with PEFT's names; export keeps the source's bf16 by default
+    const adapterNames = [
+      ...decodeSafetensors(readFileSync(join(ckptActor, 'adapter_model.safetensors')), 'adapter').tensors.keys(),
+    ];
+    assert.ok(adapterNames.includes('base_model.model.visual.blocks.0.attn.qkv.lora_A.weight'));
+    assert.ok(adapterNames.includes('base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight'));
+    assert.match(cli('export', ckptActor, '--merge', '--base', src, '--out', merged), /, bf16\)/);
     for (const f of ['preprocessor_config.json', 'chat_template.json', 'tokenizer.json', 'config.json'])
       assert.ok(existsSync(join(merged, f)), `export has ${f}`);
     const header = (d: string) => {

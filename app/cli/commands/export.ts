@@ -19,6 +19,7 @@ import { paramCount } from '../../../lib/model/params.ts';
 import { ConfigError } from '../../../lib/errors.ts';
 
 const DTYPES: Record<string, HfDtype> = { bf16: 'bfloat16', f16: 'float16', f32: 'float32' };
+const SHORT = (d: HfDtype) => Object.keys(DTYPES).find((k) => DTYPES[k] === d)!;
 
 /**
  * The model directory inside `dir`: a run checkpoint (checkpoints/global_step_N) keeps the policy
@@ -35,7 +36,10 @@ export function modelDirOf(dir: string): string {
   return d;
 }
 
-/** `rlstream export <checkpoint> --out DIR [--dtype bf16|f16|f32]`: a Hugging Face model directory without optimizer state. */
+/**
+ * `rlstream export <checkpoint> --out DIR [--dtype bf16|f16|f32]`: a Hugging Face model directory
+ * without optimizer state, in the source's tensor layout and (by default) stored dtype.
+ */
 export const exportCommand: Command = {
   name: 'export',
   summary: 'Write a checkpoint or policy version as a Hugging Face model directory (no optimizer state)',
@@ -48,8 +52,8 @@ export const exportCommand: Command = {
     '',
     'options:',
     '  --out DIR        directory to create (must not exist)',
-    '  --dtype D        stored dtype: bf16, f16 or f32 (default f32, the training precision; bf16 and f16',
-    '                   round to nearest even)',
+    "  --dtype D        stored dtype: bf16, f16 or f32 (default: the source model's, so a bf16 model trained",
+    '                   here is written bf16 again; bf16 and f16 round to nearest even)',
     '  --merge          the source is a LoRA adapter (PEFT adapter_config.json + adapter_model.safetensors,',
     '                   as a LoRA run writes): write the merged model, W + (alpha / r)·B·A per adapted layer',
     "  --base DIR       the base model the adapter was trained on (default: the adapter's",
@@ -59,8 +63,9 @@ export const exportCommand: Command = {
     const { positionals, flags, booleans } = parseArgs(argv, { flags: ['out', 'dtype', 'base'], booleans: ['merge'] });
     if (positionals.length !== 1) throw new UsageError(`expected one checkpoint directory, got ${positionals.length}`);
     if (!flags.out) throw new UsageError('--out DIR is required');
-    const dtype = DTYPES[flags.dtype ?? 'f32'];
-    if (!dtype) throw new UsageError(`--dtype must be one of ${Object.keys(DTYPES).join(', ')}, got "${flags.dtype}"`);
+    const asked = flags.dtype === undefined ? null : DTYPES[flags.dtype];
+    if (asked === undefined)
+      throw new UsageError(`--dtype must be one of ${Object.keys(DTYPES).join(', ')}, got "${flags.dtype}"`);
     const src = modelDirOf(positionals[0]);
     if (existsSync(flags.out)) throw new ConfigError(`--out ${flags.out} already exists; give a new directory`);
     // the directory can be created there (says why not), then is written whole under a temporary name
@@ -75,24 +80,26 @@ export const exportCommand: Command = {
           `${src} is a LoRA adapter (PEFT layout, loadable with peft as it is); pass --merge to write the merged model`,
         );
       const { base, baseDir, adapter, weights } = await loadMergedAdapter(src, flags.base);
+      const dtype = asked ?? base.config.storedDtype ?? 'float32';
       await saveCheckpoint(flags.out, base.config, weights, {
         dtype,
         assetsFrom: baseDir,
         metadata: adapter.metadata.policy_version ? { policy_version: adapter.metadata.policy_version } : {},
       });
       process.stdout.write(
-        `merged ${src} (LoRA rank ${adapter.lora.rank} on ${adapter.lora.targetModules.join(', ')}) into ${baseDir} → ${resolve(flags.out)} (${(paramCount(base.config) / 1e6).toFixed(2)}M parameters, ${flags.dtype ?? 'f32'})\n`,
+        `merged ${src} (LoRA rank ${adapter.lora.rank} on ${adapter.lora.targetModules.join(', ')}) into ${baseDir} → ${resolve(flags.out)} (${(paramCount(base.config) / 1e6).toFixed(2)}M parameters, ${SHORT(dtype)})\n`,
       );
       return 0;
     }
     const ck = await loadCheckpoint(src, { optimizer: false });
+    const dtype = asked ?? ck.config.storedDtype ?? 'float32';
     await saveCheckpoint(flags.out, ck.config, ck.weights, {
       dtype,
       assetsFrom: src,
       metadata: ck.metadata.policy_version ? { policy_version: ck.metadata.policy_version } : {},
     });
     process.stdout.write(
-      `exported ${src} → ${resolve(flags.out)} (${ck.config.modelType}, ${(paramCount(ck.config) / 1e6).toFixed(2)}M parameters, ${flags.dtype ?? 'f32'})\n`,
+      `exported ${src} → ${resolve(flags.out)} (${ck.config.modelType}, ${(paramCount(ck.config) / 1e6).toFixed(2)}M parameters, ${SHORT(dtype)})\n`,
     );
     return 0;
   },
