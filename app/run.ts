@@ -25,6 +25,7 @@ import {
   type MetricsRecord,
 } from '../lib/contracts/index.ts';
 import { ProgressBar, formatTable } from '../lib/console/progress.ts';
+import { StepLines } from '../lib/console/step-lines.ts';
 import { ConfigError, errorMessage, isRetriable } from '../lib/errors.ts';
 import { isConnectionError } from '../lib/db/errors.ts';
 import { LiveTensorBoard, tensorboardDir } from '../lib/analysis/tensorboard-live.ts';
@@ -102,6 +103,7 @@ export function watchRun(
     valAcc: number | undefined,
     step = 0;
   let stopped = false;
+  const stepLines = new StepLines(totalSteps, Date.now());
   const pos = { control: 0, metrics: 0, deadletter: 0 };
   const ownLog = p.db.kind === 'pglite';
   let lost = 0; // consecutive reads that lost the database connection (PostgreSQL restarting, a terminated backend)
@@ -153,6 +155,9 @@ export function watchRun(
         if (r.kind === 'val') settledSteps++;
         if (r.values['reward/mean'] !== undefined && r.kind === 'train') reward = r.values['reward/mean'];
         if (r.values['val/accuracy'] !== undefined) valAcc = r.values['val/accuracy'];
+        // off a terminal, one line per trained step in place of the bar
+        const line = bar ? null : stepLines.add(r, Date.now());
+        if (line) p.log.info({ step: line.step, ...line.fields }, line.text);
       }
       if (ownLog) {
         for (const m of await p.bus.read(p.topic('deadletter'), 0, pos.deadletter, 100)) {
