@@ -331,6 +331,12 @@ export async function trainEmbedded(
   const problems = await preflightProblems(cfg);
   if (problems.length) throw new ConfigError(problems.join('\n'), { problems });
   await checkPythonReward(cfg.reward);
+  // start-up says what it is doing: a log line each, and on a terminal the bar's text until step 1
+  const phase = (what: string) => {
+    log.info({ phase: what }, what);
+    if (opts.progress instanceof ProgressBar) opts.progress.update({ phase: what });
+  };
+  phase(`opening the store (${cfg.pipeline.store === 'postgres' ? 'PostgreSQL' : `embedded, ${cfg.trainer.run_dir}`})`);
   const p = await openPipeline(cfg, { log, breakLock: opts.breakLock });
   const stages: StartedStage[] = [];
   let tb: LiveTensorBoard | null = null;
@@ -380,7 +386,16 @@ export async function trainEmbedded(
       },
     );
     // update first: it publishes policy version 0 the controller waits for
-    for (const name of ['update', ...STAGES.filter((s) => s !== 'update')]) stages.push(await startStage(p, name));
+    bar?.update({ step: 0, totalSteps: total });
+    for (const name of ['update', ...STAGES.filter((s) => s !== 'update')]) {
+      phase(
+        name === 'update'
+          ? `loading the model${cfg.actor.model.path ? ` from ${cfg.actor.model.path}` : ''} and opening the trainer`
+          : `starting the ${name} stage`,
+      );
+      stages.push(await startStage(p, name));
+    }
+    phase('sampling step 1 (the first batch builds the ONNX sessions)');
     if (resume.extendFrom !== undefined) {
       // a finished run given more steps: the controller goes on from its last policy version
       log.info(
