@@ -25,6 +25,7 @@ import {
   type MetricsRecord,
 } from '../lib/contracts/index.ts';
 import { ProgressBar, formatTable } from '../lib/console/progress.ts';
+import { StepLines } from '../lib/console/step-lines.ts';
 import { ConfigError, errorMessage, isRetriable } from '../lib/errors.ts';
 import { isConnectionError } from '../lib/db/errors.ts';
 import { LiveTensorBoard, tensorboardDir } from '../lib/analysis/tensorboard-live.ts';
@@ -103,6 +104,7 @@ export function watchRun(
     valAcc: number | undefined,
     step = 0;
   let stopped = false;
+  const stepLines = new StepLines(totalSteps, Date.now());
   const pos = { control: 0, metrics: 0, deadletter: 0 };
   const ownLog = p.db.kind === 'pglite';
   let lost = 0; // consecutive reads that lost the database connection (PostgreSQL restarting, a terminated backend)
@@ -154,6 +156,9 @@ export function watchRun(
         if (r.kind === 'val') settledSteps++;
         if (r.values['reward/mean'] !== undefined && r.kind === 'train') reward = r.values['reward/mean'];
         if (r.values['val/accuracy'] !== undefined) valAcc = r.values['val/accuracy'];
+        // off a terminal, one line per trained step in place of the bar
+        const line = bar ? null : stepLines.add(r, Date.now());
+        if (line) p.log.info({ step: line.step, ...line.fields }, line.text);
       }
       if (ownLog) {
         for (const m of await p.bus.read(p.topic('deadletter'), 0, pos.deadletter, 100)) {
@@ -343,6 +348,12 @@ export async function trainEmbedded(
   if (problems.length) throw new ConfigError(problems.join('\n'), { problems });
   await checkStageMemory(cfg, 'embedded'); // a cgroup memory limit below what the model needs
   await checkPythonReward(cfg.reward);
+  // start-up says what it is doing: a log line each, and on a terminal the bar's text until step 1
+  const phase = (what: string) => {
+    log.info({ phase: what }, what);
+    if (opts.progress instanceof ProgressBar) opts.progress.update({ phase: what });
+  };
+  phase(`opening the store (${cfg.pipeline.store === 'postgres' ? 'PostgreSQL' : `embedded, ${cfg.trainer.run_dir}`})`);
   const p = await openPipeline(cfg, { log, breakLock: opts.breakLock });
   const stages: StartedStage[] = [];
   let tb: LiveTensorBoard | null = null;
@@ -392,7 +403,16 @@ export async function trainEmbedded(
       },
     );
     // update first: it publishes policy version 0 the controller waits for
-    for (const name of ['update', ...STAGES.filter((s) => s !== 'update')]) stages.push(await startStage(p, name));
+    bar?.update({ step: 0, totalSteps: total });
+    for (const name of ['update', ...STAGES.filter((s) => s !== 'update')]) {
+      phase(
+        name === 'update'
+          ? `loading the model${cfg.actor.model.path ? ` from ${cfg.actor.model.path}` : ''} and opening the trainer`
+          : `starting the ${name} stage`,
+      );
+      stages.push(await startStage(p, name));
+    }
+    phase('sampling step 1 (the first batch builds the ONNX sessions)');
     if (resume.extendFrom !== undefined) {
       // a finished run given more steps: the controller goes on from its last policy version
       log.info(

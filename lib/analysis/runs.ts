@@ -6,7 +6,7 @@
  * still "running" in a directory no live process holds (a SIGKILLed or crashed run) is "stale"; a
  * run stored as "completed" is shown as "finished".
  */
-import { existsSync, readdirSync, statSync } from 'node:fs';
+import { existsSync, lstatSync, readdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import type { Database } from '../db/database.ts';
 import { openDatabaseOrSnapshot } from './target.ts';
@@ -33,6 +33,10 @@ export interface RunSummary {
   deadLetters: number | null;
   createdAt: string | null;
   updatedAt: string | null;
+  /** Bytes of the policy, critic and EMA versions the run's policy store holds now (its manifest). */
+  versionsBytes: number | null;
+  /** Bytes under the run directory (embedded listing; a hard-linked file counted once), else null. */
+  dirBytes: number | null;
   /** A failed run's stored reason (runs.summary.error), else null. */
   error: string | null;
   /** Why the run could not be read (locked, corrupt), when status says so. */
@@ -43,7 +47,8 @@ const RUN_COLUMNS = `v.run_id, v.project, v.experiment, v.status, v.parent_run_i
   v.best_val_accuracy, v.best_val_step, v.checkpoints, v.last_checkpoint_step, v.trajectories, v.dead_letters,
   to_char(v.created_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as created_at,
   to_char(v.updated_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as updated_at,
-  case when v.status = 'failed' then r.summary->>'error' end as error`;
+  case when v.status = 'failed' then r.summary->>'error' end as error,
+  (select sum(f.size_bytes) from policy_files f where f.run_id = v.run_id) as versions_bytes`;
 
 /**
  * The status a listing shows: a run that ended normally is stored as `completed` (runs.status) and
@@ -74,6 +79,8 @@ function toSummary(dir: string | null, cols: string[], row: unknown[]): RunSumma
     deadLetters: num(r.dead_letters),
     createdAt: r.created_at,
     updatedAt: r.updated_at,
+    versionsBytes: num(r.versions_bytes),
+    dirBytes: null,
     error: r.error ?? null,
   };
 }
@@ -117,6 +124,8 @@ function emptySummary(dir: string, status: string, note: string): RunSummary {
     deadLetters: null,
     createdAt: null,
     updatedAt: null,
+    versionsBytes: null,
+    dirBytes: null,
     error: null,
     note,
   };
@@ -155,6 +164,8 @@ export async function listRunsInDir(runsDir: string): Promise<RunSummary[]> {
       let live = false;
       database = await openDatabaseOrSnapshot({ kind: 'pglite', dir: dbDir }, { onSnapshot: () => (live = true) });
       const runs = await listRunsInDatabase(database, dir);
+      const bytes = directoryBytes(dir);
+      for (const r of runs) r.dirBytes = bytes;
       // opened directly: no process holds the directory, so a row still "running" lost its process
       if (!live)
         for (const r of runs)
@@ -176,4 +187,34 @@ export async function listRunsInDir(runsDir: string): Promise<RunSummary[]> {
     }
   }
   return out;
+}
+
+/** Bytes of the regular files under `dir`, each inode once (checkpoints hard-link their versions' files). */
+export function directoryBytes(dir: string): number {
+  const seen = new Set<string>();
+  let total = 0;
+  const walk = (d: string): void => {
+    let names: string[];
+    try {
+      names = readdirSync(d);
+    } catch {
+      return; // removed while listing (a pruned version)
+    }
+    for (const n of names) {
+      const p = join(d, n);
+      let st;
+      try {
+        st = lstatSync(p);
+      } catch {
+        continue;
+      }
+      if (st.isDirectory()) walk(p);
+      else if (st.isFile() && !seen.has(`${st.dev}:${st.ino}`)) {
+        seen.add(`${st.dev}:${st.ino}`);
+        total += st.size;
+      }
+    }
+  };
+  walk(dir);
+  return total;
 }

@@ -13,6 +13,8 @@ export interface ProgressState {
   loss?: number;
   valAccuracy?: number;
   stepTimeS?: number;
+  /** What the run is doing before its first step (opening the store, loading the model): shown until step 1. */
+  phase?: string;
 }
 
 export function formatDuration(seconds: number): string {
@@ -36,7 +38,9 @@ export function renderProgress(p: ProgressState, elapsedS: number, width = 24): 
   if (p.reward !== undefined) parts.push(`reward ${p.reward.toFixed(3)}`);
   if (p.loss !== undefined) parts.push(`loss ${p.loss.toFixed(3)}`);
   if (p.valAccuracy !== undefined) parts.push(`val acc ${p.valAccuracy.toFixed(3)}`);
-  parts.push(`elapsed ${formatDuration(elapsedS)}`, `eta ${formatDuration(eta)}`);
+  parts.push(`elapsed ${formatDuration(elapsedS)}`);
+  if (p.phase && p.step === 0) parts.push(p.phase);
+  else parts.push(`eta ${formatDuration(eta)}`);
   return parts.join('  ');
 }
 

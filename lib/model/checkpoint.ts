@@ -176,6 +176,13 @@ function optimizerFile(specs: ParamSpec[], o: OptimizerState): Buffer {
   return encodeSafetensors(entries, { step: String(o.step), optimizer: 'adamw' });
 }
 
+/** A file of a written directory: its name, the sha256 of the bytes written and their size. */
+export interface WrittenFile {
+  name: string;
+  sha256: string;
+  sizeBytes: number;
+}
+
 /**
  * Writes `files` as directory `dir`: under a temporary name, every file fsynced, then renamed into
  * place (an existing `dir` is replaced only with `overwrite`), so a half-written directory never looks valid.
@@ -184,7 +191,7 @@ async function writeDirAtomic(
   dir: string,
   files: ReadonlyMap<string, Uint8Array | string>,
   overwrite: boolean,
-): Promise<void> {
+): Promise<WrittenFile[]> {
   const parent = path.dirname(path.resolve(dir));
   await fs.mkdir(parent, { recursive: true });
   const tmp = path.join(parent, `.${path.basename(dir)}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`);
@@ -205,19 +212,25 @@ async function writeDirAtomic(
     await fs.rename(tmp, dir);
     await syncDir(parent);
     if (old) await fs.rm(old, { recursive: true, force: true });
+    return [...files]
+      .map(([name, data]) => {
+        const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+        return { name, sha256: sha256(bytes), sizeBytes: bytes.byteLength };
+      })
+      .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   } catch (e) {
     await fs.rm(tmp, { recursive: true, force: true }).catch(() => undefined);
     throw e;
   }
 }
 
-/** Write a checkpoint directory atomically; returns the sha256 of model.safetensors. */
+/** Write a checkpoint directory atomically; returns the sha256 of model.safetensors and every file written (name, sha256, size). */
 export async function saveCheckpoint(
   dir: string,
   config: ModelConfig,
   weights: Weights,
   opts: SaveOptions = {},
-): Promise<{ weightsSha256: string }> {
+): Promise<{ weightsSha256: string; files: WrittenFile[] }> {
   const specs = paramSpecs(config);
   for (const s of specs) {
     const w = weights.get(s.name);
@@ -240,7 +253,6 @@ export async function saveCheckpoint(
       meta,
     );
     files.set(MODEL_FILE, model);
-    hash.update(model);
   } else {
     // save_pretrained's sharding: consecutive tensors up to the shard size, model-0000i-of-0000n + the index
     const groups: ParamSpec[][] = [[]];
@@ -273,8 +285,10 @@ export async function saveCheckpoint(
   if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
   files.set(CONFIG_FILE, JSON.stringify(toHfConfig(config, dtype), null, 2) + '\n');
   for (const [f, data] of side) files.set(f, data);
-  await writeDirAtomic(dir, files, !!opts.overwrite);
-  return { weightsSha256: hash.digest('hex') };
+  const written = await writeDirAtomic(dir, files, !!opts.overwrite);
+  // one file: its sha256 as written; shards: the sha256 of their bytes in order
+  const single = written.find((f) => f.name === MODEL_FILE);
+  return { weightsSha256: single ? single.sha256 : hash.digest('hex'), files: written };
 }
 
 /** Weights above this many bytes are written in shards (save_pretrained's layout; a Buffer holds at most 4 GiB). */
@@ -578,7 +592,8 @@ export function isAdapterDir(dir: string): boolean {
  * (tensors `base_model.model.<module>.lora_A.weight` / `.lora_B.weight`, F32, metadata format pt),
  * optionally optimizer.safetensors (the adapters' AdamW moments), and the base's generation config
  * and tokenizer files. No config.json: transformers and peft load the base from
- * base_model_name_or_path and apply the adapter. Returns the sha256 of adapter_model.safetensors.
+ * base_model_name_or_path and apply the adapter. Returns the sha256 of adapter_model.safetensors and
+ * every file written with its sha256 and size.
  */
 export async function saveAdapter(
   dir: string,
@@ -586,7 +601,7 @@ export async function saveAdapter(
   lora: LoraConfig,
   adapter: Weights,
   opts: AdapterSaveOptions,
-): Promise<{ weightsSha256: string }> {
+): Promise<{ weightsSha256: string; files: WrittenFile[] }> {
   validateAdapter(config, lora, adapter, 'saveAdapter');
   const specs = loraSpecs(config, lora);
   const model = encodeSafetensors(
@@ -600,8 +615,8 @@ export async function saveAdapter(
   if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
   files.set(ADAPTER_CONFIG_FILE, JSON.stringify(peftAdapterConfig(lora, opts.basePath, config), null, 2) + '\n');
   for (const [f, data] of await sideFiles(config, opts.basePath)) files.set(f, data);
-  await writeDirAtomic(dir, files, !!opts.overwrite);
-  return { weightsSha256: sha256(model) };
+  const written = await writeDirAtomic(dir, files, !!opts.overwrite);
+  return { weightsSha256: written.find((f) => f.name === ADAPTER_MODEL_FILE)!.sha256, files: written };
 }
 
 /**

@@ -26,6 +26,7 @@ import { loadModelDirTokenizer, type ModelTokenizer } from '../model/hf-model-to
 import { existsSync } from 'node:fs';
 import type { Config } from '../config/index.ts';
 import type { Executor, PolicyStore } from '../policy-store/index.ts';
+import { takeHandOff } from '../policy-store/handoff.ts';
 import { resolveCriticModel } from '../config/index.ts';
 
 export function tokenizerFor(cfg: Config): Tokenizer {
@@ -317,12 +318,15 @@ export function sharedBaseWeights(dir: string): Promise<Weights> {
 
 /**
  * Loads and caches one policy version's weights (reloaded only when the version changes) from the
- * policy store. A LoRA version (a PEFT adapter directory) is merged into the base, which is read
+ * policy store, or (a full policy, embedded) takes the arrays the update stage of this process
+ * handed over when it wrote them, once the store records their sha256 for that version. A LoRA version (a PEFT adapter directory) is merged into the base, which is read
  * once and kept: W + s·B·A for the adapted layers (new arrays), every other tensor the base's own;
  * an adapter whose B are all zero (version 0) is the base itself, with no copy — the reference policy.
  * (Merged weights rather than the adapter path for sampling: bench/model.ts measures both.)
  */
 export class PolicyCache {
+  /** Versions taken from the in-process hand-off (lib/policy-store/handoff.ts) rather than read from the store. */
+  fromMemory = 0;
   private version = -1;
   private weights: Weights | null = null;
   private base: Weights | null = null;
@@ -335,6 +339,15 @@ export class PolicyCache {
   /** `db`: the batch's executor (PGlite has one connection, held by the batch's transaction). */
   async get(version: number, db?: Executor): Promise<Weights> {
     if (version === this.version && this.weights) return this.weights;
+    // embedded: the update stage in this process handed this version's weights over as it wrote them
+    const handed = this.lora ? null : await takeHandOff(this.store, version, db);
+    if (handed) {
+      this.version = version;
+      this.weights = handed;
+      this.fromMemory++;
+      this.onLoad?.(version);
+      return handed;
+    }
     // a version named by a record is written before the record is published; it is missing only
     // for an instant while a restarted update stage rewrites it (same bytes), or until a shared
     // volume shows it: retry rather than dead-letter the batch

@@ -8,7 +8,9 @@
 import { resolve } from 'node:path';
 import { policyId, type PolicyVersion } from '../contracts/index.ts';
 import { ConfigError, RlError } from '../errors.ts';
-import { checkpointSha256, saveAdapter, saveCheckpoint } from '../model/checkpoint.ts';
+import { checkpointSha256, MODEL_FILE, saveAdapter, saveCheckpoint } from '../model/checkpoint.ts';
+import { ADAPTER_MODEL_FILE } from '../model/lora.ts';
+import { handOff } from '../policy-store/handoff.ts';
 import type { ModelConfig, OptimizerState, Weights } from '../model/index.ts';
 import {
   ARTIFACT_KINDS,
@@ -75,7 +77,13 @@ export class RunVersions {
     return this.policies.writeDir(kind, version);
   }
 
-  /** Writes a version of `kind` into the policy store (before any event names it). Returns the sha256 of its weights file. */
+  /**
+   * Writes a version of `kind` into the policy store (before any event names it). Returns the
+   * sha256 of its weights file. The files are recorded with the sha256 of the bytes written (not
+   * read back). A full policy's `weights` are handed to the readers in this process
+   * (lib/policy-store/handoff.ts: the embedded rollout samples with them without reading the
+   * version back): the caller must not modify them afterwards.
+   */
   async put(
     kind: ArtifactKind,
     version: number,
@@ -88,17 +96,19 @@ export class RunVersions {
     const dir = this.policies.writeDir(kind, version);
     if (kind === 'policy' && lora) {
       // LoRA: a policy version is the adapter only, in PEFT layout (`weights` are the adapters)
-      await saveAdapter(dir, model, lora.config, weights, {
+      const w = await saveAdapter(dir, model, lora.config, weights, {
         ...extra,
         overwrite: true,
         basePath: resolve(lora.baseDir),
       });
-      return (await this.policies.put(kind, version, db)).find((f) => f.name === 'adapter_model.safetensors')!.sha256;
+      await this.policies.put(kind, version, db, w.files);
+      return w.weightsSha256;
     }
     // a complete model directory: the source's generation config and tokenizer files go with the weights
-    await saveCheckpoint(dir, model, weights, { ...extra, overwrite: true, assetsFrom });
-    const files = await this.policies.put(kind, version, db);
-    return files.find((f) => f.name === 'model.safetensors')!.sha256;
+    const w = await saveCheckpoint(dir, model, weights, { ...extra, overwrite: true, assetsFrom });
+    await this.policies.put(kind, version, db, w.files);
+    if (kind === 'policy') handOff(this.policies, version, MODEL_FILE, w.weightsSha256, weights);
+    return w.weightsSha256;
   }
 
   /** The `policy` record that publishes policy version `version`. */
@@ -109,7 +119,11 @@ export class RunVersions {
     db: Executor = this.o.db,
   ): Promise<PolicyVersion> {
     const { runId } = this.checkpoints;
-    const dir = await this.dir('policy', version, db);
+    // the weights file's sha256 as recorded when the version was written (files are checked when read)
+    const recorded = (await this.policies.files('policy', version, db)).find(
+      (f) => f.name === MODEL_FILE || f.name === ADAPTER_MODEL_FILE,
+    );
+    const dir = recorded ? this.policies.writeDir('policy', version) : await this.dir('policy', version, db);
     return {
       run_id: runId,
       id: policyId(runId, version),
@@ -117,7 +131,7 @@ export class RunVersions {
       policy_version: version,
       parent_version: version === 0 ? null : version - 1,
       checkpoint_path: this.policies.kind === 'filesystem' ? dir : `${this.policies.kind}:policy/${version}`,
-      sha256: await checkpointSha256(dir),
+      sha256: recorded?.sha256 ?? (await checkpointSha256(dir)),
       format: 'safetensors',
       size_bytes: 0,
       created_ms: nowMs,

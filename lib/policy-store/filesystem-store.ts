@@ -60,8 +60,13 @@ export class FilesystemPolicyStore implements PolicyStore {
     return join(this.runDir, kind, versionDirName(version));
   }
 
-  async put(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<ArtifactFile[]> {
-    const files = await describeDir(this.writeDir(kind, version));
+  async put(
+    kind: ArtifactKind,
+    version: number,
+    db: Executor = this.db,
+    written?: readonly ArtifactFile[],
+  ): Promise<ArtifactFile[]> {
+    const files = written ? [...written] : await describeDir(this.writeDir(kind, version));
     await writeManifest(db, this.runId, kind, version, files, () => 0);
     return files;
   }

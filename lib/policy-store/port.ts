@@ -41,8 +41,10 @@ export interface PolicyStore {
   /**
    * Stores the files of writeDir(kind, version) as that artifact, replacing an existing one:
    * durable and readable by every process once `db` commits (outside a transaction: on return).
+   * `written`: the files as their writer described them (sha256 of the bytes it wrote, which it
+   * had in memory), recorded without reading the files back; without it they are read and hashed.
    */
-  put(kind: ArtifactKind, version: number, db?: Executor): Promise<ArtifactFile[]>;
+  put(kind: ArtifactKind, version: number, db?: Executor, written?: readonly ArtifactFile[]): Promise<ArtifactFile[]>;
   /**
    * A local directory holding the artifact's files, each verified against its recorded sha256
    * (IntegrityError otherwise); null when the store has no such artifact (not written yet, pruned).

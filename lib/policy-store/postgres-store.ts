@@ -47,9 +47,14 @@ export class PostgresPolicyStore implements PolicyStore {
     return join(this.cacheDir, this.runId, kind, versionDirName(version));
   }
 
-  async put(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<ArtifactFile[]> {
+  async put(
+    kind: ArtifactKind,
+    version: number,
+    db: Executor = this.db,
+    written?: readonly ArtifactFile[],
+  ): Promise<ArtifactFile[]> {
     const dir = this.writeDir(kind, version);
-    const files = await describeDir(dir);
+    const files = written ? [...written] : await describeDir(dir);
     const write = async (tx: Executor) => {
       await this.deleteRows(tx, kind, version);
       let total = 0;

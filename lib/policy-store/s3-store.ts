@@ -113,9 +113,14 @@ export class S3PolicyStore implements PolicyStore {
     return `${this.versionPrefix(kind, version)}${f.sha256}/${f.name}`;
   }
 
-  async put(kind: ArtifactKind, version: number, db: Executor = this.db): Promise<ArtifactFile[]> {
+  async put(
+    kind: ArtifactKind,
+    version: number,
+    db: Executor = this.db,
+    written?: readonly ArtifactFile[],
+  ): Promise<ArtifactFile[]> {
     const dir = this.writeDir(kind, version);
-    const files = await describeDir(dir);
+    const files = written ? [...written] : await describeDir(dir);
     for (const f of files) await this.upload(join(dir, f.name), this.key(kind, version, f), f);
     const write = async (tx: Executor) => {
       await this.deleteRows(tx, kind, version);

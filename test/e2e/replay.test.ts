@@ -6,7 +6,7 @@
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { rmSync } from 'node:fs';
+import { existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { sql } from 'kysely';
 import { loadConfig } from '../../lib/config/index.ts';
@@ -80,6 +80,11 @@ test(
     assert.deepEqual(
       want.checkpoints.map((c) => c.step),
       [2, 4],
+    );
+    // default retention pruned the intermediate version 1 (not a checkpoint's, not the newest two): the replay needs none of the source's files
+    assert.deepEqual(
+      [0, 1, 2, 3, 4].filter((v) => existsSync(join(src, 'policy', `v${String(v).padStart(6, '0')}`))),
+      [0, 2, 3, 4],
     );
 
     // the original config: the same checkpoints, byte for byte

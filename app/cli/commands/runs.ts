@@ -7,6 +7,8 @@ import { listRunsInDatabase, listRunsInDir, type RunSummary } from '../../../lib
 import { outputFormat, printResult, processIo, type CommandIo } from './sql.ts';
 import { basename } from 'node:path';
 
+const mb = (b: number | null) => (b === null ? null : Math.round(b / 1e5) / 10);
+
 const COLUMNS: Array<[string, (r: RunSummary) => unknown]> = [
   ['run_id', (r) => r.runId],
   ['status', (r) => r.status],
@@ -18,6 +20,8 @@ const COLUMNS: Array<[string, (r: RunSummary) => unknown]> = [
   ['checkpoints', (r) => r.checkpoints],
   ['trajectories', (r) => r.trajectories],
   ['dead_letters', (r) => r.deadLetters],
+  ['versions_mb', (r) => mb(r.versionsBytes)],
+  ['disk_mb', (r) => mb(r.dirBytes)],
   ['parent', (r) => r.parentRunId],
   ['updated_utc', (r) => r.updatedAt],
   ['error', (r) => r.error],
@@ -55,6 +59,9 @@ export const runsCommand: Command = {
     '  --csv | --json    machine-readable output',
     '',
     'columns: steps = distinct steps with training metrics; final_reward = reward/mean at the last step;',
+    '  versions_mb = the policy, critic and EMA versions its policy store holds now (MB; trainer.keep_policy_versions',
+    '  and the retention rule of docs/durability.md bound it); disk_mb = everything under the run directory',
+    '  (run directories only; files a checkpoint hard-links to a version counted once).',
     '  best_val_acc = highest val/accuracy (at best_val_step). Same data: rlstream sql <run> "select * from v_runs".',
   ].join('\n'),
   run: (argv) => runRuns(argv, processIo),

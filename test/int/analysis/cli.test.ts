@@ -7,11 +7,22 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  linkSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  readdirSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { once } from 'node:events';
 import { openDatabase } from '../../../lib/db/database.ts';
+import { sql } from 'kysely';
+import { directoryBytes } from '../../../lib/analysis/runs.ts';
 import { createStore } from '../../../lib/store/index.ts';
 import { runSql, sqlCommand, type CommandIo } from '../../../app/cli/commands/sql.ts';
 import { runRuns, runsCommand } from '../../../app/cli/commands/runs.ts';
@@ -51,6 +62,14 @@ before(async () => {
   run = buildSyntheticRun('number-game-cli', 6);
   try {
     await writeSyntheticRun(createStore(database), run);
+    // two stored versions in the run's policy-store manifest: 2.5 MB + 1.5 MB
+    for (const [version, size] of [
+      [0, 2_500_000],
+      [6, 1_500_000],
+    ])
+      await sql`insert into policy_files (run_id, kind, version, name, size_bytes, sha256, chunks) values (${run.runId}, 'policy', ${version}, 'model.safetensors', ${size}, ${'0'.repeat(64)}, 0)`.execute(
+        database.db,
+      );
   } finally {
     await database.close();
   }
@@ -173,6 +192,18 @@ describe('rlstream runs', () => {
       ['number-game', 'training-now'],
     );
     assert.equal(rows[0].best_val_acc, 0.6);
+    assert.equal(rows[0].versions_mb, 4, 'the versions its policy store records');
+    assert.ok(rows[0].disk_mb > 0, 'the run directory');
+    // a checkpoint's hard link to a version's file is counted once
+    const before = directoryBytes(runDir);
+    mkdirSync(join(runDir, 'policy', 'v000001'), { recursive: true });
+    writeFileSync(join(runDir, 'policy', 'v000001', 'model.safetensors'), Buffer.alloc(300_000));
+    mkdirSync(join(runDir, 'checkpoints', 'global_step_1', 'actor'), { recursive: true });
+    linkSync(
+      join(runDir, 'policy', 'v000001', 'model.safetensors'),
+      join(runDir, 'checkpoints', 'global_step_1', 'actor', 'model.safetensors'),
+    );
+    assert.equal(directoryBytes(runDir) - before, 300_000);
     await assert.rejects(runsCommand.run(['--runs-dir', 'nowhere']), /no runs directory at .*nowhere/);
     await assert.rejects(runsCommand.run(['--db', 'runs']), /--db needs a postgres:\/\/ URL/);
   });

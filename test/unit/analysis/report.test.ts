@@ -27,6 +27,8 @@ const run: RunSummary = {
   deadLetters: 1,
   createdAt: '2026-11-21 10:00:00',
   updatedAt: '2026-11-21 10:05:00',
+  versionsBytes: null,
+  dirBytes: null,
   error: null,
 };
 

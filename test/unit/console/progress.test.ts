@@ -9,6 +9,18 @@ test('progress line shows steps, reward, val accuracy and ETA', () => {
   assert.equal(formatDuration(NaN), '--:--');
 });
 
+test('before step 1 the line says what start-up is doing; from step 1 the ETA', () => {
+  const phase = 'loading the model from models/x and opening the trainer';
+  assert.equal(
+    renderProgress({ step: 0, totalSteps: 20, phase }, 12, 10),
+    `step 0/20  ░░░░░░░░░░  elapsed 00:12  ${phase}`,
+  );
+  assert.equal(
+    renderProgress({ step: 1, totalSteps: 20, phase }, 30, 10),
+    'step 1/20  █░░░░░░░░░  elapsed 00:30  eta 09:30',
+  );
+});
+
 test('tables align numbers right and text left', () => {
   assert.equal(
     formatTable([
