@@ -13,25 +13,28 @@
  * are produced and before the offsets are committed (Kafka); pending groups of a trained step are
  * deleted only after the state that says the step is trained (docs/durability.md).
  */
-import { existsSync } from 'node:fs';
-import { resolve } from 'node:path';
 import { forStage, type Logger } from '../../lib/log.ts';
 import { runStage, type Decoded, type Pipeline, type StageContext, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { tokenizerFor, policyModelConfig, criticModelConfig, policyLora } from '../../lib/pipeline/policy.ts';
-import { loadStageState, saveStageState, PendingBatch, stagesWithState, txOf } from '../../lib/pipeline/stage-state.ts';
+import { loadStageState, saveStageState, PendingBatch, txOf } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
-import { datasetPosition, describePosition, removeTempCheckpoints } from '../../lib/pipeline/checkpoints.ts';
 import {
   keptCheckpoints,
   klCoefAt,
-  rebuildCheckpointDirs,
   saveRunCheckpoint,
   trainerStateAt,
   type RunCheckpoints,
 } from '../../lib/pipeline/run-checkpoints.ts';
 import { RunVersions } from '../../lib/pipeline/run-versions.ts';
-import { Learner, type LearnerSetup } from '../../lib/pipeline/learner.ts';
+import type { Learner, LearnerSetup } from '../../lib/pipeline/learner.ts';
+import {
+  openLearner,
+  readUpdateStart,
+  rebuildMissingCheckpoints,
+  removeHalfWrittenCheckpoints,
+  type UpdateState,
+} from '../../lib/pipeline/update-start.ts';
 import { trainerSettings, trainsNft, type TrainerSettings } from '../../lib/pipeline/trainer-settings.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
@@ -52,15 +55,6 @@ import {
   type ControllerProgress,
   type PackOptions,
 } from './logic.ts';
-
-export interface UpdateState {
-  version: number;
-  optimizerSteps: number;
-  /** Consumer positions in the updates topic ("<topic>/<partition>" → next offset), for checkpoint rows. */
-  positions?: Record<string, number>;
-  /** trainer.load_checkpoint_path the run started from (null: a fresh start). */
-  initFrom?: string | null;
-}
 
 export interface UpdateOptions {
   trainSize: number;
@@ -115,32 +109,23 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const totalSteps = planTotalSteps(plan);
   const log = forStage(p.log, 'update');
   const pixelCache = new PixelCache();
-  const leftovers = await removeTempCheckpoints(p.runDir);
-  if (leftovers.length)
-    log.warn(
-      { removed: leftovers },
-      `removed ${leftovers.length} half-written checkpoint(s) left by an interrupted write`,
-    );
+  await removeHalfWrittenCheckpoints(p.runDir, log);
   const checkpoints: RunCheckpoints = { runId: p.runId, runDir: p.runDir, store: p.store };
   const lora = policyLora(cfg);
   // every policy version is a complete model directory: the source's generation config and tokenizer files go along
   const versions = new RunVersions(p.policies, checkpoints, { lora, assetsFrom: cfg.actor.model.path, db: p.db.db });
   const setup: LearnerSetup = { cfg, model, criticModel, settings: trainerSettings(cfg), lora, versions, log };
   if (opts.initialWeightsDir) setup.initialWeightsDir = opts.initialWeightsDir;
-  const { learner, state } = await openLearner(p, setup, plan);
-  if (p.policies.kind !== 'filesystem') {
-    const rebuilt = await rebuildCheckpointDirs(
-      checkpoints,
-      cfg.trainer.save_limit,
-      async (v) => ({
-        actor: await versions.dir('policy', v),
-        critic: criticModel ? await versions.find('critic', v) : null,
-      }),
-      () => versions.dir('policy', 0),
-    );
-    for (const { step, path } of rebuilt)
-      log.info({ step, path }, `checkpoint global_step_${step} rebuilt from the run's database at ${path}`);
-  }
+  const start = await readUpdateStart(p);
+  const refusal = startRefusal({
+    runId: p.runId,
+    where: p.db.where,
+    ...start,
+    findLastCheckpoint: cfg.trainer.find_last_checkpoint,
+  });
+  if (refusal) throw new ConfigError(refusal);
+  const { learner, state } = await openLearner(p, setup, plan, start);
+  await rebuildMissingCheckpoints(p, checkpoints, versions, criticModel !== null, log);
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
   await p.bus.produce([p.message('policy', await versions.record(state.version, Date.now()))]);
   const run: UpdateRun = {
@@ -218,57 +203,6 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
   // only now (Kafka: after the state that says they are trained) may a trained step's groups go
   await pending.persist();
   await pruneVersions(run, st.version, ctx.db);
-}
-
-/**
- * The learner at the run's current version: resumed from its stored version, started from
- * trainer.load_checkpoint_path, or fresh (version 0); the state of a start is saved before any
- * event names it.
- */
-async function openLearner(
-  p: Pipeline,
-  setup: LearnerSetup,
-  plan: ControllerPlan,
-): Promise<{ learner: Learner; state: UpdateState }> {
-  const { cfg, log } = setup;
-  const saved = (await loadStageState<UpdateState>(p.db.db, p.runId, 'update')) ?? null;
-  const loadPath = cfg.trainer.load_checkpoint_path ? resolve(cfg.trainer.load_checkpoint_path) : null;
-  const refusal = startRefusal({
-    runId: p.runId,
-    where: p.db.where,
-    state: saved,
-    otherStages: saved ? [] : await stagesWithState(p.db.db, p.runId),
-    lastCheckpointPath: (await p.store.latestCheckpoint(p.runId))?.path ?? null,
-    findLastCheckpoint: cfg.trainer.find_last_checkpoint,
-    loadPath,
-  });
-  if (refusal) throw new ConfigError(refusal);
-  if (saved) {
-    const learner = await Learner.fromVersion(setup, saved.version);
-    const last = await p.store.latestCheckpoint(p.runId);
-    const from =
-      last && last.step === saved.version && existsSync(last.path)
-        ? `from checkpoint global_step_${last.step} (sha256 ${learner.sha})`
-        : `from policy version ${saved.version} (${p.policies.kind === 'filesystem' ? p.policies.writeDir('policy', saved.version) : `policy store: ${p.policies.kind}`}, sha256 ${learner.sha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
-    const at = datasetPosition(plan, saved.version);
-    log.info({ ...at }, `resumed at ${describePosition(at)}, ${from}`);
-    // the reference policy (v0: KL reference, the initial weights) is read by later steps only: a
-    // damaged one stops the resume now, before anything is trained or committed
-    if (saved.version > 0) await setup.versions.find('policy', 0);
-    return { learner, state: saved };
-  }
-  if (loadPath) {
-    const { learner, optimizerSteps } = await Learner.fromCheckpoint(setup, loadPath);
-    const state: UpdateState = { version: learner.version, optimizerSteps, positions: {}, initFrom: loadPath };
-    await saveStageState(p.db.db, p.runId, 'update', state);
-    const at = datasetPosition(plan, learner.version);
-    log.info({ ...at }, `resumed at ${describePosition(at)}, from checkpoint ${loadPath} (sha256 ${learner.sha})`);
-    return { learner, state };
-  }
-  const learner = await Learner.fresh(setup);
-  const state: UpdateState = { version: 0, optimizerSteps: 0, positions: {}, initFrom: null };
-  await saveStageState(p.db.db, p.runId, 'update', state);
-  return { learner, state };
 }
 
 /** Trains step `step` on its groups and commits it: versions, policy record, checkpoint when due, metrics. Returns the time it was published. */
