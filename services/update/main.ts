@@ -17,15 +17,9 @@ import { forStage, type Logger } from '../../lib/log.ts';
 import { runStage, type Decoded, type Pipeline, type StageContext, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { tokenizerFor, policyModelConfig, criticModelConfig, policyLora } from '../../lib/pipeline/policy.ts';
-import { loadStageState, saveStageState, PendingBatch, txOf } from '../../lib/pipeline/stage-state.ts';
+import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
-import {
-  keptCheckpoints,
-  klCoefAt,
-  saveRunCheckpoint,
-  trainerStateAt,
-  type RunCheckpoints,
-} from '../../lib/pipeline/run-checkpoints.ts';
+import type { RunCheckpoints } from '../../lib/pipeline/run-checkpoints.ts';
 import { RunVersions } from '../../lib/pipeline/run-versions.ts';
 import type { Learner, LearnerSetup } from '../../lib/pipeline/learner.ts';
 import {
@@ -35,12 +29,13 @@ import {
   removeHalfWrittenCheckpoints,
   type UpdateState,
 } from '../../lib/pipeline/update-start.ts';
-import { trainerSettings, trainsNft, type TrainerSettings } from '../../lib/pipeline/trainer-settings.ts';
+import { trainerSettings, trainsNft } from '../../lib/pipeline/trainer-settings.ts';
+import { commitVersion, pruneVersions, type UpdateCommitter } from '../../lib/pipeline/update-commit.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
 import type { UpdateGroup } from '../../lib/contracts/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
-import { totalSteps as planTotalSteps, planFromConfig, type ControllerPlan } from '../../lib/pipeline/plan.ts';
+import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
 import {
   checkBatchArithmetic,
   consumedOffsets,
@@ -78,13 +73,11 @@ interface UpdateRun {
   opts: UpdateOptions;
   log: Logger;
   metrics: StageMetrics;
-  plan: ControllerPlan;
   totalSteps: number;
   totalOptSteps: number;
-  settings: TrainerSettings;
   learner: Learner;
-  versions: RunVersions;
-  checkpoints: RunCheckpoints;
+  /** Stores, records and checkpoints the learner's versions; prunes those no longer needed. */
+  commit: UpdateCommitter;
   packing: PackOptions;
   /** A vision policy (and critic) score and train each row with its prompt's images. */
   images: PolicyImages;
@@ -128,18 +121,26 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   await rebuildMissingCheckpoints(p, checkpoints, versions, criticModel !== null, log);
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
   await p.bus.produce([p.message('policy', await versions.record(state.version, Date.now()))]);
+  const totalOptSteps = Math.max(1, totalSteps * arith.miniBatches * cfg.actor.ppo_epochs);
   const run: UpdateRun = {
     p,
     opts,
     log,
     metrics: new StageMetrics(p, 'update'),
-    plan,
     totalSteps,
-    totalOptSteps: Math.max(1, totalSteps * arith.miniBatches * cfg.actor.ppo_epochs),
-    settings: setup.settings,
+    totalOptSteps,
     learner,
-    versions,
-    checkpoints,
+    commit: {
+      cfg,
+      runId: p.runId,
+      plan,
+      learner,
+      versions,
+      checkpoints,
+      schedule: setup.settings.actor.schedule,
+      totalOptimizerSteps: totalOptSteps,
+      log,
+    },
     packing: {
       miniBatchSize: cfg.actor.global_batch_size,
       padTokenId: model.padTokenId,
@@ -202,7 +203,9 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
   await saveStageState(ctx.db, p.runId, 'update', st);
   // only now (Kafka: after the state that says they are trained) may a trained step's groups go
   await pending.persist();
-  await pruneVersions(run, st.version, ctx.db);
+  // validation rounds the controller published and has not seen finish still sample with their version
+  const progress = await loadStageState<ControllerProgress>(ctx.db, p.runId, 'controller');
+  await pruneVersions(run.commit, st.version, versionsInUse(progress, st.version), ctx.db);
 }
 
 /** Trains step `step` on its groups and commits it: versions, policy record, checkpoint when due, metrics. Returns the time it was published. */
@@ -213,7 +216,7 @@ async function trainAndCommit(
   groups: UpdateGroup[],
   ctx: StageContext,
 ): Promise<number> {
-  const { p, learner, versions, log } = run;
+  const { p, log } = run;
   const cfg = p.cfg;
   crashPoint('update:start');
   const t0 = performance.now();
@@ -221,40 +224,18 @@ async function trainAndCommit(
   const tTrain = performance.now();
   crashPoint('update:trained');
   st.version = step;
-  await learner.store(step, ctx.db);
-  const rec = await versions.record(
-    step,
-    Date.now(),
+  const rec = await commitVersion(
+    run.commit,
+    st,
     {
       groups: groups.length,
       samples: groups.reduce((a, g) => a + g.samples.length, 0),
       tokens: m['perf/update_tokens'] ?? 0,
       consumed: consumedOffsets(st.positions ?? {}),
     },
-    ctx.db,
+    shouldCheckpoint(step, run.totalSteps, cfg.trainer.save_freq),
+    ctx,
   );
-  if (shouldCheckpoint(step, run.totalSteps, cfg.trainer.save_freq)) {
-    crashPoint('checkpoint:start');
-    const ts = trainerStateAt({
-      cfg,
-      runId: p.runId,
-      plan: run.plan,
-      step,
-      sha256: rec.sha256,
-      positions: st.positions ?? {},
-      klCoef: await klCoefAt(cfg, ctx.db, p.runId, step),
-      schedule: run.settings.actor.schedule,
-      optimizerSteps: st.optimizerSteps,
-      totalOptimizerSteps: run.totalOptSteps,
-    });
-    // temporary name, fsync, rename — then the row; a half-written one is never listed
-    const dirs = {
-      actor: versions.writeDir('policy', step),
-      reference: await versions.dir('policy', 0, ctx.db),
-      critic: cfg.critic.enable === true ? versions.writeDir('critic', step) : null,
-    };
-    await saveRunCheckpoint(run.checkpoints, ts, dirs, cfg.trainer.save_limit, ctx.tx);
-  }
   // throughput of the whole pipeline over this step: its samples (and their prompt + response
   // tokens) ÷ the wall time since the previous version (none for the first step of a process)
   const nowMs = Date.now();
@@ -299,32 +280,4 @@ async function trainStep(run: UpdateRun, st: UpdateState, groups: UpdateGroup[])
   Object.assign(m, stepStaleness(kept, version));
   m['perf/update_tokens'] = r.tokens;
   return m;
-}
-
-/**
- * Removes the stored versions no longer needed (lib/policy-store/retention.ts): not the
- * reference, the newest two, those within pipeline.max_staleness, a kept checkpoint's, nor the
- * trainer.keep_policy_versions newest others. Critic and EMA versions go with their policy version.
- */
-async function pruneVersions(run: UpdateRun, newest: number, db: StageContext['db']): Promise<void> {
-  const cfg = run.p.cfg;
-  // through the batch's executor (PGlite: its transaction holds the one connection; it sees this batch's checkpoint row)
-  const checkpointSteps = await keptCheckpoints(run.checkpoints, cfg.trainer.save_limit, txOf(db));
-  // validation rounds the controller published and has not seen finish still sample with their version
-  const inUse = versionsInUse(await loadStageState<ControllerProgress>(db, run.p.runId, 'controller'), newest);
-  const pruned = await run.versions.prune(
-    {
-      newest,
-      maxStaleness: cfg.pipeline.max_staleness,
-      checkpointSteps,
-      keepExtra: cfg.trainer.keep_policy_versions,
-      inUse,
-    },
-    db,
-  );
-  if (pruned.length)
-    run.log.debug(
-      { pruned },
-      `pruned policy versions ${pruned.join(', ')} (no longer needed; trainer.keep_policy_versions keeps more)`,
-    );
 }
