@@ -37,15 +37,20 @@ import type { UpdateGroup } from '../../lib/contracts/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
 import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
 import {
+  advancePositions,
   checkBatchArithmetic,
-  consumedOffsets,
   nftTargets,
+  packOptions,
   packPolicyBatches,
   packValueBatches,
+  pendingUpdates,
   shouldCheckpoint,
   startRefusal,
-  stepStaleness,
+  stepBucket,
+  stepMetrics,
+  stepRecord,
   stepThroughput,
+  totalOptimizerSteps,
   versionsInUse,
   type ControllerProgress,
   type PackOptions,
@@ -61,10 +66,6 @@ export interface UpdateOptions {
   behaviourSha?: ReadonlyMap<number, string>;
   /** Replay: the initial policy (v0) directory to start from instead of actor.model.path / init_seed. */
   initialWeightsDir?: string;
-}
-
-function bucketOf(step: number): string {
-  return `step:${String(step).padStart(8, '0')}`;
 }
 
 /** What the update stage's steps share once it has started. */
@@ -121,7 +122,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   await rebuildMissingCheckpoints(p, checkpoints, versions, criticModel !== null, log);
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
   await p.bus.produce([p.message('policy', await versions.record(state.version, Date.now()))]);
-  const totalOptSteps = Math.max(1, totalSteps * arith.miniBatches * cfg.actor.ppo_epochs);
+  const totalOptSteps = totalOptimizerSteps(totalSteps, arith.miniBatches, cfg.actor.ppo_epochs);
   const run: UpdateRun = {
     p,
     opts,
@@ -141,13 +142,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       totalOptimizerSteps: totalOptSteps,
       log,
     },
-    packing: {
-      miniBatchSize: cfg.actor.global_batch_size,
-      padTokenId: model.padTokenId,
-      lossScaleFactor: cfg.data.max_response_length,
-      vppo: cfg.algorithm.vppo.enable,
-      klLoss: cfg.algorithm.use_kl_loss,
-    },
+    packing: packOptions(cfg, model.padTokenId),
     images: new PolicyImages(model, pixelCache),
     criticImages: criticModel ? new PolicyImages(criticModel, pixelCache) : null,
     lastVersionMs: null,
@@ -171,32 +166,22 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
       `restored the trainer to the committed policy version ${st.version} (a batch failed after training)`,
     );
   }
-  const positions = st.positions ?? (st.positions = {});
-  for (const r of records) {
-    const k = `${r.message.topic}/${r.message.partition}`;
-    positions[k] = Math.max(positions[k] ?? 0, r.message.offset + 1);
-  }
-  const pending = new PendingBatch(ctx.db, p.runId, 'update');
-  pending.add(
-    records
-      .filter((r) => (r.value as UpdateGroup).step > st.version)
-      .map((r) => ({
-        bucket: bucketOf((r.value as UpdateGroup).step),
-        id: (r.value as UpdateGroup).id,
-        payload: r.message.value,
-        headers: r.message.headers,
-      })),
+  st.positions = advancePositions(
+    st.positions ?? {},
+    records.map((r) => r.message),
   );
+  const pending = new PendingBatch(ctx.db, p.runId, 'update');
+  pending.add(pendingUpdates(records, st.version));
   while (st.version < run.totalSteps) {
     // stopping (SIGTERM): the steps trained so far are kept, the rest of the batch's groups wait in stage_pending
     if (ctx.signal.aborted) break;
     const step = st.version + 1;
     const groups: UpdateGroup[] = [];
-    for (const it of await pending.items(bucketOf(step)))
+    for (const it of await pending.items(stepBucket(step)))
       groups.push(await p.codecs.updates.decode(it.payload, it.headers));
     if (groups.filter((g) => !g.filtered).length < cfg.data.rollout_batch_size) break;
     run.lastVersionMs = await trainAndCommit(run, st, step, groups, ctx);
-    pending.settle(bucketOf(step));
+    pending.settle(stepBucket(step));
   }
   await run.metrics.flush(ctx);
   await ctx.flush();
@@ -227,12 +212,7 @@ async function trainAndCommit(
   const rec = await commitVersion(
     run.commit,
     st,
-    {
-      groups: groups.length,
-      samples: groups.reduce((a, g) => a + g.samples.length, 0),
-      tokens: m['perf/update_tokens'] ?? 0,
-      consumed: consumedOffsets(st.positions ?? {}),
-    },
+    stepRecord(groups, m['perf/update_tokens'] ?? 0, st.positions ?? {}),
     shouldCheckpoint(step, run.totalSteps, cfg.trainer.save_freq),
     ctx,
   );
@@ -274,10 +254,5 @@ async function trainStep(run: UpdateRun, st: UpdateState, groups: UpdateGroup[])
     totalOptimizerSteps: run.totalOptSteps,
   });
   st.optimizerSteps = r.optimizerSteps;
-  const m = r.metrics;
-  m['actor/approx_kl'] = m['actor/ppo_kl'] ?? 0;
-  m['actor/clipfrac'] = m['actor/pg_clipfrac'] ?? 0;
-  Object.assign(m, stepStaleness(kept, version));
-  m['perf/update_tokens'] = r.tokens;
-  return m;
+  return stepMetrics(r.metrics, kept, version, r.tokens);
 }
