@@ -8,14 +8,32 @@
  */
 import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
+import { ConfigError } from '../errors.ts';
 import type { Logger } from '../log.ts';
+import type { ModelConfig } from '../model/index.ts';
 import { datasetPosition, describePosition, removeTempCheckpoints } from './checkpoints.ts';
 import { Learner, type LearnerSetup } from './learner.ts';
 import type { ControllerPlan } from './plan.ts';
+import { policyLora } from './policy.ts';
 import { rebuildCheckpointDirs, type RunCheckpoints } from './run-checkpoints.ts';
-import type { RunVersions } from './run-versions.ts';
+import { RunVersions } from './run-versions.ts';
 import type { Pipeline } from './runtime.ts';
+import { trainerSettings, type TrainerSettings } from './trainer-settings.ts';
 import { loadStageState, saveStageState, stagesWithState } from './stage-state.ts';
+
+/** How the update stage is started (app/replay.ts: from a source run's versions). */
+export interface UpdateOptions {
+  /** Rows of the training set (the run's plan). */
+  trainSize: number;
+  /**
+   * Replay: sha256 of the source run's policy versions. A sample of version v counts as on-policy
+   * (old log-probs recomputed, as the source did) only when this run's version v has those exact
+   * bytes; otherwise the importance ratio uses its recorded behaviour log-probs.
+   */
+  behaviourSha?: ReadonlyMap<number, string>;
+  /** Replay: the initial policy (v0) directory to start from instead of actor.model.path / init_seed. */
+  initialWeightsDir?: string;
+}
 
 /** The update stage's saved state (stage_state 'update'). */
 export interface UpdateState {
@@ -36,6 +54,50 @@ export interface UpdateStart {
   lastCheckpointPath: string | null;
   /** trainer.load_checkpoint_path, resolved (null: unset). */
   loadPath: string | null;
+}
+
+/** The update stage's learner at the run's current version, and the versions and checkpoints it stores to. */
+export interface StartedLearner {
+  learner: Learner;
+  state: UpdateState;
+  settings: TrainerSettings;
+  versions: RunVersions;
+  checkpoints: RunCheckpoints;
+}
+
+/**
+ * Starts the update stage's learner: half-written checkpoints removed, the start checked
+ * (`refusal`: why this start is not allowed, or null; it throws a ConfigError), the learner opened
+ * (openLearner), and the kept checkpoints this node lacks rebuilt.
+ */
+export async function startLearner(
+  p: Pipeline,
+  a: {
+    model: ModelConfig;
+    criticModel: ModelConfig | null;
+    plan: ControllerPlan;
+    log: Logger;
+    /** Replay: the initial policy (v0) directory to start from instead of actor.model.path / init_seed. */
+    initialWeightsDir?: string;
+    refusal: (start: UpdateStart) => string | null;
+  },
+): Promise<StartedLearner> {
+  const { cfg } = p;
+  const { model, criticModel, log } = a;
+  await removeHalfWrittenCheckpoints(p.runDir, log);
+  const checkpoints: RunCheckpoints = { runId: p.runId, runDir: p.runDir, store: p.store };
+  const lora = policyLora(cfg);
+  // every policy version is a complete model directory: the source's generation config and tokenizer files go along
+  const versions = new RunVersions(p.policies, checkpoints, { lora, assetsFrom: cfg.actor.model.path, db: p.db.db });
+  const settings = trainerSettings(cfg);
+  const setup: LearnerSetup = { cfg, model, criticModel, settings, lora, versions, log };
+  if (a.initialWeightsDir) setup.initialWeightsDir = a.initialWeightsDir;
+  const start = await readUpdateStart(p);
+  const refusal = a.refusal(start);
+  if (refusal) throw new ConfigError(refusal);
+  const { learner, state } = await openLearner(p, setup, a.plan, start);
+  await rebuildMissingCheckpoints(p, checkpoints, versions, criticModel !== null, log);
+  return { learner, state, settings, versions, checkpoints };
 }
 
 /** Reads what the update stage's start decides on from the run's database and config. */

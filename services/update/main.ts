@@ -16,25 +16,16 @@
 import { forStage, type Logger } from '../../lib/log.ts';
 import { runStage, type Decoded, type Pipeline, type StageContext, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
-import { tokenizerFor, policyModelConfig, criticModelConfig, policyLora } from '../../lib/pipeline/policy.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig } from '../../lib/pipeline/policy.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
-import type { RunCheckpoints } from '../../lib/pipeline/run-checkpoints.ts';
-import { RunVersions } from '../../lib/pipeline/run-versions.ts';
-import type { Learner, LearnerSetup } from '../../lib/pipeline/learner.ts';
-import {
-  openLearner,
-  readUpdateStart,
-  rebuildMissingCheckpoints,
-  removeHalfWrittenCheckpoints,
-  type UpdateState,
-} from '../../lib/pipeline/update-start.ts';
-import { trainerSettings, trainsNft } from '../../lib/pipeline/trainer-settings.ts';
+import type { Learner } from '../../lib/pipeline/learner.ts';
+import { startLearner, type UpdateOptions, type UpdateState } from '../../lib/pipeline/update-start.ts';
+import { trainsNft } from '../../lib/pipeline/trainer-settings.ts';
 import { commitVersion, pruneVersions, type UpdateCommitter } from '../../lib/pipeline/update-commit.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
 import type { UpdateGroup } from '../../lib/contracts/index.ts';
-import { ConfigError } from '../../lib/errors.ts';
 import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
 import {
   advancePositions,
@@ -55,18 +46,6 @@ import {
   type ControllerProgress,
   type PackOptions,
 } from './logic.ts';
-
-export interface UpdateOptions {
-  trainSize: number;
-  /**
-   * Replay: sha256 of the source run's policy versions. A sample of version v counts as on-policy
-   * (old log-probs recomputed, as the source did) only when this run's version v has those exact
-   * bytes; otherwise the importance ratio uses its recorded behaviour log-probs.
-   */
-  behaviourSha?: ReadonlyMap<number, string>;
-  /** Replay: the initial policy (v0) directory to start from instead of actor.model.path / init_seed. */
-  initialWeightsDir?: string;
-}
 
 /** What the update stage's steps share once it has started. */
 interface UpdateRun {
@@ -103,23 +82,20 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const totalSteps = planTotalSteps(plan);
   const log = forStage(p.log, 'update');
   const pixelCache = new PixelCache();
-  await removeHalfWrittenCheckpoints(p.runDir, log);
-  const checkpoints: RunCheckpoints = { runId: p.runId, runDir: p.runDir, store: p.store };
-  const lora = policyLora(cfg);
-  // every policy version is a complete model directory: the source's generation config and tokenizer files go along
-  const versions = new RunVersions(p.policies, checkpoints, { lora, assetsFrom: cfg.actor.model.path, db: p.db.db });
-  const setup: LearnerSetup = { cfg, model, criticModel, settings: trainerSettings(cfg), lora, versions, log };
-  if (opts.initialWeightsDir) setup.initialWeightsDir = opts.initialWeightsDir;
-  const start = await readUpdateStart(p);
-  const refusal = startRefusal({
-    runId: p.runId,
-    where: p.db.where,
-    ...start,
-    findLastCheckpoint: cfg.trainer.find_last_checkpoint,
+  const { learner, state, settings, versions, checkpoints } = await startLearner(p, {
+    model,
+    criticModel,
+    plan,
+    log,
+    ...(opts.initialWeightsDir ? { initialWeightsDir: opts.initialWeightsDir } : {}),
+    refusal: (start) =>
+      startRefusal({
+        runId: p.runId,
+        where: p.db.where,
+        ...start,
+        findLastCheckpoint: cfg.trainer.find_last_checkpoint,
+      }),
   });
-  if (refusal) throw new ConfigError(refusal);
-  const { learner, state } = await openLearner(p, setup, plan, start);
-  await rebuildMissingCheckpoints(p, checkpoints, versions, criticModel !== null, log);
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
   await p.bus.produce([p.message('policy', await versions.record(state.version, Date.now()))]);
   const totalOptSteps = totalOptimizerSteps(totalSteps, arith.miniBatches, cfg.actor.ppo_epochs);
@@ -138,7 +114,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       learner,
       versions,
       checkpoints,
-      schedule: setup.settings.actor.schedule,
+      schedule: settings.actor.schedule,
       totalOptimizerSteps: totalOptSteps,
       log,
     },
