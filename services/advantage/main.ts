@@ -13,20 +13,8 @@ import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runti
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
-import {
-  tokenizerFor,
-  policyModelConfig,
-  criticModelConfig,
-  experienceScorerOptions,
-  PolicyCache,
-  policyLora,
-} from '../../lib/pipeline/policy.ts';
-import { ValueScorer } from '../../lib/model/value.ts';
-import { loadCheckpoint } from '../../lib/model/index.ts';
+import { AdvantageScorers } from '../../lib/pipeline/advantage-scoring.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
-import { Scorer } from '../../lib/model/score.ts';
-import { PolicyImages } from '../../lib/pipeline/images.ts';
-import { PixelCache } from '../../lib/data/pixel-cache.ts';
 import {
   controlEvent,
   refillId,
@@ -37,8 +25,8 @@ import {
 import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { TrajectoryRow } from '../../lib/store/port.ts';
 import type { Config } from '../../lib/config/index.ts';
-import { ConfigError, TransientError } from '../../lib/errors.ts';
-import { perturbationKey, vppoScores, vppoSettings, type VppoScores } from '../../lib/pipeline/vppo.ts';
+import { ConfigError } from '../../lib/errors.ts';
+import type { VppoScores } from '../../lib/pipeline/vppo.ts';
 import {
   settle,
   computeStep,
@@ -143,27 +131,7 @@ export function startAdvantage(p: Pipeline): StageRun {
       `algorithm.adv_estimator = ${p.cfg.algorithm.adv_estimator} is in lib/rl but the pipeline does not compute its extra input yet: ${need}; use grpo, grpo_vectorized, grpo_passk, rloo, rloo_vectorized, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, gpg or gae`,
     );
   const settings = advantageSettings(p.cfg);
-  const tok = tokenizerFor(p.cfg);
-  const model = policyModelConfig(p.cfg, tok);
-  const needRef = p.cfg.algorithm.use_kl_loss || p.cfg.algorithm.use_kl_in_reward;
-  const scorer = new Scorer(model, experienceScorerOptions(p.cfg));
-  const useCritic = p.cfg.critic.enable === true;
-  const valueScorer = useCritic ? new ValueScorer(criticModelConfig(p.cfg, tok), experienceScorerOptions(p.cfg)) : null;
-  // with LoRA, version 0's adapter is zero: the reference is the base model, adapters off
-  const reference = new PolicyCache(p.policies, model, undefined, policyLora(p.cfg));
-  // a vision policy (and critic) score each response with its prompt's images
-  const pixelCache = new PixelCache();
-  const images = new PolicyImages(model, pixelCache);
-  const criticImages = valueScorer ? new PolicyImages(valueScorer.config, pixelCache) : null;
-  const vppo = p.cfg.algorithm.vppo.enable ? vppoSettings(p.cfg) : null;
-  // the config check reads the model directory; this is the model as loaded
-  if (vppo && !(model as { vision?: unknown }).vision) {
-    throw new ConfigError(
-      'algorithm.vppo.enable = true needs a vision-language actor, and the actor model as loaded has no vision tower (its config has no vision config), so log-probs under a perturbed image cannot be computed; set algorithm.vppo.enable=false or use a vision-language actor model',
-    );
-  }
-  const current = vppo ? new PolicyCache(p.policies, model, undefined, policyLora(p.cfg)) : null;
-  const pixels = vppo ? pixelCache : null;
+  const scorers = new AdvantageScorers(p.cfg, p.policies, p.runId);
   const metrics = new StageMetrics(p, 'advantage');
   const log = forStage(p.log, 'advantage');
   const codec = p.codecs.scored;
@@ -176,7 +144,7 @@ export function startAdvantage(p: Pipeline): StageRun {
       ? Number(fromCheckpoint.kl_ctl_state.value)
       : null;
   // scoring with the weights that generated a step (VPPO, the critic) waits for that version's announcement
-  const needsVersion = vppo !== null || valueScorer !== null;
+  const needsVersion = scorers.needsVersion;
   return runStage(p, 'advantage', needsVersion ? ['scored', 'policy'] : ['scored'], async (records, ctx) => {
     metrics.beginBatch(ctx.waitedMs);
     const state = (await loadStageState<AdvantageState>(ctx.db, p.runId, 'advantage')) ?? {
@@ -276,62 +244,12 @@ export function startAdvantage(p: Pipeline): StageRun {
         continue;
       }
       crashPoint('advantage:start');
-      let ref: Map<string, Float32Array> | null = null;
-      if (needRef) {
-        const w0 = await reference.get(0, ctx.db);
-        const samples = decision.kept.flatMap((g) =>
-          g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids, g })),
-        );
-        const px = await images.byGroup(decision.kept);
-        // at the rollout temperature, as the actor's log-probs in the KL term (verl: ref log_prob with rollout.temperature)
-        const scores = await scorer.score(
-          w0,
-          samples.map((s) => ({ prompt: s.prompt, response: s.response, images: px.get(s.g) })),
-          { temperature: p.cfg.rollout.temperature, entropy: false },
-        );
-        ref = new Map(samples.map((s, i) => [s.id, scores[i].logprobs]));
-      }
-      let values: Map<string, Float32Array> | null = null;
-      if (valueScorer) {
-        // the critic of the version the samples were generated with (on-policy: the current one)
-        const version = Math.max(...decision.kept.map((g) => g.policy_version));
-        const cdir = await p.policies.get('critic', version, ctx.db);
-        if (!cdir) throw new TransientError(`critic version ${version} is not in the policy store (yet); retrying`);
-        const critic = await loadCheckpoint(cdir, { optimizer: false });
-        const samples = decision.kept.flatMap((g) =>
-          g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids, g })),
-        );
-        const px = await criticImages!.byGroup(decision.kept);
-        const vs = await valueScorer.values(
-          critic.weights,
-          samples.map((s) => ({ prompt: s.prompt, response: s.response, images: px.get(s.g) })),
-        );
-        values = new Map(samples.map((s, i) => [s.id, vs[i]]));
-      }
+      const ref = await scorers.referenceLogprobs(decision.kept, ctx.db);
+      const values = await scorers.values(decision.kept, ctx.db);
       const res = computeStep(decision.kept, decision.filtered, ref, settings, state.klValue, values);
-      let vppoPasses: VppoScores | null = null;
-      if (vppo) {
-        // the weights that generated the samples (on-policy: the current version), real and perturbed images
-        const version = Math.max(...decision.kept.map((g) => g.policy_version));
-        const samples = decision.kept.flatMap((g) =>
-          g.samples.map((x) => ({
-            id: x.id,
-            seedKey: perturbationKey(p.runId, x.id),
-            prompt: g.prompt_ids,
-            response: x.response_ids,
-            images: g.images,
-          })),
-        );
-        const vs = await vppoScores(
-          scorer,
-          await current!.get(version, ctx.db),
-          samples,
-          pixels!,
-          vppo,
-          p.cfg.rollout.temperature,
-        );
-        const v = attachVppo(res.updates, vs.perturbed, vppo.stage, vs.old);
-        vppoPasses = vs;
+      const vppoPasses = await scorers.vppoPasses(decision.kept, ctx.db);
+      if (vppoPasses) {
+        const v = attachVppo(res.updates, vppoPasses.perturbed, scorers.vppo!.stage, vppoPasses.old);
         res.updates = v.updates;
         Object.assign(res.metrics, v.metrics);
       }
