@@ -74,13 +74,14 @@ export default tseslint.config(
     },
   },
   {
-    // main.ts is wiring: the stage's logic lives in logic.ts and lib/. A ceiling on every stage
-    // (the advantage and controller start functions are the longest today: lower it as they slim)
-    // and the update stage's own, tighter one keep a main.ts from growing back into one function.
+    // main.ts is wiring: the stage's logic lives in logic.ts (pure) and its I/O in lib/pipeline/.
+    // A ceiling on every stage's main.ts and start function (code lines, comments and blanks not
+    // counted; the controller's is the longest today at about 200 and 165) and the update stage's
+    // own, tighter one per function keep a main.ts from growing back into one function.
     files: ['services/*/main.ts'],
     rules: {
-      'max-lines': ['error', { max: 350, skipBlankLines: true, skipComments: true }],
-      'max-lines-per-function': ['error', { max: 250, skipBlankLines: true, skipComments: true }],
+      'max-lines': ['error', { max: 210, skipBlankLines: true, skipComments: true }],
+      'max-lines-per-function': ['error', { max: 170, skipBlankLines: true, skipComments: true }],
     },
   },
   {

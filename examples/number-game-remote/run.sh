@@ -8,8 +8,8 @@
 #   KAFKA_BROKERS=host:9092[,host2:9092] DATABASE_URL=postgres://user@host:5432/db \
 #   examples/number-game-remote/run.sh distributed [a.b.c=value …]
 #       starts the reward servers, then each stage as its own `rlstream serve <stage>` process
-#       over Kafka + PostgreSQL — with TWO reward replicas, replica i preferring server i (the
-#       seed's one-reward-server-per-process affinity) — waits for the run to end, stops
+#       over Kafka + PostgreSQL — with TWO reward replicas, replica i preferring server i (one
+#       reward server per training process) — waits for the run to end, stops
 #       everything.
 #
 # Environment: REMOTE_CONFIG and REMOTE_SCORER (default this directory's config.yaml and scorer.ts; the vision
@@ -115,7 +115,7 @@ DIST=("pipeline.bus=kafka" "pipeline.brokers=[$KAFKA_BROKERS]" "pipeline.store=p
 # the schema once, before any stage starts (they wait for it): a Job in Kubernetes
 "${RLSTREAM[@]}" migrate "$CONFIG" "${OVERRIDES[@]}" "${DIST[@]}" >"$LOG_DIR/migrate.log" 2>&1 \
   || { echo "run.sh: rlstream migrate failed:" >&2; cat "$LOG_DIR/migrate.log" >&2; exit 1; }
-# one process per stage; two reward replicas: replica i prefers server i (the seed's affinity)
+# one process per stage; two reward replicas: replica i prefers server i (one server per replica)
 specs=("update 0" "controller 0" "rollout 0" "reward 0" "reward 1" "advantage 0")
 restarts=()
 stage_log() { local spec=${specs[$1]}; echo "$LOG_DIR/stage-${spec% *}-${spec#* }.log"; }

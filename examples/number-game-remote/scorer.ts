@@ -28,7 +28,7 @@ export function formatScore(response: string): number {
 
 export default function score(req: ScoreRequest): ScoreResult {
   if (req.response === undefined || req.ground_truth === undefined) {
-    // The seed's {image, prompt} body carries neither: use request_preset: text.
+    // The default {image, prompt} body (request_preset: seed_image_prompt) carries neither: use request_preset: text.
     throw new Error(
       'number-game scorer needs "response" and "ground_truth" in the request (set reward.remote.request_preset: text)',
     );

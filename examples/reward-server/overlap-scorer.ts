@@ -3,7 +3,7 @@
  * Deterministic and dependency-free, so it doubles as the test and benchmark scorer.
  *
  *  - vlm_score: word-level F1 between the candidate text and the reference, in [0, 1].
- *    candidate = response (or the prompt when no response is sent, as in the seed's {image, prompt}
+ *    candidate = response (or the prompt when no response is sent, as in the default {image, prompt}
  *    body); reference = ground_truth, else the prompt.
  *  - ocr_confidence: share of the candidate's characters that are legible (letters, digits,
  *    whitespace, common punctuation), in [0, 1]; 0 for an empty candidate.

@@ -1,6 +1,6 @@
 /**
  * HTTP reward client used by the reward stage: scores trajectories with remote reward servers
- * speaking the seed's protocol (`POST /score {image, prompt}` → `{vlm_score, ocr_confidence}`).
+ * speaking the `/score` protocol (`POST /score {image, prompt}` → `{vlm_score, ocr_confidence}`).
  *
  * Routing: reward replica i prefers server i mod N (one server per training process, as in the
  * seed); when that server is full, unhealthy or already failed this item, the least-outstanding

@@ -1,11 +1,12 @@
 /**
- * `rlstream reward-server`: runs reward servers speaking the seed's `/score` protocol.
+ * `rlstream reward-server`: runs reward servers speaking the `/score` protocol
+ * (`POST /score {image, prompt}` → `{vlm_score, ocr_confidence}`, lib/reward/server.ts).
  *
  *   rlstream reward-server --scorer <module.js|module.ts|model.onnx> [--count N] [--port P]
  *                          [--host 127.0.0.1] [--log-dir runs/reward-server] …
  *
  * With `--count 1` the server runs in this process. With `--count N > 1` this process is a
- * launcher, like the seed's: it starts N server processes on ports P, P+1, …, P+N−1 (or N
+ * launcher: it starts N server processes on ports P, P+1, …, P+N−1 (or N
  * ephemeral ports with `--port 0`), each in its own process group, forwards SIGTERM/SIGINT to
  * them and exits when all have exited (0 only if every server exited cleanly). Each server logs to its own file,
  * `<log-dir>/reward-server-<port>.log`, and prints one line to stdout once it is listening:

@@ -1,5 +1,5 @@
 /**
- * The reward server: node:http speaking the seed's protocol.
+ * The reward server: node:http speaking the `/score` protocol.
  *
  *   POST /score   {"image"?: "<base64 PNG>", "prompt": "<text>", "response"?, "ground_truth"?, "id"?, …}
  *              → 200 {"vlm_score": 0.85, "ocr_confidence": 0.92, …}   (whatever the scorer returns)

@@ -23,7 +23,7 @@ export type TrajectoryField = (typeof TRAJECTORY_FIELDS)[number];
 export const REQUEST_PRESET_NAMES = ['seed_image_prompt', 'text'] as const;
 export type RequestPreset = (typeof REQUEST_PRESET_NAMES)[number];
 
-/** Built-in request shapes. `seed_image_prompt` is the seed's `{image, prompt}` body. */
+/** Built-in request shapes. `seed_image_prompt` is the `/score` protocol's `{image, prompt}` body. */
 export const REQUEST_PRESETS: Record<RequestPreset, Record<string, TrajectoryField>> = {
   seed_image_prompt: { image: 'image_base64_png', prompt: 'prompt_text' },
   text: { prompt: 'prompt_text', response: 'response_text', ground_truth: 'ground_truth' },
@@ -39,7 +39,7 @@ export interface BreakerOptions {
 }
 
 /**
- * `reward.remote`: scoring by HTTP reward servers speaking the seed's `/score` protocol. Nullable
+ * `reward.remote`: scoring by HTTP reward servers speaking the `/score` protocol. Nullable
  * fields are null (or absent) when not set, as in the parsed run config.
  */
 export interface RemoteRewardOptions {
@@ -136,7 +136,7 @@ export type RewardOutcome =
 
 /**
  * Whether remote scoring is on: `reward.remote.enabled` (null counts as on) and not switched off
- * by the seed's `DISABLE_RL_REWARD_MODEL=true` (or `1`/`yes`) environment variable — debug mode,
+ * by the `DISABLE_RL_REWARD_MODEL=true` (or `1`/`yes`) environment variable — debug mode,
  * rewards then come from the reward function only.
  */
 export function isRemoteRewardEnabled(

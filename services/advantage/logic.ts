@@ -22,6 +22,12 @@ import {
   type VppoStageConfig,
 } from '../../lib/rl/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
+import { controlEvent, refillId, type ControlEventOf } from '../../lib/contracts/index.ts';
+import type { Config } from '../../lib/config/index.ts';
+import { ADV_ESTIMATOR_NAMES } from '../../lib/rl/advantage.ts';
+import { sampleRow } from '../../lib/pipeline/rows.ts';
+import type { VppoScores } from '../../lib/pipeline/vppo.ts';
+import type { TrajectoryRow } from '../../lib/store/port.ts';
 
 /** Names the stages log under reward/ themselves; a reward component with one of them is logged as reward/details/<name>. */
 export const RESERVED_REWARD_METRICS: ReadonlySet<string> = new Set([
@@ -470,4 +476,168 @@ export function policyTokenWeights(responseMask: Uint8Array, L: number): Float32
   const w = new Float32Array(L).fill(1);
   if (responseMask.length) for (let t = 0; t < L; t++) w[t] = responseMask[t];
   return w;
+}
+
+/** The advantage stage's settings from the run's config. */
+export function advantageSettings(cfg: Config): AdvantageSettings {
+  const a = cfg.algorithm;
+  return {
+    rolloutBatchSize: cfg.data.rollout_batch_size,
+    estimator: a.adv_estimator,
+    gamma: a.gamma,
+    lam: a.lam,
+    normAdvByStd: a.norm_adv_by_std_in_grpo,
+    onlineFiltering: a.online_filtering,
+    filterSemantics: a.filter_semantics,
+    filterKey: a.filter_key,
+    filterLow: a.filter_low,
+    filterHigh: a.filter_high,
+    overlong: {
+      enable: a.overlong.enable,
+      maxLength: a.overlong.max_length ?? cfg.data.max_response_length,
+      bufferLength: a.overlong.buffer_length,
+      penaltyFactor: a.overlong.penalty_factor,
+    },
+    useKlInReward: a.use_kl_in_reward,
+    klPenalty: a.kl_penalty,
+    klType: a.kl_type,
+    klCoef: a.kl_coef,
+    klTarget: a.kl_target,
+    klHorizon: a.kl_horizon,
+  };
+}
+
+/** Estimators whose extra inputs the pipeline does not produce yet, and what they need. */
+const NOT_IN_PIPELINE: Readonly<Record<string, string>> = {
+  optimal_token_baseline: 'Σπ² per position from full distributions (sum_pi_squared)',
+  tir_optimal_token_baseline: 'Σπ² per position from full distributions (sum_pi_squared)',
+};
+
+/** Why the pipeline cannot train with algorithm.adv_estimator = `estimator` (it lacks an input), or null. */
+export function estimatorRefusal(estimator: string): string | null {
+  const need = NOT_IN_PIPELINE[estimator];
+  if (!need) return null;
+  const usable = ADV_ESTIMATOR_NAMES.filter((n) => !(n in NOT_IN_PIPELINE));
+  return `algorithm.adv_estimator = ${estimator} is in lib/rl but the pipeline does not compute its extra input yet: ${need}; use ${usable.slice(0, -1).join(', ')} or ${usable[usable.length - 1]}`;
+}
+
+/** The stage_pending bucket of a training step's scored groups (zero-padded: buckets sort by step). */
+export function stepBucket(step: number): string {
+  return `step:${String(step).padStart(8, '0')}`;
+}
+
+/**
+ * `vppo`: what the stage's VPPO passes computed besides the update — log π_old with the real image
+ * (trajectories.old_logprobs) and, with entropy filtering, the token entropies (vppo_entropies).
+ */
+export function trajectoryRows(
+  runId: string,
+  u: UpdateGroup,
+  step: number,
+  rewardText: ReadonlyMap<string, Record<string, string>>,
+  vppo: VppoScores | null,
+): TrajectoryRow[] {
+  return u.samples.map((x) =>
+    sampleRow(runId, u, x, rewardText.get(x.id), {
+      step,
+      refLogprobs: x.ref_logprobs.length ? x.ref_logprobs : null,
+      oldLogprobs: vppo?.old.get(x.id) ?? null,
+      advantages: u.filtered ? null : x.advantages,
+      advantage: u.filtered || x.advantages.length === 0 ? null : x.advantages[0],
+      returns: u.filtered ? null : x.returns,
+      filtered: u.filtered,
+      filterReason: u.filter_reason,
+      staleness: Math.max(0, step - 1 - u.policy_version),
+      vppoPerturbedLogprobs: x.vppo?.perturbed_logprobs ?? null,
+      vppoTokenMask: x.vppo ? x.vppo.token_mask : null,
+      vppoScalingFactor: x.vppo?.scaling_factor ?? null,
+      vppoEntropies: (x.vppo && vppo?.perturbed.get(x.id)?.entropies) ?? null,
+    }),
+  );
+}
+
+/** filter_reason of a stored remax baseline trajectory. */
+export const BASELINE_REASON =
+  'remax greedy baseline (temperature 0): its reward is the baseline of the group; never trained on';
+
+/**
+ * The remax greedy baselines of the step's groups as trajectory rows: stored for analysis (reward,
+ * tokens), flagged filtered with a reason saying what they are, since they are never trained on.
+ */
+export function baselineRows(runId: string, groups: readonly ScoredGroup[], step: number): TrajectoryRow[] {
+  return groups.flatMap((g) =>
+    (g.baseline ? [g.baseline] : []).map((x) =>
+      sampleRow(runId, g, x, x.reward_text, {
+        step,
+        filtered: true,
+        filterReason: BASELINE_REASON,
+        staleness: Math.max(0, step - 1 - g.policy_version),
+      }),
+    ),
+  );
+}
+
+/**
+ * The rows of the groups with a reward failure (a sample's or the remax baseline's), filtered
+ * with their reason: such a group is never trained on, so its samples are stored when it arrives
+ * (a run that stops because its rewards keep failing never settles the step). Samples first, then
+ * the baselines.
+ */
+export function failureRows(runId: string, groups: readonly ScoredGroup[], s: AdvantageSettings): TrajectoryRow[] {
+  const failed = groups.filter((g) => g.samples.some((x) => x.failure) || g.baseline?.failure);
+  return [
+    ...failed.flatMap((g) =>
+      g.samples.map((x) =>
+        sampleRow(runId, g, x, x.reward_text, {
+          step: g.step,
+          filtered: true,
+          filterReason: filterReason(g, s),
+          staleness: Math.max(0, g.step - 1 - g.policy_version),
+        }),
+      ),
+    ),
+    ...failed.flatMap((g) => baselineRows(runId, [g], g.step)),
+  ];
+}
+
+/** The controller event asking for `needed` more groups of `step` (its `request`-th refill). */
+export function refillRequest(
+  runId: string,
+  step: number,
+  request: number,
+  needed: number,
+  groups: readonly ScoredGroup[],
+  s: AdvantageSettings,
+  timeMs: number,
+): ControlEventOf<'refill_request'> {
+  return controlEvent(
+    'refill_request',
+    { request, needed, filtered_group_ids: groups.map((g) => g.id), reason: shortfallReason(groups, s) },
+    {
+      run_id: runId,
+      id: refillId(runId, step, request),
+      step,
+      policy_version: groups[0]?.policy_version ?? 0,
+      time_ms: timeMs,
+    },
+  );
+}
+
+/** Marks `step` done in the state: its KL controller value recorded (algorithm.kl_coef when there is none), its refills dropped. */
+export function stepDone(state: AdvantageState, step: number, klValue: number | null, klCoef: number): void {
+  state.klValue = klValue;
+  state.klByStep = { ...(state.klByStep ?? {}), [String(step)]: klValue ?? klCoef };
+  state.done.push(step);
+  delete state.refills[step];
+}
+
+/** Bounds the saved state: the 256 newest done steps, the KL values of the 64 newest steps. */
+export function trimAdvantageState(state: AdvantageState): void {
+  if (state.done.length > 256) state.done = state.done.slice(-256);
+  if (state.klByStep)
+    state.klByStep = Object.fromEntries(
+      Object.entries(state.klByStep)
+        .sort((a, b) => Number(a[0]) - Number(b[0]))
+        .slice(-64),
+    );
 }

@@ -13,157 +13,33 @@ import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runti
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
-import {
-  tokenizerFor,
-  policyModelConfig,
-  criticModelConfig,
-  experienceScorerOptions,
-  PolicyCache,
-  policyLora,
-} from '../../lib/pipeline/policy.ts';
-import { ValueScorer } from '../../lib/model/value.ts';
-import { loadCheckpoint } from '../../lib/model/index.ts';
+import { AdvantageScorers } from '../../lib/pipeline/advantage-scoring.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
-import { Scorer } from '../../lib/model/score.ts';
-import { PolicyImages } from '../../lib/pipeline/images.ts';
-import { PixelCache } from '../../lib/data/pixel-cache.ts';
+import type { PolicyVersion, ScoredGroup } from '../../lib/contracts/index.ts';
+import { ConfigError } from '../../lib/errors.ts';
 import {
-  controlEvent,
-  refillId,
-  type PolicyVersion,
-  type ScoredGroup,
-  type UpdateGroup,
-} from '../../lib/contracts/index.ts';
-import { sampleRow } from '../../lib/pipeline/rows.ts';
-import type { TrajectoryRow } from '../../lib/store/port.ts';
-import type { Config } from '../../lib/config/index.ts';
-import { ConfigError, TransientError } from '../../lib/errors.ts';
-import { perturbationKey, vppoScores, vppoSettings, type VppoScores } from '../../lib/pipeline/vppo.ts';
-import {
-  settle,
-  computeStep,
+  advantageSettings,
   attachVppo,
-  filterReason,
-  mustDefer,
-  shortfallReason,
+  baselineRows,
+  computeStep,
+  estimatorRefusal,
+  failureRows,
   initialAdvantageState,
-  type AdvantageSettings,
+  mustDefer,
+  refillRequest,
+  settle,
+  stepBucket,
+  stepDone,
+  trajectoryRows,
+  trimAdvantageState,
   type AdvantageState,
 } from './logic.ts';
 
-export function advantageSettings(cfg: Config): AdvantageSettings {
-  const a = cfg.algorithm;
-  return {
-    rolloutBatchSize: cfg.data.rollout_batch_size,
-    estimator: a.adv_estimator,
-    gamma: a.gamma,
-    lam: a.lam,
-    normAdvByStd: a.norm_adv_by_std_in_grpo,
-    onlineFiltering: a.online_filtering,
-    filterSemantics: a.filter_semantics,
-    filterKey: a.filter_key,
-    filterLow: a.filter_low,
-    filterHigh: a.filter_high,
-    overlong: {
-      enable: a.overlong.enable,
-      maxLength: a.overlong.max_length ?? cfg.data.max_response_length,
-      bufferLength: a.overlong.buffer_length,
-      penaltyFactor: a.overlong.penalty_factor,
-    },
-    useKlInReward: a.use_kl_in_reward,
-    klPenalty: a.kl_penalty,
-    klType: a.kl_type,
-    klCoef: a.kl_coef,
-    klTarget: a.kl_target,
-    klHorizon: a.kl_horizon,
-  };
-}
-
-/**
- * `vppo`: what the stage's VPPO passes computed besides the update — log π_old with the real image
- * (trajectories.old_logprobs) and, with entropy filtering, the token entropies (vppo_entropies).
- */
-function trajectoryRows(
-  runId: string,
-  u: UpdateGroup,
-  step: number,
-  rewardText: ReadonlyMap<string, Record<string, string>>,
-  vppo: VppoScores | null,
-): TrajectoryRow[] {
-  return u.samples.map((x) =>
-    sampleRow(runId, u, x, rewardText.get(x.id), {
-      step,
-      refLogprobs: x.ref_logprobs.length ? x.ref_logprobs : null,
-      oldLogprobs: vppo?.old.get(x.id) ?? null,
-      advantages: u.filtered ? null : x.advantages,
-      advantage: u.filtered || x.advantages.length === 0 ? null : x.advantages[0],
-      returns: u.filtered ? null : x.returns,
-      filtered: u.filtered,
-      filterReason: u.filter_reason,
-      staleness: Math.max(0, step - 1 - u.policy_version),
-      vppoPerturbedLogprobs: x.vppo?.perturbed_logprobs ?? null,
-      vppoTokenMask: x.vppo ? x.vppo.token_mask : null,
-      vppoScalingFactor: x.vppo?.scaling_factor ?? null,
-      vppoEntropies: (x.vppo && vppo?.perturbed.get(x.id)?.entropies) ?? null,
-    }),
-  );
-}
-
-/**
- * The remax greedy baselines of the step's groups as trajectory rows: stored for analysis (reward,
- * tokens), flagged filtered with a reason saying what they are, since they are never trained on.
- */
-export function baselineRows(runId: string, groups: readonly ScoredGroup[], step: number): TrajectoryRow[] {
-  return groups.flatMap((g) =>
-    (g.baseline ? [g.baseline] : []).map((x) =>
-      sampleRow(runId, g, x, x.reward_text, {
-        step,
-        filtered: true,
-        filterReason: BASELINE_REASON,
-        staleness: Math.max(0, step - 1 - g.policy_version),
-      }),
-    ),
-  );
-}
-
-/** filter_reason of a stored remax baseline trajectory. */
-export const BASELINE_REASON =
-  'remax greedy baseline (temperature 0): its reward is the baseline of the group; never trained on';
-
-/** Estimators whose extra inputs the pipeline does not produce yet, and what they need. */
-const NOT_IN_PIPELINE: Record<string, string> = {
-  optimal_token_baseline: 'Σπ² per position from full distributions (sum_pi_squared)',
-  tir_optimal_token_baseline: 'Σπ² per position from full distributions (sum_pi_squared)',
-};
-
 export function startAdvantage(p: Pipeline): StageRun {
-  const need = NOT_IN_PIPELINE[p.cfg.algorithm.adv_estimator];
-  if (need)
-    throw new ConfigError(
-      `algorithm.adv_estimator = ${p.cfg.algorithm.adv_estimator} is in lib/rl but the pipeline does not compute its extra input yet: ${need}; use grpo, grpo_vectorized, grpo_passk, rloo, rloo_vectorized, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo, gpg or gae`,
-    );
+  const refusal = estimatorRefusal(p.cfg.algorithm.adv_estimator);
+  if (refusal) throw new ConfigError(refusal);
   const settings = advantageSettings(p.cfg);
-  const tok = tokenizerFor(p.cfg);
-  const model = policyModelConfig(p.cfg, tok);
-  const needRef = p.cfg.algorithm.use_kl_loss || p.cfg.algorithm.use_kl_in_reward;
-  const scorer = new Scorer(model, experienceScorerOptions(p.cfg));
-  const useCritic = p.cfg.critic.enable === true;
-  const valueScorer = useCritic ? new ValueScorer(criticModelConfig(p.cfg, tok), experienceScorerOptions(p.cfg)) : null;
-  // with LoRA, version 0's adapter is zero: the reference is the base model, adapters off
-  const reference = new PolicyCache(p.policies, model, undefined, policyLora(p.cfg));
-  // a vision policy (and critic) score each response with its prompt's images
-  const pixelCache = new PixelCache();
-  const images = new PolicyImages(model, pixelCache);
-  const criticImages = valueScorer ? new PolicyImages(valueScorer.config, pixelCache) : null;
-  const vppo = p.cfg.algorithm.vppo.enable ? vppoSettings(p.cfg) : null;
-  // the config check reads the model directory; this is the model as loaded
-  if (vppo && !(model as { vision?: unknown }).vision) {
-    throw new ConfigError(
-      'algorithm.vppo.enable = true needs a vision-language actor, and the actor model as loaded has no vision tower (its config has no vision config), so log-probs under a perturbed image cannot be computed; set algorithm.vppo.enable=false or use a vision-language actor model',
-    );
-  }
-  const current = vppo ? new PolicyCache(p.policies, model, undefined, policyLora(p.cfg)) : null;
-  const pixels = vppo ? pixelCache : null;
+  const scorers = new AdvantageScorers(p.cfg, p.policies, p.runId);
   const metrics = new StageMetrics(p, 'advantage');
   const log = forStage(p.log, 'advantage');
   const codec = p.codecs.scored;
@@ -176,7 +52,7 @@ export function startAdvantage(p: Pipeline): StageRun {
       ? Number(fromCheckpoint.kl_ctl_state.value)
       : null;
   // scoring with the weights that generated a step (VPPO, the critic) waits for that version's announcement
-  const needsVersion = vppo !== null || valueScorer !== null;
+  const needsVersion = scorers.needsVersion;
   return runStage(p, 'advantage', needsVersion ? ['scored', 'policy'] : ['scored'], async (records, ctx) => {
     metrics.beginBatch(ctx.waitedMs);
     const state = (await loadStageState<AdvantageState>(ctx.db, p.runId, 'advantage')) ?? {
@@ -190,45 +66,25 @@ export function startAdvantage(p: Pipeline): StageRun {
     const touched = new Set<number>(state.deferred ?? []);
     state.deferred = [];
     const fresh = records.filter((r) => r.topic === 'scored' && !state.done.includes((r.value as ScoredGroup).step));
+    for (const r of fresh) touched.add((r.value as ScoredGroup).step);
     pending.add(
-      fresh.map((r) => {
-        const g = r.value as ScoredGroup;
-        touched.add(g.step);
-        return {
-          bucket: `step:${String(g.step).padStart(8, '0')}`,
-          id: g.id,
-          payload: r.message.value,
-          headers: r.message.headers,
-        };
-      }),
+      fresh.map((r) => ({
+        bucket: stepBucket((r.value as ScoredGroup).step),
+        id: (r.value as ScoredGroup).id,
+        payload: r.message.value,
+        headers: r.message.headers,
+      })),
     );
-    // groups with reward failures are never trained on: store their samples now (with the
-    // failure, so v_reward_failures shows them) rather than when the step settles — a run that
-    // stops because its rewards keep failing never settles the step
-    const failedGroups = fresh
-      .map((r) => r.value as ScoredGroup)
-      .filter((g) => g.samples.some((x) => x.failure) || g.baseline?.failure);
-    if (failedGroups.length) {
-      await p.store.insertTrajectories(
-        [
-          ...failedGroups.flatMap((g) =>
-            g.samples.map((x) =>
-              sampleRow(p.runId, g, x, x.reward_text, {
-                step: g.step,
-                filtered: true,
-                filterReason: filterReason(g, settings),
-                staleness: Math.max(0, g.step - 1 - g.policy_version),
-              }),
-            ),
-          ),
-          ...failedGroups.flatMap((g) => baselineRows(p.runId, [g], g.step)),
-        ],
-        { tx: ctx.tx },
-      );
-    }
+    const failures = failureRows(
+      p.runId,
+      fresh.map((r) => r.value as ScoredGroup),
+      settings,
+    );
+    // groups with reward failures are never trained on: their samples are stored now (with the failure, so v_reward_failures shows them)
+    if (failures.length) await p.store.insertTrajectories(failures, { tx: ctx.tx });
     for (const step of [...touched].sort((a, b) => a - b)) {
       const t0 = performance.now();
-      const bucket = `step:${String(step).padStart(8, '0')}`;
+      const bucket = stepBucket(step);
       const items = await pending.items(bucket);
       const groups: ScoredGroup[] = [];
       for (const it of items) groups.push(await codec.decode(it.payload, it.headers));
@@ -238,25 +94,7 @@ export function startAdvantage(p: Pipeline): StageRun {
       if (decision.kind === 'refill') {
         const request = refills.length + 1;
         state.refills[step] = [...refills, decision.needed];
-        ctx.emit(
-          'control',
-          controlEvent(
-            'refill_request',
-            {
-              request,
-              needed: decision.needed,
-              filtered_group_ids: groups.map((g) => g.id),
-              reason: shortfallReason(groups, settings),
-            },
-            {
-              run_id: p.runId,
-              id: refillId(p.runId, step, request),
-              step,
-              policy_version: groups[0]?.policy_version ?? 0,
-              time_ms: Date.now(),
-            },
-          ),
-        );
+        ctx.emit('control', refillRequest(p.runId, step, request, decision.needed, groups, settings, Date.now()));
         log.info({ step, needed: decision.needed, request }, 'asking the controller for more prompts');
         continue;
       }
@@ -276,62 +114,12 @@ export function startAdvantage(p: Pipeline): StageRun {
         continue;
       }
       crashPoint('advantage:start');
-      let ref: Map<string, Float32Array> | null = null;
-      if (needRef) {
-        const w0 = await reference.get(0, ctx.db);
-        const samples = decision.kept.flatMap((g) =>
-          g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids, g })),
-        );
-        const px = await images.byGroup(decision.kept);
-        // at the rollout temperature, as the actor's log-probs in the KL term (verl: ref log_prob with rollout.temperature)
-        const scores = await scorer.score(
-          w0,
-          samples.map((s) => ({ prompt: s.prompt, response: s.response, images: px.get(s.g) })),
-          { temperature: p.cfg.rollout.temperature, entropy: false },
-        );
-        ref = new Map(samples.map((s, i) => [s.id, scores[i].logprobs]));
-      }
-      let values: Map<string, Float32Array> | null = null;
-      if (valueScorer) {
-        // the critic of the version the samples were generated with (on-policy: the current one)
-        const version = Math.max(...decision.kept.map((g) => g.policy_version));
-        const cdir = await p.policies.get('critic', version, ctx.db);
-        if (!cdir) throw new TransientError(`critic version ${version} is not in the policy store (yet); retrying`);
-        const critic = await loadCheckpoint(cdir, { optimizer: false });
-        const samples = decision.kept.flatMap((g) =>
-          g.samples.map((x) => ({ id: x.id, prompt: g.prompt_ids, response: x.response_ids, g })),
-        );
-        const px = await criticImages!.byGroup(decision.kept);
-        const vs = await valueScorer.values(
-          critic.weights,
-          samples.map((s) => ({ prompt: s.prompt, response: s.response, images: px.get(s.g) })),
-        );
-        values = new Map(samples.map((s, i) => [s.id, vs[i]]));
-      }
+      const ref = await scorers.referenceLogprobs(decision.kept, ctx.db);
+      const values = await scorers.values(decision.kept, ctx.db);
       const res = computeStep(decision.kept, decision.filtered, ref, settings, state.klValue, values);
-      let vppoPasses: VppoScores | null = null;
-      if (vppo) {
-        // the weights that generated the samples (on-policy: the current version), real and perturbed images
-        const version = Math.max(...decision.kept.map((g) => g.policy_version));
-        const samples = decision.kept.flatMap((g) =>
-          g.samples.map((x) => ({
-            id: x.id,
-            seedKey: perturbationKey(p.runId, x.id),
-            prompt: g.prompt_ids,
-            response: x.response_ids,
-            images: g.images,
-          })),
-        );
-        const vs = await vppoScores(
-          scorer,
-          await current!.get(version, ctx.db),
-          samples,
-          pixels!,
-          vppo,
-          p.cfg.rollout.temperature,
-        );
-        const v = attachVppo(res.updates, vs.perturbed, vppo.stage, vs.old);
-        vppoPasses = vs;
+      const vppoPasses = await scorers.vppoPasses(decision.kept, ctx.db);
+      if (vppoPasses) {
+        const v = attachVppo(res.updates, vppoPasses.perturbed, scorers.vppo!.stage, vppoPasses.old);
         res.updates = v.updates;
         Object.assign(res.metrics, v.metrics);
       }
@@ -346,22 +134,13 @@ export function startAdvantage(p: Pipeline): StageRun {
       );
       metrics.set(step, res.metrics);
       metrics.add(step, {}, { compute: performance.now() - t0 });
-      state.klValue = res.klValue;
-      state.klByStep = { ...(state.klByStep ?? {}), [String(step)]: res.klValue ?? settings.klCoef };
-      state.done.push(step);
-      delete state.refills[step];
+      stepDone(state, step, res.klValue, settings.klCoef);
       pending.settle(bucket);
       log.debug({ step, kept: decision.kept.length, filtered: decision.filtered.length }, 'advantages computed');
     }
     await metrics.flush(ctx);
     await ctx.flush();
-    if (state.done.length > 256) state.done = state.done.slice(-256);
-    if (state.klByStep)
-      state.klByStep = Object.fromEntries(
-        Object.entries(state.klByStep)
-          .sort((a, b) => Number(a[0]) - Number(b[0]))
-          .slice(-64),
-      );
+    trimAdvantageState(state);
     await saveStageState(ctx.db, p.runId, 'advantage', state);
     // only after the state that marks the steps done (Kafka: a crash in between would lose their groups)
     await pending.persist();

@@ -14,6 +14,22 @@
  * (seed, step, t), so refills are deterministic and do not shift later steps' prompts.
  */
 import { Rng } from '../../lib/util/rng.ts';
+import type { Config } from '../../lib/config/index.ts';
+import {
+  chunkId,
+  controlEvent,
+  controlId,
+  groupIdFor,
+  hashId,
+  type ControlEventOf,
+  type ControlPayloads,
+  type ControlType,
+  type PromptBatch,
+  type ScoredGroup,
+} from '../../lib/contracts/index.ts';
+import type { RunData } from '../../lib/pipeline/data.ts';
+import { sampleRow } from '../../lib/pipeline/rows.ts';
+import type { MetricRow, PromptImageRow, TrajectoryRow, ValGenerationRow } from '../../lib/store/port.ts';
 import { stepsPerEpoch, totalSteps, type ControllerPlan } from '../../lib/pipeline/plan.ts';
 
 export { stepsPerEpoch, totalSteps, type ControllerPlan };
@@ -324,5 +340,124 @@ export function valRoundResult(
     values,
     level: 'info',
     message: `validation at version ${version}: accuracy ${values['val/accuracy'].toFixed(3)}${round.failures ? ` over ${round.n} samples (the reward failed for ${round.failures} more; see v_reward_failures)` : ''}`,
+  };
+}
+
+/**
+ * A control event of the controller: its id derives from the run, the type and `detail` (one
+ * event per type and detail), so a redelivered batch emits the same event again.
+ */
+export function controllerEvent<T extends ControlType>(
+  runId: string,
+  type: T,
+  step: number,
+  version: number,
+  payload: ControlPayloads[T],
+  timeMs: number,
+  detail?: string,
+): ControlEventOf<T> {
+  return controlEvent(type, payload, {
+    run_id: runId,
+    id: controlId(runId, type, detail),
+    step,
+    policy_version: version,
+    time_ms: timeMs,
+  });
+}
+
+/**
+ * One prompt batch of `refs` (a training batch holds one group; a validation batch up to
+ * data.val_batch_size) with the training or validation sampling, and the prompts' images as
+ * prompt_images rows (stored in the transaction that emits the batch).
+ */
+export function promptBatch(
+  cfg: Config,
+  runId: string,
+  data: Pick<RunData, 'train' | 'val' | 'dataSource'>,
+  at: { kind: 'train' | 'val'; step: number; epoch: number; attempt: number; version: number },
+  refs: readonly PromptRef[],
+): { batch: PromptBatch; images: PromptImageRow[] } {
+  const { kind, step } = at;
+  const rows = kind === 'train' ? data.train : data.val;
+  const images: PromptImageRow[] = [];
+  for (const ref of refs)
+    for (const x of rows[ref.datasetIndex].images)
+      images.push({ runId, hash: x.hash, width: x.width, height: x.height, png: x.png });
+  const v = cfg.rollout.val_override;
+  const sampling =
+    kind === 'train'
+      ? {
+          temperature: cfg.rollout.temperature,
+          top_p: cfg.rollout.top_p,
+          top_k: cfg.rollout.top_k,
+          max_new_tokens: cfg.data.max_response_length,
+        }
+      : {
+          temperature: v.temperature,
+          top_p: v.top_p,
+          top_k: v.top_k ?? cfg.rollout.top_k,
+          max_new_tokens: cfg.data.max_response_length,
+        };
+  const groups = refs.map((ref) => {
+    const row = rows[ref.datasetIndex];
+    const id = groupIdFor(kind, runId, step, ref.promptIndex);
+    return {
+      id,
+      group_uid: hashId(id),
+      n: kind === 'train' ? cfg.rollout.n : v.n,
+      prompt_index: ref.promptIndex,
+      dataset_index: ref.datasetIndex,
+      prompt_ids: row.promptIds,
+      prompt_text: row.prompt,
+      images: row.images.map((x) => x.png),
+      image_refs: row.images.map((x) => ({ hash: x.hash, width: x.width, height: x.height })),
+      data_source: row.dataSource ?? data.dataSource,
+      ground_truth: row.answer,
+      extra_info: row.extraInfo ?? '{}',
+    };
+  });
+  const batch: PromptBatch = {
+    run_id: runId,
+    id: chunkId(kind, runId, step, refs[0].promptIndex, refs.length),
+    step,
+    policy_version: at.version,
+    kind,
+    epoch: at.epoch,
+    attempt: at.attempt,
+    sampling,
+    groups,
+  };
+  return { batch, images };
+}
+
+/** A validation group's samples as trajectory rows (kind 'val', step = the policy version evaluated). */
+export function valTrajectoryRows(runId: string, g: ScoredGroup): TrajectoryRow[] {
+  return g.samples.map((x) => sampleRow(runId, g, x, x.reward_text, { step: g.step }));
+}
+
+/**
+ * What a complete validation round stores: its finite metrics (stage 'controller', at the policy
+ * version evaluated) and its logged generations.
+ */
+export function valRoundRows(
+  runId: string,
+  version: number,
+  values: Readonly<Record<string, number>>,
+  round: ValRound,
+): { metrics: MetricRow[]; generations: ValGenerationRow[] } {
+  return {
+    metrics: Object.entries(values)
+      .filter(([, x]) => Number.isFinite(x))
+      .map(([name, value]) => ({ runId, step: version, name, value, stage: 'controller' })),
+    generations: round.gens.map((x) => ({
+      runId,
+      step: version,
+      idx: x.idx,
+      prompt: x.prompt,
+      response: x.response,
+      groundTruth: x.gt,
+      reward: x.reward,
+      rewardFailure: x.failure,
+    })),
   };
 }

@@ -10,34 +10,33 @@ import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { loadStageState, saveStageState } from '../../lib/pipeline/stage-state.ts';
 import { planFromConfig, stepCapNotice, stepsPerEpoch } from '../../lib/pipeline/plan.ts';
 import { startStepFromCheckpoint } from '../../lib/pipeline/checkpoints.ts';
-import { sampleRow } from '../../lib/pipeline/rows.ts';
-import { dataNotes, type RunData } from '../../lib/pipeline/data.ts';
+import type { RunData } from '../../lib/pipeline/data.ts';
+import { dataNotes } from '../../lib/pipeline/data.ts';
 import type { PromptImageRow, TrajectoryRow } from '../../lib/store/index.ts';
-import {
-  chunkId,
-  groupIdFor,
-  hashId,
-  controlId,
-  controlEvent,
-  type ControlEventOf,
-  type ControlPayloads,
-  type ControlType,
-  type ControlEvent,
-  type PolicyVersion,
-  type PromptBatch,
-  type ScoredGroup,
+import type {
+  ControlEventOf,
+  ControlPayloads,
+  ControlType,
+  ControlEvent,
+  PolicyVersion,
+  PromptBatch,
+  ScoredGroup,
 } from '../../lib/contracts/index.ts';
 import {
+  addValGroup,
+  controllerEvent,
   decide,
   initialState,
+  promptBatch,
   totalSteps,
+  valRoundResult,
+  valRoundRows,
+  valTrajectoryRows,
   type ControllerCommand,
   type ControllerEvent,
   type ControllerState,
   type PromptRef,
   type ValRound,
-  addValGroup,
-  valRoundResult,
 } from './logic.ts';
 
 export interface ControllerStageState {
@@ -60,21 +59,13 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
   for (const note of dataNotes(data, cfg)) log.warn({ dropped: data.dropped }, note);
   const capped = stepCapNotice(plan);
   if (capped) log.warn({ max_steps: plan.maxSteps, total_epochs: plan.totalEpochs, steps: totalSteps(plan) }, capped);
-  const nowMs = () => Date.now();
   const control = <T extends ControlType>(
     type: T,
     step: number,
     version: number,
     payload: ControlPayloads[T],
     detail?: string,
-  ): ControlEventOf<T> =>
-    controlEvent(type, payload, {
-      run_id: p.runId,
-      id: controlId(p.runId, type, detail),
-      step,
-      policy_version: version,
-      time_ms: nowMs(),
-    });
+  ): ControlEventOf<T> => controllerEvent(p.runId, type, step, version, payload, Date.now(), detail);
 
   // a prompt's images go to prompt_images (once per run: the store skips those it has) in the
   // transaction that emits the prompt, so a trajectory's image_hashes always find their rows
@@ -85,8 +76,8 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
       'images are stored but the policy is text-only: prompts carry their images (prompt_images, trajectories.image_hashes), the model does not see them',
     );
 
-  /** One prompt batch of `refs` (a training batch holds one group; a validation batch up to data.val_batch_size). */
-  function promptBatch(
+  /** One prompt batch of `refs`; its prompts' images are stored with the batch's outputs. */
+  function batchOf(
     kind: 'train' | 'val',
     step: number,
     epoch: number,
@@ -94,83 +85,18 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
     version: number,
     refs: PromptRef[],
   ): PromptBatch {
-    const rows = kind === 'train' ? data.train : data.val;
-    for (const ref of refs)
-      for (const x of rows[ref.datasetIndex].images)
-        batchImages.push({ runId: p.runId, hash: x.hash, width: x.width, height: x.height, png: x.png });
-    const v = cfg.rollout.val_override;
-    const sampling =
-      kind === 'train'
-        ? {
-            temperature: cfg.rollout.temperature,
-            top_p: cfg.rollout.top_p,
-            top_k: cfg.rollout.top_k,
-            max_new_tokens: cfg.data.max_response_length,
-          }
-        : {
-            temperature: v.temperature,
-            top_p: v.top_p,
-            top_k: v.top_k ?? cfg.rollout.top_k,
-            max_new_tokens: cfg.data.max_response_length,
-          };
-    const groups = refs.map((ref) => {
-      const row = rows[ref.datasetIndex];
-      const id = groupIdFor(kind, p.runId, step, ref.promptIndex);
-      return {
-        id,
-        group_uid: hashId(id),
-        n: kind === 'train' ? cfg.rollout.n : v.n,
-        prompt_index: ref.promptIndex,
-        dataset_index: ref.datasetIndex,
-        prompt_ids: row.promptIds,
-        prompt_text: row.prompt,
-        images: row.images.map((x) => x.png),
-        image_refs: row.images.map((x) => ({ hash: x.hash, width: x.width, height: x.height })),
-        data_source: row.dataSource ?? data.dataSource,
-        ground_truth: row.answer,
-        extra_info: row.extraInfo ?? '{}',
-      };
-    });
-    return {
-      run_id: p.runId,
-      id: chunkId(kind, p.runId, step, refs[0].promptIndex, refs.length),
-      step,
-      policy_version: version,
-      kind,
-      epoch,
-      attempt,
-      sampling,
-      groups,
-    };
+    const { batch, images } = promptBatch(cfg, p.runId, data, { kind, step, epoch, attempt, version }, refs);
+    batchImages.push(...images);
+    return batch;
   }
-
-  /** A validation group's samples as trajectory rows (kind 'val', step = the policy version evaluated). */
-  const valRows = (g: ScoredGroup): TrajectoryRow[] =>
-    g.samples.map((x) => sampleRow(p.runId, g, x, x.reward_text, { step: g.step }));
 
   /** A complete validation round: its metrics and generations stored, val_round_done published, a line logged. */
   async function finishValRound(version: number, round: ValRound, ctx: StageContext): Promise<void> {
     const { values, level, message } = valRoundResult(round, version);
     metrics.set(version, values, 'val');
-    await p.store.insertMetrics(
-      Object.entries(values)
-        .filter(([, x]) => Number.isFinite(x))
-        .map(([name, value]) => ({ runId: p.runId, step: version, name, value, stage: 'controller' })),
-      { tx: ctx.tx },
-    );
-    await p.store.recordValGenerations(
-      round.gens.map((x) => ({
-        runId: p.runId,
-        step: version,
-        idx: x.idx,
-        prompt: x.prompt,
-        response: x.response,
-        groundTruth: x.gt,
-        reward: x.reward,
-        rewardFailure: x.failure,
-      })),
-      { tx: ctx.tx },
-    );
+    const rows = valRoundRows(p.runId, version, values, round);
+    await p.store.insertMetrics(rows.metrics, { tx: ctx.tx });
+    await p.store.recordValGenerations(rows.generations, { tx: ctx.tx });
     const done = {
       round: version,
       groups: round.groups.length,
@@ -231,7 +157,7 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
         const g = r.value as ScoredGroup;
         const round = addValGroup(st.val, g, cfg.trainer.val_generations_to_log);
         if (!round) continue;
-        valTrajectories.push(...valRows(g));
+        valTrajectories.push(...valTrajectoryRows(p.runId, g));
         if (round.groups.length === data.val.length) {
           await finishValRound(g.step, round, ctx);
           delete st.val[String(g.step)];
@@ -256,11 +182,11 @@ export function startController(p: Pipeline, data: RunData, opts: { replay?: boo
             control('epoch_started', c.step, c.policy.version, { epoch: c.epoch, first_step: c.step }, String(c.epoch)),
           );
         for (const ref of c.prompts)
-          ctx.emit('prompts', promptBatch('train', c.step, c.epoch, c.attempt, c.policy.version, [ref]));
+          ctx.emit('prompts', batchOf('train', c.step, c.epoch, c.attempt, c.policy.version, [ref]));
       } else if (c.type === 'val_prompts') {
         const size = cfg.data.val_batch_size > 0 ? cfg.data.val_batch_size : c.prompts.length;
         for (let i = 0; i < c.prompts.length; i += size)
-          ctx.emit('prompts', promptBatch('val', c.version, 0, 0, c.version, c.prompts.slice(i, i + size)));
+          ctx.emit('prompts', batchOf('val', c.version, 0, 0, c.version, c.prompts.slice(i, i + size)));
       } else if (c.type === 'run_done') {
         // one run_done per final version: an extended run ends with a second one
         ctx.emit(

@@ -8,6 +8,7 @@ import type { UpdateGroup, UpdateSample } from '../../lib/contracts/index.ts';
 import type { ImagePixels } from '../../lib/data/images.ts';
 import type { TrainBatch } from '../../lib/model/index.ts';
 import { rolloutCorrection, type RolloutCorrectionConfig } from '../../lib/rl/rollout-correction.ts';
+import type { Config } from '../../lib/config/index.ts';
 
 export interface SampleKey {
   id: string;
@@ -145,6 +146,83 @@ export function stepStaleness(kept: readonly UpdateGroup[], version: number): Re
   };
 }
 
+/** The stage_pending bucket of a training step's update groups (zero-padded: buckets sort by step). */
+export function stepBucket(step: number): string {
+  return `step:${String(step).padStart(8, '0')}`;
+}
+
+/**
+ * The consumer positions after a batch: each record's "<topic>/<partition>" moves to its offset + 1
+ * (never back). Updates `positions` in place and returns it.
+ */
+export function advancePositions(
+  positions: Record<string, number>,
+  messages: ReadonlyArray<{ topic: string; partition: number; offset: number }>,
+): Record<string, number> {
+  for (const m of messages) {
+    const k = `${m.topic}/${m.partition}`;
+    positions[k] = Math.max(positions[k] ?? 0, m.offset + 1);
+  }
+  return positions;
+}
+
+/**
+ * The batch's update groups that wait for their step, as stage_pending items (the encoded
+ * message, bucketed by step): groups of steps up to `version` are trained already (a redelivery).
+ */
+export function pendingUpdates<P, H>(
+  records: ReadonlyArray<{ value: unknown; message: { value: P; headers: H } }>,
+  version: number,
+): Array<{ bucket: string; id: string; payload: P; headers: H }> {
+  return records
+    .filter((r) => (r.value as UpdateGroup).step > version)
+    .map((r) => ({
+      bucket: stepBucket((r.value as UpdateGroup).step),
+      id: (r.value as UpdateGroup).id,
+      payload: r.message.value,
+      headers: r.message.headers,
+    }));
+}
+
+/** Optimizer steps over the whole run: steps × mini-batches per step × ppo_epochs (at least 1; the LR schedule's length). */
+export function totalOptimizerSteps(totalSteps: number, miniBatches: number, ppoEpochs: number): number {
+  return Math.max(1, totalSteps * miniBatches * ppoEpochs);
+}
+
+/**
+ * A trained step's metrics: the learner's (`trained`, completed in place with the approx_kl and
+ * clipfrac aliases of ppo_kl and pg_clipfrac), the staleness of its kept groups against `version`
+ * (the version they were trained on) and the tokens it trained on.
+ */
+export function stepMetrics(
+  trained: Record<string, number>,
+  kept: readonly UpdateGroup[],
+  version: number,
+  tokens: number,
+  correction: Record<string, number> = {},
+): Record<string, number> {
+  const m = trained;
+  m['actor/approx_kl'] = m['actor/ppo_kl'] ?? 0;
+  m['actor/clipfrac'] = m['actor/pg_clipfrac'] ?? 0;
+  Object.assign(m, stepStaleness(kept, version), correction);
+  m['perf/update_tokens'] = tokens;
+  return m;
+}
+
+/** What a trained step's `policy` record says of it: its groups, samples, trained tokens and the consumed offsets. */
+export function stepRecord(
+  groups: readonly UpdateGroup[],
+  tokens: number,
+  positions: Readonly<Record<string, number>>,
+): { groups: number; samples: number; tokens: number; consumed: ReturnType<typeof consumedOffsets> } {
+  return {
+    groups: groups.length,
+    samples: groups.reduce((a, g) => a + g.samples.length, 0),
+    tokens,
+    consumed: consumedOffsets(positions),
+  };
+}
+
 /** The consumer positions ("<topic>/<partition>" → next offset) as the policy record's consumed offsets. */
 export function consumedOffsets(
   positions: Readonly<Record<string, number>>,
@@ -262,6 +340,17 @@ export interface PackOptions {
   vppo: boolean;
   /** Pass the reference log-probs (algorithm.use_kl_loss: the KL loss reads them). */
   klLoss: boolean;
+}
+
+/** The packing options of the run's config; `padTokenId` is the policy model's padding token. */
+export function packOptions(cfg: Config, padTokenId: number): PackOptions {
+  return {
+    miniBatchSize: cfg.actor.global_batch_size,
+    padTokenId,
+    lossScaleFactor: cfg.data.max_response_length,
+    vppo: cfg.algorithm.vppo.enable,
+    klLoss: cfg.algorithm.use_kl_loss,
+  };
 }
 
 /** One mini-batch for the trainer, and its prompt + response token count (perf/update_tokens). */

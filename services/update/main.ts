@@ -13,71 +13,40 @@
  * are produced and before the offsets are committed (Kafka); pending groups of a trained step are
  * deleted only after the state that says the step is trained (docs/durability.md).
  */
-import { existsSync } from 'node:fs';
-import { resolve } from 'node:path';
 import { forStage, type Logger } from '../../lib/log.ts';
 import { runStage, type Decoded, type Pipeline, type StageContext, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
-import { tokenizerFor, policyModelConfig, criticModelConfig, policyLora } from '../../lib/pipeline/policy.ts';
-import { loadStageState, saveStageState, PendingBatch, stagesWithState, txOf } from '../../lib/pipeline/stage-state.ts';
+import { tokenizerFor, policyModelConfig, criticModelConfig } from '../../lib/pipeline/policy.ts';
+import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
-import { datasetPosition, describePosition, removeTempCheckpoints } from '../../lib/pipeline/checkpoints.ts';
-import {
-  keptCheckpoints,
-  klCoefAt,
-  rebuildCheckpointDirs,
-  saveRunCheckpoint,
-  trainerStateAt,
-  type RunCheckpoints,
-} from '../../lib/pipeline/run-checkpoints.ts';
-import { RunVersions } from '../../lib/pipeline/run-versions.ts';
-import { Learner, type LearnerSetup } from '../../lib/pipeline/learner.ts';
-import { trainerSettings, trainsNft, type TrainerSettings } from '../../lib/pipeline/trainer-settings.ts';
+import type { Learner } from '../../lib/pipeline/learner.ts';
+import { startLearner, type UpdateOptions, type UpdateState } from '../../lib/pipeline/update-start.ts';
+import { trainsNft } from '../../lib/pipeline/trainer-settings.ts';
+import { commitVersion, pruneVersions, type UpdateCommitter } from '../../lib/pipeline/update-commit.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
 import type { UpdateGroup } from '../../lib/contracts/index.ts';
-import { ConfigError } from '../../lib/errors.ts';
-import { totalSteps as planTotalSteps, planFromConfig, type ControllerPlan } from '../../lib/pipeline/plan.ts';
+import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline/plan.ts';
 import {
+  advancePositions,
   checkBatchArithmetic,
-  consumedOffsets,
   nftTargets,
+  packOptions,
   packPolicyBatches,
   packValueBatches,
+  pendingUpdates,
   rolloutCorrectionOf,
   shouldCheckpoint,
   startRefusal,
-  stepStaleness,
+  stepBucket,
+  stepMetrics,
+  stepRecord,
   stepThroughput,
+  totalOptimizerSteps,
   versionsInUse,
   type ControllerProgress,
   type PackOptions,
 } from './logic.ts';
-
-export interface UpdateState {
-  version: number;
-  optimizerSteps: number;
-  /** Consumer positions in the updates topic ("<topic>/<partition>" → next offset), for checkpoint rows. */
-  positions?: Record<string, number>;
-  /** trainer.load_checkpoint_path the run started from (null: a fresh start). */
-  initFrom?: string | null;
-}
-
-export interface UpdateOptions {
-  trainSize: number;
-  /**
-   * Replay: sha256 of the source run's policy versions. A sample of version v counts as on-policy
-   * (old log-probs recomputed, as the source did) only when this run's version v has those exact
-   * bytes; otherwise the importance ratio uses its recorded behaviour log-probs.
-   */
-  behaviourSha?: ReadonlyMap<number, string>;
-  /** Replay: the initial policy (v0) directory to start from instead of actor.model.path / init_seed. */
-  initialWeightsDir?: string;
-}
-
-function bucketOf(step: number): string {
-  return `step:${String(step).padStart(8, '0')}`;
-}
 
 /** What the update stage's steps share once it has started. */
 interface UpdateRun {
@@ -85,13 +54,11 @@ interface UpdateRun {
   opts: UpdateOptions;
   log: Logger;
   metrics: StageMetrics;
-  plan: ControllerPlan;
   totalSteps: number;
   totalOptSteps: number;
-  settings: TrainerSettings;
   learner: Learner;
-  versions: RunVersions;
-  checkpoints: RunCheckpoints;
+  /** Stores, records and checkpoints the learner's versions; prunes those no longer needed. */
+  commit: UpdateCommitter;
   packing: PackOptions;
   /** A vision policy (and critic) score and train each row with its prompt's images. */
   images: PolicyImages;
@@ -116,53 +83,43 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const totalSteps = planTotalSteps(plan);
   const log = forStage(p.log, 'update');
   const pixelCache = new PixelCache();
-  const leftovers = await removeTempCheckpoints(p.runDir);
-  if (leftovers.length)
-    log.warn(
-      { removed: leftovers },
-      `removed ${leftovers.length} half-written checkpoint(s) left by an interrupted write`,
-    );
-  const checkpoints: RunCheckpoints = { runId: p.runId, runDir: p.runDir, store: p.store };
-  const lora = policyLora(cfg);
-  // every policy version is a complete model directory: the source's generation config and tokenizer files go along
-  const versions = new RunVersions(p.policies, checkpoints, { lora, assetsFrom: cfg.actor.model.path, db: p.db.db });
-  const setup: LearnerSetup = { cfg, model, criticModel, settings: trainerSettings(cfg), lora, versions, log };
-  if (opts.initialWeightsDir) setup.initialWeightsDir = opts.initialWeightsDir;
-  const { learner, state } = await openLearner(p, setup, plan);
-  if (p.policies.kind !== 'filesystem') {
-    const rebuilt = await rebuildCheckpointDirs(
-      checkpoints,
-      cfg.trainer.save_limit,
-      async (v) => ({
-        actor: await versions.dir('policy', v),
-        critic: criticModel ? await versions.find('critic', v) : null,
+  const { learner, state, settings, versions, checkpoints } = await startLearner(p, {
+    model,
+    criticModel,
+    plan,
+    log,
+    ...(opts.initialWeightsDir ? { initialWeightsDir: opts.initialWeightsDir } : {}),
+    refusal: (start) =>
+      startRefusal({
+        runId: p.runId,
+        where: p.db.where,
+        ...start,
+        findLastCheckpoint: cfg.trainer.find_last_checkpoint,
       }),
-      () => versions.dir('policy', 0),
-    );
-    for (const { step, path } of rebuilt)
-      log.info({ step, path }, `checkpoint global_step_${step} rebuilt from the run's database at ${path}`);
-  }
+  });
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
   await p.bus.produce([p.message('policy', await versions.record(state.version, Date.now()))]);
+  const totalOptSteps = totalOptimizerSteps(totalSteps, arith.miniBatches, cfg.actor.ppo_epochs);
   const run: UpdateRun = {
     p,
     opts,
     log,
     metrics: new StageMetrics(p, 'update'),
-    plan,
     totalSteps,
-    totalOptSteps: Math.max(1, totalSteps * arith.miniBatches * cfg.actor.ppo_epochs),
-    settings: setup.settings,
+    totalOptSteps,
     learner,
-    versions,
-    checkpoints,
-    packing: {
-      miniBatchSize: cfg.actor.global_batch_size,
-      padTokenId: model.padTokenId,
-      lossScaleFactor: cfg.data.max_response_length,
-      vppo: cfg.algorithm.vppo.enable,
-      klLoss: cfg.algorithm.use_kl_loss,
+    commit: {
+      cfg,
+      runId: p.runId,
+      plan,
+      learner,
+      versions,
+      checkpoints,
+      schedule: settings.actor.schedule,
+      totalOptimizerSteps: totalOptSteps,
+      log,
     },
+    packing: packOptions(cfg, model.padTokenId),
     images: new PolicyImages(model, pixelCache),
     criticImages: criticModel ? new PolicyImages(criticModel, pixelCache) : null,
     lastVersionMs: null,
@@ -186,90 +143,31 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
       `restored the trainer to the committed policy version ${st.version} (a batch failed after training)`,
     );
   }
-  const positions = st.positions ?? (st.positions = {});
-  for (const r of records) {
-    const k = `${r.message.topic}/${r.message.partition}`;
-    positions[k] = Math.max(positions[k] ?? 0, r.message.offset + 1);
-  }
-  const pending = new PendingBatch(ctx.db, p.runId, 'update');
-  pending.add(
-    records
-      .filter((r) => (r.value as UpdateGroup).step > st.version)
-      .map((r) => ({
-        bucket: bucketOf((r.value as UpdateGroup).step),
-        id: (r.value as UpdateGroup).id,
-        payload: r.message.value,
-        headers: r.message.headers,
-      })),
+  st.positions = advancePositions(
+    st.positions ?? {},
+    records.map((r) => r.message),
   );
+  const pending = new PendingBatch(ctx.db, p.runId, 'update');
+  pending.add(pendingUpdates(records, st.version));
   while (st.version < run.totalSteps) {
     // stopping (SIGTERM): the steps trained so far are kept, the rest of the batch's groups wait in stage_pending
     if (ctx.signal.aborted) break;
     const step = st.version + 1;
     const groups: UpdateGroup[] = [];
-    for (const it of await pending.items(bucketOf(step)))
+    for (const it of await pending.items(stepBucket(step)))
       groups.push(await p.codecs.updates.decode(it.payload, it.headers));
     if (groups.filter((g) => !g.filtered).length < cfg.data.rollout_batch_size) break;
     run.lastVersionMs = await trainAndCommit(run, st, step, groups, ctx);
-    pending.settle(bucketOf(step));
+    pending.settle(stepBucket(step));
   }
   await run.metrics.flush(ctx);
   await ctx.flush();
   await saveStageState(ctx.db, p.runId, 'update', st);
   // only now (Kafka: after the state that says they are trained) may a trained step's groups go
   await pending.persist();
-  await pruneVersions(run, st.version, ctx.db);
-}
-
-/**
- * The learner at the run's current version: resumed from its stored version, started from
- * trainer.load_checkpoint_path, or fresh (version 0); the state of a start is saved before any
- * event names it.
- */
-async function openLearner(
-  p: Pipeline,
-  setup: LearnerSetup,
-  plan: ControllerPlan,
-): Promise<{ learner: Learner; state: UpdateState }> {
-  const { cfg, log } = setup;
-  const saved = (await loadStageState<UpdateState>(p.db.db, p.runId, 'update')) ?? null;
-  const loadPath = cfg.trainer.load_checkpoint_path ? resolve(cfg.trainer.load_checkpoint_path) : null;
-  const refusal = startRefusal({
-    runId: p.runId,
-    where: p.db.where,
-    state: saved,
-    otherStages: saved ? [] : await stagesWithState(p.db.db, p.runId),
-    lastCheckpointPath: (await p.store.latestCheckpoint(p.runId))?.path ?? null,
-    findLastCheckpoint: cfg.trainer.find_last_checkpoint,
-    loadPath,
-  });
-  if (refusal) throw new ConfigError(refusal);
-  if (saved) {
-    const learner = await Learner.fromVersion(setup, saved.version);
-    const last = await p.store.latestCheckpoint(p.runId);
-    const from =
-      last && last.step === saved.version && existsSync(last.path)
-        ? `from checkpoint global_step_${last.step} (sha256 ${learner.sha})`
-        : `from policy version ${saved.version} (${p.policies.kind === 'filesystem' ? p.policies.writeDir('policy', saved.version) : `policy store: ${p.policies.kind}`}, sha256 ${learner.sha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
-    const at = datasetPosition(plan, saved.version);
-    log.info({ ...at }, `resumed at ${describePosition(at)}, ${from}`);
-    // the reference policy (v0: KL reference, the initial weights) is read by later steps only: a
-    // damaged one stops the resume now, before anything is trained or committed
-    if (saved.version > 0) await setup.versions.find('policy', 0);
-    return { learner, state: saved };
-  }
-  if (loadPath) {
-    const { learner, optimizerSteps } = await Learner.fromCheckpoint(setup, loadPath);
-    const state: UpdateState = { version: learner.version, optimizerSteps, positions: {}, initFrom: loadPath };
-    await saveStageState(p.db.db, p.runId, 'update', state);
-    const at = datasetPosition(plan, learner.version);
-    log.info({ ...at }, `resumed at ${describePosition(at)}, from checkpoint ${loadPath} (sha256 ${learner.sha})`);
-    return { learner, state };
-  }
-  const learner = await Learner.fresh(setup);
-  const state: UpdateState = { version: 0, optimizerSteps: 0, positions: {}, initFrom: null };
-  await saveStageState(p.db.db, p.runId, 'update', state);
-  return { learner, state };
+  // validation rounds the controller published and has not seen finish still sample with their version
+  const progress = await loadStageState<ControllerProgress>(ctx.db, p.runId, 'controller');
+  await pruneVersions(run.commit, st.version, versionsInUse(progress, st.version), ctx.db);
 }
 
 /** Trains step `step` on its groups and commits it: versions, policy record, checkpoint when due, metrics. Returns the time it was published. */
@@ -280,7 +178,7 @@ async function trainAndCommit(
   groups: UpdateGroup[],
   ctx: StageContext,
 ): Promise<number> {
-  const { p, learner, versions, log } = run;
+  const { p, log } = run;
   const cfg = p.cfg;
   crashPoint('update:start');
   const t0 = performance.now();
@@ -288,40 +186,13 @@ async function trainAndCommit(
   const tTrain = performance.now();
   crashPoint('update:trained');
   st.version = step;
-  await learner.store(step, ctx.db);
-  const rec = await versions.record(
-    step,
-    Date.now(),
-    {
-      groups: groups.length,
-      samples: groups.reduce((a, g) => a + g.samples.length, 0),
-      tokens: m['perf/update_tokens'] ?? 0,
-      consumed: consumedOffsets(st.positions ?? {}),
-    },
-    ctx.db,
+  const rec = await commitVersion(
+    run.commit,
+    st,
+    stepRecord(groups, m['perf/update_tokens'] ?? 0, st.positions ?? {}),
+    shouldCheckpoint(step, run.totalSteps, cfg.trainer.save_freq),
+    ctx,
   );
-  if (shouldCheckpoint(step, run.totalSteps, cfg.trainer.save_freq)) {
-    crashPoint('checkpoint:start');
-    const ts = trainerStateAt({
-      cfg,
-      runId: p.runId,
-      plan: run.plan,
-      step,
-      sha256: rec.sha256,
-      positions: st.positions ?? {},
-      klCoef: await klCoefAt(cfg, ctx.db, p.runId, step),
-      schedule: run.settings.actor.schedule,
-      optimizerSteps: st.optimizerSteps,
-      totalOptimizerSteps: run.totalOptSteps,
-    });
-    // temporary name, fsync, rename — then the row; a half-written one is never listed
-    const dirs = {
-      actor: versions.writeDir('policy', step),
-      reference: await versions.dir('policy', 0, ctx.db),
-      critic: cfg.critic.enable === true ? versions.writeDir('critic', step) : null,
-    };
-    await saveRunCheckpoint(run.checkpoints, ts, dirs, cfg.trainer.save_limit, ctx.tx);
-  }
   // throughput of the whole pipeline over this step: its samples (and their prompt + response
   // tokens) ÷ the wall time since the previous version (none for the first step of a process)
   const nowMs = Date.now();
@@ -362,38 +233,5 @@ async function trainStep(run: UpdateRun, st: UpdateState, groups: UpdateGroup[])
     totalOptimizerSteps: run.totalOptSteps,
   });
   st.optimizerSteps = r.optimizerSteps;
-  const m = r.metrics;
-  m['actor/approx_kl'] = m['actor/ppo_kl'] ?? 0;
-  m['actor/clipfrac'] = m['actor/pg_clipfrac'] ?? 0;
-  Object.assign(m, stepStaleness(kept, version), fix.metrics);
-  m['perf/update_tokens'] = r.tokens;
-  return m;
-}
-
-/**
- * Removes the stored versions no longer needed (lib/policy-store/retention.ts): not the
- * reference, the newest two, those within pipeline.max_staleness, a kept checkpoint's, nor the
- * trainer.keep_policy_versions newest others. Critic and EMA versions go with their policy version.
- */
-async function pruneVersions(run: UpdateRun, newest: number, db: StageContext['db']): Promise<void> {
-  const cfg = run.p.cfg;
-  // through the batch's executor (PGlite: its transaction holds the one connection; it sees this batch's checkpoint row)
-  const checkpointSteps = await keptCheckpoints(run.checkpoints, cfg.trainer.save_limit, txOf(db));
-  // validation rounds the controller published and has not seen finish still sample with their version
-  const inUse = versionsInUse(await loadStageState<ControllerProgress>(db, run.p.runId, 'controller'), newest);
-  const pruned = await run.versions.prune(
-    {
-      newest,
-      maxStaleness: cfg.pipeline.max_staleness,
-      checkpointSteps,
-      keepExtra: cfg.trainer.keep_policy_versions,
-      inUse,
-    },
-    db,
-  );
-  if (pruned.length)
-    run.log.debug(
-      { pruned },
-      `pruned policy versions ${pruned.join(', ')} (no longer needed; trainer.keep_policy_versions keeps more)`,
-    );
+  return stepMetrics(r.metrics, kept, version, r.tokens, fix.metrics);
 }

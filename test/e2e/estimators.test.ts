@@ -13,7 +13,7 @@ import { trainEmbedded } from '../../app/run.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { ROOT } from '../../devkit/pipeline-procs.ts';
-import { BASELINE_REASON } from '../../services/advantage/main.ts';
+import { BASELINE_REASON } from '../../services/advantage/logic.ts';
 import { checkpointSha256 } from '../../lib/model/index.ts';
 import { policyDir } from '../../lib/pipeline/policy.ts';
 

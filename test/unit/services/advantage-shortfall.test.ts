@@ -5,28 +5,11 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { groupId, hashId, sampleId, type ScoredGroup, type ScoredSample } from '../../../lib/contracts/index.ts';
-import { shortfallReason, type AdvantageSettings } from '../../../services/advantage/logic.ts';
+import { sampleId, type ScoredGroup, type ScoredSample } from '../../../lib/contracts/index.ts';
+import { shortfallReason } from '../../../services/advantage/logic.ts';
+import { advantageSettings, scoredGroup, scoredSample } from './advantage-fixtures.ts';
 
-const base: AdvantageSettings = {
-  rolloutBatchSize: 2,
-  estimator: 'grpo',
-  gamma: 1,
-  lam: 1,
-  normAdvByStd: true,
-  onlineFiltering: false,
-  filterSemantics: 'easyr1',
-  filterKey: 'overall',
-  filterLow: 0.01,
-  filterHigh: 0.99,
-  overlong: { enable: false, maxLength: 4, bufferLength: 2, penaltyFactor: 1 },
-  useKlInReward: false,
-  klPenalty: 'kl',
-  klType: 'fixed',
-  klCoef: 0,
-  klTarget: 0.1,
-  klHorizon: 10000,
-};
+const base = advantageSettings();
 
 function sample(
   p: number,
@@ -34,45 +17,17 @@ function sample(
   reward: number | null,
   message = 'fn:/x/reward.mjs: reward function threw: boom',
 ): ScoredSample {
-  return {
-    id: sampleId('r', 1, p, i),
-    sample_index: i,
-    prompt_index: p,
-    response_ids: Int32Array.from([3]),
-    response_text: 'x',
-    behaviour_logprobs: Float32Array.from([-1]),
-    response_mask: Buffer.alloc(0),
-    finish_reason: 'stop',
-    reward,
-    reward_details: reward === null ? {} : { overall: reward },
-    reward_text: {},
-    failure: reward === null ? { code: 'ERR_REWARD', message, retriable: false, attempts: 1 } : null,
-  };
+  return scoredSample(p, i, reward, {
+    details: reward === null ? {} : { overall: reward },
+    failureMessage: message,
+  });
 }
 
 function group(p: number, rewards: Array<number | null>): ScoredGroup {
-  const id = groupId('r', 1, p);
-  return {
-    run_id: 'r',
-    id,
-    step: 1,
-    policy_version: 0,
-    group_uid: hashId(id),
-    kind: 'train',
-    epoch: 0,
-    attempt: 0,
-    prompt_index: p,
-    dataset_index: p,
-    prompt_ids: Int32Array.from([1]),
-    prompt_text: 'q',
-    images: [],
-    data_source: 't',
-    ground_truth: '1',
-    extra_info: '{}',
-    reward_fn: 'fn:t',
-    samples: rewards.map((r, i) => sample(p, i, r)),
-    baseline: null,
-  };
+  return scoredGroup(
+    p,
+    rewards.map((r, i) => sample(p, i, r)),
+  );
 }
 
 test('reward failures: the count and the last real error; no word of online filtering when it is off', () => {

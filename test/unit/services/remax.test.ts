@@ -12,13 +12,7 @@ import {
   type GenResult,
 } from '../../../services/rollout/logic.ts';
 import { rewardItems, scoredGroup } from '../../../services/reward/logic.ts';
-import {
-  computeStep,
-  filterReason,
-  remaxBaselines,
-  settle,
-  type AdvantageSettings,
-} from '../../../services/advantage/logic.ts';
+import { computeStep, filterReason, remaxBaselines, settle } from '../../../services/advantage/logic.ts';
 import {
   groupId,
   hashId,
@@ -29,6 +23,7 @@ import {
   type ScoredSample,
 } from '../../../lib/contracts/index.ts';
 import { recordProblems } from '../../../lib/contracts/invariants.ts';
+import { advantageSettings, scoredGroup as fixtureGroup, scoredSample } from './advantage-fixtures.ts';
 import { ConfigError } from '../../../lib/errors.ts';
 
 function batch(kind: 'train' | 'val', n: number, prompts = 1): PromptBatch {
@@ -102,66 +97,21 @@ test('rollout: remax adds one greedy request per training group (sample index n,
   for (const g of trajs) assert.deepEqual(recordProblems('trajectories', g), [], 'valid trajectories.v2 records');
 });
 
-const settings: AdvantageSettings = {
-  rolloutBatchSize: 2,
-  estimator: 'remax',
-  gamma: 1,
-  lam: 1,
-  normAdvByStd: true,
-  onlineFiltering: false,
-  filterSemantics: 'easyr1',
-  filterKey: 'overall',
-  filterLow: 0.01,
-  filterHigh: 0.99,
-  overlong: { enable: false, maxLength: 4, bufferLength: 2, penaltyFactor: 1 },
-  useKlInReward: false,
-  klPenalty: 'kl',
-  klType: 'fixed',
-  klCoef: 0,
-  klTarget: 0.1,
-  klHorizon: 10000,
-};
+const settings = advantageSettings({ estimator: 'remax' });
 
 function sample(p: number, i: number, reward: number | null, len = 2): ScoredSample {
-  return {
-    id: sampleId('r', 1, p, i),
-    sample_index: i,
-    prompt_index: p,
-    response_ids: new Int32Array(len).fill(3),
-    response_text: 'x',
-    behaviour_logprobs: new Float32Array(len).fill(-1),
-    response_mask: Buffer.alloc(0),
-    finish_reason: 'stop',
-    reward,
-    reward_details: {},
-    reward_text: {},
-    failure: reward === null ? { code: 'ERR_REWARD', message: 'boom', retriable: false, attempts: 1 } : null,
-  };
+  return scoredSample(p, i, reward, {
+    responseIds: new Int32Array(len).fill(3),
+    logprobs: new Float32Array(len).fill(-1),
+  });
 }
 
 function group(p: number, rewards: number[], baseline: number | null | undefined, baselineLen = 2): ScoredGroup {
-  const id = groupId('r', 1, p);
-  return {
-    run_id: 'r',
-    id,
-    step: 1,
-    policy_version: 0,
-    group_uid: hashId(id),
-    kind: 'train',
-    epoch: 0,
-    attempt: 0,
-    prompt_index: p,
-    dataset_index: p,
-    prompt_ids: Int32Array.from([1]),
-    prompt_text: 'q',
-    images: [],
-    data_source: 't',
-    ground_truth: '1',
-    extra_info: '{}',
-    reward_fn: 'fn:t',
-    samples: rewards.map((r, i) => sample(p, i, r)),
-    baseline: baseline === undefined ? null : sample(p, rewards.length, baseline, baselineLen),
-  };
+  return fixtureGroup(
+    p,
+    rewards.map((r, i) => sample(p, i, r)),
+    { baseline: baseline === undefined ? null : sample(p, rewards.length, baseline, baselineLen) },
+  );
 }
 
 test('reward: the greedy baseline is scored like any sample (a failure stays a failure)', () => {

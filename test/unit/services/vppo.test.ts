@@ -6,10 +6,11 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { computeStep, attachVppo, type AdvantageSettings } from '../../../services/advantage/logic.ts';
+import { computeStep, attachVppo } from '../../../services/advantage/logic.ts';
 import { applyVppoToSample } from '../../../services/update/logic.ts';
-import { groupId, hashId, sampleId, type ScoredGroup, type ScoredSample } from '../../../lib/contracts/index.ts';
+import type { ScoredGroup, ScoredSample } from '../../../lib/contracts/index.ts';
 import { recordProblems } from '../../../lib/contracts/invariants.ts';
+import { advantageSettings, scoredGroup, scoredSample } from './advantage-fixtures.ts';
 import { vppoStage, type VppoStageConfig } from '../../../lib/rl/index.ts';
 import { perturbationKey, vppoScores, type ImageScoreRequest, type VppoSettings } from '../../../lib/pipeline/vppo.ts';
 import { PixelCache } from '../../../lib/data/pixel-cache.ts';
@@ -19,25 +20,7 @@ import { generateVisionGame } from '../../../lib/tasks/number-game-vision.ts';
 import { sampleRow } from '../../../lib/pipeline/rows.ts';
 import { ConfigError } from '../../../lib/errors.ts';
 
-const settings: AdvantageSettings = {
-  rolloutBatchSize: 2,
-  estimator: 'grpo',
-  gamma: 1,
-  lam: 1,
-  normAdvByStd: true,
-  onlineFiltering: false,
-  filterSemantics: 'easyr1',
-  filterKey: 'overall',
-  filterLow: 0.01,
-  filterHigh: 0.99,
-  overlong: { enable: false, maxLength: 4, bufferLength: 2, penaltyFactor: 1 },
-  useKlInReward: false,
-  klPenalty: 'kl',
-  klType: 'fixed',
-  klCoef: 0,
-  klTarget: 0.1,
-  klHorizon: 10000,
-};
+const settings = advantageSettings();
 const stage: VppoStageConfig = {
   top_p_perception_tokens: 0.5,
   enable_entropy_filtering: false,
@@ -46,45 +29,18 @@ const stage: VppoStageConfig = {
 };
 
 function sample(p: number, i: number, reward: number, len: number): ScoredSample {
-  return {
-    id: sampleId('r', 1, p, i),
-    sample_index: i,
-    prompt_index: p,
-    response_ids: Int32Array.from({ length: len }, (_, t) => 3 + t),
-    response_text: 'x',
-    behaviour_logprobs: Float32Array.from({ length: len }, (_, t) => -0.5 - 0.1 * t),
-    response_mask: Buffer.alloc(0),
-    finish_reason: 'stop',
-    reward,
-    reward_details: {},
-    reward_text: {},
-    failure: null,
-  };
+  return scoredSample(p, i, reward, {
+    responseIds: Int32Array.from({ length: len }, (_, t) => 3 + t),
+    logprobs: Float32Array.from({ length: len }, (_, t) => -0.5 - 0.1 * t),
+  });
 }
 
 function group(p: number, rewards: number[], images: Buffer[] = []): ScoredGroup {
-  const id = groupId('r', 1, p);
-  return {
-    run_id: 'r',
-    id,
-    step: 1,
-    policy_version: 0,
-    group_uid: hashId(id),
-    kind: 'train',
-    epoch: 0,
-    attempt: 0,
-    prompt_index: p,
-    dataset_index: p,
-    prompt_ids: Int32Array.from([1, 2]),
-    prompt_text: 'q',
-    images,
-    data_source: 't',
-    ground_truth: '1',
-    extra_info: '{}',
-    reward_fn: 'fn:t',
-    samples: rewards.map((r, i) => sample(p, i, r, 2 + i)),
-    baseline: null,
-  };
+  return scoredGroup(
+    p,
+    rewards.map((r, i) => sample(p, i, r, 2 + i)),
+    { prompt_ids: Int32Array.from([1, 2]), images },
+  );
 }
 
 test("attachVppo: kept samples get lib/rl's masks and factors (advantages stay unscaled), filtered ones none; valid updates.v2 records", () => {

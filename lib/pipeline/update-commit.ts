@@ -1,0 +1,109 @@
+/**
+ * The update stage's commit of a trained step, its I/O: the learner's version stored (policy,
+ * critic, EMA), its `policy` record built, and when due its checkpoint written (directory, then
+ * row); after a batch, the stored versions no longer needed removed. Which steps are
+ * checkpointed, the consumed offsets and the versions still in use are decided in
+ * services/update/logic.ts.
+ */
+import type { Config } from '../config/index.ts';
+import type { PolicyVersion } from '../contracts/index.ts';
+import type { Logger } from '../log.ts';
+import type { LrScheduleConfig } from '../optim/lr-schedule.ts';
+import { crashPoint } from './crash-points.ts';
+import type { Learner } from './learner.ts';
+import type { ControllerPlan } from './plan.ts';
+import {
+  keptCheckpoints,
+  klCoefAt,
+  saveRunCheckpoint,
+  trainerStateAt,
+  type RunCheckpoints,
+} from './run-checkpoints.ts';
+import type { RunVersions } from './run-versions.ts';
+import type { StageContext } from './runtime.ts';
+import { txOf, type Executor } from './stage-state.ts';
+import type { UpdateState } from './update-start.ts';
+
+/** What the update stage commits its versions with. */
+export interface UpdateCommitter {
+  cfg: Config;
+  runId: string;
+  plan: ControllerPlan;
+  learner: Learner;
+  versions: RunVersions;
+  checkpoints: RunCheckpoints;
+  /** The actor's learning-rate schedule (trainer_state.json's lr_state). */
+  schedule: LrScheduleConfig;
+  totalOptimizerSteps: number;
+  log: Logger;
+}
+
+/** What a step's `policy` record says of the step besides its version. */
+export type StepRecord = Pick<PolicyVersion, 'groups' | 'samples' | 'tokens' | 'consumed'>;
+
+/**
+ * Stores the version the learner holds after training step `state.version` and returns its
+ * `policy` record; with `checkpoint`, writes the step's checkpoint too (temporary name, fsync,
+ * rename — then the row; a half-written one is never listed). All through the batch's executor.
+ */
+export async function commitVersion(
+  c: UpdateCommitter,
+  state: UpdateState,
+  record: StepRecord,
+  checkpoint: boolean,
+  ctx: Pick<StageContext, 'db' | 'tx'>,
+): Promise<PolicyVersion> {
+  const { cfg, versions } = c;
+  const step = state.version;
+  await c.learner.store(step, ctx.db);
+  const rec = await versions.record(step, Date.now(), record, ctx.db);
+  if (checkpoint) {
+    crashPoint('checkpoint:start');
+    const ts = trainerStateAt({
+      cfg,
+      runId: c.runId,
+      plan: c.plan,
+      step,
+      sha256: rec.sha256,
+      positions: state.positions ?? {},
+      klCoef: await klCoefAt(cfg, ctx.db, c.runId, step),
+      schedule: c.schedule,
+      optimizerSteps: state.optimizerSteps,
+      totalOptimizerSteps: c.totalOptimizerSteps,
+    });
+    const dirs = {
+      actor: versions.writeDir('policy', step),
+      reference: await versions.dir('policy', 0, ctx.db),
+      critic: cfg.critic.enable === true ? versions.writeDir('critic', step) : null,
+    };
+    await saveRunCheckpoint(c.checkpoints, ts, dirs, cfg.trainer.save_limit, ctx.tx);
+  }
+  return rec;
+}
+
+/**
+ * Removes the stored versions no longer needed (lib/policy-store/retention.ts): not the
+ * reference, the newest two, those within pipeline.max_staleness, a kept checkpoint's, those in
+ * `inUse` (validation rounds may still sample with them), nor the trainer.keep_policy_versions
+ * newest others. Critic and EMA versions go with their policy version.
+ */
+export async function pruneVersions(c: UpdateCommitter, newest: number, inUse: number[], db: Executor): Promise<void> {
+  const { cfg } = c;
+  // through the batch's executor (PGlite: its transaction holds the one connection; it sees this batch's checkpoint row)
+  const checkpointSteps = await keptCheckpoints(c.checkpoints, cfg.trainer.save_limit, txOf(db));
+  const pruned = await c.versions.prune(
+    {
+      newest,
+      maxStaleness: cfg.pipeline.max_staleness,
+      checkpointSteps,
+      keepExtra: cfg.trainer.keep_policy_versions,
+      inUse,
+    },
+    db,
+  );
+  if (pruned.length)
+    c.log.debug(
+      { pruned },
+      `pruned policy versions ${pruned.join(', ')} (no longer needed; trainer.keep_policy_versions keeps more)`,
+    );
+}

@@ -1,0 +1,190 @@
+/**
+ * The update stage's start, its I/O: what a start decides on (the stage's saved state, the other
+ * stages' state, the last checkpoint, trainer.load_checkpoint_path), the learner opened at the
+ * run's current version (resumed from its stored version, started from a checkpoint, or fresh),
+ * and the run directory's checkpoints made whole (half-written ones removed; with a policy store
+ * in the database, kept ones this node lacks rebuilt). The decision whether a start is allowed is
+ * services/update/logic.ts startRefusal.
+ */
+import { existsSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { ConfigError } from '../errors.ts';
+import type { Logger } from '../log.ts';
+import type { ModelConfig } from '../model/index.ts';
+import { datasetPosition, describePosition, removeTempCheckpoints } from './checkpoints.ts';
+import { Learner, type LearnerSetup } from './learner.ts';
+import type { ControllerPlan } from './plan.ts';
+import { policyLora } from './policy.ts';
+import { rebuildCheckpointDirs, type RunCheckpoints } from './run-checkpoints.ts';
+import { RunVersions } from './run-versions.ts';
+import type { Pipeline } from './runtime.ts';
+import { trainerSettings, type TrainerSettings } from './trainer-settings.ts';
+import { loadStageState, saveStageState, stagesWithState } from './stage-state.ts';
+
+/** How the update stage is started (app/replay.ts: from a source run's versions). */
+export interface UpdateOptions {
+  /** Rows of the training set (the run's plan). */
+  trainSize: number;
+  /**
+   * Replay: sha256 of the source run's policy versions. A sample of version v counts as on-policy
+   * (old log-probs recomputed, as the source did) only when this run's version v has those exact
+   * bytes; otherwise the importance ratio uses its recorded behaviour log-probs.
+   */
+  behaviourSha?: ReadonlyMap<number, string>;
+  /** Replay: the initial policy (v0) directory to start from instead of actor.model.path / init_seed. */
+  initialWeightsDir?: string;
+}
+
+/** The update stage's saved state (stage_state 'update'). */
+export interface UpdateState {
+  version: number;
+  optimizerSteps: number;
+  /** Consumer positions in the updates topic ("<topic>/<partition>" → next offset), for checkpoint rows. */
+  positions?: Record<string, number>;
+  /** trainer.load_checkpoint_path the run started from (null: a fresh start). */
+  initFrom?: string | null;
+}
+
+/** What the update stage's start decides on. */
+export interface UpdateStart {
+  /** The stage's saved state (null: it has not started yet). */
+  state: UpdateState | null;
+  /** Other stages with state (read only when the update stage has none). */
+  otherStages: string[];
+  lastCheckpointPath: string | null;
+  /** trainer.load_checkpoint_path, resolved (null: unset). */
+  loadPath: string | null;
+}
+
+/** The update stage's learner at the run's current version, and the versions and checkpoints it stores to. */
+export interface StartedLearner {
+  learner: Learner;
+  state: UpdateState;
+  settings: TrainerSettings;
+  versions: RunVersions;
+  checkpoints: RunCheckpoints;
+}
+
+/**
+ * Starts the update stage's learner: half-written checkpoints removed, the start checked
+ * (`refusal`: why this start is not allowed, or null; it throws a ConfigError), the learner opened
+ * (openLearner), and the kept checkpoints this node lacks rebuilt.
+ */
+export async function startLearner(
+  p: Pipeline,
+  a: {
+    model: ModelConfig;
+    criticModel: ModelConfig | null;
+    plan: ControllerPlan;
+    log: Logger;
+    /** Replay: the initial policy (v0) directory to start from instead of actor.model.path / init_seed. */
+    initialWeightsDir?: string;
+    refusal: (start: UpdateStart) => string | null;
+  },
+): Promise<StartedLearner> {
+  const { cfg } = p;
+  const { model, criticModel, log } = a;
+  await removeHalfWrittenCheckpoints(p.runDir, log);
+  const checkpoints: RunCheckpoints = { runId: p.runId, runDir: p.runDir, store: p.store };
+  const lora = policyLora(cfg);
+  // every policy version is a complete model directory: the source's generation config and tokenizer files go along
+  const versions = new RunVersions(p.policies, checkpoints, { lora, assetsFrom: cfg.actor.model.path, db: p.db.db });
+  const settings = trainerSettings(cfg);
+  const setup: LearnerSetup = { cfg, model, criticModel, settings, lora, versions, log };
+  if (a.initialWeightsDir) setup.initialWeightsDir = a.initialWeightsDir;
+  const start = await readUpdateStart(p);
+  const refusal = a.refusal(start);
+  if (refusal) throw new ConfigError(refusal);
+  const { learner, state } = await openLearner(p, setup, a.plan, start);
+  await rebuildMissingCheckpoints(p, checkpoints, versions, criticModel !== null, log);
+  return { learner, state, settings, versions, checkpoints };
+}
+
+/** Reads what the update stage's start decides on from the run's database and config. */
+export async function readUpdateStart(p: Pipeline): Promise<UpdateStart> {
+  const state = (await loadStageState<UpdateState>(p.db.db, p.runId, 'update')) ?? null;
+  const load = p.cfg.trainer.load_checkpoint_path;
+  return {
+    state,
+    loadPath: load ? resolve(load) : null,
+    otherStages: state ? [] : await stagesWithState(p.db.db, p.runId),
+    lastCheckpointPath: (await p.store.latestCheckpoint(p.runId))?.path ?? null,
+  };
+}
+
+/**
+ * The learner at the run's current version: resumed from its stored version, started from
+ * trainer.load_checkpoint_path, or fresh (version 0); the state of a start is saved before any
+ * event names it.
+ */
+export async function openLearner(
+  p: Pipeline,
+  setup: LearnerSetup,
+  plan: ControllerPlan,
+  start: UpdateStart,
+): Promise<{ learner: Learner; state: UpdateState }> {
+  const { log } = setup;
+  const { state: saved, loadPath } = start;
+  if (saved) {
+    const learner = await Learner.fromVersion(setup, saved.version);
+    const last = await p.store.latestCheckpoint(p.runId);
+    const from =
+      last && last.step === saved.version && existsSync(last.path)
+        ? `from checkpoint global_step_${last.step} (sha256 ${learner.sha})`
+        : `from policy version ${saved.version} (${p.policies.kind === 'filesystem' ? p.policies.writeDir('policy', saved.version) : `policy store: ${p.policies.kind}`}, sha256 ${learner.sha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
+    const at = datasetPosition(plan, saved.version);
+    log.info({ ...at }, `resumed at ${describePosition(at)}, ${from}`);
+    // the reference policy (v0: KL reference, the initial weights) is read by later steps only: a
+    // damaged one stops the resume now, before anything is trained or committed
+    if (saved.version > 0) await setup.versions.find('policy', 0);
+    return { learner, state: saved };
+  }
+  if (loadPath) {
+    const { learner, optimizerSteps } = await Learner.fromCheckpoint(setup, loadPath);
+    const state: UpdateState = { version: learner.version, optimizerSteps, positions: {}, initFrom: loadPath };
+    await saveStageState(p.db.db, p.runId, 'update', state);
+    const at = datasetPosition(plan, learner.version);
+    log.info({ ...at }, `resumed at ${describePosition(at)}, from checkpoint ${loadPath} (sha256 ${learner.sha})`);
+    return { learner, state };
+  }
+  const learner = await Learner.fresh(setup);
+  const state: UpdateState = { version: 0, optimizerSteps: 0, positions: {}, initFrom: null };
+  await saveStageState(p.db.db, p.runId, 'update', state);
+  return { learner, state };
+}
+
+/** Removes the checkpoint directories an interrupted write left half-written (they are never listed). */
+export async function removeHalfWrittenCheckpoints(runDir: string, log: Logger): Promise<void> {
+  const leftovers = await removeTempCheckpoints(runDir);
+  if (leftovers.length)
+    log.warn(
+      { removed: leftovers },
+      `removed ${leftovers.length} half-written checkpoint(s) left by an interrupted write`,
+    );
+}
+
+/**
+ * policy_store = postgres or s3: the kept checkpoints this node's run directory lacks are rebuilt
+ * from the run's database (lib/pipeline/run-checkpoints.ts rebuildCheckpointDirs). A filesystem
+ * policy store keeps them in the run directory itself: nothing to do.
+ */
+export async function rebuildMissingCheckpoints(
+  p: Pipeline,
+  checkpoints: RunCheckpoints,
+  versions: RunVersions,
+  withCritic: boolean,
+  log: Logger,
+): Promise<void> {
+  if (p.policies.kind === 'filesystem') return;
+  const rebuilt = await rebuildCheckpointDirs(
+    checkpoints,
+    p.cfg.trainer.save_limit,
+    async (v) => ({
+      actor: await versions.dir('policy', v),
+      critic: withCritic ? await versions.find('critic', v) : null,
+    }),
+    () => versions.dir('policy', 0),
+  );
+  for (const { step, path } of rebuilt)
+    log.info({ step, path }, `checkpoint global_step_${step} rebuilt from the run's database at ${path}`);
+}

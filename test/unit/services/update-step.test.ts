@@ -1,0 +1,109 @@
+/**
+ * The update stage's per-batch bookkeeping (services/update/logic.ts): consumer positions, the
+ * pending items of a batch, a trained step's metrics and policy record, the run's optimizer steps
+ * and the packing options of a config.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  advancePositions,
+  packOptions,
+  pendingUpdates,
+  stepBucket,
+  stepMetrics,
+  stepRecord,
+  totalOptimizerSteps,
+} from '../../../services/update/logic.ts';
+import type { UpdateGroup } from '../../../lib/contracts/index.ts';
+import { join } from 'node:path';
+import { loadConfig } from '../../../lib/config/index.ts';
+
+function group(id: string, step: number, policyVersion: number, samples: number, filtered = false): UpdateGroup {
+  return {
+    id,
+    step,
+    policy_version: policyVersion,
+    filtered,
+    prompt_ids: Int32Array.from([1, 2]),
+    samples: Array.from({ length: samples }, (_, i) => ({ id: `${id}-${i}`, response_ids: Int32Array.from([3]) })),
+  } as unknown as UpdateGroup;
+}
+
+test('positions move to the offset after each record, never back', () => {
+  const positions = { 'updates/0': 10 };
+  const out = advancePositions(positions, [
+    { topic: 'updates', partition: 0, offset: 4 },
+    { topic: 'updates', partition: 1, offset: 7 },
+    { topic: 'updates', partition: 1, offset: 5 },
+    { topic: 'updates', partition: 0, offset: 12 },
+  ]);
+  assert.equal(out, positions, 'updated in place');
+  assert.deepEqual(out, { 'updates/0': 13, 'updates/1': 8 });
+});
+
+test('pending items: groups of untrained steps only, bucketed by zero-padded step, payload kept as sent', () => {
+  const rec = (g: UpdateGroup, payload: string) => ({ value: g, message: { value: payload, headers: { h: g.id } } });
+  const items = pendingUpdates(
+    [rec(group('a', 3, 2, 1), 'A'), rec(group('b', 4, 3, 1), 'B'), rec(group('c', 12, 3, 1), 'C')],
+    3,
+  );
+  assert.deepEqual(items, [
+    { bucket: 'step:00000004', id: 'b', payload: 'B', headers: { h: 'b' } },
+    { bucket: 'step:00000012', id: 'c', payload: 'C', headers: { h: 'c' } },
+  ]);
+  assert.ok(stepBucket(9) < stepBucket(10), 'buckets sort by step');
+});
+
+test("a trained step's metrics: the learner's, the kl/clipfrac aliases, staleness against the trained version, tokens", () => {
+  const m = stepMetrics(
+    { 'actor/pg_loss': 0.5, 'actor/ppo_kl': 0.01, 'actor/pg_clipfrac': 0.2 },
+    [group('a', 5, 4, 2), group('b', 5, 2, 2)],
+    4,
+    77,
+  );
+  assert.deepEqual(m, {
+    'actor/pg_loss': 0.5,
+    'actor/ppo_kl': 0.01,
+    'actor/pg_clipfrac': 0.2,
+    'actor/approx_kl': 0.01,
+    'actor/clipfrac': 0.2,
+    'staleness/mean': 1,
+    'staleness/max': 2,
+    'perf/update_tokens': 77,
+  });
+  const bare = stepMetrics({}, [], 0, 0);
+  assert.equal(bare['actor/approx_kl'], 0, 'no ppo_kl reported: 0');
+  assert.equal(bare['staleness/max'], 0);
+});
+
+test("a step's policy record counts every group (filtered ones too) and lists the consumed offsets", () => {
+  const r = stepRecord([group('a', 1, 0, 3), group('b', 1, 0, 2, true)], 40, { 'rl.updates/0': 5, 'rl.updates/1': 2 });
+  assert.deepEqual(r, {
+    groups: 2,
+    samples: 5,
+    tokens: 40,
+    consumed: [
+      { topic: 'rl.updates', partition: 0, next_offset: 5 },
+      { topic: 'rl.updates', partition: 1, next_offset: 2 },
+    ],
+  });
+});
+
+test('optimizer steps of a run: steps × mini-batches × epochs, at least one', () => {
+  assert.equal(totalOptimizerSteps(50, 10, 4), 2000);
+  assert.equal(totalOptimizerSteps(0, 10, 4), 1);
+});
+
+test("packing options come from the config's batch size, response length, VPPO and KL-loss switches", () => {
+  const cfg = loadConfig({
+    file: join(import.meta.dirname, '../../../examples/number-game.yaml'),
+    overrides: ['data.max_response_length=3', 'algorithm.use_kl_loss=false'],
+  });
+  assert.deepEqual(packOptions(cfg, 3), {
+    miniBatchSize: 64,
+    padTokenId: 3,
+    lossScaleFactor: 3,
+    vppo: false,
+    klLoss: false,
+  });
+});
