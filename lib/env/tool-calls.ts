@@ -106,7 +106,9 @@ function parseLlama3Json(text: string): ParsedToolCalls {
 const FORMATS: Record<string, { parse(text: string): ParsedToolCalls; write(call: ToolCall): string }> = {
   hermes: {
     parse: parseHermes,
-    write: (c) => `${OPEN}\n${JSON.stringify({ name: c.name, arguments: c.arguments })}\n${CLOSE}`,
+    // '</' written as '<\/' (the same JSON string) so an argument cannot close the block
+    write: (c) =>
+      `${OPEN}\n${JSON.stringify({ name: c.name, arguments: c.arguments }).replaceAll('</', '<\\/')}\n${CLOSE}`,
   },
   llama3_json: {
     parse: parseLlama3Json,
