@@ -17,7 +17,7 @@ import { generateProblems, toolDemonstration, type Problem } from './problems.ts
 const { values } = parseArgs({
   options: {
     out: { type: 'string', default: join(import.meta.dirname, 'data') },
-    sft: { type: 'string', default: '4096' },
+    sft: { type: 'string', default: '16384' },
     rl: { type: 'string', default: '4096' },
     heldout: { type: 'string', default: '200' },
   },
