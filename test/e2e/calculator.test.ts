@@ -45,7 +45,6 @@ test(
           'actor.micro_batch_size_per_device_for_update=16',
           'actor.optim.lr=1.0e-2',
           'actor.optim.lr_warmup_steps=0',
-          'actor.model.max_seq_len=128',
           'trainer.save_freq=16',
         ],
       }),
