@@ -40,7 +40,7 @@ test(
           `data.train_files=${join(tmp, 'sft.jsonl')}`,
           `trainer.run_dir=${join(tmp, 'sft')}`,
           'pipeline.run_id=calc-sft',
-          'sft.epochs=4',
+          'sft.epochs=8',
           'actor.global_batch_size=16',
           'actor.micro_batch_size_per_device_for_update=16',
           'actor.optim.lr=1.0e-2',
@@ -64,6 +64,7 @@ test(
           `pipeline.run_id=${runId}`,
           'data.rollout_batch_size=4',
           'rollout.n=4',
+        'rollout.top_k=1', // greedy: the few-step SFT policy's most likely reply, a call
           'actor.global_batch_size=16',
           'actor.micro_batch_size_per_device_for_update=16',
           'actor.micro_batch_size_per_device_for_experience=16',
