@@ -30,7 +30,12 @@ test(
     mkdirSync(tmp, { recursive: true });
     const ps = generateProblems(72, 7);
     const lines = (rows: unknown[]) => rows.map((r) => JSON.stringify(r)).join('\n') + '\n';
-    writeFileSync(join(tmp, 'sft.jsonl'), lines(ps.slice(0, 64).map((p) => ({ messages: toolDemonstration(p) }))));
+    // one demonstration, 64 times: a few steps make the policy write that call (whatever the prompt),
+    // so the GRPO step has calls to run; the test is about their handling, not about learning
+    writeFileSync(
+      join(tmp, 'sft.jsonl'),
+      lines(Array.from({ length: 64 }, () => ({ messages: toolDemonstration(ps[0]) }))),
+    );
     writeFileSync(join(tmp, 'rl.jsonl'), lines(ps.slice(64).map((p) => ({ prompt: p.prompt, answer: p.answer }))));
     const sft = await sftRun(
       loadConfig({
@@ -43,7 +48,7 @@ test(
           'sft.epochs=8',
           'actor.global_batch_size=16',
           'actor.micro_batch_size_per_device_for_update=16',
-          'actor.optim.lr=1.0e-2',
+          'actor.optim.lr=5.0e-3',
           'actor.optim.lr_warmup_steps=0',
           'trainer.save_freq=16',
         ],
@@ -64,7 +69,7 @@ test(
           `pipeline.run_id=${runId}`,
           'data.rollout_batch_size=4',
           'rollout.n=4',
-        'rollout.top_k=1', // greedy: the few-step SFT policy's most likely reply, a call
+          'rollout.top_k=1', // greedy: the few-step SFT policy's most likely reply, a call
           'actor.global_batch_size=16',
           'actor.micro_batch_size_per_device_for_update=16',
           'actor.micro_batch_size_per_device_for_experience=16',
