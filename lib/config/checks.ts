@@ -426,13 +426,22 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
   // --- multi-turn episodes
   const mt = cfg.rollout.multi_turn;
   if (mt.enable) {
-    if (mt.interaction.type === 'module' && mt.interaction.path === null)
+    const tools = mt.tools.length > 0 || mt.tool_config_path !== null;
+    if (mt.interaction.type === 'module' && mt.interaction.path === null && !tools)
       errors.push(
-        'rollout.multi_turn.interaction.type = module needs rollout.multi_turn.interaction.path (your JS/TS environment module)',
+        'rollout.multi_turn.interaction.type = module needs rollout.multi_turn.interaction.path (your JS/TS environment module) or tools (rollout.multi_turn.tools, tool_config_path)',
       );
-    if (mt.interaction.type === 'http' && mt.interaction.url === null)
+    if (mt.interaction.type === 'http' && mt.interaction.url === null && !tools)
       errors.push(
         'rollout.multi_turn.interaction.type = http needs rollout.multi_turn.interaction.url (the environment server)',
+      );
+    if (tools && mt.tool_executor.type === 'module' && mt.tool_executor.path === null)
+      errors.push(
+        'rollout.multi_turn tools need rollout.multi_turn.tool_executor.path (a JS/TS module exporting one function per tool) or tool_executor.type = http with a url',
+      );
+    if (tools && mt.tool_executor.type === 'http' && mt.tool_executor.url === null)
+      errors.push(
+        'rollout.multi_turn.tool_executor.type = http needs rollout.multi_turn.tool_executor.url (the tool server)',
       );
     if (cfg.algorithm.adv_estimator === 'remax')
       errors.push(

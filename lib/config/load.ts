@@ -314,6 +314,8 @@ export const FILE_PATH_KEYS: ReadonlyArray<readonly string[]> = [
   ['critic', 'model', 'path'],
   ['reward', 'reward_fn_path'],
   ['rollout', 'multi_turn', 'interaction', 'path'],
+  ['rollout', 'multi_turn', 'tool_config_path'],
+  ['rollout', 'multi_turn', 'tool_executor', 'path'],
   ['reward', 'model', 'path'],
   ['trainer', 'load_checkpoint_path'],
   ['trainer', 'run_dir'],

@@ -19,6 +19,7 @@ import { POLICY_LOSS_NAMES } from '../model/loss.ts';
 import { IMAGE_RESAMPLES } from '../data/image-resample.ts';
 import { ENGINE_NAMES } from '../inference/engine-port.ts';
 import { ROLLOUT_CORRECTION_MODES } from '../rl/rollout-correction.ts';
+import { TOOL_CALL_FORMATS } from '../env/tool-calls.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Known names (validated here so an unknown one lists the valid ones)
@@ -611,6 +612,59 @@ const rolloutSchema = section(
               .describe('type = http: retries of a request that got no connection, a 5xx or 429 (backing off).'),
           },
           'The environment the policy talks to (verl: the interaction).',
+        ),
+        tools: z
+          .array(z.record(z.string(), z.unknown()))
+          .default(() => [])
+          .describe(
+            'Tools the policy may call, inline: OpenAI function schemas [{type: function, function: {name, description, parameters}}], handed to the chat template as its `tools` argument (prompts, sft and episode segments) and run by multi_turn.tool_executor. Added to the tools of tool_config_path. With tools the interaction is optional (without one an episode ends at the first assistant message without a tool call). docs/agents.md "Tools".',
+          ),
+        tool_config_path: z
+          .string()
+          .min(1)
+          .nullable()
+          .default(null)
+          .describe(
+            "verl: multi_turn.tool_config_path. A YAML or JSON file `tools: [{tool_schema: {type: function, function: {…}}}]` (verl's tool config; its class_name and config entries are not used: tools run through multi_turn.tool_executor). A relative path in the config file resolves against the file's directory.",
+          ),
+        format: z
+          .enum(TOOL_CALL_FORMATS as [string, ...string[]])
+          .default('hermes')
+          .describe(
+            'verl: multi_turn.format. How the policy writes tool calls: hermes = <tool_call>{"name": …, "arguments": {…}}</tool_call> blocks (Qwen2.5, Qwen3); llama3_json = the message is {"name": …, "parameters": {…}} (Llama 3.1/3.2).',
+          ),
+        max_parallel_calls: posInt()
+          .default(1)
+          .describe(
+            'verl: multi_turn.max_parallel_calls. Tool calls run per assistant message at most (concurrently); further calls are answered with an error.',
+          ),
+        tool_executor: section(
+          {
+            type: z
+              .enum(['module', 'http'])
+              .default('module')
+              .describe(
+                'module: a JS/TS module exporting one function per tool, fn(arguments, {episode_id}); http: POST <url>/<tool name> {episode_id, arguments} → {result} or {error}. A malformed call or a tool error is answered to the model as a tool message and counted (env/tool_error_rate), never an episode failure.',
+              ),
+            path: z
+              .string()
+              .min(1)
+              .nullable()
+              .default(null)
+              .describe(
+                "type = module: the tools module; a relative path in the config file resolves against the file's directory.",
+              ),
+            url: z.string().min(1).nullable().default(null).describe("type = http: the tool server's base URL."),
+            timeout_s: z
+              .number()
+              .positive()
+              .default(30)
+              .describe('Time limit of one tool call: past it the call is answered with a timeout error.'),
+            max_retries: nonNegInt()
+              .default(2)
+              .describe('type = http: retries of a call that got no connection, a 5xx or 429 (backing off).'),
+          },
+          'How tool calls run (verl: the tool classes of tool_config_path).',
         ),
       },
       'Multi-turn episodes with an environment (verl: actor_rollout_ref.rollout.multi_turn).',

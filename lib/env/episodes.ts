@@ -131,6 +131,8 @@ async function runOne(spec: EpisodeSpec, o: EpisodeOptions, batcher: TurnBatcher
   let finish: 'eos' | 'length' = 'eos';
   let assistantTurns = 0;
   let userTurns = 0;
+  let toolCalls = 0;
+  let toolErrors = 0;
   const fail = (e: unknown) => {
     if (!(e instanceof EnvError)) throw e;
     failure = `${e.kind}: ${e.message}`;
@@ -185,6 +187,10 @@ async function runOne(spec: EpisodeSpec, o: EpisodeOptions, batcher: TurnBatcher
       }
       const latency = o.now() - ts;
       crashPoint('rollout:env-answered', `${spec.id} turn ${turnIndex}`);
+      // tool calls (tools-env.ts): counted here, recorded on their tool messages below
+      const toolOf = (i: number) => r.tools?.find((t) => t.message === i);
+      toolCalls += r.tools?.length ?? 0;
+      toolErrors += r.tools?.filter((t) => t.error !== null).length ?? 0;
       reward += o.gamma ** turnIndex * r.reward;
       for (const [k, v] of Object.entries(r.metrics)) metrics[k] = (metrics[k] ?? 0) + v;
       const last = r.done || assistantTurns >= o.maxAssistantTurns || userTurns >= o.maxUserTurns;
@@ -240,7 +246,12 @@ async function runOne(spec: EpisodeSpec, o: EpisodeOptions, batcher: TurnBatcher
             null,
             i === 0 ? r.reward : 0,
           ),
-          tool_name: m.name ?? null,
+          tool_name: toolOf(i)?.name ?? m.name ?? null,
+          ...(toolOf(i) && {
+            arguments: toolOf(i)!.arguments,
+            error: toolOf(i)!.error,
+            latency_ms: toolOf(i)!.latency_ms,
+          }),
         }),
       );
       history.push(...r.messages);
@@ -261,8 +272,8 @@ async function runOne(spec: EpisodeSpec, o: EpisodeOptions, batcher: TurnBatcher
       done,
       failure,
       timed_out: timedOut,
-      tool_calls: 0,
-      tool_errors: 0,
+      tool_calls: toolCalls,
+      tool_errors: toolErrors,
       metrics,
     },
   };

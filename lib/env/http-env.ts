@@ -27,57 +27,64 @@ export interface HttpEnvOptions {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-export function createHttpEnvironment(o: HttpEnvOptions): Environment {
+/**
+ * One JSON POST to `<url><path>` with the timeout, retries and failure kinds above (EnvError);
+ * the tools' HTTP executor (tool-http.ts) uses it too.
+ */
+export async function postJson(o: HttpEnvOptions, path: string, body: unknown): Promise<unknown> {
   const base = o.url.replace(/\/+$/, '');
   const name = `http:${base}`;
   const doFetch = o.fetch ?? fetch;
-  async function post(path: string, body: unknown): Promise<unknown> {
-    let last: EnvError | null = null;
-    for (let attempt = 0; attempt <= o.maxRetries; attempt++) {
-      if (attempt > 0) await sleep((o.backoffMs ?? 100) * 2 ** (attempt - 1));
-      let res: Response;
-      try {
-        res = await doFetch(`${base}${path}`, {
-          method: 'POST',
-          headers: { 'content-type': 'application/json' },
-          body: JSON.stringify(body),
-          signal: AbortSignal.timeout(o.timeoutMs),
-        });
-      } catch (e) {
-        const timedOut = (e as Error).name === 'TimeoutError' || (e as Error).name === 'AbortError';
-        last = timedOut
-          ? new EnvError('timeout', `${name}${path}: no answer within ${o.timeoutMs} ms`)
-          : new EnvError('unreachable', `${name}${path}: ${errorMessage((e as Error).cause ?? e)}`);
-        if (timedOut) throw last; // a hung environment is not asked again (its episode fails with the timeout)
-        continue;
-      }
-      let text: string;
-      try {
-        text = await res.text();
-      } catch (e) {
-        last = new EnvError('unreachable', `${name}${path}: the answer broke off (${errorMessage(e)})`);
-        continue;
-      }
-      if (res.status >= 500 || res.status === 429) {
-        last = new EnvError('crash', `${name}${path}: HTTP ${res.status}: ${text.slice(0, 200)}`, { retriable: true });
-        continue;
-      }
-      if (res.status >= 400)
-        throw new EnvError('bad_reply', `${name}${path}: HTTP ${res.status}: ${text.slice(0, 200)}`, {
-          retriable: false,
-        });
-      try {
-        return text.trim() === '' ? {} : JSON.parse(text);
-      } catch {
-        throw new EnvError('bad_reply', `${name}${path}: the answer is not JSON: ${text.slice(0, 200)}`, {
-          retriable: false,
-        });
-      }
+  let last: EnvError | null = null;
+  for (let attempt = 0; attempt <= o.maxRetries; attempt++) {
+    if (attempt > 0) await sleep((o.backoffMs ?? 100) * 2 ** (attempt - 1));
+    let res: Response;
+    try {
+      res = await doFetch(`${base}${path}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+        signal: AbortSignal.timeout(o.timeoutMs),
+      });
+    } catch (e) {
+      const timedOut = (e as Error).name === 'TimeoutError' || (e as Error).name === 'AbortError';
+      last = timedOut
+        ? new EnvError('timeout', `${name}${path}: no answer within ${o.timeoutMs} ms`)
+        : new EnvError('unreachable', `${name}${path}: ${errorMessage((e as Error).cause ?? e)}`);
+      if (timedOut) throw last; // a hung environment is not asked again (its episode fails with the timeout)
+      continue;
     }
-    throw new EnvError(last!.kind, `${last!.message} (after ${o.maxRetries + 1} attempts)`, {
-      retriable: last!.retriable,
-    });
+    let text: string;
+    try {
+      text = await res.text();
+    } catch (e) {
+      last = new EnvError('unreachable', `${name}${path}: the answer broke off (${errorMessage(e)})`);
+      continue;
+    }
+    if (res.status >= 500 || res.status === 429) {
+      last = new EnvError('crash', `${name}${path}: HTTP ${res.status}: ${text.slice(0, 200)}`, { retriable: true });
+      continue;
+    }
+    if (res.status >= 400)
+      throw new EnvError('bad_reply', `${name}${path}: HTTP ${res.status}: ${text.slice(0, 200)}`, {
+        retriable: false,
+      });
+    try {
+      return text.trim() === '' ? {} : JSON.parse(text);
+    } catch {
+      throw new EnvError('bad_reply', `${name}${path}: the answer is not JSON: ${text.slice(0, 200)}`, {
+        retriable: false,
+      });
+    }
   }
+  throw new EnvError(last!.kind, `${last!.message} (after ${o.maxRetries + 1} attempts)`, {
+    retriable: last!.retriable,
+  });
+}
+
+export function createHttpEnvironment(o: HttpEnvOptions): Environment {
+  const name = `http:${o.url.replace(/\/+$/, '')}`;
+  const post = (path: string, body: unknown) => postJson(o, path, body);
   return {
     name,
     async start(row: EnvRow): Promise<EnvEpisode> {

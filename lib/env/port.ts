@@ -46,6 +46,21 @@ export interface EnvStep {
   done: boolean;
   /** Numeric details of the turn (summed over the episode into the reward details). */
   metrics: Record<string, number>;
+  /** The tool calls this answer holds (tools-env.ts): `message` indexes `messages`. */
+  tools?: ToolCallRecord[];
+}
+
+/** One tool call of an answer, as recorded in the episode's turns. */
+export interface ToolCallRecord {
+  /** Index of its `tool` message in the answer's messages. */
+  message: number;
+  /** The tool called; null for a call that could not be parsed. */
+  name: string | null;
+  /** The call's arguments as JSON text (a malformed call: its text). */
+  arguments: string;
+  /** Why the call failed (malformed, unknown tool, the tool's error), or null. */
+  error: string | null;
+  latency_ms: number;
 }
 
 export type EnvFailureKind = 'timeout' | 'bad_reply' | 'crash' | 'unreachable';

@@ -13,6 +13,7 @@ import { tasks, type TaskRow } from '../tasks/index.ts';
 import type { Tokenizer } from '../model/index.ts';
 import { promptMessages, type ChatMessage } from '../model/chat-template.ts';
 import { ConfigError } from '../errors.ts';
+import { loadToolSchemas } from '../env/tools.ts';
 import type { VisionConfig } from '../model/config.ts';
 import { imagePromptIds, withImageMarks, IMAGE_MARK } from './images.ts';
 import { policyModelConfig } from './policy.ts';
@@ -43,13 +44,23 @@ export function loadFormatPrompt(file: string): { render(content: string): strin
   return { render: (content) => t.render({ content }) };
 }
 
+/**
+ * The chat template's variables besides the messages: the run's tool schemas as `tools` (when
+ * rollout.multi_turn has tools; transformers' apply_chat_template(tools=…)), then
+ * data.chat_template_kwargs.
+ */
+export function chatTemplateKwargs(cfg: Pick<Config, 'data' | 'rollout'>): Record<string, unknown> {
+  const tools = loadToolSchemas(cfg.rollout.multi_turn);
+  return { ...(tools.length ? { tools } : {}), ...cfg.data.chat_template_kwargs };
+}
+
 export function promptRendering(cfg: Config): PromptRendering {
   const d = cfg.data;
   return {
     applyChatTemplate: d.apply_chat_template,
     systemPrompt: d.system_prompt,
     formatPrompt: d.format_prompt ? loadFormatPrompt(d.format_prompt) : null,
-    chatTemplateKwargs: d.chat_template_kwargs,
+    chatTemplateKwargs: chatTemplateKwargs(cfg),
   };
 }
 

@@ -11,7 +11,8 @@
  * prompt, lib/pipeline/data.ts renderPrompt; Qwen3's empty think block included). Cutting at the
  * contents rather than rendering turn by turn keeps templates that write earlier turns
  * differently (Qwen3 drops their think blocks) working. Without a template (byte,
- * alphabet tokenizers) a row is the prompt with the tokenizer's specials, then the response and EOS.
+ * alphabet tokenizers) a row is the prompt with the tokenizer's specials, then the response and EOS;
+ * a conversation is tokenised as a multi-turn episode is (episodeConversation below).
  *
  * A row without a response, without an assistant turn, or longer than sft.max_length is a bad row:
  * one line naming its file:line and what to change; data.on_bad_row = skip reports it instead.
@@ -127,8 +128,7 @@ export function tokenizeConversation(
     }
     return { tokens: Int32Array.from(ids), mask: Uint8Array.from(mask), promptTokens };
   }
-  if (p.promptOnly === null || p.response === null)
-    return 'a conversation (or a chat-message prompt) needs a chat template, and the tokenizer has none (or data.apply_chat_template = false); give a string prompt + response, or use a model directory whose tokenizer has a chat_template';
+  if (p.promptOnly === null || p.response === null) return episodeConversation(tok, p.messages);
   for (const id of tok.encode(p.promptOnly, { addSpecialTokens: true })) {
     ids.push(id);
     mask.push(0);
@@ -140,6 +140,35 @@ export function tokenizeConversation(
   }
   ids.push(tok.eos);
   mask.push(1);
+  return { tokens: Int32Array.from(ids), mask: Uint8Array.from(mask), promptTokens };
+}
+
+/**
+ * A conversation without a chat template, tokenised as a multi-turn episode is
+ * (lib/model/episode-tokens.ts): the first user message with the tokenizer's specials (the
+ * prompt), each assistant reply then EOS (the loss), each other message's content without
+ * specials (the environment's and tools' answers: context).
+ */
+function episodeConversation(
+  tok: Tokenizer,
+  msgs: readonly ChatMessage[],
+): { tokens: Int32Array; mask: Uint8Array; promptTokens: number } | string {
+  if (msgs[0].role !== 'user')
+    return `without a chat template a conversation starts with the user's prompt, not a ${msgs[0].role} message; write a system prompt into the user message`;
+  const ids: number[] = [],
+    mask: number[] = [];
+  const push = (a: ArrayLike<number>, m: number) => {
+    for (let i = 0; i < a.length; i++) {
+      ids.push(a[i]);
+      mask.push(m);
+    }
+  };
+  push(tok.encode(msgs[0].content, { addSpecialTokens: true }), 0);
+  const promptTokens = ids.length;
+  for (const m of msgs.slice(1)) {
+    if (m.role === 'assistant') push([...tok.encode(m.content, { addSpecialTokens: false }), tok.eos], 1);
+    else push(tok.encode(m.content, { addSpecialTokens: false }), 0);
+  }
   return { tokens: Int32Array.from(ids), mask: Uint8Array.from(mask), promptTokens };
 }
 

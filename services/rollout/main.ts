@@ -14,11 +14,12 @@ import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import type { PromptBatch } from '../../lib/contracts/index.ts';
 import { generationRequests, trajectoryGroups, requestSampling } from './logic.ts';
-import { createEnvironment } from '../../lib/env/index.ts';
+import { createMultiTurnEnvironment } from '../../lib/env/index.ts';
 import { runEpisodes, episodeMetrics } from '../../lib/env/episodes.ts';
 import { EpisodeTokenizer } from '../../lib/model/episode-tokens.ts';
 import { parseExtraInfo } from '../../lib/reward-fns/index.ts';
 import { createEngine, enginePolicyOf } from '../../lib/inference/engines.ts';
+import { chatTemplateKwargs } from '../../lib/pipeline/data.ts';
 
 export function startRollout(p: Pipeline, opts: { replica?: string } = {}): StageRun {
   const tok = tokenizerFor(p.cfg);
@@ -39,9 +40,9 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
   // multi-turn episodes: an environment answers each assistant turn
   const mt = p.cfg.rollout.multi_turn;
   const multiTurn = mt.enable;
-  const environment = multiTurn ? createEnvironment(mt.interaction) : null;
+  const environment = multiTurn ? createMultiTurnEnvironment(mt) : null;
   environment?.catch(() => undefined); // reported when first awaited
-  const episodeTokens = new EpisodeTokenizer(tok, p.cfg.data.chat_template_kwargs);
+  const episodeTokens = new EpisodeTokenizer(tok, chatTemplateKwargs(p.cfg));
   return runStage(p, 'rollout', ['prompts'], async (records, ctx) => {
     metrics.beginBatch(ctx.waitedMs);
     const byVersion = new Map<number, PromptBatch[]>();

@@ -112,22 +112,39 @@ test('bad rows: one line each naming file:line and what to change; data.on_bad_r
   skipped.forEach((s, i) => assert.match(s.reason, cases[i][1]));
 });
 
-test('without a chat template (byte tokenizer): BOS + prompt, then the response and EOS in the loss; a conversation is refused', async () => {
+test('without a chat template (byte tokenizer): BOS + prompt, then the response and EOS in the loss; a conversation is tokenised as an episode', async () => {
   const byte = createTokenizer({ type: 'byte' });
   const f = file('byte.jsonl', [{ q: '1+2=', a: '3' }]);
   const { examples } = await loadSftExamples(cfgFor(f, 'sft.prompt_key=q', 'sft.response_key=a'), byte);
   assert.deepEqual(Array.from(examples[0].tokens), [byte.bos, ...Buffer.from('1+2=3'), byte.eos]);
   assert.deepEqual(Array.from(examples[0].mask), [0, 0, 0, 0, 0, 1, 1]);
+  // a tool episode: the prompt with BOS, each assistant reply + EOS in the loss, the tool's answer as context
   const g = file('byte-conv.jsonl', [
     {
       messages: [
+        { role: 'user', content: 'a' },
+        { role: 'assistant', content: 'bc' },
+        { role: 'tool', content: 'd' },
+        { role: 'assistant', content: 'e' },
+      ],
+    },
+    {
+      messages: [
+        { role: 'system', content: 's' },
         { role: 'user', content: 'a' },
         { role: 'assistant', content: 'b' },
       ],
     },
   ]);
-  await assert.rejects(
-    loadSftExamples(cfgFor(g), byte),
-    /byte-conv\.jsonl:1: a conversation \(or a chat-message prompt\) needs a chat template/,
-  );
+  const cfg = cfgFor(g, 'data.on_bad_row=skip');
+  const conv = await loadSftExamples(cfg, byte);
+  assert.deepEqual(Array.from(conv.examples[0].tokens), [
+    byte.bos,
+    ...Buffer.from('abc'),
+    byte.eos,
+    ...Buffer.from('de'),
+    byte.eos,
+  ]);
+  assert.deepEqual(Array.from(conv.examples[0].mask), [0, 0, 1, 1, 1, 0, 1, 1]);
+  assert.match(conv.skipped[0].reason, /starts with the user's prompt, not a system message/);
 });
