@@ -1,6 +1,6 @@
 /**
  * Datasets for the controller: JSONL rows `{prompt, answer, images?, videos?}` with configurable
- * keys (the seed's format) and verl/EasyR1 parquet rows (`prompt` as chat messages,
+ * keys and verl/EasyR1 parquet rows (`prompt` as chat messages,
  * `reward_model.ground_truth`). Every row is validated; a bad row is reported with its file and
  * line (parquet: row number) and the load either stops (`on_bad_row: stop`) or skips it and
  * reports it (`skip`) — never silently. Images (`image_key`: paths, base64, data URLs or bytes, at

@@ -1,6 +1,6 @@
 /**
  * VPPO token-level reweighting ("Spotlight on Token Perception for Multimodal Reinforcement
- * Learning", arXiv 2510.09285; the seed's "TPRL").
+ * Learning", arXiv 2510.09285; "TPRL" in MTRL's code).
  *
  *  1. Token visual dependency: S_t = clamp(eᵈ − d − 1, 0, 10), d = clamp(log π_aug − log π_old, ±20),
  *     where log π_aug is the log-prob of the same token under a perturbed image (a k3 KL estimate
@@ -13,7 +13,7 @@
  *  3. Trajectory advantage shaping: S̄_i = mean_t S_t over valid tokens, n_i = (S̄_i − min)/(max − min)
  *     over the batch (α = 1 for all when max − min ≤ 1e-6), β_max = β_min + (1 − β_min)/(mean n + 1e-8),
  *     α_i = β_min + n_i(β_max − β_min) (so mean α = 1), A_i ← A_i·α_i. β_min = advantage_scaling_min
- *     (the seed's trajectory_scaling_min), default 0.8.
+ *     (MTRL's trajectory_scaling_min), default 0.8.
  *
  * Ties in the top-k are broken by position (earlier first); rows with no valid token keep nothing
  * and get α = 1 (they are excluded from the batch statistics).
@@ -26,7 +26,7 @@ export interface VppoConfig {
   top_p_perception_tokens?: number | null;
   /** Fraction kept by entropy; null/0 = off. Default 0.2. */
   top_p_entropy_tokens?: number | null;
-  /** β_min of the trajectory advantage scaling (the seed's trajectory_scaling_min). Default 0.8. */
+  /** β_min of the trajectory advantage scaling (MTRL's trajectory_scaling_min). Default 0.8. */
   advantage_scaling_min?: number;
 }
 

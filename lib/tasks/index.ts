@@ -28,7 +28,7 @@ export interface Task {
 }
 
 /**
- * The number game (the seed's game): three numbers in the prompt, the answer is the index 0/1/2
+ * The number game (EasyR1's example task): three numbers in the prompt, the answer is the index 0/1/2
  * of the largest. Numbers are distinct digits so the answer is unique. Prompt `"3 5 8:"` → answer `"2"`.
  */
 export const numberGame: Task = {

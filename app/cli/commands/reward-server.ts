@@ -1,5 +1,5 @@
 /**
- * `rlstream reward-server`: HTTP reward servers speaking the seed's `/score` protocol, with a
+ * `rlstream reward-server`: HTTP reward servers speaking the `/score` protocol, with a
  * pluggable scorer (a JS/TS module or an ONNX sequence scorer). The implementation, its flags
  * and its process handling (one process per port with `--count N`, SIGTERM drains) live in
  * lib/reward/server-cli.ts; this file only mounts it as a CLI command.
