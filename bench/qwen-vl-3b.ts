@@ -1,6 +1,6 @@
 /**
- * Qwen2.5-VL at the 3B shape (Qwen2.5-VL-3B-Instruct's config, random weights, stored bf16 in two
- * shards as released), on the CPU with `--threads` (default 2) onnxruntime threads:
+ * Qwen2.5-VL at the 3B shape (Qwen2.5-VL-3B-Instruct's config, random weights, stored bf16 in eight
+ * shards; the release has two), on the CPU with `--threads` (default 2) onnxruntime threads:
  *   1. a LoRA rank-16 GRPO update step (all-linear decoder adapters, gradient checkpointing in the
  *      tower and the decoder, PPO-clip loss) over `--samples` samples (default 2, micro-batches of
  *      1), each one 448×448 image (1024 patches → 256 image tokens) + 16 text tokens of prompt and

@@ -128,7 +128,11 @@ export function qwenVlHfConfig(modelType: 'qwen2_5_vl' | 'qwen2_vl' = 'qwen2_5_v
   };
 }
 
-/** Writes the directory; returns its config and f32 weights (bf16-representable, as stored). */
+/**
+ * Writes the directory; returns its config and f32 weights (bf16-representable, as stored). The 3b
+ * shape is written in 8 shards, each tensor's f32 copy dropped once its shard is written (the
+ * returned map is then empty), so writing peaks near the 15 GB of f32 weights rather than 22 GB.
+ */
 export function writeQwenVlDir(
   dir: string,
   o: { modelType?: 'qwen2_5_vl' | 'qwen2_vl'; seed?: number; shape?: 'tiny' | '3b'; std?: number } = {},
@@ -151,13 +155,14 @@ export function writeQwenVlDir(
   writeFileSync(join(dir, 'config.json'), JSON.stringify({ ...j, torch_dtype: 'bfloat16' }, null, 2));
   const generation = { bos_token_id: 151643, eos_token_id: [QWEN_VL_TOKENS.imEnd, 151643], pad_token_id: 151643 };
   writeFileSync(join(dir, 'generation_config.json'), JSON.stringify(generation, null, 2));
-  // two shards and model.safetensors.index.json, as save_pretrained splits a model
+  // shards and model.safetensors.index.json, as save_pretrained splits a model
   const specs = paramSpecs(config);
-  const per = Math.ceil(specs.length / 2);
+  const shards = o.shape === '3b' ? 8 : 2;
+  const per = Math.ceil(specs.length / shards);
   const weightMap: Record<string, string> = {};
   let total = 0;
-  for (let i = 0; i < 2; i++) {
-    const file = `model-0000${i + 1}-of-00002.safetensors`;
+  for (let i = 0; i < shards; i++) {
+    const file = `model-0000${i + 1}-of-0000${shards}.safetensors`;
     const enc = specs
       .slice(i * per, (i + 1) * per)
       .map((s): [string, ReturnType<typeof fromFloat32>] => [
@@ -169,6 +174,7 @@ export function writeQwenVlDir(
       total += t.data.byteLength;
     }
     writeFileSync(join(dir, file), encodeSafetensors(enc, { format: 'pt' }));
+    if (o.shape === '3b') for (const s of specs.slice(i * per, (i + 1) * per)) weights.delete(s.name);
   }
   writeFileSync(
     join(dir, 'model.safetensors.index.json'),

@@ -227,7 +227,7 @@ describe('report and TensorBoard export', () => {
     );
     assert.equal(plotSeries(data, 'reward')[0].points.length, run.steps);
     const summary = Object.fromEntries(summaryRows(data));
-    assert.equal(summary.status, 'completed');
+    assert.equal(summary.status, 'finished');
     assert.equal(summary['steps (last step)'], '6 (6)');
     assert.equal(summary['best validation accuracy'], '0.6000 at step 3');
     assert.equal(summary['final validation accuracy'], '0.5000 at step 6');
