@@ -180,7 +180,7 @@ describe('rlstream runs', () => {
       /^dir\s+run_id\s+status\s+steps\s+last_step\s+final_reward\s+best_val_acc\s+best_val_step\s+checkpoints/,
     );
     const ng = lines.find((l) => l.startsWith('number-game '))!;
-    assert.match(ng, /number-game-cli\s+completed\s+6\s+6\s+\S+\s+0\.6000\s+3\s+2\s+96\s+2/);
+    assert.match(ng, /number-game-cli\s+finished\s+6\s+6\s+\S+\s+0\.6000\s+3\s+2\s+96\s+2/);
     const busy = lines.find((l) => l.startsWith('training-now '))!;
     assert.match(busy, new RegExp(`in use \\(PID ${holder!.pid}\\)`));
     assert.ok(!lines.some((l) => l.startsWith('not-a-run')));
