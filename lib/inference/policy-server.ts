@@ -22,6 +22,7 @@
  * (404 unknown model or path, 400 invalid values, prompt longer than the context, malformed JSON,
  * 413 body over the limit); slow clients are cut off by the request timeout.
  */
+import { readBody } from '../http/body.ts';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { randomUUID } from 'node:crypto';
@@ -88,39 +89,6 @@ export class ApiError extends Error {
       message: this.message,
     });
   }
-}
-
-function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const declared = Number(req.headers['content-length']);
-    if (Number.isFinite(declared) && declared > limit) {
-      reject(
-        new ApiError(413, `request body of ${declared} bytes exceeds the limit of ${limit} bytes (--max-body-bytes)`),
-      );
-      return;
-    }
-    const chunks: Buffer[] = [];
-    let size = 0,
-      over = false;
-    req.on('data', (c: Buffer) => {
-      if (over) return;
-      size += c.length;
-      if (size > limit) {
-        over = true;
-        chunks.length = 0;
-        reject(new ApiError(413, `request body exceeds the limit of ${limit} bytes (--max-body-bytes)`));
-        return;
-      }
-      chunks.push(c);
-    });
-    req.on('end', () => {
-      if (!over) resolve(Buffer.concat(chunks));
-    });
-    req.on('error', () => reject(new ApiError(400, 'connection closed while the request body was being read')));
-    req.on('close', () => {
-      if (!req.complete && !over) reject(new ApiError(400, 'connection closed while the request body was being read'));
-    });
-  });
 }
 
 interface Choice {
@@ -646,7 +614,12 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
         ),
       );
     if (req.method !== 'POST') return fail(new ApiError(405, `${path} takes POST`));
-    readBody(req, limit)
+    readBody(
+      req,
+      limit,
+      (m) => new ApiError(413, m),
+      (m) => new ApiError(400, m),
+    )
       .then((buf) => {
         let body: unknown;
         try {

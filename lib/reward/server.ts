@@ -12,6 +12,7 @@
  * numbers gets 500. The server keeps serving after any of these. `close()` stops accepting, lets
  * in-flight requests finish (up to a grace period) and then closes every connection.
  */
+import { readBody } from '../http/body.ts';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Logger } from 'pino';
@@ -109,39 +110,6 @@ function toScoreRequest(item: Item, where: string): ScoreRequest {
   return { prompt, response, ground_truth, id, image: png, extra };
 }
 
-function readBody(req: http.IncomingMessage, limit: number): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const declared = Number(req.headers['content-length']);
-    if (Number.isFinite(declared) && declared > limit) {
-      reject(
-        new BadRequest(413, `request body of ${declared} bytes exceeds the limit of ${limit} bytes (--max-body-bytes)`),
-      );
-      return;
-    }
-    const chunks: Buffer[] = [];
-    let size = 0,
-      over = false;
-    req.on('data', (c: Buffer) => {
-      if (over) return;
-      size += c.length;
-      if (size > limit) {
-        over = true;
-        chunks.length = 0;
-        reject(new BadRequest(413, `request body exceeds the limit of ${limit} bytes (--max-body-bytes)`));
-        return;
-      }
-      chunks.push(c);
-    });
-    req.on('end', () => {
-      if (!over) resolve(Buffer.concat(chunks));
-    });
-    req.on('error', () => reject(new ClientGone('connection closed while the request body was being read')));
-    req.on('close', () => {
-      if (!req.complete) reject(new ClientGone('connection closed while the request body was being read'));
-    });
-  });
-}
-
 export async function startRewardServer(opts: RewardServerOptions): Promise<RewardServer> {
   const { scorer } = opts;
   let log: Logger = typeof opts.log === 'function' ? silentLogger() : opts.log;
@@ -167,7 +135,12 @@ export async function startRewardServer(opts: RewardServerOptions): Promise<Rewa
     const t0 = performance.now();
     let raw: Buffer;
     try {
-      raw = await readBody(req, opts.maxBodyBytes);
+      raw = await readBody(
+        req,
+        opts.maxBodyBytes,
+        (m) => new BadRequest(413, m),
+        (m) => new ClientGone(m),
+      );
     } catch (e) {
       if (e instanceof BadRequest) {
         stats.bad_requests++;
