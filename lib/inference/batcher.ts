@@ -1,61 +1,134 @@
 /**
- * Batches the sequences of concurrent requests into shared Sampler calls.
+ * Continuous batching for the policy server: one running batch of sequences decodes step by step
+ * (lib/model/stepwise.ts), and a request that arrives joins it at the next run: its prompts are
+ * prefilled (the `n` choices of a prompt share one prefill) and its rows appended to the running
+ * state. A finished sequence leaves the batch after the run that finished it, and each sampled
+ * token is handed to the request's `onToken` as soon as its run returns (streaming).
  *
- * The Sampler runs a whole generation (prefill + decode loop) as one `session.run`, so a request
- * cannot join a batch that is already decoding. Instead, requests that arrive while a batch runs
- * (or within `windowMs` of an idle server) wait and go together into the next batch: one
- * `Sampler.generate` per distinct sampling setting, whose prompts are prefilled once per distinct
- * prompt (the `n` choices of a request share their prefill). A request's sequences always run
- * together, with the weights current when their batch starts.
+ * Rows of different sampling settings share the batch (temperature, top-p and top-k are per row).
+ * A sequence's tokens are those `Sampler.generate` draws for the same (seed, id): its randomness is
+ * its own uniforms stream, consumed one per token whatever else decodes beside it. The running
+ * batch keeps the weights it started with; requests that find a newer policy version wait until
+ * it drains, then start the next batch with the new weights.
  */
-import type { Generation, GenerationRequest, Sampler, SamplingParamsInput } from '../model/sample.ts';
+import { ConfigError } from '../errors.ts';
+import {
+  samplingParams,
+  sequenceUniforms,
+  type FinishReason,
+  type GenerationRequest,
+  type SamplingParamsInput,
+} from '../model/sample.ts';
+import { concatStates, selectRows, type DecodeState, type StepDecoder } from '../model/stepwise.ts';
 import type { PolicyWeights } from './served-policy.ts';
+
+/** One sampled token as it is handed to `onToken`. */
+export interface SampledToken {
+  token: number;
+  logprob: number;
+  /** The most likely tokens of this step's distribution, best first (`topLogprobs` of them). */
+  top: { token: number; logprob: number }[];
+}
+
+export interface SequenceResult {
+  id: string;
+  tokens: number[];
+  logprobs: number[];
+  top: SampledToken['top'][];
+  finishReason: FinishReason;
+}
 
 export interface BatchResult {
   version: number;
-  generations: Generation[];
+  generations: SequenceResult[];
+}
+
+export interface SubmitOptions {
+  /** Most likely tokens to report per step (0..20). */
+  topLogprobs?: number;
+  /** Called for every sampled token of sequence `seq` (index into the submitted list), in order. */
+  onToken?(seq: number, t: SampledToken, version: number): void;
+}
+
+export interface BatchStats {
+  /** Rows in one decode run. */
+  onBatch?(sequences: number, ms: number): void;
 }
 
 interface Job {
   seqs: GenerationRequest[];
-  params: SamplingParamsInput;
-  key: string;
+  params: ReturnType<typeof samplingParams>;
+  opts: SubmitOptions;
+  left: number;
+  results: SequenceResult[];
   resolve: (r: BatchResult) => void;
   reject: (e: unknown) => void;
 }
 
-export interface BatchStats {
-  /** Sequences in one Sampler call. */
-  onBatch?(sequences: number, ms: number): void;
+interface Row {
+  job: Job;
+  seq: number;
+  uniforms: Float32Array;
+  eos: Set<number>;
+  out: SequenceResult;
 }
 
 export class GenerationBatcher {
   private queue: Job[] = [];
+  private rows: Row[] = [];
+  private state: DecodeState | null = null;
+  private policy: PolicyWeights | null = null;
   private running = false;
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
-    private readonly sampler: Sampler,
+    private readonly decoder: StepDecoder,
     private readonly current: () => PolicyWeights,
-    private readonly opts: { windowMs?: number; stats?: BatchStats } = {},
+    private readonly opts: {
+      /** How long an idle batcher waits for more requests before its first prefill (ms). */
+      windowMs?: number;
+      /** Rows decoding together at most (more wait for a free row). */
+      maxBatchSize?: number;
+      /** Decode steps per run (1 = every step; more amortise the per-run cost, joins wait as long). */
+      stepsPerRun?: number;
+      stats?: BatchStats;
+    } = {},
   ) {}
 
-  /** Sequences waiting for a batch. */
+  /** Sequences waiting to join the batch. */
   get pending(): number {
     return this.queue.reduce((n, j) => n + j.seqs.length, 0);
   }
 
-  submit(seqs: GenerationRequest[], params: SamplingParamsInput): Promise<BatchResult> {
+  /** Sequences decoding now. */
+  get active(): number {
+    return this.rows.length;
+  }
+
+  /** Generates every sequence of `seqs`; rejects with a ConfigError for bad params or prompts. */
+  submit(seqs: GenerationRequest[], paramsIn: SamplingParamsInput, opts: SubmitOptions = {}): Promise<BatchResult> {
     return new Promise((resolve, reject) => {
-      const key = JSON.stringify([
-        params.temperature,
-        params.topP,
-        params.topK,
-        params.maxNewTokens,
-        params.seed,
-        params.eosTokenIds,
-      ]);
-      this.queue.push({ seqs, params, key, resolve, reject });
+      const c = this.decoder.config;
+      const params = samplingParams(paramsIn);
+      const top = opts.topLogprobs ?? 0;
+      if (!Number.isInteger(top) || top < 0 || top > this.decoder.topWidth)
+        throw new ConfigError(`top_logprobs must be an integer in 0..${this.decoder.topWidth}, got ${top}`);
+      for (const e of params.eosTokenIds ?? [])
+        if (e >= c.vocabSize) throw new ConfigError(`stop token ${e} is outside the vocabulary (${c.vocabSize} ids)`);
+      seqs.forEach((r, i) => {
+        if (r.prompt.length === 0) throw new ConfigError(`sequence ${i} (${r.id}): empty prompt`);
+        if (r.prompt.length + params.maxNewTokens > c.maxPositionEmbeddings)
+          throw new ConfigError(
+            `sequence ${i} (${r.id}): prompt length ${r.prompt.length} + ${params.maxNewTokens} new tokens exceeds the context (${c.maxPositionEmbeddings})`,
+          );
+        for (let t = 0; t < r.prompt.length; t++) {
+          const v = r.prompt[t];
+          if (!Number.isInteger(v) || v < 0 || v >= c.vocabSize)
+            throw new ConfigError(`sequence ${i} (${r.id}): token ${v} is outside the vocabulary (${c.vocabSize} ids)`);
+        }
+      });
+      if (seqs.length === 0) return resolve({ version: this.current().version, generations: [] });
+      this.queue.push({ seqs, params, opts, left: seqs.length, results: [], resolve, reject });
       this.kick();
     });
   }
@@ -71,45 +144,121 @@ export class GenerationBatcher {
   private async drain(): Promise<void> {
     this.running = true;
     try {
-      while (this.queue.length) {
-        const jobs = this.queue;
-        this.queue = [];
-        const policy = this.current();
-        // one call per setting; a sequence id may appear once per call (it keys the randomness)
-        const calls: Job[][] = [];
-        const callIds: Set<string>[] = [];
-        const byKey = new Map<string, number[]>();
-        for (const j of jobs) {
-          const candidates = byKey.get(j.key) ?? [];
-          let at = candidates.find((c) => j.seqs.every((s) => !callIds[c].has(s.id)));
-          if (at === undefined) {
-            at = calls.length;
-            calls.push([]);
-            callIds.push(new Set());
-            candidates.push(at);
-            byKey.set(j.key, candidates);
-          }
-          calls[at].push(j);
-          for (const s of j.seqs) callIds[at].add(s.id);
-        }
-        for (const call of calls) {
-          const seqs = call.flatMap((j) => j.seqs);
-          const t0 = performance.now();
-          try {
-            const gens = await this.sampler.generate(policy.weights, seqs, call[0].params);
-            this.opts.stats?.onBatch?.(seqs.length, performance.now() - t0);
-            let k = 0;
-            for (const j of call) {
-              j.resolve({ version: policy.version, generations: gens.slice(k, k + j.seqs.length) });
-              k += j.seqs.length;
-            }
-          } catch (e) {
-            for (const j of call) j.reject(e);
-          }
-        }
+      while (this.queue.length || this.rows.length) {
+        if (this.queue.length) await this.admit();
+        if (this.rows.length) await this.decode();
+        // let the server read new requests and flush streamed tokens between runs
+        await new Promise((r) => setImmediate(r));
       }
     } finally {
       this.running = false;
+      this.state = null;
+      this.policy = null;
     }
+  }
+
+  /** Prefills the waiting requests that fit and appends their rows to the running batch. */
+  private async admit(): Promise<void> {
+    const latest = this.current();
+    if (this.rows.length && this.policy && latest.version !== this.policy.version) return; // drain first
+    if (!this.rows.length) this.policy = latest;
+    const max = this.opts.maxBatchSize ?? 64;
+    const take: Job[] = [];
+    let n = this.rows.length;
+    while (this.queue.length && (n === 0 || n + this.queue[0].seqs.length <= max)) {
+      const j = this.queue.shift()!;
+      take.push(j);
+      n += j.seqs.length;
+    }
+    if (!take.length) return;
+    const seqs = take.flatMap((j) => j.seqs);
+    let st: DecodeState;
+    try {
+      st = await this.decoder.prefill(this.policy!.weights, seqs);
+    } catch (e) {
+      for (const j of take) j.reject(e);
+      return;
+    }
+    for (const j of take)
+      j.seqs.forEach((s, i) => {
+        const out: SequenceResult = { id: s.id, tokens: [], logprobs: [], top: [], finishReason: 'length' };
+        j.results.push(out);
+        this.rows.push({
+          job: j,
+          seq: i,
+          uniforms: sequenceUniforms(j.params.seed, s.id, j.params.maxNewTokens),
+          eos: new Set(j.params.eosTokenIds ?? [this.decoder.config.eosTokenId]),
+          out,
+        });
+      });
+    this.state = this.state ? concatStates(this.decoder.config, this.state, st) : st;
+  }
+
+  /** One decode run of the running batch; hands out its tokens and retires finished rows. */
+  private async decode(): Promise<void> {
+    const rows = this.rows,
+      st = this.state!,
+      policy = this.policy!;
+    const c = this.decoder.config;
+    let N = Math.max(1, this.opts.stepsPerRun ?? 1);
+    for (let b = 0; b < rows.length; b++) N = Math.min(N, c.maxPositionEmbeddings - Number(st.pos[b]));
+    N = Math.max(1, N);
+    const B = rows.length;
+    const u = new Float32Array(B * N).fill(0.5);
+    rows.forEach((r, b) => {
+      const at = r.out.tokens.length;
+      u.set(r.uniforms.subarray(at, Math.min(at + N, r.uniforms.length)), b * N);
+    });
+    const eos = [...new Set(rows.flatMap((r) => [...r.eos]))];
+    const t0 = performance.now();
+    let res;
+    try {
+      res = await this.decoder.step(
+        policy.weights,
+        st,
+        u,
+        N,
+        rows.map((r) => ({ temperature: r.job.params.temperature, topP: r.job.params.topP, topK: r.job.params.topK })),
+        eos,
+      );
+    } catch (e) {
+      for (const j of new Set(rows.map((r) => r.job))) j.reject(e);
+      this.rows = [];
+      this.state = null;
+      return;
+    }
+    this.opts.stats?.onBatch?.(B, performance.now() - t0);
+    const K = this.decoder.topWidth;
+    const keep: number[] = [];
+    rows.forEach((r, b) => {
+      const want = r.job.opts.topLogprobs ?? 0;
+      let finished = false;
+      for (let t = 0; t < res.steps && !finished; t++) {
+        const token = Number(res.tokens[t * B + b]);
+        const logprob = res.logprobs[t * B + b];
+        const top: SampledToken['top'] = [];
+        for (let k = 0; k < want; k++)
+          top.push({ token: Number(res.topIds[(t * B + b) * K + k]), logprob: res.topLogprobs[(t * B + b) * K + k] });
+        r.out.tokens.push(token);
+        r.out.logprobs.push(logprob);
+        if (want) r.out.top.push(top);
+        if (Number.isNaN(logprob)) {
+          r.job.reject(
+            new ConfigError(`generation for ${r.out.id}: the model's logits are not finite (diverged weights?)`),
+          );
+          finished = true;
+          break;
+        }
+        r.job.opts.onToken?.(r.seq, { token, logprob, top }, policy.version);
+        if (r.eos.has(token)) {
+          r.out.finishReason = 'eos';
+          finished = true;
+        } else if (r.out.tokens.length >= r.job.params.maxNewTokens) finished = true;
+      }
+      if (!finished) keep.push(b);
+      else if (--r.job.left === 0) r.job.resolve({ version: policy.version, generations: r.job.results });
+    });
+    this.rows = keep.map((b) => rows[b]);
+    this.state = keep.length === B ? res.state : keep.length ? selectRows(c, res.state, keep) : null;
   }
 }

@@ -35,7 +35,7 @@ import onnxProto from 'onnx-proto';
 import { GraphBuilder, GraphError, type Var } from '../onnx/builder.ts';
 import { linear, rmsNorm, rope, swiglu } from '../onnx/nn.ts';
 import { hasQkNorm, type ModelConfig } from './config.ts';
-import { declareParams, llamaForward, lmHead, MASK_NEG, type ParamVars } from './llama.ts';
+import { declareParams, llamaForward, lmHead, MASK_NEG, ropeTables, type ParamVars } from './llama.ts';
 import { paramSpecs } from './params.ts';
 import { mropeDeltaInput, placeImageTokens } from './vision.ts';
 
@@ -58,6 +58,8 @@ export const GEN_IO = {
   eosIds: 'eos_ids', // int64 [E]: stop tokens (pass [-1] for none)
   tokens: 'tokens', // int64 [steps, B]
   logprobs: 'logprobs', // float32 [steps, B]
+  topIds: 'top_ids', // int64 [steps, B, K] (step graph only)
+  topLogprobs: 'top_logprobs', // float32 [steps, B, K] (step graph only)
 } as const;
 
 const NEG_INF = -Infinity;
@@ -93,7 +95,7 @@ export function sampleTokens(
   temperature: Var,
   trunc: { topP: Var; topK: Var } | null,
   bias: Var | null = null,
-): { token: Var; logprob: Var } {
+): { token: Var; logprob: Var; logp: Var } {
   const [B, V] = logitsIn.shape;
   if (typeof V !== 'number') throw new GraphError('sampleTokens: vocabulary size must be static');
   return b.scope('sample', () => {
@@ -130,34 +132,117 @@ export function sampleTokens(
     const drawn = b.min(b.reduceSum(b.cast(b.less(cdf, target), 'int64'), [1]), b.const(V - 1, 'int64')); // [B]
     const token = b.where(greedy, b.argMax(logits, 1), drawn);
     const logprob = b.squeeze(b.gatherElements(logp, b.unsqueeze(token, [1]), 1), [1]);
-    return { token, logprob };
+    return { token, logprob, logp };
   });
 }
 
 /** The serialised generation model (see the file comment for inputs and outputs). */
 export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): Uint8Array {
   if (c.head !== 'lm') throw new GraphError('buildGenerateModel: needs a policy (head "lm") config');
-  const L = c.numHiddenLayers,
-    KVH = c.numKeyValueHeads,
-    hd = c.headDim,
-    V = c.vocabSize;
-
   // ── outer graph: prefill ──
   const b = new GraphBuilder({ name: 'generate' });
   // weights are graph inputs named by their HF names, fed per call (one session per model shape)
   const p = declareParams(b, c, 'inputs');
+  const uniforms = b.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
+  const s0 = prefillState(b, c, p);
+  // fused projection weights for the decode step, built once per run (outer scope of the loop)
+  const fusedNames = fusedWeightNames(c);
+  for (const name of fusedNames)
+    b.output(
+      b.concat(
+        fusedParts(c, name).map((n) => p.get(n)!),
+        0,
+      ),
+      name,
+    );
+  const model = decodeLoop(b, c, opts, uniforms, s0, 0);
+  // the fused weights were graph outputs only to keep them alive through pruning
+  model.graph!.output = model.graph!.output!.filter((o) => !fusedNames.includes(o.name!));
+  return onnx.ModelProto.encode(model).finish();
+}
+
+/**
+ * The decoding state of B rows between runs of the stepwise graphs: next-token logits [B, V],
+ * next position [B, 1], additive key bias [B, 1, 1, S] (MASK_NEG on padding columns) and per-layer
+ * K and V caches [B, KVH, S, hd]. Inputs are named `state.<name>`, outputs `state_out.<name>`.
+ */
+export function decodeStateNames(c: ModelConfig): string[] {
+  const L = c.numHiddenLayers;
+  return [
+    'logits',
+    'pos',
+    'bias',
+    ...Array.from({ length: L }, (_, l) => `k${l}`),
+    ...Array.from({ length: L }, (_, l) => `v${l}`),
+  ];
+}
+
+/** Most likely tokens reported per step by the step graph (OpenAI's top_logprobs cap). */
+export const MAX_TOP_LOGPROBS = 20;
+
+/**
+ * Stepwise generation, prefill half: prompt_ids, prompt_mask [U, P], prompt_rows [B] (and a VLM's
+ * vision inputs) → the decoding state `state_out.*` of the B rows (each distinct prompt prefilled
+ * once; the n rows of a prompt share it).
+ */
+export function buildPrefillModel(c: ModelConfig): Uint8Array {
+  if (c.head !== 'lm') throw new GraphError('buildPrefillModel: needs a policy (head "lm") config');
+  const b = new GraphBuilder({ name: 'prefill' });
+  const p = declareParams(b, c, 'inputs');
+  const s = prefillState(b, c, p);
+  const names = decodeStateNames(c);
+  [s.logits, s.pos, s.bias, ...s.keys, ...s.values].forEach((v, i) => b.output(v, `state_out.${names[i]}`));
+  return b.toBytes();
+}
+
+/**
+ * Stepwise generation, decode half: the state `state.*` of B rows, uniforms [B, N] → N more tokens
+ * per row (the loop of `buildGenerateModel`; it stops early once every row has emitted a stop id),
+ * their log-probs, the `MAX_TOP_LOGPROBS` most likely tokens of each step's distribution
+ * (`top_ids` int64, `top_logprobs` float32, [steps, B, K]; the distribution of `logprobs`), and the
+ * state after the last step (`state_out.*`). The fused projection weights (`fusedWeightNames`) are
+ * inputs too, concatenated once per policy version by the caller (`fusedWeights`).
+ */
+export function buildStepModel(c: ModelConfig, opts: GenerateGraphOptions): Uint8Array {
+  if (c.head !== 'lm') throw new GraphError('buildStepModel: needs a policy (head "lm") config');
+  const b = new GraphBuilder({ name: 'decode' });
+  declareParams(b, c, 'inputs');
+  const fusedNames = fusedWeightNames(c);
+  for (const n of fusedNames) b.input(n, 'float32', fusedShape(c, n));
+  const { cos, sin } = ropeTables(b, c);
+  const uniforms = b.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
+  const [lg, pos, bias, ...kv] = decodeStateNames(c).map((n, i) =>
+    b.input(
+      `state.${n}`,
+      i === 1 ? 'int64' : 'float32',
+      i === 0 ? ['B', c.vocabSize] : i === 1 ? ['B', 1] : i === 2 ? ['B', 1, 1, 'S'] : ['B', c.numKeyValueHeads, 'S', c.headDim],
+    ),
+  );
+  const L = c.numHiddenLayers;
+  const s0 = { logits: lg, pos, bias, keys: kv.slice(0, L), values: kv.slice(L), rows: b.squeeze(pos, [1]) };
+  // the rope tables are read only inside the loop: outputs keep them through pruning
+  b.output(cos, 'keep.rope.cos');
+  b.output(sin, 'keep.rope.sin');
+  const model = decodeLoop(b, c, opts, uniforms, s0, MAX_TOP_LOGPROBS);
+  model.graph!.output = model.graph!.output!.filter((o) => !o.name!.startsWith('keep.'));
+  return onnx.ModelProto.encode(model).finish();
+}
+
+interface DecodeState {
+  logits: Var;
+  pos: Var;
+  bias: Var;
+  keys: Var[];
+  values: Var[];
+  /** Any [B] int64 tensor (gives the loop's `done` its shape). */
+  rows: Var;
+}
+
+/** The prefill of the generation graphs: each distinct prompt once, expanded to the B sampled rows. */
+function prefillState(b: GraphBuilder, c: ModelConfig, p: ParamVars): DecodeState {
   const ids = b.input(GEN_IO.promptIds, 'int64', ['U', 'P']);
   const mask = b.input(GEN_IO.promptMask, 'int64', ['U', 'P']);
   const rows = b.input(GEN_IO.promptRows, 'int64', ['B']);
-  const uniforms = b.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
-  // read only by the loop body, through the outer scope
-  b.input(GEN_IO.temperature, 'float32', ['B']);
-  if (opts.truncation) {
-    b.input(GEN_IO.topP, 'float32', ['B']);
-    b.input(GEN_IO.topK, 'int64', ['B']);
-  }
-  b.input(GEN_IO.eosIds, 'int64', ['E']);
-
   // prefill each distinct prompt once ([U, P]), then expand the last logits, positions, key bias
   // and KV cache to the B sampled rows (n samples of a prompt share its prefix computation)
   const cum = b.op('CumSum', [mask, b.const(1, 'int64')], {}, { dtype: 'int64', shape: ['U', 'P'] });
@@ -194,53 +279,69 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
         ['U', 1],
       ),
     );
-  const pos0 = expand(b.add(lastPos, b.const(1, 'int64'))); // [B, 1]
-  const bias0 = expand(b.reshape(b.where(b.cast(mask, 'bool'), b.const(0), b.const(MASK_NEG)), ['U', 1, 1, 'P']));
-  const done0 = b.less(rows, b.const(0, 'int64')); // [B] all false (shape from the batch)
+  return {
+    logits: logits0,
+    pos: expand(b.add(lastPos, b.const(1, 'int64'))), // [B, 1]
+    bias: expand(b.reshape(b.where(b.cast(mask, 'bool'), b.const(0), b.const(MASK_NEG)), ['U', 1, 1, 'P'])),
+    keys: pre.presentKeys.map(expand),
+    values: pre.presentValues.map(expand),
+    rows,
+  };
+}
+
+/**
+ * Adds the decode Loop over `s0` to `b` (trip count = uniforms.shape[1]) and returns the model
+ * proto with the loop body attached. Outputs: tokens, logprobs; with `top` > 0 also top_ids and
+ * top_logprobs and the final state (`state_out.*`).
+ */
+function decodeLoop(
+  b: GraphBuilder,
+  c: ModelConfig,
+  opts: GenerateGraphOptions,
+  uniforms: Var,
+  s0: DecodeState,
+  top: number,
+): onnxProto.onnx.ModelProto {
+  const L = c.numHiddenLayers,
+    KVH = c.numKeyValueHeads,
+    hd = c.headDim,
+    V = c.vocabSize;
+  const K = Math.min(top, V);
+  // read only by the loop body, through the outer scope
+  b.input(GEN_IO.temperature, 'float32', ['B']);
+  if (opts.truncation) {
+    b.input(GEN_IO.topP, 'float32', ['B']);
+    b.input(GEN_IO.topK, 'int64', ['B']);
+  }
+  b.input(GEN_IO.eosIds, 'int64', ['E']);
+  const done0 = b.less(s0.rows, b.const(0, 'int64')); // [B] all false (shape from the batch)
   const trip = b.op('Gather', [b.shape(uniforms), b.const(1, 'int64')], { axis: 0 }, { dtype: 'int64', shape: [] });
   const cond0 = b.cast(b.const(1, 'int64'), 'bool');
+  const fusedNames = fusedWeightNames(c);
 
-  // fused projection weights for the decode step, built once per run (outer scope of the loop)
-  const fusedNames: string[] = [];
-  for (let l = 0; l < L; l++) {
-    const pre = `model.layers.${l}`;
-    const cat = (parts: string[], name: string) => {
-      b.output(
-        b.concat(
-          parts.map((n) => p.get(n)!),
-          0,
-        ),
-        name,
-      );
-      fusedNames.push(name);
-    };
-    cat(
-      [`${pre}.self_attn.q_proj.weight`, `${pre}.self_attn.k_proj.weight`, `${pre}.self_attn.v_proj.weight`],
-      fusedName(l, 'qkv_w'),
-    );
-    if (c.attentionBias)
-      cat(
-        [`${pre}.self_attn.q_proj.bias`, `${pre}.self_attn.k_proj.bias`, `${pre}.self_attn.v_proj.bias`],
-        fusedName(l, 'qkv_b'),
-      );
-    cat([`${pre}.mlp.gate_proj.weight`, `${pre}.mlp.up_proj.weight`], fusedName(l, 'gate_up_w'));
-  }
-
-  const carried: Var[] = [
-    logits0,
-    pos0,
-    bias0,
-    done0,
-    ...pre.presentKeys.map(expand),
-    ...pre.presentValues.map(expand),
-  ];
+  const carried: Var[] = [s0.logits, s0.pos, s0.bias, done0, ...s0.keys, ...s0.values];
   const loopOuts = b.op('Loop', [trip, cond0, ...carried], {}, [
-    ...carried.map((v) => ({ dtype: v.dtype, shape: v.shape.map(() => b.unknownDim()) })), // final state (unused)
+    ...carried.map((v) => ({ dtype: v.dtype, shape: v.shape.map(() => b.unknownDim()) })), // final state
     { dtype: 'int64', shape: ['steps', 'B'] },
     { dtype: 'float32', shape: ['steps', 'B'] },
+    ...(K > 0
+      ? [
+          { dtype: 'int64' as const, shape: ['steps', 'B', K] },
+          { dtype: 'float32' as const, shape: ['steps', 'B', K] },
+        ]
+      : []),
   ]);
-  b.output(loopOuts[carried.length], GEN_IO.tokens);
-  b.output(loopOuts[carried.length + 1], GEN_IO.logprobs);
+  const nc = carried.length;
+  b.output(loopOuts[nc], GEN_IO.tokens);
+  b.output(loopOuts[nc + 1], GEN_IO.logprobs);
+  if (K > 0) {
+    b.output(loopOuts[nc + 2], GEN_IO.topIds);
+    b.output(loopOuts[nc + 3], GEN_IO.topLogprobs);
+    const names = decodeStateNames(c);
+    [0, 1, 2, ...Array.from({ length: 2 * L }, (_, i) => 4 + i)].forEach((at, i) =>
+      b.output(loopOuts[at], `state_out.${names[i]}`),
+    );
+  }
   const loopName = loopOuts[0].name.replace(/:0$/, '');
 
   // ── loop body ──
@@ -265,7 +366,7 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const u = g.op('Gather', [gU, iter], { axis: 1 }, { dtype: 'float32', shape: ['B'] });
   const biasData = logitBiasOf(c);
   const logitBias = biasData ? g.initializer('sample.logit_bias', biasData, [V]) : null;
-  const { token, logprob } = sampleTokens(
+  const { token, logprob, logp } = sampleTokens(
     g,
     logits,
     u,
@@ -282,6 +383,14 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const step = decodeStep(g, c, gp, fused, token, g.squeeze(pos, [1]), biasOut, keys, values);
   const logitsOut = lmHead(g, c, gp, step.hidden);
   const posOut = g.add(pos, g.const(1, 'int64'));
+  const scans = [token, logprob];
+  if (K > 0) {
+    const [topVals, topIdx] = g.op('TopK', [logp, g.const([K], 'int64')], { axis: 1, largest: 1, sorted: 1 }, [
+      { dtype: 'float32', shape: ['B', K] },
+      { dtype: 'int64', shape: ['B', K] },
+    ]);
+    scans.push(topIdx, topVals);
+  }
   for (const v of [
     condOut,
     logitsOut,
@@ -290,8 +399,7 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
     doneOut,
     ...step.presentKeys,
     ...step.presentValues,
-    token,
-    logprob,
+    ...scans,
   ])
     g.output(v);
   const body = g.toModelProto().graph!;
@@ -306,12 +414,30 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
     'rope.cos',
     'rope.sin',
   ]);
-
   const model = b.toModelProto();
-  // the fused weights were graph outputs only to keep them alive through pruning
-  model.graph!.output = model.graph!.output!.filter((o) => !fusedNames.includes(o.name!));
   attachLoopBody(model, loopName, body, nState, outerRefs);
-  return onnx.ModelProto.encode(model).finish();
+  return model;
+}
+
+/** Names of the fused decode-step weights (per layer: q|k|v rows, their biases, gate|up rows). */
+export function fusedWeightNames(c: ModelConfig): string[] {
+  const out: string[] = [];
+  for (let l = 0; l < c.numHiddenLayers; l++) {
+    out.push(fusedName(l, 'qkv_w'));
+    if (c.attentionBias) out.push(fusedName(l, 'qkv_b'));
+    out.push(fusedName(l, 'gate_up_w'));
+  }
+  return out;
+}
+
+/** The HF weights a fused decode weight concatenates (along the output axis, in this order). */
+export function fusedParts(c: ModelConfig, name: string): string[] {
+  const m = /^decode\.layers\.(\d+)\.(qkv_w|qkv_b|gate_up_w)$/.exec(name);
+  if (!m) throw new GraphError(`fusedParts: ${name} is not a fused weight`);
+  const pre = `model.layers.${m[1]}`;
+  if (m[2] === 'gate_up_w') return [`${pre}.mlp.gate_proj.weight`, `${pre}.mlp.up_proj.weight`];
+  const kind = m[2] === 'qkv_w' ? 'weight' : 'bias';
+  return ['q', 'k', 'v'].map((x) => `${pre}.self_attn.${x}_proj.${kind}`);
 }
 
 function fusedName(layer: number, what: 'qkv_w' | 'qkv_b' | 'gate_up_w'): string {

@@ -33,7 +33,7 @@ import { hasImages, visionFeeds, type ImagePixels } from './vision.ts';
 /** Identity numbers of image objects: prompts share a prefill only when they share the very image objects. */
 const imageIds = new WeakMap<ImagePixels, number>();
 let nextImageId = 0;
-function imageKey(images: readonly ImagePixels[] | undefined): string {
+export function imageKey(images: readonly ImagePixels[] | undefined): string {
   if (!images || images.length === 0) return '';
   return `|img:${images
     .map((im) => {

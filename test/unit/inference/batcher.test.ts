@@ -1,66 +1,147 @@
 /**
- * GenerationBatcher: requests submitted together share one sampler call per sampling setting, a
- * sequence id appears once per call, and requests that arrive while a call runs go into the next.
+ * Continuous batching (lib/inference/batcher.ts over lib/model/stepwise.ts): a request that arrives
+ * while others decode joins the running batch at the next decode step, every sequence is the one
+ * `Sampler.generate` draws for its (seed, id) alone, tokens reach `onToken` as they are sampled, and
+ * the reported top log-probs are those a full forward (the Scorer) recomputes.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { GenerationBatcher } from '../../../lib/inference/batcher.ts';
-import type { Generation, GenerationRequest, Sampler, SamplingParamsInput } from '../../../lib/model/sample.ts';
-import type { Weights } from '../../../lib/model/params.ts';
+import { initWeights, modelConfig } from '../../../lib/model/index.ts';
+import { Sampler, type SamplingParamsInput } from '../../../lib/model/sample.ts';
+import { Scorer } from '../../../lib/model/score.ts';
+import { SessionCache } from '../../../lib/model/session-cache.ts';
+import { StepDecoder, concatStates, selectRows } from '../../../lib/model/stepwise.ts';
+import { GenerationBatcher, type BatchResult } from '../../../lib/inference/batcher.ts';
+import { ConfigError } from '../../../lib/errors.ts';
 
-function fakeSampler(calls: Array<{ ids: string[]; temperature: number | undefined }>, gate?: Promise<void>) {
-  return {
-    async generate(_w: Weights, reqs: readonly GenerationRequest[], p: SamplingParamsInput): Promise<Generation[]> {
-      calls.push({ ids: reqs.map((r) => r.id), temperature: p.temperature });
-      if (gate) await gate;
-      return reqs.map((r) => ({
-        id: r.id,
-        tokens: Int32Array.from([r.prompt.length]),
-        logprobs: Float32Array.from([-1]),
-        finishReason: 'length' as const,
-      }));
-    },
-  } as unknown as Sampler;
+const cfg = modelConfig({
+  hiddenSize: 32,
+  intermediateSize: 48,
+  numHiddenLayers: 2,
+  numAttentionHeads: 4,
+  numKeyValueHeads: 2,
+  vocabSize: 40,
+  maxPositionEmbeddings: 64,
+  bosTokenId: 1,
+  eosTokenId: 2,
+  padTokenId: 0,
+  attentionBias: true,
+});
+const W = initWeights(cfg, 7, { std: 0.3 });
+const cache = new SessionCache();
+const policy = { version: 4, weights: W, dir: '/x' };
+const decoder = new StepDecoder(cfg, { threads: 1, cache });
+const sampler = new Sampler(cfg, { threads: 1, cache });
+
+async function alone(id: string, prompt: number[], p: SamplingParamsInput) {
+  const [g] = await sampler.generate(W, [{ id, prompt }], p);
+  return g;
 }
 
-const policy = { version: 3, weights: new Map() as Weights, dir: '/x' };
-const seqs = (tag: string, n: number) => Array.from({ length: n }, (_, i) => ({ id: `${tag}${i}`, prompt: [1, 2] }));
-const params = (temperature: number): SamplingParamsInput => ({ temperature, maxNewTokens: 2 });
-
-test('batcher: together-submitted requests share a call per setting; duplicate ids split', async () => {
-  const calls: Array<{ ids: string[]; temperature: number | undefined }> = [];
-  const b = new GenerationBatcher(fakeSampler(calls), () => policy, { windowMs: 1 });
-  const rs = await Promise.all([
-    b.submit(seqs('a', 2), params(1)),
-    b.submit(seqs('b', 3), params(1)),
-    b.submit(seqs('c', 1), params(0.5)),
-    b.submit(seqs('a', 1), params(1)), // a0 again: its own call
-  ]);
-  assert.deepEqual(calls, [
-    { ids: ['a0', 'a1', 'b0', 'b1', 'b2'], temperature: 1 },
-    { ids: ['c0'], temperature: 0.5 },
-    { ids: ['a0'], temperature: 1 },
-  ]);
-  assert.deepEqual(
-    rs.map((r) => r.generations.map((g) => g.id)),
-    [['a0', 'a1'], ['b0', 'b1', 'b2'], ['c0'], ['a0']],
+test('a request arriving mid-decode joins the running batch and every sequence equals its solo generation', async () => {
+  const pA: SamplingParamsInput = { maxNewTokens: 12, temperature: 1, seed: 3, eosTokenIds: [] };
+  const pB: SamplingParamsInput = { maxNewTokens: 6, temperature: 0.7, topK: 5, topP: 0.9, seed: 5, eosTokenIds: [2] };
+  const batcher = new GenerationBatcher(decoder, () => policy, { windowMs: 0 });
+  const seen: string[] = [];
+  let bDone: Promise<BatchResult> | null = null;
+  let aTokensWhenBJoined = -1;
+  const a = batcher.submit(
+    [
+      { id: 'a0', prompt: [1, 5, 6, 7] },
+      { id: 'a1', prompt: [1, 5, 6, 7] },
+    ],
+    pA,
+    {
+      onToken: (seq, t) => {
+        seen.push(`a${seq}:${t.token}`);
+        if (seq === 0 && !bDone && seen.filter((s) => s.startsWith('a0')).length === 3)
+          bDone = batcher.submit([{ id: 'b0', prompt: [1, 9, 10, 11, 12, 13, 14] }], pB, {
+            onToken: () => {
+              if (aTokensWhenBJoined < 0) aTokensWhenBJoined = seen.filter((s) => s.startsWith('a0')).length;
+            },
+          });
+      },
+    },
   );
-  assert.ok(rs.every((r) => r.version === 3));
+  const ra = await a;
+  const rb = await bDone!;
+  // b's first token came while a was still decoding, one step after it was submitted
+  assert.equal(aTokensWhenBJoined, 4);
+  assert.equal(ra.version, 4);
+  for (const [r, p, prompt] of [
+    [ra, pA, [1, 5, 6, 7]],
+    [rb, pB, [1, 9, 10, 11, 12, 13, 14]],
+  ] as const)
+    for (const g of r.generations) {
+      const ref = await alone(g.id, [...prompt], p);
+      assert.deepEqual(g.tokens, Array.from(ref.tokens), g.id);
+      assert.equal(g.finishReason, ref.finishReason);
+      g.logprobs.forEach((lp, t) => assert.ok(Math.abs(lp - ref.logprobs[t]) < 1e-4, `${g.id} logprob ${t}`));
+    }
+  assert.equal(batcher.active + batcher.pending, 0);
 });
 
-test('batcher: requests that arrive while a call runs go together into the next call', async () => {
-  const calls: Array<{ ids: string[]; temperature: number | undefined }> = [];
-  let open!: () => void;
-  const gate = new Promise<void>((r) => (open = r));
-  const b = new GenerationBatcher(fakeSampler(calls, gate), () => policy, { windowMs: 1 });
-  const first = b.submit(seqs('x', 1), params(1));
-  while (calls.length === 0) await new Promise((r) => setTimeout(r, 1));
-  const later = [b.submit(seqs('y', 2), params(1)), b.submit(seqs('z', 2), params(1))];
-  assert.equal(b.pending, 4);
-  open();
-  await Promise.all([first, ...later]);
-  assert.deepEqual(
-    calls.map((c) => c.ids),
-    [['x0'], ['y0', 'y1', 'z0', 'z1']],
+test('top log-probs are the most likely tokens of the sampled distribution, as the Scorer recomputes them', async () => {
+  const T = 0.8;
+  const batcher = new GenerationBatcher(decoder, () => policy, { windowMs: 0, stepsPerRun: 3 });
+  const prompt = [1, 20, 21];
+  const r = await batcher.submit([{ id: 'x', prompt }], { maxNewTokens: 5, temperature: T, seed: 1, eosTokenIds: [] }, {
+    topLogprobs: 4,
+  });
+  const g = r.generations[0];
+  assert.equal(g.top.length, g.tokens.length);
+  const scorer = new Scorer(cfg, { threads: 1, cache });
+  for (let t = 0; t < g.tokens.length; t++) {
+    // every candidate token scored as the response's t-th token
+    const cands = Array.from({ length: cfg.vocabSize }, (_, v) => ({ prompt, response: [...g.tokens.slice(0, t), v] }));
+    const scores = await scorer.score(W, cands, { temperature: T, entropy: false });
+    const lp = scores.map((s) => s.logprobs[t]);
+    const want = lp
+      .map((l, v) => ({ token: v, logprob: l }))
+      .sort((x, y) => y.logprob - x.logprob)
+      .slice(0, 4);
+    assert.deepEqual(
+      g.top[t].map((x) => x.token),
+      want.map((x) => x.token),
+      `step ${t}`,
+    );
+    g.top[t].forEach((x, k) => assert.ok(Math.abs(x.logprob - want[k].logprob) < 1e-4, `step ${t} rank ${k}`));
+    assert.ok(Math.abs(g.logprobs[t] - lp[g.tokens[t]]) < 1e-4);
+  }
+});
+
+test('bad requests are refused before they join; a newer policy waits for the batch to drain', async () => {
+  let cur = policy;
+  const batcher = new GenerationBatcher(decoder, () => cur, { windowMs: 0 });
+  await assert.rejects(
+    batcher.submit([{ id: 'z', prompt: [1, 2] }], { maxNewTokens: 2 }, { topLogprobs: 21 }),
+    ConfigError,
   );
+  await assert.rejects(batcher.submit([{ id: 'z', prompt: [1, 99] }], { maxNewTokens: 2 }), /outside the vocabulary/);
+  await assert.rejects(batcher.submit([{ id: 'z', prompt: [1, 2] }], { maxNewTokens: 63 }), /exceeds the context/);
+  let late: Promise<BatchResult> | null = null;
+  const first = batcher.submit([{ id: 'p', prompt: [1, 3] }], { maxNewTokens: 6, eosTokenIds: [] }, {
+    onToken: () => {
+      if (late) return;
+      cur = { ...policy, version: 5 };
+      late = batcher.submit([{ id: 'q', prompt: [1, 3] }], { maxNewTokens: 2, eosTokenIds: [] });
+    },
+  });
+  assert.equal((await first).version, 4);
+  assert.equal((await late!).version, 5);
+});
+
+test('selectRows drops the padding columns no kept row needs; concatStates left-pads the shorter state', async () => {
+  const a = await decoder.prefill(W, [{ prompt: [1, 5] }, { prompt: [1, 5, 6, 7, 8] }]);
+  const b = await decoder.prefill(W, [{ prompt: [1, 9, 9] }]);
+  assert.equal(a.S, 5);
+  const ab = concatStates(cfg, a, b);
+  assert.equal(ab.B, 3);
+  assert.equal(ab.S, 5);
+  const short = selectRows(cfg, ab, [0, 2]);
+  assert.equal(short.S, 3); // row 2 has 3 real columns, row 0 two
+  assert.deepEqual(Array.from(short.pos), [2n, 3n]);
+  const kv = cfg.numKeyValueHeads * cfg.headDim;
+  // row 2's cache is b's row 0, unchanged
+  assert.deepEqual(short.keys[1].subarray(kv * 3, kv * 6), b.keys[1].subarray(0, kv * 3));
 });
