@@ -35,7 +35,8 @@ export interface SequenceResult {
   tokens: number[];
   logprobs: number[];
   top: SampledToken['top'][];
-  finishReason: FinishReason;
+  /** 'stopped': the request's onToken ended it. */
+  finishReason: FinishReason | 'stopped';
 }
 
 export interface BatchResult {
@@ -46,8 +47,11 @@ export interface BatchResult {
 export interface SubmitOptions {
   /** Most likely tokens to report per step (0..20). */
   topLogprobs?: number;
-  /** Called for every sampled token of sequence `seq` (index into the submitted list), in order. */
-  onToken?(seq: number, t: SampledToken, version: number): void;
+  /**
+   * Called for every sampled token of sequence `seq` (index into the submitted list), in order;
+   * returning true ends that sequence there (a stop string, a client gone).
+   */
+  onToken?(seq: number, t: SampledToken, version: number): boolean | void;
 }
 
 export interface BatchStats {
@@ -249,8 +253,10 @@ export class GenerationBatcher {
           finished = true;
           break;
         }
-        r.job.opts.onToken?.(r.seq, { token, logprob, top }, policy.version);
-        if (r.eos.has(token)) {
+        if (r.job.opts.onToken?.(r.seq, { token, logprob, top }, policy.version) === true) {
+          r.out.finishReason = r.eos.has(token) ? 'eos' : 'stopped';
+          finished = true;
+        } else if (r.eos.has(token)) {
           r.out.finishReason = 'eos';
           finished = true;
         } else if (r.out.tokens.length >= r.job.params.maxNewTokens) finished = true;

@@ -1,10 +1,11 @@
 /**
  * The OpenAI-compatible request bodies `serve-policy` accepts (zod; unknown fields are ignored, as
  * OpenAI and vLLM do), with vLLM's RL extensions (`prompt` as token ids, `return_token_ids`,
- * `top_k`, `stop_token_ids`, `request_id`) and rlstream's `rlstream_seed` (the run-level seed the
+ * `top_k`, `stop_token_ids`, `ignore_eos`, `request_id`) and rlstream's `rlstream_seed` (the run-level seed the
  * rollout stage keys its sampling randomness with, so a response is the very one `engine: onnx` draws).
  */
 import { z } from 'zod';
+import { MAX_TOP_LOGPROBS } from '../model/decode-graph.ts';
 
 const tokenIds = z.array(z.int().gte(0, 'token ids are ≥ 0')).min(1, 'a token-id prompt must not be empty');
 
@@ -17,6 +18,7 @@ const common = {
   max_tokens: z.int().gte(1).nullish(),
   stop: z.union([z.string(), z.array(z.string()).max(16)]).nullish(),
   stop_token_ids: z.array(z.int().gte(0)).nullish(),
+  ignore_eos: z.boolean().nullish(),
   seed: z.int().nullish(),
   stream: z.boolean().nullish(),
   stream_options: z.looseObject({ include_usage: z.boolean().nullish() }).nullish(),
@@ -32,7 +34,7 @@ export const completionRequestSchema = z.looseObject({
   prompt: z.union([z.string(), z.array(z.string()).min(1), tokenIds, z.array(tokenIds).min(1)], {
     error: 'must be a string, a list of strings, a list of token ids or a list of token-id lists',
   }),
-  logprobs: z.int().gte(0).lte(1, 'at most 1: serve-policy returns the sampled tokens’ log-probs only').nullish(),
+  logprobs: z.int().gte(0).lte(MAX_TOP_LOGPROBS, `at most ${MAX_TOP_LOGPROBS} most likely tokens per position`).nullish(),
   echo: z.literal(false, 'echo is not supported').nullish(),
   suffix: z.null('suffix is not supported').optional(),
 });
@@ -49,9 +51,7 @@ export const chatRequestSchema = z.looseObject({
   messages: z.array(messageSchema).min(1, 'must hold at least one message'),
   max_completion_tokens: z.int().gte(1).nullish(),
   logprobs: z.boolean().nullish(),
-  top_logprobs: z
-    .literal(0, 'top_logprobs > 0 is not supported: serve-policy returns the sampled tokens’ log-probs only')
-    .nullish(),
+  top_logprobs: z.int().gte(0).lte(MAX_TOP_LOGPROBS, `at most ${MAX_TOP_LOGPROBS} most likely tokens per position`).nullish(),
   tools: z.array(z.looseObject({ type: z.string() })).nullish(),
   tool_choice: z.unknown().optional(),
   chat_template_kwargs: z.record(z.string(), z.unknown()).nullish(),

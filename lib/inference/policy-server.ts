@@ -13,10 +13,13 @@
  * randomness is keyed by (seed, sequence id), the sequence id being `request_id` (choice i of
  * several: `request_id:i`), so a request with `request_id` and `rlstream_seed` returns exactly
  * what the rollout stage's own sampler draws. `logprobs` are the Sampler's behaviour log-probs: of
- * the temperature-scaled distribution before top-k/top-p (greedy: untempered).
+ * the temperature-scaled distribution before top-k/top-p (greedy: untempered); `top_logprobs`
+ * (chat, 0..20) and completions' `logprobs: k` (0..20) add the k most likely tokens of that same
+ * distribution at each position.
  *
- * `stream: true` answers as server-sent events, one chunk per token, sent once the batch that
- * generates the sequence has finished (the whole decode loop is one ORT run).
+ * Generation is continuously batched (batcher.ts): a request joins the running batch at the next
+ * decode step. `stream: true` answers as server-sent events, one chunk per token, written as soon
+ * as the decode step that sampled it returns, then `data: [DONE]`.
  *
  * Bad requests get OpenAI-style `{"error": {message, type, param, code}}` with a 4xx status
  * (404 unknown model or path, 400 invalid values, prompt longer than the context, malformed JSON,
@@ -30,9 +33,11 @@ import type { Logger } from 'pino';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import { ConfigError, RlError } from '../errors.ts';
 import { silentLogger } from '../log.ts';
-import { Sampler, type Generation, type SamplingParamsInput } from '../model/sample.ts';
+import type { SamplingParamsInput } from '../model/sample.ts';
+import { StepDecoder } from '../model/stepwise.ts';
 import type { ChatMessage } from '../model/chat-template.ts';
-import { GenerationBatcher } from './batcher.ts';
+import { GenerationBatcher, type SampledToken } from './batcher.ts';
+import { ChoiceText } from './choice-text.ts';
 import {
   chatRequestSchema,
   completionRequestSchema,
@@ -60,6 +65,8 @@ export interface PolicyServerOptions {
   maxBatchSize?: number;
   /** How long an idle server waits for more requests before starting a batch (ms, default 5). */
   batchWindowMs?: number;
+  /** Decode steps per engine run (default 1: a request joins at the next token, streams token by token). */
+  stepsPerRun?: number;
   /** Sample at temperature × this (testing a deliberately mismatched engine; 1 = exact). */
   temperatureScale?: number;
   log?: Logger;
@@ -94,10 +101,32 @@ export class ApiError extends Error {
 interface Choice {
   index: number;
   promptIds: number[];
-  tokens: number[];
-  logprobs: number[];
-  text: string;
-  finish: 'stop' | 'length';
+  /** Per token, the requested most likely tokens (empty without top_logprobs). */
+  top: SampledToken['top'][];
+  text: ChoiceText;
+}
+
+/** One sampled token of a choice, with the text it releases. */
+interface TokenEvent {
+  token: number;
+  logprob: number;
+  top: SampledToken['top'];
+  delta: string;
+  /** The choice ended with this token. */
+  done: boolean;
+}
+
+interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+}
+
+interface SseStream {
+  write(chunk: unknown): void;
+  end(): void;
+  /** The client has gone. */
+  closed(): boolean;
 }
 
 export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyServer> {
@@ -130,7 +159,7 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
   });
   const mBatch = new Histogram({
     name: 'rlstream_policy_server_batch_sequences',
-    help: 'Sequences per sampler batch',
+    help: 'Sequences per decode run of the running batch',
     buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256],
     registers: R,
   });
@@ -157,9 +186,11 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
   void mPending;
   mVersion.set(current.version);
 
-  const sampler = new Sampler(c, { threads: o.threads, maxBatchSize: o.maxBatchSize });
-  const batcher = new GenerationBatcher(sampler, () => current, {
+  const decoder = new StepDecoder(c, { threads: o.threads });
+  const batcher = new GenerationBatcher(decoder, () => current, {
     windowMs: o.batchWindowMs ?? 5,
+    maxBatchSize: o.maxBatchSize,
+    stepsPerRun: o.stepsPerRun,
     stats: { onBatch: (n) => mBatch.observe(n) },
   });
 
@@ -211,11 +242,13 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
         throw new ApiError(400, `${where}: token id ${v} is outside the vocabulary (${c.vocabSize} ids)`, 'prompt');
   };
 
-  /** Samples `n` choices for each prompt. */
+  /** Samples `n` choices for each prompt; `onToken` sees each token as it is sampled (streaming). */
   async function sample(
     prompts: number[][],
     r: CompletionRequest | ChatRequest,
     maxTokensIn: number | null | undefined,
+    top: number,
+    onToken?: (ch: Choice, e: TokenEvent, version: number) => boolean,
   ): Promise<{ version: number; choices: Choice[] }> {
     const maxPos = c.maxPositionEmbeddings;
     for (const p of prompts) {
@@ -231,7 +264,7 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
     }
     const maxTokens = maxTokensIn ?? Math.min(...prompts.map((p) => maxPos - p.length));
     const T = r.temperature ?? 1;
-    const eos = [...new Set([...policy.stopIds, ...(r.stop_token_ids ?? [])])];
+    const eos = [...new Set([...(r.ignore_eos ? [] : policy.stopIds), ...(r.stop_token_ids ?? [])])];
     for (const e of eos)
       if (e >= c.vocabSize) throw new ApiError(400, `stop_token_ids: ${e} is outside the vocabulary`, 'stop_token_ids');
     const params: SamplingParamsInput = {
@@ -247,46 +280,123 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
     const seqs = prompts.flatMap((p, pi) =>
       Array.from({ length: r.n }, (_, i) => ({ id: total === 1 ? base : `${base}:${pi * r.n + i}`, prompt: p })),
     );
+    const stops = typeof r.stop === 'string' ? [r.stop] : (r.stop ?? []);
+    const eosSet = new Set(eos);
+    const choices: Choice[] = seqs.map((s, k) => ({
+      index: k,
+      promptIds: s.prompt,
+      top: [],
+      text: new ChoiceText(tok, stops, eosSet, maxTokens),
+    }));
     let res;
     try {
-      res = await batcher.submit(seqs, params);
+      res = await batcher.submit(seqs, params, {
+        topLogprobs: top,
+        onToken: (k, t, version) => {
+          const ch = choices[k];
+          const { delta, done } = ch.text.push(t.token, t.logprob);
+          if (top) ch.top.push(t.top);
+          const gone = onToken?.(ch, { token: t.token, logprob: t.logprob, top: t.top, delta, done }, version) ?? false;
+          return done || gone;
+        },
+      });
     } catch (e) {
       if (e instanceof ConfigError) throw new ApiError(400, e.message);
       throw e;
     }
-    const stops = typeof r.stop === 'string' ? [r.stop] : (r.stop ?? []);
-    const choices = res.generations.map((g, k) => finishChoice(k, seqs[k].prompt, g, stops, eos));
     for (const ch of choices) {
+      if (!ch.text.finish) ch.text.end('length');
       mPrompt.inc(ch.promptIds.length);
-      mGen.inc(ch.tokens.length);
+      mGen.inc(ch.text.tokens.length);
     }
     return { version: res.version, choices };
   }
 
-  function finishChoice(index: number, promptIds: number[], g: Generation, stops: string[], eos: number[]): Choice {
-    let tokens = Array.from(g.tokens),
-      logprobs = Array.from(g.logprobs);
-    let finish: Choice['finish'] = g.finishReason === 'eos' ? 'stop' : 'length';
-    const eosSet = new Set(eos);
-    const body = (ts: number[]) => (ts.length && eosSet.has(ts[ts.length - 1]) ? ts.slice(0, -1) : ts);
-    let text = tok.decode(body(tokens));
-    if (stops.length) {
-      const hits = stops.map((s) => (s ? text.indexOf(s) : -1)).filter((i) => i >= 0);
-      if (hits.length) {
-        const cut = Math.min(...hits);
-        // the shortest token prefix whose text reaches the stop string
-        let t = 1;
-        while (t < tokens.length && tok.decode(tokens.slice(0, t)).length <= cut) t++;
-        tokens = tokens.slice(0, t);
-        logprobs = logprobs.slice(0, t);
-        text = text.slice(0, cut);
-        finish = 'stop';
-      }
-    }
-    return { index, promptIds, tokens, logprobs, text, finish };
+  const created = () => Math.floor(Date.now() / 1000);
+  const tokenText = (t: number) => tok.decode([t]);
+  const bytesOf = (s: string) => Array.from(Buffer.from(s, 'utf8'));
+  /** OpenAI's top_logprobs count of a request (0..20), checked. */
+  const topOf = (n: number | null | undefined, on: boolean, what: string): number => {
+    if (n === null || n === undefined || n === 0) return 0;
+    if (!on) throw new ApiError(400, `${what}: needs logprobs to be set`, what);
+    return n;
+  };
+
+  /** A completions choice's `logprobs` object for tokens [from, to) (OpenAI's legacy shape). */
+  function completionLogprobs(ch: Choice, from: number, to: number, offset0: number) {
+    const tokens = ch.text.tokens.slice(from, to).map(tokenText);
+    let at = offset0;
+    return {
+      tokens,
+      token_logprobs: ch.text.logprobs.slice(from, to),
+      // the `logprobs` most likely tokens and the sampled one (OpenAI: up to logprobs + 1 entries)
+      top_logprobs: tokens.map((s, k) => {
+        const d: Record<string, number> = {};
+        for (const x of ch.top[from + k] ?? []) d[tokenText(x.token)] ??= x.logprob;
+        d[s] ??= ch.text.logprobs[from + k];
+        return d;
+      }),
+      text_offset: tokens.map((s) => {
+        const o = at;
+        at += s.length;
+        return o;
+      }),
+    };
   }
 
-  const created = () => Math.floor(Date.now() / 1000);
+  /** Chat `logprobs.content` entries for tokens [from, to). */
+  function chatLogprobs(ch: Choice, from: number, to: number) {
+    return ch.text.tokens.slice(from, to).map((t, k) => {
+      const s = tokenText(t);
+      return {
+        token: s,
+        logprob: ch.text.logprobs[from + k],
+        bytes: bytesOf(s),
+        top_logprobs: (ch.top[from + k] ?? []).map((x) => {
+          const xs = tokenText(x.token);
+          return { token: xs, logprob: x.logprob, bytes: bytesOf(xs) };
+        }),
+      };
+    });
+  }
+
+  /**
+   * Runs `sample`, answering as one JSON body, or with `stream` as server-sent events: each token's
+   * chunk is written as soon as its decode step returns (the headers with the first token, when the
+   * serving policy version is known).
+   */
+  async function answer(
+    send: Sender,
+    stream: boolean,
+    run: (onToken?: (ch: Choice, e: TokenEvent, version: number) => boolean) => Promise<{ version: number; choices: Choice[] }>,
+    chunk: {
+      start?: (ch: Choice, version: number) => unknown;
+      token: (ch: Choice, e: TokenEvent, version: number) => unknown;
+      usage: (u: Usage, version: number) => unknown;
+    },
+    whole: (version: number, choices: Choice[], usage: Usage) => unknown,
+    includeUsage: boolean,
+  ): Promise<void> {
+    if (!stream) {
+      const { version, choices } = await run();
+      return send.json(200, version, whole(version, choices, usageOf(choices)));
+    }
+    let out: SseStream | null = null;
+    const begun = new Set<number>();
+    const open = (version: number) => (out ??= send.sse(version));
+    const { version, choices } = await run((ch, e, v) => {
+      const s = open(v);
+      if (chunk.start && !begun.has(ch.index)) {
+        begun.add(ch.index);
+        s.write(chunk.start(ch, v));
+      }
+      s.write(chunk.token(ch, e, v));
+      return s.closed();
+    });
+    const s = open(version);
+    if (includeUsage) s.write(chunk.usage(usageOf(choices), version));
+    s.end();
+  }
 
   async function completions(raw: unknown, send: Sender): Promise<void> {
     const p = completionRequestSchema.safeParse(raw);
@@ -306,89 +416,61 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
             ? (pr as string[]).map((s) => Array.from(tok.encode(s, { addSpecialTokens: true })))
             : (pr as number[][]);
     prompts.forEach((ids, i) => checkIds(ids, `prompt ${i}`));
-    const { version, choices } = await sample(prompts, r, r.max_tokens);
+    const wantLp = r.logprobs !== null && r.logprobs !== undefined;
     const id = `cmpl-${randomUUID()}`;
-    const lp = (ch: Choice) =>
-      r.logprobs === null || r.logprobs === undefined
-        ? null
-        : {
-            tokens: ch.tokens.map((t) => tok.decode([t])),
-            token_logprobs: ch.logprobs,
-            top_logprobs: null,
-            text_offset: offsets(ch.tokens),
-          };
-    const usage = usageOf(choices);
-    if (r.stream) {
-      send.sse(version, (write) => {
-        for (const ch of choices) {
-          ch.tokens.forEach((t, k) =>
-            write({
-              id,
-              object: 'text_completion',
-              created: created(),
-              model: policy.name,
-              policy_version: version,
-              choices: [
-                {
-                  index: ch.index,
-                  text:
-                    k < ch.tokens.length - 1 || ch.finish === 'length'
-                      ? tok.decode([t])
-                      : ch.text.slice(tok.decode(ch.tokens.slice(0, k)).length),
-                  logprobs:
-                    r.logprobs === null || r.logprobs === undefined
-                      ? null
-                      : {
-                          tokens: [tok.decode([t])],
-                          token_logprobs: [ch.logprobs[k]],
-                          top_logprobs: null,
-                          text_offset: [0],
-                        },
-                  finish_reason: k === ch.tokens.length - 1 ? ch.finish : null,
-                  ...(r.return_token_ids
-                    ? { token_ids: [t], ...(k === 0 ? { prompt_token_ids: ch.promptIds } : {}) }
-                    : {}),
-                },
-              ],
-            }),
-          );
-        }
-        if (r.stream_options?.include_usage)
-          write({ id, object: 'text_completion', created: created(), model: policy.name, choices: [], usage });
-      });
-      return;
-    }
-    send.json(200, version, {
+    const head = (version: number) => ({
       id,
       object: 'text_completion',
       created: created(),
       model: policy.name,
       policy_version: version,
-      choices: choices.map((ch) => ({
-        index: ch.index,
-        text: ch.text,
-        logprobs: lp(ch),
-        finish_reason: ch.finish,
-        stop_reason: null,
-        ...(r.return_token_ids ? { token_ids: ch.tokens, prompt_token_ids: ch.promptIds } : {}),
-      })),
-      usage,
     });
+    const offsets = new Map<number, number>();
+    await answer(
+      send,
+      r.stream ?? false,
+      (onToken) => sample(prompts, r, r.max_tokens, r.logprobs ?? 0, onToken),
+      {
+        token: (ch, e, v) => {
+          const k = ch.text.tokens.length - 1;
+          const off = offsets.get(ch.index) ?? 0;
+          offsets.set(ch.index, off + tokenText(e.token).length);
+          return {
+            ...head(v),
+            choices: [
+              {
+                index: ch.index,
+                text: e.delta,
+                logprobs: wantLp ? completionLogprobs(ch, k, k + 1, off) : null,
+                finish_reason: e.done ? ch.text.finish : null,
+                ...(r.return_token_ids
+                  ? { token_ids: [e.token], ...(k === 0 ? { prompt_token_ids: ch.promptIds } : {}) }
+                  : {}),
+              },
+            ],
+          };
+        },
+        usage: (usage, v) => ({ ...head(v), choices: [], usage }),
+      },
+      (version, choices, usage) => ({
+        ...head(version),
+        choices: choices.map((ch) => ({
+          index: ch.index,
+          text: ch.text.text,
+          logprobs: wantLp ? completionLogprobs(ch, 0, ch.text.tokens.length, 0) : null,
+          finish_reason: ch.text.finish,
+          stop_reason: null,
+          ...(r.return_token_ids ? { token_ids: ch.text.tokens, prompt_token_ids: ch.promptIds } : {}),
+        })),
+        usage,
+      }),
+      r.stream_options?.include_usage ?? false,
+    );
   }
 
-  function offsets(tokens: number[]): number[] {
-    const out: number[] = [];
-    let at = 0;
-    for (const t of tokens) {
-      out.push(at);
-      at += tok.decode([t]).length;
-    }
-    return out;
-  }
-
-  function usageOf(choices: Choice[]) {
+  function usageOf(choices: Choice[]): Usage {
     const promptTokens = [...new Set(choices.map((ch) => ch.promptIds))].reduce((n, p) => n + p.length, 0);
-    const completion = choices.reduce((n, ch) => n + ch.tokens.length, 0);
+    const completion = choices.reduce((n, ch) => n + ch.text.tokens.length, 0);
     return { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
   }
 
@@ -406,6 +488,7 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
         `the model ${policy.name} has no chat template (tokenizer_config.json chat_template); use /v1/completions or start serve-policy with --chat-template FILE`,
         'messages',
       );
+    const top = topOf(r.top_logprobs, r.logprobs ?? false, 'top_logprobs');
     const messages: ChatMessage[] = r.messages.map((m) => ({
       ...m,
       role: m.role,
@@ -421,77 +504,55 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
       throw new ApiError(400, (e as Error).message, 'messages');
     }
     const promptIds = Array.from(tok.encode(text, { addSpecialTokens: false }));
-    const { version, choices } = await sample([promptIds], r, r.max_completion_tokens ?? r.max_tokens);
     const id = `chatcmpl-${randomUUID()}`;
-    const lp = (ch: Choice) =>
-      r.logprobs
-        ? {
-            content: ch.tokens.map((t, k) => {
-              const s = tok.decode([t]);
-              return { token: s, logprob: ch.logprobs[k], bytes: Array.from(Buffer.from(s, 'utf8')), top_logprobs: [] };
-            }),
-          }
-        : null;
-    const usage = usageOf(choices);
-    if (r.stream) {
-      send.sse(version, (write) => {
-        for (const ch of choices) {
-          const head = {
-            id,
-            object: 'chat.completion.chunk',
-            created: created(),
-            model: policy.name,
-            policy_version: version,
-          };
-          write({
-            ...head,
-            choices: [{ index: ch.index, delta: { role: 'assistant', content: '' }, finish_reason: null }],
-          });
-          let sent = 0;
-          ch.tokens.forEach((t, k) => {
-            const upto =
-              k === ch.tokens.length - 1
-                ? ch.text.length
-                : Math.min(ch.text.length, tok.decode(ch.tokens.slice(0, k + 1)).length);
-            const delta = ch.text.slice(sent, upto);
-            sent = Math.max(sent, upto);
-            write({
-              ...head,
-              choices: [
-                {
-                  index: ch.index,
-                  delta: { content: delta },
-                  logprobs: r.logprobs
-                    ? { content: [{ token: tok.decode([t]), logprob: ch.logprobs[k], top_logprobs: [] }] }
-                    : null,
-                  finish_reason: k === ch.tokens.length - 1 ? ch.finish : null,
-                  ...(r.return_token_ids ? { token_ids: [t] } : {}),
-                },
-              ],
-            });
-          });
-        }
-        if (r.stream_options?.include_usage)
-          write({ id, object: 'chat.completion.chunk', created: created(), model: policy.name, choices: [], usage });
-      });
-      return;
-    }
-    send.json(200, version, {
+    const head = (version: number) => ({
       id,
-      object: 'chat.completion',
+      object: 'chat.completion.chunk',
       created: created(),
       model: policy.name,
       policy_version: version,
-      choices: choices.map((ch) => ({
-        index: ch.index,
-        message: { role: 'assistant', content: ch.text, tool_calls: [] },
-        logprobs: lp(ch),
-        finish_reason: ch.finish,
-        ...(r.return_token_ids ? { token_ids: ch.tokens } : {}),
-      })),
-      ...(r.return_token_ids ? { prompt_token_ids: promptIds } : {}),
-      usage,
     });
+    await answer(
+      send,
+      r.stream ?? false,
+      (onToken) => sample([promptIds], r, r.max_completion_tokens ?? r.max_tokens, top, onToken),
+      {
+        start: (ch, v) => ({
+          ...head(v),
+          choices: [{ index: ch.index, delta: { role: 'assistant', content: '' }, finish_reason: null }],
+        }),
+        token: (ch, e, v) => {
+          const k = ch.text.tokens.length - 1;
+          return {
+            ...head(v),
+            choices: [
+              {
+                index: ch.index,
+                delta: { content: e.delta },
+                logprobs: r.logprobs ? { content: chatLogprobs(ch, k, k + 1) } : null,
+                finish_reason: e.done ? ch.text.finish : null,
+                ...(r.return_token_ids ? { token_ids: [e.token] } : {}),
+              },
+            ],
+          };
+        },
+        usage: (usage, v) => ({ ...head(v), choices: [], usage }),
+      },
+      (version, choices, usage) => ({
+        ...head(version),
+        object: 'chat.completion',
+        choices: choices.map((ch) => ({
+          index: ch.index,
+          message: { role: 'assistant', content: ch.text.text, tool_calls: [] },
+          logprobs: r.logprobs ? { content: chatLogprobs(ch, 0, ch.text.tokens.length) } : null,
+          finish_reason: ch.text.finish,
+          ...(r.return_token_ids ? { token_ids: ch.text.tokens } : {}),
+        })),
+        ...(r.return_token_ids ? { prompt_token_ids: promptIds } : {}),
+        usage,
+      }),
+      r.stream_options?.include_usage ?? false,
+    );
   }
 
   async function updateWeights(raw: unknown, send: Sender): Promise<void> {
@@ -520,7 +581,7 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
 
   interface Sender {
     json(status: number, version: number, body: unknown): void;
-    sse(version: number, fill: (write: (chunk: unknown) => void) => void): void;
+    sse(version: number): SseStream;
   }
 
   const server = http.createServer((req, res) => {
@@ -542,15 +603,19 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
         res.writeHead(status, { 'content-type': 'application/json', 'x-rlstream-policy-version': String(version) });
         res.end(JSON.stringify(body));
       },
-      sse(version, fill) {
+      sse(version) {
         mRequests.inc({ endpoint, status: '200' });
         res.writeHead(200, {
           'content-type': 'text/event-stream',
           'cache-control': 'no-cache',
           'x-rlstream-policy-version': String(version),
         });
-        fill((chunk) => res.write(`data: ${JSON.stringify(chunk)}\n\n`));
-        res.end('data: [DONE]\n\n');
+        res.flushHeaders();
+        return {
+          write: (chunk) => void res.write(`data: ${JSON.stringify(chunk)}\n\n`),
+          end: () => void res.end('data: [DONE]\n\n'),
+          closed: () => res.destroyed || res.writableEnded,
+        };
       },
     };
     const fail = (e: unknown) => {
@@ -560,7 +625,8 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
           : new ApiError(500, `internal error: ${(e as Error)?.message ?? String(e)}`, null, 'internal_error');
       if (err.status >= 500) log.error({ err: (e as Error)?.message }, 'request failed');
       if (res.headersSent) {
-        res.destroy();
+        // a stream already under way ends with the error as its last event
+        if (!res.writableEnded) res.end(`data: ${err.body()}\n\ndata: [DONE]\n\n`);
         return;
       }
       mRequests.inc({ endpoint, status: String(err.status) });

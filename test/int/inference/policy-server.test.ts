@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Sampler } from '../../../lib/model/sample.ts';
+import { Scorer } from '../../../lib/model/score.ts';
 import { stopTokenIds } from '../../../lib/model/config.ts';
 import { openServedPolicy } from '../../../lib/inference/served-policy.ts';
 import { startPolicyServer, type PolicyServer } from '../../../lib/inference/policy-server.ts';
@@ -100,9 +101,11 @@ test('n choices, text prompts, stop strings, concurrent requests', async () => {
   );
   assert.ok(rs.every((x) => x.status === 200));
   const after = await batches();
-  // how many batches depends on arrival times (test/unit/inference/batcher.test.ts checks the grouping)
-  assert.ok(after.count - before.count <= 12);
-  assert.equal(after.sum - before.sum, 12);
+  // each decode run samples one token per running sequence; concurrent requests share runs
+  // (test/unit/inference/batcher.test.ts checks when a request joins)
+  const tokens = rs.reduce((n, x) => n + x.json.usage.completion_tokens, 0);
+  assert.equal(after.sum - before.sum, tokens);
+  assert.ok(after.count - before.count < tokens, `${after.count - before.count} runs for ${tokens} tokens`);
   // the same request id and seed give the same sample, whichever batch it ran in
   const again = await post('/v1/completions', {
     model,
@@ -181,6 +184,90 @@ test('bad requests get OpenAI-style 4xx errors and the server keeps serving', as
   const chat = await post('/v1/chat/completions', { model, messages: [], max_tokens: 1 });
   assert.equal(chat.status, 400);
   assert.equal((await fetch(server.url + '/health')).status, 200);
+});
+
+test('logprobs with top_logprobs in both endpoints are the Scorer’s recomputation; out-of-range counts are 400', async () => {
+  const ids = promptIds();
+  const body = { model, max_tokens: 3, temperature: 0.9, rlstream_seed: 4, return_token_ids: true };
+  const cmp = await post('/v1/completions', { ...body, prompt: ids, request_id: 'lp-a', logprobs: 3 });
+  assert.equal(cmp.status, 200, JSON.stringify(cmp.json));
+  const chat = await post('/v1/chat/completions', {
+    ...body,
+    messages: [{ role: 'user', content: '3 7 1' }],
+    request_id: 'lp-a',
+    logprobs: true,
+    top_logprobs: 3,
+  });
+  assert.equal(chat.status, 200, JSON.stringify(chat.json));
+  const scorer = new Scorer(run.model);
+  const t = tok();
+  /** The 3 most likely tokens at response position k, recomputed by a full forward per candidate. */
+  const ranked = async (prompt: number[], response: number[], k: number) => {
+    const all = await scorer.score(
+      run.weights,
+      Array.from({ length: run.model.vocabSize }, (_, v) => ({ prompt, response: [...response.slice(0, k), v] })),
+      { temperature: 0.9, entropy: false },
+    );
+    const lp = all.map((s) => s.logprobs[k]);
+    return { sampled: lp[response[k]], top: lp.map((l, v) => ({ v, lp: l })).sort((a, b) => b.lp - a.lp).slice(0, 3) };
+  };
+  const c0 = cmp.json.choices[0];
+  const h0 = chat.json.choices[0];
+  const content = h0.logprobs.content;
+  assert.equal(content.length, h0.token_ids.length);
+  for (let k = 0; k < h0.token_ids.length; k++) {
+    const want = await ranked(chat.json.prompt_token_ids, h0.token_ids, k);
+    const got = content[k].top_logprobs as Array<{ token: string; logprob: number; bytes: number[] }>;
+    assert.deepEqual(
+      got.map((x) => x.token),
+      want.top.map((x) => t.decode([x.v])),
+    );
+    got.forEach((x, i) => assert.ok(Math.abs(x.logprob - want.top[i].lp) < 1e-4, `chat ${k} ${i}`));
+    assert.ok(Math.abs(content[k].logprob - want.sampled) < 1e-4);
+  }
+  for (let k = 0; k < c0.token_ids.length; k++) {
+    const want = await ranked(ids, c0.token_ids, k);
+    const dict = c0.logprobs.top_logprobs[k] as Record<string, number>;
+    for (const x of want.top) assert.ok(Math.abs(dict[t.decode([x.v])] - x.lp) < 1e-4, `completion ${k}`);
+    assert.ok(t.decode([c0.token_ids[k]]) in dict, 'the sampled token is always listed');
+  }
+  for (const [path, extra] of [
+    ['/v1/completions', { prompt: ids, logprobs: 21 }],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], logprobs: true, top_logprobs: 21 }],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], top_logprobs: 2 }],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: 'x' }], logprobs: true, top_logprobs: -1 }],
+  ] as const) {
+    const r = await post(path, { model, max_tokens: 1, ...extra });
+    assert.equal(r.status, 400, JSON.stringify(r.json));
+    assert.match(r.json.error.message, /logprobs/);
+  }
+});
+
+test('stream: true sends each token as it is sampled, before the generation ends', async () => {
+  const r = await fetch(server.url + '/v1/completions', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model, prompt: promptIds(), max_tokens: 20, ignore_eos: true, stream: true, seed: 9 }),
+  });
+  assert.equal(r.headers.get('content-type'), 'text/event-stream');
+  const reader = r.body!.getReader();
+  const dec = new TextDecoder();
+  const first = dec.decode((await reader.read()).value);
+  assert.match(first, /^data: \{/);
+  assert.ok(!first.includes('[DONE]'), 'the first read holds the first tokens, not the whole answer');
+  let rest = '';
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    rest += dec.decode(value);
+  }
+  const events = (first + rest).split('\n\n').filter((l) => l.startsWith('data: '));
+  assert.equal(events.at(-1), 'data: [DONE]');
+  const chunks = events.slice(0, -1).map((l) => JSON.parse(l.slice(6)));
+  assert.equal(chunks.length, 20);
+  assert.equal(chunks.at(-1).choices[0].finish_reason, 'length');
+  const whole = await post('/v1/completions', { model, prompt: promptIds(), max_tokens: 20, ignore_eos: true, seed: 9 });
+  assert.equal(chunks.map((ch) => ch.choices[0].text).join(''), whole.json.choices[0].text);
 });
 
 test('update_weights_from_disk loads a version; a new version in the run directory is followed', async () => {
