@@ -2,7 +2,8 @@
  * Rollouts through an inference engine: the number game trained a few steps with
  * `rollout.engine: openai` against `rlstream serve-policy` in another process (told to load each
  * policy version by update_weights_from_disk) samples exactly the trajectories `engine: onnx` does
- * with the same seed and run id, and logs a zero mismatch. A deliberately mismatched engine
+ * with the same seed and run id, and logs a zero mismatch, although the engine is killed mid-run
+ * and restarted (nothing lost, nothing sampled twice differently). A deliberately mismatched engine
  * (serve-policy --debug-temperature-scale 1.5) shows rollout/mismatch_kl > 0, and the
  * TIS metrics agree with an independent recomputation from the stored trajectories.
  */
@@ -28,6 +29,7 @@ const CONFIG = join(ROOT, 'test/e2e/fixtures/tiny.yaml');
 const MODEL = ['trainer.val_before_train=false', 'trainer.save_freq=-1'];
 const procs: CliProc[] = [];
 let exact = '';
+let exactProc: CliProc;
 let mismatched = '';
 
 after(async () => {
@@ -35,7 +37,7 @@ after(async () => {
   rmSync(tmp, { recursive: true, force: true });
 });
 
-async function serve(args: string[]): Promise<string> {
+async function serve(args: string[]): Promise<{ url: string; proc: CliProc }> {
   const p = spawnCli([
     'serve-policy',
     join(tmp, 'serve'),
@@ -49,12 +51,15 @@ async function serve(args: string[]): Promise<string> {
   ]);
   procs.push(p);
   assert.ok(await p.waitFor(/serving policy .* at http:\/\/\S+/, 60_000), p.output());
-  return /at (http:\/\/\S+)/.exec(p.output())![1];
+  return { url: /at (http:\/\/\S+)/.exec(p.output())![1], proc: p };
 }
 
 before(async () => {
   await makePolicyRunDir(join(tmp, 'serve'), MODEL, CONFIG);
-  [exact, mismatched] = await Promise.all([serve([]), serve(['--debug-temperature-scale', '1.5'])]);
+  let exactServer: { url: string; proc: CliProc };
+  [exactServer, { url: mismatched }] = await Promise.all([serve([]), serve(['--debug-temperature-scale', '1.5'])]);
+  exact = exactServer.url;
+  exactProc = exactServer.proc;
 });
 
 function config(name: string, extra: string[]): Config {
@@ -81,17 +86,29 @@ async function trajectories(name: string): Promise<{ trajs: StoredTrajectory[]; 
 }
 
 test(
-  'engine: openai against serve-policy samples the same trajectories as engine: onnx',
+  'engine: openai against serve-policy samples the same trajectories as engine: onnx, through an engine kill',
   { timeout: 300_000 },
   async () => {
     const steps = 'trainer.max_steps=2';
-    const a = await trainEmbedded(config('onnx', [steps]), silentLogger(RUN_ID));
+    // the engine is SIGKILLed when the run first tells it to load a version (step 1 is about to
+    // sample) and restarted on its port; the rollout retries until it is back
+    const chaos = (async () => {
+      assert.ok(await exactProc.waitFor(/serving policy version 0\b/, 120_000), exactProc.output());
+      await killHard(exactProc);
+      return serve(['--port', new URL(exact).port]);
+    })();
+    const [a, b] = await Promise.all([
+      trainEmbedded(config('onnx', [steps]), silentLogger(RUN_ID)),
+      trainEmbedded(
+        config('openai', [steps, 'rollout.engine=openai', `rollout.openai.urls=[${exact}]`]),
+        silentLogger(RUN_ID),
+      ),
+    ]);
     assert.equal(a.status, 'completed', a.message);
-    const b = await trainEmbedded(
-      config('openai', [steps, 'rollout.engine=openai', `rollout.openai.urls=[${exact}]`]),
-      silentLogger(RUN_ID),
-    );
     assert.equal(b.status, 'completed', b.message);
+    const restarted = await chaos;
+    assert.equal(restarted.url, exact);
+    assert.match(restarted.proc.output(), /serving policy version 1\b/, 'the restarted engine served the run');
     const A = await trajectories('onnx');
     const B = await trajectories('openai');
     assert.equal(A.trajs.length, 2 * 4 * 4);

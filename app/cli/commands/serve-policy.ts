@@ -19,14 +19,15 @@ export const servePolicyCommand: Command = {
   name: 'serve-policy',
   summary: 'Serve a policy over the OpenAI API (/v1/completions, /v1/chat/completions), following a run',
   usage:
-    'rlstream serve-policy <model-dir | run-dir> [--port 8000] [--host 127.0.0.1] [--served-model-name NAME] [--chat-template FILE] [--threads N] [--max-batch-size N] [--max-body-bytes B] [--follow-ms MS] [--batch-window-ms MS] [--debug-temperature-scale F]',
+    'rlstream serve-policy <model-dir | run-dir> [--port 8000] [--host 127.0.0.1] [--served-model-name NAME] [--chat-template FILE] [--threads N] [--max-batch-size N] [--max-body-bytes B] [--follow-ms MS] [--batch-window-ms MS] [--steps-per-run N] [--debug-temperature-scale F]',
   help: [
     'Serves /v1/completions and /v1/chat/completions (OpenAI shapes; prompts as text or token ids,',
     "vLLM's return_token_ids, top_k, stop_token_ids, request_id), /v1/models, /health, /metrics",
     "(Prometheus) and SGLang's POST /update_weights_from_disk {model_path, weight_version}.",
     'Given a run directory (<run_dir>/config.yaml and policy/), serves its newest policy version and',
     'loads each new one as the run writes it; every response says its policy_version.',
-    'Requests that arrive together are batched into one sampler run. See docs/inference.md.',
+    'Requests are batched continuously: one joins the running batch at the next decode step, and',
+    '`stream: true` sends each token as it is sampled. See docs/inference.md.',
     '',
     'options:',
     '  --port P                    listen port (default 8000; 0 = any free port, printed on stdout)',
@@ -34,10 +35,12 @@ export const servePolicyCommand: Command = {
     '  --served-model-name NAME    the `model` clients name (default: the directory name)',
     '  --chat-template FILE        a Jinja chat template for a model without one',
     '  --threads N                 ORT threads of the sampler (default 1)',
-    '  --max-batch-size N          sequences per sampler run (default 64)',
+    '  --max-batch-size N          sequences decoding together at most (default 64)',
     '  --max-body-bytes B          largest request body (default 16777216)',
     '  --follow-ms MS              poll a run directory for new versions every MS (default 500; 0 = off)',
     '  --batch-window-ms MS        an idle server waits this long for more requests to batch (default 5)',
+    '  --steps-per-run N           decode steps per engine run (default 1; more cost joins and streamed',
+    '                              tokens up to N − 1 steps of delay, and save per-run overhead)',
     '  --debug-temperature-scale F sample at temperature × F (a deliberately mismatched engine, for',
     '                              testing rollout correction; default 1)',
   ].join('\n'),
@@ -53,6 +56,7 @@ export const servePolicyCommand: Command = {
         'max-body-bytes',
         'follow-ms',
         'batch-window-ms',
+        'steps-per-run',
         'debug-temperature-scale',
       ],
     });
@@ -65,6 +69,7 @@ export const servePolicyCommand: Command = {
     const maxBodyBytes = num(flags, 'max-body-bytes', (v) => int(v) && v >= 1024, 'an integer ≥ 1024');
     const followMs = num(flags, 'follow-ms', (v) => int(v) && v >= 0, 'an integer ≥ 0');
     const batchWindowMs = num(flags, 'batch-window-ms', (v) => v >= 0, 'a number ≥ 0');
+    const stepsPerRun = num(flags, 'steps-per-run', (v) => int(v) && v >= 1, 'an integer ≥ 1');
     const temperatureScale = num(flags, 'debug-temperature-scale', (v) => v > 0, 'a number > 0');
     const { policy, initial } = await openServedPolicy(positionals[0], {
       name: flags['served-model-name'],
@@ -81,6 +86,7 @@ export const servePolicyCommand: Command = {
       maxBodyBytes,
       followMs,
       batchWindowMs,
+      stepsPerRun,
       temperatureScale,
       log,
     });
