@@ -34,7 +34,11 @@ export const completionRequestSchema = z.looseObject({
   prompt: z.union([z.string(), z.array(z.string()).min(1), tokenIds, z.array(tokenIds).min(1)], {
     error: 'must be a string, a list of strings, a list of token ids or a list of token-id lists',
   }),
-  logprobs: z.int().gte(0).lte(MAX_TOP_LOGPROBS, `at most ${MAX_TOP_LOGPROBS} most likely tokens per position`).nullish(),
+  logprobs: z
+    .int()
+    .gte(0)
+    .lte(MAX_TOP_LOGPROBS, `at most ${MAX_TOP_LOGPROBS} most likely tokens per position`)
+    .nullish(),
   echo: z.literal(false, 'echo is not supported').nullish(),
   suffix: z.null('suffix is not supported').optional(),
 });
@@ -51,7 +55,11 @@ export const chatRequestSchema = z.looseObject({
   messages: z.array(messageSchema).min(1, 'must hold at least one message'),
   max_completion_tokens: z.int().gte(1).nullish(),
   logprobs: z.boolean().nullish(),
-  top_logprobs: z.int().gte(0).lte(MAX_TOP_LOGPROBS, `at most ${MAX_TOP_LOGPROBS} most likely tokens per position`).nullish(),
+  top_logprobs: z
+    .int()
+    .gte(0)
+    .lte(MAX_TOP_LOGPROBS, `at most ${MAX_TOP_LOGPROBS} most likely tokens per position`)
+    .nullish(),
   tools: z.array(z.looseObject({ type: z.string() })).nullish(),
   tool_choice: z.unknown().optional(),
   chat_template_kwargs: z.record(z.string(), z.unknown()).nullish(),

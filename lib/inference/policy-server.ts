@@ -368,7 +368,9 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
   async function answer(
     send: Sender,
     stream: boolean,
-    run: (onToken?: (ch: Choice, e: TokenEvent, version: number) => boolean) => Promise<{ version: number; choices: Choice[] }>,
+    run: (
+      onToken?: (ch: Choice, e: TokenEvent, version: number) => boolean,
+    ) => Promise<{ version: number; choices: Choice[] }>,
     chunk: {
       start?: (ch: Choice, version: number) => unknown;
       token: (ch: Choice, e: TokenEvent, version: number) => unknown;

@@ -215,7 +215,13 @@ export function buildStepModel(c: ModelConfig, opts: GenerateGraphOptions): Uint
     b.input(
       `state.${n}`,
       i === 1 ? 'int64' : 'float32',
-      i === 0 ? ['B', c.vocabSize] : i === 1 ? ['B', 1] : i === 2 ? ['B', 1, 1, 'S'] : ['B', c.numKeyValueHeads, 'S', c.headDim],
+      i === 0
+        ? ['B', c.vocabSize]
+        : i === 1
+          ? ['B', 1]
+          : i === 2
+            ? ['B', 1, 1, 'S']
+            : ['B', c.numKeyValueHeads, 'S', c.headDim],
     ),
   );
   const L = c.numHiddenLayers;
@@ -391,16 +397,7 @@ function decodeLoop(
     ]);
     scans.push(topIdx, topVals);
   }
-  for (const v of [
-    condOut,
-    logitsOut,
-    posOut,
-    biasOut,
-    doneOut,
-    ...step.presentKeys,
-    ...step.presentValues,
-    ...scans,
-  ])
+  for (const v of [condOut, logitsOut, posOut, biasOut, doneOut, ...step.presentKeys, ...step.presentValues, ...scans])
     g.output(v);
   const body = g.toModelProto().graph!;
   const outerRefs = new Set<string>([

@@ -116,7 +116,7 @@ export class StepDecoder {
     const P = Math.max(...prompts.map((r) => r.prompt.length));
     const uniq = new Map<string, number>();
     const rows = new BigInt64Array(B);
-    const distinct: typeof prompts[number][] = [];
+    const distinct: (typeof prompts)[number][] = [];
     prompts.forEach((r, i) => {
       const key = Array.prototype.join.call(r.prompt, ',') + imageKey(r.images);
       let k = uniq.get(key);
@@ -143,7 +143,16 @@ export class StepDecoder {
       [GEN_IO.promptIds]: tensor('int64', ids, [U, P]),
       [GEN_IO.promptMask]: tensor('int64', mask, [U, P]),
       [GEN_IO.promptRows]: tensor('int64', rows, [B]),
-      ...(c.vision ? visionFeeds(c, ids, U, P, distinct.map((r) => r.images), 'prefill') : {}),
+      ...(c.vision
+        ? visionFeeds(
+            c,
+            ids,
+            U,
+            P,
+            distinct.map((r) => r.images),
+            'prefill',
+          )
+        : {}),
     });
     return this.readState(res, B);
   }
@@ -190,7 +199,11 @@ export class StepDecoder {
       ...weightTensors(c, weights),
       ...this.fusedFeeds(weights),
       [GEN_IO.uniforms]: tensor('float32', uniforms, [B, N]),
-      [GEN_IO.temperature]: tensor('float32', Float32Array.from(params, (p) => p.temperature), [B]),
+      [GEN_IO.temperature]: tensor(
+        'float32',
+        Float32Array.from(params, (p) => p.temperature),
+        [B],
+      ),
       [GEN_IO.eosIds]: tensor('int64', eos.length ? [...eos] : [-1], [Math.max(1, eos.length)]),
       'state.logits': tensor('float32', state.logits, [B, c.vocabSize]),
       'state.pos': tensor('int64', state.pos, [B, 1]),
@@ -201,8 +214,16 @@ export class StepDecoder {
       feeds[`state.${names[3 + L + l]}`] = tensor('float32', state.values[l], [B, KVH, S, hd]);
     }
     if (truncation) {
-      feeds[GEN_IO.topP] = tensor('float32', Float32Array.from(params, (p) => p.topP), [B]);
-      feeds[GEN_IO.topK] = tensor('int64', BigInt64Array.from(params, (p) => BigInt(p.topK)), [B]);
+      feeds[GEN_IO.topP] = tensor(
+        'float32',
+        Float32Array.from(params, (p) => p.topP),
+        [B],
+      );
+      feeds[GEN_IO.topK] = tensor(
+        'int64',
+        BigInt64Array.from(params, (p) => BigInt(p.topK)),
+        [B],
+      );
     }
     const wanted = new Set(session.inputNames);
     for (const k of Object.keys(feeds)) if (!wanted.has(k)) delete feeds[k];

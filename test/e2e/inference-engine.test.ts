@@ -56,8 +56,8 @@ async function serve(args: string[]): Promise<{ url: string; proc: CliProc }> {
 
 before(async () => {
   await makePolicyRunDir(join(tmp, 'serve'), MODEL, CONFIG);
-  let exactServer: { url: string; proc: CliProc };
-  [exactServer, { url: mismatched }] = await Promise.all([serve([]), serve(['--debug-temperature-scale', '1.5'])]);
+  const [exactServer, other] = await Promise.all([serve([]), serve(['--debug-temperature-scale', '1.5'])]);
+  mismatched = other.url;
   exact = exactServer.url;
   exactProc = exactServer.proc;
 });

@@ -209,7 +209,13 @@ test('logprobs with top_logprobs in both endpoints are the Scorer’s recomputat
       { temperature: 0.9, entropy: false },
     );
     const lp = all.map((s) => s.logprobs[k]);
-    return { sampled: lp[response[k]], top: lp.map((l, v) => ({ v, lp: l })).sort((a, b) => b.lp - a.lp).slice(0, 3) };
+    return {
+      sampled: lp[response[k]],
+      top: lp
+        .map((l, v) => ({ v, lp: l }))
+        .sort((a, b) => b.lp - a.lp)
+        .slice(0, 3),
+    };
   };
   const c0 = cmp.json.choices[0];
   const h0 = chat.json.choices[0];
@@ -266,7 +272,13 @@ test('stream: true sends each token as it is sampled, before the generation ends
   const chunks = events.slice(0, -1).map((l) => JSON.parse(l.slice(6)));
   assert.equal(chunks.length, 20);
   assert.equal(chunks.at(-1).choices[0].finish_reason, 'length');
-  const whole = await post('/v1/completions', { model, prompt: promptIds(), max_tokens: 20, ignore_eos: true, seed: 9 });
+  const whole = await post('/v1/completions', {
+    model,
+    prompt: promptIds(),
+    max_tokens: 20,
+    ignore_eos: true,
+    seed: 9,
+  });
   assert.equal(chunks.map((ch) => ch.choices[0].text).join(''), whole.json.choices[0].text);
 });
 

@@ -85,9 +85,13 @@ test('top log-probs are the most likely tokens of the sampled distribution, as t
   const T = 0.8;
   const batcher = new GenerationBatcher(decoder, () => policy, { windowMs: 0, stepsPerRun: 3 });
   const prompt = [1, 20, 21];
-  const r = await batcher.submit([{ id: 'x', prompt }], { maxNewTokens: 5, temperature: T, seed: 1, eosTokenIds: [] }, {
-    topLogprobs: 4,
-  });
+  const r = await batcher.submit(
+    [{ id: 'x', prompt }],
+    { maxNewTokens: 5, temperature: T, seed: 1, eosTokenIds: [] },
+    {
+      topLogprobs: 4,
+    },
+  );
   const g = r.generations[0];
   assert.equal(g.top.length, g.tokens.length);
   const scorer = new Scorer(cfg, { threads: 1, cache });
@@ -120,13 +124,17 @@ test('bad requests are refused before they join; a newer policy waits for the ba
   await assert.rejects(batcher.submit([{ id: 'z', prompt: [1, 99] }], { maxNewTokens: 2 }), /outside the vocabulary/);
   await assert.rejects(batcher.submit([{ id: 'z', prompt: [1, 2] }], { maxNewTokens: 63 }), /exceeds the context/);
   let late: Promise<BatchResult> | null = null;
-  const first = batcher.submit([{ id: 'p', prompt: [1, 3] }], { maxNewTokens: 6, eosTokenIds: [] }, {
-    onToken: () => {
-      if (late) return;
-      cur = { ...policy, version: 5 };
-      late = batcher.submit([{ id: 'q', prompt: [1, 3] }], { maxNewTokens: 2, eosTokenIds: [] });
+  const first = batcher.submit(
+    [{ id: 'p', prompt: [1, 3] }],
+    { maxNewTokens: 6, eosTokenIds: [] },
+    {
+      onToken: () => {
+        if (late) return;
+        cur = { ...policy, version: 5 };
+        late = batcher.submit([{ id: 'q', prompt: [1, 3] }], { maxNewTokens: 2, eosTokenIds: [] });
+      },
     },
-  });
+  );
   assert.equal((await first).version, 4);
   assert.equal((await late!).version, 5);
 });
