@@ -10,6 +10,8 @@
  * tokens/s = generated tokens ÷ wall time (best of RLSTREAM_BENCH_INFER_REPEATS, default 3). The
  * latency per token is each request's wall time ÷ its tokens (p50, p99 over all requests).
  * Model: byte vocabulary, d 128, 2 layers, 16-token prompts, 32 new tokens, temperature 1.
+ * serve-policy batches continuously with `--steps-per-run` RLSTREAM_BENCH_INFER_STEPS (default 1:
+ * a request joins at the next decode step).
  *
  * Run: `node --import tsx bench/inference.ts`, or `npm run bench -- inference`.
  */
@@ -34,6 +36,7 @@ export interface Row {
 
 const REPEATS = Number(process.env.RLSTREAM_BENCH_INFER_REPEATS ?? 3);
 const THREADS = 1;
+const STEPS_PER_RUN = Number(process.env.RLSTREAM_BENCH_INFER_STEPS ?? 1);
 const SEQS = 64,
   NEW = 32,
   PROMPT = 16;
@@ -75,6 +78,8 @@ export async function run(): Promise<Row[]> {
       String(THREADS),
       '--served-model-name',
       'm',
+      '--steps-per-run',
+      String(STEPS_PER_RUN),
     ],
     { stdio: ['ignore', 'pipe', 'inherit'] },
   );
