@@ -23,33 +23,20 @@ import { decodeSafetensors } from '../../lib/model/safetensors.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { policyModelConfig, tokenizerFor } from '../../lib/pipeline/policy.ts';
-import { writeHfModelDir, QWEN3_TOKENIZER_DIR } from '../support/hf-model-dir.ts';
+import {
+  writeHfModelDir,
+  tinyQwen3Config,
+  QWEN3_GENERATION_IDS,
+  QWEN3_TOKENIZER_DIR,
+} from '../support/hf-model-dir.ts';
 
 const ROOT = join(import.meta.dirname, '../..');
 const RUN_ID = 'e2e-lora';
 const tmp = join(ROOT, 'test/.tmp', `lora-${process.pid}`);
 after(() => rmSync(tmp, { recursive: true, force: true }));
 
-const config = {
-  architectures: ['Qwen3ForCausalLM'],
-  model_type: 'qwen3',
-  hidden_size: 32,
-  intermediate_size: 64,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  head_dim: 16,
-  vocab_size: 151936,
-  max_position_embeddings: 256,
-  rms_norm_eps: 1e-6,
-  rope_theta: 1000000,
-  hidden_act: 'silu',
-  tie_word_embeddings: true,
-  attention_bias: false,
-  bos_token_id: 151643,
-  eos_token_id: 151645,
-};
-const generation = { bos_token_id: 151643, eos_token_id: [151645, 151643], pad_token_id: 151643 };
+const config = tinyQwen3Config();
+const generation = QWEN3_GENERATION_IDS;
 
 const cli = (...args: string[]): string =>
   execFileSync(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), ...args], { encoding: 'utf8', cwd: ROOT });
