@@ -8,7 +8,8 @@
 import type { GeneratedImage } from '../contracts/index.ts';
 import { imageHash } from '../data/image-hash.ts';
 import { imageToPng } from './png.ts';
-import type { SampleResult } from './sde.ts';
+import { Rng } from '../util/rng.ts';
+import { sampleImages, type SampleResult, type VelocityFn } from './sde.ts';
 
 /** One image of a sampled batch as the rollout publishes it. */
 export interface ImageGeneration {
@@ -103,4 +104,33 @@ export function stepBatches(
     });
   });
   return out;
+}
+
+/** One image to sample: its deterministic sample id (the seed of its noise) and its prompt class. */
+export interface ImageRequest {
+  id: string;
+  cls: number;
+}
+
+/**
+ * Samples one image per request in one batch, each from its own random stream `seed/id` (so an
+ * image depends only on its id, the seed and the weights, not on the batch): Flow-GRPO's SDE when
+ * `noiseLevel` > 0, else the Euler ODE. Returns the generations in request order, shaped as the
+ * rollout's results (finished, tokens = stochastic step indices).
+ */
+export async function sampleRequests(
+  velocity: VelocityFn,
+  requests: readonly ImageRequest[],
+  o: { channels: number; size: number; steps: number; noiseLevel: number; seed: number },
+): Promise<Array<ImageGeneration & { id: string; finishReason: 'eos' }>> {
+  if (!requests.length) return [];
+  const r = await sampleImages(velocity, {
+    cls: requests.map((q) => q.cls),
+    pixels: o.channels * o.size * o.size,
+    steps: o.steps,
+    noiseLevel: o.noiseLevel,
+    rng: requests.map((q) => Rng.fromSeed(`${o.seed}/${q.id}`)),
+  });
+  const recs = await generationRecords(r, o.channels, o.size);
+  return recs.map((g, i) => ({ ...g, id: requests[i].id, finishReason: 'eos' as const }));
 }

@@ -116,7 +116,8 @@ export function trajectoryGroups(
       sample_index: r.sampleIndex,
       prompt_index: groups[r.groupIndex].group.prompt_index,
       response_ids: res.tokens,
-      response_text: decode(textIds),
+      // an image policy's tokens index its denoising steps: no text
+      response_text: res.generated ? '' : decode(textIds),
       behaviour_logprobs: res.logprobs,
       response_mask: res.mask ? Buffer.from(res.mask.buffer, res.mask.byteOffset, res.mask.length) : Buffer.alloc(0),
       finish_reason: finish,
