@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { generationRequests, trajectoryGroups } from '../../../services/rollout/logic.ts';
 import { rewardItems, scoredGroup } from '../../../services/reward/logic.ts';
-import { computeStep } from '../../../services/advantage/logic.ts';
+import { computeStep, generatedImageRows, trajectoryRows } from '../../../services/advantage/logic.ts';
 import { imageUpdateBatch } from '../../../services/update/logic.ts';
 import { groupId, hashId, type PromptBatch, type UpdateGroup } from '../../../lib/contracts/index.ts';
 import { recordProblems } from '../../../lib/contracts/invariants.ts';
@@ -111,6 +111,16 @@ test('flow_grpo through the stages: group-normalised advantages on every denoisi
   const mean = recorded.reduce((a, c) => a + c, 0) / recorded.length;
   assert.ok(Math.abs(m.log_prob - mean) < 1e-4, `log_prob ${m.log_prob} vs recorded ${mean}`);
   assert.equal(rewards.length, 8);
+  // the store: each generated PNG once by hash (prompt_images), named by its trajectory row
+  const images = generatedImageRows('r', updates);
+  assert.equal(images.length, 8);
+  assert.ok(images.every((i) => i.width === 4 && i.height === 4 && i.runId === 'r'));
+  const rows = updates.flatMap((u) => trajectoryRows('r', u, 1, new Map(), null));
+  assert.deepEqual(
+    rows.map((r) => r.generatedImageHash),
+    updates.flatMap((u) => u.samples.map((s) => s.generated!.hash)),
+  );
+  assert.deepEqual(generatedImageRows('r', [...updates, ...updates]).length, 8, 'distinct by hash');
 });
 
 test('diffusion_nft through the stages: optimality from the rewards of each group, trained from the clean images', async () => {
