@@ -214,7 +214,7 @@ export class Learner {
     totalOptimizerSteps: number;
   }): Promise<{ metrics: Record<string, number>; optimizerSteps: number; tokens: number }> {
     const { settings } = this.s;
-    this.dirty = true; // a failure from here on restores a stored version
+    this.dirty = true; // a failure from here on brings the trainer back from its base (update-resume.ts)
     const actor = new MetricMeans('actor/');
     let optimizerSteps = a.optimizerSteps,
       tokens = 0;
