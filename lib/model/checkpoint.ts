@@ -291,6 +291,21 @@ export async function saveCheckpoint(
   return { weightsSha256: single ? single.sha256 : hash.digest('hex'), files: written };
 }
 
+/**
+ * Writes a directory holding only optimizer.safetensors (atomically): the AdamW state of a
+ * checkpoint, kept apart from the weights-only policy version it belongs to. `lora`: the state of
+ * the adapters of that LoRA config. Returns the file written (name, sha256, size).
+ */
+export async function saveOptimizer(
+  dir: string,
+  config: ModelConfig,
+  state: OptimizerState,
+  lora: LoraConfig | null = null,
+): Promise<WrittenFile[]> {
+  const specs = lora ? loraSpecs(config, lora) : paramSpecs(config);
+  return writeDirAtomic(dir, new Map([[OPTIMIZER_FILE, optimizerFile(specs, state)]]), true);
+}
+
 /** Weights above this many bytes are written in shards (save_pretrained's layout; a Buffer holds at most 4 GiB). */
 export const MAX_SHARD_BYTES = 4e9;
 

@@ -185,6 +185,43 @@ export function pendingUpdates<P, H>(
     }));
 }
 
+/**
+ * Per training step not yet trained, the first offset of its groups in each "<topic>/<partition>"
+ * of the update stage's input: updated in place with the batch's records of steps after `version`
+ * (a checkpoint records from where the groups of the steps after it can be read again).
+ */
+export function noteStepStarts(
+  starts: Record<string, Record<string, number>>,
+  records: ReadonlyArray<{ value: unknown; message: { topic: string; partition: number; offset: number } }>,
+  version: number,
+): Record<string, Record<string, number>> {
+  for (const r of records) {
+    const step = (r.value as UpdateGroup).step;
+    if (step <= version) continue;
+    const k = `${r.message.topic}/${r.message.partition}`;
+    const at = (starts[String(step)] ??= {});
+    at[k] = Math.min(at[k] ?? Infinity, r.message.offset);
+  }
+  return starts;
+}
+
+/**
+ * Where the update stage's input holds every group of the steps after `step`, per
+ * "<topic>/<partition>": the first offset of a step not trained yet, else the consumer's position.
+ */
+export function rereadFrom(
+  positions: Readonly<Record<string, number>>,
+  starts: Readonly<Record<string, Record<string, number>>>,
+  step: number,
+): Record<string, number> {
+  const from = { ...positions };
+  for (const [s, at] of Object.entries(starts)) {
+    if (Number(s) <= step) continue;
+    for (const [k, off] of Object.entries(at)) from[k] = Math.min(from[k] ?? Infinity, off);
+  }
+  return from;
+}
+
 /** Optimizer steps over the whole run: steps × mini-batches per step × ppo_epochs (at least 1; the LR schedule's length). */
 export function totalOptimizerSteps(totalSteps: number, miniBatches: number, ppoEpochs: number): number {
   return Math.max(1, totalSteps * miniBatches * ppoEpochs);
