@@ -451,10 +451,18 @@ export function valueModelFrom(
  * Every tensor of a directory's weights: model.safetensors, or the shards named by
  * model.safetensors.index.json (each tensor must come from the shard the index names). Returns the
  * tensors and the sha256 of the weight bytes (of the file, or of the shards in index order).
+ * `float32`: each bf16 / f16 / f64 tensor is converted to f32 as its shard is read, so a shard's
+ * bytes are released before the next shard is read (peak: the f32 weights plus one shard, instead
+ * of plus every shard).
  */
 async function readWeightTensors(
   dir: string,
+  opts: { float32?: boolean } = {},
 ): Promise<{ tensors: Map<string, StTensor>; metadata: Record<string, string>; sha: string; source: string }> {
+  const keep = (name: string, t: StTensor, file: string): StTensor =>
+    opts.float32 && (t.dtype === 'BF16' || t.dtype === 'F16' || t.dtype === 'F64')
+      ? { dtype: 'F32', shape: t.shape, data: toFloat32(t, name, file) }
+      : t;
   const single = path.join(dir, MODEL_FILE),
     indexFile = path.join(dir, MODEL_INDEX_FILE);
   if (
@@ -470,6 +478,7 @@ async function readWeightTensors(
   if (!index) {
     const buf = await readFile(single, MODEL_FILE);
     const { tensors, metadata } = decodeSafetensors(buf, single);
+    for (const [name, t] of tensors) tensors.set(name, keep(name, t, single));
     return { tensors, metadata, sha: sha256(buf), source: single };
   }
   const map = index.weight_map;
@@ -496,7 +505,7 @@ async function readWeightTensors(
       const owner = (map as Record<string, unknown>)[name];
       if (owner === undefined) continue; // not in the index: transformers does not read it either
       if (owner !== f) continue;
-      tensors.set(name, t);
+      tensors.set(name, keep(name, t, file));
     }
   }
   for (const [name, f] of entries)
@@ -509,7 +518,7 @@ async function readWeightTensors(
 export async function loadCheckpoint(dir: string, opts: { optimizer?: boolean } = {}): Promise<Checkpoint> {
   const { config, generation } = await readModelDirConfig(dir);
   readImageProcessor(dir, config); // a Qwen-VL directory's image processor: present and supported
-  const { tensors, metadata, sha, source } = await readWeightTensors(dir);
+  const { tensors, metadata, sha, source } = await readWeightTensors(dir, { float32: true });
   const weights = weightsFromTensors(config, tensors, source);
   tensors.clear();
   const out: Checkpoint = { config, weights, weightsSha256: sha, metadata, generation };
