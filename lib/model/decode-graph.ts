@@ -170,6 +170,7 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
     positions,
     ...(mropeDelta ? { mropeDelta } : {}),
     attentionMask: mask,
+    fuseProjections: false,
     ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}),
   });
   const lastIdx = b.sub(b.dimTensor('P'), b.const([1], 'int64')); // [1]
