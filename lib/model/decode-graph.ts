@@ -15,8 +15,9 @@
  *                 done [B], per-layer K and V [B, KVH, S, hd] (S grows by one per step)
  *   scan outputs: token [B], logprob [B] → [steps, B]
  * The body samples from the carried logits, then runs the one-token forward of the sampled token
- * (`decodeStep`, written for T = 1: q/k/v and gate/up projections are single Gemms against weights
- * concatenated once per run OUTSIDE the loop, so no weight is copied per token).
+ * (`decodeStep`, written for T = 1: one Gemm per projection against the weight inputs themselves,
+ * so the loop holds no copy of any weight: concatenated q/k/v and gate/up weights would hold a
+ * second copy of 60 % of the decoder for the whole run, 7 GB at 3 B parameters).
  * The graph builder has no sub-graph attribute, so the body is built with its own GraphBuilder and
  * attached to the Loop node of the serialised outer model (`attachLoopBody`); body values that name
  * outer values (weights, rope tables, sampling inputs) are resolved from the outer scope.
@@ -169,6 +170,7 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
     positions,
     ...(mropeDelta ? { mropeDelta } : {}),
     attentionMask: mask,
+    fuseProjections: false,
     ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}),
   });
   const lastIdx = b.sub(b.dimTensor('P'), b.const([1], 'int64')); // [1]
@@ -199,32 +201,6 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const done0 = b.less(rows, b.const(0, 'int64')); // [B] all false (shape from the batch)
   const trip = b.op('Gather', [b.shape(uniforms), b.const(1, 'int64')], { axis: 0 }, { dtype: 'int64', shape: [] });
   const cond0 = b.cast(b.const(1, 'int64'), 'bool');
-
-  // fused projection weights for the decode step, built once per run (outer scope of the loop)
-  const fusedNames: string[] = [];
-  for (let l = 0; l < L; l++) {
-    const pre = `model.layers.${l}`;
-    const cat = (parts: string[], name: string) => {
-      b.output(
-        b.concat(
-          parts.map((n) => p.get(n)!),
-          0,
-        ),
-        name,
-      );
-      fusedNames.push(name);
-    };
-    cat(
-      [`${pre}.self_attn.q_proj.weight`, `${pre}.self_attn.k_proj.weight`, `${pre}.self_attn.v_proj.weight`],
-      fusedName(l, 'qkv_w'),
-    );
-    if (c.attentionBias)
-      cat(
-        [`${pre}.self_attn.q_proj.bias`, `${pre}.self_attn.k_proj.bias`, `${pre}.self_attn.v_proj.bias`],
-        fusedName(l, 'qkv_b'),
-      );
-    cat([`${pre}.mlp.gate_proj.weight`, `${pre}.mlp.up_proj.weight`], fusedName(l, 'gate_up_w'));
-  }
 
   const carried: Var[] = [
     logits0,
@@ -277,9 +253,10 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const doneOut = g.or(done, g.cast(hit, 'bool'));
   const condOut = g.equal(g.reduceMax(g.cast(g.not(doneOut), 'int32'), [0]), g.const(1, 'int32'));
   const biasOut = g.concat([bias, g.zeros(['B', 1, 1, 1], 'float32')], 3);
-  const fused = new Map(fusedNames.map((n) => [n, g.input(n, 'float32', fusedShape(c, n))]));
-  for (const n of ['rope.cos', 'rope.sin']) fused.set(n, g.input(n, 'float32', [c.maxPositionEmbeddings, hd]));
-  const step = decodeStep(g, c, gp, fused, token, g.squeeze(pos, [1]), biasOut, keys, values);
+  const ropeTables = new Map(
+    ['rope.cos', 'rope.sin'].map((n) => [n, g.input(n, 'float32', [c.maxPositionEmbeddings, hd])]),
+  );
+  const step = decodeStep(g, c, gp, ropeTables, token, g.squeeze(pos, [1]), biasOut, keys, values);
   const logitsOut = lmHead(g, c, gp, step.hidden);
   const posOut = g.add(pos, g.const(1, 'int64'));
   for (const v of [
@@ -297,7 +274,6 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const body = g.toModelProto().graph!;
   const outerRefs = new Set<string>([
     ...paramSpecs(c).map((s) => s.name),
-    ...fusedNames,
     GEN_IO.uniforms,
     GEN_IO.temperature,
     GEN_IO.topP,
@@ -308,21 +284,8 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   ]);
 
   const model = b.toModelProto();
-  // the fused weights were graph outputs only to keep them alive through pruning
-  model.graph!.output = model.graph!.output!.filter((o) => !fusedNames.includes(o.name!));
   attachLoopBody(model, loopName, body, nState, outerRefs);
   return onnx.ModelProto.encode(model).finish();
-}
-
-function fusedName(layer: number, what: 'qkv_w' | 'qkv_b' | 'gate_up_w'): string {
-  return `decode.layers.${layer}.${what}`;
-}
-
-function fusedShape(c: ModelConfig, name: string): number[] {
-  const qkv = (c.numAttentionHeads + 2 * c.numKeyValueHeads) * c.headDim;
-  if (name.endsWith('qkv_w')) return [qkv, c.hiddenSize];
-  if (name.endsWith('qkv_b')) return [qkv];
-  return [2 * c.intermediateSize, c.hiddenSize];
 }
 
 /**
@@ -335,7 +298,7 @@ export function decodeStep(
   g: GraphBuilder,
   c: ModelConfig,
   p: ParamVars,
-  fused: Map<string, Var>,
+  ropeTables: Map<string, Var>,
   token: Var,
   pos: Var,
   bias: Var,
@@ -346,12 +309,10 @@ export function decodeStep(
     KVH = c.numKeyValueHeads,
     G = H / KVH,
     hd = c.headDim,
-    D = c.hiddenSize,
-    F = c.intermediateSize;
-  const qd = H * hd,
-    kvd = KVH * hd;
+    D = c.hiddenSize;
+  const qd = H * hd;
   const w = (name: string): Var => {
-    const v = p.get(name) ?? fused.get(name);
+    const v = p.get(name) ?? ropeTables.get(name);
     if (!v) throw new GraphError(`decodeStep: missing ${name}`);
     return v;
   };
@@ -364,8 +325,9 @@ export function decodeStep(
     const pre = `model.layers.${l}`;
     g.scope(`step.layers.${l}`, () => {
       const h = rmsNorm(g, x, w(`${pre}.input_layernorm.weight`), c.rmsNormEps);
-      const qkv = linear(g, h, w(fusedName(l, 'qkv_w')), c.attentionBias ? w(fusedName(l, 'qkv_b')) : null); // [B, qd + 2·kvd]
-      const [q0, k0, v0] = g.split(qkv, 1, [qd, kvd, kvd]);
+      const proj = (m: string) =>
+        linear(g, h, w(`${pre}.self_attn.${m}.weight`), c.attentionBias ? w(`${pre}.self_attn.${m}.bias`) : null);
+      const [q0, k0, v0] = [proj('q_proj'), proj('k_proj'), proj('v_proj')]; // [B, H·hd], [B, KVH·hd] × 2
       let qh = g.reshape(q0, ['B', H, hd]),
         kh = g.reshape(k0, ['B', KVH, hd]);
       if (hasQkNorm(c)) {
@@ -383,7 +345,8 @@ export function decodeStep(
       const ctx = g.matmul(g.softmax(scores, -1), V); // [B, KVH, G, hd]
       x = g.add(x, linear(g, g.reshape(ctx, ['B', qd]), w(`${pre}.self_attn.o_proj.weight`)));
       const h2 = rmsNorm(g, x, w(`${pre}.post_attention_layernorm.weight`), c.rmsNormEps);
-      const [gate, up] = g.split(linear(g, h2, w(fusedName(l, 'gate_up_w'))), 1, [F, F]);
+      const gate = linear(g, h2, w(`${pre}.mlp.gate_proj.weight`)),
+        up = linear(g, h2, w(`${pre}.mlp.up_proj.weight`)); // [B, intermediate] each
       x = g.add(x, linear(g, swiglu(g, gate, up), w(`${pre}.mlp.down_proj.weight`)));
     });
   }
