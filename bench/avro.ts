@@ -82,6 +82,7 @@ function trajectoryGroups(n: number, seed: string): TrajectoryGroup[] {
         response_mask: Buffer.alloc(0),
         finish_reason: k % 3 === 0 ? 'length' : 'stop',
         episode: null,
+        generated: null,
       })),
       baseline: null,
     } satisfies TrajectoryGroup;

@@ -3,7 +3,7 @@
  * Node 20's `--test` does not expand `**` globs, so the files are listed here. Extra arguments
  * filter the file list by substring (e.g. `npm run test:unit -- rl/`).
  */
-import { readdirSync, statSync, existsSync } from 'node:fs';
+import { readdirSync, readFileSync, statSync, existsSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { spawnSync } from 'node:child_process';
 
@@ -29,18 +29,23 @@ if (files.length === 0) {
   console.error(`no ${tier} test files${filters.length ? ` matching ${filters.join(', ')}` : ''}`);
   process.exit(1);
 }
-const concurrency = tier === 'unit' ? '2' : '1';
-const r = spawnSync(
-  process.execPath,
-  [
-    '--import',
-    'tsx',
-    '--test',
-    '--test-force-exit',
-    `--test-concurrency=${concurrency}`,
-    '--test-timeout=600000',
-    ...files,
-  ],
-  { cwd: root, stdio: 'inherit' },
-);
-process.exit(r.status ?? 1);
+// A file that changes something every test shares (chaos.test.ts stops PostgreSQL) says so with the
+// marker below in its header and runs alone, before the rest. Unit files run two at a time; e2e
+// files too (most of an e2e test's time is waiting on processes, timers and back-offs); int files
+// one at a time (several share the test database's tables).
+const ALONE_MARKER = '@runs-alone';
+const alone = files.filter((f) => readFileSync(join(root, f), 'utf8').includes(ALONE_MARKER));
+const rest = files.filter((f) => !alone.includes(f));
+const concurrency = tier === 'int' ? 1 : 2;
+
+function run(list: string[], n: number): number {
+  if (list.length === 0) return 0;
+  const r = spawnSync(
+    process.execPath,
+    ['--import', 'tsx', '--test', '--test-force-exit', `--test-concurrency=${n}`, '--test-timeout=600000', ...list],
+    { cwd: root, stdio: 'inherit' },
+  );
+  return r.status ?? 1;
+}
+const status = run(alone, 1) || run(rest, concurrency);
+process.exit(status);

@@ -56,6 +56,14 @@ export interface ReportData {
   }>;
   /** Up to REPORT_EPISODES multi-turn episodes of the last round that has them (validation first), as conversations. */
   episodes: ReportEpisode[];
+  /**
+   * An image policy's training samples: up to GENERATED_STEPS steps spread over the run (first and
+   * last included), each with its first GENERATED_PER_STEP generated images, prompt and reward.
+   */
+  generated: Array<{
+    step: number;
+    images: Array<{ prompt: string; reward: number | null; width: number; height: number; pngBase64: string }>;
+  }>;
 }
 
 /** One multi-turn episode as a conversation (episodes + episode_turns). */
@@ -84,6 +92,14 @@ export const REPORT_EPISODES = 4;
 
 /** How many validation images the report shows. */
 export const VAL_IMAGES = 8;
+export const GENERATED_STEPS = 6;
+export const GENERATED_PER_STEP = 8;
+
+/** Up to `k` of the sorted `steps`, evenly spread, the first and last included. */
+export function spreadSteps(steps: readonly number[], k: number): number[] {
+  if (steps.length <= k) return [...steps];
+  return [...new Set(Array.from({ length: k }, (_, i) => steps[Math.round((i * (steps.length - 1)) / (k - 1))]!))];
+}
 
 /** The plots of a report, in order: id, title, y label and how to build its series. */
 export const REPORT_PLOTS = [
@@ -226,6 +242,40 @@ export async function loadReportData(database: Database, runId: string): Promise
     reward: r.reward,
   }));
   const episodes = await loadReportEpisodes(database, runId);
+  const genSteps = spreadSteps(
+    (
+      await queryObjects<any>(
+        database,
+        `select distinct step from trajectories where run_id = $1 and kind = 'train' and generated_image_hash is not null order by step`,
+        [runId],
+      )
+    ).map((r) => Number(r.step)),
+    GENERATED_STEPS,
+  );
+  const genRows = genSteps.length
+    ? await queryObjects<any>(
+        database,
+        `select step, prompt_text, reward, width, height, png from (
+         select t.step, t.prompt_text, t.reward, i.width, i.height, encode(i.png, 'base64') as png,
+                row_number() over (partition by t.step order by t.prompt_index, t.sample_index) as k
+         from trajectories t join prompt_images i on i.run_id = t.run_id and i.hash = t.generated_image_hash
+         where t.run_id = $1 and t.kind = 'train' and t.step = any($2::int[])) s
+       where k <= ${GENERATED_PER_STEP} order by step, k`,
+        [runId, genSteps],
+      )
+    : [];
+  const generated = genSteps.map((step) => ({
+    step,
+    images: genRows
+      .filter((r) => Number(r.step) === step)
+      .map((r) => ({
+        prompt: r.prompt_text ?? '',
+        reward: r.reward,
+        width: r.width,
+        height: r.height,
+        pngBase64: String(r.png).replace(/\s+/g, ''),
+      })),
+  }));
   return {
     run,
     metrics,
@@ -238,6 +288,7 @@ export async function loadReportData(database: Database, runId: string): Promise
     deadLettersTotal: Number(dl?.n ?? 0),
     staleness: { mean: st?.mean ?? null, max: st?.max ?? null },
     valImages,
+    generated,
     episodes,
   };
 }
@@ -479,6 +530,22 @@ export function renderReport(data: ReportData, opts: { generatedAt?: Date } = {}
       `<h2>Validation images (round ${data.valImages[0]!.step})</h2>`,
       `<div class="plots">\n${figs.join('\n')}\n</div>`,
     );
+  }
+  if (data.generated.length) {
+    // one row per step: what the image policy drew, at 3× with nearest-neighbour scaling
+    const rows = data.generated.map(
+      (g) =>
+        `<h3>step ${g.step}</h3><div class="plots">\n` +
+        g.images
+          .map(
+            (v) =>
+              `<figure class="val-image"><img src="data:image/png;base64,${v.pngBase64}" width="${3 * v.width}" height="${3 * v.height}" alt="generated for ${escapeXml(v.prompt)}" style="image-rendering: pixelated">` +
+              `<figcaption><span class="mono">${escapeXml(v.prompt)}</span>, reward ${v.reward === null ? 'failed' : escapeXml(formatNumber(v.reward))}</figcaption></figure>`,
+          )
+          .join('\n') +
+        '\n</div>',
+    );
+    o.push('<h2>Generated images</h2>', rows.join('\n'));
   }
   if (data.episodes.length) {
     const e0 = data.episodes[0]!;

@@ -35,7 +35,7 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomUUID } from 'node:crypto';
 import { sql, type Kysely } from 'kysely';
 import type { Logger } from 'pino';
-import type { Database } from '../db/database.ts';
+import type { Database, Tx } from '../db/database.ts';
 import { retriableDbError } from '../db/errors.ts';
 import { ConfigError, RlError, errorMessage, isRetriable } from '../errors.ts';
 import { silentLogger } from '../log.ts';
@@ -388,9 +388,10 @@ export class EmbeddedBus implements EventBus {
     return out;
   }
 
-  async read(topic: string, partition: number, fromOffset: number, max: number): Promise<BusMessage[]> {
+  async read(topic: string, partition: number, fromOffset: number, max: number, tx?: Tx): Promise<BusMessage[]> {
     this.guard('read');
-    const n = await this.partitionsOf(this.db, topic);
+    const q = tx ?? this.db;
+    const n = await this.partitionsOf(q, topic);
     if (!Number.isInteger(partition) || partition < 0 || partition >= n)
       throw new ConfigError(`read: topic ${topic} has partitions 0..${n - 1}, not ${partition}`);
     if (max <= 0) return [];
@@ -399,7 +400,7 @@ export class EmbeddedBus implements EventBus {
     const r = await sql<MessageRow>`
       select topic, partition, msg_offset, key, value, headers, (extract(epoch from ts) * 1000)::int8 as ts_ms
       from bus_messages where topic = ${topic} and partition = ${partition} and msg_offset >= ${Math.max(0, fromOffset)}
-      order by msg_offset limit ${Math.floor(max)}`.execute(this.db);
+      order by msg_offset limit ${Math.floor(max)}`.execute(q);
     return r.rows.map(toBusMessage);
   }
 

@@ -142,8 +142,11 @@ export interface EventBus {
   consumer(opts: ConsumerOptions): Consumer;
   /** Next offset per partition (index = partition). */
   endOffsets(topic: string): Promise<number[]>;
-  /** Replay/inspection without a group: up to `max` messages of one partition from `fromOffset`. */
-  read(topic: string, partition: number, fromOffset: number, max: number): Promise<BusMessage[]>;
+  /**
+   * Replay/inspection without a group: up to `max` messages of one partition from `fromOffset`.
+   * `tx`: a batch's transaction to read in (embedded: the log is in that database; Kafka: unused).
+   */
+  read(topic: string, partition: number, fromOffset: number, max: number, tx?: Tx): Promise<BusMessage[]>;
   /** Stops every consumer of this bus and releases connections. */
   close(): Promise<void>;
 }

@@ -92,7 +92,7 @@ export interface PromptBatch extends RecordHeader {
 }
 
 // ------------------------------------------------------------------------------------------
-// trajectories.v2 — rollout → reward
+// trajectories.v4 — rollout → reward
 
 /** The group-level fields of trajectories, scored and updates records. policy_version = the behaviour policy. */
 export interface GroupHeader extends RecordHeader, PromptFields {
@@ -125,6 +125,25 @@ export interface TrajectorySample {
   finish_reason: FinishReason;
   /** Multi-turn episodes (trajectories.v3): the episode's messages and outcome; null for single-turn samples. */
   episode: Episode | null;
+  /** Image policies (trajectories.v4): the generated image and its denoising trajectory; null for language policies. */
+  generated: GeneratedImage | null;
+}
+
+/**
+ * An image policy's sample (trajectories.v4, scored.v4, updates.v3). response_ids index its
+ * stochastic (SDE) steps and behaviour_logprobs hold each one's log-probability.
+ */
+export interface GeneratedImage {
+  /** The generated image, PNG: what the reward scores as the sample's image. */
+  png: Buffer;
+  /** Lower-case hex sha256 of png (the prompt_images key). */
+  hash: string;
+  /** Time grid 1 = t_0 > … > t_K = 0 (K + 1 values). */
+  timesteps: Float32Array;
+  /** σ_t of each of the K steps; 0 for a deterministic step. */
+  sigmas: Float32Array;
+  /** x_{t_0}, …, x_{t_K}, flat [K + 1, C, S, S]. */
+  latents: Float32Array;
 }
 
 /** One message of a multi-turn episode (trajectories.v3); start/end index response_ids. */
@@ -166,7 +185,7 @@ export interface TrajectoryGroup extends GroupHeader {
 }
 
 // ------------------------------------------------------------------------------------------
-// scored.v3 — reward → advantage (and → controller on topic `validation`)
+// scored.v4 — reward → advantage (and → controller on topic `validation`)
 
 /** Why a sample could not be scored. */
 export interface ScoreFailure {
@@ -201,7 +220,7 @@ export interface ScoredGroup extends GroupHeader {
 }
 
 // ------------------------------------------------------------------------------------------
-// updates.v2 — advantage → update (v2 adds the sample field vppo)
+// updates.v3 — advantage → update (v2 adds the sample field vppo, v3 generated)
 
 /** Per-token training inputs of a sample (all the length of response_ids unless stated). */
 export interface TokenTargets {

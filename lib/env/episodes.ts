@@ -15,7 +15,7 @@
 import type { Episode, EpisodeTurn } from '../contracts/index.ts';
 import type { EpisodeTokenizer } from '../model/episode-tokens.ts';
 import type { ChatMessage } from '../model/chat-template.ts';
-import { EnvError, type EnvEpisode, type EnvRow, type Environment } from './port.ts';
+import { EnvError, type EnvEpisode, type EnvRow, type EnvStep, type Environment } from './port.ts';
 import { crashPoint } from '../pipeline/crash-points.ts';
 
 export interface TurnRequest {
@@ -187,26 +187,14 @@ async function runOne(spec: EpisodeSpec, o: EpisodeOptions, batcher: TurnBatcher
       }
       const latency = o.now() - ts;
       crashPoint('rollout:env-answered', `${spec.id} turn ${turnIndex}`);
-      // tool calls (tools-env.ts): counted here, recorded on their tool messages below
-      const toolOf = (i: number) => r.tools?.find((t) => t.message === i);
       toolCalls += r.tools?.length ?? 0;
       toolErrors += r.tools?.filter((t) => t.error !== null).length ?? 0;
       reward += o.gamma ** turnIndex * r.reward;
       for (const [k, v] of Object.entries(r.metrics)) metrics[k] = (metrics[k] ?? 0) + v;
       const last = r.done || assistantTurns >= o.maxAssistantTurns || userTurns >= o.maxUserTurns;
       if (last || r.messages.length === 0) {
-        // nothing follows: the answer is recorded (its reward) but adds no tokens
-        turns.push(
-          envTurn(
-            r.messages[0]?.role ?? 'user',
-            ids.length,
-            ids.length,
-            r.messages.map((m) => m.content).join('\n'),
-            latency,
-            null,
-            r.reward,
-          ),
-        );
+        // nothing follows: the answer is recorded (its reward, its tool calls) but adds no tokens
+        turns.push(...answerTurns(r, ids.length, ids.length, latency));
         if (r.done) done = true;
         if (last) break;
         continue;
@@ -215,15 +203,8 @@ async function runOne(spec: EpisodeSpec, o: EpisodeOptions, batcher: TurnBatcher
       const seg = o.tokens.envSegment({ history, messages: r.messages, stopId });
       if (ids.length + seg.length >= o.maxResponseTokens) {
         turns.push(
-          envTurn(
-            r.messages[0].role,
-            ids.length,
-            ids.length,
-            r.messages.map((m) => m.content).join('\n'),
-            latency,
-            'the answer does not fit the episode token budget (data.max_response_length)',
-            r.reward,
-          ),
+          ...answerTurns(r, ids.length, ids.length, latency),
+          envTurn('system', ids.length, ids.length, '', 0, BUDGET_SPENT),
         );
         finish = 'length';
         break;
@@ -234,26 +215,7 @@ async function runOne(spec: EpisodeSpec, o: EpisodeOptions, batcher: TurnBatcher
         lps.push(0);
         mask.push(0);
       }
-      // the answer's messages share its segment: the first holds the span
-      r.messages.forEach((m, i) =>
-        turns.push({
-          ...envTurn(
-            m.role,
-            i === 0 ? segStart : ids.length,
-            ids.length,
-            m.content,
-            latency,
-            null,
-            i === 0 ? r.reward : 0,
-          ),
-          tool_name: toolOf(i)?.name ?? m.name ?? null,
-          ...(toolOf(i) && {
-            arguments: toolOf(i)!.arguments,
-            error: toolOf(i)!.error,
-            latency_ms: toolOf(i)!.latency_ms,
-          }),
-        }),
-      );
+      turns.push(...answerTurns(r, segStart, ids.length, latency));
       history.push(...r.messages);
     }
   } finally {
@@ -277,6 +239,24 @@ async function runOne(spec: EpisodeSpec, o: EpisodeOptions, batcher: TurnBatcher
       metrics,
     },
   };
+}
+
+const BUDGET_SPENT = 'the answer does not fit the episode token budget (data.max_response_length)';
+
+/**
+ * The turns of an environment answer: one per message, each tool message with its call's tool
+ * name, arguments, error and latency (tools-env.ts). The messages share the answer's token span
+ * [start, end): the first holds it (and the answer's reward), the rest are empty spans at its end.
+ */
+function answerTurns(r: EnvStep, start: number, end: number, latency: number): EpisodeTurn[] {
+  if (r.messages.length === 0) return [envTurn('user', start, end, '', latency, null, r.reward)];
+  return r.messages.map((m, i) => {
+    const call = r.tools?.find((t) => t.message === i);
+    const turn = envTurn(m.role, i === 0 ? start : end, end, m.content, latency, null, i === 0 ? r.reward : 0);
+    turn.tool_name = call?.name ?? m.name ?? null;
+    if (call) Object.assign(turn, { arguments: call.arguments, error: call.error, latency_ms: call.latency_ms });
+    return turn;
+  });
 }
 
 function envTurn(

@@ -11,7 +11,9 @@
  */
 import { Rng } from '../util/rng.ts';
 import type { ImageLossConfig } from './flow-graph.ts';
-import { gaussian, sampleImages } from './sde.ts';
+import type { GeneratedImage } from '../contracts/index.ts';
+import { gaussian, sampleImages, sdeStepMean } from './sde.ts';
+import { cleanImage, generationRecords, stepBatches } from './trajectory.ts';
 import type { DitWeights } from './dit.ts';
 import type { ImageTrainer } from './trainer.ts';
 
@@ -67,69 +69,105 @@ export interface RlIterationResult {
   metrics: Record<string, number>;
 }
 
-export async function rlIteration(
+/** A training step's samples as the update reads them from their records (trajectory.ts). */
+export interface ImageUpdateBatch {
+  cls: number[];
+  samples: ReadonlyArray<{ generated: GeneratedImage; logprobs: Float32Array; tokens: Int32Array }>;
+  /** flow_grpo: each sample's advantage; diffusion_nft: each sample's optimality r ∈ [0, 1]. */
+  weights: readonly number[];
+}
+
+export interface ImageUpdateOptions {
+  loss: ImageLossConfig;
+  /** DiffusionNFT: updates (fresh t, ε) per step. */
+  nftUpdates?: number;
+  /** Reference weights (Flow-GRPO KL). */
+  reference?: DitWeights;
+  /** The sampling policy's weights (DiffusionNFT's v_old); default: the trainer's current ones. */
+  old?: DitWeights;
+  /** DiffusionNFT's draws of t and ε. */
+  rng: Rng;
+}
+
+/**
+ * One update from recorded samples: Flow-GRPO trains once per recorded stochastic step (all
+ * samples in one batch); DiffusionNFT `nftUpdates` times on fresh (t, ε) from the clean images.
+ * Returns the mean of each loss metric.
+ */
+export async function imageUpdate(
   trainer: ImageTrainer,
-  reward: ImageRewardFn,
-  o: RlIterationOptions,
-): Promise<RlIterationResult> {
-  const cls = o.prompts.flatMap((c) => Array(o.groupSize).fill(c) as number[]);
+  batch: ImageUpdateBatch,
+  o: ImageUpdateOptions,
+): Promise<Record<string, number>> {
+  const { cls } = batch;
   const B = cls.length;
-  const C = trainer.config.channels,
-    S = trainer.config.imageSize,
-    pix = C * S * S;
-  const old = new Map([...trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
-  const velocity = (x: Float32Array, t: number[], c: number[]) => trainer.velocity(x, t, c, old);
-  const grpo = o.loss.name === 'flow_grpo';
-  const sample = await sampleImages(velocity, {
-    cls,
-    pixels: pix,
-    steps: o.steps,
-    rng: o.rng,
-    noiseLevel: grpo ? (o.noiseLevel ?? 0.7) : 0,
-  });
-  const rewards = await reward(sample.x0, cls);
+  const pix = trainer.config.channels * trainer.config.imageSize * trainer.config.imageSize;
   const metrics: Record<string, number> = {};
   const add = (m: Record<string, number>, k: number) => {
     for (const [n, v] of Object.entries(m)) metrics[n] = (metrics[n] ?? 0) + v / k;
   };
-  if (grpo) {
-    const adv = groupAdvantages(rewards, o.groupSize);
-    for (const st of sample.steps) {
+  if (o.loss.name === 'flow_grpo') {
+    const steps = stepBatches(batch.samples, pix);
+    for (const st of steps) {
       const floats: Record<string, Float32Array | number[]> = {
         x_t: st.xT,
         x_next: st.xNext,
         t: Array(B).fill(st.t),
         t_next: Array(B).fill(st.tNext),
         sigma: Array(B).fill(st.sigma),
-        old_log_probs: st.logProbs,
-        advantages: adv,
+        old_log_probs: st.oldLogProbs,
+        advantages: [...batch.weights],
       };
       if ((o.loss.klCoef ?? 0) > 0) {
         if (!o.reference) throw new Error('flow_grpo with klCoef > 0 needs reference weights');
         const vRef = await trainer.velocity(st.xT, Array(B).fill(st.t), cls, o.reference);
-        const dt = st.tNext - st.t,
-          s2 = st.sigma ** 2;
-        const kx = 1 + (s2 * dt) / (2 * st.t),
-          kv = (1 + (s2 * (1 - st.t)) / (2 * st.t)) * dt;
-        const m = new Float32Array(st.xT.length);
-        for (let i = 0; i < m.length; i++) m[i] = st.xT[i] * kx + vRef[i] * kv;
-        floats.ref_mean = m;
+        floats.ref_mean = sdeStepMean(st.xT, vRef, st.t, st.tNext, st.sigma).mean;
       }
-      add(await trainer.step(o.loss, { floats, cls }), sample.steps.length);
+      add(await trainer.step(o.loss, { floats, cls }), steps.length);
     }
-  } else {
-    const r = nftOptimality(rewards, o.groupSize);
-    const k = o.nftUpdates ?? 1;
-    for (let u = 0; u < k; u++) {
-      const t = Array.from({ length: B }, () => o.rng.next());
-      const noise = gaussian(o.rng, B * pix);
-      const xt = new Float32Array(B * pix);
-      for (let b = 0; b < B; b++)
-        for (let i = b * pix; i < (b + 1) * pix; i++) xt[i] = (1 - t[b]) * sample.x0[i] + t[b] * noise[i];
-      const vOld = await velocity(xt, t, cls);
-      add(await trainer.step(o.loss, { floats: { x0: sample.x0, noise, t, v_old: vOld, nft_r: r }, cls }), k);
-    }
+    return metrics;
   }
-  metrics.reward_mean = rewards.reduce((a, b) => a + b, 0) / B;
+  const x0 = new Float32Array(B * pix);
+  batch.samples.forEach((s, b) => x0.set(cleanImage(s.generated, pix), b * pix));
+  const k = o.nftUpdates ?? 1;
+  const old = o.old ?? new Map([...trainer.weights].map(([n, v]) => [n, Float32Array.from(v)]));
+  for (let u = 0; u < k; u++) {
+    const t = Array.from({ length: B }, () => o.rng.next());
+    const noise = gaussian(o.rng, B * pix);
+    const xt = new Float32Array(B * pix);
+    for (let b = 0; b < B; b++)
+      for (let i = b * pix; i < (b + 1) * pix; i++) xt[i] = (1 - t[b]) * x0[i] + t[b] * noise[i];
+    const vOld = await trainer.velocity(xt, t, cls, old);
+    add(await trainer.step(o.loss, { floats: { x0, noise, t, v_old: vOld, nft_r: [...batch.weights] }, cls }), k);
+  }
+  return metrics;
+}
+
+export async function rlIteration(
+  trainer: ImageTrainer,
+  reward: ImageRewardFn,
+  o: RlIterationOptions,
+): Promise<RlIterationResult> {
+  const cls = o.prompts.flatMap((c) => Array(o.groupSize).fill(c) as number[]);
+  const C = trainer.config.channels,
+    S = trainer.config.imageSize;
+  const old = new Map([...trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
+  const grpo = o.loss.name === 'flow_grpo';
+  const sample = await sampleImages((x, t, c) => trainer.velocity(x, t, c, old), {
+    cls,
+    pixels: C * S * S,
+    steps: o.steps,
+    rng: o.rng,
+    noiseLevel: grpo ? (o.noiseLevel ?? 0.7) : 0,
+  });
+  const rewards = await reward(sample.x0, cls);
+  const samples = await generationRecords(sample, C, S);
+  const weights = grpo ? groupAdvantages(rewards, o.groupSize) : nftOptimality(rewards, o.groupSize);
+  const metrics = await imageUpdate(
+    trainer,
+    { cls, samples, weights },
+    { loss: o.loss, nftUpdates: o.nftUpdates, reference: o.reference, old, rng: o.rng },
+  );
+  metrics.reward_mean = rewards.reduce((a, b) => a + b, 0) / cls.length;
   return { rewards, images: sample.x0, cls, metrics };
 }

@@ -88,22 +88,47 @@ export interface SampleResult {
   x0: Float32Array;
   /** SDE only: every denoising step (its input, output, σ and the log-probability of each image). */
   steps: SdeStepRecord[];
+  /** The time grid t_0 = 1 > … > t_K = 0. */
+  grid: number[];
+  /** σ_t of each of the K steps (0 for a deterministic step). */
+  sigmas: number[];
+  /** The states x_{t_0}, …, x_{t_K} (each flat [B, C, S, S]; the last is x0). */
+  states: Float32Array[];
+}
+
+/** Standard normal draws for a batch: one stream for all, or one per image (`per` values each). */
+function batchNoise(rng: Rng | readonly Rng[], B: number, per: number): Float32Array {
+  if (rng instanceof Rng) return gaussian(rng, B * per);
+  if (rng.length !== B) throw new RangeError(`${rng.length} random streams for ${B} images`);
+  const out = new Float32Array(B * per);
+  rng.forEach((r, b) => out.set(gaussian(r, per), b * per));
+  return out;
 }
 
 /**
- * Sample B images of classes `cls` from noise drawn from `rng`: ODE (`noiseLevel` 0) or Flow-GRPO
+ * Sample B images of classes `cls` from noise drawn from `rng` (one stream for the batch, or one
+ * per image so that an image does not depend on the batch it was drawn in): ODE (`noiseLevel` 0) or Flow-GRPO
  * SDE (`noiseLevel` a > 0; the last step, into t = 0, is taken deterministically as its σ√(t−s)
  * would be the only noise left and the paper's sampler ends on the mean too).
  */
 export async function sampleImages(
   velocity: VelocityFn,
-  opts: { cls: number[]; pixels: number; steps: number; rng: Rng; noiseLevel?: number; x1?: Float32Array },
+  opts: {
+    cls: number[];
+    pixels: number;
+    steps: number;
+    rng: Rng | readonly Rng[];
+    noiseLevel?: number;
+    x1?: Float32Array;
+  },
 ): Promise<SampleResult> {
   const B = opts.cls.length;
   const grid = timeGrid(opts.steps);
-  let x = opts.x1 ?? gaussian(opts.rng, B * opts.pixels);
+  let x = opts.x1 ?? batchNoise(opts.rng, B, opts.pixels);
   const a = opts.noiseLevel ?? 0;
   const steps: SdeStepRecord[] = [];
+  const sigmas: number[] = [];
+  const states = [x];
   for (let k = 0; k < opts.steps; k++) {
     const t = grid[k],
       s = grid[k + 1];
@@ -112,15 +137,19 @@ export async function sampleImages(
       const nx = new Float32Array(x.length);
       for (let i = 0; i < x.length; i++) nx[i] = x[i] + (s - t) * v[i];
       x = nx;
+      sigmas.push(0);
+      states.push(x);
       continue;
     }
     const sigma = sdeSigma(a, t, grid);
     const { mean, std } = sdeStepMean(x, v, t, s, sigma);
-    const eps = gaussian(opts.rng, x.length);
+    const eps = batchNoise(opts.rng, B, opts.pixels);
     const nx = new Float32Array(x.length);
     for (let i = 0; i < x.length; i++) nx[i] = mean[i] + std * eps[i];
     steps.push({ t, tNext: s, sigma, xT: x, xNext: nx, logProbs: gaussianLogProb(nx, mean, std, B) });
     x = nx;
+    sigmas.push(sigma);
+    states.push(x);
   }
-  return { x0: x, steps };
+  return { x0: x, steps, grid, sigmas, states };
 }

@@ -291,6 +291,21 @@ export async function saveCheckpoint(
   return { weightsSha256: single ? single.sha256 : hash.digest('hex'), files: written };
 }
 
+/**
+ * Writes a directory holding only optimizer.safetensors (atomically): the AdamW state of a
+ * checkpoint, kept apart from the weights-only policy version it belongs to. `lora`: the state of
+ * the adapters of that LoRA config. Returns the file written (name, sha256, size).
+ */
+export async function saveOptimizer(
+  dir: string,
+  config: ModelConfig,
+  state: OptimizerState,
+  lora: LoraConfig | null = null,
+): Promise<WrittenFile[]> {
+  const specs = lora ? loraSpecs(config, lora) : paramSpecs(config);
+  return writeDirAtomic(dir, new Map([[OPTIMIZER_FILE, optimizerFile(specs, state)]]), true);
+}
+
 /** Weights above this many bytes are written in shards (save_pretrained's layout; a Buffer holds at most 4 GiB). */
 export const MAX_SHARD_BYTES = 4e9;
 
@@ -447,14 +462,42 @@ export function valueModelFrom(
   return { config, weights };
 }
 
+/** The shards model.safetensors.index.json names, in index order, each checked to be a file of `dir`. */
+function indexShards(
+  dir: string,
+  index: Record<string, unknown>,
+): { map: Record<string, unknown>; entries: [string, unknown][]; shards: string[] } {
+  const indexFile = path.join(dir, MODEL_INDEX_FILE);
+  const map = index.weight_map;
+  if (!map || typeof map !== 'object' || Array.isArray(map))
+    throw new ConfigError(`${indexFile}: "weight_map" must be an object {tensor name: shard file}`);
+  const entries = Object.entries(map as Record<string, unknown>);
+  const shards = [...new Set(entries.map(([, f]) => String(f)))];
+  for (const f of shards) {
+    if (f.includes('/') || f.includes('\\') || f.startsWith('.'))
+      throw new ConfigError(`${indexFile}: shard name ${JSON.stringify(f)} must be a file name in the same directory`);
+    if (!existsSync(path.join(dir, f)))
+      throw new ConfigError(`${indexFile} names shard ${f}, which is missing from ${dir}`);
+  }
+  return { map: map as Record<string, unknown>, entries, shards };
+}
+
 /**
  * Every tensor of a directory's weights: model.safetensors, or the shards named by
  * model.safetensors.index.json (each tensor must come from the shard the index names). Returns the
  * tensors and the sha256 of the weight bytes (of the file, or of the shards in index order).
+ * `float32`: each bf16 / f16 / f64 tensor is converted to f32 as its shard is read, so a shard's
+ * bytes are released before the next shard is read (peak: the f32 weights plus one shard, instead
+ * of plus every shard).
  */
 async function readWeightTensors(
   dir: string,
+  opts: { float32?: boolean } = {},
 ): Promise<{ tensors: Map<string, StTensor>; metadata: Record<string, string>; sha: string; source: string }> {
+  const keep = (name: string, t: StTensor, file: string): StTensor =>
+    opts.float32 && (t.dtype === 'BF16' || t.dtype === 'F16' || t.dtype === 'F64')
+      ? { dtype: 'F32', shape: t.shape, data: toFloat32(t, name, file) }
+      : t;
   const single = path.join(dir, MODEL_FILE),
     indexFile = path.join(dir, MODEL_INDEX_FILE);
   if (
@@ -470,19 +513,10 @@ async function readWeightTensors(
   if (!index) {
     const buf = await readFile(single, MODEL_FILE);
     const { tensors, metadata } = decodeSafetensors(buf, single);
+    for (const [name, t] of tensors) tensors.set(name, keep(name, t, single));
     return { tensors, metadata, sha: sha256(buf), source: single };
   }
-  const map = index.weight_map;
-  if (!map || typeof map !== 'object' || Array.isArray(map))
-    throw new ConfigError(`${indexFile}: "weight_map" must be an object {tensor name: shard file}`);
-  const entries = Object.entries(map as Record<string, unknown>);
-  const shards = [...new Set(entries.map(([, f]) => String(f)))];
-  for (const f of shards) {
-    if (f.includes('/') || f.includes('\\') || f.startsWith('.'))
-      throw new ConfigError(`${indexFile}: shard name ${JSON.stringify(f)} must be a file name in the same directory`);
-    if (!existsSync(path.join(dir, f)))
-      throw new ConfigError(`${indexFile} names shard ${f}, which is missing from ${dir}`);
-  }
+  const { map, entries, shards } = indexShards(dir, index);
   const tensors = new Map<string, StTensor>();
   const hash = createHash('sha256');
   let metadata: Record<string, string> = {};
@@ -493,10 +527,10 @@ async function readWeightTensors(
     const d = decodeSafetensors(buf, file);
     metadata = { ...d.metadata, ...metadata };
     for (const [name, t] of d.tensors) {
-      const owner = (map as Record<string, unknown>)[name];
+      const owner = map[name];
       if (owner === undefined) continue; // not in the index: transformers does not read it either
       if (owner !== f) continue;
-      tensors.set(name, t);
+      tensors.set(name, keep(name, t, file));
     }
   }
   for (const [name, f] of entries)
@@ -509,7 +543,7 @@ async function readWeightTensors(
 export async function loadCheckpoint(dir: string, opts: { optimizer?: boolean } = {}): Promise<Checkpoint> {
   const { config, generation } = await readModelDirConfig(dir);
   readImageProcessor(dir, config); // a Qwen-VL directory's image processor: present and supported
-  const { tensors, metadata, sha, source } = await readWeightTensors(dir);
+  const { tensors, metadata, sha, source } = await readWeightTensors(dir, { float32: true });
   const weights = weightsFromTensors(config, tensors, source);
   tensors.clear();
   const out: Checkpoint = { config, weights, weightsSha256: sha, metadata, generation };
@@ -555,8 +589,13 @@ export function weightsFileOf(dir: string): string {
 /** sha256 of a checkpoint's model.safetensors (its shards in index order; a LoRA adapter's adapter_model.safetensors). */
 export async function checkpointSha256(dir: string): Promise<string> {
   const f = weightsFileOf(dir);
-  if (f === MODEL_FILE && !existsSync(path.join(dir, f)) && existsSync(path.join(dir, MODEL_INDEX_FILE)))
-    return (await readWeightTensors(dir)).sha;
+  if (f === MODEL_FILE && !existsSync(path.join(dir, f)) && existsSync(path.join(dir, MODEL_INDEX_FILE))) {
+    // the shards' bytes in index order, as loadCheckpoint hashes them, one shard in memory at a time
+    const { shards } = indexShards(dir, await readJson(path.join(dir, MODEL_INDEX_FILE), MODEL_INDEX_FILE));
+    const hash = createHash('sha256');
+    for (const s of shards) hash.update(await readWholeFile(path.join(dir, s)));
+    return hash.digest('hex');
+  }
   return sha256(await readFile(path.join(dir, f), f));
 }
 

@@ -15,8 +15,9 @@
  *                 done [B], per-layer K and V [B, KVH, S, hd] (S grows by one per step)
  *   scan outputs: token [B], logprob [B] → [steps, B]
  * The body samples from the carried logits, then runs the one-token forward of the sampled token
- * (`decodeStep`, written for T = 1: q/k/v and gate/up projections are single Gemms against weights
- * concatenated once per run OUTSIDE the loop, so no weight is copied per token).
+ * (`decodeStep`, written for T = 1: one Gemm per projection against the weight inputs themselves,
+ * so the loop holds no copy of any weight: concatenated q/k/v and gate/up weights would hold a
+ * second copy of 60 % of the decoder for the whole run, 7 GB at 3 B parameters).
  * The graph builder has no sub-graph attribute, so the body is built with its own GraphBuilder and
  * attached to the Loop node of the serialised outer model (`attachLoopBody`); body values that name
  * outer values (weights, rope tables, sampling inputs) are resolved from the outer scope.
@@ -145,19 +146,7 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const p = declareParams(b, c, 'inputs');
   const uniforms = b.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
   const s0 = prefillState(b, c, p);
-  // fused projection weights for the decode step, built once per run (outer scope of the loop)
-  const fusedNames = fusedWeightNames(c);
-  for (const name of fusedNames)
-    b.output(
-      b.concat(
-        fusedParts(c, name).map((n) => p.get(n)!),
-        0,
-      ),
-      name,
-    );
   const model = decodeLoop(b, c, opts, uniforms, s0, 0);
-  // the fused weights were graph outputs only to keep them alive through pruning
-  model.graph!.output = model.graph!.output!.filter((o) => !fusedNames.includes(o.name!));
   return onnx.ModelProto.encode(model).finish();
 }
 
@@ -200,15 +189,13 @@ export function buildPrefillModel(c: ModelConfig): Uint8Array {
  * per row (the loop of `buildGenerateModel`; it stops early once every row has emitted a stop id),
  * their log-probs, the `MAX_TOP_LOGPROBS` most likely tokens of each step's distribution
  * (`top_ids` int64, `top_logprobs` float32, [steps, B, K]; the distribution of `logprobs`), and the
- * state after the last step (`state_out.*`). The fused projection weights (`fusedWeightNames`) are
- * inputs too, concatenated once per policy version by the caller (`fusedWeights`).
+ * state after the last step (`state_out.*`). The weights are the HF-named inputs of every policy
+ * graph; the step reads each projection's weight as is (no concatenated copy; see `decodeStep`).
  */
 export function buildStepModel(c: ModelConfig, opts: GenerateGraphOptions): Uint8Array {
   if (c.head !== 'lm') throw new GraphError('buildStepModel: needs a policy (head "lm") config');
   const b = new GraphBuilder({ name: 'decode' });
   declareParams(b, c, 'inputs');
-  const fusedNames = fusedWeightNames(c);
-  for (const n of fusedNames) b.input(n, 'float32', fusedShape(c, n));
   const { cos, sin } = ropeTables(b, c);
   const uniforms = b.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
   const [lg, pos, bias, ...kv] = decodeStateNames(c).map((n, i) =>
@@ -260,6 +247,7 @@ function prefillState(b: GraphBuilder, c: ModelConfig, p: ParamVars): DecodeStat
     positions,
     ...(mropeDelta ? { mropeDelta } : {}),
     attentionMask: mask,
+    fuseProjections: false,
     ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}),
   });
   const lastIdx = b.sub(b.dimTensor('P'), b.const([1], 'int64')); // [1]
@@ -323,7 +311,6 @@ function decodeLoop(
   const done0 = b.less(s0.rows, b.const(0, 'int64')); // [B] all false (shape from the batch)
   const trip = b.op('Gather', [b.shape(uniforms), b.const(1, 'int64')], { axis: 0 }, { dtype: 'int64', shape: [] });
   const cond0 = b.cast(b.const(1, 'int64'), 'bool');
-  const fusedNames = fusedWeightNames(c);
 
   const carried: Var[] = [s0.logits, s0.pos, s0.bias, done0, ...s0.keys, ...s0.values];
   const loopOuts = b.op('Loop', [trip, cond0, ...carried], {}, [
@@ -384,9 +371,10 @@ function decodeLoop(
   const doneOut = g.or(done, g.cast(hit, 'bool'));
   const condOut = g.equal(g.reduceMax(g.cast(g.not(doneOut), 'int32'), [0]), g.const(1, 'int32'));
   const biasOut = g.concat([bias, g.zeros(['B', 1, 1, 1], 'float32')], 3);
-  const fused = new Map(fusedNames.map((n) => [n, g.input(n, 'float32', fusedShape(c, n))]));
-  for (const n of ['rope.cos', 'rope.sin']) fused.set(n, g.input(n, 'float32', [c.maxPositionEmbeddings, hd]));
-  const step = decodeStep(g, c, gp, fused, token, g.squeeze(pos, [1]), biasOut, keys, values);
+  const ropeIn = new Map(
+    ['rope.cos', 'rope.sin'].map((n) => [n, g.input(n, 'float32', [c.maxPositionEmbeddings, hd])]),
+  );
+  const step = decodeStep(g, c, gp, ropeIn, token, g.squeeze(pos, [1]), biasOut, keys, values);
   const logitsOut = lmHead(g, c, gp, step.hidden);
   const posOut = g.add(pos, g.const(1, 'int64'));
   const scans = [token, logprob];
@@ -402,7 +390,6 @@ function decodeLoop(
   const body = g.toModelProto().graph!;
   const outerRefs = new Set<string>([
     ...paramSpecs(c).map((s) => s.name),
-    ...fusedNames,
     GEN_IO.uniforms,
     GEN_IO.temperature,
     GEN_IO.topP,
@@ -416,38 +403,6 @@ function decodeLoop(
   return model;
 }
 
-/** Names of the fused decode-step weights (per layer: q|k|v rows, their biases, gate|up rows). */
-export function fusedWeightNames(c: ModelConfig): string[] {
-  const out: string[] = [];
-  for (let l = 0; l < c.numHiddenLayers; l++) {
-    out.push(fusedName(l, 'qkv_w'));
-    if (c.attentionBias) out.push(fusedName(l, 'qkv_b'));
-    out.push(fusedName(l, 'gate_up_w'));
-  }
-  return out;
-}
-
-/** The HF weights a fused decode weight concatenates (along the output axis, in this order). */
-export function fusedParts(c: ModelConfig, name: string): string[] {
-  const m = /^decode\.layers\.(\d+)\.(qkv_w|qkv_b|gate_up_w)$/.exec(name);
-  if (!m) throw new GraphError(`fusedParts: ${name} is not a fused weight`);
-  const pre = `model.layers.${m[1]}`;
-  if (m[2] === 'gate_up_w') return [`${pre}.mlp.gate_proj.weight`, `${pre}.mlp.up_proj.weight`];
-  const kind = m[2] === 'qkv_w' ? 'weight' : 'bias';
-  return ['q', 'k', 'v'].map((x) => `${pre}.self_attn.${x}_proj.${kind}`);
-}
-
-function fusedName(layer: number, what: 'qkv_w' | 'qkv_b' | 'gate_up_w'): string {
-  return `decode.layers.${layer}.${what}`;
-}
-
-function fusedShape(c: ModelConfig, name: string): number[] {
-  const qkv = (c.numAttentionHeads + 2 * c.numKeyValueHeads) * c.headDim;
-  if (name.endsWith('qkv_w')) return [qkv, c.hiddenSize];
-  if (name.endsWith('qkv_b')) return [qkv];
-  return [2 * c.intermediateSize, c.hiddenSize];
-}
-
 /**
  * One decoding step for B rows of one token each (the model of llama.ts, specialised to T = 1):
  * token [B] at positions pos [B], additive key bias [B, 1, 1, S+1] (S cached + this token),
@@ -458,7 +413,7 @@ export function decodeStep(
   g: GraphBuilder,
   c: ModelConfig,
   p: ParamVars,
-  fused: Map<string, Var>,
+  ropeIn: Map<string, Var>,
   token: Var,
   pos: Var,
   bias: Var,
@@ -469,12 +424,10 @@ export function decodeStep(
     KVH = c.numKeyValueHeads,
     G = H / KVH,
     hd = c.headDim,
-    D = c.hiddenSize,
-    F = c.intermediateSize;
-  const qd = H * hd,
-    kvd = KVH * hd;
+    D = c.hiddenSize;
+  const qd = H * hd;
   const w = (name: string): Var => {
-    const v = p.get(name) ?? fused.get(name);
+    const v = p.get(name) ?? ropeIn.get(name);
     if (!v) throw new GraphError(`decodeStep: missing ${name}`);
     return v;
   };
@@ -487,8 +440,9 @@ export function decodeStep(
     const pre = `model.layers.${l}`;
     g.scope(`step.layers.${l}`, () => {
       const h = rmsNorm(g, x, w(`${pre}.input_layernorm.weight`), c.rmsNormEps);
-      const qkv = linear(g, h, w(fusedName(l, 'qkv_w')), c.attentionBias ? w(fusedName(l, 'qkv_b')) : null); // [B, qd + 2·kvd]
-      const [q0, k0, v0] = g.split(qkv, 1, [qd, kvd, kvd]);
+      const proj = (m: string) =>
+        linear(g, h, w(`${pre}.self_attn.${m}.weight`), c.attentionBias ? w(`${pre}.self_attn.${m}.bias`) : null);
+      const [q0, k0, v0] = [proj('q_proj'), proj('k_proj'), proj('v_proj')]; // [B, H·hd], [B, KVH·hd] × 2
       let qh = g.reshape(q0, ['B', H, hd]),
         kh = g.reshape(k0, ['B', KVH, hd]);
       if (hasQkNorm(c)) {
@@ -506,7 +460,8 @@ export function decodeStep(
       const ctx = g.matmul(g.softmax(scores, -1), V); // [B, KVH, G, hd]
       x = g.add(x, linear(g, g.reshape(ctx, ['B', qd]), w(`${pre}.self_attn.o_proj.weight`)));
       const h2 = rmsNorm(g, x, w(`${pre}.post_attention_layernorm.weight`), c.rmsNormEps);
-      const [gate, up] = g.split(linear(g, h2, w(fusedName(l, 'gate_up_w'))), 1, [F, F]);
+      const gate = linear(g, h2, w(`${pre}.mlp.gate_proj.weight`)),
+        up = linear(g, h2, w(`${pre}.mlp.up_proj.weight`)); // [B, intermediate] each
       x = g.add(x, linear(g, swiglu(g, gate, up), w(`${pre}.mlp.down_proj.weight`)));
     });
   }

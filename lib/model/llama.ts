@@ -216,6 +216,12 @@ export interface LlamaForwardOptions {
    */
   checkpointLayers?: boolean;
   /**
+   * q/k/v and gate/up as one Gemm each against row-concatenated weights (default true). The
+   * generation graph turns it off: nothing orders those weight-only Concats after the previous
+   * layer, so onnxruntime may run them all first and hold a copy of 60 % of the decoder.
+   */
+  fuseProjections?: boolean;
+  /**
    * Causal attention in this many query blocks (`causalBlocks`; no KV cache): block i attends only
    * the keys up to its last query, so the all-masked score blocks above the diagonal are never
    * computed. Same result as the full scores; default 1 (one block).
@@ -331,21 +337,31 @@ export function llamaForward(
         // weight gradient is one Gemm too, split back by the Concat's backward rule)
         const qd = H * hd,
           kvd = KVH * hd;
-        const wqkv = b.concat(
-          [
-            P(`${pre}.self_attn.q_proj.weight`),
-            P(`${pre}.self_attn.k_proj.weight`),
-            P(`${pre}.self_attn.v_proj.weight`),
-          ],
-          0,
-        );
-        const bqkv = c.attentionBias
-          ? b.concat(
-              [P(`${pre}.self_attn.q_proj.bias`), P(`${pre}.self_attn.k_proj.bias`), P(`${pre}.self_attn.v_proj.bias`)],
-              0,
-            )
-          : null;
-        const [q00, k00, v00] = b.split(linear(b, h, wqkv, bqkv), 1, [qd, kvd, kvd]);
+        const fused = () => {
+          const wqkv = b.concat(
+            [
+              P(`${pre}.self_attn.q_proj.weight`),
+              P(`${pre}.self_attn.k_proj.weight`),
+              P(`${pre}.self_attn.v_proj.weight`),
+            ],
+            0,
+          );
+          const bqkv = c.attentionBias
+            ? b.concat(
+                [
+                  P(`${pre}.self_attn.q_proj.bias`),
+                  P(`${pre}.self_attn.k_proj.bias`),
+                  P(`${pre}.self_attn.v_proj.bias`),
+                ],
+                0,
+              )
+            : null;
+          return b.split(linear(b, h, wqkv, bqkv), 1, [qd, kvd, kvd]);
+        };
+        const single = (m: string) =>
+          linear(b, h, P(`${pre}.self_attn.${m}.weight`), c.attentionBias ? P(`${pre}.self_attn.${m}.bias`) : null);
+        const [q00, k00, v00] =
+          o.fuseProjections === false ? [single('q_proj'), single('k_proj'), single('v_proj')] : fused();
         const q0 = adapt(q00, h, 'q_proj', `${pre}.self_attn.q_proj`),
           k0 = adapt(k00, h, 'k_proj', `${pre}.self_attn.k_proj`),
           v0 = adapt(v00, h, 'v_proj', `${pre}.self_attn.v_proj`);
@@ -408,11 +424,14 @@ export function llamaForward(
       const mlpOut = b.scope('mlp', () => {
         const h = rmsNorm(b, x1, P(`${pre}.post_attention_layernorm.weight`), c.rmsNormEps);
         const F = c.intermediateSize;
-        const [gate0, up0] = b.split(
-          linear(b, h, b.concat([P(`${pre}.mlp.gate_proj.weight`), P(`${pre}.mlp.up_proj.weight`)], 0)),
-          1,
-          [F, F],
-        );
+        const [gate0, up0] =
+          o.fuseProjections === false
+            ? [linear(b, h, P(`${pre}.mlp.gate_proj.weight`)), linear(b, h, P(`${pre}.mlp.up_proj.weight`))]
+            : b.split(
+                linear(b, h, b.concat([P(`${pre}.mlp.gate_proj.weight`), P(`${pre}.mlp.up_proj.weight`)], 0)),
+                1,
+                [F, F],
+              );
         const act = swiglu(
           b,
           adapt(gate0, h, 'gate_proj', `${pre}.mlp.gate_proj`),

@@ -17,15 +17,7 @@
 import { ConfigError } from '../errors.ts';
 import { ort, tensor, type Device } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
-import {
-  buildPrefillModel,
-  buildStepModel,
-  decodeStateNames,
-  fusedParts,
-  fusedWeightNames,
-  GEN_IO,
-  MAX_TOP_LOGPROBS,
-} from './decode-graph.ts';
+import { buildPrefillModel, buildStepModel, decodeStateNames, GEN_IO, MAX_TOP_LOGPROBS } from './decode-graph.ts';
 import { MASK_NEG } from './llama.ts';
 import { validateWeights, type Weights } from './params.ts';
 import { imageKey, weightTensors } from './sample.ts';
@@ -62,7 +54,6 @@ export interface StepResult {
 
 export class StepDecoder {
   private readonly cache: SessionCache;
-  private readonly fused = new WeakMap<Weights, Record<string, ort.Tensor>>();
   /** Top log-probs reported per step (≤ MAX_TOP_LOGPROBS). */
   readonly topWidth: number;
 
@@ -82,27 +73,6 @@ export class StepDecoder {
       () => (kind === 'prefill' ? buildPrefillModel(c) : buildStepModel(c, { truncation })),
       { threads: this.opts.threads, device: this.opts.device },
     );
-  }
-
-  /** The fused decode weights of `weights` (concatenated once per weights object). */
-  private fusedFeeds(weights: Weights): Record<string, ort.Tensor> {
-    let f = this.fused.get(weights);
-    if (!f) {
-      f = {};
-      for (const name of fusedWeightNames(this.config)) {
-        const parts = fusedParts(this.config, name).map((n) => weights.get(n)!);
-        const all = new Float32Array(parts.reduce((n, x) => n + x.length, 0));
-        let at = 0;
-        for (const x of parts) {
-          all.set(x, at);
-          at += x.length;
-        }
-        const inner = name.endsWith('qkv_b') ? [] : [this.config.hiddenSize];
-        f[name] = tensor('float32', all, [all.length / (inner[0] ?? 1), ...inner]);
-      }
-      this.fused.set(weights, f);
-    }
-    return f;
   }
 
   /** Prefills the prompts (one row each; equal prompts share one prefill). */
@@ -197,7 +167,6 @@ export class StepDecoder {
     const names = decodeStateNames(c);
     const feeds: Record<string, ort.Tensor> = {
       ...weightTensors(c, weights),
-      ...this.fusedFeeds(weights),
       [GEN_IO.uniforms]: tensor('float32', uniforms, [B, N]),
       [GEN_IO.temperature]: tensor(
         'float32',

@@ -25,7 +25,7 @@ import { ConfigError, withStoragePath } from '../errors.ts';
 import type { JsonObject } from '../store/port.ts';
 import { stepsPerEpoch, type ControllerPlan } from './plan.ts';
 import { crashPoint } from './crash-points.ts';
-import { MODEL_SIDE_FILES } from '../model/checkpoint.ts';
+import { MODEL_SIDE_FILES, OPTIMIZER_FILE } from '../model/checkpoint.ts';
 import { sha256File } from '../policy-store/hash.ts';
 
 export const TRAINER_STATE_FILE = 'trainer_state.json';
@@ -145,7 +145,7 @@ async function syncPath(p: string): Promise<void> {
 }
 
 async function linkFiles(fromDir: string, toDir: string, files: string[]): Promise<void> {
-  await fs.mkdir(toDir);
+  await fs.mkdir(toDir, { recursive: true });
   for (const f of files) {
     const src = join(fromDir, f);
     if (!existsSync(src)) continue;
@@ -161,8 +161,10 @@ async function linkFiles(fromDir: string, toDir: string, files: string[]): Promi
 }
 
 /**
- * Builds checkpoints/global_step_<step> from the policy directories `actorDir` (weights + AdamW
- * state) and `referenceDir` (the initial policy): temporary name, fsync, rename. Returns its path.
+ * Builds checkpoints/global_step_<step> from the policy directories `actorDir` (the weights, and
+ * the AdamW state when it holds it) and `referenceDir` (the initial policy), and `optimizers`: the
+ * directories whose optimizer.safetensors joins actor/ (and critic/) when the version directories
+ * hold weights only. Temporary name, fsync, rename. Returns its path.
  */
 export async function writeCheckpointDir(
   runDir: string,
@@ -170,6 +172,7 @@ export async function writeCheckpointDir(
   actorDir: string,
   referenceDir: string,
   criticDir: string | null = null,
+  optimizers: { actor: string; critic: string | null } | null = null,
 ): Promise<string> {
   const root = checkpointsRoot(runDir);
   await fs.mkdir(root, { recursive: true });
@@ -178,6 +181,7 @@ export async function writeCheckpointDir(
   await fs.mkdir(tmp);
   try {
     await linkFiles(actorDir, join(tmp, 'actor'), MODEL_FILES);
+    if (optimizers) await linkFiles(optimizers.actor, join(tmp, 'actor'), [OPTIMIZER_FILE]);
     crashPoint('checkpoint:half-written');
     await linkFiles(
       referenceDir,
@@ -185,6 +189,7 @@ export async function writeCheckpointDir(
       MODEL_FILES.filter((f) => f !== 'optimizer.safetensors'),
     );
     if (criticDir) await linkFiles(criticDir, join(tmp, 'critic'), MODEL_FILES);
+    if (criticDir && optimizers?.critic) await linkFiles(optimizers.critic, join(tmp, 'critic'), [OPTIMIZER_FILE]);
     const files_sha256: Record<string, string> = {};
     for (const sub of ['actor', 'reference', 'critic']) {
       if (!existsSync(join(tmp, sub))) continue;

@@ -2,16 +2,18 @@
  * The learner of the update stage: the policy's trainer (weights + AdamW state; with LoRA the
  * frozen base and the trained adapters), the optional critic (value model, clipped value loss)
  * and the optional EMA of the policy weights, all at one policy version. It starts fresh, from a
- * stored version, or from a checkpoint (trainer.load_checkpoint_path); restores a stored version
- * after a batch that trained and then failed; trains a step; and stores the version it holds
- * (policy, critic and EMA side by side in the policy store, lib/pipeline/run-versions.ts).
+ * checkpoint (trainer.load_checkpoint_path), or at a trainer base (the run's last checkpoint or
+ * its start: weights and AdamW state) from which the update stage re-trains the logged steps up
+ * to its committed version (`advance` after each); trains a step; and stores the version it holds
+ * (policy, critic and EMA weights side by side in the policy store, lib/pipeline/run-versions.ts),
+ * and at checkpoint steps its AdamW states (`storeOptimizers`).
  */
 import { join } from 'node:path';
 import type { Config } from '../config/index.ts';
 import { resolveCriticModel } from '../config/index.ts';
 import { ConfigError } from '../errors.ts';
 import type { Logger } from '../log.ts';
-import { loadAdapter } from '../model/checkpoint.ts';
+import { isAdapterDir, loadAdapter } from '../model/checkpoint.ts';
 import {
   createTrainer,
   initWeights,
@@ -49,6 +51,18 @@ export interface LearnerSetup {
   initialWeightsDir?: string;
 }
 
+/**
+ * Where a learner's trainer state comes from when a run resumes: a checkpoint directory (actor/
+ * with optimizer.safetensors, critic/ when the run has one) at `step`, or (dir null) the run's
+ * initial weights with a fresh optimizer at step 0. The EMA is the stored EMA version `step`.
+ */
+export interface TrainerBase {
+  step: number;
+  dir: string | null;
+  /** sha256 of the policy weights at `step`. */
+  sha: string;
+}
+
 /** A mini-batch of packed tensors (services/update/logic.ts) and its token count. */
 export interface LearnerBatch {
   batch: TrainBatch;
@@ -82,10 +96,15 @@ export class Learner {
     return this.dirty ? -1 : this.at;
   }
 
-  /** Resumes a run at its stored `version` (policy, and the critic and EMA when enabled). */
-  static async fromVersion(s: LearnerSetup, version: number): Promise<Learner> {
-    const { trainer, sha } = await actorFromVersion(s, await s.versions.dir('policy', version));
-    const l = new Learner(s, trainer, version, sha);
+  /**
+   * A learner at trainer base `base` (the policy and critic with their AdamW state, the EMA):
+   * the update stage then re-trains the logged steps after it (`advance` after each).
+   */
+  static async atBase(s: LearnerSetup, base: TrainerBase): Promise<Learner> {
+    const src = base.dir ? await trainersOfCheckpoint(s, base.dir) : null;
+    const actor = src?.actor ?? createTrainer({ ...actorOptions(s), weights: await initialWeights(s) });
+    const l = new Learner(s, actor, base.step, base.sha);
+    l.critic = src?.critic ?? null;
     await l.openParts();
     return l;
   }
@@ -122,33 +141,34 @@ export class Learner {
       '',
     );
     const optimizerSteps = Number(src.state?.lr_state.optimizer_steps ?? ck.optimizer?.step ?? 0);
-    if (s.criticModel) await criticFromCheckpoint(s, s.criticModel, path, src, start);
+    if (s.criticModel) l.critic = await criticFromCheckpoint(s, s.criticModel, path, src, start);
     l.sha = await l.storePolicy(start);
     await l.openParts();
     return { learner: l, optimizerSteps };
   }
 
   /**
-   * Brings the trainer, critic and EMA back to the stored `version`: a batch that trained and then
-   * failed before committing is redelivered, and must train from the committed weights again.
+   * Brings the trainer, critic and EMA back to trainer base `base` (a batch that trained and then
+   * failed before committing: the update stage re-trains from there up to its committed version).
    */
-  async restore(version: number, db: Executor): Promise<void> {
-    const { versions } = this.s;
-    ({ trainer: this.actor, sha: this.sha } = await actorFromVersion(
-      this.s,
-      await versions.dir('policy', version, db),
-    ));
-    if (this.critic) {
-      const saved = await loadCheckpoint(await versions.dir('critic', version, db), { optimizer: true });
-      this.critic = createTrainer({
-        ...criticOptions(this.s),
-        weights: saved.weights,
-        optimizerState: saved.optimizer,
-      });
-    }
-    if (this.ema)
-      this.ema = (await loadCheckpoint(await versions.dir('ema', version, db), { optimizer: false })).weights;
+  async reset(base: TrainerBase): Promise<void> {
+    const l = await Learner.atBase(this.s, base);
+    this.actor = l.actor;
+    this.critic = l.critic;
+    this.ema = l.ema;
+    this.at = base.step;
+    this.sha = base.sha;
+    this.dirty = false;
+  }
+
+  /**
+   * A logged step re-trained (after a resume): the in-memory state is now `version`, whose stored
+   * weights have sha256 `sha`; the EMA moves as when the version was first stored. Nothing is written.
+   */
+  advance(version: number, sha: string): void {
+    this.nextEma();
     this.at = version;
+    this.sha = sha;
     this.dirty = false;
   }
 
@@ -194,7 +214,7 @@ export class Learner {
     totalOptimizerSteps: number;
   }): Promise<{ metrics: Record<string, number>; optimizerSteps: number; tokens: number }> {
     const { settings } = this.s;
-    this.dirty = true; // a failure from here on restores a stored version
+    this.dirty = true; // a failure from here on brings the trainer back from its base (update-resume.ts)
     const actor = new MetricMeans('actor/');
     let optimizerSteps = a.optimizerSteps,
       tokens = 0;
@@ -233,28 +253,39 @@ export class Learner {
     this.dirty = false;
     this.sha = await this.storePolicy(version, db);
     crashPoint('update:version-written');
-    if (this.critic)
-      await versions.put(
-        'critic',
-        version,
-        this.critic.model,
-        this.critic.getWeights(),
-        { optimizer: this.critic.getOptimizerState() },
-        db,
-      );
-    if (this.ema) {
-      const decay = cfg.algorithm.ema.decay;
-      const next = emaUpdate(Object.fromEntries(this.ema), Object.fromEntries(this.actor.weightsView()), decay);
-      this.ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
+    if (this.critic) await versions.put('critic', version, this.critic.model, this.critic.getWeights(), {}, db);
+    if (this.nextEma())
       await versions.put(
         'ema',
         version,
         model,
-        this.ema,
-        { metadata: { policy_version: String(version), ema_decay: String(decay) } },
+        this.ema!,
+        { metadata: { policy_version: String(version), ema_decay: String(cfg.algorithm.ema.decay) } },
         db,
       );
-    }
+  }
+
+  /**
+   * Stores the AdamW state of the policy (a LoRA policy: of its adapters) and of the critic as
+   * checkpoint step `version`'s optimizer artifacts (a version itself holds weights only).
+   */
+  async storeOptimizers(version: number, db: Executor): Promise<void> {
+    const { versions, model } = this.s;
+    await versions.putOptimizer('optimizer', version, model, this.actor.getOptimizerState(), db);
+    if (this.critic)
+      await versions.putOptimizer('critic-optimizer', version, this.critic.model, this.critic.getOptimizerState(), db);
+  }
+
+  /** Moves the EMA of the policy weights to the weights held now (algorithm.ema.decay); false when there is none. */
+  private nextEma(): boolean {
+    if (!this.ema) return false;
+    const next = emaUpdate(
+      Object.fromEntries(this.ema),
+      Object.fromEntries(this.actor.weightsView()),
+      this.s.cfg.algorithm.ema.decay,
+    );
+    this.ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
+    return true;
   }
 
   /** Writes the policy (no run id in the metadata: equal weights give equal bytes and sha256 in every run). */
@@ -264,20 +295,22 @@ export class Learner {
       version,
       this.s.model,
       this.actor.getWeights(),
-      { optimizer: this.actor.getOptimizerState(), metadata: { policy_version: String(version) } },
+      { metadata: { policy_version: String(version) } },
       db,
     );
   }
 
   /**
-   * The critic (critic.enable) and EMA (algorithm.ema.enable) at this version: stored ones, or a
+   * The critic (critic.enable) and EMA (algorithm.ema.enable) at this version: a critic already
+   * set (from a checkpoint), the stored ones (a stored critic version holds weights: its AdamW
+   * state starts fresh, as it did when that version was first written at a run's start), or a
    * first start's (also when one was turned on for a run that had none), stored as this version.
    */
   private async openParts(): Promise<void> {
     const { cfg, criticModel, versions, model } = this.s;
-    if (criticModel) {
+    if (criticModel && !this.critic) {
       const savedDir = await versions.find('critic', this.at);
-      const saved = savedDir ? await loadCheckpoint(savedDir, { optimizer: true }) : null;
+      const saved = savedDir ? await loadCheckpoint(savedDir, { optimizer: false }) : null;
       if (saved)
         this.critic = createTrainer({
           ...criticOptions(this.s),
@@ -294,9 +327,7 @@ export class Learner {
             ? { weights: valueModelFrom(await loadCheckpoint(cpath, { optimizer: false }), cseed).weights }
             : { weights: initWeights(criticModel, cseed, { visionStd: cfg.actor.model.vision.init_std }) }),
         });
-        await versions.put('critic', this.at, criticModel, this.critic.getWeights(), {
-          optimizer: this.critic.getOptimizerState(),
-        });
+        await versions.put('critic', this.at, criticModel, this.critic.getWeights(), {});
       }
     }
     // EMA of the policy weights: stored next to each version (kind ema; <run_dir>/ema/ on a filesystem)
@@ -349,25 +380,34 @@ async function initialWeights(s: LearnerSetup): Promise<Weights> {
     : initWeights(s.model, s.cfg.actor.model.init_seed, { visionStd: s.cfg.actor.model.vision.init_std });
 }
 
-/** A trainer holding a stored policy version (weights or, with LoRA, the base + the version's adapter) and its AdamW state. */
-async function actorFromVersion(s: LearnerSetup, dir: string): Promise<{ trainer: Trainer; sha: string }> {
-  if (s.lora) {
-    const ad = await loadAdapter(dir, s.model, { optimizer: true, expect: s.lora.config });
-    return {
-      trainer: createTrainer({
-        ...actorOptions(s),
-        weights: await sharedBaseWeights(s.lora.baseDir),
-        adapter: ad.adapter,
-        optimizerState: ad.optimizer,
-      }),
-      sha: ad.weightsSha256,
-    };
+/**
+ * The policy trainer (weights or, with LoRA, the base + the adapter) and the critic of a
+ * checkpoint directory, each with its AdamW state (an rlstream checkpoint's files are checked
+ * against its trainer_state.json first); a plain model directory gives a fresh optimizer.
+ */
+async function trainersOfCheckpoint(
+  s: LearnerSetup,
+  path: string,
+): Promise<{ actor: Trainer; critic: Trainer | null }> {
+  const src = readCheckpointPath(path);
+  if (src.state) await verifyCheckpointFiles(path, src.state);
+  const optimizer = src.state ? true : undefined;
+  let actor: Trainer;
+  if (s.lora && isAdapterDir(src.actorDir)) {
+    const ad = await loadAdapter(src.actorDir, s.model, { optimizer, expect: s.lora.config });
+    actor = createTrainer({
+      ...actorOptions(s),
+      weights: await sharedBaseWeights(s.lora.baseDir),
+      adapter: ad.adapter,
+      optimizerState: ad.optimizer,
+    });
+  } else {
+    const ck = await loadCheckpoint(src.actorDir, { optimizer });
+    actor = createTrainer({ ...actorOptions(s), weights: ck.weights, optimizerState: ck.optimizer });
   }
-  const ck = await loadCheckpoint(dir, { optimizer: true });
-  return {
-    trainer: createTrainer({ ...actorOptions(s), weights: ck.weights, optimizerState: ck.optimizer }),
-    sha: ck.weightsSha256,
-  };
+  if (!s.criticModel || !src.criticDir) return { actor, critic: null };
+  const c = await loadCheckpoint(src.criticDir, { optimizer });
+  return { actor, critic: createTrainer({ ...criticOptions(s), weights: c.weights, optimizerState: c.optimizer }) };
 }
 
 /**
@@ -382,7 +422,7 @@ async function criticFromCheckpoint(
   path: string,
   src: ReturnType<typeof readCheckpointPath>,
   start: number,
-): Promise<void> {
+): Promise<Trainer | null> {
   const { cfg, log } = s;
   if (src.criticDir) {
     const c = await loadCheckpoint(src.criticDir, { optimizer: true });
@@ -395,8 +435,9 @@ async function criticFromCheckpoint(
         `trainer.load_checkpoint_path: the critic at ${src.criticDir} (d_model ${c.config.hiddenSize}, layers ${c.config.numHiddenLayers}, vocab ${c.config.vocabSize}) does not match critic.model (d_model ${cm.hiddenSize}, layers ${cm.numHiddenLayers}, vocab ${cm.vocabSize})`,
       );
     }
-    await s.versions.put('critic', start, cm, c.weights, { optimizer: c.optimizer });
+    await s.versions.put('critic', start, cm, c.weights, {});
     log.info({ critic: src.criticDir }, `critic restored from ${src.criticDir} (weights and optimizer state)`);
+    return createTrainer({ ...criticOptions(s), weights: c.weights, optimizerState: c.optimizer });
   } else if (src.state && !resolveCriticModel(cfg).path) {
     throw new ConfigError(
       `trainer.load_checkpoint_path: ${path} has no critic (critic/ is missing: its run trained without one), but critic.enable = true (algorithm.adv_estimator = ${cfg.algorithm.adv_estimator} trains a value model). ` +
@@ -407,4 +448,5 @@ async function criticFromCheckpoint(
       { critic: resolveCriticModel(cfg).path },
       `${path} has no critic; the critic starts from critic.model.path`,
     );
+  return null;
 }

@@ -69,5 +69,7 @@ export function sampleRow(
     vppoTokenMask: f.vppoTokenMask ?? null,
     vppoScalingFactor: f.vppoScalingFactor ?? null,
     vppoEntropies: f.vppoEntropies ?? null,
+    // an image policy's sample: the image it generated, stored by hash in prompt_images
+    generatedImageHash: x.generated?.hash ?? null,
   };
 }

@@ -57,6 +57,13 @@ export async function keptCheckpoints(c: RunCheckpoints, saveLimit: number, tx?:
   return keptCheckpointSteps(steps, saveLimit);
 }
 
+/** The stored directories a checkpoint is linked from: the version's weights and the step's optimizer states. */
+export interface CheckpointSources {
+  actor: string;
+  critic: string | null;
+  optimizers: { actor: string; critic: string | null };
+}
+
 /**
  * Writes checkpoint `state.step`: the directory (temporary name, fsync, rename), then its row
  * (in `tx`, with the batch's other writes), then removes the directories beyond `saveLimit`.
@@ -65,11 +72,11 @@ export async function keptCheckpoints(c: RunCheckpoints, saveLimit: number, tx?:
 export async function saveRunCheckpoint(
   c: RunCheckpoints,
   state: TrainerState,
-  dirs: { actor: string; reference: string; critic: string | null },
+  dirs: CheckpointSources & { reference: string },
   saveLimit: number,
   tx?: Tx,
 ): Promise<string> {
-  const dir = await writeCheckpointDir(c.runDir, state, dirs.actor, dirs.reference, dirs.critic);
+  const dir = await writeCheckpointDir(c.runDir, state, dirs.actor, dirs.reference, dirs.critic, dirs.optimizers);
   await c.store.recordCheckpoint(
     {
       runId: c.runId,
@@ -118,7 +125,7 @@ function trainerStateOfRow(runId: string, row: StoredCheckpoint): TrainerState {
 export async function rebuildCheckpointDirs(
   c: RunCheckpoints,
   saveLimit: number,
-  dirs: (version: number) => Promise<{ actor: string; critic: string | null }>,
+  dirs: (version: number) => Promise<CheckpointSources>,
   reference: () => Promise<string>,
 ): Promise<Array<{ step: number; path: string }>> {
   const rows = await c.store.listCheckpoints(c.runId);
@@ -138,6 +145,7 @@ export async function rebuildCheckpointDirs(
       d.actor,
       await reference(),
       d.critic,
+      d.optimizers,
     );
     if (dir !== row.path) await c.store.recordCheckpoint({ ...row, path: dir });
     rebuilt.push({ step: row.step, path: dir });
@@ -170,7 +178,7 @@ export function trainerStateAt(a: {
   step: number;
   /** sha256 of the policy version's weights. */
   sha256: string;
-  /** The update stage's consumer positions ("<topic>/<partition>" → next offset). */
+  /** Where the update stage's input holds every group of the steps after this one ("<topic>/<partition>" → offset). */
   positions: Record<string, number>;
   klCoef: number;
   schedule: LrScheduleConfig;

@@ -8,13 +8,15 @@
 import { resolve } from 'node:path';
 import { policyId, type PolicyVersion } from '../contracts/index.ts';
 import { ConfigError, RlError } from '../errors.ts';
-import { checkpointSha256, MODEL_FILE, saveAdapter, saveCheckpoint } from '../model/checkpoint.ts';
+import { checkpointSha256, MODEL_FILE, saveAdapter, saveCheckpoint, saveOptimizer } from '../model/checkpoint.ts';
 import { ADAPTER_MODEL_FILE } from '../model/lora.ts';
 import { handOff } from '../policy-store/handoff.ts';
 import type { ModelConfig, OptimizerState, Weights } from '../model/index.ts';
 import {
   ARTIFACT_KINDS,
   IntegrityError,
+  OPTIMIZER_KINDS,
+  optimizerStatesToPrune,
   versionsToPrune,
   type ArtifactKind,
   type Executor,
@@ -24,8 +26,8 @@ import type { PolicyLora } from './policy.ts';
 import { resumeHint, type RunCheckpoints } from './run-checkpoints.ts';
 import { txOf } from './stage-state.ts';
 
+/** What a version is written with besides its weights (a version never holds optimizer state: putOptimizer). */
 export interface VersionWrite {
-  optimizer?: OptimizerState;
   metadata?: Record<string, string>;
 }
 
@@ -111,6 +113,22 @@ export class RunVersions {
     return w.weightsSha256;
   }
 
+  /**
+   * Writes the AdamW state of a checkpoint step into the policy store as artifact `kind`
+   * ('optimizer': the policy's, a LoRA policy's adapters' state; 'critic-optimizer': the critic's).
+   */
+  async putOptimizer(
+    kind: 'optimizer' | 'critic-optimizer',
+    version: number,
+    model: ModelConfig,
+    state: OptimizerState,
+    db: Executor = this.o.db,
+  ): Promise<void> {
+    const lora = kind === 'optimizer' ? (this.o.lora?.config ?? null) : null;
+    const files = await saveOptimizer(this.policies.writeDir(kind, version), model, state, lora);
+    await this.policies.put(kind, version, db, files);
+  }
+
   /** The `policy` record that publishes policy version `version`. */
   async record(
     version: number,
@@ -145,12 +163,14 @@ export class RunVersions {
 
   /**
    * Removes the stored versions no longer needed (lib/policy-store/retention.ts); critic and EMA
-   * versions go with their policy version. Returns the pruned policy versions.
+   * versions go with their policy version, optimizer states with their checkpoint. Returns the
+   * pruned policy versions.
    */
   async prune(keep: Parameters<typeof versionsToPrune>[1], db: Executor): Promise<number[]> {
     const pruned: number[] = [];
     for (const kind of ARTIFACT_KINDS) {
-      for (const v of versionsToPrune(await this.policies.versions(kind, db), keep)) {
+      const prune = OPTIMIZER_KINDS.includes(kind) ? optimizerStatesToPrune : versionsToPrune;
+      for (const v of prune(await this.policies.versions(kind, db), keep)) {
         await this.policies.remove(kind, v, db);
         if (kind === 'policy') pruned.push(v);
       }

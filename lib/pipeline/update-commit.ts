@@ -42,15 +42,17 @@ export interface UpdateCommitter {
 export type StepRecord = Pick<PolicyVersion, 'groups' | 'samples' | 'tokens' | 'consumed'>;
 
 /**
- * Stores the version the learner holds after training step `state.version` and returns its
- * `policy` record; with `checkpoint`, writes the step's checkpoint too (temporary name, fsync,
- * rename — then the row; a half-written one is never listed). All through the batch's executor.
+ * Stores the version the learner holds after training step `state.version` (weights only) and
+ * returns its `policy` record; with `checkpoint`, writes the step's optimizer states and its
+ * checkpoint too (temporary name, fsync, rename — then the row; a half-written one is never
+ * listed), recording `checkpoint.rereadFrom`: the offsets from which the update stage's input holds
+ * every group of the steps after this one. All through the batch's executor.
  */
 export async function commitVersion(
   c: UpdateCommitter,
   state: UpdateState,
   record: StepRecord,
-  checkpoint: boolean,
+  checkpoint: { rereadFrom: Record<string, number> } | null,
   ctx: Pick<StageContext, 'db' | 'tx'>,
 ): Promise<PolicyVersion> {
   const { cfg, versions } = c;
@@ -59,13 +61,14 @@ export async function commitVersion(
   const rec = await versions.record(step, Date.now(), record, ctx.db);
   if (checkpoint) {
     crashPoint('checkpoint:start');
+    await c.learner.storeOptimizers(step, ctx.db);
     const ts = trainerStateAt({
       cfg,
       runId: c.runId,
       plan: c.plan,
       step,
       sha256: rec.sha256,
-      positions: state.positions ?? {},
+      positions: checkpoint.rereadFrom,
       klCoef: await klCoefAt(cfg, ctx.db, c.runId, step),
       schedule: c.schedule,
       optimizerSteps: state.optimizerSteps,
@@ -75,6 +78,10 @@ export async function commitVersion(
       actor: versions.writeDir('policy', step),
       reference: await versions.dir('policy', 0, ctx.db),
       critic: cfg.critic.enable === true ? versions.writeDir('critic', step) : null,
+      optimizers: {
+        actor: versions.writeDir('optimizer', step),
+        critic: cfg.critic.enable === true ? versions.writeDir('critic-optimizer', step) : null,
+      },
     };
     await saveRunCheckpoint(c.checkpoints, ts, dirs, cfg.trainer.save_limit, ctx.tx);
   }

@@ -1,7 +1,7 @@
 /**
  * The update stage's start, its I/O: what a start decides on (the stage's saved state, the other
- * stages' state, the last checkpoint, trainer.load_checkpoint_path), the learner opened at the
- * run's current version (resumed from its stored version, started from a checkpoint, or fresh),
+ * stages' state, the last checkpoint, trainer.load_checkpoint_path), the learner opened (at the
+ * trainer base a resume re-trains the logged steps from, started from a checkpoint, or fresh),
  * and the run directory's checkpoints made whole (half-written ones removed; with a policy store
  * in the database, kept ones this node lacks rebuilt). The decision whether a start is allowed is
  * services/update/logic.ts startRefusal.
@@ -11,15 +11,17 @@ import { resolve } from 'node:path';
 import { ConfigError } from '../errors.ts';
 import type { Logger } from '../log.ts';
 import type { ModelConfig } from '../model/index.ts';
-import { datasetPosition, describePosition, removeTempCheckpoints } from './checkpoints.ts';
-import { Learner, type LearnerSetup } from './learner.ts';
+import { ADAPTER_MODEL_FILE } from '../model/lora.ts';
+import { MODEL_FILE } from '../model/checkpoint.ts';
+import { datasetPosition, describePosition, readCheckpointPath, removeTempCheckpoints } from './checkpoints.ts';
+import { Learner, type LearnerSetup, type TrainerBase } from './learner.ts';
 import type { ControllerPlan } from './plan.ts';
 import { policyLora } from './policy.ts';
 import { rebuildCheckpointDirs, type RunCheckpoints } from './run-checkpoints.ts';
 import { RunVersions } from './run-versions.ts';
 import type { Pipeline } from './runtime.ts';
 import { trainerSettings, type TrainerSettings } from './trainer-settings.ts';
-import { loadStageState, saveStageState, stagesWithState } from './stage-state.ts';
+import { loadStageState, saveStageState, stagesWithState, txOf, type Executor } from './stage-state.ts';
 
 /** How the update stage is started (app/replay.ts: from a source run's versions). */
 export interface UpdateOptions {
@@ -43,6 +45,25 @@ export interface UpdateState {
   positions?: Record<string, number>;
   /** trainer.load_checkpoint_path the run started from (null: a fresh start). */
   initFrom?: string | null;
+  /** The step and optimizer steps the run started at (a load_checkpoint_path start; absent: 0 and 0). */
+  startedAt?: { step: number; optimizerSteps: number };
+  /**
+   * Per step not trained yet, the first offset of its groups per "<topic>/<partition>" of the input
+   * (a checkpoint records from where the steps after it are read again).
+   */
+  stepStarts?: Record<string, Record<string, number>>;
+  /** sha256 of the weights of each version trained after the last checkpoint (re-trained steps take it back). */
+  versionSha?: Record<string, string>;
+}
+
+/**
+ * Where a resume starts the trainer from (the last checkpoint of the run, else its start), the
+ * optimizer steps done there, and from where the update stage's input holds every group of the
+ * steps after it ("<topic>/<partition>" → offset; absent: from the beginning).
+ */
+export interface ResumeBase extends TrainerBase {
+  optimizerSteps: number;
+  rereadFrom: Record<string, number>;
 }
 
 /** What the update stage's start decides on. */
@@ -95,9 +116,43 @@ export async function startLearner(
   const start = await readUpdateStart(p);
   const refusal = a.refusal(start);
   if (refusal) throw new ConfigError(refusal);
-  const { learner, state } = await openLearner(p, setup, a.plan, start);
+  // a resume starts the trainer from the last checkpoint: this node must have its directory
   await rebuildMissingCheckpoints(p, checkpoints, versions, criticModel !== null, log);
+  const { learner, state } = await openLearner(p, setup, a.plan, start);
   return { learner, state, settings, versions, checkpoints };
+}
+
+/** The sha256 recorded for policy version `version`'s weights ('' when the store no longer holds it). */
+export async function recordedSha(p: Pipeline, version: number, db: Executor = p.db.db): Promise<string> {
+  const files = await p.policies.files('policy', version, db);
+  return files.find((f) => f.name === MODEL_FILE || f.name === ADAPTER_MODEL_FILE)?.sha256 ?? '';
+}
+
+/**
+ * The trainer base a resume of the update stage at `state` starts from: its newest checkpoint
+ * (row and directory: weights, AdamW states, optimizer steps, the offsets recorded with it), else
+ * the checkpoint the run was started from (trainer.load_checkpoint_path), else the run's initial
+ * weights with a fresh optimizer at step 0. `db`: the batch's executor inside a batch.
+ */
+export async function resumeBase(p: Pipeline, state: UpdateState, db: Executor = p.db.db): Promise<ResumeBase> {
+  const rows = await p.store.listCheckpoints(p.runId, { tx: txOf(db) });
+  const last = rows.filter((r) => r.step <= state.version).at(-1);
+  if (last)
+    return {
+      step: last.step,
+      dir: last.path,
+      sha: last.sha256,
+      optimizerSteps: Number((last.lrState as { optimizer_steps?: number }).optimizer_steps ?? 0),
+      rereadFrom: last.consumedOffsets as Record<string, number>,
+    };
+  const step = state.startedAt?.step ?? (state.initFrom ? (readCheckpointPath(state.initFrom).state?.step ?? 0) : 0);
+  return {
+    step,
+    dir: state.initFrom ?? null,
+    sha: await recordedSha(p, step, db),
+    optimizerSteps: state.startedAt?.optimizerSteps ?? 0,
+    rereadFrom: {},
+  };
 }
 
 /** Reads what the update stage's start decides on from the run's database and config. */
@@ -126,12 +181,13 @@ export async function openLearner(
   const { log } = setup;
   const { state: saved, loadPath } = start;
   if (saved) {
-    const learner = await Learner.fromVersion(setup, saved.version);
-    const last = await p.store.latestCheckpoint(p.runId);
+    const base = await resumeBase(p, saved);
+    const learner = await Learner.atBase(setup, base);
+    const what = base.dir && existsSync(base.dir) ? `checkpoint ${base.dir}` : `the run's initial weights`;
     const from =
-      last && last.step === saved.version && existsSync(last.path)
-        ? `from checkpoint global_step_${last.step} (sha256 ${learner.sha})`
-        : `from policy version ${saved.version} (${p.policies.kind === 'filesystem' ? p.policies.writeDir('policy', saved.version) : `policy store: ${p.policies.kind}`}, sha256 ${learner.sha})${last ? `; last checkpoint global_step_${last.step}` : ''}`;
+      base.step === saved.version
+        ? `from ${what} (sha256 ${base.sha})`
+        : `from ${what} at step ${base.step} (sha256 ${base.sha}), re-training steps ${base.step + 1}–${saved.version} from the update stage's input log`;
     const at = datasetPosition(plan, saved.version);
     log.info({ ...at }, `resumed at ${describePosition(at)}, ${from}`);
     // the reference policy (v0: KL reference, the initial weights) is read by later steps only: a
@@ -141,7 +197,13 @@ export async function openLearner(
   }
   if (loadPath) {
     const { learner, optimizerSteps } = await Learner.fromCheckpoint(setup, loadPath);
-    const state: UpdateState = { version: learner.version, optimizerSteps, positions: {}, initFrom: loadPath };
+    const state: UpdateState = {
+      version: learner.version,
+      optimizerSteps,
+      positions: {},
+      initFrom: loadPath,
+      startedAt: { step: learner.version, optimizerSteps },
+    };
     await saveStageState(p.db.db, p.runId, 'update', state);
     const at = datasetPosition(plan, learner.version);
     log.info({ ...at }, `resumed at ${describePosition(at)}, from checkpoint ${loadPath} (sha256 ${learner.sha})`);
@@ -182,6 +244,10 @@ export async function rebuildMissingCheckpoints(
     async (v) => ({
       actor: await versions.dir('policy', v),
       critic: withCritic ? await versions.find('critic', v) : null,
+      optimizers: {
+        actor: await versions.dir('optimizer', v),
+        critic: withCritic ? await versions.find('critic-optimizer', v) : null,
+      },
     }),
     () => versions.dir('policy', 0),
   );

@@ -43,9 +43,11 @@ export async function verifyDir(
   }
 }
 
-/** A version directory is there once its weights are: model.safetensors, or a LoRA run's adapter_model.safetensors. */
+/** Whether `dir` holds a stored artifact: weights (a version), or an optimizer state (a checkpoint step's). */
 function hasWeights(dir: string): boolean {
-  return existsSync(join(dir, 'model.safetensors')) || existsSync(join(dir, 'adapter_model.safetensors'));
+  return ['model.safetensors', 'adapter_model.safetensors', 'optimizer.safetensors'].some((f) =>
+    existsSync(join(dir, f)),
+  );
 }
 
 export class FilesystemPolicyStore implements PolicyStore {

@@ -50,4 +50,4 @@ export function createPolicyStore(
     }
   }
 }
-export { versionsToPrune, neededVersions, keptCheckpointSteps } from './retention.ts';
+export { versionsToPrune, neededVersions, keptCheckpointSteps, optimizerStatesToPrune } from './retention.ts';

@@ -1,7 +1,7 @@
 /**
  * The policy-store port: where policy versions live (and the critic and EMA versions written next
- * to them) — each an artifact (kind, version) of a few files (model.safetensors,
- * optimizer.safetensors, config.json). Three adapters, one contract suite
+ * to them) — each an artifact (kind, version) of a few files (model.safetensors and config.json;
+ * at checkpoint steps an optimizer artifact holding optimizer.safetensors). Three adapters, one contract suite
  * (test/support/policy-store-contract.ts):
  *
  *  - `filesystem-store.ts` (pipeline.policy_store = filesystem, the default): the files under
@@ -23,8 +23,15 @@
 import type { Executor } from '../db/database.ts';
 import { RlError } from '../errors.ts';
 
-export type ArtifactKind = 'policy' | 'critic' | 'ema';
-export const ARTIFACT_KINDS: readonly ArtifactKind[] = ['policy', 'critic', 'ema'];
+/**
+ * policy, critic, ema: weights-only versions (what sampling and scoring read), one per step.
+ * optimizer, critic-optimizer: the AdamW state of the policy and of the critic (optimizer.safetensors
+ * alone), written only at checkpoint steps and kept while their checkpoint is.
+ */
+export type ArtifactKind = 'policy' | 'critic' | 'ema' | 'optimizer' | 'critic-optimizer';
+export const ARTIFACT_KINDS: readonly ArtifactKind[] = ['policy', 'critic', 'ema', 'optimizer', 'critic-optimizer'];
+/** The kinds that are trainer state of a checkpoint, not a version anyone samples or scores with. */
+export const OPTIMIZER_KINDS: readonly ArtifactKind[] = ['optimizer', 'critic-optimizer'];
 
 export interface ArtifactFile {
   name: string;

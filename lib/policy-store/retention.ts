@@ -36,3 +36,13 @@ export function keptCheckpointSteps(steps: readonly number[], saveLimit: number)
   const sorted = [...steps].sort((a, b) => a - b);
   return saveLimit > 0 ? sorted.slice(Math.max(0, sorted.length - saveLimit)) : sorted;
 }
+
+/**
+ * Which stored optimizer states may go: they are the trainer state of a checkpoint, needed only
+ * while that checkpoint is kept (`checkpointSteps`); one beyond the newest version (a writer ahead
+ * of this one's view) is never touched.
+ */
+export function optimizerStatesToPrune(versions: readonly number[], o: RetentionOptions): number[] {
+  const keep = new Set(o.checkpointSteps);
+  return versions.filter((v) => !keep.has(v) && v < o.newest).sort((a, b) => a - b);
+}

@@ -125,7 +125,7 @@ export interface RewardRequestItem {
   prompt_text: string;
   response_text: string;
   ground_truth?: string;
-  /** The prompt's images as PNG bytes (the first one is sent as `image_base64_png`). */
+  /** The images to score as PNG bytes: the prompt's, or an image policy's generated one (the first is sent as `image_base64_png`). */
   images?: Buffer[];
 }
 

@@ -118,6 +118,8 @@ export interface TrajectoryRow {
   vppoScalingFactor?: number | null;
   /** VPPO with enable_entropy_filtering: per response token, the real-image entropy the entropy mask ranked. */
   vppoEntropies?: NumberArray | null;
+  /** Image policies: the hash of the image the sample generated (prompt_images.hash); absent/null otherwise. */
+  generatedImageHash?: string | null;
 }
 
 /** A trajectory as read back: arrays as plain number[], plus the derived and server-set columns. */
@@ -149,6 +151,7 @@ export interface StoredTrajectory extends Omit<
   vppoTokenMask: boolean[] | null;
   vppoScalingFactor: number | null;
   vppoEntropies: number[] | null;
+  generatedImageHash: string | null;
   createdAt: Date;
 }
 
@@ -255,7 +258,7 @@ export interface StoredValGeneration extends ValGenerationRow {
   createdAt: Date;
 }
 
-/** One distinct prompt image of a run (its normalised PNG), stored once. */
+/** One distinct image of a run (a prompt's normalised PNG, or one an image policy generated), stored once. */
 export interface PromptImageRow {
   runId: string;
   /** Lower-case hex sha256 of `png`. */

@@ -56,6 +56,7 @@ export interface TrajectoriesTable {
   vppo_token_mask: boolean[] | null;
   vppo_scaling_factor: number | null;
   vppo_entropies: number[] | null;
+  generated_image_hash: string | null;
   created_at: Generated<Date>;
 }
 

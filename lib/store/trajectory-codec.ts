@@ -80,6 +80,7 @@ export const TRAJECTORY_COLUMNS: readonly Column[] = [
   col('vppo_token_mask', 'bool[]', (r) => r.vppoTokenMask),
   col('vppo_scaling_factor', 'float8', (r) => r.vppoScalingFactor),
   col('vppo_entropies', 'float4[]', (r) => r.vppoEntropies),
+  col('generated_image_hash', 'text', (r) => r.generatedImageHash ?? null),
 ];
 
 export const TRAJECTORY_COLUMN_LIST = TRAJECTORY_COLUMNS.map((c) => c.name).join(', ');
@@ -261,6 +262,9 @@ export function validateTrajectory(row: TrajectoryRow): void {
         throw bad(row, `vppoTokenMask[${i}]`, `must be a boolean (or 0/1), got ${String(x)}`);
     }
   }
+  const gh = row.generatedImageHash;
+  if (gh !== undefined && gh !== null && (typeof gh !== 'string' || !/^[0-9a-f]{64}$/.test(gh)))
+    throw bad(row, 'generatedImageHash', `must be a lower-case hex sha256 or null, got ${JSON.stringify(gh)}`);
   const a = row.vppoScalingFactor;
   if (a !== undefined && a !== null && (typeof a !== 'number' || !Number.isFinite(a) || a < 0))
     throw bad(row, 'vppoScalingFactor', `must be a finite number ≥ 0 or null, got ${String(a)}`);
@@ -664,6 +668,7 @@ export function decodeTrajectory(r: Record<string, any>): StoredTrajectory {
     vppoTokenMask: r.vppo_token_mask ?? null,
     vppoScalingFactor: r.vppo_scaling_factor ?? null,
     vppoEntropies: r.vppo_entropies ?? null,
+    generatedImageHash: r.generated_image_hash ?? null,
     createdAt: r.created_at,
   };
 }

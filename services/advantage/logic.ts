@@ -27,7 +27,8 @@ import type { Config } from '../../lib/config/index.ts';
 import { ADV_ESTIMATOR_NAMES } from '../../lib/rl/advantage.ts';
 import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { VppoScores } from '../../lib/pipeline/vppo.ts';
-import type { TrajectoryRow } from '../../lib/store/port.ts';
+import type { PromptImageRow, TrajectoryRow } from '../../lib/store/port.ts';
+import { pngSize } from '../../lib/data/image-hash.ts';
 
 /** Names the stages log under reward/ themselves; a reward component with one of them is logged as reward/details/<name>. */
 export const RESERVED_REWARD_METRICS: ReadonlySet<string> = new Set([
@@ -554,6 +555,24 @@ export function trajectoryRows(
       vppoEntropies: (x.vppo && vppo?.perturbed.get(x.id)?.entropies) ?? null,
     }),
   );
+}
+
+/**
+ * The images an image policy generated in these update groups, one row per distinct hash (stored
+ * once in prompt_images; trajectories.generated_image_hash names them).
+ */
+export function generatedImageRows(runId: string, updates: readonly UpdateGroup[]): PromptImageRow[] {
+  const rows = new Map<string, PromptImageRow>();
+  for (const u of updates)
+    for (const x of u.samples)
+      if (x.generated && !rows.has(x.generated.hash))
+        rows.set(x.generated.hash, {
+          runId,
+          hash: x.generated.hash,
+          ...pngSize(x.generated.png),
+          png: x.generated.png,
+        });
+  return [...rows.values()];
 }
 
 /** filter_reason of a stored remax baseline trajectory. */

@@ -21,6 +21,7 @@ import {
   advantageSettings,
   attachVppo,
   baselineRows,
+  generatedImageRows,
   computeStep,
   estimatorRefusal,
   failureRows,
@@ -128,6 +129,9 @@ export function startAdvantage(p: Pipeline): StageRun {
       const scoredGroups = [...decision.kept, ...decision.filtered.map((f) => f.group)];
       const baselines = baselineRows(p.runId, scoredGroups, step);
       const rewardText = new Map(scoredGroups.flatMap((g) => g.samples.map((x) => [x.id, x.reward_text] as const)));
+      // an image policy's generated images, once by hash, before the rows that name them
+      const generated = generatedImageRows(p.runId, res.updates);
+      if (generated.length) await p.store.insertPromptImages(generated, { tx: ctx.tx });
       await p.store.insertTrajectories(
         [...res.updates.flatMap((u) => trajectoryRows(p.runId, u, step, rewardText, vppoPasses)), ...baselines],
         { tx: ctx.tx },

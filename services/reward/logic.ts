@@ -12,7 +12,11 @@ export function samplesToScore(g: TrajectoryGroup): TrajectorySample[] {
   return g.baseline ? [...g.samples, g.baseline] : g.samples;
 }
 
-/** One item per sample to score: its texts (functions, HTTP servers) and its token ids (reward models). */
+/**
+ * One item per sample to score: its texts (functions, HTTP servers) and its token ids (reward
+ * models). The images are the prompt's, or for an image policy's sample the image it generated
+ * (the `image` a `/score` server receives).
+ */
 export function rewardItems(g: TrajectoryGroup): RewardItem[] {
   return samplesToScore(g).map((s) => ({
     id: s.id,
@@ -20,7 +24,7 @@ export function rewardItems(g: TrajectoryGroup): RewardItem[] {
     prompt_text: g.prompt_text,
     response_text: s.response_text,
     ground_truth: g.ground_truth,
-    images: g.images,
+    images: s.generated ? [s.generated.png] : g.images,
     prompt_ids: g.prompt_ids,
     response_ids: s.response_ids,
     data_source: g.data_source,

@@ -9,6 +9,7 @@ import type {
   TrajectorySample,
   FinishReason,
   Episode,
+  GeneratedImage,
 } from '../../lib/contracts/index.ts';
 import { sampleIdFor } from '../../lib/contracts/index.ts';
 
@@ -28,6 +29,8 @@ export interface GenResult {
   /** Multi-turn episodes: 1 = sampled by the policy, 0 = environment tokens, and the episode's record. */
   mask?: Uint8Array;
   episode?: Episode;
+  /** Image policies: the generated image and its denoising trajectory (tokens index its stochastic steps). */
+  generated?: GeneratedImage;
 }
 
 export interface RequestOptions {
@@ -113,11 +116,13 @@ export function trajectoryGroups(
       sample_index: r.sampleIndex,
       prompt_index: groups[r.groupIndex].group.prompt_index,
       response_ids: res.tokens,
-      response_text: decode(textIds),
+      // an image policy's tokens index its denoising steps: no text
+      response_text: res.generated ? '' : decode(textIds),
       behaviour_logprobs: res.logprobs,
       response_mask: res.mask ? Buffer.from(res.mask.buffer, res.mask.byteOffset, res.mask.length) : Buffer.alloc(0),
       finish_reason: finish,
       episode: res.episode ?? null,
+      generated: res.generated ?? null,
     };
     if (r.greedy) baselines[r.groupIndex] = sample;
     else samples[r.groupIndex].push(sample);

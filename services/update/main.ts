@@ -1,7 +1,9 @@
 /**
  * Update stage: trains the policy. At start it publishes policy version 0 (the seeded initial
- * weights, or actor.model.path) unless the run already has versions; on restart it resumes from
- * its last version (weights + AdamW state + KL/LR state). Each training step's update groups are
+ * weights, or actor.model.path) unless the run already has versions; on restart it starts the
+ * trainer from the last checkpoint (weights + AdamW state + LR state; else the run's start) and
+ * re-trains the steps committed after it from their groups in its input log, which gives the
+ * committed version's state again without writing anything. Each training step's update groups are
  * collected durably (stage_pending) until rollout_batch_size kept groups are there; then the
  * batch is assembled in id order, old log-probs are recomputed with the current weights, and
  * ppo_epochs passes over mini-batches of actor.global_batch_size (micro-batch accumulation)
@@ -21,6 +23,8 @@ import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import type { Learner } from '../../lib/pipeline/learner.ts';
 import { startLearner, type UpdateOptions, type UpdateState } from '../../lib/pipeline/update-start.ts';
+import { catchUpLearner } from '../../lib/pipeline/update-resume.ts';
+import type { Executor } from '../../lib/pipeline/stage-state.ts';
 import { trainsNft } from '../../lib/pipeline/trainer-settings.ts';
 import { commitVersion, pruneVersions, type UpdateCommitter } from '../../lib/pipeline/update-commit.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
@@ -30,6 +34,8 @@ import { totalSteps as planTotalSteps, planFromConfig } from '../../lib/pipeline
 import {
   advancePositions,
   checkBatchArithmetic,
+  noteStepStarts,
+  rereadFrom,
   nftTargets,
   packOptions,
   packPolicyBatches,
@@ -124,7 +130,19 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     criticImages: criticModel ? new PolicyImages(criticModel, pixelCache) : null,
     lastVersionMs: null,
   };
+  await catchUp(run, state, p.db.db, false);
   return runStage(p, 'update', ['updates'], (records, ctx) => updateBatch(run, state, records, ctx));
+}
+
+/** The learner brought to the committed `st.version` (the logged steps after its trainer base re-trained). */
+function catchUp(run: UpdateRun, st: UpdateState, db: Executor, reset: boolean): Promise<void> {
+  return catchUpLearner({
+    ...run,
+    st,
+    db,
+    reset,
+    train: async (at, groups) => void (await trainStep(run, at, groups)),
+  });
 }
 
 /**
@@ -132,17 +150,12 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
  * rollout_batch_size kept groups; each complete step is trained and committed in order.
  */
 async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decoded[], ctx: StageContext): Promise<void> {
-  const { p, learner, log } = run;
+  const { p } = run;
   const cfg = p.cfg;
   run.metrics.beginBatch(ctx.waitedMs);
   const st = (await loadStageState<UpdateState>(ctx.db, p.runId, 'update')) ?? initial;
-  if (learner.version !== st.version) {
-    await learner.restore(st.version, ctx.db);
-    log.warn(
-      { version: st.version },
-      `restored the trainer to the committed policy version ${st.version} (a batch failed after training)`,
-    );
-  }
+  await catchUp(run, st, ctx.db, true);
+  st.stepStarts = noteStepStarts(st.stepStarts ?? {}, records, st.version);
   st.positions = advancePositions(
     st.positions ?? {},
     records.map((r) => r.message),
@@ -167,7 +180,9 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
   await pending.persist();
   // validation rounds the controller published and has not seen finish still sample with their version
   const progress = await loadStageState<ControllerProgress>(ctx.db, p.runId, 'controller');
-  await pruneVersions(run.commit, st.version, versionsInUse(progress, st.version), ctx.db);
+  // a run started from a checkpoint resumes from there until its own first checkpoint (its EMA version)
+  const base = st.startedAt ? [st.startedAt.step] : [];
+  await pruneVersions(run.commit, st.version, [...versionsInUse(progress, st.version), ...base], ctx.db);
 }
 
 /** Trains step `step` on its groups and commits it: versions, policy record, checkpoint when due, metrics. Returns the time it was published. */
@@ -186,13 +201,17 @@ async function trainAndCommit(
   const tTrain = performance.now();
   crashPoint('update:trained');
   st.version = step;
+  delete st.stepStarts?.[String(step)];
+  const checkpoint = shouldCheckpoint(step, run.totalSteps, cfg.trainer.save_freq);
   const rec = await commitVersion(
     run.commit,
     st,
     stepRecord(groups, m['perf/update_tokens'] ?? 0, st.positions ?? {}),
-    shouldCheckpoint(step, run.totalSteps, cfg.trainer.save_freq),
+    checkpoint ? { rereadFrom: rereadFrom(st.positions ?? {}, st.stepStarts ?? {}, step) } : null,
     ctx,
   );
+  // a resume re-trains the steps after the last checkpoint and takes their versions' sha256 back from here
+  st.versionSha = checkpoint ? {} : { ...st.versionSha, [String(step)]: rec.sha256 };
   // throughput of the whole pipeline over this step: its samples (and their prompt + response
   // tokens) ÷ the wall time since the previous version (none for the first step of a process)
   const nowMs = Date.now();

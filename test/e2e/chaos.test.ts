@@ -7,8 +7,8 @@
  * The run must end with the uninterrupted (embedded) run's checkpoint sha256 and exactly its
  * trajectories: one row per (step, prompt, sample), no gaps, no duplicates.
  *
- * Restarting PostgreSQL affects every database of the server: the e2e tier runs its files one at
- * a time (scripts/run-tests.ts), so nothing else uses it meanwhile.
+ * Restarting PostgreSQL affects every database of the server, so this file runs alone
+ * (@runs-alone, scripts/run-tests.ts): nothing else uses the server meanwhile.
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';

@@ -5,7 +5,10 @@
  * checkpoint write, after the checkpoint is renamed or recorded but not committed, …) and at
  * seeded random times — and restarted with the same command each time. The run must end with the
  * uninterrupted run's checkpoint sha256, with exactly one trajectory row per (step, prompt,
- * sample), identical to the uninterrupted run's rows. It also checks the resume lines, that a
+ * sample), identical to the uninterrupted run's rows. The first kill comes at the start of step 4,
+ * after step 3's version was committed and between checkpoints (2 and 4): policy versions hold no
+ * optimizer state, so the restart starts the trainer from global_step_2 and re-trains step 3 from
+ * the update stage's input log. It also checks the resume lines, that a
  * half-written checkpoint is never taken as the last one, and that a live run directory cannot
  * be opened by another process (the lock names the PID).
  */
@@ -79,6 +82,8 @@ const HOOKS = [
  * random-time kill can come so late that the run finishes before the hooks planned last.
  */
 const FIRST = ['rollout:generated@3', 'update:trained@2', 'checkpoint:half-written@1'];
+/** The first process is killed as step 4 starts: step 3 is committed, the last checkpoint is global_step_2. */
+const RETRAIN_KILL = 'update:start@4';
 
 interface TrajRow {
   step: number;
@@ -123,10 +128,13 @@ test(
     const args = ['train', CONFIG, ...overrides(dir)];
     const rng = Rng.fromSeed(`crash:${SEED}`);
     const hooks = [...rng.shuffle([...FIRST]), ...rng.shuffle(HOOKS.filter((h) => !FIRST.includes(h)))];
-    // a random-time kill before every third hook
-    const plan: Array<{ kind: 'hook'; spec: string } | { kind: 'random'; delayMs: number }> = [];
+    // first a kill between checkpoints (step 3 committed, the last checkpoint global_step_2), then
+    // a random-time kill before every third hook after the first
+    const plan: Array<{ kind: 'hook'; spec: string } | { kind: 'random'; delayMs: number }> = [
+      { kind: 'hook', spec: RETRAIN_KILL },
+    ];
     hooks.forEach((spec, i) => {
-      if (i % 3 === 0) plan.push({ kind: 'random', delayMs: Math.round(150 + rng.next() * 1500) });
+      if (i % 3 === 0 && i > 0) plan.push({ kind: 'random', delayMs: Math.round(150 + rng.next() * 1500) });
       plan.push({ kind: 'hook', spec });
     });
     const kills: Array<{ how: string; phase: string; point: string | null; resumedAt: number | null }> = [];
@@ -239,6 +247,12 @@ test(
     // every restart says where it resumed, consistently with the plan (epochs are 0-based; after an
     // epoch's last step the next epoch starts at prompt 0)
     const resumes = outputs.slice(1).map((o) => resumeLines(o));
+    assert.match(
+      resumes[0][0]?.text ?? '',
+      /^resumed at step 3, .* from checkpoint .*global_step_2 at step 2 \(sha256 [0-9a-f]{64}\), re-training steps 3–3 from the update stage's input log$/,
+      'the restart after the kill between checkpoints re-trains step 3 from global_step_2',
+    );
+    assert.match(outputs[1], /re-trained steps 3–3 from the update stage's input log/);
     for (const [i, r] of resumes.entries()) {
       assert.equal(r.length, 1, `restart ${i + 1} logs one resume line`);
       const { step, epoch, prompt, of } = r[0];
@@ -273,6 +287,17 @@ test(
       'no temporary checkpoint is left',
     );
     assert.ok(existsSync(join(dir, 'checkpoints/global_step_20/trainer_state.json')));
+    // policy versions hold weights only; the AdamW state is in the checkpoints (and their optimizer artifacts)
+    const versionDirs = readdirSync(join(dir, 'policy')).filter((n) => /^v\d+$/.test(n));
+    assert.ok(versionDirs.length > 0);
+    for (const v of versionDirs)
+      assert.ok(!existsSync(join(dir, 'policy', v, 'optimizer.safetensors')), `policy/${v} has no optimizer state`);
+    assert.ok(existsSync(join(dir, 'checkpoints/global_step_20/actor/optimizer.safetensors')));
+    assert.deepEqual(
+      readdirSync(join(dir, 'optimizer')).sort(),
+      ['v000016', 'v000018', 'v000020'],
+      'optimizer states of the kept checkpoints only',
+    );
     // exactly one trajectory row per (step, prompt, sample), equal to the uninterrupted run's
     assert.equal(got.rows.length, STEPS * BATCH * N, 'no gaps, no duplicates');
     const keys = new Set(got.rows.map((r) => `${r.step}/${r.prompt_index}/${r.sample_index}`));

@@ -22,7 +22,7 @@ import { paramSpecs } from '../../lib/model/params.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { numberGameVision } from '../../lib/tasks/index.ts';
 import { ROOT } from '../../devkit/pipeline-procs.ts';
-import { writeHfModelDir, QWEN3_TOKENIZER_DIR } from '../support/hf-model-dir.ts';
+import { writeHfModelDir, tinyQwen3Config, QWEN3_TOKENIZER_DIR } from '../support/hf-model-dir.ts';
 
 const tmp = join(ROOT, 'test/.tmp', `dialect-examples-${process.pid}`);
 after(() => rmSync(tmp, { recursive: true, force: true }));
@@ -68,24 +68,7 @@ async function trainedSteps(runDir: string): Promise<Array<{ step: number; n: nu
   }
 }
 
-// Qwen3's config keys at a tiny size, the real vocabulary (the tokenizer's ids fit in 151936)
-const qwen3 = {
-  architectures: ['Qwen3ForCausalLM'],
-  model_type: 'qwen3',
-  hidden_size: 32,
-  intermediate_size: 64,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  head_dim: 16,
-  vocab_size: 151936,
-  max_position_embeddings: 256,
-  rms_norm_eps: 1e-6,
-  rope_theta: 1000000,
-  tie_word_embeddings: true,
-  bos_token_id: 151643,
-  eos_token_id: 151645,
-};
+const qwen3 = tinyQwen3Config();
 
 test('the verl GSM8K example trains two steps with verl-named overrides', { timeout: 150_000 }, async () => {
   const dir = join(tmp, 'verl');

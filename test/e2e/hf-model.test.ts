@@ -24,45 +24,31 @@ import { fromFloat32 } from '../../lib/model/safetensors.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { modelDirTokenizer } from '../../lib/pipeline/policy.ts';
 import { openStore } from '../../lib/store/index.ts';
-import { writeHfModelDir, QWEN3_TOKENIZER_DIR } from '../support/hf-model-dir.ts';
+import {
+  writeHfModelDir,
+  tinyQwen3Config,
+  QWEN3_GENERATION_IDS,
+  QWEN3_TOKENIZER_DIR,
+} from '../support/hf-model-dir.ts';
 
 const ROOT = join(import.meta.dirname, '../..');
 const RUN_ID = 'e2e-hf-model';
 const tmp = join(ROOT, 'test/.tmp', `hf-model-${process.pid}`);
 after(() => rmSync(tmp, { recursive: true, force: true }));
 
-// Qwen3's real config keys at a small size (the real vocabulary: the tokenizer's 151669 ids fit in 151936)
-const config = {
-  architectures: ['Qwen3ForCausalLM'],
-  model_type: 'qwen3',
-  hidden_size: 32,
-  intermediate_size: 64,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  head_dim: 16,
-  vocab_size: 151936,
-  max_position_embeddings: 256,
-  rms_norm_eps: 1e-6,
-  rope_theta: 1000000,
+// Qwen3's real config keys at a small size, with the keys transformers writes
+const config = tinyQwen3Config({
   rope_scaling: null,
-  hidden_act: 'silu',
-  tie_word_embeddings: true,
-  attention_bias: false,
   attention_dropout: 0.0,
-  bos_token_id: 151643,
-  eos_token_id: 151645,
   use_cache: true,
   use_sliding_window: false,
   sliding_window: null,
   max_window_layers: 2,
   initializer_range: 0.02,
   transformers_version: '4.51.0',
-};
+});
 const generation = {
-  bos_token_id: 151643,
-  eos_token_id: [151645, 151643],
-  pad_token_id: 151643,
+  ...QWEN3_GENERATION_IDS,
   do_sample: true,
   temperature: 0.6,
   top_p: 0.95,

@@ -23,33 +23,20 @@ import { decodeSafetensors } from '../../lib/model/safetensors.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { policyModelConfig, tokenizerFor } from '../../lib/pipeline/policy.ts';
-import { writeHfModelDir, QWEN3_TOKENIZER_DIR } from '../support/hf-model-dir.ts';
+import {
+  writeHfModelDir,
+  tinyQwen3Config,
+  QWEN3_GENERATION_IDS,
+  QWEN3_TOKENIZER_DIR,
+} from '../support/hf-model-dir.ts';
 
 const ROOT = join(import.meta.dirname, '../..');
 const RUN_ID = 'e2e-lora';
 const tmp = join(ROOT, 'test/.tmp', `lora-${process.pid}`);
 after(() => rmSync(tmp, { recursive: true, force: true }));
 
-const config = {
-  architectures: ['Qwen3ForCausalLM'],
-  model_type: 'qwen3',
-  hidden_size: 32,
-  intermediate_size: 64,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  head_dim: 16,
-  vocab_size: 151936,
-  max_position_embeddings: 256,
-  rms_norm_eps: 1e-6,
-  rope_theta: 1000000,
-  hidden_act: 'silu',
-  tie_word_embeddings: true,
-  attention_bias: false,
-  bos_token_id: 151643,
-  eos_token_id: 151645,
-};
-const generation = { bos_token_id: 151643, eos_token_id: [151645, 151643], pad_token_id: 151643 };
+const config = tinyQwen3Config();
+const generation = QWEN3_GENERATION_IDS;
 
 const cli = (...args: string[]): string =>
   execFileSync(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), ...args], { encoding: 'utf8', cwd: ROOT });
@@ -132,7 +119,13 @@ test(
     const pc = JSON.parse(readFileSync(join(v2, 'adapter_config.json'), 'utf8'));
     assert.deepEqual([pc.peft_type, pc.r, pc.lora_alpha, pc.base_model_name_or_path], ['LORA', 4, 8, src]);
     const a0 = await loadAdapter(v0, base.config),
-      a2 = await loadAdapter(v2, base.config, { optimizer: true });
+      a2 = await loadAdapter(v2, base.config, { optimizer: false });
+    // a version holds the adapter only; the adapters' AdamW state is in the checkpoint
+    assert.ok(!existsSync(join(v2, 'optimizer.safetensors')), 'a policy version holds no optimizer state');
+    const ck2 = await loadAdapter(join(runDir, 'checkpoints', 'global_step_2', 'actor'), base.config, {
+      optimizer: true,
+    });
+    assert.equal(ck2.weightsSha256, a2.weightsSha256, "the checkpoint's adapter is version 2's");
     assert.ok(
       [...a0.adapter].every(([k, w]) => !k.endsWith('lora_B.weight') || w.every((x) => x === 0)),
       'version 0: B = 0 (the base policy)',
@@ -142,7 +135,7 @@ test(
       'two steps trained the adapters',
     );
     assert.ok(
-      a2.optimizer && a2.optimizer.step > 0 && a2.optimizer.expAvg.size === 28,
+      ck2.optimizer && ck2.optimizer.step > 0 && ck2.optimizer.expAvg.size === 28,
       'AdamW state for the adapters only',
     );
     const bytes = readdirSync(v2)

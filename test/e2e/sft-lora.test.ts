@@ -25,7 +25,12 @@ import { loadAdapter, loadCheckpoint } from '../../lib/model/checkpoint.ts';
 import { mergeLoraOnnx } from '../../lib/model/lora-merge.ts';
 import { decodeSafetensors } from '../../lib/model/safetensors.ts';
 import { openStore } from '../../lib/store/index.ts';
-import { writeHfModelDir, QWEN3_TOKENIZER_DIR } from '../support/hf-model-dir.ts';
+import {
+  writeHfModelDir,
+  tinyQwen3Config,
+  QWEN3_GENERATION_IDS,
+  QWEN3_TOKENIZER_DIR,
+} from '../support/hf-model-dir.ts';
 import { deadline, killHard, selfKilledAt, spawnCli, type CliProc } from '../support/chaos-procs.ts';
 
 const ROOT = join(import.meta.dirname, '../..');
@@ -37,26 +42,14 @@ after(async () => {
   rmSync(tmp, { recursive: true, force: true });
 });
 
-const hf = (hidden: number) => ({
-  architectures: ['Qwen3ForCausalLM'],
-  model_type: 'qwen3',
-  hidden_size: hidden,
-  intermediate_size: 2 * hidden,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  head_dim: hidden / 4,
-  vocab_size: 151936,
-  max_position_embeddings: 128,
-  rms_norm_eps: 1e-6,
-  rope_theta: 1000000,
-  hidden_act: 'silu',
-  tie_word_embeddings: true,
-  attention_bias: false,
-  bos_token_id: 151643,
-  eos_token_id: 151645,
-});
-const generation = { bos_token_id: 151643, eos_token_id: [151645, 151643], pad_token_id: 151643 };
+const hf = (hidden: number) =>
+  tinyQwen3Config({
+    hidden_size: hidden,
+    intermediate_size: 2 * hidden,
+    head_dim: hidden / 4,
+    max_position_embeddings: 128,
+  });
+const generation = QWEN3_GENERATION_IDS;
 const cli = (...args: string[]): string =>
   execFileSync(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), ...args], {
     encoding: 'utf8',

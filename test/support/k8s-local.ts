@@ -2,19 +2,21 @@
  * Runs the pods of rendered Kubernetes manifests as local processes — what a kubelet would start,
  * without a container engine — for test/e2e/k8s-manifests.test.ts.
  *
- * From each Deployment / StatefulSet / Job pod template it takes the container's `command`,
- * `args` and `env` as rendered, and resolves them as Kubernetes does:
- *  - `env[].value`; `valueFrom.secretKeyRef` / `configMapKeyRef` from the rendered Secret and
+ * From each Deployment / StatefulSet / Job pod template it takes the init containers' and the
+ * container's `command`, `args`, `envFrom` and `env` as rendered, and resolves them as Kubernetes does:
+ *  - `envFrom` (every key of a Secret or ConfigMap), then `env[].value`; `valueFrom.secretKeyRef` / `configMapKeyRef` from the rendered Secret and
  *    ConfigMap objects (a missing object or key is an error, as it is for the kubelet);
  *    `valueFrom.fieldRef` for metadata.name, metadata.namespace and the StatefulSet ordinal label
  *    apps.kubernetes.io/pod-index; anything else is an error;
  *  - `$(VAR)` in command and args expanded from the container's env (`$$` escapes);
  *  - the image's entrypoint `rlstream` is this checkout's bin/rlstream.mjs (the image's
- *    /usr/local/bin/rlstream links to /app/bin/rlstream.mjs, and /app is this tree).
+ *    /usr/local/bin/rlstream links to /app/bin/rlstream.mjs, and /app is this tree);
+ *  - init containers run one after the other, each to exit 0, before the container starts.
  * The pod's filesystem: each volume mount becomes a directory of the pod's own (configMap volumes
  * hold the ConfigMap's files; emptyDirs start empty, a restarted pod gets new ones), and the
  * mount paths in args, env values and those files are rewritten to them — nothing is shared
- * between pods. Networking: each container port gets a free local port (the args naming it are
+ * between pods. Files a derived image adds (its COPY lines) are mapped the same way, from the
+ * caller's local layout of them. Networking: each container port gets a free local port (the args naming it are
  * rewritten), and `<service>:<port>` addresses in args, env and config files are resolved to the
  * pod behind that Service, or to a stand-in given by the caller (the Kafka mock for the Kafka
  * Service; for the PostgreSQL Service the whole postgres:// URL, as the local server has other
@@ -87,6 +89,8 @@ export interface LocalPod {
   ports: Map<string, number>;
   argv: string[];
   env: Record<string, string>;
+  /** The pod's init containers, as they ended (each exited 0). */
+  inits: InitResult[];
   output(): string;
 }
 
@@ -117,29 +121,115 @@ function resolveAddresses(text: string, addr: Addresses): string {
   return out;
 }
 
+export interface PodOptions {
+  extraEnv?: Record<string, string>;
+  /**
+   * Paths a derived image adds to the rlstream image (its COPY lines): path in the image → local
+   * file or directory. Mapped in args, env and config files like volume mounts (read-only: the
+   * pods run with a read-only root filesystem).
+   */
+  imageFiles?: ReadonlyMap<string, string>;
+}
+
+/** How an init container ended. */
+export interface InitResult {
+  name: string;
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  output: string;
+}
+
+interface Spawned {
+  child: ChildProcess;
+  exit: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  output(): string;
+}
+
+/** Spawns one container's process; it is SIGKILLed if the test process exits first. */
+function spawnContainer(file: string, args: string[], env: NodeJS.ProcessEnv): Spawned {
+  const child = spawn(file, args, { cwd: ROOT /* the image's WORKDIR /app */, stdio: ['ignore', 'pipe', 'pipe'], env });
+  let out = '';
+  const keep = (d: Buffer) => {
+    out = (out + d.toString()).slice(-40_000);
+  };
+  child.stdout!.on('data', keep);
+  child.stderr!.on('data', keep);
+  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) =>
+    child.on('exit', (code, signal) => r({ code, signal })),
+  );
+  const kill = () => {
+    try {
+      child.kill('SIGKILL');
+    } catch {
+      /* gone */
+    }
+  };
+  process.once('exit', kill);
+  void exit.then(() => process.removeListener('exit', kill));
+  return { child, exit, output: () => out };
+}
+
 /**
- * Starts one pod's (single) container as a local process. `root` is the directory the pod's
- * volumes live under (a new one per pod start: emptyDirs are not kept across restarts).
+ * Starts one pod as a local process: its init containers one after the other, each to exit 0
+ * (else an error with its output), then its (single) container. `root` is the directory the
+ * pod's volumes live under (a new one per pod start: emptyDirs are not kept across restarts);
+ * the init containers and the container share them, as in a pod.
  */
 export async function startPod(
   objs: readonly K8sObject[],
   pod: PodSpecOf,
   root: string,
   addr: Addresses,
-  extraEnv: Record<string, string> = {},
+  opts: PodOptions = {},
 ): Promise<LocalPod> {
   const { template } = pod;
-  if (template.spec.containers.length !== 1 || template.spec.initContainers?.length)
-    throw new Error(`${pod.name}: this runner starts pods of one container`);
+  if (template.spec.containers.length !== 1) throw new Error(`${pod.name}: this runner starts pods of one container`);
+  const inits: InitResult[] = [];
+  for (const c of template.spec.initContainers ?? []) {
+    const p = await prepare(objs, pod, c, root, addr, opts);
+    const s = spawnContainer(p.file, p.args, p.env);
+    const r = await s.exit;
+    inits.push({ name: c.name, ...r, output: s.output() });
+    if (r.code !== 0)
+      throw new Error(
+        `${pod.name}: init container ${c.name} exited ${r.code ?? r.signal}:\n${s.output().slice(-3000)}`,
+      );
+  }
   const c = template.spec.containers[0];
+  const p = await prepare(objs, pod, c, root, addr, opts);
+  const s = spawnContainer(p.file, p.args, p.env);
+  return { spec: pod, container: c, ports: p.ports, argv: p.argv, env: p.containerEnv, inits, ...s };
+}
+
+/** One container's process as the kubelet would start it: its filesystem, env, ports and command line. */
+async function prepare(
+  objs: readonly K8sObject[],
+  pod: PodSpecOf,
+  c: Container,
+  root: string,
+  addr: Addresses,
+  opts: PodOptions,
+): Promise<{
+  file: string;
+  args: string[];
+  argv: string[];
+  env: NodeJS.ProcessEnv;
+  containerEnv: Record<string, string>;
+  ports: Map<string, number>;
+}> {
+  const { template } = pod;
   const namespace = pod.owner.metadata.namespace ?? 'default';
   const labels: Record<string, string> = {
     ...(template.metadata.labels ?? {}),
     ...(pod.ordinal !== null ? { 'apps.kubernetes.io/pod-index': String(pod.ordinal) } : {}),
   };
 
-  // the pod's filesystem: a directory per volume mount
-  const mounts: Array<[string, string]> = [];
+  // the container's filesystem: a directory per volume mount (shared by the pod's containers),
+  // and the files a derived image adds
+  const mounts: Array<[string, string]> = [...(opts.imageFiles ?? new Map<string, string>())].map(([from, to]) => [
+    from.replace(/\/$/, ''),
+    to,
+  ]);
   const volumes = new Map((template.spec.volumes ?? []).map((v) => [v.name, v]));
   for (const m of c.volumeMounts ?? []) {
     const v = volumes.get(m.name);
@@ -170,8 +260,22 @@ export async function startPod(
     }
   }
 
-  // env, as the kubelet resolves it (in order: later entries may refer to earlier ones)
+  // env, as the kubelet resolves it: envFrom's keys first, then env in order (later entries may
+  // refer to earlier ones, and override envFrom's)
   const env: Record<string, string> = {};
+  for (const from of c.envFrom ?? []) {
+    if (from.secretRef) {
+      const o = find(objs, 'Secret', from.secretRef.name);
+      for (const key of new Set([
+        ...Object.keys((o.data ?? {}) as object),
+        ...Object.keys((o.stringData ?? {}) as object),
+      ]))
+        env[key] = mapPaths(resolveAddresses(decodeSecret(o, key)!, addr));
+    } else if (from.configMapRef) {
+      for (const [key, v] of Object.entries((find(objs, 'ConfigMap', from.configMapRef.name).data ?? {}) as object))
+        env[key] = mapPaths(resolveAddresses(String(v), addr));
+    } else throw new Error(`${pod.name}: an envFrom entry this runner cannot resolve`);
+  }
   for (const e of c.env ?? []) {
     let value: string;
     if (e.value !== undefined) value = expandVars(e.value, env);
@@ -216,41 +320,19 @@ export async function startPod(
     .map((a) => expandVars(a, env))
     .map((a) => portMap.get(a) ?? a)
     .map((a) => mapPaths(resolveAddresses(a, addr)));
+  const tmp = mounts.find(([from]) => from === '/tmp')?.[1];
+  const processEnv: NodeJS.ProcessEnv = {
+    PATH: process.env.PATH ?? '',
+    NODE_ENV: 'production',
+    RLSTREAM_LOG_JSON: '1',
+    ...(tmp ? { TMPDIR: tmp } : {}),
+    HOSTNAME: pod.name,
+    ...env,
+    ...opts.extraEnv,
+  };
   if (cmd[0] !== 'rlstream') throw new Error(`${pod.name}: command ${cmd[0]} is not the rlstream image's entrypoint`);
   const argv = [join(ROOT, 'bin/rlstream.mjs'), ...cmd.slice(1)];
-  const tmp = mounts.find(([from]) => from === '/tmp')?.[1];
-  const child = spawn(process.execPath, argv, {
-    cwd: ROOT, // the image's WORKDIR /app
-    stdio: ['ignore', 'pipe', 'pipe'],
-    env: {
-      PATH: process.env.PATH ?? '',
-      NODE_ENV: 'production',
-      RLSTREAM_LOG_JSON: '1',
-      ...(tmp ? { TMPDIR: tmp } : {}),
-      HOSTNAME: pod.name,
-      ...env,
-      ...extraEnv,
-    },
-  });
-  let out = '';
-  const keep = (d: Buffer) => {
-    out = (out + d.toString()).slice(-40_000);
-  };
-  child.stdout!.on('data', keep);
-  child.stderr!.on('data', keep);
-  const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((r) =>
-    child.on('exit', (code, signal) => r({ code, signal })),
-  );
-  const kill = () => {
-    try {
-      child.kill('SIGKILL');
-    } catch {
-      /* gone */
-    }
-  };
-  process.once('exit', kill);
-  void exit.then(() => process.removeListener('exit', kill));
-  return { spec: pod, container: c, child, exit, ports, argv, env, output: () => out };
+  return { file: process.execPath, args: argv, argv, env: processEnv, containerEnv: env, ports };
 }
 
 /** GET on a pod's probe the way the kubelet does: 200–399 succeeds. */

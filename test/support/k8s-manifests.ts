@@ -218,6 +218,7 @@ export interface Container {
       fieldRef?: { fieldPath: string };
     };
   }>;
+  envFrom?: Array<{ secretRef?: { name: string }; configMapRef?: { name: string } }>;
   ports?: Array<{ name?: string; containerPort: number }>;
   livenessProbe?: Probe;
   readinessProbe?: Probe;

@@ -627,10 +627,10 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
           [b.width],
         );
         assert.deepEqual(await store.getPromptImages(runId, []), []);
-        // trajectories name their prompt's images; text prompts have none
+        // trajectories name their prompt's images (text prompts have none) and an image policy's generated one
         const rows = [
-          trajectory(runId, 0, { imageHashes: [a.hash] }),
-          trajectory(runId, 1, { imageHashes: [b.hash, a.hash] }),
+          trajectory(runId, 0, { imageHashes: [a.hash], generatedImageHash: b.hash }),
+          trajectory(runId, 1, { imageHashes: [b.hash, a.hash], generatedImageHash: a.hash }),
           trajectory(runId, 2),
         ];
         // both write paths: COPY (insertTrajectories) and the array parameters (unnest)
@@ -639,6 +639,7 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         const back = new Map((await store.getTrajectories(runId)).map((t) => [t.id, t]));
         for (const r of rows) assertSameTrajectory(back.get(r.id), r);
         assert.deepEqual(back.get(rows[2]!.id)!.imageHashes, []);
+        assert.equal(back.get(rows[2]!.id)!.generatedImageHash, null);
         const { rows: joined } = await sql<{ id: string; ord: number; width: number; bytes: number }>`
           select t.id, h.ord::int as ord, i.width, length(i.png)::int as bytes
           from trajectories t cross join lateral unnest(t.image_hashes) with ordinality as h(hash, ord)
@@ -670,6 +671,10 @@ export function runStoreContract(name: string, make: () => Promise<StoreHarness>
         await assert.rejects(
           store.insertTrajectories([trajectory(runId, 0, { imageHashes: ['nothex'] })]),
           rejectsWith('ERR_BAD_TRAJECTORY', /imageHashes\[0\] must be a lower-case hex sha256, got "nothex"/),
+        );
+        await assert.rejects(
+          store.insertTrajectories([trajectory(runId, 0, { generatedImageHash: 'nothex' })]),
+          rejectsWith('ERR_BAD_TRAJECTORY', /generatedImageHash must be a lower-case hex sha256 or null, got "nothex"/),
         );
       });
     });

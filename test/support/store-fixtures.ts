@@ -97,6 +97,7 @@ export function assertSameTrajectory(stored: StoredTrajectory | undefined, row: 
     'filtered',
     'filterReason',
     'staleness',
+    'generatedImageHash',
   ] as const;
   for (const k of scalar) assert.deepEqual(stored[k], row[k] ?? null, `${row.id}.${k}`);
   assert.deepEqual(stored.rewardDetails, row.rewardDetails ?? null, `${row.id}.rewardDetails`);

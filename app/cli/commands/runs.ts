@@ -59,7 +59,7 @@ export const runsCommand: Command = {
     '  --csv | --json    machine-readable output',
     '',
     'columns: steps = distinct steps with training metrics; final_reward = reward/mean at the last step;',
-    '  versions_mb = the policy, critic and EMA versions its policy store holds now (MB; trainer.keep_policy_versions',
+    "  versions_mb = the policy, critic and EMA versions and the kept checkpoints' optimizer states its policy store holds now (MB; trainer.keep_policy_versions",
     '  and the retention rule of docs/durability.md bound it); disk_mb = everything under the run directory',
     '  (run directories only; files a checkpoint hard-links to a version counted once).',
     '  best_val_acc = highest val/accuracy (at best_val_step). Same data: rlstream sql <run> "select * from v_runs".',

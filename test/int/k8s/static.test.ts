@@ -412,7 +412,10 @@ test('examples/own-model: every stage fetches the model and data before it start
     };
     const init = spec.initContainers?.find((c) => c.name === 'fetch-assets');
     assert.ok(init, `${describeObject(owner)}: the fetch-assets init container`);
-    assert.match(JSON.stringify(init!.args), /rlstream fetch s3:\/\/.+ \/var\/lib\/rlstream\/assets\/model/);
+    assert.match(
+      [...(init!.command ?? []), ...(init!.args ?? [])].join(' '),
+      /^rlstream fetch s3:\/\/\S+ \/var\/lib\/rlstream\/assets\/model s3:\/\/\S+ \/var\/lib\/rlstream\/assets\/data$/,
+    );
     assert.ok(spec.volumes.some((v) => v.name === 'assets' && v.emptyDir));
     assert.ok(
       spec.containers[0].volumeMounts!.some((m) => m.name === 'assets' && m.mountPath === '/var/lib/rlstream/assets'),

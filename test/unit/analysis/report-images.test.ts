@@ -11,7 +11,16 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { openDatabase, type Database } from '../../../lib/db/database.ts';
 import { createStore } from '../../../lib/store/index.ts';
-import { loadReportData, renderReport, REPORT_EPISODES, VAL_IMAGES } from '../../../lib/analysis/report.ts';
+import {
+  GENERATED_PER_STEP,
+  loadReportData,
+  renderReport,
+  REPORT_EPISODES,
+  spreadSteps,
+  VAL_IMAGES,
+} from '../../../lib/analysis/report.ts';
+import { imageToPng } from '../../../lib/image/png.ts';
+import { imageHash } from '../../../lib/data/image-hash.ts';
 import type { Episode, EpisodeTurn } from '../../../lib/contracts/index.ts';
 import { encodeRgbPng, prepareImage } from '../../../lib/data/images.ts';
 import { generateVisionGame } from '../../../lib/tasks/number-game-vision.ts';
@@ -189,4 +198,51 @@ test('episodes of the last validation round as conversations; a run without epis
   const plain = await loadReportData(db, 'single-turn');
   assert.deepEqual(plain.episodes, []);
   assert.doesNotMatch(renderReport(plain), /<h2>Episodes/);
+});
+
+test("an image policy's generated images: one row per step, spread over the run, each with its first images, prompt and reward", async () => {
+  assert.deepEqual(spreadSteps([1, 2, 3], 6), [1, 2, 3]);
+  assert.deepEqual(spreadSteps([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], 6), [1, 3, 5, 7, 9, 11]);
+  const store = createStore(db);
+  const runId = 'image-policy-report';
+  await store.upsertRun({ runId, project: 'p', experiment: 'e', config: {} as never });
+  const pngs = await Promise.all(
+    Array.from({ length: 3 }, (_, k) => imageToPng(new Float32Array(16).fill(k / 2 - 0.5), 1, 4)),
+  );
+  await store.insertPromptImages(pngs.map((png) => ({ runId, hash: imageHash(png), width: 4, height: 4, png })));
+  const rows = [];
+  for (const step of [1, 2, 3])
+    for (let p = 0; p < 5; p++)
+      for (let n = 0; n < 2; n++)
+        rows.push(
+          trajectory(runId, 100 * step + 10 * p + n, {
+            id: `${runId}/train/s${step}/p${p}/n${n}`,
+            step,
+            promptIndex: p,
+            sampleIndex: n,
+            promptText: `glyph ${p}`,
+            reward: n / 2,
+            rewardFailure: null,
+            filtered: false,
+            filterReason: null,
+            generatedImageHash: imageHash(pngs[(p + n) % 3]!),
+          }),
+        );
+  await store.insertTrajectories([...rows, trajectory(runId, 999, { step: 4 })]);
+  const data = await loadReportData(db, runId);
+  assert.deepEqual(
+    data.generated.map((g) => g.step),
+    [1, 2, 3],
+  );
+  for (const g of data.generated) {
+    assert.equal(g.images.length, GENERATED_PER_STEP);
+    assert.deepEqual(g.images[0]!.prompt, 'glyph 0');
+    assert.deepEqual(g.images[1]!.reward, 0.5);
+    assert.ok(Buffer.from(g.images[2]!.pngBase64, 'base64').equals(pngs[1]!), 'prompt 1 sample 0: its stored PNG');
+  }
+  const html = renderReport(data);
+  assert.match(html, /<h2>Generated images<\/h2>/);
+  assert.match(html, /<h3>step 3<\/h3>/);
+  assert.equal((html.match(/alt="generated for glyph/g) ?? []).length, 3 * GENERATED_PER_STEP);
+  assert.deepEqual((await loadReportData(db, 'text-only')).generated, []);
 });

@@ -48,6 +48,7 @@ function data(metrics: Record<string, Array<[number, number]>>): ReportData {
     staleness: { mean: null, max: null },
     valImages: [],
     episodes: [],
+    generated: [],
   };
 }
 

@@ -101,7 +101,7 @@ test('every truncation of a record is poison, naming topic and schema', () => {
   for (let cut = 0; cut < bytes.length; cut++) {
     assert.throws(
       () => codec.decode(bytes.subarray(0, cut)),
-      isPoison(/^rl\.run\.trajectories: cannot decode a trajectories message \(writer schema trajectories\.v3/),
+      isPoison(/^rl\.run\.trajectories: cannot decode a trajectories message \(writer schema trajectories\.v4/),
     );
   }
   assert.throws(() => codec.decode(bytes.subarray(0, 10)), isPoison(/truncated|invalid Avro data|rules/));
@@ -177,20 +177,20 @@ test('plain wire format: the rl-schema header names the writer; wrong, unknown o
   const mc = createMessageCodec('trajectories', { format: 'plain' }, { label: 'p.r.trajectories' });
   const g = new Gen(6).trajectoryGroup(4);
   const msg = mc.encode(g);
-  assert.deepEqual(msg.headers, { [SCHEMA_HEADER]: 'trajectories.v3' });
+  assert.deepEqual(msg.headers, { [SCHEMA_HEADER]: 'trajectories.v4' });
   assert.deepEqual(plain(await mc.decode(msg.value, msg.headers)), plain(g));
   assert.deepEqual(
-    plain(await mc.decode(msg.value, { [SCHEMA_HEADER]: Buffer.from('trajectories.v3') })),
+    plain(await mc.decode(msg.value, { [SCHEMA_HEADER]: Buffer.from('trajectories.v4') })),
     plain(g),
     'header as bytes',
   );
   assert.deepEqual(
-    plain(await mc.decode(msg.value, { [SCHEMA_HEADER]: ['trajectories.v3'] })),
+    plain(await mc.decode(msg.value, { [SCHEMA_HEADER]: ['trajectories.v4'] })),
     plain(g),
     'header as a list',
   );
   assert.deepEqual(plain(await mc.decode(msg.value, {})), plain(g), 'no header: the current version');
-  assert.equal(mc.writerOf(msg.value, msg.headers), 'trajectories.v3');
+  assert.equal(mc.writerOf(msg.value, msg.headers), 'trajectories.v4');
   await assert.rejects(
     mc.decode(msg.value, { [SCHEMA_HEADER]: 'scored.v1' }),
     isPoison(/written with schema scored\.v1 \(family scored\), but p\.r\.trajectories carries trajectories records/),
@@ -198,12 +198,12 @@ test('plain wire format: the rl-schema header names the writer; wrong, unknown o
   await assert.rejects(
     mc.decode(msg.value, { [SCHEMA_HEADER]: 'trajectories.v9' }),
     isPoison(
-      /unknown schema version trajectories\.v9 \(this build knows trajectories\.v1, trajectories\.v2, trajectories\.v3\).*upgrade this consumer/,
+      /unknown schema version trajectories\.v9 \(this build knows trajectories\.v1, trajectories\.v2, trajectories\.v3, trajectories\.v4\).*upgrade this consumer/,
     ),
   );
   await assert.rejects(
     mc.decode(msg.value, { [SCHEMA_HEADER]: 'Trajectories v1' }),
-    isPoison(/is not a schema name like trajectories\.v3/),
+    isPoison(/is not a schema name like trajectories\.v4/),
   );
   await assert.rejects(mc.decode(null, msg.headers), isPoison(/tombstone/));
 });
@@ -225,7 +225,7 @@ test('encode errors name the field path and what was expected', () => {
   assert.throws(
     () => codec.encode(bad1),
     isEncodeError(
-      /^rl\.r\.trajectories: cannot encode a trajectories\.v3 record: samples\.1\.behaviour_logprobs: expected a Float32Array, got an array of length 2/,
+      /^rl\.r\.trajectories: cannot encode a trajectories\.v4 record: samples\.1\.behaviour_logprobs: expected a Float32Array, got an array of length 2/,
     ),
   );
   const bad2 = { ...g, prompt_ids: new Float32Array(3) as unknown as Int32Array };

@@ -284,7 +284,7 @@ test('credentials in the URL become basic auth and never appear in messages', as
 test('topic codecs from the run config: plain by default, confluent with subjects per run topic', async () => {
   const plainCodecs = topicCodecs({ schema_wire_format: 'plain', schema_registry_url: null }, 'rl', 'run-9');
   assert.equal(plainCodecs.trajectories.format, 'plain');
-  assert.equal(plainCodecs.validation.codec.ref, 'scored.v3');
+  assert.equal(plainCodecs.validation.codec.ref, 'scored.v4');
   assert.throws(
     () => topicCodecs({ schema_wire_format: 'confluent', schema_registry_url: null }, 'rl', 'run-9'),
     (e: unknown) =>

@@ -11,6 +11,7 @@ import type {
   ScoredGroup,
   ScoredSample,
   TrajectoryGroup,
+  TrajectorySample,
 } from '../../../lib/contracts/types.ts';
 import { PoisonMessageError } from '../../../lib/errors.ts';
 import { Gen, plain } from './fixtures.ts';
@@ -218,33 +219,28 @@ test('trajectories.v2 and scored.v2 (remax greedy baseline): v1 records read wit
   }
 });
 
-/** A trajectory group as trajectories.v1/v2 knew it (no episode records). */
+/** A trajectory group as trajectories.v1/v2 knew it (no episode or generated records). */
 function withoutEpisodes(g: TrajectoryGroup): TrajectoryGroup {
-  return {
-    ...g,
-    samples: g.samples.map(({ episode: _e, ...x }) => x as TrajectoryGroup['samples'][number]),
-    baseline: g.baseline ? (({ episode: _e, ...x }) => x as TrajectoryGroup['samples'][number])(g.baseline) : null,
-  };
+  const old = ({ episode: _e, generated: _g, ...x }: TrajectorySample) => x as TrajectorySample;
+  return { ...g, samples: g.samples.map(old), baseline: g.baseline ? old(g.baseline) : null };
 }
 
 test('trajectories.v3 (episode: multi-turn turns and outcome): v2 records read with episode = null; v2 readers skip it', () => {
   const cat = SchemaCatalogue.load([dir]);
-  assert.equal(cat.latest('trajectories').ref, 'trajectories.v3');
   assert.deepEqual(checkCompatibility(cat.get('trajectories.v2')!.text, cat.get('trajectories.v3')!.text), {
     compatible: true,
     errors: [],
   });
-  const g = new Gen(36).trajectoryGroup(4, { n: 6, tokens: 5, episodes: true });
+  const g = withoutGenerated(new Gen(36).trajectoryGroup(4, { n: 6, tokens: 5, episodes: true }));
   assert.ok(
     g.samples.some((x) => x.episode !== null && x.episode.turns.length > 0),
     'the fixture has episodes',
   );
   const v2 = new Codec<Json>('trajectories', { catalogue: cat, ref: 'trajectories.v2' });
-  const v3 = new Codec<Json>('trajectories', { catalogue: cat });
-  assert.equal(v3.ref, 'trajectories.v3');
-  assert.deepEqual(plain(v3.decode(v3.encode(g))), plain(g));
+  const v3 = new Codec<Json>('trajectories', { catalogue: cat, ref: 'trajectories.v3' });
+  assert.deepEqual(plain(v3.decode(v3.encode(g), 'trajectories.v3')), plain(g));
   const old = withoutEpisodes(g);
-  const read = v3.decode(v2.encode(old), 'trajectories.v2') as TrajectoryGroup;
+  const read = withoutGenerated(v3.decode(v2.encode(old), 'trajectories.v2') as TrajectoryGroup);
   assert.ok(read.samples.every((x) => x.episode === null));
   assert.deepEqual(plain(withoutEpisodes(read)), plain(old));
   assert.deepEqual(plain(v2.decode(v3.encode(g), 'trajectories.v3')), plain(old));
@@ -252,26 +248,24 @@ test('trajectories.v3 (episode: multi-turn turns and outcome): v2 records read w
 
 /** A scored group as scored.v1/v2 knew it (no reward_text). */
 function withoutRewardText(g: ScoredGroup): ScoredGroup {
-  return { ...g, samples: g.samples.map(({ reward_text: _t, ...x }) => x as ScoredSample) };
+  return { ...g, samples: g.samples.map(({ reward_text: _t, generated: _g, ...x }) => x as ScoredSample) };
 }
 
 test('scored.v3 (reward_text: non-numeric reward details): v2 records read with reward_text = {}; v2 readers skip it', () => {
   const cat = SchemaCatalogue.load([dir]);
-  assert.equal(cat.latest('scored').ref, 'scored.v3');
   assert.deepEqual(checkCompatibility(cat.get('scored.v2')!.text, cat.get('scored.v3')!.text), {
     compatible: true,
     errors: [],
   });
-  const g = new Gen(34).scoredGroup(4, { n: 3, tokens: 3 });
+  const g = withoutGenerated(new Gen(34).scoredGroup(4, { n: 3, tokens: 3 }));
   assert.ok(
     g.samples.some((x) => Object.keys(x.reward_text).length > 0),
     'the fixture has text details',
   );
   const v2 = new Codec<Json>('scored', { catalogue: cat, ref: 'scored.v2' });
-  const v3 = new Codec<Json>('scored', { catalogue: cat });
-  assert.equal(v3.ref, 'scored.v3');
+  const v3 = new Codec<Json>('scored', { catalogue: cat, ref: 'scored.v3' });
   // v3 round-trips the text details
-  assert.deepEqual(plain(v3.decode(v3.encode(g))), plain(g));
+  assert.deepEqual(plain(v3.decode(v3.encode(g), 'scored.v3')), plain(g));
   // a v2 record (written before the field existed) reads with empty text details
   const old = withoutRewardText(g);
   const read = v3.decode(v2.encode(old), 'scored.v2') as ScoredGroup;
@@ -348,16 +342,15 @@ test('prompts.v2 (image_refs: hash and size per image): v1 records read with ima
 
 test('updates.v2 (vppo: token mask, scaling factor, perturbed log-probs): v1 records read with vppo = null; v1 readers skip it', () => {
   const cat = SchemaCatalogue.load([dir]);
-  assert.equal(cat.latest('updates').ref, 'updates.v2');
   assert.deepEqual(checkCompatibility(cat.get('updates.v1')!.text, cat.get('updates.v2')!.text), {
     compatible: true,
     errors: [],
   });
   const v1 = new Codec<Json>('updates', { catalogue: cat, ref: 'updates.v1' });
-  const v2c = new Codec<Json>('updates', { catalogue: cat });
+  const v2c = new Codec<Json>('updates', { catalogue: cat, ref: 'updates.v2' });
   const gen = new Gen(35);
-  let g = gen.updateGroup(4, { n: 3, tokens: 4 });
-  while (g.filtered) g = gen.updateGroup(4, { n: 3, tokens: 4 });
+  let g = withoutGenerated(gen.updateGroup(4, { n: 3, tokens: 4 }));
+  while (g.filtered) g = withoutGenerated(gen.updateGroup(4, { n: 3, tokens: 4 }));
   const L = (i: number) => g.samples[i].response_ids.length;
   const withVppo = {
     ...g,
@@ -374,7 +367,7 @@ test('updates.v2 (vppo: token mask, scaling factor, perturbed log-probs): v1 rec
     })),
   };
   // v2 round-trips the VPPO fields
-  const back = v2c.decode(v2c.encode(withVppo)) as Json;
+  const back = v2c.decode(v2c.encode(withVppo), 'updates.v2') as Json;
   assert.deepEqual(plain(back), plain(withVppo));
   assert.ok(back.samples[0].vppo.perturbed_logprobs instanceof Float32Array);
   // a v1 record (written before VPPO) reads with vppo = null; a v1 reader (an older update stage) skips it
@@ -382,4 +375,43 @@ test('updates.v2 (vppo: token mask, scaling factor, perturbed log-probs): v1 rec
   const read = v2c.decode(v1.encode(old), 'updates.v1') as Json;
   assert.ok(read.samples.every((x: Json) => x.vppo === null));
   assert.deepEqual(plain(v1.decode(v2c.encode(withVppo), 'updates.v2')), plain(old));
+});
+
+/** A record as the version before `generated` knew it. */
+function withoutGenerated<G extends { samples: Array<{ generated: unknown }> }>(g: G): G {
+  return { ...g, samples: g.samples.map(({ generated: _g, ...x }) => x) } as G;
+}
+
+test("trajectories.v4, scored.v4, updates.v3 (generated: an image policy's PNG and denoising trajectory): older records read with generated = null; older readers skip it", () => {
+  const cat = SchemaCatalogue.load([dir]);
+  const gen = new Gen(37);
+  const cases = [
+    ['trajectories', 3, gen.trajectoryGroup(2, { n: 3, tokens: 4, generated: true })],
+    ['scored', 3, gen.scoredGroup(2, { n: 3, tokens: 4, generated: true })],
+    ['updates', 2, gen.updateGroup(2, { n: 3, tokens: 4, generated: true })],
+  ] as const;
+  for (const [family, before, g] of cases) {
+    const oldRef = `${family}.v${before}`,
+      newRef = `${family}.v${before + 1}`;
+    assert.equal(cat.latest(family).ref, newRef);
+    assert.deepEqual(checkCompatibility(cat.get(oldRef)!.text, cat.get(newRef)!.text), {
+      compatible: true,
+      errors: [],
+    });
+    assert.ok(
+      g.samples.every((x) => x.generated !== null && x.generated.latents.length > 0),
+      'the fixture has images',
+    );
+    const older = new Codec<Json>(family, { catalogue: cat, ref: oldRef });
+    const newer = new Codec<Json>(family, { catalogue: cat });
+    assert.deepEqual(plain(newer.decode(newer.encode(g))), plain(g), `${newRef} round-trips generated`);
+    const old = withoutGenerated(g as { samples: Array<{ generated: unknown }> });
+    const read = newer.decode(older.encode(old), oldRef) as { samples: Array<{ generated: unknown }> };
+    assert.ok(
+      read.samples.every((x) => x.generated === null),
+      `${oldRef} records read with generated = null`,
+    );
+    assert.deepEqual(plain(withoutGenerated(read)), plain(old));
+    assert.deepEqual(plain(older.decode(newer.encode(g), newRef)), plain(old), `a ${oldRef} reader skips generated`);
+  }
 });

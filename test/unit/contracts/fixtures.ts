@@ -61,6 +61,8 @@ export interface Shape {
   empty?: boolean;
   /** Give about a third of the samples a multi-turn episode record (trajectories.v3). */
   episodes?: boolean;
+  /** Give every sample a generated image and its denoising trajectory (trajectories.v4). */
+  generated?: boolean;
 }
 
 export class Gen {
@@ -137,6 +139,19 @@ export class Gen {
         len > 0 && this.int(2) === 0 ? Buffer.from(Array.from(this.bytes(len), (b) => b & 1)) : Buffer.alloc(0),
       finish_reason: (['stop', 'length', 'abort'] as const)[this.int(3)],
       episode: shape.episodes && len > 0 && this.int(3) > 0 ? this.episode(len) : null,
+      generated: shape.generated ? this.generated(len) : null,
+    };
+  }
+
+  /** A generated image record of `steps` stochastic steps (plus the last, deterministic one) over 2×2 pixels. */
+  private generated(steps: number): NonNullable<TrajectorySample['generated']> {
+    const png = this.bytes(8 + this.int(32));
+    return {
+      png,
+      hash: imageHash(png),
+      timesteps: Float32Array.from({ length: steps + 2 }, (_, i) => 1 - i / (steps + 1)),
+      sigmas: Float32Array.from({ length: steps + 1 }, (_, i) => (i < steps ? this.rng.next() : 0)),
+      latents: this.floats((steps + 2) * 4),
     };
   }
 

@@ -77,6 +77,7 @@ async function play(
   env: Awaited<ReturnType<typeof createMultiTurnEnvironment>>,
   script: Record<string, string[]>,
   answer = '5535',
+  limits: { maxAssistantTurns?: number; maxResponseTokens?: number } = {},
 ) {
   return runEpisodes(
     Object.keys(script).map((id) => ({
@@ -98,6 +99,7 @@ async function play(
       maxInFlight: 8,
       maxBatch: 8,
       now: () => performance.now(),
+      ...limits,
     },
   );
 }
@@ -158,6 +160,42 @@ test('module tools: results and errors come back as tool messages, recorded and 
   const m = episodeMetrics(rs);
   assert.equal(m['env/tool_calls_mean'], 3.5);
   assert.equal(m['env/tool_error_rate'], 4 / 7);
+});
+
+test('calls made on the last allowed turn, or answered past the token budget, keep their per-call records', async () => {
+  const env = await createMultiTurnEnvironment(config());
+  const script = { e: [`${call('691*453')}${call('1/2')}`] };
+  const expected = [
+    ['tool', 'calc', '{"expression":"691*453"}', null, '313023'],
+    ['tool', 'calc', '{"expression":"1/2"}', 'calc', 'Error'],
+  ];
+  const records = (r: Awaited<ReturnType<typeof play>>[number]) => {
+    const tools = r.episode.turns.filter((t) => t.role === 'tool');
+    for (const t of tools) {
+      assert.ok(t.latency_ms >= 0);
+      assert.equal(t.start, t.end, 'no tokens: nothing follows the answer');
+    }
+    return tools.map((t) => [
+      t.role,
+      t.tool_name,
+      t.arguments,
+      t.error?.replace(/:.*$/, '') ?? null,
+      t.text.replace(/:.*$/, ''),
+    ]);
+  };
+  // max_assistant_turns: 1 — the calls run and are answered, but no turn follows
+  const [last] = await play(env, script, '313023', { maxAssistantTurns: 1 });
+  assert.equal(last.episode.assistant_turns, 1);
+  assert.deepEqual([last.episode.tool_calls, last.episode.tool_errors], [2, 1]);
+  assert.deepEqual(records(last), expected);
+  assert.equal(tok.decode(last.tokens), call('691*453') + call('1/2') + tok.decode([tok.eos]));
+  // a token budget the answers do not fit: the same records, then the cut as a system turn
+  const [cut] = await play(env, script, '313023', { maxResponseTokens: last.tokens.length + 3 });
+  assert.deepEqual(records(cut), expected);
+  const end = cut.episode.turns.at(-1)!;
+  assert.deepEqual([end.role, end.tool_name], ['system', null]);
+  assert.match(end.error!, /does not fit the episode token budget/);
+  assert.equal(cut.finishReason, 'length');
 });
 
 test('without an interaction the first message without a call ends the episode; a hanging tool times out as a tool error', async () => {

@@ -24,30 +24,19 @@ import { loadConfig } from '../../../lib/config/index.ts';
 import { policyModelConfig, tokenizerFor } from '../../../lib/pipeline/policy.ts';
 import { runEpisodes } from '../../../lib/env/episodes.ts';
 import type { Environment } from '../../../lib/env/index.ts';
-import { QWEN3_TOKENIZER_DIR, writeHfModelDir } from '../../support/hf-model-dir.ts';
+import { QWEN3_TOKENIZER_DIR, tinyQwen3Config, writeHfModelDir } from '../../support/hf-model-dir.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'rlstream-episode-hf-'));
 after(() => rmSync(root, { recursive: true, force: true }));
 
-const qwen3 = {
-  architectures: ['Qwen3ForCausalLM'],
-  model_type: 'qwen3',
+const qwen3 = tinyQwen3Config({
   hidden_size: 16,
   intermediate_size: 16,
   num_hidden_layers: 1,
   num_attention_heads: 2,
   num_key_value_heads: 1,
   head_dim: 8,
-  vocab_size: 151936,
-  max_position_embeddings: 256,
-  rms_norm_eps: 1e-6,
-  rope_theta: 1000000,
-  hidden_act: 'silu',
-  tie_word_embeddings: true,
-  attention_bias: false,
-  bos_token_id: 151643,
-  eos_token_id: 151645,
-};
+});
 
 /** Answers every assistant turn with a user message, then a tool message, then done. */
 const scripted: Environment = {

@@ -1,7 +1,7 @@
 /** Which policy versions the update stage prunes (lib/policy-store/retention.ts). */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { versionsToPrune, keptCheckpointSteps } from '../../../lib/policy-store/index.ts';
+import { versionsToPrune, keptCheckpointSteps, optimizerStatesToPrune } from '../../../lib/policy-store/index.ts';
 
 const all = (n: number) => Array.from({ length: n + 1 }, (_, i) => i);
 
@@ -45,4 +45,9 @@ test('a validation round still running keeps its version', () => {
     versionsToPrune(all(6), { newest: 6, maxStaleness: 0, checkpointSteps: [], keepExtra: 0, inUse: [2] }),
     [1, 3, 4],
   );
+});
+
+test('optimizer states are kept with their checkpoints only, never beyond the newest version', () => {
+  const o = { newest: 10, maxStaleness: 2, checkpointSteps: [6, 8], keepExtra: 3 };
+  assert.deepEqual(optimizerStatesToPrune([2, 4, 6, 8, 12], o), [2, 4]);
 });

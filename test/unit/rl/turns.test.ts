@@ -163,6 +163,7 @@ function episodeGroup(): ScoredGroup {
     reward_details: { turns: 2, 'turn_reward/1': 0.5, 'turn_reward/5': 1 },
     reward_text: {},
     failure: null,
+    generated: null,
   };
   return {
     run_id: 'r',

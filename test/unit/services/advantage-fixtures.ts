@@ -59,6 +59,7 @@ export function scoredSample(
       reward === null
         ? { code: 'ERR_REWARD', message: o.failureMessage ?? 'boom', retriable: false, attempts: 1 }
         : null,
+    generated: null,
   };
 }
 

@@ -5,7 +5,13 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { REWARD_TEXT_MAX, failedSamples, scoredGroup, splitDetails } from '../../../services/reward/logic.ts';
+import {
+  REWARD_TEXT_MAX,
+  failedSamples,
+  rewardItems,
+  scoredGroup,
+  splitDetails,
+} from '../../../services/reward/logic.ts';
 import { Gen } from '../contracts/fixtures.ts';
 
 test('splitDetails: numbers and booleans are metrics; strings and other JSON values are text; non-finite numbers and functions are dropped', () => {
@@ -49,4 +55,21 @@ test('scoredGroup: a scored sample carries both maps; a failure has neither', ()
   assert.deepEqual(s.samples[0]!.reward_text, { pred: '7' });
   assert.deepEqual([s.samples[1]!.reward_details, s.samples[1]!.reward_text, s.samples[1]!.reward], [{}, {}, null]);
   assert.equal(failedSamples([s, s]), 2, 'reward/failures counts the samples left without a reward');
+});
+
+test("rewardItems: an image policy's sample is scored on the image it generated, a language sample on the prompt's images; scoredGroup keeps the generated record", () => {
+  const gen = new Gen(8).trajectoryGroup(1, { n: 3, tokens: 2, generated: true });
+  const prompt = Buffer.from('prompt png');
+  const items = rewardItems({ ...gen, images: [prompt] });
+  assert.equal(items.length, 3);
+  items.forEach((it, i) => assert.deepEqual(it.images, [gen.samples[i].generated!.png]));
+  const text = new Gen(9).trajectoryGroup(1, { n: 2, tokens: 2 });
+  for (const it of rewardItems({ ...text, images: [prompt] })) assert.deepEqual(it.images, [prompt]);
+  const scored = scoredGroup(
+    gen,
+    gen.samples.map((s) => ({ id: s.id, ok: true as const, reward: 1, details: {}, server: 'x' })),
+    'fn:x',
+    1,
+  );
+  scored.samples.forEach((s, i) => assert.equal(s.generated, gen.samples[i].generated));
 });

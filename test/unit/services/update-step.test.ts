@@ -1,19 +1,23 @@
 /**
  * The update stage's per-batch bookkeeping (services/update/logic.ts): consumer positions, the
- * pending items of a batch, a trained step's metrics and policy record, the run's optimizer steps
- * and the packing options of a config.
+ * pending items of a batch, where the groups of untrained steps start in the log (recorded with a
+ * checkpoint) and the logged steps a resume re-trains, a trained step's metrics and policy record,
+ * the run's optimizer steps and the packing options of a config.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
   advancePositions,
+  noteStepStarts,
   packOptions,
   pendingUpdates,
+  rereadFrom,
   stepBucket,
   stepMetrics,
   stepRecord,
   totalOptimizerSteps,
 } from '../../../services/update/logic.ts';
+import { loggedSteps } from '../../../lib/pipeline/update-resume.ts';
 import type { UpdateGroup } from '../../../lib/contracts/index.ts';
 import { join } from 'node:path';
 import { loadConfig } from '../../../lib/config/index.ts';
@@ -106,4 +110,46 @@ test("packing options come from the config's batch size, response length, VPPO a
     vppo: false,
     klLoss: false,
   });
+});
+
+test('a checkpoint records where the groups of every later step start: a step in flight keeps its first offset', () => {
+  const rec = (g: UpdateGroup, partition: number, offset: number) => ({
+    value: g,
+    message: { topic: 'updates', partition, offset },
+  });
+  // one batch brings the end of step 2 and the start of step 3 (partition 0), and step 3 on partition 1
+  const starts = noteStepStarts(
+    {},
+    [rec(group('a', 2, 1, 1), 0, 7), rec(group('b', 3, 2, 1), 0, 8), rec(group('c', 3, 2, 1), 1, 4)],
+    1,
+  );
+  assert.deepEqual(starts, { '2': { 'updates/0': 7 }, '3': { 'updates/0': 8, 'updates/1': 4 } });
+  noteStepStarts(starts, [rec(group('d', 3, 2, 1), 0, 9), rec(group('e', 1, 0, 1), 0, 10)], 1);
+  assert.deepEqual(
+    starts['3'],
+    { 'updates/0': 8, 'updates/1': 4 },
+    'the first offset stays; trained steps are not noted',
+  );
+  const positions = { 'updates/0': 11, 'updates/1': 5, 'updates/2': 3 };
+  // after step 2 trains, its checkpoint re-reads from step 3's first offsets, elsewhere from the position
+  assert.deepEqual(rereadFrom(positions, starts, 2), { 'updates/0': 8, 'updates/1': 4, 'updates/2': 3 });
+  assert.deepEqual(rereadFrom(positions, starts, 3), positions, 'nothing in flight: the positions');
+});
+
+test("a resume's logged steps: this run's groups of the steps after the base, once each, in id order", () => {
+  const mine = (id: string, step: number) => ({ ...group(id, step, step - 1, 1), run_id: 'r' }) as UpdateGroup;
+  const other = { ...group('x', 3, 2, 1), run_id: 'other' } as UpdateGroup;
+  const steps = loggedSteps(
+    [mine('b', 3), mine('a', 3), other, mine('c', 2), mine('a', 3), mine('d', 5), mine('e', 4)],
+    'r',
+    2,
+    4,
+  );
+  assert.deepEqual(
+    [...steps].map(([s, gs]) => [s, gs.map((g) => g.id)]),
+    [
+      [3, ['a', 'b']],
+      [4, ['e']],
+    ],
+  );
 });
