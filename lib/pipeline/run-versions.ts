@@ -21,8 +21,14 @@ import {
   type PolicyStore,
 } from '../policy-store/index.ts';
 import type { PolicyLora } from './policy.ts';
+import { roundedToBf16 } from '../model/safetensors.ts';
+import type { HfDtype } from '../model/hf-layout.ts';
+import type { PolicyDtype } from '../config/index.ts';
 import { resumeHint, type RunCheckpoints } from './run-checkpoints.ts';
 import { txOf } from './stage-state.ts';
+
+/** policy.dtype's names as the dtypes a model directory is stored in. */
+const HF_DTYPE_OF: Record<PolicyDtype, HfDtype> = { f32: 'float32', bf16: 'bfloat16' };
 
 export interface VersionWrite {
   optimizer?: OptimizerState;
@@ -40,6 +46,8 @@ export class RunVersions {
       assetsFrom: string | null;
       /** The database handle outside a batch. */
       db: Executor;
+      /** policy.dtype: the dtype policy versions' weights are stored in (default f32). */
+      policyDtype?: PolicyDtype;
     },
   ) {}
 
@@ -80,7 +88,8 @@ export class RunVersions {
   /**
    * Writes a version of `kind` into the policy store (before any event names it). Returns the
    * sha256 of its weights file. The files are recorded with the sha256 of the bytes written (not
-   * read back). A full policy's `weights` are handed to the readers in this process
+   * read back). A full policy's weights are stored in policy.dtype (bf16: rounded to nearest even;
+   * the optimizer state, when given, keeps the f32 masters). A full policy's `weights` are handed to the readers in this process
    * (lib/policy-store/handoff.ts: the embedded rollout samples with them without reading the
    * version back): the caller must not modify them afterwards.
    */
@@ -105,9 +114,18 @@ export class RunVersions {
       return w.weightsSha256;
     }
     // a complete model directory: the source's generation config and tokenizer files go with the weights
-    const w = await saveCheckpoint(dir, model, weights, { ...extra, overwrite: true, assetsFrom });
+    const dtype = kind === 'policy' ? HF_DTYPE_OF[this.o.policyDtype ?? 'f32'] : 'float32';
+    const w = await saveCheckpoint(dir, model, weights, { ...extra, overwrite: true, assetsFrom, dtype });
     await this.policies.put(kind, version, db, w.files);
-    if (kind === 'policy') handOff(this.policies, version, MODEL_FILE, w.weightsSha256, weights);
+    // the readers in this process sample with the weights as stored (bf16: rounded, as a reader of the files gets them)
+    if (kind === 'policy')
+      handOff(
+        this.policies,
+        version,
+        MODEL_FILE,
+        w.weightsSha256,
+        dtype === 'float32' ? weights : new Map([...weights].map(([k, a]) => [k, roundedToBf16(a)])),
+      );
     return w.weightsSha256;
   }
 
