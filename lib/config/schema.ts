@@ -1260,7 +1260,7 @@ const policySchema = section(
       .enum(POLICY_DTYPES)
       .default('f32')
       .describe(
-        "Dtype of the policy versions' weights, which the rollout samples with: f32 = the trainer's weights exactly; bf16 = rounded to bfloat16 (nearest, ties to even), half the bytes of the weights written and read per version; the KL reference (version 0) is read as stored too. The trainer keeps f32 master weights and f32 optimizer state either way (a version's optimizer.safetensors holds the f32 masters training resumes from). With bf16 the sampler's log-probs differ from the trainer's: rollout/logprob_mismatch_abs_mean and rollout/logprob_mismatch_abs_max report by how much (exactly 0 with f32). Full fine-tuning only (a LoRA policy's versions are its adapters).",
+        "Dtype of the policy versions' weights, which the rollout samples with: f32 = the trainer's weights exactly; bf16 = rounded to bfloat16 (nearest, ties to even), half the bytes of the weights written and read per version; the KL reference (version 0) is read as stored too. The trainer keeps f32 master weights and f32 optimizer state either way (a version's optimizer.safetensors holds the f32 masters training resumes from). With bf16 the sampler's log-probs differ from the trainer's: rollout/logprob_mismatch_abs_mean and rollout/logprob_mismatch_abs_max report by how much (with f32 only f32 rounding, ~1e-7). Full fine-tuning only (a LoRA policy's versions are its adapters).",
       ),
   },
   'Policy versions: what the update stage stores for the rollout to sample with.',
