@@ -343,7 +343,9 @@ function criticOptions(s: LearnerSetup): TrainerOptions {
 /** The weights a new run starts from: the LoRA base, the replay's or actor.model.path's model, or a seeded init. */
 async function initialWeights(s: LearnerSetup): Promise<Weights> {
   if (s.lora) return sharedBaseWeights(s.lora.baseDir);
-  const dir = s.initialWeightsDir ?? s.cfg.actor.model.path;
+  // a replay starts from the source's v0 as its trainer held it: the f32 masters of a bf16 version
+  if (s.initialWeightsDir) return (await loadCheckpoint(s.initialWeightsDir)).weights;
+  const dir = s.cfg.actor.model.path;
   return dir
     ? (await loadCheckpoint(dir, { optimizer: false })).weights
     : initWeights(s.model, s.cfg.actor.model.init_seed, { visionStd: s.cfg.actor.model.vision.init_std });
