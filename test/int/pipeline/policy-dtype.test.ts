@@ -3,7 +3,7 @@
  * BF16, the embedded rollout samples with the rounded weights (the in-memory hand-off), so the
  * sampler's log-probs differ from the trainer's f32 ones by a small nonzero amount
  * (rollout/logprob_mismatch_abs_*; with f32 they agree to f32 rounding, ~1e-7, which
- * test/e2e/inference-engine.test.ts checks on its f32 run), and each version's optimizer state
+ * test/e2e/inference-engine.test.ts checks on its f32 run), and the checkpoint's optimizer state
  * keeps the f32 master weights whose rounding the version stores.
  */
 import { test, after } from 'node:test';
@@ -56,11 +56,12 @@ test('policy.dtype: bf16 stores rounded versions, samples with them, keeps f32 m
 
   t.diagnostic(`bf16: |Δ log-prob| mean ${mean}, max ${max}`);
 
-  // version 1 on disk: BF16 weights, the rounding of the f32 masters in its optimizer state
+  // version 1 on disk: BF16 weights; its checkpoint (step 1, the last) holds the f32 masters they round
   const v1 = policyDir(bf16.dir, 1);
   const file = decodeSafetensors(readFileSync(join(v1, 'model.safetensors')), 'model.safetensors');
   assert.ok([...file.tensors.values()].every((t) => t.dtype === 'BF16'));
-  const masters = (await loadCheckpoint(v1)).weights;
+  const actor = join(bf16.dir, 'checkpoints', 'global_step_1', 'actor');
+  const masters = (await loadCheckpoint(actor)).weights;
   const rounded = (await loadCheckpoint(v1, { optimizer: false })).weights;
   let kept = 0;
   for (const [k, w] of masters) {
