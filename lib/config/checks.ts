@@ -206,6 +206,10 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
       errors.push(
         'actor.model.lora needs actor.model.path: the base model directory the adapters are trained on (LoRA on a randomly initialised model has nothing to adapt)',
       );
+    if (cfg.policy.dtype !== 'f32')
+      errors.push(
+        `actor.model.lora with policy.dtype = ${cfg.policy.dtype} is not supported (a LoRA policy's versions are its adapters, stored in f32); set policy.dtype = f32`,
+      );
     if (alg.ema.enable)
       errors.push(
         'actor.model.lora with algorithm.ema.enable = true is not supported (the EMA averages full weights); turn one of them off',

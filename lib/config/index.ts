@@ -12,6 +12,8 @@ export {
   KL_PENALTIES,
   POLICY_LOSSES,
   LOSS_AGG_MODES,
+  POLICY_DTYPES,
+  type PolicyDtype,
 } from './schema.ts';
 export { TRAJECTORY_FIELDS } from '../reward/types.ts';
 export {

@@ -488,7 +488,7 @@ const algorithmSchema = section(
           .enum(ROLLOUT_CORRECTION_MODES)
           .default('off')
           .describe(
-            "Rollout/training mismatch correction with w = π_train(token) / π_rollout(token) (trainer-recomputed old log-prob over the engine's behaviour log-prob), multiplied into the policy loss per token: off = none (the metrics rollout/mismatch_kl, rollout/is_weight_mean, rollout/is_weight_clipped_frac are still logged); tis = truncated importance sampling, w capped at threshold (verl rollout_is_mode=truncate, TRL vllm_importance_sampling_correction); mis = masked importance sampling, tokens (or sequences) whose w is outside [threshold_lower, threshold] get weight 0 (verl rollout_is_mode=mask).",
+            "Rollout/training mismatch correction with w = π_train(token) / π_rollout(token) (trainer-recomputed old log-prob over the engine's behaviour log-prob), multiplied into the policy loss per token: off = none (the metrics rollout/mismatch_kl, rollout/is_weight_mean, rollout/is_weight_clipped_frac, rollout/logprob_mismatch_abs_mean and _max are still logged); tis = truncated importance sampling, w capped at threshold (verl rollout_is_mode=truncate, TRL vllm_importance_sampling_correction); mis = masked importance sampling, tokens (or sequences) whose w is outside [threshold_lower, threshold] get weight 0 (verl rollout_is_mode=mask).",
           ),
         level: z
           .enum(['token', 'sequence'])
@@ -1248,6 +1248,25 @@ const sftSchema = section(
 );
 
 // ---------------------------------------------------------------------------------------------
+// policy
+
+/** Dtypes a policy version's weights are stored in (policy.dtype). */
+export const POLICY_DTYPES = ['f32', 'bf16'] as const;
+export type PolicyDtype = (typeof POLICY_DTYPES)[number];
+
+const policySchema = section(
+  {
+    dtype: z
+      .enum(POLICY_DTYPES)
+      .default('f32')
+      .describe(
+        "Dtype of the policy versions' weights, which the rollout samples with: f32 = the trainer's weights exactly; bf16 = rounded to bfloat16 (nearest, ties to even), half the bytes of the weights written and read per version; the KL reference (version 0) is read as stored too. The trainer keeps f32 master weights and f32 optimizer state either way (a version's optimizer.safetensors holds the f32 masters training resumes from). With bf16 the sampler's log-probs differ from the trainer's: rollout/logprob_mismatch_abs_mean and rollout/logprob_mismatch_abs_max report by how much (with f32 only f32 rounding, ~1e-7). Full fine-tuning only (a LoRA policy's versions are its adapters).",
+      ),
+  },
+  'Policy versions: what the update stage stores for the rollout to sample with.',
+);
+
+// ---------------------------------------------------------------------------------------------
 // pipeline
 
 const pipelineSchema = section(
@@ -1489,6 +1508,7 @@ export const configSchema = z
     reward: rewardSchema,
     trainer: trainerSchema,
     sft: sftSchema,
+    policy: policySchema,
     pipeline: pipelineSchema,
   })
   .describe('rlstream run configuration');

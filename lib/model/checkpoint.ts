@@ -14,7 +14,8 @@
  * `config.json` (the source model's keys kept, the stored dtype stated), `generation_config.json`
  * and the source's tokenizer files (copied from `assetsFrom`), and optionally
  * `optimizer.safetensors` (AdamW moments as `<name>.exp_avg` / `<name>.exp_avg_sq`, the step in
- * metadata). The directory is written under a
+ * metadata; when the weights are stored below f32, the f32 master weights as `<name>.master`, which
+ * a load with the optimizer state returns as the weights). The directory is written under a
  * temporary name, every file fsynced, then renamed into place, so a half-written checkpoint never
  * looks valid. Loading validates names, shapes and dtypes and names the tensor at fault.
  */
@@ -161,8 +162,11 @@ async function sideFiles(config: ModelConfig, assetsFrom: string | null): Promis
   return side;
 }
 
-/** optimizer.safetensors: AdamW moments `<name>.exp_avg` / `.exp_avg_sq` for `specs`, the step in metadata. */
-function optimizerFile(specs: ParamSpec[], o: OptimizerState): Buffer {
+/**
+ * optimizer.safetensors: AdamW moments `<name>.exp_avg` / `.exp_avg_sq` for `specs`, the step in
+ * metadata; with `masters` (weights stored below f32), the f32 master weights as `<name>.master`.
+ */
+function optimizerFile(specs: ParamSpec[], o: OptimizerState, masters: Weights | null = null): Buffer {
   const entries: [string, { shape: number[]; data: Float32Array }][] = [];
   for (const s of specs) {
     const m = o.expAvg.get(s.name),
@@ -172,6 +176,7 @@ function optimizerFile(specs: ParamSpec[], o: OptimizerState): Buffer {
       [`${s.name}.exp_avg`, { shape: s.shape, data: m }],
       [`${s.name}.exp_avg_sq`, { shape: s.shape, data: v }],
     );
+    if (masters) entries.push([`${s.name}.master`, { shape: s.shape, data: masters.get(s.name)! }]);
   }
   return encodeSafetensors(entries, { step: String(o.step), optimizer: 'adamw' });
 }
@@ -282,7 +287,9 @@ export async function saveCheckpoint(
   }
   // the source's generation config and tokenizer files (read before the temporary directory exists)
   const side = await sideFiles(config, opts.assetsFrom ?? null);
-  if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
+  // weights stored below f32: the optimizer state carries the f32 master weights training resumes from
+  if (opts.optimizer)
+    files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer, dtype === 'float32' ? null : weights));
   files.set(CONFIG_FILE, JSON.stringify(toHfConfig(config, dtype), null, 2) + '\n');
   for (const [f, data] of side) files.set(f, data);
   const written = await writeDirAtomic(dir, files, !!opts.overwrite);
@@ -294,16 +301,17 @@ export async function saveCheckpoint(
 /**
  * Writes a directory holding only optimizer.safetensors (atomically): the AdamW state of a
  * checkpoint, kept apart from the weights-only policy version it belongs to. `lora`: the state of
- * the adapters of that LoRA config. Returns the file written (name, sha256, size).
+ * the adapters of that LoRA config; `masters`: the f32 weights of a version stored below f32.
+ * Returns the file written (name, sha256, size).
  */
 export async function saveOptimizer(
   dir: string,
   config: ModelConfig,
   state: OptimizerState,
-  lora: LoraConfig | null = null,
+  o: { lora?: LoraConfig | null; masters?: Weights | null } = {},
 ): Promise<WrittenFile[]> {
-  const specs = lora ? loraSpecs(config, lora) : paramSpecs(config);
-  return writeDirAtomic(dir, new Map([[OPTIMIZER_FILE, optimizerFile(specs, state)]]), true);
+  const specs = o.lora ? loraSpecs(config, o.lora) : paramSpecs(config);
+  return writeDirAtomic(dir, new Map([[OPTIMIZER_FILE, optimizerFile(specs, state, o.masters ?? null)]]), true);
 }
 
 /** Weights above this many bytes are written in shards (save_pretrained's layout; a Buffer holds at most 4 GiB). */
@@ -563,12 +571,19 @@ export async function loadCheckpoint(dir: string, opts: { optimizer?: boolean } 
           `${ofile}: metadata "step" must be a non-negative integer, got ${JSON.stringify(od.metadata.step)}`,
         );
       const m = new Map<string, StTensor>(),
-        v = new Map<string, StTensor>();
+        v = new Map<string, StTensor>(),
+        masters = new Map<string, StTensor>();
       for (const [k, t] of od.tensors) {
         if (k.endsWith('.exp_avg')) m.set(k, t);
         else if (k.endsWith('.exp_avg_sq')) v.set(k, t);
-        else throw new ConfigError(`${ofile}: unexpected tensor ${k} (expected <param>.exp_avg / <param>.exp_avg_sq)`);
+        else if (k.endsWith('.master')) masters.set(k, t);
+        else
+          throw new ConfigError(
+            `${ofile}: unexpected tensor ${k} (expected <param>.exp_avg / <param>.exp_avg_sq / <param>.master)`,
+          );
       }
+      // weights stored below f32: training resumes from the f32 master weights, not their rounding
+      if (masters.size) out.weights = weightsFromTensors(config, masters, ofile, '.master');
       out.optimizer = {
         step,
         expAvg: weightsFromTensors(config, m, ofile, '.exp_avg'),

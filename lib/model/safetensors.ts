@@ -210,15 +210,25 @@ export function fromFloat32(
   const out = new Uint16Array(a.length);
   if (dtype === 'bfloat16') {
     const u = new Uint32Array(a.buffer, a.byteOffset, a.length);
-    for (let i = 0; i < u.length; i++) {
-      const x = u[i];
-      // NaN stays a (quiet) NaN; otherwise round the low 16 bits to nearest, ties to even
-      out[i] = (x & 0x7fffffff) > 0x7f800000 ? (x >>> 16) | 0x40 : ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
-    }
+    for (let i = 0; i < u.length; i++) out[i] = bf16Bits(u[i]);
     return { shape, data: out, dtype: 'BF16' };
   }
   for (let i = 0; i < a.length; i++) out[i] = floatToHalf(a[i]);
   return { shape, data: out, dtype: 'F16' };
+}
+
+/** bfloat16 bits of the f32 with bits `x`: NaN stays a (quiet) NaN; otherwise the low 16 bits rounded to nearest, ties to even. */
+function bf16Bits(x: number): number {
+  return (x & 0x7fffffff) > 0x7f800000 ? (x >>> 16) | 0x40 : ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
+}
+
+/** `a` rounded to bfloat16 (nearest, ties to even) and widened back to f32: the values a BF16 tensor of `a` reads as. */
+export function roundedToBf16(a: Float32Array): Float32Array {
+  const out = new Float32Array(a.length),
+    o = new Uint32Array(out.buffer),
+    u = new Uint32Array(a.buffer, a.byteOffset, a.length);
+  for (let i = 0; i < u.length; i++) o[i] = bf16Bits(u[i]) << 16;
+  return out;
 }
 
 const f32buf = new Float32Array(1),

@@ -271,9 +271,23 @@ export class Learner {
    */
   async storeOptimizers(version: number, db: Executor): Promise<void> {
     const { versions, model } = this.s;
-    await versions.putOptimizer('optimizer', version, model, this.actor.getOptimizerState(), db);
+    await versions.putOptimizer(
+      'optimizer',
+      version,
+      model,
+      this.actor.getOptimizerState(),
+      this.actor.weightsView() as Weights,
+      db,
+    );
     if (this.critic)
-      await versions.putOptimizer('critic-optimizer', version, this.critic.model, this.critic.getOptimizerState(), db);
+      await versions.putOptimizer(
+        'critic-optimizer',
+        version,
+        this.critic.model,
+        this.critic.getOptimizerState(),
+        this.critic.weightsView() as Weights,
+        db,
+      );
   }
 
   /** Moves the EMA of the policy weights to the weights held now (algorithm.ema.decay); false when there is none. */
@@ -374,7 +388,13 @@ function criticOptions(s: LearnerSetup): TrainerOptions {
 /** The weights a new run starts from: the LoRA base, the replay's or actor.model.path's model, or a seeded init. */
 async function initialWeights(s: LearnerSetup): Promise<Weights> {
   if (s.lora) return sharedBaseWeights(s.lora.baseDir);
-  const dir = s.initialWeightsDir ?? s.cfg.actor.model.path;
+  // a replay starts from the source's v0; a v0 stored in bf16 holds rounded weights, so then from
+  // what the source's trainer started from: its config's model (or seeded init), as below
+  if (s.initialWeightsDir) {
+    const v0 = await loadCheckpoint(s.initialWeightsDir, { optimizer: false });
+    if (!v0.config.storedDtype) return v0.weights;
+  }
+  const dir = s.cfg.actor.model.path;
   return dir
     ? (await loadCheckpoint(dir, { optimizer: false })).weights
     : initWeights(s.model, s.cfg.actor.model.init_seed, { visionStd: s.cfg.actor.model.vision.init_std });

@@ -23,8 +23,14 @@ import {
   type PolicyStore,
 } from '../policy-store/index.ts';
 import type { PolicyLora } from './policy.ts';
+import { roundedToBf16 } from '../model/safetensors.ts';
+import type { HfDtype } from '../model/hf-layout.ts';
+import type { PolicyDtype } from '../config/index.ts';
 import { resumeHint, type RunCheckpoints } from './run-checkpoints.ts';
 import { txOf } from './stage-state.ts';
+
+/** policy.dtype's names as the dtypes a model directory is stored in. */
+const HF_DTYPE_OF: Record<PolicyDtype, HfDtype> = { f32: 'float32', bf16: 'bfloat16' };
 
 /** What a version is written with besides its weights (a version never holds optimizer state: putOptimizer). */
 export interface VersionWrite {
@@ -42,6 +48,8 @@ export class RunVersions {
       assetsFrom: string | null;
       /** The database handle outside a batch. */
       db: Executor;
+      /** policy.dtype: the dtype policy versions' weights are stored in (default f32). */
+      policyDtype?: PolicyDtype;
     },
   ) {}
 
@@ -82,7 +90,8 @@ export class RunVersions {
   /**
    * Writes a version of `kind` into the policy store (before any event names it). Returns the
    * sha256 of its weights file. The files are recorded with the sha256 of the bytes written (not
-   * read back). A full policy's `weights` are handed to the readers in this process
+   * read back). A full policy's weights are stored in policy.dtype (bf16: rounded to nearest even;
+   * the checkpoint's optimizer artifact keeps the f32 masters: putOptimizer). A full policy's `weights` are handed to the readers in this process
    * (lib/policy-store/handoff.ts: the embedded rollout samples with them without reading the
    * version back): the caller must not modify them afterwards.
    */
@@ -107,25 +116,41 @@ export class RunVersions {
       return w.weightsSha256;
     }
     // a complete model directory: the source's generation config and tokenizer files go with the weights
-    const w = await saveCheckpoint(dir, model, weights, { ...extra, overwrite: true, assetsFrom });
+    const dtype = kind === 'policy' ? HF_DTYPE_OF[this.o.policyDtype ?? 'f32'] : 'float32';
+    const w = await saveCheckpoint(dir, model, weights, { ...extra, overwrite: true, assetsFrom, dtype });
     await this.policies.put(kind, version, db, w.files);
-    if (kind === 'policy') handOff(this.policies, version, MODEL_FILE, w.weightsSha256, weights);
+    // the readers in this process sample with the weights as stored (bf16: rounded, as a reader of the files gets them)
+    if (kind === 'policy')
+      handOff(
+        this.policies,
+        version,
+        MODEL_FILE,
+        w.weightsSha256,
+        dtype === 'float32' ? weights : new Map([...weights].map(([k, a]) => [k, roundedToBf16(a)])),
+      );
     return w.weightsSha256;
   }
 
   /**
    * Writes the AdamW state of a checkpoint step into the policy store as artifact `kind`
    * ('optimizer': the policy's, a LoRA policy's adapters' state; 'critic-optimizer': the critic's).
+   * A full policy whose versions are stored below f32 (policy.dtype bf16) also keeps its f32
+   * `weights` there, as `<param>.master`: a resume restores the trainer from them, not their rounding.
    */
   async putOptimizer(
     kind: 'optimizer' | 'critic-optimizer',
     version: number,
     model: ModelConfig,
     state: OptimizerState,
+    weights: Weights,
     db: Executor = this.o.db,
   ): Promise<void> {
     const lora = kind === 'optimizer' ? (this.o.lora?.config ?? null) : null;
-    const files = await saveOptimizer(this.policies.writeDir(kind, version), model, state, lora);
+    const belowF32 = kind === 'optimizer' && !lora && (this.o.policyDtype ?? 'f32') !== 'f32';
+    const files = await saveOptimizer(this.policies.writeDir(kind, version), model, state, {
+      lora,
+      masters: belowF32 ? weights : null,
+    });
     await this.policies.put(kind, version, db, files);
   }
 

@@ -109,7 +109,12 @@ export async function startLearner(
   const checkpoints: RunCheckpoints = { runId: p.runId, runDir: p.runDir, store: p.store };
   const lora = policyLora(cfg);
   // every policy version is a complete model directory: the source's generation config and tokenizer files go along
-  const versions = new RunVersions(p.policies, checkpoints, { lora, assetsFrom: cfg.actor.model.path, db: p.db.db });
+  const versions = new RunVersions(p.policies, checkpoints, {
+    lora,
+    assetsFrom: cfg.actor.model.path,
+    db: p.db.db,
+    policyDtype: cfg.policy.dtype,
+  });
   const settings = trainerSettings(cfg);
   const setup: LearnerSetup = { cfg, model, criticModel, settings, lora, versions, log };
   if (a.initialWeightsDir) setup.initialWeightsDir = a.initialWeightsDir;

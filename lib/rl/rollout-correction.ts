@@ -14,6 +14,9 @@
  *                                KL(π_rollout ‖ π_train) that is ≥ 0 per token (Schulman's k3)
  *   rollout/is_weight_mean       mean of w after truncation or masking
  *   rollout/is_weight_clipped_frac  share of tokens whose w was truncated or masked
+ *   rollout/logprob_mismatch_abs_mean, rollout/logprob_mismatch_abs_max  mean and max of |o_t − b_t|
+ *                                (0 exactly when the sampler and the trainer use the same weights
+ *                                and kernels; > 0 with bf16 policy versions, policy.dtype)
  */
 import { ConfigError } from '../errors.ts';
 
@@ -50,7 +53,9 @@ export function rolloutCorrection(rows: readonly CorrectionRow[], cfg: RolloutCo
   let n = 0,
     k3 = 0,
     wSum = 0,
-    clipped = 0;
+    clipped = 0,
+    absSum = 0,
+    absMax = 0;
   const weights = rows.map((r, i) => {
     const T = r.old.length;
     if (r.behaviour.length !== T)
@@ -69,6 +74,9 @@ export function rolloutCorrection(rows: readonly CorrectionRow[], cfg: RolloutCo
     const w = new Float32Array(T).fill(1);
     for (let t = 0; t < T; t++) {
       if (!on(t)) continue;
+      const diff = Math.abs(r.old[t] - r.behaviour[t]);
+      absSum += diff;
+      absMax = Math.max(absMax, diff);
       const ratio = Math.exp(lr[t]);
       k3 += ratio - 1 - lr[t];
       const raw = cfg.level === 'sequence' ? seqW : ratio;
@@ -95,6 +103,8 @@ export function rolloutCorrection(rows: readonly CorrectionRow[], cfg: RolloutCo
           'rollout/mismatch_kl': k3 / n,
           'rollout/is_weight_mean': wSum / n,
           'rollout/is_weight_clipped_frac': clipped / n,
+          'rollout/logprob_mismatch_abs_mean': absSum / n,
+          'rollout/logprob_mismatch_abs_max': absMax,
         };
   return { weights, metrics };
 }

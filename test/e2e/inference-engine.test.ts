@@ -2,8 +2,9 @@
  * Rollouts through an inference engine: the number game trained a few steps with
  * `rollout.engine: openai` against `rlstream serve-policy` in another process (told to load each
  * policy version by update_weights_from_disk) samples exactly the trajectories `engine: onnx` does
- * with the same seed and run id, and logs a zero mismatch, although the engine is killed mid-run
- * and restarted (nothing lost, nothing sampled twice differently). A deliberately mismatched engine
+ * with the same seed and run id, and logs a zero mismatch (f32 policy versions: the onnx sampler's
+ * log-probs are the trainer's up to f32 rounding), although the engine is killed mid-run and
+ * restarted (nothing lost, nothing sampled twice differently). A deliberately mismatched engine
  * (serve-policy --debug-temperature-scale 1.5) shows rollout/mismatch_kl > 0, and the
  * TIS metrics agree with an independent recomputation from the stored trajectories.
  */
@@ -122,6 +123,10 @@ test(
     });
     assert.deepEqual(B.metric('reward/mean'), A.metric('reward/mean'));
     for (const kl of B.metric('rollout/mismatch_kl')) assert.ok(kl < 1e-6, `exact engine: mismatch KL ${kl}`);
+    // policy.dtype f32: the onnx sampler's log-probs are the trainer's up to f32 rounding (~1e-7)
+    const gaps = A.metric('rollout/logprob_mismatch_abs_max');
+    assert.equal(gaps.length, 2);
+    for (const g of gaps) assert.ok(g < 1e-5, `f32 versions: max |Δ log-prob| ${g}`);
   },
 );
 

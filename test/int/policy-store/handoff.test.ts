@@ -2,7 +2,8 @@
  * The in-process hand-off of a written policy version (lib/policy-store/handoff.ts): a reader
  * sharing the writer's store object samples with the writer's arrays without reading the files;
  * a reader with its own store (another process) reads and verifies them; a version whose recorded
- * bytes are not the handed-off ones is read from the store.
+ * bytes are not the handed-off ones is read from the store; bf16 versions hand off the weights
+ * rounded as a reader of the store gets them.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -16,6 +17,7 @@ import { sha256File } from '../../../lib/policy-store/hash.ts';
 import { RunVersions } from '../../../lib/pipeline/run-versions.ts';
 import { PolicyCache } from '../../../lib/pipeline/policy.ts';
 import { initWeights, modelConfig } from '../../../lib/model/index.ts';
+import { roundedToBf16 } from '../../../lib/model/safetensors.ts';
 import { PG_URL } from '../../../devkit/pipeline-procs.ts';
 import { uniqueRunId } from '../../support/store-fixtures.ts';
 
@@ -53,6 +55,20 @@ test('policy hand-off: same-process readers take the written arrays, other proce
     const embedded = new PolicyCache(store, model);
     assert.equal(await embedded.get(1), w1, 'the very arrays the writer stored');
     assert.equal(embedded.fromMemory, 1);
+
+    // policy.dtype bf16: the hand-off and a read of the store give the same rounded weights
+    const half = new RunVersions(
+      store,
+      { runId, runDir, store: null as never },
+      { lora: null, assetsFrom: null, db: db.db, policyDtype: 'bf16' },
+    );
+    await half.put('policy', 3, model, w1, {});
+    const mem = await new PolicyCache(store, model).get(3);
+    const disk = await new PolicyCache(new FilesystemPolicyStore(runDir, runId, db.db), model).get(3);
+    for (const [k, v] of w1) {
+      assert.deepEqual(mem.get(k), roundedToBf16(v), k);
+      assert.deepEqual(disk.get(k), mem.get(k), k);
+    }
 
     const other = new PolicyCache(new FilesystemPolicyStore(runDir, runId, db.db), model);
     const read = await other.get(1);

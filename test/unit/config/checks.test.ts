@@ -484,6 +484,16 @@ test('actor.model.lora: rank 0 and a target that matches no module are one line 
     () => load({ overrides: ['actor.model.lora={rank: 8, dropout: 0.1}', 'actor.model.path=/models/base'] }),
     'actor.model.lora.dropout must be 0',
   );
+  expectOneProblem(
+    () => load({ overrides: ['actor.model.lora={rank: 8}', 'actor.model.path=/models/base', 'policy.dtype=bf16'] }),
+    'actor.model.lora with policy.dtype = bf16 is not supported',
+  );
+});
+
+test('policy.dtype: f32 by default, bf16 loads, anything else lists the valid dtypes', () => {
+  assert.equal(load({}).policy.dtype, 'f32');
+  assert.equal(load({ overrides: ['policy.dtype=bf16'] }).policy.dtype, 'bf16');
+  assert.throws(() => load({ overrides: ['policy.dtype=fp16'] }), /policy\.dtype.*f32.*bf16/);
 });
 
 test('rollout.engine = openai needs engine URLs; the URLs and the correction keys load', () => {

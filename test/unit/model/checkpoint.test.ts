@@ -12,7 +12,7 @@ import { fromHfConfig, modelConfig, toHfConfig } from '../../../lib/model/config
 import { initWeights } from '../../../lib/model/init.ts';
 import { paramCount, paramSpecs, zerosLikeWeights } from '../../../lib/model/params.ts';
 import { checkpointSha256, loadCheckpoint, saveCheckpoint } from '../../../lib/model/checkpoint.ts';
-import { decodeSafetensors, encodeSafetensors } from '../../../lib/model/safetensors.ts';
+import { decodeSafetensors, encodeSafetensors, roundedToBf16 } from '../../../lib/model/safetensors.ts';
 import { AlphabetTokenizer, ByteTokenizer, createTokenizer } from '../../../lib/model/tokenizer.ts';
 
 const base = {
@@ -171,6 +171,34 @@ describe('checkpoints', () => {
     await assert.rejects(saveCheckpoint(dir2, c, w), /already exists/);
     await saveCheckpoint(dir2, c, initWeights(c, 9), { overwrite: true });
     assert.notEqual(await checkpointSha256(dir2), weightsSha256);
+  });
+  it('bf16 weights with optimizer state: the f32 masters come back with it, the rounded weights without', async () => {
+    const dir = path.join(await tmpdir(), 'bf16');
+    const c = modelConfig(base);
+    const w = initWeights(c, 4);
+    await saveCheckpoint(dir, c, w, {
+      dtype: 'bfloat16',
+      optimizer: { step: 2, expAvg: zerosLikeWeights(c), expAvgSq: zerosLikeWeights(c) },
+    });
+    const stored = decodeSafetensors(await fs.readFile(path.join(dir, 'model.safetensors')), 'model.safetensors');
+    assert.ok([...stored.tensors.values()].every((t) => t.dtype === 'BF16'));
+    const full = await loadCheckpoint(dir);
+    const rounded = await loadCheckpoint(dir, { optimizer: false });
+    let differ = 0;
+    for (const s of paramSpecs(c)) {
+      assert.deepEqual(full.weights.get(s.name), w.get(s.name), `${s.name}: the f32 master`);
+      assert.deepEqual(rounded.weights.get(s.name), roundedToBf16(w.get(s.name)!), `${s.name}: rounded to bf16`);
+      // hand-checked rounding: the top 16 bits, plus one when the low 16 are above half or a tie with an odd top
+      const bits = new Uint32Array(w.get(s.name)!.buffer);
+      const got = new Uint32Array(rounded.weights.get(s.name)!.buffer);
+      bits.forEach((x, i) => {
+        const lo = x & 0xffff,
+          hi = x >>> 16;
+        assert.equal(got[i] >>> 16, hi + (lo > 0x8000 || (lo === 0x8000 && hi & 1) ? 1 : 0));
+        if (lo) differ++;
+      });
+    }
+    assert.ok(differ > 0, 'rounding changed some weights');
   });
   it('loading reports missing files, wrong shapes, unknown tensors and bad dtypes by name', async () => {
     const root = await tmpdir();

@@ -1,7 +1,7 @@
 /**
  * Rollout correction (lib/rl/rollout-correction.ts) against an independent computation: weights as
  * probability ratios p_train / p_rollout (products of ratios for the sequence level), truncated or
- * masked by hand, and the k3 KL estimate from the ratios; plus hand-checked small cases and the
+ * masked by hand, the k3 KL estimate and the absolute log-prob gaps from the ratios; plus hand-checked small cases and the
  * update stage's use of them (the loss weights are multiplied by them).
  */
 import { test } from 'node:test';
@@ -36,12 +36,14 @@ function reference(rs: ReturnType<typeof rows>, c: RolloutCorrectionConfig) {
     kl = 0,
     sum = 0,
     cut = 0;
+  const diffs: number[] = [];
   const weights = rs.map(({ old, behaviour, mask }) => {
     const ratios = Array.from(old, (o, t) => Math.exp(o) / Math.exp(behaviour[t]));
     const seq = ratios.reduce((p, r, t) => (mask[t] ? p * r : p), 1);
     return ratios.map((r, t) => {
       if (!mask[t]) return 1;
       n++;
+      diffs.push(Math.abs(Math.log(r)));
       kl += r - 1 - Math.log(r);
       const raw = c.level === 'sequence' ? seq : r;
       const out = c.mode === 'tis' ? Math.min(raw, c.threshold) : raw > c.threshold || raw < lower ? 0 : raw;
@@ -50,7 +52,8 @@ function reference(rs: ReturnType<typeof rows>, c: RolloutCorrectionConfig) {
       return out;
     });
   });
-  return { weights, kl: kl / n, mean: sum / n, frac: cut / n };
+  const absMean = diffs.reduce((a, d) => a + d, 0) / n;
+  return { weights, kl: kl / n, mean: sum / n, frac: cut / n, absMean, absMax: Math.max(...diffs) };
 }
 
 for (const c of [
@@ -78,6 +81,8 @@ for (const c of [
       assert.ok(got.metrics['rollout/mismatch_kl'] > 0);
       assert.ok(Math.abs(got.metrics['rollout/is_weight_mean'] - want.mean) < 1e-6);
       assert.equal(got.metrics['rollout/is_weight_clipped_frac'], want.frac);
+      assert.ok(Math.abs(got.metrics['rollout/logprob_mismatch_abs_mean'] - want.absMean) < 1e-6);
+      assert.ok(Math.abs(got.metrics['rollout/logprob_mismatch_abs_max'] - want.absMax) < 1e-6);
     }
   });
 }
@@ -90,6 +95,8 @@ test('rollout correction: equal log-probs give weight 1 and zero KL; off leaves 
     'rollout/mismatch_kl': 0,
     'rollout/is_weight_mean': 1,
     'rollout/is_weight_clipped_frac': 0,
+    'rollout/logprob_mismatch_abs_mean': 0,
+    'rollout/logprob_mismatch_abs_max': 0,
   });
   // hand-checked: ratio e^1 ≈ 2.718 is capped at 2 (tis), dropped (mis); e^-0.1 ≈ 0.905 is kept
   const r = [{ old: [0, -1.1], behaviour: [-1, -1] }];
