@@ -20,19 +20,9 @@ import { initWeights, modelConfig } from '../../../lib/model/index.ts';
 import { roundedToBf16 } from '../../../lib/model/safetensors.ts';
 import { PG_URL } from '../../../devkit/pipeline-procs.ts';
 import { uniqueRunId } from '../../support/store-fixtures.ts';
+import { TINY_ONE_LAYER } from '../../support/tiny-models.ts';
 
-const model = modelConfig({
-  hiddenSize: 16,
-  intermediateSize: 24,
-  numHiddenLayers: 1,
-  numAttentionHeads: 2,
-  numKeyValueHeads: 1,
-  vocabSize: 32,
-  maxPositionEmbeddings: 32,
-  bosTokenId: 1,
-  eosTokenId: 2,
-  padTokenId: 0,
-});
+const model = modelConfig(TINY_ONE_LAYER);
 
 test('policy hand-off: same-process readers take the written arrays, other processes read the store', async () => {
   const db = await openDatabase({ kind: 'postgres', url: PG_URL });

@@ -22,19 +22,9 @@ import {
 } from '../../../lib/model/index.ts';
 import { PG_URL } from '../../../devkit/pipeline-procs.ts';
 import { uniqueRunId } from '../../support/store-fixtures.ts';
+import { TINY_ONE_LAYER } from '../../support/tiny-models.ts';
 
-const model = modelConfig({
-  hiddenSize: 16,
-  intermediateSize: 24,
-  numHiddenLayers: 1,
-  numAttentionHeads: 2,
-  numKeyValueHeads: 1,
-  vocabSize: 32,
-  maxPositionEmbeddings: 32,
-  bosTokenId: 1,
-  eosTokenId: 2,
-  padTokenId: 0,
-});
+const model = modelConfig(TINY_ONE_LAYER);
 
 function moments(w: Weights, step: number): OptimizerState {
   const scaled = (k: number) => new Map([...w].map(([n, a]) => [n, a.map((x) => x * k)]));

@@ -13,20 +13,9 @@ import { SessionCache } from '../../../lib/model/session-cache.ts';
 import { StepDecoder, concatStates, selectRows } from '../../../lib/model/stepwise.ts';
 import { GenerationBatcher, type BatchResult } from '../../../lib/inference/batcher.ts';
 import { ConfigError } from '../../../lib/errors.ts';
+import { TINY_GQA_BIAS } from '../../support/tiny-models.ts';
 
-const cfg = modelConfig({
-  hiddenSize: 32,
-  intermediateSize: 48,
-  numHiddenLayers: 2,
-  numAttentionHeads: 4,
-  numKeyValueHeads: 2,
-  vocabSize: 40,
-  maxPositionEmbeddings: 64,
-  bosTokenId: 1,
-  eosTokenId: 2,
-  padTokenId: 0,
-  attentionBias: true,
-});
+const cfg = modelConfig(TINY_GQA_BIAS);
 const W = initWeights(cfg, 7, { std: 0.3 });
 const cache = new SessionCache();
 const policy = { version: 4, weights: W, dir: '/x' };

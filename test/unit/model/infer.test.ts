@@ -4,26 +4,14 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { initWeights, modelConfig, type ModelConfigInput } from '../../../lib/model/index.ts';
+import { initWeights, modelConfig } from '../../../lib/model/index.ts';
 import { planBatches, Sampler, samplingParams, sequenceUniforms, type Generation } from '../../../lib/model/sample.ts';
 import { Scorer } from '../../../lib/model/score.ts';
 import { ValueScorer } from '../../../lib/model/value.ts';
 import { SessionCache } from '../../../lib/model/session-cache.ts';
+import { TINY_GQA_BIAS } from '../../support/tiny-models.ts';
 
-const base: ModelConfigInput = {
-  hiddenSize: 32,
-  intermediateSize: 48,
-  numHiddenLayers: 2,
-  numAttentionHeads: 4,
-  numKeyValueHeads: 2,
-  vocabSize: 40,
-  maxPositionEmbeddings: 64,
-  bosTokenId: 1,
-  eosTokenId: 2,
-  padTokenId: 0,
-  attentionBias: true,
-};
-const cfg = modelConfig(base);
+const cfg = modelConfig(TINY_GQA_BIAS);
 // std 0.3 gives peaked, position-dependent distributions on a model this small
 const W = initWeights(cfg, 7, { std: 0.3 });
 const cache = new SessionCache();

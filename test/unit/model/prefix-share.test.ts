@@ -10,20 +10,9 @@ import { buildGenerateModel, GEN_IO } from '../../../lib/model/decode-graph.ts';
 import { Sampler } from '../../../lib/model/sample.ts';
 import { SessionCache } from '../../../lib/model/session-cache.ts';
 import { createSession } from '../../../lib/onnx/runtime.ts';
+import { TINY_GQA_BIAS } from '../../support/tiny-models.ts';
 
-const cfg = modelConfig({
-  hiddenSize: 32,
-  intermediateSize: 48,
-  numHiddenLayers: 2,
-  numAttentionHeads: 4,
-  numKeyValueHeads: 2,
-  vocabSize: 40,
-  maxPositionEmbeddings: 64,
-  bosTokenId: 1,
-  eosTokenId: 2,
-  padTokenId: 0,
-  attentionBias: true,
-});
+const cfg = modelConfig(TINY_GQA_BIAS);
 const W = initWeights(cfg, 7, { std: 0.3 });
 const cache = new SessionCache();
 const maxAbs = (a: ArrayLike<number>, b: ArrayLike<number>) => {
