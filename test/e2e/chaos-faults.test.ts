@@ -73,7 +73,7 @@ test(
     const db = await freshDatabase(name);
     cleanups.push(db.drop);
     const runDir = join(tmp, 'dist');
-    const disk: TinyDisk = tinyDisk(join(runDir, 'policy'), '700k'); // room for ~5 of the 11 policy versions
+    const disk: TinyDisk = tinyDisk(join(runDir, 'policy'), '280k'); // room for ~5 of the 11 policy versions (weights only, ~50 KB each)
     cleanups.push(() => disk.unmount());
     const admin = new pg.Client({ connectionString: db.url });
     await admin.connect();
