@@ -60,7 +60,7 @@ test(
     const want = await finalState(ref);
 
     const dir = join(tmp, 'full');
-    const disk = tinyDisk(join(dir, 'policy'), '600k'); // room for ~4 of the 8 policy versions
+    const disk = tinyDisk(join(dir, 'policy'), '230k'); // room for ~4 of the 8 policy versions (weights only, ~50 KB each)
     disks.push(disk);
     const r1 = spawnCli(args(dir));
     const ex1 = await r1.exit;
