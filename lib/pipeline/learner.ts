@@ -101,7 +101,7 @@ export class Learner {
    * the update stage then re-trains the logged steps after it (`advance` after each).
    */
   static async atBase(s: LearnerSetup, base: TrainerBase): Promise<Learner> {
-    const src = base.dir ? await trainersOfCheckpoint(s, base.dir) : null;
+    const src = base.dir ? await trainersOfCheckpoint(s, base.dir).catch((e) => resumeRefused(s, base.dir!, e)) : null;
     const actor = src?.actor ?? createTrainer({ ...actorOptions(s), weights: await initialWeights(s) });
     const l = new Learner(s, actor, base.step, base.sha);
     l.critic = src?.critic ?? null;
@@ -398,6 +398,17 @@ async function initialWeights(s: LearnerSetup): Promise<Weights> {
   return dir
     ? (await loadCheckpoint(dir, { optimizer: false })).weights
     : initWeights(s.model, s.cfg.actor.model.init_seed, { visionStd: s.cfg.actor.model.vision.init_std });
+}
+
+/**
+ * A resume whose checkpoint fails its sha256 check (its actor/ and reference/ are hard links of
+ * the policy versions' files, so a damaged version shows here): what failed, and the newest intact
+ * checkpoint to start a new run from.
+ */
+async function resumeRefused(s: LearnerSetup, dir: string, e: unknown): Promise<never> {
+  if (!(e instanceof ConfigError)) throw e;
+  const what = e.message.replace(/^trainer\.load_checkpoint_path: /, '').replace(/; use an earlier checkpoint .*$/, '');
+  throw new ConfigError(`resuming from checkpoint ${dir}: ${what}. ${await s.versions.resumeHint()}`);
 }
 
 /**

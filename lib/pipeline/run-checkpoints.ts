@@ -16,7 +16,9 @@ import {
   checkpointDir,
   datasetPosition,
   listCheckpointSteps,
+  readCheckpointPath,
   removeCheckpointDir,
+  verifyCheckpointFiles,
   TRAINER_STATE_FILE,
   TRAINER_STATE_FORMAT,
   writeCheckpointDir,
@@ -33,6 +35,17 @@ export interface RunCheckpoints {
   store: Store;
 }
 
+/** Whether every file a checkpoint's trainer_state.json records still has its sha256 (true where it records none). */
+async function filesIntact(dir: string): Promise<boolean> {
+  try {
+    const { state } = readCheckpointPath(dir);
+    if (state) await verifyCheckpointFiles(dir, state);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /**
  * How to go on from the newest checkpoint whose weights still have their recorded sha256 (said
  * when a stored version is damaged or missing). `tx`: the batch transaction, if any.
@@ -44,7 +57,7 @@ export async function resumeHint(c: RunCheckpoints, tx?: Tx): Promise<string> {
   );
   for (const ck of rows) {
     const actor = join(ck.path, 'actor', weightsFileOf(join(ck.path, 'actor')));
-    if (existsSync(actor) && (await sha256File(actor)) === ck.sha256) {
+    if (existsSync(actor) && (await sha256File(actor)) === ck.sha256 && (await filesIntact(ck.path))) {
       return `The last good checkpoint is ${ck.path} (step ${ck.step}, sha256 ${ck.sha256}): start a new run from it with trainer.load_checkpoint_path=${ck.path} and a new pipeline.run_id (or another trainer.run_dir)`;
     }
   }

@@ -154,6 +154,11 @@ export class RunVersions {
     await this.policies.put(kind, version, db, files);
   }
 
+  /** How to go on from the newest intact checkpoint of the run (said when a stored file is damaged). */
+  resumeHint(db: Executor = this.o.db): Promise<string> {
+    return resumeHint(this.checkpoints, txOf(db));
+  }
+
   /** The `policy` record that publishes policy version `version`. */
   async record(
     version: number,

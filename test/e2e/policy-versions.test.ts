@@ -81,7 +81,9 @@ test(
     // continue the run for one more step: the update stage resumes from version 2
     const again = await train([`trainer.run_dir=${dir}`, 'trainer.save_freq=1', 'trainer.max_steps=3']);
     assert.notEqual(again.code, 0, 'the resume stops');
-    assert.ok(again.out.includes(file), `names the file:\n${again.out.slice(-3000)}`);
+    // the resume starts from checkpoint global_step_2, whose actor/ is a hard link of the damaged file
+    const linked = join(dir, 'checkpoints', 'global_step_2', 'actor', 'model.safetensors');
+    assert.ok(again.out.includes(linked), `names the file:\n${again.out.slice(-3000)}`);
     assert.ok(again.out.includes(recorded) && again.out.includes(found), 'names both hashes');
     // global_step_2/actor is a hard link to the damaged file; global_step_1 is intact
     assert.match(
@@ -146,10 +148,14 @@ test(
     writeFileSync(file, bad);
     const again = await train(args);
     assert.notEqual(again.code, 0, 'the resume stops');
+    // the resume starts from the newest checkpoint, whose reference/ is a hard link of v0's file
     assert.ok(
-      again.out.includes(file) && again.out.includes(recorded),
+      /checkpoints\/global_step_\d+\/reference\/model\.safetensors has sha256/.test(again.out) &&
+        again.out.includes(recorded),
       `names the file and hash:\n${again.out.slice(-3000)}`,
     );
+    // every checkpoint links the damaged v0: none is offered as intact
+    assert.match(again.out, /No intact checkpoint of this run was found; restore the file from a backup/);
     assert.doesNotMatch(again.out, /step 3 trained/, 'nothing trained before the check');
     assert.doesNotMatch(again.out, /dead.letter/i, 'its own damaged file is not a message to dead-letter');
     writeFileSync(file, good);
