@@ -29,14 +29,14 @@ if (files.length === 0) {
   console.error(`no ${tier} test files${filters.length ? ` matching ${filters.join(', ')}` : ''}`);
   process.exit(1);
 }
-// A file that changes something every test shares (chaos.test.ts stops PostgreSQL) says so with the
-// marker below in its header and runs alone, before the rest. Unit files run two at a time; e2e
-// files too (most of an e2e test's time is waiting on processes, timers and back-offs); int files
-// one at a time (several share the test database's tables).
+// A file that changes or shares something the others use (chaos.test.ts stops PostgreSQL; int
+// files that use the shared test database) says so with the marker below in its header and runs
+// alone, before the rest. The other files run two at a time: most of their time is waiting on
+// processes, timers and back-offs, or single-threaded.
 const ALONE_MARKER = '@runs-alone';
 const alone = files.filter((f) => readFileSync(join(root, f), 'utf8').includes(ALONE_MARKER));
 const rest = files.filter((f) => !alone.includes(f));
-const concurrency = tier === 'int' ? 1 : 2;
+const concurrency = 2;
 
 function run(list: string[], n: number): number {
   if (list.length === 0) return 0;

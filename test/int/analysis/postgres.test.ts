@@ -1,4 +1,5 @@
 /**
+ * Uses the shared test database (RLSTREAM_TEST_PG_URL): this file runs alone (@runs-alone).
  * The analysis views, the read-only runner, the example queries and the commands on a real
  * PostgreSQL (RLSTREAM_TEST_PG_URL, default postgres://postgres@127.0.0.1:5432/test). The database
  * is shared with other tests, so the synthetic run has a unique id, every check filters by it, and

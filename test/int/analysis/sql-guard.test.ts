@@ -1,6 +1,7 @@
 /**
+ * Uses the shared test database (RLSTREAM_TEST_PG_URL): this file runs alone (@runs-alone).
  * `rlstream sql` against PostgreSQL with a superuser URL: statements outside plain
- * read queries are refused before they are sent — the attack strings of the issue (copy to
+ * read queries are refused before they are sent — the attack strings (copy to
  * program / to a file, pg_read_file, lo_import, lock inside do $$ … $$, a data-modifying CTE) and
  * their disguises — while keywords inside strings, quoted identifiers and comments are fine; a
  * query waits at most lock_timeout for a lock; a superuser connection is refused (the reader role's

@@ -1,4 +1,5 @@
 /**
+ * Uses the shared test database (RLSTREAM_TEST_PG_URL): this file runs alone (@runs-alone).
  * The bus contract against the embedded log over a real PostgreSQL (RLSTREAM_TEST_PG_URL,
  * default postgres://postgres@127.0.0.1:5432/test), plus batch atomicity and several processes
  * sharing one group: one is killed with SIGKILL mid-run, another takes over its partitions after

@@ -1,4 +1,5 @@
 /**
+ * Uses the shared test database (RLSTREAM_TEST_PG_URL): this file runs alone (@runs-alone).
  * `rlstream check env`: PostgreSQL (RLSTREAM_TEST_PG_URL) and Kafka brokers reachable or not, the
  * Python interpreter/module/function of a Python reward, the CPU provider, memory and disk for the
  * configured model — each one line with its status; a failure fails the command.

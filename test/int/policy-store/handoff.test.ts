@@ -1,4 +1,5 @@
 /**
+ * Uses the shared test database (RLSTREAM_TEST_PG_URL): this file runs alone (@runs-alone).
  * The in-process hand-off of a written policy version (lib/policy-store/handoff.ts): a reader
  * sharing the writer's store object samples with the writer's arrays without reading the files;
  * a reader with its own store (another process) reads and verifies them; a version whose recorded

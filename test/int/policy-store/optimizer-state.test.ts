@@ -1,4 +1,5 @@
 /**
+ * Uses the shared test database (RLSTREAM_TEST_PG_URL): this file runs alone (@runs-alone).
  * Policy versions hold weights only; the AdamW state is written at checkpoint steps as its own
  * artifact (lib/pipeline/run-versions.ts putOptimizer) and linked into the checkpoint directory
  * (lib/pipeline/checkpoints.ts writeCheckpointDir), from which a resume loads weights and moments

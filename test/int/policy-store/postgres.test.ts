@@ -1,4 +1,5 @@
 /**
+ * Uses the shared test database (RLSTREAM_TEST_PG_URL): this file runs alone (@runs-alone).
  * The policy-store contract over the postgres adapter: every reader has its own empty cache
  * directory (another node's emptyDir); files span several chunks (a small chunk size here).
  * Also: a damaged cached copy is not used but fetched again from the database.

@@ -1,4 +1,5 @@
 /**
+ * Uses the shared test database (RLSTREAM_TEST_PG_URL): this file runs alone (@runs-alone).
  * The policy-store contract over the S3 adapter, against s3rver on 127.0.0.1: every reader has its
  * own empty cache directory (another node's emptyDir); files above the part size go up as
  * multipart uploads (a small part size here). Also: an object deleted from the bucket is refused

@@ -1,4 +1,5 @@
 /**
+ * Uses the shared test database (RLSTREAM_TEST_PG_URL): this file runs alone (@runs-alone).
  * The store contract on a real PostgreSQL (RLSTREAM_TEST_PG_URL, default
  * postgres://postgres@127.0.0.1:5432/test), plus what only this adapter does: COPY on the client of
  * a caller's transaction, and the fall-back when a concurrent writer stores the same ids between
