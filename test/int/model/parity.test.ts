@@ -25,28 +25,19 @@ import { Trainer, type TrainBatch } from '../../../lib/model/train.ts';
 import { queryBlocksFor } from '../../../lib/model/llama.ts';
 import { Rng } from '../../../lib/util/rng.ts';
 import { f32, i64, readTensors, runTorch, tempDir, torchPython, writeTensors } from '../../../devkit/torch-ref.ts';
+import { TINY_GQA_BIAS } from '../../support/tiny-models.ts';
 
 const torch = torchPython();
 const skip = torch.python ? false : torch.reason;
 const cache = new SessionCache();
 
-// Qwen2-like: grouped-query attention, q/k/v biases, tied embeddings; and a Llama-like untied one.
+// Qwen2-like (the shared tiny GQA shape with q/k/v biases), tied embeddings; and a Llama-like untied one.
 const qwenLike: ModelConfigInput = {
+  ...TINY_GQA_BIAS,
   modelType: 'qwen2',
-  hiddenSize: 32,
-  intermediateSize: 48,
-  numHiddenLayers: 2,
-  numAttentionHeads: 4,
-  numKeyValueHeads: 2,
-  vocabSize: 40,
-  maxPositionEmbeddings: 64,
-  attentionBias: true,
   tieWordEmbeddings: true,
   ropeTheta: 1e6,
   rmsNormEps: 1e-5,
-  bosTokenId: 1,
-  eosTokenId: 2,
-  padTokenId: 0,
 };
 const llamaLike: ModelConfigInput = {
   ...qwenLike,
