@@ -360,7 +360,8 @@ export async function trainEmbedded(
   let tb: LiveTensorBoard | null = null;
   let started = false;
   let heartbeat: StageHeartbeat | null = null;
-  let leftAs: { state: 'stopped' | 'done' | 'crashed'; error?: string } = { state: 'crashed' };
+  // how this process leaves its stages' leases: stopped (SIGTERM, Ctrl-C) or done (the run ended, or failed here)
+  let leftAs: 'stopped' | 'done' = 'done';
   const upsertRun = () =>
     p.store.upsertRun({
       runId: p.runId,
@@ -473,7 +474,7 @@ export async function trainEmbedded(
     }
     if (outcome.status === 'stopped') await settlesWithin(watchStopped, graceMs / 8);
     bar?.finish();
-    leftAs = { state: outcome.status === 'stopped' ? 'stopped' : 'done' };
+    if (outcome.status === 'stopped') leftAs = 'stopped';
     // stopped (SIGTERM, Ctrl-C): the same command resumes it; the row says so instead of "running"
     await p.store
       .setRunStatus(p.runId, outcome.status, outcome.status === 'failed' ? { error: outcome.message ?? '' } : undefined)
@@ -490,11 +491,10 @@ export async function trainEmbedded(
       await s.close().catch(() => undefined);
     }
     if (started) await p.store.setRunStatus(p.runId, 'failed', { error: errorMessage(e) }).catch(() => undefined);
-    leftAs = { state: 'done' };
     throw e;
   } finally {
     await tb?.finish(false).catch(() => undefined);
-    await heartbeat?.end(leftAs.state, leftAs.error);
+    await heartbeat?.end(leftAs);
     await p.close();
   }
 }
