@@ -34,6 +34,7 @@ import { checkPythonReward } from '../lib/reward-fns/python-pool.ts';
 import { checkStageMemory } from '../lib/checks/stage-memory.ts';
 import type { RunRow } from '../lib/store/index.ts';
 import { experienceScorerOptions, samplerOptions } from '../lib/pipeline/policy.ts';
+import { startHeartbeat, heartbeatOptions, type StageHeartbeat } from '../lib/pipeline/heartbeat.ts';
 
 export interface RunOutcome {
   status: 'completed' | 'failed' | 'stopped';
@@ -358,6 +359,9 @@ export async function trainEmbedded(
   const stages: StartedStage[] = [];
   let tb: LiveTensorBoard | null = null;
   let started = false;
+  let heartbeat: StageHeartbeat | null = null;
+  // how this process leaves its stages' leases: stopped (SIGTERM, Ctrl-C) or done (the run ended, or failed here)
+  let leftAs: 'stopped' | 'done' = 'done';
   const upsertRun = () =>
     p.store.upsertRun({
       runId: p.runId,
@@ -388,6 +392,8 @@ export async function trainEmbedded(
     if (resume.done) return { ...resume.done, summary: await summaryTable(p) };
     await upsertRun();
     started = true;
+    // over PostgreSQL this process holds the five stages' leases (an embedded run directory: its lock file)
+    heartbeat = startHeartbeat(p.db, heartbeatOptions(cfg, p.runId, STAGES, 0, log));
     // the resolved config of this run, secrets redacted (rlstream train --print-config also prints it)
     writeFileSync(join(p.runDir, 'config.yaml'), formatResolvedConfig(cfg));
     tb = await openTensorBoard(cfg, p, log, false);
@@ -468,6 +474,7 @@ export async function trainEmbedded(
     }
     if (outcome.status === 'stopped') await settlesWithin(watchStopped, graceMs / 8);
     bar?.finish();
+    if (outcome.status === 'stopped') leftAs = 'stopped';
     // stopped (SIGTERM, Ctrl-C): the same command resumes it; the row says so instead of "running"
     await p.store
       .setRunStatus(p.runId, outcome.status, outcome.status === 'failed' ? { error: outcome.message ?? '' } : undefined)
@@ -487,6 +494,7 @@ export async function trainEmbedded(
     throw e;
   } finally {
     await tb?.finish(false).catch(() => undefined);
+    await heartbeat?.end(leftAs);
     await p.close();
   }
 }

@@ -27,6 +27,7 @@ import { PrometheusTelemetry } from '../lib/metrics/prometheus.ts';
 import { startHealthServer, type HealthServer } from '../lib/http/health-server.ts';
 import { checkPythonReward } from '../lib/reward-fns/python-pool.ts';
 import { checkStageMemory } from '../lib/checks/stage-memory.ts';
+import { startHeartbeat, heartbeatOptions } from '../lib/pipeline/heartbeat.ts';
 import { watchRun, checkDevices, openTensorBoard, refuseChangedConfig, type RunOutcome } from './run.ts';
 import type { LiveTensorBoard } from '../lib/analysis/tensorboard-live.ts';
 
@@ -215,6 +216,9 @@ async function serveOnce(
   }
   let tb: LiveTensorBoard | null = null;
   let s: StartedStage | null = null;
+  // over PostgreSQL the stage holds a lease `rlstream runs` judges the run by (lib/pipeline/heartbeat.ts)
+  const heartbeat = startHeartbeat(p.db, heartbeatOptions(cfg, p.runId, [stage], opts.replica ?? 0, log));
+  let leftAs: { state: 'stopped' | 'done' | 'crashed'; error?: string } = { state: 'crashed' };
   try {
     try {
       if (stage === 'controller') await refuseChangedConfig(cfg, p);
@@ -277,6 +281,17 @@ async function serveOnce(
       },
     );
     const outcome = await Promise.race([watch.outcome, aborted, failed]);
+    leftAs = { state: outcome.status === 'stopped' ? 'stopped' : 'done' };
+    // the controller registers the run (status running, also when it starts after the run's end):
+    // the end its watcher saw is written back, so the row never says running for a run that ended
+    if (stage === 'controller' && outcome.status !== 'stopped')
+      await p.store
+        .setRunStatus(
+          p.runId,
+          outcome.status,
+          outcome.status === 'failed' ? { error: outcome.message ?? '' } : undefined,
+        )
+        .catch((e: unknown) => log.warn({ err: e }, `could not record the run's end: ${errorMessage(e)}`));
     ready.reason = outcome.status === 'stopped' ? 'stopping' : `run ${outcome.status}`;
     ready.joined = null;
     telemetry.setReady(false);
@@ -290,9 +305,14 @@ async function serveOnce(
       .catch((e: unknown) => log.warn({ err: e }, `tensorboard logger: ${errorMessage(e)}`));
     if (outcome.status === 'stopped') log.info(`${stage} stopped: consumer left its group, closing bus and store`);
     return outcome;
+  } catch (e) {
+    if (leftAs.state === 'crashed')
+      leftAs = opts.signal?.aborted ? { state: 'stopped' } : { state: 'crashed', error: errorMessage(e) };
+    throw e;
   } finally {
     telemetry.setLagSource(null);
     await tb?.finish(false).catch(() => undefined);
+    await heartbeat.end(leftAs.state, leftAs.error);
     await p.close();
   }
 }

@@ -4,7 +4,9 @@
  * view. A run directory held by a live process (its lock file names a running PID) is read from the
  * holder's snapshot (or listed as "in use (PID n)" instead of failing the whole listing); a row
  * still "running" in a directory no live process holds (a SIGKILLed or crashed run) is "stale"; a
- * run stored as "completed" is shown as "finished".
+ * run stored as "completed" is shown as "finished". A run over PostgreSQL is judged by its stages'
+ * heartbeats (stage_heartbeats; the rule is lib/analysis/run-state.ts): still "running" with every
+ * stage's lease run out is "stale", with every stage stopped on SIGTERM "stopped".
  */
 import { existsSync, lstatSync, readdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -13,6 +15,9 @@ import { openDatabaseOrSnapshot } from './target.ts';
 import { RlError, errorMessage } from '../errors.ts';
 import { lockHolder } from '../db/lock-file.ts';
 import { runReadOnlyQuery } from './query.ts';
+import { runState, shownStatus, stagesText, LEASE_STATES, type StageLease, type StageView } from './run-state.ts';
+
+export { shownStatus };
 
 export interface RunSummary {
   /** Run directory (embedded) or null (PostgreSQL). */
@@ -39,6 +44,8 @@ export interface RunSummary {
   dirBytes: number | null;
   /** A failed run's stored reason (runs.summary.error), else null. */
   error: string | null;
+  /** Over PostgreSQL: each stage's (and replica's) lease, from stage_heartbeats; empty without rows. */
+  stages: StageView[];
   /** Why the run could not be read (locked, corrupt), when status says so. */
   note?: string;
 }
@@ -49,14 +56,6 @@ const RUN_COLUMNS = `v.run_id, v.project, v.experiment, v.status, v.parent_run_i
   to_char(v.updated_at at time zone 'UTC', 'YYYY-MM-DD HH24:MI:SS') as updated_at,
   case when v.status = 'failed' then r.summary->>'error' end as error,
   (select sum(f.size_bytes) from policy_files f where f.run_id = v.run_id) as versions_bytes`;
-
-/**
- * The status a listing shows: a run that ended normally is stored as `completed` (runs.status) and
- * shown as `finished`; running, failed and stopped are shown as stored.
- */
-export function shownStatus(stored: string): string {
-  return stored === 'completed' ? 'finished' : stored;
-}
 
 function toSummary(dir: string | null, cols: string[], row: unknown[]): RunSummary {
   const r = Object.fromEntries(cols.map((c, i) => [c, row[i]])) as Record<string, any>;
@@ -82,6 +81,7 @@ function toSummary(dir: string | null, cols: string[], row: unknown[]): RunSumma
     versionsBytes: num(r.versions_bytes),
     dirBytes: null,
     error: r.error ?? null,
+    stages: [],
   };
 }
 
@@ -96,14 +96,64 @@ export async function listRunsInDatabase(
     `select ${RUN_COLUMNS} from v_runs v join runs r on r.run_id = v.run_id ${runId !== undefined ? 'where v.run_id = $1' : ''} order by v.created_at desc, v.run_id`,
     { params: runId !== undefined ? [runId] : [] },
   );
-  return res.rows.map((row) =>
+  const runs = res.rows.map((row) =>
     toSummary(
       dir,
       res.columns.map((c) => c.name),
       row,
     ),
   );
+  await applyLeases(database, runs, runId);
+  return runs;
 }
+
+/**
+ * Judges each run by its stages' heartbeats (run-state.ts), with the database's clock. A database
+ * migrated before stage_heartbeats existed has no leases to judge by: its rows stay as stored.
+ */
+async function applyLeases(database: Database, runs: RunSummary[], runId?: string): Promise<void> {
+  if (runs.length === 0) return;
+  const res = await runReadOnlyQuery(
+    database,
+    `select (extract(epoch from now()) * 1000)::float8 as now_ms, to_regclass('stage_heartbeats') is not null as has_table`,
+  );
+  const [nowMs, hasTable] = res.rows[0] as [number, boolean];
+  if (!hasTable) return;
+  const leases = await runReadOnlyQuery(
+    database,
+    `select run_id, stage, replica, holder, state, (extract(epoch from heartbeat_at) * 1000)::float8 as heartbeat_ms, lease_ms, error
+       from stage_heartbeats ${runId !== undefined ? 'where run_id = $1' : ''}`,
+    { params: runId !== undefined ? [runId] : [] },
+  );
+  const byRun = new Map<string, StageLease[]>();
+  for (const [rid, stage, replica, holder, state, hb, leaseMs, error] of leases.rows as Array<
+    [string, string, number, string, string, number, number, string | null]
+  >) {
+    if (!(LEASE_STATES as readonly string[]).includes(state)) continue;
+    const l: StageLease = {
+      stage,
+      replica: Number(replica),
+      holder,
+      state: state as StageLease['state'],
+      heartbeatAtMs: Number(hb),
+      leaseMs: Number(leaseMs),
+      error,
+    };
+    byRun.set(rid, [...(byRun.get(rid) ?? []), l]);
+  }
+  for (const r of runs) {
+    const leased = byRun.get(r.runId ?? '');
+    if (!leased) continue;
+    // the stored status, before display (finished is stored as completed)
+    const v = runState(r.status === 'finished' ? 'completed' : r.status, leased, Number(nowMs));
+    r.status = v.status;
+    r.stages = v.stages;
+    if (v.note) r.note = v.note;
+  }
+}
+
+/** The stages column of `rlstream runs --db`: each stage's liveness (null without heartbeat rows). */
+export { stagesText };
 
 function emptySummary(dir: string, status: string, note: string): RunSummary {
   return {
@@ -127,6 +177,7 @@ function emptySummary(dir: string, status: string, note: string): RunSummary {
     versionsBytes: null,
     dirBytes: null,
     error: null,
+    stages: [],
     note,
   };
 }

@@ -581,6 +581,10 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
         `pipeline.database_url = "${redactString(pipeline.database_url)}" is not a postgres:// or postgresql:// URL`,
       );
     }
+    if (pipeline.lease_seconds < 2 * pipeline.heartbeat_seconds)
+      errors.push(
+        `pipeline.lease_seconds = ${pipeline.lease_seconds} must be at least twice pipeline.heartbeat_seconds = ${pipeline.heartbeat_seconds} (one late heartbeat must not make a live run look stale); set lease_seconds to ${2 * pipeline.heartbeat_seconds} or more`,
+      );
   }
   if (pipeline.policy_store === 's3') {
     if (pipeline.s3.bucket === null)
@@ -717,6 +721,8 @@ const RESUME_FREE = [
   'pipeline.database_url',
   'pipeline.kafka.',
   'pipeline.schema_registry_url',
+  'pipeline.heartbeat_seconds',
+  'pipeline.lease_seconds',
 ];
 
 /**

@@ -1484,6 +1484,20 @@ const pipelineSchema = section(
       .describe(
         "`rlstream serve`: after SIGTERM, the most seconds a stage takes to stop (stop fetching, abandon the batch in hand uncommitted, leave the consumer group, close bus and store) before it exits anyway; keep it below the pod's terminationGracePeriodSeconds (default 30). --grace-seconds overrides it. `rlstream train` / `sft`: after the first Ctrl-C or SIGTERM, the most seconds the run takes to stop (a stage still busy after half of it is left uncommitted) before the process exits anyway.",
       ),
+    heartbeat_seconds: z
+      .number()
+      .gt(0)
+      .default(5)
+      .describe(
+        "Over PostgreSQL (pipeline.store = postgres): every this many seconds each stage process renews its lease in table stage_heartbeats (one small upsert, off the stage's path), stamped with the database's clock.",
+      ),
+    lease_seconds: z
+      .number()
+      .gt(0)
+      .default(30)
+      .describe(
+        'Over PostgreSQL: a stage whose last heartbeat is older than this has lost its lease; `rlstream runs --db` shows a run still marked running whose every stage lost its lease as "stale" (its processes were killed). At least twice pipeline.heartbeat_seconds; longer than the longest pause of a stage\'s event loop (a model load).',
+      ),
     run_id: z
       .string()
       .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, { message: "must be 1–128 letters, digits, '.', '_' or '-'" })

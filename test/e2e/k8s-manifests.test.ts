@@ -448,6 +448,7 @@ test(
     const sha = await finalSha(c.dbUrl);
     assert.equal(await runsStatus(c.dbUrl), 'finished', 'rlstream runs shows the run finished');
     await stopAll([...stages, ...servers]);
+    assert.equal(await runsStatus(c.dbUrl), 'finished', 'still finished once every stage was stopped');
 
     // the undisturbed reference: the embedded run of the same config (the ConfigMap's file) on the
     // user's own files (the model directory and parquet file before the upload, the image's module)

@@ -3,7 +3,7 @@ import { parseArgs, UsageError } from '../command.ts';
 import { openDatabase } from '../../../lib/db/database.ts';
 import type { QueryResult } from '../../../lib/analysis/format.ts';
 import { isDatabaseUrl } from '../../../lib/analysis/target.ts';
-import { listRunsInDatabase, listRunsInDir, type RunSummary } from '../../../lib/analysis/runs.ts';
+import { listRunsInDatabase, listRunsInDir, stagesText, type RunSummary } from '../../../lib/analysis/runs.ts';
 import { outputFormat, printResult, processIo, type CommandIo } from './sql.ts';
 import { basename } from 'node:path';
 
@@ -31,7 +31,7 @@ const COLUMNS: Array<[string, (r: RunSummary) => unknown]> = [
 export function runsResult(runs: readonly RunSummary[], withDir: boolean): QueryResult {
   const cols: Array<[string, (r: RunSummary) => unknown]> = withDir
     ? [['dir', (r) => (r.dir ? basename(r.dir) : null)], ...COLUMNS]
-    : COLUMNS;
+    : [...COLUMNS, ['stages', (r) => stagesText(r.stages)]];
   return {
     columns: cols.map(([name]) => ({ name, typeId: 0 })),
     rows: runs.map((r) => cols.map(([, get]) => get(r) ?? null)),
@@ -51,7 +51,11 @@ export const runsCommand: Command = {
     'status: running (its process is alive), finished (ended normally; v_runs.status "completed"),',
     '  failed (error says why), stopped (SIGTERM or Ctrl-C: the same command resumes it), stale (still',
     '  marked running, but no live process holds the run directory: it was killed; the same command resumes it).',
-    'With --db, every row of the runs table of that PostgreSQL is listed.',
+    'With --db, every row of the runs table of that PostgreSQL is listed. There each stage process holds a',
+    '  lease it renews every pipeline.heartbeat_seconds: running (a stage holds its lease), stopped (every stage',
+    '  stopped on SIGTERM), stale (still marked running, but every lease is older than pipeline.lease_seconds:',
+    '  its processes were killed; starting the stages again resumes it). The stages column shows each stage',
+    '  (stage#replica) as live, lost (heartbeat older than its lease, with its age), stopped, done or crashed.',
     '',
     'options:',
     '  --runs-dir DIR    parent directory of the run directories (default: runs)',

@@ -30,6 +30,7 @@ const run: RunSummary = {
   versionsBytes: null,
   dirBytes: null,
   error: null,
+  stages: [],
 };
 
 function data(metrics: Record<string, Array<[number, number]>>): ReportData {

@@ -4,7 +4,7 @@ import { dirname, join } from 'node:path';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { loadConfig } from '../../../lib/config/index.ts';
-import { actorHasVisionTower, divisorsNear, orList } from '../../../lib/config/checks.ts';
+import { actorHasVisionTower, divisorsNear, orList, resumeConfigDiff } from '../../../lib/config/checks.ts';
 import { PERTURBATIONS } from '../../../lib/config/schema.ts';
 import { perturbations } from '../../../lib/data/perturb.ts';
 import { load, expectOneProblem, problemsOf, yamlFile } from './helpers.ts';
@@ -134,6 +134,26 @@ test('postgres needs a postgres:// database_url', () => {
     'is not a postgres:// or postgresql:// URL',
   );
   assert.ok(!p.includes('topsecret'), p);
+});
+
+test('a stage lease over PostgreSQL outlasts two heartbeats', () => {
+  const pg = ['pipeline.store=postgres', 'pipeline.database_url=postgres://u@h/db'];
+  expectOneProblem(
+    () => load({ overrides: [...pg, 'pipeline.heartbeat_seconds=10', 'pipeline.lease_seconds=15'] }),
+    'pipeline.lease_seconds = 15 must be at least twice pipeline.heartbeat_seconds = 10 (one late heartbeat must not make a live run look stale); set lease_seconds to 20 or more',
+  );
+  assert.equal(
+    load({ overrides: [...pg, 'pipeline.heartbeat_seconds=0.2', 'pipeline.lease_seconds=0.8'] }).pipeline.lease_seconds,
+    0.8,
+  );
+  // the resume check lets both change (they give no stored state a meaning)
+  assert.deepEqual(
+    resumeConfigDiff(
+      JSON.parse(JSON.stringify(load({ overrides: pg }))),
+      load({ overrides: [...pg, 'pipeline.lease_seconds=60'] }),
+    ),
+    { safe: [], unsafe: [] },
+  );
 });
 
 test('confluent framing needs the schema registry', () => {
