@@ -97,7 +97,7 @@ export class GenerationBatcher {
       windowMs?: number;
       /** Rows decoding together at most (more wait for a free row). */
       maxBatchSize?: number;
-      /** Decode steps per run (1 = every step; more amortise the per-run cost, joins wait as long). */
+      /** Decode steps between admissions (1 = every step; joins and streamed tokens wait up to N − 1 steps). */
       stepsPerRun?: number;
       stats?: BatchStats;
     } = {},

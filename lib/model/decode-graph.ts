@@ -1,8 +1,9 @@
 /**
  * The generation graph: prefill + an in-graph decode loop, so one `session.run` generates every
- * token of a batch. The Node binding copies each output into JS memory, so a step-per-run design
- * would copy the growing KV cache out and back in every token; here the cache never leaves ORT
- * and the only outputs are the sampled tokens and their log-probs ([steps, B] each).
+ * token of a batch. The Node binding copies each output into JS memory; here the cache never
+ * leaves ORT and the only outputs are the sampled tokens and their log-probs ([steps, B] each).
+ * The stepwise graphs (`buildPrefillModel`, `buildStepModel`) serve callers that change the batch
+ * between steps: the step graph reads the caller's caches and returns only the new K/V.
  *
  * Layout: prompts are LEFT-padded to a common length P (prompt_mask 0 on the padding), with
  * per-row positions cumsum(mask) − 1, so the last column is every row's last prompt token and

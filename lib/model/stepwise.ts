@@ -1,18 +1,23 @@
 /**
- * Stepwise generation: the graphs of decode-graph.ts split at the decoding state, so a caller can
- * stop after any number of steps, see each token as it is sampled, and change which rows decode
- * together between runs (continuous batching, lib/inference/batcher.ts).
+ * Stepwise generation: the prefill of decode-graph.ts and its loop-free one-step graph, so a
+ * caller can stop after any step, see each token as it is sampled, and change which rows decode
+ * together between steps (continuous batching, lib/inference/batcher.ts).
  *
- *   prefill(prompts)          → DecodeState of the rows (each distinct prompt prefilled once)
- *   step(state, uniforms [B, N], …) → N tokens per row (fewer once every row has hit a stop id),
- *                               their log-probs, each step's top-20 log-probs, and the new state
+ *   prefill(prompts)                 → Prefilled rows (each distinct prompt prefilled once)
+ *   appendRows(state, prefilled)     → the rows join the state (copied in once)
+ *   step(state, uniforms [B, N], …)  → N tokens per row (fewer once every row has hit a stop id),
+ *                                      their log-probs and each step's top-20 log-probs; the state
+ *                                      advances in place
+ *   keepRows(state, keep)            → finished rows leave (a kept row moves into a freed slot)
+ *
+ * The state's caches are JS buffers with spare rows and columns; the step graph reads them in
+ * place (the Node binding does not copy typed-array inputs) and returns only the new token's K
+ * and V, which are written at the common column S. So a step copies no cache: its cost is the
+ * graph run over the batch, as one iteration of the generation graph's loop.
  *
  * A row's tokens are those `Sampler.generate` draws for the same (seed, id): the same prefill, the
- * same decode-step graph and the same uniforms (up to float rounding of masked-out work). Rows of
- * different lengths share a state by left-padding the shorter caches with masked columns
- * (`concatStates`); `selectRows` drops rows and the padding columns no remaining row needs.
- * The state crosses into JS after each run (the Node binding copies outputs): the price of
- * changing the batch between runs, paid per run rather than per token when N > 1.
+ * same decode step and the same uniforms (up to float rounding of masked-out work: a row's masked
+ * columns add exact zeros to its attention).
  */
 import { ConfigError } from '../errors.ts';
 import { ort, tensor, type Device } from '../onnx/runtime.ts';
@@ -201,8 +206,7 @@ export class StepDecoder {
           [res[`new.k${l}`].data as Float32Array, state.keys[l]],
           [res[`new.v${l}`].data as Float32Array, state.values[l]],
         ])
-          for (let bh = 0; bh < B * KVH; bh++)
-            dst.set(src.subarray(bh * hd, bh * hd + hd), (bh * colCap + S) * hd);
+          for (let bh = 0; bh < B * KVH; bh++) dst.set(src.subarray(bh * hd, bh * hd + hd), (bh * colCap + S) * hd);
       for (let b = 0; b < B; b++) {
         state.bias[b * colCap + S] = 0;
         state.pos[b]++;
@@ -250,7 +254,14 @@ const pow2 = (n: number) => 2 ** Math.ceil(Math.log2(Math.max(1, n)));
  * Moves the B rows into buffers of `rowCap` × `colCap`, each row's columns [from, S) to
  * [to, to + S − from). Returns the new state (S = to + S − from).
  */
-function relayout(c: ModelConfig, st: DecodeState, rowCap: number, colCap: number, from: number, to: number): DecodeState {
+function relayout(
+  c: ModelConfig,
+  st: DecodeState,
+  rowCap: number,
+  colCap: number,
+  from: number,
+  to: number,
+): DecodeState {
   const same = rowCap === st.rowCap && colCap === st.colCap;
   const out = same ? st : allocState(c, rowCap, colCap);
   const KVH = c.numKeyValueHeads,
@@ -301,7 +312,9 @@ function reserveColumn(c: ModelConfig, st: DecodeState): void {
   if (st.S < st.colCap) return;
   const first = firstUsedColumn(st);
   const next =
-    first >= st.colCap / 4 ? relayout(c, st, st.rowCap, st.colCap, first, 0) : relayout(c, st, st.rowCap, st.colCap * 2, 0, 0);
+    first >= st.colCap / 4
+      ? relayout(c, st, st.rowCap, st.colCap, first, 0)
+      : relayout(c, st, st.rowCap, st.colCap * 2, 0, 0);
   Object.assign(st, next);
 }
 
