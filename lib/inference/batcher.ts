@@ -61,6 +61,8 @@ export interface SubmitOptions {
 export interface BatchStats {
   /** Rows in one decode run. */
   onBatch?(sequences: number, ms: number): void;
+  /** Sequences prefilled together as they join. */
+  onPrefill?(sequences: number): void;
 }
 
 interface Job {
@@ -155,8 +157,14 @@ export class GenerationBatcher {
       while (this.queue.length || this.rows.length) {
         if (this.queue.length) await this.admit();
         if (this.rows.length) await this.decode();
-        // let the server read new requests and flush streamed tokens between runs
+        // let the server read new requests and flush streamed tokens between runs; while requests
+        // keep arriving, read on (up to 8 turns), so requests sent together join together
         await new Promise((r) => setImmediate(r));
+        for (let k = 0, n = this.pending; k < 8 && n > 0; k++) {
+          await new Promise((r) => setImmediate(r));
+          if (this.pending === n) break;
+          n = this.pending;
+        }
       }
     } finally {
       this.running = false;
@@ -180,6 +188,7 @@ export class GenerationBatcher {
     }
     if (!take.length) return;
     const seqs = take.flatMap((j) => j.seqs);
+    this.opts.stats?.onPrefill?.(seqs.length);
     let pre;
     try {
       pre = await this.decoder.prefill(this.policy!.weights, seqs);
