@@ -4,10 +4,14 @@
  *
  *  - 32 concurrent clients, n = 1, two requests each (64 sequences);
  *  - 8 concurrent clients, n = 8, one request each (64 sequences);
- *  - in process: one Sampler.generate over the same 64 sequences (the rollout stage's call).
+ *  - in process: one Sampler.generate over the same 64 sequences (the rollout stage's call);
+ *  - the rollout stage's engine call over the same 64 sequences: `rollout.engine: openai` (one
+ *    completion request per sequence to serve-policy, lib/inference/openai-engine.ts) against
+ *    `engine: onnx` (lib/inference/onnx-engine.ts), the two timed alternately, best of each.
  *
  * Every sequence has a fixed request id and seed, so both sides generate the very same tokens;
- * tokens/s = generated tokens ÷ wall time (best of RLSTREAM_BENCH_INFER_REPEATS, default 3). The
+ * tokens/s = generated tokens ÷ wall time (best of RLSTREAM_BENCH_INFER_REPEATS, default 3; each
+ * serve-policy run follows an in-process run, and a ratio compares the best of each). The
  * latency per token is each request's wall time ÷ its tokens (p50, p99 over all requests).
  * Model: byte vocabulary, d 128, 2 layers, 16-token prompts, 32 new tokens, temperature 1.
  * serve-policy batches continuously with `--steps-per-run` RLSTREAM_BENCH_INFER_STEPS (default 1:
@@ -26,6 +30,9 @@ import { initWeights } from '../lib/model/init.ts';
 import { Sampler } from '../lib/model/sample.ts';
 import { ByteTokenizer } from '../lib/model/tokenizer.ts';
 import { withSamplingMask } from '../lib/pipeline/policy.ts';
+import { OnnxEngine } from '../lib/inference/onnx-engine.ts';
+import { OpenAIEngine } from '../lib/inference/openai-engine.ts';
+import type { GenerationEngine } from '../lib/inference/engine-port.ts';
 
 export interface Row {
   name: string;
@@ -37,7 +44,7 @@ export interface Row {
 const REPEATS = Number(process.env.RLSTREAM_BENCH_INFER_REPEATS ?? 3);
 const THREADS = 1;
 const STEPS_PER_RUN = Number(process.env.RLSTREAM_BENCH_INFER_STEPS ?? 1);
-const SEQS = 64,
+const SEQS = Number(process.env.RLSTREAM_BENCH_INFER_SEQS ?? 64),
   NEW = 32,
   PROMPT = 16;
 
@@ -99,14 +106,24 @@ export async function run(): Promise<Row[]> {
     const params = { temperature: 1, maxNewTokens: NEW, seed: 1, eosTokenIds: [tok.eos] };
     await sampler.generate(weights, reqs, params); // warm-up (session build)
     let inProc = 0;
-    for (let r = 0; r < REPEATS; r++) {
+    const inProcessOnce = async () => {
       const t0 = performance.now();
       const out = await sampler.generate(weights, reqs, params);
-      const toks = out.reduce((n, g) => n + g.tokens.length, 0);
-      inProc = Math.max(inProc, toks / ((performance.now() - t0) / 1000));
-    }
-    rows.push({ name: `inference/in_process/${SEQS}seq_tok_s`, value: round(inProc), unit: 'tok/s' });
+      const tps = out.reduce((n, g) => n + g.tokens.length, 0) / ((performance.now() - t0) / 1000);
+      inProc = Math.max(inProc, tps);
+      return tps;
+    };
 
+    // the server's own counts: decode steps and prefills with their sequences (Prometheus histograms)
+    const histograms = async () => {
+      const text = await (await fetch(url + '/metrics')).text();
+      const v = (name: string) => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1] ?? 0);
+      return {
+        steps: v('rlstream_policy_server_batch_sequences_count'),
+        rows: v('rlstream_policy_server_batch_sequences_sum'),
+        prefills: v('rlstream_policy_server_prefill_sequences_count'),
+      };
+    };
     const post = async (body: unknown) => {
       const t0 = performance.now();
       const r = await fetch(url + '/v1/completions', {
@@ -120,9 +137,13 @@ export async function run(): Promise<Row[]> {
     };
     const scenario = async (name: string, clients: number, n: number) => {
       const perClient = SEQS / clients / n;
-      let best = 0;
+      let best = 0,
+        base = 0;
       let lat: number[] = [];
+      let occupancy = { rowsPerStep: 0, prefills: 0 };
       for (let r = -1; r < REPEATS; r++) {
+        if (r >= 0) base = Math.max(base, await inProcessOnce());
+        const h0 = await histograms();
         const t0 = performance.now();
         const per: number[] = [];
         let toks = 0;
@@ -146,18 +167,26 @@ export async function run(): Promise<Row[]> {
           }),
         );
         const tps = toks / ((performance.now() - t0) / 1000);
+        const h1 = await histograms();
         if (r >= 0 && tps > best) {
           best = tps;
           lat = per;
+          occupancy = { rowsPerStep: (h1.rows - h0.rows) / (h1.steps - h0.steps), prefills: h1.prefills - h0.prefills };
         }
       }
       rows.push({ name: `inference/serve_policy/${name}_tok_s`, value: round(best), unit: 'tok/s' });
       rows.push({
         name: `inference/serve_policy/${name}_vs_in_process`,
-        value: round(best / inProc, 3),
+        value: round(best / base, 3),
         unit: 'ratio',
         goal: 0.9,
       });
+      rows.push({
+        name: `inference/serve_policy/${name}_rows_per_decode_step`,
+        value: round(occupancy.rowsPerStep),
+        unit: 'rows',
+      });
+      rows.push({ name: `inference/serve_policy/${name}_prefill_runs`, value: occupancy.prefills, unit: 'runs' });
       rows.push({
         name: `inference/serve_policy/${name}_ms_per_token_p50`,
         value: round(pct(lat, 0.5), 2),
@@ -171,6 +200,48 @@ export async function run(): Promise<Row[]> {
     };
     await scenario('32clients_n1', 32, 1);
     await scenario('8clients_n8', 8, 8);
+    rows.unshift({ name: `inference/in_process/${SEQS}seq_tok_s`, value: round(inProc), unit: 'tok/s' });
+
+    // the rollout stage's call through each engine, alternating (the server holds the model dir's
+    // weights, so the openai engine is not asked to reload)
+    const policy = { version: 0, weights: async () => weights, dir: async () => join(dir, 'model') };
+    const onnx = new OnnxEngine(sampler);
+    const openai = new OpenAIEngine({
+      urls: [url],
+      model: 'm',
+      timeoutMs: 120_000,
+      maxRetries: 0,
+      concurrencyPerServer: 256,
+      cooldownMs: 0,
+      reload: false,
+    });
+    const best = { onnx: 0, openai: 0 };
+    let openaiRows = 0;
+    for (let r = -1; r < REPEATS; r++)
+      for (const [name, e] of [
+        ['onnx', onnx],
+        ['openai', openai],
+      ] as const) {
+        const h0 = await histograms();
+        const t0 = performance.now();
+        const out = await (e as GenerationEngine).generate(policy, reqs, params);
+        const tps = out.reduce((n, g) => n + g.tokens.length, 0) / ((performance.now() - t0) / 1000);
+        const h1 = await histograms();
+        if (r >= 0 && tps > best[name]) {
+          best[name] = tps;
+          if (name === 'openai') openaiRows = (h1.rows - h0.rows) / (h1.steps - h0.steps);
+        }
+      }
+    await openai.close();
+    rows.push({ name: `inference/rollout/engine_onnx_${SEQS}seq_tok_s`, value: round(best.onnx), unit: 'tok/s' });
+    rows.push({ name: `inference/rollout/engine_openai_${SEQS}seq_tok_s`, value: round(best.openai), unit: 'tok/s' });
+    rows.push({ name: 'inference/rollout/engine_openai_rows_per_decode_step', value: round(openaiRows), unit: 'rows' });
+    rows.push({
+      name: 'inference/rollout/engine_openai_vs_onnx',
+      value: round(best.openai / best.onnx, 3),
+      unit: 'ratio',
+      goal: 0.9,
+    });
   } finally {
     child.kill('SIGTERM');
     rmSync(dir, { recursive: true, force: true });

@@ -10,6 +10,10 @@
  * its own uniforms stream, consumed one per token whatever else decodes beside it. The running
  * batch keeps the weights it started with; requests that find a newer policy version wait until
  * it drains, then start the next batch with the new weights.
+ *
+ * The running batch's KV caches live in buffers the step graph reads in place; a step adds one
+ * column, a joining request's rows are copied in once, a finished row's slot is refilled by moving
+ * one row (stepwise.ts), so a decode step costs one graph run over the batch and no cache copy.
  */
 import { ConfigError } from '../errors.ts';
 import {
@@ -19,7 +23,7 @@ import {
   type GenerationRequest,
   type SamplingParamsInput,
 } from '../model/sample.ts';
-import { concatStates, selectRows, type DecodeState, type StepDecoder } from '../model/stepwise.ts';
+import { appendRows, emptyState, keepRows, type DecodeState, type StepDecoder } from '../model/stepwise.ts';
 import type { PolicyWeights } from './served-policy.ts';
 
 /** One sampled token as it is handed to `onToken`. */
@@ -57,6 +61,8 @@ export interface SubmitOptions {
 export interface BatchStats {
   /** Rows in one decode run. */
   onBatch?(sequences: number, ms: number): void;
+  /** Sequences prefilled together as they join. */
+  onPrefill?(sequences: number): void;
 }
 
 interface Job {
@@ -93,7 +99,7 @@ export class GenerationBatcher {
       windowMs?: number;
       /** Rows decoding together at most (more wait for a free row). */
       maxBatchSize?: number;
-      /** Decode steps per run (1 = every step; more amortise the per-run cost, joins wait as long). */
+      /** Decode steps between admissions (1 = every step; joins and streamed tokens wait up to N − 1 steps). */
       stepsPerRun?: number;
       stats?: BatchStats;
     } = {},
@@ -151,8 +157,14 @@ export class GenerationBatcher {
       while (this.queue.length || this.rows.length) {
         if (this.queue.length) await this.admit();
         if (this.rows.length) await this.decode();
-        // let the server read new requests and flush streamed tokens between runs
+        // let the server read new requests and flush streamed tokens between runs; while requests
+        // keep arriving, read on (up to 8 turns), so requests sent together join together
         await new Promise((r) => setImmediate(r));
+        for (let k = 0, n = this.pending; k < 8 && n > 0; k++) {
+          await new Promise((r) => setImmediate(r));
+          if (this.pending === n) break;
+          n = this.pending;
+        }
       }
     } finally {
       this.running = false;
@@ -176,9 +188,10 @@ export class GenerationBatcher {
     }
     if (!take.length) return;
     const seqs = take.flatMap((j) => j.seqs);
-    let st: DecodeState;
+    this.opts.stats?.onPrefill?.(seqs.length);
+    let pre;
     try {
-      st = await this.decoder.prefill(this.policy!.weights, seqs);
+      pre = await this.decoder.prefill(this.policy!.weights, seqs);
     } catch (e) {
       for (const j of take) j.reject(e);
       return;
@@ -195,7 +208,7 @@ export class GenerationBatcher {
           out,
         });
       });
-    this.state = this.state ? concatStates(this.decoder.config, this.state, st) : st;
+    this.state = appendRows(this.decoder.config, this.state ?? emptyState(this.decoder.config), pre);
   }
 
   /** One decode run of the running batch; hands out its tokens and retires finished rows. */
@@ -264,7 +277,6 @@ export class GenerationBatcher {
       if (!finished) keep.push(b);
       else if (--r.job.left === 0) r.job.resolve({ version: policy.version, generations: r.job.results });
     });
-    this.rows = keep.map((b) => rows[b]);
-    this.state = keep.length === B ? res.state : keep.length ? selectRows(c, res.state, keep) : null;
+    this.rows = keep.length === B ? rows : keepRows(c, st, keep).map((b) => rows[b]);
   }
 }

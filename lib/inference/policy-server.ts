@@ -65,7 +65,7 @@ export interface PolicyServerOptions {
   maxBatchSize?: number;
   /** How long an idle server waits for more requests before starting a batch (ms, default 5). */
   batchWindowMs?: number;
-  /** Decode steps per engine run (default 1: a request joins at the next token, streams token by token). */
+  /** Decode steps between reads of new requests (default 1: a request joins at the next token, streams token by token). */
   stepsPerRun?: number;
   /** Sample at temperature × this (testing a deliberately mismatched engine; 1 = exact). */
   temperatureScale?: number;
@@ -163,6 +163,12 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
     buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256],
     registers: R,
   });
+  const mPrefill = new Histogram({
+    name: 'rlstream_policy_server_prefill_sequences',
+    help: 'Sequences prefilled together as they join the running batch',
+    buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256],
+    registers: R,
+  });
   const mLatency = new Histogram({
     name: 'rlstream_policy_server_request_seconds',
     help: 'Generation request latency',
@@ -191,7 +197,7 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
     windowMs: o.batchWindowMs ?? 5,
     maxBatchSize: o.maxBatchSize,
     stepsPerRun: o.stepsPerRun,
-    stats: { onBatch: (n) => mBatch.observe(n) },
+    stats: { onBatch: (n) => mBatch.observe(n), onPrefill: (n) => mPrefill.observe(n) },
   });
 
   // weight swaps happen one at a time; a batch keeps the weights it started with

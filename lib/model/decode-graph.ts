@@ -1,8 +1,9 @@
 /**
  * The generation graph: prefill + an in-graph decode loop, so one `session.run` generates every
- * token of a batch. The Node binding copies each output into JS memory, so a step-per-run design
- * would copy the growing KV cache out and back in every token; here the cache never leaves ORT
- * and the only outputs are the sampled tokens and their log-probs ([steps, B] each).
+ * token of a batch. The Node binding copies each output into JS memory; here the cache never
+ * leaves ORT and the only outputs are the sampled tokens and their log-probs ([steps, B] each).
+ * The stepwise graphs (`buildPrefillModel`, `buildStepModel`) serve callers that change the batch
+ * between steps: the step graph reads the caller's caches and returns only the new K/V.
  *
  * Layout: prompts are LEFT-padded to a common length P (prompt_mask 0 on the padding), with
  * per-row positions cumsum(mask) − 1, so the last column is every row's last prompt token and
@@ -146,7 +147,7 @@ export function buildGenerateModel(c: ModelConfig, opts: GenerateGraphOptions): 
   const p = declareParams(b, c, 'inputs');
   const uniforms = b.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
   const s0 = prefillState(b, c, p);
-  const model = decodeLoop(b, c, opts, uniforms, s0, 0);
+  const model = decodeLoop(b, c, opts, uniforms, s0);
   return onnx.ModelProto.encode(model).finish();
 }
 
@@ -185,40 +186,57 @@ export function buildPrefillModel(c: ModelConfig): Uint8Array {
 }
 
 /**
- * Stepwise generation, decode half: the state `state.*` of B rows, uniforms [B, N] → N more tokens
- * per row (the loop of `buildGenerateModel`; it stops early once every row has emitted a stop id),
- * their log-probs, the `MAX_TOP_LOGPROBS` most likely tokens of each step's distribution
- * (`top_ids` int64, `top_logprobs` float32, [steps, B, K]; the distribution of `logprobs`), and the
- * state after the last step (`state_out.*`). The weights are the HF-named inputs of every policy
- * graph; the step reads each projection's weight as is (no concatenated copy; see `decodeStep`).
+ * Stepwise generation, decode half: ONE decode step of B rows, without a loop, so its inputs can
+ * be the caller's own buffers (the Node binding reads typed-array inputs in place) and its outputs
+ * are small. Inputs: the weights (HF names, read as they are: see `decodeStep`), `uniforms` [B],
+ * `temperature` [B] (and `top_p`, `top_k` [B] with `truncation`), the state `state.logits` [B, V],
+ * `state.pos` [B, 1], `state.bias` [B, 1, 1, S] and per layer `state.k<l>` / `state.v<l>`
+ * [B, KVH, S, hd], where S is the caller's cache capacity and the key bias masks (MASK_NEG) every
+ * column that holds no token of the row. Outputs: `tokens`, `logprobs` [B] (as in the generation
+ * graph), the `MAX_TOP_LOGPROBS` most likely tokens of the step's distribution (`top_ids`,
+ * `top_logprobs` [B, K]), the next logits `state_out.logits` [B, V] and the sampled token's own
+ * K and V per layer (`new.k<l>`, `new.v<l>` [B, KVH, hd]), which the caller writes into its cache.
  */
 export function buildStepModel(c: ModelConfig, opts: GenerateGraphOptions): Uint8Array {
   if (c.head !== 'lm') throw new GraphError('buildStepModel: needs a policy (head "lm") config');
-  const b = new GraphBuilder({ name: 'decode' });
-  declareParams(b, c, 'inputs');
+  const L = c.numHiddenLayers,
+    V = c.vocabSize;
+  const b = new GraphBuilder({ name: 'decode_step' });
+  const p = declareParams(b, c, 'inputs');
   const { cos, sin } = ropeTables(b, c);
-  const uniforms = b.input(GEN_IO.uniforms, 'float32', ['B', 'N']);
-  const [lg, pos, bias, ...kv] = decodeStateNames(c).map((n, i) =>
+  const u = b.input(GEN_IO.uniforms, 'float32', ['B']);
+  const temperature = b.input(GEN_IO.temperature, 'float32', ['B']);
+  const trunc = opts.truncation
+    ? { topP: b.input(GEN_IO.topP, 'float32', ['B']), topK: b.input(GEN_IO.topK, 'int64', ['B']) }
+    : null;
+  const [logits, pos, bias, ...kv] = decodeStateNames(c).map((n, i) =>
     b.input(
       `state.${n}`,
       i === 1 ? 'int64' : 'float32',
-      i === 0
-        ? ['B', c.vocabSize]
-        : i === 1
-          ? ['B', 1]
-          : i === 2
-            ? ['B', 1, 1, 'S']
-            : ['B', c.numKeyValueHeads, 'S', c.headDim],
+      i === 0 ? ['B', V] : i === 1 ? ['B', 1] : i === 2 ? ['B', 1, 1, 'S'] : ['B', c.numKeyValueHeads, 'S', c.headDim],
     ),
   );
-  const L = c.numHiddenLayers;
-  const s0 = { logits: lg, pos, bias, keys: kv.slice(0, L), values: kv.slice(L), rows: b.squeeze(pos, [1]) };
-  // the rope tables are read only inside the loop: outputs keep them through pruning
-  b.output(cos, 'keep.rope.cos');
-  b.output(sin, 'keep.rope.sin');
-  const model = decodeLoop(b, c, opts, uniforms, s0, MAX_TOP_LOGPROBS);
-  model.graph!.output = model.graph!.output!.filter((o) => !o.name!.startsWith('keep.'));
-  return onnx.ModelProto.encode(model).finish();
+  const biasData = logitBiasOf(c);
+  const logitBias = biasData ? b.initializer('sample.logit_bias', biasData, [V]) : null;
+  const { token, logprob, logp } = sampleTokens(b, logits, u, temperature, trunc, logitBias);
+  const rope = new Map([
+    ['rope.cos', cos],
+    ['rope.sin', sin],
+  ]);
+  const step = decodeStep(b, c, p, rope, token, b.squeeze(pos, [1]), bias, kv.slice(0, L), kv.slice(L), 'external');
+  const K = Math.min(MAX_TOP_LOGPROBS, V);
+  const [topVals, topIdx] = b.op('TopK', [logp, b.const([K], 'int64')], { axis: 1, largest: 1, sorted: 1 }, [
+    { dtype: 'float32', shape: ['B', K] },
+    { dtype: 'int64', shape: ['B', K] },
+  ]);
+  b.output(token, GEN_IO.tokens);
+  b.output(logprob, GEN_IO.logprobs);
+  b.output(topIdx, GEN_IO.topIds);
+  b.output(topVals, GEN_IO.topLogprobs);
+  b.output(lmHead(b, c, p, step.hidden), 'state_out.logits');
+  step.presentKeys.forEach((k, l) => b.output(k, `new.k${l}`));
+  step.presentValues.forEach((v, l) => b.output(v, `new.v${l}`));
+  return b.toBytes();
 }
 
 interface DecodeState {
@@ -285,8 +303,7 @@ function prefillState(b: GraphBuilder, c: ModelConfig, p: ParamVars): DecodeStat
 
 /**
  * Adds the decode Loop over `s0` to `b` (trip count = uniforms.shape[1]) and returns the model
- * proto with the loop body attached. Outputs: tokens, logprobs; with `top` > 0 also top_ids and
- * top_logprobs and the final state (`state_out.*`).
+ * proto with the loop body attached. Outputs: tokens, logprobs.
  */
 function decodeLoop(
   b: GraphBuilder,
@@ -294,13 +311,11 @@ function decodeLoop(
   opts: GenerateGraphOptions,
   uniforms: Var,
   s0: DecodeState,
-  top: number,
 ): onnxProto.onnx.ModelProto {
   const L = c.numHiddenLayers,
     KVH = c.numKeyValueHeads,
     hd = c.headDim,
     V = c.vocabSize;
-  const K = Math.min(top, V);
   // read only by the loop body, through the outer scope
   b.input(GEN_IO.temperature, 'float32', ['B']);
   if (opts.truncation) {
@@ -317,24 +332,10 @@ function decodeLoop(
     ...carried.map((v) => ({ dtype: v.dtype, shape: v.shape.map(() => b.unknownDim()) })), // final state
     { dtype: 'int64', shape: ['steps', 'B'] },
     { dtype: 'float32', shape: ['steps', 'B'] },
-    ...(K > 0
-      ? [
-          { dtype: 'int64' as const, shape: ['steps', 'B', K] },
-          { dtype: 'float32' as const, shape: ['steps', 'B', K] },
-        ]
-      : []),
   ]);
   const nc = carried.length;
   b.output(loopOuts[nc], GEN_IO.tokens);
   b.output(loopOuts[nc + 1], GEN_IO.logprobs);
-  if (K > 0) {
-    b.output(loopOuts[nc + 2], GEN_IO.topIds);
-    b.output(loopOuts[nc + 3], GEN_IO.topLogprobs);
-    const names = decodeStateNames(c);
-    [0, 1, 2, ...Array.from({ length: 2 * L }, (_, i) => 4 + i)].forEach((at, i) =>
-      b.output(loopOuts[at], `state_out.${names[i]}`),
-    );
-  }
   const loopName = loopOuts[0].name.replace(/:0$/, '');
 
   // ── loop body ──
@@ -359,7 +360,7 @@ function decodeLoop(
   const u = g.op('Gather', [gU, iter], { axis: 1 }, { dtype: 'float32', shape: ['B'] });
   const biasData = logitBiasOf(c);
   const logitBias = biasData ? g.initializer('sample.logit_bias', biasData, [V]) : null;
-  const { token, logprob, logp } = sampleTokens(
+  const { token, logprob } = sampleTokens(
     g,
     logits,
     u,
@@ -378,13 +379,6 @@ function decodeLoop(
   const logitsOut = lmHead(g, c, gp, step.hidden);
   const posOut = g.add(pos, g.const(1, 'int64'));
   const scans = [token, logprob];
-  if (K > 0) {
-    const [topVals, topIdx] = g.op('TopK', [logp, g.const([K], 'int64')], { axis: 1, largest: 1, sorted: 1 }, [
-      { dtype: 'float32', shape: ['B', K] },
-      { dtype: 'int64', shape: ['B', K] },
-    ]);
-    scans.push(topIdx, topVals);
-  }
   for (const v of [condOut, logitsOut, posOut, biasOut, doneOut, ...step.presentKeys, ...step.presentValues, ...scans])
     g.output(v);
   const body = g.toModelProto().graph!;
@@ -405,9 +399,12 @@ function decodeLoop(
 
 /**
  * One decoding step for B rows of one token each (the model of llama.ts, specialised to T = 1):
- * token [B] at positions pos [B], additive key bias [B, 1, 1, S+1] (S cached + this token),
- * caches [B, KVH, S, hd] per layer. Returns the final-norm hidden states [B, D] and the caches
- * with this token appended. Grouped-query attention runs as [B, KVH, G, ·] so K/V are not repeated.
+ * token [B] at positions pos [B], caches [B, KVH, S, hd] per layer. Returns the final-norm hidden
+ * states [B, D] and, per layer, with `cache` 'append': the caches with this token appended
+ * ([B, KVH, S+1, hd]; `bias` [B, 1, 1, S+1] covers the S cached columns and this token), with
+ * 'external': only this token's K and V ([B, KVH, hd]; `bias` [B, 1, 1, S] covers the cached
+ * columns, the token always sees itself), so the caches are read and never copied.
+ * Grouped-query attention runs as [B, KVH, G, ·] so K/V are not repeated.
  */
 export function decodeStep(
   g: GraphBuilder,
@@ -419,6 +416,7 @@ export function decodeStep(
   bias: Var,
   keys: Var[],
   values: Var[],
+  cache: 'append' | 'external' = 'append',
 ): { hidden: Var; presentKeys: Var[]; presentValues: Var[] } {
   const H = c.numAttentionHeads,
     KVH = c.numKeyValueHeads,
@@ -452,12 +450,26 @@ export function decodeStep(
       }
       const q = g.mul(rope(g, qh, cos, sin), 1 / Math.sqrt(hd));
       const k = rope(g, kh, cos, sin);
-      const K = g.concat([keys[l], g.unsqueeze(k, [2])], 2); // [B, KVH, S+1, hd]
-      const V = g.concat([values[l], g.reshape(v0, ['B', KVH, 1, hd])], 2);
-      presentKeys.push(K);
-      presentValues.push(V);
-      const scores = g.add(g.matmul(g.reshape(q, ['B', KVH, G, hd]), g.transposeLast2(K)), bias); // [B, KVH, G, S+1]
-      const ctx = g.matmul(g.softmax(scores, -1), V); // [B, KVH, G, hd]
+      const qg = g.reshape(q, ['B', KVH, G, hd]);
+      let ctx: Var; // [B, KVH, G, hd]
+      if (cache === 'append') {
+        const K = g.concat([keys[l], g.unsqueeze(k, [2])], 2); // [B, KVH, S+1, hd]
+        const V = g.concat([values[l], g.reshape(v0, ['B', KVH, 1, hd])], 2);
+        presentKeys.push(K);
+        presentValues.push(V);
+        const scores = g.add(g.matmul(qg, g.transposeLast2(K)), bias); // [B, KVH, G, S+1]
+        ctx = g.matmul(g.softmax(scores, -1), V);
+      } else {
+        const vh = g.reshape(v0, ['B', KVH, hd]);
+        presentKeys.push(k);
+        presentValues.push(vh);
+        // softmax over [cached columns; this token], the two parts weighted apart
+        const past = g.add(g.matmul(qg, g.transposeLast2(keys[l])), bias); // [B, KVH, G, S]
+        const self = g.reduceSum(g.mul(qg, g.unsqueeze(k, [2])), [3], true); // [B, KVH, G, 1]
+        const S = keys[l].shape[2];
+        const [pPast, pSelf] = g.split(g.softmax(g.concat([past, self], 3), -1), 3, [S, 1]);
+        ctx = g.add(g.matmul(pPast, values[l]), g.mul(pSelf, g.unsqueeze(vh, [2])));
+      }
       x = g.add(x, linear(g, g.reshape(ctx, ['B', qd]), w(`${pre}.self_attn.o_proj.weight`)));
       const h2 = rmsNorm(g, x, w(`${pre}.post_attention_layernorm.weight`), c.rmsNormEps);
       const gate = linear(g, h2, w(`${pre}.mlp.gate_proj.weight`)),

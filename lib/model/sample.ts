@@ -26,26 +26,10 @@ import { Rng } from '../util/rng.ts';
 import { ort, tensor, type Device } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
 import { buildGenerateModel, GEN_IO } from './decode-graph.ts';
-import { paramSpecs, validateWeights, type Weights } from './params.ts';
+import { promptFeeds, weightTensors } from './feeds.ts';
+import { validateWeights, type Weights } from './params.ts';
 import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.ts';
-import { hasImages, visionFeeds, type ImagePixels } from './vision.ts';
-
-/** Identity numbers of image objects: prompts share a prefill only when they share the very image objects. */
-const imageIds = new WeakMap<ImagePixels, number>();
-let nextImageId = 0;
-export function imageKey(images: readonly ImagePixels[] | undefined): string {
-  if (!images || images.length === 0) return '';
-  return `|img:${images
-    .map((im) => {
-      let k = imageIds.get(im);
-      if (k === undefined) {
-        k = nextImageId++;
-        imageIds.set(im, k);
-      }
-      return k;
-    })
-    .join(',')}`;
-}
+import { hasImages, type ImagePixels } from './vision.ts';
 
 export const samplingParamsSchema = z
   .object({
@@ -247,44 +231,14 @@ export class Sampler {
   ): Promise<Generation[]> {
     const B = reqs.length,
       N = params.maxNewTokens;
-    const P = Math.max(...reqs.map((r) => r.prompt.length));
-    // each distinct prompt is prefilled once; its rows continue from the shared KV cache
-    const uniq = new Map<string, number>();
-    const rows = new BigInt64Array(B);
-    const prompts: ArrayLike<number>[] = [];
-    const promptImages: (readonly ImagePixels[] | undefined)[] = [];
-    reqs.forEach((r, b) => {
-      const key = Array.prototype.join.call(r.prompt, ',') + imageKey(r.images);
-      let k = uniq.get(key);
-      if (k === undefined) {
-        k = prompts.length;
-        uniq.set(key, k);
-        prompts.push(r.prompt);
-        promptImages.push(r.images);
-      }
-      rows[b] = BigInt(k);
-    });
-    const U = prompts.length;
-    const ids = new BigInt64Array(U * P).fill(BigInt(this.config.padTokenId));
-    const mask = new BigInt64Array(U * P);
-    prompts.forEach((pr, k) => {
-      const off = k * P + P - pr.length;
-      for (let t = 0; t < pr.length; t++) {
-        ids[off + t] = BigInt(pr[t]);
-        mask[off + t] = 1n;
-      }
-    });
     const u = new Float32Array(B * N);
     reqs.forEach((r, b) => u.set(sequenceUniforms(params.seed, r.id, N), b * N));
     const feeds: Record<string, ort.Tensor> = {
       ...weightFeeds,
-      [GEN_IO.promptIds]: tensor('int64', ids, [U, P]),
-      [GEN_IO.promptMask]: tensor('int64', mask, [U, P]),
-      [GEN_IO.promptRows]: tensor('int64', rows, [B]),
+      ...promptFeeds(this.config, reqs, 'generation batch'),
       [GEN_IO.uniforms]: tensor('float32', u, [B, N]),
       [GEN_IO.temperature]: tensor('float32', new Float32Array(B).fill(params.temperature), [B]),
       [GEN_IO.eosIds]: tensor('int64', eos.length ? eos : [-1], [Math.max(1, eos.length)]),
-      ...(this.config.vision ? visionFeeds(this.config, ids, U, P, promptImages, 'generation batch') : {}),
     };
     if (truncation) {
       feeds[GEN_IO.topP] = tensor('float32', new Float32Array(B).fill(params.topP), [B]);
@@ -322,11 +276,4 @@ export class Sampler {
       return { id: r.id, tokens, logprobs, finishReason: reason };
     });
   }
-}
-
-/** ORT input tensors over the weight arrays (no copy), by HF name. */
-export function weightTensors(c: ModelConfig, w: Weights): Record<string, ort.Tensor> {
-  const feeds: Record<string, ort.Tensor> = {};
-  for (const s of paramSpecs(c)) feeds[s.name] = tensor('float32', w.get(s.name)!, s.shape);
-  return feeds;
 }

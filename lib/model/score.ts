@@ -24,7 +24,8 @@ import { declareParams, llamaForward, queryBlocksFor, valueHead } from './llama.
 import { HEAD_CHUNK, lmHeadWeight } from './train-graph.ts';
 import { logitBiasOf } from './decode-graph.ts';
 import { validateWeights, type Weights } from './params.ts';
-import { planBatches, weightTensors } from './sample.ts';
+import { weightTensors } from './feeds.ts';
+import { planBatches } from './sample.ts';
 import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.ts';
 import { hasImages, mropeDeltaInput, placeImageTokens, visionFeeds, type ImagePixels } from './vision.ts';
 

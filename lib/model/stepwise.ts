@@ -1,18 +1,23 @@
 /**
- * Stepwise generation: the graphs of decode-graph.ts split at the decoding state, so a caller can
- * stop after any number of steps, see each token as it is sampled, and change which rows decode
- * together between runs (continuous batching, lib/inference/batcher.ts).
+ * Stepwise generation: the prefill of decode-graph.ts and its loop-free one-step graph, so a
+ * caller can stop after any step, see each token as it is sampled, and change which rows decode
+ * together between steps (continuous batching, lib/inference/batcher.ts).
  *
- *   prefill(prompts)          → DecodeState of the rows (each distinct prompt prefilled once)
- *   step(state, uniforms [B, N], …) → N tokens per row (fewer once every row has hit a stop id),
- *                               their log-probs, each step's top-20 log-probs, and the new state
+ *   prefill(prompts)                 → Prefilled rows (each distinct prompt prefilled once)
+ *   appendRows(state, prefilled)     → the rows join the state (copied in once)
+ *   step(state, uniforms [B, N], …)  → N tokens per row (fewer once every row has hit a stop id),
+ *                                      their log-probs and each step's top-20 log-probs; the state
+ *                                      advances in place
+ *   keepRows(state, keep)            → finished rows leave (a kept row moves into a freed slot)
+ *
+ * The state's caches are JS buffers with spare rows and columns; the step graph reads them in
+ * place (the Node binding does not copy typed-array inputs) and returns only the new token's K
+ * and V, which are written at the common column S. So a step copies no cache: its cost is the
+ * graph run over the batch, as one iteration of the generation graph's loop.
  *
  * A row's tokens are those `Sampler.generate` draws for the same (seed, id): the same prefill, the
- * same decode-step graph and the same uniforms (up to float rounding of masked-out work). Rows of
- * different lengths share a state by left-padding the shorter caches with masked columns
- * (`concatStates`); `selectRows` drops rows and the padding columns no remaining row needs.
- * The state crosses into JS after each run (the Node binding copies outputs): the price of
- * changing the batch between runs, paid per run rather than per token when N > 1.
+ * same decode step and the same uniforms (up to float rounding of masked-out work: a row's masked
+ * columns add exact zeros to its attention).
  */
 import { ConfigError } from '../errors.ts';
 import { ort, tensor, type Device } from '../onnx/runtime.ts';
@@ -20,18 +25,36 @@ import type { ModelConfig } from './config.ts';
 import { buildPrefillModel, buildStepModel, decodeStateNames, GEN_IO, MAX_TOP_LOGPROBS } from './decode-graph.ts';
 import { MASK_NEG } from './llama.ts';
 import { validateWeights, type Weights } from './params.ts';
-import { imageKey, weightTensors } from './sample.ts';
+import { promptFeeds, weightTensors } from './feeds.ts';
 import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.ts';
-import { visionFeeds, type ImagePixels } from './vision.ts';
+import type { ImagePixels } from './vision.ts';
 
-/** The decoding state of B rows (see decodeStateNames): caches [B, KVH, S, hd] per layer. */
+/**
+ * The decoding state of B rows, in buffers with room for `rowCap` rows and `colCap` cache columns
+ * that the step graph reads in place (feeds are views of their first B rows). Every row's next
+ * token goes to column S; a row's cache holds its tokens in columns [S − its length, S), the key
+ * bias masks every other column (MASK_NEG), so rows of different lengths share the columns.
+ */
 export interface DecodeState {
   B: number;
   S: number;
-  logits: Float32Array; // [B, V]
-  pos: BigInt64Array; // [B]
-  bias: Float32Array; // [B, S]
-  keys: Float32Array[]; // per layer [B, KVH, S, hd]
+  rowCap: number;
+  colCap: number;
+  logits: Float32Array; // [rowCap, V] (of each row's next token)
+  pos: BigInt64Array; // [rowCap]: each row's next position
+  bias: Float32Array; // [rowCap, colCap]
+  keys: Float32Array[]; // per layer [rowCap, KVH, colCap, hd]
+  values: Float32Array[];
+}
+
+/** Prefilled rows as the prefill graph returns them: caches [B, KVH, S, hd], bias [B, S]. */
+export interface Prefilled {
+  B: number;
+  S: number;
+  logits: Float32Array;
+  pos: BigInt64Array;
+  bias: Float32Array;
+  keys: Float32Array[];
   values: Float32Array[];
 }
 
@@ -49,7 +72,6 @@ export interface StepResult {
   /** [steps, B, topK] with topK = `topWidth` */
   topIds: BigInt64Array;
   topLogprobs: Float32Array;
-  state: DecodeState;
 }
 
 export class StepDecoder {
@@ -79,62 +101,18 @@ export class StepDecoder {
   async prefill(
     weights: Weights,
     prompts: readonly { prompt: ArrayLike<number>; images?: readonly ImagePixels[] }[],
-  ): Promise<DecodeState> {
+  ): Promise<Prefilled> {
     const c = this.config;
     validateWeights(c, weights, 'StepDecoder weights');
-    const B = prompts.length;
-    const P = Math.max(...prompts.map((r) => r.prompt.length));
-    const uniq = new Map<string, number>();
-    const rows = new BigInt64Array(B);
-    const distinct: (typeof prompts)[number][] = [];
-    prompts.forEach((r, i) => {
-      const key = Array.prototype.join.call(r.prompt, ',') + imageKey(r.images);
-      let k = uniq.get(key);
-      if (k === undefined) {
-        k = distinct.length;
-        uniq.set(key, k);
-        distinct.push(r);
-      }
-      rows[i] = BigInt(k);
-    });
-    const U = distinct.length;
-    const ids = new BigInt64Array(U * P).fill(BigInt(c.padTokenId));
-    const mask = new BigInt64Array(U * P);
-    distinct.forEach((r, k) => {
-      const off = k * P + P - r.prompt.length;
-      for (let t = 0; t < r.prompt.length; t++) {
-        ids[off + t] = BigInt(r.prompt[t]);
-        mask[off + t] = 1n;
-      }
-    });
     const session = await this.session('prefill');
-    const res = await session.run({
-      ...weightTensors(c, weights),
-      [GEN_IO.promptIds]: tensor('int64', ids, [U, P]),
-      [GEN_IO.promptMask]: tensor('int64', mask, [U, P]),
-      [GEN_IO.promptRows]: tensor('int64', rows, [B]),
-      ...(c.vision
-        ? visionFeeds(
-            c,
-            ids,
-            U,
-            P,
-            distinct.map((r) => r.images),
-            'prefill',
-          )
-        : {}),
-    });
-    return this.readState(res, B);
-  }
-
-  private readState(res: ort.InferenceSession.OnnxValueMapType, B: number): DecodeState {
-    const L = this.config.numHiddenLayers;
+    const res = await session.run({ ...weightTensors(c, weights), ...promptFeeds(c, prompts, 'prefill') });
+    const B = prompts.length;
+    const L = c.numHiddenLayers;
     const out = (n: string) => res[`state_out.${n}`];
-    const S = out('bias').dims[3];
-    const names = decodeStateNames(this.config);
+    const names = decodeStateNames(c);
     return {
       B,
-      S,
+      S: out('bias').dims[3],
       logits: out('logits').data as Float32Array,
       pos: out('pos').data as BigInt64Array,
       bias: out('bias').data as Float32Array,
@@ -144,8 +122,9 @@ export class StepDecoder {
   }
 
   /**
-   * Runs `N` decode steps for every row of `state`. uniforms [B, N]; params one per row; eos the
-   * stop ids (the run ends early once every row has emitted one).
+   * Runs up to `N` decode steps for every row of `state` (one step-graph run each; fewer once
+   * every row has emitted a stop id) and appends each step's K/V to the state in place.
+   * uniforms [B, N]; params one per row; eos the stop ids.
    */
   async step(
     weights: Weights,
@@ -156,133 +135,255 @@ export class StepDecoder {
     eos: readonly number[],
   ): Promise<StepResult> {
     const c = this.config,
-      { B, S } = state;
+      { B } = state;
     const L = c.numHiddenLayers,
       KVH = c.numKeyValueHeads,
-      hd = c.headDim;
+      hd = c.headDim,
+      V = c.vocabSize,
+      K = this.topWidth;
     if (uniforms.length !== B * N || params.length !== B)
       throw new ConfigError(`StepDecoder.step: ${B} rows need ${B * N} uniforms and ${B} params`);
     const truncation = params.some((p) => p.topK > 0 || p.topP < 1);
     const session = await this.session('step', truncation);
-    const names = decodeStateNames(c);
-    const feeds: Record<string, ort.Tensor> = {
+    const fixed: Record<string, ort.Tensor> = {
       ...weightTensors(c, weights),
-      [GEN_IO.uniforms]: tensor('float32', uniforms, [B, N]),
       [GEN_IO.temperature]: tensor(
         'float32',
         Float32Array.from(params, (p) => p.temperature),
         [B],
       ),
-      [GEN_IO.eosIds]: tensor('int64', eos.length ? [...eos] : [-1], [Math.max(1, eos.length)]),
-      'state.logits': tensor('float32', state.logits, [B, c.vocabSize]),
-      'state.pos': tensor('int64', state.pos, [B, 1]),
-      'state.bias': tensor('float32', state.bias, [B, 1, 1, S]),
     };
-    for (let l = 0; l < L; l++) {
-      feeds[`state.${names[3 + l]}`] = tensor('float32', state.keys[l], [B, KVH, S, hd]);
-      feeds[`state.${names[3 + L + l]}`] = tensor('float32', state.values[l], [B, KVH, S, hd]);
-    }
     if (truncation) {
-      feeds[GEN_IO.topP] = tensor(
+      fixed[GEN_IO.topP] = tensor(
         'float32',
         Float32Array.from(params, (p) => p.topP),
         [B],
       );
-      feeds[GEN_IO.topK] = tensor(
+      fixed[GEN_IO.topK] = tensor(
         'int64',
         BigInt64Array.from(params, (p) => BigInt(p.topK)),
         [B],
       );
     }
-    const wanted = new Set(session.inputNames);
-    for (const k of Object.keys(feeds)) if (!wanted.has(k)) delete feeds[k];
-    const res = await session.run(feeds);
-    return {
-      steps: res[GEN_IO.tokens].dims[0],
-      tokens: res[GEN_IO.tokens].data as BigInt64Array,
-      logprobs: res[GEN_IO.logprobs].data as Float32Array,
-      topIds: res[GEN_IO.topIds].data as BigInt64Array,
-      topLogprobs: res[GEN_IO.topLogprobs].data as Float32Array,
-      state: this.readState(res, B),
+    const out: StepResult = {
+      steps: 0,
+      tokens: new BigInt64Array(N * B),
+      logprobs: new Float32Array(N * B),
+      topIds: new BigInt64Array(N * B * K),
+      topLogprobs: new Float32Array(N * B * K),
     };
+    const stops = new Set(eos);
+    const done = new Uint8Array(B);
+    let live = B;
+    const u = new Float32Array(B);
+    for (let t = 0; t < N && live > 0; t++) {
+      reserveColumn(c, state);
+      const { S, colCap } = state;
+      for (let b = 0; b < B; b++) u[b] = uniforms[b * N + t];
+      const feeds: Record<string, ort.Tensor> = {
+        ...fixed,
+        [GEN_IO.uniforms]: tensor('float32', u, [B]),
+        'state.logits': tensor('float32', state.logits.subarray(0, B * V), [B, V]),
+        'state.pos': tensor('int64', state.pos.subarray(0, B), [B, 1]),
+        'state.bias': tensor('float32', state.bias.subarray(0, B * colCap), [B, 1, 1, colCap]),
+      };
+      const n = B * KVH * colCap * hd;
+      for (let l = 0; l < L; l++) {
+        feeds[`state.k${l}`] = tensor('float32', state.keys[l].subarray(0, n), [B, KVH, colCap, hd]);
+        feeds[`state.v${l}`] = tensor('float32', state.values[l].subarray(0, n), [B, KVH, colCap, hd]);
+      }
+      const res = await session.run(feeds);
+      const toks = res[GEN_IO.tokens].data as BigInt64Array;
+      out.tokens.set(toks, t * B);
+      out.logprobs.set(res[GEN_IO.logprobs].data as Float32Array, t * B);
+      out.topIds.set(res[GEN_IO.topIds].data as BigInt64Array, t * B * K);
+      out.topLogprobs.set(res[GEN_IO.topLogprobs].data as Float32Array, t * B * K);
+      out.steps = t + 1;
+      // the sampled token's K/V go to column S of each row
+      state.logits.set(res['state_out.logits'].data as Float32Array);
+      for (let l = 0; l < L; l++)
+        for (const [src, dst] of [
+          [res[`new.k${l}`].data as Float32Array, state.keys[l]],
+          [res[`new.v${l}`].data as Float32Array, state.values[l]],
+        ])
+          for (let bh = 0; bh < B * KVH; bh++) dst.set(src.subarray(bh * hd, bh * hd + hd), (bh * colCap + S) * hd);
+      for (let b = 0; b < B; b++) {
+        state.bias[b * colCap + S] = 0;
+        state.pos[b]++;
+        if (!done[b] && stops.has(Number(toks[b]))) {
+          done[b] = 1;
+          live--;
+        }
+      }
+      state.S = S + 1;
+    }
+    if (out.steps < N) {
+      const s = out.steps;
+      out.tokens = out.tokens.slice(0, s * B);
+      out.logprobs = out.logprobs.slice(0, s * B);
+      out.topIds = out.topIds.slice(0, s * B * K);
+      out.topLogprobs = out.topLogprobs.slice(0, s * B * K);
+    }
+    return out;
   }
 }
 
-/** Per-row sizes of the state arrays other than S. */
-function rowSizes(c: ModelConfig): { V: number; kv: number } {
-  return { V: c.vocabSize, kv: c.numKeyValueHeads * c.headDim };
+/** An empty decoding state (no rows). */
+export function emptyState(c: ModelConfig): DecodeState {
+  return allocState(c, 0, 0);
+}
+
+function allocState(c: ModelConfig, rowCap: number, colCap: number): DecodeState {
+  const kv = c.numKeyValueHeads * c.headDim;
+  return {
+    B: 0,
+    S: 0,
+    rowCap,
+    colCap,
+    logits: new Float32Array(rowCap * c.vocabSize),
+    pos: new BigInt64Array(rowCap),
+    bias: new Float32Array(rowCap * colCap).fill(MASK_NEG),
+    keys: Array.from({ length: c.numHiddenLayers }, () => new Float32Array(rowCap * kv * colCap)),
+    values: Array.from({ length: c.numHiddenLayers }, () => new Float32Array(rowCap * kv * colCap)),
+  };
+}
+
+const pow2 = (n: number) => 2 ** Math.ceil(Math.log2(Math.max(1, n)));
+
+/**
+ * Moves the B rows into buffers of `rowCap` × `colCap`, each row's columns [from, S) to
+ * [to, to + S − from). Returns the new state (S = to + S − from).
+ */
+function relayout(
+  c: ModelConfig,
+  st: DecodeState,
+  rowCap: number,
+  colCap: number,
+  from: number,
+  to: number,
+): DecodeState {
+  const same = rowCap === st.rowCap && colCap === st.colCap;
+  const out = same ? st : allocState(c, rowCap, colCap);
+  const KVH = c.numKeyValueHeads,
+    hd = c.headDim,
+    V = c.vocabSize,
+    w = st.S - from;
+  if (!same) {
+    out.logits.set(st.logits.subarray(0, st.B * V));
+    out.pos.set(st.pos.subarray(0, st.B));
+  }
+  for (let b = 0; b < st.B; b++) {
+    const row = st.bias.slice(b * st.colCap + from, b * st.colCap + st.S);
+    out.bias.fill(MASK_NEG, b * colCap, (b + 1) * colCap);
+    out.bias.set(row, b * colCap + to);
+    for (let l = 0; l < c.numHiddenLayers; l++)
+      for (const [src, dst] of [
+        [st.keys[l], out.keys[l]],
+        [st.values[l], out.values[l]],
+      ])
+        for (let h = 0; h < KVH; h++) {
+          const s0 = ((b * KVH + h) * st.colCap + from) * hd,
+            d0 = ((b * KVH + h) * colCap + to) * hd;
+          if (same) dst.copyWithin(d0, s0, s0 + w * hd);
+          else dst.set(src.subarray(s0, s0 + w * hd), d0);
+        }
+  }
+  out.B = st.B;
+  out.S = to + w;
+  return out;
+}
+
+/** The first column any row uses (columns before it can be dropped). */
+function firstUsedColumn(st: DecodeState): number {
+  let first = st.S;
+  for (let b = 0; b < st.B; b++) {
+    let lead = 0;
+    while (lead < first && st.bias[b * st.colCap + lead] <= MASK_NEG) lead++;
+    first = Math.min(first, lead);
+  }
+  return first;
 }
 
 /**
- * Rows `rows` of `st` (in that order) with S shrunk by the leading columns every kept row masks.
- * A cache [KVH, S, hd] per row keeps its last `S'` columns of each head.
+ * Makes room for column S: when the buffers are full, drops the columns no row uses if they are
+ * at least a quarter of the capacity, else doubles it (so appends cost amortised O(1) copies).
  */
-export function selectRows(c: ModelConfig, st: DecodeState, rows: readonly number[]): DecodeState {
-  const { S } = st;
-  let drop = S;
-  for (const r of rows) {
-    let lead = 0;
-    while (lead < S && st.bias[r * S + lead] <= MASK_NEG) lead++;
-    drop = Math.min(drop, lead);
+function reserveColumn(c: ModelConfig, st: DecodeState): void {
+  if (st.S < st.colCap) return;
+  const first = firstUsedColumn(st);
+  const next =
+    first >= st.colCap / 4
+      ? relayout(c, st, st.rowCap, st.colCap, first, 0)
+      : relayout(c, st, st.rowCap, st.colCap * 2, 0, 0);
+  Object.assign(st, next);
+}
+
+/**
+ * Appends the prefilled rows to `st` (rows B.., right-aligned at column S; the running rows shift
+ * right when the new ones are longer). Returns the state, which may be new buffers.
+ */
+export function appendRows(c: ModelConfig, st: DecodeState, pre: Prefilled): DecodeState {
+  const KVH = c.numKeyValueHeads,
+    hd = c.headDim,
+    V = c.vocabSize;
+  const B = st.B + pre.B;
+  let S = st.B === 0 ? pre.S : Math.max(st.S, pre.S);
+  let s = st;
+  if (B > st.rowCap || S >= st.colCap || S > st.S) {
+    const rowCap = B > st.rowCap ? Math.max(pow2(B), st.rowCap * 2) : st.rowCap;
+    const colCap = S >= st.colCap ? pow2(2 * S) : st.colCap;
+    s = relayout(c, st, rowCap, colCap, 0, S - st.S);
   }
-  if (rows.length === 0) drop = 0;
-  return assemble(c, [{ st, rows, from: drop }], S - drop);
+  S = s.S = Math.max(s.S, S);
+  for (let r = 0; r < pre.B; r++) {
+    const b = st.B + r,
+      at = S - pre.S;
+    s.logits.set(pre.logits.subarray(r * V, (r + 1) * V), b * V);
+    s.pos[b] = pre.pos[r];
+    s.bias.fill(MASK_NEG, b * s.colCap, (b + 1) * s.colCap);
+    s.bias.set(pre.bias.subarray(r * pre.S, (r + 1) * pre.S), b * s.colCap + at);
+    for (let l = 0; l < c.numHiddenLayers; l++)
+      for (const [src, dst] of [
+        [pre.keys[l], s.keys[l]],
+        [pre.values[l], s.values[l]],
+      ])
+        for (let h = 0; h < KVH; h++)
+          dst.set(
+            src.subarray((r * KVH + h) * pre.S * hd, ((r * KVH + h) * pre.S + pre.S) * hd),
+            ((b * KVH + h) * s.colCap + at) * hd,
+          );
+  }
+  s.B = B;
+  return s;
 }
 
-/** The rows of `a` then those of `b`, the shorter caches left-padded with masked columns. */
-export function concatStates(c: ModelConfig, a: DecodeState, b: DecodeState): DecodeState {
-  const all = (s: DecodeState) => Array.from({ length: s.B }, (_, i) => i);
-  return assemble(
-    c,
-    [
-      { st: a, rows: all(a), from: 0 },
-      { st: b, rows: all(b), from: 0 },
-    ],
-    Math.max(a.S, b.S),
-  );
-}
-
-/** Copies rows of several states into one of width S2; a row keeps its columns [from, S) right-aligned. */
-function assemble(
-  c: ModelConfig,
-  parts: readonly { st: DecodeState; rows: readonly number[]; from: number }[],
-  S2: number,
-): DecodeState {
-  const { V, kv } = rowSizes(c);
-  const hd = c.headDim,
-    KVH = c.numKeyValueHeads;
-  const B = parts.reduce((n, p) => n + p.rows.length, 0);
-  const L = c.numHiddenLayers;
-  const out: DecodeState = {
-    B,
-    S: S2,
-    logits: new Float32Array(B * V),
-    pos: new BigInt64Array(B),
-    bias: new Float32Array(B * S2).fill(MASK_NEG),
-    keys: Array.from({ length: L }, () => new Float32Array(B * kv * S2)),
-    values: Array.from({ length: L }, () => new Float32Array(B * kv * S2)),
-  };
-  let b = 0;
-  for (const { st, rows, from } of parts) {
-    const S = st.S,
-      w = S - from,
-      pad = S2 - w;
-    for (const r of rows) {
-      out.logits.set(st.logits.subarray(r * V, (r + 1) * V), b * V);
-      out.pos[b] = st.pos[r];
-      out.bias.set(st.bias.subarray(r * S + from, (r + 1) * S), b * S2 + pad);
-      for (let l = 0; l < L; l++)
-        for (const [src, dst] of [
-          [st.keys[l], out.keys[l]],
-          [st.values[l], out.values[l]],
-        ])
-          for (let h = 0; h < KVH; h++)
-            dst.set(
-              src.subarray(((r * KVH + h) * S + from) * hd, ((r * KVH + h) * S + S) * hd),
-              ((b * KVH + h) * S2 + pad) * hd,
-            );
-      b++;
+/**
+ * Keeps the rows `keep` (ascending) of `st` in place: a kept row at or past the new row count
+ * moves into the slot of a dropped one. Returns the old row index of each new row.
+ */
+export function keepRows(c: ModelConfig, st: DecodeState, keep: readonly number[]): number[] {
+  const B2 = keep.length;
+  const order = [...keep];
+  const movers = keep.filter((r) => r >= B2);
+  const kept = new Set(keep);
+  const rowLen = c.numKeyValueHeads * st.colCap * c.headDim,
+    V = c.vocabSize,
+    W = st.colCap;
+  let m = 0;
+  for (let slot = 0; slot < B2; slot++) {
+    if (kept.has(slot)) {
+      order[slot] = slot;
+      continue;
     }
+    const from = movers[m++];
+    order[slot] = from;
+    st.logits.copyWithin(slot * V, from * V, (from + 1) * V);
+    st.pos[slot] = st.pos[from];
+    st.bias.copyWithin(slot * W, from * W, (from + 1) * W);
+    for (let l = 0; l < c.numHiddenLayers; l++)
+      for (const a of [st.keys[l], st.values[l]]) a.copyWithin(slot * rowLen, from * rowLen, (from + 1) * rowLen);
   }
-  return out;
+  st.B = B2;
+  if (B2 === 0) st.S = 0;
+  return order;
 }

@@ -7,7 +7,7 @@
 import { ConfigError } from '../errors.ts';
 import type { ModelConfig } from './config.ts';
 import { validateWeights, type Weights } from './params.ts';
-import { weightTensors } from './sample.ts';
+import { weightTensors } from './feeds.ts';
 import { buildScoreModel, forEachBucket, SCORE_IO, type ScoreRequest, type ScorerOptions } from './score.ts';
 import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.ts';
 

@@ -38,10 +38,10 @@ after(async () => {
   rmSync(tmp, { recursive: true, force: true });
 });
 
-async function serve(args: string[]): Promise<{ url: string; proc: CliProc }> {
+async function serve(args: string[], dir = 'serve'): Promise<{ url: string; proc: CliProc }> {
   const p = spawnCli([
     'serve-policy',
-    join(tmp, 'serve'),
+    join(tmp, dir),
     '--port',
     '0',
     '--follow-ms',
@@ -70,11 +70,29 @@ function config(name: string, extra: string[]): Config {
   });
 }
 
-async function trajectories(name: string): Promise<{ trajs: StoredTrajectory[]; metric: (n: string) => number[] }> {
+/** The number game as examples/number-game.yaml trains it, for `steps` steps with validation at 0 and at the end. */
+function numberGame(name: string, steps: number, extra: string[]): Config {
+  return loadConfig({
+    file: join(ROOT, 'examples/number-game.yaml'),
+    overrides: [
+      `trainer.max_steps=${steps}`,
+      `trainer.val_freq=${steps}`,
+      'trainer.save_freq=-1',
+      `trainer.run_dir=${join(tmp, name)}`,
+      'pipeline.run_id=e2e-number-game',
+      ...extra,
+    ],
+  });
+}
+
+async function trajectories(
+  name: string,
+  runId = RUN_ID,
+): Promise<{ trajs: StoredTrajectory[]; metric: (n: string) => number[] }> {
   const store = await openStore({ kind: 'pglite', dir: join(tmp, name, 'db') });
   try {
-    const trajs = (await store.getTrajectories(RUN_ID, { kind: 'train' })).sort((a, b) => (a.id < b.id ? -1 : 1));
-    const ms = await store.getMetrics(RUN_ID);
+    const trajs = (await store.getTrajectories(runId, { kind: 'train' })).sort((a, b) => (a.id < b.id ? -1 : 1));
+    const ms = await store.getMetrics(runId);
     const metric = (n: string) =>
       ms
         .filter((m) => m.name === n)
@@ -171,5 +189,34 @@ test(
     assert.ok(Math.abs(metric('rollout/is_weight_mean')[0] - w / n) < 1e-4);
     assert.ok(Math.abs(metric('rollout/is_weight_clipped_frac')[0] - cut / n) < 1e-3);
     assert.ok(cut > 0, 'some weights were truncated');
+  },
+);
+
+test(
+  'the number game trains through serve-policy (engine: openai) to the validation accuracy engine: onnx reaches',
+  { timeout: 300_000 },
+  async () => {
+    // 10 steps (the cosine lr schedule ending at step 10) take val/accuracy from ≈ 0 to ≈ 0.45
+    const steps = 10;
+    await makePolicyRunDir(join(tmp, 'serve-ng'), ['trainer.save_freq=-1']);
+    const engine = await serve([], 'serve-ng');
+    const [a, b] = await Promise.all([
+      trainEmbedded(numberGame('ng-onnx', steps, []), silentLogger('e2e-number-game')),
+      trainEmbedded(
+        numberGame('ng-openai', steps, ['rollout.engine=openai', `rollout.openai.urls=[${engine.url}]`]),
+        silentLogger('e2e-number-game'),
+      ),
+    ]);
+    assert.equal(a.status, 'completed', a.message);
+    assert.equal(b.status, 'completed', b.message);
+    const A = await trajectories('ng-onnx', 'e2e-number-game');
+    const B = await trajectories('ng-openai', 'e2e-number-game');
+    const accA = A.metric('val/accuracy'),
+      accB = B.metric('val/accuracy');
+    assert.equal(accA.length, 2, 'validated before training and after the last step');
+    assert.ok(accA[0] < 0.1 && accA[1] > 0.3, `engine onnx learned: val accuracy ${accA}`);
+    // the same seed samples the same trajectories, so every accuracy is the same number
+    assert.deepEqual(accB, accA);
+    assert.deepEqual(B.metric('reward/mean'), A.metric('reward/mean'));
   },
 );

@@ -10,7 +10,7 @@ import { initWeights, modelConfig } from '../../../lib/model/index.ts';
 import { Sampler, type SamplingParamsInput } from '../../../lib/model/sample.ts';
 import { Scorer } from '../../../lib/model/score.ts';
 import { SessionCache } from '../../../lib/model/session-cache.ts';
-import { StepDecoder, concatStates, selectRows } from '../../../lib/model/stepwise.ts';
+import { StepDecoder, appendRows, emptyState, keepRows } from '../../../lib/model/stepwise.ts';
 import { GenerationBatcher, type BatchResult } from '../../../lib/inference/batcher.ts';
 import { ConfigError } from '../../../lib/errors.ts';
 import { TINY_GQA_BIAS } from '../../support/tiny-models.ts';
@@ -128,17 +128,37 @@ test('bad requests are refused before they join; a newer policy waits for the ba
   assert.equal((await late!).version, 5);
 });
 
-test('selectRows drops the padding columns no kept row needs; concatStates left-pads the shorter state', async () => {
+test('appendRows right-aligns rows of different lengths at one column; keepRows fills dropped slots in place', async () => {
   const a = await decoder.prefill(W, [{ prompt: [1, 5] }, { prompt: [1, 5, 6, 7, 8] }]);
-  const b = await decoder.prefill(W, [{ prompt: [1, 9, 9] }]);
+  const b = await decoder.prefill(W, [{ prompt: [1, 9, 9] }, { prompt: [1, 9, 9, 9, 9, 9, 9] }]);
   assert.equal(a.S, 5);
-  const ab = concatStates(cfg, a, b);
-  assert.equal(ab.B, 3);
-  assert.equal(ab.S, 5);
-  const short = selectRows(cfg, ab, [0, 2]);
-  assert.equal(short.S, 3); // row 2 has 3 real columns, row 0 two
-  assert.deepEqual(Array.from(short.pos), [2n, 3n]);
-  const kv = cfg.numKeyValueHeads * cfg.headDim;
-  // row 2's cache is b's row 0, unchanged
-  assert.deepEqual(short.keys[1].subarray(kv * 3, kv * 6), b.keys[1].subarray(0, kv * 3));
+  let st = appendRows(cfg, emptyState(cfg), a);
+  assert.equal(st.S, 5);
+  const buffer = st.keys[0];
+  st = appendRows(cfg, st, b); // longer: the running rows shift right by 2
+  assert.equal(st.B, 4);
+  assert.equal(st.S, 7);
+  assert.ok(st.colCap > st.S && st.rowCap >= 4);
+  const kv = cfg.numKeyValueHeads,
+    hd = cfg.headDim,
+    W2 = st.colCap;
+  // the last column of every row is its last prompt token's K: row 1's is a's row 1's column 4
+  const col = (s: typeof st, row: number, h: number, j: number) =>
+    Array.from(s.keys[0].subarray(((row * kv + h) * s.colCap + j) * hd, ((row * kv + h) * s.colCap + j + 1) * hd));
+  const preCol = (p: typeof a, row: number, h: number, j: number) =>
+    Array.from(p.keys[0].subarray(((row * kv + h) * p.S + j) * hd, ((row * kv + h) * p.S + j + 1) * hd));
+  assert.deepEqual(col(st, 1, 1, 6), preCol(a, 1, 1, 4));
+  assert.deepEqual(col(st, 2, 0, 6), preCol(b, 0, 0, 6));
+  // row 0 (prompt of 2) uses columns 5..6 only
+  assert.deepEqual(
+    Array.from(st.bias.subarray(0, 7)).map((x) => x === 0),
+    [false, false, false, false, false, true, true],
+  );
+  assert.ok(st.bias.subarray(7, W2).every((x) => x < -1e8));
+  const order = keepRows(cfg, st, [1, 3]); // row 3 moves into dropped slot 0
+  assert.deepEqual(order, [3, 1]);
+  assert.equal(st.B, 2);
+  assert.deepEqual(col(st, 0, 1, 3), preCol(b, 1, 1, 3));
+  assert.deepEqual(Array.from(st.pos.subarray(0, 2)), [7n, 5n]);
+  assert.notEqual(buffer, st.keys[0]); // grown once, then kept in place
 });
