@@ -43,7 +43,7 @@ export interface EpisodeOptions {
   env: Environment;
   tokens: EpisodeTokenizer;
   decode(ids: ArrayLike<number>): string;
-  /** Generates one turn for each request (requests share spec.samplingKey). */
+  /** Generates one turn for each request (the requests of a call share spec.samplingKey and maxNewTokens). */
   generate(key: string, reqs: TurnRequest[]): Promise<TurnGeneration[]>;
   /** The episode's token budget (all turns, policy and environment tokens). */
   maxResponseTokens: number;
@@ -90,8 +90,13 @@ class TurnBatcher {
     // let every episode that is ready this tick queue its request first
     await new Promise((r) => setImmediate(r));
     while (this.queue.length) {
-      const key = this.queue[0].key;
-      const take = this.queue.filter((q) => q.key === key).slice(0, this.o.maxBatch);
+      // one generate call samples every request with the same settings and the same token cap, so
+      // a request only joins others with its key and its maxNewTokens (an episode's first turn is
+      // not cut to the smaller cap of another episode's later turn)
+      const { key, req } = this.queue[0];
+      const take = this.queue
+        .filter((q) => q.key === key && q.req.maxNewTokens === req.maxNewTokens)
+        .slice(0, this.o.maxBatch);
       this.queue = this.queue.filter((q) => !take.includes(q));
       try {
         const out = await this.o.generate(

@@ -200,3 +200,31 @@ test('continuous batching: episodes waiting on a slow environment do not stall t
     assert.deepEqual(alone.tokens, rs[i].tokens);
   }
 });
+
+test('a generate call holds requests of one token cap only: a first turn is not cut to another episode’s smaller remaining budget', async () => {
+  // without a per-turn cap each turn may use what is left of the episode's budget, so episodes
+  // whose guesses differ in length reach their next turn together with different caps
+  const calls: number[][] = [];
+  const policy = searchPolicy([], 0);
+  const specs = Array.from({ length: 16 }, (_, i) => spec(`e${i}`, i + 1));
+  const o = options(
+    game(),
+    async (key, reqs) => {
+      calls.push(reqs.map((r) => r.maxNewTokens));
+      // an engine samples a whole call with one cap (the rollout stage passes the first request's)
+      return policy(
+        key,
+        reqs.map((r) => ({ ...r, maxNewTokens: reqs[0].maxNewTokens })),
+      );
+    },
+    { maxTokensPerTurn: null, maxResponseTokens: 24 },
+  );
+  const rs = await runEpisodes(specs, o);
+  for (const c of calls) assert.equal(new Set(c).size, 1, `one generate call mixed token caps ${JSON.stringify(c)}`);
+  assert.ok(new Set(calls.flat()).size > 1, 'the episodes reached turns with different caps');
+  // every episode is what it is alone (where no other request shares its calls)
+  for (const [i, s] of specs.entries()) {
+    const [alone] = await runEpisodes([s], options(game(), policy, { maxTokensPerTurn: null, maxResponseTokens: 24 }));
+    assert.deepEqual(rs[i].tokens, alone.tokens, `episode ${s.id}`);
+  }
+});
