@@ -252,7 +252,7 @@ export class ImageLearner {
     const m = ImageLearner.initial(s);
     const l = new ImageLearner(s, m, ImageLearner.trainerOf(s, m), 0, '');
     l.sha = await l.storePolicy(0);
-    await l.openEma();
+    await l.openParts();
     return l;
   }
 
@@ -267,7 +267,7 @@ export class ImageLearner {
       if (src.state) tr.setOptimizerState(loadDitOptimizer(join(src.actorDir, OPTIMIZER_FILE), m.config));
     } else tr = ImageLearner.trainerOf(s, m);
     const l = new ImageLearner(s, m, tr, base.step, base.sha);
-    await l.openEma();
+    await l.openParts();
     return l;
   }
 
@@ -291,13 +291,14 @@ export class ImageLearner {
     }
     const l = new ImageLearner(s, m, tr, start, '');
     l.sha = await l.storePolicy(start);
-    await l.openEma();
+    await l.openParts();
     return { learner: l, optimizerSteps: Number(src.state?.lr_state.optimizer_steps ?? tr.stepCount) };
   }
 
   async reset(base: TrainerBase): Promise<void> {
     const l = await ImageLearner.atBase(this.s, base);
     this.trainer = l.trainer;
+    this.reference = l.reference;
     this.ema = l.ema;
     this.at = base.step;
     this.sha = base.sha;
@@ -325,8 +326,6 @@ export class ImageLearner {
   }): Promise<{ metrics: Record<string, number>; optimizerSteps: number; tokens: number }> {
     const st = this.settings;
     this.dirty = true;
-    if ((st.loss.klCoef ?? 0) > 0 && !this.reference)
-      this.reference = loadDit(await this.s.versions.dir('policy', 0)).weights;
     const rng = Rng.fromSeed(`${st.seed}/nft/${a.step}`);
     let optimizerSteps = a.optimizerSteps;
     const old = new Map([...this.trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
@@ -393,8 +392,13 @@ export class ImageLearner {
     return true;
   }
 
-  /** The EMA (algorithm.ema.enable) at this version: the stored one, else the weights now, stored. */
-  private async openEma(): Promise<void> {
+  /**
+   * The reference (v0, flow_grpo with a KL term) and the EMA (algorithm.ema.enable) at this
+   * version: the stored one, else the weights now, stored. Read when the learner opens, outside
+   * any batch (an embedded batch's transaction holds the database's one connection).
+   */
+  private async openParts(): Promise<void> {
+    if ((this.settings.loss.klCoef ?? 0) > 0) this.reference = loadDit(await this.s.versions.dir('policy', 0)).weights;
     if (!this.s.cfg.algorithm.ema.enable) return;
     const dir = await this.s.versions.find('ema', this.at);
     this.ema = dir
