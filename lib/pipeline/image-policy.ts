@@ -314,7 +314,7 @@ export class ImageLearner {
 
   /**
    * One training step (`step`: the version it makes) on the batch rebuilt from the records
-   * (services/update/logic.ts imageUpdateBatch): actor.ppo_epochs passes of imageUpdate, the
+   * (lib/image/rl.ts imageUpdateBatch): actor.ppo_epochs passes of imageUpdate, the
    * learning rate of each optimizer step from the schedule. DiffusionNFT's (t, ε) are drawn from
    * `seed/nft/<step>`, so a re-trained step draws the same.
    */
