@@ -3,8 +3,8 @@
  * trains and exports the recogniser and learns a DiT by flow matching (SFT); then `rlstream train
  * examples/glyphs/glyphs.yaml` trains that model through the five stages with DiffusionNFT and
  * with Flow-GRPO (KL to v0, EMA on), each run SIGKILLed at the start of step 3 (after checkpoint
- * global_step_2: the restart starts the trainer and its AdamW state from it) and restarted with
- * the same command: each ends on the uninterrupted run's final checkpoint sha256. `rlstream replay` of the Flow-GRPO run gives that sha256 too.
+ * global_step_2: the restart starts the trainer and its AdamW state from it) and started again
+ * with the same config: each ends on the uninterrupted run's final checkpoint sha256. `rlstream replay` of the Flow-GRPO run gives that sha256 too.
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -51,29 +51,21 @@ const overrides = (assets: string, dir: string, runId: string, algo: string) => 
     : []),
 ];
 
-/** The CLI run with `args`, killed at each crash point of `kills` in turn, then run to the end; its final checkpoint sha256. */
-async function crashedRun(args: string[], kills: string[]): Promise<string> {
-  for (const spec of [...kills, null]) {
-    const p = spawnCli(args, spec ? { RLSTREAM_CRASH_AT: spec } : {});
-    procs.push(p);
-    const done = await Promise.race([p.exit, deadline(120_000)]);
-    if (!done) {
-      await killHard(p);
-      assert.fail(`rlstream train ${spec ?? ''} did not end:\n${p.output().slice(-3000)}`);
-    }
-    const out = p.output();
-    if (spec) {
-      assert.equal(done.signal, 'SIGKILL', `not killed at ${spec}:\n${out.slice(-3000)}`);
-      assert.equal(selfKilledAt(out), spec);
-    } else {
-      assert.equal(done.code, 0, out.slice(-3000));
-      const m = /final checkpoint: .* \(step 4, sha256 ([0-9a-f]{64})\)/.exec(out);
-      assert.ok(m, out.slice(-2000));
-      return m[1];
-    }
+/** `rlstream train args` SIGKILLed at crash point `spec` (it kills itself there). */
+async function killedAt(args: string[], spec: string): Promise<void> {
+  const p = spawnCli(args, { RLSTREAM_CRASH_AT: spec });
+  procs.push(p);
+  const done = await Promise.race([p.exit, deadline(120_000)]);
+  if (!done) {
+    await killHard(p);
+    assert.fail(`rlstream train with ${spec} did not end:\n${p.output().slice(-3000)}`);
   }
-  throw new Error('unreachable');
+  assert.equal(done.signal, 'SIGKILL', `not killed at ${spec}:\n${p.output().slice(-3000)}`);
+  assert.equal(selfKilledAt(p.output()), spec);
 }
+
+/** The final checkpoint sha256 in a run's summary. */
+const finalSha = (summary: string) => /final checkpoint: .* \(step 4, sha256 ([0-9a-f]{64})\)/.exec(summary)?.[1];
 
 test(
   'glyphs: SFT by the driver, then DiffusionNFT and Flow-GRPO under rlstream train survive SIGKILL to the same sha256; replay gives it too',
@@ -113,24 +105,42 @@ test(
       ['0', '1', '2'].map((c) => JSON.stringify({ prompt: c, answer: c })).join('\n'),
     );
 
-    for (const algo of ['diffusion_nft', 'flow_grpo']) {
+    const algos = ['diffusion_nft', 'flow_grpo'];
+    const args = (algo: string, dir: string) => overrides(assets, join(tmp, dir), algo, algo);
+    // both runs are SIGKILLed at the start of step 3 (in their own processes, side by side) while
+    // the uninterrupted references train here
+    const killed = Promise.all(algos.map((a) => killedAt(['train', CONFIG, ...args(a, a)], 'update:start@3')));
+    const want: Record<string, string> = {};
+    for (const algo of algos) {
       const ref = await trainEmbedded(
-        loadConfig({ file: CONFIG, overrides: overrides(assets, join(tmp, `${algo}-ref`), algo, algo) }),
+        loadConfig({ file: CONFIG, overrides: args(algo, `${algo}-ref`) }),
         silentLogger(algo),
       );
       assert.equal(ref.status, 'completed', ref.message);
-      const want = /final checkpoint: .* \(step 4, sha256 ([0-9a-f]{64})\)/.exec(ref.summary)?.[1];
-      assert.ok(want, ref.summary);
-      const got = await crashedRun(
-        ['train', CONFIG, ...overrides(assets, join(tmp, algo), algo, algo)],
-        ['update:start@3'],
-      );
-      assert.equal(got, want, `${algo}: the SIGKILLed run ends on the uninterrupted run's checkpoint`);
-      if (algo === 'flow_grpo') {
-        const r = await replayRun({ from: join(tmp, `${algo}-ref`), overrides: [], log: silentLogger('replay') });
-        assert.equal(r.status, 'completed', r.message);
-        assert.equal(r.finalSha256, want, 'the replay trains to the same checkpoint');
-      }
+      const sha = finalSha(ref.summary);
+      assert.ok(sha, ref.summary);
+      want[algo] = sha;
     }
+    await killed;
+    for (const algo of algos) {
+      // the same run started again resumes from global_step_2, re-trains step 3 from its log and finishes
+      const again = await trainEmbedded(
+        loadConfig({
+          file: CONFIG,
+          // the CLI's environment set the server and lifecycle keys (pipeline.http_port, …) otherwise
+          overrides: [...args(algo, algo), 'trainer.resume_with_changed_config=true'],
+        }),
+        silentLogger(algo),
+      );
+      assert.equal(again.status, 'completed', again.message);
+      assert.equal(
+        finalSha(again.summary),
+        want[algo],
+        `${algo}: the SIGKILLed run ends on the uninterrupted run's checkpoint`,
+      );
+    }
+    const r = await replayRun({ from: join(tmp, 'flow_grpo-ref'), overrides: [], log: silentLogger('replay') });
+    assert.equal(r.status, 'completed', r.message);
+    assert.equal(r.finalSha256, want.flow_grpo, 'the replay trains to the same checkpoint');
   },
 );
