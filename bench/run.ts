@@ -1,7 +1,7 @@
 /**
  * `npm run bench [-- name …]`: runs the benchmarks (each measures its own ratios side by side in
  * one run) and prints one table; with `--markdown` also writes bench/out/results.md for the README.
- * Modules: avro, bus, store, rl, model, reward, python-reward, pipeline, images, vision, durability, agents.
+ * Modules: avro, bus, store, rl, model, reward, python-reward, pipeline, images, image-policy, vision, durability, agents.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
@@ -24,6 +24,7 @@ const MODULES = [
   'python-reward',
   'pipeline',
   'images',
+  'image-policy',
   'vision',
   'durability',
   'inference',

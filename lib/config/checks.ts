@@ -11,6 +11,9 @@ import { rewardFns } from '../reward-fns/index.ts';
 import { tasks } from '../tasks/index.ts';
 import { redactSecrets, redactString } from './redact.ts';
 import { loraConfig } from '../model/lora.ts';
+import { policyKindOf } from '../model/policy-kinds.ts';
+import { IMAGE_RL_LOSSES } from '../image/flow-graph.ts';
+import { DIT_MODEL_TYPE, isDitDir } from '../image/checkpoint.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Derived values
@@ -86,6 +89,7 @@ export function resolveDerived(input: Config): Config {
   cfg.algorithm.kl_loss_type ??= cfg.algorithm.kl_penalty;
   cfg.algorithm.overlong.max_length ??= cfg.data.max_response_length;
   cfg.critic.enable ??= cfg.algorithm.adv_estimator === 'gae';
+  cfg.actor.model.kind ??= policyKindOf(cfg.actor.model);
   cfg.critic.ppo_epochs ??= cfg.actor.ppo_epochs;
   cfg.rollout.val_override.top_k ??= cfg.rollout.top_k;
   cfg.reward.remote.enabled ??= cfg.reward.type === 'remote';
@@ -164,6 +168,9 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
   const errors: string[] = [];
   const warnings: string[] = [];
   const { data, algorithm: alg, rollout, actor, critic, reward, trainer, pipeline } = cfg;
+
+  // --- an image policy: its losses, estimator and sampler; a language policy refuses the image losses
+  errors.push(...imagePolicyErrors(cfg));
 
   // --- rollout through inference engines
   if (rollout.engine === 'openai') {
@@ -603,6 +610,42 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
   }
 
   return { errors, warnings };
+}
+
+/** What an image policy (actor.model.kind = image) cannot be run with, and the image losses on a language policy. */
+function imagePolicyErrors(cfg: Config): string[] {
+  const { algorithm: alg, actor, critic, rollout } = cfg;
+  const imageLoss = (IMAGE_RL_LOSSES as readonly string[]).includes(alg.policy_loss);
+  if (policyKindOf(actor.model) !== 'image')
+    return imageLoss
+      ? [
+          `algorithm.policy_loss = ${alg.policy_loss} trains an image policy, but the policy is a language model (actor.model.path ${actor.model.path ?? 'unset'} is not a model_type ${DIT_MODEL_TYPE} directory); give actor.model.path an image model directory or use a language loss`,
+        ]
+      : [];
+  const errors: string[] = [];
+  if (actor.model.path === null || !isDitDir(actor.model.path))
+    errors.push(
+      `actor.model.kind = image needs actor.model.path: a model directory whose config.json has model_type ${DIT_MODEL_TYPE} (an SFT'd DiT, e.g. examples/glyphs/run.ts --out DIR writes DIR/model)`,
+    );
+  if (!imageLoss)
+    errors.push(
+      `algorithm.policy_loss = ${alg.policy_loss} is a language loss; an image policy trains with ${orList([...IMAGE_RL_LOSSES])}`,
+    );
+  if (alg.policy_loss === 'flow_grpo' && alg.image.noise_level === 0)
+    errors.push(
+      'algorithm.policy_loss = flow_grpo needs SDE samples with log-probabilities: set algorithm.image.noise_level > 0 (Flow-GRPO uses 0.7)',
+    );
+  if (alg.adv_estimator !== 'grpo')
+    errors.push(
+      `algorithm.adv_estimator = ${alg.adv_estimator}: an image policy's advantages are group-normalised (grpo); set algorithm.adv_estimator = grpo`,
+    );
+  if (critic.enable === true) errors.push('critic.enable: an image policy trains without a critic; set it to false');
+  if (actor.model.lora) errors.push('actor.model.lora: an image policy trains all its weights; unset actor.model.lora');
+  if (rollout.engine !== 'onnx' || rollout.multi_turn.enable)
+    errors.push('an image policy samples in process: rollout.engine = onnx, rollout.multi_turn.enable = false');
+  if (alg.use_kl_in_reward)
+    errors.push('algorithm.use_kl_in_reward: an image policy has no token KL; use algorithm.use_kl_loss (flow_grpo)');
+  return errors;
 }
 
 /** Head-size and grouped-query checks of model architectures ([key, keys] pairs). */

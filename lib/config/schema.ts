@@ -20,6 +20,8 @@ import { IMAGE_RESAMPLES } from '../data/image-resample.ts';
 import { ENGINE_NAMES } from '../inference/engine-port.ts';
 import { ROLLOUT_CORRECTION_MODES } from '../rl/rollout-correction.ts';
 import { TOOL_CALL_FORMATS } from '../env/tool-calls.ts';
+import { POLICY_KINDS } from '../model/policy-kinds.ts';
+import { IMAGE_RL_LOSSES } from '../image/flow-graph.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Known names (validated here so an unknown one lists the valid ones)
@@ -316,10 +318,10 @@ const algorithmSchema = section(
       .default(10)
       .describe('Online filtering: refill attempts per step before the run stops with an error.'),
     policy_loss: z
-      .enum(POLICY_LOSSES)
+      .enum([...POLICY_LOSSES, ...IMAGE_RL_LOSSES])
       .default('vanilla')
       .describe(
-        'Policy loss: vanilla (PPO clip with dual clip), gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft. The update stage trains all of them (gspo and sapo aggregate their policy-gradient term seq-mean-token-mean and geo_mean as a plain mean over sequences, whatever actor.loss_agg_mode says, as verl; clip_cov and kl_cov select their tokens per micro-batch, see algorithm.clip_cov / kl_cov; nft needs a binary correctness per response, see algorithm.nft).',
+        'Policy loss. An image policy (actor.model.kind = image): flow_grpo (Flow-GRPO, Liu et al. 2025, arXiv 2505.05470: the clipped ratio of every recorded SDE denoising step, KL to v0 with algorithm.use_kl_loss and kl_coef) or diffusion_nft (DiffusionNFT, Zheng et al. 2025, arXiv 2509.16117: the forward-process loss contrasting positive and negative generations, from the clean images and their rewards); see algorithm.image. A language policy: vanilla (PPO clip with dual clip), gspo, sapo, gpg, cispo, reinforce, geo_mean, clip_cov, kl_cov, nft. The update stage trains all of them (gspo and sapo aggregate their policy-gradient term seq-mean-token-mean and geo_mean as a plain mean over sequences, whatever actor.loss_agg_mode says, as verl; clip_cov and kl_cov select their tokens per micro-batch, see algorithm.clip_cov / kl_cov; nft needs a binary correctness per response, see algorithm.nft).',
       ),
     overlong: section(
       {
@@ -471,6 +473,45 @@ const algorithmSchema = section(
           ),
       },
       "Negative-aware fine-tuning loss settings (policy_loss = nft; Chen et al. 2025, arXiv 2505.18116). NFT trains on each response's binary correctness and its group's accuracy r̂ (clamped to [0.02, 0.98]), not on advantages: correct responses maximise log π/π_old, incorrect ones the implicit negative policy (1 − r̂·π/π_old)/(1 − r̂); every token weighted by 1 − r̂, the policy-gradient term summed over tokens whatever actor.loss_agg_mode says (as NVlabs/NFT). adv_estimator still computes the logged advantages.",
+    ),
+    image: section(
+      {
+        steps: posInt()
+          .default(10)
+          .describe(
+            "Denoising steps of a training sample (Flow-GRPO's denoising reduction: fewer while training than at evaluation). flow_grpo trains once per stochastic step (all but the last).",
+          ),
+        eval_steps: posInt()
+          .default(10)
+          .describe('Denoising steps of a validation sample (Euler ODE, deterministic given the sample id).'),
+        noise_level: z
+          .number()
+          .gte(0)
+          .default(0.7)
+          .describe(
+            "Flow-GRPO's SDE noise level a (σ_t = a·√(t/(1 − t))) of training samples; 0 samples them with the ODE (diffusion_nft needs no likelihoods and may use 0). flow_grpo needs a > 0.",
+          ),
+        cfg_scale: z
+          .number()
+          .gte(0)
+          .default(1)
+          .describe(
+            "Classifier-free guidance scale w of validation samples: v = v_null + w·(v_c − v_null), v_null the model's null-prompt class; 1 = no guidance. Training samples are unguided, so their recorded log-probabilities are the trained graph's.",
+          ),
+        nft_updates: posInt()
+          .default(2)
+          .describe(
+            'diffusion_nft: optimizer steps per training step, each on fresh forward-process (t, ε) of the clean images.',
+          ),
+        nft_beta: z
+          .number()
+          .gt(0)
+          .default(1)
+          .describe(
+            'diffusion_nft: β, the step of the implicit positive and negative policies v± = (1 ∓ β)·v_old ± β·v_θ.',
+          ),
+      },
+      "Image policies (actor.model.kind = image; docs/image-generation.md): sampling and the loss's settings. Advantages are group-normalised by the group's population std, as Flow-GRPO (algorithm.adv_estimator = grpo); diffusion_nft's optimality r = ½ + ½·clip((R − mean_group)/Z, −1, 1), Z the batch std of the centred rewards. actor.optim, actor.clip_ratio_low/high, actor.ppo_epochs, algorithm.use_kl_loss/kl_coef and algorithm.ema apply as for a language policy.",
     ),
     ema: section(
       {
@@ -724,6 +765,13 @@ const modelSchema = section(
       .default(null)
       .describe(
         'Start from this model directory: a Hugging Face one (config.json with model_type llama, mistral, qwen2 or qwen3; generation_config.json; model.safetensors or sharded with model.safetensors.index.json, bf16/f16/f32; tokenizer.json + tokenizer_config.json) or an rlstream policy version / checkpoint actor/. Its config.json sets the architecture (the architecture keys below are then not used) and its tokenizer replaces actor.model.tokenizer; every policy version and checkpoint is written back in the same layout. null = initialise from the keys below.',
+      ),
+    kind: z
+      .enum(POLICY_KINDS)
+      .nullable()
+      .default(null)
+      .describe(
+        'What the policy generates: language (token sequences) or image (a flow-matching DiT, docs/image-generation.md; actor.model.path names its model directory, config.json model_type rlstream_dit, and its class_names are the prompts it draws). null = decided by actor.model.path: a model_type rlstream_dit directory is an image policy, anything else a language one.',
       ),
     d_model: posInt().default(64).describe('Hidden size.'),
     n_layers: posInt().default(2).describe('Transformer layers.'),

@@ -41,20 +41,62 @@ export function isDitDir(dir: string): boolean {
 }
 
 export function saveDit(dir: string, m: DitModel): void {
+  mkdirSync(dir, { recursive: true });
+  for (const [f, data] of ditFiles(m)) writeFileSync(join(dir, f), data);
+}
+
+/** A model directory's files by name: config.json and model.safetensors (equal weights give equal bytes). */
+export function ditFiles(m: DitModel): Map<string, Uint8Array | string> {
   if (m.classNames.length !== m.config.numClasses)
     throw new ConfigError(`saveDit: ${m.classNames.length} class names for ${m.config.numClasses} classes`);
-  mkdirSync(dir, { recursive: true });
   const cfg: Record<string, unknown> = { model_type: DIT_MODEL_TYPE };
   for (const [k, s] of KEYS) cfg[s] = m.config[k];
   cfg.class_names = m.classNames;
-  writeFileSync(join(dir, 'config.json'), JSON.stringify(cfg, null, 2) + '\n');
   const specs = ditParamSpecs(m.config);
-  writeFileSync(
-    join(dir, 'model.safetensors'),
-    encodeSafetensors(
-      specs.map((s) => [s.name, { dtype: 'F32' as const, shape: s.shape, data: m.weights.get(s.name)! }]),
-    ),
+  return new Map<string, Uint8Array | string>([
+    ['config.json', JSON.stringify(cfg, null, 2) + '\n'],
+    [
+      'model.safetensors',
+      encodeSafetensors(
+        specs.map((s) => [s.name, { dtype: 'F32' as const, shape: s.shape, data: m.weights.get(s.name)! }]),
+      ),
+    ],
+  ]);
+}
+
+/** AdamW state of an image policy: first and second moments by parameter, and the step count. */
+export interface DitOptimizerState {
+  step: number;
+  expAvg: DitWeights;
+  expAvgSq: DitWeights;
+}
+
+/** optimizer.safetensors of an image policy: `<param>.exp_avg`, `<param>.exp_avg_sq`, metadata `step`. */
+export function ditOptimizerFile(config: DitConfig, st: DitOptimizerState): Uint8Array {
+  const specs = ditParamSpecs(config);
+  return encodeSafetensors(
+    specs.flatMap((s) => [
+      [`${s.name}.exp_avg`, { dtype: 'F32' as const, shape: s.shape, data: st.expAvg.get(s.name)! }],
+      [`${s.name}.exp_avg_sq`, { dtype: 'F32' as const, shape: s.shape, data: st.expAvgSq.get(s.name)! }],
+    ]),
+    { step: String(st.step) },
   );
+}
+
+export function loadDitOptimizer(file: string, config: DitConfig): DitOptimizerState {
+  const { tensors, metadata } = decodeSafetensors(readFileSync(file), file);
+  const st: DitOptimizerState = { step: Number(metadata?.step ?? NaN), expAvg: new Map(), expAvgSq: new Map() };
+  if (!Number.isInteger(st.step)) throw new ConfigError(`${file}: metadata step missing`);
+  for (const s of ditParamSpecs(config))
+    for (const [suffix, into] of [
+      ['exp_avg', st.expAvg],
+      ['exp_avg_sq', st.expAvgSq],
+    ] as const) {
+      const t = tensors.get(`${s.name}.${suffix}`);
+      if (!t) throw new ConfigError(`${file}: ${s.name}.${suffix} missing`);
+      into.set(s.name, toFloat32(t, s.name, file));
+    }
+  return st;
 }
 
 export function loadDit(dir: string): DitModel {

@@ -22,6 +22,11 @@ import { numel } from '../onnx/dims.ts';
 import { declareDitParams, ditForward, ditParamSpecs, type DitConfig } from './dit.ts';
 
 export const IMAGE_LOSSES = ['flow_matching', 'flow_grpo', 'diffusion_nft'] as const;
+/** The RL losses of an image policy: its values of algorithm.policy_loss. */
+export const IMAGE_RL_LOSSES = [
+  'flow_grpo',
+  'diffusion_nft',
+] as const satisfies readonly (typeof IMAGE_LOSSES)[number][];
 export type ImageLossName = (typeof IMAGE_LOSSES)[number];
 
 export interface ImageLossConfig {

@@ -11,7 +11,8 @@
  */
 import { Rng } from '../util/rng.ts';
 import type { ImageLossConfig } from './flow-graph.ts';
-import type { GeneratedImage } from '../contracts/index.ts';
+import type { GeneratedImage, UpdateGroup } from '../contracts/index.ts';
+import { ConfigError } from '../errors.ts';
 import { gaussian, sampleImages, sdeStepMean } from './sde.ts';
 import { cleanImage, generationRecords, stepBatches } from './trajectory.ts';
 import type { DitWeights } from './dit.ts';
@@ -87,6 +88,8 @@ export interface ImageUpdateOptions {
   old?: DitWeights;
   /** DiffusionNFT's draws of t and ε. */
   rng: Rng;
+  /** The learning rate of the k-th optimizer step of this update (k = 0, 1, …); default the trainer's. */
+  lr?: (k: number) => number;
 }
 
 /**
@@ -103,6 +106,8 @@ export async function imageUpdate(
   const B = cls.length;
   const pix = trainer.config.channels * trainer.config.imageSize * trainer.config.imageSize;
   const metrics: Record<string, number> = {};
+  let k0 = 0;
+  const lr = () => (o.lr ? o.lr(k0++) : trainer.optim.lr);
   const add = (m: Record<string, number>, k: number) => {
     for (const [n, v] of Object.entries(m)) metrics[n] = (metrics[n] ?? 0) + v / k;
   };
@@ -123,7 +128,7 @@ export async function imageUpdate(
         const vRef = await trainer.velocity(st.xT, Array(B).fill(st.t), cls, o.reference);
         floats.ref_mean = sdeStepMean(st.xT, vRef, st.t, st.tNext, st.sigma).mean;
       }
-      add(await trainer.step(o.loss, { floats, cls }), steps.length);
+      add(await trainer.step(o.loss, { floats, cls }, lr()), steps.length);
     }
     return metrics;
   }
@@ -138,7 +143,7 @@ export async function imageUpdate(
     for (let b = 0; b < B; b++)
       for (let i = b * pix; i < (b + 1) * pix; i++) xt[i] = (1 - t[b]) * x0[i] + t[b] * noise[i];
     const vOld = await trainer.velocity(xt, t, cls, old);
-    add(await trainer.step(o.loss, { floats: { x0, noise, t, v_old: vOld, nft_r: [...batch.weights] }, cls }), k);
+    add(await trainer.step(o.loss, { floats: { x0, noise, t, v_old: vOld, nft_r: [...batch.weights] }, cls }, lr()), k);
   }
   return metrics;
 }
@@ -170,4 +175,38 @@ export async function rlIteration(
   );
   metrics.reward_mean = rewards.reduce((a, b) => a + b, 0) / cls.length;
   return { rewards, images: sample.x0, cls, metrics };
+}
+
+/**
+ * An image policy's step (lib/image/rl.ts imageUpdate): the kept groups' samples, groups in id
+ * order and each group's samples by index, with their prompt class (`classOf`, from the prompt)
+ * and recorded trajectories. Weights: flow_grpo, each sample's advantage (the advantage stage's,
+ * the same on each of its denoising steps); diffusion_nft, DiffusionNFT's optimality r from the
+ * group-centred rewards (lib/image/rl.ts nftOptimality). A sample without a generated image or a
+ * reward is refused, naming it.
+ */
+export function imageUpdateBatch(
+  kept: readonly UpdateGroup[],
+  loss: 'flow_grpo' | 'diffusion_nft',
+  classOf: (g: UpdateGroup) => number,
+): ImageUpdateBatch {
+  const groups = [...kept].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  const cls: number[] = [],
+    samples: ImageUpdateBatch['samples'][number][] = [],
+    weights: number[] = [];
+  const n = groups[0]?.samples.length ?? 0;
+  for (const g of groups) {
+    if (g.samples.length !== n)
+      throw new ConfigError(`image policy: group ${g.id} has ${g.samples.length} samples, the step's first has ${n}`);
+    for (const s of [...g.samples].sort((a, b) => a.sample_index - b.sample_index)) {
+      if (!s.generated)
+        throw new ConfigError(`sample ${s.id} has no generated image: it was not sampled by an image policy`);
+      if (s.reward === null)
+        throw new ConfigError(`sample ${s.id} has no reward: failed samples are filtered before the update`);
+      cls.push(classOf(g));
+      samples.push({ generated: s.generated, logprobs: s.behaviour_logprobs, tokens: s.response_ids });
+      weights.push(loss === 'flow_grpo' ? (s.advantages[0] ?? 0) : s.reward);
+    }
+  }
+  return { cls, samples, weights: loss === 'flow_grpo' ? weights : nftOptimality(weights, n) };
 }

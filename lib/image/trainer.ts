@@ -10,6 +10,7 @@ import type { InferenceSession } from 'onnxruntime-node';
 import { createSession, tensor } from '../onnx/runtime.ts';
 import { buildVelocityGraph, ditParamSpecs, type DitConfig, type DitWeights } from './dit.ts';
 import { buildImageTrainGraph, type ImageLossConfig, type ImageOptim } from './flow-graph.ts';
+import type { DitOptimizerState } from './checkpoint.ts';
 
 export interface ImageBatch {
   /** Float inputs by name (flat), images [B, C, S, S], per-image values [B]. */
@@ -68,8 +69,31 @@ export class ImageTrainer {
     return out.velocity.data as Float32Array;
   }
 
-  /** One AdamW step on `loss` over the batch; returns the loss's metrics and the gradient norm. */
-  async step(loss: ImageLossConfig, batch: ImageBatch): Promise<Record<string, number>> {
+  /** The AdamW state (copies). */
+  optimizerState(): DitOptimizerState {
+    const copy = (w: DitWeights) => new Map([...w].map(([k, a]) => [k, Float32Array.from(a)]));
+    return { step: this.stepCount, expAvg: copy(this.m), expAvgSq: copy(this.v) };
+  }
+
+  /** Restores an AdamW state (optimizerState of a trainer of the same config). */
+  setOptimizerState(st: DitOptimizerState): void {
+    for (const s of this.specs) {
+      const n = this.m.get(s.name)!.length;
+      const a = st.expAvg.get(s.name),
+        b = st.expAvgSq.get(s.name);
+      if (a?.length !== n || b?.length !== n)
+        throw new Error(`image policy: optimizer state of ${s.name} missing or of the wrong size`);
+      this.m.set(s.name, Float32Array.from(a));
+      this.v.set(s.name, Float32Array.from(b));
+    }
+    this.stepCount = st.step;
+  }
+
+  /**
+   * One AdamW step on `loss` over the batch (at learning rate `lr`, default optim.lr); returns the
+   * loss's metrics and the gradient norm.
+   */
+  async step(loss: ImageLossConfig, batch: ImageBatch, lr = this.optim.lr): Promise<Record<string, number>> {
     const key = JSON.stringify(loss);
     let entry = this.trainSessions.get(key);
     if (!entry) {
@@ -107,9 +131,9 @@ export class ImageTrainer {
     }
     const t = this.stepCount + 1;
     const [b1, b2] = this.optim.betas;
-    feeds.adam_step_size = tensor('float32', [this.optim.lr / (1 - b1 ** t)], []);
+    feeds.adam_step_size = tensor('float32', [lr / (1 - b1 ** t)], []);
     feeds.adam_bc2_sqrt = tensor('float32', [Math.sqrt(1 - b2 ** t)], []);
-    feeds.adam_decay = tensor('float32', [1 - this.optim.lr * this.optim.weightDecay], []);
+    feeds.adam_decay = tensor('float32', [1 - lr * this.optim.weightDecay], []);
     const out = await sess.run(feeds);
     const packed = out['new.packed'].data as Float32Array;
     let off = 0;

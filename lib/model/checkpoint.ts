@@ -192,7 +192,7 @@ export interface WrittenFile {
  * Writes `files` as directory `dir`: under a temporary name, every file fsynced, then renamed into
  * place (an existing `dir` is replaced only with `overwrite`), so a half-written directory never looks valid.
  */
-async function writeDirAtomic(
+export async function writeDirAtomic(
   dir: string,
   files: ReadonlyMap<string, Uint8Array | string>,
   overwrite: boolean,

@@ -4,6 +4,7 @@
  * version that generated the samples, and VPPO's passes with real and perturbed prompt images
  * (lib/pipeline/vppo.ts). A vision policy (and critic) score each response with its prompt's images.
  */
+import { isImagePolicy } from './image-policy.ts';
 import type { Config } from '../config/index.ts';
 import type { ScoredGroup } from '../contracts/index.ts';
 import { PixelCache } from '../data/pixel-cache.ts';
@@ -128,4 +129,25 @@ export class AdvantageScorers {
       this.cfg.rollout.temperature,
     );
   }
+}
+
+/** What the advantage stage scores with (AdvantageScorers' public part). */
+export type AdvantageScoring = Pick<
+  AdvantageScorers,
+  'needsVersion' | 'vppo' | 'referenceLogprobs' | 'values' | 'vppoPasses'
+>;
+
+/**
+ * The advantage stage's scorers: a language policy's (AdvantageScorers); an image policy's score
+ * nothing (no token log-probs; Flow-GRPO's KL to v0 is the update's, lib/pipeline/image-policy.ts).
+ */
+export function advantageScorers(cfg: Config, policies: PolicyStore, runId: string): AdvantageScoring {
+  if (!isImagePolicy(cfg)) return new AdvantageScorers(cfg, policies, runId);
+  return {
+    needsVersion: false,
+    vppo: null,
+    referenceLogprobs: () => Promise.resolve(null),
+    values: () => Promise.resolve(null),
+    vppoPasses: () => Promise.resolve(null),
+  };
 }

@@ -17,6 +17,7 @@ import { loadToolSchemas } from '../env/tools.ts';
 import type { VisionConfig } from '../model/config.ts';
 import { imagePromptIds, withImageMarks, IMAGE_MARK } from './images.ts';
 import { policyModelConfig } from './policy.ts';
+import { isImagePolicy } from './image-policy.ts';
 
 export interface PromptRendering {
   /** data.apply_chat_template: use the tokenizer's chat template when it has one. */
@@ -269,7 +270,8 @@ export async function loadRunData(cfg: Config, tok: Tokenizer): Promise<RunData>
     );
   }
   // a vision-language policy sees the images: their pads are expanded in the prompt ids here, once
-  const vision = policyModelConfig(cfg, tok).vision ?? null;
+  // an image policy's prompts are its classes (lib/pipeline/image-policy.ts): no images to see
+  const vision = isImagePolicy(cfg) ? null : (policyModelConfig(cfg, tok).vision ?? null);
   out.visionPolicy = vision !== null;
   for (const split of ['train', 'val'] as const) {
     const { rows, source, bad } = await rowsOf(cfg, split);

@@ -63,13 +63,28 @@ export interface TrainerBase {
   sha: string;
 }
 
+/**
+ * What the update stage's commits and resume need of a learner, a language policy's (Learner) or
+ * an image policy's (lib/pipeline/image-policy.ts ImageLearner).
+ */
+export interface PolicyLearner {
+  /** The stored version the in-memory state is; -1 while a step is half done. */
+  readonly version: number;
+  /** sha256 of that version's weights file. */
+  sha: string;
+  reset(base: TrainerBase): Promise<void>;
+  advance(version: number, sha: string): void;
+  store(version: number, db: Executor): Promise<void>;
+  storeOptimizers(version: number, db: Executor): Promise<void>;
+}
+
 /** A mini-batch of packed tensors (services/update/logic.ts) and its token count. */
 export interface LearnerBatch {
   batch: TrainBatch;
   tokens: number;
 }
 
-export class Learner {
+export class Learner implements PolicyLearner {
   /** The stored version the in-memory trainer, critic and EMA started from. */
   private at: number;
   /** A step has trained since: the in-memory state is no stored version. */

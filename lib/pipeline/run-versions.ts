@@ -8,7 +8,14 @@
 import { resolve } from 'node:path';
 import { policyId, type PolicyVersion } from '../contracts/index.ts';
 import { ConfigError, RlError } from '../errors.ts';
-import { checkpointSha256, MODEL_FILE, saveAdapter, saveCheckpoint, saveOptimizer } from '../model/checkpoint.ts';
+import {
+  checkpointSha256,
+  MODEL_FILE,
+  saveAdapter,
+  saveCheckpoint,
+  saveOptimizer,
+  writeDirAtomic,
+} from '../model/checkpoint.ts';
 import { ADAPTER_MODEL_FILE } from '../model/lora.ts';
 import { handOff } from '../policy-store/handoff.ts';
 import type { ModelConfig, OptimizerState, Weights } from '../model/index.ts';
@@ -129,6 +136,26 @@ export class RunVersions {
         dtype === 'float32' ? weights : new Map([...weights].map(([k, a]) => [k, roundedToBf16(a)])),
       );
     return w.weightsSha256;
+  }
+
+  /**
+   * Writes a version of `kind` given as its files (an image policy's model directory or AdamW
+   * state, lib/image/checkpoint.ts) into the policy store; returns the sha256 of `weightsFile`.
+   * `handOffWeights`: a policy version's weights, handed to the readers in this process as put() does.
+   */
+  async putFiles(
+    kind: ArtifactKind,
+    version: number,
+    files: ReadonlyMap<string, Uint8Array | string>,
+    weightsFile: string,
+    db: Executor = this.o.db,
+    handOffWeights: Weights | null = null,
+  ): Promise<string> {
+    const written = await writeDirAtomic(this.policies.writeDir(kind, version), files, true);
+    await this.policies.put(kind, version, db, written);
+    const sha = written.find((f) => f.name === weightsFile)?.sha256 ?? '';
+    if (handOffWeights) handOff(this.policies, version, weightsFile, sha, handOffWeights);
+    return sha;
   }
 
   /**

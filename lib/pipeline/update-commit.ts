@@ -10,7 +10,7 @@ import type { PolicyVersion } from '../contracts/index.ts';
 import type { Logger } from '../log.ts';
 import type { LrScheduleConfig } from '../optim/lr-schedule.ts';
 import { crashPoint } from './crash-points.ts';
-import type { Learner } from './learner.ts';
+import type { PolicyLearner } from './learner.ts';
 import type { ControllerPlan } from './plan.ts';
 import {
   keptCheckpoints,
@@ -29,7 +29,7 @@ export interface UpdateCommitter {
   cfg: Config;
   runId: string;
   plan: ControllerPlan;
-  learner: Learner;
+  learner: PolicyLearner;
   versions: RunVersions;
   checkpoints: RunCheckpoints;
   /** The actor's learning-rate schedule (trainer_state.json's lr_state). */

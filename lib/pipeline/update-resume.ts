@@ -10,7 +10,7 @@ import type { UpdateGroup } from '../contracts/index.ts';
 import { parseTopicName } from '../contracts/topics.ts';
 import { RlError } from '../errors.ts';
 import type { Logger } from '../log.ts';
-import type { Learner } from './learner.ts';
+import type { PolicyLearner } from './learner.ts';
 import type { Pipeline } from './runtime.ts';
 import { txOf, type Executor } from './stage-state.ts';
 import { recordedSha, resumeBase, type ResumeBase, type UpdateState } from './update-start.ts';
@@ -66,7 +66,7 @@ export async function readLoggedGroups(
 /** What re-training the logged steps needs: the stage's learner and its committed state, and its training step. */
 export interface RetrainArgs {
   p: Pipeline;
-  learner: Learner;
+  learner: PolicyLearner;
   log: Logger;
   st: UpdateState;
   /** The batch's executor inside a batch. */

@@ -8,6 +8,7 @@
  */
 import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
+import type { Config } from '../config/index.ts';
 import { ConfigError } from '../errors.ts';
 import type { Logger } from '../log.ts';
 import type { ModelConfig } from '../model/index.ts';
@@ -15,8 +16,9 @@ import { ADAPTER_MODEL_FILE } from '../model/lora.ts';
 import { MODEL_FILE } from '../model/checkpoint.ts';
 import { datasetPosition, describePosition, readCheckpointPath, removeTempCheckpoints } from './checkpoints.ts';
 import { Learner, type LearnerSetup, type TrainerBase } from './learner.ts';
+import { ImageLearner, imageOptimizerStepsPerEpoch, isImagePolicy, type ImageLearnerSetup } from './image-policy.ts';
 import type { ControllerPlan } from './plan.ts';
-import { policyLora } from './policy.ts';
+import { criticModelConfig, policyLora, policyModelConfig, tokenizerFor } from './policy.ts';
 import { rebuildCheckpointDirs, type RunCheckpoints } from './run-checkpoints.ts';
 import { RunVersions } from './run-versions.ts';
 import type { Pipeline } from './runtime.ts';
@@ -79,11 +81,24 @@ export interface UpdateStart {
 
 /** The update stage's learner at the run's current version, and the versions and checkpoints it stores to. */
 export interface StartedLearner {
-  learner: Learner;
+  /** A language policy's learner, or an image policy's (actor.model.kind = image). */
+  learner: Learner | ImageLearner;
   state: UpdateState;
   settings: TrainerSettings;
   versions: RunVersions;
   checkpoints: RunCheckpoints;
+  /** An image policy's optimizer steps per epoch of a step (null: a language policy's, from the batch arithmetic). */
+  perEpoch: number | null;
+}
+
+/**
+ * The model configs of the policy and (critic.enable) the critic: the language policy's from its
+ * tokenizer and actor.model; null for an image policy (its model directory is read by its learner).
+ */
+export function policyModels(cfg: Config): { model: ModelConfig | null; criticModel: ModelConfig | null } {
+  const tok = tokenizerFor(cfg);
+  const model = isImagePolicy(cfg) ? null : policyModelConfig(cfg, tok);
+  return { model, criticModel: cfg.critic.enable === true ? criticModelConfig(cfg, tok) : null };
 }
 
 /**
@@ -94,7 +109,8 @@ export interface StartedLearner {
 export async function startLearner(
   p: Pipeline,
   a: {
-    model: ModelConfig;
+    /** The language policy's model config; null for an image policy. */
+    model: ModelConfig | null;
     criticModel: ModelConfig | null;
     plan: ControllerPlan;
     log: Logger;
@@ -116,15 +132,19 @@ export async function startLearner(
     policyDtype: cfg.policy.dtype,
   });
   const settings = trainerSettings(cfg);
-  const setup: LearnerSetup = { cfg, model, criticModel, settings, lora, versions, log };
-  if (a.initialWeightsDir) setup.initialWeightsDir = a.initialWeightsDir;
+  const init = a.initialWeightsDir ? { initialWeightsDir: a.initialWeightsDir } : {};
+  // an image policy's learner has the language learner's life cycle (lib/pipeline/image-policy.ts)
+  const kind = model
+    ? languageLearner({ cfg, model, criticModel, settings, lora, versions, log, ...init })
+    : imageLearner({ cfg, versions, log, schedule: settings.actor.schedule, ...init });
   const start = await readUpdateStart(p);
   const refusal = a.refusal(start);
   if (refusal) throw new ConfigError(refusal);
   // a resume starts the trainer from the last checkpoint: this node must have its directory
   await rebuildMissingCheckpoints(p, checkpoints, versions, criticModel !== null, log);
-  const { learner, state } = await openLearner(p, setup, a.plan, start);
-  return { learner, state, settings, versions, checkpoints };
+  const { learner, state } = await openLearner(p, kind, log, a.plan, start);
+  const perEpoch = learner instanceof ImageLearner ? imageOptimizerStepsPerEpoch(learner.settings) : null;
+  return { learner, state, settings, versions, checkpoints, perEpoch };
 }
 
 /** The sha256 recorded for policy version `version`'s weights ('' when the store no longer holds it). */
@@ -179,15 +199,16 @@ export async function readUpdateStart(p: Pipeline): Promise<UpdateStart> {
  */
 export async function openLearner(
   p: Pipeline,
-  setup: LearnerSetup,
+  kind: LearnerKind,
+  log: Logger,
   plan: ControllerPlan,
   start: UpdateStart,
-): Promise<{ learner: Learner; state: UpdateState }> {
-  const { log } = setup;
+): Promise<{ learner: Learner | ImageLearner; state: UpdateState }> {
   const { state: saved, loadPath } = start;
+  const versions = kind.setup.versions;
   if (saved) {
     const base = await resumeBase(p, saved);
-    const learner = await Learner.atBase(setup, base);
+    const learner = await kind.atBase(base);
     const what = base.dir && existsSync(base.dir) ? `checkpoint ${base.dir}` : `the run's initial weights`;
     const from =
       base.step === saved.version
@@ -197,11 +218,11 @@ export async function openLearner(
     log.info({ ...at }, `resumed at ${describePosition(at)}, ${from}`);
     // the reference policy (v0: KL reference, the initial weights) is read by later steps only: a
     // damaged one stops the resume now, before anything is trained or committed
-    if (saved.version > 0) await setup.versions.find('policy', 0);
+    if (saved.version > 0) await versions.find('policy', 0);
     return { learner, state: saved };
   }
   if (loadPath) {
-    const { learner, optimizerSteps } = await Learner.fromCheckpoint(setup, loadPath);
+    const { learner, optimizerSteps } = await kind.fromCheckpoint(loadPath);
     const state: UpdateState = {
       version: learner.version,
       optimizerSteps,
@@ -214,10 +235,36 @@ export async function openLearner(
     log.info({ ...at }, `resumed at ${describePosition(at)}, from checkpoint ${loadPath} (sha256 ${learner.sha})`);
     return { learner, state };
   }
-  const learner = await Learner.fresh(setup);
+  const learner = await kind.fresh();
   const state: UpdateState = { version: 0, optimizerSteps: 0, positions: {}, initFrom: null };
   await saveStageState(p.db.db, p.runId, 'update', state);
   return { learner, state };
+}
+
+/** How a learner of one policy kind is opened: fresh, at a trainer base, or from a checkpoint. */
+export interface LearnerKind {
+  setup: { versions: RunVersions };
+  fresh(): Promise<Learner | ImageLearner>;
+  atBase(base: TrainerBase): Promise<Learner | ImageLearner>;
+  fromCheckpoint(path: string): Promise<{ learner: Learner | ImageLearner; optimizerSteps: number }>;
+}
+
+function languageLearner(setup: LearnerSetup): LearnerKind {
+  return {
+    setup,
+    fresh: () => Learner.fresh(setup),
+    atBase: (base) => Learner.atBase(setup, base),
+    fromCheckpoint: (path) => Learner.fromCheckpoint(setup, path),
+  };
+}
+
+function imageLearner(setup: ImageLearnerSetup): LearnerKind {
+  return {
+    setup,
+    fresh: () => ImageLearner.fresh(setup),
+    atBase: (base) => ImageLearner.atBase(setup, base),
+    fromCheckpoint: (path) => ImageLearner.fromCheckpoint(setup, path),
+  };
 }
 
 /** Removes the checkpoint directories an interrupted write left half-written (they are never listed). */

@@ -26,6 +26,8 @@ export interface RewardInput {
   extra_info?: Record<string, unknown>;
   /** Extra keyword arguments from `reward.reward_fn_kwargs`. */
   kwargs: Record<string, unknown>;
+  /** PNG bytes of the sample's images: the prompt's, or an image policy's generated one (absent: none). */
+  images?: Uint8Array[];
 }
 
 /**

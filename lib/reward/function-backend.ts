@@ -59,6 +59,7 @@ export async function createFunctionRewardBackend({ cfg, log }: RewardBackendCon
           data_source: it.data_source ?? '',
           extra_info: parseExtraInfo(it.extra_info),
           kwargs,
+          ...(it.images?.length ? { images: it.images } : {}),
         });
         out.push(
           o.ok

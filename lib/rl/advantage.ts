@@ -61,6 +61,11 @@ export interface AdvantageConfig {
   epsilon?: number;
   /** GRPO: divide by the group std (true) or not (false = Dr.GRPO). Default true. */
   norm_adv_by_std_in_grpo?: boolean;
+  /**
+   * GRPO: the group std's divisor, n − 1 (`unbiased`, verl) or n (`population`, Flow-GRPO's
+   * np.std in flow_grpo/stat_tracking.py). Default unbiased.
+   */
+  group_std?: 'unbiased' | 'population';
   /** GPG normaliser f_norm. Default 1.0. */
   f_norm?: number;
   /** OTB: zero the baseline on the unique longest member's tail. Default true. */
@@ -158,7 +163,7 @@ function groupMean(s: Float64Array, order: Int32Array, a: number, b: number, f32
  * Unbiased std (torch.std, N−1): torch takes the mean with torch.mean (float32 for float32 input),
  * accumulates Σ(x − mean)² in double and rounds the result to the input dtype.
  */
-function groupStd(s: Float64Array, order: Int32Array, a: number, b: number, f32: boolean): number {
+function groupStd(s: Float64Array, order: Int32Array, a: number, b: number, f32: boolean, population = false): number {
   const n = b - a;
   const mean = groupMean(s, order, a, b, f32);
   let v = 0;
@@ -166,7 +171,7 @@ function groupStd(s: Float64Array, order: Int32Array, a: number, b: number, f32:
     const d = s[order[j]] - mean;
     v += d * d;
   }
-  const std = Math.sqrt(v / (n - 1));
+  const std = Math.sqrt(v / (population ? n : n - 1));
   return f32 ? Math.fround(std) : std;
 }
 
@@ -232,7 +237,8 @@ export const computeGaeAdvantageReturn: AdvantageEstimator = (input, cfg = {}) =
 
 /**
  * GRPO (Shao et al. 2024, arXiv 2402.03300; verl compute_grpo_outcome_advantage):
- * A_i = (s_i − mean_g)/(std_g + ε) with the unbiased group std, or s_i − mean_g when
+ * A_i = (s_i − mean_g)/(std_g + ε) with the unbiased group std (group_std = population: divided by
+ * n, as Flow-GRPO, Liu et al. 2025, arXiv 2505.05470), or s_i − mean_g when
  * norm_adv_by_std_in_grpo = false (Dr.GRPO, arXiv 2503.20783). A singleton group uses mean 0,
  * std 1 (divisor float32(1 + ε)); a group of identical scores gives 0.
  */
@@ -240,6 +246,7 @@ export const computeGrpoOutcomeAdvantage: AdvantageEstimator = (input, cfg = {})
   const { R, M, bs, T, like, f32 } = base('grpo', input);
   const e = eps(cfg, 1e-6);
   const norm = cfg.norm_adv_by_std_in_grpo ?? true;
+  const pop = cfg.group_std === 'population';
   const r = f32 ? Math.fround : id;
   const s = scoresOf(R, bs, T, f32);
   const { order, start, nGroups } = groupRows(input.index, bs, 'grpo: index');
@@ -255,8 +262,8 @@ export const computeGrpoOutcomeAdvantage: AdvantageEstimator = (input, cfg = {})
     } else {
       mean = groupMean(s, order, a, b, f32);
       divisor = f32
-        ? Math.fround(groupStd(s, order, a, b, true) + Math.fround(e))
-        : groupStd(s, order, a, b, false) + e;
+        ? Math.fround(groupStd(s, order, a, b, true, pop) + Math.fround(e))
+        : groupStd(s, order, a, b, false, pop) + e;
     }
     for (let j = a; j < b; j++) {
       const i = order[j];

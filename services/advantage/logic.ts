@@ -52,6 +52,11 @@ export interface AdvantageSettings {
   gamma: number;
   lam: number;
   normAdvByStd: boolean;
+  /**
+   * The group std of grpo: an image policy's divides by n with ε = 1e-4 (Flow-GRPO's
+   * stat_tracking), a language policy's by n − 1 with ε = 1e-6 (verl).
+   */
+  groupStd: 'unbiased' | 'population';
   onlineFiltering: boolean;
   filterSemantics: string;
   filterKey: string;
@@ -303,7 +308,12 @@ export function computeStep(
       values: valuesT,
       reward_baselines: baselines ? rows.map((r) => baselines.get(r.g.id)!) : undefined,
     },
-    { gamma: s.gamma, lam: s.lam, norm_adv_by_std_in_grpo: s.normAdvByStd },
+    {
+      gamma: s.gamma,
+      lam: s.lam,
+      norm_adv_by_std_in_grpo: s.normAdvByStd,
+      ...(s.groupStd === 'population' ? { group_std: 'population' as const, epsilon: 1e-4 } : {}),
+    },
   );
   const perSample = new Map<string, { adv: Float32Array; ret: Float32Array }>();
   rows.forEach((r, i) => {
@@ -488,6 +498,7 @@ export function advantageSettings(cfg: Config): AdvantageSettings {
     gamma: a.gamma,
     lam: a.lam,
     normAdvByStd: a.norm_adv_by_std_in_grpo,
+    groupStd: cfg.actor.model.kind === 'image' ? 'population' : 'unbiased',
     onlineFiltering: a.online_filtering,
     filterSemantics: a.filter_semantics,
     filterKey: a.filter_key,

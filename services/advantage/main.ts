@@ -13,7 +13,7 @@ import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runti
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
-import { AdvantageScorers } from '../../lib/pipeline/advantage-scoring.ts';
+import { advantageScorers } from '../../lib/pipeline/advantage-scoring.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import type { PolicyVersion, ScoredGroup } from '../../lib/contracts/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
@@ -40,7 +40,7 @@ export function startAdvantage(p: Pipeline): StageRun {
   const refusal = estimatorRefusal(p.cfg.algorithm.adv_estimator);
   if (refusal) throw new ConfigError(refusal);
   const settings = advantageSettings(p.cfg);
-  const scorers = new AdvantageScorers(p.cfg, p.policies, p.runId);
+  const scorers = advantageScorers(p.cfg, p.policies, p.runId);
   const metrics = new StageMetrics(p, 'advantage');
   const log = forStage(p.log, 'advantage');
   const codec = p.codecs.scored;

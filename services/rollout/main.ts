@@ -20,8 +20,10 @@ import { EpisodeTokenizer } from '../../lib/model/episode-tokens.ts';
 import { parseExtraInfo } from '../../lib/reward-fns/index.ts';
 import { createEngine, enginePolicyOf } from '../../lib/inference/engines.ts';
 import { chatTemplateKwargs } from '../../lib/pipeline/data.ts';
+import { ImageSampler, isImagePolicy } from '../../lib/pipeline/image-policy.ts';
 
 export function startRollout(p: Pipeline, opts: { replica?: string } = {}): StageRun {
+  if (isImagePolicy(p.cfg)) return startImageRollout(p, opts);
   const tok = tokenizerFor(p.cfg);
   const model = policyModelConfig(p.cfg, tok);
   const sampler = new Sampler(model, samplerOptions(p.cfg));
@@ -181,6 +183,42 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
         metrics.add(step, { 'perf/rollout_tokens': tokens }, { load: tLoad - t0, generate: tGen - tLoad });
       }
       log.debug({ version, groups: trajs.length, tokens, ms: Math.round(tGen - t0) }, 'generated');
+    }
+    await metrics.flush(ctx);
+  });
+}
+
+/**
+ * An image policy's rollout (lib/pipeline/image-policy.ts): each request's image sampled with the
+ * batch's version, from its own noise stream; training samples record their SDE steps.
+ */
+function startImageRollout(p: Pipeline, opts: { replica?: string }): StageRun {
+  const sampler = new ImageSampler(p.cfg, p.policies, (v) => p.telemetry?.policyVersion('rollout', v));
+  const metrics = new StageMetrics(p, 'rollout', opts.replica ?? '');
+  const log = forStage(p.log, 'rollout');
+  return runStage(p, 'rollout', ['prompts'], async (records, ctx) => {
+    metrics.beginBatch(ctx.waitedMs);
+    const all = records.map((r) => r.value as PromptBatch).sort((a, b) => a.policy_version - b.policy_version);
+    for (const version of new Set(all.map((b) => b.policy_version))) {
+      crashPoint('rollout:start');
+      const t0 = performance.now();
+      const batches = all.filter((b) => b.policy_version === version);
+      const { requests, groups } = generationRequests(batches);
+      const results = await sampler.generate(
+        version,
+        ctx.db,
+        requests.map((r) => {
+          const g = groups[r.groupIndex];
+          return { id: r.id, prompt: g.group.prompt_text, val: g.batch.kind === 'val' };
+        }),
+      );
+      const tGen = performance.now();
+      crashPoint('rollout:generated');
+      const trajs = trajectoryGroups(groups, requests, results, () => '', []);
+      for (const g of trajs) ctx.emit('trajectories', g);
+      for (const step of new Set(batches.filter((b) => b.kind === 'train').map((b) => b.step)))
+        metrics.add(step, { 'perf/rollout_images': results.length }, { generate: tGen - t0 });
+      log.debug({ version, groups: trajs.length, ms: Math.round(tGen - t0) }, 'generated');
     }
     await metrics.flush(ctx);
   });

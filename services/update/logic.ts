@@ -9,7 +9,6 @@ import type { ImagePixels } from '../../lib/data/images.ts';
 import type { TrainBatch } from '../../lib/model/index.ts';
 import { rolloutCorrection, type RolloutCorrectionConfig } from '../../lib/rl/rollout-correction.ts';
 import type { Config } from '../../lib/config/index.ts';
-import { nftOptimality, type ImageUpdateBatch } from '../../lib/image/rl.ts';
 
 export interface SampleKey {
   id: string;
@@ -555,38 +554,4 @@ export function rolloutCorrectionOf(
   );
   const r = rolloutCorrection(rows, cfg);
   return { weights: cfg.mode === 'off' ? null : new Map(ids.map((id, i) => [id, r.weights[i]])), metrics: r.metrics };
-}
-
-/**
- * An image policy's step (lib/image/rl.ts imageUpdate): the kept groups' samples, groups in id
- * order and each group's samples by index, with their prompt class (`classOf`, from the prompt)
- * and recorded trajectories. Weights: flow_grpo, each sample's advantage (the advantage stage's,
- * the same on each of its denoising steps); diffusion_nft, DiffusionNFT's optimality r from the
- * group-centred rewards (lib/image/rl.ts nftOptimality). A sample without a generated image or a
- * reward is refused, naming it.
- */
-export function imageUpdateBatch(
-  kept: readonly UpdateGroup[],
-  loss: 'flow_grpo' | 'diffusion_nft',
-  classOf: (g: UpdateGroup) => number,
-): ImageUpdateBatch {
-  const groups = [...kept].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
-  const cls: number[] = [],
-    samples: ImageUpdateBatch['samples'][number][] = [],
-    weights: number[] = [];
-  const n = groups[0]?.samples.length ?? 0;
-  for (const g of groups) {
-    if (g.samples.length !== n)
-      throw new ConfigError(`image policy: group ${g.id} has ${g.samples.length} samples, the step's first has ${n}`);
-    for (const s of [...g.samples].sort((a, b) => a.sample_index - b.sample_index)) {
-      if (!s.generated)
-        throw new ConfigError(`sample ${s.id} has no generated image: it was not sampled by an image policy`);
-      if (s.reward === null)
-        throw new ConfigError(`sample ${s.id} has no reward: failed samples are filtered before the update`);
-      cls.push(classOf(g));
-      samples.push({ generated: s.generated, logprobs: s.behaviour_logprobs, tokens: s.response_ids });
-      weights.push(loss === 'flow_grpo' ? (s.advantages[0] ?? 0) : s.reward);
-    }
-  }
-  return { cls, samples, weights: loss === 'flow_grpo' ? weights : nftOptimality(weights, n) };
 }

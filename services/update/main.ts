@@ -18,13 +18,11 @@
 import { forStage, type Logger } from '../../lib/log.ts';
 import { runStage, type Decoded, type Pipeline, type StageContext, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
-import { tokenizerFor, policyModelConfig, criticModelConfig } from '../../lib/pipeline/policy.ts';
-import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
+import { loadStageState, saveStageState, PendingBatch, type Executor } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
-import type { Learner } from '../../lib/pipeline/learner.ts';
-import { startLearner, type UpdateOptions, type UpdateState } from '../../lib/pipeline/update-start.ts';
+import { policyModels, startLearner, type StartedLearner } from '../../lib/pipeline/update-start.ts';
+import type { UpdateOptions, UpdateState } from '../../lib/pipeline/update-start.ts';
 import { catchUpLearner } from '../../lib/pipeline/update-resume.ts';
-import type { Executor } from '../../lib/pipeline/stage-state.ts';
 import { trainsNft } from '../../lib/pipeline/trainer-settings.ts';
 import { commitVersion, pruneVersions, type UpdateCommitter } from '../../lib/pipeline/update-commit.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
@@ -62,7 +60,8 @@ interface UpdateRun {
   metrics: StageMetrics;
   totalSteps: number;
   totalOptSteps: number;
-  learner: Learner;
+  /** A language policy's learner, or an image policy's (actor.model.kind = image). */
+  learner: StartedLearner['learner'];
   /** Stores, records and checkpoints the learner's versions; prunes those no longer needed. */
   commit: UpdateCommitter;
   packing: PackOptions;
@@ -82,14 +81,12 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     globalBatchSize: cfg.actor.global_batch_size,
     microBatchSize: cfg.actor.micro_batch_size_per_device_for_update,
   });
-  const tok = tokenizerFor(cfg);
-  const model = policyModelConfig(cfg, tok);
-  const criticModel = cfg.critic.enable === true ? criticModelConfig(cfg, tok) : null;
+  const { model, criticModel } = policyModels(cfg);
   const plan = planFromConfig(cfg, p.runId, opts.trainSize, 0);
   const totalSteps = planTotalSteps(plan);
   const log = forStage(p.log, 'update');
   const pixelCache = new PixelCache();
-  const { learner, state, settings, versions, checkpoints } = await startLearner(p, {
+  const { learner, state, settings, versions, checkpoints, perEpoch } = await startLearner(p, {
     model,
     criticModel,
     plan,
@@ -105,7 +102,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   });
   // (re)publish the current version: idempotent by id, and covers a crash between save and publish
   await p.bus.produce([p.message('policy', await versions.record(state.version, Date.now()))]);
-  const totalOptSteps = totalOptimizerSteps(totalSteps, arith.miniBatches, cfg.actor.ppo_epochs);
+  const totalOptSteps = totalOptimizerSteps(totalSteps, perEpoch ?? arith.miniBatches, cfg.actor.ppo_epochs);
   const run: UpdateRun = {
     p,
     opts,
@@ -125,8 +122,8 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       totalOptimizerSteps: totalOptSteps,
       log,
     },
-    packing: packOptions(cfg, model.padTokenId),
-    images: new PolicyImages(model, pixelCache),
+    packing: packOptions(cfg, model?.padTokenId ?? 0),
+    images: new PolicyImages(model ?? {}, pixelCache),
     criticImages: criticModel ? new PolicyImages(criticModel, pixelCache) : null,
     lastVersionMs: null,
   };
@@ -238,6 +235,12 @@ async function trainStep(run: UpdateRun, st: UpdateState, groups: UpdateGroup[])
   const cfg = run.p.cfg;
   const kept = groups.filter((g) => !g.filtered);
   const version = st.version;
+  if (!('oldLogprobs' in learner)) {
+    // an image policy: trained on its samples' records (lib/pipeline/image-policy.ts)
+    const r = await learner.trainGroups(kept, version + 1, st.optimizerSteps, run.totalOptSteps);
+    st.optimizerSteps = r.optimizerSteps;
+    return stepMetrics(r.metrics, kept, version, r.tokens);
+  }
   const nft = trainsNft(cfg) ? nftTargets(kept, cfg.algorithm.nft.correct_key) : null;
   const px = await run.images.byGroup(kept);
   const old = await learner.oldLogprobs(kept, px, opts.behaviourSha);

@@ -532,3 +532,34 @@ test('rollout.engine = openai needs engine URLs; the URLs and the correction key
   assert.equal(cfg.algorithm.rollout_correction.mode, 'mis');
   expectOneProblem(() => load({ overrides: ['rollout.engine=vllm'] }), 'rollout.engine');
 });
+
+test('an image policy: the kind follows the model directory, its losses and estimator are checked, a language policy refuses the image losses', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'rlstream-dit-'));
+  try {
+    writeFileSync(join(dir, 'config.json'), JSON.stringify({ model_type: 'rlstream_dit' }));
+    const cfg = load({ overrides: [`actor.model.path=${dir}`, 'algorithm.policy_loss=diffusion_nft'] });
+    assert.equal(cfg.actor.model.kind, 'image', 'a model_type rlstream_dit directory is an image policy');
+    assert.equal(load().actor.model.kind, 'language');
+    expectOneProblem(
+      () => load({ overrides: [`actor.model.path=${dir}`] }),
+      'algorithm.policy_loss = vanilla is a language loss; an image policy trains with flow_grpo or diffusion_nft',
+    );
+    expectOneProblem(
+      () =>
+        load({
+          overrides: [`actor.model.path=${dir}`, 'algorithm.policy_loss=flow_grpo', 'algorithm.image.noise_level=0'],
+        }),
+      'flow_grpo needs SDE samples',
+    );
+    expectOneProblem(
+      () => load({ overrides: ['algorithm.policy_loss=flow_grpo'] }),
+      'algorithm.policy_loss = flow_grpo trains an image policy, but the policy is a language model',
+    );
+    expectOneProblem(
+      () => load({ overrides: ['actor.model.kind=image', 'algorithm.policy_loss=flow_grpo'] }),
+      'actor.model.kind = image needs actor.model.path',
+    );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

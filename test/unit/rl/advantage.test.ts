@@ -24,6 +24,7 @@ import {
 } from '../../../lib/rl/index.ts';
 import { ConfigError as BaseConfigError } from '../../../lib/errors.ts';
 import { close, closeArr, rows, t32, t64 } from './helpers.ts';
+import { groupAdvantages } from '../../../lib/image/rl.ts';
 
 /** Outcome rewards: each row's score on its last position, full masks. */
 function outcome(scores: number[], T = 3) {
@@ -72,6 +73,18 @@ test('grpo: (s − mean)/(std + ε) with the unbiased std, per group, groups int
     rows(dr).map((r) => r[0]),
     [0.5, 0, -0.5, 0, 0.5, -0.5],
   );
+});
+
+test('grpo with group_std = population divides by the std over n (Flow-GRPO), as lib/image/rl.ts groupAdvantages', () => {
+  const scores = [1, 2, 3, 4, 0.5, 0.5, 2, 1];
+  const inp = { ...outcome(scores), index: ['a', 'a', 'a', 'a', 'b', 'b', 'b', 'b'] };
+  const pop = computeGrpoOutcomeAdvantage(inp, { group_std: 'population', epsilon: 1e-4 }).advantages;
+  // group a: mean 2.5, population std √1.25 (unbiased: √(5/3))
+  close(rows(pop)[0][0], -1.5 / (Math.sqrt(1.25) + 1e-4), 1e-12);
+  const ref = groupAdvantages(scores, 4, 1e-4);
+  rows(pop).forEach((r, i) => close(r[0], ref[i], 1e-12, `row ${i}`));
+  // the default (verl) is unchanged: n − 1
+  close(rows(computeGrpoOutcomeAdvantage(inp).advantages)[0][0], -1.5 / (Math.sqrt(5 / 3) + 1e-6), 1e-12);
 });
 
 test('grpo: a singleton group has mean 0 and std 1, divided by float32(1 + ε) like verl (also in float64)', () => {

@@ -134,6 +134,7 @@ const settings: AdvantageSettings = {
   gamma: 1,
   lam: 1,
   normAdvByStd: true,
+  groupStd: 'unbiased',
   onlineFiltering: false,
   filterSemantics: 'easyr1',
   filterKey: 'overall',

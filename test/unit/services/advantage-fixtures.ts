@@ -12,6 +12,7 @@ export function advantageSettings(over: Partial<AdvantageSettings> = {}): Advant
     gamma: 1,
     lam: 1,
     normAdvByStd: true,
+    groupStd: 'unbiased',
     onlineFiltering: false,
     filterSemantics: 'easyr1',
     filterKey: 'overall',

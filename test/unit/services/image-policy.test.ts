@@ -10,13 +10,13 @@ import assert from 'node:assert/strict';
 import { generationRequests, trajectoryGroups } from '../../../services/rollout/logic.ts';
 import { rewardItems, scoredGroup } from '../../../services/reward/logic.ts';
 import { computeStep, generatedImageRows, trajectoryRows } from '../../../services/advantage/logic.ts';
-import { imageUpdateBatch } from '../../../services/update/logic.ts';
+
 import { groupId, hashId, type PromptBatch, type UpdateGroup } from '../../../lib/contracts/index.ts';
 import { recordProblems } from '../../../lib/contracts/invariants.ts';
 import { ditConfig, initDitWeights } from '../../../lib/image/dit.ts';
 import { ImageTrainer } from '../../../lib/image/trainer.ts';
 import { sampleRequests } from '../../../lib/image/trajectory.ts';
-import { imageUpdate, nftOptimality } from '../../../lib/image/rl.ts';
+import { imageUpdate, imageUpdateBatch, nftOptimality } from '../../../lib/image/rl.ts';
 import { pngToImage } from '../../../lib/image/png.ts';
 import { Rng } from '../../../lib/util/rng.ts';
 import { advantageSettings } from './advantage-fixtures.ts';

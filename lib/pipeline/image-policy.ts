@@ -1,0 +1,410 @@
+/**
+ * An image policy (actor.model.kind = image; docs/image-generation.md) in the pipeline's stages:
+ * its settings from the config, the rollout's sampler of stored (or handed-over) versions, and the
+ * update stage's learner. The learner has the language learner's life cycle (lib/pipeline/
+ * learner.ts: fresh, at a trainer base, from a checkpoint, reset, advance, store, storeOptimizers),
+ * so the update stage's commits, checkpoints and resume treat both alike; a version is a DiT model
+ * directory (config.json model_type rlstream_dit + model.safetensors), its AdamW state an
+ * optimizer.safetensors of the moments (lib/image/checkpoint.ts).
+ */
+import { join } from 'node:path';
+import type { Config } from '../config/index.ts';
+import { ConfigError, TransientError } from '../errors.ts';
+import type { Logger } from '../log.ts';
+import { OPTIMIZER_FILE } from '../model/checkpoint.ts';
+import { policyKindOf } from '../model/policy-kinds.ts';
+import { lrAt, type LrScheduleConfig } from '../optim/lr-schedule.ts';
+import { emaUpdate } from '../rl/ema.ts';
+import { Rng } from '../util/rng.ts';
+import { ditFiles, loadDit, loadDitOptimizer, ditOptimizerFile, type DitModel } from '../image/checkpoint.ts';
+import type { DitWeights } from '../image/dit.ts';
+import type { ImageLossConfig } from '../image/flow-graph.ts';
+import { imageUpdate, imageUpdateBatch, type ImageUpdateBatch } from '../image/rl.ts';
+import type { UpdateGroup } from '../contracts/index.ts';
+import { ImageTrainer } from '../image/trainer.ts';
+import { sampleRequests, type ImageGeneration } from '../image/trajectory.ts';
+import type { Executor, PolicyStore } from '../policy-store/index.ts';
+import { takeHandOff } from '../policy-store/handoff.ts';
+import { readCheckpointPath, verifyCheckpointFiles } from './checkpoints.ts';
+import { crashPoint } from './crash-points.ts';
+import type { TrainerBase } from './learner.ts';
+import type { RunVersions } from './run-versions.ts';
+
+const WEIGHTS_FILE = 'model.safetensors';
+
+/** Whether the run trains an image policy (lib/model/policy-kinds.ts). */
+export function isImagePolicy(cfg: Config): boolean {
+  return policyKindOf(cfg.actor.model) === 'image';
+}
+
+/** What an image policy samples and trains with (algorithm.image, algorithm.policy_loss, actor). */
+export interface ImagePolicySettings {
+  loss: ImageLossConfig;
+  steps: number;
+  evalSteps: number;
+  noiseLevel: number;
+  cfgScale: number;
+  nftUpdates: number;
+  epochs: number;
+  threads: number;
+  seed: number;
+}
+
+export function imagePolicySettings(cfg: Config): ImagePolicySettings {
+  const a = cfg.algorithm,
+    im = a.image;
+  const loss: ImageLossConfig =
+    a.policy_loss === 'flow_grpo'
+      ? {
+          name: 'flow_grpo',
+          clipLow: cfg.actor.clip_ratio_low,
+          clipHigh: cfg.actor.clip_ratio_high,
+          klCoef: a.use_kl_loss ? a.kl_coef : 0,
+        }
+      : a.policy_loss === 'diffusion_nft'
+        ? { name: 'diffusion_nft', nftBeta: im.nft_beta }
+        : (() => {
+            throw new ConfigError(
+              `algorithm.policy_loss = ${a.policy_loss} is a language loss; an image policy trains with flow_grpo or diffusion_nft`,
+            );
+          })();
+  return {
+    loss,
+    steps: im.steps,
+    evalSteps: im.eval_steps,
+    noiseLevel: im.noise_level,
+    cfgScale: im.cfg_scale,
+    nftUpdates: im.nft_updates,
+    epochs: cfg.actor.ppo_epochs,
+    threads: cfg.actor.threads,
+    seed: cfg.data.seed,
+  };
+}
+
+/** Optimizer steps of one epoch of a training step: flow_grpo one per stochastic denoising step, diffusion_nft nft_updates. */
+export function imageOptimizerStepsPerEpoch(s: ImagePolicySettings): number {
+  return s.loss.name === 'flow_grpo' ? (s.noiseLevel > 0 ? s.steps - 1 : 0) : s.nftUpdates;
+}
+
+/** The class index of a prompt: its text (trimmed) among the model's class_names. */
+export function promptClass(classNames: readonly string[], prompt: string): number {
+  const c = classNames.indexOf(prompt.trim());
+  if (c < 0)
+    throw new ConfigError(
+      `prompt ${JSON.stringify(prompt)} is not one of the image policy's prompts (config.json class_names): ${classNames.join(', ')}`,
+    );
+  return c;
+}
+
+function optimOf(cfg: Config): ConstructorParameters<typeof ImageTrainer>[2] {
+  const o = cfg.actor.optim;
+  return {
+    betas: [o.betas[0], o.betas[1]],
+    eps: o.eps,
+    weightDecay: o.weight_decay,
+    maxGradNorm: o.max_grad_norm,
+    lr: o.lr,
+  };
+}
+
+/**
+ * The rollout's image sampler: a request's image from its own noise stream (`seed/<sample id>`)
+ * with the version's weights, taken from the in-process hand-off of the update stage or read from
+ * the policy store. Training requests: algorithm.image.steps with the SDE (noise_level > 0);
+ * validation: eval_steps with the ODE, guided by cfg_scale when it is not 1.
+ */
+export class ImageSampler {
+  readonly model: DitModel;
+  private readonly tr: ImageTrainer;
+  private version = -1;
+  private weights: DitWeights | null = null;
+  fromMemory = 0;
+
+  constructor(
+    private readonly cfg: Config,
+    private readonly store: PolicyStore,
+    private readonly onLoad?: (version: number) => void,
+  ) {
+    this.model = loadDit(cfg.actor.model.path!);
+    this.tr = new ImageTrainer(this.model.config, this.model.weights, optimOf(cfg), {
+      threads: cfg.actor.threads,
+    });
+  }
+
+  private async weightsOf(version: number, db: Executor): Promise<DitWeights> {
+    if (version === this.version && this.weights) return this.weights;
+    let w = await takeHandOff(this.store, version, db);
+    if (w) this.fromMemory++;
+    else {
+      const dir = await this.store.get('policy', version, db);
+      if (!dir) throw new TransientError(`image policy version ${version} is not in the policy store (yet); retrying`);
+      const m = loadDit(dir);
+      if (JSON.stringify(m.config) !== JSON.stringify(this.model.config))
+        throw new ConfigError(`image policy version ${version} at ${dir} has another shape than actor.model.path`);
+      w = m.weights;
+    }
+    this.version = version;
+    this.weights = w;
+    this.onLoad?.(version);
+    return w;
+  }
+
+  /** One image per request, in request order (`val`: a validation request). */
+  async generate(
+    version: number,
+    db: Executor,
+    requests: ReadonlyArray<{ id: string; prompt: string; val: boolean }>,
+  ): Promise<Array<ImageGeneration & { id: string; finishReason: 'eos' }>> {
+    const s = imagePolicySettings(this.cfg);
+    const w = await this.weightsOf(version, db);
+    const { channels, imageSize } = this.model.config;
+    const out = new Array<ImageGeneration & { id: string; finishReason: 'eos' }>(requests.length);
+    for (const val of [false, true]) {
+      const idx = requests.flatMap((r, i) => (r.val === val ? [i] : []));
+      const guided = val && s.cfgScale !== 1;
+      const nullClass = this.model.config.numClasses;
+      const gens = await sampleRequests(
+        async (x, t, c) => {
+          if (!guided) return this.tr.velocity(x, t, c, w);
+          // classifier-free guidance: v_null + w·(v_c − v_null), both halves in one batch
+          const both = new Float32Array(x.length * 2);
+          both.set(x);
+          both.set(x, x.length);
+          const v = await this.tr.velocity(both, [...t, ...t], [...c, ...c.map(() => nullClass)], w);
+          const g = new Float32Array(x.length);
+          for (let i = 0; i < x.length; i++) g[i] = v[x.length + i] + s.cfgScale * (v[i] - v[x.length + i]);
+          return g;
+        },
+        idx.map((i) => ({ id: requests[i].id, cls: promptClass(this.model.classNames, requests[i].prompt) })),
+        {
+          channels,
+          size: imageSize,
+          steps: val ? s.evalSteps : s.steps,
+          noiseLevel: val ? 0 : s.noiseLevel,
+          seed: s.seed,
+        },
+      );
+      idx.forEach((i, k) => (out[i] = gens[k]));
+    }
+    return out;
+  }
+}
+
+/** What an image learner is built from. */
+export interface ImageLearnerSetup {
+  cfg: Config;
+  versions: RunVersions;
+  log: Logger;
+  /** The actor's learning-rate schedule. */
+  schedule: LrScheduleConfig;
+  /** Replay: the initial policy (v0) directory to start from instead of actor.model.path. */
+  initialWeightsDir?: string;
+}
+
+/** The update stage's learner of an image policy (the header; lib/pipeline/learner.ts for the life cycle). */
+export class ImageLearner {
+  private at: number;
+  private dirty = false;
+  sha: string;
+  private ema: DitWeights | null = null;
+  private reference: DitWeights | null = null;
+  readonly settings: ImagePolicySettings;
+
+  private constructor(
+    private readonly s: ImageLearnerSetup,
+    private readonly model: DitModel,
+    private trainer: ImageTrainer,
+    version: number,
+    sha: string,
+  ) {
+    this.at = version;
+    this.sha = sha;
+    this.settings = imagePolicySettings(s.cfg);
+  }
+
+  get version(): number {
+    return this.dirty ? -1 : this.at;
+  }
+
+  /** The prompt class of a group's prompt. */
+  classOf(prompt: string): number {
+    return promptClass(this.model.classNames, prompt);
+  }
+
+  private static initial(s: ImageLearnerSetup): DitModel {
+    const m = loadDit(s.cfg.actor.model.path!);
+    if (!s.initialWeightsDir) return m;
+    const v0 = loadDit(s.initialWeightsDir);
+    if (JSON.stringify(v0.config) !== JSON.stringify(m.config))
+      throw new ConfigError(`${s.initialWeightsDir} has another shape than actor.model.path ${s.cfg.actor.model.path}`);
+    return v0;
+  }
+
+  private static trainerOf(s: ImageLearnerSetup, m: DitModel): ImageTrainer {
+    return new ImageTrainer(m.config, m.weights, optimOf(s.cfg), {
+      threads: s.cfg.actor.threads,
+      gradientCheckpointing: s.cfg.actor.model.enable_gradient_checkpointing,
+    });
+  }
+
+  /** A new run from actor.model.path (a replay: the source's v0), stored as version 0. */
+  static async fresh(s: ImageLearnerSetup): Promise<ImageLearner> {
+    const m = ImageLearner.initial(s);
+    const l = new ImageLearner(s, m, ImageLearner.trainerOf(s, m), 0, '');
+    l.sha = await l.storePolicy(0);
+    await l.openParts();
+    return l;
+  }
+
+  /** A learner at trainer base `base` (a checkpoint's weights and AdamW state, or the run's initial weights). */
+  static async atBase(s: ImageLearnerSetup, base: TrainerBase): Promise<ImageLearner> {
+    const m = ImageLearner.initial(s);
+    let tr: ImageTrainer;
+    if (base.dir) {
+      const src = readCheckpointPath(base.dir);
+      if (src.state) await verifyCheckpointFiles(base.dir, src.state);
+      tr = ImageLearner.trainerOf(s, { ...m, weights: loadDit(src.actorDir).weights });
+      if (src.state) tr.setOptimizerState(loadDitOptimizer(join(src.actorDir, OPTIMIZER_FILE), m.config));
+    } else tr = ImageLearner.trainerOf(s, m);
+    const l = new ImageLearner(s, m, tr, base.step, base.sha);
+    await l.openParts();
+    return l;
+  }
+
+  /**
+   * A new run started from checkpoint `path` (its weights and AdamW state at its step; v0 is the
+   * source's reference/), stored as that version. Returns the optimizer steps the LR schedule continues from.
+   */
+  static async fromCheckpoint(
+    s: ImageLearnerSetup,
+    path: string,
+  ): Promise<{ learner: ImageLearner; optimizerSteps: number }> {
+    const src = readCheckpointPath(path);
+    if (src.state) await verifyCheckpointFiles(path, src.state);
+    const m = ImageLearner.initial(s);
+    const tr = ImageLearner.trainerOf(s, { ...m, weights: loadDit(src.actorDir).weights });
+    if (src.state) tr.setOptimizerState(loadDitOptimizer(join(src.actorDir, OPTIMIZER_FILE), m.config));
+    const start = src.state?.step ?? 0;
+    if (start > 0) {
+      const ref = src.referenceDir ? loadDit(src.referenceDir) : m;
+      await s.versions.putFiles('policy', 0, ditFiles({ ...m, weights: ref.weights }), WEIGHTS_FILE);
+    }
+    const l = new ImageLearner(s, m, tr, start, '');
+    l.sha = await l.storePolicy(start);
+    await l.openParts();
+    return { learner: l, optimizerSteps: Number(src.state?.lr_state.optimizer_steps ?? tr.stepCount) };
+  }
+
+  async reset(base: TrainerBase): Promise<void> {
+    const l = await ImageLearner.atBase(this.s, base);
+    this.trainer = l.trainer;
+    this.reference = l.reference;
+    this.ema = l.ema;
+    this.at = base.step;
+    this.sha = base.sha;
+    this.dirty = false;
+  }
+
+  advance(version: number, sha: string): void {
+    this.nextEma();
+    this.at = version;
+    this.sha = sha;
+    this.dirty = false;
+  }
+
+  /**
+   * One training step (`step`: the version it makes) on the batch rebuilt from the records
+   * (lib/image/rl.ts imageUpdateBatch): actor.ppo_epochs passes of imageUpdate, the
+   * learning rate of each optimizer step from the schedule. DiffusionNFT's (t, ε) are drawn from
+   * `seed/nft/<step>`, so a re-trained step draws the same.
+   */
+  async trainStep(a: {
+    step: number;
+    batch: ImageUpdateBatch;
+    optimizerSteps: number;
+    totalOptimizerSteps: number;
+  }): Promise<{ metrics: Record<string, number>; optimizerSteps: number; tokens: number }> {
+    const st = this.settings;
+    this.dirty = true;
+    const rng = Rng.fromSeed(`${st.seed}/nft/${a.step}`);
+    let optimizerSteps = a.optimizerSteps;
+    const old = new Map([...this.trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
+    const sums: Record<string, number> = {};
+    for (let e = 0; e < st.epochs; e++) {
+      const m = await imageUpdate(this.trainer, a.batch, {
+        loss: st.loss,
+        nftUpdates: st.nftUpdates,
+        ...(this.reference ? { reference: this.reference } : {}),
+        old,
+        rng,
+        lr: () => lrAt(this.s.schedule, ++optimizerSteps, a.totalOptimizerSteps),
+      });
+      for (const [k, v] of Object.entries(m)) sums[`actor/${k}`] = (sums[`actor/${k}`] ?? 0) + v / st.epochs;
+    }
+    sums['actor/lr'] = lrAt(this.s.schedule, Math.max(1, optimizerSteps), a.totalOptimizerSteps);
+    return { metrics: sums, optimizerSteps, tokens: a.batch.cls.length };
+  }
+
+  /**
+   * One training step on a step's kept groups: the batch rebuilt from their records
+   * (lib/image/rl.ts imageUpdateBatch: groups in id order, each prompt's class), then trainStep.
+   */
+  trainGroups(
+    kept: readonly UpdateGroup[],
+    step: number,
+    optimizerSteps: number,
+    totalOptimizerSteps: number,
+  ): ReturnType<ImageLearner['trainStep']> {
+    const loss = this.settings.loss.name === 'flow_grpo' ? 'flow_grpo' : 'diffusion_nft';
+    const batch = imageUpdateBatch(kept, loss, (g) => this.classOf(g.prompt_text));
+    return this.trainStep({ step, batch, optimizerSteps, totalOptimizerSteps });
+  }
+
+  /** Stores the trained state as `version` (policy, then the EMA moved to it when algorithm.ema.enable). */
+  async store(version: number, db: Executor): Promise<void> {
+    this.at = version;
+    this.dirty = false;
+    this.sha = await this.storePolicy(version, db);
+    crashPoint('update:version-written');
+    if (this.nextEma())
+      await this.s.versions.putFiles('ema', version, ditFiles({ ...this.model, weights: this.ema! }), WEIGHTS_FILE, db);
+  }
+
+  /** Stores the AdamW state as checkpoint step `version`'s optimizer artifact. */
+  async storeOptimizers(version: number, db: Executor): Promise<void> {
+    const file = ditOptimizerFile(this.model.config, this.trainer.optimizerState());
+    await this.s.versions.putFiles('optimizer', version, new Map([[OPTIMIZER_FILE, file]]), OPTIMIZER_FILE, db);
+  }
+
+  private storePolicy(version: number, db?: Executor): Promise<string> {
+    const weights = new Map([...this.trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
+    return this.s.versions.putFiles('policy', version, ditFiles({ ...this.model, weights }), WEIGHTS_FILE, db, weights);
+  }
+
+  private nextEma(): boolean {
+    if (!this.ema) return false;
+    const next = emaUpdate(
+      Object.fromEntries(this.ema),
+      Object.fromEntries(this.trainer.weights),
+      this.s.cfg.algorithm.ema.decay,
+    );
+    this.ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
+    return true;
+  }
+
+  /**
+   * The reference (v0, flow_grpo with a KL term) and the EMA (algorithm.ema.enable) at this
+   * version: the stored one, else the weights now, stored. Read when the learner opens, outside
+   * any batch (an embedded batch's transaction holds the database's one connection).
+   */
+  private async openParts(): Promise<void> {
+    if ((this.settings.loss.klCoef ?? 0) > 0) this.reference = loadDit(await this.s.versions.dir('policy', 0)).weights;
+    if (!this.s.cfg.algorithm.ema.enable) return;
+    const dir = await this.s.versions.find('ema', this.at);
+    this.ema = dir
+      ? loadDit(dir).weights
+      : new Map([...this.trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
+    if (!dir)
+      await this.s.versions.putFiles('ema', this.at, ditFiles({ ...this.model, weights: this.ema }), WEIGHTS_FILE);
+  }
+}
