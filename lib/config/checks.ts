@@ -5,7 +5,7 @@
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { GROUP_ADV_ESTIMATORS, type Config } from './schema.ts';
+import { GROUP_ADV_ESTIMATORS, schemaDefaults, type Config } from './schema.ts';
 import { closest } from './suggest.ts';
 import { rewardFns } from '../reward-fns/index.ts';
 import { tasks } from '../tasks/index.ts';
@@ -833,8 +833,14 @@ export function resumeConfigDiff(stored: unknown, now: Config): ResumeConfigDiff
     b = new Map<string, string>();
   flatten(stored, '', a);
   flatten(JSON.parse(JSON.stringify(redactSecrets(now))), '', b);
+  // A key the stored config lacks was added to the schema after the run started: the run ran with
+  // its default (or, for a derived key, with what the other keys, compared here, derive).
+  const defaults = new Map<string, string>();
+  flatten(JSON.parse(JSON.stringify(schemaDefaults())), '', defaults);
+  const addedSince = (k: string) =>
+    !a.has(k) && defaults.has(k) && (defaults.get(k) === b.get(k) || defaults.get(k) === 'null');
   const keys = [...new Set([...a.keys(), ...b.keys()])]
-    .filter((k) => a.get(k) !== b.get(k) && !matches(k, RESUME_FREE))
+    .filter((k) => a.get(k) !== b.get(k) && !matches(k, RESUME_FREE) && !addedSince(k))
     .sort();
   // a list counts as one key (data.train_files, not data.train_files.0)
   const listKey = (k: string) => k.replace(/\.\d+(?=\.|$).*$/, '');

@@ -43,3 +43,13 @@ test('rollout.n and data.rollout_batch_size change what the stored state means: 
   assert.doesNotMatch(msg, /actor\.optim\.lr/);
   assert.match(resumeConfigProblem('r2', diff, false)!, /actor\.optim\.lr differs/);
 });
+
+test('keys added to the schema after a run started are no change when they hold their default or are derived', () => {
+  const old = stored() as { actor: { model: Record<string, unknown> }; algorithm: Record<string, unknown> };
+  delete old.actor.model.kind;
+  delete old.algorithm.image;
+  assert.deepEqual(resumeConfigDiff(old, load()), { safe: [], unsafe: [] });
+  // a new key given a non-default value on resume is a change
+  const diff = resumeConfigDiff(old, load({ overrides: ['algorithm.image.steps=3'] }));
+  assert.deepEqual(diff, { safe: ['algorithm.image.steps'], unsafe: [] });
+});
