@@ -63,15 +63,19 @@ export async function readLoggedGroups(
   return read;
 }
 
-/** What re-training the logged steps needs: the stage's learner and its committed state, and its training step. */
-export interface RetrainArgs {
+/** What re-training logged steps needs of the update stage: its learner and its training step. */
+export interface Retrainer {
   p: Pipeline;
   learner: Learner;
   log: Logger;
+  train: (at: UpdateState, groups: UpdateGroup[]) => Promise<void>;
+}
+
+/** A Retrainer with the committed state to reach. */
+export interface RetrainArgs extends Retrainer {
   st: UpdateState;
   /** The batch's executor inside a batch. */
   db: Executor;
-  train: (at: UpdateState, groups: UpdateGroup[]) => Promise<void>;
 }
 
 /**
