@@ -1254,6 +1254,10 @@ const sftSchema = section(
 export const POLICY_DTYPES = ['f32', 'bf16'] as const;
 export type PolicyDtype = (typeof POLICY_DTYPES)[number];
 
+/** Which policy versions are written as files (policy.version_files). */
+export const VERSION_FILES = ['every_step', 'checkpoints'] as const;
+export type VersionFiles = (typeof VERSION_FILES)[number];
+
 const policySchema = section(
   {
     dtype: z
@@ -1261,6 +1265,12 @@ const policySchema = section(
       .default('f32')
       .describe(
         "Dtype of the policy versions' weights, which the rollout samples with: f32 = the trainer's weights exactly; bf16 = rounded to bfloat16 (nearest, ties to even), half the bytes of the weights written and read per version; the KL reference (version 0) is read as stored too. The trainer keeps f32 master weights and f32 optimizer state either way (a version's optimizer.safetensors holds the f32 masters training resumes from). With bf16 the sampler's log-probs differ from the trainer's: rollout/logprob_mismatch_abs_mean and rollout/logprob_mismatch_abs_max report by how much (with f32 only f32 rounding, ~1e-7). Full fine-tuning only (a LoRA policy's versions are its adapters).",
+      ),
+    version_files: z
+      .enum(VERSION_FILES)
+      .optional()
+      .describe(
+        "Which policy versions the update stage writes to the policy store. every_step: every version (each is a file other processes read: `rlstream serve <stage>`, `rlstream serve-policy <run dir>` following every version). checkpoints: a full policy's version is handed to the rollout in memory and written only where a file is needed: a checkpoint step (trainer.save_freq, the last step) and the pipeline.max_staleness versions before it (a restart's rollout may still sample with them), and a version a validation round samples with; the others exist in memory only and are named by the sha256 of the bytes they would be written as (a resume re-trains them from the log: docs/durability.md). Unset: checkpoints when the rollout runs in the update stage's process (`rlstream train`), every_step for `rlstream serve update` and `rlstream replay`. A LoRA policy's versions (small adapters) are written every step either way.",
       ),
   },
   'Policy versions: what the update stage stores for the rollout to sample with.',

@@ -5,11 +5,12 @@
  * checkpointed, the consumed offsets and the versions still in use are decided in
  * services/update/logic.ts.
  */
-import type { Config } from '../config/index.ts';
+import type { Config, VersionFiles } from '../config/index.ts';
 import type { PolicyVersion } from '../contracts/index.ts';
 import type { Logger } from '../log.ts';
 import type { LrScheduleConfig } from '../optim/lr-schedule.ts';
 import { crashPoint } from './crash-points.ts';
+import { oldestSampledVersion } from '../policy-store/retention.ts';
 import type { Learner } from './learner.ts';
 import type { ControllerPlan } from './plan.ts';
 import {
@@ -32,6 +33,8 @@ export interface UpdateCommitter {
   learner: Learner;
   versions: RunVersions;
   checkpoints: RunCheckpoints;
+  /** policy.version_files as applied (services/update/logic.ts versionFilesOf). */
+  versionFiles: VersionFiles;
   /** The actor's learning-rate schedule (trainer_state.json's lr_state). */
   schedule: LrScheduleConfig;
   totalOptimizerSteps: number;
@@ -54,7 +57,8 @@ export function noteCommitted(st: UpdateState, step: number, checkpoint: boolean
 }
 
 /**
- * Stores the version the learner holds after training step `step` (weights only) and
+ * Stores the version the learner holds after training step `step` (weights only; with `file`
+ * false a full policy's version is kept in memory only: RunVersions.put) and
  * returns its `policy` record; with `checkpoint`, writes the step's optimizer states and its
  * checkpoint too (temporary name, fsync, rename — then the row; a half-written one is never
  * listed), recording `checkpoint.rereadFrom`: the offsets from which the update stage's input holds
@@ -65,11 +69,12 @@ export async function commitVersion(
   state: UpdateState,
   step: number,
   record: StepRecord,
-  checkpoint: { rereadFrom: Record<string, number> } | null,
+  o: { file: boolean; checkpoint: { rereadFrom: Record<string, number> } | null },
   ctx: Pick<StageContext, 'db' | 'tx'>,
 ): Promise<PolicyVersion> {
   const { cfg, versions } = c;
-  await c.learner.store(step, ctx.db);
+  const { checkpoint } = o;
+  await c.learner.store(step, ctx.db, !o.file && !checkpoint);
   const rec = await versions.record(step, Date.now(), record, ctx.db);
   if (checkpoint) {
     crashPoint('checkpoint:start');
@@ -135,6 +140,8 @@ export async function pruneVersions(
     },
     db,
   );
+  // the versions kept in memory only that no rollout can still sample with
+  c.versions.retainInMemory(oldestSampledVersion(newest, cfg.pipeline.max_staleness));
   if (pruned.length)
     c.log.debug(
       { pruned },

@@ -9,6 +9,7 @@
 import type { UpdateGroup } from '../contracts/index.ts';
 import { parseTopicName } from '../contracts/topics.ts';
 import { RlError } from '../errors.ts';
+import { oldestSampledVersion } from '../policy-store/retention.ts';
 import type { Logger } from '../log.ts';
 import type { Learner } from './learner.ts';
 import type { Pipeline } from './runtime.ts';
@@ -123,6 +124,8 @@ export async function retrainLogged(a: RetrainArgs & { base: ResumeBase }): Prom
     await a.train(at, groups);
     at.version = step;
     learner.advance(step, st.versionSha?.[String(step)] ?? (await recordedSha(p, step, db)));
+    // a version kept in memory only when it was trained: the rollout may sample with it again
+    if (step >= oldestSampledVersion(st.version, p.cfg.pipeline.max_staleness)) await learner.handOverUnstored(db);
   }
   if (at.optimizerSteps !== st.optimizerSteps)
     throw new RlError(

@@ -48,7 +48,9 @@ import {
   stepRecord,
   stepThroughput,
   totalOptimizerSteps,
+  versionFilesOf,
   versionsInUse,
+  writesVersionFile,
   type ControllerProgress,
   type PackOptions,
 } from './logic.ts';
@@ -104,8 +106,6 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         findLastCheckpoint: cfg.trainer.find_last_checkpoint,
       }),
   });
-  // (re)publish the current version: idempotent by id, and covers a crash between save and publish
-  await p.bus.produce([p.message('policy', await versions.record(state.version, Date.now()))]);
   const totalOptSteps = totalOptimizerSteps(totalSteps, arith.miniBatches, cfg.actor.ppo_epochs);
   const run: UpdateRun = {
     p,
@@ -123,6 +123,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       learner,
       versions,
       checkpoints,
+      versionFiles: versionFilesOf(cfg, opts.rolloutInProcess === true),
       schedule: settings.actor.schedule,
       totalOptimizerSteps: totalOptSteps,
       log,
@@ -133,6 +134,9 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     lastVersionMs: null,
   };
   await catchUpLearner({ ...run.retrain, st: state, db: p.db.db, reset: false });
+  // (re)publish the current version: idempotent by id, and covers a crash between save and publish
+  // (after the catch-up: a version kept in memory only is there again only once re-trained)
+  await p.bus.produce([p.message('policy', await versions.record(state.version, Date.now()))]);
   return runStage(p, 'update', ['updates'], (records, ctx) => updateBatch(run, state, records, ctx));
 }
 
@@ -190,12 +194,13 @@ async function trainAndCommit(
   const tTrain = performance.now();
   crashPoint('update:trained');
   const checkpoint = shouldCheckpoint(step, run.totalSteps, cfg.trainer.save_freq);
+  const file = writesVersionFile(step, run.commit.versionFiles, cfg, run.commit.plan);
   const rec = await commitVersion(
     run.commit,
     st,
     step,
     stepRecord(groups, m['perf/update_tokens'] ?? 0, st.positions ?? {}),
-    checkpoint ? { rereadFrom: rereadFrom(st.positions ?? {}, st.stepStarts ?? {}, step) } : null,
+    { file, checkpoint: checkpoint ? { rereadFrom: rereadFrom(st.positions ?? {}, st.stepStarts ?? {}, step) } : null },
     ctx,
   );
   noteCommitted(st, step, checkpoint, rec.sha256);
