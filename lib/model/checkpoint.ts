@@ -103,6 +103,8 @@ export interface SaveOptions {
   assetsFrom?: string | null;
   /** Shard the weights above this many bytes (default MAX_SHARD_BYTES). */
   maxShardBytes?: number;
+  /** Called once every file is in the temporary directory, before it is renamed into place (a test's crash point). */
+  beforeRename?: () => void;
 }
 
 async function writeSynced(file: string, data: Uint8Array | string): Promise<void> {
@@ -203,6 +205,7 @@ async function writeDirAtomic(
   dir: string,
   files: ReadonlyMap<string, Uint8Array | string>,
   overwrite: boolean,
+  beforeRename?: () => void,
 ): Promise<WrittenFile[]> {
   const parent = path.dirname(path.resolve(dir));
   await fs.mkdir(parent, { recursive: true });
@@ -211,6 +214,7 @@ async function writeDirAtomic(
   try {
     for (const [f, data] of files) await writeSynced(path.join(tmp, f), data);
     await syncDir(tmp);
+    beforeRename?.();
     let old: string | null = null;
     try {
       await fs.access(dir);
@@ -328,7 +332,7 @@ export async function saveCheckpoint(
     files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer, dtype === 'float32' ? null : weights));
   files.set(CONFIG_FILE, JSON.stringify(toHfConfig(config, dtype), null, 2) + '\n');
   for (const [f, data] of side) files.set(f, data);
-  const written = await writeDirAtomic(dir, files, !!opts.overwrite);
+  const written = await writeDirAtomic(dir, files, !!opts.overwrite, opts.beforeRename);
   // one file: its sha256 as written; shards: the sha256 of their bytes in order
   const single = written.find((f) => f.name === MODEL_FILE);
   return { weightsSha256: single ? single.sha256 : hash.digest('hex'), files: written };
@@ -658,6 +662,8 @@ export interface AdapterSaveOptions {
   overwrite?: boolean;
   /** The base model directory (adapter_config.json base_model_name_or_path; its generation config and tokenizer files are copied). */
   basePath: string | null;
+  /** Called once every file is in the temporary directory, before it is renamed into place (a test's crash point). */
+  beforeRename?: () => void;
 }
 
 export interface AdapterCheckpoint {
@@ -705,7 +711,7 @@ export async function saveAdapter(
   if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
   files.set(ADAPTER_CONFIG_FILE, JSON.stringify(peftAdapterConfig(lora, opts.basePath, config), null, 2) + '\n');
   for (const [f, data] of await sideFiles(config, opts.basePath)) files.set(f, data);
-  const written = await writeDirAtomic(dir, files, !!opts.overwrite);
+  const written = await writeDirAtomic(dir, files, !!opts.overwrite, opts.beforeRename);
   return { weightsSha256: written.find((f) => f.name === ADAPTER_MODEL_FILE)!.sha256, files: written };
 }
 

@@ -35,6 +35,7 @@ import type { HfDtype } from '../model/hf-layout.ts';
 import type { PolicyDtype } from '../config/index.ts';
 import { resumeHint, type RunCheckpoints } from './run-checkpoints.ts';
 import { txOf } from './stage-state.ts';
+import { crashPoint } from './crash-points.ts';
 
 /** policy.dtype's names as the dtypes a model directory is stored in. */
 const HF_DTYPE_OF: Record<PolicyDtype, HfDtype> = { f32: 'float32', bf16: 'bfloat16' };
@@ -124,6 +125,7 @@ export class RunVersions {
         ...extra,
         overwrite: true,
         basePath: resolve(lora.baseDir),
+        beforeRename: () => crashPoint('update:version-half-written', `${kind} ${version}`),
       });
       await this.policies.put(kind, version, db, w.files);
       return w.weightsSha256;
@@ -136,7 +138,13 @@ export class RunVersions {
       this.handOver(version, weights, sha);
       return sha;
     }
-    const w = await saveCheckpoint(dir, model, weights, { ...write, overwrite: true, assetsFrom, dtype });
+    const w = await saveCheckpoint(dir, model, weights, {
+      ...write,
+      overwrite: true,
+      assetsFrom,
+      dtype,
+      beforeRename: () => crashPoint('update:version-half-written', `${kind} ${version}`),
+    });
     await this.policies.put(kind, version, db, w.files);
     // the readers in this process sample with the weights as stored (bf16: rounded, as a reader of the files gets them)
     if (kind === 'policy') handOff(this.policies, version, MODEL_FILE, w.weightsSha256, this.asStored(weights));
@@ -247,6 +255,7 @@ export class RunVersions {
       const prune = OPTIMIZER_KINDS.includes(kind) ? optimizerStatesToPrune : versionsToPrune;
       for (const v of prune(await this.policies.versions(kind, db), keep)) {
         await this.policies.remove(kind, v, db);
+        crashPoint('update:pruning', `${kind} ${v}`);
         if (kind === 'policy') pruned.push(v);
       }
     }
