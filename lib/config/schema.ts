@@ -1254,9 +1254,10 @@ const sftSchema = section(
 export const POLICY_DTYPES = ['f32', 'bf16'] as const;
 export type PolicyDtype = (typeof POLICY_DTYPES)[number];
 
-/** Which policy versions are written as files (policy.version_files). */
-export const VERSION_FILES = ['every_step', 'checkpoints'] as const;
-export type VersionFiles = (typeof VERSION_FILES)[number];
+/** Which policy versions are written as files (policy.version_files; auto: by where the rollout runs). */
+export const VERSION_FILES = ['auto', 'every_step', 'checkpoints'] as const;
+/** policy.version_files as applied (auto resolved). */
+export type VersionFiles = Exclude<(typeof VERSION_FILES)[number], 'auto'>;
 
 const policySchema = section(
   {
@@ -1268,9 +1269,9 @@ const policySchema = section(
       ),
     version_files: z
       .enum(VERSION_FILES)
-      .optional()
+      .default('auto')
       .describe(
-        "Which policy versions the update stage writes to the policy store. every_step: every version (each is a file other processes read: `rlstream serve <stage>`, `rlstream serve-policy <run dir>` following every version). checkpoints: a full policy's version is handed to the rollout in memory and written only where a file is needed: a checkpoint step (trainer.save_freq, the last step) and the pipeline.max_staleness versions before it (a restart's rollout may still sample with them), and a version a validation round samples with; the others exist in memory only and are named by the sha256 of the bytes they would be written as (a resume re-trains them from the log: docs/durability.md). Unset: checkpoints when the rollout runs in the update stage's process (`rlstream train`), every_step for `rlstream serve update` and `rlstream replay`. A LoRA policy's versions (small adapters) are written every step either way.",
+        "Which policy versions the update stage writes to the policy store. every_step: every version (each is a file other processes read: `rlstream serve <stage>`, `rlstream serve-policy <run dir>` following every version). checkpoints: a full policy's version is handed to the rollout in memory and written only where a file is needed: a checkpoint step (trainer.save_freq, the last step) and the pipeline.max_staleness versions before it (a restart's rollout may still sample with them), and a version a validation round samples with; the others exist in memory only and are named by the sha256 of the bytes they would be written as (a resume re-trains them from the log: docs/durability.md). auto: checkpoints when the rollout runs in the update stage's process (`rlstream train` with one rollout replica), every_step for `rlstream serve update` and `rlstream replay`. A LoRA policy's versions (small adapters) are written every step either way.",
       ),
   },
   'Policy versions: what the update stage stores for the rollout to sample with.',

@@ -108,7 +108,7 @@ export function writesVersionFile(
 }
 
 /**
- * policy.version_files as the update stage applies it: as set, else checkpoints when the rollout
+ * policy.version_files as the update stage applies it: as set, or (auto) checkpoints when the rollout
  * runs in its process (one rollout replica) and every_step otherwise; a LoRA policy's versions are
  * always written (its readers merge the adapter files).
  */
@@ -121,7 +121,8 @@ export function versionFilesOf(
   rolloutInProcess: boolean,
 ): VersionFiles {
   if (cfg.actor.model.lora) return 'every_step';
-  return cfg.policy.version_files ?? (rolloutInProcess && cfg.rollout.replicas === 1 ? 'checkpoints' : 'every_step');
+  if (cfg.policy.version_files !== 'auto') return cfg.policy.version_files;
+  return rolloutInProcess && cfg.rollout.replicas === 1 ? 'checkpoints' : 'every_step';
 }
 
 /** The update stage's state as far as a start decides on it. */

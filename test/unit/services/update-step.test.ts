@@ -180,7 +180,7 @@ test('writesVersionFile: checkpoints writes checkpoint steps, the versions a res
 
 test('versionFilesOf: in memory when the rollout is in the process; files for other processes and LoRA', () => {
   const cfg = (over: Partial<{ set: 'every_step' | 'checkpoints'; replicas: number; lora: boolean }>) => ({
-    policy: { version_files: over.set },
+    policy: { version_files: over.set ?? ('auto' as const) },
     rollout: { replicas: over.replicas ?? 1 },
     actor: { model: { lora: over.lora ? ({ rank: 8 } as never) : null } },
   });
