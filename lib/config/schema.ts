@@ -1164,7 +1164,7 @@ const trainerSchema = section(
     keep_policy_versions: nonNegInt()
       .default(0)
       .describe(
-        'Policy versions (weights + AdamW state, and the critic and EMA versions beside them) kept beyond those still needed. The update stage prunes every version that is not: the newest two, the reference (v0), one a kept checkpoint links, one a validation round still evaluates, or one within pipeline.max_staleness of the newest (a rollout may still sample with it); 0 keeps only those. Raise it to keep the last N versions as well.',
+        'Stored policy versions (weights, and the critic and EMA versions beside them; a version kept in memory only, policy.version_files, is no file to keep) kept beyond those still needed. The update stage prunes every version that is not: the newest two, the reference (v0), one a kept checkpoint links, one a validation round still evaluates, or one within pipeline.max_staleness of the newest (a rollout may still sample with it); 0 keeps only those. Raise it to keep the last N versions as well.',
       ),
     find_last_checkpoint: z
       .boolean()
