@@ -95,8 +95,10 @@ test(
       'trainer.save_freq=2',
     ];
     const cfg = loadConfig({ overrides: overrides(runDir) });
+    const t0 = Date.now();
     const run = await trainEmbedded(cfg, silentLogger(RUN_ID));
     assert.equal(run.status, 'completed', run.message);
+    console.log(`  undisturbed run ${((Date.now() - t0) / 1000).toFixed(1)} s`);
 
     // ── killed half-way through writing step 2's adapter version (hits 1 and 2: versions 0 and 1),
     // the same command resumes at step 1 from the run's start (re-training step 1 from the log) and
@@ -107,6 +109,9 @@ test(
     assert.match(killed.output(), /SIGKILL at update:version-half-written@3 policy 2/);
     const resumed = spawnCli(['train', ...overrides(killedDir)]);
     assert.equal((await resumed.exit).code, 0, resumed.output().slice(-3000));
+    console.log(
+      `  killed run ${((resumed.startedAt - killed.startedAt) / 1000).toFixed(1)} s, resumed run ${((Date.now() - resumed.startedAt) / 1000).toFixed(1)} s`,
+    );
     assert.match(resumed.output(), /re-trained steps 1–1 from the update stage's input log/);
     assert.equal(
       await sha256File(join(killedDir, 'checkpoints/global_step_2/actor/adapter_model.safetensors')),
