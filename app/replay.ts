@@ -43,8 +43,7 @@ import { hashId, type ControlEvent, type TrajectoryGroup, type PolicyVersion } f
 import { loadStageState, saveStageState } from '../lib/pipeline/stage-state.ts';
 import { policyDir, tokenizerFor } from '../lib/pipeline/policy.ts';
 import { loadRunData } from '../lib/pipeline/data.ts';
-import { planFromConfig, totalSteps } from '../lib/pipeline/plan.ts';
-import { valScheduled } from '../services/controller/logic.ts';
+import { planFromConfig, totalSteps, valScheduled } from '../lib/pipeline/plan.ts';
 import { startStage, type StartedStage } from '../services/index.ts';
 import { startUpdate } from '../services/update/main.ts';
 import { summaryTable } from './run.ts';

@@ -416,7 +416,8 @@ export async function trainEmbedded(
           ? `loading the model${cfg.actor.model.path ? ` from ${cfg.actor.model.path}` : ''} and opening the trainer`
           : `starting the ${name} stage`,
       );
-      stages.push(await startStage(p, name));
+      // one process runs every stage: the rollout takes new versions from memory (policy.version_files)
+      stages.push(await startStage(p, name, { rolloutInProcess: true }));
     }
     phase('sampling step 1 (the first batch builds the ONNX sessions)');
     if (resume.extendFrom !== undefined) {

@@ -24,7 +24,7 @@ export interface StartedStage {
 export async function startStage(
   p: Pipeline,
   name: string,
-  opts: { replica?: number; replay?: boolean } = {},
+  opts: { replica?: number; replay?: boolean; rolloutInProcess?: boolean } = {},
 ): Promise<StartedStage> {
   const replica = opts.replica ?? 0;
   switch (name) {
@@ -42,7 +42,11 @@ export async function startStage(
       return { name, run: startAdvantage(p), close: async () => {} };
     case 'update': {
       const data = await loadRunData(p.cfg, tokenizerFor(p.cfg));
-      return { name, run: await startUpdate(p, { trainSize: data.train.length }), close: async () => {} };
+      const run = await startUpdate(p, {
+        trainSize: data.train.length,
+        rolloutInProcess: opts.rolloutInProcess === true,
+      });
+      return { name, run, close: async () => {} };
     }
     default:
       throw new ConfigError(`unknown stage "${name}" — valid: ${STAGES.join(', ')}`);

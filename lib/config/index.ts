@@ -13,6 +13,8 @@ export {
   POLICY_LOSSES,
   LOSS_AGG_MODES,
   POLICY_DTYPES,
+  VERSION_FILES,
+  type VersionFiles,
   type PolicyDtype,
 } from './schema.ts';
 export { TRAJECTORY_FIELDS } from '../reward/types.ts';

@@ -1212,7 +1212,7 @@ const trainerSchema = section(
     keep_policy_versions: nonNegInt()
       .default(0)
       .describe(
-        'Policy versions (weights + AdamW state, and the critic and EMA versions beside them) kept beyond those still needed. The update stage prunes every version that is not: the newest two, the reference (v0), one a kept checkpoint links, one a validation round still evaluates, or one within pipeline.max_staleness of the newest (a rollout may still sample with it); 0 keeps only those. Raise it to keep the last N versions as well.',
+        'Stored policy versions (weights, and the critic and EMA versions beside them; a version kept in memory only, policy.version_files, is no file to keep) kept beyond those still needed. The update stage prunes every version that is not: the newest two, the reference (v0), one a kept checkpoint links, one a validation round still evaluates, or one within pipeline.max_staleness of the newest (a rollout may still sample with it); 0 keeps only those. Raise it to keep the last N versions as well.',
       ),
     find_last_checkpoint: z
       .boolean()
@@ -1302,6 +1302,11 @@ const sftSchema = section(
 export const POLICY_DTYPES = ['f32', 'bf16'] as const;
 export type PolicyDtype = (typeof POLICY_DTYPES)[number];
 
+/** Which policy versions are written as files (policy.version_files; auto: by where the rollout runs). */
+export const VERSION_FILES = ['auto', 'every_step', 'checkpoints'] as const;
+/** policy.version_files as applied (auto resolved). */
+export type VersionFiles = Exclude<(typeof VERSION_FILES)[number], 'auto'>;
+
 const policySchema = section(
   {
     dtype: z
@@ -1309,6 +1314,12 @@ const policySchema = section(
       .default('f32')
       .describe(
         "Dtype of the policy versions' weights, which the rollout samples with: f32 = the trainer's weights exactly; bf16 = rounded to bfloat16 (nearest, ties to even), half the bytes of the weights written and read per version; the KL reference (version 0) is read as stored too. The trainer keeps f32 master weights and f32 optimizer state either way (a version's optimizer.safetensors holds the f32 masters training resumes from). With bf16 the sampler's log-probs differ from the trainer's: rollout/logprob_mismatch_abs_mean and rollout/logprob_mismatch_abs_max report by how much (with f32 only f32 rounding, ~1e-7). Full fine-tuning only (a LoRA policy's versions are its adapters).",
+      ),
+    version_files: z
+      .enum(VERSION_FILES)
+      .default('auto')
+      .describe(
+        "Which policy versions the update stage writes to the policy store. every_step: every version (each is a file other processes read: `rlstream serve <stage>`, `rlstream serve-policy <run dir>` following every version). checkpoints: a full policy's version is handed to the rollout in memory and written only where a file is needed: a checkpoint step (trainer.save_freq, the last step) and the pipeline.max_staleness versions before it (a restart's rollout may still sample with them), and a version a validation round samples with; the others exist in memory only and are named by the sha256 of the bytes they would be written as (a resume re-trains them from the log: docs/durability.md). auto: checkpoints when the rollout runs in the update stage's process (`rlstream train` with one rollout replica), every_step for `rlstream serve update` and `rlstream replay`. A LoRA policy's versions (small adapters) and an image policy's (model directories) are written every step either way.",
       ),
   },
   'Policy versions: what the update stage stores for the rollout to sample with.',

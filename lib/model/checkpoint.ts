@@ -49,7 +49,14 @@ import {
   type LoraConfig,
 } from './lora.ts';
 import { numel, paramSpecs, type ParamSpec, type Weights } from './params.ts';
-import { decodeSafetensors, encodeSafetensors, fromFloat32, toFloat32, type StTensor } from './safetensors.ts';
+import {
+  decodeSafetensors,
+  encodeSafetensors,
+  fromFloat32,
+  safetensorsParts,
+  toFloat32,
+  type StTensor,
+} from './safetensors.ts';
 import type { OptimizerState } from './train.ts';
 
 export const MODEL_FILE = 'model.safetensors';
@@ -96,6 +103,8 @@ export interface SaveOptions {
   assetsFrom?: string | null;
   /** Shard the weights above this many bytes (default MAX_SHARD_BYTES). */
   maxShardBytes?: number;
+  /** Called once every file is in the temporary directory, before it is renamed into place (a test's crash point). */
+  beforeRename?: () => void;
 }
 
 async function writeSynced(file: string, data: Uint8Array | string): Promise<void> {
@@ -196,6 +205,7 @@ export async function writeDirAtomic(
   dir: string,
   files: ReadonlyMap<string, Uint8Array | string>,
   overwrite: boolean,
+  beforeRename?: () => void,
 ): Promise<WrittenFile[]> {
   const parent = path.dirname(path.resolve(dir));
   await fs.mkdir(parent, { recursive: true });
@@ -204,6 +214,7 @@ export async function writeDirAtomic(
   try {
     for (const [f, data] of files) await writeSynced(path.join(tmp, f), data);
     await syncDir(tmp);
+    beforeRename?.();
     let old: string | null = null;
     try {
       await fs.access(dir);
@@ -229,13 +240,16 @@ export async function writeDirAtomic(
   }
 }
 
-/** Write a checkpoint directory atomically; returns the sha256 of model.safetensors and every file written (name, sha256, size). */
-export async function saveCheckpoint(
-  dir: string,
+/**
+ * The weights files of a checkpoint directory as saveCheckpoint writes them, each as its parts
+ * (safetensorsParts: views of the arrays, bf16 converted), and the shard index when there are
+ * several. `weights` are checked against the model's parameters.
+ */
+function weightFiles(
   config: ModelConfig,
   weights: Weights,
-  opts: SaveOptions = {},
-): Promise<{ weightsSha256: string; files: WrittenFile[] }> {
+  opts: Pick<SaveOptions, 'dtype' | 'metadata' | 'maxShardBytes'>,
+): { files: { name: string; parts: Buffer[] }[]; index: string | null } {
   const specs = paramSpecs(config);
   for (const s of specs) {
     const w = weights.get(s.name);
@@ -250,41 +264,67 @@ export async function saveCheckpoint(
   const meta = { format: 'pt', ...source, ...(opts.metadata ?? {}) };
   const bytesPer = dtype === 'float32' ? 4 : 2;
   const total = specs.reduce((a, s) => a + numel(s.shape) * bytesPer, 0);
-  const files = new Map<string, Uint8Array | string>();
-  const hash = createHash('sha256');
-  if (total <= (opts.maxShardBytes ?? MAX_SHARD_BYTES)) {
-    const model = encodeSafetensors(
-      specs.map((s) => [hfName(config.tensorLayout, s.name), fromFloat32(weights.get(s.name)!, s.shape, dtype)]),
+  const parts = (g: ParamSpec[]) =>
+    safetensorsParts(
+      g.map((s) => [hfName(config.tensorLayout, s.name), fromFloat32(weights.get(s.name)!, s.shape, dtype)]),
       meta,
     );
-    files.set(MODEL_FILE, model);
-  } else {
-    // save_pretrained's sharding: consecutive tensors up to the shard size, model-0000i-of-0000n + the index
-    const groups: ParamSpec[][] = [[]];
-    let size = 0;
-    for (const s of specs) {
-      const n = numel(s.shape) * bytesPer;
-      if (size + n > (opts.maxShardBytes ?? MAX_SHARD_BYTES) && groups[groups.length - 1].length) {
-        groups.push([]);
-        size = 0;
-      }
-      groups[groups.length - 1].push(s);
-      size += n;
+  if (total <= (opts.maxShardBytes ?? MAX_SHARD_BYTES))
+    return { files: [{ name: MODEL_FILE, parts: parts(specs) }], index: null };
+  // save_pretrained's sharding: consecutive tensors up to the shard size, model-0000i-of-0000n + the index
+  const groups: ParamSpec[][] = [[]];
+  let size = 0;
+  for (const s of specs) {
+    const n = numel(s.shape) * bytesPer;
+    if (size + n > (opts.maxShardBytes ?? MAX_SHARD_BYTES) && groups[groups.length - 1].length) {
+      groups.push([]);
+      size = 0;
     }
-    const weightMap: Record<string, string> = {};
-    const pad = (i: number) => String(i).padStart(5, '0');
-    groups.forEach((g, i) => {
-      const f = `model-${pad(i + 1)}-of-${pad(groups.length)}.safetensors`;
-      const buf = encodeSafetensors(
-        g.map((s) => [hfName(config.tensorLayout, s.name), fromFloat32(weights.get(s.name)!, s.shape, dtype)]),
-        meta,
-      );
-      for (const s of g) weightMap[hfName(config.tensorLayout, s.name)] = f;
-      files.set(f, buf);
-      hash.update(buf);
-    });
-    files.set(MODEL_INDEX_FILE, JSON.stringify({ metadata: { total_size: total }, weight_map: weightMap }, null, 2));
+    groups[groups.length - 1].push(s);
+    size += n;
   }
+  const weightMap: Record<string, string> = {};
+  const pad = (i: number) => String(i).padStart(5, '0');
+  const files = groups.map((g, i) => {
+    const f = `model-${pad(i + 1)}-of-${pad(groups.length)}.safetensors`;
+    for (const s of g) weightMap[hfName(config.tensorLayout, s.name)] = f;
+    return { name: f, parts: parts(g) };
+  });
+  return { files, index: JSON.stringify({ metadata: { total_size: total }, weight_map: weightMap }, null, 2) };
+}
+
+/**
+ * The sha256 saveCheckpoint returns for these weights (`opts` as it is given them), computed over
+ * the bytes it would write without writing them: a policy version kept in memory only is named by it.
+ */
+export function checkpointWeightsSha256(
+  config: ModelConfig,
+  weights: Weights,
+  opts: Pick<SaveOptions, 'dtype' | 'metadata' | 'maxShardBytes'> = {},
+): string {
+  const hash = createHash('sha256');
+  for (const f of weightFiles(config, weights, opts).files) for (const b of f.parts) hash.update(b);
+  return hash.digest('hex');
+}
+
+/** Write a checkpoint directory atomically; returns the sha256 of model.safetensors and every file written (name, sha256, size). */
+export async function saveCheckpoint(
+  dir: string,
+  config: ModelConfig,
+  weights: Weights,
+  opts: SaveOptions = {},
+): Promise<{ weightsSha256: string; files: WrittenFile[] }> {
+  const specs = paramSpecs(config);
+  const dtype = opts.dtype ?? 'float32';
+  const files = new Map<string, Uint8Array | string>();
+  const hash = createHash('sha256');
+  const w = weightFiles(config, weights, opts);
+  for (const f of w.files) {
+    const buf = Buffer.concat(f.parts);
+    files.set(f.name, buf);
+    if (w.index !== null) hash.update(buf);
+  }
+  if (w.index !== null) files.set(MODEL_INDEX_FILE, w.index);
   // the source's generation config and tokenizer files (read before the temporary directory exists)
   const side = await sideFiles(config, opts.assetsFrom ?? null);
   // weights stored below f32: the optimizer state carries the f32 master weights training resumes from
@@ -292,7 +332,7 @@ export async function saveCheckpoint(
     files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer, dtype === 'float32' ? null : weights));
   files.set(CONFIG_FILE, JSON.stringify(toHfConfig(config, dtype), null, 2) + '\n');
   for (const [f, data] of side) files.set(f, data);
-  const written = await writeDirAtomic(dir, files, !!opts.overwrite);
+  const written = await writeDirAtomic(dir, files, !!opts.overwrite, opts.beforeRename);
   // one file: its sha256 as written; shards: the sha256 of their bytes in order
   const single = written.find((f) => f.name === MODEL_FILE);
   return { weightsSha256: single ? single.sha256 : hash.digest('hex'), files: written };
@@ -622,6 +662,8 @@ export interface AdapterSaveOptions {
   overwrite?: boolean;
   /** The base model directory (adapter_config.json base_model_name_or_path; its generation config and tokenizer files are copied). */
   basePath: string | null;
+  /** Called once every file is in the temporary directory, before it is renamed into place (a test's crash point). */
+  beforeRename?: () => void;
 }
 
 export interface AdapterCheckpoint {
@@ -669,7 +711,7 @@ export async function saveAdapter(
   if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
   files.set(ADAPTER_CONFIG_FILE, JSON.stringify(peftAdapterConfig(lora, opts.basePath, config), null, 2) + '\n');
   for (const [f, data] of await sideFiles(config, opts.basePath)) files.set(f, data);
-  const written = await writeDirAtomic(dir, files, !!opts.overwrite);
+  const written = await writeDirAtomic(dir, files, !!opts.overwrite, opts.beforeRename);
   return { weightsSha256: written.find((f) => f.name === ADAPTER_MODEL_FILE)!.sha256, files: written };
 }
 

@@ -45,6 +45,17 @@ export function encodeSafetensors(
   tensors: Iterable<[string, { shape: number[]; data: StData; dtype?: StDType }]>,
   metadata: Record<string, string> = {},
 ): Buffer {
+  return Buffer.concat(safetensorsParts(tensors, metadata));
+}
+
+/**
+ * The bytes of encodeSafetensors as consecutive parts (length, header, then each tensor's bytes as
+ * a view of its array, not a copy): hashing them gives the file's sha256 without building it.
+ */
+export function safetensorsParts(
+  tensors: Iterable<[string, { shape: number[]; data: StData; dtype?: StDType }]>,
+  metadata: Record<string, string> = {},
+): Buffer[] {
   const header: Record<string, unknown> = {};
   if (Object.keys(metadata).length) header.__metadata__ = metadata;
   const parts: Buffer[] = [];
@@ -65,7 +76,7 @@ export function encodeSafetensors(
   const hbuf = Buffer.from(json, 'utf8');
   const len = Buffer.alloc(8);
   len.writeBigUInt64LE(BigInt(hbuf.length));
-  return Buffer.concat([len, hbuf, ...parts]);
+  return [len, hbuf, ...parts];
 }
 
 /** Decode a safetensors buffer; `source` names the file in errors. Tensors view `buf` where aligned (do not modify it after), else are aligned copies. */

@@ -30,7 +30,11 @@ export const CRASH_POINTS = [
   'advantage:computed',
   'update:start',
   'update:trained',
+  // a policy version's files are in its temporary directory, not yet renamed into place
+  'update:version-half-written',
   'update:version-written',
+  // the prune after a batch has removed one stored version and may remove more
+  'update:pruning',
   'checkpoint:start',
   'checkpoint:half-written',
   'checkpoint:renamed',

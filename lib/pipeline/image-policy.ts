@@ -9,7 +9,7 @@
  */
 import { join } from 'node:path';
 import type { Config } from '../config/index.ts';
-import { ConfigError, TransientError } from '../errors.ts';
+import { ConfigError, RlError, TransientError } from '../errors.ts';
 import type { Logger } from '../log.ts';
 import { OPTIMIZER_FILE } from '../model/checkpoint.ts';
 import { policyKindOf } from '../model/policy-kinds.ts';
@@ -361,7 +361,9 @@ export class ImageLearner {
   }
 
   /** Stores the trained state as `version` (policy, then the EMA moved to it when algorithm.ema.enable). */
-  async store(version: number, db: Executor): Promise<void> {
+  async store(version: number, db: Executor, inMemoryOnly = false): Promise<void> {
+    if (inMemoryOnly)
+      throw new RlError('an image policy version is always written to the policy store', { retriable: false });
     this.at = version;
     this.dirty = false;
     this.sha = await this.storePolicy(version, db);
@@ -369,6 +371,9 @@ export class ImageLearner {
     if (this.nextEma())
       await this.s.versions.putFiles('ema', version, ditFiles({ ...this.model, weights: this.ema! }), WEIGHTS_FILE, db);
   }
+
+  /** Nothing to hand over: an image policy's versions are always written (services/update/logic.ts versionFilesOf). */
+  async handOverUnstored(): Promise<void> {}
 
   /** Stores the AdamW state as checkpoint step `version`'s optimizer artifact. */
   async storeOptimizers(version: number, db: Executor): Promise<void> {

@@ -74,8 +74,11 @@ export interface PolicyLearner {
   sha: string;
   reset(base: TrainerBase): Promise<void>;
   advance(version: number, sha: string): void;
-  store(version: number, db: Executor): Promise<void>;
+  /** `inMemoryOnly`: hand the version to this process's readers without writing its file (policy.version_files). */
+  store(version: number, db: Executor, inMemoryOnly?: boolean): Promise<void>;
   storeOptimizers(version: number, db: Executor): Promise<void>;
+  /** Hands the version it holds to this process's readers when the store has no file of it. */
+  handOverUnstored(db: Executor): Promise<void>;
 }
 
 /** A mini-batch of packed tensors (services/update/logic.ts) and its token count. */
@@ -259,14 +262,15 @@ export class Learner implements PolicyLearner {
   }
 
   /**
-   * Stores the trained state as `version`: the policy (its sha256 becomes `sha`), then the critic,
+   * Stores the trained state as `version`: the policy (its sha256 becomes `sha`; `inMemoryOnly`:
+   * handed to the readers in this process with no file written, RunVersions.put), then the critic,
    * then the EMA of the policy weights updated with this version (algorithm.ema.decay).
    */
-  async store(version: number, db: Executor): Promise<void> {
+  async store(version: number, db: Executor, inMemoryOnly = false): Promise<void> {
     const { versions, model, cfg } = this.s;
     this.at = version;
     this.dirty = false;
-    this.sha = await this.storePolicy(version, db);
+    this.sha = await this.storePolicy(version, db, inMemoryOnly);
     crashPoint('update:version-written');
     if (this.critic) await versions.put('critic', version, this.critic.model, this.critic.getWeights(), {}, db);
     if (this.nextEma())
@@ -318,15 +322,24 @@ export class Learner implements PolicyLearner {
   }
 
   /** Writes the policy (no run id in the metadata: equal weights give equal bytes and sha256 in every run). */
-  private storePolicy(version: number, db?: Executor): Promise<string> {
+  private storePolicy(version: number, db?: Executor, inMemoryOnly = false): Promise<string> {
     return this.s.versions.put(
       'policy',
       version,
       this.s.model,
       this.actor.getWeights(),
-      { metadata: { policy_version: String(version) } },
+      { metadata: { policy_version: String(version) }, ...(inMemoryOnly ? { inMemoryOnly } : {}) },
       db,
     );
+  }
+
+  /**
+   * Hands the version it holds (re-trained after a resume, `advance`) to the readers in this
+   * process when the store has no file of it (a version kept in memory only when it was trained).
+   */
+  async handOverUnstored(db: Executor): Promise<void> {
+    if (this.dirty || (await this.s.versions.stored(this.at, db))) return;
+    this.s.versions.handOver(this.at, this.actor.getWeights(), this.sha);
   }
 
   /**

@@ -78,3 +78,12 @@ export function stepCapNotice(
   const need = Math.ceil(plan.maxSteps / per);
   return `trainer.max_steps = ${plan.maxSteps}, but trainer.total_epochs = ${plan.totalEpochs} gives only ${full} steps (${why}), so the run stops at step ${full}: set trainer.total_epochs=${need} to train ${plan.maxSteps} steps`;
 }
+
+/** Whether the controller runs a validation round with policy version `version` (val_before_train, val_freq, the last step). */
+export function valScheduled(plan: ControllerPlan, version: number): boolean {
+  if (plan.valSize === 0) return false;
+  if (plan.valOnly) return version === 0;
+  if (version === 0) return plan.valBeforeTrain;
+  if (version === totalSteps(plan)) return true;
+  return plan.valFreq > 0 && version % plan.valFreq === 0;
+}

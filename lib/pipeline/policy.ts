@@ -363,7 +363,7 @@ export class PolicyCache {
       const newest = Math.max(-1, ...(await this.store.versions('policy', db)));
       if (newest > version) {
         throw new RlError(
-          `policy version ${version} is no longer in ${where}: the update stage pruned it (it is at version ${newest}, and this batch was made for version ${version}); raise trainer.keep_policy_versions to keep more versions`,
+          `policy version ${version} is no longer in ${where}: the update stage pruned it (it is at version ${newest}, and this batch was made for version ${version}); raise trainer.keep_policy_versions to keep more versions (a version kept in memory only, policy.version_files = checkpoints, goes once no rollout may sample with it)`,
           { code: 'ERR_POLICY_PRUNED' },
         );
       }

@@ -10,6 +10,7 @@ import { policyId, type PolicyVersion } from '../contracts/index.ts';
 import { ConfigError, RlError } from '../errors.ts';
 import {
   checkpointSha256,
+  checkpointWeightsSha256,
   MODEL_FILE,
   saveAdapter,
   saveCheckpoint,
@@ -17,7 +18,7 @@ import {
   writeDirAtomic,
 } from '../model/checkpoint.ts';
 import { ADAPTER_MODEL_FILE } from '../model/lora.ts';
-import { handOff } from '../policy-store/handoff.ts';
+import { handOff, inMemorySha, retainHandOffs } from '../policy-store/handoff.ts';
 import type { ModelConfig, OptimizerState, Weights } from '../model/index.ts';
 import {
   ARTIFACT_KINDS,
@@ -35,6 +36,7 @@ import type { HfDtype } from '../model/hf-layout.ts';
 import type { PolicyDtype } from '../config/index.ts';
 import { resumeHint, type RunCheckpoints } from './run-checkpoints.ts';
 import { txOf } from './stage-state.ts';
+import { crashPoint } from './crash-points.ts';
 
 /** policy.dtype's names as the dtypes a model directory is stored in. */
 const HF_DTYPE_OF: Record<PolicyDtype, HfDtype> = { f32: 'float32', bf16: 'bfloat16' };
@@ -42,6 +44,12 @@ const HF_DTYPE_OF: Record<PolicyDtype, HfDtype> = { f32: 'float32', bf16: 'bfloa
 /** What a version is written with besides its weights (a version never holds optimizer state: putOptimizer). */
 export interface VersionWrite {
   metadata?: Record<string, string>;
+  /**
+   * A full policy's version kept in memory only (policy.version_files = checkpoints): handed off
+   * to the readers in this process and named by the sha256 of the bytes it would be stored as,
+   * with no file written.
+   */
+  inMemoryOnly?: boolean;
 }
 
 export class RunVersions {
@@ -118,23 +126,29 @@ export class RunVersions {
         ...extra,
         overwrite: true,
         basePath: resolve(lora.baseDir),
+        beforeRename: () => crashPoint('update:version-half-written', `${kind} ${version}`),
       });
       await this.policies.put(kind, version, db, w.files);
       return w.weightsSha256;
     }
     // a complete model directory: the source's generation config and tokenizer files go with the weights
     const dtype = kind === 'policy' ? HF_DTYPE_OF[this.o.policyDtype ?? 'f32'] : 'float32';
-    const w = await saveCheckpoint(dir, model, weights, { ...extra, overwrite: true, assetsFrom, dtype });
+    const { inMemoryOnly, ...write } = extra;
+    if (kind === 'policy' && inMemoryOnly) {
+      const sha = checkpointWeightsSha256(model, weights, { ...write, dtype });
+      this.handOver(version, weights, sha);
+      return sha;
+    }
+    const w = await saveCheckpoint(dir, model, weights, {
+      ...write,
+      overwrite: true,
+      assetsFrom,
+      dtype,
+      beforeRename: () => crashPoint('update:version-half-written', `${kind} ${version}`),
+    });
     await this.policies.put(kind, version, db, w.files);
     // the readers in this process sample with the weights as stored (bf16: rounded, as a reader of the files gets them)
-    if (kind === 'policy')
-      handOff(
-        this.policies,
-        version,
-        MODEL_FILE,
-        w.weightsSha256,
-        dtype === 'float32' ? weights : new Map([...weights].map(([k, a]) => [k, roundedToBf16(a)])),
-      );
+    if (kind === 'policy') handOff(this.policies, version, MODEL_FILE, w.weightsSha256, this.asStored(weights));
     return w.weightsSha256;
   }
 
@@ -156,6 +170,36 @@ export class RunVersions {
     const sha = written.find((f) => f.name === weightsFile)?.sha256 ?? '';
     if (handOffWeights) handOff(this.policies, version, weightsFile, sha, handOffWeights);
     return sha;
+  }
+
+  /**
+   * Hands a full policy's version `version` (weights `weights`, named by `sha`) to the readers in
+   * this process in memory only, as stored (policy.dtype); the caller must not modify them
+   * afterwards. A LoRA policy's versions are always written (its readers merge the adapter files).
+   */
+  handOver(version: number, weights: Weights, sha: string): void {
+    if (this.o.lora)
+      throw new ConfigError('a LoRA policy version is written to the policy store, never kept in memory only');
+    handOff(this.policies, version, MODEL_FILE, sha, this.asStored(weights), false);
+  }
+
+  /** Drops the versions kept in memory only below `from` (no reader can ask for them any more). */
+  retainInMemory(from: number): void {
+    retainHandOffs(this.policies, (v) => v >= from);
+  }
+
+  /** Whether policy version `version` has a weights file in the store (else it is, at most, in memory). */
+  async stored(version: number, db: Executor = this.o.db): Promise<boolean> {
+    return (await this.policies.files('policy', version, db)).some(
+      (f) => f.name === MODEL_FILE || f.name === ADAPTER_MODEL_FILE,
+    );
+  }
+
+  /** Weights as a reader of a stored policy version gets them (bf16: rounded). */
+  private asStored(weights: Weights): Weights {
+    return (this.o.policyDtype ?? 'f32') === 'f32'
+      ? weights
+      : new Map([...weights].map(([k, a]) => [k, roundedToBf16(a)]));
   }
 
   /**
@@ -194,10 +238,13 @@ export class RunVersions {
     db: Executor = this.o.db,
   ): Promise<PolicyVersion> {
     const { runId } = this.checkpoints;
-    // the weights file's sha256 as recorded when the version was written (files are checked when read)
-    const recorded = (await this.policies.files('policy', version, db)).find(
-      (f) => f.name === MODEL_FILE || f.name === ADAPTER_MODEL_FILE,
-    );
+    // the weights file's sha256 as recorded when the version was written (files are checked when
+    // read), or, for a version kept in memory only, of the bytes it would be written as
+    const memory = inMemorySha(this.policies, version);
+    const recorded =
+      (await this.policies.files('policy', version, db)).find(
+        (f) => f.name === MODEL_FILE || f.name === ADAPTER_MODEL_FILE,
+      ) ?? (memory === null ? undefined : { sha256: memory });
     const dir = recorded ? this.policies.writeDir('policy', version) : await this.dir('policy', version, db);
     return {
       run_id: runId,
@@ -229,6 +276,7 @@ export class RunVersions {
       const prune = OPTIMIZER_KINDS.includes(kind) ? optimizerStatesToPrune : versionsToPrune;
       for (const v of prune(await this.policies.versions(kind, db), keep)) {
         await this.policies.remove(kind, v, db);
+        crashPoint('update:pruning', `${kind} ${v}`);
         if (kind === 'policy') pruned.push(v);
       }
     }

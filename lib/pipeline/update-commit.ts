@@ -5,11 +5,12 @@
  * checkpointed, the consumed offsets and the versions still in use are decided in
  * services/update/logic.ts.
  */
-import type { Config } from '../config/index.ts';
+import type { Config, VersionFiles } from '../config/index.ts';
 import type { PolicyVersion } from '../contracts/index.ts';
 import type { Logger } from '../log.ts';
 import type { LrScheduleConfig } from '../optim/lr-schedule.ts';
 import { crashPoint } from './crash-points.ts';
+import { oldestSampledVersion } from '../policy-store/retention.ts';
 import type { PolicyLearner } from './learner.ts';
 import type { ControllerPlan } from './plan.ts';
 import {
@@ -32,6 +33,8 @@ export interface UpdateCommitter {
   learner: PolicyLearner;
   versions: RunVersions;
   checkpoints: RunCheckpoints;
+  /** policy.version_files as applied (services/update/logic.ts versionFilesOf). */
+  versionFiles: VersionFiles;
   /** The actor's learning-rate schedule (trainer_state.json's lr_state). */
   schedule: LrScheduleConfig;
   totalOptimizerSteps: number;
@@ -42,7 +45,20 @@ export interface UpdateCommitter {
 export type StepRecord = Pick<PolicyVersion, 'groups' | 'samples' | 'tokens' | 'consumed'>;
 
 /**
- * Stores the version the learner holds after training step `state.version` (weights only) and
+ * The update stage's state once step `step` is committed (its version `sha`, a checkpoint or not):
+ * the version is the step, the step's first input offsets are no longer needed, and the sha256 of
+ * each version after the last checkpoint is kept (a resume re-trains those steps and takes their
+ * versions' sha256 back from here; a checkpoint starts the list again).
+ */
+export function noteCommitted(st: UpdateState, step: number, checkpoint: boolean, sha: string): void {
+  st.version = step;
+  delete st.stepStarts?.[String(step)];
+  st.versionSha = checkpoint ? {} : { ...st.versionSha, [String(step)]: sha };
+}
+
+/**
+ * Stores the version the learner holds after training step `step` (weights only; with `file`
+ * false a full policy's version is kept in memory only: RunVersions.put) and
  * returns its `policy` record; with `checkpoint`, writes the step's optimizer states and its
  * checkpoint too (temporary name, fsync, rename — then the row; a half-written one is never
  * listed), recording `checkpoint.rereadFrom`: the offsets from which the update stage's input holds
@@ -51,13 +67,14 @@ export type StepRecord = Pick<PolicyVersion, 'groups' | 'samples' | 'tokens' | '
 export async function commitVersion(
   c: UpdateCommitter,
   state: UpdateState,
+  step: number,
   record: StepRecord,
-  checkpoint: { rereadFrom: Record<string, number> } | null,
+  o: { file: boolean; checkpoint: { rereadFrom: Record<string, number> } | null },
   ctx: Pick<StageContext, 'db' | 'tx'>,
 ): Promise<PolicyVersion> {
   const { cfg, versions } = c;
-  const step = state.version;
-  await c.learner.store(step, ctx.db);
+  const { checkpoint } = o;
+  await c.learner.store(step, ctx.db, !o.file && !checkpoint);
   const rec = await versions.record(step, Date.now(), record, ctx.db);
   if (checkpoint) {
     crashPoint('checkpoint:start');
@@ -89,13 +106,28 @@ export async function commitVersion(
 }
 
 /**
- * Removes the stored versions no longer needed (lib/policy-store/retention.ts): not the
- * reference, the newest two, those within pipeline.max_staleness, a kept checkpoint's, those in
- * `inUse` (validation rounds may still sample with them), nor the trainer.keep_policy_versions
- * newest others. Critic and EMA versions go with their policy version.
+ * The versions a prune keeps besides retention's own rule: those in `inUse` (validation rounds may
+ * still sample with them) and, for a run started from a checkpoint, its start (it resumes from
+ * there until its own first checkpoint; its EMA version).
  */
-export async function pruneVersions(c: UpdateCommitter, newest: number, inUse: number[], db: Executor): Promise<void> {
+export function versionsKept(st: Pick<UpdateState, 'startedAt'>, inUse: readonly number[]): number[] {
+  return st.startedAt ? [...inUse, st.startedAt.step] : [...inUse];
+}
+
+/**
+ * Removes the stored versions no longer needed (lib/policy-store/retention.ts): not the
+ * reference, the newest two, those within pipeline.max_staleness, a kept checkpoint's, those
+ * versionsKept keeps, nor the trainer.keep_policy_versions newest others. Critic and EMA versions
+ * go with their policy version.
+ */
+export async function pruneVersions(
+  c: UpdateCommitter,
+  st: Pick<UpdateState, 'version' | 'startedAt'>,
+  inUse: readonly number[],
+  db: Executor,
+): Promise<void> {
   const { cfg } = c;
+  const newest = st.version;
   // through the batch's executor (PGlite: its transaction holds the one connection; it sees this batch's checkpoint row)
   const checkpointSteps = await keptCheckpoints(c.checkpoints, cfg.trainer.save_limit, txOf(db));
   const pruned = await c.versions.prune(
@@ -104,10 +136,12 @@ export async function pruneVersions(c: UpdateCommitter, newest: number, inUse: n
       maxStaleness: cfg.pipeline.max_staleness,
       checkpointSteps,
       keepExtra: cfg.trainer.keep_policy_versions,
-      inUse,
+      inUse: versionsKept(st, inUse),
     },
     db,
   );
+  // the versions kept in memory only that no rollout can still sample with
+  c.versions.retainInMemory(oldestSampledVersion(newest, cfg.pipeline.max_staleness));
   if (pruned.length)
     c.log.debug(
       { pruned },

@@ -9,6 +9,7 @@
 import type { UpdateGroup } from '../contracts/index.ts';
 import { parseTopicName } from '../contracts/topics.ts';
 import { RlError } from '../errors.ts';
+import { oldestSampledVersion } from '../policy-store/retention.ts';
 import type { Logger } from '../log.ts';
 import type { PolicyLearner } from './learner.ts';
 import type { Pipeline } from './runtime.ts';
@@ -63,15 +64,19 @@ export async function readLoggedGroups(
   return read;
 }
 
-/** What re-training the logged steps needs: the stage's learner and its committed state, and its training step. */
-export interface RetrainArgs {
+/** What re-training logged steps needs of the update stage: its learner and its training step. */
+export interface Retrainer {
   p: Pipeline;
   learner: PolicyLearner;
   log: Logger;
+  train: (at: UpdateState, groups: UpdateGroup[]) => Promise<void>;
+}
+
+/** A Retrainer with the committed state to reach. */
+export interface RetrainArgs extends Retrainer {
   st: UpdateState;
   /** The batch's executor inside a batch. */
   db: Executor;
-  train: (at: UpdateState, groups: UpdateGroup[]) => Promise<void>;
 }
 
 /**
@@ -119,6 +124,8 @@ export async function retrainLogged(a: RetrainArgs & { base: ResumeBase }): Prom
     await a.train(at, groups);
     at.version = step;
     learner.advance(step, st.versionSha?.[String(step)] ?? (await recordedSha(p, step, db)));
+    // a version kept in memory only when it was trained: the rollout may sample with it again
+    if (step >= oldestSampledVersion(st.version, p.cfg.pipeline.max_staleness)) await learner.handOverUnstored(db);
   }
   if (at.optimizerSteps !== st.optimizerSteps)
     throw new RlError(

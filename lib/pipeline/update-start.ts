@@ -37,6 +37,8 @@ export interface UpdateOptions {
   behaviourSha?: ReadonlyMap<number, string>;
   /** Replay: the initial policy (v0) directory to start from instead of actor.model.path / init_seed. */
   initialWeightsDir?: string;
+  /** The rollout runs in this process (`rlstream train`): policy.version_files defaults to checkpoints. */
+  rolloutInProcess?: boolean;
 }
 
 /** The update stage's saved state (stage_state 'update'). */

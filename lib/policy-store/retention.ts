@@ -18,6 +18,16 @@ export interface RetentionOptions {
   inUse?: readonly number[];
 }
 
+/**
+ * The oldest version a rollout may still sample a training batch with when `newest` is the
+ * newest version: the batches not sampled yet are for steps after `newest`, and a batch of step k
+ * samples with a version at least k − 1 − pipeline.max_staleness. A version kept in memory only
+ * (policy.version_files = checkpoints) is held from here to the newest.
+ */
+export function oldestSampledVersion(newest: number, maxStaleness: number): number {
+  return Math.max(0, newest - maxStaleness);
+}
+
 export function neededVersions(o: RetentionOptions): Set<number> {
   const keep = new Set<number>([0, ...o.checkpointSteps, ...(o.inUse ?? [])]);
   for (let v = Math.max(0, o.newest - o.maxStaleness - 1); v <= o.newest; v++) keep.add(v);

@@ -30,9 +30,9 @@ import {
 import type { RunData } from '../../lib/pipeline/data.ts';
 import { sampleRow } from '../../lib/pipeline/rows.ts';
 import type { MetricRow, PromptImageRow, TrajectoryRow, ValGenerationRow } from '../../lib/store/port.ts';
-import { stepsPerEpoch, totalSteps, type ControllerPlan } from '../../lib/pipeline/plan.ts';
+import { stepsPerEpoch, totalSteps, valScheduled, type ControllerPlan } from '../../lib/pipeline/plan.ts';
 
-export { stepsPerEpoch, totalSteps, type ControllerPlan };
+export { stepsPerEpoch, totalSteps, valScheduled, type ControllerPlan };
 
 export interface PolicyRef {
   version: number;
@@ -119,14 +119,6 @@ export function refillPrompts(plan: ControllerPlan, step: number, attempt: numbe
     promptIndex: base + j,
     datasetIndex: perm[j],
   }));
-}
-
-export function valScheduled(plan: ControllerPlan, version: number): boolean {
-  if (plan.valSize === 0) return false;
-  if (plan.valOnly) return version === 0;
-  if (version === 0) return plan.valBeforeTrain;
-  if (version === totalSteps(plan)) return true;
-  return plan.valFreq > 0 && version % plan.valFreq === 0;
 }
 
 function valPrompts(plan: ControllerPlan): PromptRef[] {

@@ -8,7 +8,8 @@ import type { UpdateGroup, UpdateSample } from '../../lib/contracts/index.ts';
 import type { ImagePixels } from '../../lib/data/images.ts';
 import type { TrainBatch } from '../../lib/model/index.ts';
 import { rolloutCorrection, type RolloutCorrectionConfig } from '../../lib/rl/rollout-correction.ts';
-import type { Config } from '../../lib/config/index.ts';
+import type { Config, VersionFiles } from '../../lib/config/index.ts';
+import { totalSteps, valScheduled, type ControllerPlan } from '../../lib/pipeline/plan.ts';
 
 export interface SampleKey {
   id: string;
@@ -84,6 +85,44 @@ export function splitBatches<T>(items: T[], miniSize: number, microSize: number)
 export function shouldCheckpoint(step: number, totalSteps: number, saveFreq: number): boolean {
   if (step === totalSteps) return true;
   return saveFreq > 0 && step % saveFreq === 0;
+}
+
+/**
+ * Whether the update stage writes policy version `step` as a file (policy.version_files, resolved:
+ * versionFilesOf). checkpoints: a checkpoint step and the pipeline.max_staleness versions before one
+ * (a rollout restarted at that checkpoint may still sample with them: oldestSampledVersion), and a
+ * version a validation round samples with; every other version is kept in memory only.
+ */
+export function writesVersionFile(
+  step: number,
+  files: VersionFiles,
+  cfg: { trainer: Pick<Config['trainer'], 'save_freq'>; pipeline: Pick<Config['pipeline'], 'max_staleness'> },
+  plan: ControllerPlan,
+): boolean {
+  if (files === 'every_step' || valScheduled(plan, step)) return true;
+  const total = totalSteps(plan);
+  for (let c = step; c <= Math.min(total, step + cfg.pipeline.max_staleness); c++)
+    if (shouldCheckpoint(c, total, cfg.trainer.save_freq)) return true;
+  return false;
+}
+
+/**
+ * policy.version_files as the update stage applies it: as set, or (auto) checkpoints when the rollout
+ * runs in its process (one rollout replica) and every_step otherwise; a LoRA policy's versions are
+ * always written (its readers merge the adapter files), as are an image policy's (its versions are
+ * model directories, lib/image/checkpoint.ts).
+ */
+export function versionFilesOf(
+  cfg: {
+    policy: Pick<Config['policy'], 'version_files'>;
+    rollout: Pick<Config['rollout'], 'replicas'>;
+    actor: { model: Pick<Config['actor']['model'], 'lora' | 'kind'> };
+  },
+  rolloutInProcess: boolean,
+): VersionFiles {
+  if (cfg.actor.model.lora || cfg.actor.model.kind === 'image') return 'every_step';
+  if (cfg.policy.version_files !== 'auto') return cfg.policy.version_files;
+  return rolloutInProcess && cfg.rollout.replicas === 1 ? 'checkpoints' : 'every_step';
 }
 
 /** The update stage's state as far as a start decides on it. */

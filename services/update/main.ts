@@ -18,13 +18,13 @@
 import { forStage, type Logger } from '../../lib/log.ts';
 import { runStage, type Decoded, type Pipeline, type StageContext, type StageRun } from '../../lib/pipeline/runtime.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
-import { loadStageState, saveStageState, PendingBatch, type Executor } from '../../lib/pipeline/stage-state.ts';
+import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { policyModels, startLearner, type StartedLearner } from '../../lib/pipeline/update-start.ts';
 import type { UpdateOptions, UpdateState } from '../../lib/pipeline/update-start.ts';
-import { catchUpLearner } from '../../lib/pipeline/update-resume.ts';
+import { catchUpLearner, type Retrainer } from '../../lib/pipeline/update-resume.ts';
 import { trainsNft } from '../../lib/pipeline/trainer-settings.ts';
-import { commitVersion, pruneVersions, type UpdateCommitter } from '../../lib/pipeline/update-commit.ts';
+import { commitVersion, noteCommitted, pruneVersions, type UpdateCommitter } from '../../lib/pipeline/update-commit.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
 import type { UpdateGroup } from '../../lib/contracts/index.ts';
@@ -47,7 +47,9 @@ import {
   stepRecord,
   stepThroughput,
   totalOptimizerSteps,
+  versionFilesOf,
   versionsInUse,
+  writesVersionFile,
   type ControllerProgress,
   type PackOptions,
 } from './logic.ts';
@@ -62,6 +64,8 @@ interface UpdateRun {
   totalOptSteps: number;
   /** A language policy's learner, or an image policy's (actor.model.kind = image). */
   learner: StartedLearner['learner'];
+  /** Brings the learner to a committed version by re-training logged steps (lib/pipeline/update-resume.ts). */
+  retrain: Retrainer;
   /** Stores, records and checkpoints the learner's versions; prunes those no longer needed. */
   commit: UpdateCommitter;
   packing: PackOptions;
@@ -100,8 +104,6 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
         findLastCheckpoint: cfg.trainer.find_last_checkpoint,
       }),
   });
-  // (re)publish the current version: idempotent by id, and covers a crash between save and publish
-  await p.bus.produce([p.message('policy', await versions.record(state.version, Date.now()))]);
   const totalOptSteps = totalOptimizerSteps(totalSteps, perEpoch ?? arith.miniBatches, cfg.actor.ppo_epochs);
   const run: UpdateRun = {
     p,
@@ -111,6 +113,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     totalSteps,
     totalOptSteps,
     learner,
+    retrain: { p, learner, log, train: async (at, groups) => void (await trainStep(run, at, groups)) },
     commit: {
       cfg,
       runId: p.runId,
@@ -118,6 +121,7 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       learner,
       versions,
       checkpoints,
+      versionFiles: versionFilesOf(cfg, opts.rolloutInProcess === true),
       schedule: settings.actor.schedule,
       totalOptimizerSteps: totalOptSteps,
       log,
@@ -127,19 +131,11 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
     criticImages: criticModel ? new PolicyImages(criticModel, pixelCache) : null,
     lastVersionMs: null,
   };
-  await catchUp(run, state, p.db.db, false);
+  await catchUpLearner({ ...run.retrain, st: state, db: p.db.db, reset: false });
+  // (re)publish the current version: idempotent by id, and covers a crash between save and publish
+  // (after the catch-up: a version kept in memory only is there again only once re-trained)
+  await p.bus.produce([p.message('policy', await versions.record(state.version, Date.now()))]);
   return runStage(p, 'update', ['updates'], (records, ctx) => updateBatch(run, state, records, ctx));
-}
-
-/** The learner brought to the committed `st.version` (the logged steps after its trainer base re-trained). */
-function catchUp(run: UpdateRun, st: UpdateState, db: Executor, reset: boolean): Promise<void> {
-  return catchUpLearner({
-    ...run,
-    st,
-    db,
-    reset,
-    train: async (at, groups) => void (await trainStep(run, at, groups)),
-  });
 }
 
 /**
@@ -151,7 +147,7 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
   const cfg = p.cfg;
   run.metrics.beginBatch(ctx.waitedMs);
   const st = (await loadStageState<UpdateState>(ctx.db, p.runId, 'update')) ?? initial;
-  await catchUp(run, st, ctx.db, true);
+  await catchUpLearner({ ...run.retrain, st, db: ctx.db, reset: true });
   st.stepStarts = noteStepStarts(st.stepStarts ?? {}, records, st.version);
   st.positions = advancePositions(
     st.positions ?? {},
@@ -177,9 +173,7 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
   await pending.persist();
   // validation rounds the controller published and has not seen finish still sample with their version
   const progress = await loadStageState<ControllerProgress>(ctx.db, p.runId, 'controller');
-  // a run started from a checkpoint resumes from there until its own first checkpoint (its EMA version)
-  const base = st.startedAt ? [st.startedAt.step] : [];
-  await pruneVersions(run.commit, st.version, [...versionsInUse(progress, st.version), ...base], ctx.db);
+  await pruneVersions(run.commit, st, versionsInUse(progress, st.version), ctx.db);
 }
 
 /** Trains step `step` on its groups and commits it: versions, policy record, checkpoint when due, metrics. Returns the time it was published. */
@@ -197,18 +191,17 @@ async function trainAndCommit(
   const m = await trainStep(run, st, groups);
   const tTrain = performance.now();
   crashPoint('update:trained');
-  st.version = step;
-  delete st.stepStarts?.[String(step)];
   const checkpoint = shouldCheckpoint(step, run.totalSteps, cfg.trainer.save_freq);
+  const file = writesVersionFile(step, run.commit.versionFiles, cfg, run.commit.plan);
   const rec = await commitVersion(
     run.commit,
     st,
+    step,
     stepRecord(groups, m['perf/update_tokens'] ?? 0, st.positions ?? {}),
-    checkpoint ? { rereadFrom: rereadFrom(st.positions ?? {}, st.stepStarts ?? {}, step) } : null,
+    { file, checkpoint: checkpoint ? { rereadFrom: rereadFrom(st.positions ?? {}, st.stepStarts ?? {}, step) } : null },
     ctx,
   );
-  // a resume re-trains the steps after the last checkpoint and takes their versions' sha256 back from here
-  st.versionSha = checkpoint ? {} : { ...st.versionSha, [String(step)]: rec.sha256 };
+  noteCommitted(st, step, checkpoint, rec.sha256);
   // throughput of the whole pipeline over this step: its samples (and their prompt + response
   // tokens) ÷ the wall time since the previous version (none for the first step of a process)
   const nowMs = Date.now();

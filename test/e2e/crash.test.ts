@@ -8,7 +8,9 @@
  * sample), identical to the uninterrupted run's rows. The first kill comes at the start of step 4,
  * after step 3's version was committed and between checkpoints (2 and 4): policy versions hold no
  * optimizer state, so the restart starts the trainer from global_step_2 and re-trains step 3 from
- * the update stage's input log. It also checks the resume lines, that a
+ * the update stage's input log. Odd steps' versions are kept in memory only (policy.version_files
+ * defaults to checkpoints in `rlstream train`): a restart hands the re-trained ones to the rollout
+ * again; the kills include a version write half done and a prune half done. It also checks the resume lines, that a
  * half-written checkpoint is never taken as the last one, and that a live run directory cannot
  * be opened by another process (the lock names the PID).
  */
@@ -70,6 +72,9 @@ const overrides = (dir: string) => [
 const HOOKS = [
   'checkpoint:half-written@1',
   'update:version-written@1',
+  // a checkpoint step's version with its files in the temporary directory; a prune half done
+  'update:version-half-written@1',
+  'update:pruning@1',
   'rollout:generated@3',
   'update:trained@2',
   'checkpoint:renamed@1',

@@ -23,7 +23,8 @@ after(() => {
   rmSync(tmp, { recursive: true, force: true });
 });
 
-// every version kept (keep_policy_versions), so the policy directory outgrows the small disk
+// every version written (policy.version_files) and kept (keep_policy_versions), so the policy
+// directory outgrows the small disk
 const args = (dir: string) => [
   'train',
   CONFIG,
@@ -32,6 +33,7 @@ const args = (dir: string) => [
   'trainer.max_steps=8',
   'trainer.save_freq=4',
   'trainer.keep_policy_versions=8',
+  'policy.version_files=every_step',
 ];
 
 async function finalState(dir: string) {

@@ -21,6 +21,8 @@ test('EMA weights follow the decay rule across steps', { timeout: 300_000 }, asy
       'trainer.max_steps=2',
       'algorithm.ema.enable=true',
       'algorithm.ema.decay=0.75',
+      // version 1's policy weights are read below (rlstream train keeps it in memory by default)
+      'policy.version_files=every_step',
     ],
   });
   const out = await trainEmbedded(cfg, silentLogger('ema-test'));

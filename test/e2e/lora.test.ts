@@ -3,7 +3,8 @@
  * (the real tokenizer) trains two GRPO steps with the KL loss; the reference log-probs are the
  * base model's (adapters off); every policy version and the checkpoint's actor/ carry only the
  * adapter in PEFT layout (version 0: B = 0); and `rlstream export --merge` of the checkpoint
- * reloads to the log-probs of base + adapter. About 30 s on 2 cores.
+ * reloads to the log-probs of base + adapter; killed half-way through an adapter version's write,
+ * the same command resumes to the undisturbed checkpoint. About 45 s on 2 cores.
  */
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -23,6 +24,8 @@ import { decodeSafetensors } from '../../lib/model/safetensors.ts';
 import { Scorer } from '../../lib/model/score.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { policyModelConfig, tokenizerFor } from '../../lib/pipeline/policy.ts';
+import { sha256File } from '../../lib/policy-store/hash.ts';
+import { spawnCli } from '../support/chaos-procs.ts';
 import {
   writeHfModelDir,
   tinyQwen3Config,
@@ -64,37 +67,57 @@ test(
     }));
     writeFileSync(data, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
     const runDir = join(tmp, 'run');
-    const cfg = loadConfig({
-      overrides: [
-        `data.train_files=${data}`,
-        'data.max_prompt_length=48',
-        'data.max_response_length=6',
-        'data.rollout_batch_size=4',
-        'algorithm.adv_estimator=grpo',
-        'algorithm.use_kl_loss=true',
-        'algorithm.kl_coef=0.1',
-        'rollout.n=2',
-        `actor.model.path=${src}`,
-        'actor.model.max_seq_len=64',
-        // an entropy bonus: a gradient whatever the rewards (a random policy's exact-match rewards are all 0, so its GRPO advantages are too)
-        'actor.model.lora={rank: 4, alpha: 8, target_modules: all-linear}',
-        'actor.optim.lr=5e-2',
-        'actor.entropy_coeff=0.01',
-        'actor.global_batch_size=8',
-        'actor.micro_batch_size_per_device_for_update=4',
-        'actor.micro_batch_size_per_device_for_experience=8',
-        'reward.reward_fn=exact_match',
-        `trainer.run_dir=${runDir}`,
-        `pipeline.run_id=${RUN_ID}`,
-        'trainer.max_steps=2',
-        'trainer.total_epochs=2',
-        'trainer.val_before_train=false',
-        'trainer.val_freq=-1',
-        'trainer.save_freq=2',
-      ],
-    });
+    const overrides = (dir: string) => [
+      `data.train_files=${data}`,
+      'data.max_prompt_length=48',
+      'data.max_response_length=6',
+      'data.rollout_batch_size=4',
+      'algorithm.adv_estimator=grpo',
+      'algorithm.use_kl_loss=true',
+      'algorithm.kl_coef=0.1',
+      'rollout.n=2',
+      `actor.model.path=${src}`,
+      'actor.model.max_seq_len=64',
+      // an entropy bonus: a gradient whatever the rewards (a random policy's exact-match rewards are all 0, so its GRPO advantages are too)
+      'actor.model.lora={rank: 4, alpha: 8, target_modules: all-linear}',
+      'actor.optim.lr=5e-2',
+      'actor.entropy_coeff=0.01',
+      'actor.global_batch_size=8',
+      'actor.micro_batch_size_per_device_for_update=4',
+      'actor.micro_batch_size_per_device_for_experience=8',
+      'reward.reward_fn=exact_match',
+      `trainer.run_dir=${dir}`,
+      `pipeline.run_id=${RUN_ID}`,
+      'trainer.max_steps=2',
+      'trainer.total_epochs=2',
+      'trainer.val_before_train=false',
+      'trainer.val_freq=-1',
+      'trainer.save_freq=2',
+    ];
+    const cfg = loadConfig({ overrides: overrides(runDir) });
+    const t0 = Date.now();
     const run = await trainEmbedded(cfg, silentLogger(RUN_ID));
     assert.equal(run.status, 'completed', run.message);
+    console.log(`  undisturbed run ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+
+    // ── killed half-way through writing step 2's adapter version (hits 1 and 2: versions 0 and 1),
+    // the same command resumes at step 1 from the run's start (re-training step 1 from the log) and
+    // ends with the undisturbed checkpoint
+    const killedDir = join(tmp, 'killed');
+    const killed = spawnCli(['train', ...overrides(killedDir)], { RLSTREAM_CRASH_AT: 'update:version-half-written@3' });
+    assert.equal((await killed.exit).signal, 'SIGKILL', killed.output().slice(-3000));
+    assert.match(killed.output(), /SIGKILL at update:version-half-written@3 policy 2/);
+    const resumed = spawnCli(['train', ...overrides(killedDir)]);
+    assert.equal((await resumed.exit).code, 0, resumed.output().slice(-3000));
+    console.log(
+      `  killed run ${((resumed.startedAt - killed.startedAt) / 1000).toFixed(1)} s, resumed run ${((Date.now() - resumed.startedAt) / 1000).toFixed(1)} s`,
+    );
+    assert.match(resumed.output(), /re-trained steps 1–1 from the update stage's input log/);
+    assert.equal(
+      await sha256File(join(killedDir, 'checkpoints/global_step_2/actor/adapter_model.safetensors')),
+      await sha256File(join(runDir, 'checkpoints/global_step_2/actor/adapter_model.safetensors')),
+      'the resumed LoRA run ends with the undisturbed checkpoint',
+    );
     const lora = loraConfig({ rank: 4, alpha: 8, targetModules: 'all-linear' });
 
     // ── policy versions: the adapter only, PEFT layout

@@ -1,17 +1,18 @@
 /**
  * `rlstream replay` from a run whose log is Kafka (the librdkafka mock) and whose store is
  * PostgreSQL: the source's recorded trajectories are read back from its Kafka topic, and the
- * replay with the source's config reproduces its checkpoint, generating nothing.
+ * replay with the source's config reproduces its checkpoint, generating nothing. The source is
+ * killed between checkpoints (trainer.save_freq 3, after step 2): its restart re-trains steps 1–2
+ * from the update groups it reads back from Kafka, and the replay's checkpoint shows it exact.
  * (The embedded-log replay: test/e2e/replay.test.ts.)
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { loadConfig } from '../../lib/config/index.ts';
-import { trainEmbedded } from '../../app/run.ts';
 import { replayRun } from '../../app/replay.ts';
 import { silentLogger } from '../../lib/log.ts';
+import { spawnCli } from '../support/chaos-procs.ts';
 import { openStore } from '../../lib/store/index.ts';
 import { ROOT, freshDatabase, kafkaForRun } from '../../devkit/pipeline-procs.ts';
 
@@ -31,24 +32,24 @@ test("replay reads a Kafka run's trajectories back and reproduces its checkpoint
   cleanups.push(db.drop);
   const kafka = await kafkaForRun(PREFIX, [SRC, DST], 2);
   cleanups.push(() => kafka.stop());
-  const src = await trainEmbedded(
-    loadConfig({
-      file: CONFIG,
-      overrides: [
-        `trainer.run_dir=${join(tmp, 'src')}`,
-        `pipeline.run_id=${SRC}`,
-        `pipeline.topic_prefix=${PREFIX}`,
-        'trainer.max_steps=3',
-        'trainer.save_freq=3',
-        'pipeline.bus=kafka',
-        `pipeline.brokers=[${kafka.brokers.join(',')}]`,
-        'pipeline.store=postgres',
-        `pipeline.database_url=${db.url}`,
-      ],
-    }),
-    silentLogger(SRC),
-  );
-  assert.equal(src.status, 'completed', src.message);
+  const overrides = [
+    `trainer.run_dir=${join(tmp, 'src')}`,
+    `pipeline.run_id=${SRC}`,
+    `pipeline.topic_prefix=${PREFIX}`,
+    'trainer.max_steps=3',
+    'trainer.save_freq=3',
+    'pipeline.bus=kafka',
+    `pipeline.brokers=[${kafka.brokers.join(',')}]`,
+    'pipeline.store=postgres',
+    `pipeline.database_url=${db.url}`,
+  ];
+  // the source is killed as step 3 starts (steps 1–2 committed, no checkpoint yet): its restart
+  // re-trains them from the groups it reads back from the Kafka topic, from the run's start
+  const killed = spawnCli(['train', CONFIG, ...overrides], { RLSTREAM_CRASH_AT: 'update:start@3' });
+  assert.equal((await killed.exit).signal, 'SIGKILL', killed.output().slice(-3000));
+  const restarted = spawnCli(['train', CONFIG, ...overrides]);
+  assert.equal((await restarted.exit).code, 0, restarted.output().slice(-3000));
+  assert.match(restarted.output(), /re-trained steps 1–2 from the update stage's input log/);
 
   const replay = await replayRun({
     from: SRC,

@@ -99,6 +99,8 @@ test(
       'actor.model.vision.hidden_size=16',
       'actor.model.vision.num_heads=2',
       'actor.model.vision.depth=1',
+      // every version a file: versions 1 and 2 are compared below
+      'policy.version_files=every_step',
     ];
     const cfg = loadConfig({
       file: join(ROOT, 'test/e2e/fixtures/tiny.yaml'),

@@ -4,11 +4,13 @@
  * sharing the writer's store object samples with the writer's arrays without reading the files;
  * a reader with its own store (another process) reads and verifies them; a version whose recorded
  * bytes are not the handed-off ones is read from the store; bf16 versions hand off the weights
- * rounded as a reader of the store gets them.
+ * rounded as a reader of the store gets them. A version kept in memory only (policy.version_files =
+ * checkpoints) has no file, is named by the sha256 of the bytes it would be written as, is taken
+ * from memory until the writer drops it, and is then gone.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { sql } from 'kysely';
@@ -85,6 +87,47 @@ test('policy hand-off: same-process readers take the written arrays, other proce
     const got = await fresh.get(2);
     assert.equal(fresh.fromMemory, 0, 'recorded sha256 differs: read from the store');
     for (const [k, v] of w2b) assert.deepEqual(got.get(k), v, k);
+  } finally {
+    for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts'])
+      await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);
+    await db.close();
+    rmSync(runDir, { recursive: true, force: true });
+  }
+});
+
+test('policy hand-off: a version kept in memory only has the sha256 of its file, no file, and goes when dropped', async () => {
+  const db = await openDatabase({ kind: 'postgres', url: PG_URL });
+  const runDir = mkdtempSync(join(tmpdir(), 'rl-handoff-'));
+  const runId = uniqueRunId('handoff-mem');
+  try {
+    const store = new FilesystemPolicyStore(runDir, runId, db.db);
+    for (const policyDtype of ['f32', 'bf16'] as const) {
+      const versions = new RunVersions(
+        store,
+        { runId, runDir, store: null as never },
+        { lora: null, assetsFrom: null, db: db.db, policyDtype },
+      );
+      const w = initWeights(model, 7);
+      const meta = { metadata: { policy_version: '4' } };
+      const v = policyDtype === 'f32' ? 4 : 5;
+      const mem = await versions.put('policy', v, model, w, { ...meta, inMemoryOnly: true });
+      assert.deepEqual(await store.files('policy', v), [], 'nothing recorded');
+      assert.equal(existsSync(store.writeDir('policy', v)), false, 'nothing written');
+      assert.equal(await versions.stored(v), false);
+      assert.equal((await versions.record(v, 0)).sha256, mem);
+      const cache = new PolicyCache(store, model);
+      const got = await cache.get(v);
+      assert.equal(cache.fromMemory, 1);
+      // the same weights written: the file's sha256 is the one the in-memory version is named by
+      const written = await versions.put('policy', 9, model, w, meta);
+      assert.equal(mem, written, policyDtype);
+      const read = await new PolicyCache(new FilesystemPolicyStore(runDir, runId, db.db), model).get(9);
+      for (const [k, a] of read) assert.deepEqual(got.get(k), a, k);
+      await store.remove('policy', 9);
+      // dropped: no reader can take it any more, and there is no file to read
+      versions.retainInMemory(v + 1);
+      await assert.rejects(new PolicyCache(store, model).get(v), /not in/);
+    }
   } finally {
     for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts'])
       await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);

@@ -17,6 +17,7 @@ import { exportCommand } from '../../../app/cli/commands/export.ts';
 import { QWEN_VL_TOKENS, writeQwenVlDir } from '../../../devkit/qwen-vl-dir.ts';
 import {
   checkpointSha256,
+  checkpointWeightsSha256,
   loadAdapter,
   loadCheckpoint,
   saveAdapter,
@@ -228,6 +229,13 @@ describe('tensor layouts: model.* / visual.* and model.language_model.* / model.
     const back = await loadCheckpoint(out);
     assert.equal(back.weightsSha256, weightsSha256);
     assert.equal(await checkpointSha256(out), weightsSha256);
+    // the sha256 of a version kept in memory only: the same bytes hashed without writing them
+    assert.equal(
+      checkpointWeightsSha256(nested.config, nested.weights, { dtype: 'bfloat16', maxShardBytes: 4e6 }),
+      weightsSha256,
+    );
+    const one = await saveCheckpoint(`${out}-one`, nested.config, nested.weights, { dtype: 'bfloat16' });
+    assert.equal(checkpointWeightsSha256(nested.config, nested.weights, { dtype: 'bfloat16' }), one.weightsSha256);
     for (const [k, a] of nested.weights) assert.deepEqual(back.weights.get(k), a, k);
   });
 

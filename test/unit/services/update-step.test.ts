@@ -16,7 +16,10 @@ import {
   stepMetrics,
   stepRecord,
   totalOptimizerSteps,
+  versionFilesOf,
+  writesVersionFile,
 } from '../../../services/update/logic.ts';
+import { planFromConfig } from '../../../lib/pipeline/plan.ts';
 import { loggedSteps } from '../../../lib/pipeline/update-resume.ts';
 import type { UpdateGroup } from '../../../lib/contracts/index.ts';
 import { join } from 'node:path';
@@ -152,4 +155,47 @@ test("a resume's logged steps: this run's groups of the steps after the base, on
       [4, ['e']],
     ],
   );
+});
+
+test('writesVersionFile: checkpoints writes checkpoint steps, the versions a restart may sample with, validated versions', () => {
+  const cfg = loadConfig({
+    file: join(import.meta.dirname, '../../../examples/number-game.yaml'),
+    overrides: ['trainer.max_steps=20', 'trainer.save_freq=8', 'pipeline.max_staleness=1', 'trainer.val_freq=-1'],
+  });
+  const plan = planFromConfig(cfg, 'r', 10_000, 0);
+  const written = (files: 'every_step' | 'checkpoints') =>
+    Array.from({ length: 20 }, (_, i) => i + 1).filter((s) => writesVersionFile(s, files, cfg, plan));
+  // checkpoints 8, 16, 20; with max_staleness 1 the version before each too
+  assert.deepEqual(written('checkpoints'), [7, 8, 15, 16, 19, 20]);
+  const strict = { ...cfg, pipeline: { ...cfg.pipeline, max_staleness: 0 } };
+  assert.deepEqual(
+    Array.from({ length: 20 }, (_, i) => i + 1).filter((s) => writesVersionFile(s, 'checkpoints', strict, plan)),
+    [8, 16, 20],
+  );
+  assert.equal(written('every_step').length, 20);
+  const validated = planFromConfig({ ...cfg, trainer: { ...cfg.trainer, val_freq: 5 } }, 'r', 10_000, 4);
+  assert.ok(writesVersionFile(5, 'checkpoints', cfg, validated), 'a validation round samples with version 5');
+  assert.ok(!writesVersionFile(4, 'checkpoints', cfg, validated));
+});
+
+test('versionFilesOf: in memory when the rollout is in the process; files for other processes, LoRA and image policies', () => {
+  const cfg = (
+    over: Partial<{ set: 'every_step' | 'checkpoints'; replicas: number; lora: boolean; image: boolean }>,
+  ) => ({
+    policy: { version_files: over.set ?? ('auto' as const) },
+    rollout: { replicas: over.replicas ?? 1 },
+    actor: {
+      model: {
+        lora: over.lora ? ({ rank: 8 } as never) : null,
+        kind: over.image ? ('image' as const) : ('language' as const),
+      },
+    },
+  });
+  assert.equal(versionFilesOf(cfg({}), true), 'checkpoints');
+  assert.equal(versionFilesOf(cfg({}), false), 'every_step');
+  assert.equal(versionFilesOf(cfg({ replicas: 2 }), true), 'every_step');
+  assert.equal(versionFilesOf(cfg({ set: 'every_step' }), true), 'every_step');
+  assert.equal(versionFilesOf(cfg({ set: 'checkpoints' }), false), 'checkpoints');
+  assert.equal(versionFilesOf(cfg({ lora: true, set: 'checkpoints' }), true), 'every_step');
+  assert.equal(versionFilesOf(cfg({ image: true }), true), 'every_step');
 });
