@@ -110,17 +110,18 @@ export function writesVersionFile(
  * policy.version_files as the update stage applies it: as set, or (auto) checkpoints when the rollout
  * runs in its process (one rollout replica) and every_step otherwise; a LoRA policy's versions are
  * always written (its readers merge the adapter files), as are an image policy's (its versions are
- * model directories, lib/image/checkpoint.ts).
+ * model directories, lib/image/checkpoint.ts) and those an inference engine samples with
+ * (rollout.engine other than onnx: the engine, another process, loads each version's files).
  */
 export function versionFilesOf(
   cfg: {
     policy: Pick<Config['policy'], 'version_files'>;
-    rollout: Pick<Config['rollout'], 'replicas'>;
+    rollout: Pick<Config['rollout'], 'replicas' | 'engine'>;
     actor: { model: Pick<Config['actor']['model'], 'lora' | 'kind'> };
   },
   rolloutInProcess: boolean,
 ): VersionFiles {
-  if (cfg.actor.model.lora || cfg.actor.model.kind === 'image') return 'every_step';
+  if (cfg.actor.model.lora || cfg.actor.model.kind === 'image' || cfg.rollout.engine !== 'onnx') return 'every_step';
   if (cfg.policy.version_files !== 'auto') return cfg.policy.version_files;
   return rolloutInProcess && cfg.rollout.replicas === 1 ? 'checkpoints' : 'every_step';
 }

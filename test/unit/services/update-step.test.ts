@@ -178,12 +178,18 @@ test('writesVersionFile: checkpoints writes checkpoint steps, the versions a res
   assert.ok(!writesVersionFile(4, 'checkpoints', cfg, validated));
 });
 
-test('versionFilesOf: in memory when the rollout is in the process; files for other processes, LoRA and image policies', () => {
+test('versionFilesOf: in memory when the rollout is in the process; files for other processes (an inference engine too), LoRA and image policies', () => {
   const cfg = (
-    over: Partial<{ set: 'every_step' | 'checkpoints'; replicas: number; lora: boolean; image: boolean }>,
+    over: Partial<{
+      set: 'every_step' | 'checkpoints';
+      replicas: number;
+      lora: boolean;
+      image: boolean;
+      openai: boolean;
+    }>,
   ) => ({
     policy: { version_files: over.set ?? ('auto' as const) },
-    rollout: { replicas: over.replicas ?? 1 },
+    rollout: { replicas: over.replicas ?? 1, engine: over.openai ? ('openai' as const) : ('onnx' as const) },
     actor: {
       model: {
         lora: over.lora ? ({ rank: 8 } as never) : null,
@@ -198,4 +204,5 @@ test('versionFilesOf: in memory when the rollout is in the process; files for ot
   assert.equal(versionFilesOf(cfg({ set: 'checkpoints' }), false), 'checkpoints');
   assert.equal(versionFilesOf(cfg({ lora: true, set: 'checkpoints' }), true), 'every_step');
   assert.equal(versionFilesOf(cfg({ image: true }), true), 'every_step');
+  assert.equal(versionFilesOf(cfg({ openai: true, set: 'checkpoints' }), true), 'every_step');
 });
