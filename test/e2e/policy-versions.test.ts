@@ -43,11 +43,16 @@ test(
   'versions no longer needed are pruned; keep_policy_versions keeps more; the postgres store trains the same',
   { timeout: 300_000 },
   async () => {
-    const a = await train([`trainer.run_dir=${join(tmp, 'a')}`]);
+    // every version written as a file (policy.version_files: every_step), so retention decides what stays
+    const a = await train([`trainer.run_dir=${join(tmp, 'a')}`, 'policy.version_files=every_step']);
     assert.equal(a.code, 0, a.out.slice(-2000));
     // 3 steps, on-policy: the reference and the newest two stay; v1 went
     assert.deepEqual(versions(join(tmp, 'a')), ['v000000', 'v000002', 'v000003']);
-    const b = await train([`trainer.run_dir=${join(tmp, 'b')}`, 'trainer.keep_policy_versions=1']);
+    const b = await train([
+      `trainer.run_dir=${join(tmp, 'b')}`,
+      'policy.version_files=every_step',
+      'trainer.keep_policy_versions=1',
+    ]);
     assert.equal(b.code, 0, b.out.slice(-2000));
     assert.deepEqual(versions(join(tmp, 'b')), ['v000000', 'v000001', 'v000002', 'v000003']);
     assert.equal(b.sha, a.sha, 'pruning does not change training');
