@@ -80,8 +80,10 @@ const IMAGE_FILES = derivedImageFiles(join(EXAMPLE, 'image/Dockerfile'));
 const S3_SERVICE = 's3:9000';
 
 /**
- * The run: the dev overlay's (its data shape, model size, steps, wiring) on the example's asset
- * paths — the fetched model directory and parquet file, the derived image's reward module.
+ * The run: the dev overlay's (its data shape, model size, wiring) on the example's asset paths —
+ * the fetched model directory and parquet file, the derived image's reward module — with one epoch
+ * of the 32-row parquet file (8 steps) instead of the overlay's 4, so that the seeded kill and the
+ * rolling restarts (at policy versions ≤ 2) leave the replaced pods steps to sample.
  */
 function assetsConfig(): string {
   const dev = parse(
@@ -102,6 +104,7 @@ function assetsConfig(): string {
     },
     actor: { ...dev.actor, model: { path: example.actor.model.path, tokenizer: 'byte' } },
     reward: { type: 'function', reward_fn_path: example.reward.reward_fn_path },
+    trainer: { ...dev.trainer, max_steps: 8 },
   });
 }
 
@@ -376,7 +379,7 @@ async function stopAll(pods: LocalPod[]): Promise<void> {
 test(
   "the dev overlay with its own model, data and reward as local pods: init fetch, migrate, probes; a seeded SIGKILL and rolling restarts mid-run; the undisturbed embedded run's checkpoint; graceful SIGTERM",
   { timeout: 600_000 },
-  async () => {
+  async (t) => {
     const c = await cluster('a');
     const { stages, servers } = await startAll(c.addr, 'a');
     const find = (stage: string, name?: string) =>
@@ -396,9 +399,11 @@ test(
     const names = stages.map((s) => s.spec.name).sort();
     const kill = { pod: names[rng.int(names.length)], version: rng.int(3), delayMs: rng.int(2000) };
     const drawn = `seed ${seed}: SIGKILL ${kill.pod} ${kill.delayMs} ms after policy version ${kill.version}`;
+    const ran = [...stages]; // every stage pod of this run, the replaced ones too
     const replace = async (old: LocalPod, tag: string) => {
       stages.splice(stages.indexOf(old), 1);
       stages.push(await start(old.spec, c.addr, `a-${tag}`)); // new pod: new, empty emptyDirs
+      ran.push(stages.at(-1)!);
     };
     const rolled: string[] = [];
     let killAt: number | undefined;
@@ -436,14 +441,16 @@ test(
       assert.ok((await probe(s, 'livenessProbe')).ok, `${s.spec.name}: alive while idle`);
     }
     // no shared run directory: the rollout pods read the policy versions from PostgreSQL into their
-    // own emptyDirs (a pod replaced late in the run may have had no prompt left to sample)
-    const cached = stages
+    // own emptyDirs. Every rollout pod of the run counts, the replaced ones too: a pod started late
+    // in the run may have had no prompt left to sample.
+    const cached = ran
       .filter((x) => stageOf(x) === 'rollout')
       .map((s) => join(podDir.get(s)!, 'volumes/run/policy-cache'))
       .filter(
         (d) =>
           existsSync(d) && readdirSync(d, { recursive: true }).some((f) => String(f).endsWith('model.safetensors')),
       );
+    t.diagnostic(`rollout pods with cached versions: ${cached.map((d) => relative(tmp, d)).join(', ')}`);
     assert.ok(cached.length >= 1, 'a rollout pod cached policy versions in its own emptyDir');
     const sha = await finalSha(c.dbUrl);
     assert.equal(await runsStatus(c.dbUrl), 'finished', 'rlstream runs shows the run finished');
