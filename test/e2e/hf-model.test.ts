@@ -11,7 +11,7 @@
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
 import { trainEmbedded } from '../../app/run.ts';
@@ -29,6 +29,8 @@ import {
   tinyQwen3Config,
   QWEN3_GENERATION_IDS,
   QWEN3_TOKENIZER_DIR,
+  writeArithmeticJsonl,
+  hfGrpoOverrides,
 } from '../support/hf-model-dir.ts';
 
 const ROOT = join(import.meta.dirname, '../..');
@@ -163,36 +165,9 @@ test(
     const data = join(tmp, 'train.jsonl');
     mkdirSync(tmp, { recursive: true });
     // string prompts: the data path renders each as one user message through the chat template (data.apply_chat_template, default on)
-    const rows = ['2 + 3', '4 + 1', '7 - 2', '1 + 1'].map((q, i) => ({
-      prompt: `What is ${q}? Answer with a number.`,
-      answer: String([5, 5, 5, 2][i]),
-    }));
-    writeFileSync(data, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    writeArithmeticJsonl(data);
     const runDir = join(tmp, 'run');
-    const cfg = loadConfig({
-      overrides: [
-        `data.train_files=${data}`,
-        'data.max_prompt_length=48',
-        'data.max_response_length=6',
-        'data.rollout_batch_size=4',
-        'algorithm.adv_estimator=grpo',
-        'rollout.n=2',
-        `actor.model.path=${src}`,
-        'actor.model.max_seq_len=64',
-        'actor.optim.lr=1e-3',
-        'actor.global_batch_size=8',
-        'actor.micro_batch_size_per_device_for_update=4',
-        'actor.micro_batch_size_per_device_for_experience=8',
-        'reward.reward_fn=exact_match',
-        `trainer.run_dir=${runDir}`,
-        `pipeline.run_id=${RUN_ID}`,
-        'trainer.max_steps=2',
-        'trainer.total_epochs=2',
-        'trainer.val_before_train=false',
-        'trainer.val_freq=-1',
-        'trainer.save_freq=2',
-      ],
-    });
+    const cfg = loadConfig({ overrides: hfGrpoOverrides({ data, model: src, runDir, runId: RUN_ID }) });
     const run = await trainEmbedded(cfg, silentLogger(RUN_ID));
     assert.equal(run.status, 'completed', run.message);
     const store = await openStore({ kind: 'pglite', dir: join(runDir, 'db') });

@@ -9,7 +9,7 @@
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig } from '../../lib/config/index.ts';
 import { trainEmbedded } from '../../app/run.ts';
@@ -31,6 +31,8 @@ import {
   tinyQwen3Config,
   QWEN3_GENERATION_IDS,
   QWEN3_TOKENIZER_DIR,
+  writeArithmeticJsonl,
+  hfGrpoOverrides,
 } from '../support/hf-model-dir.ts';
 
 const ROOT = join(import.meta.dirname, '../..');
@@ -61,39 +63,17 @@ test(
     const base = await loadCheckpoint(src, { optimizer: false });
     mkdirSync(tmp, { recursive: true });
     const data = join(tmp, 'train.jsonl');
-    const rows = ['2 + 3', '4 + 1', '7 - 2', '1 + 1'].map((q, i) => ({
-      prompt: `What is ${q}? Answer with a number.`,
-      answer: String([5, 5, 5, 2][i]),
-    }));
-    writeFileSync(data, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    writeArithmeticJsonl(data);
     const runDir = join(tmp, 'run');
-    const overrides = (dir: string) => [
-      `data.train_files=${data}`,
-      'data.max_prompt_length=48',
-      'data.max_response_length=6',
-      'data.rollout_batch_size=4',
-      'algorithm.adv_estimator=grpo',
-      'algorithm.use_kl_loss=true',
-      'algorithm.kl_coef=0.1',
-      'rollout.n=2',
-      `actor.model.path=${src}`,
-      'actor.model.max_seq_len=64',
-      // an entropy bonus: a gradient whatever the rewards (a random policy's exact-match rewards are all 0, so its GRPO advantages are too)
-      'actor.model.lora={rank: 4, alpha: 8, target_modules: all-linear}',
-      'actor.optim.lr=5e-2',
-      'actor.entropy_coeff=0.01',
-      'actor.global_batch_size=8',
-      'actor.micro_batch_size_per_device_for_update=4',
-      'actor.micro_batch_size_per_device_for_experience=8',
-      'reward.reward_fn=exact_match',
-      `trainer.run_dir=${dir}`,
-      `pipeline.run_id=${RUN_ID}`,
-      'trainer.max_steps=2',
-      'trainer.total_epochs=2',
-      'trainer.val_before_train=false',
-      'trainer.val_freq=-1',
-      'trainer.save_freq=2',
-    ];
+    const overrides = (dir: string) =>
+      hfGrpoOverrides({ data, model: src, runDir: dir, runId: RUN_ID }, [
+        'algorithm.use_kl_loss=true',
+        'algorithm.kl_coef=0.1',
+        'actor.model.lora={rank: 4, alpha: 8, target_modules: all-linear}',
+        'actor.optim.lr=5e-2',
+        // an entropy bonus: a gradient whatever the rewards (a random policy's exact-match rewards are all 0, so its GRPO advantages are too)
+        'actor.entropy_coeff=0.01',
+      ]);
     const cfg = loadConfig({ overrides: overrides(runDir) });
     const t0 = Date.now();
     const run = await trainEmbedded(cfg, silentLogger(RUN_ID));

@@ -86,3 +86,45 @@ export function writeHfModelDir(dir: string, o: HfDirOptions): void {
     for (const f of ['tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt'])
       if (existsSync(join(o.tokenizerFrom, f))) copyFileSync(join(o.tokenizerFrom, f), join(dir, f));
 }
+
+/** Writes four arithmetic rows ({prompt, answer}, exact-match answers) as a JSONL file. */
+export function writeArithmeticJsonl(path: string): void {
+  const rows = ['2 + 3', '4 + 1', '7 - 2', '1 + 1'].map((q, i) => ({
+    prompt: `What is ${q}? Answer with a number.`,
+    answer: String([5, 5, 5, 2][i]),
+  }));
+  writeFileSync(path, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+}
+
+/**
+ * Overrides of a two-step GRPO run (4 rows × n = 2, one checkpoint at step 2) on a model
+ * directory with `writeArithmeticJsonl`'s data; `extra` comes last, so its keys win.
+ */
+export function hfGrpoOverrides(
+  o: { data: string; model: string; runDir: string; runId: string },
+  extra: readonly string[] = [],
+): string[] {
+  return [
+    `data.train_files=${o.data}`,
+    'data.max_prompt_length=48',
+    'data.max_response_length=6',
+    'data.rollout_batch_size=4',
+    'algorithm.adv_estimator=grpo',
+    'rollout.n=2',
+    `actor.model.path=${o.model}`,
+    'actor.model.max_seq_len=64',
+    'actor.optim.lr=1e-3',
+    'actor.global_batch_size=8',
+    'actor.micro_batch_size_per_device_for_update=4',
+    'actor.micro_batch_size_per_device_for_experience=8',
+    'reward.reward_fn=exact_match',
+    `trainer.run_dir=${o.runDir}`,
+    `pipeline.run_id=${o.runId}`,
+    'trainer.max_steps=2',
+    'trainer.total_epochs=2',
+    'trainer.val_before_train=false',
+    'trainer.val_freq=-1',
+    'trainer.save_freq=2',
+    ...extra,
+  ];
+}
