@@ -296,7 +296,8 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
       index: k,
       promptIds: s.prompt,
       top: [],
-      text: new ChoiceText(tok, stops, eosSet, maxTokens),
+      // a response sent whole decodes each choice's text once, at the end
+      text: new ChoiceText(tok, stops, eosSet, maxTokens, onToken !== undefined),
     }));
     let res;
     try {
