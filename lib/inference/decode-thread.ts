@@ -60,10 +60,18 @@ export class ThreadedBatcher {
     return this.waiting;
   }
 
-  /** The weights that requests submitted from now on are admitted with. */
+  /** The weights that requests submitted from now on are admitted with (starts the worker, which gets a copy). */
   setPolicy(p: PolicyWeights): void {
     this.policy = p;
-    this.worker?.postMessage({ type: 'policy', version: p.version, dir: p.dir, weights: p.weights } satisfies ToWorker);
+    if (this.closed) return;
+    if (!this.worker) this.start();
+    else
+      this.worker.postMessage({
+        type: 'policy',
+        version: p.version,
+        dir: p.dir,
+        weights: p.weights,
+      } satisfies ToWorker);
   }
 
   private start(): Worker {
@@ -88,7 +96,8 @@ export class ThreadedBatcher {
     };
     w.on('error', (e) => lost(`crashed: ${e.message}`));
     w.on('exit', (code) => lost(`exited (code ${code})`));
-    if (this.policy) this.setPolicy(this.policy);
+    const p = this.policy;
+    if (p) w.postMessage({ type: 'policy', version: p.version, dir: p.dir, weights: p.weights } satisfies ToWorker);
     return w;
   }
 
