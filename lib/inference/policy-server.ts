@@ -66,7 +66,7 @@ export interface PolicyServerOptions {
   maxBatchSize?: number;
   /** How long an idle server waits for more requests before starting a batch (ms, default 5). */
   batchWindowMs?: number;
-  /** Decode steps between reads of new requests (default 1: a request joins at the next token, streams token by token). */
+  /** Decode steps between admissions of new requests (default 1: a request joins at the next token, streams token by token). */
   stepsPerRun?: number;
   /** Sample at temperature × this (testing a deliberately mismatched engine; 1 = exact). */
   temperatureScale?: number;
