@@ -13,9 +13,14 @@
  * tokens/s = generated tokens ÷ wall time (best of RLSTREAM_BENCH_INFER_REPEATS, default 3; each
  * serve-policy run follows an in-process run, and a ratio compares the best of each). The
  * latency per token is each request's wall time ÷ its tokens (p50, p99 over all requests).
+ * CPU time is counted too, as the load of a shared machine moves wall times far more than CPU
+ * times: in process, the benchmark process's own; serve-policy, the server process's (its
+ * `process_cpu_seconds_total`, every thread) plus the clients' (the benchmark process); the
+ * `_cpu_vs_` rows divide in-process tokens per CPU-second by serve-policy's (least CPU of the repeats).
  * Model: byte vocabulary, d 128, 2 layers, 16-token prompts, 32 new tokens, temperature 1.
  * serve-policy batches continuously with `--steps-per-run` RLSTREAM_BENCH_INFER_STEPS (default 1:
- * a request joins at the next decode step).
+ * a request joins at the next decode step). RLSTREAM_BENCH_INFER_NODE_ARGS adds node flags to the
+ * server process (e.g. `--cpu-prof --cpu-prof-dir=DIR` to profile it).
  *
  * Run: `node --import tsx bench/inference.ts`, or `npm run bench -- inference`.
  */
@@ -76,6 +81,7 @@ export async function run(): Promise<Row[]> {
   const child = spawn(
     process.execPath,
     [
+      ...(process.env.RLSTREAM_BENCH_INFER_NODE_ARGS ?? '').split(' ').filter(Boolean),
       join(import.meta.dirname, '../bin/rlstream.mjs'),
       'serve-policy',
       join(dir, 'model'),
@@ -105,13 +111,23 @@ export async function run(): Promise<Row[]> {
     const reqs = prompts.map((p, i) => ({ id: `s${i}`, prompt: p }));
     const params = { temperature: 1, maxNewTokens: NEW, seed: 1, eosTokenIds: [tok.eos] };
     await sampler.generate(weights, reqs, params); // warm-up (session build)
-    let inProc = 0;
+    let inProc = 0,
+      inProcCpu = Infinity;
+    const cpuMs = () => {
+      const u = process.cpuUsage();
+      return (u.user + u.system) / 1000;
+    };
+    /** tokens/s and CPU ms per 1000 tokens of one in-process run */
     const inProcessOnce = async () => {
-      const t0 = performance.now();
+      const t0 = performance.now(),
+        c0 = cpuMs();
       const out = await sampler.generate(weights, reqs, params);
-      const tps = out.reduce((n, g) => n + g.tokens.length, 0) / ((performance.now() - t0) / 1000);
+      const n = out.reduce((k, g) => k + g.tokens.length, 0);
+      const tps = n / ((performance.now() - t0) / 1000);
+      const cpu = ((cpuMs() - c0) / n) * 1000;
       inProc = Math.max(inProc, tps);
-      return tps;
+      inProcCpu = Math.min(inProcCpu, cpu);
+      return { tps, cpu };
     };
 
     // the server's own counts: decode steps and prefills with their sequences (Prometheus histograms)
@@ -122,6 +138,7 @@ export async function run(): Promise<Row[]> {
         steps: v('rlstream_policy_server_batch_sequences_count'),
         rows: v('rlstream_policy_server_batch_sequences_sum'),
         prefills: v('rlstream_policy_server_prefill_sequences_count'),
+        cpuMs: v('process_cpu_seconds_total') * 1000,
       };
     };
     const post = async (body: unknown) => {
@@ -138,13 +155,20 @@ export async function run(): Promise<Row[]> {
     const scenario = async (name: string, clients: number, n: number) => {
       const perClient = SEQS / clients / n;
       let best = 0,
-        base = 0;
+        base = 0,
+        bestCpu = Infinity,
+        baseCpu = Infinity;
       let lat: number[] = [];
       let occupancy = { rowsPerStep: 0, prefills: 0 };
       for (let r = -1; r < REPEATS; r++) {
-        if (r >= 0) base = Math.max(base, await inProcessOnce());
+        if (r >= 0) {
+          const ip = await inProcessOnce();
+          base = Math.max(base, ip.tps);
+          baseCpu = Math.min(baseCpu, ip.cpu);
+        }
         const h0 = await histograms();
-        const t0 = performance.now();
+        const t0 = performance.now(),
+          c0 = cpuMs();
         const per: number[] = [];
         let toks = 0;
         await Promise.all(
@@ -167,7 +191,9 @@ export async function run(): Promise<Row[]> {
           }),
         );
         const tps = toks / ((performance.now() - t0) / 1000);
+        const clientCpu = cpuMs() - c0;
         const h1 = await histograms();
+        if (r >= 0) bestCpu = Math.min(bestCpu, ((h1.cpuMs - h0.cpuMs + clientCpu) / toks) * 1000);
         if (r >= 0 && tps > best) {
           best = tps;
           lat = per;
@@ -180,6 +206,12 @@ export async function run(): Promise<Row[]> {
         value: round(best / base, 3),
         unit: 'ratio',
         goal: 0.9,
+      });
+      rows.push({ name: `inference/serve_policy/${name}_cpu_ms_per_1k_tok`, value: round(bestCpu, 2), unit: 'ms' });
+      rows.push({
+        name: `inference/serve_policy/${name}_cpu_vs_in_process`,
+        value: round(baseCpu / bestCpu, 3),
+        unit: 'ratio',
       });
       rows.push({
         name: `inference/serve_policy/${name}_rows_per_decode_step`,
@@ -200,7 +232,10 @@ export async function run(): Promise<Row[]> {
     };
     await scenario('32clients_n1', 32, 1);
     await scenario('8clients_n8', 8, 8);
-    rows.unshift({ name: `inference/in_process/${SEQS}seq_tok_s`, value: round(inProc), unit: 'tok/s' });
+    rows.unshift(
+      { name: `inference/in_process/${SEQS}seq_tok_s`, value: round(inProc), unit: 'tok/s' },
+      { name: `inference/in_process/${SEQS}seq_cpu_ms_per_1k_tok`, value: round(inProcCpu, 2), unit: 'ms' },
+    );
 
     // the rollout stage's call through each engine, alternating (the server holds the model dir's
     // weights, so the openai engine is not asked to reload)
@@ -216,6 +251,7 @@ export async function run(): Promise<Row[]> {
       reload: false,
     });
     const best = { onnx: 0, openai: 0 };
+    const bestCpu = { onnx: Infinity, openai: Infinity };
     let openaiRows = 0;
     for (let r = -1; r < REPEATS; r++)
       for (const [name, e] of [
@@ -223,10 +259,16 @@ export async function run(): Promise<Row[]> {
         ['openai', openai],
       ] as const) {
         const h0 = await histograms();
-        const t0 = performance.now();
+        const t0 = performance.now(),
+          c0 = cpuMs();
         const out = await (e as GenerationEngine).generate(policy, reqs, params);
-        const tps = out.reduce((n, g) => n + g.tokens.length, 0) / ((performance.now() - t0) / 1000);
+        const n = out.reduce((k, g) => k + g.tokens.length, 0);
+        const tps = n / ((performance.now() - t0) / 1000);
+        const ownCpu = cpuMs() - c0;
         const h1 = await histograms();
+        // the onnx engine runs in this process; the openai engine's CPU is the server's and this client's
+        const cpu = ((ownCpu + (name === 'openai' ? h1.cpuMs - h0.cpuMs : 0)) / n) * 1000;
+        if (r >= 0) bestCpu[name] = Math.min(bestCpu[name], cpu);
         if (r >= 0 && tps > best[name]) {
           best[name] = tps;
           if (name === 'openai') openaiRows = (h1.rows - h0.rows) / (h1.steps - h0.steps);
@@ -241,6 +283,17 @@ export async function run(): Promise<Row[]> {
       value: round(best.openai / best.onnx, 3),
       unit: 'ratio',
       goal: 0.9,
+    });
+    rows.push({ name: 'inference/rollout/engine_onnx_cpu_ms_per_1k_tok', value: round(bestCpu.onnx, 2), unit: 'ms' });
+    rows.push({
+      name: 'inference/rollout/engine_openai_cpu_ms_per_1k_tok',
+      value: round(bestCpu.openai, 2),
+      unit: 'ms',
+    });
+    rows.push({
+      name: 'inference/rollout/engine_openai_cpu_vs_onnx',
+      value: round(bestCpu.onnx / bestCpu.openai, 3),
+      unit: 'ratio',
     });
   } finally {
     child.kill('SIGTERM');

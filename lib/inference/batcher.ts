@@ -237,6 +237,7 @@ export class GenerationBatcher {
         N,
         rows.map((r) => ({ temperature: r.job.params.temperature, topP: r.job.params.topP, topK: r.job.params.topK })),
         eos,
+        rows.some((r) => (r.job.opts.topLogprobs ?? 0) > 0),
       );
     } catch (e) {
       for (const j of new Set(rows.map((r) => r.job))) j.reject(e);

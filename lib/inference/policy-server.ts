@@ -17,9 +17,10 @@
  * (chat, 0..20) and completions' `logprobs: k` (0..20) add the k most likely tokens of that same
  * distribution at each position.
  *
- * Generation is continuously batched (batcher.ts): a request joins the running batch at the next
- * decode step. `stream: true` answers as server-sent events, one chunk per token, written as soon
- * as the decode step that sampled it returns, then `data: [DONE]`.
+ * Generation is continuously batched (batcher.ts) on a decode thread of its own (decode-thread.ts):
+ * a request joins the running batch at the next decode step. `stream: true` answers as server-sent
+ * events, one chunk per token, written as soon as the decode step that sampled it returns, then
+ * `data: [DONE]`.
  *
  * Bad requests get OpenAI-style `{"error": {message, type, param, code}}` with a 4xx status
  * (404 unknown model or path, 400 invalid values, prompt longer than the context, malformed JSON,
@@ -34,9 +35,9 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 import { ConfigError, RlError } from '../errors.ts';
 import { silentLogger } from '../log.ts';
 import type { SamplingParamsInput } from '../model/sample.ts';
-import { StepDecoder } from '../model/stepwise.ts';
 import type { ChatMessage } from '../model/chat-template.ts';
-import { GenerationBatcher, type SampledToken } from './batcher.ts';
+import type { SampledToken } from './batcher.ts';
+import { ThreadedBatcher } from './decode-thread.ts';
 import { ChoiceText } from './choice-text.ts';
 import {
   chatRequestSchema,
@@ -65,7 +66,7 @@ export interface PolicyServerOptions {
   maxBatchSize?: number;
   /** How long an idle server waits for more requests before starting a batch (ms, default 5). */
   batchWindowMs?: number;
-  /** Decode steps between reads of new requests (default 1: a request joins at the next token, streams token by token). */
+  /** Decode steps between admissions of new requests (default 1: a request joins at the next token, streams token by token). */
   stepsPerRun?: number;
   /** Sample at temperature × this (testing a deliberately mismatched engine; 1 = exact). */
   temperatureScale?: number;
@@ -192,19 +193,22 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
   void mPending;
   mVersion.set(current.version);
 
-  const decoder = new StepDecoder(c, { threads: o.threads });
-  const batcher = new GenerationBatcher(decoder, () => current, {
+  // the running batch decodes on a thread of its own (decode-thread.ts); this one serves HTTP
+  const batcher = new ThreadedBatcher(c, {
+    threads: o.threads,
     windowMs: o.batchWindowMs ?? 5,
     maxBatchSize: o.maxBatchSize,
     stepsPerRun: o.stepsPerRun,
     stats: { onBatch: (n) => mBatch.observe(n), onPrefill: (n) => mPrefill.observe(n) },
   });
+  batcher.setPolicy(current);
 
   // weight swaps happen one at a time; a batch keeps the weights it started with
   let loading: Promise<unknown> = Promise.resolve();
   const swap = (load: () => Promise<PolicyWeights>): Promise<PolicyWeights> => {
     const p = loading.then(load).then((w) => {
       current = w;
+      batcher.setPolicy(w);
       mVersion.set(w.version);
       log.info({ version: w.version, dir: w.dir }, `serving policy version ${w.version}`);
       return w;
@@ -292,7 +296,8 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
       index: k,
       promptIds: s.prompt,
       top: [],
-      text: new ChoiceText(tok, stops, eosSet, maxTokens),
+      // a response sent whole decodes each choice's text once, at the end
+      text: new ChoiceText(tok, stops, eosSet, maxTokens, onToken !== undefined),
     }));
     let res;
     try {
@@ -729,7 +734,7 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
       new Promise<void>((r) => {
         if (followTimer) clearInterval(followTimer);
         server.closeAllConnections();
-        server.close(() => r());
+        server.close(() => void batcher.close().then(() => r()));
       }),
   };
 }

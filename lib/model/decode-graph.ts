@@ -194,10 +194,10 @@ export function buildPrefillModel(c: ModelConfig): Uint8Array {
  * [B, KVH, S, hd], where S is the caller's cache capacity and the key bias masks (MASK_NEG) every
  * column that holds no token of the row. Outputs: `tokens`, `logprobs` [B] (as in the generation
  * graph), the `MAX_TOP_LOGPROBS` most likely tokens of the step's distribution (`top_ids`,
- * `top_logprobs` [B, K]), the next logits `state_out.logits` [B, V] and the sampled token's own
- * K and V per layer (`new.k<l>`, `new.v<l>` [B, KVH, hd]), which the caller writes into its cache.
+ * `top_logprobs` [B, K]; left out with `topLogprobs: false`, which saves a TopK per step), the
+ * next logits `state_out.logits` [B, V] and the sampled token's own K and V per layer (`new.k<l>`, `new.v<l>` [B, KVH, hd]), which the caller writes into its cache.
  */
-export function buildStepModel(c: ModelConfig, opts: GenerateGraphOptions): Uint8Array {
+export function buildStepModel(c: ModelConfig, opts: GenerateGraphOptions & { topLogprobs?: boolean }): Uint8Array {
   if (c.head !== 'lm') throw new GraphError('buildStepModel: needs a policy (head "lm") config');
   const L = c.numHiddenLayers,
     V = c.vocabSize;
@@ -224,15 +224,17 @@ export function buildStepModel(c: ModelConfig, opts: GenerateGraphOptions): Uint
     ['rope.sin', sin],
   ]);
   const step = decodeStep(b, c, p, rope, token, b.squeeze(pos, [1]), bias, kv.slice(0, L), kv.slice(L), 'external');
-  const K = Math.min(MAX_TOP_LOGPROBS, V);
-  const [topVals, topIdx] = b.op('TopK', [logp, b.const([K], 'int64')], { axis: 1, largest: 1, sorted: 1 }, [
-    { dtype: 'float32', shape: ['B', K] },
-    { dtype: 'int64', shape: ['B', K] },
-  ]);
   b.output(token, GEN_IO.tokens);
   b.output(logprob, GEN_IO.logprobs);
-  b.output(topIdx, GEN_IO.topIds);
-  b.output(topVals, GEN_IO.topLogprobs);
+  if (opts.topLogprobs ?? true) {
+    const K = Math.min(MAX_TOP_LOGPROBS, V);
+    const [topVals, topIdx] = b.op('TopK', [logp, b.const([K], 'int64')], { axis: 1, largest: 1, sorted: 1 }, [
+      { dtype: 'float32', shape: ['B', K] },
+      { dtype: 'int64', shape: ['B', K] },
+    ]);
+    b.output(topIdx, GEN_IO.topIds);
+    b.output(topVals, GEN_IO.topLogprobs);
+  }
   b.output(lmHead(b, c, p, step.hidden), 'state_out.logits');
   step.presentKeys.forEach((k, l) => b.output(k, `new.k${l}`));
   step.presentValues.forEach((v, l) => b.output(v, `new.v${l}`));

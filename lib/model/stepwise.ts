@@ -69,13 +69,15 @@ export interface StepResult {
   /** [steps, B] */
   tokens: BigInt64Array;
   logprobs: Float32Array;
-  /** [steps, B, topK] with topK = `topWidth` */
+  /** [steps, B, topK] with topK = `topWidth` (empty when the step was asked for no top log-probs) */
   topIds: BigInt64Array;
   topLogprobs: Float32Array;
 }
 
 export class StepDecoder {
   private readonly cache: SessionCache;
+  /** The config's part of the session keys (hashed once: a step is too short to hash it each time). */
+  private readonly key: string;
   /** Top log-probs reported per step (≤ MAX_TOP_LOGPROBS). */
   readonly topWidth: number;
 
@@ -86,13 +88,14 @@ export class StepDecoder {
     if (config.head !== 'lm') throw new ConfigError('StepDecoder: needs a policy model (head "lm")');
     this.cache = opts.cache ?? defaultSessionCache;
     this.topWidth = Math.min(MAX_TOP_LOGPROBS, config.vocabSize);
+    this.key = keyOf(config);
   }
 
-  private session(kind: 'prefill' | 'step', truncation = false): Promise<ort.InferenceSession> {
+  private session(kind: 'prefill' | 'step', truncation = false, top = true): Promise<ort.InferenceSession> {
     const c = this.config;
     return this.cache.get(
-      `${kind}|${keyOf(c)}|trunc=${truncation}`,
-      () => (kind === 'prefill' ? buildPrefillModel(c) : buildStepModel(c, { truncation })),
+      `${kind}|${this.key}|trunc=${truncation}|top=${top}`,
+      () => (kind === 'prefill' ? buildPrefillModel(c) : buildStepModel(c, { truncation, topLogprobs: top })),
       { threads: this.opts.threads, device: this.opts.device },
     );
   }
@@ -124,7 +127,8 @@ export class StepDecoder {
   /**
    * Runs up to `N` decode steps for every row of `state` (one step-graph run each; fewer once
    * every row has emitted a stop id) and appends each step's K/V to the state in place.
-   * uniforms [B, N]; params one per row; eos the stop ids.
+   * uniforms [B, N]; params one per row; eos the stop ids; `top` false: no top log-probs (the
+   * result's `topIds` and `topLogprobs` are empty, and the step graph runs without its TopK).
    */
   async step(
     weights: Weights,
@@ -133,6 +137,7 @@ export class StepDecoder {
     N: number,
     params: readonly StepRowParams[],
     eos: readonly number[],
+    top = true,
   ): Promise<StepResult> {
     const c = this.config,
       { B } = state;
@@ -140,11 +145,11 @@ export class StepDecoder {
       KVH = c.numKeyValueHeads,
       hd = c.headDim,
       V = c.vocabSize,
-      K = this.topWidth;
+      K = top ? this.topWidth : 0;
     if (uniforms.length !== B * N || params.length !== B)
       throw new ConfigError(`StepDecoder.step: ${B} rows need ${B * N} uniforms and ${B} params`);
     const truncation = params.some((p) => p.topK > 0 || p.topP < 1);
-    const session = await this.session('step', truncation);
+    const session = await this.session('step', truncation, top);
     const fixed: Record<string, ort.Tensor> = {
       ...weightTensors(c, weights),
       [GEN_IO.temperature]: tensor(
@@ -196,8 +201,10 @@ export class StepDecoder {
       const toks = res[GEN_IO.tokens].data as BigInt64Array;
       out.tokens.set(toks, t * B);
       out.logprobs.set(res[GEN_IO.logprobs].data as Float32Array, t * B);
-      out.topIds.set(res[GEN_IO.topIds].data as BigInt64Array, t * B * K);
-      out.topLogprobs.set(res[GEN_IO.topLogprobs].data as Float32Array, t * B * K);
+      if (top) {
+        out.topIds.set(res[GEN_IO.topIds].data as BigInt64Array, t * B * K);
+        out.topLogprobs.set(res[GEN_IO.topLogprobs].data as Float32Array, t * B * K);
+      }
       out.steps = t + 1;
       // the sampled token's K/V go to column S of each row
       state.logits.set(res['state_out.logits'].data as Float32Array);

@@ -39,7 +39,7 @@ export const servePolicyCommand: Command = {
     '  --max-body-bytes B          largest request body (default 16777216)',
     '  --follow-ms MS              poll a run directory for new versions every MS (default 500; 0 = off)',
     '  --batch-window-ms MS        an idle server waits this long for more requests to batch (default 5)',
-    '  --steps-per-run N           decode steps between reads of new requests (default 1; more delay',
+    '  --steps-per-run N           decode steps between admissions of new requests (default 1; more delay',
     '                              joins and streamed tokens up to N − 1 steps)',
     '  --debug-temperature-scale F sample at temperature × F (a deliberately mismatched engine, for',
     '                              testing rollout correction; default 1)',

@@ -42,3 +42,24 @@ test('a multi-byte character is released whole; EOS and the token cap end the ch
   assert.deepEqual(feed(capped, ids('abc')), ['a', 'b']);
   assert.equal(capped.finish, 'length');
 });
+
+test('deltas: false decodes once, on reading, to the text the streamed deltas give', () => {
+  let decodes = 0;
+  const counting = { decode: (t: ArrayLike<number>) => (decodes++, tok.decode(t)) };
+  for (const [tokens, max] of [
+    [[...ids('é!x'), tok.eos, ...ids('zz')], 100],
+    [ids('abcdef'), 4],
+  ] as const) {
+    const streamed = new ChoiceText(tok, [], new Set([tok.eos]), max);
+    const deltas = feed(streamed, [...tokens]);
+    decodes = 0;
+    const whole = new ChoiceText(counting, [], new Set([tok.eos]), max, false);
+    assert.ok(feed(whole, [...tokens]).every((d) => d === ''));
+    assert.equal(decodes, 0, 'nothing decoded per token');
+    assert.equal(whole.text, streamed.text);
+    assert.equal(whole.text, deltas.join(''));
+    assert.equal(whole.finish, streamed.finish);
+    assert.deepEqual(whole.tokens, streamed.tokens);
+    assert.equal(decodes, 1);
+  }
+});
