@@ -61,7 +61,6 @@ import {
   collate,
   packExamples,
   sftBatchIndices,
-  sftPosition,
   sftStepsPerEpoch,
   sftTotalSteps,
   type SftExample,

@@ -518,7 +518,9 @@ const algorithmSchema = section(
         enable: z
           .boolean()
           .default(false)
-          .describe('Keep an exponential moving average of the policy weights (used as the reference/eval policy).'),
+          .describe(
+            "Keep an exponential moving average of the policy weights, θ_ema ← decay·θ_ema + (1 − decay)·θ after every update, stored beside each policy version (artifact kind ema; <run_dir>/ema/vNNNNNN on a filesystem store). An image policy's validation samples are drawn with the EMA of the version they validate (docs/image-generation.md); a language policy's EMA is stored only (its samplers use the policy weights).",
+          ),
         decay: z.number().gt(0).lt(1).default(0.999).describe('EMA decay per update.'),
       },
       'Exponential moving average of the weights.',
