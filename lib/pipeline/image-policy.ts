@@ -14,7 +14,6 @@ import type { Logger } from '../log.ts';
 import { OPTIMIZER_FILE } from '../model/checkpoint.ts';
 import { policyKindOf } from '../model/policy-kinds.ts';
 import { lrAt, type LrScheduleConfig } from '../optim/lr-schedule.ts';
-import { emaUpdate } from '../rl/ema.ts';
 import { Rng } from '../util/rng.ts';
 import { ditFiles, loadDit, loadDitOptimizer, ditOptimizerFile, type DitModel } from '../image/checkpoint.ts';
 import type { DitWeights } from '../image/dit.ts';
@@ -28,7 +27,7 @@ import type { Executor, PolicyStore } from '../policy-store/index.ts';
 import { takeHandOff } from '../policy-store/handoff.ts';
 import { readCheckpointPath, verifyCheckpointFiles } from './checkpoints.ts';
 import { crashPoint } from './crash-points.ts';
-import type { TrainerBase } from './learner.ts';
+import { emaStep, LearnerVersion, type PolicyLearner, type TrainerBase } from './learner.ts';
 import type { RunVersions } from './run-versions.ts';
 
 const WEIGHTS_FILE = 'model.safetensors';
@@ -197,10 +196,7 @@ export interface ImageLearnerSetup {
 }
 
 /** The update stage's learner of an image policy (the header; lib/pipeline/learner.ts for the life cycle). */
-export class ImageLearner {
-  private at: number;
-  private dirty = false;
-  sha: string;
+export class ImageLearner extends LearnerVersion implements PolicyLearner {
   private ema: DitWeights | null = null;
   private reference: DitWeights | null = null;
   readonly settings: ImagePolicySettings;
@@ -212,13 +208,8 @@ export class ImageLearner {
     version: number,
     sha: string,
   ) {
-    this.at = version;
-    this.sha = sha;
+    super(version, sha);
     this.settings = imagePolicySettings(s.cfg);
-  }
-
-  get version(): number {
-    return this.dirty ? -1 : this.at;
   }
 
   /** The prompt class of a group's prompt. */
@@ -295,16 +286,7 @@ export class ImageLearner {
     this.trainer = l.trainer;
     this.reference = l.reference;
     this.ema = l.ema;
-    this.at = base.step;
-    this.sha = base.sha;
-    this.dirty = false;
-  }
-
-  advance(version: number, sha: string): void {
-    this.nextEma();
-    this.at = version;
-    this.sha = sha;
-    this.dirty = false;
+    this.settle(base.step, base.sha);
   }
 
   /**
@@ -381,14 +363,9 @@ export class ImageLearner {
     return this.s.versions.putFiles('policy', version, ditFiles({ ...this.model, weights }), WEIGHTS_FILE, db, weights);
   }
 
-  private nextEma(): boolean {
+  protected nextEma(): boolean {
     if (!this.ema) return false;
-    const next = emaUpdate(
-      Object.fromEntries(this.ema),
-      Object.fromEntries(this.trainer.weights),
-      this.s.cfg.algorithm.ema.decay,
-    );
-    this.ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
+    this.ema = emaStep(this.ema, this.trainer.weights, this.s.cfg.algorithm.ema.decay);
     return true;
   }
 
