@@ -10,9 +10,11 @@
  * noise, times and the condition dropout of sft.cfg_dropout drawn from the step's stream
  * (imageSftBatch), one AdamW step in one `session.run`. Checkpoints' actor/ are image model
  * directories (config.json, model.safetensors, optimizer.safetensors): actor.model.path for
- * `rlstream train`, and a directory `rlstream generate --image-out` draws from. Metrics: sft/loss
- * (the flow-matching loss of the step's batch), sft/grad_norm, sft/lr, sft/images, perf/step_time_s.
+ * `rlstream train`, and a directory `rlstream generate --image-out` draws from; beside each, a grid
+ * of one sample per prompt (<run_dir>/samples/global_step_N.png). Metrics: sft/loss (the
+ * flow-matching loss of the step's batch), sft/grad_norm, sft/lr, sft/images, perf/step_time_s.
  */
+import { promises as fs } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../lib/config/index.ts';
@@ -22,6 +24,9 @@ import { OPTIMIZER_FILE, writeDirAtomic } from '../lib/model/checkpoint.ts';
 import { ditConfig, initDitWeights, type DitConfig, type DitWeights } from '../lib/image/dit.ts';
 import { ditFiles, ditOptimizerFile, loadDit, loadDitOptimizer } from '../lib/image/checkpoint.ts';
 import { ImageTrainer } from '../lib/image/trainer.ts';
+import { gridPng } from '../lib/image/png.ts';
+import { guidedVelocity, sampleImages } from '../lib/image/sde.ts';
+import { Rng } from '../lib/util/rng.ts';
 import { imageOptim } from '../lib/pipeline/image-policy.ts';
 import { policyDir } from '../lib/pipeline/policy.ts';
 import { readCheckpointPath, verifyCheckpointFiles } from '../lib/pipeline/checkpoints.ts';
@@ -73,6 +78,38 @@ async function writeImageActor(
   files.set(OPTIMIZER_FILE, ditOptimizerFile(model.config, tr.optimizerState()));
   const written = await writeDirAtomic(dir, files, true);
   return written.find((f) => f.name === WEIGHTS_FILE)!.sha256;
+}
+
+/** At most this many prompts in a checkpoint's sample grid. */
+const GRID_PROMPTS = 64;
+
+/**
+ * <run_dir>/samples/global_step_N.png: one image of each prompt (the first 64, in class order, 8
+ * a row) drawn by the checkpoint's weights with the ODE of algorithm.image.eval_steps steps,
+ * guided by algorithm.image.cfg_scale, from the noise stream `<data.seed>/sft-grid/<class>` (the
+ * same noise at every checkpoint, so the grids compare).
+ */
+async function writeSampleGrid(
+  cfg: Config,
+  runDir: string,
+  step: number,
+  model: { config: DitConfig; classNames: string[] },
+  tr: ImageTrainer,
+): Promise<void> {
+  const { channels, imageSize, numClasses } = model.config;
+  const cls = Array.from({ length: Math.min(numClasses, GRID_PROMPTS) }, (_, k) => k);
+  const velocity = guidedVelocity((x, t, c) => tr.velocity(x, t, c), cfg.algorithm.image.cfg_scale, numClasses);
+  const { x0 } = await sampleImages(velocity, {
+    cls,
+    pixels: channels * imageSize * imageSize,
+    steps: cfg.algorithm.image.eval_steps,
+    rng: cls.map((k) => Rng.fromSeed(`${cfg.data.seed}/sft-grid/${k}`)),
+  });
+  await fs.mkdir(join(runDir, 'samples'), { recursive: true });
+  await fs.writeFile(
+    join(runDir, 'samples', `global_step_${step}.png`),
+    await gridPng(x0, channels, imageSize, Math.min(8, cls.length)),
+  );
 }
 
 /** Runs (or resumes) the image SFT run of `cfg` until its last step, or until `signal` aborts between steps. */
@@ -208,6 +245,7 @@ export async function imageSftRun(
           optimizerSteps: tr.stepCount,
           writeActor: (dir) => writeImageActor(dir, model, tr),
         });
+      if (ck?.step === step) await writeSampleGrid(cfg, runDir, step, model, tr);
     }
     await store.setRunStatus(runId, 'completed');
     await finishLogger();

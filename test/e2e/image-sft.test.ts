@@ -1,10 +1,10 @@
 /**
  * `rlstream sft` of an image policy: a fresh DiT learns rendered glyphs (JSONL rows naming PNG
  * files relative to the data file, one base64 row, parquet rows of PNG bytes) by flow matching.
- * The loss falls; a run stopped after its checkpoint resumes to the uninterrupted run's sha256;
- * condition dropout (sft.cfg_dropout) trains the null prompt (with 0 its class row never moves,
- * and its flow-matching loss stays above the dropout run's), so `generate --cfg-scale` guides with
- * it. The final actor/ trains one DiffusionNFT step under `rlstream train` with algorithm.ema on,
+ * The loss falls; each checkpoint has a sample grid; a run stopped after its checkpoint resumes to
+ * the uninterrupted run's sha256; condition dropout (sft.cfg_dropout) trains the null prompt (with
+ * 0 its class row never moves, and its flow-matching loss stays above the dropout run's), so
+ * `generate --cfg-scale` guides with it. The final actor/ trains one DiffusionNFT step under `rlstream train` with algorithm.ema on,
  * and the rollout's validation samples are drawn with the EMA weights, guided by cfg_scale.
  */
 import { test, after } from 'node:test';
@@ -136,6 +136,11 @@ test(
       mean(l.slice(-5)) < 0.6 * mean(l.slice(0, 5)),
       `flow-matching loss falls: ${l.map((x) => x.toFixed(3)).join(' ')}`,
     );
+    // a sample grid per checkpoint: one image of each of the 3 prompts, 16×16 with 1-pixel gutters
+    for (const n of [20, 40]) {
+      const grid = await sharp(join(tmp, 'ref', 'samples', `global_step_${n}.png`)).metadata();
+      assert.deepEqual([grid.width, grid.height], [3 * 17 + 1, 18]);
+    }
     const actor = join(ref.checkpoint!.path, 'actor');
     const model = loadDit(actor);
     assert.deepEqual(model.classNames, CHARS, "the prompts are the data's, sorted");
