@@ -685,10 +685,40 @@ export function checkSftConfig(cfg: Config): CheckResult {
     errors.push(
       `rlstream sft reads rows with a response (data.train_files), but data.task = "${data.task}" generates prompts without one; unset data.task and set data.train_files`,
     );
+  const image = policyKindOf(actor.model) === 'image';
   if (data.train_files.length === 0)
     errors.push(
-      `rlstream sft needs training rows: set data.train_files (JSONL or parquet; ${sft.prompt_key} + ${sft.response_key} fields, or ${sft.messages_key})`,
+      image
+        ? `rlstream sft of an image policy needs (prompt, image) rows: set data.train_files (JSONL or parquet; ${sft.prompt_key} + ${data.image_key} fields)`
+        : `rlstream sft needs training rows: set data.train_files (JSONL or parquet; ${sft.prompt_key} + ${sft.response_key} fields, or ${sft.messages_key})`,
     );
+  if (image) {
+    // an image policy (lib/image/): its shape, its model directory; LoRA is a language policy's
+    if (actor.model.path !== null && !isDitDir(actor.model.path))
+      errors.push(
+        `actor.model.kind = image: actor.model.path ${actor.model.path} is not an image model directory (config.json model_type ${DIT_MODEL_TYPE}); unset actor.model.path to start a fresh one of actor.model.image's shape`,
+      );
+    if (actor.model.path === null) {
+      const m = actor.model.image;
+      if (m.image_size % m.patch_size !== 0)
+        errors.push(
+          `actor.model.image.image_size = ${m.image_size} is not a multiple of patch_size = ${m.patch_size}; set patch_size to one of ${orList(divisorsNear(m.image_size, m.patch_size))}`,
+        );
+      if (m.hidden_size % m.num_heads !== 0)
+        errors.push(
+          `actor.model.image.num_heads = ${m.num_heads} does not divide hidden_size = ${m.hidden_size}; set it to ${orList(divisorsNear(m.hidden_size, m.num_heads))}`,
+        );
+      if (m.time_freqs % 2 !== 0)
+        errors.push(`actor.model.image.time_freqs = ${m.time_freqs} must be even (cosine and sine pairs)`);
+    }
+    if (actor.model.lora)
+      errors.push('actor.model.lora: an image policy trains all its weights; unset actor.model.lora');
+    if (pipeline.store === 'postgres' && pipeline.database_url === null)
+      errors.push(
+        'pipeline.store = postgres needs pipeline.database_url; set it to postgres://user:password@host:5432/db, or use pipeline.store=embedded',
+      );
+    return { errors, warnings };
+  }
   const gbs = actor.global_batch_size,
     mb = actor.micro_batch_size_per_device_for_update;
   if (gbs % mb !== 0)

@@ -518,7 +518,9 @@ const algorithmSchema = section(
         enable: z
           .boolean()
           .default(false)
-          .describe('Keep an exponential moving average of the policy weights (used as the reference/eval policy).'),
+          .describe(
+            "Keep an exponential moving average of the policy weights, θ_ema ← decay·θ_ema + (1 − decay)·θ after every update, stored beside each policy version (artifact kind ema; <run_dir>/ema/vNNNNNN on a filesystem store). An image policy's validation samples are drawn with the EMA of the version they validate (docs/image-generation.md); a language policy's EMA is stored only (its samplers use the policy weights).",
+          ),
         decay: z.number().gt(0).lt(1).default(0.999).describe('EMA decay per update.'),
       },
       'Exponential moving average of the weights.',
@@ -837,6 +839,26 @@ const modelSchema = section(
           ),
       },
       'Vision tower of a fresh vision-language policy (Qwen2-VL layout).',
+    ),
+    image: section(
+      {
+        image_size: posInt().default(32).describe('Image side S in pixels (square images; a multiple of patch_size).'),
+        channels: z
+          .union([z.literal(1), z.literal(3)])
+          .default(1)
+          .describe('Channels: 1 = greyscale, 3 = RGB. Training images are converted to it.'),
+        patch_size: posInt().default(4).describe('Patch side p: the DiT sees (S/p)² tokens of C·p·p pixels.'),
+        hidden_size: posInt().default(64).describe('Hidden size D (a multiple of num_heads).'),
+        depth: posInt().default(2).describe('Transformer blocks.'),
+        num_heads: posInt().default(4).describe('Attention heads.'),
+        mlp_ratio: posInt().default(2).describe('MLP hidden size = mlp_ratio × hidden_size.'),
+        time_freqs: posInt().default(32).describe('Sinusoidal timestep features (even).'),
+        init_seed: z
+          .int()
+          .default(1)
+          .describe('Seed of the random initialisation (adaLN-Zero: the fresh model predicts v = 0).'),
+      },
+      "Shape of a fresh image policy (actor.model.kind = image without actor.model.path; `rlstream sft` initialises it, docs/image-generation.md): the keys of an image model directory's config.json. With actor.model.path the directory's config.json decides instead.",
     ),
     enable_gradient_checkpointing: z
       .boolean()
@@ -1290,6 +1312,11 @@ const sftSchema = section(
       .default('messages')
       .describe(
         '`rlstream sft`: field holding a conversation [{role, content}] (a row with it needs no prompt/response); the loss is on every assistant turn.',
+      ),
+    cfg_dropout: probability()
+      .default(0.1)
+      .describe(
+        "`rlstream sft` of an image policy: probability that a training image's prompt is replaced by the null prompt (the class table's last row), so that the model also learns the unconditional velocity that classifier-free guidance (algorithm.image.cfg_scale, `rlstream generate --cfg-scale`) steers away from; 0 = never (guidance then has an untrained null prompt). 0.1 is DiT's class dropout (Peebles & Xie 2023). Drawn per image from the step's seeded stream, so a resumed run drops the same ones.",
       ),
   },
   'Supervised fine-tuning (`rlstream sft`): data keys, epochs, lengths and packing. The model, optimizer, LR schedule and batch sizes are actor.* (actor.global_batch_size examples per optimizer step, actor.micro_batch_size_per_device_for_update per forward/backward pass), the data files, shuffling and rendering data.*, checkpoints and logging trainer.*.',

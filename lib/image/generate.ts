@@ -1,19 +1,21 @@
 /**
  * Sampling an image policy's model directory (checkpoint.ts) to PNG: Euler ODE over `steps`
- * uniform steps from noise drawn from `seed` (the same seed gives the same bytes), with the EMA or
- * final weights the directory holds.
+ * uniform steps from noise drawn from `seed` (the same seed gives the same bytes), with the weights
+ * the directory holds (a policy version, a checkpoint's actor/, or an EMA version
+ * <run_dir>/ema/vNNNNNN), guided by classifier-free guidance at `cfgScale` (1 = none; sde.ts
+ * guidedVelocity, with the model's null prompt).
  */
 import { ConfigError } from '../errors.ts';
 import { Rng } from '../util/rng.ts';
 import { loadDit } from './checkpoint.ts';
 import { imageToPng } from './png.ts';
-import { sampleImages } from './sde.ts';
+import { guidedVelocity, sampleImages } from './sde.ts';
 import { ImageTrainer } from './trainer.ts';
 
 export async function generateImage(
   dir: string,
   prompt: string,
-  opts: { steps: number; seed: number },
+  opts: { steps: number; seed: number; cfgScale?: number },
 ): Promise<Uint8Array> {
   const m = loadDit(dir);
   const cls = m.classNames.indexOf(prompt);
@@ -27,7 +29,8 @@ export async function generateImage(
   );
   const S = m.config.imageSize,
     C = m.config.channels;
-  const { x0 } = await sampleImages((x, t, c) => tr.velocity(x, t, c), {
+  const velocity = guidedVelocity((x, t, c) => tr.velocity(x, t, c), opts.cfgScale ?? 1, m.config.numClasses);
+  const { x0 } = await sampleImages(velocity, {
     cls: [cls],
     pixels: C * S * S,
     steps: opts.steps,

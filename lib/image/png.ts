@@ -67,3 +67,25 @@ export async function pngToImage(png: Uint8Array, channels: 1 | 3): Promise<{ x:
   for (let c = 0; c < channels; c++) for (let i = 0; i < S * S; i++) x[c * S * S + i] = (data[i * C + c] / 255) * 2 - 1;
   return { x, size: S };
 }
+
+/**
+ * Encoded image bytes (any format libvips reads) → [C, S, S] floats in [−1, 1] at `size`: grey
+ * (C = 1) or sRGB (C = 3), alpha dropped, EXIF orientation applied; another size is scaled so its
+ * short side is S and centre-cropped (diffusers' text-to-image training: Resize + CenterCrop),
+ * Lanczos-3. Throws an Error saying why when the bytes do not decode.
+ */
+export async function decodeImage(bytes: Uint8Array, channels: 1 | 3, size: number): Promise<Float32Array> {
+  let s = sharp(bytes).rotate();
+  s = channels === 1 ? s.greyscale() : s.removeAlpha().toColourspace('srgb');
+  const meta = await sharp(bytes).metadata();
+  const swap = (meta.orientation ?? 1) >= 5;
+  const w = swap ? meta.height : meta.width,
+    h = swap ? meta.width : meta.height;
+  if (w !== size || h !== size) s = s.resize(size, size, { fit: 'cover', position: 'centre', kernel: 'lanczos3' });
+  const { data, info } = await s.raw().toBuffer({ resolveWithObject: true });
+  const C = info.channels,
+    px = size * size;
+  const x = new Float32Array(channels * px);
+  for (let c = 0; c < channels; c++) for (let i = 0; i < px; i++) x[c * px + i] = (data[i * C + c] / 255) * 2 - 1;
+  return x;
+}

@@ -153,3 +153,21 @@ export async function sampleImages(
   }
   return { x0: x, steps, grid, sigmas, states };
 }
+
+/**
+ * Classifier-free guidance (Ho & Salimans 2022) of a class-conditional velocity:
+ * v = v(x, t, ∅) + w·(v(x, t, c) − v(x, t, ∅)), ∅ = `nullClass`; both halves in one batch of 2B.
+ * w = 1 is `velocity` itself (one batch of B).
+ */
+export function guidedVelocity(velocity: VelocityFn, scale: number, nullClass: number): VelocityFn {
+  if (scale === 1) return velocity;
+  return async (x, t, cls) => {
+    const both = new Float32Array(x.length * 2);
+    both.set(x);
+    both.set(x, x.length);
+    const v = await velocity(both, [...t, ...t], [...cls, ...cls.map(() => nullClass)]);
+    const g = new Float32Array(x.length);
+    for (let i = 0; i < x.length; i++) g[i] = v[x.length + i] + scale * (v[i] - v[x.length + i]);
+    return g;
+  };
+}

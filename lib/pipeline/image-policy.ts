@@ -14,7 +14,6 @@ import type { Logger } from '../log.ts';
 import { OPTIMIZER_FILE } from '../model/checkpoint.ts';
 import { policyKindOf } from '../model/policy-kinds.ts';
 import { lrAt, type LrScheduleConfig } from '../optim/lr-schedule.ts';
-import { emaUpdate } from '../rl/ema.ts';
 import { Rng } from '../util/rng.ts';
 import { ditFiles, loadDit, loadDitOptimizer, ditOptimizerFile, type DitModel } from '../image/checkpoint.ts';
 import type { DitWeights } from '../image/dit.ts';
@@ -23,11 +22,12 @@ import { imageUpdate, imageUpdateBatch, type ImageUpdateBatch } from '../image/r
 import type { UpdateGroup } from '../contracts/index.ts';
 import { ImageTrainer } from '../image/trainer.ts';
 import { sampleRequests, type ImageGeneration } from '../image/trajectory.ts';
+import { guidedVelocity, type VelocityFn } from '../image/sde.ts';
 import type { Executor, PolicyStore } from '../policy-store/index.ts';
 import { takeHandOff } from '../policy-store/handoff.ts';
 import { readCheckpointPath, verifyCheckpointFiles } from './checkpoints.ts';
 import { crashPoint } from './crash-points.ts';
-import type { TrainerBase } from './learner.ts';
+import { emaStep, LearnerVersion, type PolicyLearner, type TrainerBase } from './learner.ts';
 import type { RunVersions } from './run-versions.ts';
 
 const WEIGHTS_FILE = 'model.safetensors';
@@ -96,7 +96,8 @@ export function promptClass(classNames: readonly string[], prompt: string): numb
   return c;
 }
 
-function optimOf(cfg: Config): ConstructorParameters<typeof ImageTrainer>[2] {
+/** AdamW of an image policy from actor.optim (its learning rate the peak of the schedule). */
+export function imageOptim(cfg: Config): ConstructorParameters<typeof ImageTrainer>[2] {
   const o = cfg.actor.optim;
   return {
     betas: [o.betas[0], o.betas[1]],
@@ -111,13 +112,13 @@ function optimOf(cfg: Config): ConstructorParameters<typeof ImageTrainer>[2] {
  * The rollout's image sampler: a request's image from its own noise stream (`seed/<sample id>`)
  * with the version's weights, taken from the in-process hand-off of the update stage or read from
  * the policy store. Training requests: algorithm.image.steps with the SDE (noise_level > 0);
- * validation: eval_steps with the ODE, guided by cfg_scale when it is not 1.
+ * validation: eval_steps with the ODE, guided by cfg_scale when it is not 1, with the version's
+ * EMA weights when algorithm.ema.enable (the update stage stores them beside each version).
  */
 export class ImageSampler {
   readonly model: DitModel;
   private readonly tr: ImageTrainer;
-  private version = -1;
-  private weights: DitWeights | null = null;
+  private readonly loaded = new Map<'policy' | 'ema', { version: number; weights: DitWeights }>();
   fromMemory = 0;
 
   constructor(
@@ -126,26 +127,28 @@ export class ImageSampler {
     private readonly onLoad?: (version: number) => void,
   ) {
     this.model = loadDit(cfg.actor.model.path!);
-    this.tr = new ImageTrainer(this.model.config, this.model.weights, optimOf(cfg), {
+    this.tr = new ImageTrainer(this.model.config, this.model.weights, imageOptim(cfg), {
       threads: cfg.actor.threads,
     });
   }
 
-  private async weightsOf(version: number, db: Executor): Promise<DitWeights> {
-    if (version === this.version && this.weights) return this.weights;
-    let w = await takeHandOff(this.store, version, db);
+  /** The weights of `version`: the policy's (in-process hand-off, else the store) or its EMA (algorithm.ema.enable). */
+  private async weightsOf(kind: 'policy' | 'ema', version: number, db: Executor): Promise<DitWeights> {
+    const cached = this.loaded.get(kind);
+    if (cached?.version === version) return cached.weights;
+    let w = kind === 'policy' ? await takeHandOff(this.store, version, db) : null;
     if (w) this.fromMemory++;
     else {
-      const dir = await this.store.get('policy', version, db);
-      if (!dir) throw new TransientError(`image policy version ${version} is not in the policy store (yet); retrying`);
+      const dir = await this.store.get(kind, version, db);
+      if (!dir)
+        throw new TransientError(`image policy ${kind} version ${version} is not in the policy store (yet); retrying`);
       const m = loadDit(dir);
       if (JSON.stringify(m.config) !== JSON.stringify(this.model.config))
         throw new ConfigError(`image policy version ${version} at ${dir} has another shape than actor.model.path`);
       w = m.weights;
     }
-    this.version = version;
-    this.weights = w;
-    this.onLoad?.(version);
+    this.loaded.set(kind, { version, weights: w });
+    if (kind === 'policy') this.onLoad?.(version);
     return w;
   }
 
@@ -156,25 +159,16 @@ export class ImageSampler {
     requests: ReadonlyArray<{ id: string; prompt: string; val: boolean }>,
   ): Promise<Array<ImageGeneration & { id: string; finishReason: 'eos' }>> {
     const s = imagePolicySettings(this.cfg);
-    const w = await this.weightsOf(version, db);
     const { channels, imageSize } = this.model.config;
     const out = new Array<ImageGeneration & { id: string; finishReason: 'eos' }>(requests.length);
     for (const val of [false, true]) {
       const idx = requests.flatMap((r, i) => (r.val === val ? [i] : []));
-      const guided = val && s.cfgScale !== 1;
-      const nullClass = this.model.config.numClasses;
+      if (!idx.length) continue;
+      const w = await this.weightsOf(val && this.cfg.algorithm.ema.enable ? 'ema' : 'policy', version, db);
+      const velocity: VelocityFn = (x, t, c) => this.tr.velocity(x, t, c, w);
       const gens = await sampleRequests(
-        async (x, t, c) => {
-          if (!guided) return this.tr.velocity(x, t, c, w);
-          // classifier-free guidance: v_null + w·(v_c − v_null), both halves in one batch
-          const both = new Float32Array(x.length * 2);
-          both.set(x);
-          both.set(x, x.length);
-          const v = await this.tr.velocity(both, [...t, ...t], [...c, ...c.map(() => nullClass)], w);
-          const g = new Float32Array(x.length);
-          for (let i = 0; i < x.length; i++) g[i] = v[x.length + i] + s.cfgScale * (v[i] - v[x.length + i]);
-          return g;
-        },
+        // validation: guided by cfg_scale (training samples are unguided: their log-probs are the trained graph's)
+        val ? guidedVelocity(velocity, s.cfgScale, this.model.config.numClasses) : velocity,
         idx.map((i) => ({ id: requests[i].id, cls: promptClass(this.model.classNames, requests[i].prompt) })),
         {
           channels,
@@ -202,10 +196,7 @@ export interface ImageLearnerSetup {
 }
 
 /** The update stage's learner of an image policy (the header; lib/pipeline/learner.ts for the life cycle). */
-export class ImageLearner {
-  private at: number;
-  private dirty = false;
-  sha: string;
+export class ImageLearner extends LearnerVersion implements PolicyLearner {
   private ema: DitWeights | null = null;
   private reference: DitWeights | null = null;
   readonly settings: ImagePolicySettings;
@@ -217,13 +208,8 @@ export class ImageLearner {
     version: number,
     sha: string,
   ) {
-    this.at = version;
-    this.sha = sha;
+    super(version, sha);
     this.settings = imagePolicySettings(s.cfg);
-  }
-
-  get version(): number {
-    return this.dirty ? -1 : this.at;
   }
 
   /** The prompt class of a group's prompt. */
@@ -241,7 +227,7 @@ export class ImageLearner {
   }
 
   private static trainerOf(s: ImageLearnerSetup, m: DitModel): ImageTrainer {
-    return new ImageTrainer(m.config, m.weights, optimOf(s.cfg), {
+    return new ImageTrainer(m.config, m.weights, imageOptim(s.cfg), {
       threads: s.cfg.actor.threads,
       gradientCheckpointing: s.cfg.actor.model.enable_gradient_checkpointing,
     });
@@ -300,16 +286,7 @@ export class ImageLearner {
     this.trainer = l.trainer;
     this.reference = l.reference;
     this.ema = l.ema;
-    this.at = base.step;
-    this.sha = base.sha;
-    this.dirty = false;
-  }
-
-  advance(version: number, sha: string): void {
-    this.nextEma();
-    this.at = version;
-    this.sha = sha;
-    this.dirty = false;
+    this.settle(base.step, base.sha);
   }
 
   /**
@@ -386,14 +363,9 @@ export class ImageLearner {
     return this.s.versions.putFiles('policy', version, ditFiles({ ...this.model, weights }), WEIGHTS_FILE, db, weights);
   }
 
-  private nextEma(): boolean {
+  protected nextEma(): boolean {
     if (!this.ema) return false;
-    const next = emaUpdate(
-      Object.fromEntries(this.ema),
-      Object.fromEntries(this.trainer.weights),
-      this.s.cfg.algorithm.ema.decay,
-    );
-    this.ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
+    this.ema = emaStep(this.ema, this.trainer.weights, this.s.cfg.algorithm.ema.decay);
     return true;
   }
 

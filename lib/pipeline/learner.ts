@@ -81,19 +81,66 @@ export interface PolicyLearner {
   handOverUnstored(db: Executor): Promise<void>;
 }
 
+/**
+ * Which stored version a learner's in-memory state is, shared by the language and the image
+ * learner: `at` the version it started from or last stored, `dirty` once a step trained on it
+ * (then it is no stored version until `store`, `reset` or `advance`).
+ */
+export abstract class LearnerVersion {
+  /** The stored version the in-memory state started from. */
+  protected at: number;
+  /** A step has trained since: the in-memory state is no stored version. */
+  protected dirty = false;
+  /** sha256 of that version's weights file. */
+  sha: string;
+
+  protected constructor(version: number, sha: string) {
+    this.at = version;
+    this.sha = sha;
+  }
+
+  /** The policy version the in-memory state holds; -1 while a step is half done. */
+  get version(): number {
+    return this.dirty ? -1 : this.at;
+  }
+
+  /** The in-memory state is stored version `version`, whose weights have sha256 `sha`. */
+  protected settle(version: number, sha: string): void {
+    this.at = version;
+    this.sha = sha;
+    this.dirty = false;
+  }
+
+  /** Moves the EMA of the policy weights to the weights held now (algorithm.ema.decay); false when there is none. */
+  protected abstract nextEma(): boolean;
+
+  /**
+   * A logged step re-trained (after a resume): the in-memory state is now `version`, whose stored
+   * weights have sha256 `sha`; the EMA moves as when the version was first stored. Nothing is written.
+   */
+  advance(version: number, sha: string): void {
+    this.nextEma();
+    this.settle(version, sha);
+  }
+}
+
+/** θ_ema ← d·θ_ema + (1 − d)·θ (lib/rl/ema.ts emaUpdate) on weight maps: the new EMA, a copy. */
+export function emaStep(
+  ema: ReadonlyMap<string, Float32Array>,
+  weights: ReadonlyMap<string, Float32Array>,
+  decay: number,
+): Map<string, Float32Array> {
+  const next = emaUpdate(Object.fromEntries(ema), Object.fromEntries(weights), decay);
+  return new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
+}
+
 /** A mini-batch of packed tensors (services/update/logic.ts) and its token count. */
 export interface LearnerBatch {
   batch: TrainBatch;
   tokens: number;
 }
 
-export class Learner implements PolicyLearner {
-  /** The stored version the in-memory trainer, critic and EMA started from. */
-  private at: number;
-  /** A step has trained since: the in-memory state is no stored version. */
-  private dirty = false;
-  /** sha256 of that version's weights file. */
-  sha: string;
+export class Learner extends LearnerVersion implements PolicyLearner {
   private critic: Trainer | null = null;
   private ema: Weights | null = null;
   private readonly scorer: Scorer;
@@ -104,14 +151,8 @@ export class Learner implements PolicyLearner {
     version: number,
     sha: string,
   ) {
-    this.at = version;
-    this.sha = sha;
+    super(version, sha);
     this.scorer = new Scorer(s.model, experienceScorerOptions(s.cfg));
-  }
-
-  /** The policy version the in-memory trainer, critic and EMA hold; -1 while a step is half done. */
-  get version(): number {
-    return this.dirty ? -1 : this.at;
   }
 
   /**
@@ -174,20 +215,7 @@ export class Learner implements PolicyLearner {
     this.actor = l.actor;
     this.critic = l.critic;
     this.ema = l.ema;
-    this.at = base.step;
-    this.sha = base.sha;
-    this.dirty = false;
-  }
-
-  /**
-   * A logged step re-trained (after a resume): the in-memory state is now `version`, whose stored
-   * weights have sha256 `sha`; the EMA moves as when the version was first stored. Nothing is written.
-   */
-  advance(version: number, sha: string): void {
-    this.nextEma();
-    this.at = version;
-    this.sha = sha;
-    this.dirty = false;
+    this.settle(base.step, base.sha);
   }
 
   /**
@@ -309,15 +337,9 @@ export class Learner implements PolicyLearner {
       );
   }
 
-  /** Moves the EMA of the policy weights to the weights held now (algorithm.ema.decay); false when there is none. */
-  private nextEma(): boolean {
+  protected nextEma(): boolean {
     if (!this.ema) return false;
-    const next = emaUpdate(
-      Object.fromEntries(this.ema),
-      Object.fromEntries(this.actor.weightsView()),
-      this.s.cfg.algorithm.ema.decay,
-    );
-    this.ema = new Map(Object.entries(next).map(([k, v]) => [k, Float32Array.from(v)]));
+    this.ema = emaStep(this.ema, this.actor.weightsView(), this.s.cfg.algorithm.ema.decay);
     return true;
   }
 

@@ -11,6 +11,7 @@
 import { ConfigError } from '../errors.ts';
 import { Rng } from '../util/rng.ts';
 import type { TrainBatch } from '../model/train.ts';
+import { gaussian } from '../image/sde.ts';
 
 /** One tokenized example: token ids [T] and the loss mask [T] (1 = a response token). */
 export interface SftExample {
@@ -142,4 +143,33 @@ export function sftPosition(
     seed: p.seed,
     shuffle_seed: p.shuffle ? `${p.seed}:sft:epoch:${epoch}` : null,
   };
+}
+
+/**
+ * Step `step`'s flow-matching batch of an image policy (lib/image/flow-graph.ts `flow_matching`;
+ * Lipman et al. 2023, Liu et al. 2023): the images `indices` of `images` [n, C, S, S], noise
+ * ε ~ N(0, I) [B, C, S, S] and t ~ U[0, 1) [B] from the stream "<seed>:sft:noise:<step>", and each
+ * image's class replaced by the null class `nullClass` with probability `cfgDropout`
+ * (classifier-free guidance's condition dropout, Ho & Salimans 2022), drawn from the same stream:
+ * a pure function of its arguments, so a resumed run trains on the same batch.
+ */
+export function imageSftBatch(a: {
+  images: Float32Array;
+  cls: readonly number[];
+  pixels: number;
+  indices: readonly number[];
+  seed: number;
+  step: number;
+  cfgDropout: number;
+  nullClass: number;
+}): { floats: { x0: Float32Array; noise: Float32Array; t: number[] }; cls: number[] } {
+  const B = a.indices.length,
+    px = a.pixels;
+  const rng = Rng.fromSeed(`${a.seed}:sft:noise:${a.step}`);
+  const x0 = new Float32Array(B * px);
+  a.indices.forEach((k, i) => x0.set(a.images.subarray(k * px, (k + 1) * px), i * px));
+  const noise = gaussian(rng, B * px);
+  const t = Array.from({ length: B }, () => rng.next());
+  const cls = a.indices.map((k) => (rng.next() < a.cfgDropout ? a.nullClass : a.cls[k]));
+  return { floats: { x0, noise, t }, cls };
 }

@@ -95,7 +95,7 @@ export const generateCommand: Command = {
   name: 'generate',
   summary: 'Generate one completion from a model directory or checkpoint (try a model before training it)',
   usage:
-    'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image-out PATH [--steps N]] [--image PATH]… [--chat] [--system TEXT] [--chat-template-kwargs MAP] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
+    'rlstream generate <model-dir | checkpoint-dir> --prompt TEXT [--image-out PATH [--steps N] [--cfg-scale W]] [--image PATH]… [--chat] [--system TEXT] [--chat-template-kwargs MAP] [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--json]',
   help: [
     'Loads a Hugging Face model directory, a policy version (<run_dir>/policy/vNNNNNN) or a run checkpoint',
     '(<run_dir>/checkpoints/global_step_N) and prints the completion of --prompt. A LoRA adapter (PEFT',
@@ -121,6 +121,8 @@ export const generateCommand: Command = {
     '  --image-out PATH       an image policy (config.json model_type rlstream_dit): write the PNG it draws',
     '                         for --prompt (one of its class_names) there, Euler ODE over --steps [10]',
     '                         steps from the noise of --seed',
+    '  --cfg-scale W          with --image-out: classifier-free guidance v_null + W·(v_prompt − v_null) [1 = none];',
+    '                         the null prompt is learnt by `rlstream sft` with sft.cfg_dropout > 0',
     '  --json                 print one JSON object as the last line: {"prompt_ids", "response_ids",',
     '                         "logprobs", "text"}; logprobs[i] = ln p(response_ids[i]) under the model\'s',
     '                         untempered distribution',
@@ -142,6 +144,7 @@ export const generateCommand: Command = {
         'resample',
         'image-out',
         'steps',
+        'cfg-scale',
       ],
       booleans: ['chat', 'json'],
     });
@@ -161,11 +164,14 @@ export const generateCommand: Command = {
     if (isDitDir(src)) {
       if (flags['image-out'] === undefined) throw new UsageError(`${src} is an image policy; give --image-out PATH`);
       const steps = num(flags, 'steps', (v) => Number.isInteger(v) && v > 0, 'a positive integer') ?? 10;
-      writeFileSync(flags['image-out'], await generateImage(src, flags.prompt, { steps, seed }));
+      const cfgScale = num(flags, 'cfg-scale', (v) => v >= 0, 'a number ≥ 0') ?? 1;
+      writeFileSync(flags['image-out'], await generateImage(src, flags.prompt, { steps, seed, cfgScale }));
       return 0;
     }
-    if (flags['image-out'] !== undefined || flags.steps !== undefined)
-      throw new UsageError('--image-out and --steps need an image policy (config.json model_type rlstream_dit)');
+    if (flags['image-out'] !== undefined || flags.steps !== undefined || flags['cfg-scale'] !== undefined)
+      throw new UsageError(
+        '--image-out, --steps and --cfg-scale need an image policy (config.json model_type rlstream_dit)',
+      );
     // a LoRA adapter (a LoRA run's policy version or checkpoint) generates with its merged base
     const merged = isAdapterDir(src) ? await loadMergedAdapter(src, undefined) : null;
     const dir = merged ? merged.baseDir : src;

@@ -4,7 +4,8 @@ import { consoleRun } from './train.ts';
 
 export const sftCommand: Command = {
   name: 'sft',
-  summary: 'Supervised fine-tuning on prompt + response (or chat) rows; checkpoints are model directories for `train`',
+  summary:
+    'Supervised fine-tuning on prompt + response (or chat) rows, or (prompt, image) rows for an image policy; checkpoints are model directories for `train`',
   usage:
     'rlstream sft <config.yaml> [a.b.c=value …] [--dialect easyr1|verl|mtrl] [--verbose] [--print-config] [--break-lock]',
   help: [
@@ -18,6 +19,11 @@ export const sftCommand: Command = {
     "go to the run's store (rlstream runs / sql / report) and, with trainer.logger including",
     'tensorboard, to <run_dir>/tensorboard. Interrupted (Ctrl-C, a kill), the same command resumes from',
     'the newest checkpoint; a finished run says so.',
+    '',
+    'An image policy (actor.model.kind: image; docs/image-generation.md) learns by flow matching on rows',
+    'with a prompt (sft.prompt_key) and one image (data.image_key: a path relative to the data file, base64',
+    "or bytes): a fresh DiT of actor.model.image's shape whose prompts are the data's, or actor.model.path;",
+    'sft.cfg_dropout trains the null prompt classifier-free guidance needs.',
     '',
     'arguments:',
     '  config.yaml     run config (see docs/config.md); an EasyR1, verl or MTRL config is translated first',
