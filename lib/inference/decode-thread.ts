@@ -18,7 +18,7 @@ import type { ModelConfig } from '../model/config.ts';
 import type { GenerationRequest, SamplingParamsInput } from '../model/sample.ts';
 import type { BatchResult, BatchStats, SampledToken, SequenceResult, SubmitOptions } from './batcher.ts';
 import type { DecodeWorkerData, FromWorker, ToWorker } from './decode-worker.ts';
-import type { PolicyRef } from './served-policy.ts';
+import type { PolicyRef } from './policy-weights.ts';
 
 interface Job {
   opts: SubmitOptions;

@@ -5,7 +5,7 @@
  * one port:
  *
  *   in:  load {req, version, dir}         read a policy version's weights from its directory
- *                                         (served-policy.ts loadPolicyWeights); admissions after
+ *                                         (policy-weights.ts loadPolicyWeights); admissions after
  *                                         it succeeds use them, a failure keeps the old ones
  *        submit {job, seqs, params, top}  one request's sequences (batcher.submit)
  *        stop {job, seq}                  end that sequence (a stop string matched, a client gone)
@@ -29,7 +29,7 @@ import type { ModelConfig } from '../model/config.ts';
 import type { GenerationRequest, SamplingParamsInput } from '../model/sample.ts';
 import { StepDecoder } from '../model/stepwise.ts';
 import { GenerationBatcher, type SampledToken } from './batcher.ts';
-import { loadPolicyWeights, type PolicyWeights } from './served-policy.ts';
+import { loadPolicyWeights, type PolicyWeights } from './policy-weights.ts';
 
 export interface DecodeWorkerData {
   config: ModelConfig;

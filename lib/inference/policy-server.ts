@@ -47,7 +47,8 @@ import {
   type ChatRequest,
   type CompletionRequest,
 } from './openai-schemas.ts';
-import { runPolicyVersions, type PolicyRef, type ServedPolicy } from './served-policy.ts';
+import type { PolicyRef } from './policy-weights.ts';
+import { runPolicyVersions, type ServedPolicy } from './served-policy.ts';
 import { policyDir } from '../pipeline/policy.ts';
 
 export interface PolicyServerOptions {

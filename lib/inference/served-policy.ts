@@ -7,18 +7,12 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
 import { loadConfig } from '../config/index.ts';
-import { ConfigError, RlError } from '../errors.ts';
+import { ConfigError } from '../errors.ts';
 import { ChatTemplate } from '../model/chat-template.ts';
-import {
-  isAdapterDir,
-  loadCheckpoint,
-  MODEL_FILE,
-  MODEL_INDEX_FILE,
-  readModelDirConfig,
-} from '../model/checkpoint.ts';
+import { isAdapterDir, MODEL_FILE, MODEL_INDEX_FILE, readModelDirConfig } from '../model/checkpoint.ts';
 import { stopTokenIds, type ModelConfig } from '../model/config.ts';
-import type { Weights } from '../model/params.ts';
 import type { Tokenizer } from '../model/tokenizer.ts';
+import type { PolicyRef } from './policy-weights.ts';
 import { modelDirTokenizer, policyDir, policyModelConfig, tokenizerFor, withSamplingMask } from '../pipeline/policy.ts';
 
 export interface ServedPolicy {
@@ -31,16 +25,6 @@ export interface ServedPolicy {
   stopIds: number[];
   /** The run directory being followed, or null for a model directory. */
   runDir: string | null;
-}
-
-/** A policy version by its directory (what the HTTP thread keeps; the decode thread loads the weights). */
-export interface PolicyRef {
-  version: number;
-  dir: string;
-}
-
-export interface PolicyWeights extends PolicyRef {
-  weights: Weights;
 }
 
 /** True when `dir` is a run directory (a resolved config.yaml and a policy/ folder). */
@@ -106,25 +90,4 @@ export async function openServedPolicy(
     policy: { name: opts.name ?? basename(dir), config, tokenizer, chatTemplate, stopIds, runDir },
     initial,
   };
-}
-
-/**
- * Loads a policy directory's weights, checked against the served architecture (its config.json
- * first, so a directory of another model is refused before its weights are read).
- */
-export async function loadPolicyWeights(dir: string, expect: ModelConfig, version: number): Promise<PolicyWeights> {
-  if (!existsSync(dir))
-    throw new RlError(`model_path ${dir} does not exist`, { retriable: false, code: 'ERR_NO_MODEL_PATH' });
-  const c = (await readModelDirConfig(dir)).config;
-  if (
-    c.vocabSize !== expect.vocabSize ||
-    c.hiddenSize !== expect.hiddenSize ||
-    c.numHiddenLayers !== expect.numHiddenLayers
-  )
-    throw new RlError(
-      `${dir} does not match the served model (vocab ${c.vocabSize}/${expect.vocabSize}, d_model ${c.hiddenSize}/${expect.hiddenSize}, layers ${c.numHiddenLayers}/${expect.numHiddenLayers})`,
-      { retriable: false, code: 'ERR_MODEL_MISMATCH' },
-    );
-  const ck = await loadCheckpoint(dir, { optimizer: false });
-  return { version, weights: ck.weights, dir };
 }

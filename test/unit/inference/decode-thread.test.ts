@@ -86,7 +86,8 @@ test('the decode thread samples what Sampler.generate does, stops where onToken 
     );
     await assert.rejects(
       b.setPolicy({ version: 9, dir: other }),
-      (e) => e instanceof RlError && e.code === 'ERR_MODEL_MISMATCH' && /does not match the served model/.test(e.message),
+      (e) =>
+        e instanceof RlError && e.code === 'ERR_MODEL_MISMATCH' && /does not match the served model/.test(e.message),
     );
     assert.equal((await b.submit([seqs[0]], p)).version, 1);
 
