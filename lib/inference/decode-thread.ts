@@ -44,7 +44,7 @@ export class ThreadedBatcher {
   private nextJob = 0;
   /** The version the worker serves (the last load that succeeded). */
   private policy: PolicyRef | null = null;
-  private loads = new Map<number, { ref: PolicyRef; resolve: () => void; reject: (e: unknown) => void }>();
+  private loads = new Map<number, { resolve: () => void; reject: (e: unknown) => void }>();
   private nextLoad = 0;
   private waiting = 0;
   private closed = false;
@@ -82,7 +82,6 @@ export class ThreadedBatcher {
       const req = this.nextLoad++;
       const ref = { version: p.version, dir: p.dir };
       this.loads.set(req, {
-        ref,
         resolve: () => {
           this.policy = ref;
           resolve();
