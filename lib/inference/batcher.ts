@@ -24,7 +24,7 @@ import {
   type SamplingParamsInput,
 } from '../model/sample.ts';
 import { appendRows, emptyState, keepRows, type DecodeState, type StepDecoder } from '../model/stepwise.ts';
-import type { PolicyWeights } from './served-policy.ts';
+import type { PolicyWeights } from './policy-weights.ts';
 
 /** One sampled token as it is handed to `onToken`. */
 export interface SampledToken {

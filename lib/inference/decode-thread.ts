@@ -7,8 +7,10 @@
  * whose `onToken` returned true (the worker is told to stop it; tokens it decoded meanwhile are
  * dropped here).
  *
- * A worker that dies fails the requests it held (non-retriable to the client: a 500) and the next
- * request starts a fresh one with the current weights.
+ * The worker holds the only copy of the weights: `setPolicy` names a version's directory, the
+ * worker reads it and answers, and this thread keeps the directory of the version last loaded. A
+ * worker that dies fails the requests and loads it held (non-retriable to the client: a 500) and
+ * the next request starts a fresh one, which reads that directory again.
  */
 import { Worker } from 'node:worker_threads';
 import { ConfigError, RlError } from '../errors.ts';
@@ -16,7 +18,7 @@ import type { ModelConfig } from '../model/config.ts';
 import type { GenerationRequest, SamplingParamsInput } from '../model/sample.ts';
 import type { BatchResult, BatchStats, SampledToken, SequenceResult, SubmitOptions } from './batcher.ts';
 import type { DecodeWorkerData, FromWorker, ToWorker } from './decode-worker.ts';
-import type { PolicyWeights } from './served-policy.ts';
+import type { PolicyRef } from './policy-weights.ts';
 
 interface Job {
   opts: SubmitOptions;
@@ -40,7 +42,10 @@ export class ThreadedBatcher {
   private worker: Worker | null = null;
   private jobs = new Map<number, Job>();
   private nextJob = 0;
-  private policy: PolicyWeights | null = null;
+  /** The version the worker serves (the last load that succeeded). */
+  private policy: PolicyRef | null = null;
+  private loads = new Map<number, { resolve: () => void; reject: (e: unknown) => void }>();
+  private nextLoad = 0;
   private waiting = 0;
   private closed = false;
 
@@ -60,18 +65,31 @@ export class ThreadedBatcher {
     return this.waiting;
   }
 
-  /** The weights that requests submitted from now on are admitted with (starts the worker, which gets a copy). */
-  setPolicy(p: PolicyWeights): void {
-    this.policy = p;
-    if (this.closed) return;
-    if (!this.worker) this.start();
-    else
-      this.worker.postMessage({
-        type: 'policy',
-        version: p.version,
-        dir: p.dir,
-        weights: p.weights,
-      } satisfies ToWorker);
+  /** The version requests are served with (null before the first load succeeds). */
+  get version(): PolicyRef | null {
+    return this.policy;
+  }
+
+  /**
+   * Has the worker (started if need be) load the weights of `p.dir`; resolves once requests
+   * submitted from then on are admitted with them, rejects with the load's error (a missing
+   * directory, another model's weights) and the version before keeps serving.
+   */
+  setPolicy(p: PolicyRef): Promise<void> {
+    if (this.closed) return Promise.reject(new RlError('the policy server is closing', { code: 'ERR_CLOSED' }));
+    const w = this.start();
+    return new Promise((resolve, reject) => {
+      const req = this.nextLoad++;
+      const ref = { version: p.version, dir: p.dir };
+      this.loads.set(req, {
+        resolve: () => {
+          this.policy = ref;
+          resolve();
+        },
+        reject,
+      });
+      w.postMessage({ type: 'load', req, version: ref.version, dir: ref.dir } satisfies ToWorker);
+    });
   }
 
   private start(): Worker {
@@ -93,15 +111,29 @@ export class ThreadedBatcher {
       const err = new RlError(`the decode thread ${why}`, { code: 'ERR_DECODE_THREAD', retriable: true });
       for (const j of this.jobs.values()) j.reject(err);
       this.jobs.clear();
+      for (const l of this.loads.values()) l.reject(err);
+      this.loads.clear();
     };
     w.on('error', (e) => lost(`crashed: ${e.message}`));
     w.on('exit', (code) => lost(`exited (code ${code})`));
+    // a restart reads the served version again (its answer has no waiter)
     const p = this.policy;
-    if (p) w.postMessage({ type: 'policy', version: p.version, dir: p.dir, weights: p.weights } satisfies ToWorker);
+    if (p) w.postMessage({ type: 'load', req: -1, version: p.version, dir: p.dir } satisfies ToWorker);
     return w;
   }
 
   private receive(m: FromWorker): void {
+    if (m.type === 'loaded' || m.type === 'load-error') {
+      const l = this.loads.get(m.req);
+      if (!l) return;
+      this.loads.delete(m.req);
+      if (m.type === 'loaded') l.resolve();
+      else
+        l.reject(
+          m.config ? new ConfigError(m.message) : new RlError(m.message, { code: m.code, retriable: m.retriable }),
+        );
+      return;
+    }
     if (m.type === 'tokens') {
       this.waiting = m.pending;
       for (const n of m.prefills) this.opts.stats?.onPrefill?.(n);
@@ -164,8 +196,11 @@ export class ThreadedBatcher {
     this.closed = true;
     const w = this.worker;
     this.worker = null;
-    for (const j of this.jobs.values()) j.reject(new RlError('the policy server is closing', { code: 'ERR_CLOSED' }));
+    const err = new RlError('the policy server is closing', { code: 'ERR_CLOSED' });
+    for (const j of this.jobs.values()) j.reject(err);
     this.jobs.clear();
+    for (const l of this.loads.values()) l.reject(err);
+    this.loads.clear();
     if (w) await w.terminate();
   }
 }

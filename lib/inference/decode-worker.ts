@@ -1,9 +1,12 @@
 /**
  * The decode thread's entry (a worker thread started by decode-thread.ts): it holds the ORT
- * sessions, the weights and the running batch (batcher.ts), so decode steps follow each other
- * without waiting for the HTTP thread's event loop. Messages, in order on one port:
+ * sessions, the only copy of the served weights and the running batch (batcher.ts), so decode
+ * steps follow each other without waiting for the HTTP thread's event loop. Messages, in order on
+ * one port:
  *
- *   in:  policy {version, dir, weights}   the weights later admissions use
+ *   in:  load {req, version, dir}         read a policy version's weights from its directory
+ *                                         (policy-weights.ts loadPolicyWeights); admissions after
+ *                                         it succeeds use them, a failure keeps the old ones
  *        submit {job, seqs, params, top}  one request's sequences (batcher.submit)
  *        stop {job, seq}                  end that sequence (a stop string matched, a client gone)
  *   out: tokens {version, job[], seq[], token[], logprob[], top, rows, prefills[], pending}
@@ -11,18 +14,22 @@
  *                                         the prefills before it and the sequences still waiting
  *                                         (the server's metrics)
  *        done {job, version, finish[]}    error {job, message, config}
+ *        loaded {req, version}            load-error {req, message, code, retriable, config}
+ *
+ * Loads run one at a time, in the order asked. A submit that arrives before any load has
+ * succeeded waits for the loads asked so far (and fails if none gave weights).
  *
  * A decode run's tokens and counts go out as one message (a message costs more than a token);
  * a stop arrives a run or more after the token that asked for it, so the worker may decode a few
  * tokens that the HTTP thread drops.
  */
 import { parentPort, workerData } from 'node:worker_threads';
-import { ConfigError, errorMessage } from '../errors.ts';
+import { ConfigError, errorMessage, RlError } from '../errors.ts';
 import type { ModelConfig } from '../model/config.ts';
 import type { GenerationRequest, SamplingParamsInput } from '../model/sample.ts';
 import { StepDecoder } from '../model/stepwise.ts';
 import { GenerationBatcher, type SampledToken } from './batcher.ts';
-import type { PolicyWeights } from './served-policy.ts';
+import { loadPolicyWeights, type PolicyWeights } from './policy-weights.ts';
 
 export interface DecodeWorkerData {
   config: ModelConfig;
@@ -33,7 +40,7 @@ export interface DecodeWorkerData {
 }
 
 export type ToWorker =
-  | { type: 'policy'; version: number; dir: string; weights: Map<string, Float32Array> }
+  | { type: 'load'; req: number; version: number; dir: string }
   | { type: 'submit'; job: number; seqs: GenerationRequest[]; params: SamplingParamsInput; top: number }
   | { type: 'stop'; job: number; seq: number };
 
@@ -54,13 +61,18 @@ export type FromWorker =
       pending: number;
     }
   | { type: 'done'; job: number; version: number; finish: string[] }
-  | { type: 'error'; job: number; message: string; config: boolean };
+  | { type: 'error'; job: number; message: string; config: boolean }
+  | { type: 'loaded'; req: number; version: number }
+  | { type: 'load-error'; req: number; message: string; code: string; retriable: boolean; config: boolean };
 
 const port = parentPort!;
 const data = workerData as DecodeWorkerData;
 const post = (m: FromWorker) => port.postMessage(m);
 
 let current: PolicyWeights | null = null;
+// the loads asked so far, one after another
+let loads: Promise<void> = Promise.resolve();
+let loadFailure = '';
 const stops = new Set<string>();
 const batcher = new GenerationBatcher(new StepDecoder(data.config, { threads: data.threads }), () => current!, {
   windowMs: data.windowMs,
@@ -115,15 +127,42 @@ function flush(): void {
 }
 
 port.on('message', (m: ToWorker) => {
-  if (m.type === 'policy') {
-    current = { version: m.version, dir: m.dir, weights: m.weights };
+  if (m.type === 'load') {
+    loads = loads.then(() =>
+      loadPolicyWeights(m.dir, data.config, m.version).then(
+        (w) => {
+          current = w;
+          post({ type: 'loaded', req: m.req, version: w.version });
+        },
+        (e: unknown) => {
+          loadFailure = errorMessage(e);
+          post({
+            type: 'load-error',
+            req: m.req,
+            message: errorMessage(e),
+            code: e instanceof RlError ? e.code : 'ERR_LOAD',
+            retriable: e instanceof RlError ? e.retriable : false,
+            config: e instanceof ConfigError,
+          });
+        },
+      ),
+    );
     return;
   }
   if (m.type === 'stop') {
     stops.add(`${m.job}:${m.seq}`);
     return;
   }
+  if (current) submit(m);
+  else void loads.then(() => submit(m));
+});
+
+function submit(m: Extract<ToWorker, { type: 'submit' }>): void {
   const job = m.job;
+  if (!current) {
+    post({ type: 'error', job, message: `no policy weights are loaded: ${loadFailure}`, config: false });
+    return;
+  }
   batcher
     .submit(m.seqs, m.params, {
       topLogprobs: m.top,
@@ -151,4 +190,4 @@ port.on('message', (m: ToWorker) => {
         post({ type: 'error', job, message: errorMessage(e), config: e instanceof ConfigError });
       },
     );
-});
+}

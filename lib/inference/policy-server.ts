@@ -47,12 +47,14 @@ import {
   type ChatRequest,
   type CompletionRequest,
 } from './openai-schemas.ts';
-import { loadPolicyWeights, runPolicyVersions, type PolicyWeights, type ServedPolicy } from './served-policy.ts';
+import type { PolicyRef } from './policy-weights.ts';
+import { runPolicyVersions, type ServedPolicy } from './served-policy.ts';
 import { policyDir } from '../pipeline/policy.ts';
 
 export interface PolicyServerOptions {
   policy: ServedPolicy;
-  initial: PolicyWeights;
+  /** The version served first (its weights are loaded on the decode thread before the server listens). */
+  initial: PolicyRef;
   host?: string;
   /** 0 = an ephemeral port. */
   port: number;
@@ -201,18 +203,25 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
     stepsPerRun: o.stepsPerRun,
     stats: { onBatch: (n) => mBatch.observe(n), onPrefill: (n) => mPrefill.observe(n) },
   });
-  batcher.setPolicy(current);
+  try {
+    await batcher.setPolicy(current);
+  } catch (e) {
+    await batcher.close();
+    throw e;
+  }
 
-  // weight swaps happen one at a time; a batch keeps the weights it started with
+  // weight swaps happen one at a time, each read by the decode thread (the only copy of the
+  // weights); a failed one leaves the version before serving; a batch keeps the weights it started with
   let loading: Promise<unknown> = Promise.resolve();
-  const swap = (load: () => Promise<PolicyWeights>): Promise<PolicyWeights> => {
-    const p = loading.then(load).then((w) => {
-      current = w;
-      batcher.setPolicy(w);
-      mVersion.set(w.version);
-      log.info({ version: w.version, dir: w.dir }, `serving policy version ${w.version}`);
-      return w;
-    });
+  const swap = (next: PolicyRef): Promise<PolicyRef> => {
+    const p = loading
+      .then(() => batcher.setPolicy(next))
+      .then(() => {
+        current = next;
+        mVersion.set(next.version);
+        log.info({ version: next.version, dir: next.dir }, `serving policy version ${next.version}`);
+        return next;
+      });
     loading = p.catch(() => undefined);
     return p;
   };
@@ -227,7 +236,7 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
       const newest = vs[vs.length - 1];
       if (newest === undefined || newest <= current.version) return;
       busy = true;
-      swap(() => loadPolicyWeights(policyDir(runDir, newest), c, newest))
+      swap({ version: newest, dir: policyDir(runDir, newest) })
         .catch((e: unknown) =>
           log.warn({ err: (e as Error).message }, `loading policy version ${newest} failed; retrying`),
         )
@@ -579,7 +588,7 @@ export async function startPolicyServer(o: PolicyServerOptions): Promise<PolicyS
     const version =
       named !== undefined && named !== null && /^\d+$/.test(String(named)) ? Number(named) : current.version + 1;
     try {
-      const w = await swap(() => loadPolicyWeights(r.model_path, c, version));
+      const w = await swap({ version, dir: r.model_path });
       send.json(200, w.version, {
         success: true,
         message: `loaded ${r.model_path} as policy version ${w.version}`,

@@ -7,12 +7,12 @@
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
 import { loadConfig } from '../config/index.ts';
-import { ConfigError, RlError } from '../errors.ts';
+import { ConfigError } from '../errors.ts';
 import { ChatTemplate } from '../model/chat-template.ts';
-import { isAdapterDir, loadCheckpoint, MODEL_FILE, MODEL_INDEX_FILE } from '../model/checkpoint.ts';
+import { isAdapterDir, MODEL_FILE, MODEL_INDEX_FILE, readModelDirConfig } from '../model/checkpoint.ts';
 import { stopTokenIds, type ModelConfig } from '../model/config.ts';
-import type { Weights } from '../model/params.ts';
 import type { Tokenizer } from '../model/tokenizer.ts';
+import type { PolicyRef } from './policy-weights.ts';
 import { modelDirTokenizer, policyDir, policyModelConfig, tokenizerFor, withSamplingMask } from '../pipeline/policy.ts';
 
 export interface ServedPolicy {
@@ -25,12 +25,6 @@ export interface ServedPolicy {
   stopIds: number[];
   /** The run directory being followed, or null for a model directory. */
   runDir: string | null;
-}
-
-export interface PolicyWeights {
-  version: number;
-  weights: Weights;
-  dir: string;
 }
 
 /** True when `dir` is a run directory (a resolved config.yaml and a policy/ folder). */
@@ -56,10 +50,10 @@ export function runPolicyVersions(runDir: string): number[] {
 export async function openServedPolicy(
   path: string,
   opts: { name?: string; chatTemplateFile?: string } = {},
-): Promise<{ policy: ServedPolicy; initial: PolicyWeights }> {
+): Promise<{ policy: ServedPolicy; initial: PolicyRef }> {
   const dir = resolve(path);
   if (!existsSync(dir)) throw new ConfigError(`${path} does not exist; give a model directory or a run directory`);
-  let config: ModelConfig, tokenizer: Tokenizer, runDir: string | null, initial: PolicyWeights;
+  let config: ModelConfig, tokenizer: Tokenizer, runDir: string | null, initial: PolicyRef;
   if (isRunDir(dir)) {
     const cfg = loadConfig({ file: join(dir, 'config.yaml') });
     if (cfg.actor.model.lora)
@@ -72,21 +66,18 @@ export async function openServedPolicy(
     const versions = runPolicyVersions(dir);
     if (!versions.length)
       throw new ConfigError(`${path} has no policy version yet (policy/v000000 is written when the run starts)`);
-    initial = await loadPolicyWeights(
-      policyDir(dir, versions[versions.length - 1]),
-      config,
-      versions[versions.length - 1],
-    );
+    const newest = versions[versions.length - 1];
+    initial = { version: newest, dir: policyDir(dir, newest) };
   } else {
     if (isAdapterDir(dir))
       throw new ConfigError(`${path} is a LoRA adapter; merge it first (rlstream export ${path} --merge --out DIR)`);
-    const ck = await loadCheckpoint(dir, { optimizer: false });
-    if (ck.config.head !== 'lm') throw new ConfigError(`${path} is a value model; serve-policy needs a causal LM`);
-    tokenizer = modelDirTokenizer(dir, ck.config);
-    config = withSamplingMask(ck.config, tokenizer);
+    const own = (await readModelDirConfig(dir)).config;
+    if (own.head !== 'lm') throw new ConfigError(`${path} is a value model; serve-policy needs a causal LM`);
+    tokenizer = modelDirTokenizer(dir, own);
+    config = withSamplingMask(own, tokenizer);
     runDir = null;
     const m = /^v(\d{6,})$/.exec(basename(dir));
-    initial = { version: m ? Number(m[1]) : 0, weights: ck.weights, dir };
+    initial = { version: m ? Number(m[1]) : 0, dir };
   }
   let chatTemplate = tokenizer.chatTemplate;
   if (opts.chatTemplateFile) {
@@ -99,22 +90,4 @@ export async function openServedPolicy(
     policy: { name: opts.name ?? basename(dir), config, tokenizer, chatTemplate, stopIds, runDir },
     initial,
   };
-}
-
-/** Loads a policy directory's weights, checked against the served architecture. */
-export async function loadPolicyWeights(dir: string, expect: ModelConfig, version: number): Promise<PolicyWeights> {
-  if (!existsSync(dir))
-    throw new RlError(`model_path ${dir} does not exist`, { retriable: false, code: 'ERR_NO_MODEL_PATH' });
-  const ck = await loadCheckpoint(dir, { optimizer: false });
-  const c = ck.config;
-  if (
-    c.vocabSize !== expect.vocabSize ||
-    c.hiddenSize !== expect.hiddenSize ||
-    c.numHiddenLayers !== expect.numHiddenLayers
-  )
-    throw new RlError(
-      `${dir} does not match the served model (vocab ${c.vocabSize}/${expect.vocabSize}, d_model ${c.hiddenSize}/${expect.hiddenSize}, layers ${c.numHiddenLayers}/${expect.numHiddenLayers})`,
-      { retriable: false, code: 'ERR_MODEL_MISMATCH' },
-    );
-  return { version, weights: ck.weights, dir };
 }
