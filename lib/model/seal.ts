@@ -11,7 +11,7 @@ import { Worker } from 'node:worker_threads';
 import { RlError, errorMessage } from '../errors.ts';
 import { checkpointWeightsSha256, weightsFileLayout, type SaveOptions } from './checkpoint.ts';
 import type { ModelConfig } from './config.ts';
-import type { Weights } from './params.ts';
+import { cloneWeights, type Weights } from './params.ts';
 import { roundedToBf16 } from './safetensors.ts';
 
 /** `w` copied into one SharedArrayBuffer (a view per parameter, same names and order). */
@@ -33,7 +33,7 @@ export function sharedWeights(w: ReadonlyMap<string, Float32Array>): Weights {
 /** A sealed version: the sha256 of its weights file, and its weights as a reader of that file gets them. */
 export interface Sealed {
   sha256: string;
-  /** The weights as stored: `weights` itself for f32, their bf16 rounding (widened to f32) for bf16. */
+  /** The weights as stored (f32, or their bf16 rounding widened to f32), in ordinary (not shared) memory. */
   stored: Weights;
 }
 
@@ -41,28 +41,37 @@ export interface Sealed {
 interface SealJob {
   header: Uint8Array[];
   tensors: { buffer: SharedArrayBuffer; byteOffset: number; length: number }[];
-  /** bf16: hash the values' bf16 bits and write their rounding into `rounded` (same offsets). */
+  /** bf16: hash the values' bf16 bits; the stored weights are their rounding. */
   bf16: boolean;
-  rounded: SharedArrayBuffer | null;
+  /** Bytes of the shared buffer: the worker returns the stored weights in a buffer of this size (same offsets). */
+  byteLength: number;
 }
 
 /**
  * The worker's source (CommonJS, evaluated): hashes the header, then each tensor's bytes; for bf16
  * converts in chunks (round to nearest, ties to even; NaN stays a quiet NaN: safetensors.ts bf16Bits).
+ * It returns the stored weights in an ordinary buffer it transfers (no copy on this thread): the
+ * readers feed them to onnxruntime, which takes no SharedArrayBuffer.
  */
 const WORKER = `
 const { parentPort, workerData } = require('node:worker_threads');
 const { createHash } = require('node:crypto');
-const { header, tensors, bf16, rounded } = workerData;
+const { header, tensors, bf16, byteLength } = workerData;
 const h = createHash('sha256');
 for (const b of header) h.update(b);
+const out = new ArrayBuffer(byteLength);
 const CHUNK = 1 << 20;
 const bits = new Uint16Array(CHUNK);
 const bytes = new Uint8Array(bits.buffer);
 for (const t of tensors) {
-  if (!bf16) { h.update(new Uint8Array(t.buffer, t.byteOffset, t.length * 4)); continue; }
+  if (!bf16) {
+    const v = new Uint8Array(t.buffer, t.byteOffset, t.length * 4);
+    h.update(v);
+    new Uint8Array(out, t.byteOffset, t.length * 4).set(v);
+    continue;
+  }
   const u = new Uint32Array(t.buffer, t.byteOffset, t.length);
-  const r = new Uint32Array(rounded, t.byteOffset, t.length);
+  const r = new Uint32Array(out, t.byteOffset, t.length);
   for (let i = 0; i < t.length; i += CHUNK) {
     const n = Math.min(CHUNK, t.length - i);
     for (let j = 0; j < n; j++) {
@@ -74,7 +83,7 @@ for (const t of tensors) {
     h.update(bytes.subarray(0, n * 2));
   }
 }
-parentPort.postMessage(h.digest('hex'));
+parentPort.postMessage({ sha256: h.digest('hex'), stored: out }, [out]);
 `;
 
 /** Whether every array of `w` lies in one SharedArrayBuffer (sharedWeights). */
@@ -102,10 +111,13 @@ export async function sealWeights(
   if (!layout || !shared) {
     const sha256 = checkpointWeightsSha256(config, weights, opts);
     const bf16 = (opts.dtype ?? 'float32') === 'bfloat16';
-    return { sha256, stored: bf16 ? new Map([...weights].map(([k, a]) => [k, roundedToBf16(a)])) : weights };
+    const stored = bf16
+      ? new Map([...weights].map(([k, a]) => [k, roundedToBf16(a)]))
+      : shared
+        ? cloneWeights(weights)
+        : weights;
+    return { sha256, stored };
   }
-  const bf16 = layout.dtype === 'bfloat16';
-  const rounded = bf16 ? new SharedArrayBuffer(shared.byteLength) : null;
   const job: SealJob = {
     header: layout.header,
     tensors: layout.params.map((name) => {
@@ -113,12 +125,12 @@ export async function sealWeights(
       if (!a) throw new RlError(`sealWeights: weights lack ${name}`);
       return { buffer: shared, byteOffset: a.byteOffset, length: a.length };
     }),
-    bf16,
-    rounded,
+    bf16: layout.dtype === 'bfloat16',
+    byteLength: shared.byteLength,
   };
-  const sha256 = await new Promise<string>((resolve, reject) => {
+  const done = await new Promise<{ sha256: string; stored: ArrayBuffer }>((resolve, reject) => {
     const w = new Worker(WORKER, { eval: true, workerData: job });
-    w.once('message', (sha: string) => resolve(sha));
+    w.once('message', resolve);
     w.once('error', (e) =>
       reject(new RlError(`sealing a policy version failed in its worker: ${errorMessage(e)}`, { retriable: true })),
     );
@@ -126,8 +138,7 @@ export async function sealWeights(
       reject(new RlError(`sealing a policy version: its worker exited (code ${code})`, { retriable: true })),
     );
   });
-  if (!rounded) return { sha256, stored: weights };
   const stored: Weights = new Map();
-  for (const [k, a] of weights) stored.set(k, new Float32Array(rounded, a.byteOffset, a.length));
-  return { sha256, stored };
+  for (const [k, a] of weights) stored.set(k, new Float32Array(done.stored, a.byteOffset, a.length));
+  return { sha256: done.sha256, stored };
 }

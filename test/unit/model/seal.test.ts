@@ -43,6 +43,8 @@ it('sealWeights: the sha256 of the file saveCheckpoint writes and the bf16 round
       for (const weights of [shared, w]) {
         const s = await sealWeights(config, weights, opts);
         assert.equal(s.sha256, written.weightsSha256, `${dtype}, ${weights === w ? 'this thread' : 'worker'}`);
+        // onnxruntime takes no SharedArrayBuffer: the stored weights are in ordinary memory
+        assert.ok([...s.stored.values()].every((a) => !(a.buffer instanceof SharedArrayBuffer)));
         for (const [k, a] of w) {
           const want = dtype === 'float32' ? a : roundedToBf16(a);
           assert.deepEqual(new Uint32Array(s.stored.get(k)!.slice().buffer), new Uint32Array(want.slice().buffer), k);
