@@ -25,6 +25,7 @@ import {
   OPTIMIZER_KINDS,
   optimizerStatesToPrune,
   versionsToPrune,
+  type ArtifactFile,
   type ArtifactKind,
   type Executor,
   type PolicyStore,
@@ -188,6 +189,11 @@ export class RunVersions {
   /** Drops the versions kept in memory only below `from` (no reader can ask for them any more). */
   retainInMemory(from: number): void {
     retainHandOffs(this.policies, (v) => v >= from);
+  }
+
+  /** The files of a stored version of `kind` with the sha256 recorded when they were written (none: not stored). */
+  async recordedFiles(kind: ArtifactKind, version: number, db: Executor = this.o.db): Promise<ArtifactFile[]> {
+    return this.policies.files(kind, version, db);
   }
 
   /** Whether policy version `version` has a weights file in the store (else it is, at most, in memory). */

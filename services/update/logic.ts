@@ -9,6 +9,8 @@ import type { ImagePixels } from '../../lib/data/images.ts';
 import type { TrainBatch } from '../../lib/model/index.ts';
 import { rolloutCorrection, type RolloutCorrectionConfig } from '../../lib/rl/rollout-correction.ts';
 import type { Config } from '../../lib/config/index.ts';
+import type { StepPacking } from '../../lib/pipeline/update-train.ts';
+import { trainsNft } from '../../lib/pipeline/trainer-settings.ts';
 
 export interface SampleKey {
   id: string;
@@ -551,4 +553,28 @@ export function rolloutCorrectionOf(
   );
   const r = rolloutCorrection(rows, cfg);
   return { weights: cfg.mode === 'off' ? null : new Map(ids.map((id, i) => [id, r.weights[i]])), metrics: r.metrics };
+}
+
+/**
+ * The packing and metrics a training step uses (lib/pipeline/update-train.ts): the policy's
+ * mini-batches with the step's old log-probs, rollout-correction weights, NFT targets
+ * (algorithm.loss = nft) and images; the critic's; the rollout correction; the step's metrics.
+ */
+export function stepPacking(cfg: Config, packing: PackOptions): StepPacking {
+  return {
+    policyBatches: (kept, old, isWeights, images) =>
+      packPolicyBatches(
+        kept,
+        {
+          oldLogprobs: old,
+          isWeights,
+          nft: trainsNft(cfg) ? nftTargets(kept, cfg.algorithm.nft.correct_key) : null,
+          images,
+        },
+        packing,
+      ),
+    criticBatches: (kept, images) => packValueBatches(kept, images, packing),
+    correction: (kept, old) => rolloutCorrectionOf(kept, old, cfg.algorithm.rollout_correction),
+    metrics: stepMetrics,
+  };
 }
