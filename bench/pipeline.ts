@@ -470,7 +470,7 @@ async function realShapeRows(): Promise<Row[]> {
         unit: 's',
       },
       {
-        name: `${tag}: timing/update/checkpoint_s between checkpoints (version in memory: sha256 of its bytes)`,
+        name: `${tag}: timing/update/checkpoint_s between checkpoints (version in memory: sealed in a worker thread)`,
         value: o.phasesS['update/checkpoint'] ?? NaN,
         unit: 's',
       },
