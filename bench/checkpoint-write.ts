@@ -50,10 +50,18 @@ export async function run(): Promise<Array<[string, number, string]>> {
           lr_state: {},
         } as unknown as Parameters<typeof writeCheckpointDir>[1];
         const t0 = performance.now();
-        await writeCheckpointDir(runDir, ts, join(root, 'v1'), join(root, 'v0'), null, {
-          actor: join(root, 'opt1'),
-          critic: null,
-        }, mode === 'recorded' ? known : {});
+        await writeCheckpointDir(
+          runDir,
+          ts,
+          join(root, 'v1'),
+          join(root, 'v0'),
+          null,
+          {
+            actor: join(root, 'opt1'),
+            critic: null,
+          },
+          mode === 'recorded' ? known : {},
+        );
         times[mode].push((performance.now() - t0) / 1000);
         rmSync(runDir, { recursive: true, force: true });
       }
@@ -71,6 +79,10 @@ export async function run(): Promise<Array<[string, number, string]>> {
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   const rows = await run();
-  console.log(`load average ${loadavg().map((x) => x.toFixed(1)).join(' ')}`);
+  console.log(
+    `load average ${loadavg()
+      .map((x) => x.toFixed(1))
+      .join(' ')}`,
+  );
   console.log(formatTable([['measure', 'value', 'unit'], ...rows]));
 }

@@ -403,7 +403,10 @@ async function realShapeRows(): Promise<Row[]> {
   const model = await smollm2RandomDir();
   const rows: Row[] = [];
   const train135 = async (dtype: 'f32' | 'bf16', staleness: number, steps: number): Promise<MeasuredRun> => {
-    const runDir = join(model.replace('smollm2-135m-random', 'pipeline-135m'), `${dtype}${staleness ? `-s${staleness}` : ''}`);
+    const runDir = join(
+      model.replace('smollm2-135m-random', 'pipeline-135m'),
+      `${dtype}${staleness ? `-s${staleness}` : ''}`,
+    );
     const m = await trainAndMeasure(join(ROOT, 'examples/number-game.yaml'), [
       `trainer.run_dir=${runDir}`,
       `actor.model.path=${model}`,
@@ -424,7 +427,9 @@ async function realShapeRows(): Promise<Row[]> {
       `pipeline.max_staleness=${staleness}`,
     ]);
     if (m.exitCode !== 0)
-      throw new Error(`135M ${dtype} (max_staleness ${staleness}) run exited with ${m.exitCode}:\n${m.output.slice(-3000)}`);
+      throw new Error(
+        `135M ${dtype} (max_staleness ${staleness}) run exited with ${m.exitCode}:\n${m.output.slice(-3000)}`,
+      );
     return m;
   };
   for (const dtype of ['f32', 'staleness-1', 'bf16'] as const) {

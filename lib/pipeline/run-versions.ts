@@ -136,7 +136,8 @@ export class RunVersions {
     const dtype = kind === 'policy' ? HF_DTYPE_OF[this.o.policyDtype ?? 'f32'] : 'float32';
     const { inMemoryOnly, ...write } = extra;
     if (kind === 'policy' && inMemoryOnly) {
-      if (lora) throw new ConfigError('a LoRA policy version is written to the policy store, never kept in memory only');
+      if (lora)
+        throw new ConfigError('a LoRA policy version is written to the policy store, never kept in memory only');
       // sha256 and bf16 rounding in a worker thread when the weights are in shared memory (lib/model/seal.ts)
       const sealed = await sealWeights(model, weights, { ...write, dtype });
       handOff(this.policies, version, MODEL_FILE, sealed.sha256, sealed.stored, false);

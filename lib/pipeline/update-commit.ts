@@ -152,7 +152,14 @@ export async function commitStep(
 ): Promise<PolicyVersion> {
   const checkpoint = shouldCheckpoint(step, totalSteps(c.plan), c.cfg.trainer.save_freq);
   const file = writesVersionFile(step, c.versionFiles, c.cfg, c.plan);
-  const rec = await commitVersion(c, state, step, record, { file, checkpoint: checkpoint ? { rereadFrom } : null }, ctx);
+  const rec = await commitVersion(
+    c,
+    state,
+    step,
+    record,
+    { file, checkpoint: checkpoint ? { rereadFrom } : null },
+    ctx,
+  );
   noteCommitted(state, step, checkpoint, rec.sha256);
   return rec;
 }
