@@ -397,7 +397,8 @@ function fileSizes(dir: string): Record<string, number> {
  * checkpoints and with the final checkpoint step, the rollout's version pickup, the version
  * hand-over and the checkpoint write, bytes per version (weights and optimizer state), policy
  * version bytes written per step, bytes the process wrote, the run directory's size, and (bf16)
- * the sampler/trainer log-prob gap.
+ * the sampler/trainer log-prob gap; between the two, an f32 run with pipeline.max_staleness 1
+ * (overlapRows).
  */
 async function realShapeRows(): Promise<Row[]> {
   const model = await smollm2RandomDir();
