@@ -53,6 +53,7 @@ import {
   decodeSafetensors,
   encodeSafetensors,
   fromFloat32,
+  safetensorsHeader,
   safetensorsParts,
   toFloat32,
   type StTensor,
@@ -258,10 +259,7 @@ function weightFiles(
       throw new ConfigError(`saveCheckpoint: ${s.name} has ${w.length} values, expected [${s.shape}]`);
   }
   const dtype = opts.dtype ?? 'float32';
-  // the source's dtype outlives an f32 training checkpoint, so export can write it back
-  const source: Record<string, string> =
-    config.storedDtype && config.storedDtype !== dtype ? { source_dtype: config.storedDtype } : {};
-  const meta = { format: 'pt', ...source, ...(opts.metadata ?? {}) };
+  const meta = weightsMetadata(config, opts);
   const bytesPer = dtype === 'float32' ? 4 : 2;
   const total = specs.reduce((a, s) => a + numel(s.shape) * bytesPer, 0);
   const parts = (g: ParamSpec[]) =>
@@ -291,6 +289,37 @@ function weightFiles(
     return { name: f, parts: parts(g) };
   });
   return { files, index: JSON.stringify({ metadata: { total_size: total }, weight_map: weightMap }, null, 2) };
+}
+
+/** The safetensors metadata of a weights file saveCheckpoint writes. */
+function weightsMetadata(config: ModelConfig, opts: Pick<SaveOptions, 'dtype' | 'metadata'>): Record<string, string> {
+  const dtype = opts.dtype ?? 'float32';
+  // the source's dtype outlives an f32 training checkpoint, so export can write it back
+  const source: Record<string, string> =
+    config.storedDtype && config.storedDtype !== dtype ? { source_dtype: config.storedDtype } : {};
+  return { format: 'pt', ...source, ...(opts.metadata ?? {}) };
+}
+
+/**
+ * The layout of the one model.safetensors saveCheckpoint writes for weights of `config` (`opts` as
+ * it is given them): its first bytes (header length, header) and the parameters whose values
+ * follow, in order, in `dtype`; null when the weights are written in shards.
+ */
+export function weightsFileLayout(
+  config: ModelConfig,
+  opts: Pick<SaveOptions, 'dtype' | 'metadata' | 'maxShardBytes'> = {},
+): { header: [Buffer, Buffer]; params: string[]; dtype: 'float32' | 'bfloat16' } | null {
+  const dtype = opts.dtype ?? 'float32';
+  if (dtype !== 'float32' && dtype !== 'bfloat16') return null;
+  const specs = paramSpecs(config);
+  const bytesPer = dtype === 'float32' ? 4 : 2;
+  if (specs.reduce((a, s) => a + numel(s.shape) * bytesPer, 0) > (opts.maxShardBytes ?? MAX_SHARD_BYTES)) return null;
+  const st = dtype === 'float32' ? 'F32' : 'BF16';
+  const header = safetensorsHeader(
+    specs.map((s) => [hfName(config.tensorLayout, s.name), { dtype: st, shape: s.shape }]),
+    weightsMetadata(config, opts),
+  );
+  return { header, params: specs.map((s) => s.name), dtype };
 }
 
 /**

@@ -56,27 +56,43 @@ export function safetensorsParts(
   tensors: Iterable<[string, { shape: number[]; data: StData; dtype?: StDType }]>,
   metadata: Record<string, string> = {},
 ): Buffer[] {
-  const header: Record<string, unknown> = {};
-  if (Object.keys(metadata).length) header.__metadata__ = metadata;
+  const entries: [string, { dtype: StDType; shape: number[] }][] = [];
   const parts: Buffer[] = [];
-  let offset = 0;
   for (const [name, t] of tensors) {
-    if (name === '__metadata__') throw new ConfigError('safetensors: "__metadata__" is not a valid tensor name');
     const dtype = t.dtype ?? dtypeOf(t.data);
     const n = t.shape.reduce((a, b) => a * b, 1);
     if (t.data.length !== n)
       throw new ConfigError(`safetensors: ${name} has ${t.data.length} values for shape [${t.shape}]`);
-    const bytes = Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength);
-    header[name] = { dtype, shape: t.shape, data_offsets: [offset, offset + bytes.length] };
-    parts.push(bytes);
-    offset += bytes.length;
+    entries.push([name, { dtype, shape: t.shape }]);
+    parts.push(Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength));
+  }
+  return [...safetensorsHeader(entries, metadata), ...parts];
+}
+
+/**
+ * The first two parts of safetensorsParts (the header's length and the padded JSON header) for
+ * tensors of these dtypes and shapes, in this order: the tensor bytes that follow are each
+ * tensor's values, little-endian, one after the other.
+ */
+export function safetensorsHeader(
+  tensors: Iterable<[string, { dtype: StDType; shape: number[] }]>,
+  metadata: Record<string, string> = {},
+): [Buffer, Buffer] {
+  const header: Record<string, unknown> = {};
+  if (Object.keys(metadata).length) header.__metadata__ = metadata;
+  let offset = 0;
+  for (const [name, t] of tensors) {
+    if (name === '__metadata__') throw new ConfigError('safetensors: "__metadata__" is not a valid tensor name');
+    const bytes = t.shape.reduce((a, b) => a * b, 1) * SIZE[t.dtype];
+    header[name] = { dtype: t.dtype, shape: t.shape, data_offsets: [offset, offset + bytes] };
+    offset += bytes;
   }
   let json = JSON.stringify(header);
   json += ' '.repeat((8 - (Buffer.byteLength(json) % 8)) % 8);
   const hbuf = Buffer.from(json, 'utf8');
   const len = Buffer.alloc(8);
   len.writeBigUInt64LE(BigInt(hbuf.length));
-  return [len, hbuf, ...parts];
+  return [len, hbuf];
 }
 
 /** Decode a safetensors buffer; `source` names the file in errors. Tensors view `buf` where aligned (do not modify it after), else are aligned copies. */

@@ -164,7 +164,9 @@ async function linkFiles(fromDir: string, toDir: string, files: string[]): Promi
  * Builds checkpoints/global_step_<step> from the policy directories `actorDir` (the weights, and
  * the AdamW state when it holds it) and `referenceDir` (the initial policy), and `optimizers`: the
  * directories whose optimizer.safetensors joins actor/ (and critic/) when the version directories
- * hold weights only. Temporary name, fsync, rename. Returns its path.
+ * hold weights only. Temporary name, fsync, rename. Returns its path. `known`: the sha256 of linked
+ * files as recorded when they were written ("actor/model.safetensors" → sha256), which
+ * trainer_state.json's files_sha256 takes instead of reading those files back; the others are read.
  */
 export async function writeCheckpointDir(
   runDir: string,
@@ -173,6 +175,7 @@ export async function writeCheckpointDir(
   referenceDir: string,
   criticDir: string | null = null,
   optimizers: { actor: string; critic: string | null } | null = null,
+  known: Readonly<Record<string, string>> = {},
 ): Promise<string> {
   const root = checkpointsRoot(runDir);
   await fs.mkdir(root, { recursive: true });
@@ -194,7 +197,7 @@ export async function writeCheckpointDir(
     for (const sub of ['actor', 'reference', 'critic']) {
       if (!existsSync(join(tmp, sub))) continue;
       for (const f of (await fs.readdir(join(tmp, sub))).sort())
-        files_sha256[`${sub}/${f}`] = await sha256File(join(tmp, sub, f));
+        files_sha256[`${sub}/${f}`] = known[`${sub}/${f}`] ?? (await sha256File(join(tmp, sub, f)));
     }
     try {
       const fh = await fs.open(join(tmp, TRAINER_STATE_FILE), 'w');

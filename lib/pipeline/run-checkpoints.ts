@@ -75,6 +75,8 @@ export interface CheckpointSources {
   actor: string;
   critic: string | null;
   optimizers: { actor: string; critic: string | null };
+  /** The sha256 of linked files recorded when they were written ("actor/model.safetensors" → sha256): not read back. */
+  known?: Readonly<Record<string, string>>;
 }
 
 /**
@@ -89,7 +91,15 @@ export async function saveRunCheckpoint(
   saveLimit: number,
   tx?: Tx,
 ): Promise<string> {
-  const dir = await writeCheckpointDir(c.runDir, state, dirs.actor, dirs.reference, dirs.critic, dirs.optimizers);
+  const dir = await writeCheckpointDir(
+    c.runDir,
+    state,
+    dirs.actor,
+    dirs.reference,
+    dirs.critic,
+    dirs.optimizers,
+    dirs.known ?? {},
+  );
   await c.store.recordCheckpoint(
     {
       runId: c.runId,

@@ -10,7 +10,6 @@ import { policyId, type PolicyVersion } from '../contracts/index.ts';
 import { ConfigError, RlError } from '../errors.ts';
 import {
   checkpointSha256,
-  checkpointWeightsSha256,
   MODEL_FILE,
   saveAdapter,
   saveCheckpoint,
@@ -26,12 +25,14 @@ import {
   OPTIMIZER_KINDS,
   optimizerStatesToPrune,
   versionsToPrune,
+  type ArtifactFile,
   type ArtifactKind,
   type Executor,
   type PolicyStore,
 } from '../policy-store/index.ts';
 import type { PolicyLora } from './policy.ts';
 import { roundedToBf16 } from '../model/safetensors.ts';
+import { sealWeights } from '../model/seal.ts';
 import type { HfDtype } from '../model/hf-layout.ts';
 import type { PolicyDtype } from '../config/index.ts';
 import { resumeHint, type RunCheckpoints } from './run-checkpoints.ts';
@@ -135,9 +136,12 @@ export class RunVersions {
     const dtype = kind === 'policy' ? HF_DTYPE_OF[this.o.policyDtype ?? 'f32'] : 'float32';
     const { inMemoryOnly, ...write } = extra;
     if (kind === 'policy' && inMemoryOnly) {
-      const sha = checkpointWeightsSha256(model, weights, { ...write, dtype });
-      this.handOver(version, weights, sha);
-      return sha;
+      if (lora)
+        throw new ConfigError('a LoRA policy version is written to the policy store, never kept in memory only');
+      // sha256 and bf16 rounding in a worker thread when the weights are in shared memory (lib/model/seal.ts)
+      const sealed = await sealWeights(model, weights, { ...write, dtype });
+      handOff(this.policies, version, MODEL_FILE, sealed.sha256, sealed.stored, false);
+      return sealed.sha256;
     }
     const w = await saveCheckpoint(dir, model, weights, {
       ...write,
@@ -186,6 +190,11 @@ export class RunVersions {
   /** Drops the versions kept in memory only below `from` (no reader can ask for them any more). */
   retainInMemory(from: number): void {
     retainHandOffs(this.policies, (v) => v >= from);
+  }
+
+  /** The files of a stored version of `kind` with the sha256 recorded when they were written (none: not stored). */
+  async recordedFiles(kind: ArtifactKind, version: number, db: Executor = this.o.db): Promise<ArtifactFile[]> {
+    return this.policies.files(kind, version, db);
   }
 
   /** Whether policy version `version` has a weights file in the store (else it is, at most, in memory). */

@@ -2,8 +2,8 @@
  * The update stage's commit of a trained step, its I/O: the learner's version stored (policy,
  * critic, EMA), its `policy` record built, and when due its checkpoint written (directory, then
  * row); after a batch, the stored versions no longer needed removed. Which steps are
- * checkpointed, the consumed offsets and the versions still in use are decided in
- * services/update/logic.ts.
+ * checkpointed and which versions are files: lib/pipeline/version-files.ts; the consumed offsets
+ * and the versions still in use are decided in services/update/logic.ts.
  */
 import type { Config, VersionFiles } from '../config/index.ts';
 import type { PolicyVersion } from '../contracts/index.ts';
@@ -11,8 +11,10 @@ import type { Logger } from '../log.ts';
 import type { LrScheduleConfig } from '../optim/lr-schedule.ts';
 import { crashPoint } from './crash-points.ts';
 import { oldestSampledVersion } from '../policy-store/retention.ts';
+import type { ArtifactKind } from '../policy-store/index.ts';
 import type { PolicyLearner } from './learner.ts';
-import type { ControllerPlan } from './plan.ts';
+import { totalSteps, type ControllerPlan } from './plan.ts';
+import { shouldCheckpoint, writesVersionFile } from './version-files.ts';
 import {
   keptCheckpoints,
   klCoefAt,
@@ -33,7 +35,7 @@ export interface UpdateCommitter {
   learner: PolicyLearner;
   versions: RunVersions;
   checkpoints: RunCheckpoints;
-  /** policy.version_files as applied (services/update/logic.ts versionFilesOf). */
+  /** policy.version_files as applied (lib/pipeline/version-files.ts versionFilesOf). */
   versionFiles: VersionFiles;
   /** The actor's learning-rate schedule (trainer_state.json's lr_state). */
   schedule: LrScheduleConfig;
@@ -91,17 +93,74 @@ export async function commitVersion(
       optimizerSteps: state.optimizerSteps,
       totalOptimizerSteps: c.totalOptimizerSteps,
     });
+    const critic = cfg.critic.enable === true;
     const dirs = {
       actor: versions.writeDir('policy', step),
       reference: await versions.dir('policy', 0, ctx.db),
-      critic: cfg.critic.enable === true ? versions.writeDir('critic', step) : null,
+      critic: critic ? versions.writeDir('critic', step) : null,
       optimizers: {
         actor: versions.writeDir('optimizer', step),
-        critic: cfg.critic.enable === true ? versions.writeDir('critic-optimizer', step) : null,
+        critic: critic ? versions.writeDir('critic-optimizer', step) : null,
       },
+      known: await recordedSha256(versions, step, critic, ctx.db),
     };
     await saveRunCheckpoint(c.checkpoints, ts, dirs, cfg.trainer.save_limit, ctx.tx);
   }
+  return rec;
+}
+
+/**
+ * The sha256 the policy store recorded for the files a checkpoint of `step` links, as
+ * trainer_state.json names them ("actor/model.safetensors", "reference/config.json", …): the
+ * checkpoint takes them instead of reading 2–4 model-sized files back (they are the bytes hashed
+ * as they were written; a reader checks every file against them).
+ */
+async function recordedSha256(
+  versions: RunVersions,
+  step: number,
+  critic: boolean,
+  db: Executor,
+): Promise<Record<string, string>> {
+  const known: Record<string, string> = {};
+  const add = async (sub: string, kind: ArtifactKind, version: number) => {
+    for (const f of await versions.recordedFiles(kind, version, db)) known[`${sub}/${f.name}`] = f.sha256;
+  };
+  await add('actor', 'policy', step);
+  await add('actor', 'optimizer', step);
+  await add('reference', 'policy', 0);
+  if (critic) {
+    await add('critic', 'critic', step);
+    await add('critic', 'critic-optimizer', step);
+  }
+  return known;
+}
+
+/**
+ * Commits trained step `step`: a checkpoint when due (shouldCheckpoint), its version written as a
+ * file or kept in memory only (policy.version_files: writesVersionFile), the version stored
+ * (commitVersion) and the update state moved to it (noteCommitted). `rereadFrom`: the offsets from
+ * which the update stage's input holds every group of the steps after this one (recorded with a
+ * checkpoint). Returns the step's `policy` record.
+ */
+export async function commitStep(
+  c: UpdateCommitter,
+  state: UpdateState,
+  step: number,
+  record: StepRecord,
+  rereadFrom: Record<string, number>,
+  ctx: Pick<StageContext, 'db' | 'tx'>,
+): Promise<PolicyVersion> {
+  const checkpoint = shouldCheckpoint(step, totalSteps(c.plan), c.cfg.trainer.save_freq);
+  const file = writesVersionFile(step, c.versionFiles, c.cfg, c.plan);
+  const rec = await commitVersion(
+    c,
+    state,
+    step,
+    record,
+    { file, checkpoint: checkpoint ? { rereadFrom } : null },
+    ctx,
+  );
+  noteCommitted(state, step, checkpoint, rec.sha256);
   return rec;
 }
 

@@ -8,8 +8,9 @@ import type { UpdateGroup, UpdateSample } from '../../lib/contracts/index.ts';
 import type { ImagePixels } from '../../lib/data/images.ts';
 import type { TrainBatch } from '../../lib/model/index.ts';
 import { rolloutCorrection, type RolloutCorrectionConfig } from '../../lib/rl/rollout-correction.ts';
-import type { Config, VersionFiles } from '../../lib/config/index.ts';
-import { totalSteps, valScheduled, type ControllerPlan } from '../../lib/pipeline/plan.ts';
+import type { Config } from '../../lib/config/index.ts';
+import type { StepPacking } from '../../lib/pipeline/update-train.ts';
+import { trainsNft } from '../../lib/pipeline/trainer-settings.ts';
 
 export interface SampleKey {
   id: string;
@@ -81,50 +82,8 @@ export function splitBatches<T>(items: T[], miniSize: number, microSize: number)
   return minis;
 }
 
-/** Whether to write a full checkpoint after `step` (save_freq ≤ 0: only at the end). */
-export function shouldCheckpoint(step: number, totalSteps: number, saveFreq: number): boolean {
-  if (step === totalSteps) return true;
-  return saveFreq > 0 && step % saveFreq === 0;
-}
-
-/**
- * Whether the update stage writes policy version `step` as a file (policy.version_files, resolved:
- * versionFilesOf). checkpoints: a checkpoint step and the pipeline.max_staleness versions before one
- * (a rollout restarted at that checkpoint may still sample with them: oldestSampledVersion), and a
- * version a validation round samples with; every other version is kept in memory only.
- */
-export function writesVersionFile(
-  step: number,
-  files: VersionFiles,
-  cfg: { trainer: Pick<Config['trainer'], 'save_freq'>; pipeline: Pick<Config['pipeline'], 'max_staleness'> },
-  plan: ControllerPlan,
-): boolean {
-  if (files === 'every_step' || valScheduled(plan, step)) return true;
-  const total = totalSteps(plan);
-  for (let c = step; c <= Math.min(total, step + cfg.pipeline.max_staleness); c++)
-    if (shouldCheckpoint(c, total, cfg.trainer.save_freq)) return true;
-  return false;
-}
-
-/**
- * policy.version_files as the update stage applies it: as set, or (auto) checkpoints when the rollout
- * runs in its process (one rollout replica) and every_step otherwise; a LoRA policy's versions are
- * always written (its readers merge the adapter files), as are an image policy's (its versions are
- * model directories, lib/image/checkpoint.ts) and those an inference engine samples with
- * (rollout.engine other than onnx: the engine, another process, loads each version's files).
- */
-export function versionFilesOf(
-  cfg: {
-    policy: Pick<Config['policy'], 'version_files'>;
-    rollout: Pick<Config['rollout'], 'replicas' | 'engine'>;
-    actor: { model: Pick<Config['actor']['model'], 'lora' | 'kind'> };
-  },
-  rolloutInProcess: boolean,
-): VersionFiles {
-  if (cfg.actor.model.lora || cfg.actor.model.kind === 'image' || cfg.rollout.engine !== 'onnx') return 'every_step';
-  if (cfg.policy.version_files !== 'auto') return cfg.policy.version_files;
-  return rolloutInProcess && cfg.rollout.replicas === 1 ? 'checkpoints' : 'every_step';
-}
+// which steps are checkpointed and which versions are written as files (pure, shared with lib/pipeline/update-commit.ts)
+export { shouldCheckpoint, versionFilesOf, writesVersionFile } from '../../lib/pipeline/version-files.ts';
 
 /** The update stage's state as far as a start decides on it. */
 export interface StartState {
@@ -594,4 +553,28 @@ export function rolloutCorrectionOf(
   );
   const r = rolloutCorrection(rows, cfg);
   return { weights: cfg.mode === 'off' ? null : new Map(ids.map((id, i) => [id, r.weights[i]])), metrics: r.metrics };
+}
+
+/**
+ * The packing and metrics a training step uses (lib/pipeline/update-train.ts): the policy's
+ * mini-batches with the step's old log-probs, rollout-correction weights, NFT targets
+ * (algorithm.loss = nft) and images; the critic's; the rollout correction; the step's metrics.
+ */
+export function stepPacking(cfg: Config, packing: PackOptions): StepPacking {
+  return {
+    policyBatches: (kept, old, isWeights, images) =>
+      packPolicyBatches(
+        kept,
+        {
+          oldLogprobs: old,
+          isWeights,
+          nft: trainsNft(cfg) ? nftTargets(kept, cfg.algorithm.nft.correct_key) : null,
+          images,
+        },
+        packing,
+      ),
+    criticBatches: (kept, images) => packValueBatches(kept, images, packing),
+    correction: (kept, old) => rolloutCorrectionOf(kept, old, cfg.algorithm.rollout_correction),
+    metrics: stepMetrics,
+  };
 }

@@ -20,11 +20,12 @@ import { runStage, type Decoded, type Pipeline, type StageContext, type StageRun
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
-import { policyModels, startLearner, type StartedLearner } from '../../lib/pipeline/update-start.ts';
+import { policyModels, startLearner } from '../../lib/pipeline/update-start.ts';
 import type { UpdateOptions, UpdateState } from '../../lib/pipeline/update-start.ts';
 import { catchUpLearner, type Retrainer } from '../../lib/pipeline/update-resume.ts';
-import { trainsNft } from '../../lib/pipeline/trainer-settings.ts';
-import { commitVersion, noteCommitted, pruneVersions, type UpdateCommitter } from '../../lib/pipeline/update-commit.ts';
+import { commitStep, pruneVersions, type UpdateCommitter } from '../../lib/pipeline/update-commit.ts';
+import { trainUpdateStep, type StepTrainer } from '../../lib/pipeline/update-train.ts';
+import { versionFilesOf } from '../../lib/pipeline/version-files.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import { PixelCache } from '../../lib/data/pixel-cache.ts';
 import type { UpdateGroup } from '../../lib/contracts/index.ts';
@@ -34,44 +35,30 @@ import {
   checkBatchArithmetic,
   noteStepStarts,
   rereadFrom,
-  nftTargets,
   packOptions,
-  packPolicyBatches,
-  packValueBatches,
   pendingUpdates,
-  rolloutCorrectionOf,
-  shouldCheckpoint,
   startRefusal,
   stepBucket,
-  stepMetrics,
+  stepPacking,
   stepRecord,
   stepThroughput,
   totalOptimizerSteps,
-  versionFilesOf,
   versionsInUse,
-  writesVersionFile,
   type ControllerProgress,
-  type PackOptions,
 } from './logic.ts';
 
 /** What the update stage's steps share once it has started. */
 interface UpdateRun {
   p: Pipeline;
-  opts: UpdateOptions;
   log: Logger;
   metrics: StageMetrics;
   totalSteps: number;
-  totalOptSteps: number;
-  /** A language policy's learner, or an image policy's (actor.model.kind = image). */
-  learner: StartedLearner['learner'];
   /** Brings the learner to a committed version by re-training logged steps (lib/pipeline/update-resume.ts). */
   retrain: Retrainer;
   /** Stores, records and checkpoints the learner's versions; prunes those no longer needed. */
   commit: UpdateCommitter;
-  packing: PackOptions;
-  /** A vision policy (and critic) score and train each row with its prompt's images. */
-  images: PolicyImages;
-  criticImages: PolicyImages | null;
+  /** Trains a step (lib/pipeline/update-train.ts). */
+  trainer: StepTrainer;
   /** When this process published its last policy version (throughput is measured between versions). */
   lastVersionMs: number | null;
 }
@@ -107,12 +94,9 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
   const totalOptSteps = totalOptimizerSteps(totalSteps, perEpoch ?? arith.miniBatches, cfg.actor.ppo_epochs);
   const run: UpdateRun = {
     p,
-    opts,
     log,
     metrics: new StageMetrics(p, 'update'),
     totalSteps,
-    totalOptSteps,
-    learner,
     retrain: { p, learner, log, train: async (at, groups) => void (await trainStep(run, at, groups)) },
     commit: {
       cfg,
@@ -126,9 +110,15 @@ export async function startUpdate(p: Pipeline, opts: UpdateOptions): Promise<Sta
       totalOptimizerSteps: totalOptSteps,
       log,
     },
-    packing: packOptions(cfg, model?.padTokenId ?? 0),
-    images: new PolicyImages(model ?? {}, pixelCache),
-    criticImages: criticModel ? new PolicyImages(criticModel, pixelCache) : null,
+    trainer: {
+      cfg,
+      learner,
+      packing: stepPacking(cfg, packOptions(cfg, model?.padTokenId ?? 0)),
+      images: new PolicyImages(model ?? {}, pixelCache),
+      criticImages: criticModel ? new PolicyImages(criticModel, pixelCache) : null,
+      ...(opts.behaviourSha ? { behaviourSha: opts.behaviourSha } : {}),
+      totalOptimizerSteps: totalOptSteps,
+    },
     lastVersionMs: null,
   };
   await catchUpLearner({ ...run.retrain, st: state, db: p.db.db, reset: false });
@@ -185,23 +175,19 @@ async function trainAndCommit(
   ctx: StageContext,
 ): Promise<number> {
   const { p, log } = run;
-  const cfg = p.cfg;
   crashPoint('update:start');
   const t0 = performance.now();
   const m = await trainStep(run, st, groups);
   const tTrain = performance.now();
   crashPoint('update:trained');
-  const checkpoint = shouldCheckpoint(step, run.totalSteps, cfg.trainer.save_freq);
-  const file = writesVersionFile(step, run.commit.versionFiles, cfg, run.commit.plan);
-  const rec = await commitVersion(
+  const rec = await commitStep(
     run.commit,
     st,
     step,
     stepRecord(groups, m['perf/update_tokens'] ?? 0, st.positions ?? {}),
-    { file, checkpoint: checkpoint ? { rereadFrom: rereadFrom(st.positions ?? {}, st.stepStarts ?? {}, step) } : null },
+    rereadFrom(st.positions ?? {}, st.stepStarts ?? {}, step),
     ctx,
   );
-  noteCommitted(st, step, checkpoint, rec.sha256);
   // throughput of the whole pipeline over this step: its samples (and their prompt + response
   // tokens) ÷ the wall time since the previous version (none for the first step of a process)
   const nowMs = Date.now();
@@ -218,35 +204,9 @@ async function trainAndCommit(
   return nowMs;
 }
 
-/**
- * One step's training: old log-probs recomputed with the current weights for on-policy samples
- * (stale samples, behaviour version < current, keep their behaviour log-probs: the decoupled PPO
- * importance ratio), then ppo_epochs over the policy's mini-batches and the critic's.
- */
+/** One step's training (lib/pipeline/update-train.ts); moves the state's optimizer steps on. */
 async function trainStep(run: UpdateRun, st: UpdateState, groups: UpdateGroup[]): Promise<Record<string, number>> {
-  const { learner, opts } = run;
-  const cfg = run.p.cfg;
-  const kept = groups.filter((g) => !g.filtered);
-  const version = st.version;
-  if (!('oldLogprobs' in learner)) {
-    // an image policy: trained on its samples' records (lib/pipeline/image-policy.ts)
-    const r = await learner.trainGroups(kept, version + 1, st.optimizerSteps, run.totalOptSteps);
-    st.optimizerSteps = r.optimizerSteps;
-    return stepMetrics(r.metrics, kept, version, r.tokens);
-  }
-  const nft = trainsNft(cfg) ? nftTargets(kept, cfg.algorithm.nft.correct_key) : null;
-  const px = await run.images.byGroup(kept);
-  const old = await learner.oldLogprobs(kept, px, opts.behaviourSha);
-  const fix = rolloutCorrectionOf(kept, old, cfg.algorithm.rollout_correction);
-  const r = await learner.trainStep({
-    policyBatches: () =>
-      packPolicyBatches(kept, { oldLogprobs: old, isWeights: fix.weights, nft, images: px }, run.packing),
-    criticBatches: async () => packValueBatches(kept, await run.criticImages!.byGroup(kept), run.packing),
-    epochs: cfg.actor.ppo_epochs,
-    criticEpochs: cfg.critic.ppo_epochs ?? cfg.actor.ppo_epochs,
-    optimizerSteps: st.optimizerSteps,
-    totalOptimizerSteps: run.totalOptSteps,
-  });
+  const r = await trainUpdateStep(run.trainer, st.version, st.optimizerSteps, groups);
   st.optimizerSteps = r.optimizerSteps;
-  return stepMetrics(r.metrics, kept, version, r.tokens, fix.metrics);
+  return r.metrics;
 }

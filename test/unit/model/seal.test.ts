@@ -1,0 +1,57 @@
+/**
+ * lib/model/seal.ts: a version sealed in a worker thread is named by the sha256 saveCheckpoint
+ * writes for it, and its bf16 rounding equals roundedToBf16 (ties to even, NaN, ±Infinity), as
+ * on the calling thread for weights outside shared memory.
+ */
+import assert from 'node:assert/strict';
+import { promises as fs } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { it } from 'node:test';
+import { modelConfig } from '../../../lib/model/config.ts';
+import { initWeights } from '../../../lib/model/init.ts';
+import { checkpointWeightsSha256, saveCheckpoint } from '../../../lib/model/checkpoint.ts';
+import { roundedToBf16 } from '../../../lib/model/safetensors.ts';
+import { sealWeights, sharedWeights } from '../../../lib/model/seal.ts';
+
+const config = modelConfig({
+  hiddenSize: 16,
+  intermediateSize: 24,
+  numHiddenLayers: 2,
+  numAttentionHeads: 4,
+  numKeyValueHeads: 2,
+  vocabSize: 20,
+  maxPositionEmbeddings: 32,
+  bosTokenId: 1,
+  eosTokenId: 2,
+  padTokenId: 0,
+});
+
+it('sealWeights: the sha256 of the file saveCheckpoint writes and the bf16 rounding, in a worker and on this thread', async () => {
+  const w = initWeights(config, 7);
+  // bf16 edge cases in the first array: a tie rounded to even (up and down), NaN, ±Infinity, a carry into the exponent
+  const first = w.values().next().value!;
+  first.set([1 + 2 ** -8, 1 + 3 * 2 ** -8, NaN, Infinity, -Infinity, 3.4e38, -0]);
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), 'rlstream-seal-'));
+  try {
+    for (const dtype of ['float32', 'bfloat16'] as const) {
+      const opts = { dtype, metadata: { policy_version: '3' } };
+      const written = await saveCheckpoint(path.join(dir, dtype), config, w, opts);
+      assert.equal(checkpointWeightsSha256(config, w, opts), written.weightsSha256);
+      const shared = sharedWeights(w);
+      assert.ok([...shared.values()].every((a) => a.buffer instanceof SharedArrayBuffer));
+      for (const weights of [shared, w]) {
+        const s = await sealWeights(config, weights, opts);
+        assert.equal(s.sha256, written.weightsSha256, `${dtype}, ${weights === w ? 'this thread' : 'worker'}`);
+        // onnxruntime takes no SharedArrayBuffer: the stored weights are in ordinary memory
+        assert.ok([...s.stored.values()].every((a) => !(a.buffer instanceof SharedArrayBuffer)));
+        for (const [k, a] of w) {
+          const want = dtype === 'float32' ? a : roundedToBf16(a);
+          assert.deepEqual(new Uint32Array(s.stored.get(k)!.slice().buffer), new Uint32Array(want.slice().buffer), k);
+        }
+      }
+    }
+  } finally {
+    await fs.rm(dir, { recursive: true, force: true });
+  }
+});
