@@ -40,7 +40,7 @@ test('no shaping by default; feedback false answers ? and gives only the success
   assert.equal(step(blind, { content: '11' }).reward, 1);
 });
 
-test('binary-search demonstrations: the answers are the environment\'s, every secret is found in ≤ 5 guesses, 3.375 on average', () => {
+test("binary-search demonstrations: the answers are the environment's, every secret is found in ≤ 5 guesses, 3.375 on average", () => {
   let total = 0;
   for (let secret = 1; secret <= 16; secret++) {
     const msgs = binarySearchEpisode(secret);
