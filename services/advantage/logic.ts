@@ -318,8 +318,12 @@ export function computeStep(
   const perSample = new Map<string, { adv: Float32Array; ret: Float32Array }>();
   rows.forEach((r, i) => {
     const L = lengths[i];
+    // environment tokens (mask 0) get advantage 0 whatever the estimator leaves there (gae carries
+    // the next policy token's advantage across them and whitens every position)
+    const adv = Float32Array.from(out.advantages.data.subarray(i * T, i * T + L));
+    for (let t = 0; t < L; t++) if (!mask[i * T + t]) adv[t] = 0;
     perSample.set(r.x.id, {
-      adv: Float32Array.from(out.advantages.data.subarray(i * T, i * T + L)),
+      adv,
       ret: Float32Array.from(out.returns.data.subarray(i * T, i * T + L)),
     });
   });

@@ -1,10 +1,12 @@
 /**
  * The guess-number environment's shaping (each guess earns the bits of the range it removes ÷ 4)
- * and its no-feedback control (`?` for every wrong guess, no shaping).
+ * and its no-feedback control (`?` for every wrong guess, no shaping); the binary-search
+ * demonstrations of the SFT warm start, played against the environment.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { start, step } from '../../../examples/guess-number/env.ts';
+import { binarySearchEpisode } from '../../../examples/guess-number/demonstrations.ts';
 
 const row = (kwargs: Record<string, unknown>) => ({ ground_truth: '11', extra_info: { secret: 11 }, kwargs });
 
@@ -36,4 +38,23 @@ test('no shaping by default; feedback false answers ? and gives only the success
   const a = step(blind, { content: '8' });
   assert.deepEqual([a.messages[0]?.content, a.reward], ['?', 0]);
   assert.equal(step(blind, { content: '11' }).reward, 1);
+});
+
+test("binary-search demonstrations: the answers are the environment's, every secret is found in ≤ 5 guesses, 3.375 on average", () => {
+  let total = 0;
+  for (let secret = 1; secret <= 16; secret++) {
+    const msgs = binarySearchEpisode(secret);
+    assert.deepEqual(msgs[0], { role: 'user', content: ':' });
+    const s = start({ ground_truth: String(secret), extra_info: { secret } });
+    const guesses = msgs.filter((m) => m.role === 'assistant');
+    for (let i = 1; i < msgs.length; i += 2) {
+      const r = step(s, msgs[i]);
+      if (i + 1 < msgs.length) assert.deepEqual([r.messages[0].content, r.done], [msgs[i + 1].content, false]);
+      else assert.equal(r.done, true, `secret ${secret}: the last guess is right`);
+    }
+    assert.ok(guesses.length <= 5);
+    total += guesses.length;
+  }
+  assert.equal(total / 16, 3.375);
+  assert.throws(() => binarySearchEpisode(17), /integer in 1\.\.16/);
 });

@@ -197,6 +197,11 @@ test('advantage stage, gae: turn rewards placed per turn (returns = rewards to g
   // V = 0, γ = λ = 1: A at a policy token = the rewards from its turn on; env tokens carry the next one's
   assert.deepEqual(Array.from(x.returns), [1.5, 1.5, 1, 1, 1, 1]);
   assert.deepEqual(Array.from(x.loss_weights), [1, 1, 0, 0, 1, 1]);
+  // advantages whitened over the policy tokens; environment tokens get none
+  assert.deepEqual(Array.from(x.advantages.slice(2, 4)), [0, 0]);
+  const pol = [0, 1, 4, 5].map((t) => x.advantages[t]);
+  assert.ok(Math.abs(pol.reduce((a, b) => a + b, 0)) < 1e-5, `whitened: ${pol}`);
+  assert.ok(pol[0] > pol[2], 'the first turn’s tokens see both rewards');
   assert.equal(res.metrics['reward/turns'], 2);
   assert.equal(
     Object.keys(res.metrics).some((k) => k.includes('turn_reward')),
