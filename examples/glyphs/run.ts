@@ -51,9 +51,10 @@ export interface GlyphRunOptions {
   /** CPU-minute cap of the whole run (user + sys of this process). */
   cpuMinutes?: number;
   model?: Partial<GlyphModel>;
-  /** SFT: batch, peak learning rate (linear warm-up over the first 5 %, cosine to 10 % at the end), EMA decay of the weights evaluated and handed to RL (0: none). */
+  /** SFT: batch, learning rate, its schedule (constant, or cosine: linear warm-up over the first 5 %, cosine to 10 % at the end), EMA decay of the weights evaluated and handed to RL (0: none). */
   sftBatch?: number;
   sftLr?: number;
+  sftSchedule?: 'constant' | 'cosine';
   emaDecay?: number;
   /** RL: learning rate (fresh AdamW), prompts per iteration, images per prompt, denoising steps while training. */
   rlLr?: number;
@@ -78,19 +79,29 @@ export const GLYPH_DEFAULTS = {
   model: { hidden: 64, depth: 2, heads: 4, patch: 4 } as GlyphModel,
   sftBatch: 64,
   sftLr: 2e-3,
+  sftSchedule: 'constant' as 'constant' | 'cosine',
   emaDecay: 0,
-  rlLr: 2e-3,
+  rlLr: 3e-5,
   rlPrompts: 8,
   groupSize: 8,
   rlSteps: 10,
   nftBeta: 1,
   nftUpdates: 2,
   noiseLevel: 0.7,
-  evalPerChar: 2,
-  recogniserHidden: 128,
+  evalPerChar: 4,
+  recogniserHidden: 256,
 };
 
 const EVAL_SEED = 'glyphs-eval';
+
+/**
+ * The images as their PNG holds them (lib/image/png.ts: clamped to [−1, 1], 8-bit): what the
+ * recogniser scores, here as under `rlstream train` (reward.ts reads the PNG). Scoring the raw
+ * sampler output instead would reward pixel values no image can hold.
+ */
+export function asSaved(x: Float32Array): Float32Array {
+  return Float32Array.from(x, (v) => (Math.round((Math.max(-1, Math.min(1, v)) + 1) * 127.5) / 255) * 2 - 1);
+}
 
 /** Accuracy, mean ocr_confidence and the judge's accuracy of `perClass` ODE samples (10 steps) of every class with weights `w`. */
 async function evaluate(
@@ -108,11 +119,12 @@ async function evaluate(
     steps: 10,
     rng: Rng.fromSeed(EVAL_SEED),
   });
-  const sc = await rec.score(s.x0, cls);
+  const img = asSaved(s.x0);
+  const sc = await rec.score(img, cls);
   return {
     accuracy: sc.filter((r) => r.correct).length / sc.length,
     ocr_confidence: sc.reduce((a, r) => a + r.ocr_confidence, 0) / sc.length,
-    judge_accuracy: await judge.accuracy(s.x0, cls),
+    judge_accuracy: await judge.accuracy(img, cls),
     images: s.x0,
   };
 }
@@ -146,11 +158,22 @@ export async function runGlyphs(
   const train = await renderSet({ faces: TRAIN_FONTS, perChar: o.perChar, size: S, seed: 'glyphs-train', chars: K });
   const held = await renderSet({ faces: HELDOUT_FONTS, perChar: 6, size: S, seed: 'glyphs-heldout', chars: K });
   const recShape = { size: S, hidden: d.recogniserHidden, classes: K };
-  const rec = await trainRecogniser(train, recShape, { steps: o.recogniserSteps, batch: 64, lr: 2e-3, seed: 'glyphs-rec' });
+  const rec = await trainRecogniser(train, recShape, {
+    steps: o.recogniserSteps,
+    batch: 64,
+    lr: 2e-3,
+    seed: 'glyphs-rec',
+  });
   writeFileSync(join(o.out, 'recogniser.onnx'), rec.toOnnx());
   // the judge reads only the held-out faces: generated glyphs that fool the recogniser without
   // looking like the character lose the judge's agreement
-  const judgeSet = await renderSet({ faces: HELDOUT_FONTS, perChar: o.perChar, size: S, seed: 'glyphs-judge', chars: K });
+  const judgeSet = await renderSet({
+    faces: HELDOUT_FONTS,
+    perChar: o.perChar,
+    size: S,
+    seed: 'glyphs-judge',
+    chars: K,
+  });
   const judge = await trainRecogniser(judgeSet, recShape, {
     steps: o.recogniserSteps,
     batch: 64,
@@ -215,9 +238,11 @@ export async function runGlyphs(
   }
   const warm = Math.max(1, Math.round(o.sftSteps * 0.05));
   const sftLr = (step: number) =>
-    step <= warm
-      ? (d.sftLr * step) / warm
-      : d.sftLr * (0.1 + 0.45 * (1 + Math.cos((Math.PI * (step - warm)) / Math.max(1, o.sftSteps - warm))));
+    d.sftSchedule === 'constant'
+      ? d.sftLr
+      : step <= warm
+        ? (d.sftLr * step) / warm
+        : d.sftLr * (0.1 + 0.45 * (1 + Math.cos((Math.PI * (step - warm)) / Math.max(1, o.sftSteps - warm))));
   const sftWeights = () => tr.ema ?? tr.weights;
   for (let step = 1; step <= o.sftSteps; step++) {
     const idx = Array.from({ length: B }, () => rng.int(n));
@@ -253,7 +278,7 @@ export async function runGlyphs(
       : { name: 'diffusion_nft', nftBeta: d.nftBeta };
   const rlRng = Rng.fromSeed(`glyphs-${o.algo}`);
   const reward = async (images: Float32Array, cls: number[]) =>
-    (await rec.score(images, cls)).map((r) => r.ocr_confidence);
+    (await rec.score(asSaved(images), cls)).map((r) => r.ocr_confidence);
   let finalAccuracy = sftAccuracy;
   const every = Math.max(1, Math.floor(o.evalEvery / 10));
   let it = 1;
@@ -289,9 +314,9 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       chars: { type: 'string', default: String(CHARS.length) },
       size: { type: 'string', default: '32' },
       'sft-steps': { type: 'string', default: '1500' },
-      'rl-iters': { type: 'string', default: '60' },
-      'recogniser-steps': { type: 'string', default: '600' },
-      'per-char': { type: 'string', default: '40' },
+      'rl-iters': { type: 'string', default: '2000' },
+      'recogniser-steps': { type: 'string', default: '2000' },
+      'per-char': { type: 'string', default: '100' },
       'eval-every': { type: 'string', default: '250' },
       minutes: { type: 'string', default: '60' },
       'cpu-minutes': { type: 'string', default: '30' },
@@ -301,6 +326,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       patch: { type: 'string' },
       'sft-batch': { type: 'string' },
       'sft-lr': { type: 'string' },
+      'sft-schedule': { type: 'string' },
       ema: { type: 'string' },
       'rl-lr': { type: 'string' },
       'rl-prompts': { type: 'string' },
@@ -316,6 +342,10 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   });
   if (v.algo !== 'diffusion_nft' && v.algo !== 'flow_grpo') {
     console.error(`--algo must be diffusion_nft or flow_grpo, got ${v.algo}`);
+    process.exit(2);
+  }
+  if (v['sft-schedule'] !== undefined && v['sft-schedule'] !== 'constant' && v['sft-schedule'] !== 'cosine') {
+    console.error(`--sft-schedule must be constant or cosine, got ${v['sft-schedule']}`);
     process.exit(2);
   }
   const num = (s: string | undefined) => (s === undefined ? undefined : Number(s));
@@ -334,6 +364,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     model: { hidden: num(v.hidden), depth: num(v.depth), heads: num(v.heads), patch: num(v.patch) },
     sftBatch: num(v['sft-batch']),
     sftLr: num(v['sft-lr']),
+    sftSchedule: v['sft-schedule'] as 'constant' | 'cosine' | undefined,
     emaDecay: num(v.ema),
     rlLr: num(v['rl-lr']),
     rlPrompts: num(v['rl-prompts']),
