@@ -24,7 +24,7 @@ import { gaussian, sampleImages } from '../../lib/image/sde.ts';
 import { ImageTrainer } from '../../lib/image/trainer.ts';
 import type { ImageLossConfig } from '../../lib/image/flow-graph.ts';
 import { Rng } from '../../lib/util/rng.ts';
-import { CHARS, HELDOUT_FONTS, TRAIN_FONTS, renderSet } from './glyphs.ts';
+import { CHARS, HELDOUT_FONTS, TRAIN_FONTS, asSaved, renderSet } from './glyphs.ts';
 import { trainRecogniser, type Recogniser } from './recogniser.ts';
 
 /** The DiT's shape (lib/image/dit.ts). */
@@ -93,15 +93,6 @@ export const GLYPH_DEFAULTS = {
 };
 
 const EVAL_SEED = 'glyphs-eval';
-
-/**
- * The images as their PNG holds them (lib/image/png.ts: clamped to [−1, 1], 8-bit): what the
- * recogniser scores, here as under `rlstream train` (reward.ts reads the PNG). Scoring the raw
- * sampler output instead would reward pixel values no image can hold.
- */
-export function asSaved(x: Float32Array): Float32Array {
-  return Float32Array.from(x, (v) => (Math.round((Math.max(-1, Math.min(1, v)) + 1) * 127.5) / 255) * 2 - 1);
-}
 
 /** Accuracy, mean ocr_confidence and the judge's accuracy of `perClass` ODE samples (10 steps) of every class with weights `w`. */
 async function evaluate(
