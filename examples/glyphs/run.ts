@@ -64,6 +64,10 @@ export interface GlyphRunOptions {
   nftBeta?: number;
   nftUpdates?: number;
   noiseLevel?: number;
+  /** SFT: probability that an image's class is replaced by the null class K (classifier-free guidance training; 0: never, no draw). */
+  cfgDropout?: number;
+  /** Evaluation: classifier-free guidance scale w, v = v_null + w·(v_c − v_null) (1: unguided). */
+  evalCfg?: number;
   /** Evaluation: samples per character (10-step ODE from a noise stream no training step draws from). */
   evalPerChar?: number;
   /** Recogniser (and judge) hidden size. */
@@ -89,6 +93,8 @@ export const GLYPH_DEFAULTS = {
   nftUpdates: 2,
   noiseLevel: 0.7,
   evalPerChar: 4,
+  cfgDropout: 0,
+  evalCfg: 1,
   recogniserHidden: 256,
 };
 
@@ -102,9 +108,21 @@ async function evaluate(
   judge: Recogniser,
   K: number,
   perClass: number,
+  cfg: number,
 ) {
   const cls = Array.from({ length: K * perClass }, (_, i) => i % K);
-  const s = await sampleImages((x, t, c) => tr.velocity(x, t, c, w), {
+  const guided = async (x: Float32Array, t: number[], c: number[]) => {
+    const vc = await tr.velocity(x, t, c, w);
+    if (cfg === 1) return vc;
+    const vu = await tr.velocity(
+      x,
+      t,
+      c.map(() => K),
+      w,
+    );
+    return Float32Array.from(vc, (v, i) => vu[i] + cfg * (v - vu[i]));
+  };
+  const s = await sampleImages(guided, {
     cls,
     pixels: tr.config.imageSize ** 2,
     steps: 10,
@@ -206,7 +224,7 @@ export async function runGlyphs(
     w: DitWeights,
     extra: Record<string, number> = {},
   ) => {
-    const e = await evaluate(t, w, rec, judge, K, d.evalPerChar);
+    const e = await evaluate(t, w, rec, judge, K, d.evalPerChar, d.evalCfg);
     writeFileSync(
       join(o.out, `${phase}-${String(step).padStart(5, '0')}.png`),
       await gridPng(e.images.subarray(0, K * px), 1, S, Math.min(K, 12)),
@@ -243,7 +261,7 @@ export async function runGlyphs(
       { name: 'flow_matching' },
       {
         floats: { x0, noise: gaussian(rng, B * px), t: Array.from({ length: B }, () => rng.next()) },
-        cls: idx.map((k) => train.labels[k]),
+        cls: idx.map((k) => (d.cfgDropout > 0 && rng.next() < d.cfgDropout ? K : train.labels[k])),
       },
       sftLr(step),
     );
@@ -327,6 +345,8 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       'nft-updates': { type: 'string' },
       'noise-level': { type: 'string' },
       'eval-per-char': { type: 'string' },
+      'cfg-dropout': { type: 'string' },
+      'eval-cfg': { type: 'string' },
       'recogniser-hidden': { type: 'string' },
       'from-sft': { type: 'string' },
     },
@@ -365,6 +385,8 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     nftUpdates: num(v['nft-updates']),
     noiseLevel: num(v['noise-level']),
     evalPerChar: num(v['eval-per-char']),
+    cfgDropout: num(v['cfg-dropout']),
+    evalCfg: num(v['eval-cfg']),
     recogniserHidden: num(v['recogniser-hidden']),
     fromSft: v['from-sft'],
     log: (l) => console.log(JSON.stringify(l)),
