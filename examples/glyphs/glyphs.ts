@@ -77,3 +77,12 @@ export async function renderSet(opts: {
   rendered.forEach((r, i) => images.set(r, i * px));
   return { images, labels: jobs.map((j) => j.c) };
 }
+
+/**
+ * The images as their PNG holds them (lib/image/png.ts: clamped to [−1, 1], 8-bit): what the
+ * recogniser scores, here as under `rlstream train` (reward.ts reads the PNG). Scoring the raw
+ * sampler output instead would reward pixel values no image can hold.
+ */
+export function asSaved(x: Float32Array): Float32Array {
+  return Float32Array.from(x, (v) => (Math.round((Math.max(-1, Math.min(1, v)) + 1) * 127.5) / 255) * 2 - 1);
+}

@@ -1,19 +1,22 @@
 /**
- * The glyphs example end to end: render glyphs, train the recogniser (the reward model), learn a
- * DiT by flow matching on renders (SFT), then RL with DiffusionNFT or Flow-GRPO on the
- * recogniser's reward. Writes to --out: recogniser.onnx, curve.jsonl (one line per evaluation:
- * phase, step, wall minutes, accuracy of generated glyphs, mean ocr_confidence), and a PNG grid of
- * samples per evaluation, and the final policy as a model directory (model/).
+ * The glyphs example end to end: render glyphs, train the recogniser (the reward model) and a
+ * judge recogniser on the held-out faces (evaluation only), learn a DiT by flow matching on
+ * renders (SFT), then RL with DiffusionNFT or Flow-GRPO on the recogniser's reward. Writes to
+ * --out: recogniser.onnx, curve.jsonl (one line per evaluation: phase, step, accuracy of
+ * generated glyphs, mean ocr_confidence, the judge's accuracy, CPU minutes, wall minutes, load),
+ * a PNG grid of samples per evaluation, sft.safetensors and the final policy as a model
+ * directory (model/). RL stops at --rl-iters or when the whole run has used --cpu-minutes of CPU
+ * (user + sys of this process) or --minutes of wall time.
  *
  *   node --import tsx examples/glyphs/run.ts --out /tmp/glyphs --algo diffusion_nft \
- *     [--sft-steps 1500] [--rl-iters 60] [--chars 36] [--size 32] [--minutes 15]
+ *     [--sft-steps N] [--rl-iters N] [--chars 36] [--size 32] [--cpu-minutes 30] [--minutes 60]
  */
 import { mkdirSync, writeFileSync, appendFileSync, readFileSync } from 'node:fs';
 import { decodeSafetensors, encodeSafetensors, toFloat32 } from '../../lib/model/safetensors.ts';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import os from 'node:os';
-import { ditConfig, initDitWeights } from '../../lib/image/dit.ts';
+import { ditConfig, initDitWeights, type DitWeights } from '../../lib/image/dit.ts';
 import { gridPng } from '../../lib/image/png.ts';
 import { saveDit } from '../../lib/image/checkpoint.ts';
 import { rlIteration } from '../../lib/image/rl.ts';
@@ -21,8 +24,16 @@ import { gaussian, sampleImages } from '../../lib/image/sde.ts';
 import { ImageTrainer } from '../../lib/image/trainer.ts';
 import type { ImageLossConfig } from '../../lib/image/flow-graph.ts';
 import { Rng } from '../../lib/util/rng.ts';
-import { CHARS, HELDOUT_FONTS, TRAIN_FONTS, renderSet } from './glyphs.ts';
+import { CHARS, HELDOUT_FONTS, TRAIN_FONTS, asSaved, renderSet } from './glyphs.ts';
 import { trainRecogniser, type Recogniser } from './recogniser.ts';
+
+/** The DiT's shape (lib/image/dit.ts). */
+export interface GlyphModel {
+  hidden: number;
+  depth: number;
+  heads: number;
+  patch: number;
+}
 
 export interface GlyphRunOptions {
   out: string;
@@ -33,41 +44,121 @@ export interface GlyphRunOptions {
   rlIters: number;
   recogniserSteps: number;
   perChar: number;
+  /** SFT steps between evaluations (RL evaluates every evalEvery/10 iterations). */
   evalEvery: number;
+  /** Wall-minute cap of the whole run. */
   minutes: number;
+  /** CPU-minute cap of the whole run (user + sys of this process). */
+  cpuMinutes?: number;
+  model?: Partial<GlyphModel>;
+  /** SFT: batch, learning rate, its schedule (constant, or cosine: linear warm-up over the first 5 %, cosine to 10 % at the end), EMA decay of the weights evaluated and handed to RL (0: none). */
+  sftBatch?: number;
+  sftLr?: number;
+  sftSchedule?: 'constant' | 'cosine';
+  emaDecay?: number;
+  /** RL: learning rate (fresh AdamW), prompts per iteration, images per prompt, denoising steps while training. */
+  rlLr?: number;
+  rlPrompts?: number;
+  groupSize?: number;
+  rlSteps?: number;
+  nftBeta?: number;
+  nftUpdates?: number;
+  noiseLevel?: number;
+  /** SFT: probability that an image's class is replaced by the null class K (classifier-free guidance training; 0: never, no draw). */
+  cfgDropout?: number;
+  /** Evaluation: classifier-free guidance scale w, v = v_null + w·(v_c − v_null) (1: unguided). */
+  evalCfg?: number;
+  /** Evaluation: samples per character (10-step ODE from a noise stream no training step draws from). */
+  evalPerChar?: number;
+  /** Recogniser (and judge) hidden size. */
+  recogniserHidden?: number;
   /** Start RL from these SFT weights (a previous run's sft.safetensors) instead of running SFT. */
   fromSft?: string;
   threads?: number;
   log?: (line: Record<string, unknown>) => void;
 }
 
-/** Accuracy and mean ocr_confidence of `perClass` ODE samples (10 steps, the current weights) of every class. */
-async function evaluate(tr: ImageTrainer, rec: Recogniser, K: number, perClass: number, seed: number) {
+/** The example's defaults (36 characters at 32×32). */
+export const GLYPH_DEFAULTS = {
+  model: { hidden: 64, depth: 2, heads: 4, patch: 4 } as GlyphModel,
+  sftBatch: 64,
+  sftLr: 2e-3,
+  sftSchedule: 'constant' as 'constant' | 'cosine',
+  emaDecay: 0,
+  rlLr: 3e-5,
+  rlPrompts: 8,
+  groupSize: 8,
+  rlSteps: 10,
+  nftBeta: 1,
+  nftUpdates: 2,
+  noiseLevel: 0.7,
+  evalPerChar: 4,
+  cfgDropout: 0,
+  evalCfg: 1,
+  recogniserHidden: 256,
+};
+
+const EVAL_SEED = 'glyphs-eval';
+
+/** Accuracy, mean ocr_confidence and the judge's accuracy of `perClass` ODE samples (10 steps) of every class with weights `w`. */
+async function evaluate(
+  tr: ImageTrainer,
+  w: DitWeights,
+  rec: Recogniser,
+  judge: Recogniser,
+  K: number,
+  perClass: number,
+  cfg: number,
+) {
   const cls = Array.from({ length: K * perClass }, (_, i) => i % K);
-  const s = await sampleImages((x, t, c) => tr.velocity(x, t, c), {
+  const guided = async (x: Float32Array, t: number[], c: number[]) => {
+    const vc = await tr.velocity(x, t, c, w);
+    if (cfg === 1) return vc;
+    const vu = await tr.velocity(
+      x,
+      t,
+      c.map(() => K),
+      w,
+    );
+    return Float32Array.from(vc, (v, i) => vu[i] + cfg * (v - vu[i]));
+  };
+  const s = await sampleImages(guided, {
     cls,
     pixels: tr.config.imageSize ** 2,
     steps: 10,
-    rng: Rng.fromSeed(seed),
+    rng: Rng.fromSeed(EVAL_SEED),
   });
-  const sc = await rec.score(s.x0, cls);
+  const img = asSaved(s.x0);
+  const sc = await rec.score(img, cls);
   return {
     accuracy: sc.filter((r) => r.correct).length / sc.length,
     ocr_confidence: sc.reduce((a, r) => a + r.ocr_confidence, 0) / sc.length,
+    judge_accuracy: await judge.accuracy(img, cls),
     images: s.x0,
   };
 }
 
+const round = (x: number, d = 4) => Math.round(x * 10 ** d) / 10 ** d;
+
 export async function runGlyphs(
   o: GlyphRunOptions,
 ): Promise<{ sftAccuracy: number; finalAccuracy: number; recogniserHeldout: number }> {
+  const defined = <T extends object>(x: T | undefined) =>
+    Object.fromEntries(Object.entries(x ?? {}).filter(([, v]) => v !== undefined)) as Partial<T>;
+  const d = { ...GLYPH_DEFAULTS, ...defined(o) };
+  const m: GlyphModel = { ...GLYPH_DEFAULTS.model, ...defined(o.model) };
   mkdirSync(o.out, { recursive: true });
   const t0 = Date.now();
+  const cpu0 = process.cpuUsage();
   const minutes = () => (Date.now() - t0) / 60000;
+  const cpuMinutes = () => {
+    const c = process.cpuUsage(cpu0);
+    return (c.user + c.system) / 6e7;
+  };
   const curve = join(o.out, 'curve.jsonl');
   writeFileSync(curve, '');
   const log = (line: Record<string, unknown>) => {
-    const full = { ...line, wall_min: Math.round(minutes() * 100) / 100, load1: os.loadavg()[0] };
+    const full = { ...line, cpu_min: round(cpuMinutes(), 2), wall_min: round(minutes(), 2), load1: os.loadavg()[0] };
     appendFileSync(curve, JSON.stringify(full) + '\n');
     o.log?.(full);
   };
@@ -75,37 +166,77 @@ export async function runGlyphs(
     S = o.size;
   const train = await renderSet({ faces: TRAIN_FONTS, perChar: o.perChar, size: S, seed: 'glyphs-train', chars: K });
   const held = await renderSet({ faces: HELDOUT_FONTS, perChar: 6, size: S, seed: 'glyphs-heldout', chars: K });
-  const rec = await trainRecogniser(
-    train,
-    { size: S, hidden: 128, classes: K },
-    { steps: o.recogniserSteps, batch: 64, lr: 2e-3, seed: 'glyphs-rec' },
-  );
+  const recShape = { size: S, hidden: d.recogniserHidden, classes: K };
+  const rec = await trainRecogniser(train, recShape, {
+    steps: o.recogniserSteps,
+    batch: 64,
+    lr: 2e-3,
+    seed: 'glyphs-rec',
+  });
   writeFileSync(join(o.out, 'recogniser.onnx'), rec.toOnnx());
+  // the judge reads only the held-out faces: generated glyphs that fool the recogniser without
+  // looking like the character lose the judge's agreement
+  const judgeSet = await renderSet({
+    faces: HELDOUT_FONTS,
+    perChar: o.perChar,
+    size: S,
+    seed: 'glyphs-judge',
+    chars: K,
+  });
+  const judge = await trainRecogniser(judgeSet, recShape, {
+    steps: o.recogniserSteps,
+    batch: 64,
+    lr: 2e-3,
+    seed: 'glyphs-judge',
+  });
   const recogniserHeldout = await rec.accuracy(held.images, held.labels);
   log({
     phase: 'recogniser',
     train_accuracy: await rec.accuracy(train.images, train.labels),
     heldout_accuracy: recogniserHeldout,
+    judge_on_train_faces: await judge.accuracy(train.images, train.labels),
   });
 
-  const cfg = ditConfig({ numClasses: K, imageSize: S, patchSize: 4, hidden: 64, depth: 2, heads: 4, timeFreqs: 32 });
+  const cfg = ditConfig({
+    numClasses: K,
+    imageSize: S,
+    patchSize: m.patch,
+    hidden: m.hidden,
+    depth: m.depth,
+    heads: m.heads,
+    timeFreqs: 32,
+  });
+  const adam = { betas: [0.9, 0.999] as [number, number], eps: 1e-8, weightDecay: 0, maxGradNorm: 1 };
   const tr = new ImageTrainer(
     cfg,
     initDitWeights(cfg, 'glyphs-dit'),
-    { betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0, maxGradNorm: 1, lr: 2e-3 },
-    { threads: o.threads },
+    { ...adam, lr: d.sftLr },
+    { threads: o.threads, ...(d.emaDecay > 0 ? { emaDecay: d.emaDecay } : {}) },
   );
   const rng = Rng.fromSeed('glyphs-sft');
   const px = S * S,
     n = train.labels.length,
-    B = 64;
-  const evalAndLog = async (phase: string, step: number, extra: Record<string, number> = {}) => {
-    const e = await evaluate(tr, rec, K, 2, 1234);
+    B = d.sftBatch;
+  const evalAndLog = async (
+    phase: string,
+    step: number,
+    t: ImageTrainer,
+    w: DitWeights,
+    extra: Record<string, number> = {},
+  ) => {
+    const e = await evaluate(t, w, rec, judge, K, d.evalPerChar, d.evalCfg);
     writeFileSync(
       join(o.out, `${phase}-${String(step).padStart(5, '0')}.png`),
       await gridPng(e.images.subarray(0, K * px), 1, S, Math.min(K, 12)),
     );
-    log({ phase, step, accuracy: e.accuracy, ocr_confidence: e.ocr_confidence, ...extra });
+    log({
+      phase,
+      step,
+      accuracy: round(e.accuracy),
+      ocr_confidence: round(e.ocr_confidence),
+      judge_accuracy: round(e.judge_accuracy),
+      ...extra,
+    });
     return e.accuracy;
   };
   let sftAccuracy = 0;
@@ -114,54 +245,73 @@ export async function runGlyphs(
     for (const k of tr.weights.keys()) tr.weights.set(k, toFloat32(st.get(k)!, k, o.fromSft));
     o.sftSteps = 0;
   }
+  const warm = Math.max(1, Math.round(o.sftSteps * 0.05));
+  const sftLr = (step: number) =>
+    d.sftSchedule === 'constant'
+      ? d.sftLr
+      : step <= warm
+        ? (d.sftLr * step) / warm
+        : d.sftLr * (0.1 + 0.45 * (1 + Math.cos((Math.PI * (step - warm)) / Math.max(1, o.sftSteps - warm))));
+  const sftWeights = () => tr.ema ?? tr.weights;
   for (let step = 1; step <= o.sftSteps; step++) {
     const idx = Array.from({ length: B }, () => rng.int(n));
     const x0 = new Float32Array(B * px);
     idx.forEach((k, i) => x0.set(train.images.subarray(k * px, (k + 1) * px), i * px));
-    const m = await tr.step(
+    const r = await tr.step(
       { name: 'flow_matching' },
       {
         floats: { x0, noise: gaussian(rng, B * px), t: Array.from({ length: B }, () => rng.next()) },
-        cls: idx.map((k) => train.labels[k]),
+        cls: idx.map((k) => (d.cfgDropout > 0 && rng.next() < d.cfgDropout ? K : train.labels[k])),
       },
+      sftLr(step),
     );
-    if (step % o.evalEvery === 0 || step === o.sftSteps) sftAccuracy = await evalAndLog('sft', step, { loss: m.loss });
+    if (step % o.evalEvery === 0 || step === o.sftSteps)
+      sftAccuracy = await evalAndLog('sft', step, tr, sftWeights(), { loss: round(r.loss) });
   }
-  if (o.sftSteps === 0) sftAccuracy = await evalAndLog('sft', 0);
+  if (o.sftSteps === 0) sftAccuracy = await evalAndLog('sft', 0, tr, tr.weights);
   else
     writeFileSync(
       join(o.out, 'sft.safetensors'),
       encodeSafetensors(
-        [...tr.weights].map(([k, w]) => [
+        [...sftWeights()].map(([k, w]) => [
           k,
           { dtype: 'F32' as const, shape: tr.specs.find((s) => s.name === k)!.shape, data: w },
         ]),
       ),
     );
+  // RL starts from the SFT weights (their EMA when kept) with fresh AdamW moments
+  const rl = new ImageTrainer(cfg, sftWeights(), { ...adam, lr: d.rlLr }, { threads: o.threads });
   const loss: ImageLossConfig =
     o.algo === 'flow_grpo'
       ? { name: 'flow_grpo', clipLow: 1e-3, clipHigh: 1e-3, klCoef: 0 }
-      : { name: 'diffusion_nft', nftBeta: 1 };
+      : { name: 'diffusion_nft', nftBeta: d.nftBeta };
   const rlRng = Rng.fromSeed(`glyphs-${o.algo}`);
   const reward = async (images: Float32Array, cls: number[]) =>
-    (await rec.score(images, cls)).map((r) => r.ocr_confidence);
+    (await rec.score(asSaved(images), cls)).map((r) => r.ocr_confidence);
   let finalAccuracy = sftAccuracy;
-  for (let it = 1; it <= o.rlIters && minutes() < o.minutes; it++) {
-    const prompts = Array.from({ length: 8 }, () => rlRng.int(K));
-    const r = await rlIteration(tr, reward, {
+  const every = Math.max(1, Math.floor(o.evalEvery / 10));
+  let it = 1;
+  for (; it <= o.rlIters && minutes() < o.minutes && cpuMinutes() < (o.cpuMinutes ?? Infinity); it++) {
+    const prompts = Array.from({ length: d.rlPrompts }, () => rlRng.int(K));
+    const r = await rlIteration(rl, reward, {
       loss,
       prompts,
-      groupSize: 8,
-      steps: 10,
-      noiseLevel: 0.7,
-      nftUpdates: 2,
+      groupSize: d.groupSize,
+      steps: d.rlSteps,
+      noiseLevel: d.noiseLevel,
+      nftUpdates: d.nftUpdates,
       rng: rlRng,
     });
-    if (it % Math.max(1, Math.floor(o.evalEvery / 10)) === 0 || it === o.rlIters)
-      finalAccuracy = await evalAndLog(o.algo, it, { reward_mean: r.metrics.reward_mean, loss: r.metrics.loss });
+    if (it % every === 0 || it === o.rlIters)
+      finalAccuracy = await evalAndLog(o.algo, it, rl, rl.weights, {
+        reward_mean: round(r.metrics.reward_mean),
+        loss: round(r.metrics.loss),
+      });
   }
+  if (it > 1 && (it - 1) % every !== 0 && it - 1 !== o.rlIters)
+    finalAccuracy = await evalAndLog(o.algo, it - 1, rl, rl.weights);
   // the final policy as a model directory: rlstream generate <out>/model --prompt A --image-out a.png
-  saveDit(join(o.out, 'model'), { config: cfg, classNames: [...CHARS.slice(0, K)], weights: tr.weights });
+  saveDit(join(o.out, 'model'), { config: cfg, classNames: [...CHARS.slice(0, K)], weights: rl.weights });
   return { sftAccuracy, finalAccuracy, recogniserHeldout };
 }
 
@@ -173,11 +323,31 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       chars: { type: 'string', default: String(CHARS.length) },
       size: { type: 'string', default: '32' },
       'sft-steps': { type: 'string', default: '1500' },
-      'rl-iters': { type: 'string', default: '60' },
-      'recogniser-steps': { type: 'string', default: '600' },
-      'per-char': { type: 'string', default: '40' },
+      'rl-iters': { type: 'string', default: '2000' },
+      'recogniser-steps': { type: 'string', default: '2000' },
+      'per-char': { type: 'string', default: '100' },
       'eval-every': { type: 'string', default: '250' },
-      minutes: { type: 'string', default: '15' },
+      minutes: { type: 'string', default: '60' },
+      'cpu-minutes': { type: 'string', default: '30' },
+      hidden: { type: 'string' },
+      depth: { type: 'string' },
+      heads: { type: 'string' },
+      patch: { type: 'string' },
+      'sft-batch': { type: 'string' },
+      'sft-lr': { type: 'string' },
+      'sft-schedule': { type: 'string' },
+      ema: { type: 'string' },
+      'rl-lr': { type: 'string' },
+      'rl-prompts': { type: 'string' },
+      'group-size': { type: 'string' },
+      'rl-steps': { type: 'string' },
+      'nft-beta': { type: 'string' },
+      'nft-updates': { type: 'string' },
+      'noise-level': { type: 'string' },
+      'eval-per-char': { type: 'string' },
+      'cfg-dropout': { type: 'string' },
+      'eval-cfg': { type: 'string' },
+      'recogniser-hidden': { type: 'string' },
       'from-sft': { type: 'string' },
     },
   });
@@ -185,6 +355,11 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     console.error(`--algo must be diffusion_nft or flow_grpo, got ${v.algo}`);
     process.exit(2);
   }
+  if (v['sft-schedule'] !== undefined && v['sft-schedule'] !== 'constant' && v['sft-schedule'] !== 'cosine') {
+    console.error(`--sft-schedule must be constant or cosine, got ${v['sft-schedule']}`);
+    process.exit(2);
+  }
+  const num = (s: string | undefined) => (s === undefined ? undefined : Number(s));
   const res = await runGlyphs({
     out: v.out!,
     algo: v.algo,
@@ -196,6 +371,23 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     perChar: Number(v['per-char']),
     evalEvery: Number(v['eval-every']),
     minutes: Number(v.minutes),
+    cpuMinutes: Number(v['cpu-minutes']),
+    model: { hidden: num(v.hidden), depth: num(v.depth), heads: num(v.heads), patch: num(v.patch) },
+    sftBatch: num(v['sft-batch']),
+    sftLr: num(v['sft-lr']),
+    sftSchedule: v['sft-schedule'] as 'constant' | 'cosine' | undefined,
+    emaDecay: num(v.ema),
+    rlLr: num(v['rl-lr']),
+    rlPrompts: num(v['rl-prompts']),
+    groupSize: num(v['group-size']),
+    rlSteps: num(v['rl-steps']),
+    nftBeta: num(v['nft-beta']),
+    nftUpdates: num(v['nft-updates']),
+    noiseLevel: num(v['noise-level']),
+    evalPerChar: num(v['eval-per-char']),
+    cfgDropout: num(v['cfg-dropout']),
+    evalCfg: num(v['eval-cfg']),
+    recogniserHidden: num(v['recogniser-hidden']),
     fromSft: v['from-sft'],
     log: (l) => console.log(JSON.stringify(l)),
   });

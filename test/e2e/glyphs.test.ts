@@ -84,6 +84,8 @@ test(
       algo: 'diffusion_nft',
       sftSteps: 10,
       rlIters: 0,
+      recogniserHidden: 128,
+      evalPerChar: 2,
     });
     assert.ok(sft.recogniserHeldout >= 0 && sft.recogniserHeldout <= 1);
     const curve = readFileSync(join(assets, 'curve.jsonl'), 'utf8')
