@@ -13,19 +13,9 @@ import { initWeights } from '../../../lib/model/init.ts';
 import { checkpointWeightsSha256, saveCheckpoint } from '../../../lib/model/checkpoint.ts';
 import { roundedToBf16 } from '../../../lib/model/safetensors.ts';
 import { sealWeights, sharedWeights } from '../../../lib/model/seal.ts';
+import { TINY_ONE_LAYER } from '../../support/tiny-models.ts';
 
-const config = modelConfig({
-  hiddenSize: 16,
-  intermediateSize: 24,
-  numHiddenLayers: 2,
-  numAttentionHeads: 4,
-  numKeyValueHeads: 2,
-  vocabSize: 20,
-  maxPositionEmbeddings: 32,
-  bosTokenId: 1,
-  eosTokenId: 2,
-  padTokenId: 0,
-});
+const config = modelConfig(TINY_ONE_LAYER);
 
 it('sealWeights: the sha256 of the file saveCheckpoint writes and the bf16 rounding, in a worker and on this thread', async () => {
   const w = initWeights(config, 7);
