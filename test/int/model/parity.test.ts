@@ -251,6 +251,31 @@ test('generation: sampled tokens and behaviour log-probs match torch KV-cache de
   }
 });
 
+test(
+  'the fair decode anchor (bench_decode_fair.py: one prefill per prompt, preallocated cache, GQA by reshape) samples what llama_ref.generate samples',
+  { skip },
+  async () => {
+    const { dir } = await model('fair-decode', qwenLike, 23);
+    const r = await runTorch('bench_decode_fair.py', [
+      ...drv(dir),
+      '--prompts',
+      '3',
+      '--n',
+      '4',
+      '--prompt-len',
+      '7',
+      '--new',
+      '9',
+      '--warmup',
+      '0',
+      '--iters',
+      '1',
+      '--check',
+    ]);
+    assert.equal(r.checked, true);
+  },
+);
+
 /** A PPO batch in token positions: row 0 left-padded, row 2 right-padded; T ≥ 14 stretches the layout. */
 function ppoBatch(
   c: ModelConfig,
