@@ -8,7 +8,7 @@
  * model as it is). Adapted layers are named as in dit.ts: `blocks.N.<module>` for the modules in
  * DIT_LORA_MODULES (ada = the adaLN modulation, qkv and proj = attention, fc1 and fc2 = the MLP);
  * the patch, timestep and class embeddings and the final layer stay frozen. Adapter tensors:
- * `blocks.N.<module>.lora_A.weight` / `.lora_B.weight`, in adapter_model.safetensors beside the
+ * `blocks.N.<module>.lora_A.weight` / `.lora_B.weight`, in adapter.safetensors beside the
  * merged model.safetensors of a policy version or checkpoint (metadata: rank, alpha, modules).
  */
 import { readFileSync } from 'node:fs';
@@ -30,7 +30,7 @@ export interface DitLora {
 }
 
 /** The adapter file beside a LoRA image policy's model.safetensors. */
-export const DIT_ADAPTER_FILE = 'adapter_model.safetensors';
+export const DIT_ADAPTER_FILE = 'adapter.safetensors';
 
 /** Validates an image policy's LoRA config; errors are one line naming `key`. */
 export function ditLoraConfig(
@@ -127,7 +127,7 @@ export function mergeDitLora(c: DitConfig, l: DitLora, base: DitWeights, adapter
   return out;
 }
 
-/** adapter_model.safetensors: the adapter tensors, metadata lora_rank, lora_alpha, lora_modules. */
+/** adapter.safetensors: the adapter tensors, metadata lora_rank, lora_alpha, lora_modules. */
 export function ditAdapterFile(c: DitConfig, l: DitLora, adapter: DitWeights): Uint8Array {
   return encodeSafetensors(
     ditLoraSpecs(c, l).map((s) => [s.name, { dtype: 'F32' as const, shape: s.shape, data: adapter.get(s.name)! }]),

@@ -36,6 +36,8 @@ export class ImageTrainer {
   private m: DitWeights = new Map();
   private v: DitWeights = new Map();
   stepCount = 0;
+  /** Whether the last step's update was skipped (its loss or gradient norm not finite). */
+  lastSkipped = false;
   ema: DitWeights | null = null;
   private velocitySession: InferenceSession | null = null;
   private trainSessions = new Map<
@@ -151,7 +153,8 @@ export class ImageTrainer {
 
   /**
    * One AdamW step on `loss` over the batch (at learning rate `lr`, default optim.lr); returns the
-   * loss's metrics and the gradient norm.
+   * loss's metrics and the gradient norm. A non-finite loss or gradient norm skips the update
+   * (`lastSkipped`).
    */
   async step(loss: ImageLossConfig, batch: ImageBatch, lr = this.optim.lr): Promise<Record<string, number>> {
     const key = JSON.stringify(loss);
@@ -197,6 +200,13 @@ export class ImageTrainer {
     feeds.adam_bc2_sqrt = tensor('float32', [Math.sqrt(1 - b2 ** t)], []);
     feeds.adam_decay = tensor('float32', [1 - lr * this.optim.weightDecay], []);
     const out = await sess.run(feeds);
+    const gradNorm = Number((out.grad_norm.data as Float32Array)[0]);
+    const metrics = out.metrics.data as Float32Array;
+    const r: Record<string, number> = { grad_norm: gradNorm };
+    g.metricNames.forEach((n, i) => (r[n] = metrics[i]));
+    // a non-finite loss or gradient norm: the update is skipped (weights, moments and step count stay), as verl does
+    this.lastSkipped = !Number.isFinite(gradNorm) || !Number.isFinite(r.loss);
+    if (this.lastSkipped) return r;
     const packed = out['new.packed'].data as Float32Array;
     let off = 0;
     for (const dst of [this.trainable, this.m, this.v])
@@ -214,9 +224,6 @@ export class ImageTrainer {
         for (let i = 0; i < e.length; i++) e[i] = d * e[i] + (1 - d) * w[i];
       }
     }
-    const metrics = out.metrics.data as Float32Array;
-    const r: Record<string, number> = { grad_norm: Number((out.grad_norm.data as Float32Array)[0]) };
-    g.metricNames.forEach((n, i) => (r[n] = metrics[i]));
     return r;
   }
 }
