@@ -2,7 +2,8 @@
  * `rlstream sft`: supervised fine-tuning in one process, with `train`'s guarantees. The run
  * directory is locked (the embedded store's lock), the run has a row in the store (so
  * `rlstream runs`, `sql` and the v_* views see it), every step writes its metrics rows
- * (`sft/loss`, `sft/token_acc`, `sft/lr`, `sft/grad_norm`, `sft/tokens`, stage "sft"), and
+ * (`sft/loss`, `sft/token_acc`, `sft/lr`, `sft/grad_norm`, `sft/tokens`, `sft/skipped_steps`, stage
+ * "sft"; a step with a non-finite loss or gradient norm skips its update: app/sft-run.ts runSftSteps), and
  * checkpoints are `train`'s: <run_dir>/checkpoints/global_step_N with actor/ a Hugging Face model
  * directory (weights, AdamW state, config and tokenizer files) — a valid actor.model.path for
  * `rlstream train` — and trainer_state.json (step, dataset position, sha256 of every file).

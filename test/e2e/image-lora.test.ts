@@ -3,12 +3,13 @@
  * `rlstream sft` with LoRA and EMA trains only the adapters (the base tensors of actor/ stay the
  * base's bytes, AdamW state of the adapters only), resumes after a stop to the same bytes of every
  * actor file (merged weights, adapter, AdamW state, EMA), draws its sample grid with the EMA, and
- * its actor/ is a directory `generate` draws from; `rlstream train` runs a DiffusionNFT and a
- * Flow-GRPO step with LoRA on the base, whose versions move only the adapted weights.
+ * its actor/ is a directory `generate` draws from; `rlstream train` runs DiffusionNFT and Flow-GRPO
+ * with LoRA on the base, whose versions move only the adapted weights, and a DiffusionNFT run stopped
+ * after its first checkpoint resumes to the uninterrupted run's bytes.
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFileSync, readdirSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { loadConfig, type Config } from '../../lib/config/index.ts';
 import { sftRun } from '../../app/sft.ts';
@@ -167,37 +168,40 @@ test(
     // rlstream train with LoRA on the base: one step each of DiffusionNFT and Flow-GRPO
     const prompts = join(tmp, 'prompts.jsonl');
     writeFileSync(prompts, CHARS.map((c) => JSON.stringify({ prompt: c, answer: c })).join('\n') + '\n');
-    for (const loss of ['diffusion_nft', 'flow_grpo']) {
+    const trainCfg = (loss: string, dir: string, steps: number) =>
+      loadConfig({
+        overrides: [
+          `actor.model.path=${base}`,
+          'actor.model.lora.rank=2',
+          'actor.model.lora.target_modules=[qkv,fc1]',
+          `data.train_files=${prompts}`,
+          'data.apply_chat_template=false',
+          'data.rollout_batch_size=2',
+          'data.max_prompt_length=8',
+          'rollout.n=2',
+          'actor.global_batch_size=4',
+          'actor.micro_batch_size_per_device_for_update=4',
+          'actor.micro_batch_size_per_device_for_experience=4',
+          'actor.threads=1',
+          'actor.optim.lr=0.01',
+          `algorithm.policy_loss=${loss}`,
+          'algorithm.image.steps=3',
+          `algorithm.image.noise_level=${loss === 'flow_grpo' ? 0.7 : 0}`,
+          `reward.reward_fn_path=${join(ROOT, 'test/e2e/fixtures/reward-brightness.mjs')}`,
+          `trainer.max_steps=${steps}`,
+          'trainer.save_freq=1',
+          'trainer.val_before_train=false',
+          `trainer.run_dir=${dir}`,
+          `pipeline.run_id=img-lora-${loss}`,
+        ],
+      });
+    const ckActor = (dir: string, step: number) => join(dir, 'checkpoints', `global_step_${step}`, 'actor');
+    for (const [loss, steps] of [
+      ['diffusion_nft', 2],
+      ['flow_grpo', 1],
+    ] as const) {
       const dir = join(tmp, `train-${loss}`);
-      const out = await trainEmbedded(
-        loadConfig({
-          overrides: [
-            `actor.model.path=${base}`,
-            'actor.model.lora.rank=2',
-            'actor.model.lora.target_modules=[qkv,fc1]',
-            `data.train_files=${prompts}`,
-            'data.apply_chat_template=false',
-            'data.rollout_batch_size=2',
-            'data.max_prompt_length=8',
-            'rollout.n=2',
-            'actor.global_batch_size=4',
-            'actor.micro_batch_size_per_device_for_update=4',
-            'actor.micro_batch_size_per_device_for_experience=4',
-            'actor.threads=1',
-            'actor.optim.lr=0.01',
-            `algorithm.policy_loss=${loss}`,
-            'algorithm.image.steps=3',
-            `algorithm.image.noise_level=${loss === 'flow_grpo' ? 0.7 : 0}`,
-            `reward.reward_fn_path=${join(ROOT, 'test/e2e/fixtures/reward-brightness.mjs')}`,
-            'trainer.max_steps=1',
-            'trainer.save_freq=1',
-            'trainer.val_before_train=false',
-            `trainer.run_dir=${dir}`,
-            `pipeline.run_id=img-lora-${loss}`,
-          ],
-        }),
-        silentLogger('img-lora-train'),
-      );
+      const out = await trainEmbedded(trainCfg(loss, dir, steps), silentLogger('img-lora-train'));
       assert.equal(out.status, 'completed', out.message);
       const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
       try {
@@ -210,11 +214,25 @@ test(
       } finally {
         await store.close();
       }
-      const ck = readdirSync(join(dir, 'checkpoints')).find((d) => d.startsWith('global_step_1'))!;
-      assert.ok(
-        readdirSync(join(dir, 'checkpoints', ck, 'actor')).includes('adapter.safetensors'),
-        `${loss}: adapter checkpointed`,
-      );
+      assert.ok(readdirSync(ckActor(dir, steps)).includes('adapter.safetensors'), `${loss}: adapter checkpointed`);
     }
+    // DiffusionNFT stopped once checkpoint 1 is written: the same command resumes to step 2's bytes
+    const cutDir = join(tmp, 'train-cut');
+    const stop = new AbortController();
+    const poll = setInterval(() => existsSync(ckActor(cutDir, 1)) && stop.abort(), 20);
+    try {
+      await trainEmbedded(trainCfg('diffusion_nft', cutDir, 2), silentLogger('img-lora-train'), {
+        signal: stop.signal,
+      });
+    } finally {
+      clearInterval(poll);
+    }
+    const resumed = await trainEmbedded(trainCfg('diffusion_nft', cutDir, 2), silentLogger('img-lora-train'));
+    assert.equal(resumed.status, 'completed', resumed.message);
+    assert.deepEqual(
+      bytesOf(ckActor(cutDir, 2)),
+      bytesOf(ckActor(join(tmp, 'train-diffusion_nft'), 2)),
+      'RL with LoRA resumes to the same bytes',
+    );
   },
 );
