@@ -16,6 +16,8 @@
  *    its optimality r ∈ [0, 1], with the sampling policy's velocity v_old (no gradient):
  *    v⁺ = (1 − β)·v_old + β·v_θ, v⁻ = (1 + β)·v_old − β·v_θ;
  *    loss = r·‖v⁺ − u‖² + (1 − r)·‖v⁻ − u‖². Inputs x0, noise, t, cls, v_old, nft_r [B].
+ * With `lora` (lib/image/lora.ts) the adapters are inputs too and the gradients, the clip norm and
+ * AdamW are theirs only; the base weights are inputs without gradients.
  */
 import { GraphBuilder, type Var } from '../onnx/builder.ts';
 import { numel } from '../onnx/dims.ts';

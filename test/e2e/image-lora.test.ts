@@ -188,6 +188,7 @@ test(
           'algorithm.image.steps=3',
           `algorithm.image.noise_level=${loss === 'flow_grpo' ? 0.7 : 0}`,
           `reward.reward_fn_path=${join(ROOT, 'test/e2e/fixtures/reward-brightness.mjs')}`,
+          'trainer.total_epochs=2',
           `trainer.max_steps=${steps}`,
           'trainer.save_freq=1',
           'trainer.val_before_train=false',
@@ -221,9 +222,10 @@ test(
     const stop = new AbortController();
     const poll = setInterval(() => existsSync(ckActor(cutDir, 1)) && stop.abort(), 20);
     try {
-      await trainEmbedded(trainCfg('diffusion_nft', cutDir, 2), silentLogger('img-lora-train'), {
+      const cut = await trainEmbedded(trainCfg('diffusion_nft', cutDir, 2), silentLogger('img-lora-train'), {
         signal: stop.signal,
       });
+      assert.equal(cut.status, 'stopped', 'stopped before step 2');
     } finally {
       clearInterval(poll);
     }
