@@ -12,26 +12,34 @@
  * directories (config.json, model.safetensors, optimizer.safetensors): actor.model.path for
  * `rlstream train`, and a directory `rlstream generate --image-out` draws from; beside each, a grid
  * of one sample per prompt (<run_dir>/samples/global_step_N.png). Metrics: sft/loss (the
- * flow-matching loss of the step's batch), sft/grad_norm, sft/lr, sft/images, perf/step_time_s.
+ * flow-matching loss of the step's batch), sft/grad_norm, sft/lr, sft/images, sft/skipped_steps,
+ * perf/step_time_s.
+ *
+ * LoRA (actor.model.lora; lib/image/lora.ts): the DiT at actor.model.path is the frozen base, the
+ * adapters (PEFT's init seeded by data.seed) and their AdamW state are trained; actor/ holds the
+ * merged weights (model.safetensors: what sampling, `generate` and `rlstream train` read), the
+ * adapter (adapter.safetensors) and its AdamW state. EMA (algorithm.ema.enable, algorithm.ema.decay):
+ * an average of the weights after every step, in actor/ema.safetensors (restored on resume), drawn
+ * by the sample grids.
  */
-import { promises as fs } from 'node:fs';
+import { promises as fs, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../lib/config/index.ts';
-import { ConfigError, RlError } from '../lib/errors.ts';
+import { ConfigError } from '../lib/errors.ts';
 import { GraphError } from '../lib/onnx/builder.ts';
 import { OPTIMIZER_FILE, writeDirAtomic } from '../lib/model/checkpoint.ts';
-import { ditConfig, initDitWeights, type DitConfig, type DitWeights } from '../lib/image/dit.ts';
-import { ditFiles, ditOptimizerFile, loadDit, loadDitOptimizer } from '../lib/image/checkpoint.ts';
-import { ImageTrainer } from '../lib/image/trainer.ts';
+import { decodeSafetensors, encodeSafetensors, toFloat32 } from '../lib/model/safetensors.ts';
+import { ditConfig, ditParamSpecs, initDitWeights, type DitConfig, type DitWeights } from '../lib/image/dit.ts';
+import { ditFiles, loadDit } from '../lib/image/checkpoint.ts';
+import type { ImageTrainer } from '../lib/image/trainer.ts';
 import { gridPng } from '../lib/image/png.ts';
 import { guidedVelocity, sampleImages } from '../lib/image/sde.ts';
 import { Rng } from '../lib/util/rng.ts';
-import { imageOptim } from '../lib/pipeline/image-policy.ts';
+import { imageLora, imageTrainer } from '../lib/pipeline/image-policy.ts';
 import { policyDir } from '../lib/pipeline/policy.ts';
 import { readCheckpointPath, verifyCheckpointFiles } from '../lib/pipeline/checkpoints.ts';
 import { trainerSettings } from '../lib/pipeline/trainer-settings.ts';
-import { crashPoint } from '../lib/pipeline/crash-points.ts';
 import { lrAt } from '../lib/optim/lr-schedule.ts';
 import type { ProgressBar } from '../lib/console/progress.ts';
 import { loadImageSftData } from '../lib/sft/image-data.ts';
@@ -39,13 +47,15 @@ import { imageSftBatch, sftBatchIndices, sftStepsPerEpoch, sftTotalSteps, type S
 import {
   checkResumePosition,
   latestUsableCheckpoint,
+  runSftSteps,
   sftSummary,
   withSftRun,
-  writeSftCheckpoint,
   type SftOutcome,
 } from './sft-run.ts';
 
 const WEIGHTS_FILE = 'model.safetensors';
+/** An image SFT checkpoint's EMA weights (algorithm.ema.enable), beside model.safetensors in actor/. */
+export const EMA_FILE = 'ema.safetensors';
 
 /** A fresh image policy's shape: actor.model.image with `numClasses` prompts. */
 export function freshDitConfig(cfg: Config, numClasses: number): DitConfig {
@@ -68,14 +78,27 @@ export function freshDitConfig(cfg: Config, numClasses: number): DitConfig {
   }
 }
 
-/** An image actor directory: config.json, model.safetensors and optimizer.safetensors; returns the weights' sha256. */
+/**
+ * An image actor directory: config.json, model.safetensors, optimizer.safetensors, with LoRA
+ * adapter.safetensors, with EMA ema.safetensors; returns the weights' sha256.
+ */
 async function writeImageActor(
   dir: string,
   model: { config: DitConfig; classNames: string[] },
   tr: ImageTrainer,
 ): Promise<string> {
-  const files = ditFiles({ ...model, weights: tr.weights });
-  files.set(OPTIMIZER_FILE, ditOptimizerFile(model.config, tr.optimizerState()));
+  const files = tr.files(model);
+  files.set(OPTIMIZER_FILE, tr.optimizerFile());
+  if (tr.ema)
+    files.set(
+      EMA_FILE,
+      encodeSafetensors(
+        ditParamSpecs(model.config).map((s) => [
+          s.name,
+          { dtype: 'F32' as const, shape: s.shape, data: tr.ema!.get(s.name)! },
+        ]),
+      ),
+    );
   const written = await writeDirAtomic(dir, files, true);
   return written.find((f) => f.name === WEIGHTS_FILE)!.sha256;
 }
@@ -83,9 +106,30 @@ async function writeImageActor(
 /** At most this many prompts in a checkpoint's sample grid. */
 const GRID_PROMPTS = 64;
 
+/** The EMA weights of an image actor directory's ema.safetensors. */
+function loadEma(dir: string, config: DitConfig): DitWeights {
+  const file = join(dir, EMA_FILE);
+  let bytes: Uint8Array;
+  try {
+    bytes = readFileSync(file);
+  } catch {
+    throw new ConfigError(
+      `${file} is missing: the run was checkpointed without algorithm.ema.enable; resume with the same setting or start a new run`,
+    );
+  }
+  const st = decodeSafetensors(bytes, file).tensors;
+  return new Map(
+    ditParamSpecs(config).map((s) => {
+      const t = st.get(s.name);
+      if (!t) throw new ConfigError(`${file}: weight ${s.name} missing`);
+      return [s.name, toFloat32(t, s.name, file)];
+    }),
+  );
+}
+
 /**
  * <run_dir>/samples/global_step_N.png: one image of each prompt (the first 64, in class order, 8
- * a row) drawn by the checkpoint's weights with the ODE of algorithm.image.eval_steps steps,
+ * a row) drawn by the checkpoint's weights (its EMA with algorithm.ema.enable) with the ODE of algorithm.image.eval_steps steps,
  * guided by algorithm.image.cfg_scale, from the noise stream `<data.seed>/sft-grid/<class>` (the
  * same noise at every checkpoint, so the grids compare).
  */
@@ -98,7 +142,8 @@ async function writeSampleGrid(
 ): Promise<void> {
   const { channels, imageSize, numClasses } = model.config;
   const cls = Array.from({ length: Math.min(numClasses, GRID_PROMPTS) }, (_, k) => k);
-  const velocity = guidedVelocity((x, t, c) => tr.velocity(x, t, c), cfg.algorithm.image.cfg_scale, numClasses);
+  const w = tr.ema ?? tr.weights;
+  const velocity = guidedVelocity((x, t, c) => tr.velocity(x, t, c, w), cfg.algorithm.image.cfg_scale, numClasses);
   const { x0 } = await sampleImages(velocity, {
     cls,
     pixels: channels * imageSize * imageSize,
@@ -145,12 +190,13 @@ export async function imageSftRun(
   const total = sftTotalSteps(plan);
   const pixels = config.channels * config.imageSize * config.imageSize;
   const schedule = trainerSettings(cfg).actor.schedule;
-  const trainerOf = (w: DitWeights) =>
-    new ImageTrainer(config, w, imageOptim(cfg), {
-      threads: cfg.actor.threads,
-      gradientCheckpointing: cfg.actor.model.enable_gradient_checkpointing,
-    });
-  return withSftRun(cfg, log, opts, async ({ runId, runDir, store, prev, syncLogger, finishLogger }) => {
+  const ema = cfg.algorithm.ema.enable ? { emaDecay: cfg.algorithm.ema.decay } : {};
+  if (imageLora(cfg) && !base)
+    throw new ConfigError(
+      'actor.model.lora needs actor.model.path: the image model directory the adapters are trained on (LoRA on a randomly initialised DiT has nothing to adapt)',
+    );
+  return withSftRun(cfg, log, opts, async (run) => {
+    const { runId, runDir, store, prev } = run;
     let tr: ImageTrainer,
       start = 0;
     const last = await latestUsableCheckpoint(store, runId);
@@ -164,16 +210,23 @@ export async function imageSftRun(
         throw new ConfigError(
           `run ${runId}: its checkpoint at step ${state.step} draws the prompts ${ck.classNames.join(', ')}, but the data now give ${data.classNames.join(', ')}; resume with the same data files, or start a new run (another trainer.experiment_name or trainer.run_dir)`,
         );
-      tr = trainerOf(ck.weights);
-      tr.setOptimizerState(loadDitOptimizer(join(src.actorDir, OPTIMIZER_FILE), config));
+      // with LoRA the base is actor.model.path's and the adapter the checkpoint's; else its weights
+      tr = imageTrainer(cfg, { ...model, weights: base?.weights ?? ck.weights }, src.actorDir, ema);
+      tr.loadOptimizer(join(src.actorDir, OPTIMIZER_FILE));
+      if (tr.ema) tr.ema = loadEma(src.actorDir, config);
       start = state.step;
       log.info(
         { step: start, checkpoint: last.path },
         `resumed at step ${start} (epoch ${now.epoch}, image ${now.index} of ${now.train_size}) from ${last.path} (sha256 ${last.sha256})`,
       );
     } else {
-      tr = trainerOf(base?.weights ?? initDitWeights(config, cfg.actor.model.image.init_seed));
-      // policy v0: the initial model, a checkpoint's reference/
+      tr = imageTrainer(
+        cfg,
+        { ...model, weights: base?.weights ?? initDitWeights(config, cfg.actor.model.image.init_seed) },
+        null,
+        ema,
+      );
+      // policy v0: the initial model (with LoRA: B = 0, the base), a checkpoint's reference/
       await writeDirAtomic(policyDir(runDir, 0), ditFiles({ ...model, weights: tr.weights }), true);
     }
     if (start >= total && prev?.status === 'completed') {
@@ -192,63 +245,36 @@ export async function imageSftRun(
       `sft (image policy, flow matching): ${plan.units} images of ${data.classNames.length} prompts, ${sftStepsPerEpoch(plan)} steps per epoch, steps ${start + 1}–${total}`,
     );
     opts.bar?.update({ step: start, totalSteps: total });
-    let ck = last;
-    for (let step = start + 1; step <= total; step++) {
-      if (opts.signal?.aborted)
-        return {
-          status: 'stopped',
-          runId,
-          runDir,
-          checkpoint: ck,
-          summary: await sftSummary(store, runId, ck, false),
-          message: 'interrupted',
-        };
-      const t0 = performance.now();
-      const batch = imageSftBatch({
-        images: data.images,
-        cls: data.cls,
-        pixels,
-        indices: sftBatchIndices(plan, step),
-        seed: cfg.data.seed,
-        step,
-        cfgDropout: cfg.sft.cfg_dropout,
-        nullClass: config.numClasses,
-      });
-      const lr = lrAt(schedule, step, total);
-      const r = await tr.step({ name: 'flow_matching' }, batch, lr);
-      const values: Record<string, number> = {
-        'sft/loss': r.loss,
-        'sft/grad_norm': r.grad_norm,
-        'sft/lr': lr,
-        'sft/images': batch.cls.length,
-        'perf/step_time_s': (performance.now() - t0) / 1000,
-      };
-      await store.insertMetrics(
-        Object.entries(values).map(([name, value]) => ({ runId, step, name, value, stage: 'sft' })),
-      );
-      if (!Number.isFinite(r.loss) || !Number.isFinite(r.grad_norm))
-        throw new RlError(
-          `step ${step}: the flow-matching loss or gradient norm is not finite (loss ${r.loss}, grad_norm ${r.grad_norm}); lower actor.optim.lr or set actor.optim.max_grad_norm; the run resumes from its newest checkpoint`,
-          { retriable: false },
-        );
-      log.info({ step, ...values }, `step ${step}/${total}: flow-matching loss ${r.loss.toFixed(4)}`);
-      opts.bar?.update({ step, totalSteps: total, loss: r.loss, stepTimeS: values['perf/step_time_s'] });
-      syncLogger();
-      crashPoint('sft:trained');
-      if (step === total || (cfg.trainer.save_freq > 0 && step % cfg.trainer.save_freq === 0))
-        ck = await writeSftCheckpoint(cfg, store, {
-          runId,
-          runDir,
-          step,
-          total,
-          plan,
-          optimizerSteps: tr.stepCount,
-          writeActor: (dir) => writeImageActor(dir, model, tr),
-        });
-      if (ck?.step === step) await writeSampleGrid(cfg, runDir, step, model, tr);
-    }
-    await store.setRunStatus(runId, 'completed');
-    await finishLogger();
-    return { status: 'completed', runId, runDir, checkpoint: ck, summary: await sftSummary(store, runId, ck, false) };
+    return runSftSteps(
+      cfg,
+      log,
+      run,
+      { start, total, plan, last, signal: opts.signal, bar: opts.bar },
+      {
+        lora: false,
+        step: async (step) => {
+          const batch = imageSftBatch({
+            images: data.images,
+            cls: data.cls,
+            pixels,
+            indices: sftBatchIndices(plan, step),
+            seed: cfg.data.seed,
+            step,
+            cfgDropout: cfg.sft.cfg_dropout,
+            nullClass: config.numClasses,
+          });
+          const lr = lrAt(schedule, step, total);
+          const r = await tr.step({ name: 'flow_matching' }, batch, lr);
+          return {
+            values: { 'sft/loss': r.loss, 'sft/grad_norm': r.grad_norm, 'sft/lr': lr, 'sft/images': batch.cls.length },
+            skipped: tr.lastSkipped,
+            line: `flow-matching loss ${r.loss.toFixed(4)}`,
+          };
+        },
+        optimizerSteps: () => tr.stepCount,
+        writeActor: (dir) => writeImageActor(dir, model, tr),
+        afterCheckpoint: (step) => writeSampleGrid(cfg, runDir, step, model, tr),
+      },
+    );
   });
 }

@@ -1,6 +1,7 @@
 /**
  * The run around `rlstream sft`'s training loop, the same for a language and an image policy
- * (app/sft.ts, app/sft-image.ts): the run's store and lock, its row, checkpoints
+ * (app/sft.ts, app/sft-image.ts): the run's store and lock, its row, the step loop (runSftSteps:
+ * stop between steps, per-step timing, metrics rows, checkpoints), checkpoints
  * (<run_dir>/checkpoints/global_step_N with trainer_state.json, the store's row, trainer.save_limit)
  * and the summary.
  */
@@ -32,7 +33,7 @@ import {
 } from '../lib/pipeline/checkpoints.ts';
 import { crashPoint } from '../lib/pipeline/crash-points.ts';
 import { LiveTensorBoard, tensorboardDir } from '../lib/analysis/tensorboard-live.ts';
-import { formatTable } from '../lib/console/progress.ts';
+import { formatTable, type ProgressBar } from '../lib/console/progress.ts';
 import { sftPosition, type SftPlan } from '../lib/sft/logic.ts';
 
 export interface SftOutcome {
@@ -126,6 +127,100 @@ export async function withSftRun(
     await tb?.finish(false).catch(() => undefined);
     await db.close();
   }
+}
+
+/** What one SFT step of a policy kind did. */
+export interface SftStepResult {
+  /** The step's metrics (name → value; sft/loss among them), written as rows of stage sft. */
+  values: Record<string, number>;
+  /** Whether the update was skipped: its loss or gradient norm was not finite (weights and AdamW state unchanged). */
+  skipped: boolean;
+  /** The log line's text after `step N/total: `. */
+  line: string;
+}
+
+/** A policy kind's side of the step loop. */
+export interface SftSteps {
+  /** Trains step `step` (1-based) at learning rate schedule position `step` of `total`. */
+  step: (step: number) => Promise<SftStepResult>;
+  /** AdamW steps taken (trainer_state.json lr_state.optimizer_steps). */
+  optimizerSteps: () => number;
+  /** Writes the actor into `dir` (CheckpointArgs.writeActor). */
+  writeActor: CheckpointArgs['writeActor'];
+  /** After checkpoint step `step` is written (an image policy's sample grid). */
+  afterCheckpoint?: (step: number) => Promise<void>;
+  /** LoRA: the summary says how to merge the adapter. */
+  lora: boolean;
+}
+
+/**
+ * Steps start + 1 … total of an SFT run: stops between steps when `signal` aborts (status
+ * stopped, the newest checkpoint), times each step (perf/step_time_s), writes its metrics rows,
+ * and checkpoints at trainer.save_freq and the last step. A step whose loss or gradient norm is
+ * not finite skips its update (as verl's SFT trainer does), logs a warning naming the step, and
+ * counts in sft/skipped_steps (1 on that step, 0 on the others); the run goes on.
+ */
+export async function runSftSteps(
+  cfg: Config,
+  log: Logger,
+  run: SftRunContext,
+  a: {
+    start: number;
+    total: number;
+    plan: SftPlan;
+    last: { path: string; step: number; sha256: string } | null;
+    signal?: AbortSignal;
+    bar?: ProgressBar | null;
+  },
+  k: SftSteps,
+): Promise<SftOutcome> {
+  const { runId, runDir, store } = run;
+  let ck = a.last;
+  for (let step = a.start + 1; step <= a.total; step++) {
+    if (a.signal?.aborted)
+      return {
+        status: 'stopped',
+        runId,
+        runDir,
+        checkpoint: ck,
+        summary: await sftSummary(store, runId, ck, k.lora),
+        message: 'interrupted',
+      };
+    const t0 = performance.now();
+    const r = await k.step(step);
+    const values: Record<string, number> = {
+      ...r.values,
+      'sft/skipped_steps': r.skipped ? 1 : 0,
+      'perf/step_time_s': (performance.now() - t0) / 1000,
+    };
+    await store.insertMetrics(
+      Object.entries(values).map(([name, value]) => ({ runId, step, name, value, stage: 'sft' })),
+    );
+    if (r.skipped)
+      log.warn(
+        { step, loss: values['sft/loss'], grad_norm: values['sft/grad_norm'] },
+        `step ${step}: the loss or gradient norm is not finite (loss ${values['sft/loss']}, grad_norm ${values['sft/grad_norm']}); the update was skipped (sft/skipped_steps) — if this repeats, lower actor.optim.lr or set actor.optim.max_grad_norm`,
+      );
+    log.info({ step, ...values }, `step ${step}/${a.total}: ${r.line}`);
+    a.bar?.update({ step, totalSteps: a.total, loss: values['sft/loss'], stepTimeS: values['perf/step_time_s'] });
+    run.syncLogger();
+    crashPoint('sft:trained');
+    if (step === a.total || (cfg.trainer.save_freq > 0 && step % cfg.trainer.save_freq === 0)) {
+      ck = await writeSftCheckpoint(cfg, store, {
+        runId,
+        runDir,
+        step,
+        total: a.total,
+        plan: a.plan,
+        optimizerSteps: k.optimizerSteps(),
+        writeActor: k.writeActor,
+      });
+      await k.afterCheckpoint?.(step);
+    }
+  }
+  await store.setRunStatus(runId, 'completed');
+  await run.finishLogger();
+  return { status: 'completed', runId, runDir, checkpoint: ck, summary: await sftSummary(store, runId, ck, k.lora) };
 }
 
 /** The newest checkpoint of the run whose directory is still there. */
@@ -222,7 +317,10 @@ export async function sftSummary(
           : NaN;
     rows.push([name, s[0].value, s[s.length - 1].value, Number.isNaN(best) ? '-' : best, s.length]);
   }
+  const skipped = (await store.getMetrics(runId, ['sft/skipped_steps'])).reduce((n, m) => n + m.value, 0);
   const lines = [formatTable(rows), ''];
+  if (skipped > 0)
+    lines.push(`${skipped} step(s) skipped: their loss or gradient norm was not finite (sft/skipped_steps)`);
   if (ck) {
     lines.push(
       lora

@@ -2,7 +2,8 @@
  * `rlstream sft`: supervised fine-tuning in one process, with `train`'s guarantees. The run
  * directory is locked (the embedded store's lock), the run has a row in the store (so
  * `rlstream runs`, `sql` and the v_* views see it), every step writes its metrics rows
- * (`sft/loss`, `sft/token_acc`, `sft/lr`, `sft/grad_norm`, `sft/tokens`, stage "sft"), and
+ * (`sft/loss`, `sft/token_acc`, `sft/lr`, `sft/grad_norm`, `sft/tokens`, `sft/skipped_steps`, stage
+ * "sft"; a step with a non-finite loss or gradient norm skips its update: app/sft-run.ts runSftSteps), and
  * checkpoints are `train`'s: <run_dir>/checkpoints/global_step_N with actor/ a Hugging Face model
  * directory (weights, AdamW state, config and tokenizer files) — a valid actor.model.path for
  * `rlstream train` — and trainer_state.json (step, dataset position, sha256 of every file).
@@ -53,7 +54,6 @@ import {
 import { verifyCheckpointFiles, readCheckpointPath } from '../lib/pipeline/checkpoints.ts';
 import { lrAt } from '../lib/optim/lr-schedule.ts';
 import { trainerSettings } from '../lib/pipeline/trainer-settings.ts';
-import { crashPoint } from '../lib/pipeline/crash-points.ts';
 import { checkDevice } from '../lib/onnx/runtime.ts';
 import type { ProgressBar } from '../lib/console/progress.ts';
 import { loadSftExamples } from '../lib/sft/data.ts';
@@ -70,9 +70,9 @@ import { policyKindOf } from '../lib/model/policy-kinds.ts';
 import {
   checkResumePosition,
   latestUsableCheckpoint,
+  runSftSteps,
   sftSummary,
   withSftRun,
-  writeSftCheckpoint,
   type SftOutcome,
 } from './sft-run.ts';
 import { imageSftRun } from './sft-image.ts';
@@ -134,7 +134,8 @@ export async function sftRun(
       `${units.length} ${cfg.sft.packing ? 'packed training rows' : 'training examples'} are fewer than actor.global_batch_size = ${plan.batchSize}; lower actor.global_batch_size or add rows`,
     );
   const total = sftTotalSteps(plan);
-  return withSftRun(cfg, log, opts, async ({ runId, runDir, store, prev, syncLogger, finishLogger }) => {
+  return withSftRun(cfg, log, opts, async (run) => {
+    const { runId, runDir, store, prev } = run;
     // where to start: the newest checkpoint of this run, else the initial model (written once as policy v0, the reference)
     const assetsFrom = cfg.actor.model.path;
     let weights: Weights,
@@ -207,68 +208,41 @@ export async function sftRun(
       `sft: ${data.examples.length} examples${cfg.sft.packing ? ` packed into ${units.length} rows` : ''}, ${sftStepsPerEpoch(plan)} steps per epoch, steps ${start + 1}–${total}`,
     );
     opts.bar?.update({ step: start, totalSteps: total });
-    let ck = last;
-    for (let step = start + 1; step <= total; step++) {
-      if (opts.signal?.aborted)
-        return {
-          status: 'stopped',
-          runId,
-          runDir,
-          checkpoint: ck,
-          summary: await sftSummary(store, runId, ck, !!lora),
-          message: 'interrupted',
-        };
-      const t0 = performance.now();
-      const batch = collate(
-        sftBatchIndices(plan, step).map((i) => units[i]),
-        tok.pad,
-      );
-      let tokens = 0;
-      for (let i = 0; i < batch.batchSize * batch.seqLen; i++)
-        if (batch.responseMask[i] && i % batch.seqLen > 0) tokens++;
-      const r = await trainer.step(batch, lrAt(settings.schedule, step, total));
-      const values: Record<string, number> = {
-        'sft/tokens': tokens,
-        'perf/step_time_s': (performance.now() - t0) / 1000,
-      };
-      for (const [name, key] of METRICS) if (r.metrics[key] !== undefined) values[name] = r.metrics[key];
-      await store.insertMetrics(
-        Object.entries(values).map(([name, value]) => ({ runId, step, name, value, stage: 'sft' })),
-      );
-      if (r.skipped)
-        log.warn(
-          { step, grad_norm: r.metrics.grad_norm },
-          `step ${step}: the gradient norm is not finite; the update was skipped`,
-        );
-      log.info(
-        { step, ...values },
-        `step ${step}/${total}: loss ${values['sft/loss']?.toFixed(4)}, token accuracy ${values['sft/token_acc']?.toFixed(3)}`,
-      );
-      opts.bar?.update({ step, totalSteps: total, loss: values['sft/loss'], stepTimeS: values['perf/step_time_s'] });
-      syncLogger();
-      crashPoint('sft:trained');
-      const save = step === total || (cfg.trainer.save_freq > 0 && step % cfg.trainer.save_freq === 0);
-      if (save)
-        ck = await writeSftCheckpoint(cfg, store, {
-          runId,
-          runDir,
-          step,
-          total,
-          plan,
-          optimizerSteps: trainer.getOptimizerState().step,
-          writeActor: (dir, metadata) =>
-            writeActorDir(dir, metadata, {
-              model,
-              weights: trainer.weightsView() as Weights,
-              optimizer: trainer.getOptimizerState(),
-              assetsFrom,
-              lora,
-            }),
-        });
-    }
-    await store.setRunStatus(runId, 'completed');
-    await finishLogger();
-    return { status: 'completed', runId, runDir, checkpoint: ck, summary: await sftSummary(store, runId, ck, !!lora) };
+    return runSftSteps(
+      cfg,
+      log,
+      run,
+      { start, total, plan, last, signal: opts.signal, bar: opts.bar },
+      {
+        lora: !!lora,
+        step: async (step) => {
+          const batch = collate(
+            sftBatchIndices(plan, step).map((i) => units[i]),
+            tok.pad,
+          );
+          let tokens = 0;
+          for (let i = 0; i < batch.batchSize * batch.seqLen; i++)
+            if (batch.responseMask[i] && i % batch.seqLen > 0) tokens++;
+          const r = await trainer.step(batch, lrAt(settings.schedule, step, total));
+          const values: Record<string, number> = { 'sft/tokens': tokens };
+          for (const [name, key] of METRICS) if (r.metrics[key] !== undefined) values[name] = r.metrics[key];
+          return {
+            values,
+            skipped: r.skipped || !Number.isFinite(values['sft/loss']),
+            line: `loss ${values['sft/loss']?.toFixed(4)}, token accuracy ${values['sft/token_acc']?.toFixed(3)}`,
+          };
+        },
+        optimizerSteps: () => trainer.getOptimizerState().step,
+        writeActor: (dir, metadata) =>
+          writeActorDir(dir, metadata, {
+            model,
+            weights: trainer.weightsView() as Weights,
+            optimizer: trainer.getOptimizerState(),
+            assetsFrom,
+            lora,
+          }),
+      },
+    );
   });
 }
 

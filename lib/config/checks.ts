@@ -11,6 +11,7 @@ import { rewardFns } from '../reward-fns/index.ts';
 import { tasks } from '../tasks/index.ts';
 import { redactSecrets, redactString } from './redact.ts';
 import { loraConfig } from '../model/lora.ts';
+import { ditLoraConfig } from '../image/lora.ts';
 import { policyKindOf } from '../model/policy-kinds.ts';
 import { IMAGE_RL_LOSSES } from '../image/flow-graph.ts';
 import { DIT_MODEL_TYPE, isDitDir } from '../image/checkpoint.ts';
@@ -192,8 +193,8 @@ export function checkConfig(cfg: Config, env: NodeJS.ProcessEnv = {}, command: '
       );
   }
 
-  // --- LoRA: rank, dropout and target modules in one line each, naming the key
-  if (actor.model.lora) {
+  // --- LoRA: rank, dropout and target modules in one line each, naming the key (an image policy's: imagePolicyErrors)
+  if (actor.model.lora && policyKindOf(actor.model) !== 'image') {
     const l = actor.model.lora;
     try {
       loraConfig(
@@ -640,11 +641,30 @@ function imagePolicyErrors(cfg: Config): string[] {
       `algorithm.adv_estimator = ${alg.adv_estimator}: an image policy's advantages are group-normalised (grpo); set algorithm.adv_estimator = grpo`,
     );
   if (critic.enable === true) errors.push('critic.enable: an image policy trains without a critic; set it to false');
-  if (actor.model.lora) errors.push('actor.model.lora: an image policy trains all its weights; unset actor.model.lora');
+  errors.push(...imageLoraErrors(cfg));
   if (rollout.engine !== 'onnx' || rollout.multi_turn.enable)
     errors.push('an image policy samples in process: rollout.engine = onnx, rollout.multi_turn.enable = false');
   if (alg.use_kl_in_reward)
     errors.push('algorithm.use_kl_in_reward: an image policy has no token KL; use algorithm.use_kl_loss (flow_grpo)');
+  return errors;
+}
+
+/** An image policy's actor.model.lora (lib/image/lora.ts): rank, alpha, dropout, the DiT's module names, a base to adapt. */
+function imageLoraErrors(cfg: Config): string[] {
+  const l = cfg.actor.model.lora;
+  if (!l) return [];
+  const errors: string[] = [];
+  try {
+    ditLoraConfig({ rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules });
+  } catch (e) {
+    errors.push((e as Error).message);
+  }
+  if (l.vision_target_modules !== null)
+    errors.push('actor.model.lora.vision_target_modules: an image policy has no vision tower; set it to null');
+  if (!cfg.actor.model.path)
+    errors.push(
+      'actor.model.lora needs actor.model.path: the image model directory the adapters are trained on (LoRA on a randomly initialised DiT has nothing to adapt)',
+    );
   return errors;
 }
 
@@ -693,7 +713,7 @@ export function checkSftConfig(cfg: Config): CheckResult {
         : `rlstream sft needs training rows: set data.train_files (JSONL or parquet; ${sft.prompt_key} + ${sft.response_key} fields, or ${sft.messages_key})`,
     );
   if (image) {
-    // an image policy (lib/image/): its shape, its model directory; LoRA is a language policy's
+    // an image policy (lib/image/): its shape, its model directory, LoRA on its DiT blocks
     if (actor.model.path !== null && !isDitDir(actor.model.path))
       errors.push(
         `actor.model.kind = image: actor.model.path ${actor.model.path} is not an image model directory (config.json model_type ${DIT_MODEL_TYPE}); unset actor.model.path to start a fresh one of actor.model.image's shape`,
@@ -711,8 +731,7 @@ export function checkSftConfig(cfg: Config): CheckResult {
       if (m.time_freqs % 2 !== 0)
         errors.push(`actor.model.image.time_freqs = ${m.time_freqs} must be even (cosine and sine pairs)`);
     }
-    if (actor.model.lora)
-      errors.push('actor.model.lora: an image policy trains all its weights; unset actor.model.lora');
+    errors.push(...imageLoraErrors(cfg));
     if (pipeline.store === 'postgres' && pipeline.database_url === null)
       errors.push(
         'pipeline.store = postgres needs pipeline.database_url; set it to postgres://user:password@host:5432/db, or use pipeline.store=embedded',

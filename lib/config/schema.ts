@@ -519,7 +519,7 @@ const algorithmSchema = section(
           .boolean()
           .default(false)
           .describe(
-            "Keep an exponential moving average of the policy weights, θ_ema ← decay·θ_ema + (1 − decay)·θ after every update, stored beside each policy version (artifact kind ema; <run_dir>/ema/vNNNNNN on a filesystem store). An image policy's validation samples are drawn with the EMA of the version they validate (docs/image-generation.md); a language policy's EMA is stored only (its samplers use the policy weights).",
+            "Keep an exponential moving average of the policy weights, θ_ema ← decay·θ_ema + (1 − decay)·θ after every update, stored beside each policy version (artifact kind ema; <run_dir>/ema/vNNNNNN on a filesystem store). An image policy's validation samples are drawn with the EMA of the version they validate (docs/image-generation.md), and `rlstream sft` of an image policy keeps one too (checkpoint actor/ema.safetensors, drawn by the sample grids); a language policy's EMA is stored only (its samplers use the policy weights).",
           ),
         decay: z.number().gt(0).lt(1).default(0.999).describe('EMA decay per update.'),
       },
@@ -884,7 +884,7 @@ const modelSchema = section(
           .union([z.literal('all-linear'), z.array(z.string().min(1))])
           .default('all-linear')
           .describe(
-            'Adapted linear layers: a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear (all seven; the LM head is never adapted).',
+            "Adapted linear layers: a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear (all seven; the LM head is never adapted). An image policy's: ada, qkv, proj, fc1, fc2 of every DiT block, or all-linear (all five; docs/image-generation.md).",
           ),
         vision_target_modules: z
           .union([z.literal('all-linear'), z.array(z.string().min(1))])
@@ -897,7 +897,7 @@ const modelSchema = section(
       .nullable()
       .default(null)
       .describe(
-        'LoRA (Hu et al. 2021, PEFT conventions): train low-rank adapters A [r, in] (Kaiming-uniform) and B [out, r] (zeros) on the chosen linear layers while the base weights stay frozen (no gradients, no AdamW state). The reference policy is the base with the adapters off; policy versions and checkpoints carry only the adapter in PEFT layout (adapter_config.json + adapter_model.safetensors); `rlstream export --merge` writes the merged model. null = full fine-tuning.',
+        "LoRA (Hu et al. 2021, PEFT conventions): train low-rank adapters A [r, in] (Kaiming-uniform) and B [out, r] (zeros) on the chosen linear layers while the base weights stay frozen (no gradients, no AdamW state). The reference policy is the base with the adapters off; policy versions and checkpoints carry only the adapter in PEFT layout (adapter_config.json + adapter_model.safetensors); `rlstream export --merge` writes the merged model. An image policy's versions and checkpoints hold the merged weights (model.safetensors) with the adapter beside them (adapter.safetensors), and its EMA may be on. null = full fine-tuning.",
       ),
   },
   'Policy model: a checkpoint to load or the architecture of a fresh one.',

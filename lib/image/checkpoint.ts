@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ConfigError } from '../errors.ts';
 import { decodeSafetensors, encodeSafetensors, toFloat32 } from '../model/safetensors.ts';
-import { ditConfig, ditParamSpecs, type DitConfig, type DitWeights } from './dit.ts';
+import { ditConfig, ditParamSpecs, type DitConfig, type DitWeights, type ParamSpec } from './dit.ts';
 
 export const DIT_MODEL_TYPE = 'rlstream_dit';
 
@@ -71,9 +71,12 @@ export interface DitOptimizerState {
   expAvgSq: DitWeights;
 }
 
-/** optimizer.safetensors of an image policy: `<param>.exp_avg`, `<param>.exp_avg_sq`, metadata `step`. */
-export function ditOptimizerFile(config: DitConfig, st: DitOptimizerState): Uint8Array {
-  const specs = ditParamSpecs(config);
+/**
+ * optimizer.safetensors of an image policy: `<param>.exp_avg`, `<param>.exp_avg_sq`, metadata `step`,
+ * over the trained parameters (`of`: a config = every weight, or the specs, e.g. a LoRA adapter's).
+ */
+export function ditOptimizerFile(of: DitConfig | ParamSpec[], st: DitOptimizerState): Uint8Array {
+  const specs = Array.isArray(of) ? of : ditParamSpecs(of);
   return encodeSafetensors(
     specs.flatMap((s) => [
       [`${s.name}.exp_avg`, { dtype: 'F32' as const, shape: s.shape, data: st.expAvg.get(s.name)! }],
@@ -83,11 +86,11 @@ export function ditOptimizerFile(config: DitConfig, st: DitOptimizerState): Uint
   );
 }
 
-export function loadDitOptimizer(file: string, config: DitConfig): DitOptimizerState {
+export function loadDitOptimizer(file: string, of: DitConfig | ParamSpec[]): DitOptimizerState {
   const { tensors, metadata } = decodeSafetensors(readFileSync(file), file);
   const st: DitOptimizerState = { step: Number(metadata?.step ?? NaN), expAvg: new Map(), expAvgSq: new Map() };
   if (!Number.isInteger(st.step)) throw new ConfigError(`${file}: metadata step missing`);
-  for (const s of ditParamSpecs(config))
+  for (const s of Array.isArray(of) ? of : ditParamSpecs(of))
     for (const [suffix, into] of [
       ['exp_avg', st.expAvg],
       ['exp_avg_sq', st.expAvgSq],

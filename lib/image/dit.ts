@@ -144,7 +144,11 @@ export function timestepFeatures(b: GraphBuilder, t: Var, F: number): Var {
   );
 }
 
-/** v_θ(x, t, cls): x [B, C, S, S], t [B] (no gradient to t), cls [B] int64 → [B, C, S, S]. */
+/**
+ * v_θ(x, t, cls): x [B, C, S, S], t [B] (no gradient to t), cls [B] int64 → [B, C, S, S].
+ * `loraScale`: a linear layer `n` whose `n.lora_A.weight` [r, in] and `n.lora_B.weight` [out, r]
+ * are in `p` adds s·(h·Aᵀ)·Bᵀ to h·Wᵀ + b (LoRA, lib/image/lora.ts).
+ */
 export function ditForward(
   b: GraphBuilder,
   c: DitConfig,
@@ -152,7 +156,7 @@ export function ditForward(
   x: Var,
   t: Var,
   cls: Var,
-  opts: { checkpoint?: boolean } = {},
+  opts: { checkpoint?: boolean; loraScale?: number } = {},
 ): Var {
   const B = x.shape[0];
   const { patchSize: ps, channels: C, imageSize: S, hidden: D, heads: H } = c;
@@ -166,7 +170,17 @@ export function ditForward(
     if (!v) throw new GraphError(`dit: parameter ${n} not declared`);
     return v;
   };
-  const lin = (h: Var, n: string) => linear(b, h, W(`${n}.weight`), W(`${n}.bias`));
+  const linOf =
+    (get: (n: string) => Var | undefined) =>
+    (h: Var, n: string): Var => {
+      const y = linear(b, h, get(`${n}.weight`)!, get(`${n}.bias`)!);
+      const A = get(`${n}.lora_A.weight`),
+        Bw = get(`${n}.lora_B.weight`);
+      if (!A || !Bw) return y;
+      // [N, in]·Aᵀ [in, r] → [N, r]; ·Bᵀ [r, out] → [N, out], times s = alpha / r
+      return b.add(y, b.mul(b.matmul(b.matmul(h, b.transposeLast2(A)), b.transposeLast2(Bw)), opts.loraScale ?? 1));
+    };
+  const lin = linOf((n) => p.get(n) ?? (n.includes('.lora_') ? undefined : W(n)));
   const ones = b.const(Array(D).fill(1));
   const zeros = b.const(Array(D).fill(0));
   const ln = (h: Var) => layerNorm(b, h, ones, zeros, 1e-6);
@@ -183,9 +197,9 @@ export function ditForward(
     return b.add(temb, embedding(b, W('class_embed.weight'), cls));
   });
   const sc = silu(b, cond); // [B, D]
-  const block = (i: number, hIn: Var, scIn: Var, Wb: (n: string) => Var): Var =>
+  const block = (i: number, hIn: Var, scIn: Var, Wb: (n: string) => Var | undefined): Var =>
     b.scope(`blocks.${i}`, () => {
-      const lin = (h: Var, n: string) => linear(b, h, Wb(`${n}.weight`), Wb(`${n}.bias`));
+      const lin = linOf(Wb);
       const mods = b.split(lin(scIn, `blocks.${i}.ada`), 1, [D, D, D, D, D, D]);
       const [sh1, sc1, g1, sh2, sc2, g2] = mods;
       const a = b.scope('attn', () => {
@@ -206,16 +220,14 @@ export function ditForward(
   for (let i = 0; i < c.depth; i++) {
     if (opts.checkpoint) {
       // gradient checkpointing: the block keeps only its input, the conditioning and its weights
-      // for the backward and recomputes the rest there (GraphBuilder.checkpoint)
-      const names = ditParamSpecs(c)
-        .map((s) => s.name)
-        .filter((n) => n.startsWith(`blocks.${i}.`));
+      // (and adapters) for the backward and recomputes the rest there (GraphBuilder.checkpoint)
+      const names = [...p.keys()].filter((n) => n.startsWith(`blocks.${i}.`));
       const ws = names.map(W);
       h = b.checkpoint([h, sc, ...ws], ([hh, ss, ...wv]) => {
         const m = new Map(names.map((n, k) => [n, wv[k]]));
-        return [block(i, hh, ss, (n) => m.get(n)!)];
+        return [block(i, hh, ss, (n) => m.get(n))];
       })[0];
-    } else h = block(i, h, sc, W);
+    } else h = block(i, h, sc, (n) => p.get(n));
   }
   return b.scope('final', () => {
     const [shift, scale] = b.split(lin(sc, 'final.ada'), 1, [D, D]);

@@ -16,10 +16,13 @@
  *    its optimality r ∈ [0, 1], with the sampling policy's velocity v_old (no gradient):
  *    v⁺ = (1 − β)·v_old + β·v_θ, v⁻ = (1 + β)·v_old − β·v_θ;
  *    loss = r·‖v⁺ − u‖² + (1 − r)·‖v⁻ − u‖². Inputs x0, noise, t, cls, v_old, nft_r [B].
+ * With `lora` (lib/image/lora.ts) the adapters are inputs too and the gradients, the clip norm and
+ * AdamW are theirs only; the base weights are inputs without gradients.
  */
 import { GraphBuilder, type Var } from '../onnx/builder.ts';
 import { numel } from '../onnx/dims.ts';
 import { declareDitParams, ditForward, ditParamSpecs, type DitConfig } from './dit.ts';
+import { ditLoraScale, ditLoraSpecs, type DitLora } from './lora.ts';
 
 export const IMAGE_LOSSES = ['flow_matching', 'flow_grpo', 'diffusion_nft'] as const;
 /** The RL losses of an image policy: its values of algorithm.policy_loss. */
@@ -53,6 +56,8 @@ export interface ImageTrainGraphSpec {
   optim: ImageOptim;
   mode: 'grad' | 'step';
   gradientCheckpointing?: boolean;
+  /** LoRA (lib/image/lora.ts): the adapters are the trained parameters, the base weights frozen inputs. */
+  lora?: DitLora | null;
 }
 
 /** Names of the `metrics` output's entries (batch means). */
@@ -130,7 +135,14 @@ export function buildImageTrainGraph(spec: ImageTrainGraphSpec): ImageTrainGraph
     );
   const I = (n: string) => inp.get(n)!;
   const p = declareDitParams(b, c);
-  const v = (x: Var, t: Var) => ditForward(b, c, p, x, t, I('cls'), { checkpoint: spec.gradientCheckpointing });
+  // the trained parameters: every weight, or (LoRA) the adapters
+  const specs = spec.lora ? ditLoraSpecs(c, spec.lora) : ditParamSpecs(c);
+  if (spec.lora) for (const s of specs) p.set(s.name, b.input(s.name, b.float, s.shape));
+  const v = (x: Var, t: Var) =>
+    ditForward(b, c, p, x, t, I('cls'), {
+      checkpoint: spec.gradientCheckpointing,
+      ...(spec.lora ? { loraScale: ditLoraScale(spec.lora) } : {}),
+    });
   const c4 = (z: Var) => b.unsqueeze(z, [1, 2, 3]);
   let lossVar: Var;
   const metrics: Var[] = [];
@@ -184,7 +196,6 @@ export function buildImageTrainGraph(spec: ImageTrainGraphSpec): ImageTrainGraph
     ),
     'metrics',
   );
-  const specs = ditParamSpecs(c);
   const pv = specs.map((s) => p.get(s.name)!);
   const grads = b.grad(lossVar, pv);
   const pack = (vs: Var[]) =>

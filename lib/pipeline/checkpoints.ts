@@ -37,6 +37,9 @@ const MODEL_FILES = [
   'optimizer.safetensors',
   'adapter_config.json',
   'adapter_model.safetensors',
+  // an image policy's LoRA adapter and an image SFT's EMA weights (lib/image/lora.ts, app/sft-image.ts)
+  'adapter.safetensors',
+  'ema.safetensors',
   ...MODEL_SIDE_FILES,
 ];
 

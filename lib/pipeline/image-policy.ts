@@ -15,7 +15,8 @@ import { OPTIMIZER_FILE } from '../model/checkpoint.ts';
 import { policyKindOf } from '../model/policy-kinds.ts';
 import { lrAt, type LrScheduleConfig } from '../optim/lr-schedule.ts';
 import { Rng } from '../util/rng.ts';
-import { ditFiles, loadDit, loadDitOptimizer, ditOptimizerFile, type DitModel } from '../image/checkpoint.ts';
+import { ditFiles, loadDit, type DitModel } from '../image/checkpoint.ts';
+import { ditLoraConfig, loadDitAdapter, type DitLora } from '../image/lora.ts';
 import type { DitWeights } from '../image/dit.ts';
 import type { ImageLossConfig } from '../image/flow-graph.ts';
 import { imageUpdate, imageUpdateBatch, type ImageUpdateBatch } from '../image/rl.ts';
@@ -106,6 +107,41 @@ export function imageOptim(cfg: Config): ConstructorParameters<typeof ImageTrain
     maxGradNorm: o.max_grad_norm,
     lr: o.lr,
   };
+}
+
+/** An image policy's LoRA on its DiT blocks (actor.model.lora; lib/image/lora.ts), null without. */
+export function imageLora(cfg: Config): DitLora | null {
+  const l = cfg.actor.model.lora;
+  return l
+    ? ditLoraConfig({ rank: l.rank, alpha: l.alpha, dropout: l.dropout, targetModules: l.target_modules })
+    : null;
+}
+
+/**
+ * An image policy's trainer: `model`'s weights (actor.model.path; with LoRA the frozen base) and,
+ * from `actorDir` (a checkpoint's actor/) when given, the trained state: its weights, or with LoRA
+ * its adapter (none: PEFT's init seeded by data.seed). The AdamW state is the caller's to restore.
+ */
+export function imageTrainer(
+  cfg: Config,
+  model: DitModel,
+  actorDir: string | null,
+  opts: { emaDecay?: number } = {},
+): ImageTrainer {
+  const lora = imageLora(cfg);
+  const weights = actorDir && !lora ? loadDit(actorDir).weights : model.weights;
+  return new ImageTrainer(model.config, weights, imageOptim(cfg), {
+    threads: cfg.actor.threads,
+    gradientCheckpointing: cfg.actor.model.enable_gradient_checkpointing,
+    ...opts,
+    ...(lora
+      ? {
+          lora,
+          loraSeed: cfg.data.seed,
+          ...(actorDir ? { adapter: loadDitAdapter(actorDir, model.config, lora) } : {}),
+        }
+      : {}),
+  });
 }
 
 /**
@@ -226,17 +262,10 @@ export class ImageLearner extends LearnerVersion implements PolicyLearner {
     return v0;
   }
 
-  private static trainerOf(s: ImageLearnerSetup, m: DitModel): ImageTrainer {
-    return new ImageTrainer(m.config, m.weights, imageOptim(s.cfg), {
-      threads: s.cfg.actor.threads,
-      gradientCheckpointing: s.cfg.actor.model.enable_gradient_checkpointing,
-    });
-  }
-
   /** A new run from actor.model.path (a replay: the source's v0), stored as version 0. */
   static async fresh(s: ImageLearnerSetup): Promise<ImageLearner> {
     const m = ImageLearner.initial(s);
-    const l = new ImageLearner(s, m, ImageLearner.trainerOf(s, m), 0, '');
+    const l = new ImageLearner(s, m, imageTrainer(s.cfg, m, null), 0, '');
     l.sha = await l.storePolicy(0);
     await l.openParts();
     return l;
@@ -249,9 +278,9 @@ export class ImageLearner extends LearnerVersion implements PolicyLearner {
     if (base.dir) {
       const src = readCheckpointPath(base.dir);
       if (src.state) await verifyCheckpointFiles(base.dir, src.state);
-      tr = ImageLearner.trainerOf(s, { ...m, weights: loadDit(src.actorDir).weights });
-      if (src.state) tr.setOptimizerState(loadDitOptimizer(join(src.actorDir, OPTIMIZER_FILE), m.config));
-    } else tr = ImageLearner.trainerOf(s, m);
+      tr = imageTrainer(s.cfg, m, src.actorDir);
+      if (src.state) tr.loadOptimizer(join(src.actorDir, OPTIMIZER_FILE));
+    } else tr = imageTrainer(s.cfg, m, null);
     const l = new ImageLearner(s, m, tr, base.step, base.sha);
     await l.openParts();
     return l;
@@ -268,8 +297,8 @@ export class ImageLearner extends LearnerVersion implements PolicyLearner {
     const src = readCheckpointPath(path);
     if (src.state) await verifyCheckpointFiles(path, src.state);
     const m = ImageLearner.initial(s);
-    const tr = ImageLearner.trainerOf(s, { ...m, weights: loadDit(src.actorDir).weights });
-    if (src.state) tr.setOptimizerState(loadDitOptimizer(join(src.actorDir, OPTIMIZER_FILE), m.config));
+    const tr = imageTrainer(s.cfg, m, src.actorDir);
+    if (src.state) tr.loadOptimizer(join(src.actorDir, OPTIMIZER_FILE));
     const start = src.state?.step ?? 0;
     if (start > 0) {
       const ref = src.referenceDir ? loadDit(src.referenceDir) : m;
@@ -354,13 +383,20 @@ export class ImageLearner extends LearnerVersion implements PolicyLearner {
 
   /** Stores the AdamW state as checkpoint step `version`'s optimizer artifact. */
   async storeOptimizers(version: number, db: Executor): Promise<void> {
-    const file = ditOptimizerFile(this.model.config, this.trainer.optimizerState());
+    const file = this.trainer.optimizerFile();
     await this.s.versions.putFiles('optimizer', version, new Map([[OPTIMIZER_FILE, file]]), OPTIMIZER_FILE, db);
   }
 
   private storePolicy(version: number, db?: Executor): Promise<string> {
     const weights = new Map([...this.trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
-    return this.s.versions.putFiles('policy', version, ditFiles({ ...this.model, weights }), WEIGHTS_FILE, db, weights);
+    return this.s.versions.putFiles(
+      'policy',
+      version,
+      this.trainer.files(this.model, weights),
+      WEIGHTS_FILE,
+      db,
+      weights,
+    );
   }
 
   protected nextEma(): boolean {

@@ -20,6 +20,7 @@ import {
 import type { VisionConfigInput } from '../model/config.ts';
 import { isAdapterDir, loadAdapter } from '../model/checkpoint.ts';
 import { loraConfig, type LoraConfig } from '../model/lora.ts';
+import { policyKindOf } from '../model/policy-kinds.ts';
 import { mergeLoraOnnx } from '../model/lora-merge.ts';
 import { ConfigError, RlError, TransientError } from '../errors.ts';
 import { loadModelDirTokenizer, type ModelTokenizer } from '../model/hf-model-tokenizer.ts';
@@ -278,7 +279,8 @@ export interface PolicyLora {
 /** actor.model.lora with its base model directory, or null for full fine-tuning. */
 export function policyLora(cfg: Config): PolicyLora | null {
   const l = cfg.actor.model.lora;
-  if (!l) return null;
+  // an image policy's LoRA is its DiT's (lib/pipeline/image-policy.ts imageLora)
+  if (!l || policyKindOf(cfg.actor.model) === 'image') return null;
   if (!cfg.actor.model.path)
     throw new ConfigError(
       'actor.model.lora needs actor.model.path: the base model directory the adapters are trained on',

@@ -79,7 +79,10 @@ test(
         ).rows;
         assert.deepEqual(
           names.filter((r) => r.name.startsWith('sft/')),
-          ['sft/grad_norm', 'sft/loss', 'sft/lr', 'sft/token_acc', 'sft/tokens'].map((name) => ({ name, n: 3 })),
+          ['sft/grad_norm', 'sft/loss', 'sft/lr', 'sft/skipped_steps', 'sft/token_acc', 'sft/tokens'].map((name) => ({
+            name,
+            n: 3,
+          })),
         );
       } finally {
         await db.close();

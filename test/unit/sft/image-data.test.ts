@@ -85,7 +85,7 @@ test('a flow-matching batch is a pure function of (seed, step); cfg_dropout repl
   assert.deepEqual(none.floats, a.floats);
 });
 
-test('config: a fresh image policy is checked against actor.model.image; LoRA is refused', () => {
+test('config: a fresh image policy is checked against actor.model.image; LoRA needs a base and DiT module names', () => {
   assert.throws(
     () => cfgFor('x.jsonl', 'actor.model.image.image_size=30', 'actor.model.image.patch_size=4'),
     /actor\.model\.image\.image_size = 30 is not a multiple of patch_size = 4/,
@@ -94,5 +94,9 @@ test('config: a fresh image policy is checked against actor.model.image; LoRA is
     () => cfgFor('x.jsonl', 'actor.model.image.num_heads=3'),
     /num_heads = 3 does not divide hidden_size = 64/,
   );
-  assert.throws(() => cfgFor('x.jsonl', 'actor.model.lora.rank=4'), /an image policy trains all its weights/);
+  assert.throws(() => cfgFor('x.jsonl', 'actor.model.lora.rank=4'), /actor\.model\.lora needs actor\.model\.path/);
+  assert.throws(
+    () => cfgFor('x.jsonl', 'actor.model.lora.target_modules=[q_proj]'),
+    /"q_proj" is no linear layer of an image policy's DiT blocks; valid: ada, qkv, proj, fc1, fc2 \(or all-linear\)/,
+  );
 });
