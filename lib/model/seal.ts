@@ -4,7 +4,8 @@
  * and, for bf16 versions, the weights rounded to bf16 as a reader of that file gets them
  * (roundedToBf16), in one pass over the weights. The weights are copied once into shared memory
  * (`sharedWeights`, the copy the version keeps) so the worker reads them without another copy,
- * and the main thread (the rollout's sampling loop, the other stages) runs meanwhile.
+ * and the main thread (the rollout's sampling loop, the other stages) runs meanwhile. One
+ * long-lived worker thread seals every version of the process, one after another.
  * Weights written in shards (over 4 GB) or in another dtype are sealed on the calling thread.
  */
 import { Worker } from 'node:worker_threads';
@@ -48,43 +49,129 @@ interface SealJob {
 }
 
 /**
- * The worker's source (CommonJS, evaluated): hashes the header, then each tensor's bytes; for bf16
- * converts in chunks (round to nearest, ties to even; NaN stays a quiet NaN: safetensors.ts bf16Bits).
- * It returns the stored weights in an ordinary buffer it transfers (no copy on this thread): the
- * readers feed them to onnxruntime, which takes no SharedArrayBuffer.
+ * The worker's source (CommonJS, evaluated): for each job, hashes the header, then each tensor's
+ * bytes; for bf16 converts in chunks (round to nearest, ties to even; NaN stays a quiet NaN:
+ * safetensors.ts bf16Bits). It returns the stored weights in an ordinary buffer it transfers (no
+ * copy on this thread): the readers feed them to onnxruntime, which takes no SharedArrayBuffer.
  */
 const WORKER = `
-const { parentPort, workerData } = require('node:worker_threads');
+const { parentPort } = require('node:worker_threads');
 const { createHash } = require('node:crypto');
-const { header, tensors, bf16, byteLength } = workerData;
-const h = createHash('sha256');
-for (const b of header) h.update(b);
-const out = new ArrayBuffer(byteLength);
 const CHUNK = 1 << 20;
 const bits = new Uint16Array(CHUNK);
 const bytes = new Uint8Array(bits.buffer);
-for (const t of tensors) {
-  if (!bf16) {
-    const v = new Uint8Array(t.buffer, t.byteOffset, t.length * 4);
-    h.update(v);
-    new Uint8Array(out, t.byteOffset, t.length * 4).set(v);
-    continue;
-  }
-  const u = new Uint32Array(t.buffer, t.byteOffset, t.length);
-  const r = new Uint32Array(out, t.byteOffset, t.length);
-  for (let i = 0; i < t.length; i += CHUNK) {
-    const n = Math.min(CHUNK, t.length - i);
-    for (let j = 0; j < n; j++) {
-      const x = u[i + j];
-      const b = (x & 0x7fffffff) > 0x7f800000 ? (x >>> 16) | 0x40 : ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
-      bits[j] = b;
-      r[i + j] = b << 16;
+function seal({ header, tensors, bf16, byteLength }) {
+  const h = createHash('sha256');
+  for (const b of header) h.update(b);
+  const out = new ArrayBuffer(byteLength);
+  for (const t of tensors) {
+    if (!bf16) {
+      const v = new Uint8Array(t.buffer, t.byteOffset, t.length * 4);
+      h.update(v);
+      new Uint8Array(out, t.byteOffset, t.length * 4).set(v);
+      continue;
     }
-    h.update(bytes.subarray(0, n * 2));
+    const u = new Uint32Array(t.buffer, t.byteOffset, t.length);
+    const r = new Uint32Array(out, t.byteOffset, t.length);
+    for (let i = 0; i < t.length; i += CHUNK) {
+      const n = Math.min(CHUNK, t.length - i);
+      for (let j = 0; j < n; j++) {
+        const x = u[i + j];
+        const b = (x & 0x7fffffff) > 0x7f800000 ? (x >>> 16) | 0x40 : ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
+        bits[j] = b;
+        r[i + j] = b << 16;
+      }
+      h.update(bytes.subarray(0, n * 2));
+    }
+  }
+  return { sha256: h.digest('hex'), stored: out };
+}
+parentPort.on('message', ({ id, job }) => {
+  let r;
+  try {
+    r = seal(job);
+  } catch (e) {
+    parentPort.postMessage({ id, error: String((e && e.message) || e) });
+    return;
+  }
+  parentPort.postMessage({ id, sha256: r.sha256, stored: r.stored }, [r.stored]);
+});
+`;
+
+interface SealReply {
+  id: number;
+  sha256?: string;
+  stored?: ArrayBuffer;
+  error?: string;
+}
+
+/**
+ * The process's one seal worker, started on the first seal and kept for the next ones (a worker
+ * thread takes tens of ms to start). It does not keep the process alive while no seal is pending;
+ * if it fails or exits, the seals in flight fail (retriable) and the next seal starts a new one.
+ */
+class SealWorker {
+  private static current: SealWorker | null = null;
+  private static started = 0;
+  private readonly worker: Worker;
+  private readonly pending = new Map<
+    number,
+    { resolve: (r: { sha256: string; stored: ArrayBuffer }) => void; reject: (e: Error) => void }
+  >();
+  private next = 0;
+
+  static get(): SealWorker {
+    if (!SealWorker.current) SealWorker.current = new SealWorker();
+    return SealWorker.current;
+  }
+
+  /** How many seal workers this process has started (one, unless one failed). */
+  static count(): number {
+    return SealWorker.started;
+  }
+
+  private constructor() {
+    SealWorker.started++;
+    this.worker = new Worker(WORKER, { eval: true });
+    this.worker.unref();
+    this.worker.on('message', (m: SealReply) => {
+      const p = this.pending.get(m.id);
+      if (!p) return;
+      this.pending.delete(m.id);
+      if (this.pending.size === 0) this.worker.unref();
+      if (m.error !== undefined || !m.stored || !m.sha256)
+        p.reject(new RlError(`sealing a policy version failed in its worker: ${m.error}`, { retriable: true }));
+      else p.resolve({ sha256: m.sha256, stored: m.stored });
+    });
+    this.worker.on('error', (e) =>
+      this.fail(new RlError(`sealing a policy version failed in its worker: ${errorMessage(e)}`, { retriable: true })),
+    );
+    this.worker.on('exit', (code) =>
+      this.fail(new RlError(`sealing a policy version: its worker exited (code ${code})`, { retriable: true })),
+    );
+  }
+
+  private fail(e: RlError): void {
+    if (SealWorker.current === this) SealWorker.current = null;
+    for (const p of this.pending.values()) p.reject(e);
+    this.pending.clear();
+  }
+
+  seal(job: SealJob): Promise<{ sha256: string; stored: ArrayBuffer }> {
+    const id = this.next++;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      // a pending seal keeps the process alive (its caller awaits it)
+      this.worker.ref();
+      this.worker.postMessage({ id, job });
+    });
   }
 }
-parentPort.postMessage({ sha256: h.digest('hex'), stored: out }, [out]);
-`;
+
+/** How many seal worker threads this process has started (tests: one serves every seal). */
+export function sealWorkersStarted(): number {
+  return SealWorker.count();
+}
 
 /** Whether every array of `w` lies in one SharedArrayBuffer (sharedWeights). */
 function inSharedMemory(w: Weights): SharedArrayBuffer | null {
@@ -104,11 +191,15 @@ function inSharedMemory(w: Weights): SharedArrayBuffer | null {
 export async function sealWeights(
   config: ModelConfig,
   weights: Weights,
-  opts: Pick<SaveOptions, 'dtype' | 'metadata' | 'maxShardBytes'> = {},
+  opts: Pick<SaveOptions, 'dtype' | 'metadata' | 'maxShardBytes'> & {
+    /** Called while the worker seals (after the job is posted, before its result; on this thread: before sealing). */
+    whileSealing?: () => void;
+  } = {},
 ): Promise<Sealed> {
   const layout = weightsFileLayout(config, opts);
   const shared = inSharedMemory(weights);
   if (!layout || !shared) {
+    opts.whileSealing?.();
     const sha256 = checkpointWeightsSha256(config, weights, opts);
     const bf16 = (opts.dtype ?? 'float32') === 'bfloat16';
     const stored = bf16
@@ -128,16 +219,10 @@ export async function sealWeights(
     bf16: layout.dtype === 'bfloat16',
     byteLength: shared.byteLength,
   };
-  const done = await new Promise<{ sha256: string; stored: ArrayBuffer }>((resolve, reject) => {
-    const w = new Worker(WORKER, { eval: true, workerData: job });
-    w.once('message', resolve);
-    w.once('error', (e) =>
-      reject(new RlError(`sealing a policy version failed in its worker: ${errorMessage(e)}`, { retriable: true })),
-    );
-    w.once('exit', (code) =>
-      reject(new RlError(`sealing a policy version: its worker exited (code ${code})`, { retriable: true })),
-    );
-  });
+  const pending = SealWorker.get().seal(job);
+  // the worker is hashing: a kill here is a kill mid-seal (test hook, lib/pipeline/crash-points.ts)
+  opts.whileSealing?.();
+  const done = await pending;
   const stored: Weights = new Map();
   for (const [k, a] of weights) stored.set(k, new Float32Array(done.stored, a.byteOffset, a.length));
   return { sha256: done.sha256, stored };

@@ -27,6 +27,7 @@ import { stepsPerEpoch, type ControllerPlan } from './plan.ts';
 import { crashPoint } from './crash-points.ts';
 import { MODEL_SIDE_FILES, OPTIMIZER_FILE } from '../model/checkpoint.ts';
 import { sha256File } from '../policy-store/hash.ts';
+import { ARTIFACT_KINDS } from '../policy-store/port.ts';
 
 export const TRAINER_STATE_FILE = 'trainer_state.json';
 export const TRAINER_STATE_FORMAT = 'rlstream.trainer_state.v1';
@@ -253,11 +254,12 @@ export async function removeCheckpointDir(runDir: string, step: number): Promise
 
 /**
  * Removes what interrupted writes left behind: `.global_step_*.tmp-*` in checkpoints/ and
- * `.v*.tmp-*` in policy/. Only the single writer (the update stage) calls this, at its start.
+ * `.v*.tmp-*` in the directory of every stored kind (policy/, critic/, ema/, optimizer/,
+ * critic-optimizer/). Only the single writer (the update stage) calls this, at its start.
  */
 export async function removeTempCheckpoints(runDir: string): Promise<string[]> {
   const removed: string[] = [];
-  for (const sub of ['checkpoints', 'policy']) {
+  for (const sub of ['checkpoints', ...ARTIFACT_KINDS]) {
     let names: string[];
     try {
       names = await fs.readdir(join(runDir, sub));

@@ -33,6 +33,8 @@ export const CRASH_POINTS = [
   // a policy version's files are in its temporary directory, not yet renamed into place
   'update:version-half-written',
   'update:version-written',
+  // a version kept in memory only is being sealed (sha256, bf16 rounding) by the seal worker
+  'update:sealing',
   // the prune after a batch has removed one stored version and may remove more
   'update:pruning',
   'checkpoint:start',

@@ -139,7 +139,11 @@ export class RunVersions {
       if (lora)
         throw new ConfigError('a LoRA policy version is written to the policy store, never kept in memory only');
       // sha256 and bf16 rounding in a worker thread when the weights are in shared memory (lib/model/seal.ts)
-      const sealed = await sealWeights(model, weights, { ...write, dtype });
+      const sealed = await sealWeights(model, weights, {
+        ...write,
+        dtype,
+        whileSealing: () => crashPoint('update:sealing', `${kind} ${version}`),
+      });
       handOff(this.policies, version, MODEL_FILE, sealed.sha256, sealed.stored, false);
       return sealed.sha256;
     }

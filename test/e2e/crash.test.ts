@@ -10,7 +10,7 @@
  * optimizer state, so the restart starts the trainer from global_step_2 and re-trains step 3 from
  * the update stage's input log. Odd steps' versions are kept in memory only (policy.version_files
  * defaults to checkpoints in `rlstream train`): a restart hands the re-trained ones to the rollout
- * again; the kills include a version write half done and a prune half done. It also checks the resume lines, that a
+ * again; the kills include a version write half done, a prune half done and a seal in flight. It also checks the resume lines, that a
  * half-written checkpoint is never taken as the last one, and that a live run directory cannot
  * be opened by another process (the lock names the PID).
  */
@@ -75,7 +75,10 @@ const HOOKS = [
   // a checkpoint step's version with its files in the temporary directory; a prune half done
   'update:version-half-written@1',
   'update:pruning@1',
+  // an odd step's version (kept in memory only) being sealed by the seal worker
+  'update:sealing@1',
   'rollout:generated@3',
+  'reward:scored@2',
   'update:trained@2',
   'checkpoint:renamed@1',
   'checkpoint:recorded@1',
@@ -86,7 +89,13 @@ const HOOKS = [
  * gets through before its kill depends on the machine's speed, and on a slow, loaded machine a
  * random-time kill can come so late that the run finishes before the hooks planned last.
  */
-const FIRST = ['rollout:generated@3', 'update:trained@2', 'checkpoint:half-written@1'];
+const FIRST = [
+  'rollout:generated@3',
+  'reward:scored@2',
+  'update:trained@2',
+  'update:sealing@1',
+  'checkpoint:half-written@1',
+];
 /** The first process is killed as step 4 starts: step 3 is committed, the last checkpoint is global_step_2. */
 const RETRAIN_KILL = 'update:start@4';
 
@@ -134,12 +143,12 @@ test(
     const rng = Rng.fromSeed(`crash:${SEED}`);
     const hooks = [...rng.shuffle([...FIRST]), ...rng.shuffle(HOOKS.filter((h) => !FIRST.includes(h)))];
     // first a kill between checkpoints (step 3 committed, the last checkpoint global_step_2), then
-    // a random-time kill before every third hook after the first
+    // a random-time kill before every fourth hook after the first
     const plan: Array<{ kind: 'hook'; spec: string } | { kind: 'random'; delayMs: number }> = [
       { kind: 'hook', spec: RETRAIN_KILL },
     ];
     hooks.forEach((spec, i) => {
-      if (i % 3 === 0 && i > 0) plan.push({ kind: 'random', delayMs: Math.round(150 + rng.next() * 1500) });
+      if (i % 4 === 0 && i > 0) plan.push({ kind: 'random', delayMs: Math.round(150 + rng.next() * 1500) });
       plan.push({ kind: 'hook', spec });
     });
     const kills: Array<{ how: string; phase: string; point: string | null; resumedAt: number | null }> = [];
@@ -246,6 +255,11 @@ test(
     const phases = new Set(kills.map((k) => k.phase));
     for (const need of ['rollout', 'update', 'checkpoint write'])
       assert.ok(phases.has(need), `a kill hit the ${need} phase (hit: ${[...phases].join(', ')})`);
+    for (const need of ['reward:scored', 'update:sealing'])
+      assert.ok(
+        kills.some((k) => k.point === need),
+        `a kill hit ${need}`,
+      );
     assert.ok(lockChecked, 'the lock was checked against a live process');
     assert.ok(halfWrittenChecked, 'a checkpoint write was interrupted half-way');
 

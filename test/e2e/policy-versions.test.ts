@@ -1,6 +1,7 @@
 /**
  * Policy versions over a whole run (embedded): the update stage prunes the versions no longer
- * needed (trainer.keep_policy_versions keeps more), the postgres policy store ends a run with the
+ * needed (trainer.keep_policy_versions keeps more) and a replay of a run whose versions were
+ * pruned gives its checkpoint, the postgres policy store ends a run with the
  * same checkpoint as the filesystem one, and a damaged committed version stops a resume with the
  * path, both hashes and the checkpoint to resume from.
  */
@@ -40,7 +41,7 @@ const versions = (dir: string) =>
     .sort();
 
 test(
-  'versions no longer needed are pruned; keep_policy_versions keeps more; the postgres store trains the same',
+  'versions no longer needed are pruned (a replay still gives the checkpoint); keep_policy_versions keeps more; the postgres store trains the same',
   { timeout: 300_000 },
   async () => {
     // every version written as a file (policy.version_files: every_step), so retention decides what stays
@@ -48,6 +49,12 @@ test(
     assert.equal(a.code, 0, a.out.slice(-2000));
     // 3 steps, on-policy: the reference and the newest two stay; v1 went
     assert.deepEqual(versions(join(tmp, 'a')), ['v000000', 'v000002', 'v000003']);
+    // a replay of the run whose version 1 was pruned gives the same checkpoint
+    const rep = await run(process.execPath, [join(ROOT, 'bin/rlstream.mjs'), 'replay', '--from', join(tmp, 'a')], {
+      cwd: ROOT,
+      maxBuffer: 64 << 20,
+    });
+    assert.match(rep.stdout + rep.stderr, new RegExp(`: completed, step 3, policy sha256 ${a.sha}`));
     const b = await train([
       `trainer.run_dir=${join(tmp, 'b')}`,
       'policy.version_files=every_step',

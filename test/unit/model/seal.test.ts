@@ -1,7 +1,7 @@
 /**
  * lib/model/seal.ts: a version sealed in a worker thread is named by the sha256 saveCheckpoint
  * writes for it, and its bf16 rounding equals roundedToBf16 (ties to even, NaN, ±Infinity), as
- * on the calling thread for weights outside shared memory.
+ * on the calling thread for weights outside shared memory; one worker thread serves every seal.
  */
 import assert from 'node:assert/strict';
 import { promises as fs } from 'node:fs';
@@ -12,7 +12,7 @@ import { modelConfig } from '../../../lib/model/config.ts';
 import { initWeights } from '../../../lib/model/init.ts';
 import { checkpointWeightsSha256, saveCheckpoint } from '../../../lib/model/checkpoint.ts';
 import { roundedToBf16 } from '../../../lib/model/safetensors.ts';
-import { sealWeights, sharedWeights } from '../../../lib/model/seal.ts';
+import { sealWeights, sealWorkersStarted, sharedWeights } from '../../../lib/model/seal.ts';
 import { TINY_ONE_LAYER } from '../../support/tiny-models.ts';
 
 const config = modelConfig(TINY_ONE_LAYER);
@@ -44,4 +44,16 @@ it('sealWeights: the sha256 of the file saveCheckpoint writes and the bf16 round
   } finally {
     await fs.rm(dir, { recursive: true, force: true });
   }
+});
+
+it('sealWeights: one long-lived worker seals every version, concurrent seals included, and lets the process exit', async () => {
+  const ws = [11, 12, 13].map((seed) => initWeights(config, seed));
+  const opts = { dtype: 'bfloat16' as const, metadata: { policy_version: '1' } };
+  const sealed = await Promise.all(ws.map((w) => sealWeights(config, sharedWeights(w), opts)));
+  sealed.forEach((s, i) => assert.equal(s.sha256, checkpointWeightsSha256(config, ws[i], opts), `seal ${i}`));
+  assert.equal(new Set(sealed.map((s) => s.sha256)).size, 3);
+  const again = await sealWeights(config, sharedWeights(ws[0]), opts);
+  assert.equal(again.sha256, sealed[0].sha256);
+  // every seal of this file (the test above included) went to the same worker thread
+  assert.equal(sealWorkersStarted(), 1);
 });

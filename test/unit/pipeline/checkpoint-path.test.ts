@@ -2,11 +2,11 @@
  * trainer.load_checkpoint_path (lib/pipeline/checkpoints.ts, readCheckpointPath): where the
  * critic of a checkpoint is found — its critic/ directory, or for a checkpoint written before
  * checkpoints carried one, the source run's <run_dir>/critic/vNNNNNN — and none for a run
- * without a critic or a plain model directory.
+ * without a critic or a plain model directory; and what interrupted writes leave behind is removed.
  */
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
@@ -14,6 +14,7 @@ import {
   checkpointDir,
   TRAINER_STATE_FILE,
   TRAINER_STATE_FORMAT,
+  removeTempCheckpoints,
 } from '../../../lib/pipeline/checkpoints.ts';
 import { criticDir } from '../../../lib/pipeline/policy.ts';
 
@@ -54,4 +55,26 @@ test('a plain model directory has no critic', () => {
   const dir = join(root, 'plain');
   file(join(dir, 'model.safetensors'));
   assert.deepEqual(readCheckpointPath(dir), { actorDir: dir, referenceDir: null, state: null, criticDir: null });
+});
+
+test('removeTempCheckpoints removes the temporary directories of interrupted writes of every stored kind, nothing else', async () => {
+  const run = join(root, 'temps');
+  const temps = [
+    'checkpoints/.global_step_8.tmp-123-abcd0123',
+    'policy/.v000003.tmp-123-abcd0123',
+    'optimizer/.v000008.tmp-456-0123abcd',
+    'critic-optimizer/.v000008.tmp-456-0123abcd',
+    'ema/.v000002.tmp-9-ffffffff',
+  ].map((d) => join(run, d));
+  const kept = [
+    'checkpoints/global_step_6',
+    'policy/v000003',
+    'optimizer/v000006',
+    'critic/v000003',
+    'optimizer/.other',
+  ].map((d) => join(run, d));
+  for (const d of [...temps, ...kept]) mkdirSync(d, { recursive: true });
+  assert.deepEqual((await removeTempCheckpoints(run)).map((d) => join(run, d)).sort(), [...temps].sort());
+  for (const d of temps) assert.equal(existsSync(d), false, d);
+  for (const d of kept) assert.ok(existsSync(d), d);
 });
