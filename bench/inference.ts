@@ -17,7 +17,12 @@
  * times: in process, the benchmark process's own; serve-policy, the server process's (its
  * `process_cpu_seconds_total`, every thread) plus the clients' (the benchmark process); the
  * `_cpu_vs_` rows divide in-process tokens per CPU-second by serve-policy's (least CPU of the repeats).
- * Model: byte vocabulary, d 128, 2 layers, 16-token prompts, 32 new tokens, temperature 1.
+ * Model (RLSTREAM_BENCH_INFER_SHAPE): `tiny` (default; byte vocabulary, d 128, 2 layers), or
+ * `smollm2_135m` (the SmolLM2-135M shape with random weights and a real tokenizer, bench/out/,
+ * written once); 16-token prompts, 32 new tokens, temperature 1. The in-process side of each
+ * scenario samples the very sequences (prompt, id, seed) the clients ask for, and every response's
+ * tokens are checked against its in-process twin. Each scenario row set ends with the 1-minute
+ * load average at its end.
  * serve-policy batches continuously with `--steps-per-run` RLSTREAM_BENCH_INFER_STEPS (default 1:
  * a request joins at the next decode step). RLSTREAM_BENCH_INFER_NODE_ARGS adds node flags to the
  * server process (e.g. `--cpu-prof --cpu-prof-dir=DIR` to profile it).
@@ -26,15 +31,19 @@
  */
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { modelConfig } from '../lib/model/config.ts';
-import { saveCheckpoint } from '../lib/model/checkpoint.ts';
+import { loadCheckpoint, saveCheckpoint } from '../lib/model/checkpoint.ts';
+import type { ModelConfig } from '../lib/model/config.ts';
+import type { Weights } from '../lib/model/params.ts';
 import { initWeights } from '../lib/model/init.ts';
 import { Sampler } from '../lib/model/sample.ts';
 import { ByteTokenizer } from '../lib/model/tokenizer.ts';
 import { withSamplingMask } from '../lib/pipeline/policy.ts';
+import { openServedPolicy } from '../lib/inference/served-policy.ts';
+import { smollm2RandomDir } from './pipeline.ts';
 import { OnnxEngine } from '../lib/inference/onnx-engine.ts';
 import { OpenAIEngine } from '../lib/inference/openai-engine.ts';
 import type { GenerationEngine } from '../lib/inference/engine-port.ts';
@@ -49,6 +58,7 @@ export interface Row {
 const REPEATS = Number(process.env.RLSTREAM_BENCH_INFER_REPEATS ?? 3);
 const THREADS = 1;
 const STEPS_PER_RUN = Number(process.env.RLSTREAM_BENCH_INFER_STEPS ?? 1);
+const SHAPE = process.env.RLSTREAM_BENCH_INFER_SHAPE ?? 'tiny';
 const SEQS = Number(process.env.RLSTREAM_BENCH_INFER_SEQS ?? 64),
   NEW = 32,
   PROMPT = 16;
@@ -58,23 +68,37 @@ const pct = (xs: number[], p: number) =>
 const round = (x: number, d = 1) => Math.round(x * 10 ** d) / 10 ** d;
 
 export async function run(): Promise<Row[]> {
+  if (SHAPE !== 'tiny' && SHAPE !== 'smollm2_135m')
+    throw new Error(`RLSTREAM_BENCH_INFER_SHAPE must be tiny or smollm2_135m, got ${SHAPE}`);
   const dir = mkdtempSync(join(tmpdir(), 'rlstream-bench-infer-'));
-  const tok = new ByteTokenizer();
-  const base = modelConfig({
-    hiddenSize: 128,
-    intermediateSize: 512,
-    numHiddenLayers: 2,
-    numAttentionHeads: 4,
-    numKeyValueHeads: 4,
-    vocabSize: tok.vocabSize,
-    maxPositionEmbeddings: 64,
-    bosTokenId: tok.bos,
-    eosTokenId: tok.eos,
-    padTokenId: tok.pad,
-  });
-  const weights = initWeights(base, 1);
-  await saveCheckpoint(join(dir, 'model'), base, weights);
-  const c = withSamplingMask(base, tok);
+  let modelDir: string, c: ModelConfig, weights: Weights, stopIds: number[];
+  if (SHAPE === 'tiny') {
+    const tok = new ByteTokenizer();
+    const base = modelConfig({
+      hiddenSize: 128,
+      intermediateSize: 512,
+      numHiddenLayers: 2,
+      numAttentionHeads: 4,
+      numKeyValueHeads: 4,
+      vocabSize: tok.vocabSize,
+      maxPositionEmbeddings: 64,
+      bosTokenId: tok.bos,
+      eosTokenId: tok.eos,
+      padTokenId: tok.pad,
+    });
+    weights = initWeights(base, 1);
+    modelDir = join(dir, 'model');
+    await saveCheckpoint(modelDir, base, weights);
+    c = withSamplingMask(base, tok);
+    stopIds = [tok.eos];
+  } else {
+    modelDir = await smollm2RandomDir();
+    // the served config, sampling mask and stop ids, as serve-policy reads them from the directory
+    const { policy } = await openServedPolicy(modelDir);
+    c = policy.config;
+    stopIds = policy.stopIds;
+    weights = (await loadCheckpoint(modelDir, { optimizer: false })).weights;
+  }
   const prompts = Array.from({ length: SEQS }, (_, i) =>
     Array.from({ length: PROMPT }, (_, t) => 32 + ((i * 7 + t * 13) % 90)),
   );
@@ -84,7 +108,7 @@ export async function run(): Promise<Row[]> {
       ...(process.env.RLSTREAM_BENCH_INFER_NODE_ARGS ?? '').split(' ').filter(Boolean),
       join(import.meta.dirname, '../bin/rlstream.mjs'),
       'serve-policy',
-      join(dir, 'model'),
+      modelDir,
       '--port',
       '0',
       '--threads',
@@ -109,7 +133,15 @@ export async function run(): Promise<Row[]> {
   try {
     const sampler = new Sampler(c, { threads: THREADS });
     const reqs = prompts.map((p, i) => ({ id: `s${i}`, prompt: p }));
-    const params = { temperature: 1, maxNewTokens: NEW, seed: 1, eosTokenIds: [tok.eos] };
+    // the sequences of n = 8 requests: choice k of request `g${i}` is sequence `g${i}:${k}` of prompt i
+    const groupReqs = (n: number) =>
+      n === 1
+        ? reqs
+        : prompts.map((_, j) => {
+            const i = j - (j % n);
+            return { id: `g${i}:${j % n}`, prompt: prompts[i] };
+          });
+    const params = { temperature: 1, maxNewTokens: NEW, seed: 1, eosTokenIds: stopIds };
     await sampler.generate(weights, reqs, params); // warm-up (session build)
     let inProc = 0,
       inProcCpu = Infinity;
@@ -118,10 +150,12 @@ export async function run(): Promise<Row[]> {
       return (u.user + u.system) / 1000;
     };
     /** tokens/s and CPU ms per 1000 tokens of one in-process run */
-    const inProcessOnce = async () => {
+    const expected = new Map<string, number[]>();
+    const inProcessOnce = async (rs = reqs) => {
       const t0 = performance.now(),
         c0 = cpuMs();
-      const out = await sampler.generate(weights, reqs, params);
+      const out = await sampler.generate(weights, rs, params);
+      for (const g of out) expected.set(g.id, Array.from(g.tokens));
       const n = out.reduce((k, g) => k + g.tokens.length, 0);
       const tps = n / ((performance.now() - t0) / 1000);
       const cpu = ((cpuMs() - c0) / n) * 1000;
@@ -148,9 +182,9 @@ export async function run(): Promise<Row[]> {
         headers: { 'content-type': 'application/json' },
         body: JSON.stringify(body),
       });
-      const j = (await r.json()) as { choices: Array<{ token_ids: number[] }> };
+      const j = (await r.json()) as { choices: Array<{ index: number; token_ids: number[] }> };
       const n = j.choices.reduce((k, ch) => k + ch.token_ids.length, 0);
-      return { n, ms: performance.now() - t0 };
+      return { n, ms: performance.now() - t0, choices: j.choices };
     };
     const scenario = async (name: string, clients: number, n: number) => {
       const perClient = SEQS / clients / n;
@@ -160,9 +194,11 @@ export async function run(): Promise<Row[]> {
         baseCpu = Infinity;
       let lat: number[] = [];
       let occupancy = { rowsPerStep: 0, prefills: 0 };
+      const seqs = groupReqs(n);
+      await inProcessOnce(seqs); // the tokens every response is checked against
       for (let r = -1; r < REPEATS; r++) {
         if (r >= 0) {
-          const ip = await inProcessOnce();
+          const ip = await inProcessOnce(seqs);
           base = Math.max(base, ip.tps);
           baseCpu = Math.min(baseCpu, ip.cpu);
         }
@@ -185,6 +221,11 @@ export async function run(): Promise<Row[]> {
                 request_id: n === 1 ? `s${i}` : `g${i}`,
                 return_token_ids: true,
               });
+              for (const ch of res.choices) {
+                const id = n === 1 ? `s${i}` : `g${i}:${ch.index}`;
+                if (JSON.stringify(ch.token_ids) !== JSON.stringify(expected.get(id)))
+                  throw new Error(`serve-policy sampled other tokens than the in-process sampler for ${id}`);
+              }
               toks += res.n;
               per.push(res.ms / res.n);
             }
@@ -229,6 +270,7 @@ export async function run(): Promise<Row[]> {
         value: round(pct(lat, 0.99), 2),
         unit: 'ms',
       });
+      rows.push({ name: `inference/serve_policy/${name}_load_avg_1m`, value: round(loadavg()[0]), unit: 'load' });
     };
     await scenario('32clients_n1', 32, 1);
     await scenario('8clients_n8', 8, 8);
@@ -239,7 +281,7 @@ export async function run(): Promise<Row[]> {
 
     // the rollout stage's call through each engine, alternating (the server holds the model dir's
     // weights, so the openai engine is not asked to reload)
-    const policy = { version: 0, weights: async () => weights, dir: async () => join(dir, 'model') };
+    const policy = { version: 0, weights: async () => weights, dir: async () => modelDir };
     const onnx = new OnnxEngine(sampler);
     const openai = new OpenAIEngine({
       urls: [url],
@@ -262,6 +304,9 @@ export async function run(): Promise<Row[]> {
         const t0 = performance.now(),
           c0 = cpuMs();
         const out = await (e as GenerationEngine).generate(policy, reqs, params);
+        for (const g of out)
+          if (JSON.stringify(Array.from(g.tokens)) !== JSON.stringify(expected.get(g.id)))
+            throw new Error(`engine ${name} sampled other tokens than the in-process sampler for ${g.id}`);
         const n = out.reduce((k, g) => k + g.tokens.length, 0);
         const tps = n / ((performance.now() - t0) / 1000);
         const ownCpu = cpuMs() - c0;
@@ -295,6 +340,7 @@ export async function run(): Promise<Row[]> {
       value: round(bestCpu.onnx / bestCpu.openai, 3),
       unit: 'ratio',
     });
+    rows.push({ name: 'inference/rollout/load_avg_1m', value: round(loadavg()[0]), unit: 'load' });
   } finally {
     child.kill('SIGTERM');
     rmSync(dir, { recursive: true, force: true });
