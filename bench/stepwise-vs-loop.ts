@@ -4,7 +4,8 @@
  * in-graph loop; the rollout's sampler) on the same 64 sequences (16-token prompts, 32 new tokens,
  * temperature 1, 1 ORT thread), alternating, CPU time per 1000 tokens (least of the repeats) and
  * the ratio loop ÷ step graph (tokens per CPU-second). RLSTREAM_BENCH_INFER_SHAPE picks the model
- * as in bench/inference.ts (`tiny` or `smollm2_135m`); RLSTREAM_BENCH_INFER_REPEATS (default 3).
+ * as in bench/inference.ts (`tiny` or `smollm2_135m`); RLSTREAM_BENCH_INFER_REPEATS (default 3);
+ * RLSTREAM_ORT_PROFILE=<prefix> writes ORT's per-node profile of each graph.
  *
  * Run: `node --import tsx bench/stepwise-vs-loop.ts`.
  */
@@ -16,6 +17,7 @@ import { initWeights } from '../lib/model/init.ts';
 import type { Weights } from '../lib/model/params.ts';
 import { Sampler, sequenceUniforms } from '../lib/model/sample.ts';
 import { appendRows, emptyState, StepDecoder } from '../lib/model/stepwise.ts';
+import { defaultSessionCache } from '../lib/model/session-cache.ts';
 import { ByteTokenizer } from '../lib/model/tokenizer.ts';
 import { openServedPolicy } from '../lib/inference/served-policy.ts';
 import { withSamplingMask } from '../lib/pipeline/policy.ts';
@@ -96,6 +98,8 @@ export async function run(): Promise<Row[]> {
       const ms = ((cpuMs() - c0) / n) * 1000;
       if (r >= 0) best[name] = Math.min(best[name], ms);
     }
+  // RLSTREAM_ORT_PROFILE: ORT writes each session's per-node profile when the session is released
+  if (process.env.RLSTREAM_ORT_PROFILE) await defaultSessionCache.clear();
   const round = (x: number, d = 2) => Math.round(x * 10 ** d) / 10 ** d;
   return [
     { name: `inference/decode_graphs/${SHAPE}/loop_cpu_ms_per_1k_tok`, value: round(best.loop), unit: 'ms' },
