@@ -48,6 +48,8 @@ import { startStage, type StartedStage } from '../services/index.ts';
 import { startUpdate } from '../services/update/main.ts';
 import { summaryTable } from './run.ts';
 import { ConfigError, errorMessage } from '../lib/errors.ts';
+import { weightsFileOf } from '../lib/model/checkpoint.ts';
+import { policyKindOf } from '../lib/model/policy-kinds.ts';
 
 export interface ReplayOptions {
   /** An embedded run directory (with db/), or a run id in the database of `pipeline.database_url=…` (given in overrides). */
@@ -206,9 +208,13 @@ interface ReplayState {
 export async function replayRun(opts: ReplayOptions): Promise<ReplayOutcome> {
   const src = await findSource(opts.from, opts.overrides);
   const { cfg, srcCfg } = replayConfig(src, opts);
-  if (srcCfg.actor.model.lora || cfg.actor.model.lora)
+  if (!srcCfg.actor.model.lora !== !cfg.actor.model.lora)
     throw new ConfigError(
-      `replay: run ${src.runId} trains LoRA adapters (actor.model.lora), which replay does not support yet; start a new run instead`,
+      `replay: run ${src.runId} ${srcCfg.actor.model.lora ? 'trains LoRA adapters' : 'trains all weights'}; a replay keeps that (drop the actor.model.lora override)`,
+    );
+  if (cfg.actor.model.lora && policyKindOf(cfg.actor.model) === 'image')
+    throw new ConfigError(
+      `replay: run ${src.runId} trains LoRA adapters on an image policy, which replay does not support; start a new run instead`,
     );
   const log = typeof opts.log === 'function' ? opts.log(cfg.pipeline.run_id ?? src.runId) : opts.log;
   if (opts.untilStep !== undefined && !(Number.isInteger(opts.untilStep) && opts.untilStep >= 1))
@@ -236,7 +242,7 @@ export async function replayRun(opts: ReplayOptions): Promise<ReplayOutcome> {
           const r = (await s.codecs.policy.decode(v, h)) as PolicyVersion;
           behaviourSha[String(r.policy_version)] = r.sha256;
         });
-        if (!existsSync(join(policyDir(s.runDir, 0), 'model.safetensors')))
+        if (!existsSync(join(policyDir(s.runDir, 0), weightsFileOf(policyDir(s.runDir, 0)))))
           throw new ConfigError(
             `replay: the source's initial policy ${policyDir(s.runDir, 0)} is missing (replay starts from it)`,
           );

@@ -162,7 +162,7 @@ export class Learner extends LearnerVersion implements PolicyLearner {
    */
   static async atBase(s: LearnerSetup, base: TrainerBase): Promise<Learner> {
     const src = base.dir ? await trainersOfCheckpoint(s, base.dir).catch((e) => resumeRefused(s, base.dir!, e)) : null;
-    const actor = src?.actor ?? createTrainer({ ...actorOptions(s), weights: await initialWeights(s) });
+    const actor = src?.actor ?? (await initialTrainer(s));
     const l = new Learner(s, actor, base.step, base.sha);
     l.critic = src?.critic ?? null;
     await l.openParts();
@@ -171,7 +171,7 @@ export class Learner extends LearnerVersion implements PolicyLearner {
 
   /** A new run from seeded or given initial weights, stored as version 0. */
   static async fresh(s: LearnerSetup): Promise<Learner> {
-    const l = new Learner(s, createTrainer({ ...actorOptions(s), weights: await initialWeights(s) }), 0, '');
+    const l = new Learner(s, await initialTrainer(s), 0, '');
     l.sha = await l.storePolicy(0);
     await l.openParts();
     return l;
@@ -435,6 +435,21 @@ function actorOptions(s: LearnerSetup): TrainerOptions {
 
 function criticOptions(s: LearnerSetup): TrainerOptions {
   return { ...s.settings.critic.trainer, model: s.criticModel!, loss: s.settings.valueLoss };
+}
+
+/**
+ * The policy trainer a new run starts with: its initial weights and, with LoRA, the replay's
+ * source's initial adapter (its v0) or PEFT's init seeded by data.seed (lib/model/lora.ts initLora).
+ */
+async function initialTrainer(s: LearnerSetup): Promise<Trainer> {
+  const weights = await initialWeights(s);
+  if (!s.lora || !s.initialWeightsDir) return createTrainer({ ...actorOptions(s), weights });
+  if (!isAdapterDir(s.initialWeightsDir))
+    throw new ConfigError(
+      `${s.initialWeightsDir} holds no LoRA adapter (adapter_config.json) to start actor.model.lora from; replay a LoRA run with LoRA, a full fine-tuning run without`,
+    );
+  const v0 = await loadAdapter(s.initialWeightsDir, s.model, { optimizer: false, expect: s.lora.config });
+  return createTrainer({ ...actorOptions(s), weights, adapter: v0.adapter });
 }
 
 /** The weights a new run starts from: the LoRA base, the replay's or actor.model.path's model, or a seeded init. */

@@ -16,6 +16,7 @@ import { join } from 'node:path';
 import { sql } from 'kysely';
 import { loadConfig } from '../../lib/config/index.ts';
 import { trainEmbedded } from '../../app/run.ts';
+import { replayRun } from '../../app/replay.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { initWeights } from '../../lib/model/init.ts';
 import { saveCheckpoint } from '../../lib/model/checkpoint.ts';
@@ -107,6 +108,15 @@ test(
     assert.deepEqual(readdirSync(join(refDir, 'policy')).sort(), ['v000000', 'v000002', 'v000003', 'v000004']);
     const tRef = Date.now();
 
+    // ── a replay of it (v1 pruned: replay needs only v0, the adapter, and the recorded sha256s)
+    const rep = await replayRun({ from: refDir, overrides: [], log: silentLogger(RUN_ID) });
+    assert.equal(rep.status, 'completed', rep.message);
+    assert.equal(rep.copied, STEPS * BATCH);
+    const replayed = await runState({ kind: 'pglite', dir: join(rep.runDir, 'db') }, rep.runId);
+    assert.deepEqual(replayed.checkpoints, want.checkpoints, "the replay's checkpoints equal the source's");
+    assert.equal(rep.finalSha256, want.checkpoints.at(-1)![1]);
+    const tReplay = Date.now();
+
     // ── embedded: the same command after each kill
     const dir = join(tmp, 'embedded');
     const args = ['train', CONFIG, ...common, `trainer.run_dir=${dir}`];
@@ -170,7 +180,7 @@ test(
     );
     assertSameRun(await runState({ kind: 'postgres', url: db.url }), want);
     console.log(
-      `  reference ${((tRef - t0) / 1000).toFixed(1)} s, embedded (${kills.length} kills) ${((tEmb - tRef) / 1000).toFixed(1)} s, distributed (${harness.kills.length} kills) ${((Date.now() - tEmb) / 1000).toFixed(1)} s`,
+      `  reference ${((tRef - t0) / 1000).toFixed(1)} s, replay ${((tReplay - tRef) / 1000).toFixed(1)} s, embedded (${kills.length} kills) ${((tEmb - tReplay) / 1000).toFixed(1)} s, distributed (${harness.kills.length} kills) ${((Date.now() - tEmb) / 1000).toFixed(1)} s`,
     );
   },
 );
