@@ -15,8 +15,10 @@
  *     and group_uid = hashId(id). Ids keep their order (one common prefix), so batches are
  *     assembled in the same order as in the source. Validation groups are not copied. The
  *     source's prompt images (prompt_images) are copied to the new run.
- *  3. Policy v0 of the new run is the source's v0 (its weights, copied bytes-equal), and the
- *     update stage is told the sha256 of each source policy version: a recorded sample of version
+ *  3. Policy v0 of the new run is the source's v0 (its weights, copied bytes-equal; a LoRA run of
+ *     a language policy: its adapter, on the base at the source's actor.model.path), and the
+ *     update stage is told the sha256 of each source policy version (a LoRA version's: its
+ *     adapter file's), so the source's later versions need not exist: a recorded sample of version
  *     v is on-policy for the replay only while the replay's version v has exactly those bytes
  *     (then old log-probs are recomputed, as the source did); once the replay's weights differ
  *     (another estimator, another reward), the importance ratio uses the recorded behaviour
@@ -28,7 +30,8 @@
  *     the replay with a message saying so.
  *
  * A replay that is interrupted resumes when the same command is run again (its state and log
- * are those of a normal run; the copy is not repeated).
+ * are those of a normal run; the copy is not repeated). It keeps the source's choice of LoRA or
+ * full fine-tuning; an image policy's LoRA run is refused.
  */
 import { mkdtempSync, rmSync, writeFileSync, existsSync, statSync } from 'node:fs';
 import { createHash } from 'node:crypto';

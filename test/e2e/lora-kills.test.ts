@@ -7,7 +7,8 @@
  * update stage half-way through an adapter version's write, mid-prune and half-way through a
  * checkpoint write). Both end with the undisturbed run's checkpoints (sha256) and exactly its
  * trajectories: one row per (step, prompt, sample). 4 steps, save_freq 2: step 3 lies between
- * checkpoints, so a restart there re-trains it from global_step_2 and the log.
+ * checkpoints, so a restart there re-trains it from global_step_2 and the log. `rlstream replay`
+ * of the undisturbed run (its v1 pruned) ends on the same checkpoints.
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
