@@ -110,6 +110,7 @@ test(
     const tRef = Date.now();
 
     // ── a replay of it (v1 pruned: replay needs only v0, the adapter, and the recorded sha256s)
+    const cpu0 = process.cpuUsage();
     const rep = await replayRun({ from: refDir, overrides: [], log: silentLogger(RUN_ID) });
     assert.equal(rep.status, 'completed', rep.message);
     assert.equal(rep.copied, STEPS * BATCH);
@@ -117,6 +118,7 @@ test(
     assert.deepEqual(replayed.checkpoints, want.checkpoints, "the replay's checkpoints equal the source's");
     assert.equal(rep.finalSha256, want.checkpoints.at(-1)![1]);
     const tReplay = Date.now();
+    const cpu = process.cpuUsage(cpu0);
 
     // ── embedded: the same command after each kill
     const dir = join(tmp, 'embedded');
@@ -181,7 +183,7 @@ test(
     );
     assertSameRun(await runState({ kind: 'postgres', url: db.url }), want);
     console.log(
-      `  reference ${((tRef - t0) / 1000).toFixed(1)} s, replay ${((tReplay - tRef) / 1000).toFixed(1)} s, embedded (${kills.length} kills) ${((tEmb - tReplay) / 1000).toFixed(1)} s, distributed (${harness.kills.length} kills) ${((Date.now() - tEmb) / 1000).toFixed(1)} s`,
+      `  reference ${((tRef - t0) / 1000).toFixed(1)} s, replay ${((tReplay - tRef) / 1000).toFixed(1)} s (${((cpu.user + cpu.system) / 1e6).toFixed(1)} CPU-s), embedded (${kills.length} kills) ${((tEmb - tReplay) / 1000).toFixed(1)} s, distributed (${harness.kills.length} kills) ${((Date.now() - tEmb) / 1000).toFixed(1)} s`,
     );
   },
 );
