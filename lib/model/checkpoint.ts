@@ -23,6 +23,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, promises as fs, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { ConfigError, withStoragePath } from '../errors.ts';
+import { sha256Hex, updateHash } from '../util/hash.ts';
 import { PREPROCESSOR_FILE, preprocessorJson, readImageProcessor } from './processor.ts';
 import {
   fromHfConfig,
@@ -134,7 +135,7 @@ async function syncDir(dir: string): Promise<void> {
 }
 
 export function sha256(data: Uint8Array): string {
-  return createHash('sha256').update(data).digest('hex');
+  return sha256Hex(data);
 }
 
 /** generation_config.json and the tokenizer files of `assetsFrom` (a generation config from `config` when it has none). */
@@ -332,7 +333,7 @@ export function checkpointWeightsSha256(
   opts: Pick<SaveOptions, 'dtype' | 'metadata' | 'maxShardBytes'> = {},
 ): string {
   const hash = createHash('sha256');
-  for (const f of weightFiles(config, weights, opts).files) for (const b of f.parts) hash.update(b);
+  for (const f of weightFiles(config, weights, opts).files) for (const b of f.parts) updateHash(hash, b);
   return hash.digest('hex');
 }
 
@@ -351,7 +352,7 @@ export async function saveCheckpoint(
   for (const f of w.files) {
     const buf = Buffer.concat(f.parts);
     files.set(f.name, buf);
-    if (w.index !== null) hash.update(buf);
+    if (w.index !== null) updateHash(hash, buf);
   }
   if (w.index !== null) files.set(MODEL_INDEX_FILE, w.index);
   // the source's generation config and tokenizer files (read before the temporary directory exists)
@@ -600,7 +601,7 @@ async function readWeightTensors(
   for (const f of shards) {
     const file = path.join(dir, f);
     const buf = await readWholeFile(file);
-    hash.update(buf);
+    updateHash(hash, buf);
     const d = decodeSafetensors(buf, file);
     metadata = { ...d.metadata, ...metadata };
     for (const [name, t] of d.tensors) {
@@ -677,7 +678,7 @@ export async function checkpointSha256(dir: string): Promise<string> {
     // the shards' bytes in index order, as loadCheckpoint hashes them, one shard in memory at a time
     const { shards } = indexShards(dir, await readJson(path.join(dir, MODEL_INDEX_FILE), MODEL_INDEX_FILE));
     const hash = createHash('sha256');
-    for (const s of shards) hash.update(await readWholeFile(path.join(dir, s)));
+    for (const s of shards) updateHash(hash, await readWholeFile(path.join(dir, s)));
     return hash.digest('hex');
   }
   return sha256(await readFile(path.join(dir, f), f));

@@ -67,7 +67,8 @@ function seal({ header, tensors, bf16, byteLength }) {
   for (const t of tensors) {
     if (!bf16) {
       const v = new Uint8Array(t.buffer, t.byteOffset, t.length * 4);
-      h.update(v);
+      // Hash.update takes at most 2^31 - 1 bytes a call
+      for (let i = 0; i < v.length; i += 1 << 30) h.update(v.subarray(i, Math.min(i + (1 << 30), v.length)));
       new Uint8Array(out, t.byteOffset, t.length * 4).set(v);
       continue;
     }
