@@ -172,11 +172,14 @@ export class EmbeddedBus implements EventBus {
     return this.database.kind === 'pglite';
   }
 
-  /** Refuses direct database use from inside a handler on PGlite, which would deadlock on its single connection. */
-  guard(op: string): void {
+  /**
+   * Refuses direct database use from inside a handler on PGlite, which would deadlock on its single
+   * connection; `viaTx`: the call runs in the batch's own transaction (ctx.tx), which is allowed.
+   */
+  guard(op: string, viaTx = false): void {
     if (this.closed) throw new RlError(`embedded bus: ${op} after close()`, { code: 'ERR_BUS_CLOSED' });
     const group = this.inHandler.getStore();
-    if (group !== undefined && this.database.kind === 'pglite') {
+    if (!viaTx && group !== undefined && this.database.kind === 'pglite') {
       throw new RlError(
         `embedded bus: ${op} called inside a batch handler of group ${group}; PGlite has one connection, held by the batch's transaction — use ctx.send(...) for outputs and ctx.tx for reads and writes`,
         { code: 'ERR_BUS_USAGE' },
@@ -389,7 +392,7 @@ export class EmbeddedBus implements EventBus {
   }
 
   async read(topic: string, partition: number, fromOffset: number, max: number, tx?: Tx): Promise<BusMessage[]> {
-    this.guard('read');
+    this.guard('read', tx !== undefined);
     const q = tx ?? this.db;
     const n = await this.partitionsOf(q, topic);
     if (!Number.isInteger(partition) || partition < 0 || partition >= n)

@@ -134,6 +134,24 @@ describe('embedded log on PGlite: atomicity and crashes', () => {
     assert.match(refusal, /inside a batch handler of group guard.*use ctx\.send/);
   });
 
+  test('inside a handler, bus.read in the batch transaction (ctx.tx) reads the log; without it, it is refused', async () => {
+    await bus.ensureTopics([{ name: 'guard.read', partitions: 1 }]);
+    await bus.produce([0, 1, 2].map((i) => ({ topic: 'guard.read', key: 'k', value: Buffer.from(`m${i}`) })));
+    let viaTx: string[] | null = null,
+      refusal = '';
+    const c = bus.consumer({ group: 'guard-read', topics: ['guard.read'] });
+    const running = c.run(async (_records, ctx) => {
+      if (viaTx) return;
+      viaTx = (await bus.read('guard.read', 0, 0, 10, ctx.tx)).map((m) => m.value.toString());
+      await bus.read('guard.read', 0, 0, 10).catch((e: Error) => (refusal = e.message));
+    });
+    await waitFor('the handler to run', () => viaTx !== null && refusal !== '');
+    await c.stop();
+    await running;
+    assert.deepEqual(viaTx, ['m0', 'm1', 'm2']);
+    assert.match(refusal, /read called inside a batch handler of group guard-read/);
+  });
+
   test('kill -9 of a consumer process mid-run loses nothing; a restart resumes from committed offsets', async () => {
     const kdir = mkdtempSync(join(TMP, 'bus-kill-'));
     let db: Database | undefined;
