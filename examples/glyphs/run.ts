@@ -19,7 +19,7 @@ import os from 'node:os';
 import { ditConfig, initDitWeights, type DitWeights } from '../../lib/image/dit.ts';
 import { gridPng } from '../../lib/image/png.ts';
 import { saveDit } from '../../lib/image/checkpoint.ts';
-import { rlIteration } from '../../lib/image/rl.ts';
+import { nftOldDecay, rlIteration, softUpdate } from '../../lib/image/rl.ts';
 import { gaussian, sampleImages } from '../../lib/image/sde.ts';
 import { ImageTrainer } from '../../lib/image/trainer.ts';
 import type { ImageLossConfig } from '../../lib/image/flow-graph.ts';
@@ -64,6 +64,14 @@ export interface GlyphRunOptions {
   nftBeta?: number;
   nftUpdates?: number;
   noiseLevel?: number;
+  /** RL: classifier-free guidance of the rollouts and of the velocity the loss trains (lib/image/rl.ts; 1: unguided). */
+  rlCfg?: number;
+  /** DiffusionNFT: soft update of the sampling policy, η_i = min(rate·i, max) (0, 0: on-policy). */
+  nftEtaRate?: number;
+  nftEtaMax?: number;
+  /** Flow-GRPO: ratio clip range ε (1 ± ε) and KL coefficient to the SFT weights. */
+  clip?: number;
+  klCoef?: number;
   /** SFT: probability that an image's class is replaced by the null class K (classifier-free guidance training; 0: never, no draw). */
   cfgDropout?: number;
   /** Evaluation: classifier-free guidance scale w, v = v_null + w·(v_c − v_null) (1: unguided). */
@@ -92,6 +100,11 @@ export const GLYPH_DEFAULTS = {
   nftBeta: 1,
   nftUpdates: 2,
   noiseLevel: 0.7,
+  rlCfg: 1,
+  nftEtaRate: 0.001,
+  nftEtaMax: 0.5,
+  clip: 1e-3,
+  klCoef: 0,
   evalPerChar: 4,
   cfgDropout: 0,
   evalCfg: 1,
@@ -283,8 +296,12 @@ export async function runGlyphs(
   const rl = new ImageTrainer(cfg, sftWeights(), { ...adam, lr: d.rlLr }, { threads: o.threads });
   const loss: ImageLossConfig =
     o.algo === 'flow_grpo'
-      ? { name: 'flow_grpo', clipLow: 1e-3, clipHigh: 1e-3, klCoef: 0 }
-      : { name: 'diffusion_nft', nftBeta: d.nftBeta };
+      ? { name: 'flow_grpo', clipLow: d.clip, clipHigh: d.clip, klCoef: d.klCoef, cfgScale: d.rlCfg }
+      : { name: 'diffusion_nft', nftBeta: d.nftBeta, cfgScale: d.rlCfg };
+  const reference = d.klCoef > 0 ? new Map([...rl.weights].map(([k, w]) => [k, Float32Array.from(w)])) : undefined;
+  // DiffusionNFT's sampling policy θ_old, soft-updated towards the trained weights after each iteration
+  const old =
+    o.algo === 'diffusion_nft' ? new Map([...rl.weights].map(([k, w]) => [k, Float32Array.from(w)])) : undefined;
   const rlRng = Rng.fromSeed(`glyphs-${o.algo}`);
   const reward = async (images: Float32Array, cls: number[]) =>
     (await rec.score(asSaved(images), cls)).map((r) => r.ocr_confidence);
@@ -300,10 +317,14 @@ export async function runGlyphs(
       steps: d.rlSteps,
       noiseLevel: d.noiseLevel,
       nftUpdates: d.nftUpdates,
+      ...(reference ? { reference } : {}),
+      ...(old ? { old } : {}),
       rng: rlRng,
     });
+    if (old) softUpdate(old, rl.weights, nftOldDecay(it, d.nftEtaRate, d.nftEtaMax));
     if (it % every === 0 || it === o.rlIters)
       finalAccuracy = await evalAndLog(o.algo, it, rl, rl.weights, {
+        ...Object.fromEntries(Object.entries(r.metrics).map(([k, x]) => [k, round(x)])),
         reward_mean: round(r.metrics.reward_mean),
         loss: round(r.metrics.loss),
       });
@@ -344,6 +365,11 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       'nft-beta': { type: 'string' },
       'nft-updates': { type: 'string' },
       'noise-level': { type: 'string' },
+      'rl-cfg': { type: 'string' },
+      'nft-eta-rate': { type: 'string' },
+      'nft-eta-max': { type: 'string' },
+      clip: { type: 'string' },
+      'kl-coef': { type: 'string' },
       'eval-per-char': { type: 'string' },
       'cfg-dropout': { type: 'string' },
       'eval-cfg': { type: 'string' },
@@ -384,6 +410,11 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     nftBeta: num(v['nft-beta']),
     nftUpdates: num(v['nft-updates']),
     noiseLevel: num(v['noise-level']),
+    rlCfg: num(v['rl-cfg']),
+    nftEtaRate: num(v['nft-eta-rate']),
+    nftEtaMax: num(v['nft-eta-max']),
+    clip: num(v.clip),
+    klCoef: num(v['kl-coef']),
     evalPerChar: num(v['eval-per-char']),
     cfgDropout: num(v['cfg-dropout']),
     evalCfg: num(v['eval-cfg']),
