@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { ditConfig, initDitWeights } from '../../../lib/image/dit.ts';
 import { IMAGE_LOSSES, type ImageLossConfig } from '../../../lib/image/flow-graph.ts';
 import { gaussian, gaussianLogProb, guidedVelocity, sampleImages, sdeStepMean } from '../../../lib/image/sde.ts';
-import { imageUpdate, lossVelocity } from '../../../lib/image/rl.ts';
+import { imageUpdate, lossVelocity, nftOldDecay, softUpdate } from '../../../lib/image/rl.ts';
 import { generationRecords } from '../../../lib/image/trajectory.ts';
 import { ImageTrainer } from '../../../lib/image/trainer.ts';
 import { Rng } from '../../../lib/util/rng.ts';
@@ -222,4 +222,17 @@ test('guided RL losses train v_∅ + w·(v_c − v_∅): equal to the reference 
     { loss: { ...loss, cfgScale: 1 }, rng: Rng.fromSeed('unused') },
   );
   assert.ok(off.clipfrac > 0, 'unguided log-probs of guided samples differ');
+});
+
+test("DiffusionNFT's sampling policy: η_i = min(rate·i, max), θ_old ← η·θ_old + (1 − η)·θ", () => {
+  assert.deepEqual(
+    [1, 250, 500, 900].map((i) => nftOldDecay(i, 0.001, 0.5)),
+    [0.001, 0.25, 0.5, 0.5],
+  );
+  const old = new Map([['w', Float32Array.from([1, 2])]]);
+  softUpdate(old, new Map([['w', Float32Array.from([3, -2])]]), 0.25);
+  assert.deepEqual([...old.get('w')!], [2.5, -1]);
+  softUpdate(old, new Map([['w', Float32Array.from([7, 7])]]), 0);
+  assert.deepEqual([...old.get('w')!], [7, 7], 'η = 0 is the trained weights (on-policy)');
+  assert.throws(() => softUpdate(old, new Map([['v', Float32Array.from([1])]]), 0.5), /weight v missing/);
 });
