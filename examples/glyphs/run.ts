@@ -375,6 +375,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       'eval-cfg': { type: 'string' },
       'recogniser-hidden': { type: 'string' },
       'from-sft': { type: 'string' },
+      threads: { type: 'string' },
     },
   });
   if (v.algo !== 'diffusion_nft' && v.algo !== 'flow_grpo') {
@@ -420,6 +421,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     evalCfg: num(v['eval-cfg']),
     recogniserHidden: num(v['recogniser-hidden']),
     fromSft: v['from-sft'],
+    threads: num(v.threads),
     log: (l) => console.log(JSON.stringify(l)),
   });
   console.log(JSON.stringify(res));
