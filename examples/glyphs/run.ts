@@ -10,6 +10,10 @@
  *
  *   node --import tsx examples/glyphs/run.ts --out /tmp/glyphs --algo diffusion_nft \
  *     [--sft-steps N] [--rl-iters N] [--chars 36] [--size 32] [--cpu-minutes 30] [--minutes 60]
+ *
+ * Defaults (GLYPH_DEFAULTS, RL_LR): SFT 6000 steps with class dropout 0.1, evaluation and RL
+ * guided with w = 4, RL for 80 iterations (Flow-GRPO reaches 0.97 so; docs/image-generation.md).
+ * --from-sft DIR/sft.safetensors starts RL from an earlier run's SFT weights.
  */
 import { mkdirSync, writeFileSync, appendFileSync, readFileSync } from 'node:fs';
 import { decodeSafetensors, encodeSafetensors, toFloat32 } from '../../lib/model/safetensors.ts';
@@ -19,7 +23,7 @@ import os from 'node:os';
 import { ditConfig, initDitWeights, type DitWeights } from '../../lib/image/dit.ts';
 import { gridPng } from '../../lib/image/png.ts';
 import { saveDit } from '../../lib/image/checkpoint.ts';
-import { rlIteration } from '../../lib/image/rl.ts';
+import { nftOldDecay, rlIteration, softUpdate } from '../../lib/image/rl.ts';
 import { gaussian, sampleImages } from '../../lib/image/sde.ts';
 import { ImageTrainer } from '../../lib/image/trainer.ts';
 import type { ImageLossConfig } from '../../lib/image/flow-graph.ts';
@@ -56,7 +60,7 @@ export interface GlyphRunOptions {
   sftLr?: number;
   sftSchedule?: 'constant' | 'cosine';
   emaDecay?: number;
-  /** RL: learning rate (fresh AdamW), prompts per iteration, images per prompt, denoising steps while training. */
+  /** RL: learning rate (fresh AdamW; default by algorithm, RL_LR), prompts per iteration, images per prompt, denoising steps while training. */
   rlLr?: number;
   rlPrompts?: number;
   groupSize?: number;
@@ -64,6 +68,14 @@ export interface GlyphRunOptions {
   nftBeta?: number;
   nftUpdates?: number;
   noiseLevel?: number;
+  /** RL: classifier-free guidance of the rollouts and of the velocity the loss trains (lib/image/rl.ts; 1: unguided). */
+  rlCfg?: number;
+  /** DiffusionNFT: soft update of the sampling policy, η_i = min(rate·i, max) (0, 0: on-policy). */
+  nftEtaRate?: number;
+  nftEtaMax?: number;
+  /** Flow-GRPO: ratio clip range ε (1 ± ε) and KL coefficient to the SFT weights. */
+  clip?: number;
+  klCoef?: number;
   /** SFT: probability that an image's class is replaced by the null class K (classifier-free guidance training; 0: never, no draw). */
   cfgDropout?: number;
   /** Evaluation: classifier-free guidance scale w, v = v_null + w·(v_c − v_null) (1: unguided). */
@@ -85,18 +97,25 @@ export const GLYPH_DEFAULTS = {
   sftLr: 2e-3,
   sftSchedule: 'constant' as 'constant' | 'cosine',
   emaDecay: 0,
-  rlLr: 3e-5,
   rlPrompts: 8,
   groupSize: 8,
   rlSteps: 10,
   nftBeta: 1,
   nftUpdates: 2,
   noiseLevel: 0.7,
+  rlCfg: 4,
+  nftEtaRate: 0.001,
+  nftEtaMax: 0.5,
+  clip: 1e-3,
+  klCoef: 0,
   evalPerChar: 4,
-  cfgDropout: 0,
-  evalCfg: 1,
+  cfgDropout: 0.1,
+  evalCfg: 4,
   recogniserHidden: 256,
 };
+
+/** RL learning rate of each algorithm (docs/image-generation.md "Results"). */
+export const RL_LR = { diffusion_nft: 5e-5, flow_grpo: 2e-4 };
 
 const EVAL_SEED = 'glyphs-eval';
 
@@ -280,11 +299,15 @@ export async function runGlyphs(
       ),
     );
   // RL starts from the SFT weights (their EMA when kept) with fresh AdamW moments
-  const rl = new ImageTrainer(cfg, sftWeights(), { ...adam, lr: d.rlLr }, { threads: o.threads });
+  const rl = new ImageTrainer(cfg, sftWeights(), { ...adam, lr: o.rlLr ?? RL_LR[o.algo] }, { threads: o.threads });
   const loss: ImageLossConfig =
     o.algo === 'flow_grpo'
-      ? { name: 'flow_grpo', clipLow: 1e-3, clipHigh: 1e-3, klCoef: 0 }
-      : { name: 'diffusion_nft', nftBeta: d.nftBeta };
+      ? { name: 'flow_grpo', clipLow: d.clip, clipHigh: d.clip, klCoef: d.klCoef, cfgScale: d.rlCfg }
+      : { name: 'diffusion_nft', nftBeta: d.nftBeta, cfgScale: d.rlCfg };
+  const reference = d.klCoef > 0 ? new Map([...rl.weights].map(([k, w]) => [k, Float32Array.from(w)])) : undefined;
+  // DiffusionNFT's sampling policy θ_old, soft-updated towards the trained weights after each iteration
+  const old =
+    o.algo === 'diffusion_nft' ? new Map([...rl.weights].map(([k, w]) => [k, Float32Array.from(w)])) : undefined;
   const rlRng = Rng.fromSeed(`glyphs-${o.algo}`);
   const reward = async (images: Float32Array, cls: number[]) =>
     (await rec.score(asSaved(images), cls)).map((r) => r.ocr_confidence);
@@ -300,10 +323,14 @@ export async function runGlyphs(
       steps: d.rlSteps,
       noiseLevel: d.noiseLevel,
       nftUpdates: d.nftUpdates,
+      ...(reference ? { reference } : {}),
+      ...(old ? { old } : {}),
       rng: rlRng,
     });
+    if (old) softUpdate(old, rl.weights, nftOldDecay(it, d.nftEtaRate, d.nftEtaMax));
     if (it % every === 0 || it === o.rlIters)
       finalAccuracy = await evalAndLog(o.algo, it, rl, rl.weights, {
+        ...Object.fromEntries(Object.entries(r.metrics).map(([k, x]) => [k, round(x)])),
         reward_mean: round(r.metrics.reward_mean),
         loss: round(r.metrics.loss),
       });
@@ -322,8 +349,8 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       algo: { type: 'string', default: 'diffusion_nft' },
       chars: { type: 'string', default: String(CHARS.length) },
       size: { type: 'string', default: '32' },
-      'sft-steps': { type: 'string', default: '1500' },
-      'rl-iters': { type: 'string', default: '2000' },
+      'sft-steps': { type: 'string', default: '6000' },
+      'rl-iters': { type: 'string', default: '80' },
       'recogniser-steps': { type: 'string', default: '2000' },
       'per-char': { type: 'string', default: '100' },
       'eval-every': { type: 'string', default: '250' },
@@ -344,11 +371,17 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       'nft-beta': { type: 'string' },
       'nft-updates': { type: 'string' },
       'noise-level': { type: 'string' },
+      'rl-cfg': { type: 'string' },
+      'nft-eta-rate': { type: 'string' },
+      'nft-eta-max': { type: 'string' },
+      clip: { type: 'string' },
+      'kl-coef': { type: 'string' },
       'eval-per-char': { type: 'string' },
       'cfg-dropout': { type: 'string' },
       'eval-cfg': { type: 'string' },
       'recogniser-hidden': { type: 'string' },
       'from-sft': { type: 'string' },
+      threads: { type: 'string' },
     },
   });
   if (v.algo !== 'diffusion_nft' && v.algo !== 'flow_grpo') {
@@ -384,11 +417,17 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     nftBeta: num(v['nft-beta']),
     nftUpdates: num(v['nft-updates']),
     noiseLevel: num(v['noise-level']),
+    rlCfg: num(v['rl-cfg']),
+    nftEtaRate: num(v['nft-eta-rate']),
+    nftEtaMax: num(v['nft-eta-max']),
+    clip: num(v.clip),
+    klCoef: num(v['kl-coef']),
     evalPerChar: num(v['eval-per-char']),
     cfgDropout: num(v['cfg-dropout']),
     evalCfg: num(v['eval-cfg']),
     recogniserHidden: num(v['recogniser-hidden']),
     fromSft: v['from-sft'],
+    threads: num(v.threads),
     log: (l) => console.log(JSON.stringify(l)),
   });
   console.log(JSON.stringify(res));

@@ -496,7 +496,14 @@ const algorithmSchema = section(
           .gte(0)
           .default(1)
           .describe(
-            "Classifier-free guidance scale w of validation samples: v = v_null + w·(v_c − v_null), v_null the model's null-prompt class; 1 = no guidance. Training samples are unguided, so their recorded log-probabilities are the trained graph's.",
+            "Classifier-free guidance scale w of validation samples: v = v_null + w·(v_c − v_null), v_null the model's null-prompt class; 1 = no guidance. Training samples use train_cfg_scale.",
+          ),
+        train_cfg_scale: z
+          .number()
+          .gte(0)
+          .default(1)
+          .describe(
+            "Classifier-free guidance scale w of training samples and of the velocity the RL loss trains, v = v_null + w·(v_c − v_null) from the same weights (the DiT runs on the prompt's class and on the null class; the gradient reaches both). flow_grpo: each SDE step's recorded log-probability is that of the guided velocity it was sampled with, and the update recomputes it the same way (Flow-GRPO trains SD3.5 with CFG so). diffusion_nft: samples from the guided sampling policy, v_old and v_θ guided. 1 = unguided (diffusion_nft's CFG-free training, as its paper). Needs a model whose null class was trained (rlstream sft with sft.cfg_dropout > 0).",
           ),
         nft_updates: posInt()
           .default(2)
@@ -510,6 +517,19 @@ const algorithmSchema = section(
           .describe(
             'diffusion_nft: β, the step of the implicit positive and negative policies v± = (1 ∓ β)·v_old ± β·v_θ.',
           ),
+        nft_old_decay_rate: z
+          .number()
+          .gte(0)
+          .default(0.001)
+          .describe(
+            "diffusion_nft: the sampling policy θ_old (which samples the training images and gives v_old) is soft-updated after training step i: θ_old ← η_i·θ_old + (1 − η_i)·θ, η_i = min(nft_old_decay_rate·i, nft_old_decay_max) (DiffusionNFT's schedule, Zheng et al. 2025: 0.001 and 0.5). Stored beside each version (policy-store kind `sampler`), so a resumed run continues from the same θ_old. 0: θ_old = θ (on-policy).",
+          ),
+        nft_old_decay_max: z
+          .number()
+          .gte(0)
+          .lt(1)
+          .default(0.5)
+          .describe("diffusion_nft: the largest η_i of the sampling policy's soft update (nft_old_decay_rate)."),
       },
       "Image policies (actor.model.kind = image; docs/image-generation.md): sampling and the loss's settings. Advantages are group-normalised by the group's population std, as Flow-GRPO (algorithm.adv_estimator = grpo); diffusion_nft's optimality r = ½ + ½·clip((R − mean_group)/Z, −1, 1), Z the batch std of the centred rewards. actor.optim, actor.clip_ratio_low/high, actor.ppo_epochs, algorithm.use_kl_loss/kl_coef and algorithm.ema apply as for a language policy.",
     ),

@@ -18,6 +18,9 @@
  *    loss = r·‖v⁺ − u‖² + (1 − r)·‖v⁻ − u‖². Inputs x0, noise, t, cls, v_old, nft_r [B].
  * With `lora` (lib/image/lora.ts) the adapters are inputs too and the gradients, the clip norm and
  * AdamW are theirs only; the base weights are inputs without gradients.
+ * With `cfgScale` w ≠ 1 both RL losses train the guided velocity v_∅ + w·(v_c − v_∅) in place of
+ * v_θ (Ho & Salimans 2022; Flow-GRPO trains SD3.5 with CFG this way): the DiT runs twice on the
+ * batch, once with the prompt's class and once with the null class, and the gradient reaches both.
  */
 import { GraphBuilder, type Var } from '../onnx/builder.ts';
 import { numel } from '../onnx/dims.ts';
@@ -41,6 +44,12 @@ export interface ImageLossConfig {
   klCoef?: number;
   /** diffusion_nft: β, the step of the implicit positive/negative policies. */
   nftBeta?: number;
+  /**
+   * flow_grpo, diffusion_nft: classifier-free guidance scale w of the velocity the loss trains,
+   * v = v_θ(x, t, ∅) + w·(v_θ(x, t, c) − v_θ(x, t, ∅)) (both halves from the same weights, ∅ the
+   * null class numClasses); 1 or absent: the conditional velocity v_θ(x, t, c).
+   */
+  cfgScale?: number;
 }
 
 export interface ImageOptim {
@@ -138,11 +147,19 @@ export function buildImageTrainGraph(spec: ImageTrainGraphSpec): ImageTrainGraph
   // the trained parameters: every weight, or (LoRA) the adapters
   const specs = spec.lora ? ditLoraSpecs(c, spec.lora) : ditParamSpecs(c);
   if (spec.lora) for (const s of specs) p.set(s.name, b.input(s.name, b.float, s.shape));
-  const v = (x: Var, t: Var) =>
-    ditForward(b, c, p, x, t, I('cls'), {
-      checkpoint: spec.gradientCheckpointing,
-      ...(spec.lora ? { loraScale: ditLoraScale(spec.lora) } : {}),
-    });
+  const guide = loss.name === 'flow_matching' ? 1 : (loss.cfgScale ?? 1);
+  const v = (x: Var, t: Var): Var => {
+    const fwd = (cls: Var) =>
+      ditForward(b, c, p, x, t, cls, {
+        checkpoint: spec.gradientCheckpointing,
+        ...(spec.lora ? { loraScale: ditLoraScale(spec.lora) } : {}),
+      });
+    const vc = fwd(I('cls'));
+    if (guide === 1) return vc;
+    const nullCls = b.add(b.mul(I('cls'), b.const(0, 'int64')), b.const(c.numClasses, 'int64'));
+    const vn = fwd(nullCls);
+    return b.add(vn, b.mul(b.sub(vc, vn), guide));
+  };
   const c4 = (z: Var) => b.unsqueeze(z, [1, 2, 3]);
   let lossVar: Var;
   const metrics: Var[] = [];

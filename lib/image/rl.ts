@@ -8,12 +8,19 @@
  * - DiffusionNFT (Zheng et al. 2025, arXiv 2509.16117): any sampler (ODE here); optimality
  *   r = ½ + ½·clip((R − mean_group)/Z, −1, 1), Z the batch std of the centred rewards; updates on
  *   fresh (t, ε) of the forward process from the clean images, v_old = the sampling policy's velocity.
+ *   The sampling policy θ_old is a soft copy of the trained weights (the paper's §3.3 / Alg. 1):
+ *   after each iteration i (1, 2, …) θ_old ← η_i·θ_old + (1 − η_i)·θ with η_i = min(rate·i, max)
+ *   (paper: rate 0.001, max 0.5); rate 0 and max 0 is θ_old = θ (on-policy).
+ * - Guidance (loss.cfgScale w ≠ 1): rollouts sample with the guided velocity of θ_old
+ *   v_∅ + w·(v_c − v_∅) and the loss trains the guided velocity of θ (flow-graph.ts), so Flow-GRPO's
+ *   stored step log-probabilities are those of the velocity sampled with, and DiffusionNFT's v_old
+ *   is the guided velocity of θ_old.
  */
 import { Rng } from '../util/rng.ts';
 import type { ImageLossConfig } from './flow-graph.ts';
 import type { GeneratedImage, UpdateGroup } from '../contracts/index.ts';
 import { ConfigError } from '../errors.ts';
-import { gaussian, sampleImages, sdeStepMean } from './sde.ts';
+import { gaussian, guidedVelocity, sampleImages, sdeStepMean, type VelocityFn } from './sde.ts';
 import { cleanImage, generationRecords, stepBatches } from './trajectory.ts';
 import type { DitWeights } from './dit.ts';
 import type { ImageTrainer } from './trainer.ts';
@@ -47,6 +54,25 @@ export function nftOptimality(rewards: readonly number[], n: number): number[] {
   return centred.map((c) => 0.5 + 0.5 * Math.max(-1, Math.min(1, z > 0 ? c / z : 0)));
 }
 
+/** DiffusionNFT's η_i = min(rate·i, max) of iteration i ≥ 1 (the header). */
+export function nftOldDecay(i: number, rate: number, max: number): number {
+  return Math.min(rate * i, max);
+}
+
+/** θ_old ← η·θ_old + (1 − η)·θ in place (float32 per element, in weight order). */
+export function softUpdate(old: DitWeights, current: DitWeights, eta: number): void {
+  for (const [k, w] of current) {
+    const o = old.get(k);
+    if (!o || o.length !== w.length) throw new Error(`soft update: weight ${k} missing or of the wrong size`);
+    for (let i = 0; i < o.length; i++) o[i] = eta * o[i] + (1 - eta) * w[i];
+  }
+}
+
+/** The velocity of weights `w`, guided with the loss's cfgScale (sde.ts guidedVelocity; 1: conditional). */
+export function lossVelocity(trainer: ImageTrainer, loss: ImageLossConfig, w?: DitWeights): VelocityFn {
+  return guidedVelocity((x, t, c) => trainer.velocity(x, t, c, w), loss.cfgScale ?? 1, trainer.config.numClasses);
+}
+
 export interface RlIterationOptions {
   loss: ImageLossConfig;
   /** Prompt classes; each is sampled `groupSize` times. */
@@ -60,6 +86,8 @@ export interface RlIterationOptions {
   nftUpdates?: number;
   /** Reference weights (Flow-GRPO KL). */
   reference?: DitWeights;
+  /** The sampling policy θ_old (sampled with, and DiffusionNFT's v_old); default: a copy of the trainer's weights. */
+  old?: DitWeights;
   rng: Rng;
 }
 
@@ -125,7 +153,7 @@ export async function imageUpdate(
       };
       if ((o.loss.klCoef ?? 0) > 0) {
         if (!o.reference) throw new Error('flow_grpo with klCoef > 0 needs reference weights');
-        const vRef = await trainer.velocity(st.xT, Array(B).fill(st.t), cls, o.reference);
+        const vRef = await lossVelocity(trainer, o.loss, o.reference)(st.xT, Array(B).fill(st.t), cls);
         floats.ref_mean = sdeStepMean(st.xT, vRef, st.t, st.tNext, st.sigma).mean;
       }
       add(await trainer.step(o.loss, { floats, cls }, lr()), steps.length);
@@ -142,7 +170,7 @@ export async function imageUpdate(
     const xt = new Float32Array(B * pix);
     for (let b = 0; b < B; b++)
       for (let i = b * pix; i < (b + 1) * pix; i++) xt[i] = (1 - t[b]) * x0[i] + t[b] * noise[i];
-    const vOld = await trainer.velocity(xt, t, cls, old);
+    const vOld = await lossVelocity(trainer, o.loss, old)(xt, t, cls);
     add(await trainer.step(o.loss, { floats: { x0, noise, t, v_old: vOld, nft_r: [...batch.weights] }, cls }, lr()), k);
   }
   return metrics;
@@ -156,9 +184,9 @@ export async function rlIteration(
   const cls = o.prompts.flatMap((c) => Array(o.groupSize).fill(c) as number[]);
   const C = trainer.config.channels,
     S = trainer.config.imageSize;
-  const old = new Map([...trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
+  const old = o.old ?? new Map([...trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
   const grpo = o.loss.name === 'flow_grpo';
-  const sample = await sampleImages((x, t, c) => trainer.velocity(x, t, c, old), {
+  const sample = await sampleImages(lossVelocity(trainer, o.loss, old), {
     cls,
     pixels: C * S * S,
     steps: o.steps,

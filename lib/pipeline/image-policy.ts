@@ -19,7 +19,7 @@ import { ditFiles, loadDit, type DitModel } from '../image/checkpoint.ts';
 import { ditLoraConfig, loadDitAdapter, type DitLora } from '../image/lora.ts';
 import type { DitWeights } from '../image/dit.ts';
 import type { ImageLossConfig } from '../image/flow-graph.ts';
-import { imageUpdate, imageUpdateBatch, type ImageUpdateBatch } from '../image/rl.ts';
+import { imageUpdate, imageUpdateBatch, nftOldDecay, softUpdate, type ImageUpdateBatch } from '../image/rl.ts';
 import type { UpdateGroup } from '../contracts/index.ts';
 import { ImageTrainer } from '../image/trainer.ts';
 import { sampleRequests, type ImageGeneration } from '../image/trajectory.ts';
@@ -45,7 +45,11 @@ export interface ImagePolicySettings {
   evalSteps: number;
   noiseLevel: number;
   cfgScale: number;
+  /** Guidance of training samples (the loss's cfgScale too). */
+  trainCfgScale: number;
   nftUpdates: number;
+  /** diffusion_nft: the soft update of the sampling policy, η_i = min(rate·i, max); null: on-policy (θ_old = θ). */
+  nftOldDecay: { rate: number; max: number } | null;
   epochs: number;
   threads: number;
   seed: number;
@@ -61,9 +65,10 @@ export function imagePolicySettings(cfg: Config): ImagePolicySettings {
           clipLow: cfg.actor.clip_ratio_low,
           clipHigh: cfg.actor.clip_ratio_high,
           klCoef: a.use_kl_loss ? a.kl_coef : 0,
+          cfgScale: im.train_cfg_scale,
         }
       : a.policy_loss === 'diffusion_nft'
-        ? { name: 'diffusion_nft', nftBeta: im.nft_beta }
+        ? { name: 'diffusion_nft', nftBeta: im.nft_beta, cfgScale: im.train_cfg_scale }
         : (() => {
             throw new ConfigError(
               `algorithm.policy_loss = ${a.policy_loss} is a language loss; an image policy trains with flow_grpo or diffusion_nft`,
@@ -75,7 +80,12 @@ export function imagePolicySettings(cfg: Config): ImagePolicySettings {
     evalSteps: im.eval_steps,
     noiseLevel: im.noise_level,
     cfgScale: im.cfg_scale,
+    trainCfgScale: im.train_cfg_scale,
     nftUpdates: im.nft_updates,
+    nftOldDecay:
+      loss.name === 'diffusion_nft' && im.nft_old_decay_rate > 0
+        ? { rate: im.nft_old_decay_rate, max: im.nft_old_decay_max }
+        : null,
     epochs: cfg.actor.ppo_epochs,
     threads: cfg.actor.threads,
     seed: cfg.data.seed,
@@ -147,14 +157,15 @@ export function imageTrainer(
 /**
  * The rollout's image sampler: a request's image from its own noise stream (`seed/<sample id>`)
  * with the version's weights, taken from the in-process hand-off of the update stage or read from
- * the policy store. Training requests: algorithm.image.steps with the SDE (noise_level > 0);
- * validation: eval_steps with the ODE, guided by cfg_scale when it is not 1, with the version's
- * EMA weights when algorithm.ema.enable (the update stage stores them beside each version).
+ * the policy store. Training requests: algorithm.image.steps with the SDE (noise_level > 0),
+ * guided by train_cfg_scale, with the version's DiffusionNFT sampling policy when it is
+ * soft-updated (kind `sampler`); validation: eval_steps with the ODE, guided by cfg_scale, with
+ * the version's EMA weights when algorithm.ema.enable (the update stage stores both beside each version).
  */
 export class ImageSampler {
   readonly model: DitModel;
   private readonly tr: ImageTrainer;
-  private readonly loaded = new Map<'policy' | 'ema', { version: number; weights: DitWeights }>();
+  private readonly loaded = new Map<'policy' | 'ema' | 'sampler', { version: number; weights: DitWeights }>();
   fromMemory = 0;
 
   constructor(
@@ -168,8 +179,8 @@ export class ImageSampler {
     });
   }
 
-  /** The weights of `version`: the policy's (in-process hand-off, else the store) or its EMA (algorithm.ema.enable). */
-  private async weightsOf(kind: 'policy' | 'ema', version: number, db: Executor): Promise<DitWeights> {
+  /** The weights of `version`: the policy's (in-process hand-off, else the store), its EMA (algorithm.ema.enable) or its DiffusionNFT sampling policy. */
+  private async weightsOf(kind: 'policy' | 'ema' | 'sampler', version: number, db: Executor): Promise<DitWeights> {
     const cached = this.loaded.get(kind);
     if (cached?.version === version) return cached.weights;
     let w = kind === 'policy' ? await takeHandOff(this.store, version, db) : null;
@@ -200,11 +211,12 @@ export class ImageSampler {
     for (const val of [false, true]) {
       const idx = requests.flatMap((r, i) => (r.val === val ? [i] : []));
       if (!idx.length) continue;
-      const w = await this.weightsOf(val && this.cfg.algorithm.ema.enable ? 'ema' : 'policy', version, db);
+      const kind = val ? (this.cfg.algorithm.ema.enable ? 'ema' : 'policy') : s.nftOldDecay ? 'sampler' : 'policy';
+      const w = await this.weightsOf(kind, version, db);
       const velocity: VelocityFn = (x, t, c) => this.tr.velocity(x, t, c, w);
       const gens = await sampleRequests(
-        // validation: guided by cfg_scale (training samples are unguided: their log-probs are the trained graph's)
-        val ? guidedVelocity(velocity, s.cfgScale, this.model.config.numClasses) : velocity,
+        // training samples guided as the loss's velocity, so flow_grpo's recorded log-probs are the trained graph's
+        guidedVelocity(velocity, val ? s.cfgScale : s.trainCfgScale, this.model.config.numClasses),
         idx.map((i) => ({ id: requests[i].id, cls: promptClass(this.model.classNames, requests[i].prompt) })),
         {
           channels,
@@ -235,6 +247,8 @@ export interface ImageLearnerSetup {
 export class ImageLearner extends LearnerVersion implements PolicyLearner {
   private ema: DitWeights | null = null;
   private reference: DitWeights | null = null;
+  /** DiffusionNFT's soft-updated sampling policy θ_old (null: on-policy). */
+  private sampler: DitWeights | null = null;
   readonly settings: ImagePolicySettings;
 
   private constructor(
@@ -315,6 +329,7 @@ export class ImageLearner extends LearnerVersion implements PolicyLearner {
     this.trainer = l.trainer;
     this.reference = l.reference;
     this.ema = l.ema;
+    this.sampler = l.sampler;
     this.settle(base.step, base.sha);
   }
 
@@ -322,7 +337,8 @@ export class ImageLearner extends LearnerVersion implements PolicyLearner {
    * One training step (`step`: the version it makes) on the batch rebuilt from the records
    * (lib/image/rl.ts imageUpdateBatch): actor.ppo_epochs passes of imageUpdate, the
    * learning rate of each optimizer step from the schedule. DiffusionNFT's (t, ε) are drawn from
-   * `seed/nft/<step>`, so a re-trained step draws the same.
+   * `seed/nft/<step>`, so a re-trained step draws the same; its v_old is the sampling policy θ_old
+   * (the weights at the step's start when it is not soft-updated).
    */
   async trainStep(a: {
     step: number;
@@ -334,7 +350,7 @@ export class ImageLearner extends LearnerVersion implements PolicyLearner {
     this.dirty = true;
     const rng = Rng.fromSeed(`${st.seed}/nft/${a.step}`);
     let optimizerSteps = a.optimizerSteps;
-    const old = new Map([...this.trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
+    const old = this.sampler ?? new Map([...this.trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
     const sums: Record<string, number> = {};
     for (let e = 0; e < st.epochs; e++) {
       const m = await imageUpdate(this.trainer, a.batch, {
@@ -366,7 +382,10 @@ export class ImageLearner extends LearnerVersion implements PolicyLearner {
     return this.trainStep({ step, batch, optimizerSteps, totalOptimizerSteps });
   }
 
-  /** Stores the trained state as `version` (policy, then the EMA moved to it when algorithm.ema.enable). */
+  /**
+   * Stores the trained state as `version` (policy, then the EMA moved to it when algorithm.ema.enable,
+   * then DiffusionNFT's sampling policy soft-updated towards it: η = min(rate·version, max)).
+   */
   async store(version: number, db: Executor, inMemoryOnly = false): Promise<void> {
     if (inMemoryOnly)
       throw new RlError('an image policy version is always written to the policy store', { retriable: false });
@@ -376,6 +395,17 @@ export class ImageLearner extends LearnerVersion implements PolicyLearner {
     crashPoint('update:version-written');
     if (this.nextEma())
       await this.s.versions.putFiles('ema', version, ditFiles({ ...this.model, weights: this.ema! }), WEIGHTS_FILE, db);
+    const d = this.settings.nftOldDecay;
+    if (this.sampler && d) {
+      softUpdate(this.sampler, this.trainer.weights, nftOldDecay(version, d.rate, d.max));
+      await this.s.versions.putFiles(
+        'sampler',
+        version,
+        ditFiles({ ...this.model, weights: this.sampler }),
+        WEIGHTS_FILE,
+        db,
+      );
+    }
   }
 
   /** Nothing to hand over: an image policy's versions are always written (services/update/logic.ts versionFilesOf). */
@@ -406,12 +436,26 @@ export class ImageLearner extends LearnerVersion implements PolicyLearner {
   }
 
   /**
-   * The reference (v0, flow_grpo with a KL term) and the EMA (algorithm.ema.enable) at this
-   * version: the stored one, else the weights now, stored. Read when the learner opens, outside
-   * any batch (an embedded batch's transaction holds the database's one connection).
+   * The reference (v0, flow_grpo with a KL term), the EMA (algorithm.ema.enable) and DiffusionNFT's
+   * soft-updated sampling policy at this version: the stored one, else the weights now, stored.
+   * Read when the learner opens, outside any batch (an embedded batch's transaction holds the
+   * database's one connection).
    */
   private async openParts(): Promise<void> {
     if ((this.settings.loss.klCoef ?? 0) > 0) this.reference = loadDit(await this.s.versions.dir('policy', 0)).weights;
+    if (this.settings.nftOldDecay) {
+      const dir = await this.s.versions.find('sampler', this.at);
+      this.sampler = dir
+        ? loadDit(dir).weights
+        : new Map([...this.trainer.weights].map(([k, v]) => [k, Float32Array.from(v)]));
+      if (!dir)
+        await this.s.versions.putFiles(
+          'sampler',
+          this.at,
+          ditFiles({ ...this.model, weights: this.sampler }),
+          WEIGHTS_FILE,
+        );
+    }
     if (!this.s.cfg.algorithm.ema.enable) return;
     const dir = await this.s.versions.find('ema', this.at);
     this.ema = dir

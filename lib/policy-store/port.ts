@@ -24,12 +24,20 @@ import type { Executor } from '../db/database.ts';
 import { RlError } from '../errors.ts';
 
 /**
- * policy, critic, ema: weights-only versions (what sampling and scoring read), one per step.
+ * policy, critic, ema, sampler: weights-only versions (what sampling and scoring read), one per
+ * step; sampler is DiffusionNFT's soft-updated sampling policy of an image policy.
  * optimizer, critic-optimizer: the AdamW state of the policy and of the critic (optimizer.safetensors
  * alone), written only at checkpoint steps and kept while their checkpoint is.
  */
-export type ArtifactKind = 'policy' | 'critic' | 'ema' | 'optimizer' | 'critic-optimizer';
-export const ARTIFACT_KINDS: readonly ArtifactKind[] = ['policy', 'critic', 'ema', 'optimizer', 'critic-optimizer'];
+export type ArtifactKind = 'policy' | 'critic' | 'ema' | 'sampler' | 'optimizer' | 'critic-optimizer';
+export const ARTIFACT_KINDS: readonly ArtifactKind[] = [
+  'policy',
+  'critic',
+  'ema',
+  'sampler',
+  'optimizer',
+  'critic-optimizer',
+];
 /** The kinds that are trainer state of a checkpoint, not a version anyone samples or scores with. */
 export const OPTIMIZER_KINDS: readonly ArtifactKind[] = ['optimizer', 'critic-optimizer'];
 

@@ -1,5 +1,6 @@
 """PyTorch reference of the DiT velocity predictor (lib/image/dit.ts) and the image policy losses
-(lib/image/flow-graph.ts): flow matching, Flow-GRPO's per-step clipped ratio with KL, DiffusionNFT.
+(lib/image/flow-graph.ts): flow matching, Flow-GRPO's per-step clipped ratio with KL, DiffusionNFT;
+the RL losses with classifier-free guidance (loss cfgScale w) train v_null + w·(v_c − v_null).
 
 --config: JSON of the DitConfig; --loss: JSON of the ImageLossConfig.
 inputs (safetensors): the parameters by name, x [B, C, S, S], t [B], cls I64 [B] (the velocity),
@@ -88,11 +89,22 @@ d = {k: v.double() for k, v in batch.items() if k != "cls"}
 cls = batch["cls"].long()
 name = loss_cfg["name"]
 c4 = (lambda z: z[:, None, None, None])
+guide = loss_cfg.get("cfgScale", 1)
+
+
+def trained_velocity(x, t):
+    vc = velocity(params, x, t, cls)
+    if name == "flow_matching" or guide == 1:
+        return vc
+    vn = velocity(params, x, t, torch.full_like(cls, cfg["numClasses"]))
+    return vn + guide * (vc - vn)
+
+
 if name in ("flow_matching", "diffusion_nft"):
     x0, eps, t = d["x0"], d["noise"], d["t"]
     xt = (1 - c4(t)) * x0 + c4(t) * eps
     u = eps - x0
-    vt = velocity(params, xt, t, cls)
+    vt = trained_velocity(xt, t)
     if name == "flow_matching":
         loss = pix_mean((vt - u) ** 2).mean()
     else:
@@ -103,7 +115,7 @@ if name in ("flow_matching", "diffusion_nft"):
         loss = (r * pos + (1 - r) * neg).mean()
 else:
     x_t, x_next, t, s, sigma = d["x_t"], d["x_next"], d["t"], d["t_next"], d["sigma"]
-    v = velocity(params, x_t, t, cls)
+    v = trained_velocity(x_t, t)
     dt = s - t
     mean = x_t * c4(1 + sigma**2 * dt / (2 * t)) + v * c4((1 + sigma**2 * (1 - t) / (2 * t)) * dt)
     std = c4(sigma * torch.sqrt(-dt))

@@ -1,7 +1,8 @@
 /**
  * The DiT image policy in ORT vs the PyTorch reference (test/torch/dit.py) at a tiny shape: the
  * velocity, Flow-GRPO's per-step log-probability, and the gradient of every parameter under the
- * flow-matching, Flow-GRPO (clipped ratio + KL) and DiffusionNFT losses. Skips only when PyTorch
+ * flow-matching, Flow-GRPO (clipped ratio + KL) and DiffusionNFT losses, the RL ones also guided
+ * (cfgScale: the trained velocity v_null + w·(v_c − v_null)). Skips only when PyTorch
  * is not installed.
  */
 import { after, before, test } from 'node:test';
@@ -143,3 +144,7 @@ test('Flow-GRPO step log-prob, clipped ratio and KL gradients match PyTorch', { 
   check({ name: 'flow_grpo', clipLow: 0.2, clipHigh: 0.28, klCoef: 0.05 }),
 );
 test('DiffusionNFT gradients match PyTorch', { skip }, () => check({ name: 'diffusion_nft', nftBeta: 0.5 }));
+test('guided (CFG) Flow-GRPO and DiffusionNFT log-probs and gradients match PyTorch', { skip }, async () => {
+  await check({ name: 'flow_grpo', clipLow: 0.2, clipHigh: 0.28, klCoef: 0.05, cfgScale: 3 });
+  await check({ name: 'diffusion_nft', nftBeta: 0.5, cfgScale: 3 });
+});

@@ -7,7 +7,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ditConfig, initDitWeights } from '../../../lib/image/dit.ts';
 import { IMAGE_LOSSES, type ImageLossConfig } from '../../../lib/image/flow-graph.ts';
-import { gaussian, sdeStepMean, gaussianLogProb } from '../../../lib/image/sde.ts';
+import { gaussian, gaussianLogProb, guidedVelocity, sampleImages, sdeStepMean } from '../../../lib/image/sde.ts';
+import { imageUpdate, lossVelocity, nftOldDecay, softUpdate } from '../../../lib/image/rl.ts';
+import { generationRecords } from '../../../lib/image/trajectory.ts';
 import { ImageTrainer } from '../../../lib/image/trainer.ts';
 import { Rng } from '../../../lib/util/rng.ts';
 
@@ -157,4 +159,80 @@ test('gradient checkpointing gives the same step', async () => {
     const u = b.weights.get(k)!;
     for (let i = 0; i < v.length; i++) assert.ok(Math.abs(v[i] - u[i]) < 1e-6, k);
   }
+});
+
+test('guided RL losses train v_∅ + w·(v_c − v_∅): equal to the reference from the guided velocity, and a guided SDE rollout reads back at ratio 1', async () => {
+  const w = initDitWeights(cfg, 4, { zeroInit: false });
+  const rng = Rng.fromSeed('guided');
+  const cls = [0, 1, 1, 0];
+  const t = [0.8, 0.6, 0.4, 0.2];
+  const x0 = gaussian(rng, B * P),
+    noise = gaussian(rng, B * P),
+    vOld = gaussian(rng, B * P);
+  const xt = Float32Array.from(x0, (x, i) => (1 - t[Math.floor(i / P)]) * x + t[Math.floor(i / P)] * noise[i]);
+  const tr = new ImageTrainer(cfg, w, optim, { threads: 1 });
+  const scale = 3;
+  const vc = await tr.velocity(xt, t, cls);
+  const vn = await tr.velocity(xt, t, [2, 2, 2, 2]);
+  const vg = await guidedVelocity((x, tt, c) => tr.velocity(x, tt, c), scale, cfg.numClasses)(xt, t, cls);
+  for (let i = 0; i < vg.length; i++) assert.ok(Math.abs(vg[i] - (vn[i] + scale * (vc[i] - vn[i]))) < 1e-5);
+  const r = [0.9, 0.2, 0.5, 0.0],
+    beta = 1;
+  const nft = await tr.step(
+    { name: 'diffusion_nft', nftBeta: beta, cfgScale: scale },
+    { floats: { x0, noise, t, v_old: vOld, nft_r: r }, cls },
+  );
+  let ref = 0;
+  for (let b = 0; b < B; b++) {
+    let pos = 0,
+      neg = 0;
+    for (let i = b * P; i < (b + 1) * P; i++) {
+      const u = noise[i] - x0[i];
+      pos += ((1 - beta) * vOld[i] + beta * vg[i] - u) ** 2 / P;
+      neg += ((1 + beta) * vOld[i] - beta * vg[i] - u) ** 2 / P;
+    }
+    ref += (r[b] * pos + (1 - r[b]) * neg) / B;
+  }
+  assert.ok(Math.abs(nft.loss - ref) < 1e-4 * ref, `guided diffusion_nft ${nft.loss} vs ${ref}`);
+  const unguided = await tr.step(
+    { name: 'diffusion_nft', nftBeta: beta },
+    { floats: { x0, noise, t, v_old: vOld, nft_r: r }, cls },
+  );
+  assert.ok(Math.abs(unguided.loss - nft.loss) > 1e-3, 'the guidance changes the loss');
+
+  // Flow-GRPO: a guided SDE rollout's records through the update at the weights that sampled them
+  const loss: ImageLossConfig = { name: 'flow_grpo', clipLow: 1e-4, clipHigh: 1e-4, cfgScale: scale };
+  const sample = await sampleImages(lossVelocity(tr, loss), {
+    cls,
+    pixels: P,
+    steps: 4,
+    noiseLevel: 0.7,
+    rng: Rng.fromSeed('guided-sde'),
+  });
+  const samples = await generationRecords(sample, 1, 4);
+  const recorded = sample.steps.map((s) => s.logProbs.reduce((a, b) => a + b, 0) / B);
+  const m = await imageUpdate(tr, { cls, samples, weights: [1, -1, 0.5, -0.5] }, { loss, rng: Rng.fromSeed('unused') });
+  assert.equal(m.clipfrac, 0);
+  const meanRecorded = recorded.reduce((a, b) => a + b, 0) / recorded.length;
+  assert.ok(Math.abs(m.log_prob - meanRecorded) < 1e-4, `recomputed ${m.log_prob} vs stored ${meanRecorded}`);
+  // the same records under the unguided loss are another policy's: their ratio leaves the clip range
+  const off = await imageUpdate(
+    tr,
+    { cls, samples, weights: [1, -1, 0.5, -0.5] },
+    { loss: { ...loss, cfgScale: 1 }, rng: Rng.fromSeed('unused') },
+  );
+  assert.ok(off.clipfrac > 0, 'unguided log-probs of guided samples differ');
+});
+
+test("DiffusionNFT's sampling policy: η_i = min(rate·i, max), θ_old ← η·θ_old + (1 − η)·θ", () => {
+  assert.deepEqual(
+    [1, 250, 500, 900].map((i) => nftOldDecay(i, 0.001, 0.5)),
+    [0.001, 0.25, 0.5, 0.5],
+  );
+  const old = new Map([['w', Float32Array.from([1, 2])]]);
+  softUpdate(old, new Map([['w', Float32Array.from([3, -2])]]), 0.25);
+  assert.deepEqual([...old.get('w')!], [2.5, -1]);
+  softUpdate(old, new Map([['w', Float32Array.from([7, 7])]]), 0);
+  assert.deepEqual([...old.get('w')!], [7, 7], 'η = 0 is the trained weights (on-policy)');
+  assert.throws(() => softUpdate(old, new Map([['v', Float32Array.from([1])]]), 0.5), /weight v missing/);
 });
