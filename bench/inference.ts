@@ -84,6 +84,22 @@ export async function smollm2RandomDir(): Promise<string> {
   return dir;
 }
 
+/** The tiny bench model over the byte tokenizer (2 layers, d 128): every fixed per-request and per-step cost magnified. */
+export function tinyBenchConfig(tok: ByteTokenizer): ModelConfig {
+  return modelConfig({
+    hiddenSize: 128,
+    intermediateSize: 512,
+    numHiddenLayers: 2,
+    numAttentionHeads: 4,
+    numKeyValueHeads: 4,
+    vocabSize: tok.vocabSize,
+    maxPositionEmbeddings: 64,
+    bosTokenId: tok.bos,
+    eosTokenId: tok.eos,
+    padTokenId: tok.pad,
+  });
+}
+
 export async function run(): Promise<Row[]> {
   if (SHAPE !== 'tiny' && SHAPE !== 'smollm2_135m')
     throw new Error(`RLSTREAM_BENCH_INFER_SHAPE must be tiny or smollm2_135m, got ${SHAPE}`);
@@ -91,18 +107,7 @@ export async function run(): Promise<Row[]> {
   let modelDir: string, c: ModelConfig, weights: Weights, stopIds: number[];
   if (SHAPE === 'tiny') {
     const tok = new ByteTokenizer();
-    const base = modelConfig({
-      hiddenSize: 128,
-      intermediateSize: 512,
-      numHiddenLayers: 2,
-      numAttentionHeads: 4,
-      numKeyValueHeads: 4,
-      vocabSize: tok.vocabSize,
-      maxPositionEmbeddings: 64,
-      bosTokenId: tok.bos,
-      eosTokenId: tok.eos,
-      padTokenId: tok.pad,
-    });
+    const base = tinyBenchConfig(tok);
     weights = initWeights(base, 1);
     modelDir = join(dir, 'model');
     await saveCheckpoint(modelDir, base, weights);

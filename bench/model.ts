@@ -574,26 +574,14 @@ export async function realRows(rows: Row[], nThreads: number, withTorch: boolean
     rows.push({ name: `model/decode_real/${tag}/ort_peak_rss`, value: Math.round(ort.peak_rss_mb), unit: 'MB' });
     if (withTorch) {
       // transformers' generate(num_return_sequences = n) expands the prompts before the prefill: B = prompts × n rows
-      const t = await runTorch(
-        'bench_decode.py',
-        [
-          '--config',
-          cfgPath,
-          '--batch',
-          String(REAL_DECODE.prompts * REAL_DECODE.n),
-          '--prompt-len',
-          String(REAL_DECODE.prompt),
-          '--new',
-          String(REAL_DECODE.newTokens),
-          '--threads',
-          String(nThreads),
-          '--warmup',
-          '0',
-          '--iters',
-          '1',
-        ],
-        { timeoutMs: 3_600_000 },
-      );
+      // both anchors: the same prompts, lengths and threads, one timed generate call
+      const common = [
+        ...['--config', cfgPath, '--prompt-len', String(REAL_DECODE.prompt), '--new', String(REAL_DECODE.newTokens)],
+        ...['--threads', String(nThreads), '--warmup', '0', '--iters', '1'],
+      ];
+      const t = await runTorch('bench_decode.py', ['--batch', String(REAL_DECODE.prompts * REAL_DECODE.n), ...common], {
+        timeoutMs: 3_600_000,
+      });
       rows.push({ name: `model/decode_real/${tag}/torch_tok_s`, value: round(t.tokens_per_s), unit: 'tok/s' });
       rows.push({ name: `model/decode_real/${tag}/torch_peak_rss`, value: Math.round(t.peak_rss_mb), unit: 'MB' });
       rows.push({
@@ -605,24 +593,7 @@ export async function realRows(rows: Row[], nThreads: number, withTorch: boolean
       // preallocated and written in place, GQA by reshape (what the Sampler does)
       const f = await runTorch(
         'bench_decode_fair.py',
-        [
-          '--config',
-          cfgPath,
-          '--prompts',
-          String(REAL_DECODE.prompts),
-          '--n',
-          String(REAL_DECODE.n),
-          '--prompt-len',
-          String(REAL_DECODE.prompt),
-          '--new',
-          String(REAL_DECODE.newTokens),
-          '--threads',
-          String(nThreads),
-          '--warmup',
-          '0',
-          '--iters',
-          '1',
-        ],
+        ['--prompts', String(REAL_DECODE.prompts), '--n', String(REAL_DECODE.n), ...common],
         { timeoutMs: 3_600_000 },
       );
       rows.push({ name: `model/decode_real/${tag}/torch_fair_tok_s`, value: round(f.tokens_per_s), unit: 'tok/s' });

@@ -12,7 +12,7 @@
 import { loadavg } from 'node:os';
 import { pathToFileURL } from 'node:url';
 import { loadCheckpoint } from '../lib/model/checkpoint.ts';
-import { modelConfig, type ModelConfig } from '../lib/model/config.ts';
+import type { ModelConfig } from '../lib/model/config.ts';
 import { initWeights } from '../lib/model/init.ts';
 import type { Weights } from '../lib/model/params.ts';
 import { Sampler, sequenceUniforms } from '../lib/model/sample.ts';
@@ -21,7 +21,7 @@ import { defaultSessionCache } from '../lib/model/session-cache.ts';
 import { ByteTokenizer } from '../lib/model/tokenizer.ts';
 import { openServedPolicy } from '../lib/inference/served-policy.ts';
 import { withSamplingMask } from '../lib/pipeline/policy.ts';
-import { smollm2RandomDir, type Row } from './inference.ts';
+import { smollm2RandomDir, tinyBenchConfig, type Row } from './inference.ts';
 
 const SHAPE = process.env.RLSTREAM_BENCH_INFER_SHAPE ?? 'tiny';
 const REPEATS = Number(process.env.RLSTREAM_BENCH_INFER_REPEATS ?? 3);
@@ -33,18 +33,7 @@ export async function run(): Promise<Row[]> {
   let c: ModelConfig, weights: Weights, stopIds: number[];
   if (SHAPE === 'tiny') {
     const tok = new ByteTokenizer();
-    const base = modelConfig({
-      hiddenSize: 128,
-      intermediateSize: 512,
-      numHiddenLayers: 2,
-      numAttentionHeads: 4,
-      numKeyValueHeads: 4,
-      vocabSize: tok.vocabSize,
-      maxPositionEmbeddings: 64,
-      bosTokenId: tok.bos,
-      eosTokenId: tok.eos,
-      padTokenId: tok.pad,
-    });
+    const base = tinyBenchConfig(tok);
     weights = initWeights(base, 1);
     c = withSamplingMask(base, tok);
     stopIds = [tok.eos];

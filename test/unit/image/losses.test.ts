@@ -24,10 +24,10 @@ const pixMean = (a: ArrayLike<number>, b: number) => {
   return s / P;
 };
 
-test('the graph losses equal their float64 reference from the velocity', async () => {
-  const w = initDitWeights(cfg, 3, { zeroInit: false });
-  const rng = Rng.fromSeed('losses');
-  const cls = [0, 1, 2, 1];
+/** A loss test's batch: weights, clean images, noise, a sampling velocity, x_t at t, and a trainer at lr 0. */
+function lossCase(seed: number, stream: string, cls: number[]) {
+  const w = initDitWeights(cfg, seed, { zeroInit: false });
+  const rng = Rng.fromSeed(stream);
   const t = [0.8, 0.6, 0.4, 0.2];
   const x0 = gaussian(rng, B * P),
     noise = gaussian(rng, B * P),
@@ -35,6 +35,11 @@ test('the graph losses equal their float64 reference from the velocity', async (
   const xt = Float32Array.from(x0, (x, i) => (1 - t[Math.floor(i / P)]) * x + t[Math.floor(i / P)] * noise[i]);
   // lr 0: the step leaves the weights, the metrics are the loss at them
   const tr = new ImageTrainer(cfg, w, optim, { threads: 1 });
+  return { cls, t, x0, noise, vOld, xt, tr };
+}
+
+test('the graph losses equal their float64 reference from the velocity', async () => {
+  const { cls, t, x0, noise, vOld, xt, tr } = lossCase(3, 'losses', [0, 1, 2, 1]);
   const v = await tr.velocity(xt, t, cls);
   const sq = (a: number) => a * a;
 
@@ -162,15 +167,7 @@ test('gradient checkpointing gives the same step', async () => {
 });
 
 test('guided RL losses train v_∅ + w·(v_c − v_∅): equal to the reference from the guided velocity, and a guided SDE rollout reads back at ratio 1', async () => {
-  const w = initDitWeights(cfg, 4, { zeroInit: false });
-  const rng = Rng.fromSeed('guided');
-  const cls = [0, 1, 1, 0];
-  const t = [0.8, 0.6, 0.4, 0.2];
-  const x0 = gaussian(rng, B * P),
-    noise = gaussian(rng, B * P),
-    vOld = gaussian(rng, B * P);
-  const xt = Float32Array.from(x0, (x, i) => (1 - t[Math.floor(i / P)]) * x + t[Math.floor(i / P)] * noise[i]);
-  const tr = new ImageTrainer(cfg, w, optim, { threads: 1 });
+  const { cls, t, x0, noise, vOld, xt, tr } = lossCase(4, 'guided', [0, 1, 1, 0]);
   const scale = 3;
   const vc = await tr.velocity(xt, t, cls);
   const vn = await tr.velocity(xt, t, [2, 2, 2, 2]);
