@@ -22,16 +22,16 @@
  * an average of the weights after every step, in actor/ema.safetensors (restored on resume), drawn
  * by the sample grids.
  */
-import { promises as fs, readFileSync } from 'node:fs';
+import { promises as fs } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from 'pino';
 import type { Config } from '../lib/config/index.ts';
 import { ConfigError } from '../lib/errors.ts';
 import { GraphError } from '../lib/onnx/builder.ts';
 import { OPTIMIZER_FILE, writeDirAtomic } from '../lib/model/checkpoint.ts';
-import { decodeSafetensors, encodeSafetensors, toFloat32 } from '../lib/model/safetensors.ts';
+import { encodeSafetensors } from '../lib/model/safetensors.ts';
 import { ditConfig, ditParamSpecs, initDitWeights, type DitConfig, type DitWeights } from '../lib/image/dit.ts';
-import { ditFiles, loadDit } from '../lib/image/checkpoint.ts';
+import { ditFiles, loadDit, readDitTensors } from '../lib/image/checkpoint.ts';
 import type { ImageTrainer } from '../lib/image/trainer.ts';
 import { gridPng } from '../lib/image/png.ts';
 import { guidedVelocity, sampleImages } from '../lib/image/sde.ts';
@@ -109,22 +109,11 @@ const GRID_PROMPTS = 64;
 /** The EMA weights of an image actor directory's ema.safetensors. */
 function loadEma(dir: string, config: DitConfig): DitWeights {
   const file = join(dir, EMA_FILE);
-  let bytes: Uint8Array;
-  try {
-    bytes = readFileSync(file);
-  } catch {
-    throw new ConfigError(
-      `${file} is missing: the run was checkpointed without algorithm.ema.enable; resume with the same setting or start a new run`,
-    );
-  }
-  const st = decodeSafetensors(bytes, file).tensors;
-  return new Map(
-    ditParamSpecs(config).map((s) => {
-      const t = st.get(s.name);
-      if (!t) throw new ConfigError(`${file}: weight ${s.name} missing`);
-      return [s.name, toFloat32(t, s.name, file)];
-    }),
-  );
+  return readDitTensors(
+    file,
+    ditParamSpecs(config),
+    `${file} is missing: the run was checkpointed without algorithm.ema.enable; resume with the same setting or start a new run`,
+  ).weights;
 }
 
 /**

@@ -119,13 +119,32 @@ export function loadDit(dir: string): DitModel {
     !classNames.every((x) => typeof x === 'string')
   )
     throw new ConfigError(`${dir}/config.json: class_names must list ${config.numClasses} strings`);
-  const path = join(dir, 'model.safetensors');
-  const st = decodeSafetensors(readFileSync(path), path).tensors;
-  const weights: DitWeights = new Map();
-  for (const s of ditParamSpecs(config)) {
-    const t = st.get(s.name);
-    if (!t) throw new ConfigError(`${path}: weight ${s.name} missing`);
-    weights.set(s.name, toFloat32(t, s.name, path));
-  }
+  const { weights } = readDitTensors(join(dir, 'model.safetensors'), ditParamSpecs(config));
   return { config, classNames: classNames as string[], weights };
+}
+
+/**
+ * The tensors `specs` names from a safetensors file (model weights, EMA, a LoRA adapter) as
+ * float32, with the file's metadata; `ifMissing`: the one-line message when the file cannot be read.
+ */
+export function readDitTensors(
+  file: string,
+  specs: readonly ParamSpec[],
+  ifMissing?: string,
+): { weights: DitWeights; metadata: Record<string, string> | undefined } {
+  let bytes: Uint8Array;
+  try {
+    bytes = readFileSync(file);
+  } catch (e) {
+    if (ifMissing === undefined) throw e;
+    throw new ConfigError(ifMissing);
+  }
+  const { tensors, metadata } = decodeSafetensors(bytes, file);
+  const weights: DitWeights = new Map();
+  for (const s of specs) {
+    const t = tensors.get(s.name);
+    if (!t) throw new ConfigError(`${file}: tensor ${s.name} missing`);
+    weights.set(s.name, toFloat32(t, s.name, file));
+  }
+  return { weights, metadata };
 }

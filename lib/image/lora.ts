@@ -11,11 +11,12 @@
  * `blocks.N.<module>.lora_A.weight` / `.lora_B.weight`, in adapter.safetensors beside the
  * merged model.safetensors of a policy version or checkpoint (metadata: rank, alpha, modules).
  */
-import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ConfigError } from '../errors.ts';
-import { decodeSafetensors, encodeSafetensors, toFloat32 } from '../model/safetensors.ts';
+import { checkLoraScalars } from '../model/lora.ts';
+import { encodeSafetensors } from '../model/safetensors.ts';
 import { Rng } from '../util/rng.ts';
+import { readDitTensors } from './checkpoint.ts';
 import type { DitConfig, DitWeights, ParamSpec } from './dit.ts';
 
 /** The linear layers of a DiT block LoRA can adapt (actor.model.lora.target_modules of an image policy). */
@@ -37,14 +38,7 @@ export function ditLoraConfig(
   input: { rank: number; alpha: number; dropout?: number; targetModules: readonly string[] | 'all-linear' },
   key = 'actor.model.lora',
 ): DitLora {
-  if (!(Number.isInteger(input.rank) && input.rank >= 1))
-    throw new ConfigError(`${key}.rank must be an integer ≥ 1 (the adapter width r), got ${input.rank}`);
-  if (!(Number.isFinite(input.alpha) && input.alpha > 0))
-    throw new ConfigError(
-      `${key}.alpha must be a number > 0 (the update is scaled by alpha / rank), got ${input.alpha}`,
-    );
-  if ((input.dropout ?? 0) !== 0)
-    throw new ConfigError(`${key}.dropout must be 0: LoRA dropout is not implemented (got ${input.dropout})`);
+  checkLoraScalars(input, key);
   const raw = input.targetModules === 'all-linear' ? [...DIT_LORA_MODULES] : [...input.targetModules];
   if (!raw.length)
     throw new ConfigError(
@@ -138,26 +132,16 @@ export function ditAdapterFile(c: DitConfig, l: DitLora, adapter: DitWeights): U
 /** The adapter of a LoRA image policy's directory, checked against the LoRA config `l` (one line otherwise). */
 export function loadDitAdapter(dir: string, c: DitConfig, l: DitLora): DitWeights {
   const file = join(dir, DIT_ADAPTER_FILE);
-  let bytes: Uint8Array;
-  try {
-    bytes = readFileSync(file);
-  } catch {
-    throw new ConfigError(
-      `${file} is missing: ${dir} is not a LoRA image policy's directory; give a checkpoint of a run with the same actor.model.lora, or unset actor.model.lora`,
-    );
-  }
-  const { tensors, metadata } = decodeSafetensors(bytes, file);
+  const { weights, metadata } = readDitTensors(
+    file,
+    ditLoraSpecs(c, l),
+    `${file} is missing: ${dir} is not a LoRA image policy's directory; give a checkpoint of a run with the same actor.model.lora, or unset actor.model.lora`,
+  );
   const was = `rank ${metadata?.lora_rank}, alpha ${metadata?.lora_alpha}, modules ${metadata?.lora_modules}`;
   const now = `rank ${l.rank}, alpha ${l.alpha}, modules ${l.modules.join(',')}`;
   if (was !== now)
     throw new ConfigError(
       `${file}: its adapter has ${was} but actor.model.lora gives ${now}; use the run's LoRA settings`,
     );
-  const w: DitWeights = new Map();
-  for (const s of ditLoraSpecs(c, l)) {
-    const t = tensors.get(s.name);
-    if (!t) throw new ConfigError(`${file}: adapter tensor ${s.name} missing`);
-    w.set(s.name, toFloat32(t, s.name, file));
-  }
-  return w;
+  return weights;
 }

@@ -54,8 +54,8 @@ export const PEFT_PREFIX = 'base_model.model.';
 export const ADAPTER_CONFIG_FILE = 'adapter_config.json';
 export const ADAPTER_MODEL_FILE = 'adapter_model.safetensors';
 
-/** Validate a LoRA config; errors are one line naming the key (`key` is how the caller spells it). */
-export function loraConfig(input: LoraConfigInput, key = 'lora'): LoraConfig {
+/** Checks a LoRA config's rank, alpha and dropout (any model kind); errors are one line naming `key`. */
+export function checkLoraScalars(input: { rank: number; alpha: number; dropout?: number }, key: string): void {
   if (!(Number.isInteger(input.rank) && input.rank >= 1))
     throw new ConfigError(
       `${key}.rank must be an integer ≥ 1 (the adapter width r), got ${input.rank}; remove ${key} to train every weight`,
@@ -66,6 +66,11 @@ export function loraConfig(input: LoraConfigInput, key = 'lora'): LoraConfig {
     );
   if ((input.dropout ?? 0) !== 0)
     throw new ConfigError(`${key}.dropout must be 0: LoRA dropout is not implemented (got ${input.dropout})`);
+}
+
+/** Validate a LoRA config; errors are one line naming the key (`key` is how the caller spells it). */
+export function loraConfig(input: LoraConfigInput, key = 'lora'): LoraConfig {
+  checkLoraScalars(input, key);
   const raw = input.targetModules === 'all-linear' ? [...LORA_MODULES] : [...input.targetModules];
   if (!raw.length)
     throw new ConfigError(`${key}.target_modules is empty; list some of ${LORA_MODULES.join(', ')} or give all-linear`);
