@@ -245,10 +245,9 @@ export async function replayRun(opts: ReplayOptions): Promise<ReplayOutcome> {
           const r = (await s.codecs.policy.decode(v, h)) as PolicyVersion;
           behaviourSha[String(r.policy_version)] = r.sha256;
         });
-        if (!existsSync(join(policyDir(s.runDir, 0), weightsFileOf(policyDir(s.runDir, 0)))))
-          throw new ConfigError(
-            `replay: the source's initial policy ${policyDir(s.runDir, 0)} is missing (replay starts from it)`,
-          );
+        const v0 = policyDir(s.runDir, 0);
+        if (!existsSync(join(v0, weightsFileOf(v0))))
+          throw new ConfigError(`replay: the source's initial policy ${v0} is missing (replay starts from it)`);
         const seen = new Set<string>();
         await readAll(s, s.topic('trajectories'), async (v, h) => {
           const g = (await s.codecs.trajectories.decode(v, h)) as TrajectoryGroup;
