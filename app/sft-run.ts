@@ -304,7 +304,7 @@ export async function sftSummary(
   lora: boolean,
 ): Promise<string> {
   const names = ['sft/loss', 'sft/token_acc', 'sft/grad_norm'];
-  const ms = await store.getMetrics(runId, names);
+  const ms = await store.getMetrics(runId, [...names, 'sft/skipped_steps']);
   const rows: Array<Array<string | number>> = [['metric', 'first', 'last', 'best', 'steps']];
   for (const name of names) {
     const s = ms.filter((m) => m.name === name).sort((a, b) => a.step - b.step);
@@ -317,7 +317,7 @@ export async function sftSummary(
           : NaN;
     rows.push([name, s[0].value, s[s.length - 1].value, Number.isNaN(best) ? '-' : best, s.length]);
   }
-  const skipped = (await store.getMetrics(runId, ['sft/skipped_steps'])).reduce((n, m) => n + m.value, 0);
+  const skipped = ms.filter((m) => m.name === 'sft/skipped_steps').reduce((n, m) => n + m.value, 0);
   const lines = [formatTable(rows), ''];
   if (skipped > 0)
     lines.push(`${skipped} step(s) skipped: their loss or gradient norm was not finite (sft/skipped_steps)`);
