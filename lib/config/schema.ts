@@ -522,7 +522,7 @@ const algorithmSchema = section(
           .gte(0)
           .default(0.001)
           .describe(
-            "diffusion_nft: the sampling policy θ_old (which samples the training images and gives v_old) is soft-updated after training step i: θ_old ← η_i·θ_old + (1 − η_i)·θ, η_i = min(nft_old_decay_rate·i, nft_old_decay_max) (DiffusionNFT's schedule, Zheng et al. 2025: 0.001 and 0.5). Stored beside each version (policy-store kind `sampler`), so a resumed run continues from the same θ_old. 0: θ_old = θ (on-policy).",
+            "diffusion_nft: the sampling policy θ_old (which samples the training images and gives v_old) is soft-updated after training step i: θ_old ← η_i·θ_old + (1 − η_i)·θ, η_i = min(nft_old_decay_rate·i, nft_old_decay_max) (DiffusionNFT's soft update, Zheng et al. 2025; defaults 0.001 and 0.5). Stored beside each version (policy-store kind `sampler`), so a resumed run continues from the same θ_old. 0: θ_old = θ (on-policy).",
           ),
         nft_old_decay_max: z
           .number()

@@ -10,7 +10,7 @@
  *   fresh (t, ε) of the forward process from the clean images, v_old = the sampling policy's velocity.
  *   The sampling policy θ_old is a soft copy of the trained weights (the paper's §3.3 / Alg. 1):
  *   after each iteration i (1, 2, …) θ_old ← η_i·θ_old + (1 − η_i)·θ with η_i = min(rate·i, max)
- *   (paper: rate 0.001, max 0.5); rate 0 and max 0 is θ_old = θ (on-policy).
+ *   (defaults rate 0.001, max 0.5); rate 0 and max 0 is θ_old = θ (on-policy).
  * - Guidance (loss.cfgScale w ≠ 1): rollouts sample with the guided velocity of θ_old
  *   v_∅ + w·(v_c − v_∅) and the loss trains the guided velocity of θ (flow-graph.ts), so Flow-GRPO's
  *   stored step log-probabilities are those of the velocity sampled with, and DiffusionNFT's v_old
