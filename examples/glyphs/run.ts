@@ -12,7 +12,9 @@
  *     [--sft-steps N] [--rl-iters N] [--chars 36] [--size 32] [--cpu-minutes 30] [--minutes 60]
  *
  * Defaults (GLYPH_DEFAULTS, RL_LR): SFT 6000 steps with class dropout 0.1, evaluation and RL
- * guided with w = 4, RL for 80 iterations (Flow-GRPO reaches 0.97 so; docs/image-generation.md).
+ * guided with w = 4, RL for 80 iterations, DiffusionNFT with its paper's optimality r and adaptive
+ * weighting (both algorithms reach 0.95–0.97 so; docs/image-generation.md). --rl-cfg 1 --eval-cfg 1
+ * trains and evaluates CFG-free.
  * --from-sft DIR/sft.safetensors starts RL from an earlier run's SFT weights.
  */
 import { mkdirSync, writeFileSync, appendFileSync, readFileSync } from 'node:fs';
