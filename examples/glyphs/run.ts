@@ -12,7 +12,9 @@
  *     [--sft-steps N] [--rl-iters N] [--chars 36] [--size 32] [--cpu-minutes 30] [--minutes 60]
  *
  * Defaults (GLYPH_DEFAULTS, RL_LR): SFT 6000 steps with class dropout 0.1, evaluation and RL
- * guided with w = 4, RL for 80 iterations (Flow-GRPO reaches 0.97 so; docs/image-generation.md).
+ * guided with w = 4, RL for 80 iterations, DiffusionNFT with its paper's optimality r and adaptive
+ * weighting (both algorithms reach 0.95–0.97 so; docs/image-generation.md). --rl-cfg 1 --eval-cfg 1
+ * trains and evaluates CFG-free.
  * --from-sft DIR/sft.safetensors starts RL from an earlier run's SFT weights.
  */
 import { mkdirSync, writeFileSync, appendFileSync, readFileSync } from 'node:fs';
@@ -67,6 +69,11 @@ export interface GlyphRunOptions {
   rlSteps?: number;
   nftBeta?: number;
   nftUpdates?: number;
+  /** DiffusionNFT: r = ½ + ½·clip(A/c, −1, 1) with c = nftAdvClip and Z of A = nftStd (lib/image/rl.ts nftOptimality). */
+  nftAdvClip?: number;
+  nftStd?: 'centred' | 'global';
+  /** DiffusionNFT: the paper's adaptive loss weighting (flow-graph.ts nftAdaptiveWeight; --nft-adaptive 0 turns it off). */
+  nftAdaptive?: boolean;
   noiseLevel?: number;
   /** RL: classifier-free guidance of the rollouts and of the velocity the loss trains (lib/image/rl.ts; 1: unguided). */
   rlCfg?: number;
@@ -84,6 +91,8 @@ export interface GlyphRunOptions {
   evalPerChar?: number;
   /** Recogniser (and judge) hidden size. */
   recogniserHidden?: number;
+  /** RL's random stream (prompts, rollout noise, DiffusionNFT's (t, ε)): glyphs-<algo>, or glyphs-<algo>-<rlSeed>. */
+  rlSeed?: string;
   /** Start RL from these SFT weights (a previous run's sft.safetensors) instead of running SFT. */
   fromSft?: string;
   threads?: number;
@@ -102,6 +111,9 @@ export const GLYPH_DEFAULTS = {
   rlSteps: 10,
   nftBeta: 1,
   nftUpdates: 2,
+  nftAdvClip: 5,
+  nftStd: 'global' as 'centred' | 'global',
+  nftAdaptive: true,
   noiseLevel: 0.7,
   rlCfg: 4,
   nftEtaRate: 0.001,
@@ -303,12 +315,17 @@ export async function runGlyphs(
   const loss: ImageLossConfig =
     o.algo === 'flow_grpo'
       ? { name: 'flow_grpo', clipLow: d.clip, clipHigh: d.clip, klCoef: d.klCoef, cfgScale: d.rlCfg }
-      : { name: 'diffusion_nft', nftBeta: d.nftBeta, cfgScale: d.rlCfg };
+      : {
+          name: 'diffusion_nft',
+          nftBeta: d.nftBeta,
+          cfgScale: d.rlCfg,
+          ...(d.nftAdaptive ? { nftAdaptiveWeight: true } : {}),
+        };
   const reference = d.klCoef > 0 ? new Map([...rl.weights].map(([k, w]) => [k, Float32Array.from(w)])) : undefined;
   // DiffusionNFT's sampling policy θ_old, soft-updated towards the trained weights after each iteration
   const old =
     o.algo === 'diffusion_nft' ? new Map([...rl.weights].map(([k, w]) => [k, Float32Array.from(w)])) : undefined;
-  const rlRng = Rng.fromSeed(`glyphs-${o.algo}`);
+  const rlRng = Rng.fromSeed(o.rlSeed === undefined ? `glyphs-${o.algo}` : `glyphs-${o.algo}-${o.rlSeed}`);
   const reward = async (images: Float32Array, cls: number[]) =>
     (await rec.score(asSaved(images), cls)).map((r) => r.ocr_confidence);
   let finalAccuracy = sftAccuracy;
@@ -323,6 +340,7 @@ export async function runGlyphs(
       steps: d.rlSteps,
       noiseLevel: d.noiseLevel,
       nftUpdates: d.nftUpdates,
+      nftOptimality: { clip: d.nftAdvClip, std: d.nftStd },
       ...(reference ? { reference } : {}),
       ...(old ? { old } : {}),
       rng: rlRng,
@@ -370,6 +388,9 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       'rl-steps': { type: 'string' },
       'nft-beta': { type: 'string' },
       'nft-updates': { type: 'string' },
+      'nft-adv-clip': { type: 'string' },
+      'nft-std': { type: 'string' },
+      'nft-adaptive': { type: 'string' },
       'noise-level': { type: 'string' },
       'rl-cfg': { type: 'string' },
       'nft-eta-rate': { type: 'string' },
@@ -381,6 +402,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       'eval-cfg': { type: 'string' },
       'recogniser-hidden': { type: 'string' },
       'from-sft': { type: 'string' },
+      'rl-seed': { type: 'string' },
       threads: { type: 'string' },
     },
   });
@@ -390,6 +412,10 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   }
   if (v['sft-schedule'] !== undefined && v['sft-schedule'] !== 'constant' && v['sft-schedule'] !== 'cosine') {
     console.error(`--sft-schedule must be constant or cosine, got ${v['sft-schedule']}`);
+    process.exit(2);
+  }
+  if (v['nft-std'] !== undefined && v['nft-std'] !== 'centred' && v['nft-std'] !== 'global') {
+    console.error(`--nft-std must be centred or global, got ${v['nft-std']}`);
     process.exit(2);
   }
   const num = (s: string | undefined) => (s === undefined ? undefined : Number(s));
@@ -416,6 +442,9 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     rlSteps: num(v['rl-steps']),
     nftBeta: num(v['nft-beta']),
     nftUpdates: num(v['nft-updates']),
+    nftAdvClip: num(v['nft-adv-clip']),
+    nftStd: v['nft-std'] as 'centred' | 'global' | undefined,
+    nftAdaptive: v['nft-adaptive'] === undefined ? undefined : v['nft-adaptive'] !== '0',
     noiseLevel: num(v['noise-level']),
     rlCfg: num(v['rl-cfg']),
     nftEtaRate: num(v['nft-eta-rate']),
@@ -427,6 +456,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     evalCfg: num(v['eval-cfg']),
     recogniserHidden: num(v['recogniser-hidden']),
     fromSft: v['from-sft'],
+    rlSeed: v['rl-seed'],
     threads: num(v.threads),
     log: (l) => console.log(JSON.stringify(l)),
   });

@@ -530,8 +530,27 @@ const algorithmSchema = section(
           .lt(1)
           .default(0.5)
           .describe("diffusion_nft: the largest η_i of the sampling policy's soft update (nft_old_decay_rate)."),
+        nft_adv_clip: z
+          .number()
+          .gt(0)
+          .default(5)
+          .describe(
+            "diffusion_nft: c of the optimality r = ½ + ½·clip(A/c, −1, 1), A = (R − mean_group)/Z (Z: nft_adv_std). 5 is DiffusionNFT's (r linear in A up to 5 Z); 1 saturates r at one Z from the group's mean.",
+          ),
+        nft_adv_std: z
+          .enum(['centred', 'global'])
+          .default('global')
+          .describe(
+            "diffusion_nft: Z of the advantage A = (R − mean_group)/Z: global, the batch std of the raw rewards + 1e-4 (DiffusionNFT's code); centred, the batch std of the group-centred rewards.",
+          ),
+        nft_adaptive_weight: z
+          .boolean()
+          .default(true)
+          .describe(
+            "diffusion_nft: DiffusionNFT's adaptive loss weighting (false: the plain r·‖v⁺ − u‖² + (1 − r)·‖v⁻ − u‖²). Each of the positive and negative terms is the x₀-prediction error t·(u − v±) in squared pixel mean over its pixel-mean absolute value (no gradient through the weight), in place of ‖v± − u‖².",
+          ),
       },
-      "Image policies (actor.model.kind = image; docs/image-generation.md): sampling and the loss's settings. Advantages are group-normalised by the group's population std, as Flow-GRPO (algorithm.adv_estimator = grpo); diffusion_nft's optimality r = ½ + ½·clip((R − mean_group)/Z, −1, 1), Z the batch std of the centred rewards. actor.optim, actor.clip_ratio_low/high, actor.ppo_epochs, algorithm.use_kl_loss/kl_coef and algorithm.ema apply as for a language policy.",
+      "Image policies (actor.model.kind = image; docs/image-generation.md): sampling and the loss's settings. Advantages are group-normalised by the group's population std, as Flow-GRPO (algorithm.adv_estimator = grpo); diffusion_nft's optimality r = ½ + ½·clip((R − mean_group)/(Z·c), −1, 1) (nft_adv_clip c, nft_adv_std Z). actor.optim, actor.clip_ratio_low/high, actor.ppo_epochs, algorithm.use_kl_loss/kl_coef and algorithm.ema apply as for a language policy.",
     ),
     ema: section(
       {

@@ -16,6 +16,8 @@
  *    its optimality r ∈ [0, 1], with the sampling policy's velocity v_old (no gradient):
  *    v⁺ = (1 − β)·v_old + β·v_θ, v⁻ = (1 + β)·v_old − β·v_θ;
  *    loss = r·‖v⁺ − u‖² + (1 − r)·‖v⁻ − u‖². Inputs x0, noise, t, cls, v_old, nft_r [B].
+ *    With `nftAdaptiveWeight` each term is the paper's adaptively weighted x₀ error instead:
+ *    ‖v± − u‖² → t²·‖v± − u‖² / sg(max(t·|v± − u|‾, 1e-5)) (sg: no gradient; |·|‾ the pixel mean).
  * With `lora` (lib/image/lora.ts) the adapters are inputs too and the gradients, the clip norm and
  * AdamW are theirs only; the base weights are inputs without gradients.
  * With `cfgScale` w ≠ 1 both RL losses train the guided velocity v_∅ + w·(v_c − v_∅) in place of
@@ -44,6 +46,12 @@ export interface ImageLossConfig {
   klCoef?: number;
   /** diffusion_nft: β, the step of the implicit positive/negative policies. */
   nftBeta?: number;
+  /**
+   * diffusion_nft: the paper's adaptive weighting. Each term is the x₀-prediction error
+   * x̂₀ − x₀ = t·(u − v±) (x̂₀ = x_t − t·v±) in squared pixel mean, divided by its own pixel-mean
+   * absolute value (no gradient, at least 1e-5): t²·‖v± − u‖² / max(t·|v± − u|‾, 1e-5).
+   */
+  nftAdaptiveWeight?: boolean;
   /**
    * flow_grpo, diffusion_nft: classifier-free guidance scale w of the velocity the loss trains,
    * v = v_θ(x, t, ∅) + w·(v_θ(x, t, c) − v_θ(x, t, ∅)) (both halves from the same weights, ∅ the
@@ -179,8 +187,14 @@ export function buildImageTrainGraph(spec: ImageTrainGraphSpec): ImageTrainGraph
         r = I('nft_r');
       const vPos = b.add(b.mul(vOld, 1 - beta), b.mul(vt, beta));
       const vNeg = b.sub(b.mul(vOld, 1 + beta), b.mul(vt, beta));
-      const pos = pixMean(b, b.square(b.sub(vPos, u)));
-      const neg = pixMean(b, b.square(b.sub(vNeg, u)));
+      const term = (vv: Var): Var => {
+        if (!loss.nftAdaptiveWeight) return pixMean(b, b.square(b.sub(vv, u)));
+        // x̂₀ − x₀ = t·(u − v): squared error over the (constant) mean absolute error
+        const e = b.mul(b.sub(u, vv), c4(t));
+        return b.div(pixMean(b, b.square(e)), b.stopGradient(b.max(pixMean(b, b.abs(e)), 1e-5)));
+      };
+      const pos = term(vPos);
+      const neg = term(vNeg);
       lossVar = b.reduceMean(b.add(b.mul(r, pos), b.mul(b.sub(1, r), neg)), [0]);
       metrics.push(lossVar, b.reduceMean(pos, [0]), b.reduceMean(neg, [0]));
     }

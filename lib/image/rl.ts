@@ -6,7 +6,7 @@
  *   one update per recorded denoising step (the clipped ratio of that step, KL to the reference's
  *   step mean when klCoef > 0), all images of the iteration in one batch.
  * - DiffusionNFT (Zheng et al. 2025, arXiv 2509.16117): any sampler (ODE here); optimality
- *   r = ½ + ½·clip((R − mean_group)/Z, −1, 1), Z the batch std of the centred rewards; updates on
+ *   r = ½ + ½·clip(A/5, −1, 1), A = (R − mean_group)/(std_batch(R) + 1e-4) (nftOptimality); updates on
  *   fresh (t, ε) of the forward process from the clean images, v_old = the sampling policy's velocity.
  *   The sampling policy θ_old is a soft copy of the trained weights (the paper's §3.3 / Alg. 1):
  *   after each iteration i (1, 2, …) θ_old ← η_i·θ_old + (1 − η_i)·θ with η_i = min(rate·i, max)
@@ -41,17 +41,40 @@ export function groupAdvantages(rewards: readonly number[], n: number, eps = 1e-
   return out;
 }
 
-/** DiffusionNFT's optimality probabilities r ∈ [0, 1] (see the header). */
-export function nftOptimality(rewards: readonly number[], n: number): number[] {
+/**
+ * How DiffusionNFT's rewards become optimality probabilities (see `nftOptimality`).
+ * `clip` c: r = ½ + ½·clip(A/c, −1, 1); `std`: Z of A = (R − mean_group)/Z, `global` the batch
+ * std of the raw rewards + 1e-4, `centred` the batch std of the group-centred rewards. The
+ * defaults, c = 5 and `global`, are DiffusionNFT's (its code's adv_clip_max and global std).
+ */
+export interface NftOptimalityOptions {
+  clip?: number;
+  std?: 'centred' | 'global';
+}
+
+/**
+ * DiffusionNFT's optimality probabilities r ∈ [0, 1] of rewards in consecutive groups of n
+ * (Zheng et al. 2025, §3.2): A = (R − mean_group)/Z, r = ½ + ½·clip(A/c, −1, 1)
+ * (NftOptimalityOptions; defaults c = 5, Z = the batch std of the raw rewards + 1e-4).
+ */
+export function nftOptimality(rewards: readonly number[], n: number, o: NftOptimalityOptions = {}): number[] {
   if (rewards.length % n !== 0) throw new RangeError(`${rewards.length} rewards do not split into groups of ${n}`);
+  const c = o.clip ?? 5;
+  if (!(c > 0)) throw new RangeError(`DiffusionNFT's advantage clip must be > 0, got ${c}`);
   const centred: number[] = [];
   for (let g = 0; g < rewards.length; g += n) {
     const r = rewards.slice(g, g + n);
     const m = r.reduce((a, b) => a + b, 0) / n;
     for (const x of r) centred.push(x - m);
   }
-  const z = Math.sqrt(centred.reduce((a, b) => a + b * b, 0) / centred.length);
-  return centred.map((c) => 0.5 + 0.5 * Math.max(-1, Math.min(1, z > 0 ? c / z : 0)));
+  const std = (xs: readonly number[]) => {
+    const m = xs.reduce((a, b) => a + b, 0) / xs.length;
+    return Math.sqrt(xs.reduce((a, b) => a + (b - m) ** 2, 0) / xs.length);
+  };
+  let z: number;
+  if ((o.std ?? 'global') === 'global') z = std(rewards) + 1e-4;
+  else z = Math.sqrt(centred.reduce((a, b) => a + b * b, 0) / centred.length);
+  return centred.map((d) => 0.5 + 0.5 * Math.max(-1, Math.min(1, z > 0 ? d / z / c : 0)));
 }
 
 /** DiffusionNFT's η_i = min(rate·i, max) of iteration i ≥ 1 (the header). */
@@ -84,6 +107,8 @@ export interface RlIterationOptions {
   noiseLevel?: number;
   /** DiffusionNFT: updates (fresh t, ε) per iteration. */
   nftUpdates?: number;
+  /** DiffusionNFT: how rewards become optimality probabilities (nftOptimality). */
+  nftOptimality?: NftOptimalityOptions;
   /** Reference weights (Flow-GRPO KL). */
   reference?: DitWeights;
   /** The sampling policy θ_old (sampled with, and DiffusionNFT's v_old); default: a copy of the trainer's weights. */
@@ -195,7 +220,7 @@ export async function rlIteration(
   });
   const rewards = await reward(sample.x0, cls);
   const samples = await generationRecords(sample, C, S);
-  const weights = grpo ? groupAdvantages(rewards, o.groupSize) : nftOptimality(rewards, o.groupSize);
+  const weights = grpo ? groupAdvantages(rewards, o.groupSize) : nftOptimality(rewards, o.groupSize, o.nftOptimality);
   const metrics = await imageUpdate(
     trainer,
     { cls, samples, weights },
@@ -210,13 +235,14 @@ export async function rlIteration(
  * order and each group's samples by index, with their prompt class (`classOf`, from the prompt)
  * and recorded trajectories. Weights: flow_grpo, each sample's advantage (the advantage stage's,
  * the same on each of its denoising steps); diffusion_nft, DiffusionNFT's optimality r from the
- * group-centred rewards (lib/image/rl.ts nftOptimality). A sample without a generated image or a
+ * group-centred rewards (lib/image/rl.ts nftOptimality, with `nft`'s options). A sample without a generated image or a
  * reward is refused, naming it.
  */
 export function imageUpdateBatch(
   kept: readonly UpdateGroup[],
   loss: 'flow_grpo' | 'diffusion_nft',
   classOf: (g: UpdateGroup) => number,
+  nft: NftOptimalityOptions = {},
 ): ImageUpdateBatch {
   const groups = [...kept].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
   const cls: number[] = [],
@@ -236,5 +262,5 @@ export function imageUpdateBatch(
       weights.push(loss === 'flow_grpo' ? (s.advantages[0] ?? 0) : s.reward);
     }
   }
-  return { cls, samples, weights: loss === 'flow_grpo' ? weights : nftOptimality(weights, n) };
+  return { cls, samples, weights: loss === 'flow_grpo' ? weights : nftOptimality(weights, n, nft) };
 }

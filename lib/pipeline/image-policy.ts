@@ -19,7 +19,14 @@ import { ditFiles, loadDit, type DitModel } from '../image/checkpoint.ts';
 import { ditLoraConfig, loadDitAdapter, type DitLora } from '../image/lora.ts';
 import type { DitWeights } from '../image/dit.ts';
 import type { ImageLossConfig } from '../image/flow-graph.ts';
-import { imageUpdate, imageUpdateBatch, nftOldDecay, softUpdate, type ImageUpdateBatch } from '../image/rl.ts';
+import {
+  imageUpdate,
+  imageUpdateBatch,
+  nftOldDecay,
+  softUpdate,
+  type ImageUpdateBatch,
+  type NftOptimalityOptions,
+} from '../image/rl.ts';
 import type { UpdateGroup } from '../contracts/index.ts';
 import { ImageTrainer } from '../image/trainer.ts';
 import { sampleRequests, type ImageGeneration } from '../image/trajectory.ts';
@@ -48,6 +55,8 @@ export interface ImagePolicySettings {
   /** Guidance of training samples (the loss's cfgScale too). */
   trainCfgScale: number;
   nftUpdates: number;
+  /** diffusion_nft: how rewards become optimality probabilities (lib/image/rl.ts nftOptimality). */
+  nftOptimality: NftOptimalityOptions;
   /** diffusion_nft: the soft update of the sampling policy, η_i = min(rate·i, max); null: on-policy (θ_old = θ). */
   nftOldDecay: { rate: number; max: number } | null;
   epochs: number;
@@ -68,7 +77,12 @@ export function imagePolicySettings(cfg: Config): ImagePolicySettings {
           cfgScale: im.train_cfg_scale,
         }
       : a.policy_loss === 'diffusion_nft'
-        ? { name: 'diffusion_nft', nftBeta: im.nft_beta, cfgScale: im.train_cfg_scale }
+        ? {
+            name: 'diffusion_nft',
+            nftBeta: im.nft_beta,
+            cfgScale: im.train_cfg_scale,
+            ...(im.nft_adaptive_weight ? { nftAdaptiveWeight: true } : {}),
+          }
         : (() => {
             throw new ConfigError(
               `algorithm.policy_loss = ${a.policy_loss} is a language loss; an image policy trains with flow_grpo or diffusion_nft`,
@@ -82,6 +96,7 @@ export function imagePolicySettings(cfg: Config): ImagePolicySettings {
     cfgScale: im.cfg_scale,
     trainCfgScale: im.train_cfg_scale,
     nftUpdates: im.nft_updates,
+    nftOptimality: { clip: im.nft_adv_clip, std: im.nft_adv_std },
     nftOldDecay:
       loss.name === 'diffusion_nft' && im.nft_old_decay_rate > 0
         ? { rate: im.nft_old_decay_rate, max: im.nft_old_decay_max }
@@ -378,7 +393,7 @@ export class ImageLearner extends LearnerVersion implements PolicyLearner {
     totalOptimizerSteps: number,
   ): ReturnType<ImageLearner['trainStep']> {
     const loss = this.settings.loss.name === 'flow_grpo' ? 'flow_grpo' : 'diffusion_nft';
-    const batch = imageUpdateBatch(kept, loss, (g) => this.classOf(g.prompt_text));
+    const batch = imageUpdateBatch(kept, loss, (g) => this.classOf(g.prompt_text), this.settings.nftOptimality);
     return this.trainStep({ step, batch, optimizerSteps, totalOptimizerSteps });
   }
 

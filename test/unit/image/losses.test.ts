@@ -233,3 +233,38 @@ test("DiffusionNFT's sampling policy: η_i = min(rate·i, max), θ_old ← η·�
   assert.deepEqual([...old.get('w')!], [7, 7], 'η = 0 is the trained weights (on-policy)');
   assert.throws(() => softUpdate(old, new Map([['v', Float32Array.from([1])]]), 0.5), /weight v missing/);
 });
+
+test("diffusion_nft's adaptive weighting: t²·‖v± − u‖² / sg(t·|v± − u|‾), the weight without gradient", async () => {
+  const { cls, t, x0, noise, vOld, xt, tr } = lossCase(5, 'adaptive', [0, 1, 1, 0]);
+  const v = await tr.velocity(xt, t, cls);
+  const r = [0.9, 0.2, 0.5, 0.0],
+    beta = 0.5;
+  const loss: ImageLossConfig = { name: 'diffusion_nft', nftBeta: beta, nftAdaptiveWeight: true };
+  const m = await tr.step(loss, { floats: { x0, noise, t, v_old: vOld, nft_r: r }, cls });
+  let ref = 0;
+  for (let b = 0; b < B; b++) {
+    const term = (sign: 1 | -1) => {
+      let sq = 0,
+        ab = 0;
+      for (let i = b * P; i < (b + 1) * P; i++) {
+        const vv = sign > 0 ? (1 - beta) * vOld[i] + beta * v[i] : (1 + beta) * vOld[i] - beta * v[i];
+        const e = t[b] * (noise[i] - x0[i] - vv);
+        sq += (e * e) / P;
+        ab += Math.abs(e) / P;
+      }
+      return sq / Math.max(ab, 1e-5);
+    };
+    ref += (r[b] * term(1) + (1 - r[b]) * term(-1)) / B;
+  }
+  assert.ok(Math.abs(m.loss - ref) < 1e-5 * Math.max(1, ref), `adaptive diffusion_nft ${m.loss} vs ${ref}`);
+
+  // one image, r = 1, β = 1 (the loss is the positive term of v_θ alone): the weight has no gradient,
+  // so the gradient is the plain loss's times t/|v − u|‾ (a gradient through the weight would not be)
+  const one = { x0: x0.slice(0, P), noise: noise.slice(0, P), t: [t[0]], v_old: vOld.slice(0, P), nft_r: [1] };
+  const plain = await tr.step({ name: 'diffusion_nft', nftBeta: 1 }, { floats: one, cls: [cls[0]] });
+  const adaptive = await tr.step({ ...loss, nftBeta: 1 }, { floats: one, cls: [cls[0]] });
+  let mae = 0;
+  for (let i = 0; i < P; i++) mae += Math.abs(v[i] - (noise[i] - x0[i])) / P;
+  const want = (plain.grad_norm * t[0]) / mae;
+  assert.ok(Math.abs(adaptive.grad_norm - want) < 1e-4 * want, `grad norm ${adaptive.grad_norm} vs ${want}`);
+});

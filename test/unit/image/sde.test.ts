@@ -84,7 +84,23 @@ test('group advantages and DiffusionNFT optimality', () => {
     a.map((x) => Math.round(x * 1000) / 1000),
     [1, -1, 1, -1, 0, 0],
   );
-  const r = nftOptimality([1, 0, 0.5, 0.5], 2);
+  const r = nftOptimality([1, 0, 0.5, 0.5], 2, { clip: 1, std: 'centred' });
   assert.deepEqual(r, [1, 0, 0.5, 0.5]);
+  // the paper's code: A = (R − mean_group)/(std of the raw batch rewards + 1e-4), r = ½ + ½·clip(A/5, −1, 1)
+  const rewards = [0.9, 0.1, 0.6, 0.6, 1, 0.2];
+  const mean = rewards.reduce((a, b) => a + b) / 6;
+  const sd = Math.sqrt(rewards.reduce((a, b) => a + (b - mean) ** 2, 0) / 6) + 1e-4;
+  const paper = nftOptimality(rewards, 2);
+  assert.deepEqual(paper, nftOptimality(rewards, 2, { clip: 5, std: 'global' }), "the defaults are the paper's");
+  const want = [0.4, -0.4, 0, 0, 0.4, -0.4].map((d) => 0.5 + 0.5 * Math.max(-1, Math.min(1, d / sd / 5)));
+  paper.forEach((x, i) => assert.ok(Math.abs(x - want[i]) < 1e-12, `${x} vs ${want[i]}`));
+  // clip 0.1 saturates every non-zero advantage
+  assert.deepEqual(nftOptimality(rewards, 2, { clip: 0.1 }), [1, 0, 0.5, 0.5, 1, 0]);
+  // centred: Z is the std of the group-centred rewards (0.327 here), so A = ±1.22 (clipped to ±1), 0
+  assert.deepEqual(
+    nftOptimality(rewards, 2, { clip: 1, std: 'centred' }).map((x) => Math.round(x * 1e9) / 1e9),
+    [1, 0, 0.5, 0.5, 1, 0],
+  );
+  assert.throws(() => nftOptimality(rewards, 2, { clip: 0 }), /clip must be > 0/);
   assert.throws(() => groupAdvantages([1, 2, 3], 2), /groups of 2/);
 });

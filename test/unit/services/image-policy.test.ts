@@ -128,6 +128,10 @@ test('diffusion_nft through the stages: optimality from the rewards of each grou
   const b = imageUpdateBatch(updates, 'diffusion_nft', classOf);
   const expected = nftOptimality(rewards, N);
   b.weights.forEach((w, i) => assert.ok(Math.abs(w - expected[i]) < 1e-6));
+  const paper = { clip: 5, std: 'global' } as const;
+  const bp = imageUpdateBatch(updates, 'diffusion_nft', classOf, paper);
+  const expectedPaper = nftOptimality(rewards, N, paper);
+  bp.weights.forEach((w, i) => assert.ok(Math.abs(w - expectedPaper[i]) < 1e-6));
   const m = await imageUpdate(tr, b, { loss: { name: 'diffusion_nft', nftBeta: 1 }, rng: Rng.fromSeed(2) });
   assert.ok(Number.isFinite(m.loss) && Number.isFinite(m.pos_mse));
   const { samples: _s, ...rest } = updates[0];
