@@ -258,6 +258,16 @@ function allocState(c: ModelConfig, rowCap: number, colCap: number): DecodeState
 const pow2 = (n: number) => 2 ** Math.ceil(Math.log2(Math.max(1, n)));
 
 /**
+ * Column capacity for `S` cached columns and the next one: S + 1 plus an eighth of S (at least 16),
+ * rounded up to 16. The step graph attends over the whole capacity, so the spare columns are
+ * work; growing by an eighth keeps them under ~12 % of the cache while a relayout (one copy of the
+ * cache) happens once per S/8 steps.
+ */
+export function columnCapacity(S: number): number {
+  return Math.ceil((S + 1 + Math.max(16, Math.ceil(S / 8))) / 16) * 16;
+}
+
+/**
  * Moves the B rows into buffers of `rowCap` × `colCap`, each row's columns [from, S) to
  * [to, to + S − from). Returns the new state (S = to + S − from).
  */
@@ -313,7 +323,8 @@ function firstUsedColumn(st: DecodeState): number {
 
 /**
  * Makes room for column S: when the buffers are full, drops the columns no row uses if they are
- * at least a quarter of the capacity, else doubles it (so appends cost amortised O(1) copies).
+ * at least a quarter of the capacity, else grows it to `columnCapacity(S)` (by an eighth: appends
+ * cost amortised O(1) copies of the cache).
  */
 function reserveColumn(c: ModelConfig, st: DecodeState): void {
   if (st.S < st.colCap) return;
@@ -321,7 +332,7 @@ function reserveColumn(c: ModelConfig, st: DecodeState): void {
   const next =
     first >= st.colCap / 4
       ? relayout(c, st, st.rowCap, st.colCap, first, 0)
-      : relayout(c, st, st.rowCap, st.colCap * 2, 0, 0);
+      : relayout(c, st, st.rowCap, columnCapacity(st.S), 0, 0);
   Object.assign(st, next);
 }
 
@@ -338,7 +349,7 @@ export function appendRows(c: ModelConfig, st: DecodeState, pre: Prefilled): Dec
   let s = st;
   if (B > st.rowCap || S >= st.colCap || S > st.S) {
     const rowCap = B > st.rowCap ? Math.max(pow2(B), st.rowCap * 2) : st.rowCap;
-    const colCap = S >= st.colCap ? pow2(2 * S) : st.colCap;
+    const colCap = S >= st.colCap ? columnCapacity(S) : st.colCap;
     s = relayout(c, st, rowCap, colCap, 0, S - st.S);
   }
   S = s.S = Math.max(s.S, S);
