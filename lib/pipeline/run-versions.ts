@@ -33,6 +33,7 @@ import {
 import type { PolicyLora } from './policy.ts';
 import { roundedToBf16 } from '../model/safetensors.ts';
 import { sealWeights } from '../model/seal.ts';
+import { memMark } from './mem-trace.ts';
 import type { HfDtype } from '../model/hf-layout.ts';
 import type { PolicyDtype } from '../config/index.ts';
 import { resumeHint, type RunCheckpoints } from './run-checkpoints.ts';
@@ -144,6 +145,7 @@ export class RunVersions {
         dtype,
         whileSealing: () => crashPoint('update:sealing', `${kind} ${version}`),
       });
+      memMark('update:sealed', { version });
       handOff(this.policies, version, MODEL_FILE, sealed.sha256, sealed.stored, false);
       return sealed.sha256;
     }
