@@ -315,7 +315,8 @@ export class Learner extends LearnerVersion implements PolicyLearner {
 
   /**
    * Stores the AdamW state of the policy (a LoRA policy: of its adapters) and of the critic as
-   * checkpoint step `version`'s optimizer artifacts (a version itself holds weights only).
+   * checkpoint step `version`'s optimizer artifacts (a version itself holds weights only), written
+   * from the trainers' own arrays (no step runs while they are written).
    */
   async storeOptimizers(version: number, db: Executor): Promise<void> {
     const { versions, model } = this.s;
@@ -323,7 +324,7 @@ export class Learner extends LearnerVersion implements PolicyLearner {
       'optimizer',
       version,
       model,
-      this.actor.getOptimizerState(),
+      this.actor.optimizerStateView(),
       this.actor.weightsView() as Weights,
       db,
     );
@@ -332,7 +333,7 @@ export class Learner extends LearnerVersion implements PolicyLearner {
         'critic-optimizer',
         version,
         this.critic.model,
-        this.critic.getOptimizerState(),
+        this.critic.optimizerStateView(),
         this.critic.weightsView() as Weights,
         db,
       );
