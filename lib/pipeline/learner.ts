@@ -28,7 +28,7 @@ import {
 import type { UpdateGroup } from '../contracts/index.ts';
 import type { ImagePixels } from '../data/images.ts';
 import { Scorer } from '../model/score.ts';
-import { sharedWeights } from '../model/seal.ts';
+import { packedWeights } from '../model/seal.ts';
 import { lrAt } from '../optim/lr-schedule.ts';
 import { emaUpdate } from '../rl/ema.ts';
 import { readCheckpointPath, verifyCheckpointFiles } from './checkpoints.ts';
@@ -351,8 +351,8 @@ export class Learner extends LearnerVersion implements PolicyLearner {
       'policy',
       version,
       this.s.model,
-      // kept in memory only: copied into shared memory, which a worker thread seals (lib/model/seal.ts)
-      inMemoryOnly ? sharedWeights(this.actor.weightsView()) : this.actor.getWeights(),
+      // kept in memory only: copied into one buffer, which a worker thread seals in place (lib/model/seal.ts)
+      inMemoryOnly ? packedWeights(this.actor.weightsView()) : this.actor.getWeights(),
       { metadata: { policy_version: String(version) }, ...(inMemoryOnly ? { inMemoryOnly } : {}) },
       db,
     );

@@ -139,7 +139,7 @@ export class RunVersions {
     if (kind === 'policy' && inMemoryOnly) {
       if (lora)
         throw new ConfigError('a LoRA policy version is written to the policy store, never kept in memory only');
-      // sha256 and bf16 rounding in a worker thread when the weights are in shared memory (lib/model/seal.ts)
+      // sha256 and bf16 rounding in a worker thread when the weights are packed in one buffer (lib/model/seal.ts)
       const sealed = await sealWeights(model, weights, {
         ...write,
         dtype,
