@@ -36,7 +36,7 @@
  * RLSTREAM_BENCH_PIPELINE_OVERRIDES (space-separated a.b=c) to measure another config.
  */
 import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -182,6 +182,11 @@ export interface MeasuredRun {
   exitCode: number;
   output: string;
   timeline: RunTimeline;
+  /**
+   * RLSTREAM_MEM_TRACE=1 (lib/pipeline/mem-trace.ts): the child's memory marks in order, with the
+   * process's VmRSS sampled every 200 ms between them (label 'sample'); empty otherwise.
+   */
+  memTrace: Array<{ t: number; label: string; rss_gb: number } & Record<string, unknown>>;
 }
 
 /** User + system CPU seconds of a live process, all threads (/proc/<pid>/stat; NaN when unreadable). */
@@ -208,16 +213,18 @@ function procWriteBytes(pid: number | undefined): number {
   }
 }
 
-/** Peak resident set size of a live process in bytes (/proc/<pid>/status VmHWM; NaN when unreadable). */
-function procPeakRssBytes(pid: number | undefined): number {
+/** A /proc/<pid>/status field in bytes (VmHWM: peak resident set size; VmRSS: now; NaN when unreadable). */
+function procStatusBytes(pid: number | undefined, field: 'VmHWM' | 'VmRSS'): number {
   if (pid === undefined) return NaN;
   try {
-    const m = /^VmHWM:\s+(\d+) kB$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    const m = new RegExp(`^${field}:\\s+(\\d+) kB$`, 'm').exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
     return m ? Number(m[1]) * 1024 : NaN;
   } catch {
     return NaN;
   }
 }
+
+const MEM_TRACE = process.env.RLSTREAM_MEM_TRACE === '1';
 
 /** Runs `rlstream train <config> <overrides…>` in a child process and reads its timeline back. */
 export async function trainAndMeasure(configFile: string, overrides: string[]): Promise<MeasuredRun> {
@@ -229,11 +236,17 @@ export async function trainAndMeasure(configFile: string, overrides: string[]): 
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let output = '';
+  const memTrace: MeasuredRun['memTrace'] = [];
+  let partial = '';
   child.stdout.on('data', (d: Buffer) => {
     output = (output + d.toString()).slice(-20000);
   });
   child.stderr.on('data', (d: Buffer) => {
     output = (output + d.toString()).slice(-20000);
+    if (!MEM_TRACE) return;
+    const lines = (partial + d.toString()).split('\n');
+    partial = lines.pop()!;
+    for (const l of lines) if (l.startsWith('memtrace ')) memTrace.push(JSON.parse(l.slice(9)));
   });
   // the child's CPU time (all threads), sampled from /proc while it runs (Linux; NaN elsewhere)
   let cpuS = NaN,
@@ -244,8 +257,11 @@ export async function trainAndMeasure(configFile: string, overrides: string[]): 
     if (Number.isFinite(c)) cpuS = c;
     const w = procWriteBytes(child.pid);
     if (Number.isFinite(w)) writeBytes = w;
-    const r = procPeakRssBytes(child.pid);
+    const r = procStatusBytes(child.pid, 'VmHWM');
     if (Number.isFinite(r)) peakRssBytes = r;
+    const now = procStatusBytes(child.pid, 'VmRSS');
+    if (MEM_TRACE && Number.isFinite(now))
+      memTrace.push({ t: Date.now(), label: 'sample', rss_gb: Math.round(now / 1e6) / 1e3 });
   };
   const sampler = setInterval(sampleCpu, 200);
   child.on('exit', sampleCpu);
@@ -264,6 +280,7 @@ export async function trainAndMeasure(configFile: string, overrides: string[]): 
       exitCode,
       output,
       timeline: await readTimeline(p),
+      memTrace,
     };
   } finally {
     await p.close();
@@ -321,6 +338,7 @@ export async function distributedAndMeasure(
         exitCode: bad ? (bad.child.exitCode ?? 1) : 0,
         output,
         timeline: await readTimeline(p),
+        memTrace: [],
       };
     } finally {
       await p.close();
@@ -447,6 +465,25 @@ async function randomHfDir(s: RealShape): Promise<string> {
   return dir;
 }
 
+/**
+ * The memory trace (RLSTREAM_MEM_TRACE=1) as phases: each stage mark, the RSS there, and the
+ * highest RSS sampled until the next mark — where the run's peak is, and what ran then.
+ */
+export function memPhases(trace: MeasuredRun['memTrace']): string[][] {
+  const rows: string[][] = [['from mark', 'detail', 'RSS at mark GB', 'max RSS until next mark GB', 'arrayBuffers GB']];
+  let cur: string[] | null = null;
+  for (const e of [...trace].sort((a, b) => a.t - b.t)) {
+    if (e.label === 'sample') {
+      if (cur && e.rss_gb > Number(cur[3])) cur[3] = String(e.rss_gb);
+      continue;
+    }
+    const { t: _t, label, rss_gb, hwm_gb: _h, array_buffers_gb, external_gb: _e, heap_gb: _hp, ...detail } = e;
+    cur = [label, JSON.stringify(detail), String(rss_gb), String(rss_gb), String(array_buffers_gb)];
+    rows.push(cur);
+  }
+  return rows;
+}
+
 /** Bytes of each file of a directory (one level). */
 function fileSizes(dir: string): Record<string, number> {
   return Object.fromEntries(readdirSync(dir).map((f) => [f, statSync(join(dir, f)).size]));
@@ -506,6 +543,10 @@ async function realShapeRows(shape: RealShape = REAL_135M): Promise<Row[]> {
     }
     const runDir = runDirOf(dtype, 0);
     const m = await trainReal(dtype, 0, REAL_STEPS);
+    if (m.memTrace.length) {
+      writeFileSync(join(runDir, 'memtrace.jsonl'), m.memTrace.map((e) => JSON.stringify(e)).join('\n') + '\n');
+      console.error(formatTable(memPhases(m.memTrace)));
+    }
     const o = stepOverhead(m.timeline, 2, REAL_STEPS - 1);
     const withCheckpoint = stepOverhead(m.timeline, 2);
     const tag = `${shape.tag} ${dtype} versions`;

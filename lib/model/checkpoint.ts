@@ -109,11 +109,28 @@ export interface SaveOptions {
   beforeRename?: () => void;
 }
 
-async function writeSynced(file: string, data: Uint8Array | string): Promise<void> {
+/**
+ * A file's contents for writeDirAtomic: bytes, text, or bytes given as consecutive parts (a
+ * safetensors file as safetensorsParts makes it: views of the weights, written one after the
+ * other without first joining them into one buffer, which would copy them all).
+ */
+export type FileData = Uint8Array | string | readonly Uint8Array[];
+
+async function writeSynced(file: string, data: FileData): Promise<void> {
   try {
     const fh = await fs.open(file, 'w');
     try {
-      await fh.writeFile(data);
+      if (typeof data === 'string' || data instanceof Uint8Array) await fh.writeFile(data);
+      else {
+        let at = 0;
+        for (const part of data)
+          // a write call takes at most 2^31 − 1 bytes: 1 GiB at a time
+          for (let o = 0; o < part.byteLength;) {
+            const { bytesWritten } = await fh.write(part, o, Math.min(part.byteLength - o, 1 << 30), at);
+            o += bytesWritten;
+            at += bytesWritten;
+          }
+      }
       await fh.sync();
     } finally {
       await fh.close();
@@ -177,7 +194,8 @@ async function sideFiles(config: ModelConfig, assetsFrom: string | null): Promis
  * optimizer.safetensors: AdamW moments `<name>.exp_avg` / `.exp_avg_sq` for `specs`, the step in
  * metadata; with `masters` (weights stored below f32), the f32 master weights as `<name>.master`.
  */
-function optimizerFile(specs: ParamSpec[], o: OptimizerState, masters: Weights | null = null): Buffer {
+/** optimizer.safetensors as its parts (safetensorsParts: views of the moments, no copy). */
+function optimizerFile(specs: ParamSpec[], o: OptimizerState, masters: Weights | null = null): Buffer[] {
   const entries: [string, { shape: number[]; data: Float32Array }][] = [];
   for (const s of specs) {
     const m = o.expAvg.get(s.name),
@@ -189,7 +207,7 @@ function optimizerFile(specs: ParamSpec[], o: OptimizerState, masters: Weights |
     );
     if (masters) entries.push([`${s.name}.master`, { shape: s.shape, data: masters.get(s.name)! }]);
   }
-  return encodeSafetensors(entries, { step: String(o.step), optimizer: 'adamw' });
+  return safetensorsParts(entries, { step: String(o.step), optimizer: 'adamw' });
 }
 
 /** A file of a written directory: its name, the sha256 of the bytes written and their size. */
@@ -205,7 +223,7 @@ export interface WrittenFile {
  */
 export async function writeDirAtomic(
   dir: string,
-  files: ReadonlyMap<string, Uint8Array | string>,
+  files: ReadonlyMap<string, FileData>,
   overwrite: boolean,
   beforeRename?: () => void,
 ): Promise<WrittenFile[]> {
@@ -232,8 +250,10 @@ export async function writeDirAtomic(
     if (old) await fs.rm(old, { recursive: true, force: true });
     return [...files]
       .map(([name, data]) => {
-        const bytes = typeof data === 'string' ? Buffer.from(data) : data;
-        return { name, sha256: sha256(bytes), sizeBytes: bytes.byteLength };
+        const parts = typeof data === 'string' ? [Buffer.from(data)] : data instanceof Uint8Array ? [data] : data;
+        const h = createHash('sha256');
+        for (const b of parts) updateHash(h, b);
+        return { name, sha256: h.digest('hex'), sizeBytes: parts.reduce((a, b) => a + b.byteLength, 0) };
       })
       .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   } catch (e) {
@@ -346,13 +366,13 @@ export async function saveCheckpoint(
 ): Promise<{ weightsSha256: string; files: WrittenFile[] }> {
   const specs = paramSpecs(config);
   const dtype = opts.dtype ?? 'float32';
-  const files = new Map<string, Uint8Array | string>();
+  const files = new Map<string, FileData>();
   const hash = createHash('sha256');
   const w = weightFiles(config, weights, opts);
   for (const f of w.files) {
-    const buf = Buffer.concat(f.parts);
-    files.set(f.name, buf);
-    if (w.index !== null) updateHash(hash, buf);
+    // written part by part: the weights are not joined into one buffer (a copy of them all)
+    files.set(f.name, f.parts);
+    if (w.index !== null) for (const b of f.parts) updateHash(hash, b);
   }
   if (w.index !== null) files.set(MODEL_INDEX_FILE, w.index);
   // the source's generation config and tokenizer files (read before the temporary directory exists)
@@ -737,7 +757,7 @@ export async function saveAdapter(
     ]),
     { format: 'pt', ...(opts.metadata ?? {}) },
   );
-  const files = new Map<string, Uint8Array | string>([[ADAPTER_MODEL_FILE, model]]);
+  const files = new Map<string, FileData>([[ADAPTER_MODEL_FILE, model]]);
   if (opts.optimizer) files.set(OPTIMIZER_FILE, optimizerFile(specs, opts.optimizer));
   files.set(ADAPTER_CONFIG_FILE, JSON.stringify(peftAdapterConfig(lora, opts.basePath, config), null, 2) + '\n');
   for (const [f, data] of await sideFiles(config, opts.basePath)) files.set(f, data);

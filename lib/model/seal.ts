@@ -2,10 +2,11 @@
  * Sealing a policy version kept in memory only, off the main thread: a worker thread computes the
  * sha256 of the model.safetensors bytes the version would be written as (checkpointWeightsSha256)
  * and, for bf16 versions, the weights rounded to bf16 as a reader of that file gets them
- * (roundedToBf16), in one pass over the weights. The weights are copied once into shared memory
- * (`sharedWeights`, the copy the version keeps) so the worker reads them without another copy,
- * and the main thread (the rollout's sampling loop, the other stages) runs meanwhile. One
- * long-lived worker thread seals every version of the process, one after another.
+ * (roundedToBf16), in one pass over the weights. The weights are copied once into one buffer
+ * (`packedWeights`, the copy the version keeps), which is moved to the worker (transferred, not
+ * copied), sealed there in place and moved back, while the main thread (the rollout's sampling
+ * loop, the other stages) runs. So a version costs one copy of the weights, during sealing too.
+ * One long-lived worker thread seals every version of the process, one after another.
  * Weights written in shards (over 4 GB) or in another dtype are sealed on the calling thread.
  */
 import { Worker } from 'node:worker_threads';
@@ -15,11 +16,18 @@ import type { ModelConfig } from './config.ts';
 import { cloneWeights, type Weights } from './params.ts';
 import { roundedToBf16 } from './safetensors.ts';
 
-/** `w` copied into one SharedArrayBuffer (a view per parameter, same names and order). */
-export function sharedWeights(w: ReadonlyMap<string, Float32Array>): Weights {
+/** Buffers made by packedWeights: only these are moved to the worker. */
+const PACKED = new WeakSet<ArrayBuffer>();
+
+/**
+ * `w` copied into one ArrayBuffer (a view per parameter, same names and order): weights sealWeights
+ * seals in its worker. They are then the sealed version's own (sealWeights takes them over).
+ */
+export function packedWeights(w: ReadonlyMap<string, Float32Array>): Weights {
   let n = 0;
   for (const a of w.values()) n += a.length;
-  const buf = new SharedArrayBuffer(n * 4);
+  const buf = new ArrayBuffer(n * 4);
+  PACKED.add(buf);
   const out: Weights = new Map();
   let at = 0;
   for (const [k, a] of w) {
@@ -38,21 +46,20 @@ export interface Sealed {
   stored: Weights;
 }
 
-/** What the worker is given: the file's first bytes, then each parameter's values in shared memory. */
+/** What the worker is given: the file's first bytes, then each parameter's values in `buffer` (transferred). */
 interface SealJob {
   header: Uint8Array[];
-  tensors: { buffer: SharedArrayBuffer; byteOffset: number; length: number }[];
-  /** bf16: hash the values' bf16 bits; the stored weights are their rounding. */
+  buffer: ArrayBuffer;
+  tensors: { byteOffset: number; length: number }[];
+  /** bf16: hash the values' bf16 bits; the stored weights are their rounding, written in place. */
   bf16: boolean;
-  /** Bytes of the shared buffer: the worker returns the stored weights in a buffer of this size (same offsets). */
-  byteLength: number;
 }
 
 /**
  * The worker's source (CommonJS, evaluated): for each job, hashes the header, then each tensor's
  * bytes; for bf16 converts in chunks (round to nearest, ties to even; NaN stays a quiet NaN:
- * safetensors.ts bf16Bits). It returns the stored weights in an ordinary buffer it transfers (no
- * copy on this thread): the readers feed them to onnxruntime, which takes no SharedArrayBuffer.
+ * safetensors.ts bf16Bits), writing each value's rounding over it. It transfers the buffer back
+ * (no copy on either thread).
  */
 const WORKER = `
 const { parentPort } = require('node:worker_threads');
@@ -60,32 +67,29 @@ const { createHash } = require('node:crypto');
 const CHUNK = 1 << 20;
 const bits = new Uint16Array(CHUNK);
 const bytes = new Uint8Array(bits.buffer);
-function seal({ header, tensors, bf16, byteLength }) {
+function seal({ header, buffer, tensors, bf16 }) {
   const h = createHash('sha256');
   for (const b of header) h.update(b);
-  const out = new ArrayBuffer(byteLength);
   for (const t of tensors) {
     if (!bf16) {
-      const v = new Uint8Array(t.buffer, t.byteOffset, t.length * 4);
+      const v = new Uint8Array(buffer, t.byteOffset, t.length * 4);
       // Hash.update takes at most 2^31 - 1 bytes a call
       for (let i = 0; i < v.length; i += 1 << 30) h.update(v.subarray(i, Math.min(i + (1 << 30), v.length)));
-      new Uint8Array(out, t.byteOffset, t.length * 4).set(v);
       continue;
     }
-    const u = new Uint32Array(t.buffer, t.byteOffset, t.length);
-    const r = new Uint32Array(out, t.byteOffset, t.length);
+    const u = new Uint32Array(buffer, t.byteOffset, t.length);
     for (let i = 0; i < t.length; i += CHUNK) {
       const n = Math.min(CHUNK, t.length - i);
       for (let j = 0; j < n; j++) {
         const x = u[i + j];
         const b = (x & 0x7fffffff) > 0x7f800000 ? (x >>> 16) | 0x40 : ((x + 0x7fff + ((x >>> 16) & 1)) >>> 16) & 0xffff;
         bits[j] = b;
-        r[i + j] = b << 16;
+        u[i + j] = b << 16;
       }
       h.update(bytes.subarray(0, n * 2));
     }
   }
-  return { sha256: h.digest('hex'), stored: out };
+  return { sha256: h.digest('hex'), stored: buffer };
 }
 parentPort.on('message', ({ id, job }) => {
   let r;
@@ -164,7 +168,8 @@ class SealWorker {
       this.pending.set(id, { resolve, reject });
       // a pending seal keeps the process alive (its caller awaits it)
       this.worker.ref();
-      this.worker.postMessage({ id, job });
+      // the buffer moves to the worker (the caller's views of it are detached until it comes back)
+      this.worker.postMessage({ id, job }, [job.buffer]);
     });
   }
 }
@@ -174,20 +179,22 @@ export function sealWorkersStarted(): number {
   return SealWorker.count();
 }
 
-/** Whether every array of `w` lies in one SharedArrayBuffer (sharedWeights). */
-function inSharedMemory(w: Weights): SharedArrayBuffer | null {
-  let buf: SharedArrayBuffer | null = null;
+/** The buffer packedWeights made that every array of `w` lies in; else null (other arrays are never moved). */
+function packedBuffer(w: Weights): ArrayBuffer | null {
+  let buf: ArrayBuffer | null = null;
   for (const a of w.values()) {
-    if (!(a.buffer instanceof SharedArrayBuffer) || (buf && a.buffer !== buf)) return null;
+    if (!(a.buffer instanceof ArrayBuffer) || (buf && a.buffer !== buf)) return null;
     buf = a.buffer;
   }
-  return buf;
+  return buf && PACKED.has(buf) ? buf : null;
 }
 
 /**
  * Seals version weights `weights` (not modified afterwards by anyone) as saveCheckpoint would write
- * them with `opts`: in a worker thread when they are in shared memory (sharedWeights) and form one
- * f32 or bf16 file, else on this thread. The sha256 equals checkpointWeightsSha256's.
+ * them with `opts`: in a worker thread when they lie in one buffer (packedWeights) and form one
+ * f32 or bf16 file, else on this thread. The sha256 equals checkpointWeightsSha256's. Sealed in the
+ * worker, `weights` are taken over: their buffer becomes the stored weights' (bf16: rounded in
+ * place), and the arrays given are detached (empty) from the moment the job is posted.
  */
 export async function sealWeights(
   config: ModelConfig,
@@ -198,33 +205,35 @@ export async function sealWeights(
   } = {},
 ): Promise<Sealed> {
   const layout = weightsFileLayout(config, opts);
-  const shared = inSharedMemory(weights);
-  if (!layout || !shared) {
+  const buffer = packedBuffer(weights);
+  if (!layout || !buffer) {
     opts.whileSealing?.();
     const sha256 = checkpointWeightsSha256(config, weights, opts);
     const bf16 = (opts.dtype ?? 'float32') === 'bfloat16';
     const stored = bf16
       ? new Map([...weights].map(([k, a]) => [k, roundedToBf16(a)]))
-      : shared
+      : [...weights.values()].some((a) => a.buffer instanceof SharedArrayBuffer)
         ? cloneWeights(weights)
         : weights;
     return { sha256, stored };
   }
+  // where each array lies in the buffer (read before the transfer detaches them)
+  const at = new Map([...weights].map(([k, a]) => [k, { byteOffset: a.byteOffset, length: a.length }]));
   const job: SealJob = {
     header: layout.header,
+    buffer,
     tensors: layout.params.map((name) => {
-      const a = weights.get(name);
+      const a = at.get(name);
       if (!a) throw new RlError(`sealWeights: weights lack ${name}`);
-      return { buffer: shared, byteOffset: a.byteOffset, length: a.length };
+      return a;
     }),
     bf16: layout.dtype === 'bfloat16',
-    byteLength: shared.byteLength,
   };
   const pending = SealWorker.get().seal(job);
   // the worker is hashing: a kill here is a kill mid-seal (test hook, lib/pipeline/crash-points.ts)
   opts.whileSealing?.();
   const done = await pending;
   const stored: Weights = new Map();
-  for (const [k, a] of weights) stored.set(k, new Float32Array(done.stored, a.byteOffset, a.length));
+  for (const [k, a] of at) stored.set(k, new Float32Array(done.stored, a.byteOffset, a.length));
   return { sha256: done.sha256, stored };
 }

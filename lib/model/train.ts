@@ -271,6 +271,13 @@ export class Trainer {
   getOptimizerState(): OptimizerState {
     return cloneState(this.opt);
   }
+  /**
+   * The optimizer state without copying (writing it to a file). Do not modify; on the CPU a step
+   * updates the moments in place: copy (`getOptimizerState`) what must outlive the next step.
+   */
+  optimizerStateView(): Readonly<OptimizerState> {
+    return this.opt;
+  }
   setOptimizerState(s: OptimizerState): void {
     this.validateState(s);
     this.opt = cloneState(s);

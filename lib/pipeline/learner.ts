@@ -28,7 +28,7 @@ import {
 import type { UpdateGroup } from '../contracts/index.ts';
 import type { ImagePixels } from '../data/images.ts';
 import { Scorer } from '../model/score.ts';
-import { sharedWeights } from '../model/seal.ts';
+import { packedWeights } from '../model/seal.ts';
 import { lrAt } from '../optim/lr-schedule.ts';
 import { emaUpdate } from '../rl/ema.ts';
 import { readCheckpointPath, verifyCheckpointFiles } from './checkpoints.ts';
@@ -315,7 +315,8 @@ export class Learner extends LearnerVersion implements PolicyLearner {
 
   /**
    * Stores the AdamW state of the policy (a LoRA policy: of its adapters) and of the critic as
-   * checkpoint step `version`'s optimizer artifacts (a version itself holds weights only).
+   * checkpoint step `version`'s optimizer artifacts (a version itself holds weights only), written
+   * from the trainers' own arrays (no step runs while they are written).
    */
   async storeOptimizers(version: number, db: Executor): Promise<void> {
     const { versions, model } = this.s;
@@ -323,7 +324,7 @@ export class Learner extends LearnerVersion implements PolicyLearner {
       'optimizer',
       version,
       model,
-      this.actor.getOptimizerState(),
+      this.actor.optimizerStateView(),
       this.actor.weightsView() as Weights,
       db,
     );
@@ -332,7 +333,7 @@ export class Learner extends LearnerVersion implements PolicyLearner {
         'critic-optimizer',
         version,
         this.critic.model,
-        this.critic.getOptimizerState(),
+        this.critic.optimizerStateView(),
         this.critic.weightsView() as Weights,
         db,
       );
@@ -350,8 +351,8 @@ export class Learner extends LearnerVersion implements PolicyLearner {
       'policy',
       version,
       this.s.model,
-      // kept in memory only: copied into shared memory, which a worker thread seals (lib/model/seal.ts)
-      inMemoryOnly ? sharedWeights(this.actor.weightsView()) : this.actor.getWeights(),
+      // kept in memory only: copied into one buffer, which a worker thread seals in place (lib/model/seal.ts)
+      inMemoryOnly ? packedWeights(this.actor.weightsView()) : this.actor.getWeights(),
       { metadata: { policy_version: String(version) }, ...(inMemoryOnly ? { inMemoryOnly } : {}) },
       db,
     );

@@ -33,6 +33,7 @@ import {
 import type { PolicyLora } from './policy.ts';
 import { roundedToBf16 } from '../model/safetensors.ts';
 import { sealWeights } from '../model/seal.ts';
+import { memMark } from './mem-trace.ts';
 import type { HfDtype } from '../model/hf-layout.ts';
 import type { PolicyDtype } from '../config/index.ts';
 import { resumeHint, type RunCheckpoints } from './run-checkpoints.ts';
@@ -138,12 +139,13 @@ export class RunVersions {
     if (kind === 'policy' && inMemoryOnly) {
       if (lora)
         throw new ConfigError('a LoRA policy version is written to the policy store, never kept in memory only');
-      // sha256 and bf16 rounding in a worker thread when the weights are in shared memory (lib/model/seal.ts)
+      // sha256 and bf16 rounding in a worker thread when the weights are packed in one buffer (lib/model/seal.ts)
       const sealed = await sealWeights(model, weights, {
         ...write,
         dtype,
         whileSealing: () => crashPoint('update:sealing', `${kind} ${version}`),
       });
+      memMark('update:sealed', { version });
       handOff(this.policies, version, MODEL_FILE, sealed.sha256, sealed.stored, false);
       return sealed.sha256;
     }

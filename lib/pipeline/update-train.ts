@@ -13,6 +13,7 @@ import type { ImagePixels } from '../data/images.ts';
 import type { ImageLearner } from './image-policy.ts';
 import type { PolicyImages } from './images.ts';
 import type { Learner, LearnerBatch } from './learner.ts';
+import { memMark } from './mem-trace.ts';
 
 /** What the update stage packs a language step's batches and a step's metrics with (services/update/logic.ts). */
 export interface StepPacking {
@@ -71,6 +72,7 @@ export async function trainUpdateStep(
   }
   const px = await t.images.byGroup(kept);
   const old = await learner.oldLogprobs(kept, px, t.behaviourSha);
+  memMark('update:old-logprobs', { version });
   const fix = packing.correction(kept, old);
   const r = await learner.trainStep({
     policyBatches: () => packing.policyBatches(kept, old, fix.weights, px),

@@ -14,6 +14,7 @@ import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
 import { readCheckpointPath } from '../../lib/pipeline/checkpoints.ts';
 import { advantageScorers } from '../../lib/pipeline/advantage-scoring.ts';
+import { memMark } from '../../lib/pipeline/mem-trace.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import type { PolicyVersion, ScoredGroup } from '../../lib/contracts/index.ts';
 import { ConfigError } from '../../lib/errors.ts';
@@ -115,7 +116,9 @@ export function startAdvantage(p: Pipeline): StageRun {
         continue;
       }
       crashPoint('advantage:start');
+      memMark('advantage:start', { step });
       const ref = await scorers.referenceLogprobs(decision.kept, ctx.db);
+      memMark('advantage:reference-scored', { step });
       const values = await scorers.values(decision.kept, ctx.db);
       const res = computeStep(decision.kept, decision.filtered, ref, settings, state.klValue, values);
       const vppoPasses = await scorers.vppoPasses(decision.kept, ctx.db);

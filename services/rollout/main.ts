@@ -11,6 +11,7 @@ import { runStage, type Pipeline, type StageRun } from '../../lib/pipeline/runti
 import { tokenizerFor, policyModelConfig, samplerOptions, PolicyCache, policyLora } from '../../lib/pipeline/policy.ts';
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
+import { memMark } from '../../lib/pipeline/mem-trace.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
 import type { PromptBatch } from '../../lib/contracts/index.ts';
 import { generationRequests, trajectoryGroups, requestSampling } from './logic.ts';
@@ -61,6 +62,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
       const weights = engine.name === 'onnx' ? await policies.get(version, ctx.db) : null;
       const policy = enginePolicyOf(version, async () => weights!, p.policies, ctx.db);
       const tLoad = performance.now();
+      memMark('rollout:loaded', { version });
       const { requests, groups } = generationRequests(batches, { greedyBaseline });
       const pixels = await images.byGroup(groups.map((g) => g.group));
       // one generate call per sampling setting (train vs val batches differ; remax baselines are greedy)
@@ -155,6 +157,7 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
         });
       }
       const tGen = performance.now();
+      memMark('rollout:generated', { version });
       crashPoint('rollout:generated');
       const trajs = trajectoryGroups(groups, requests, results, (ids) => tok.decode(ids), stopTokenIds(model));
       // multi-turn: every episode and its turns in SQL (episodes, episode_turns), with this batch

@@ -20,6 +20,7 @@ import { runStage, type Decoded, type Pipeline, type StageContext, type StageRun
 import { StageMetrics } from '../../lib/pipeline/metrics.ts';
 import { loadStageState, saveStageState, PendingBatch } from '../../lib/pipeline/stage-state.ts';
 import { crashPoint } from '../../lib/pipeline/crash-points.ts';
+import { memMark } from '../../lib/pipeline/mem-trace.ts';
 import { policyModels, startLearner } from '../../lib/pipeline/update-start.ts';
 import type { UpdateOptions, UpdateState } from '../../lib/pipeline/update-start.ts';
 import { catchUpLearner, type Retrainer } from '../../lib/pipeline/update-resume.ts';
@@ -177,8 +178,10 @@ async function trainAndCommit(
   const { p, log } = run;
   crashPoint('update:start');
   const t0 = performance.now();
+  memMark('update:start', { step });
   const m = await trainStep(run, st, groups);
   const tTrain = performance.now();
+  memMark('update:trained', { step });
   crashPoint('update:trained');
   const rec = await commitStep(
     run.commit,
@@ -190,6 +193,7 @@ async function trainAndCommit(
   );
   // throughput of the whole pipeline over this step: its samples (and their prompt + response
   // tokens) ÷ the wall time since the previous version (none for the first step of a process)
+  memMark('update:committed', { step });
   const nowMs = Date.now();
   const last = run.lastVersionMs;
   if (last !== null && nowMs > last) Object.assign(m, stepThroughput(groups, (nowMs - last) / 1000));
