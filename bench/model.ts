@@ -162,6 +162,7 @@ async function childDecodeReal(nThreads: number, warmup: number, iters: number):
     if (gens.some((g) => g.tokens.length !== REAL_DECODE.newTokens))
       throw new Error('decode bench: a row stopped early');
   }
+  await defaultSessionCache.clear(); // flushes an ORT profile (RLSTREAM_ORT_PROFILE)
   const ms = median(times);
   return {
     ms,
