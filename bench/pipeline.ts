@@ -48,6 +48,7 @@ import type { MetricsRecord, PolicyVersion } from '../lib/contracts/index.ts';
 import { initWeights, modelConfig } from '../lib/model/index.ts';
 import { saveCheckpoint } from '../lib/model/checkpoint.ts';
 import { policyDir } from '../lib/pipeline/policy.ts';
+import { MEM_TRACE_PREFIX, statusKb } from '../lib/pipeline/mem-trace.ts';
 import { REAL_SHAPES } from './model.ts';
 
 export interface Row {
@@ -217,8 +218,7 @@ function procWriteBytes(pid: number | undefined): number {
 function procStatusBytes(pid: number | undefined, field: 'VmHWM' | 'VmRSS'): number {
   if (pid === undefined) return NaN;
   try {
-    const m = new RegExp(`^${field}:\\s+(\\d+) kB$`, 'm').exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-    return m ? Number(m[1]) * 1024 : NaN;
+    return statusKb(field, readFileSync(`/proc/${pid}/status`, 'utf8')) * 1024;
   } catch {
     return NaN;
   }
@@ -246,7 +246,8 @@ export async function trainAndMeasure(configFile: string, overrides: string[]): 
     if (!MEM_TRACE) return;
     const lines = (partial + d.toString()).split('\n');
     partial = lines.pop()!;
-    for (const l of lines) if (l.startsWith('memtrace ')) memTrace.push(JSON.parse(l.slice(9)));
+    for (const l of lines)
+      if (l.startsWith(MEM_TRACE_PREFIX)) memTrace.push(JSON.parse(l.slice(MEM_TRACE_PREFIX.length)));
   });
   // the child's CPU time (all threads), sampled from /proc while it runs (Linux; NaN elsewhere)
   let cpuS = NaN,

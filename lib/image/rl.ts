@@ -28,15 +28,20 @@ import type { ImageTrainer } from './trainer.ts';
 /** Scores B images (flat [B, C, S, S] in [−1, 1]) for their classes; one reward per image. */
 export type ImageRewardFn = (images: Float32Array, cls: number[]) => Promise<number[]>;
 
+/** Mean and population std of xs. */
+function meanStd(xs: readonly number[]): { mean: number; std: number } {
+  const mean = xs.reduce((a, b) => a + b, 0) / xs.length;
+  return { mean, std: Math.sqrt(xs.reduce((a, b) => a + (b - mean) ** 2, 0) / xs.length) };
+}
+
 /** (R − mean)/(std + eps) within consecutive groups of n (population std, as Flow-GRPO). */
 export function groupAdvantages(rewards: readonly number[], n: number, eps = 1e-4): number[] {
   if (rewards.length % n !== 0) throw new RangeError(`${rewards.length} rewards do not split into groups of ${n}`);
   const out: number[] = [];
   for (let g = 0; g < rewards.length; g += n) {
     const r = rewards.slice(g, g + n);
-    const m = r.reduce((a, b) => a + b, 0) / n;
-    const sd = Math.sqrt(r.reduce((a, b) => a + (b - m) ** 2, 0) / n);
-    for (const x of r) out.push((x - m) / (sd + eps));
+    const { mean, std } = meanStd(r);
+    for (const x of r) out.push((x - mean) / (std + eps));
   }
   return out;
 }
@@ -64,16 +69,13 @@ export function nftOptimality(rewards: readonly number[], n: number, o: NftOptim
   const centred: number[] = [];
   for (let g = 0; g < rewards.length; g += n) {
     const r = rewards.slice(g, g + n);
-    const m = r.reduce((a, b) => a + b, 0) / n;
-    for (const x of r) centred.push(x - m);
+    const { mean } = meanStd(r);
+    for (const x of r) centred.push(x - mean);
   }
-  const std = (xs: readonly number[]) => {
-    const m = xs.reduce((a, b) => a + b, 0) / xs.length;
-    return Math.sqrt(xs.reduce((a, b) => a + (b - m) ** 2, 0) / xs.length);
-  };
-  let z: number;
-  if ((o.std ?? 'global') === 'global') z = std(rewards) + 1e-4;
-  else z = Math.sqrt(centred.reduce((a, b) => a + b * b, 0) / centred.length);
+  const z =
+    (o.std ?? 'global') === 'global'
+      ? meanStd(rewards).std + 1e-4
+      : Math.sqrt(centred.reduce((a, b) => a + b * b, 0) / centred.length);
   return centred.map((d) => 0.5 + 0.5 * Math.max(-1, Math.min(1, z > 0 ? d / z / c : 0)));
 }
 

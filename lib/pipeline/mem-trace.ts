@@ -9,8 +9,11 @@ import { readFileSync } from 'node:fs';
 
 const ON = process.env.RLSTREAM_MEM_TRACE === '1';
 
-/** kB fields of /proc/self/status (NaN when unreadable). */
-function statusKb(field: string, text: string): number {
+/** The prefix of a mark's line on stderr (bench/pipeline.ts reads the lines that start with it). */
+export const MEM_TRACE_PREFIX = 'memtrace ';
+
+/** A kB field (VmRSS, VmHWM, …) of a /proc/<pid>/status text, in kB (NaN when absent). */
+export function statusKb(field: string, text: string): number {
   const m = new RegExp(`^${field}:\\s+(\\d+) kB$`, 'm').exec(text);
   return m ? Number(m[1]) : NaN;
 }
@@ -27,7 +30,7 @@ export function memMark(label: string, detail?: Record<string, number | string>)
   const u = process.memoryUsage();
   const gb = (b: number) => Math.round(b / 1e6) / 1e3;
   process.stderr.write(
-    `memtrace ${JSON.stringify({
+    `${MEM_TRACE_PREFIX}${JSON.stringify({
       t: Date.now(),
       label,
       rss_gb: gb(statusKb('VmRSS', status) * 1024),
