@@ -1008,7 +1008,19 @@ const actorSchema = section(
       .enum(LOSS_AGG_MODES)
       .default('token-mean')
       .describe('How token losses are aggregated into the batch loss.'),
-    entropy_coeff: z.number().default(0).describe('Entropy bonus coefficient in the actor loss (0 = off).'),
+    entropy_coeff: z
+      .number()
+      .default(0)
+      .describe(
+        'Entropy bonus coefficient in the actor loss (0 = off); with entropy_coeff_end, its value at the first optimizer step.',
+      ),
+    entropy_coeff_end: z
+      .number()
+      .nullable()
+      .default(null)
+      .describe(
+        "The entropy bonus coefficient at the last optimizer step of the run: the coefficient goes linearly from entropy_coeff at the first optimizer step to this at the last (the learning-rate schedule's span), logged as actor/entropy_coeff. A high bonus early keeps the policy exploring; decayed, it lets the policy settle. null = entropy_coeff throughout.",
+      ),
     threads: posInt().default(2).describe('onnxruntime intra-op threads for the actor.'),
     device: z
       .enum(DEVICES)

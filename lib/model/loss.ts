@@ -29,6 +29,9 @@ import type { Dim } from '../onnx/dims.ts';
 
 export const MASKED_EPS = 1e-8;
 
+/** The scalar input that carries a scheduled entropy bonus coefficient (policy loss `entropyCoeffInput`). */
+export const ENTROPY_COEFF_INPUT = 'entropy_coeff';
+
 const aggMode = z.enum(['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm']);
 
 export const policyLossSchema = z
@@ -67,6 +70,12 @@ export const policyLossSchema = z
       .describe('KL-Cov: coefficient of the |log π − log π_old| penalty on the selected tokens'),
     lossAggMode: aggMode.default('token-mean').describe('verl loss_agg_mode'),
     entropyCoeff: z.number().default(0).describe('entropy bonus coefficient'),
+    entropyCoeffInput: z
+      .boolean()
+      .default(false)
+      .describe(
+        `the entropy bonus coefficient is the scalar graph input "${ENTROPY_COEFF_INPUT}" (a schedule, fed each step) instead of the constant entropyCoeff`,
+      ),
     entropyPenaltyCoef: z
       .number()
       .default(0)
@@ -627,7 +636,8 @@ export function policyLossGraph(b: GraphBuilder, t: TokenTensors, c: PolicyLossC
     if (t.entropy) {
       const ent = aggregate(b, t.entropy, t);
       out.entropy = ent;
-      if (c.entropyCoeff !== 0) loss = b.sub(loss, b.mul(ent, c.entropyCoeff));
+      if (c.entropyCoeffInput) loss = b.sub(loss, b.mul(ent, b.input(ENTROPY_COEFF_INPUT, b.float, [])));
+      else if (c.entropyCoeff !== 0) loss = b.sub(loss, b.mul(ent, c.entropyCoeff));
     }
     if (c.useKlLoss) {
       const kl = aggregate(

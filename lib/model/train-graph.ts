@@ -209,7 +209,10 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
     const correct = r.correct && at ? at.place(r.correct, 0) : r.correct;
     t.logprob = logprob;
     // the entropy is always reported; it only carries a gradient when it is in the loss
-    t.entropy = entropy && loss.type === 'policy' && loss.entropyCoeff === 0 ? b.stopGradient(entropy) : entropy;
+    t.entropy =
+      entropy && loss.type === 'policy' && loss.entropyCoeff === 0 && !loss.entropyCoeffInput
+        ? b.stopGradient(entropy)
+        : entropy;
     if (loss.type === 'policy') lg = policyLossGraph(b, t, loss);
     else lg = sftLossGraph(b, t, correct!);
     perPosition = logprob;

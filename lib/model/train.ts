@@ -21,6 +21,7 @@ import { queryBlocksFor } from './llama.ts';
 import { checkLoraFits, initLora, loraSpecs, towerLoraModules, validateAdapter, type LoraConfig } from './lora.ts';
 import { mergeLoraOnnx } from './lora-merge.ts';
 import {
+  ENTROPY_COEFF_INPUT,
   finalizeMetrics,
   lossConfig,
   pgAggWeights,
@@ -184,6 +185,7 @@ export class Trainer {
   constructor(private readonly opts: TrainerOptions) {
     this.model = opts.model;
     this.loss = lossConfig(opts.loss as LossConfigInput);
+    this.entropyCoeff = this.loss.type === 'policy' ? this.loss.entropyCoeff : 0;
     if (this.loss.type === 'value' && this.model.head !== 'value')
       throw new ConfigError('trainer: a value loss needs a value model (head "value")');
     if (this.loss.type !== 'value' && this.model.head !== 'lm')
@@ -333,10 +335,21 @@ export class Trainer {
     return { sess: await this.cache.get(g.key, g.build, this.sessOpts), names: g.metricNames };
   }
 
-  /** One optimizer step on a mini-batch at learning rate `lr`. */
-  async step(batch: TrainBatch, lr: number): Promise<StepResult> {
+  /** The entropy bonus coefficient fed to graphs whose loss takes it as an input (policy loss `entropyCoeffInput`). */
+  private entropyCoeff: number;
+
+  /**
+   * One optimizer step on a mini-batch at learning rate `lr`; `entropyCoeff` is this step's entropy
+   * bonus coefficient where the loss takes it as an input (a schedule; it stays for later runs).
+   */
+  async step(batch: TrainBatch, lr: number, opts: { entropyCoeff?: number } = {}): Promise<StepResult> {
     if (!(lr >= 0) || !Number.isFinite(lr))
       throw new ConfigError(`trainer.step: lr must be a finite number ≥ 0, got ${lr}`);
+    if (opts.entropyCoeff !== undefined) {
+      if (!Number.isFinite(opts.entropyCoeff))
+        throw new ConfigError(`trainer.step: entropyCoeff must be a finite number, got ${opts.entropyCoeff}`);
+      this.entropyCoeff = opts.entropyCoeff;
+    }
     const micro = this.prepare(batch);
     const useLw = !!batch.lossWeights && this.loss.type === 'policy';
     if (!this.packed) return this.stepInPlace(micro, useLw, lr);
@@ -569,6 +582,8 @@ export class Trainer {
           name === 'head_index' ? [d.length] : [m.B, m.T],
         );
     }
+    if (this.loss.type === 'policy' && this.loss.entropyCoeffInput)
+      f[ENTROPY_COEFF_INPUT] = tensor(this.floatType, [this.entropyCoeff], []);
     if (this.base) {
       // LoRA: the frozen base (the same arrays every run), and the adapters when the graph has them
       for (const [name, w] of this.base) f[name] = tensor('float32', w, this.baseShape(name));

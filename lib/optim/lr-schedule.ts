@@ -31,3 +31,14 @@ export function lrAt(cfg: LrScheduleConfig, step: number, totalSteps: number): n
   const minRatio = cfg.minLrRatio ?? 0;
   return cfg.lr * (minRatio + (1 - minRatio) * 0.5 * (1 + Math.cos(Math.PI * progress)));
 }
+
+/**
+ * A coefficient that goes linearly from `start` at optimizer step 1 to `end` at `totalSteps`
+ * (held at `end` after it): actor.entropy_coeff → actor.entropy_coeff_end.
+ */
+export function linearCoefAt(start: number, end: number, step: number, totalSteps: number): number {
+  if (!(step >= 1)) throw new ConfigError(`coefficient schedule: optimizer step must be ≥ 1, got ${step}`);
+  if (totalSteps <= 1) return end;
+  const progress = Math.min(1, (step - 1) / (totalSteps - 1));
+  return start * (1 - progress) + end * progress;
+}

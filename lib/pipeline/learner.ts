@@ -29,7 +29,7 @@ import type { UpdateGroup } from '../contracts/index.ts';
 import type { ImagePixels } from '../data/images.ts';
 import { Scorer } from '../model/score.ts';
 import { packedWeights } from '../model/seal.ts';
-import { lrAt } from '../optim/lr-schedule.ts';
+import { linearCoefAt, lrAt } from '../optim/lr-schedule.ts';
 import { emaUpdate } from '../rl/ema.ts';
 import { readCheckpointPath, verifyCheckpointFiles } from './checkpoints.ts';
 import { crashPoint } from './crash-points.ts';
@@ -268,7 +268,12 @@ export class Learner extends LearnerVersion implements PolicyLearner {
     for (let epoch = 0; epoch < a.epochs; epoch++) {
       for (const { batch, tokens: nt } of a.policyBatches()) {
         optimizerSteps++;
-        const r = await this.actor.step(batch, lrAt(settings.actor.schedule, optimizerSteps, a.totalOptimizerSteps));
+        const ent = settings.entropySchedule;
+        const r = await this.actor.step(
+          batch,
+          lrAt(settings.actor.schedule, optimizerSteps, a.totalOptimizerSteps),
+          ent ? { entropyCoeff: linearCoefAt(ent.start, ent.end, optimizerSteps, a.totalOptimizerSteps) } : {},
+        );
         actor.add(r.metrics);
         tokens += nt;
       }
@@ -287,6 +292,14 @@ export class Learner extends LearnerVersion implements PolicyLearner {
       Object.assign(metrics, critic.means());
     }
     metrics['actor/lr'] = lrAt(settings.actor.schedule, Math.max(1, optimizerSteps), a.totalOptimizerSteps);
+    const ent = settings.entropySchedule;
+    if (ent)
+      metrics['actor/entropy_coeff'] = linearCoefAt(
+        ent.start,
+        ent.end,
+        Math.max(1, optimizerSteps),
+        a.totalOptimizerSteps,
+      );
     return { metrics, optimizerSteps, tokens };
   }
 

@@ -25,6 +25,8 @@ export interface TrainerSettings {
   policyLoss: LossConfigInput;
   /** The critic's clipped value loss. */
   valueLoss: LossConfigInput;
+  /** actor.entropy_coeff → actor.entropy_coeff_end over the optimizer steps (lr-schedule.ts linearCoefAt); null: constant. */
+  entropySchedule: { start: number; end: number } | null;
 }
 
 function adamW(o: OptimSection): Partial<OptimConfig> {
@@ -97,6 +99,7 @@ export function trainerSettings(cfg: Config): TrainerSettings {
       tauNeg: a.sapo.tau_neg,
       lossAggMode: cfg.actor.loss_agg_mode,
       entropyCoeff: cfg.actor.entropy_coeff,
+      entropyCoeffInput: cfg.actor.entropy_coeff_end !== null,
       entropyPenaltyCoef: a.entropy_penalty_coef,
       useKlLoss: a.use_kl_loss,
       klLossCoef: a.kl_coef,
@@ -110,5 +113,9 @@ export function trainerSettings(cfg: Config): TrainerSettings {
       ppoKlCoef: a.kl_cov.ppo_kl_coef,
     },
     valueLoss: { type: 'value', cliprangeValue: cfg.critic.cliprange_value, lossAggMode: cfg.actor.loss_agg_mode },
+    entropySchedule:
+      cfg.actor.entropy_coeff_end === null
+        ? null
+        : { start: cfg.actor.entropy_coeff, end: cfg.actor.entropy_coeff_end },
   };
 }
