@@ -14,20 +14,9 @@ import { linearCoefAt } from '../../../lib/optim/lr-schedule.ts';
 import { trainerSettings } from '../../../lib/pipeline/trainer-settings.ts';
 import { load } from '../config/helpers.ts';
 import { Rng } from '../../../lib/util/rng.ts';
+import { TINY_ONE_LAYER } from '../../support/tiny-models.ts';
 
-const model = modelConfig({
-  modelType: 'llama',
-  hiddenSize: 32,
-  intermediateSize: 48,
-  numHiddenLayers: 1,
-  numAttentionHeads: 4,
-  numKeyValueHeads: 2,
-  vocabSize: 29,
-  maxPositionEmbeddings: 16,
-  bosTokenId: 1,
-  eosTokenId: 2,
-  padTokenId: 0,
-});
+const model = modelConfig(TINY_ONE_LAYER);
 
 function batch(): TrainBatch {
   const rng = Rng.fromSeed('entropy-schedule');
