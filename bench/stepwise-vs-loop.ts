@@ -6,9 +6,13 @@
  * the ratio loop ÷ step graph (tokens per CPU-second). RLSTREAM_BENCH_INFER_SHAPE picks the model
  * as in bench/inference.ts (`tiny` or `smollm2_135m`); RLSTREAM_BENCH_INFER_REPEATS (default 3);
  * RLSTREAM_ORT_PROFILE=<prefix> writes ORT's per-node profile of each graph.
+ * RLSTREAM_BENCH_DECODE_SEQS / _PROMPT / _NEW (default 64 / 16 / 32) set the rows, prompt tokens
+ * and new tokens; RLSTREAM_BENCH_DECODE_ONLY=loop|step runs one side alone and adds the process's
+ * peak RSS (VmHWM), so each graph's memory is measured in a process of its own.
  *
  * Run: `node --import tsx bench/stepwise-vs-loop.ts`.
  */
+import { readFileSync } from 'node:fs';
 import { loadavg } from 'node:os';
 import { pathToFileURL } from 'node:url';
 import { loadCheckpoint } from '../lib/model/checkpoint.ts';
@@ -20,14 +24,18 @@ import { appendRows, emptyState, StepDecoder } from '../lib/model/stepwise.ts';
 import { defaultSessionCache } from '../lib/model/session-cache.ts';
 import { ByteTokenizer } from '../lib/model/tokenizer.ts';
 import { openServedPolicy } from '../lib/inference/served-policy.ts';
+import { statusKb } from '../lib/pipeline/mem-trace.ts';
 import { withSamplingMask } from '../lib/pipeline/policy.ts';
 import { smollm2RandomDir, tinyBenchConfig, type Row } from './inference.ts';
 
 const SHAPE = process.env.RLSTREAM_BENCH_INFER_SHAPE ?? 'tiny';
 const REPEATS = Number(process.env.RLSTREAM_BENCH_INFER_REPEATS ?? 3);
-const SEQS = 64,
-  NEW = 32,
-  PROMPT = 16;
+const SEQS = Number(process.env.RLSTREAM_BENCH_DECODE_SEQS ?? 64),
+  NEW = Number(process.env.RLSTREAM_BENCH_DECODE_NEW ?? 32),
+  PROMPT = Number(process.env.RLSTREAM_BENCH_DECODE_PROMPT ?? 16);
+const ONLY = process.env.RLSTREAM_BENCH_DECODE_ONLY ?? null;
+if (ONLY !== null && ONLY !== 'loop' && ONLY !== 'step')
+  throw new Error(`RLSTREAM_BENCH_DECODE_ONLY must be loop or step, got ${ONLY}`);
 
 export async function run(): Promise<Row[]> {
   let c: ModelConfig, weights: Weights, stopIds: number[];
@@ -77,10 +85,12 @@ export async function run(): Promise<Row[]> {
   };
   const best = { loop: Infinity, step: Infinity };
   for (let r = -1; r < REPEATS; r++)
-    for (const [name, f] of [
-      ['loop', loop],
-      ['step', stepwise],
-    ] as const) {
+    for (const [name, f] of (
+      [
+        ['loop', loop],
+        ['step', stepwise],
+      ] as const
+    ).filter(([name]) => ONLY === null || name === ONLY)) {
       const c0 = cpuMs();
       const n = await f();
       const ms = ((cpuMs() - c0) / n) * 1000;
@@ -89,15 +99,26 @@ export async function run(): Promise<Row[]> {
   // RLSTREAM_ORT_PROFILE: ORT writes each session's per-node profile when the session is released
   if (process.env.RLSTREAM_ORT_PROFILE) await defaultSessionCache.clear();
   const round = (x: number, d = 2) => Math.round(x * 10 ** d) / 10 ** d;
+  const shape = `${SHAPE}${SEQS === 64 && PROMPT === 16 && NEW === 32 ? '' : `_${SEQS}x${PROMPT}+${NEW}`}`;
+  if (ONLY !== null)
+    return [
+      { name: `inference/decode_graphs/${shape}/${ONLY}_cpu_ms_per_1k_tok`, value: round(best[ONLY]), unit: 'ms' },
+      {
+        name: `inference/decode_graphs/${shape}/${ONLY}_peak_rss`,
+        value: round(statusKb('VmHWM', readFileSync('/proc/self/status', 'utf8')) / 1024 ** 2),
+        unit: 'GB',
+      },
+      { name: `inference/decode_graphs/${shape}/load_avg_1m`, value: round(loadavg()[0], 1), unit: 'load' },
+    ];
   return [
-    { name: `inference/decode_graphs/${SHAPE}/loop_cpu_ms_per_1k_tok`, value: round(best.loop), unit: 'ms' },
-    { name: `inference/decode_graphs/${SHAPE}/step_cpu_ms_per_1k_tok`, value: round(best.step), unit: 'ms' },
+    { name: `inference/decode_graphs/${shape}/loop_cpu_ms_per_1k_tok`, value: round(best.loop), unit: 'ms' },
+    { name: `inference/decode_graphs/${shape}/step_cpu_ms_per_1k_tok`, value: round(best.step), unit: 'ms' },
     {
-      name: `inference/decode_graphs/${SHAPE}/step_cpu_vs_loop`,
+      name: `inference/decode_graphs/${shape}/step_cpu_vs_loop`,
       value: round(best.loop / best.step, 3),
       unit: 'ratio',
     },
-    { name: `inference/decode_graphs/${SHAPE}/load_avg_1m`, value: round(loadavg()[0], 1), unit: 'load' },
+    { name: `inference/decode_graphs/${shape}/load_avg_1m`, value: round(loadavg()[0], 1), unit: 'load' },
   ];
 }
 
