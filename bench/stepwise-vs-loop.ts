@@ -33,9 +33,10 @@ const REPEATS = Number(process.env.RLSTREAM_BENCH_INFER_REPEATS ?? 3);
 const SEQS = Number(process.env.RLSTREAM_BENCH_DECODE_SEQS ?? 64),
   NEW = Number(process.env.RLSTREAM_BENCH_DECODE_NEW ?? 32),
   PROMPT = Number(process.env.RLSTREAM_BENCH_DECODE_PROMPT ?? 16);
-const ONLY = process.env.RLSTREAM_BENCH_DECODE_ONLY ?? null;
-if (ONLY !== null && ONLY !== 'loop' && ONLY !== 'step')
-  throw new Error(`RLSTREAM_BENCH_DECODE_ONLY must be loop or step, got ${ONLY}`);
+const ONLY = ((v) => {
+  if (v === undefined || v === 'loop' || v === 'step') return v ?? null;
+  throw new Error(`RLSTREAM_BENCH_DECODE_ONLY must be loop or step, got ${v}`);
+})(process.env.RLSTREAM_BENCH_DECODE_ONLY);
 
 export async function run(): Promise<Row[]> {
   let c: ModelConfig, weights: Weights, stopIds: number[];
