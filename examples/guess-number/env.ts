@@ -11,6 +11,8 @@
  * discount, multi_turn.gamma, that is the better episode). Metric `accuracy`: 1 for a solved
  * episode, else 0. interaction.kwargs.feedback = false answers every wrong guess with `?` (no
  * higher/lower, no shaping): the control that shows what the answers are worth.
+ * interaction.kwargs.letters = true: a guess is one letter, A = 1 … P = 16 (with the alphabet
+ * tokenizer, one token per number: actor.model.alphabet ':<>?ABCDEFGHIJKLMNOP').
  */
 interface Row {
   ground_truth: string | null;
@@ -25,6 +27,7 @@ interface State {
   hi: number;
   shaping: number;
   feedback: boolean;
+  letters: boolean;
 }
 
 export function start(row: Row): State {
@@ -35,13 +38,27 @@ export function start(row: Row): State {
   if (!(shaping >= 0))
     throw new Error(`guess-number: kwargs.shaping must be a number ≥ 0, got ${String(row.kwargs?.shaping)}`);
   // kwargs.feedback = false: a wrong guess is answered `?` (the no-feedback control)
-  return { secret, guesses: 0, lo: 1, hi: 16, shaping, feedback: row.kwargs?.feedback !== false };
+  return {
+    secret,
+    guesses: 0,
+    lo: 1,
+    hi: 16,
+    shaping,
+    feedback: row.kwargs?.feedback !== false,
+    letters: row.kwargs?.letters === true,
+  };
 }
 
 export function step(state: State, message: { content: string }) {
   state.guesses++;
   const text = message.content.trim();
-  const guess = /^[0-9]{1,2}$/.test(text) ? Number(text) : NaN;
+  const guess = state.letters
+    ? /^[A-P]$/.test(text)
+      ? text.charCodeAt(0) - 64
+      : NaN
+    : /^[0-9]{1,2}$/.test(text)
+      ? Number(text)
+      : NaN;
   if (!(guess >= 1 && guess <= 16))
     return {
       messages: [{ role: 'user', content: '?' }],

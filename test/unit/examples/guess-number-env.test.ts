@@ -1,12 +1,14 @@
 /**
  * The guess-number environment's shaping (each guess earns the bits of the range it removes ÷ 4)
  * and its no-feedback control (`?` for every wrong guess, no shaping); the binary-search
- * demonstrations of the SFT warm start, played against the environment.
+ * and random-guess demonstrations of the SFT warm starts, played against the environment; guesses
+ * written as one letter (kwargs.letters).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { start, step } from '../../../examples/guess-number/env.ts';
-import { binarySearchEpisode } from '../../../examples/guess-number/demonstrations.ts';
+import { binarySearchEpisode, randomGuessEpisode } from '../../../examples/guess-number/demonstrations.ts';
+import { Rng } from '../../../lib/util/rng.ts';
 
 const row = (kwargs: Record<string, unknown>) => ({ ground_truth: '11', extra_info: { secret: 11 }, kwargs });
 
@@ -57,4 +59,34 @@ test("binary-search demonstrations: the answers are the environment's, every sec
   }
   assert.equal(total / 16, 3.375);
   assert.throws(() => binarySearchEpisode(17), /integer in 1\.\.16/);
+});
+
+test('letters: A = 1 … P = 16; a digit or a letter past P is not a guess', () => {
+  const s = start(row({ letters: true, shaping: 1 }));
+  assert.deepEqual([step(s, { content: 'H' }).messages[0]?.content], ['>']); // 8
+  assert.deepEqual([step(s, { content: '12' }).messages[0]?.content], ['?']);
+  assert.deepEqual([step(s, { content: 'Q' }).messages[0]?.content], ['?']);
+  const done = step(s, { content: 'K' }); // 11
+  assert.deepEqual([done.done, done.metrics], [true, { solved: 1, guesses: 4, accuracy: 1 }]);
+  assert.equal(step(start(row({})), { content: 'K' }).messages[0]?.content, '?');
+});
+
+test("random-guess demonstrations: the environment's answers, at most 6 guesses, the last right or the sixth", () => {
+  const rng = Rng.fromSeed('random-guesses-test');
+  const counts = new Map<string, number>();
+  for (let k = 0; k < 200; k++) {
+    const secret = 1 + (k % 16);
+    const msgs = randomGuessEpisode(secret, rng);
+    const s = start({ ground_truth: String(secret), extra_info: { secret } });
+    const guesses = msgs.filter((m) => m.role === 'assistant');
+    assert.ok(guesses.length >= 1 && guesses.length <= 6);
+    for (const g of guesses) counts.set(g.content, (counts.get(g.content) ?? 0) + 1);
+    for (let i = 1; i < msgs.length; i += 2) {
+      const r = step(s, msgs[i]);
+      if (i + 1 < msgs.length) assert.deepEqual([r.messages[0].content, r.done], [msgs[i + 1].content, false]);
+      else assert.ok(r.done || guesses.length === 6, `secret ${secret}: ends right or after 6 guesses`);
+    }
+  }
+  assert.equal(counts.size, 16, 'every number 1..16 is guessed');
+  assert.throws(() => randomGuessEpisode(0, rng), /integer in 1\.\.16/);
 });
