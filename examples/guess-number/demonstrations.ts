@@ -9,7 +9,7 @@
  *  - `binary` (default; data/sft.jsonl, examples/guess-number-sft.yaml): each guess the midpoint
  *    ⌊(lo + hi) / 2⌋ of the secrets still possible (at most 5 guesses, 3.375 on average over
  *    1..16): the search itself.
- *  - `random` (data/random.jsonl, examples/guess-number-format-sft.yaml): each guess a number
+ *  - `random` (data/random.jsonl; the format warm start of docs/agents.md): each guess a number
  *    drawn uniformly from 1..16 whatever the answers said, at most 6: how to write every guess,
  *    and nothing of the search (no guess depends on an answer).
  */
@@ -63,16 +63,16 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       rows: { type: 'string', default: '4096' },
     },
   });
-  const kinds = ['binary', 'random'];
-  if (!kinds.includes(values.kind)) throw new Error(`--kind must be one of ${kinds.join(', ')}, got ${values.kind}`);
-  const rows = tasks.get('guess_number').generate(Number(values.rows), 1);
-  const out = resolve(
-    values.out ?? join(import.meta.dirname, 'data', values.kind === 'binary' ? 'sft.jsonl' : 'random.jsonl'),
-  );
   const rng = Rng.fromSeed('guess-number-random-guesses');
-  const episode = (secret: number) =>
-    values.kind === 'binary' ? binarySearchEpisode(secret) : randomGuessEpisode(secret, rng);
+  const kinds: Record<string, { file: string; episode: (secret: number) => Message[] }> = {
+    binary: { file: 'sft.jsonl', episode: binarySearchEpisode },
+    random: { file: 'random.jsonl', episode: (secret) => randomGuessEpisode(secret, rng) },
+  };
+  const kind = kinds[values.kind];
+  if (!kind) throw new Error(`--kind must be one of ${Object.keys(kinds).join(', ')}, got ${values.kind}`);
+  const rows = tasks.get('guess_number').generate(Number(values.rows), 1);
+  const out = resolve(values.out ?? join(import.meta.dirname, 'data', kind.file));
   mkdirSync(dirname(out), { recursive: true });
-  writeFileSync(out, rows.map((r) => JSON.stringify({ messages: episode(Number(r.answer)) })).join('\n') + '\n');
+  writeFileSync(out, rows.map((r) => JSON.stringify({ messages: kind.episode(Number(r.answer)) })).join('\n') + '\n');
   console.log(`wrote ${rows.length} ${values.kind} demonstrations to ${out}`);
 }

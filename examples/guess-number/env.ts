@@ -49,16 +49,16 @@ export function start(row: Row): State {
   };
 }
 
+/** The number a message guesses (NaN when it is not one): digits, or with `letters` one letter A = 1 … P = 16. */
+function parseGuess(text: string, letters: boolean): number {
+  if (letters) return /^[A-P]$/.test(text) ? text.charCodeAt(0) - 64 : NaN;
+  return /^[0-9]{1,2}$/.test(text) ? Number(text) : NaN;
+}
+
 export function step(state: State, message: { content: string }) {
   state.guesses++;
   const text = message.content.trim();
-  const guess = state.letters
-    ? /^[A-P]$/.test(text)
-      ? text.charCodeAt(0) - 64
-      : NaN
-    : /^[0-9]{1,2}$/.test(text)
-      ? Number(text)
-      : NaN;
+  const guess = parseGuess(text, state.letters);
   if (!(guess >= 1 && guess <= 16))
     return {
       messages: [{ role: 'user', content: '?' }],

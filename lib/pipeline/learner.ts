@@ -265,14 +265,16 @@ export class Learner extends LearnerVersion implements PolicyLearner {
     const actor = new MetricMeans('actor/');
     let optimizerSteps = a.optimizerSteps,
       tokens = 0;
+    const ent = settings.entropySchedule;
+    const entropyCoeffAt = (step: number) => ent && linearCoefAt(ent.start, ent.end, step, a.totalOptimizerSteps);
     for (let epoch = 0; epoch < a.epochs; epoch++) {
       for (const { batch, tokens: nt } of a.policyBatches()) {
         optimizerSteps++;
-        const ent = settings.entropySchedule;
+        const coef = entropyCoeffAt(optimizerSteps);
         const r = await this.actor.step(
           batch,
           lrAt(settings.actor.schedule, optimizerSteps, a.totalOptimizerSteps),
-          ent ? { entropyCoeff: linearCoefAt(ent.start, ent.end, optimizerSteps, a.totalOptimizerSteps) } : {},
+          coef === null ? {} : { entropyCoeff: coef },
         );
         actor.add(r.metrics);
         tokens += nt;
@@ -292,14 +294,8 @@ export class Learner extends LearnerVersion implements PolicyLearner {
       Object.assign(metrics, critic.means());
     }
     metrics['actor/lr'] = lrAt(settings.actor.schedule, Math.max(1, optimizerSteps), a.totalOptimizerSteps);
-    const ent = settings.entropySchedule;
-    if (ent)
-      metrics['actor/entropy_coeff'] = linearCoefAt(
-        ent.start,
-        ent.end,
-        Math.max(1, optimizerSteps),
-        a.totalOptimizerSteps,
-      );
+    const coef = entropyCoeffAt(Math.max(1, optimizerSteps));
+    if (coef !== null) metrics['actor/entropy_coeff'] = coef;
     return { metrics, optimizerSteps, tokens };
   }
 
