@@ -5,13 +5,15 @@
  * after an I/O error leaves a data directory of empty files. Here PostgreSQL runs with fsync on
  * and `wal_sync_method = fsync` (Emscripten's fdatasync does nothing), and NODEFS's fsync calls
  * fsync(2): every commit flushes the WAL before it returns, checkpoints flush the data files, as
- * in PostgreSQL. A data directory PGlite has just created (initdb) is flushed once, whole.
+ * in PostgreSQL. A data directory PGlite has just created (initdb, or the cached empty cluster of
+ * lib/db/pglite-template.ts) is flushed once, whole.
  * Cost: one fsync per committed transaction (docs/durability.md, bench/embedded-fsync.ts).
  */
 import { closeSync, fsyncSync, openSync, readdirSync, rmSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import type { PGlite } from '@electric-sql/pglite';
 import { errorMessage, storageFault } from '../errors.ts';
+import { dropTemplate, readTemplate, templatePath, writeTemplate } from './pglite-template.ts';
 
 /** PGlite's own start parameters without `-F`, WAL flushed with fsync(2). */
 export function durableStartParams(defaults: readonly string[]): string[] {
@@ -71,10 +73,49 @@ function onDatabaseDied(what: unknown, dataDir: string): never {
   process.exit(1);
 }
 
+/** Whether `dataDir` holds nothing yet (a new database). */
+function isFresh(dataDir: string): boolean {
+  try {
+    return readdirSync(dataDir).length === 0;
+  } catch {
+    return true;
+  }
+}
+
+/**
+ * A new cluster in `dataDir`: unpacked from the cached empty cluster when there is one
+ * (lib/db/pglite-template.ts), else made by initdb and then cached. A cached copy that does not
+ * open is dropped and the directory made again by initdb.
+ */
+async function createFresh(
+  dataDir: string,
+  startParams: readonly string[],
+  open: (template?: Blob) => Promise<PGlite>,
+): Promise<PGlite> {
+  const path = templatePath(startParams);
+  const template = readTemplate(path);
+  if (template) {
+    try {
+      return await open(template);
+    } catch {
+      dropTemplate(path);
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  }
+  const pg = await open();
+  await writeTemplate(pg, path);
+  return pg;
+}
+
 /** Opens PGlite on `dataDir` with fsync on (durable: true) or as PGlite does by default. */
 export async function createPglite(dataDir: string, durable: boolean): Promise<PGlite> {
   const { PGlite } = await import('@electric-sql/pglite');
-  if (!durable) return PGlite.create(dataDir);
+  const fresh = isFresh(dataDir);
+  if (!durable) {
+    if (!fresh) return PGlite.create(dataDir);
+    const startParams = PGlite.defaultStartParams;
+    return createFresh(dataDir, startParams, (loadDataDir) => PGlite.create({ dataDir, startParams, loadDataDir }));
+  }
   const { NodeFS } = await import('@electric-sql/pglite/nodefs');
   let closing = false;
   // until the database has opened, a failure is PGlite.create's to report (a damaged directory
@@ -116,16 +157,12 @@ export async function createPglite(dataDir: string, durable: boolean): Promise<P
       return r;
     }
   }
-  let fresh: boolean;
-  try {
-    fresh = readdirSync(dataDir).length === 0;
-  } catch {
-    fresh = true;
-  }
-  const pg = await PGlite.create({
-    fs: new DurableNodeFS(dataDir),
-    startParams: durableStartParams(PGlite.defaultStartParams),
-  });
+  const startParams = durableStartParams(PGlite.defaultStartParams);
+  const pg = fresh
+    ? await createFresh(dataDir, startParams, (loadDataDir) =>
+        PGlite.create({ fs: new DurableNodeFS(dataDir), startParams, loadDataDir }),
+      )
+    : await PGlite.create({ fs: new DurableNodeFS(dataDir), startParams });
   opened = true;
   if (fresh) fsyncTree(dataDir);
   const close = pg.close.bind(pg);
