@@ -8,7 +8,7 @@
  * one). A cache that cannot be read or written is skipped: that database runs initdb.
  */
 import { createHash } from 'node:crypto';
-import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { accessSync, constants, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { homedir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -69,9 +69,10 @@ export function dropTemplate(path: string): void {
  */
 export async function writeTemplate(pglite: PGlite, path: string): Promise<void> {
   try {
+    mkdirSync(dirname(path), { recursive: true });
+    accessSync(dirname(path), constants.W_OK); // before the dump: nothing to do where it cannot be kept
     await pglite.exec('checkpoint');
     const tar = new Uint8Array(await (await pglite.dumpDataDir('none')).arrayBuffer());
-    mkdirSync(dirname(path), { recursive: true });
     const tmp = `${path}.${process.pid}.tmp`;
     try {
       writeFileSync(tmp, tar);

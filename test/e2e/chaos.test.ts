@@ -1,7 +1,7 @@
 /**
  * Distributed chaos test: the five stages as separate `rlstream serve` processes over Kafka
  * (librdkafka mock) and PostgreSQL, a 30-step run of the tiny model across an epoch boundary.
- * A seeded, bounded harness SIGKILLs a random stage at random times (at least 20 kills; each
+ * A seeded, bounded harness SIGKILLs a random stage at random times (at least 15 kills; each
  * process is up long enough to have work in flight) and restarts it; in the middle of the run
  * PostgreSQL itself is stopped and started again, and the stages must back off and continue.
  * The run must end with the uninterrupted (embedded) run's checkpoint sha256 and exactly its
@@ -32,7 +32,7 @@ const TRAIN = 64,
   N = 4,
   STEPS = 30,
   SPE = TRAIN / BATCH;
-const MIN_KILLS = 20;
+const MIN_KILLS = 15;
 const tmp = join(ROOT, 'test/.tmp', `chaos-${process.pid}`);
 const cleanups: Array<() => Promise<void>> = [];
 after(async () => {
