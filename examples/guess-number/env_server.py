@@ -7,7 +7,8 @@ standard library only.
 POST /reset {episode_id, row} starts (or restarts) an episode; POST /step {episode_id, turn,
 message} answers a guess with `>` (higher), `<` (lower) or `=`-done (reward 1); a repeated
 (episode_id, turn) gets the answer it already got. POST /close {episode_id} forgets it.
-GET /healthz answers ok. The same game as env.ts.
+GET /healthz answers ok. The same game as env.ts; the row's kwargs.letters = true makes a
+guess one letter, A = 1 … P = 16.
 """
 import argparse
 import json
@@ -28,12 +29,18 @@ def secret_of(row):
     return secret
 
 
+def parse_guess(text, letters):
+    """The number a message guesses, or None: digits, or with letters one letter A = 1 … P = 16."""
+    if letters:
+        return ord(text) - 64 if re.fullmatch(r"[A-P]", text) else None
+    return int(text) if re.fullmatch(r"[0-9]{1,2}", text) else None
+
+
 def answer(episode, guess_text):
     episode["guesses"] += 1
-    text = guess_text.strip()
-    if not re.fullmatch(r"[0-9]{1,2}", text) or not 1 <= int(text) <= 16:
+    guess = parse_guess(guess_text.strip(), episode["letters"])
+    if guess is None or not 1 <= guess <= 16:
         return {"messages": [{"role": "user", "content": "?"}], "reward": 0, "done": False, "metrics": {"invalid": 1}}
-    guess = int(text)
     if guess == episode["secret"]:
         return {"messages": [], "reward": 1, "done": True, "metrics": {"solved": 1, "guesses": episode["guesses"]}}
     return {"messages": [{"role": "user", "content": ">" if guess < episode["secret"] else "<"}], "reward": 0, "done": False}
@@ -67,7 +74,9 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             if self.path == "/reset":
                 try:
-                    EPISODES[episode_id] = {"secret": secret_of(body.get("row") or {}), "guesses": 0, "answers": {}}
+                    row = body.get("row") or {}
+                    letters = (row.get("kwargs") or {}).get("letters") is True
+                    EPISODES[episode_id] = {"secret": secret_of(row), "letters": letters, "guesses": 0, "answers": {}}
                 except (TypeError, ValueError) as e:
                     self.reply(400, {"error": str(e)})
                     return

@@ -18,8 +18,7 @@ import { trainEmbedded } from '../../app/run.ts';
 import { replayRun } from '../../app/replay.ts';
 import { silentLogger } from '../../lib/log.ts';
 import { openStore } from '../../lib/store/index.ts';
-import { createTokenizer } from '../../lib/model/index.ts';
-import { tasks } from '../../lib/tasks/index.ts';
+import { tokenizerFor } from '../../lib/pipeline/policy.ts';
 import { ROOT } from '../../devkit/pipeline-procs.ts';
 
 const tmp = join(ROOT, 'test/.tmp', `agents-${process.pid}`);
@@ -68,7 +67,7 @@ test(
     const r = await trainEmbedded(cfg, silentLogger(runId));
     assert.equal(r.status, 'completed', r.message);
 
-    const tok = createTokenizer({ type: 'alphabet', alphabet: tasks.get('guess_number').alphabet });
+    const tok = tokenizerFor(cfg);
     const store = await openStore({ kind: 'pglite', dir: join(dir, 'db') });
     let sha: string;
     try {

@@ -88,6 +88,22 @@ export function envContract(name: string, make: () => Promise<{ env: Environment
     }
   });
 
+  test(`${name}: kwargs.letters: a guess is one letter, A = 1 … P = 16; digits are not guesses`, async () => {
+    const { env, close } = await make();
+    try {
+      const ep = await env.start({ ...row(11, 'letters'), kwargs: { letters: true } });
+      const say = async (content: string) => (await ep.step({ role: 'assistant', content })).messages;
+      assert.deepEqual(await say('11'), [{ role: 'user', content: '?' }]);
+      assert.deepEqual(await say('H'), [{ role: 'user', content: '>' }]);
+      assert.deepEqual(await say('L'), [{ role: 'user', content: '<' }]);
+      const r = await ep.step({ role: 'assistant', content: 'K' });
+      assert.deepEqual([r.done, r.reward], [true, 1]);
+      await ep.close();
+    } finally {
+      await close();
+    }
+  });
+
   test(`${name}: a row the environment refuses fails the start`, async () => {
     const { env, close } = await make();
     try {
