@@ -21,24 +21,16 @@ export function cacheDir(env: NodeJS.ProcessEnv = process.env): string {
 }
 
 let pgliteVersion: string | undefined;
+/** The installed PGlite's version ('unknown' if its package.json cannot be read). */
 function installedPgliteVersion(): string {
   if (pgliteVersion === undefined) {
-    // the package's exports do not include package.json: read it next to the resolved entry point
+    // the package's exports leave out package.json: it sits above the entry point's dist/
     const entry = createRequire(import.meta.url).resolve('@electric-sql/pglite');
-    let dir = dirname(entry),
-      version = 'unknown';
-    for (let i = 0; i < 4; i++, dir = dirname(dir)) {
-      try {
-        const pkg = JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { name?: string; version?: string };
-        if (pkg.name === '@electric-sql/pglite') {
-          version = pkg.version ?? version;
-          break;
-        }
-      } catch {
-        /* not this directory */
-      }
+    try {
+      pgliteVersion = String(JSON.parse(readFileSync(join(dirname(entry), '..', 'package.json'), 'utf8')).version);
+    } catch {
+      pgliteVersion = 'unknown';
     }
-    pgliteVersion = version;
   }
   return pgliteVersion;
 }

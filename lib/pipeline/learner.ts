@@ -266,7 +266,8 @@ export class Learner extends LearnerVersion implements PolicyLearner {
     let optimizerSteps = a.optimizerSteps,
       tokens = 0;
     const ent = settings.entropySchedule;
-    const entropyCoeffAt = (step: number) => ent && linearCoefAt(ent.start, ent.end, step, a.totalOptimizerSteps);
+    const entropyCoeffAt = (step: number) =>
+      ent ? linearCoefAt(ent.start, ent.end, step, a.totalOptimizerSteps) : null;
     for (let epoch = 0; epoch < a.epochs; epoch++) {
       for (const { batch, tokens: nt } of a.policyBatches()) {
         optimizerSteps++;
