@@ -128,7 +128,12 @@ const REAL_TRAIN = { B: 2, T: 1024, speedGoal: 1.2, rssGoal: 0.6, rss05bGb: 16 }
 /** Sampling at the 135M shape: n = 8 responses of 256 tokens for each of 8 prompts of 256 tokens. */
 const REAL_DECODE = { prompts: 8, n: 8, prompt: 256, newTokens: 256, goal: 2 };
 
-async function childDecodeReal(nThreads: number, warmup: number, iters: number): Promise<object> {
+async function childDecodeReal(
+  nThreads: number,
+  warmup: number,
+  iters: number,
+  decode: 'loop' | 'step' | 'auto' = 'auto',
+): Promise<object> {
   const c = realConfig('smollm2_135m');
   const w = initWeights(c, 0);
   const rows = REAL_DECODE.prompts * REAL_DECODE.n;
@@ -136,6 +141,7 @@ async function childDecodeReal(nThreads: number, warmup: number, iters: number):
     threads: nThreads,
     maxBatchSize: rows,
     maxBatchTokens: rows * (REAL_DECODE.prompt + REAL_DECODE.newTokens),
+    decode,
   });
   const rng = Rng.fromSeed('bench:decode_real');
   const prompts = Array.from({ length: REAL_DECODE.prompts }, () =>
@@ -221,7 +227,7 @@ type ChildSpec =
   | { kind: 'decode'; shape: Shape; B: number; threads: number; warmup: number; iters: number }
   | { kind: 'gemm'; threads: number }
   | { kind: 'train_real'; name: string; ckpt: boolean; threads: number; warmup: number; iters: number }
-  | { kind: 'decode_real'; threads: number; warmup: number; iters: number }
+  | { kind: 'decode_real'; threads: number; warmup: number; iters: number; decode?: 'loop' | 'step' | 'auto' }
   | {
       kind: 'train_lora';
       lora: boolean;
@@ -515,7 +521,7 @@ async function child(spec: ChildSpec): Promise<object> {
     case 'gemm':
       return childGemm(spec.threads);
     case 'decode_real':
-      return childDecodeReal(spec.threads, spec.warmup, spec.iters);
+      return childDecodeReal(spec.threads, spec.warmup, spec.iters, spec.decode);
     case 'train_real':
       return childTrain(
         { B: REAL_TRAIN.B, T: REAL_TRAIN.T },

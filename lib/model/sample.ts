@@ -1,9 +1,13 @@
 /**
  * Batched generation with temperature, top-k, top-p, EOS stop and a response-length cap.
  *
- * Every batch is one `session.run` of the generation graph (decode-graph.ts: prefill + in-graph
- * KV-cached decode loop), so the KV cache never crosses into JS. Weights are graph inputs, so one
- * session serves every policy version (inputs built from Float32Arrays are not copied).
+ * A batch of short rows is one `session.run` of the generation graph (decode-graph.ts: prefill +
+ * in-graph KV-cached decode loop), so the KV cache never crosses into JS; the loop appends to the
+ * caches by Concat, a copy of the whole cache per token. A batch of long rows (`decode` option)
+ * runs the prefill graph and then the step graph once per token (stepwise.ts) over caches
+ * allocated once at their final size, which the graph reads in place and JS extends by one column
+ * per token. Weights are graph inputs, so one session serves every policy version (inputs built
+ * from Float32Arrays are not copied).
  *
  * Determinism: the randomness of a sequence is a stream of uniforms drawn in JS from a PRNG keyed by
  * (seed, sequence id) and consumed one per generated token by inverse-CDF sampling inside the
@@ -26,6 +30,7 @@ import { Rng } from '../util/rng.ts';
 import { ort, tensor, type Device } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
 import { buildGenerateModel, GEN_IO } from './decode-graph.ts';
+import { appendRows, reservedState, StepDecoder } from './stepwise.ts';
 import { promptFeeds, weightTensors } from './feeds.ts';
 import { validateWeights, type Weights } from './params.ts';
 import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.ts';
@@ -91,7 +96,18 @@ export interface SamplerOptions {
   /** Cap on rows × (prompt + new tokens) per session.run (default 262144). */
   maxBatchTokens?: number;
   cache?: SessionCache;
+  /**
+   * How a batch decodes: 'loop' (the generation graph, one run with the decode loop inside:
+   * no per-token call, but each step appends to the caches by Concat, copying them), 'step' (the
+   * prefill graph, then one step-graph run per token over caches allocated once at their final
+   * size and written in place) or 'auto' (the default: 'step' once a batch's rows reach
+   * STEP_DECODE_MIN_COLUMNS prompt + new tokens, where the copies outweigh the calls).
+   */
+  decode?: 'loop' | 'step' | 'auto';
 }
+
+/** Prompt + new tokens from which `decode: 'auto'` runs the step graph (bench/stepwise-vs-loop.ts). */
+export const STEP_DECODE_MIN_COLUMNS = 256;
 
 /** The uniforms in (0, 1) a sequence consumes, one per generated token (float32-exact). */
 export function sequenceUniforms(seed: number | string, id: string, n: number): Float32Array {
@@ -139,6 +155,7 @@ export class Sampler {
   private readonly cache: SessionCache;
   private readonly maxBatchSize: number;
   private readonly maxBatchTokens: number;
+  private readonly stepper: StepDecoder;
 
   constructor(
     readonly config: ModelConfig,
@@ -150,6 +167,7 @@ export class Sampler {
     this.maxBatchTokens = opts.maxBatchTokens ?? 262144;
     if (!(this.maxBatchSize >= 1) || !(this.maxBatchTokens >= 1))
       throw new ConfigError('Sampler: maxBatchSize and maxBatchTokens must be ≥ 1');
+    this.stepper = new StepDecoder(config, { threads: opts.threads, device: opts.device, cache: this.cache });
   }
 
   private session(truncation: boolean): Promise<ort.InferenceSession> {
@@ -198,22 +216,20 @@ export class Sampler {
     if (!c.vision && hasImages(requests.map((r) => r.images)))
       throw new ConfigError('generation requests carry images but the model is text-only (no vision config)');
     const truncation = params.topK > 0 || params.topP < 1;
-    const session = await this.session(truncation);
     const weightFeeds = weightTensors(c, weights);
     const order = requests
       .map((_, i) => i)
       .sort((a, b) => requests[b].prompt.length - requests[a].prompt.length || a - b);
     const widths = requests.map((r) => r.prompt.length + N);
     const out = new Array<Generation>(requests.length);
+    const mode = this.opts.decode ?? 'auto';
     for (const batch of planBatches(widths, order, this.maxBatchSize, this.maxBatchTokens)) {
-      const res = await this.runBatch(
-        session,
-        weightFeeds,
-        batch.map((i) => requests[i]),
-        params,
-        eos,
-        truncation,
-      );
+      const reqs = batch.map((i) => requests[i]);
+      const cols = Math.max(...batch.map((i) => widths[i]));
+      const res =
+        mode === 'step' || (mode === 'auto' && cols >= STEP_DECODE_MIN_COLUMNS)
+          ? await this.runBatchStepwise(weights, reqs, params, eos, cols)
+          : await this.runBatch(await this.session(truncation), weightFeeds, reqs, params, eos, truncation);
       batch.forEach((i, k) => {
         out[i] = res[k];
       });
@@ -245,35 +261,78 @@ export class Sampler {
       feeds[GEN_IO.topK] = tensor('int64', new BigInt64Array(B).fill(BigInt(params.topK)), [B]);
     }
     const res = await session.run(feeds);
-    const toks = res[GEN_IO.tokens].data as BigInt64Array;
-    const lps = res[GEN_IO.logprobs].data as Float32Array;
     const steps = res[GEN_IO.tokens].dims[0];
-    const eosSet = new Set(eos);
-    return reqs.map((r, b) => {
-      let len = steps;
-      let reason: FinishReason = 'length';
-      for (let t = 0; t < steps; t++) {
-        if (eosSet.has(Number(toks[t * B + b]))) {
-          len = t + 1;
-          reason = 'eos';
-          break;
-        }
-      }
-      if (reason === 'length' && steps !== N)
-        throw new Error(`internal: generation stopped after ${steps} of ${N} steps but ${r.id} has no EOS`);
-      const tokens = new Int32Array(len);
-      const logprobs = new Float32Array(len);
-      for (let t = 0; t < len; t++) {
-        tokens[t] = Number(toks[t * B + b]);
-        logprobs[t] = lps[t * B + b];
-      }
-      const bad = logprobs.findIndex((v) => Number.isNaN(v));
-      if (bad >= 0)
-        throw new RlError(
-          `generation for ${r.id}: the model's logits are not finite at response token ${bad} (diverged weights?)`,
-          { retriable: false, code: 'ERR_NONFINITE_LOGITS' },
-        );
-      return { id: r.id, tokens, logprobs, finishReason: reason };
-    });
+    return collect(
+      reqs,
+      res[GEN_IO.tokens].data as BigInt64Array,
+      res[GEN_IO.logprobs].data as Float32Array,
+      steps,
+      N,
+      eos,
+    );
   }
+
+  /**
+   * One batch through the step graph: the distinct prompts prefilled once, their caches expanded
+   * into buffers of `cols` columns allocated once, then one step-graph run per token (stopping
+   * when every row has emitted an EOS id). Same uniforms, so the same tokens as `runBatch` up to
+   * float rounding (the attention sums over another number of columns).
+   */
+  private async runBatchStepwise(
+    weights: Weights,
+    reqs: GenerationRequest[],
+    params: SamplingParams,
+    eos: number[],
+    cols: number,
+  ): Promise<Generation[]> {
+    const c = this.config,
+      B = reqs.length,
+      N = params.maxNewTokens;
+    const u = new Float32Array(B * N);
+    reqs.forEach((r, b) => u.set(sequenceUniforms(params.seed, r.id, N), b * N));
+    let state = reservedState(c, B, cols);
+    state = appendRows(c, state, await this.stepper.prefill(weights, reqs, { shared: true }));
+    const rowParams = reqs.map(() => ({ temperature: params.temperature, topP: params.topP, topK: params.topK }));
+    const res = await this.stepper.step(weights, state, u, N, rowParams, eos, false);
+    return collect(reqs, res.tokens, res.logprobs, res.steps, N, eos);
+  }
+}
+
+/** Each row's tokens and log-probs ([steps, B] step-major) up to its first EOS id. */
+function collect(
+  reqs: readonly GenerationRequest[],
+  toks: BigInt64Array,
+  lps: Float32Array,
+  steps: number,
+  N: number,
+  eos: readonly number[],
+): Generation[] {
+  const B = reqs.length;
+  const eosSet = new Set(eos);
+  return reqs.map((r, b) => {
+    let len = steps;
+    let reason: FinishReason = 'length';
+    for (let t = 0; t < steps; t++) {
+      if (eosSet.has(Number(toks[t * B + b]))) {
+        len = t + 1;
+        reason = 'eos';
+        break;
+      }
+    }
+    if (reason === 'length' && steps !== N)
+      throw new Error(`internal: generation stopped after ${steps} of ${N} steps but ${r.id} has no EOS`);
+    const tokens = new Int32Array(len);
+    const logprobs = new Float32Array(len);
+    for (let t = 0; t < len; t++) {
+      tokens[t] = Number(toks[t * B + b]);
+      logprobs[t] = lps[t * B + b];
+    }
+    const bad = logprobs.findIndex((v) => Number.isNaN(v));
+    if (bad >= 0)
+      throw new RlError(
+        `generation for ${r.id}: the model's logits are not finite at response token ${bad} (diverged weights?)`,
+        { retriable: false, code: 'ERR_NONFINITE_LOGITS' },
+      );
+    return { id: r.id, tokens, logprobs, finishReason: reason };
+  });
 }

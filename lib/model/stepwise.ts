@@ -47,10 +47,15 @@ export interface DecodeState {
   values: Float32Array[];
 }
 
-/** Prefilled rows as the prefill graph returns them: caches [B, KVH, S, hd], bias [B, S]. */
+/**
+ * Prefilled rows as the prefill graph returns them: caches [B, KVH, S, hd], bias [B, S]. With
+ * `rowOf`, the B rows are the distinct prompts and row r of the caller's rows continues row
+ * rowOf[r] (appendRows expands them; the n samples of a prompt are then held once until then).
+ */
 export interface Prefilled {
   B: number;
   S: number;
+  rowOf?: Int32Array;
   logits: Float32Array;
   pos: BigInt64Array;
   bias: Float32Array;
@@ -100,22 +105,38 @@ export class StepDecoder {
     );
   }
 
-  /** Prefills the prompts (one row each; equal prompts share one prefill). */
+  /**
+   * Prefills the prompts (one row each; equal prompts share one prefill). `shared`: the result
+   * holds each distinct prompt's state once, with `rowOf` mapping the prompts to it.
+   */
   async prefill(
     weights: Weights,
     prompts: readonly { prompt: ArrayLike<number>; images?: readonly ImagePixels[] }[],
+    opts: { shared?: boolean } = {},
   ): Promise<Prefilled> {
     const c = this.config;
     validateWeights(c, weights, 'StepDecoder weights');
     const session = await this.session('prefill');
-    const res = await session.run({ ...weightTensors(c, weights), ...promptFeeds(c, prompts, 'prefill') });
-    const B = prompts.length;
+    const feeds = promptFeeds(c, prompts, 'prefill');
+    let rowOf: Int32Array | undefined;
+    if (opts.shared) {
+      rowOf = Int32Array.from(feeds[GEN_IO.promptRows].data as BigInt64Array, Number);
+      const U = feeds[GEN_IO.promptIds].dims[0];
+      feeds[GEN_IO.promptRows] = tensor(
+        'int64',
+        BigInt64Array.from({ length: U }, (_, i) => BigInt(i)),
+        [U],
+      );
+    }
+    const res = await session.run({ ...weightTensors(c, weights), ...feeds });
+    const B = res['state_out.pos'].dims[0];
     const L = c.numHiddenLayers;
     const out = (n: string) => res[`state_out.${n}`];
     const names = decodeStateNames(c);
     return {
       B,
       S: out('bias').dims[3],
+      ...(rowOf ? { rowOf } : {}),
       logits: out('logits').data as Float32Array,
       pos: out('pos').data as BigInt64Array,
       bias: out('bias').data as Float32Array,
@@ -240,6 +261,14 @@ export function emptyState(c: ModelConfig): DecodeState {
   return allocState(c, 0, 0);
 }
 
+/**
+ * An empty decoding state with room for `rows` rows of `cols` columns: rows appended within it
+ * decode without a relayout (the caches are allocated once, at their final size).
+ */
+export function reservedState(c: ModelConfig, rows: number, cols: number): DecodeState {
+  return allocState(c, rows, cols);
+}
+
 function allocState(c: ModelConfig, rowCap: number, colCap: number): DecodeState {
   const kv = c.numKeyValueHeads * c.headDim;
   return {
@@ -344,7 +373,8 @@ export function appendRows(c: ModelConfig, st: DecodeState, pre: Prefilled): Dec
   const KVH = c.numKeyValueHeads,
     hd = c.headDim,
     V = c.vocabSize;
-  const B = st.B + pre.B;
+  const rowOf = pre.rowOf ?? Int32Array.from({ length: pre.B }, (_, r) => r);
+  const B = st.B + rowOf.length;
   let S = st.B === 0 ? pre.S : Math.max(st.S, pre.S);
   let s = st;
   if (B > st.rowCap || S >= st.colCap || S > st.S) {
@@ -353,8 +383,8 @@ export function appendRows(c: ModelConfig, st: DecodeState, pre: Prefilled): Dec
     s = relayout(c, st, rowCap, colCap, 0, S - st.S);
   }
   S = s.S = Math.max(s.S, S);
-  for (let r = 0; r < pre.B; r++) {
-    const b = st.B + r,
+  rowOf.forEach((r, i) => {
+    const b = st.B + i,
       at = S - pre.S;
     s.logits.set(pre.logits.subarray(r * V, (r + 1) * V), b * V);
     s.pos[b] = pre.pos[r];
@@ -370,7 +400,7 @@ export function appendRows(c: ModelConfig, st: DecodeState, pre: Prefilled): Dec
             src.subarray((r * KVH + h) * pre.S * hd, ((r * KVH + h) * pre.S + pre.S) * hd),
             ((b * KVH + h) * s.colCap + at) * hd,
           );
-  }
+  });
   s.B = B;
   return s;
 }

@@ -196,7 +196,8 @@ test('forward: value model values match torch', { skip }, async () => {
 
 test('generation: sampled tokens and behaviour log-probs match torch KV-cache decoding', { skip }, async () => {
   const { c, w, dir } = await model('gen', qwenLike, 3);
-  const sampler = new Sampler(c, { threads: 1, cache });
+  // both decode paths: the generation graph's in-graph loop and the step graph over preallocated caches
+  const samplers = (['loop', 'step'] as const).map((decode) => new Sampler(c, { threads: 1, cache, decode }));
   const N = 12,
     seed = 17;
   const reqs = prompts.map((p, i) => ({ id: `g${i}`, prompt: p }));
@@ -219,7 +220,6 @@ test('generation: sampled tokens and behaviour log-probs match torch KV-cache de
     eos_ids: i64([c.eosTokenId], [1]),
   });
   for (const s of [{ temperature: 0 }, { temperature: 1 }, { temperature: 0.8, topK: 6, topP: 0.9 }]) {
-    const gens = await sampler.generate(w, reqs, { maxNewTokens: N, seed, ...s });
     const out = join(dir, 'gen-out.safetensors');
     await runTorch('generate.py', [
       ...drv(dir),
@@ -238,16 +238,17 @@ test('generation: sampled tokens and behaviour log-probs match torch KV-cache de
     const rt = ref.get('tokens')!.data as BigInt64Array,
       rl = ref.get('logprobs')!.data as Float32Array,
       rlen = ref.get('lengths')!.data as BigInt64Array;
-    gens.forEach((g, i) => {
-      const len = Number(rlen[i]);
-      assert.deepEqual(
-        Array.from(g.tokens),
-        Array.from(rt.subarray(i * N, i * N + len), Number),
-        `${JSON.stringify(s)} row ${i}`,
-      );
-      assert.ok(maxAbs(g.logprobs, rl.subarray(i * N, i * N + len)) < 5e-5, `${JSON.stringify(s)} row ${i} logprobs`);
-      assert.equal(g.finishReason, len < N || g.tokens[len - 1] === c.eosTokenId ? 'eos' : 'length');
-    });
+    for (const sampler of samplers)
+      (await sampler.generate(w, reqs, { maxNewTokens: N, seed, ...s })).forEach((g, i) => {
+        const len = Number(rlen[i]);
+        assert.deepEqual(
+          Array.from(g.tokens),
+          Array.from(rt.subarray(i * N, i * N + len), Number),
+          `${JSON.stringify(s)} row ${i}`,
+        );
+        assert.ok(maxAbs(g.logprobs, rl.subarray(i * N, i * N + len)) < 5e-5, `${JSON.stringify(s)} row ${i} logprobs`);
+        assert.equal(g.finishReason, len < N || g.tokens[len - 1] === c.eosTokenId ? 'eos' : 'length');
+      });
   }
 });
 

@@ -5,7 +5,14 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { initWeights, modelConfig } from '../../../lib/model/index.ts';
-import { planBatches, Sampler, samplingParams, sequenceUniforms, type Generation } from '../../../lib/model/sample.ts';
+import {
+  planBatches,
+  Sampler,
+  samplingParams,
+  sequenceUniforms,
+  STEP_DECODE_MIN_COLUMNS,
+  type Generation,
+} from '../../../lib/model/sample.ts';
 import { Scorer } from '../../../lib/model/score.ts';
 import { ValueScorer } from '../../../lib/model/value.ts';
 import { SessionCache } from '../../../lib/model/session-cache.ts';
@@ -15,7 +22,12 @@ const cfg = modelConfig(TINY_GQA_BIAS);
 // std 0.3 gives peaked, position-dependent distributions on a model this small
 const W = initWeights(cfg, 7, { std: 0.3 });
 const cache = new SessionCache();
-const sampler = new Sampler(cfg, { threads: 1, cache });
+// the generation graph's in-graph loop and the step graph over preallocated caches
+const samplers = {
+  loop: new Sampler(cfg, { threads: 1, cache, decode: 'loop' }),
+  step: new Sampler(cfg, { threads: 1, cache, decode: 'step' }),
+} as const;
+const sampler = samplers.loop;
 const scorer = new Scorer(cfg, { threads: 1, cache });
 
 const prompts: Record<string, number[]> = {
@@ -62,130 +74,178 @@ test('planBatches respects the row and token caps and keeps the given order', ()
   assert.deepEqual(planBatches([50, 1], [0, 1], 10, 20), [[0], [1]]);
 });
 
-test("a sequence's tokens do not depend on the other prompts in its batch or on the padding", async () => {
-  const params = { maxNewTokens: 12, temperature: 1, seed: 11, eosTokenIds: [] };
-  const alone = (await sampler.generate(W, [req('x', 'a')], params))[0];
-  const withShort = (await sampler.generate(W, [req('y', 'c'), req('x', 'a')], params))[1];
-  const withLong = (await sampler.generate(W, [req('z', 'e'), req('w', 'b'), req('x', 'a'), req('v', 'd')], params))[2];
-  const tinyBatches = new Sampler(cfg, { threads: 1, cache, maxBatchSize: 1 });
-  const split = (await tinyBatches.generate(W, [req('z', 'e'), req('x', 'a')], params))[1];
-  for (const g of [withShort, withLong, split]) {
-    assert.deepEqual(Array.from(g.tokens), Array.from(alone.tokens));
-    assert.ok(maxAbs(g.logprobs, alone.logprobs) < 1e-5, `logprobs differ by ${maxAbs(g.logprobs, alone.logprobs)}`);
-  }
-  // and the id matters: another id with the same prompt draws differently
-  const other = (await sampler.generate(W, [req('x2', 'a')], params))[0];
-  assert.notDeepEqual(Array.from(other.tokens), Array.from(alone.tokens));
-});
+for (const decode of ['loop', 'step'] as const) {
+  const sampler = samplers[decode];
 
-test('EOS stops each row at its first stop token; the rest of the stream is unchanged', async () => {
-  const ids = Object.keys(prompts);
-  const full = await sampler.generate(
-    W,
-    ids.map((k) => req(k)),
-    { maxNewTokens: 16, seed: 3, eosTokenIds: [] },
-  );
-  for (const g of full) {
-    assert.equal(g.finishReason, 'length');
-    assert.equal(g.tokens.length, 16);
-  }
-  // stop tokens: the 4th token of row a and the 2nd of row b, so several rows stop early
-  const stops = [full[0].tokens[3], full[1].tokens[1]];
-  const cut = await sampler.generate(
-    W,
-    ids.map((k) => req(k)),
-    { maxNewTokens: 16, seed: 3, eosTokenIds: stops },
-  );
-  let early = 0;
-  cut.forEach((g, i) => {
-    const f = Array.from(full[i].tokens);
-    const first = f.findIndex((t) => stops.includes(t));
-    const len = first < 0 ? 16 : first + 1;
-    if (first >= 0) early++;
-    assert.equal(g.finishReason, first < 0 ? 'length' : 'eos', `row ${g.id}`);
-    assert.deepEqual(Array.from(g.tokens), f.slice(0, len), `row ${g.id}`);
-    assert.ok(maxAbs(g.logprobs, full[i].logprobs.subarray(0, len)) < 1e-5);
+  test(`a sequence's tokens do not depend on the other prompts in its batch or on the padding (decode: ${decode})`, async () => {
+    const params = { maxNewTokens: 12, temperature: 1, seed: 11, eosTokenIds: [] };
+    const alone = (await sampler.generate(W, [req('x', 'a')], params))[0];
+    const withShort = (await sampler.generate(W, [req('y', 'c'), req('x', 'a')], params))[1];
+    const withLong = (
+      await sampler.generate(W, [req('z', 'e'), req('w', 'b'), req('x', 'a'), req('v', 'd')], params)
+    )[2];
+    const tinyBatches = new Sampler(cfg, { threads: 1, cache, maxBatchSize: 1, decode });
+    const split = (await tinyBatches.generate(W, [req('z', 'e'), req('x', 'a')], params))[1];
+    for (const g of [withShort, withLong, split]) {
+      assert.deepEqual(Array.from(g.tokens), Array.from(alone.tokens));
+      assert.ok(maxAbs(g.logprobs, alone.logprobs) < 1e-5, `logprobs differ by ${maxAbs(g.logprobs, alone.logprobs)}`);
+    }
+    // and the id matters: another id with the same prompt draws differently
+    const other = (await sampler.generate(W, [req('x2', 'a')], params))[0];
+    assert.notDeepEqual(Array.from(other.tokens), Array.from(alone.tokens));
   });
-  assert.ok(early >= 2);
-  // the model config's EOS is the default stop token
-  const dflt = await sampler.generate(W, [req('a')], { maxNewTokens: 4, seed: 3 });
-  const explicit = await sampler.generate(W, [req('a')], { maxNewTokens: 4, seed: 3, eosTokenIds: [cfg.eosTokenId] });
-  assert.deepEqual(dflt, explicit);
-});
 
-test("generation log-probs equal the scorer's (KV-cached left-padded loop vs right-padded full pass)", async () => {
-  const ids = Object.keys(prompts);
-  for (const temperature of [0, 0.7, 1.3]) {
-    const gens = await sampler.generate(
+  test(`EOS stops each row at its first stop token; the rest of the stream is unchanged (decode: ${decode})`, async () => {
+    const ids = Object.keys(prompts);
+    const full = await sampler.generate(
       W,
       ids.map((k) => req(k)),
-      { maxNewTokens: 10, temperature, seed: 5, eosTokenIds: [] },
+      { maxNewTokens: 16, seed: 3, eosTokenIds: [] },
     );
-    const scores = await scorer.score(
-      W,
-      ids.map((k, i) => ({ prompt: prompts[k], response: gens[i].tokens })),
-      { temperature: temperature || 1 },
-    );
-    gens.forEach((g, i) =>
-      assert.ok(
-        maxAbs(g.logprobs, scores[i].logprobs) < 2e-5,
-        `T=${temperature} row ${g.id}: ${maxAbs(g.logprobs, scores[i].logprobs)}`,
-      ),
-    );
-    if (temperature === 0) {
-      // greedy picks the most likely token: its probability is at least 1/V and ≥ every other's,
-      // so exp(logprob) ≥ exp(−entropy)… weaker but checkable: compare with top-k = 1 sampling
-      const k1 = await sampler.generate(
-        W,
-        ids.map((k) => req(k)),
-        { maxNewTokens: 10, temperature: 1, topK: 1, seed: 9, eosTokenIds: [] },
-      );
-      const p0 = await sampler.generate(
-        W,
-        ids.map((k) => req(k)),
-        { maxNewTokens: 10, temperature: 1, topP: 1e-6, seed: 9, eosTokenIds: [] },
-      );
-      gens.forEach((g, i) => {
-        assert.deepEqual(Array.from(k1[i].tokens), Array.from(g.tokens));
-        assert.deepEqual(Array.from(p0[i].tokens), Array.from(g.tokens));
-      });
+    for (const g of full) {
+      assert.equal(g.finishReason, 'length');
+      assert.equal(g.tokens.length, 16);
     }
-  }
-});
-
-test('sampling follows the distribution; top-k and top-p restrict it to the top tokens', async () => {
-  const n = 1200;
-  const reqs = Array.from({ length: n }, (_, i) => ({ id: `s${i}`, prompt: prompts.b }));
-  const one = async (p: object): Promise<Generation[]> =>
-    sampler.generate(W, reqs, { maxNewTokens: 1, seed: 1, eosTokenIds: [], ...p });
-  const plain = await one({ temperature: 1 });
-  const prob = new Map<number, number>();
-  const count = new Map<number, number>();
-  for (const g of plain) {
-    prob.set(g.tokens[0], Math.exp(g.logprobs[0]));
-    count.set(g.tokens[0], (count.get(g.tokens[0]) ?? 0) + 1);
-  }
-  assert.ok(count.size >= 5, `only ${count.size} distinct tokens sampled`);
-  for (const [tok, p] of prob) {
-    const sd = Math.sqrt((p * (1 - p)) / n);
-    assert.ok(
-      Math.abs(count.get(tok)! / n - p) < 5 * sd + 1e-3,
-      `token ${tok}: frequency ${count.get(tok)! / n} vs p ${p}`,
+    // stop tokens: the 4th token of row a and the 2nd of row b, so several rows stop early
+    const stops = [full[0].tokens[3], full[1].tokens[1]];
+    const cut = await sampler.generate(
+      W,
+      ids.map((k) => req(k)),
+      { maxNewTokens: 16, seed: 3, eosTokenIds: stops },
     );
+    let early = 0;
+    cut.forEach((g, i) => {
+      const f = Array.from(full[i].tokens);
+      const first = f.findIndex((t) => stops.includes(t));
+      const len = first < 0 ? 16 : first + 1;
+      if (first >= 0) early++;
+      assert.equal(g.finishReason, first < 0 ? 'length' : 'eos', `row ${g.id}`);
+      assert.deepEqual(Array.from(g.tokens), f.slice(0, len), `row ${g.id}`);
+      assert.ok(maxAbs(g.logprobs, full[i].logprobs.subarray(0, len)) < 1e-5);
+    });
+    assert.ok(early >= 2);
+    // the model config's EOS is the default stop token
+    const dflt = await sampler.generate(W, [req('a')], { maxNewTokens: 4, seed: 3 });
+    const explicit = await sampler.generate(W, [req('a')], { maxNewTokens: 4, seed: 3, eosTokenIds: [cfg.eosTokenId] });
+    assert.deepEqual(dflt, explicit);
+  });
+
+  test(`generation log-probs equal the scorer's (KV-cached left-padded loop vs right-padded full pass) (decode: ${decode})`, async () => {
+    const ids = Object.keys(prompts);
+    for (const temperature of [0, 0.7, 1.3]) {
+      const gens = await sampler.generate(
+        W,
+        ids.map((k) => req(k)),
+        { maxNewTokens: 10, temperature, seed: 5, eosTokenIds: [] },
+      );
+      const scores = await scorer.score(
+        W,
+        ids.map((k, i) => ({ prompt: prompts[k], response: gens[i].tokens })),
+        { temperature: temperature || 1 },
+      );
+      gens.forEach((g, i) =>
+        assert.ok(
+          maxAbs(g.logprobs, scores[i].logprobs) < 2e-5,
+          `T=${temperature} row ${g.id}: ${maxAbs(g.logprobs, scores[i].logprobs)}`,
+        ),
+      );
+      if (temperature === 0) {
+        // greedy picks the most likely token: its probability is at least 1/V and ≥ every other's,
+        // so exp(logprob) ≥ exp(−entropy)… weaker but checkable: compare with top-k = 1 sampling
+        const k1 = await sampler.generate(
+          W,
+          ids.map((k) => req(k)),
+          { maxNewTokens: 10, temperature: 1, topK: 1, seed: 9, eosTokenIds: [] },
+        );
+        const p0 = await sampler.generate(
+          W,
+          ids.map((k) => req(k)),
+          { maxNewTokens: 10, temperature: 1, topP: 1e-6, seed: 9, eosTokenIds: [] },
+        );
+        gens.forEach((g, i) => {
+          assert.deepEqual(Array.from(k1[i].tokens), Array.from(g.tokens));
+          assert.deepEqual(Array.from(p0[i].tokens), Array.from(g.tokens));
+        });
+      }
+    }
+  });
+
+  test(`sampling follows the distribution; top-k and top-p restrict it to the top tokens (decode: ${decode})`, async () => {
+    const n = 1200;
+    const reqs = Array.from({ length: n }, (_, i) => ({ id: `s${i}`, prompt: prompts.b }));
+    const one = async (p: object): Promise<Generation[]> =>
+      sampler.generate(W, reqs, { maxNewTokens: 1, seed: 1, eosTokenIds: [], ...p });
+    const plain = await one({ temperature: 1 });
+    const prob = new Map<number, number>();
+    const count = new Map<number, number>();
+    for (const g of plain) {
+      prob.set(g.tokens[0], Math.exp(g.logprobs[0]));
+      count.set(g.tokens[0], (count.get(g.tokens[0]) ?? 0) + 1);
+    }
+    assert.ok(count.size >= 5, `only ${count.size} distinct tokens sampled`);
+    for (const [tok, p] of prob) {
+      const sd = Math.sqrt((p * (1 - p)) / n);
+      assert.ok(
+        Math.abs(count.get(tok)! / n - p) < 5 * sd + 1e-3,
+        `token ${tok}: frequency ${count.get(tok)! / n} vs p ${p}`,
+      );
+    }
+    const ranked = [...prob].sort((a, b) => b[1] - a[1]).map(([t]) => t);
+    const topk = await one({ temperature: 1, topK: 3 });
+    for (const g of topk) assert.ok(ranked.slice(0, 3).includes(g.tokens[0]), `top-k 3 sampled ${g.tokens[0]}`);
+    assert.equal(new Set(topk.map((g) => g.tokens[0])).size, 3);
+    // top-p: the smallest set of top tokens with mass ≥ 0.5
+    let mass = 0,
+      m = 0;
+    while (mass < 0.5) mass += prob.get(ranked[m++])!;
+    const topp = await one({ temperature: 1, topP: 0.5 });
+    for (const g of topp)
+      assert.ok(
+        ranked.slice(0, m).includes(g.tokens[0]),
+        `top-p 0.5 sampled ${g.tokens[0]} outside the nucleus of ${m}`,
+      );
+    // behaviour log-prob is the untruncated temperature-scaled one
+    for (const g of topk) assert.ok(Math.abs(Math.exp(g.logprobs[0]) - prob.get(g.tokens[0])!) < 1e-5);
+  });
+}
+
+test("step-graph decoding samples the loop's tokens and log-probs (shared prompts, EOS, top-k/top-p); auto picks it for long rows", async () => {
+  const reqs = [...Object.keys(prompts).map((k) => req(k)), ...Array.from({ length: 4 }, (_, i) => req(`b#${i}`, 'b'))];
+  for (const p of [
+    { temperature: 1, eosTokenIds: [] },
+    { temperature: 0.8, topK: 6, topP: 0.9, eosTokenIds: [cfg.eosTokenId, 7] },
+    { temperature: 0 },
+  ]) {
+    const params = { maxNewTokens: 14, seed: 21, ...p };
+    const [loop, step] = await Promise.all([
+      samplers.loop.generate(W, reqs, params),
+      samplers.step.generate(W, reqs, params),
+    ]);
+    loop.forEach((g, i) => {
+      assert.deepEqual(Array.from(step[i].tokens), Array.from(g.tokens), `${JSON.stringify(p)} row ${g.id}`);
+      assert.equal(step[i].finishReason, g.finishReason);
+      assert.ok(maxAbs(step[i].logprobs, g.logprobs) < 1e-5);
+    });
   }
-  const ranked = [...prob].sort((a, b) => b[1] - a[1]).map(([t]) => t);
-  const topk = await one({ temperature: 1, topK: 3 });
-  for (const g of topk) assert.ok(ranked.slice(0, 3).includes(g.tokens[0]), `top-k 3 sampled ${g.tokens[0]}`);
-  assert.equal(new Set(topk.map((g) => g.tokens[0])).size, 3);
-  // top-p: the smallest set of top tokens with mass ≥ 0.5
-  let mass = 0,
-    m = 0;
-  while (mass < 0.5) mass += prob.get(ranked[m++])!;
-  const topp = await one({ temperature: 1, topP: 0.5 });
-  for (const g of topp)
-    assert.ok(ranked.slice(0, m).includes(g.tokens[0]), `top-p 0.5 sampled ${g.tokens[0]} outside the nucleus of ${m}`);
-  // behaviour log-prob is the untruncated temperature-scaled one
-  for (const g of topk) assert.ok(Math.abs(Math.exp(g.logprobs[0]) - prob.get(g.tokens[0])!) < 1e-5);
+  // 'auto': the loop below STEP_DECODE_MIN_COLUMNS prompt + new tokens, the step graph from there
+  const auto = new Sampler(cfg, { threads: 1, cache });
+  const used: string[] = [];
+  const orig = cache.get.bind(cache);
+  cache.get = (key, ...rest) => (used.push(key.split('|')[0]), orig(key, ...rest));
+  try {
+    await auto.generate(W, [req('a')], { maxNewTokens: 4, seed: 1 });
+    assert.deepEqual(used, ['generate']);
+    used.length = 0;
+    const longCfg = { ...cfg, maxPositionEmbeddings: STEP_DECODE_MIN_COLUMNS };
+    await new Sampler(longCfg, { threads: 1, cache }).generate(W, [req('a')], {
+      maxNewTokens: STEP_DECODE_MIN_COLUMNS - prompts.a.length,
+      seed: 1,
+      eosTokenIds: [],
+    });
+    assert.deepEqual(used, ['prefill', 'step']);
+  } finally {
+    cache.get = orig;
+  }
 });
 
 test('requests are checked: vocabulary, length, duplicate ids, empty prompt, model head', async () => {

@@ -316,36 +316,38 @@ describe('images in scoring, sampling and training', () => {
     for (let i = 0; i < 2; i++) assert.ok(Math.abs(vt[i] - vt2[i]) < 1e-5);
   });
 
-  it('sampler behaviour log-probs match the scorer with images; vision tokens are never sampled', async () => {
-    const sm = new Sampler(c, { threads: 1 });
-    const gens = await sm.generate(
-      w,
-      [
-        { id: 'x', prompt, images: [a] },
-        { id: 'y', prompt, images: [b] },
-        { id: 'z', prompt: [1, 5] },
-      ],
-      { maxNewTokens: 6, eosTokenIds: [], temperature: 1.5 },
-    );
-    const sc = new Scorer(c, { threads: 1 });
-    const scores = await sc.score(
-      w,
-      gens.map((g, i) => ({
-        prompt: i === 2 ? [1, 5] : prompt,
-        response: g.tokens,
-        images: i === 2 ? undefined : [[a], [b]][i],
-      })),
-      { temperature: 1.5 },
-    );
-    gens.forEach((g, i) => {
-      for (let t = 0; t < g.tokens.length; t++) {
-        assert.ok(![IMG, VS, VE].includes(g.tokens[t]), 'a vision token was sampled');
-        assert.ok(
-          Math.abs(g.logprobs[t] - scores[i].logprobs[t]) < 1e-4,
-          `row ${i} token ${t}: sampler ${g.logprobs[t]} vs scorer ${scores[i].logprobs[t]}`,
-        );
-      }
-    });
+  it('sampler behaviour log-probs match the scorer with images (loop and step decoding); vision tokens are never sampled', async () => {
+    for (const decode of ['loop', 'step'] as const) {
+      const sm = new Sampler(c, { threads: 1, decode });
+      const gens = await sm.generate(
+        w,
+        [
+          { id: 'x', prompt, images: [a] },
+          { id: 'y', prompt, images: [b] },
+          { id: 'z', prompt: [1, 5] },
+        ],
+        { maxNewTokens: 6, eosTokenIds: [], temperature: 1.5 },
+      );
+      const sc = new Scorer(c, { threads: 1 });
+      const scores = await sc.score(
+        w,
+        gens.map((g, i) => ({
+          prompt: i === 2 ? [1, 5] : prompt,
+          response: g.tokens,
+          images: i === 2 ? undefined : [[a], [b]][i],
+        })),
+        { temperature: 1.5 },
+      );
+      gens.forEach((g, i) => {
+        for (let t = 0; t < g.tokens.length; t++) {
+          assert.ok(![IMG, VS, VE].includes(g.tokens[t]), 'a vision token was sampled');
+          assert.ok(
+            Math.abs(g.logprobs[t] - scores[i].logprobs[t]) < 1e-4,
+            `row ${i} token ${t}: sampler ${g.logprobs[t]} vs scorer ${scores[i].logprobs[t]}`,
+          );
+        }
+      });
+    }
   });
 
   it('the generation graph runs the tower in the prefill only, never in the decode loop', () => {
