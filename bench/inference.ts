@@ -314,11 +314,14 @@ export async function run(): Promise<Row[]> {
         }
       }
       rows.push({ name: `inference/serve_policy/${name}_tok_s`, value: round(best), unit: 'tok/s' });
+      // the goal (HTTP and batching cost ≤ 10 %) is read at the rows the clients can hold: closed-loop
+      // clients fewer than the sequences decode at most `cap` rows at once, where the 64-row
+      // comparison would measure the batch size instead
       rows.push({
         name: `inference/serve_policy/${name}_vs_in_process`,
         value: round(best / base, 3),
         unit: 'ratio',
-        goal: 0.9,
+        ...(cap < SEQS ? {} : { goal: 0.9 }),
       });
       rows.push({ name: `inference/serve_policy/${name}_cpu_ms_per_1k_tok`, value: round(bestCpu, 2), unit: 'ms' });
       rows.push({
@@ -347,6 +350,7 @@ export async function run(): Promise<Row[]> {
           name: `inference/serve_policy/${name}_vs_in_process_${cap}rows`,
           value: round(best / capped.tps, 3),
           unit: 'ratio',
+          goal: 0.9,
         });
         rows.push({
           name: `inference/serve_policy/${name}_cpu_vs_in_process_${cap}rows`,
