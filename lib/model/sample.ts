@@ -100,8 +100,10 @@ export interface SamplerOptions {
    * How a batch decodes: 'loop' (the generation graph, one run with the decode loop inside:
    * no per-token call, but each step appends to the caches by Concat, copying them), 'step' (the
    * prefill graph, then one step-graph run per token over caches allocated once at their final
-   * size and written in place) or 'auto' (the default: 'step' once a batch's rows reach
-   * STEP_DECODE_MIN_COLUMNS prompt + new tokens, where the copies outweigh the calls).
+   * size and written in place) or 'auto' (the default: on the CPU, 'step' once a batch's rows
+   * reach STEP_DECODE_MIN_COLUMNS prompt + new tokens, where the copies outweigh the calls; on
+   * another device always 'loop', whose caches stay on the device within the one run, where the
+   * step graph's would be copied to it at every token).
    */
   decode?: 'loop' | 'step' | 'auto';
 }
@@ -222,12 +224,13 @@ export class Sampler {
       .sort((a, b) => requests[b].prompt.length - requests[a].prompt.length || a - b);
     const widths = requests.map((r) => r.prompt.length + N);
     const out = new Array<Generation>(requests.length);
+    const onCpu = (this.opts.device ?? 'cpu') === 'cpu';
     const mode = this.opts.decode ?? 'auto';
     for (const batch of planBatches(widths, order, this.maxBatchSize, this.maxBatchTokens)) {
       const reqs = batch.map((i) => requests[i]);
       const cols = Math.max(...batch.map((i) => widths[i]));
       const res =
-        mode === 'step' || (mode === 'auto' && cols >= STEP_DECODE_MIN_COLUMNS)
+        mode === 'step' || (mode === 'auto' && onCpu && cols >= STEP_DECODE_MIN_COLUMNS)
           ? await this.runBatchStepwise(weights, reqs, params, eos, cols)
           : await this.runBatch(await this.session(truncation), weightFeeds, reqs, params, eos, truncation);
       batch.forEach((i, k) => {

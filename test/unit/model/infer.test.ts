@@ -243,6 +243,19 @@ test("step-graph decoding samples the loop's tokens and log-probs (shared prompt
       eosTokenIds: [],
     });
     assert.deepEqual(used, ['prefill', 'step']);
+    // on a GPU 'auto' keeps the loop (its caches stay on the device): the session asked for is the
+    // generation graph's (stopped there: no GPU is needed to see the choice)
+    used.length = 0;
+    cache.get = (key) => (used.push(key.split('|')[0]), Promise.reject(new Error('stop')));
+    await assert.rejects(
+      new Sampler(longCfg, { threads: 1, cache, device: 'webgpu' }).generate(W, [req('a')], {
+        maxNewTokens: STEP_DECODE_MIN_COLUMNS - prompts.a.length,
+        seed: 1,
+        eosTokenIds: [],
+      }),
+      /stop/,
+    );
+    assert.deepEqual(used, ['generate']);
   } finally {
     cache.get = orig;
   }
