@@ -120,6 +120,13 @@ export function sequenceUniforms(seed: number | string, id: string, n: number): 
   return out;
 }
 
+/** The uniforms of a batch's rows, [B, N] row-major (row b: `sequenceUniforms(seed, id_b, N)`). */
+function batchUniforms(reqs: readonly GenerationRequest[], seed: number | string, N: number): Float32Array {
+  const u = new Float32Array(reqs.length * N);
+  reqs.forEach((r, b) => u.set(sequenceUniforms(seed, r.id, N), b * N));
+  return u;
+}
+
 export function samplingParams(input: SamplingParamsInput): SamplingParams {
   const r = samplingParamsSchema.safeParse(input);
   if (!r.success)
@@ -250,8 +257,7 @@ export class Sampler {
   ): Promise<Generation[]> {
     const B = reqs.length,
       N = params.maxNewTokens;
-    const u = new Float32Array(B * N);
-    reqs.forEach((r, b) => u.set(sequenceUniforms(params.seed, r.id, N), b * N));
+    const u = batchUniforms(reqs, params.seed, N);
     const feeds: Record<string, ort.Tensor> = {
       ...weightFeeds,
       ...promptFeeds(this.config, reqs, 'generation batch'),
@@ -291,8 +297,7 @@ export class Sampler {
     const c = this.config,
       B = reqs.length,
       N = params.maxNewTokens;
-    const u = new Float32Array(B * N);
-    reqs.forEach((r, b) => u.set(sequenceUniforms(params.seed, r.id, N), b * N));
+    const u = batchUniforms(reqs, params.seed, N);
     let state = reservedState(c, B, cols);
     state = appendRows(c, state, await this.stepper.prefill(weights, reqs, { shared: true }));
     const rowParams = reqs.map(() => ({ temperature: params.temperature, topP: params.topP, topK: params.topK }));
