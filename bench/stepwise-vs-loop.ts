@@ -1,7 +1,8 @@
 /**
  * The decode graphs alone, no HTTP, no batcher: `StepDecoder` (prefill, then one step-graph run
- * per token over all rows; what serve-policy's decode thread runs) against `Sampler.generate` (the
- * in-graph loop; the rollout's sampler) on the same 64 sequences (16-token prompts, 32 new tokens,
+ * per token over all rows; what serve-policy's decode thread runs) against `Sampler.generate` with
+ * `decode: 'loop'` (the in-graph loop; the rollout's sampler for rows under 256 prompt + new
+ * tokens) on the same 64 sequences (16-token prompts, 32 new tokens,
  * temperature 1, 1 ORT thread), alternating, CPU time per 1000 tokens (least of the repeats) and
  * the ratio loop ÷ step graph (tokens per CPU-second). RLSTREAM_BENCH_INFER_SHAPE picks the model
  * as in bench/inference.ts (`tiny` or `smollm2_135m`); RLSTREAM_BENCH_INFER_REPEATS (default 3);
@@ -58,7 +59,7 @@ export async function run(): Promise<Row[]> {
     prompt: Array.from({ length: PROMPT }, (_, t) => 32 + ((i * 7 + t * 13) % 90)),
   }));
   const params = { temperature: 1, maxNewTokens: NEW, seed: 1, eosTokenIds: stopIds };
-  const sampler = new Sampler(c, { threads: 1 });
+  const sampler = new Sampler(c, { threads: 1, decode: 'loop' });
   const decoder = new StepDecoder(c, { threads: 1 });
   const cpuMs = () => {
     const u = process.cpuUsage();
