@@ -50,7 +50,8 @@ export interface DecodeState {
 /**
  * Prefilled rows as the prefill graph returns them: caches [B, KVH, S, hd], bias [B, S]. With
  * `rowOf`, the B rows are the distinct prompts and row r of the caller's rows continues row
- * rowOf[r] (appendRows expands them; the n samples of a prompt are then held once until then).
+ * rowOf[r]: the prefill's output holds each prompt once, and appendRows copies it to each of its
+ * rows.
  */
 export interface Prefilled {
   B: number;
