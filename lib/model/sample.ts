@@ -299,7 +299,7 @@ export class Sampler {
       N = params.maxNewTokens;
     const u = batchUniforms(reqs, params.seed, N);
     let state = reservedState(c, B, cols);
-    state = appendRows(c, state, await this.stepper.prefill(weights, reqs, { shared: true }));
+    state = appendRows(c, state, await this.stepper.prefill(weights, reqs));
     const rowParams = reqs.map(() => ({ temperature: params.temperature, topP: params.topP, topK: params.topK }));
     const res = await this.stepper.step(weights, state, u, N, rowParams, eos, false);
     return collect(reqs, res.tokens, res.logprobs, res.steps, N, eos);

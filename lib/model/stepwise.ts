@@ -48,15 +48,14 @@ export interface DecodeState {
 }
 
 /**
- * Prefilled rows as the prefill graph returns them: caches [B, KVH, S, hd], bias [B, S]. With
- * `rowOf`, the B rows are the distinct prompts and row r of the caller's rows continues row
- * rowOf[r]: the prefill's output holds each prompt once, and appendRows copies it to each of its
- * rows.
+ * The prefilled distinct prompts as the prefill graph returns them: caches [B, KVH, S, hd], bias
+ * [B, S] (B distinct prompts). Row r of the caller's rows continues prompt rowOf[r]: each prompt's
+ * state is held once here, and appendRows copies it to each of its rows.
  */
 export interface Prefilled {
   B: number;
   S: number;
-  rowOf?: Int32Array;
+  rowOf: Int32Array;
   logits: Float32Array;
   pos: BigInt64Array;
   bias: Float32Array;
@@ -106,29 +105,23 @@ export class StepDecoder {
     );
   }
 
-  /**
-   * Prefills the prompts (one row each; equal prompts share one prefill). `shared`: the result
-   * holds each distinct prompt's state once, with `rowOf` mapping the prompts to it.
-   */
+  /** Prefills the prompts (one row each; equal prompts share one prefill, held once: `rowOf`). */
   async prefill(
     weights: Weights,
     prompts: readonly { prompt: ArrayLike<number>; images?: readonly ImagePixels[] }[],
-    opts: { shared?: boolean } = {},
   ): Promise<Prefilled> {
     const c = this.config;
     validateWeights(c, weights, 'StepDecoder weights');
     const session = await this.session('prefill');
     const feeds = promptFeeds(c, prompts, 'prefill');
-    let rowOf: Int32Array | undefined;
-    if (opts.shared) {
-      rowOf = Int32Array.from(feeds[GEN_IO.promptRows].data as BigInt64Array, Number);
-      const U = feeds[GEN_IO.promptIds].dims[0];
-      feeds[GEN_IO.promptRows] = tensor(
-        'int64',
-        BigInt64Array.from({ length: U }, (_, i) => BigInt(i)),
-        [U],
-      );
-    }
+    // the graph's own expansion to the rows is not used: each distinct prompt comes back once
+    const rowOf = Int32Array.from(feeds[GEN_IO.promptRows].data as BigInt64Array, Number);
+    const U = feeds[GEN_IO.promptIds].dims[0];
+    feeds[GEN_IO.promptRows] = tensor(
+      'int64',
+      BigInt64Array.from({ length: U }, (_, i) => BigInt(i)),
+      [U],
+    );
     const res = await session.run({ ...weightTensors(c, weights), ...feeds });
     const B = res['state_out.pos'].dims[0];
     const L = c.numHiddenLayers;
@@ -137,7 +130,7 @@ export class StepDecoder {
     return {
       B,
       S: out('bias').dims[3],
-      ...(rowOf ? { rowOf } : {}),
+      rowOf,
       logits: out('logits').data as Float32Array,
       pos: out('pos').data as BigInt64Array,
       bias: out('bias').data as Float32Array,
@@ -374,7 +367,7 @@ export function appendRows(c: ModelConfig, st: DecodeState, pre: Prefilled): Dec
   const KVH = c.numKeyValueHeads,
     hd = c.headDim,
     V = c.vocabSize;
-  const rowOf = pre.rowOf ?? Int32Array.from({ length: pre.B }, (_, r) => r);
+  const { rowOf } = pre;
   const B = st.B + rowOf.length;
   let S = st.B === 0 ? pre.S : Math.max(st.S, pre.S);
   let s = st;
