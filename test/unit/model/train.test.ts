@@ -107,6 +107,29 @@ describe('trainer', () => {
     }
   });
 
+  it('the CPU step sums micro-batches in the gradient buffers it feeds back (grad_acc): the norm of the summed gradient', async () => {
+    const loss = { type: 'policy' as const, lossAggMode: 'token-mean' as const, useKlLoss: true };
+    for (const tie of [false, true]) {
+      const m = modelConfig({ ...model, tieWordEmbeddings: tie });
+      const tr = createTrainer({ model: m, loss, seed: 6, cache, threads: 1, microBatchSize: 2 });
+      const batch = makeBatch(7, 12, 40 + Number(tie)); // 4 micro-batches: one grad run, three grad_acc runs
+      const { grads } = await tr.computeGradients(batch);
+      let sq = 0;
+      for (const g of grads.values()) for (const x of g) sq += x * x;
+      const r = await tr.step(batch, 1e-3);
+      assert.ok(
+        Math.abs(r.metrics.grad_norm - Math.sqrt(sq)) <= 1e-6 * Math.sqrt(sq),
+        `tied ${tie}: step grad_norm ${r.metrics.grad_norm} vs ${Math.sqrt(sq)} of the summed gradients`,
+      );
+      // a second step reuses the buffers: the first micro-batch overwrites them, nothing carries over
+      const again = await tr.computeGradients(batch);
+      let sq2 = 0;
+      for (const g of again.grads.values()) for (const x of g) sq2 += x * x;
+      const r2 = await tr.step(batch, 1e-3);
+      assert.ok(Math.abs(r2.metrics.grad_norm - Math.sqrt(sq2)) <= 1e-6 * Math.sqrt(sq2), `tied ${tie}: second step`);
+    }
+  });
+
   it('the in-place AdamW runs on slices of a parameter (views at an offset) give the same state as whole tensors', async () => {
     const loss = { type: 'policy' as const };
     const whole = createTrainer({ model, loss, seed: 4, cache, threads: 1 });
