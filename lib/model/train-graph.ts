@@ -3,9 +3,6 @@
  * ONNX graph. Modes:
  *  - `eval`: forward and loss only; outputs `metrics` and per-position `log_probs` (or `values`).
  *  - `grad`: also outputs `grad.<param>` (one micro-batch's share of the mini-batch gradient).
- *  - `grad_acc`: as `grad`, with `acc.<param>` inputs added to each gradient (the sum of the earlier
- *    micro-batches'); the CPU step binds `grad.<param>` to the very buffer it feeds as `acc.<param>`,
- *    so k micro-batches accumulate in one set of gradient buffers.
  *  - `step`: outputs `new.<param>`, `new.<param>.exp_avg`, `new.<param>.exp_avg_sq`, `grad_norm`
  *    (GPU devices; on the CPU the trainer runs `grad` then the small in-place `buildAdamWGraph`).
  *  - `step_acc`: as `step`, with `acc.<param>` inputs added to the gradient (the sum of the earlier
@@ -56,7 +53,7 @@ export interface OptimConfig {
   visionLrScale?: number;
 }
 
-export type TrainGraphMode = 'eval' | 'grad' | 'grad_acc' | 'step' | 'step_acc';
+export type TrainGraphMode = 'eval' | 'grad' | 'step' | 'step_acc';
 
 export interface TrainGraphSpec {
   model: ModelConfig;
@@ -236,15 +233,13 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
   const specs = trained;
   const pv = specs.map((s) => (spec.lora ? pl : p).get(s.name)!);
   let grads = b.grad(lg.loss, pv);
-  const withAcc = (gs: Var[]) => gs.map((g, i) => b.add(g, b.input(`acc.${specs[i].name}`, F, specs[i].shape)));
-  if (mode === 'grad' || mode === 'grad_acc') {
-    if (mode === 'grad_acc') grads = withAcc(grads);
+  if (mode === 'grad') {
     if (spec.packed) b.output(packFlat(b, grads), 'grad.packed');
     else grads.forEach((g, i) => b.output(g, `grad.${specs[i].name}`));
     return { builder: b, metricNames, batchInputs };
   }
   b.scope('optim', () => {
-    if (mode === 'step_acc') grads = withAcc(grads);
+    if (mode === 'step_acc') grads = grads.map((g, i) => b.add(g, b.input(`acc.${specs[i].name}`, F, specs[i].shape)));
     const sq = grads.map((g) =>
       b.reduceSum(
         b.mul(g, g),

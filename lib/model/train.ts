@@ -415,31 +415,34 @@ export class Trainer {
 
   /**
    * The CPU step, memory ∝ the model: the grad graph writes each gradient straight into a
-   * persistent buffer (pre-allocated outputs: the binding copies nothing); micro-batches after the
-   * first run the `grad_acc` graph, which reads that buffer as `acc.<param>` and writes the sum back
-   * into it (element-wise, as the AdamW graph below updates in place); the global norm is computed
-   * here in float64; then the small AdamW graph (train-graph.ts buildAdamWGraph) updates weights
-   * and moments IN PLACE, slice by slice (≤ ADAMW_SLICE elements per run), writing into the very
-   * buffers it reads. So the process holds weights + gradients + two moments (16 B per parameter)
-   * plus activations, and no copy of any of them; a non-finite norm skips the update (weights untouched).
+   * persistent buffer (pre-allocated outputs: the binding copies nothing), micro-batches after the
+   * first into a scratch set that is added in; the global norm is computed here in float64; then the
+   * small AdamW graph (train-graph.ts buildAdamWGraph) updates weights and moments IN PLACE, slice
+   * by slice (≤ ADAMW_SLICE elements per run), writing into the very buffers it reads. So the
+   * process holds weights + gradients + two moments (16 B per parameter) plus activations, and no
+   * copy of any of them; a non-finite norm skips the update (weights untouched).
    */
   private async stepInPlace(micro: Prepared[], useLw: boolean, lr: number): Promise<StepResult> {
     const sums: Record<string, number> = {};
-    const grads = (this.gradBuf ??= zerosLikeWeights(this.model, this.specs));
+    this.gradBuf ??= zerosLikeWeights(this.model, this.specs);
+    let scratch: Weights | null = null;
     for (let k = 0; k < micro.length; k++) {
-      const { sess, names } = await this.session(k === 0 ? 'grad' : 'grad_acc', useLw, micro[k].T);
-      const feeds = this.feeds(micro[k], sess);
+      const { sess, names } = await this.session('grad', useLw, micro[k].T);
+      const target = k === 0 ? this.gradBuf : (scratch ??= zerosLikeWeights(this.model, this.specs));
       const fetches: Record<string, ort.Tensor | null> = { metrics: null };
-      for (const s of this.specs) {
-        const g = tensor('float32', grads.get(s.name)!, s.shape);
-        fetches[`grad.${s.name}`] = g;
-        if (k > 0) feeds[`acc.${s.name}`] = g;
-      }
-      const r = await sess.run(feeds, fetches as ort.InferenceSession.FetchesType);
+      for (const s of this.specs) fetches[`grad.${s.name}`] = tensor('float32', target.get(s.name)!, s.shape);
+      const r = await sess.run(this.feeds(micro[k], sess), fetches as ort.InferenceSession.FetchesType);
       addMetrics(sums, r.metrics.data as Float32Array, names);
+      if (k > 0)
+        for (const s of this.specs) {
+          const a = this.gradBuf.get(s.name)!,
+            g = scratch!.get(s.name)!;
+          for (let i = 0; i < a.length; i++) a[i] += g[i];
+        }
     }
+    scratch = null;
     let sq = 0;
-    for (const g of grads.values()) for (let i = 0; i < g.length; i++) sq += g[i] * g[i];
+    for (const g of this.gradBuf.values()) for (let i = 0; i < g.length; i++) sq += g[i] * g[i];
     const gradNorm = Math.sqrt(sq);
     const skipped = !Number.isFinite(gradNorm);
     if (!skipped) {
@@ -465,7 +468,7 @@ export class Trainer {
         if (this.opts.freezeVisionTower && isVisionParam(s.name)) continue; // frozen tower: no update, no decay
         const scalars = isVisionParam(s.name) ? vision : base;
         const w = this.weights.get(s.name)!,
-          g = grads.get(s.name)!,
+          g = this.gradBuf.get(s.name)!,
           m = this.opt.expAvg.get(s.name)!,
           v = this.opt.expAvgSq.get(s.name)!;
         const slice = this.opts.optimizerSlice ?? ADAMW_SLICE;

@@ -120,14 +120,18 @@ export class AdvantageScorers {
         images: g.images,
       })),
     );
-    return vppoScores(
-      this.scorer,
-      await this.current!.get(version, db),
-      samples,
-      this.pixels,
-      this.vppo,
-      this.cfg.rollout.temperature,
-    );
+    try {
+      return await vppoScores(
+        this.scorer,
+        await this.current!.get(version, db),
+        samples,
+        this.pixels,
+        this.vppo,
+        this.cfg.rollout.temperature,
+      );
+    } finally {
+      this.current!.release(); // a version handed over in memory is not held past its step
+    }
   }
 }
 

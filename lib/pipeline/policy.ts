@@ -331,6 +331,8 @@ export class PolicyCache {
   fromMemory = 0;
   private version = -1;
   private weights: Weights | null = null;
+  /** The weights held were taken from the hand-off (taking them again is free while it holds them). */
+  private handed = false;
   private base: Weights | null = null;
   constructor(
     private readonly store: PolicyStore,
@@ -344,12 +346,15 @@ export class PolicyCache {
     // embedded: the update stage in this process handed this version's weights over as it wrote them
     const handed = this.lora ? null : await takeHandOff(this.store, version, db);
     if (handed) {
+      const again = this.handed && version === this.version;
       this.version = version;
       this.weights = handed;
-      this.fromMemory++;
-      this.onLoad?.(version);
+      this.handed = true;
+      if (!again) this.fromMemory++;
+      if (!again) this.onLoad?.(version);
       return handed;
     }
+    this.handed = false;
     // a version named by a record is written before the record is published; it is missing only
     // for an instant while a restarted update stage rewrites it (same bytes), or until a shared
     // volume shows it: retry rather than dead-letter the batch
@@ -394,6 +399,15 @@ export class PolicyCache {
     this.weights = ck.weights;
     this.onLoad?.(version);
     return ck.weights;
+  }
+
+  /**
+   * Lets go of weights taken from the in-process hand-off: the next get() takes them from it again
+   * (no load), and once the update stage stops handing a version off (no rollout may sample with it
+   * any more) nothing keeps its arrays alive. Weights read from the store are kept.
+   */
+  release(): void {
+    if (this.handed) this.weights = null;
   }
 
   private async adapted(version: number, dir: string): Promise<Weights> {

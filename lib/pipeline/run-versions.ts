@@ -193,9 +193,12 @@ export class RunVersions {
     handOff(this.policies, version, MODEL_FILE, sha, this.asStored(weights), false);
   }
 
-  /** Drops the versions kept in memory only below `from` (no reader can ask for them any more). */
-  retainInMemory(from: number): void {
-    retainHandOffs(this.policies, (v) => v >= from);
+  /**
+   * Drops the versions handed to this process's readers below `from`, except those in `keep` (no
+   * reader can ask for them any more; a stored one is read from the store); returns how many.
+   */
+  retainInMemory(from: number, keep: readonly number[] = []): number {
+    return retainHandOffs(this.policies, (v) => v >= from || keep.includes(v));
   }
 
   /** The files of a stored version of `kind` with the sha256 recorded when they were written (none: not stored). */

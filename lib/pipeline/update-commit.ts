@@ -9,6 +9,7 @@ import type { Config, VersionFiles } from '../config/index.ts';
 import type { PolicyVersion } from '../contracts/index.ts';
 import type { Logger } from '../log.ts';
 import type { LrScheduleConfig } from '../optim/lr-schedule.ts';
+import { collectGarbage } from '../util/gc.ts';
 import { crashPoint } from './crash-points.ts';
 import { oldestSampledVersion } from '../policy-store/retention.ts';
 import type { ArtifactKind } from '../policy-store/index.ts';
@@ -179,6 +180,20 @@ export function versionsKept(st: Pick<UpdateState, 'startedAt'>, inUse: readonly
  * versionsKept keeps, nor the trainer.keep_policy_versions newest others. Critic and EMA versions
  * go with their policy version.
  */
+/**
+ * Before step `step` trains, lets go of the versions handed to this process's readers that no
+ * rollout can sample with any more, and frees them (lib/util/gc.ts): the advantage stage publishes a
+ * step only once every prompt batch of it (refills included) is scored, so the batches still to
+ * sample are of later steps, whose versions are ≥ oldestSampledVersion(step, max_staleness); the
+ * versions of validation rounds in `inUse` stay. At max_staleness 0 the version the step's samples
+ * came from is then not held while the step trains (the trainer's own weights are that version
+ * until its first update), one copy of the weights less at the training peak. A version is handed
+ * over again where a reader can still need it after a failed batch (update-resume.ts).
+ */
+export function releaseSampledVersions(c: UpdateCommitter, step: number, inUse: readonly number[]): void {
+  if (c.versions.retainInMemory(oldestSampledVersion(step, c.cfg.pipeline.max_staleness), inUse) > 0) collectGarbage();
+}
+
 export async function pruneVersions(
   c: UpdateCommitter,
   st: Pick<UpdateState, 'version' | 'startedAt'>,
@@ -200,7 +215,7 @@ export async function pruneVersions(
     db,
   );
   // the versions kept in memory only that no rollout can still sample with
-  c.versions.retainInMemory(oldestSampledVersion(newest, cfg.pipeline.max_staleness));
+  c.versions.retainInMemory(oldestSampledVersion(newest, cfg.pipeline.max_staleness), inUse);
   if (pruned.length)
     c.log.debug(
       { pruned },

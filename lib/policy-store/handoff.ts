@@ -54,10 +54,17 @@ export function handOff(
   m.set(version, { sha256, file, weights, stored });
 }
 
-/** Forgets the versions handed off for `store` that `keep` rejects (readers can no longer ask for them). */
-export function retainHandOffs(store: PolicyStore, keep: (version: number) => boolean): void {
+/** Forgets the versions handed off for `store` that `keep` rejects (readers can no longer ask for them); returns how many. */
+export function retainHandOffs(store: PolicyStore, keep: (version: number) => boolean): number {
   const m = handoffs.get(store);
-  if (m) for (const v of [...m.keys()]) if (!keep(v)) m.delete(v);
+  let dropped = 0;
+  if (m)
+    for (const v of [...m.keys()])
+      if (!keep(v)) {
+        m.delete(v);
+        dropped++;
+      }
+  return dropped;
 }
 
 /** The versions handed off for `store` in memory only (no file), oldest first. */

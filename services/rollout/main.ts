@@ -1,8 +1,7 @@
 /**
- * Rollout stage: samples rollout.n responses per prompt group with the policy version the batch
- * names (loaded from its directory, reloaded only on change) and publishes trajectory groups
- * with behaviour log-probs and finish reasons. Stateless, so several replicas can share the
- * prompts topic in one consumer group.
+ * Rollout stage: samples rollout.n responses per prompt group with the policy version the batch names (read
+ * once per version; in one process taken from the update stage's hand-off and let go after each batch) and
+ * publishes trajectory groups with behaviour log-probs and finish reasons. Stateless: replicas share the prompts topic.
  */
 import { Sampler } from '../../lib/model/sample.ts';
 import { stopTokenIds } from '../../lib/model/config.ts';
@@ -182,11 +181,11 @@ export function startRollout(p: Pipeline, opts: { replica?: string } = {}): Stag
         tokens += g.baseline?.response_ids.length ?? 0;
       }
       const steps = new Set(batches.filter((b) => b.kind === 'train').map((b) => b.step));
-      for (const step of steps) {
+      for (const step of steps)
         metrics.add(step, { 'perf/rollout_tokens': tokens }, { load: tLoad - t0, generate: tGen - tLoad });
-      }
       log.debug({ version, groups: trajs.length, tokens, ms: Math.round(tGen - t0) }, 'generated');
     }
+    policies.release(); // held, a version the update stage has let go would stay in memory
     await metrics.flush(ctx);
   });
 }

@@ -24,7 +24,12 @@ import { memMark } from '../../lib/pipeline/mem-trace.ts';
 import { policyModels, startLearner } from '../../lib/pipeline/update-start.ts';
 import type { UpdateOptions, UpdateState } from '../../lib/pipeline/update-start.ts';
 import { catchUpLearner, type Retrainer } from '../../lib/pipeline/update-resume.ts';
-import { commitStep, pruneVersions, type UpdateCommitter } from '../../lib/pipeline/update-commit.ts';
+import {
+  commitStep,
+  pruneVersions,
+  releaseSampledVersions,
+  type UpdateCommitter,
+} from '../../lib/pipeline/update-commit.ts';
 import { trainUpdateStep, type StepTrainer } from '../../lib/pipeline/update-train.ts';
 import { versionFilesOf } from '../../lib/pipeline/version-files.ts';
 import { PolicyImages } from '../../lib/pipeline/images.ts';
@@ -146,6 +151,9 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
   );
   const pending = new PendingBatch(ctx.db, p.runId, 'update');
   pending.add(pendingUpdates(records, st.version));
+  // validation rounds the controller published and has not seen finish still sample with their version
+  const inUse = async () =>
+    versionsInUse(await loadStageState<ControllerProgress>(ctx.db, p.runId, 'controller'), st.version);
   while (st.version < run.totalSteps) {
     // stopping (SIGTERM): the steps trained so far are kept, the rest of the batch's groups wait in stage_pending
     if (ctx.signal.aborted) break;
@@ -154,6 +162,7 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
     for (const it of await pending.items(stepBucket(step)))
       groups.push(await p.codecs.updates.decode(it.payload, it.headers));
     if (groups.filter((g) => !g.filtered).length < cfg.data.rollout_batch_size) break;
+    releaseSampledVersions(run.commit, step, await inUse());
     run.lastVersionMs = await trainAndCommit(run, st, step, groups, ctx);
     pending.settle(stepBucket(step));
   }
@@ -162,9 +171,7 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
   await saveStageState(ctx.db, p.runId, 'update', st);
   // only now (Kafka: after the state that says they are trained) may a trained step's groups go
   await pending.persist();
-  // validation rounds the controller published and has not seen finish still sample with their version
-  const progress = await loadStageState<ControllerProgress>(ctx.db, p.runId, 'controller');
-  await pruneVersions(run.commit, st, versionsInUse(progress, st.version), ctx.db);
+  await pruneVersions(run.commit, st, await inUse(), ctx.db);
 }
 
 /** Trains step `step` on its groups and commits it: versions, policy record, checkpoint when due, metrics. Returns the time it was published. */

@@ -6,7 +6,8 @@
  * bytes are not the handed-off ones is read from the store; bf16 versions hand off the weights
  * rounded as a reader of the store gets them. A version kept in memory only (policy.version_files =
  * checkpoints) has no file, is named by the sha256 of the bytes it would be written as, is taken
- * from memory until the writer drops it, and is then gone.
+ * from memory until the writer drops it, and is then gone. A reader that releases a version taken
+ * from memory takes it again without a load, and holds nothing once it has.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -20,6 +21,7 @@ import { sha256File } from '../../../lib/policy-store/hash.ts';
 import { RunVersions } from '../../../lib/pipeline/run-versions.ts';
 import { PolicyCache } from '../../../lib/pipeline/policy.ts';
 import { initWeights, modelConfig } from '../../../lib/model/index.ts';
+import { collectGarbage } from '../../../lib/util/gc.ts';
 import { roundedToBf16 } from '../../../lib/model/safetensors.ts';
 import { PG_URL } from '../../../devkit/pipeline-procs.ts';
 import { uniqueRunId } from '../../support/store-fixtures.ts';
@@ -128,6 +130,56 @@ test('policy hand-off: a version kept in memory only has the sha256 of its file,
       versions.retainInMemory(v + 1);
       await assert.rejects(new PolicyCache(store, model).get(v), /not in/);
     }
+  } finally {
+    for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts'])
+      await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);
+    await db.close();
+    rmSync(runDir, { recursive: true, force: true });
+  }
+});
+
+/** A full collection once the current job has ended (a WeakRef's target stays alive until then). */
+async function settle(): Promise<void> {
+  await new Promise((r) => setImmediate(r));
+  collectGarbage();
+}
+
+test('policy hand-off: a reader that released a version takes it again for free, and once dropped nothing holds its arrays', async () => {
+  const db = await openDatabase({ kind: 'postgres', url: PG_URL });
+  const runDir = mkdtempSync(join(tmpdir(), 'rl-handoff-'));
+  const runId = uniqueRunId('handoff-release');
+  try {
+    const store = new FilesystemPolicyStore(runDir, runId, db.db);
+    const versions = new RunVersions(
+      store,
+      { runId, runDir, store: null as never },
+      { lora: null, assetsFrom: null, db: db.db },
+    );
+    const loads: number[] = [];
+    const cache = new PolicyCache(store, model, (v) => loads.push(v));
+    for (const v of [1, 2]) await versions.put('policy', v, model, initWeights(model, v), { inMemoryOnly: true });
+    // weak references to the handed-off arrays (taken by a throwaway reader): they alone keep nothing alive
+    const handed = async (v: number) => new WeakRef(await new PolicyCache(store, model).get(v));
+    const refs = new Map([
+      [1, await handed(1)],
+      [2, await handed(2)],
+    ]);
+    assert.equal(await cache.get(1), refs.get(1)!.deref(), 'the handed-off arrays');
+    cache.release();
+    assert.equal(await cache.get(1), refs.get(1)!.deref(), 'taken again from the hand-off');
+    assert.deepEqual(loads, [1], 'taking a released version again is not a new load');
+    assert.equal(cache.fromMemory, 1);
+    cache.release();
+    // a validation round still samples with version 1: kept; version 2 is below the oldest a rollout may ask for
+    assert.equal(versions.retainInMemory(3, [1]), 1);
+    await settle();
+    assert.equal(refs.get(2)!.deref(), undefined, 'the dropped version is freed');
+    assert.equal(await cache.get(1), refs.get(1)!.deref());
+    cache.release();
+    assert.equal(versions.retainInMemory(3), 1);
+    await settle();
+    assert.equal(refs.get(1)!.deref(), undefined, 'released by the reader and dropped by the writer: freed');
+    await assert.rejects(cache.get(1), /not in/);
   } finally {
     for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts'])
       await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);

@@ -107,12 +107,12 @@ describe('trainer', () => {
     }
   });
 
-  it('the CPU step sums micro-batches in the gradient buffers it feeds back (grad_acc): the norm of the summed gradient', async () => {
+  it('the CPU step sums the micro-batches: its grad_norm is the norm of the summed gradient', async () => {
     const loss = { type: 'policy' as const, lossAggMode: 'token-mean' as const, useKlLoss: true };
     for (const tie of [false, true]) {
       const m = modelConfig({ ...model, tieWordEmbeddings: tie });
       const tr = createTrainer({ model: m, loss, seed: 6, cache, threads: 1, microBatchSize: 2 });
-      const batch = makeBatch(7, 12, 40 + Number(tie)); // 4 micro-batches: one grad run, three grad_acc runs
+      const batch = makeBatch(7, 12, 40 + Number(tie)); // 4 micro-batches
       const { grads } = await tr.computeGradients(batch);
       let sq = 0;
       for (const g of grads.values()) for (const x of g) sq += x * x;
