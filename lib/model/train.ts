@@ -182,7 +182,12 @@ export class Trainer {
   private readonly sessOpts: SessionOptions;
   private readonly packed: boolean;
 
-  constructor(private readonly opts: TrainerOptions) {
+  /** The options without the initial weights, adapter and optimizer state: those are copied, and held no longer. */
+  private readonly opts: Omit<TrainerOptions, 'weights' | 'adapter' | 'optimizerState'>;
+
+  constructor(options: TrainerOptions) {
+    const { weights, adapter, optimizerState, ...opts } = options;
+    this.opts = opts;
     this.model = opts.model;
     this.loss = lossConfig(opts.loss as LossConfigInput);
     this.entropyCoeff = this.loss.type === 'policy' ? this.loss.entropyCoeff : 0;
@@ -211,20 +216,20 @@ export class Trainer {
         );
       this.specs = loraSpecs(this.model, this.lora);
       // the base is frozen: held as given, no copy
-      const base = opts.weights ?? initWeights(this.model, opts.seed ?? 0);
+      const base = weights ?? initWeights(this.model, opts.seed ?? 0);
       validateWeights(this.model, base, 'trainer base weights');
       this.base = base;
-      this.weights = opts.adapter ? cloneWeights(opts.adapter) : initLora(this.model, this.lora, opts.seed ?? 0);
+      this.weights = adapter ? cloneWeights(adapter) : initLora(this.model, this.lora, opts.seed ?? 0);
       validateAdapter(this.model, this.lora, this.weights, 'trainer adapter');
     } else {
-      if (opts.adapter) throw new ConfigError('trainer: an adapter was given without a LoRA config');
+      if (adapter) throw new ConfigError('trainer: an adapter was given without a LoRA config');
       this.specs = paramSpecs(this.model);
       this.base = null;
-      this.weights = opts.weights ? cloneWeights(opts.weights) : initWeights(this.model, opts.seed ?? 0);
+      this.weights = weights ? cloneWeights(weights) : initWeights(this.model, opts.seed ?? 0);
       validateWeights(this.model, this.weights, 'trainer weights');
     }
-    this.opt = opts.optimizerState
-      ? cloneState(opts.optimizerState)
+    this.opt = optimizerState
+      ? cloneState(optimizerState)
       : {
           step: 0,
           expAvg: zerosLikeWeights(this.model, this.specs),
