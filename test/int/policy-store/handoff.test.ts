@@ -29,12 +29,30 @@ import { TINY_ONE_LAYER } from '../../support/tiny-models.ts';
 
 const model = modelConfig(TINY_ONE_LAYER);
 
-test('policy hand-off: same-process readers take the written arrays, other processes read the store', async () => {
+interface Fixture {
+  db: Awaited<ReturnType<typeof openDatabase>>;
+  runDir: string;
+  runId: string;
+  store: FilesystemPolicyStore;
+}
+
+/** A filesystem policy store of a fresh run in the shared database; its rows and files go afterwards. */
+async function withStore(name: string, body: (f: Fixture) => Promise<void>): Promise<void> {
   const db = await openDatabase({ kind: 'postgres', url: PG_URL });
   const runDir = mkdtempSync(join(tmpdir(), 'rl-handoff-'));
-  const runId = uniqueRunId('handoff');
+  const runId = uniqueRunId(name);
   try {
-    const store = new FilesystemPolicyStore(runDir, runId, db.db);
+    await body({ db, runDir, runId, store: new FilesystemPolicyStore(runDir, runId, db.db) });
+  } finally {
+    for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts'])
+      await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);
+    await db.close();
+    rmSync(runDir, { recursive: true, force: true });
+  }
+}
+
+test('policy hand-off: same-process readers take the written arrays, other processes read the store', async () => {
+  await withStore('handoff', async ({ db, runDir, runId, store }) => {
     const versions = new RunVersions(
       store,
       { runId, runDir, store: null as never },
@@ -89,20 +107,11 @@ test('policy hand-off: same-process readers take the written arrays, other proce
     const got = await fresh.get(2);
     assert.equal(fresh.fromMemory, 0, 'recorded sha256 differs: read from the store');
     for (const [k, v] of w2b) assert.deepEqual(got.get(k), v, k);
-  } finally {
-    for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts'])
-      await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);
-    await db.close();
-    rmSync(runDir, { recursive: true, force: true });
-  }
+  });
 });
 
 test('policy hand-off: a version kept in memory only has the sha256 of its file, no file, and goes when dropped', async () => {
-  const db = await openDatabase({ kind: 'postgres', url: PG_URL });
-  const runDir = mkdtempSync(join(tmpdir(), 'rl-handoff-'));
-  const runId = uniqueRunId('handoff-mem');
-  try {
-    const store = new FilesystemPolicyStore(runDir, runId, db.db);
+  await withStore('handoff-mem', async ({ db, runDir, runId, store }) => {
     for (const policyDtype of ['f32', 'bf16'] as const) {
       const versions = new RunVersions(
         store,
@@ -130,12 +139,7 @@ test('policy hand-off: a version kept in memory only has the sha256 of its file,
       versions.retainInMemory(v + 1);
       await assert.rejects(new PolicyCache(store, model).get(v), /not in/);
     }
-  } finally {
-    for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts'])
-      await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);
-    await db.close();
-    rmSync(runDir, { recursive: true, force: true });
-  }
+  });
 });
 
 /** A full collection once the current job has ended (a WeakRef's target stays alive until then). */
@@ -145,11 +149,7 @@ async function settle(): Promise<void> {
 }
 
 test('policy hand-off: a reader that released a version takes it again for free, and once dropped nothing holds its arrays', async () => {
-  const db = await openDatabase({ kind: 'postgres', url: PG_URL });
-  const runDir = mkdtempSync(join(tmpdir(), 'rl-handoff-'));
-  const runId = uniqueRunId('handoff-release');
-  try {
-    const store = new FilesystemPolicyStore(runDir, runId, db.db);
+  await withStore('handoff-release', async ({ db, runDir, runId, store }) => {
     const versions = new RunVersions(
       store,
       { runId, runDir, store: null as never },
@@ -180,10 +180,5 @@ test('policy hand-off: a reader that released a version takes it again for free,
     await settle();
     assert.equal(refs.get(1)!.deref(), undefined, 'released by the reader and dropped by the writer: freed');
     await assert.rejects(cache.get(1), /not in/);
-  } finally {
-    for (const t of ['policy_chunks', 'policy_files', 'policy_artifacts'])
-      await sql`delete from ${sql.table(t)} where run_id = ${runId}`.execute(db.db);
-    await db.close();
-    rmSync(runDir, { recursive: true, force: true });
-  }
+  });
 });
