@@ -346,12 +346,14 @@ export class PolicyCache {
     // embedded: the update stage in this process handed this version's weights over as it wrote them
     const handed = this.lora ? null : await takeHandOff(this.store, version, db);
     if (handed) {
-      const again = this.handed && version === this.version;
+      // taken again after release(): not a new version
+      if (!(this.handed && version === this.version)) {
+        this.fromMemory++;
+        this.onLoad?.(version);
+      }
       this.version = version;
       this.weights = handed;
       this.handed = true;
-      if (!again) this.fromMemory++;
-      if (!again) this.onLoad?.(version);
       return handed;
     }
     this.handed = false;

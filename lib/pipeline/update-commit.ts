@@ -175,12 +175,6 @@ export function versionsKept(st: Pick<UpdateState, 'startedAt'>, inUse: readonly
 }
 
 /**
- * Removes the stored versions no longer needed (lib/policy-store/retention.ts): not the
- * reference, the newest two, those within pipeline.max_staleness, a kept checkpoint's, those
- * versionsKept keeps, nor the trainer.keep_policy_versions newest others. Critic and EMA versions
- * go with their policy version.
- */
-/**
  * Before step `step` trains, lets go of the versions handed to this process's readers that no
  * rollout can sample with any more, and frees them (lib/util/gc.ts): the advantage stage publishes a
  * step only once every prompt batch of it (refills included) is scored, so the batches still to
@@ -194,6 +188,12 @@ export function releaseSampledVersions(c: UpdateCommitter, step: number, inUse: 
   if (c.versions.retainInMemory(oldestSampledVersion(step, c.cfg.pipeline.max_staleness), inUse) > 0) collectGarbage();
 }
 
+/**
+ * Removes the stored versions no longer needed (lib/policy-store/retention.ts): not the
+ * reference, the newest two, those within pipeline.max_staleness, a kept checkpoint's, those
+ * versionsKept keeps, nor the trainer.keep_policy_versions newest others. Critic and EMA versions
+ * go with their policy version.
+ */
 export async function pruneVersions(
   c: UpdateCommitter,
   st: Pick<UpdateState, 'version' | 'startedAt'>,

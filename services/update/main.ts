@@ -152,8 +152,9 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
   const pending = new PendingBatch(ctx.db, p.runId, 'update');
   pending.add(pendingUpdates(records, st.version));
   // validation rounds the controller published and has not seen finish still sample with their version
-  const inUse = async () =>
-    versionsInUse(await loadStageState<ControllerProgress>(ctx.db, p.runId, 'controller'), st.version);
+  // (read once: a round that finishes during the batch is only kept a batch longer)
+  const progress = await loadStageState<ControllerProgress>(ctx.db, p.runId, 'controller');
+  const inUse = () => versionsInUse(progress, st.version);
   while (st.version < run.totalSteps) {
     // stopping (SIGTERM): the steps trained so far are kept, the rest of the batch's groups wait in stage_pending
     if (ctx.signal.aborted) break;
@@ -162,7 +163,7 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
     for (const it of await pending.items(stepBucket(step)))
       groups.push(await p.codecs.updates.decode(it.payload, it.headers));
     if (groups.filter((g) => !g.filtered).length < cfg.data.rollout_batch_size) break;
-    releaseSampledVersions(run.commit, step, await inUse());
+    releaseSampledVersions(run.commit, step, inUse());
     run.lastVersionMs = await trainAndCommit(run, st, step, groups, ctx);
     pending.settle(stepBucket(step));
   }
@@ -171,7 +172,7 @@ async function updateBatch(run: UpdateRun, initial: UpdateState, records: Decode
   await saveStageState(ctx.db, p.runId, 'update', st);
   // only now (Kafka: after the state that says they are trained) may a trained step's groups go
   await pending.persist();
-  await pruneVersions(run.commit, st, await inUse(), ctx.db);
+  await pruneVersions(run.commit, st, inUse(), ctx.db);
 }
 
 /** Trains step `step` on its groups and commits it: versions, policy record, checkpoint when due, metrics. Returns the time it was published. */
