@@ -55,6 +55,8 @@ export function buildScoreModel(
     ...(mropeDelta ? { mropeDelta } : {}),
     ...(c.vision ? { placeImages: (x, N) => placeImageTokens(b, c, p, x, N) } : {}),
     queryBlocks: opts.queryBlocks,
+    // no row-concatenated weights: onnxruntime may run every layer's weight Concat first and keep them all (llama.ts)
+    fuseProjections: false,
   });
   const h = b.gather(hidden, rows); // [M, D]
   if (c.head === 'value') {

@@ -3,6 +3,9 @@
  * ONNX graph. Modes:
  *  - `eval`: forward and loss only; outputs `metrics` and per-position `log_probs` (or `values`).
  *  - `grad`: also outputs `grad.<param>` (one micro-batch's share of the mini-batch gradient).
+ *  - `grad_acc`: as `grad`, plus `acc.<param>` inputs that each gradient is accumulated into as
+ *    the backward reaches it (GraphBuilder.grad `into`); the CPU step binds `grad.<param>` to the
+ *    very buffer it feeds as `acc.<param>`, so k micro-batches sum in one set of gradient buffers.
  *  - `step`: outputs `new.<param>`, `new.<param>.exp_avg`, `new.<param>.exp_avg_sq`, `grad_norm`
  *    (GPU devices; on the CPU the trainer runs `grad` then the small in-place `buildAdamWGraph`).
  *  - `step_acc`: as `step`, with `acc.<param>` inputs added to the gradient (the sum of the earlier
@@ -53,7 +56,7 @@ export interface OptimConfig {
   visionLrScale?: number;
 }
 
-export type TrainGraphMode = 'eval' | 'grad' | 'step' | 'step_acc';
+export type TrainGraphMode = 'eval' | 'grad' | 'grad_acc' | 'step' | 'step_acc';
 
 export interface TrainGraphSpec {
   model: ModelConfig;
@@ -232,14 +235,18 @@ export function buildTrainGraph(spec: TrainGraphSpec): TrainGraph {
 
   const specs = trained;
   const pv = specs.map((s) => (spec.lora ? pl : p).get(s.name)!);
-  let grads = b.grad(lg.loss, pv);
-  if (mode === 'grad') {
+  const acc = () => specs.map((s) => b.input(`acc.${s.name}`, F, s.shape));
+  let grads = b.grad(lg.loss, pv, undefined, mode === 'grad_acc' ? { into: acc() } : {});
+  if (mode === 'grad' || mode === 'grad_acc') {
     if (spec.packed) b.output(packFlat(b, grads), 'grad.packed');
     else grads.forEach((g, i) => b.output(g, `grad.${specs[i].name}`));
     return { builder: b, metricNames, batchInputs };
   }
   b.scope('optim', () => {
-    if (mode === 'step_acc') grads = grads.map((g, i) => b.add(g, b.input(`acc.${specs[i].name}`, F, specs[i].shape)));
+    if (mode === 'step_acc') {
+      const a = acc();
+      grads = grads.map((g, i) => b.add(g, a[i]));
+    }
     const sq = grads.map((g) =>
       b.reduceSum(
         b.mul(g, g),

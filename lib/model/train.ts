@@ -14,7 +14,7 @@ import { lossAggModes, type GlobalBatchInfo } from '../rl/agg.ts';
 import { nftRHat } from '../rl/nft.ts';
 import { clipCovPriorities } from '../rl/policy-loss.ts';
 import { Rng } from '../util/rng.ts';
-import { ort, tensor, type Device, type SessionOptions } from '../onnx/runtime.ts';
+import { ort, runInto, tensor, type Device, type SessionOptions } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
 import { initWeights } from './init.ts';
 import { queryBlocksFor } from './llama.ts';
@@ -420,8 +420,9 @@ export class Trainer {
 
   /**
    * The CPU step, memory ∝ the model: the grad graph writes each gradient straight into a
-   * persistent buffer (pre-allocated outputs: the binding copies nothing), micro-batches after the
-   * first into a scratch set that is added in; the global norm is computed here in float64; then the
+   * persistent buffer (pre-allocated outputs: the binding copies nothing); micro-batches after the
+   * first run the `grad_acc` graph, which reads that buffer as `acc.<param>` and adds each gradient
+   * into it as the backward reaches it; the global norm is computed here in float64; then the
    * small AdamW graph (train-graph.ts buildAdamWGraph) updates weights and moments IN PLACE, slice
    * by slice (≤ ADAMW_SLICE elements per run), writing into the very buffers it reads. So the
    * process holds weights + gradients + two moments (16 B per parameter) plus activations, and no
@@ -430,22 +431,18 @@ export class Trainer {
   private async stepInPlace(micro: Prepared[], useLw: boolean, lr: number): Promise<StepResult> {
     const sums: Record<string, number> = {};
     this.gradBuf ??= zerosLikeWeights(this.model, this.specs);
-    let scratch: Weights | null = null;
     for (let k = 0; k < micro.length; k++) {
-      const { sess, names } = await this.session('grad', useLw, micro[k].T);
-      const target = k === 0 ? this.gradBuf : (scratch ??= zerosLikeWeights(this.model, this.specs));
-      const fetches: Record<string, ort.Tensor | null> = { metrics: null };
-      for (const s of this.specs) fetches[`grad.${s.name}`] = tensor('float32', target.get(s.name)!, s.shape);
-      const r = await sess.run(this.feeds(micro[k], sess), fetches as ort.InferenceSession.FetchesType);
+      const { sess, names } = await this.session(k === 0 ? 'grad' : 'grad_acc', useLw, micro[k].T);
+      const feeds = this.feeds(micro[k], sess);
+      const into: Record<string, ort.Tensor> = {};
+      for (const s of this.specs) {
+        const g = tensor('float32', this.gradBuf.get(s.name)!, s.shape);
+        into[`grad.${s.name}`] = g;
+        if (k > 0) feeds[`acc.${s.name}`] = g; // read and written in place (train-graph.ts grad_acc)
+      }
+      const r = await runInto(sess, feeds, into, ['metrics']);
       addMetrics(sums, r.metrics.data as Float32Array, names);
-      if (k > 0)
-        for (const s of this.specs) {
-          const a = this.gradBuf.get(s.name)!,
-            g = scratch!.get(s.name)!;
-          for (let i = 0; i < a.length; i++) a[i] += g[i];
-        }
     }
-    scratch = null;
     let sq = 0;
     for (const g of this.gradBuf.values()) for (let i = 0; i < g.length; i++) sq += g[i] * g[i];
     const gradNorm = Math.sqrt(sq);

@@ -166,6 +166,8 @@ interface NodeRec {
   outputs: string[];
   attrs: Record<string, AttrValue>;
   domain: string;
+  /** The Identity that output() adds to name a graph output (folded into its producer when serialised). */
+  outputAlias?: boolean;
 }
 interface TapeEntry {
   inputs: (Var | null)[];
@@ -359,6 +361,7 @@ export class GraphBuilder {
         outputs: [name],
         attrs: {},
         domain: '',
+        outputAlias: true,
       });
     }
     if (this.outputs.some((o) => o.name === out.name)) throw new GraphError(`"${out.name}" is already an output`);
@@ -1018,14 +1021,17 @@ export class GraphBuilder {
       const idx = this.cast(this.reshape(indices, [n, 1]), 'int64');
       const g2 = this.reshape(g!, [n, width]);
       const idx2 = this.emit1('Expand', [idx, this.shapeTensor([n, width])], { dtype: 'int64', shape: [n, width] });
-      const zeros = this.zeros([data.shape[0], width], data.dtype);
-      const acc = this.emit1(
-        'ScatterElements',
-        [zeros, idx2, g2],
-        { dtype: data.dtype, shape: [data.shape[0], width] },
-        { axis: 0, reduction: 'add' },
-      );
-      return [this.reshape(acc, data.shape), null];
+      const into = (base: Var) =>
+        this.reshape(
+          this.emit1(
+            'ScatterElements',
+            [this.reshape(base, [data.shape[0], width]), idx2, g2],
+            { dtype: data.dtype, shape: [data.shape[0], width] },
+            { axis: 0, reduction: 'add' },
+          ),
+          data.shape,
+        );
+      return [this.scatterGrad(into(this.zeros(data.shape, data.dtype)), into), null];
     });
     return y;
   }
@@ -1036,15 +1042,16 @@ export class GraphBuilder {
     if (indices.rank !== data.rank)
       throw new GraphError(`GatherElements: indices rank ${indices.rank} ≠ data rank ${data.rank}`);
     const y = this.emit1('GatherElements', [data, indices], { dtype: data.dtype, shape: indices.shape }, { axis: a });
-    this.record([data, null], [y], ([g]) => [
-      this.emit1(
-        'ScatterElements',
-        [this.zerosLike(data), indices, g!],
-        { dtype: data.dtype, shape: data.shape },
-        { axis: a, reduction: 'add' },
-      ),
-      null,
-    ]);
+    this.record([data, null], [y], ([g]) => {
+      const into = (base: Var) =>
+        this.emit1(
+          'ScatterElements',
+          [base, indices, g!],
+          { dtype: data.dtype, shape: data.shape },
+          { axis: a, reduction: 'add' },
+        );
+      return [this.scatterGrad(into(this.zerosLike(data)), into), null];
+    });
     return y;
   }
 
@@ -1162,15 +1169,36 @@ export class GraphBuilder {
 
   // ───────────────────────────── autodiff ─────────────────────────────
 
+  /**
+   * Gradients that are a scatter-add into zeros, with the same scatter into any base: when another
+   * gradient reaches the same value (a tied embedding: the LM head's), backprop scatters into that
+   * one instead of adding the two, so no zeros tensor of the table's size exists and no Add runs.
+   */
+  private readonly scatterInto = new WeakMap<Var, (base: Var) => Var>();
+  private scatterGrad(g: Var, into: (base: Var) => Var): Var {
+    this.scatterInto.set(g, into);
+    return g;
+  }
+  /** The sum of two gradient contributions (a scatter-add folds into the other; see scatterInto). */
+  private accumulate(a: Var, b: Var): Var {
+    const intoB = this.scatterInto.get(b);
+    if (intoB) return intoB(a);
+    const intoA = this.scatterInto.get(a);
+    return intoA ? intoA(b) : this.add(a, b);
+  }
+
   private record(inputs: (Var | null)[], outputs: Var[], vjp: Vjp): void {
     this.tape.push({ inputs, outputs, vjp, scope: this.currentScope });
   }
 
   /**
    * Reverse-mode gradient of `y` with respect to each of `wrt`, seeded with `dy` (default 1 for a
-   * scalar / single-element `y`). Emits the backward ops into this builder.
+   * scalar / single-element `y`). Emits the backward ops into this builder. `into`: a tensor per
+   * `wrt` that its gradient is added to (gradient accumulation), each contribution as it is made:
+   * inside checkpointed blocks the sums are ordered with the blocks (see checkpoint), so no
+   * block's gradient waits, materialised, for the end of the backward.
    */
-  grad(y: Var, wrt: Var[], dy?: Var): Var[] {
+  grad(y: Var, wrt: Var[], dy?: Var, opts: { into?: readonly Var[] } = {}): Var[] {
     if (!dy) {
       if (!y.shape.every((d) => d === 1))
         throw new GraphError(`grad: ${y.name} ${fmtShape(y.shape)} is not a scalar; pass dy`);
@@ -1179,7 +1207,13 @@ export class GraphBuilder {
       throw new GraphError(`grad: dy ${fmtShape(dy.shape)} does not match y ${fmtShape(y.shape)}`);
     }
     this.ckptDone = [];
-    const grads = this.backprop(this.tape.slice(), new Map([[y.id, dy]]), wrt);
+    const seeds = new Map([[y.id, dy]]);
+    opts.into?.forEach((a, i) => {
+      if (!shapeEq(a.shape, wrt[i].shape))
+        throw new GraphError(`grad: into ${a.name} ${fmtShape(a.shape)} does not match ${wrt[i].name}`);
+      seeds.set(wrt[i].id, a);
+    });
+    const grads = this.backprop(this.tape.slice(), seeds, wrt);
     this.ckptDone = [];
     return wrt.map((w, i) => grads[i] ?? this.scope('grad', () => this.zerosLike(w)));
   }
@@ -1210,7 +1244,10 @@ export class GraphBuilder {
               `internal: gradient for ${inp.name} has shape ${fmtShape(g.shape)}, expected ${fmtShape(inp.shape)}`,
             );
           const prev = grads.get(inp.id);
-          grads.set(inp.id, prev ? this.add(prev, g) : g);
+          const sum = prev ? this.accumulate(prev, g) : g;
+          grads.set(inp.id, sum);
+          // the next checkpoint's recomputation waits for the sum, not only for g (see checkpoint)
+          if (prev) this.ckptDone = this.ckptDone.map((d) => (d === g ? sum : d));
         });
       } finally {
         this.scopes = saved;
@@ -1317,6 +1354,7 @@ export class GraphBuilder {
       }
     }
     keep.reverse();
+    const nodes = foldOutputAliases(keep, new Set(this.outputs.map((o) => o.name)));
     const vi = (v: Var) => ({
       name: v.name,
       type: {
@@ -1330,7 +1368,7 @@ export class GraphBuilder {
     });
     const graph = {
       name: this.name,
-      node: keep.map((n) => ({
+      node: nodes.map((n) => ({
         opType: n.opType,
         name: n.name,
         input: n.inputs,
@@ -1352,6 +1390,26 @@ export class GraphBuilder {
   toBytes(): Uint8Array {
     return onnx.ModelProto.encode(this.toModelProto()).finish();
   }
+}
+
+/**
+ * Drops output()'s naming Identities where the value is another node's only-named output: that
+ * node then writes the graph output itself, so a caller's pre-allocated output buffer receives it
+ * without an intermediate tensor and a copy (onnxruntime keeps an Identity whose output is a graph
+ * output). A value that is a graph input, an initializer, already an output or named twice keeps
+ * its Identity.
+ */
+function foldOutputAliases(nodes: readonly NodeRec[], outputs: ReadonlySet<string>): NodeRec[] {
+  const produced = new Set(nodes.flatMap((n) => n.outputs));
+  const rename = new Map<string, string>();
+  for (const n of nodes) {
+    const v = n.inputs[0];
+    if (n.outputAlias && produced.has(v) && !outputs.has(v) && !rename.has(v)) rename.set(v, n.outputs[0]);
+  }
+  const to = (x: string) => rename.get(x) ?? x;
+  return nodes
+    .filter((n) => !(n.outputAlias && rename.get(n.inputs[0]) === n.outputs[0]))
+    .map((n) => ({ ...n, inputs: n.inputs.map(to), outputs: n.outputs.map(to) }));
 }
 
 function tensorProto(name: string, data: TensorData, shape: number[], dtype: DType): onnxProto.onnx.ITensorProto {

@@ -1,13 +1,14 @@
 /**
  * onnxruntime-node helpers: session creation with our thread defaults, typed tensors in and out.
- * The Node binding copies every output into JS memory; inputs created from typed arrays are not
- * copied on the CPU EP.
+ * The Node binding copies every output into JS memory, pre-allocated ones too (they are written in
+ * place and copied; see runInto); inputs created from typed arrays are not copied on the CPU EP.
  */
 import { existsSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import ort from 'onnxruntime-node';
 import { ConfigError, errorMessage } from '../errors.ts';
+import { collectGarbage } from '../util/gc.ts';
 import type { DType, TensorData } from './builder.ts';
 import type { Device } from './devices.ts';
 
@@ -134,6 +135,33 @@ function createSessionRaw(model: Uint8Array, opts: SessionOptions): Promise<ort.
       ? { enableProfiling: true, profileFilePrefix: process.env.RLSTREAM_ORT_PROFILE }
       : {}),
   });
+}
+
+/** Pre-allocated outputs of at least this many bytes in one run have their returned copies collected at once (runInto). */
+export const COLLECT_COPIES_BYTES = 256 * 2 ** 20;
+
+/**
+ * Runs `sess` writing the outputs in `into` into their tensors' buffers (pre-allocated outputs) and
+ * returns the outputs named in `others`. onnxruntime-node 1.30 also returns a fresh JS copy of every
+ * pre-allocated output (measured: a new buffer per run), which lives until V8 next collects; for a
+ * training step's gradients (a copy of the model per micro-batch) that is gigabytes of garbage,
+ * so above COLLECT_COPIES_BYTES the copies are dropped here and collected at once.
+ */
+export async function runInto(
+  sess: ort.InferenceSession,
+  feeds: Record<string, ort.Tensor>,
+  into: Record<string, ort.Tensor>,
+  others: readonly string[],
+  collectAbove = COLLECT_COPIES_BYTES,
+): Promise<Record<string, ort.Tensor>> {
+  const fetches: Record<string, ort.Tensor | null> = { ...into };
+  for (const n of others) fetches[n] = null;
+  const out = await sess
+    .run(feeds, fetches as ort.InferenceSession.FetchesType)
+    .then((r) => Object.fromEntries(others.map((n) => [n, r[n]])));
+  const bytes = Object.values(into).reduce((a, t) => a + (t.data as ArrayBufferView).byteLength, 0);
+  if (bytes >= collectAbove) collectGarbage();
+  return out;
 }
 
 /** An ORT tensor from a typed array (int64 accepts Int32Array/number[] and converts). */
