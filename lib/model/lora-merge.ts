@@ -5,7 +5,7 @@
  * (the plain-JS reference) to float32 rounding, in a fraction of its time at real widths.
  */
 import { GraphBuilder } from '../onnx/builder.ts';
-import { tensor, type SessionOptions } from '../onnx/runtime.ts';
+import { runInto, tensor, type SessionOptions } from '../onnx/runtime.ts';
 import type { ModelConfig } from './config.ts';
 import { loraScale, loraSites, type LoraConfig } from './lora.ts';
 import type { Weights } from './params.ts';
@@ -44,9 +44,11 @@ export async function mergeLoraOnnx(
     const O = site.outFeatures,
       I = site.inFeatures,
       M = new Float32Array(O * I);
-    await sess.run(
+    await runInto(
+      sess,
       { w: tensor('float32', W, [O, I]), a: tensor('float32', A, [l.rank, I]), b: tensor('float32', B, [O, l.rank]) },
       { merged: tensor('float32', M, [O, I]) },
+      [],
     );
     out.set(`${site.path}.weight`, M);
   }

@@ -420,7 +420,7 @@ export class Trainer {
 
   /**
    * The CPU step, memory ∝ the model: the grad graph writes each gradient straight into a
-   * persistent buffer (pre-allocated outputs: the binding copies nothing); micro-batches after the
+   * persistent buffer (pre-allocated outputs; runInto collects the binding's copy of them); micro-batches after the
    * first run the `grad_acc` graph, which reads that buffer as `acc.<param>` and adds each gradient
    * into it as the backward reaches it; the global norm is computed here in float64; then the
    * small AdamW graph (train-graph.ts buildAdamWGraph) updates weights and moments IN PLACE, slice
@@ -480,7 +480,8 @@ export class Trainer {
           const tw = tensor('float32', w.subarray(o, e), n),
             tm = tensor('float32', m.subarray(o, e), n),
             tv = tensor('float32', v.subarray(o, e), n);
-          await adam.run(
+          await runInto(
+            adam,
             {
               ...scalars,
               [ADAMW_IO.w]: tw,
@@ -489,6 +490,7 @@ export class Trainer {
               [ADAMW_IO.v]: tv,
             },
             { [ADAMW_IO.newW]: tw, [ADAMW_IO.newM]: tm, [ADAMW_IO.newV]: tv },
+            [],
           );
         }
       }
