@@ -127,15 +127,60 @@ export function sampleTokens(
       const thr = b.gatherElements(sorted, b.sub(nKeep, b.const(1, 'int64')), 1); // smallest kept logit
       zt = b.where(b.less(z, thr), NEG_INF, z); // ties with the threshold are kept
     }
-    const probs = b.softmax(zt, -1);
-    const cdf = b.op('CumSum', [probs, b.const(1, 'int64')], {}, { dtype: probs.dtype, shape: probs.shape });
-    const total = b.slice(cdf, 1, V - 1, V); // [B, 1]
-    const target = b.mul(b.unsqueeze(u, [1]), total);
-    const drawn = b.min(b.reduceSum(b.cast(b.less(cdf, target), 'int64'), [1]), b.const(V - 1, 'int64')); // [B]
+    const drawn = inverseCdf(b, b.softmax(zt, -1), u);
     const token = b.where(greedy, b.argMax(logits, 1), drawn);
     const logprob = b.squeeze(b.gatherElements(logp, b.unsqueeze(token, [1]), 1), [1]);
     return { token, logprob, logp };
   });
+}
+
+/**
+ * The inverse CDF of probs [B, V] (rows summing to ~1) at u [B] ∈ (0, 1): the first token whose
+ * cumulative mass reaches u × the row's total, never a zero-probability token. Computed in two
+ * levels over chunks of C tokens (V = nC × C, zero-padded): the chunk sums' cumulative sum picks the
+ * chunk J, the cumulative sum within J (offset by the mass of the chunks before it) picks the
+ * token. Sequential prefix sums over [B, nC] and [B, C] instead of [B, V] (onnxruntime's CumSum is
+ * one scalar pass; at V = 49 152 it cost more than the rest of the draw together); the mass below
+ * a token is summed in another order than one prefix sum over V, so a draw differs from that
+ * definition only where u falls within float rounding of a token boundary.
+ */
+export function inverseCdf(b: GraphBuilder, probs: Var, u: Var): Var {
+  const [B, V] = probs.shape;
+  if (typeof V !== 'number') throw new GraphError('inverseCdf: vocabulary size must be static');
+  const cumsum = (x: Var) => b.op('CumSum', [x, b.const(1, 'int64')], {}, { dtype: x.dtype, shape: x.shape });
+  const count = (x: Var, t: Var) => b.reduceSum(b.cast(b.less(x, t), 'int64'), [1]); // #{x < t} per row [B]
+  const C = chunkSize(V),
+    nC = Math.ceil(V / C);
+  if (nC < 2) {
+    const cdf = cumsum(probs);
+    return b.min(count(cdf, b.mul(b.unsqueeze(u, [1]), b.slice(cdf, 1, V - 1, V))), b.const(V - 1, 'int64'));
+  }
+  const padded =
+    nC * C === V
+      ? probs
+      : b.op('Pad', [probs, b.const([0, 0, 0, nC * C - V], 'int64')], {}, { dtype: probs.dtype, shape: [B, nC * C] });
+  const chunks = b.reshape(padded, [B, nC, C]); // [B, nC, C]
+  const upTo = cumsum(b.reduceSum(chunks, [2])); // [B, nC]: mass of chunks 0..j
+  const total = b.slice(upTo, 1, nC - 1, nC); // [B, 1]
+  const target = b.mul(b.unsqueeze(u, [1]), total); // [B, 1]
+  const J = b.unsqueeze(b.min(count(upTo, target), b.const(nC - 1, 'int64')), [1]); // [B, 1]: the chunk
+  const below = b.concat([b.mul(total, 0), b.slice(upTo, 1, 0, nC - 1)], 1, nC); // [B, nC]: mass of chunks 0..j−1
+  const gather = (x: Var, shape: (number | string)[]) =>
+    b.op('GatherND', [x, J], { batch_dims: 1 }, { dtype: x.dtype, shape });
+  const base = b.unsqueeze(gather(below, [B]), [1]); // [B, 1]
+  const local = b.add(cumsum(gather(chunks, [B, C])), base); // [B, C]: mass up to each token of chunk J
+  // the chunk's last cumulative mass can round below target: the draw then takes its last token with mass
+  const within = count(local, b.min(target, b.slice(local, 1, C - 1, C)));
+  return b.min(b.add(b.mul(b.squeeze(J, [1]), b.const(C, 'int64')), within), b.const(V - 1, 'int64'));
+}
+
+/** Chunk size for inverseCdf: the divisor of V nearest √V within [√V / 4, 4√V], else ⌈√V⌉ (V padded). */
+export function chunkSize(V: number): number {
+  const r = Math.sqrt(V);
+  let best = 0;
+  for (let c = Math.max(1, Math.floor(r / 4)); c <= Math.ceil(4 * r); c++)
+    if (V % c === 0 && (best === 0 || Math.abs(c - r) < Math.abs(best - r))) best = c;
+  return best || Math.ceil(r);
 }
 
 /** The serialised generation model (see the file comment for inputs and outputs). */
