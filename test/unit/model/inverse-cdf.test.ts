@@ -33,8 +33,7 @@ function reference(p: Float32Array, V: number, row: number, u: number): { token:
   for (let v = 0; v < V; v++) {
     const prev = cum;
     cum += p[row * V + v];
-    if (cum >= target && p[row * V + v] > 0)
-      return { token: v, margin: Math.min(target - prev, cum - target) / total };
+    if (cum >= target && p[row * V + v] > 0) return { token: v, margin: Math.min(target - prev, cum - target) / total };
   }
   return { token: V - 1, margin: 0 };
 }
