@@ -30,8 +30,9 @@ import { defaultSessionCache, keyOf, type SessionCache } from './session-cache.t
 import type { ImagePixels } from './vision.ts';
 
 /**
- * The decoding state of B rows, in buffers with room for `rowCap` rows and `colCap` cache columns
- * that the step graph reads in place (feeds are views of their first B rows). Every row's next
+ * The decoding state of B rows, in buffers with room for `rowCap` rows of at least `colCap` cache
+ * columns, laid out for `colCap` columns, that the step graph reads in place (feeds are views of
+ * their first B rows). Every row's next
  * token goes to column S; a row's cache holds its tokens in columns [S − its length, S), the key
  * bias masks every other column (MASK_NEG), so rows of different lengths share the columns.
  */
@@ -256,14 +257,16 @@ export function emptyState(c: ModelConfig): DecodeState {
 }
 
 /**
- * An empty decoding state with room for `rows` rows of `cols` columns: rows appended within it
- * decode without a relayout (the caches are allocated once, at their final size).
+ * An empty decoding state whose buffers are allocated once with room for `rows` rows of `cols`
+ * columns. Its column capacity starts small and grows inside that room (an in-place relayout), so
+ * the step graph attends over the columns in use plus at most an eighth, not over all `cols`.
  */
 export function reservedState(c: ModelConfig, rows: number, cols: number): DecodeState {
-  return allocState(c, rows, cols);
+  return allocState(c, rows, 0, cols);
 }
 
-function allocState(c: ModelConfig, rowCap: number, colCap: number): DecodeState {
+/** Buffers for `rowCap` rows of `room` columns (at least `colCap`), laid out for `colCap` columns. */
+function allocState(c: ModelConfig, rowCap: number, colCap: number, room = colCap): DecodeState {
   const kv = c.numKeyValueHeads * c.headDim;
   return {
     B: 0,
@@ -272,10 +275,21 @@ function allocState(c: ModelConfig, rowCap: number, colCap: number): DecodeState
     colCap,
     logits: new Float32Array(rowCap * c.vocabSize),
     pos: new BigInt64Array(rowCap),
-    bias: new Float32Array(rowCap * colCap).fill(MASK_NEG),
-    keys: Array.from({ length: c.numHiddenLayers }, () => new Float32Array(rowCap * kv * colCap)),
-    values: Array.from({ length: c.numHiddenLayers }, () => new Float32Array(rowCap * kv * colCap)),
+    bias: new Float32Array(rowCap * room).fill(MASK_NEG),
+    keys: Array.from({ length: c.numHiddenLayers }, () => new Float32Array(rowCap * kv * room)),
+    values: Array.from({ length: c.numHiddenLayers }, () => new Float32Array(rowCap * kv * room)),
   };
+}
+
+/** The columns per row the state's buffers have room for at `rowCap` rows. */
+function columnRoom(st: DecodeState, rowCap: number): number {
+  return rowCap > st.rowCap || rowCap === 0 ? 0 : Math.floor(st.bias.length / rowCap);
+}
+
+/** The capacity to grow to for column S: columnCapacity(S), within the buffers' room when S fits there. */
+function grownCapacity(st: DecodeState, rowCap: number, S: number): number {
+  const room = columnRoom(st, rowCap);
+  return S < room ? Math.min(columnCapacity(S), room) : columnCapacity(S);
 }
 
 const pow2 = (n: number) => 2 ** Math.ceil(Math.log2(Math.max(1, n)));
@@ -292,7 +306,8 @@ export function columnCapacity(S: number): number {
 
 /**
  * Moves the B rows into buffers of `rowCap` × `colCap`, each row's columns [from, S) to
- * [to, to + S − from). Returns the new state (S = to + S − from).
+ * [to, to + S − from). Returns the new state (S = to + S − from): the same buffers when they have
+ * room (the rows are moved last first, so a row's new place never overwrites an unmoved one).
  */
 function relayout(
   c: ModelConfig,
@@ -302,7 +317,7 @@ function relayout(
   from: number,
   to: number,
 ): DecodeState {
-  const same = rowCap === st.rowCap && colCap === st.colCap;
+  const same = colCap >= st.colCap && colCap <= columnRoom(st, rowCap);
   const out = same ? st : allocState(c, rowCap, colCap);
   const KVH = c.numKeyValueHeads,
     hd = c.headDim,
@@ -312,7 +327,7 @@ function relayout(
     out.logits.set(st.logits.subarray(0, st.B * V));
     out.pos.set(st.pos.subarray(0, st.B));
   }
-  for (let b = 0; b < st.B; b++) {
+  for (let b = st.B - 1; b >= 0; b--) {
     const row = st.bias.slice(b * st.colCap + from, b * st.colCap + st.S);
     out.bias.fill(MASK_NEG, b * colCap, (b + 1) * colCap);
     out.bias.set(row, b * colCap + to);
@@ -321,7 +336,7 @@ function relayout(
         [st.keys[l], out.keys[l]],
         [st.values[l], out.values[l]],
       ])
-        for (let h = 0; h < KVH; h++) {
+        for (let h = KVH - 1; h >= 0; h--) {
           const s0 = ((b * KVH + h) * st.colCap + from) * hd,
             d0 = ((b * KVH + h) * colCap + to) * hd;
           if (same) dst.copyWithin(d0, s0, s0 + w * hd);
@@ -330,6 +345,7 @@ function relayout(
   }
   out.B = st.B;
   out.S = to + w;
+  out.colCap = colCap;
   return out;
 }
 
@@ -355,7 +371,7 @@ function reserveColumn(c: ModelConfig, st: DecodeState): void {
   const next =
     first >= st.colCap / 4
       ? relayout(c, st, st.rowCap, st.colCap, first, 0)
-      : relayout(c, st, st.rowCap, columnCapacity(st.S), 0, 0);
+      : relayout(c, st, st.rowCap, grownCapacity(st, st.rowCap, st.S), 0, 0);
   Object.assign(st, next);
 }
 
@@ -373,7 +389,7 @@ export function appendRows(c: ModelConfig, st: DecodeState, pre: Prefilled): Dec
   let s = st;
   if (B > st.rowCap || S >= st.colCap || S > st.S) {
     const rowCap = B > st.rowCap ? Math.max(pow2(B), st.rowCap * 2) : st.rowCap;
-    const colCap = S >= st.colCap ? columnCapacity(S) : st.colCap;
+    const colCap = S >= st.colCap ? grownCapacity(st, rowCap, S) : st.colCap;
     s = relayout(c, st, rowCap, colCap, 0, S - st.S);
   }
   S = s.S = Math.max(s.S, S);
