@@ -128,7 +128,7 @@ export function sampleTokens(
       zt = b.where(b.less(z, thr), NEG_INF, z); // ties with the threshold are kept
     }
     const drawn = inverseCdf(b, b.softmax(zt, -1), u);
-    const token = b.where(greedy, b.argMax(logits, 1), drawn);
+    const token = b.where(greedy, argMaxRows(b, logits), drawn);
     const logprob = b.squeeze(b.gatherElements(logp, b.unsqueeze(token, [1]), 1), [1]);
     return { token, logprob, logp };
   });
@@ -172,6 +172,35 @@ export function inverseCdf(b: GraphBuilder, probs: Var, u: Var): Var {
   // the chunk's last cumulative mass can round below target: the draw then takes its last token with mass
   const within = count(local, b.min(target, b.slice(local, 1, C - 1, C)));
   return b.min(b.add(b.mul(b.squeeze(J, [1]), b.const(C, 'int64')), within), b.const(V - 1, 'int64'));
+}
+
+/**
+ * The first index of each row's maximum of x [B, V], in two levels like inverseCdf: the first
+ * chunk holding the row's maximum (ReduceMax per chunk, then ArgMax over the chunks), then the first
+ * maximum inside it. The same index as one ArgMax over V (onnxruntime's is one scalar pass).
+ */
+export function argMaxRows(b: GraphBuilder, x: Var): Var {
+  const [B, V] = x.shape;
+  if (typeof V !== 'number') throw new GraphError('argMaxRows: row length must be static');
+  const C = chunkSize(V),
+    nC = Math.ceil(V / C);
+  if (nC < 2) return b.argMax(x, 1);
+  const padded =
+    nC * C === V
+      ? x
+      : b.op(
+          'Pad',
+          [x, b.const([0, 0, 0, nC * C - V], 'int64'), b.const(NEG_INF, x.dtype)],
+          {},
+          {
+            dtype: x.dtype,
+            shape: [B, nC * C],
+          },
+        );
+  const chunks = b.reshape(padded, [B, nC, C]);
+  const J = b.argMax(b.reduceMax(chunks, [2]), 1, true); // [B, 1]
+  const chunk = b.op('GatherND', [chunks, J], { batch_dims: 1 }, { dtype: x.dtype, shape: [B, C] });
+  return b.add(b.mul(b.squeeze(J, [1]), b.const(C, 'int64')), b.argMax(chunk, 1));
 }
 
 /** Chunk size for inverseCdf: the divisor of V nearest √V within [√V / 4, 4√V], else ⌈√V⌉ (V padded). */

@@ -2,13 +2,14 @@
  * The two-level inverse CDF of the sampling graphs (chunk sums, then the prefix sum inside the
  * chosen chunk) against the definition, one prefix sum over the vocabulary in float64: the same
  * token wherever u × total is not within float rounding of a token boundary, and never a token of
- * zero probability (suppressed ids, zero-padded chunks, u at the ends of (0, 1)).
+ * zero probability (suppressed ids, zero-padded chunks, u at the ends of (0, 1)). The greedy
+ * draw's two-level argmax against the first maximum of each row.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { GraphBuilder } from '../../../lib/onnx/builder.ts';
 import { createSession, tensor } from '../../../lib/onnx/runtime.ts';
-import { chunkSize, inverseCdf } from '../../../lib/model/decode-graph.ts';
+import { argMaxRows, chunkSize, inverseCdf } from '../../../lib/model/decode-graph.ts';
 import { Rng } from '../../../lib/util/rng.ts';
 
 async function drawer(V: number) {
@@ -90,4 +91,26 @@ test('a chunk whose sum rounds above its own prefix sum still draws one of its t
   const draw = await drawer(V);
   const [t] = await draw(p, Float32Array.of(1 - 2 ** -25));
   assert.ok(t >= 5 * C && t < 6 * C - 1, `token ${t} is in the chunk and has mass`);
+});
+
+test("two-level argmax: the first index of each row's maximum (ties, negative rows, padded chunks)", async () => {
+  const rng = Rng.fromSeed('argmax');
+  for (const V of [3, 259, 1009, 49152]) {
+    const b = new GraphBuilder();
+    const x = b.input('x', 'float32', ['B', V]);
+    b.output(argMaxRows(b, x), 'i');
+    const sess = await createSession(b.toBytes(), { threads: 1 });
+    const B = 16;
+    // values on a coarse grid (many ties), all negative in odd rows (the padding must not win)
+    const xs = Float32Array.from(
+      { length: B * V },
+      (_, k) => Math.floor(rng.next() * 8) - (Math.floor(k / V) % 2 ? 20 : 0),
+    );
+    const got = Array.from((await sess.run({ x: tensor('float32', xs, [B, V]) })).i.data as BigInt64Array, Number);
+    for (let r = 0; r < B; r++) {
+      let best = 0;
+      for (let v = 1; v < V; v++) if (xs[r * V + v] > xs[r * V + best]) best = v;
+      assert.equal(got[r], best, `V ${V} row ${r}`);
+    }
+  }
 });
