@@ -222,14 +222,21 @@ export class StepDecoder {
         out.topLogprobs.set(res[GEN_IO.topLogprobs].data as Float32Array, t * B * K);
       }
       out.steps = t + 1;
+      // the next logits: the binding's fresh array becomes the state's when it has the state's size
+      const logits = res['state_out.logits'].data as Float32Array;
+      if (logits.length === state.logits.length) state.logits = logits;
+      else state.logits.set(logits);
       // the sampled token's K/V go to column S of each row
-      state.logits.set(res['state_out.logits'].data as Float32Array);
       for (let l = 0; l < L; l++)
         for (const [src, dst] of [
           [res[`new.k${l}`].data as Float32Array, state.keys[l]],
           [res[`new.v${l}`].data as Float32Array, state.values[l]],
         ])
-          for (let bh = 0; bh < B * KVH; bh++) dst.set(src.subarray(bh * hd, bh * hd + hd), (bh * colCap + S) * hd);
+          for (let bh = 0; bh < B * KVH; bh++) {
+            const s0 = bh * hd,
+              d0 = (bh * colCap + S) * hd;
+            for (let i = 0; i < hd; i++) dst[d0 + i] = src[s0 + i];
+          }
       for (let b = 0; b < B; b++) {
         state.bias[b * colCap + S] = 0;
         state.pos[b]++;
