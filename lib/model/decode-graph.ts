@@ -30,6 +30,7 @@
  *   z = logits / T (T = temperature; T ≤ 0 means greedy: argmax of the logits)
  *   top-k then top-p truncation (HF/vLLM order) when the graph is built with `truncation`
  *   token = inverse CDF of softmax(truncated z) at the row's uniform u ∈ (0, 1), in vocabulary order
+ *           (in two levels over chunks of the vocabulary: `inverseCdf`; greedy: `argMaxRows`)
  *   logprob = log_softmax(z)[token]: the temperature-scaled distribution BEFORE top-k/top-p
  *             truncation (for greedy rows: log_softmax(logits), i.e. T = 1).
  */
