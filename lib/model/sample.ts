@@ -7,8 +7,8 @@
  * runs the prefill graph and then the step graph once per token (stepwise.ts) over caches
  * allocated once at their final size, which the graph reads in place and JS extends by one column
  * per token (their column capacity grows inside those buffers, so the graph attends over the
- * columns in use plus at most an eighth). Weights are graph inputs, so one session serves every policy version (inputs built
- * from Float32Arrays are not copied).
+ * columns in use plus at most an eighth). Weights are graph inputs, so one session serves every
+ * policy version (inputs built from Float32Arrays are not copied).
  *
  * Determinism: the randomness of a sequence is a stream of uniforms drawn in JS from a PRNG keyed by
  * (seed, sequence id) and consumed one per generated token by inverse-CDF sampling inside the
@@ -101,10 +101,10 @@ export interface SamplerOptions {
    * How a batch decodes: 'loop' (the generation graph, one run with the decode loop inside:
    * no per-token call, but each step appends to the caches by Concat, copying them), 'step' (the
    * prefill graph, then one step-graph run per token over caches allocated once at their final
-   * size, whose capacity grows inside them, written in place) or 'auto' (the default: on the CPU, 'step' once a batch's rows
-   * reach STEP_DECODE_MIN_COLUMNS prompt + new tokens, where the copies outweigh the calls; on
-   * another device always 'loop', whose caches stay on the device within the one run, where the
-   * step graph's would be copied to it at every token).
+   * size, whose capacity grows inside them, written in place) or 'auto' (the default: on the
+   * CPU, 'step' once a batch's rows reach STEP_DECODE_MIN_COLUMNS prompt + new tokens, where the
+   * copies outweigh the calls; on another device always 'loop', whose caches stay on the device
+   * within the one run, where the step graph's would be copied to it at every token).
    */
   decode?: 'loop' | 'step' | 'auto';
 }

@@ -32,9 +32,9 @@ import type { ImagePixels } from './vision.ts';
 /**
  * The decoding state of B rows, in buffers with room for `rowCap` rows of at least `colCap` cache
  * columns, laid out for `colCap` columns, that the step graph reads in place (feeds are views of
- * their first B rows). Every row's next
- * token goes to column S; a row's cache holds its tokens in columns [S − its length, S), the key
- * bias masks every other column (MASK_NEG), so rows of different lengths share the columns.
+ * their first B rows). Every row's next token goes to column S; a row's cache holds its tokens in
+ * columns [S − its length, S), the key bias masks every other column (MASK_NEG), so rows of
+ * different lengths share the columns.
  */
 export interface DecodeState {
   B: number;
@@ -288,9 +288,9 @@ function allocState(c: ModelConfig, rowCap: number, colCap: number, room = colCa
   };
 }
 
-/** The columns per row the state's buffers have room for at `rowCap` rows. */
+/** The columns per row the state's buffers have room for at `rowCap` rows (0 unless `rowCap` is the state's). */
 function columnRoom(st: DecodeState, rowCap: number): number {
-  return rowCap > st.rowCap || rowCap === 0 ? 0 : Math.floor(st.bias.length / rowCap);
+  return rowCap !== st.rowCap || rowCap === 0 ? 0 : Math.floor(st.bias.length / rowCap);
 }
 
 /** The capacity to grow to for column S: columnCapacity(S), within the buffers' room when S fits there. */
