@@ -146,30 +146,22 @@ export function sampleTokens(
  * definition only where u falls within float rounding of a token boundary.
  */
 export function inverseCdf(b: GraphBuilder, probs: Var, u: Var): Var {
-  const [B, V] = probs.shape;
-  if (typeof V !== 'number') throw new GraphError('inverseCdf: vocabulary size must be static');
+  const [B, V] = rowsOf(probs, 'inverseCdf');
   const cumsum = (x: Var) => b.op('CumSum', [x, b.const(1, 'int64')], {}, { dtype: x.dtype, shape: x.shape });
   const count = (x: Var, t: Var) => b.reduceSum(b.cast(b.less(x, t), 'int64'), [1]); // #{x < t} per row [B]
-  const C = chunkSize(V),
-    nC = Math.ceil(V / C);
-  if (nC < 2) {
+  const ch = vocabChunks(b, probs, 0);
+  if (!ch) {
     const cdf = cumsum(probs);
     return b.min(count(cdf, b.mul(b.unsqueeze(u, [1]), b.slice(cdf, 1, V - 1, V))), b.const(V - 1, 'int64'));
   }
-  const padded =
-    nC * C === V
-      ? probs
-      : b.op('Pad', [probs, b.const([0, 0, 0, nC * C - V], 'int64')], {}, { dtype: probs.dtype, shape: [B, nC * C] });
-  const chunks = b.reshape(padded, [B, nC, C]); // [B, nC, C]
+  const { chunks, C, nC } = ch;
   const upTo = cumsum(b.reduceSum(chunks, [2])); // [B, nC]: mass of chunks 0..j
   const total = b.slice(upTo, 1, nC - 1, nC); // [B, 1]
   const target = b.mul(b.unsqueeze(u, [1]), total); // [B, 1]
   const J = b.unsqueeze(b.min(count(upTo, target), b.const(nC - 1, 'int64')), [1]); // [B, 1]: the chunk
   const below = b.concat([b.mul(total, 0), b.slice(upTo, 1, 0, nC - 1)], 1, nC); // [B, nC]: mass of chunks 0..j−1
-  const gather = (x: Var, shape: (number | string)[]) =>
-    b.op('GatherND', [x, J], { batch_dims: 1 }, { dtype: x.dtype, shape });
-  const base = b.unsqueeze(gather(below, [B]), [1]); // [B, 1]
-  const local = b.add(cumsum(gather(chunks, [B, C])), base); // [B, C]: mass up to each token of chunk J
+  const base = b.unsqueeze(chunkAt(b, below, J, [B]), [1]); // [B, 1]
+  const local = b.add(cumsum(chunkAt(b, chunks, J, [B, C])), base); // [B, C]: mass up to each token of chunk J
   // the chunk's last cumulative mass can round below target: the draw then takes its last token with mass
   const within = count(local, b.min(target, b.slice(local, 1, C - 1, C)));
   return b.min(b.add(b.mul(b.squeeze(J, [1]), b.const(C, 'int64')), within), b.const(V - 1, 'int64'));
@@ -181,30 +173,47 @@ export function inverseCdf(b: GraphBuilder, probs: Var, u: Var): Var {
  * maximum inside it. The same index as one ArgMax over V (onnxruntime's is one scalar pass).
  */
 export function argMaxRows(b: GraphBuilder, x: Var): Var {
+  const [B] = rowsOf(x, 'argMaxRows');
+  const ch = vocabChunks(b, x, NEG_INF);
+  if (!ch) return b.argMax(x, 1);
+  const J = b.argMax(b.reduceMax(ch.chunks, [2]), 1, true); // [B, 1]
+  const inChunk = b.argMax(chunkAt(b, ch.chunks, J, [B, ch.C]), 1);
+  return b.add(b.mul(b.squeeze(J, [1]), b.const(ch.C, 'int64')), inChunk);
+}
+
+function rowsOf(x: Var, what: string): [B: number | string, V: number] {
   const [B, V] = x.shape;
-  if (typeof V !== 'number') throw new GraphError('argMaxRows: row length must be static');
+  if (typeof V !== 'number') throw new GraphError(`${what}: row length must be static`);
+  return [B, V];
+}
+
+/** x [B, V] as [B, nC, C] chunks of chunkSize(V), the last padded with `pad`; null when that is one chunk. */
+function vocabChunks(b: GraphBuilder, x: Var, pad: number): { chunks: Var; C: number; nC: number } | null {
+  const [B, V] = rowsOf(x, 'vocabChunks');
   const C = chunkSize(V),
     nC = Math.ceil(V / C);
-  if (nC < 2) return b.argMax(x, 1);
+  if (nC < 2) return null;
   const padded =
     nC * C === V
       ? x
       : b.op(
           'Pad',
-          [x, b.const([0, 0, 0, nC * C - V], 'int64'), b.const(NEG_INF, x.dtype)],
+          [x, b.const([0, 0, 0, nC * C - V], 'int64'), b.const(pad, x.dtype)],
           {},
           {
             dtype: x.dtype,
             shape: [B, nC * C],
           },
         );
-  const chunks = b.reshape(padded, [B, nC, C]);
-  const J = b.argMax(b.reduceMax(chunks, [2]), 1, true); // [B, 1]
-  const chunk = b.op('GatherND', [chunks, J], { batch_dims: 1 }, { dtype: x.dtype, shape: [B, C] });
-  return b.add(b.mul(b.squeeze(J, [1]), b.const(C, 'int64')), b.argMax(chunk, 1));
+  return { chunks: b.reshape(padded, [B, nC, C]), C, nC };
 }
 
-/** Chunk size for inverseCdf: the divisor of V nearest √V within [√V / 4, 4√V], else ⌈√V⌉ (V padded). */
+/** Row b's entry J[b] of x [B, n, …] (J [B, 1] int64): [B, …]. */
+function chunkAt(b: GraphBuilder, x: Var, J: Var, shape: (number | string)[]): Var {
+  return b.op('GatherND', [x, J], { batch_dims: 1 }, { dtype: x.dtype, shape });
+}
+
+/** Chunk size for inverseCdf and argMaxRows: the divisor of V nearest √V within [√V / 4, 4√V], else ⌈√V⌉ (V padded). */
 export function chunkSize(V: number): number {
   const r = Math.sqrt(V);
   let best = 0;

@@ -324,13 +324,13 @@ function relayout(
   from: number,
   to: number,
 ): DecodeState {
-  const same = colCap >= st.colCap && colCap <= columnRoom(st, rowCap);
-  const out = same ? st : allocState(c, rowCap, colCap);
+  const inPlace = colCap >= st.colCap && colCap <= columnRoom(st, rowCap);
+  const out = inPlace ? st : allocState(c, rowCap, colCap);
   const KVH = c.numKeyValueHeads,
     hd = c.headDim,
     V = c.vocabSize,
     w = st.S - from;
-  if (!same) {
+  if (!inPlace) {
     out.logits.set(st.logits.subarray(0, st.B * V));
     out.pos.set(st.pos.subarray(0, st.B));
   }
@@ -346,7 +346,7 @@ function relayout(
         for (let h = KVH - 1; h >= 0; h--) {
           const s0 = ((b * KVH + h) * st.colCap + from) * hd,
             d0 = ((b * KVH + h) * colCap + to) * hd;
-          if (same) dst.copyWithin(d0, s0, s0 + w * hd);
+          if (inPlace) dst.copyWithin(d0, s0, s0 + w * hd);
           else dst.set(src.subarray(s0, s0 + w * hd), d0);
         }
   }

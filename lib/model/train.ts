@@ -420,13 +420,14 @@ export class Trainer {
 
   /**
    * The CPU step, memory ∝ the model: the grad graph writes each gradient straight into a
-   * persistent buffer (pre-allocated outputs; runInto collects the binding's copy of them); micro-batches after the
-   * first run the `grad_acc` graph, which reads that buffer as `acc.<param>` and adds each gradient
-   * into it as the backward reaches it; the global norm is computed here in float64; then the
-   * small AdamW graph (train-graph.ts buildAdamWGraph) updates weights and moments IN PLACE, slice
-   * by slice (≤ ADAMW_SLICE elements per run), writing into the very buffers it reads. So the
-   * process holds weights + gradients + two moments (16 B per parameter) plus activations, and no
-   * copy of any of them; a non-finite norm skips the update (weights untouched).
+   * persistent buffer (pre-allocated outputs; runInto collects the binding's copy of them);
+   * micro-batches after the first run the `grad_acc` graph, which reads that buffer as
+   * `acc.<param>` and adds each gradient into it as the backward reaches it; the global norm is
+   * computed here in float64; then the small AdamW graph (train-graph.ts buildAdamWGraph) updates
+   * weights and moments IN PLACE, slice by slice (≤ ADAMW_SLICE elements per run), writing into the
+   * very buffers it reads. So the process holds weights + gradients + two moments (16 B per
+   * parameter) plus activations, and no copy of any of them; a non-finite norm skips the update
+   * (weights untouched).
    */
   private async stepInPlace(micro: Prepared[], useLw: boolean, lr: number): Promise<StepResult> {
     const sums: Record<string, number> = {};
